@@ -1,0 +1,45 @@
+# Everything a fresh machine needs is installed by these targets: `make demo`, `make test`.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+# Re-install when the dependency list changes.
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+ZK_SERVER := /usr/share/zookeeper/bin/zkServer.sh
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup demo test lint typecheck unit bench-store clean
+
+setup: $(STAMP) $(ZK_SERVER)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+# ZooKeeper server for the integration tests, from Debian's packages.
+$(ZK_SERVER):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq zookeeper >/dev/null
+
+demo: setup
+	$(PY) -m jobs.store_demo
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+# The test command (CI runs exactly this): lint, types, then the whole suite.
+test: lint typecheck
+	$(VENV)/bin/pytest -q
+
+bench-store: setup
+	$(PY) -m benchmarks.bench_store
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

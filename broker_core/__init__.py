@@ -1,0 +1,1 @@
+"""idemlog broker side: the log store, validator, producer state and recovery."""

@@ -1,0 +1,1 @@
+"""Runnable jobs: demos, exports, verification tools."""

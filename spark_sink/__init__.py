@@ -1,0 +1,1 @@
+"""idemlog Spark side: the DataSource and the producer client (later issues)."""
