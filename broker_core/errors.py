@@ -1,0 +1,203 @@
+"""One error hierarchy for the store, the wire protocol and the clients.
+
+Every error carries a numeric code (Kafka's number where Kafka has the same error, so the
+protocol reads familiar; numbers from 10000 up where Kafka has no equivalent) and a
+``retriable`` flag. Retry logic reads the flag; it never matches on message text.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import ClassVar
+
+
+class ErrorCode(Enum):
+    """Numeric error codes with their retriable flag and a short meaning."""
+
+    def __init__(self, code: int, retriable: bool, meaning: str) -> None:
+        self.code = code
+        self.retriable = retriable
+        self.meaning = meaning
+
+    UNKNOWN_SERVER_ERROR = (-1, False, "unexpected server error")
+    NONE = (0, False, "no error")
+    OFFSET_OUT_OF_RANGE = (1, False, "offset outside the range the log holds")
+    CORRUPT_MESSAGE = (2, True, "record batch failed its CRC or is malformed")
+    UNKNOWN_TOPIC_OR_PARTITION = (3, True, "no such topic or partition")
+    REQUEST_TIMED_OUT = (7, True, "request timed out")
+    MESSAGE_TOO_LARGE = (10, False, "record batch larger than max.message.bytes")
+    INVALID_TOPIC_EXCEPTION = (17, False, "topic name is not legal")
+    INVALID_REQUIRED_ACKS = (21, False, "invalid acks value")
+    INVALID_TIMESTAMP = (32, False, "timestamp outside the accepted range")
+    TOPIC_ALREADY_EXISTS = (36, False, "topic already exists")
+    INVALID_PARTITIONS = (37, False, "invalid number of partitions")
+    INVALID_CONFIG = (40, False, "invalid configuration")
+    INVALID_REQUEST = (42, False, "malformed request")
+    OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False, "sequence number out of order")
+    DUPLICATE_SEQUENCE_NUMBER = (46, False, "batch is a duplicate of one already written")
+    INVALID_PRODUCER_EPOCH = (47, False, "producer epoch is older than the current one")
+    INVALID_TXN_STATE = (48, False, "operation not valid in the transaction's state")
+    INVALID_PRODUCER_ID_MAPPING = (49, False, "transactional id is not mapped to this producer")
+    INVALID_TRANSACTION_TIMEOUT = (50, False, "transaction timeout out of range")
+    CONCURRENT_TRANSACTIONS = (51, True, "transaction state is being changed concurrently")
+    KAFKA_STORAGE_ERROR = (56, True, "disk error while accessing the log")
+    UNKNOWN_PRODUCER_ID = (59, False, "producer id was never issued by this cluster")
+    INVALID_RECORD = (87, False, "record batch is invalid for this topic")
+    PRODUCER_FENCED = (90, False, "a newer producer with the same transactional id exists")
+    # idemlog-only codes (no Kafka equivalent).
+    SCHEMA_MISMATCH = (10001, False, "batch schema differs from the topic's schema")
+    PRODUCER_ID_ALLOCATION_FAILED = (10002, True, "could not lease a producer id block")
+    PRODUCER_ID_SPACE_EXHAUSTED = (10003, False, "producer id space exhausted")
+
+    @classmethod
+    def from_code(cls, code: int) -> ErrorCode:
+        try:
+            return _BY_CODE[code]
+        except KeyError:
+            return cls.UNKNOWN_SERVER_ERROR
+
+
+_BY_CODE: dict[int, ErrorCode] = {e.code: e for e in ErrorCode}
+
+
+class IdemlogError(Exception):
+    """Root of every error idemlog raises on purpose."""
+
+    error_code: ClassVar[ErrorCode] = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.error_code.meaning)
+        self.message = message or self.error_code.meaning
+
+    @property
+    def code(self) -> int:
+        return self.error_code.code
+
+    @property
+    def retriable(self) -> bool:
+        return self.error_code.retriable
+
+    def __str__(self) -> str:
+        return f"{self.error_code.name} ({self.code}): {self.message}"
+
+
+class UnknownServerError(IdemlogError):
+    error_code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class OffsetOutOfRangeError(IdemlogError):
+    error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class CorruptRecordError(IdemlogError):
+    error_code = ErrorCode.CORRUPT_MESSAGE
+
+
+class UnknownTopicOrPartitionError(IdemlogError):
+    error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class RequestTimedOutError(IdemlogError):
+    error_code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class MessageTooLargeError(IdemlogError):
+    error_code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class InvalidTopicError(IdemlogError):
+    error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
+
+
+class InvalidTimestampError(IdemlogError):
+    error_code = ErrorCode.INVALID_TIMESTAMP
+
+
+class TopicAlreadyExistsError(IdemlogError):
+    error_code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+class InvalidPartitionsError(IdemlogError):
+    error_code = ErrorCode.INVALID_PARTITIONS
+
+
+class InvalidConfigError(IdemlogError):
+    error_code = ErrorCode.INVALID_CONFIG
+
+
+class InvalidRequestError(IdemlogError):
+    error_code = ErrorCode.INVALID_REQUEST
+
+
+class OutOfOrderSequenceError(IdemlogError):
+    error_code = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class DuplicateSequenceError(IdemlogError):
+    """The batch was certainly written before, but its offsets are no longer cached.
+
+    Clients treat it as success: the data is in the log exactly once.
+    """
+
+    error_code = ErrorCode.DUPLICATE_SEQUENCE_NUMBER
+
+
+class InvalidProducerEpochError(IdemlogError):
+    error_code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class InvalidTxnStateError(IdemlogError):
+    error_code = ErrorCode.INVALID_TXN_STATE
+
+
+class InvalidProducerIdMappingError(IdemlogError):
+    error_code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+
+class InvalidTransactionTimeoutError(IdemlogError):
+    error_code = ErrorCode.INVALID_TRANSACTION_TIMEOUT
+
+
+class ConcurrentTransactionsError(IdemlogError):
+    error_code = ErrorCode.CONCURRENT_TRANSACTIONS
+
+
+class StorageError(IdemlogError):
+    error_code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class UnknownProducerIdError(IdemlogError):
+    error_code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+class InvalidRecordError(IdemlogError):
+    error_code = ErrorCode.INVALID_RECORD
+
+
+class ProducerFencedError(IdemlogError):
+    error_code = ErrorCode.PRODUCER_FENCED
+
+
+class SchemaMismatchError(IdemlogError):
+    error_code = ErrorCode.SCHEMA_MISMATCH
+
+
+class ProducerIdAllocationError(IdemlogError):
+    error_code = ErrorCode.PRODUCER_ID_ALLOCATION_FAILED
+
+
+class ProducerIdSpaceExhaustedError(IdemlogError):
+    error_code = ErrorCode.PRODUCER_ID_SPACE_EXHAUSTED
+
+
+_CLASS_BY_CODE: dict[ErrorCode, type[IdemlogError]] = {}
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, IdemlogError) and _cls is not IdemlogError:
+        _CLASS_BY_CODE.setdefault(_cls.error_code, _cls)
+
+
+def error_for_code(code: int, message: str = "") -> IdemlogError:
+    """Rebuild the typed error for a numeric code received over the wire."""
+    error_code = ErrorCode.from_code(code)
+    cls = _CLASS_BY_CODE.get(error_code, UnknownServerError)
+    return cls(message)

@@ -1,0 +1,530 @@
+"""The log of one partition: validated appends, transaction markers, reads, roll and retention.
+
+Directory layout (one directory per partition):
+
+    00000000000000000000.log / .index / .txnindex   segments, named by base offset
+    00000000000000001234.snapshot                   producer state before offset 1234
+    .clean_shutdown                                 present only after a clean close
+
+Every method takes the partition lock; appends of different partitions run in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import pyarrow as pa
+
+from broker_core.errors import (
+    InvalidRecordError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
+from broker_core.fileutil import fsync_directory
+from broker_core.indexes import AbortedTxn
+from broker_core.log_config import LogConfig
+from broker_core.log_recovery import recover
+from broker_core.producer_state import AppendOrigin, ProducerStateManager
+from broker_core.record_batch import (
+    HEADER_SIZE,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    BatchHeader,
+    ControlType,
+    decode_control,
+    decode_header,
+    decode_rows,
+    encode_control_batch,
+    encode_data_batch,
+    increment_sequence,
+    ipc_stream_size,
+    set_base_offset,
+)
+from broker_core.segment import LOG_SUFFIX, LogSegment
+from broker_core.snapshot import delete_snapshots_below, write_snapshot
+from broker_core.validator import ProducerBatch
+
+log = logging.getLogger("idemlog.log")
+
+CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
+DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+
+
+class IsolationLevel(Enum):
+    READ_UNCOMMITTED = "read_uncommitted"
+    READ_COMMITTED = "read_committed"
+
+    @classmethod
+    def parse(cls, value: str | IsolationLevel) -> IsolationLevel:
+        if isinstance(value, IsolationLevel):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise InvalidRecordError(
+                f"isolation={value!r} is not one of read_committed, read_uncommitted"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time: int
+    duplicate: bool  # an earlier copy was found; the offsets are the original's
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedBatch:
+    base_offset: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    is_transactional: bool
+    timestamp: int
+    records: pa.RecordBatch
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + int(self.records.num_rows) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    batches: list[FetchedBatch]
+    next_offset: int  # where the next read continues
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.records.num_rows for b in self.batches)
+
+    def table(self) -> pa.Table | None:
+        if not self.batches:
+            return None
+        return pa.Table.from_batches([b.records for b in self.batches])
+
+
+SchemaCheck = Callable[[pa.Schema], None]
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        *,
+        name: str = "",
+        schema_check: SchemaCheck | None = None,
+        clock: Callable[[], int] | None = None,
+        producer_id_known: Callable[[int], bool] | None = None,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self.name = name or directory.name
+        self._schema_check = schema_check
+        self._clock = clock or (lambda: int(time.time() * 1000))
+        self._lock = threading.RLock()
+        self.state = ProducerStateManager(
+            window=config.producer_state_batch_window,
+            expiration_ms=config.producer_id_expiration_ms,
+            producer_id_known=producer_id_known,
+        )
+        self.segments: list[LogSegment] = []
+        self._unflushed = 0
+        self._last_flush_ms = self._clock()
+        self._flushers: list[threading.Thread] = []
+        self._closed = False
+        directory.mkdir(parents=True, exist_ok=True)
+        recover(self)
+        if not self.segments:
+            self.segments.append(LogSegment(directory, 0))
+
+    # -- offsets -----------------------------------------------------------------------
+    @property
+    def active(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.active.next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log_end_offset  # no replication yet: everything written is replicated
+
+    @property
+    def last_stable_offset(self) -> int:
+        first_unstable = self.state.first_unstable_offset()
+        return self.high_watermark if first_unstable is None else first_unstable
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(int(s.size) for s in self.segments)
+
+    # -- appends -----------------------------------------------------------------------
+    def append(
+        self,
+        records: pa.RecordBatch | pa.Table,
+        *,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        transactional: bool = False,
+        origin: AppendOrigin = AppendOrigin.CLIENT,
+    ) -> AppendResult:
+        """Append rows as one batch, or answer the original offsets of a retried batch.
+
+        Raises the validator's errors (see ``broker_core.validator``) and nothing is
+        written when it does.
+        """
+        batch = _as_record_batch(records)
+        if batch.num_rows == 0:
+            raise InvalidRecordError(f"{self.name}: a batch must hold at least one row")
+        if self._schema_check is not None:
+            self._schema_check(batch.schema)
+        payload_size = ipc_stream_size(batch)
+        if HEADER_SIZE + payload_size > self.config.max_message_bytes:
+            raise MessageTooLargeError(
+                f"{self.name}: batch of {batch.num_rows} rows is {HEADER_SIZE + payload_size} "
+                f"bytes, over max.message.bytes={self.config.max_message_bytes}"
+            )
+        last_seq = (
+            NO_SEQUENCE
+            if base_sequence == NO_SEQUENCE
+            else increment_sequence(base_sequence, batch.num_rows - 1)
+        )
+        pbatch = ProducerBatch(
+            producer_id, producer_epoch, base_sequence, last_seq, batch.num_rows, transactional
+        )
+        with self._lock:
+            self._check_open()
+            original = self.state.check_append(pbatch, origin)
+            if original is not None:
+                return AppendResult(
+                    original.first_offset, original.last_offset, original.timestamp, True
+                )
+            now = self._clock()
+            encoded = encode_data_batch(
+                batch,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                base_sequence=base_sequence,
+                transactional=transactional,
+                first_timestamp=now,
+                max_timestamp=now,
+                payload_size=payload_size,
+            )
+            header = self._write(encoded, now)
+            self.state.on_data_batch(pbatch, header.base_offset, header.last_offset, now)
+            self._maybe_flush(now)
+            return AppendResult(header.base_offset, header.last_offset, now, False)
+
+    def write_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        control_type: ControlType,
+        coordinator_epoch: int = 0,
+    ) -> int:
+        """Append a COMMIT/ABORT marker ending the producer's open transaction; its offset."""
+        with self._lock:
+            self._check_open()
+            self.state.check_marker(producer_id, producer_epoch)
+            now = self._clock()
+            encoded = encode_control_batch(
+                control_type,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                coordinator_epoch=coordinator_epoch,
+                timestamp=now,
+            )
+            header = self._write(encoded, now)
+            self.apply_marker(header, control_type, coordinator_epoch, self.active)
+            self._maybe_flush(now)
+            return header.base_offset
+
+    def apply_marker(
+        self,
+        header: BatchHeader,
+        control_type: ControlType,
+        coordinator_epoch: int,
+        segment: LogSegment,
+    ) -> None:
+        """Producer-state and txn-index effects of a marker (append and recovery share it)."""
+        completed = self.state.on_marker(
+            header.producer_id,
+            header.producer_epoch,
+            control_type,
+            coordinator_epoch,
+            header.base_offset,
+            header.max_timestamp,
+        )
+        if completed is not None and completed.aborted:
+            segment.txn_index.append(
+                AbortedTxn(
+                    completed.producer_id,
+                    completed.first_offset,
+                    completed.last_offset,
+                    self.last_stable_offset,
+                )
+            )
+
+    def _write(self, encoded: pa.Buffer, now: int) -> BatchHeader:
+        view = memoryview(encoded)
+        set_base_offset(view, self.log_end_offset)
+        header = decode_header(view)
+        if self._should_roll(header.size, now):
+            self.roll()
+        self.active.append(view, header, self.config.index_interval_bytes)
+        self._unflushed += 1
+        return header
+
+    def _should_roll(self, batch_size: int, now: int) -> bool:
+        active = self.active
+        if active.size == 0:
+            return False
+        too_big = active.size + batch_size > self.config.segment_bytes
+        too_old = now - active.first_timestamp >= self.config.segment_ms
+        return too_big or too_old
+
+    # -- durability ----------------------------------------------------------------------
+    def _maybe_flush(self, now: int) -> None:
+        if (
+            self._unflushed >= self.config.flush_messages
+            or now - self._last_flush_ms >= self.config.flush_ms
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._check_open()
+            try:
+                self.active.flush()
+            except OSError as exc:
+                raise StorageError(f"{self.name}: fsync failed: {exc}") from exc
+            self._unflushed = 0
+            self._last_flush_ms = self._clock()
+
+    def roll(self) -> None:
+        """Start a new segment at the log end offset and snapshot the producer state."""
+        with self._lock:
+            old = self.active
+            if old.size == 0:
+                return
+            old.seal()
+            # Flushing a full segment takes a while; like Kafka, do it off the append path.
+            flusher = threading.Thread(target=old.flush, name=f"flush-{self.name}", daemon=True)
+            flusher.start()
+            self._flushers = [t for t in self._flushers if t.is_alive()] + [flusher]
+            new = LogSegment(self.directory, old.next_offset)
+            self.segments.append(new)
+            fsync_directory(self.directory)
+            self.take_snapshot()
+
+    def take_snapshot(self) -> Path:
+        with self._lock:
+            return write_snapshot(self.directory, self.log_end_offset, self.state.entries())
+
+    def _join_flushers(self) -> None:
+        for t in self._flushers:
+            t.join()
+        self._flushers = []
+
+    # -- housekeeping ------------------------------------------------------------------
+    def expire_producers(self, now_ms: int | None = None) -> list[int]:
+        with self._lock:
+            return self.state.remove_expired(self._clock() if now_ms is None else now_ms)
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete the oldest sealed segments past retention.bytes/ms; producer state stays."""
+        with self._lock:
+            self._check_open()
+            now = self._clock() if now_ms is None else now_ms
+            cfg = self.config
+            deletable: list[LogSegment] = []
+            size = self.size_bytes
+            for seg in self.segments[:-1]:
+                over_size = cfg.retention_bytes >= 0 and size - seg.size >= cfg.retention_bytes
+                over_age = cfg.retention_ms >= 0 and now - seg.max_timestamp > cfg.retention_ms
+                if not (over_size or over_age):
+                    break
+                deletable.append(seg)
+                size -= seg.size
+            if not deletable:
+                return 0
+            # The state must outlive the segments that built it: snapshot it first.
+            self.take_snapshot()
+            self._join_flushers()
+            for seg in deletable:
+                log.info("%s: retention deletes segment %s", self.name, seg.log_path.name)
+                seg.delete()
+            self.segments = self.segments[len(deletable) :]
+            fsync_directory(self.directory)
+            delete_snapshots_below(self.directory, self.log_start_offset)
+            return len(deletable)
+
+    # -- reads -------------------------------------------------------------------------
+    def read(
+        self,
+        offset: int,
+        *,
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        isolation: IsolationLevel | str = IsolationLevel.READ_COMMITTED,
+        max_offset: int | None = None,
+    ) -> FetchResult:
+        """Batches from ``offset`` on, zero-copy, committed-only unless asked otherwise.
+
+        Returns at least one batch when any is readable, then stops before ``max_bytes``.
+        ``read_committed`` stops at the last stable offset and skips aborted data.
+        """
+        level = IsolationLevel.parse(isolation)
+        if not isinstance(offset, int) or offset < 0:
+            raise OffsetOutOfRangeError(f"{self.name}: offset={offset!r} must be >= 0")
+        if max_bytes <= 0:
+            raise InvalidRecordError(f"max_bytes={max_bytes} must be positive")
+        with self._lock:
+            self._check_open()
+            start, end = self.log_start_offset, self.log_end_offset
+            if offset < start or offset > end:
+                raise OffsetOutOfRangeError(
+                    f"{self.name}: offset {offset} outside the log's range [{start}, {end}]"
+                )
+            lso = self.last_stable_offset
+            upper = lso if level is IsolationLevel.READ_COMMITTED else end
+            if max_offset is not None:
+                upper = min(upper, max_offset)
+            batches: list[FetchedBatch] = []
+            next_offset = offset
+            if offset < upper:
+                next_offset = self._collect(offset, upper, max_bytes, level, batches)
+            return FetchResult(batches, next_offset, self.high_watermark, lso, start)
+
+    def _collect(
+        self,
+        offset: int,
+        upper: int,
+        max_bytes: int,
+        level: IsolationLevel,
+        out: list[FetchedBatch],
+    ) -> int:
+        aborted: dict[int, list[tuple[int, int]]] = {}
+        if level is IsolationLevel.READ_COMMITTED:
+            for seg in self.segments:
+                if seg.next_offset > offset:
+                    for t in seg.txn_index.overlapping(offset, upper):
+                        aborted.setdefault(t.producer_id, []).append(
+                            (t.first_offset, t.last_offset)
+                        )
+        next_offset, size = offset, 0
+        for seg in self.segments:
+            if seg.next_offset <= offset:
+                continue
+            position = seg.position_of(offset)
+            if position is None:
+                continue
+            for stored in seg.batches(position):
+                h = stored.header
+                if h.base_offset >= upper or (out and size + h.size > max_bytes):
+                    return next_offset
+                next_offset = min(h.next_offset, upper)
+                if h.is_control or _is_aborted(aborted, h):
+                    continue
+                rows = decode_rows(h, stored.data)
+                first = max(offset, h.base_offset)
+                if first > h.base_offset or h.last_offset >= upper:
+                    rows = rows.slice(first - h.base_offset, min(h.next_offset, upper) - first)
+                out.append(
+                    FetchedBatch(
+                        first,
+                        h.producer_id,
+                        h.producer_epoch,
+                        h.base_sequence,
+                        h.is_transactional,
+                        h.max_timestamp,
+                        rows,
+                    )
+                )
+                size += h.size
+        return next_offset
+
+    def read_control(self, offset: int) -> tuple[BatchHeader, ControlType] | None:
+        """The marker at ``offset``, if there is one (for tests and tools)."""
+        with self._lock:
+            for seg in self.segments:
+                if seg.base_offset <= offset < seg.next_offset:
+                    position = seg.position_of(offset)
+                    if position is None:
+                        return None
+                    stored = next(seg.batches(position))
+                    if stored.header.is_control and stored.header.base_offset == offset:
+                        record = decode_control(stored.header, stored.data)
+                        return stored.header, record.control_type
+            return None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"{self.name}: the log is closed")
+
+    def close(self) -> None:
+        """Flush, snapshot the producer state at the log end, and mark the shutdown clean."""
+        with self._lock:
+            if self._closed:
+                return
+            self._join_flushers()
+            self.active.seal()
+            for seg in self.segments:
+                seg.flush()
+            self.take_snapshot()
+            marker = self.directory / CLEAN_SHUTDOWN_FILE
+            marker.touch()
+            fsync_directory(self.directory)
+            for seg in self.segments:
+                seg.close()
+            self._closed = True
+
+    def abandon(self) -> None:
+        """Drop file handles without flushing or snapshotting (tests simulating a crash)."""
+        with self._lock:
+            self._join_flushers()
+            for seg in self.segments:
+                seg.close()
+            self._closed = True
+
+    def segment_files(self) -> list[Path]:
+        return sorted(self.directory.glob(f"*{LOG_SUFFIX}"))
+
+
+def _is_aborted(aborted: dict[int, list[tuple[int, int]]], h: BatchHeader) -> bool:
+    if not h.is_transactional or h.producer_id not in aborted:
+        return False
+    return any(first <= h.base_offset <= last for first, last in aborted[h.producer_id])
+
+
+def _as_record_batch(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    if isinstance(records, pa.RecordBatch):
+        return records
+    if isinstance(records, pa.Table):
+        combined = records.combine_chunks()
+        batches = combined.to_batches()
+        if len(batches) == 1:
+            return batches[0]
+        return pa.RecordBatch.from_pylist([], schema=records.schema)
+    raise InvalidRecordError(
+        f"records must be a pyarrow RecordBatch or Table, got {type(records).__name__}"
+    )

@@ -1,0 +1,319 @@
+"""The record-batch codec: the unit that is appended, stored, replicated and fetched.
+
+Byte layout (big-endian, like Kafka's; the header is 64 bytes so that the Arrow payload
+starts 8-byte aligned and can be read in place from a memory map without copying):
+
+    offset size  field
+    0      8     base_offset        int64   offset of the first row, assigned by the log
+    8      4     batch_length       int32   bytes that follow this field (total - 12)
+    12     1     magic              int8    format version, MAGIC = 1
+    13     3     (reserved, zero)
+    16     4     crc                uint32  CRC-32C of bytes [20, end): everything after it
+    20     2     attributes         int16   bit 4: transactional, bit 5: control batch
+    22     2     producer_epoch     int16   NO_PRODUCER_EPOCH (-1) when not idempotent
+    24     4     last_offset_delta  int32   record_count - 1
+    28     4     base_sequence      int32   NO_SEQUENCE (-1) when not idempotent
+    32     8     first_timestamp    int64   ms since the epoch
+    40     8     max_timestamp      int64   ms since the epoch
+    48     8     producer_id        int64   NO_PRODUCER_ID (-1) when not idempotent
+    56     4     record_count       int32   rows in the payload (1 for a control batch)
+    60     4     (reserved, zero)
+    64     ...   payload
+                 data batch:    an Arrow IPC stream (schema message, one record batch
+                                message, end-of-stream marker); its length is a multiple of 8
+                 control batch: version int16, type int16 (0 ABORT, 1 COMMIT),
+                                coordinator_epoch int32
+
+The CRC does not cover base_offset/batch_length/magic, so the log can stamp the offset
+on a batch without recomputing it (Kafka's choice too). The last sequence of a batch is
+``base_sequence + record_count - 1`` modulo 2^31: sequences wrap at 2^31 - 1 to 0.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+import crc32c
+import pyarrow as pa
+
+from broker_core.errors import CorruptRecordError, InvalidRecordError
+
+MAGIC = 1
+HEADER_SIZE = 64
+LENGTH_PREFIX_SIZE = 12  # base_offset + batch_length: the part batch_length does not count
+CRC_START = 20
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_TIMESTAMP = -1
+MAX_SEQUENCE = 2**31 - 1
+SEQUENCE_SPACE = 2**31
+MAX_PRODUCER_EPOCH = 2**15 - 1
+
+TRANSACTIONAL_FLAG = 1 << 4
+CONTROL_FLAG = 1 << 5
+
+_HEADER = struct.Struct(">qiB3xIhhiiqqqi4x")
+_LENGTH_PREFIX = struct.Struct(">qi")
+_CONTROL = struct.Struct(">hhi")
+_CONTROL_PAYLOAD_SIZE = 8  # _CONTROL.size is 8 already: keeps batches 8-byte aligned
+_ZERO_HEADER = bytes(HEADER_SIZE)
+assert _HEADER.size == HEADER_SIZE and _CONTROL.size == _CONTROL_PAYLOAD_SIZE
+
+
+class ControlType(IntEnum):
+    ABORT = 0
+    COMMIT = 1
+
+
+def increment_sequence(sequence: int, delta: int) -> int:
+    """``sequence + delta`` in the wrapping sequence space [0, 2^31 - 1]."""
+    return (sequence + delta) % SEQUENCE_SPACE
+
+
+def sequence_distance(lower: int, upper: int) -> int:
+    """How many steps forward ``upper`` lies from ``lower`` in the wrapping space."""
+    return (upper - lower) % SEQUENCE_SPACE
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    magic: int
+    crc: int
+    attributes: int
+    producer_epoch: int
+    last_offset_delta: int
+    base_sequence: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        return self.batch_length + LENGTH_PREFIX_SIZE
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_FLAG)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_FLAG)
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id != NO_PRODUCER_ID
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return increment_sequence(self.base_sequence, self.last_offset_delta)
+
+
+def decode_header(buf: bytes | memoryview, position: int = 0) -> BatchHeader:
+    """Parse the fixed header at ``position``; checks framing, not the CRC."""
+    if len(buf) - position < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"truncated batch header at byte {position}: {len(buf) - position} of "
+            f"{HEADER_SIZE} bytes present"
+        )
+    header = BatchHeader(*_HEADER.unpack_from(buf, position))
+    if header.magic != MAGIC:
+        raise CorruptRecordError(
+            f"unknown batch format (magic {header.magic}, expected {MAGIC}) at byte {position}"
+        )
+    if header.batch_length < HEADER_SIZE - LENGTH_PREFIX_SIZE or header.batch_length % 8 != 4:
+        raise CorruptRecordError(f"invalid batch length {header.batch_length} at byte {position}")
+    if header.record_count <= 0 or header.last_offset_delta != header.record_count - 1:
+        raise CorruptRecordError(
+            f"invalid record count {header.record_count} (last offset delta "
+            f"{header.last_offset_delta}) at byte {position}"
+        )
+    return header
+
+
+def read_length_prefix(buf: bytes | memoryview, position: int = 0) -> tuple[int, int]:
+    """(base_offset, batch_length) without parsing the rest of the header."""
+    base_offset, batch_length = _LENGTH_PREFIX.unpack_from(buf, position)
+    return int(base_offset), int(batch_length)
+
+
+def compute_crc(batch: bytes | memoryview | pa.Buffer) -> int:
+    view = memoryview(batch)
+    return int(crc32c.crc32c(view[CRC_START:]))
+
+
+def verify_crc(header: BatchHeader, batch: bytes | memoryview) -> None:
+    actual = compute_crc(batch)
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"CRC mismatch for batch at offset {header.base_offset}: stored {header.crc:#010x}, "
+            f"computed {actual:#010x}"
+        )
+
+
+def set_base_offset(batch: bytearray | memoryview, base_offset: int) -> None:
+    """Stamp the log's offset on an encoded batch (outside the CRC, so no re-checksum)."""
+    struct.pack_into(">q", batch, 0, base_offset)
+
+
+def _encode(
+    payload_size: int,
+    payload: bytes | pa.RecordBatch,
+    *,
+    base_offset: int,
+    attributes: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+) -> pa.Buffer:
+    total = HEADER_SIZE + payload_size
+    buf = pa.allocate_buffer(total)
+    view = memoryview(buf)
+    # Payload first, then the header, whose CRC covers the payload.
+    sink = pa.FixedSizeBufferWriter(buf)
+    sink.write(_ZERO_HEADER)  # placeholder: the writer cannot seek
+    if isinstance(payload, bytes):
+        sink.write(payload)
+    else:
+        _write_ipc_stream(sink, payload)
+    _HEADER.pack_into(
+        view,
+        0,
+        base_offset,
+        total - LENGTH_PREFIX_SIZE,
+        MAGIC,
+        0,
+        attributes,
+        producer_epoch,
+        record_count - 1,
+        base_sequence,
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        record_count,
+    )
+    struct.pack_into(">I", view, 16, compute_crc(view))
+    return buf
+
+
+def _write_ipc_stream(sink: pa.NativeFile, batch: pa.RecordBatch) -> None:
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+
+
+def ipc_stream_size(batch: pa.RecordBatch) -> int:
+    """Exact payload size, measured without copying any data."""
+    counter = pa.MockOutputStream()
+    _write_ipc_stream(counter, batch)
+    return int(counter.size())
+
+
+def encode_data_batch(
+    batch: pa.RecordBatch,
+    *,
+    base_offset: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    transactional: bool = False,
+    first_timestamp: int = NO_TIMESTAMP,
+    max_timestamp: int = NO_TIMESTAMP,
+    payload_size: int | None = None,
+) -> pa.Buffer:
+    """Encode rows as one batch. The Arrow data is copied exactly once, into the result."""
+    if batch.num_rows == 0:
+        raise InvalidRecordError("a record batch must hold at least one row")
+    size = ipc_stream_size(batch) if payload_size is None else payload_size
+    return _encode(
+        size,
+        batch,
+        base_offset=base_offset,
+        attributes=TRANSACTIONAL_FLAG if transactional else 0,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        record_count=batch.num_rows,
+        first_timestamp=first_timestamp,
+        max_timestamp=max_timestamp,
+    )
+
+
+def encode_control_batch(
+    control_type: ControlType,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int = 0,
+    base_offset: int = 0,
+    timestamp: int = NO_TIMESTAMP,
+) -> pa.Buffer:
+    """A COMMIT/ABORT marker: transactional and control, one (non-data) record."""
+    return _encode(
+        _CONTROL_PAYLOAD_SIZE,
+        _CONTROL.pack(0, int(control_type), coordinator_epoch),
+        base_offset=base_offset,
+        attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=NO_SEQUENCE,
+        record_count=1,
+        first_timestamp=timestamp,
+        max_timestamp=timestamp,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRecord:
+    control_type: ControlType
+    coordinator_epoch: int
+
+
+def decode_control(header: BatchHeader, batch: bytes | memoryview) -> ControlRecord:
+    if not header.is_control:
+        raise InvalidRecordError(f"batch at offset {header.base_offset} is not a control batch")
+    version, control_type, coordinator_epoch = _CONTROL.unpack_from(batch, HEADER_SIZE)
+    if version != 0 or control_type not in (ControlType.ABORT, ControlType.COMMIT):
+        raise CorruptRecordError(
+            f"unknown control record (version {version}, type {control_type}) at offset "
+            f"{header.base_offset}"
+        )
+    return ControlRecord(ControlType(control_type), coordinator_epoch)
+
+
+def decode_rows(header: BatchHeader, batch: memoryview | pa.Buffer) -> pa.RecordBatch:
+    """The Arrow rows of a data batch, referencing ``batch``'s memory (no copy)."""
+    if header.is_control:
+        raise InvalidRecordError(f"batch at offset {header.base_offset} is a control batch")
+    payload = pa.py_buffer(batch)[HEADER_SIZE : header.size]
+    try:
+        reader = pa.ipc.open_stream(payload)
+        rows = reader.read_next_batch()
+    except (pa.ArrowInvalid, StopIteration) as exc:
+        raise CorruptRecordError(
+            f"batch at offset {header.base_offset} has an unreadable Arrow payload: {exc}"
+        ) from exc
+    if rows.num_rows != header.record_count:
+        raise CorruptRecordError(
+            f"batch at offset {header.base_offset} declares {header.record_count} rows but its "
+            f"payload holds {rows.num_rows}"
+        )
+    return rows
