@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from broker_core.errors import InvalidConfigError
 
@@ -106,3 +107,19 @@ class ConfigDef:
     def describe(self) -> list[tuple[str, str, str, str]]:
         """(name, type, default, doc) rows for documentation."""
         return [(k.name, k.type.__name__, str(k.default), k.doc) for k in self._keys.values()]
+
+
+def load_properties(path: str | Path) -> dict[str, str]:
+    """``key=value`` lines of a ``.properties`` file; ``#`` starts a comment line."""
+    values: dict[str, str] = {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise InvalidConfigError(f"{path}:{number}: expected key=value, got {line!r}")
+        if key.strip() in values:
+            raise InvalidConfigError(f"{path}:{number}: {key.strip()} set twice")
+        values[key.strip()] = value.strip()
+    return values

@@ -1,0 +1,46 @@
+"""Shared builders for the log-store tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from broker_core.partition_log import IsolationLevel, PartitionLog
+from broker_core.store import LogStore
+
+SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.int32()), ("value", pa.string())])
+
+
+def rows(n: int, start: int = 0, width: int = 8) -> pa.RecordBatch:
+    """``n`` rows with ids start..start+n-1; the id identifies a row across retries."""
+    ids = np.arange(start, start + n, dtype=np.int64)
+    return pa.record_batch(
+        [
+            pa.array(ids),
+            pa.array((ids % 7).astype(np.int32)),
+            pa.array([f"{i:0{width}d}" for i in ids]),
+        ],
+        schema=SCHEMA,
+    )
+
+
+def read_ids(
+    log: PartitionLog, isolation: str = "read_committed", start: int | None = None
+) -> list[int]:
+    """Every id readable from ``start`` (default: log start) to the end, following next_offset."""
+    offset = log.log_start_offset if start is None else start
+    ids: list[int] = []
+    level = IsolationLevel.parse(isolation)
+    while True:
+        result = log.read(offset, isolation=level, max_bytes=1 << 20)
+        for b in result.batches:
+            ids.extend(b.records.column("id").to_pylist())
+        if result.next_offset == offset:
+            return ids
+        offset = result.next_offset
+
+
+def open_store(path: Path, **config: object) -> LogStore:
+    return LogStore(path, {k.replace("_", "."): v for k, v in config.items()})
