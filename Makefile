@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Re-install when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-ZK_SERVER := /usr/share/zookeeper/bin/zkServer.sh
+ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup demo test lint typecheck unit bench-store clean

@@ -1,0 +1,1 @@
+"""Test harnesses shared by several test packages."""

@@ -1,0 +1,1 @@
+"""Tests against a real ZooKeeper server (tests/harness/zookeeper.py)."""
