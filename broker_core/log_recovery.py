@@ -46,8 +46,11 @@ def _segment_offsets(log_: PartitionLog) -> list[int]:
             offsets.append(int(stem))
     for path in log_.directory.iterdir():
         stem, _, suffix = path.name.partition(".")
-        if f".{suffix}" in (INDEX_SUFFIX, TXN_INDEX_SUFFIX) and int(stem) not in offsets:
-            path.unlink()  # index of a segment deleted before a crash
+        if f".{suffix}" in (INDEX_SUFFIX, TXN_INDEX_SUFFIX):
+            if len(stem) != 20 or not stem.isdigit():
+                raise CorruptRecordError(f"{path}: not an index name (<20-digit offset>.{suffix})")
+            if int(stem) not in offsets:
+                path.unlink()  # index of a segment deleted before a crash
     return sorted(offsets)
 
 
@@ -146,9 +149,11 @@ def _replay(log_: PartitionLog, offset: int) -> None:
     from broker_core.producer_state import producer_batch
 
     for seg in log_.segments:
+        # Before the skip: a segment cut back to or below ``offset`` by the tail scan may
+        # still list aborts whose markers are gone, which would hide later data.
+        seg.txn_index.truncate_from(offset)
         if seg.next_offset <= offset:
             continue
-        seg.txn_index.truncate_from(offset)
         position = seg.position_of(offset)
         if position is None:
             continue

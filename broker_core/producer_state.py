@@ -21,7 +21,7 @@ from broker_core.record_batch import (
     BatchHeader,
     ControlType,
 )
-from broker_core.validator import ProducerBatch, check_append, check_marker
+from broker_core.validator import ProducerBatch, check_append, check_fields, check_marker
 
 NO_OFFSET = -1
 
@@ -145,7 +145,12 @@ class ProducerStateManager:
     # -- validation (no state change) --------------------------------------------------
     def check_append(self, batch: ProducerBatch, origin: AppendOrigin) -> BatchMetadata | None:
         """Raise if the batch must be rejected; return the original if it is a duplicate."""
-        if origin is not AppendOrigin.CLIENT or batch.producer_id < 0:
+        if origin is not AppendOrigin.CLIENT:
+            return None
+        if batch.producer_id < 0:
+            # No state to check against, but the fields still must be coherent (e.g. -2,
+            # or a sequence without a producer id, is a client bug, not a plain append).
+            check_fields(batch)
             return None
         entry = self._producers.get(batch.producer_id)
         if entry is not None:

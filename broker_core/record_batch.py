@@ -34,6 +34,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any, TypeAlias
 
 import crc32c
 import pyarrow as pa
@@ -60,7 +61,6 @@ _HEADER = struct.Struct(">qiB3xIhhiiqqqi4x")
 _LENGTH_PREFIX = struct.Struct(">qi")
 _CONTROL = struct.Struct(">hhi")
 _CONTROL_PAYLOAD_SIZE = 8  # _CONTROL.size is 8 already: keeps batches 8-byte aligned
-_ZERO_HEADER = bytes(HEADER_SIZE)
 assert _HEADER.size == HEADER_SIZE and _CONTROL.size == _CONTROL_PAYLOAD_SIZE
 
 
@@ -133,6 +133,12 @@ def decode_header(buf: bytes | memoryview, position: int = 0) -> BatchHeader:
             f"{HEADER_SIZE} bytes present"
         )
     header = BatchHeader(*_HEADER.unpack_from(buf, position))
+    if (
+        buf[position + 13 : position + 16] != b"\0\0\0"
+        or buf[position + 60 : position + 64] != b"\0\0\0\0"
+    ):
+        # Outside the CRC, so checked here: a flipped reserved byte must not pass unseen.
+        raise CorruptRecordError(f"non-zero reserved header bytes at byte {position}")
     if header.magic != MAGIC:
         raise CorruptRecordError(
             f"unknown batch format (magic {header.magic}, expected {MAGIC}) at byte {position}"
@@ -172,9 +178,63 @@ def set_base_offset(batch: bytearray | memoryview, base_offset: int) -> None:
     struct.pack_into(">q", batch, 0, base_offset)
 
 
+# bytes, bytearray, memoryview or pyarrow.Buffer: anything with the buffer protocol
+# (pyarrow is untyped, so the alias cannot be spelled more precisely).
+Piece: TypeAlias = Any
+
+
+class _PieceSink:
+    """File-like sink for pyarrow's IPC writer that keeps references instead of copying.
+
+    pyarrow hands large pieces over as Buffers pointing at the batch's own memory, so the
+    payload reaches the kernel in one ``writev`` without a user-space copy.
+    """
+
+    __slots__ = ("closed", "pieces", "size")
+
+    def __init__(self) -> None:
+        self.pieces: list[Piece] = []
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: Piece) -> int:
+        self.pieces.append(data)
+        n = len(data)
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """A batch as header bytes plus payload pieces, ready to be written with ``writev``."""
+
+    header: bytearray
+    pieces: list[Piece]
+    size: int  # header + payload
+
+    def set_base_offset(self, base_offset: int) -> None:
+        set_base_offset(self.header, base_offset)
+
+    def decode_header(self) -> BatchHeader:
+        return BatchHeader(*_HEADER.unpack_from(self.header, 0))
+
+    def iovecs(self) -> list[Piece]:
+        return [self.header, *self.pieces]
+
+    def to_buffer(self) -> pa.Buffer:
+        """The batch as one contiguous buffer (one copy)."""
+        return pa.py_buffer(b"".join(memoryview(p) for p in self.iovecs()))
+
+
 def _encode(
+    payload: list[Piece],
     payload_size: int,
-    payload: bytes | pa.RecordBatch,
     *,
     base_offset: int,
     attributes: int,
@@ -184,19 +244,11 @@ def _encode(
     record_count: int,
     first_timestamp: int,
     max_timestamp: int,
-) -> pa.Buffer:
+) -> EncodedBatch:
     total = HEADER_SIZE + payload_size
-    buf = pa.allocate_buffer(total)
-    view = memoryview(buf)
-    # Payload first, then the header, whose CRC covers the payload.
-    sink = pa.FixedSizeBufferWriter(buf)
-    sink.write(_ZERO_HEADER)  # placeholder: the writer cannot seek
-    if isinstance(payload, bytes):
-        sink.write(payload)
-    else:
-        _write_ipc_stream(sink, payload)
+    header = bytearray(HEADER_SIZE)
     _HEADER.pack_into(
-        view,
+        header,
         0,
         base_offset,
         total - LENGTH_PREFIX_SIZE,
@@ -211,12 +263,19 @@ def _encode(
         producer_id,
         record_count,
     )
-    struct.pack_into(">I", view, 16, compute_crc(view))
-    return buf
+    crc = crc32c.crc32c(memoryview(header)[CRC_START:])
+    for piece in payload:
+        crc = crc32c.crc32c(piece, crc)
+    struct.pack_into(">I", header, 16, crc)
+    return EncodedBatch(header, payload, total)
+
+
+# Passed explicitly: without options pyarrow reads two environment variables per stream.
+_IPC_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
 
 
 def _write_ipc_stream(sink: pa.NativeFile, batch: pa.RecordBatch) -> None:
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=_IPC_WRITE_OPTIONS) as writer:
         writer.write_batch(batch)
 
 
@@ -225,6 +284,43 @@ def ipc_stream_size(batch: pa.RecordBatch) -> int:
     counter = pa.MockOutputStream()
     _write_ipc_stream(counter, batch)
     return int(counter.size())
+
+
+def ipc_pieces(batch: pa.RecordBatch) -> tuple[list[Piece], int]:
+    """The Arrow IPC stream of ``batch`` as zero-copy pieces, and its total size."""
+    sink = _PieceSink()
+    _write_ipc_stream(pa.PythonFile(sink, mode="w"), batch)
+    return sink.pieces, sink.size
+
+
+def encode_data(
+    batch: pa.RecordBatch,
+    *,
+    base_offset: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    transactional: bool = False,
+    first_timestamp: int = NO_TIMESTAMP,
+    max_timestamp: int = NO_TIMESTAMP,
+    pieces: tuple[list[Piece], int] | None = None,
+) -> EncodedBatch:
+    """Encode rows as one batch that references the rows' memory (nothing is copied)."""
+    if batch.num_rows == 0:
+        raise InvalidRecordError("a record batch must hold at least one row")
+    payload, size = ipc_pieces(batch) if pieces is None else pieces
+    return _encode(
+        payload,
+        size,
+        base_offset=base_offset,
+        attributes=TRANSACTIONAL_FLAG if transactional else 0,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        record_count=batch.num_rows,
+        first_timestamp=first_timestamp,
+        max_timestamp=max_timestamp,
+    )
 
 
 def encode_data_batch(
@@ -237,23 +333,41 @@ def encode_data_batch(
     transactional: bool = False,
     first_timestamp: int = NO_TIMESTAMP,
     max_timestamp: int = NO_TIMESTAMP,
-    payload_size: int | None = None,
 ) -> pa.Buffer:
-    """Encode rows as one batch. The Arrow data is copied exactly once, into the result."""
-    if batch.num_rows == 0:
-        raise InvalidRecordError("a record batch must hold at least one row")
-    size = ipc_stream_size(batch) if payload_size is None else payload_size
-    return _encode(
-        size,
+    """Encode rows as one contiguous batch (the bytes a segment holds for it)."""
+    return encode_data(
         batch,
         base_offset=base_offset,
-        attributes=TRANSACTIONAL_FLAG if transactional else 0,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
-        record_count=batch.num_rows,
+        transactional=transactional,
         first_timestamp=first_timestamp,
         max_timestamp=max_timestamp,
+    ).to_buffer()
+
+
+def encode_control(
+    control_type: ControlType,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int = 0,
+    base_offset: int = 0,
+    timestamp: int = NO_TIMESTAMP,
+) -> EncodedBatch:
+    """A COMMIT/ABORT marker: transactional and control, one (non-data) record."""
+    return _encode(
+        [_CONTROL.pack(0, int(control_type), coordinator_epoch)],
+        _CONTROL_PAYLOAD_SIZE,
+        base_offset=base_offset,
+        attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=NO_SEQUENCE,
+        record_count=1,
+        first_timestamp=timestamp,
+        max_timestamp=timestamp,
     )
 
 
@@ -266,19 +380,14 @@ def encode_control_batch(
     base_offset: int = 0,
     timestamp: int = NO_TIMESTAMP,
 ) -> pa.Buffer:
-    """A COMMIT/ABORT marker: transactional and control, one (non-data) record."""
-    return _encode(
-        _CONTROL_PAYLOAD_SIZE,
-        _CONTROL.pack(0, int(control_type), coordinator_epoch),
-        base_offset=base_offset,
-        attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG,
+    return encode_control(
+        control_type,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
-        base_sequence=NO_SEQUENCE,
-        record_count=1,
-        first_timestamp=timestamp,
-        max_timestamp=timestamp,
-    )
+        coordinator_epoch=coordinator_epoch,
+        base_offset=base_offset,
+        timestamp=timestamp,
+    ).to_buffer()
 
 
 @dataclass(frozen=True, slots=True)

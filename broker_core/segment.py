@@ -9,16 +9,17 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from broker_core.errors import CorruptRecordError, StorageError
-from broker_core.fileutil import write_all
+from broker_core.fileutil import pwrite_all
 from broker_core.indexes import OffsetIndex, TxnIndex
 from broker_core.record_batch import (
     NO_TIMESTAMP,
     BatchHeader,
+    Piece,
     decode_header,
     verify_crc,
 )
@@ -61,12 +62,11 @@ class LogSegment:
         self.scan_error: str | None = None  # why the last scan() stopped early, if it did
 
     # -- writing -----------------------------------------------------------------------
-    def append(self, data: memoryview, header: BatchHeader, index_interval: int) -> int:
+    def append(self, pieces: Sequence[Piece], header: BatchHeader, index_interval: int) -> int:
         """Write an encoded batch at the end; returns its position. All or nothing."""
         position = self.size
         try:
-            os.lseek(self._fd, position, os.SEEK_SET)
-            write_all(self._fd, data)
+            pwrite_all(self._fd, pieces, position)
         except OSError as exc:
             self._rollback(position)
             raise StorageError(f"writing {self.log_path} failed: {exc}") from exc
@@ -103,6 +103,13 @@ class LogSegment:
         self.index.flush()
         self.txn_index.flush()
 
+    def flush_log(self) -> None:
+        """fsync all but the offset index: enough for the active segment, whose offset
+        index crash recovery always rebuilds (it re-scans from the newest snapshot's
+        segment). The txn index is kept: entries below a snapshot are not replayed."""
+        os.fsync(self._fd)
+        self.txn_index.flush()  # a no-op unless this segment holds an abort
+
     def truncate_to(self, position: int) -> None:
         """Cut the log at ``position`` (a batch boundary), with the index entries past it."""
         self._map = None
@@ -126,12 +133,15 @@ class LogSegment:
 
     def batches(self, start_position: int = 0) -> Iterator[StoredBatch]:
         """Batches from ``start_position`` up to the current end (bound now, read lazily)."""
-        return self._iter_batches(self.view(), start_position)
+        return self._iter_batches(self.view(), start_position, self.log_path)
 
     @staticmethod
-    def _iter_batches(view: memoryview, position: int) -> Iterator[StoredBatch]:
+    def _iter_batches(view: memoryview, position: int, path: Path) -> Iterator[StoredBatch]:
         while position < len(view):
-            header = decode_header(view, position)
+            try:
+                header = decode_header(view, position)
+            except CorruptRecordError as exc:
+                raise CorruptRecordError(f"{path}: {exc.message}") from exc
             end = position + header.size
             yield StoredBatch(position, header, view[position:end])
             position = end

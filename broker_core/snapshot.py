@@ -122,9 +122,12 @@ def decode_snapshot(
     return offset, entries
 
 
-def write_snapshot(directory: Path, offset: int, entries: list[ProducerStateEntry]) -> Path:
+def write_snapshot(
+    directory: Path, offset: int, entries: list[ProducerStateEntry], *, sync: bool = True
+) -> Path:
+    """Write the snapshot; with ``sync=False`` the caller fsyncs it (and the directory)."""
     path = snapshot_path(directory, offset)
-    atomic_write(path, encode_snapshot(offset, entries))
+    atomic_write(path, encode_snapshot(offset, entries), sync=sync)
     return path
 
 

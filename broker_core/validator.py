@@ -64,7 +64,8 @@ def check_fields(batch: ProducerBatch) -> None:
             raise InvalidRecordError("a transactional batch needs a producer_id")
         if batch.first_seq != NO_SEQUENCE or batch.producer_epoch != NO_PRODUCER_EPOCH:
             raise InvalidRecordError(
-                "base_sequence/producer_epoch set on a batch without producer_id"
+                f"base_sequence={batch.first_seq}/producer_epoch={batch.producer_epoch} set on "
+                "a batch without producer_id"
             )
         return
     if not 0 <= batch.producer_epoch <= MAX_PRODUCER_EPOCH:

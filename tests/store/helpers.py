@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from broker_core.log_config import LogConfig
 from broker_core.partition_log import IsolationLevel, PartitionLog
 from broker_core.store import LogStore
 
@@ -44,3 +46,35 @@ def read_ids(
 
 def open_store(path: Path, **config: object) -> LogStore:
     return LogStore(path, {k.replace("_", "."): v for k, v in config.items()})
+
+
+class ManualClock:
+    """An injectable millisecond clock that only moves when a test moves it."""
+
+    def __init__(self, now: int = 1_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> int:
+        self.now += ms
+        return self.now
+
+
+def producer_states(log: PartitionLog) -> dict[int, dict[str, object]]:
+    """Every field of every ProducerStateEntry (batches as a list), keyed by producer id."""
+    states: dict[int, dict[str, object]] = {}
+    for entry in log.state:
+        fields: dict[str, object] = {}
+        for f in dataclasses.fields(entry):
+            value = getattr(entry, f.name)
+            fields[f.name] = list(value) if f.name == "batches" else value
+        states[entry.producer_id] = fields
+    return states
+
+
+def open_log(path: Path, clock: ManualClock | None = None, **config: object) -> PartitionLog:
+    """A bare PartitionLog; config keys as keyword arguments with '_' for '.'."""
+    mapping = {k.replace("_", "."): v for k, v in config.items()}
+    return PartitionLog(path, LogConfig.from_mapping(mapping), clock=clock)

@@ -1,0 +1,1 @@
+"""Benchmarks, run by hand or through the Makefile (``make bench-store``); not part of CI."""
