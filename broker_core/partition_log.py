@@ -294,8 +294,7 @@ class PartitionLog:
         if self._should_roll(encoded.size, now):
             self.roll()
         encoded.set_base_offset(self.log_end_offset)
-        header = encoded.decode_header()
-        self.active.append(encoded.iovecs(), header, self.config.index_interval_bytes)
+        header = self.active.append(encoded, self.config.index_interval_bytes)
         self._unflushed += 1
         return header
 

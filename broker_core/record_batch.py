@@ -217,6 +217,7 @@ class EncodedBatch:
     header: bytearray
     pieces: list[Piece]
     size: int  # header + payload
+    crc_done: bool = False
 
     def set_base_offset(self, base_offset: int) -> None:
         set_base_offset(self.header, base_offset)
@@ -224,7 +225,19 @@ class EncodedBatch:
     def decode_header(self) -> BatchHeader:
         return BatchHeader(*_HEADER.unpack_from(self.header, 0))
 
+    def finish_crc(self) -> None:
+        """Checksum the batch into its header. Left to the writer, which may run it on
+        another core while the payload is being written (crc32c releases the GIL)."""
+        if self.crc_done:
+            return
+        crc = crc32c.crc32c(memoryview(self.header)[CRC_START:])
+        for piece in self.pieces:
+            crc = crc32c.crc32c(piece, crc)
+        struct.pack_into(">I", self.header, 16, crc)
+        self.crc_done = True
+
     def iovecs(self) -> list[Piece]:
+        self.finish_crc()
         return [self.header, *self.pieces]
 
     def to_buffer(self) -> pa.Buffer:
@@ -263,10 +276,6 @@ def _encode(
         producer_id,
         record_count,
     )
-    crc = crc32c.crc32c(memoryview(header)[CRC_START:])
-    for piece in payload:
-        crc = crc32c.crc32c(piece, crc)
-    struct.pack_into(">I", header, 16, crc)
     return EncodedBatch(header, payload, total)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from broker_core.errors import CorruptRecordError, StorageError
 from broker_core.fileutil import pwrite_all
 from broker_core.indexes import OffsetIndex, TxnIndex
 from broker_core.record_batch import (
+    HEADER_SIZE,
     NO_TIMESTAMP,
     BatchHeader,
-    Piece,
+    EncodedBatch,
     decode_header,
     verify_crc,
 )
@@ -27,6 +29,18 @@ from broker_core.record_batch import (
 log = logging.getLogger("idemlog.segment")
 
 LOG_SUFFIX = ".log"
+# Below this a thread hand-off costs more than the checksum it would hide.
+_PARALLEL_CRC_BYTES = 256 * 1024
+_CRC_POOL: ThreadPoolExecutor | None = None
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    global _CRC_POOL
+    if _CRC_POOL is None:
+        _CRC_POOL = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="idemlog-crc")
+    return _CRC_POOL
+
+
 INDEX_SUFFIX = ".index"
 TXN_INDEX_SUFFIX = ".txnindex"
 
@@ -62,16 +76,26 @@ class LogSegment:
         self.scan_error: str | None = None  # why the last scan() stopped early, if it did
 
     # -- writing -----------------------------------------------------------------------
-    def append(self, pieces: Sequence[Piece], header: BatchHeader, index_interval: int) -> int:
-        """Write an encoded batch at the end; returns its position. All or nothing."""
+    def append(self, batch: EncodedBatch, index_interval: int) -> BatchHeader:
+        """Write an encoded batch at the end; returns its header. All or nothing."""
         position = self.size
         try:
-            pwrite_all(self._fd, pieces, position)
+            if batch.crc_done or batch.size < _PARALLEL_CRC_BYTES:
+                pwrite_all(self._fd, batch.iovecs(), position)
+            else:
+                # Checksum on another core while this one copies the payload into the page
+                # cache; the header (with the CRC) goes last. A crash in between leaves a
+                # zeroed header, which recovery treats as a torn tail.
+                crc = _crc_pool().submit(batch.finish_crc)
+                pwrite_all(self._fd, batch.pieces, position + HEADER_SIZE)
+                crc.result()
+                pwrite_all(self._fd, [batch.header], position)
         except OSError as exc:
             self._rollback(position)
             raise StorageError(f"writing {self.log_path} failed: {exc}") from exc
+        header = batch.decode_header()
         self._account(position, header, index_interval)
-        return position
+        return header
 
     def _account(self, position: int, header: BatchHeader, index_interval: int) -> None:
         self.size = position + header.size

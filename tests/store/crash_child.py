@@ -75,15 +75,21 @@ def install_failpoint(name: str, at: int, rng: random.Random) -> Callable[[int],
         original_append = LogSegment.append
         count = 0
 
-        def torn_append(self: LogSegment, pieces: list[Any], *args: Any, **kwargs: Any) -> int:
+        def torn_append(self: LogSegment, batch: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal count
             count += 1
             if count < at:
-                return original_append(self, pieces, *args, **kwargs)
-            data = b"".join(memoryview(p).cast("B") for p in pieces)
+                return original_append(self, batch, *args, **kwargs)
+            data = batch.to_buffer().to_pybytes()
             fd = os.open(self.log_path, os.O_WRONLY)
-            os.lseek(fd, self.size, os.SEEK_SET)
-            write_all(fd, data[: rng.randint(1, len(data) - 1)])
+            if rng.random() < 0.5:
+                # A prefix of the batch reached the file.
+                os.lseek(fd, self.size, os.SEEK_SET)
+                write_all(fd, data[: rng.randint(1, len(data) - 1)])
+            else:
+                # The large-batch path writes the payload before the header: die between.
+                os.lseek(fd, self.size + HEADER_SIZE, os.SEEK_SET)
+                write_all(fd, data[HEADER_SIZE : rng.randint(HEADER_SIZE + 1, len(data))])
             die()
             raise AssertionError("unreachable")
 
