@@ -10,7 +10,7 @@ What it measures (MB = 10^6 bytes, GB = 10^9 bytes):
   id, epoch 0, increasing sequences), default segment.bytes (1 GiB, so 2 GB rolls once and
   takes a snapshot). It runs in a child process, which is SIGKILLed at the end without
   close(); the parent then times ``LogStore(...)`` + ``partition()``: crash recovery.
-- raw: the same encoded batches (``encode_data_batch``, the bytes the store writes) with
+- raw: the same encoded batches (``encode_data(...).to_buffer()``, the bytes the store writes) with
   ``os.write`` to one plain file, fsynced by the same policy.
 - validator: ``ProducerStateManager.check_append`` + ``on_data_batch`` over the same
   batch headers in a tight loop, without any I/O.
@@ -43,8 +43,9 @@ import pyarrow as pa
 from broker_core.config import LONG_MAX
 from broker_core.fileutil import write_all
 from broker_core.log_config import LogConfig
+from broker_core.partition_log import PartitionLog
 from broker_core.producer_state import AppendOrigin, ProducerStateManager, producer_batch
-from broker_core.record_batch import decode_header, encode_data_batch, ipc_stream_size
+from broker_core.record_batch import decode_header, encode_data, ipc_stream_size
 from broker_core.snapshot import list_snapshots
 from broker_core.store import LogStore
 
@@ -125,13 +126,13 @@ def encode_all(batches: Sequence[pa.RecordBatch]) -> list[pa.Buffer]:
     offset = 0
     for seq, batch in enumerate(batches):
         encoded.append(
-            encode_data_batch(
+            encode_data(
                 batch,
                 base_offset=offset,
                 producer_id=PRODUCER_ID,
                 producer_epoch=0,
                 base_sequence=seq * ROWS_PER_BATCH,
-            )
+            ).to_buffer()
         )
         offset += batch.num_rows
     return encoded
@@ -189,6 +190,17 @@ def raw_run(
 
 
 # -- store (in process, for throughput) --------------------------------------------------
+def append_all(store: LogStore, batches: Sequence[pa.RecordBatch]) -> tuple[PartitionLog, float]:
+    """Create the topic and append every batch as one idempotent producer; seconds taken."""
+    store.create_topic(TOPIC, 1, schema=SCHEMA)
+    log = store.partition(TOPIC, 0)
+    append = log.append
+    start = time.perf_counter()
+    for seq, batch in enumerate(batches):
+        append(batch, producer_id=PRODUCER_ID, producer_epoch=0, base_sequence=seq * ROWS_PER_BATCH)
+    return log, time.perf_counter() - start
+
+
 def store_inprocess_run(
     directory: Path, batches: Sequence[pa.RecordBatch], policy: FsyncPolicy
 ) -> tuple[int, float]:
@@ -198,13 +210,7 @@ def store_inprocess_run(
     which on this VM costs more than the store itself and would be measured as such.)
     """
     store = LogStore(directory, policy.store_config())
-    store.create_topic(TOPIC, 1, schema=SCHEMA)
-    log = store.partition(TOPIC, 0)
-    append = log.append
-    start = time.perf_counter()
-    for seq, batch in enumerate(batches):
-        append(batch, producer_id=PRODUCER_ID, producer_epoch=0, base_sequence=seq * ROWS_PER_BATCH)
-    elapsed = time.perf_counter() - start
+    log, elapsed = append_all(store, batches)
     written = log.size_bytes
     store.close()
     shutil.rmtree(directory)
@@ -216,13 +222,7 @@ def store_child(directory: Path, gb: float, policy: FsyncPolicy) -> int:
     """Append, report, then wait to be SIGKILLed (never closes the store)."""
     batches = build_batches(gb)
     store = LogStore(directory, policy.store_config())
-    store.create_topic(TOPIC, 1, schema=SCHEMA)
-    log = store.partition(TOPIC, 0)
-    append = log.append
-    start = time.perf_counter()
-    for seq, batch in enumerate(batches):
-        append(batch, producer_id=PRODUCER_ID, producer_epoch=0, base_sequence=seq * ROWS_PER_BATCH)
-    elapsed = time.perf_counter() - start
+    log, elapsed = append_all(store, batches)
     print(f"RESULT {log.size_bytes} {elapsed:.6f} {log.log_end_offset}", flush=True)
     sys.stdin.read()  # the parent kills us; EOF only if it died first
     return 0

@@ -149,22 +149,17 @@ def _replay(log_: PartitionLog, offset: int) -> None:
     from broker_core.producer_state import producer_batch
 
     for seg in log_.segments:
-        # Before the skip: a segment cut back to or below ``offset`` by the tail scan may
+        # Every segment, even one cut back to or below ``offset`` by the tail scan: it may
         # still list aborts whose markers are gone, which would hide later data.
         seg.txn_index.truncate_from(offset)
-        if seg.next_offset <= offset:
+    for seg, stored in log_.batches_from(offset):
+        h = stored.header
+        if h.base_offset < offset:
             continue
-        position = seg.position_of(offset)
-        if position is None:
-            continue
-        for stored in seg.batches(position):
-            h = stored.header
-            if h.base_offset < offset:
-                continue
-            if h.is_control:
-                record = decode_control(h, stored.data)
-                log_.apply_marker(h, record.control_type, record.coordinator_epoch, seg)
-            else:
-                log_.state.on_data_batch(
-                    producer_batch(h), h.base_offset, h.last_offset, h.max_timestamp
-                )
+        if h.is_control:
+            record = decode_control(h, stored.data)
+            log_.apply_marker(h, record.control_type, record.coordinator_epoch, seg)
+        else:
+            log_.state.on_data_batch(
+                producer_batch(h), h.base_offset, h.last_offset, h.max_timestamp
+            )

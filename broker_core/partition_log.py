@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -49,7 +49,7 @@ from broker_core.record_batch import (
     ipc_pieces,
     verify_crc,
 )
-from broker_core.segment import LOG_SUFFIX, LogSegment
+from broker_core.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.snapshot import delete_snapshots_below, write_snapshot
 from broker_core.validator import ProducerBatch
 
@@ -455,44 +455,48 @@ class PartitionLog:
                             (t.first_offset, t.last_offset)
                         )
         next_offset, size = offset, 0
+        for seg, stored in self.batches_from(offset):
+            h = stored.header
+            if h.base_offset >= upper or (out and size + h.size > max_bytes):
+                return next_offset
+            next_offset = min(h.next_offset, upper)
+            if h.is_control or _is_aborted(aborted, h):
+                continue
+            try:
+                # Sealed segments are trusted on open (not re-scanned), so the CRC is
+                # checked here: a damaged batch must fail, never yield garbage rows.
+                verify_crc(h, stored.data)
+                rows = decode_rows(h, stored.data)
+            except CorruptRecordError as exc:
+                raise CorruptRecordError(
+                    f"{seg.log_path} at byte {stored.position}: {exc.message}"
+                ) from exc
+            first = max(offset, h.base_offset)
+            if first > h.base_offset or h.last_offset >= upper:
+                rows = rows.slice(first - h.base_offset, min(h.next_offset, upper) - first)
+            out.append(
+                FetchedBatch(
+                    first,
+                    h.producer_id,
+                    h.producer_epoch,
+                    h.base_sequence,
+                    h.is_transactional,
+                    h.max_timestamp,
+                    rows,
+                )
+            )
+            size += h.size
+        return next_offset
+
+    def batches_from(self, offset: int) -> Iterator[tuple[LogSegment, StoredBatch]]:
+        """Every stored batch holding ``offset`` or after it, with its segment."""
         for seg in self.segments:
             if seg.next_offset <= offset:
                 continue
             position = seg.position_of(offset)
-            if position is None:
-                continue
-            for stored in seg.batches(position):
-                h = stored.header
-                if h.base_offset >= upper or (out and size + h.size > max_bytes):
-                    return next_offset
-                next_offset = min(h.next_offset, upper)
-                if h.is_control or _is_aborted(aborted, h):
-                    continue
-                try:
-                    # Sealed segments are trusted on open (not re-scanned), so the CRC is
-                    # checked here: a damaged batch must fail, never yield garbage rows.
-                    verify_crc(h, stored.data)
-                    rows = decode_rows(h, stored.data)
-                except CorruptRecordError as exc:
-                    raise CorruptRecordError(
-                        f"{seg.log_path} at byte {stored.position}: {exc.message}"
-                    ) from exc
-                first = max(offset, h.base_offset)
-                if first > h.base_offset or h.last_offset >= upper:
-                    rows = rows.slice(first - h.base_offset, min(h.next_offset, upper) - first)
-                out.append(
-                    FetchedBatch(
-                        first,
-                        h.producer_id,
-                        h.producer_epoch,
-                        h.base_sequence,
-                        h.is_transactional,
-                        h.max_timestamp,
-                        rows,
-                    )
-                )
-                size += h.size
-        return next_offset
+            if position is not None:
+                for stored in seg.batches(position):
+                    yield seg, stored
 
     def read_control(self, offset: int) -> tuple[BatchHeader, ControlType] | None:
         """The marker at ``offset``, if there is one (for tests and tools)."""

@@ -332,30 +332,6 @@ def encode_data(
     )
 
 
-def encode_data_batch(
-    batch: pa.RecordBatch,
-    *,
-    base_offset: int = 0,
-    producer_id: int = NO_PRODUCER_ID,
-    producer_epoch: int = NO_PRODUCER_EPOCH,
-    base_sequence: int = NO_SEQUENCE,
-    transactional: bool = False,
-    first_timestamp: int = NO_TIMESTAMP,
-    max_timestamp: int = NO_TIMESTAMP,
-) -> pa.Buffer:
-    """Encode rows as one contiguous batch (the bytes a segment holds for it)."""
-    return encode_data(
-        batch,
-        base_offset=base_offset,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        transactional=transactional,
-        first_timestamp=first_timestamp,
-        max_timestamp=max_timestamp,
-    ).to_buffer()
-
-
 def encode_control(
     control_type: ControlType,
     *,
@@ -378,25 +354,6 @@ def encode_control(
         first_timestamp=timestamp,
         max_timestamp=timestamp,
     )
-
-
-def encode_control_batch(
-    control_type: ControlType,
-    *,
-    producer_id: int,
-    producer_epoch: int,
-    coordinator_epoch: int = 0,
-    base_offset: int = 0,
-    timestamp: int = NO_TIMESTAMP,
-) -> pa.Buffer:
-    return encode_control(
-        control_type,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        coordinator_epoch=coordinator_epoch,
-        base_offset=base_offset,
-        timestamp=timestamp,
-    ).to_buffer()
 
 
 @dataclass(frozen=True, slots=True)

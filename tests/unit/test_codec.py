@@ -29,8 +29,8 @@ from broker_core.record_batch import (
     decode_control,
     decode_header,
     decode_rows,
-    encode_control_batch,
-    encode_data_batch,
+    encode_control,
+    encode_data,
     increment_sequence,
     ipc_stream_size,
     read_length_prefix,
@@ -53,7 +53,7 @@ def sample(n: int = 5, width: int = 3) -> pa.RecordBatch:
 
 
 ENCODED = bytes(
-    encode_data_batch(
+    encode_data(
         sample(),
         base_offset=77,
         producer_id=2**40,
@@ -62,7 +62,7 @@ ENCODED = bytes(
         transactional=True,
         first_timestamp=1_700_000_000_000,
         max_timestamp=1_700_000_000_500,
-    )
+    ).to_buffer()
 )
 
 
@@ -108,7 +108,7 @@ def test_data_batch_round_trip() -> None:
 
 
 def test_non_idempotent_batch_defaults() -> None:
-    encoded = encode_data_batch(sample(1))
+    encoded = encode_data(sample(1)).to_buffer()
     header = decode_header(memoryview(encoded))
     assert (header.producer_id, header.producer_epoch, header.base_sequence) == (-1, -1, -1)
     assert header.last_sequence == NO_SEQUENCE and not header.has_producer_id
@@ -118,9 +118,9 @@ def test_non_idempotent_batch_defaults() -> None:
 
 @pytest.mark.parametrize("kind", [ControlType.ABORT, ControlType.COMMIT])
 def test_control_batch_round_trip(kind: ControlType) -> None:
-    encoded = encode_control_batch(
+    encoded = encode_control(
         kind, producer_id=55, producer_epoch=3, coordinator_epoch=17, base_offset=9, timestamp=42
-    )
+    ).to_buffer()
     assert len(encoded) == HEADER_SIZE + 8
     header = decode_header(memoryview(encoded))
     assert header.is_control and header.is_transactional
@@ -135,7 +135,9 @@ def test_control_batch_round_trip(kind: ControlType) -> None:
 
 
 def test_unknown_control_type_is_corrupt() -> None:
-    encoded = bytearray(encode_control_batch(ControlType.ABORT, producer_id=1, producer_epoch=0))
+    encoded = bytearray(
+        encode_control(ControlType.ABORT, producer_id=1, producer_epoch=0).to_buffer()
+    )
     struct.pack_into(">h", encoded, HEADER_SIZE + 2, 7)
     with pytest.raises(CorruptRecordError, match="type 7"):
         decode_control(decode_header(memoryview(encoded)), memoryview(encoded))
@@ -171,7 +173,7 @@ def test_stamping_the_base_offset_keeps_the_crc_valid(offset: int) -> None:
 @given(n=st.integers(1, 300), width=st.integers(1, 17))
 def test_batches_are_8_byte_multiples_and_payload_is_aligned(n: int, width: int) -> None:
     batch = sample(n, width)
-    encoded = encode_data_batch(batch)
+    encoded = encode_data(batch).to_buffer()
     assert len(encoded) == HEADER_SIZE + ipc_stream_size(batch)
     assert len(encoded) % 8 == 0
     header = decode_header(memoryview(encoded))
@@ -219,7 +221,7 @@ def test_malformed_headers_are_corrupt() -> None:
 
 def test_empty_batch_cannot_be_encoded() -> None:
     with pytest.raises(InvalidRecordError, match="at least one row"):
-        encode_data_batch(sample(0))
+        encode_data(sample(0)).to_buffer()
 
 
 def test_payload_row_count_must_match_header() -> None:
@@ -245,9 +247,9 @@ def test_sequence_wrap_helpers() -> None:
     assert not in_sequence(41, 41)
     assert not in_sequence(MAX_SEQUENCE, 1)
 
-    wrapped = encode_data_batch(
+    wrapped = encode_data(
         sample(21), producer_id=1, producer_epoch=0, base_sequence=2**31 - 11
-    )
+    ).to_buffer()
     header = decode_header(memoryview(wrapped))
     assert (header.base_sequence, header.last_sequence) == (2**31 - 11, 9)
 
