@@ -314,6 +314,17 @@ class PartitionLog:
         ):
             self.flush()
 
+    def flush_if_due(self, now_ms: int | None = None) -> bool:
+        """Apply ``flush.ms`` to a log that receives no appends (a broker task calls it)."""
+        with self._lock:
+            if self._closed or self._unflushed == 0:
+                return False
+            now = self._clock() if now_ms is None else now_ms
+            if now - self._last_flush_ms < self.config.flush_ms:
+                return False
+            self.flush()
+            return True
+
     def flush(self) -> None:
         with self._lock:
             self._check_open()

@@ -10,6 +10,7 @@ import pytest
 from broker_core.errors import OffsetOutOfRangeError
 from broker_core.partition_log import FetchResult, PartitionLog
 from broker_core.record_batch import HEADER_SIZE, ControlType, ipc_stream_size
+from broker_core.store import LogStore
 from tests.store.helpers import SCHEMA, ManualClock, open_log, read_ids, rows
 
 P1, P2 = 101, 202
@@ -261,3 +262,17 @@ def test_abort_cut_off_by_a_crash_does_not_hide_later_data(tmp_path: Path, rolle
     log.write_marker(P1, 1, ControlType.COMMIT)
     expected = ([100, 101] if rolled else []) + [1]
     assert read_ids(log) == expected
+
+
+def test_flush_ms_applies_to_an_idle_log(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = LogStore(tmp_path, {"flush.ms": 1000}, clock=clock)
+    store.create_topic("t", 1)
+    log = store.partition("t", 0)
+    log.append(rows(3))
+    assert not log.flush_if_due()  # not due yet
+    clock.advance(999)
+    assert not log.flush_if_due()
+    clock.advance(1)
+    assert log.flush_if_due()
+    assert not log.flush_if_due()  # nothing left unflushed
