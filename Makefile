@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test lint typecheck unit bench-store clean
+.PHONY: setup demo test lint typecheck unit bench-store bench-broker clean
 
 setup: $(STAMP) $(ZK_SERVER)
 
@@ -40,6 +40,9 @@ test: lint typecheck
 
 bench-store: setup
 	$(PY) -m benchmarks.bench_store
+
+bench-broker: setup
+	$(PY) -m benchmarks.bench_broker
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,9 +1,11 @@
 """The ``idemlog`` command line.
 
-Today it inspects a local data directory (the broker service and its commands come with
-the broker). ``idemlog log describe`` lists topics, partitions, offsets and producers;
-``idemlog log dump`` prints a partition's batches; ``idemlog config topic`` lists the
-topic configuration keys with defaults and docs.
+Local data directories: ``idemlog log describe`` lists topics, partitions, offsets and
+producers; ``idemlog log dump`` prints a partition's batches. Configuration: ``idemlog
+config topic|broker`` lists the keys with defaults and docs (``--properties``: the
+commented default file). A broker and its clients (``broker_core.cli_broker``): ``idemlog
+broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
+metrics``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from broker_core.broker_config import BROKER_CONFIG, render_properties
+from broker_core.cli_broker import add_commands
 from broker_core.errors import IdemlogError
 from broker_core.log_config import LOG_CONFIG
 from broker_core.partition_log import IsolationLevel
@@ -83,7 +87,17 @@ def _dump(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    for name, type_name, default, doc in LOG_CONFIG.describe():
+    if args.properties:
+        if args.scope != "broker":
+            print(
+                "idemlog: --properties is for `config broker` (see conf/topic.properties)",
+                file=sys.stderr,
+            )
+            return 2
+        print(render_properties(), end="")
+        return 0
+    config_def = BROKER_CONFIG if args.scope == "broker" else LOG_CONFIG
+    for name, type_name, default, doc in config_def.describe():
         print(f"{name} ({type_name}, default {default})\n    {doc}")
     return 0
 
@@ -112,8 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=_dump)
 
     config = sub.add_parser("config", help="list configuration keys")
-    config.add_argument("scope", choices=["topic"])
+    config.add_argument("scope", choices=["topic", "broker"])
+    config.add_argument(
+        "--properties", action="store_true", help="print the commented default broker file"
+    )
     config.set_defaults(func=_config)
+    add_commands(sub)
     return parser
 
 

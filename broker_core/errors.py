@@ -24,8 +24,13 @@ class ErrorCode(Enum):
     OFFSET_OUT_OF_RANGE = (1, False, "offset outside the range the log holds")
     CORRUPT_MESSAGE = (2, True, "record batch failed its CRC or is malformed")
     UNKNOWN_TOPIC_OR_PARTITION = (3, True, "no such topic or partition")
+    NOT_LEADER_OR_FOLLOWER = (6, True, "this broker does not lead the partition")
     REQUEST_TIMED_OUT = (7, True, "request timed out")
+    BROKER_NOT_AVAILABLE = (8, True, "no live broker to serve the request")
     MESSAGE_TOO_LARGE = (10, False, "record batch larger than max.message.bytes")
+    NETWORK_EXCEPTION = (13, True, "the connection to the broker failed")
+    COORDINATOR_NOT_AVAILABLE = (15, True, "the transaction coordinator is not available")
+    NOT_COORDINATOR = (16, True, "this broker is not the transaction coordinator")
     INVALID_TOPIC_EXCEPTION = (17, False, "topic name is not legal")
     INVALID_REQUIRED_ACKS = (21, False, "invalid acks value")
     INVALID_TIMESTAMP = (32, False, "timestamp outside the accepted range")
@@ -44,6 +49,7 @@ class ErrorCode(Enum):
     UNKNOWN_PRODUCER_ID = (59, False, "producer id was never issued by this cluster")
     INVALID_RECORD = (87, False, "record batch is invalid for this topic")
     PRODUCER_FENCED = (90, False, "a newer producer with the same transactional id exists")
+    DUPLICATE_BROKER_REGISTRATION = (101, False, "broker id is already in use")
     # idemlog-only codes (no Kafka equivalent).
     SCHEMA_MISMATCH = (10001, False, "batch schema differs from the topic's schema")
     PRODUCER_ID_ALLOCATION_FAILED = (10002, True, "could not lease a producer id block")
@@ -97,8 +103,28 @@ class UnknownTopicOrPartitionError(IdemlogError):
     error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
+class NotLeaderOrFollowerError(IdemlogError):
+    error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+class NetworkError(IdemlogError):
+    error_code = ErrorCode.NETWORK_EXCEPTION
+
+
+class CoordinatorNotAvailableError(IdemlogError):
+    error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+class NotCoordinatorError(IdemlogError):
+    error_code = ErrorCode.NOT_COORDINATOR
+
+
 class RequestTimedOutError(IdemlogError):
     error_code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class BrokerNotAvailableError(IdemlogError):
+    error_code = ErrorCode.BROKER_NOT_AVAILABLE
 
 
 class MessageTooLargeError(IdemlogError):
@@ -176,6 +202,10 @@ class InvalidRecordError(IdemlogError):
 
 class ProducerFencedError(IdemlogError):
     error_code = ErrorCode.PRODUCER_FENCED
+
+
+class DuplicateBrokerRegistrationError(IdemlogError):
+    error_code = ErrorCode.DUPLICATE_BROKER_REGISTRATION
 
 
 class SchemaMismatchError(IdemlogError):

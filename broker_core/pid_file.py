@@ -55,6 +55,10 @@ class FileProducerIdBlockSource:
         finally:
             os.close(lock_fd)
 
+    def latest_block(self) -> ProducerIdBlock | None:
+        """The most recently leased block (read-only, no lock: the record is renamed in)."""
+        return self._read()
+
     def _read(self) -> ProducerIdBlock | None:
         try:
             data = self._path.read_bytes()

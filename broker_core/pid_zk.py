@@ -189,6 +189,19 @@ class ZkProducerIdBlockSource:
                 )
             return block
 
+    def latest_block(self) -> ProducerIdBlock | None:
+        """The most recently leased block (one read, no retry); None before the first lease.
+
+        Raises :class:`ProducerIdAllocationError` (retriable) when ZooKeeper is unavailable.
+        """
+        try:
+            data, _ = self._read_record(time.monotonic() + self._request_timeout_s)
+        except _Unavailable as exc:
+            raise ProducerIdAllocationError(
+                f"cannot read {self._where()}: ZooKeeper unavailable ({exc})"
+            ) from exc
+        return None if data is None else ProducerIdBlock.from_record(data, self._where())
+
     def _try_lease(self, broker_id: int, deadline: float) -> ProducerIdBlock:
         """One read-compute-conditional-write round; conflict errors propagate."""
         data, version = self._read_record(deadline)

@@ -57,7 +57,7 @@ class Action(StrEnum):
     METADATA = "metadata"  # {topics?: [..]} -> {brokers, topics: {name: [leaders]}}
     FIND_COORDINATOR = "find_coordinator"  # {transactional_id} -> {broker_id, host, port}
     INIT_PRODUCER_ID = "init_producer_id"  # {transactional_id?, transaction_timeout_ms?}
-    ADD_PARTITIONS_TO_TXN = "add_partitions_to_txn"  # {transactional_id, pid, epoch, parts}
+    ADD_PARTITIONS_TO_TXN = "add_partitions_to_txn"  # {transactional_id, producer_id, ...}
     END_TXN = "end_txn"  # {transactional_id, producer_id, producer_epoch, commit}
     WRITE_TXN_MARKERS = "write_txn_markers"  # broker to broker: markers for its partitions
     COMMIT_SINK_BATCH = "commit_sink_batch"  # {sink_id, batch_id, transactions: [..]}

@@ -1,0 +1,335 @@
+"""Broker produce throughput over loopback against the Flight transport ceiling.
+
+    python -m benchmarks.bench_broker [--mb 1200] [--producers 1,4,16] [--repeat 2]
+                                      [--init-seconds 2] [--dir DIR]
+
+What it measures (MB = 10^6 bytes of Arrow buffers, as ``RecordBatch.nbytes``):
+
+- broker: a real broker process (``idemlog broker start``, embedded mode, default
+  config: idempotence on, fsync left to the OS) and N producers, each an idempotent
+  producer (its own producer id) pipelining 10k-row Arrow batches (~1 MB: id int64, key
+  int32, an 84-byte string) to its own partition of one topic, at most 5 batches in flight
+  (the broker's window), every answer checked. Time from the first send to the last
+  answer.
+- flight_discard: the same producers and batches against a bare Flight DoPut server
+  (another process, ``--discard-server``) that reads each batch and answers it with a
+  ``ProduceResponse`` without storing anything: the transport's ceiling on this machine.
+- init_producer_id: InitProducerId round trips per second on one connection, without a
+  transactional id (a leased block, no disk) and with a new transactional id each time
+  (a durable, fsynced coordinator record).
+
+Producers are threads of this process, not processes: with 2 cores, 16 producer
+processes would measure the scheduler. N producers share min(N, 4) Flight connections
+(gRPC multiplexes their streams); the Arrow serialisation and the socket I/O happen in
+C++ without the GIL. Each configuration runs ``--repeat`` times, alternating broker and
+discard runs. Loopback runs on a small VM vary by +-30% from run to run (page-cache
+writeback, scheduling), so the median of the runs counts; best and worst are printed.
+The summary lines take, for each server, its best producer count. Both servers run
+with the broker's allocator setting (``cli_broker.keep_large_buffers``): the same
+transport underneath, tuned the same way. The server processes'
+CPU time per MB is printed too: with the producers on the same cores, it is what bounds
+the ratio once the machine is CPU-bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from broker_core.cli_broker import keep_large_buffers
+from broker_core.client import BrokerClient
+from broker_core.produce_stream import ProduceHandle, ProduceStream
+from broker_core.protocol import ProduceRequestMeta, ProduceResponse
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS_PER_BATCH = 10_000
+VALUE_BYTES = 84
+DISTINCT_BATCHES = 8
+IN_FLIGHT = 5
+MAX_CONNECTIONS = 4
+TOPIC = "bench"
+MB = 1e6
+TARGET_RATIO = 0.7
+SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.int32()), ("value", pa.string())])
+
+
+def build_batches() -> list[pa.RecordBatch]:
+    rng = np.random.default_rng(11)
+    offsets = pa.py_buffer(
+        np.arange(0, (ROWS_PER_BATCH + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
+    )
+    batches = []
+    for i in range(DISTINCT_BATCHES):
+        ids = np.arange(i * ROWS_PER_BATCH, (i + 1) * ROWS_PER_BATCH, dtype=np.int64)
+        values = pa.StringArray.from_buffers(
+            ROWS_PER_BATCH,
+            offsets,
+            pa.py_buffer(rng.integers(97, 123, ROWS_PER_BATCH * VALUE_BYTES, dtype=np.uint8)),
+        )
+        batches.append(
+            pa.RecordBatch.from_arrays(
+                [pa.array(ids), pa.array((ids % 1009).astype(np.int32)), values], schema=SCHEMA
+            )
+        )
+    return batches
+
+
+# -- the transport ceiling: a Flight server that answers and discards ---------------------
+class DiscardServer(flight.FlightServerBase):  # type: ignore[misc]
+    """Reads every batch of a produce stream and answers it like the broker, storing nothing."""
+
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        offset = 0
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            meta = ProduceRequestMeta.decode(chunk.app_metadata)
+            rows = chunk.data.num_rows
+            response = ProduceResponse(meta.correlation_id, 0, offset, offset + rows - 1, 0, False)
+            offset += rows
+            writer.write(response.encode())
+
+
+def serve_discard() -> int:
+    keep_large_buffers()  # the broker's allocator setting: the same transport underneath
+    server = DiscardServer("grpc://127.0.0.1:0")
+    print(f"LISTENING 127.0.0.1:{server.port}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+    os._exit(0)  # open streams must not hold the process (see broker_core.cli_broker)
+
+
+# -- server processes ----------------------------------------------------------------------
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[str]
+    address: str
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def spawn(name: str, command: list[str], log_path: Path) -> Server:
+    log = open(log_path, "w")  # noqa: SIM115 -- the child's stderr for its lifetime
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO, start_new_session=True
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()  # blocks until the server printed its address
+    if not line.startswith("LISTENING "):
+        process.kill()
+        raise SystemExit(f"{name} did not start; see {log_path}:\n{log_path.read_text()}")
+    return Server(name, process, line.split()[1])
+
+
+def start_broker(directory: Path) -> Server:
+    config = directory / "broker.properties"
+    config.write_text(f"listener.port=0\nlog.dir={directory / 'data'}\n")
+    command = [sys.executable, "-m", "broker_core.cli", "broker", "start", "--config", str(config)]
+    return spawn("broker", command, directory / "broker.log")
+
+
+def start_discard(directory: Path) -> Server:
+    command = [sys.executable, "-m", "benchmarks.bench_broker", "--discard-server"]
+    return spawn("flight_discard", command, directory / "discard.log")
+
+
+# -- producers -----------------------------------------------------------------------------
+def produce(
+    connection: flight.FlightClient,
+    partition: int,
+    producer_id: int,
+    batches: Sequence[pa.RecordBatch],
+    count: int,
+    errors: list[BaseException],
+) -> None:
+    try:
+        stream = ProduceStream(connection, TOPIC, partition, SCHEMA)
+        window: deque[ProduceHandle] = deque()
+        for i in range(count):
+            if len(window) == IN_FLIGHT:
+                check(window.popleft().result(120))
+            window.append(
+                stream.send(
+                    batches[i % len(batches)],
+                    producer_id=producer_id,
+                    producer_epoch=0,
+                    base_sequence=i * ROWS_PER_BATCH,
+                )
+            )
+        while window:
+            check(window.popleft().result(120))
+        stream.close()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def check(response: ProduceResponse) -> None:
+    if not response.ok:
+        raise RuntimeError(f"batch failed: {response.error()}")
+
+
+def run_producers(
+    server: Server, producers: int, batches: Sequence[pa.RecordBatch], total_mb: float
+) -> tuple[float, float]:
+    """(MB sent and acknowledged, seconds) for ``producers`` threads."""
+    batch_bytes = batches[0].nbytes
+    per_producer = max(IN_FLIGHT, round(total_mb * MB / batch_bytes / producers))
+    with BrokerClient(server.address) as admin:
+        if server.name == "broker":
+            admin.create_topic(TOPIC, producers, schema=SCHEMA)
+            pids = [admin.init_producer_id()[0] for _ in range(producers)]
+        else:
+            pids = list(range(producers))
+    connections = [
+        flight.connect(f"grpc://{server.address}") for _ in range(min(producers, MAX_CONNECTIONS))
+    ]
+    errors: list[BaseException] = []
+    threads = [
+        threading.Thread(
+            target=produce,
+            args=(connections[p % len(connections)], p, pids[p], batches, per_producer, errors),
+        )
+        for p in range(producers)
+    ]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    for c in connections:
+        c.close()
+    if errors:
+        raise SystemExit(f"{server.name} with {producers} producers failed: {errors[0]!r}")
+    if server.name == "broker":
+        with BrokerClient(server.address) as admin:
+            ends = [admin.list_offsets(TOPIC, p)["log_end_offset"] for p in range(producers)]
+            assert ends == [per_producer * ROWS_PER_BATCH] * producers, ends
+            admin.delete_topic(TOPIC)  # frees the disk for the next run
+    return per_producer * producers * batch_bytes / MB, elapsed
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def init_rate(server: Server, seconds: float, transactional: bool) -> float:
+    with BrokerClient(server.address) as client:
+        calls = 0
+        start = time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            client.init_producer_id(f"bench-{calls}" if transactional else None)
+            calls += 1
+    return calls / elapsed
+
+
+# -- main ----------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=1500.0, help="MB per run (all producers)")
+    parser.add_argument("--producers", default="1,4,16", help="producer counts to run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per configuration")
+    parser.add_argument("--init-seconds", type=float, default=2.0)
+    parser.add_argument("--dir", type=Path, default=REPO, help="parent of the temporary dir")
+    parser.add_argument("--discard-server", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.discard_server:
+        return serve_discard()
+    counts = [int(c) for c in args.producers.split(",")]
+    batches = build_batches()
+    workdir = Path(tempfile.mkdtemp(prefix=".bench-broker-", dir=args.dir))
+    servers: list[Server] = []
+    try:
+        broker = start_broker(workdir)
+        servers.append(broker)
+        discard = start_discard(workdir)
+        servers.append(discard)
+        print(
+            f"batch: {ROWS_PER_BATCH} rows, {batches[0].nbytes / MB:.2f} MB; {args.mb:g} MB per "
+            f"run; {args.repeat} runs each; cores: {os.cpu_count()}"
+        )
+        results: dict[tuple[str, int], list[float]] = {}
+        cpu: dict[tuple[str, int], list[float]] = {}
+        for producers in counts:
+            for _ in range(args.repeat):
+                for server in (discard, broker):
+                    before = cpu_seconds(server.process.pid)
+                    mb, seconds = run_producers(server, producers, batches, args.mb)
+                    used = cpu_seconds(server.process.pid) - before
+                    results.setdefault((server.name, producers), []).append(mb / seconds)
+                    cpu.setdefault((server.name, producers), []).append(1000 * used / mb)
+        rate = init_rate(broker, args.init_seconds, transactional=False)
+        txn_rate = init_rate(broker, args.init_seconds, transactional=True)
+    finally:
+        for server in servers:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print()
+    print(
+        f"{'producers':>9}  {'broker MB/s':>11}  {'discard MB/s':>12}  {'ratio':>5}  "
+        f"{'server CPU ms/MB (broker / discard)':>35}  runs (worst-best)"
+    )
+    for producers in counts:
+        b, d = results[("broker", producers)], results[("flight_discard", producers)]
+        b_cpu = statistics.median(cpu[("broker", producers)])
+        d_cpu = statistics.median(cpu[("flight_discard", producers)])
+        print(
+            f"{producers:>9}  {statistics.median(b):>11.0f}  {statistics.median(d):>12.0f}  "
+            f"{statistics.median(b) / statistics.median(d):>5.2f}  "
+            f"{f'{b_cpu:.2f} / {d_cpu:.2f}':>35}  "
+            f"broker {min(b):.0f}-{max(b):.0f}, discard {min(d):.0f}-{max(d):.0f}"
+        )
+    broker_mbps = max(statistics.median(results[("broker", n)]) for n in counts)
+    discard_mbps = max(statistics.median(results[("flight_discard", n)]) for n in counts)
+    ratio = broker_mbps / discard_mbps
+    verdict = "OK" if ratio >= TARGET_RATIO else "MISSED"
+    print()
+    print(f"init_producer_id: {rate:.0f}/s without a transactional id, {txn_rate:.0f}/s with one")
+    print(f"target broker_vs_transport_ratio >= {TARGET_RATIO}: {verdict}")
+    print(f"broker_MBps={broker_mbps:.0f}")
+    print(f"flight_discard_MBps={discard_mbps:.0f}")
+    print(f"broker_vs_transport_ratio={ratio:.2f}")
+    print(f"init_producer_id_per_s={rate:.0f}")
+    print(f"init_producer_id_txn_per_s={txn_rate:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The controller's extra role: running the transaction coordinator while it is controller.
+
+In embedded mode the single broker is always the controller and the coordinator starts
+before the broker serves (``start(synchronous=True)``), so its first request finds it
+ready. With ZooKeeper, controllership comes and goes with the ``/controller`` znode; the
+callbacks only record what is wanted and one thread makes it so, because a coordinator's
+start finishes interrupted commits by sending markers to other brokers, which must not
+block ZooKeeper's event thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from broker_core.txn_coordinator import TransactionCoordinator
+from broker_core.txn_store import LogTxnStateStore, TxnStateStore, ZkTxnStateStore
+
+if TYPE_CHECKING:
+    from broker_core.broker import Broker
+
+log = logging.getLogger("idemlog.broker")
+
+ACTIVATION_RETRY_S = 1.0  # after a failed coordinator start (e.g. a marker's broker is down)
+
+
+class CoordinatorRole:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._cond = threading.Condition()
+        self._wanted = False
+        self._dirty = False
+        self._stopped = False
+        self._coordinator: TransactionCoordinator | None = None
+        self._thread: threading.Thread | None = None
+
+    def current(self) -> TransactionCoordinator | None:
+        return self._coordinator
+
+    def start(self, *, synchronous: bool) -> None:
+        cluster = self._broker.cluster
+        assert cluster is not None
+        if synchronous and cluster.is_controller():
+            self._coordinator = self._build_and_start()
+        cluster.on_controller_change(self._on_controller_change)
+        self._thread = threading.Thread(
+            target=self._run, name="idemlog-coordinator-role", daemon=True
+        )
+        self._thread.start()
+        self._on_controller_change(cluster.is_controller())
+
+    def _on_controller_change(self, is_controller: bool) -> None:
+        with self._cond:
+            self._wanted = is_controller
+            self._dirty = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._dirty or self._stopped)
+                if self._stopped:
+                    return
+                self._dirty = False
+                wanted = self._wanted
+            if wanted and self._coordinator is None:
+                try:
+                    self._coordinator = self._build_and_start()
+                except Exception:
+                    log.exception(
+                        "broker %d: starting the transaction coordinator failed; retrying in %.0fs",
+                        self._broker.broker_id,
+                        ACTIVATION_RETRY_S,
+                    )
+                    with self._cond:
+                        self._dirty = True
+                        self._cond.wait_for(lambda: self._stopped, ACTIVATION_RETRY_S)
+            elif not wanted and self._coordinator is not None:
+                log.info("broker %d is no longer the controller", self._broker.broker_id)
+                self._close_coordinator()
+
+    def _build_and_start(self) -> TransactionCoordinator:
+        broker = self._broker
+        assert broker.store is not None and broker.pids is not None and broker.markers is not None
+        state_store: TxnStateStore
+        if broker.config.embedded:
+            state_store = LogTxnStateStore(broker.store)
+        else:
+            from broker_core.broker import ZK_ROOT
+
+            state_store = ZkTxnStateStore(broker.zookeeper_client(), ZK_ROOT)
+        coordinator = TransactionCoordinator(
+            state_store,
+            broker.pids,
+            broker.markers,
+            max_timeout_ms=broker.config.transaction_max_timeout_ms,
+        )
+        coordinator.start()
+        log.info("broker %d runs the transaction coordinator", broker.broker_id)
+        return coordinator
+
+    def abort_timed_out(self) -> list[str]:
+        coordinator = self._coordinator
+        if coordinator is None:
+            return []
+        aborted = coordinator.abort_timed_out()
+        if aborted:
+            log.info("aborted transactions open past their timeout: %s", aborted)
+        return aborted
+
+    def _close_coordinator(self) -> None:
+        coordinator, self._coordinator = self._coordinator, None
+        if coordinator is not None:
+            try:
+                coordinator.close()
+            except Exception:
+                log.exception("broker %d: closing the coordinator failed", self._broker.broker_id)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10.0)
+        self._close_coordinator()

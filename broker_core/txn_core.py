@@ -1,0 +1,406 @@
+"""The transaction coordinator's state and the durable steps it is built from.
+
+:class:`TransactionCoordinator` (``txn_coordinator``) is the public face; this base class
+keeps the in-memory maps, the claims that serialise requests per id, and the steps every
+request is made of: a durable transition, marker writes with retries, and finishing what
+an earlier request (or a previous coordinator) left half done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from enum import Enum
+from typing import Protocol
+
+from broker_core.errors import (
+    ConcurrentTransactionsError,
+    CoordinatorNotAvailableError,
+    IdemlogError,
+    InvalidConfigError,
+    InvalidProducerIdMappingError,
+    InvalidTxnStateError,
+    NotCoordinatorError,
+    ProducerFencedError,
+)
+from broker_core.txn_markers import MarkerWriter
+from broker_core.txn_state import (
+    SinkCommitRecord,
+    SinkCommitState,
+    TransactionMetadata,
+    TransactionState,
+)
+from broker_core.txn_store import TxnStateStore
+
+log = logging.getLogger("idemlog.txn")
+
+_S = TransactionState
+_MAX_MARKER_BACKOFF_S = 1.0
+
+
+class ProducerIdSource(Protocol):
+    def generate_producer_id(self) -> int: ...
+
+
+class CoordinatorStatus(Enum):
+    LOADING = "loading"  # constructed; start() has not loaded the state yet
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+_STATUS_TRANSITIONS = {
+    CoordinatorStatus.LOADING: frozenset({CoordinatorStatus.RUNNING, CoordinatorStatus.CLOSED}),
+    CoordinatorStatus.RUNNING: frozenset({CoordinatorStatus.CLOSED}),
+    CoordinatorStatus.CLOSED: frozenset(),
+}
+
+_TXN = "transactional id"
+_SINK = "sink"
+
+
+class Claims:
+    """The ids one request holds exclusively; all released together when it ends."""
+
+    def __init__(self, lock: threading.Lock, busy: set[tuple[str, str]]) -> None:
+        self._lock = lock
+        self._busy = busy
+        self._held: set[tuple[str, str]] = set()
+
+    def txn(self, transactional_id: str) -> None:
+        self._take((_TXN, transactional_id))
+
+    def sink(self, sink_id: str) -> None:
+        self._take((_SINK, sink_id))
+
+    def _take(self, key: tuple[str, str]) -> None:
+        if key in self._held:
+            return
+        with self._lock:
+            if key in self._busy:
+                raise ConcurrentTransactionsError(
+                    f"{key[0]} {key[1]!r} is being changed by another request (a state "
+                    "change or marker write is in progress); retry"
+                )
+            self._busy.add(key)
+        self._held.add(key)
+
+    def release(self) -> None:
+        with self._lock:
+            self._busy.difference_update(self._held)
+        self._held.clear()
+
+
+class TxnCoordinatorCore:
+    """State, lifecycle and the durable steps; the requests are in TransactionCoordinator."""
+
+    def __init__(
+        self,
+        state_store: TxnStateStore,
+        pids: ProducerIdSource,
+        markers: MarkerWriter,
+        *,
+        max_timeout_ms: int = 900_000,
+        default_timeout_ms: int = 60_000,
+        coordinator_epoch: int = 0,
+        clock: Callable[[], int] | None = None,
+        marker_retry_deadline_s: float = 30.0,
+        marker_retry_backoff_s: float = 0.05,
+    ) -> None:
+        if max_timeout_ms < 1 or default_timeout_ms < 1:
+            raise InvalidConfigError(
+                f"transaction timeouts must be >= 1 ms: max_timeout_ms={max_timeout_ms}, "
+                f"default_timeout_ms={default_timeout_ms}"
+            )
+        if coordinator_epoch < 0:
+            raise InvalidConfigError(f"coordinator_epoch={coordinator_epoch} must be >= 0")
+        self._store = state_store
+        self._pids = pids
+        self._markers = markers
+        self.max_timeout_ms = max_timeout_ms
+        # A configured maximum below the default lowers the default with it, rather than
+        # refusing every InitProducerId that asks for no timeout in particular.
+        self.default_timeout_ms = min(default_timeout_ms, max_timeout_ms)
+        self.coordinator_epoch = coordinator_epoch
+        self._clock = clock or (lambda: int(time.time() * 1000))
+        self._marker_retry_deadline_s = marker_retry_deadline_s
+        self._marker_retry_backoff_s = marker_retry_backoff_s
+        self._lock = threading.Lock()
+        self._closing = threading.Event()  # wakes marker retries up on close()
+        self._status = CoordinatorStatus.LOADING
+        self._txns: dict[str, TransactionMetadata] = {}
+        self._sinks: dict[str, SinkCommitRecord] = {}
+        self._busy: set[tuple[str, str]] = set()
+        self._counters: dict[str, int] = dict.fromkeys(
+            (
+                "transactions_committed",
+                "transactions_aborted",
+                "transactions_fenced",
+                "transactions_timed_out",
+                "producer_id_rotations",
+                "sink_batches_committed",
+                "sink_batches_repeated",
+                "marker_retries",
+            ),
+            0,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _set_status(self, new: CoordinatorStatus, *, idempotent: bool = False) -> None:
+        with self._lock:
+            if idempotent and new is self._status:
+                return
+            if new not in _STATUS_TRANSITIONS[self._status]:
+                raise InvalidTxnStateError(
+                    f"coordinator cannot go from {self._status.name} to {new.name}"
+                )
+            self._status = new
+
+    @property
+    def status(self) -> CoordinatorStatus:
+        return self._status
+
+    def _check_running(self) -> None:
+        status = self._status
+        if status is CoordinatorStatus.LOADING:
+            raise CoordinatorNotAvailableError(
+                "the transaction coordinator is still loading its state"
+            )
+        if status is CoordinatorStatus.CLOSED:
+            raise NotCoordinatorError("the transaction coordinator was closed")
+
+    # -- building blocks (callers hold the claims of the ids they change) ------------------
+    @contextlib.contextmanager
+    def _claims(self) -> Iterator[Claims]:
+        claims = Claims(self._lock, self._busy)
+        try:
+            yield claims
+        finally:
+            claims.release()
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counters[name] += n
+
+    def _meta(self, tid: str) -> TransactionMetadata | None:
+        with self._lock:
+            return self._txns.get(tid)
+
+    def _sink_record(self, sid: str) -> SinkCommitRecord | None:
+        with self._lock:
+            return self._sinks.get(sid)
+
+    def _persist(self, meta: TransactionMetadata) -> TransactionMetadata:
+        """Store ``meta`` durably, then make it the current state (never the other way)."""
+        self._store.put_transaction(meta)
+        with self._lock:
+            self._txns[meta.transactional_id] = meta
+        return meta
+
+    def _persist_sink(self, record: SinkCommitRecord) -> None:
+        self._store.put_sink(record)
+        with self._lock:
+            self._sinks[record.sink_id] = record
+
+    def _require(self, tid: str, producer_id: int, epoch: int) -> TransactionMetadata:
+        """The id's state if (producer_id, epoch) is its current holder, else the error."""
+        meta = self._meta(tid)
+        if meta is None:
+            raise InvalidProducerIdMappingError(
+                f"{_TXN} {tid!r} is unknown to the coordinator: call init_producer_id first"
+            )
+        if producer_id != meta.producer_id:
+            if producer_id == meta.previous_producer_id:
+                raise ProducerFencedError(
+                    f"{_TXN} {tid!r}: producer id {producer_id} was replaced by "
+                    f"{meta.producer_id} when its epochs ran out (fenced)"
+                )
+            raise InvalidProducerIdMappingError(
+                f"{_TXN} {tid!r} belongs to producer id {meta.producer_id}, not {producer_id}"
+            )
+        if epoch != meta.producer_epoch:
+            relation = "older" if epoch < meta.producer_epoch else "newer"
+            raise ProducerFencedError(
+                f"{_TXN} {tid!r}: producer id {producer_id} epoch {epoch} is {relation} than "
+                f"the current epoch {meta.producer_epoch}: another producer holds this id"
+            )
+        return meta
+
+    def _transitioned(
+        self, meta: TransactionMetadata, state: TransactionState, epoch: int | None = None
+    ) -> TransactionMetadata:
+        new = meta.copy()
+        new.transition(state, self._clock())
+        if epoch is not None:
+            new.producer_epoch = epoch
+        return new
+
+    def _end(
+        self, meta: TransactionMetadata, commit: bool, epoch: int | None = None
+    ) -> TransactionMetadata:
+        """ONGOING -> PREPARE_x (durable, optionally at a bumped epoch) -> markers -> COMPLETE_x."""
+        prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
+        return self._complete(self._persist(self._transitioned(meta, prepare, epoch)))
+
+    def _complete(self, meta: TransactionMetadata) -> TransactionMetadata:
+        """PREPARE_x -> markers -> COMPLETE_x; on failure it stays PREPARE_x and raises."""
+        commit = meta.state is _S.PREPARE_COMMIT
+        self._send_markers(meta, commit)
+        done = self._persist(
+            self._transitioned(meta, _S.COMPLETE_COMMIT if commit else _S.COMPLETE_ABORT)
+        )
+        self._count("transactions_committed" if commit else "transactions_aborted")
+        return done
+
+    def _send_markers(self, meta: TransactionMetadata, commit: bool) -> None:
+        partitions = meta.sorted_partitions()
+        if not partitions:
+            return
+        deadline = time.monotonic() + self._marker_retry_deadline_s
+        delay = self._marker_retry_backoff_s
+        attempt = 1
+        while True:
+            try:
+                self._markers.write_markers(
+                    meta.producer_id,
+                    meta.producer_epoch,
+                    commit,
+                    self.coordinator_epoch,
+                    partitions,
+                )
+                return
+            except IdemlogError as exc:
+                remaining = deadline - time.monotonic()
+                if not exc.retriable or remaining <= 0 or self._closing.is_set():
+                    log.error(
+                        "%s markers for %s %r (producer id %d epoch %d) failed after %d "
+                        "attempts; it stays %s until retried: %s",
+                        "COMMIT" if commit else "ABORT",
+                        _TXN,
+                        meta.transactional_id,
+                        meta.producer_id,
+                        meta.producer_epoch,
+                        attempt,
+                        meta.state.name,
+                        exc,
+                    )
+                    raise
+                wait = min(delay, remaining)
+                log.warning(
+                    "markers for %s %r failed (%s), retrying in %.2fs (attempt %d)",
+                    _TXN,
+                    meta.transactional_id,
+                    exc,
+                    wait,
+                    attempt,
+                )
+                self._count("marker_retries")
+                if self._closing.wait(wait):
+                    raise
+                delay = min(delay * 2, _MAX_MARKER_BACKOFF_S)
+                attempt += 1
+
+    def _pending_sink_holding(self, meta: TransactionMetadata) -> SinkCommitRecord | None:
+        """The pending sink record that names this transaction, if any: it must commit."""
+        key = (meta.transactional_id, meta.producer_id, meta.producer_epoch)
+        with self._lock:
+            for record in self._sinks.values():
+                if record.is_pending and key in record.transactions:
+                    return record
+        return None
+
+    def _settle(self, claims: Claims, tid: str) -> TransactionMetadata | None:
+        """Finish what earlier requests left half done for ``tid``, and return its state."""
+        meta = self._meta(tid)
+        if meta is None:
+            return None
+        record = self._pending_sink_holding(meta)
+        if record is not None:
+            self._finish_sink(claims, record)
+            meta = self._meta(tid) or meta  # ids are never removed: always found
+        if meta.state.is_prepare:
+            meta = self._complete(meta)
+        return meta
+
+    def _settled(self, claims: Claims, tid: str) -> TransactionMetadata:
+        """:meth:`_settle` for an id the caller knows exists (checked by :meth:`_require`)."""
+        meta = self._settle(claims, tid)
+        if meta is None:
+            raise InvalidProducerIdMappingError(f"{_TXN} {tid!r} is unknown to the coordinator")
+        return meta
+
+    def _finish_sink(self, claims: Claims, record: SinkCommitRecord) -> None:
+        """Commit every transaction of a PREPARE sink record, then mark it COMPLETE."""
+        claims.sink(record.sink_id)
+        current = self._sink_record(record.sink_id)
+        if current is None or not current.is_pending or current.batch_id != record.batch_id:
+            return  # finished (and maybe succeeded) by a request that held it meanwhile
+        record = current
+        for tid, _, _ in record.transactions:
+            claims.txn(tid)
+        for tid, pid, epoch in record.transactions:
+            meta = self._meta(tid)
+            if meta is None or (meta.producer_id, meta.producer_epoch) != (pid, epoch):
+                # Cannot happen while the invariant holds (named transactions are never
+                # fenced first); say so loudly rather than block the sink forever.
+                log.error(
+                    "sink %r batch %d: %s %r is no longer at producer id %d epoch %d; its "
+                    "commit cannot be completed",
+                    record.sink_id,
+                    record.batch_id,
+                    _TXN,
+                    tid,
+                    pid,
+                    epoch,
+                )
+                continue
+            if meta.state is _S.ONGOING:
+                self._end(meta, commit=True)
+            elif meta.state is _S.PREPARE_COMMIT:
+                self._complete(meta)
+            elif meta.state not in (_S.COMPLETE_COMMIT, _S.EMPTY):
+                log.error(
+                    "sink %r batch %d: %s %r is %s; its commit cannot be completed",
+                    record.sink_id,
+                    record.batch_id,
+                    _TXN,
+                    tid,
+                    meta.state.name,
+                )
+        self._persist_sink(
+            SinkCommitRecord(
+                record.sink_id, record.batch_id, SinkCommitState.COMPLETE, record.transactions
+            )
+        )
+
+    def _abort_if_open(self, claims: Claims, tid: str, producer_id: int, epoch: int) -> None:
+        """Abort the transaction if it is still open at exactly (producer_id, epoch)."""
+        meta = self._meta(tid)
+        if meta is None or (meta.producer_id, meta.producer_epoch) != (producer_id, epoch):
+            return  # unknown, or a newer holder fenced it (and aborted what was open)
+        meta = self._settle(claims, tid)
+        if meta is not None and meta.state is _S.ONGOING:
+            self._end(meta, commit=False)
+
+    def _recover_sink(self, record: SinkCommitRecord) -> None:
+        """Finish a pending sink commit; on failure it stays pending for a later call."""
+        try:
+            with self._claims() as claims:
+                self._finish_sink(claims, record)
+        except ConcurrentTransactionsError:
+            pass  # another request holds it, and finishes it
+        except IdemlogError as exc:
+            log.error("could not finish the commit of sink %r yet: %s", record.sink_id, exc)
+
+    def _recover_txn(self, transactional_id: str) -> None:
+        """Finish a PREPARE_x transaction; on failure it stays so for a later call."""
+        try:
+            with self._claims() as claims:
+                claims.txn(transactional_id)
+                self._settle(claims, transactional_id)
+        except ConcurrentTransactionsError:
+            pass  # another request holds it, and finishes it
+        except IdemlogError as exc:
+            log.error("could not finish %s %r yet: %s", _TXN, transactional_id, exc)

@@ -1,0 +1,1 @@
+"""Broker service tests: real broker processes (tests/harness/broker.py) over Arrow Flight."""

@@ -1,0 +1,76 @@
+"""Broker keys are declared once in code; conf/broker.properties and the README agree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from broker_core.broker_config import (
+    BROKER_CONFIG,
+    BrokerConfig,
+    parse_overrides,
+    render_properties,
+)
+from broker_core.config import load_properties
+from broker_core.errors import InvalidConfigError
+from broker_core.log_config import LOG_CONFIG
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_conf_file_is_the_generated_one_and_lists_every_key() -> None:
+    path = ROOT / "conf" / "broker.properties"
+    assert path.read_text() == render_properties(), "regenerate: idemlog config broker --properties"
+    values = load_properties(path)
+    assert set(values) == {k.name for k in BROKER_CONFIG}
+    for key in BROKER_CONFIG:
+        assert key.parse(values[key.name]) == key.default, key.name
+    BrokerConfig.from_mapping(values)
+
+
+def test_every_topic_key_has_a_broker_default() -> None:
+    assert {f"log.{k.name}" for k in LOG_CONFIG} <= {k.name for k in BROKER_CONFIG}
+
+
+def test_readme_table_matches_the_code() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Broker configuration", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z.]+)` \| `([^`]*)` \| \w+ \|", section, re.MULTILINE))
+    expected = {k.name: '""' if k.default == "" else str(k.default) for k in BROKER_CONFIG}
+    assert rows == expected
+
+
+def test_values_reach_the_broker_and_its_topic_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "b.properties"
+    path.write_text("broker.id=7\nlog.dir=/data/x\nlog.flush.messages=1\n")
+    config = BrokerConfig.load(path, ["listener.port=0", "log.retention.ms=-1"])
+    assert (config.broker_id, config.listener_port, config.log_dir) == (7, 0, Path("/data/x"))
+    assert config.log_defaults.flush_messages == 1 and config.log_defaults.retention_ms == -1
+    assert config.embedded and config.max_request_bytes == 100 * 1024**2
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"broker.idd": "1"},
+            r"unknown broker config key 'broker\.idd' \(did you mean 'broker\.id'\?\)",
+        ),
+        ({"listener.port": "70000"}, r"listener\.port='70000' is above the maximum 65535"),
+        ({"log.flush.messages": "0"}, r"log\.flush\.messages='0' is below the minimum 1"),
+        ({"log.dir": " "}, r"log\.dir=' ' must name a directory"),
+        ({"log.segment.bytes": "4096"}, r"log\.\*\): max\.message\.bytes=67108864 is larger"),
+    ],
+)
+def test_bad_values_name_the_key(values: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidConfigError, match=message) as info:
+        BrokerConfig.from_mapping(values)
+    assert info.value.code == 40
+
+
+def test_overrides_must_be_key_value() -> None:
+    assert parse_overrides(["a=b", " c = d=e "]) == {"a": "b", "c": "d=e"}
+    with pytest.raises(InvalidConfigError, match="override 'nokey' must be key=value"):
+        parse_overrides(["nokey"])

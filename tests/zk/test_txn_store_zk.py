@@ -1,0 +1,233 @@
+"""Coordinator state in a real ZooKeeper: layout, version races, outages, failover."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_core.errors import ConcurrentTransactionsError, UnknownServerError
+from broker_core.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
+from broker_core.store import LogStore
+from broker_core.txn_coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn_state import (
+    SinkCommitRecord,
+    SinkCommitState,
+    TransactionMetadata,
+    TransactionState,
+)
+from broker_core.txn_store import ZkTxnStateStore, znode_name
+from tests.harness.zookeeper import ZooKeeperHarness
+from tests.store.helpers import SCHEMA, read_ids, rows
+
+S = TransactionState
+ROOT = "/idemlog"
+PARTITIONS = [("audit", 0), ("payments", 0), ("payments", 1)]
+
+
+def meta(tid: str, epoch: int = 0, state: TransactionState = S.EMPTY) -> TransactionMetadata:
+    parts = {("payments", 0)} if state is not S.EMPTY else set()
+    return TransactionMetadata(tid, 17, epoch, 60_000, state, parts, 5, 6 + epoch)
+
+
+def stored(client: Any, path: str) -> tuple[dict[str, Any], int]:
+    data, stat = client.get(path)
+    return json.loads(data), stat.version
+
+
+def wait_until(condition: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.01)  # poll interval of a deadline-bounded wait
+
+
+def test_round_trip_and_node_layout(zk_chroot: ZooKeeperHarness) -> None:
+    a = ZkTxnStateStore(zk_chroot.client(), ROOT)
+    ids = ["q/0", ".", "..", "ü ß%/x", "plain-id_1"]
+    metas = {tid: meta(tid, epoch=i) for i, tid in enumerate(ids)}
+    for m in metas.values():
+        a.put_transaction(m)
+    sink = SinkCommitRecord("q", 9, SinkCommitState.PREPARE, [("q/0", 17, 0)])
+    a.put_sink(sink)
+
+    reader = zk_chroot.client()
+    names = reader.get_children(f"{ROOT}/transactions")
+    assert sorted(names) == sorted(znode_name(t) for t in ids)
+    assert {"q%2F0", "%2E", "%2E%2E"} <= set(names)
+    doc, version = stored(reader, f"{ROOT}/transactions/q%2F0")
+    assert (doc["transactional_id"], doc["state"], version) == ("q/0", "EMPTY", 0)
+    assert reader.get_children(f"{ROOT}/sinks") == ["q"]
+
+    b = ZkTxnStateStore(zk_chroot.client(), ROOT)
+    assert b.load() == (metas, {"q": sink})
+    # Updates by the loading store are version-checked against what it loaded.
+    newer = metas["q/0"].copy()
+    newer.transition(S.ONGOING, 99)
+    newer.partitions = {("payments", 1)}
+    b.put_transaction(newer)
+    assert stored(reader, f"{ROOT}/transactions/q%2F0")[1] == 1
+    assert ZkTxnStateStore(zk_chroot.client(), ROOT).load()[0]["q/0"] == newer
+
+
+def test_a_coordinator_that_lost_a_version_race_never_overwrites(
+    zk_chroot: ZooKeeperHarness,
+) -> None:
+    reader = zk_chroot.client()
+    a = ZkTxnStateStore(zk_chroot.client(), ROOT)
+    b = ZkTxnStateStore(zk_chroot.client(), ROOT)
+    assert a.load() == b.load() == ({}, {})
+    path = f"{ROOT}/transactions/t"
+
+    a.put_transaction(meta("t", 1))
+    with pytest.raises(ConcurrentTransactionsError) as info:
+        b.put_transaction(meta("t", 2))  # both saw it absent: create race
+    assert info.value.retriable and info.value.code == 51
+    assert path in info.value.message and "saw it absent" in info.value.message
+    assert stored(reader, path)[0]["producer_epoch"] == 1
+
+    b.load()
+    b.put_transaction(meta("t", 3))
+    with pytest.raises(ConcurrentTransactionsError, match="saw it at version 0"):
+        a.put_transaction(meta("t", 4))  # a's version is stale now
+    assert stored(reader, path) == (json.loads(meta("t", 3).to_json()), 1)
+
+    a.put_sink(SinkCommitRecord("s", 1, "COMPLETE", []))
+    with pytest.raises(ConcurrentTransactionsError, match="sink 's'"):
+        b.put_sink(SinkCommitRecord("s", 2, "COMPLETE", []))
+    assert stored(reader, f"{ROOT}/sinks/s")[0]["batch_id"] == 1
+
+
+def test_a_put_waits_for_zookeeper_to_come_back(
+    zk_chroot: ZooKeeperHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ZkTxnStateStore(zk_chroot.client(), ROOT, retry_deadline_s=60.0)
+    store.put_transaction(meta("t", 0))
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def put() -> None:
+        try:
+            store.put_transaction(meta("t", 1))
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+        done.set()
+
+    caplog.set_level("WARNING", logger="idemlog.txn")
+    zk_chroot.stop_server()
+    worker = threading.Thread(target=put)
+    worker.start()
+    wait_until(
+        lambda: any("ZooKeeper unavailable" in r.getMessage() for r in caplog.records),
+        "the put to report ZooKeeper unavailable",
+    )
+    assert not done.is_set()
+    zk_chroot.start_server()
+    assert done.wait(30)
+    assert errors == []
+    loaded = ZkTxnStateStore(zk_chroot.client(), ROOT).load()[0]
+    assert loaded["t"].producer_epoch == 1
+
+
+class CrashingMarkers:
+    """While ``crashing``: write the first partition's marker, then die."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.inner = LocalMarkerWriter(store)
+        self.crashing = True
+
+    def write_markers(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        partitions: Sequence[tuple[str, int]],
+    ) -> None:
+        if not self.crashing:
+            self.inner.write_markers(
+                producer_id, producer_epoch, commit, coordinator_epoch, partitions
+            )
+            return
+        self.inner.write_markers(
+            producer_id, producer_epoch, commit, coordinator_epoch, partitions[:1]
+        )
+        raise UnknownServerError("simulated coordinator death while writing markers")
+
+
+def test_coordinator_failover_finishes_prepared_work(
+    zk_chroot: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    store = LogStore(tmp_path / "data")
+    store.create_topic("payments", 2, schema=SCHEMA)
+    store.create_topic("audit", 1, schema=SCHEMA)
+    client_a, client_b, reader = zk_chroot.client(), zk_chroot.client(), zk_chroot.client()
+
+    markers_a = CrashingMarkers(store)
+    a = TransactionCoordinator(
+        ZkTxnStateStore(client_a, ROOT),
+        ProducerIdManager(0, ZkProducerIdBlockSource(client_a)),
+        markers_a,
+        coordinator_epoch=0,
+    )
+    a.start()
+
+    def write(tid: str, first: int) -> tuple[str, int, int]:
+        pid, epoch = a.init_producer_id(tid)
+        a.add_partitions(tid, pid, epoch, PARTITIONS)
+        for i, tp in enumerate(PARTITIONS):
+            store.partition(*tp).append(
+                rows(2, first + 10 * i),
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=0,
+                transactional=True,
+            )
+        return tid, pid, epoch
+
+    etl = write("etl", 0)
+    sink_txns = [write("q/0", 100), write("q/1", 200)]
+    with pytest.raises(UnknownServerError):
+        a.end_txn(*etl, commit=True)
+    with pytest.raises(UnknownServerError):
+        a.commit_sink_batch("q", 7, sink_txns)
+    etl_path = f"{ROOT}/transactions/etl"
+    assert stored(reader, etl_path)[0]["state"] == "PREPARE_COMMIT"
+    assert stored(reader, f"{ROOT}/sinks/q")[0]["state"] == "PREPARE"
+    assert read_ids(store.partition("payments", 1)) == []  # no COMMIT marker there yet
+
+    # A is gone as far as the cluster is concerned; B takes over with a higher epoch.
+    b = TransactionCoordinator(
+        ZkTxnStateStore(client_b, ROOT),
+        ProducerIdManager(1, ZkProducerIdBlockSource(client_b)),
+        LocalMarkerWriter(store),
+        coordinator_epoch=1,
+    )
+    b.start()
+    for tid in ("etl", "q/0", "q/1"):
+        assert stored(reader, f"{ROOT}/transactions/{znode_name(tid)}")[0]["state"] == (
+            "COMPLETE_COMMIT"
+        )
+    assert stored(reader, f"{ROOT}/sinks/q")[0]["state"] == "COMPLETE"
+    assert b.last_committed_batch("q") == 7
+    for i, tp in enumerate(PARTITIONS):
+        log = store.partition(*tp)
+        expected = [base + 10 * i + k for base in (0, 100, 200) for k in (0, 1)]
+        assert sorted(read_ids(log)) == expected
+        assert log.last_stable_offset == log.log_end_offset
+        entry = log.state.get(etl[1])
+        assert entry is not None and entry.coordinator_epoch == 1  # B wrote the markers
+    b.end_txn(*etl, commit=True)  # the producer's retry, now answered by B
+    assert b.init_producer_id("etl") == (etl[1], etl[2] + 1)
+
+    # A, not knowing it was replaced, cannot overwrite what B decided.
+    markers_a.crashing = False
+    before = stored(reader, etl_path)
+    with pytest.raises(ConcurrentTransactionsError, match="changed by another coordinator"):
+        a.end_txn(*etl, commit=True)
+    assert stored(reader, etl_path) == before
