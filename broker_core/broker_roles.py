@@ -33,6 +33,9 @@ class CoordinatorRole:
         self._dirty = False
         self._stopped = False
         self._coordinator: TransactionCoordinator | None = None
+        # The coordinator's ZooKeeper state store: its connection listener is removed when
+        # the coordinator stops, or every controllership would leave one behind.
+        self._zk_store: ZkTxnStateStore | None = None
         self._thread: threading.Thread | None = None
 
     def current(self) -> TransactionCoordinator | None:
@@ -83,21 +86,34 @@ class CoordinatorRole:
     def _build_and_start(self) -> TransactionCoordinator:
         broker = self._broker
         assert broker.store is not None and broker.pids is not None and broker.markers is not None
+        assert broker.cluster is not None
         state_store: TxnStateStore
+        zk_store: ZkTxnStateStore | None = None
         if broker.config.embedded:
             state_store = LogTxnStateStore(broker.store)
         else:
             from broker_core.broker import ZK_ROOT
 
-            state_store = ZkTxnStateStore(broker.zookeeper_client(), ZK_ROOT)
+            state_store = zk_store = ZkTxnStateStore(broker.zookeeper_client(), ZK_ROOT)
+        # Read after the controllership was reported: the epoch is this controllership's,
+        # higher than that of every coordinator before, whose writes it thereby fences.
+        epoch = broker.cluster.controller_epoch()
         coordinator = TransactionCoordinator(
             state_store,
             broker.pids,
             broker.markers,
             max_timeout_ms=broker.config.transaction_max_timeout_ms,
+            coordinator_epoch=epoch,
         )
-        coordinator.start()
-        log.info("broker %d runs the transaction coordinator", broker.broker_id)
+        try:
+            coordinator.start()
+        except BaseException:
+            coordinator.close()
+            if zk_store is not None:
+                zk_store.close()
+            raise
+        self._zk_store = zk_store
+        log.info("broker %d runs the transaction coordinator (epoch %d)", broker.broker_id, epoch)
         return coordinator
 
     def abort_timed_out(self) -> list[str]:
@@ -111,11 +127,14 @@ class CoordinatorRole:
 
     def _close_coordinator(self) -> None:
         coordinator, self._coordinator = self._coordinator, None
+        zk_store, self._zk_store = self._zk_store, None
         if coordinator is not None:
             try:
                 coordinator.close()
             except Exception:
                 log.exception("broker %d: closing the coordinator failed", self._broker.broker_id)
+        if zk_store is not None:
+            zk_store.close()
 
     def stop(self) -> None:
         with self._cond:

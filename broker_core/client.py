@@ -128,6 +128,11 @@ class BrokerClient:
         if client is not None:
             _close_quietly(client)
 
+    def reset_connection(self, address: str) -> None:
+        """Forget the connection to ``address`` (it broke): the next request opens a new
+        one instead of waiting out the old channel's reconnect backoff."""
+        self._drop_connection(address)
+
     def close(self) -> None:
         with self._lock:
             clients, self._connections = list(self._connections.values()), {}

@@ -4,7 +4,12 @@ The broker is the whole cluster: once registered it is the only live broker and 
 controller, and every partition of every topic is assigned to it. Topic assignments are
 kept in one JSON file, replaced atomically on every change::
 
-    {"version": 1, "broker_id": B, "topics": {"<name>": <TopicAssignment.to_doc()>, ...}}
+    {"version": 1, "broker_id": B, "controller_epoch": E,
+     "topics": {"<name>": <TopicAssignment.to_doc()>, ...}}
+
+``controller_epoch`` is incremented (durably) each time the broker registers, i.e. at every
+start: the transaction coordinator of each run has a higher epoch than any before it, as
+with ZooKeeper, so markers of an earlier run's coordinator can never pass for this one's.
 
 The file names the broker id it was written by: a data directory moved under another
 ``broker.id`` is refused rather than served with assignments naming a broker that no
@@ -57,6 +62,7 @@ class EmbeddedCluster:
         self._closed = False
         self._controller_callbacks: list[Callable[[bool], None]] = []
         self._topics_callbacks: list[Callable[[], None]] = []
+        self._controller_epoch = 0  # read by _load; 0: never registered
         self._topics = self._load()
         self._notifier = CallbackNotifier("idemlog-cluster-callbacks")
 
@@ -78,6 +84,9 @@ class EmbeddedCluster:
                 )
             self._broker = broker
             if not self._registered:
+                # Durable before anyone hears of the controllership it numbers.
+                self._save(self._topics, self._controller_epoch + 1)
+                self._controller_epoch += 1
                 self._registered = True
                 self._notifier.post(list(self._controller_callbacks), True)
 
@@ -92,6 +101,11 @@ class EmbeddedCluster:
     def is_controller(self) -> bool:
         with self._lock:
             return self._registered and not self._closed
+
+    def controller_epoch(self) -> int:
+        """This run's epoch once registered; the previous run's before."""
+        with self._lock:
+            return self._controller_epoch
 
     def on_controller_change(self, callback: Callable[[bool], None]) -> None:
         """``callback(True)`` on registration, ``callback(False)`` on close. Added while
@@ -115,7 +129,7 @@ class EmbeddedCluster:
                 name, dict.fromkeys(range(partitions), self._broker.broker_id), schema, overrides
             )
             topics = {**self._topics, name: assignment}
-            self._save(topics)
+            self._save(topics, self._controller_epoch)
             self._topics = topics
             self._notifier.post(list(self._topics_callbacks))
         return assignment
@@ -127,7 +141,7 @@ class EmbeddedCluster:
                 validate_topic_name(name)
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
             topics = {n: t for n, t in self._topics.items() if n != name}
-            self._save(topics)
+            self._save(topics, self._controller_epoch)
             self._topics = topics
             self._notifier.post(list(self._topics_callbacks))
 
@@ -187,6 +201,10 @@ class EmbeddedCluster:
                 f"stored in {where}: its topics' partitions are assigned to broker "
                 f"{stored_id}; start with broker.id={stored_id} or use another data directory"
             )
+        epoch = doc.get("controller_epoch", 0)  # absent in files from before it was kept
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise CorruptRecordError(f"{where}: controller_epoch={epoch!r} is not an integer >= 0")
+        self._controller_epoch = epoch
         raw_topics = doc.get("topics")
         if not isinstance(raw_topics, dict):
             raise CorruptRecordError(f"{where}: 'topics' is not a JSON object")
@@ -199,10 +217,11 @@ class EmbeddedCluster:
             topics[name] = TopicAssignment.from_doc(name, topic_doc, where)
         return topics
 
-    def _save(self, topics: dict[str, TopicAssignment]) -> None:
+    def _save(self, topics: dict[str, TopicAssignment], controller_epoch: int) -> None:
         doc = {
             "version": METADATA_VERSION,
             "broker_id": self._broker.broker_id,
+            "controller_epoch": controller_epoch,
             "topics": {name: topics[name].to_doc() for name in sorted(topics)},
         }
         self._path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ class ErrorCode(Enum):
     INVALID_PRODUCER_ID_MAPPING = (49, False, "transactional id is not mapped to this producer")
     INVALID_TRANSACTION_TIMEOUT = (50, False, "transaction timeout out of range")
     CONCURRENT_TRANSACTIONS = (51, True, "transaction state is being changed concurrently")
+    TRANSACTION_COORDINATOR_FENCED = (52, False, "a newer transaction coordinator has taken over")
     KAFKA_STORAGE_ERROR = (56, True, "disk error while accessing the log")
     UNKNOWN_PRODUCER_ID = (59, False, "producer id was never issued by this cluster")
     INVALID_RECORD = (87, False, "record batch is invalid for this topic")
@@ -186,6 +187,12 @@ class InvalidTransactionTimeoutError(IdemlogError):
 
 class ConcurrentTransactionsError(IdemlogError):
     error_code = ErrorCode.CONCURRENT_TRANSACTIONS
+
+
+class TransactionCoordinatorFencedError(IdemlogError):
+    """A request from a coordinator older than one already seen (a lower coordinator epoch)."""
+
+    error_code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
 class StorageError(IdemlogError):

@@ -243,10 +243,14 @@ class PartitionLog:
         control_type: ControlType,
         coordinator_epoch: int = 0,
     ) -> int:
-        """Append a COMMIT/ABORT marker ending the producer's open transaction; its offset."""
+        """Append a COMMIT/ABORT marker ending the producer's open transaction; its offset.
+
+        Refused (nothing written) at an older producer epoch, or from an older coordinator
+        epoch than the producer's last marker (TRANSACTION_COORDINATOR_FENCED).
+        """
         with self._lock:
             self._check_open()
-            self.state.check_marker(producer_id, producer_epoch)
+            self.state.check_marker(producer_id, producer_epoch, coordinator_epoch)
             now = self._clock()
             encoded = encode_control(
                 control_type,

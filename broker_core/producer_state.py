@@ -24,6 +24,7 @@ from broker_core.record_batch import (
 from broker_core.validator import ProducerBatch, check_append, check_fields, check_marker
 
 NO_OFFSET = -1
+NO_COORDINATOR_EPOCH = -1  # no marker seen yet: any coordinator epoch is accepted
 
 
 class AppendOrigin(Enum):
@@ -52,7 +53,7 @@ class ProducerStateEntry:
     batches: deque[BatchMetadata] = field(default_factory=deque)
     current_txn_first_offset: int = NO_OFFSET
     last_timestamp: int = NO_TIMESTAMP
-    coordinator_epoch: int = -1
+    coordinator_epoch: int = NO_COORDINATOR_EPOCH  # of the last marker; fences older ones
     # The sequence range written at the current epoch, so that a retry of a batch that has
     # left the cached window is recognised as a certain duplicate (DUPLICATE_SEQUENCE).
     epoch_start_sequence: int = NO_SEQUENCE
@@ -160,8 +161,11 @@ class ProducerStateManager:
         check_append(entry, batch, producer_id_known=self._producer_id_known)
         return None
 
-    def check_marker(self, producer_id: int, producer_epoch: int) -> None:
-        check_marker(self._producers.get(producer_id), producer_id, producer_epoch)
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """Raise if the coordinator's marker must be rejected (fenced producer or coordinator)."""
+        check_marker(
+            self._producers.get(producer_id), producer_id, producer_epoch, coordinator_epoch
+        )
 
     # -- state changes (after the batch is in the log) -----------------------------------
     def _entry(self, producer_id: int) -> ProducerStateEntry:

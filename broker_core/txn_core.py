@@ -25,6 +25,7 @@ from broker_core.errors import (
     InvalidTxnStateError,
     NotCoordinatorError,
     ProducerFencedError,
+    TransactionCoordinatorFencedError,
 )
 from broker_core.txn_markers import MarkerWriter
 from broker_core.txn_state import (
@@ -33,7 +34,7 @@ from broker_core.txn_state import (
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn_store import TxnStateStore
+from broker_core.txn_store import CoordinatorEpochFencedError, TxnStateStore
 
 log = logging.getLogger("idemlog.txn")
 
@@ -194,15 +195,38 @@ class TxnCoordinatorCore:
 
     def _persist(self, meta: TransactionMetadata) -> TransactionMetadata:
         """Store ``meta`` durably, then make it the current state (never the other way)."""
-        self._store.put_transaction(meta)
+        with self._fenced_closes():
+            self._store.put_transaction(meta, coordinator_epoch=self.coordinator_epoch)
         with self._lock:
             self._txns[meta.transactional_id] = meta
         return meta
 
     def _persist_sink(self, record: SinkCommitRecord) -> None:
-        self._store.put_sink(record)
+        with self._fenced_closes():
+            self._store.put_sink(record, coordinator_epoch=self.coordinator_epoch)
         with self._lock:
             self._sinks[record.sink_id] = record
+
+    @contextlib.contextmanager
+    def _fenced_closes(self) -> Iterator[None]:
+        """A store refusing this coordinator's epoch means a newer coordinator took over:
+        stop serving (NOT_COORDINATOR from now on, marker retries cut short)."""
+        try:
+            yield
+        except CoordinatorEpochFencedError as exc:
+            self._stand_down(exc)
+            raise
+
+    def _stand_down(self, exc: CoordinatorEpochFencedError) -> None:
+        if self._status is not CoordinatorStatus.CLOSED:
+            log.error(
+                "transaction coordinator of epoch %d was replaced by a newer one; it stops "
+                "serving: %s",
+                self.coordinator_epoch,
+                exc.message,
+            )
+        self._set_status(CoordinatorStatus.CLOSED, idempotent=True)
+        self._closing.set()
 
     def _require(self, tid: str, producer_id: int, epoch: int) -> TransactionMetadata:
         """The id's state if (producer_id, epoch) is its current holder, else the error."""
@@ -271,6 +295,17 @@ class TxnCoordinatorCore:
                     partitions,
                 )
                 return
+            except TransactionCoordinatorFencedError as exc:
+                # A partition has seen a newer coordinator's marker: same as a newer
+                # coordinator's state in the store (and the same error for the client).
+                fenced = CoordinatorEpochFencedError(
+                    f"{_TXN} {meta.transactional_id!r}: the partitions refused the markers of "
+                    f"coordinator epoch {self.coordinator_epoch}: the transaction was changed "
+                    f"by another coordinator of a newer epoch; this coordinator was replaced "
+                    f"(fenced) ({exc.message})"
+                )
+                self._stand_down(fenced)
+                raise fenced from exc
             except IdemlogError as exc:
                 remaining = deadline - time.monotonic()
                 if not exc.retriable or remaining <= 0 or self._closing.is_set():

@@ -8,16 +8,21 @@ Two stores implement :class:`TxnStateStore`:
 * :class:`ZkTxnStateStore` (cluster mode): one znode per transactional id and per sink, so
   a new controller can take over. Every write is conditional on the znode version this
   store last saw: a coordinator that lost a race (a newer controller wrote meanwhile)
-  fails with :class:`ConcurrentTransactionsError` instead of overwriting.
+  fails with :class:`ConcurrentTransactionsError` instead of overwriting. Each znode also
+  names the coordinator epoch that wrote it, and a coordinator of a lower epoch never
+  overwrites it (:class:`CoordinatorEpochFencedError`), even through a store instance
+  that saw the newer write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -52,11 +57,22 @@ TxnState = tuple[dict[str, TransactionMetadata], dict[str, SinkCommitRecord]]
 class TxnStateStore(Protocol):
     def load(self) -> TxnState: ...
 
-    def put_transaction(self, meta: TransactionMetadata) -> None:
-        """Durable before it returns."""
+    def put_transaction(self, meta: TransactionMetadata, *, coordinator_epoch: int = 0) -> None:
+        """Durable before it returns; ``coordinator_epoch`` is the writing coordinator's."""
 
-    def put_sink(self, record: SinkCommitRecord) -> None:
-        """Durable before it returns."""
+    def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
+        """Durable before it returns; ``coordinator_epoch`` is the writing coordinator's."""
+
+
+class CoordinatorEpochFencedError(ConcurrentTransactionsError):
+    """A coordinator of a higher epoch has taken over: it wrote the state this one was
+    about to overwrite (or, raised by the coordinator, a partition refused this one's
+    markers with TRANSACTION_COORDINATOR_FENCED).
+
+    Still a CONCURRENT_TRANSACTIONS (51) on the wire, as the stores have always answered a
+    lost race, so the client retries; the coordinator recognises the type and stops
+    serving, and the retry gets NOT_COORDINATOR and finds the new one.
+    """
 
 
 # -- embedded: the internal topic ----------------------------------------------------------
@@ -109,10 +125,11 @@ class LogTxnStateStore:
         partition.append(batch)
         partition.flush()
 
-    def put_transaction(self, meta: TransactionMetadata) -> None:
+    # One broker, one coordinator at a time: no older coordinator can write here.
+    def put_transaction(self, meta: TransactionMetadata, *, coordinator_epoch: int = 0) -> None:
         self._append(KIND_TRANSACTION, meta.transactional_id, meta.to_json())
 
-    def put_sink(self, record: SinkCommitRecord) -> None:
+    def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         self._append(KIND_SINK, record.sink_id, record.to_json())
 
     def load(self) -> TxnState:
@@ -156,6 +173,48 @@ _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, Oper
 _CONFLICT = (BadVersionError, NodeExistsError, NoNodeError)
 
 
+COORDINATOR_EPOCH_FIELD = "coordinator_epoch"
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    version: int
+    coordinator_epoch: int
+
+
+def stamp_coordinator_epoch(record: bytes, coordinator_epoch: int) -> bytes:
+    """The record's JSON with the writer's coordinator epoch added.
+
+    Omitted for epoch 0, so that nodes of coordinators without an epoch (and all nodes
+    written before epochs were kept) read the same: absent means 0.
+    """
+    if coordinator_epoch == 0:
+        return record
+    doc = json.loads(record)
+    doc[COORDINATOR_EPOCH_FIELD] = coordinator_epoch
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def coordinator_epoch_of(data: bytes, where: str = "ZooKeeper node") -> int:
+    """The coordinator epoch stamped on a node's data (0 when absent)."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptRecordError(f"{where}: not JSON ({exc})") from None
+    epoch = doc.get(COORDINATOR_EPOCH_FIELD, 0) if isinstance(doc, dict) else None
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise CorruptRecordError(f"{where}: {COORDINATOR_EPOCH_FIELD}={epoch!r} is not an int >= 0")
+    return epoch
+
+
+def _fenced(what: str, path: str, writer: int, mine: int) -> CoordinatorEpochFencedError:
+    return CoordinatorEpochFencedError(
+        f"state of {what} in ZooKeeper node {path} was changed by another coordinator of "
+        f"coordinator epoch {writer}, newer than this one's {mine}: this coordinator was "
+        "replaced (fenced); not overwriting it"
+    )
+
+
 def znode_name(key: str) -> str:
     """``key`` as one znode name: URL-quoted, '.' too, so '/', '.' and '..' cannot occur."""
     return quote(key, safe="").replace(".", "%2E")
@@ -192,7 +251,8 @@ class ZkTxnStateStore:
         self._retry_deadline_s = retry_deadline_s
         self._request_timeout_s = request_timeout_s
         self._versions_lock = threading.Lock()
-        self._versions: dict[str, int] = {}  # znode path -> version this store last saw
+        # znode path -> the version this store last saw and the coordinator epoch that wrote it
+        self._versions: dict[str, _Seen] = {}
         self._state = threading.Condition()
         self._connected = False
         self._generation = 0  # counts connections, so a wait ends on a *new* one only
@@ -219,29 +279,51 @@ class ZkTxnStateStore:
         return f"{self.sinks_path}/{znode_name(sink_id)}"
 
     # -- writes ------------------------------------------------------------------------
-    def put_transaction(self, meta: TransactionMetadata) -> None:
+    def put_transaction(self, meta: TransactionMetadata, *, coordinator_epoch: int = 0) -> None:
         path = self.transaction_path(meta.transactional_id)
-        self._write(path, meta.to_json(), f"transactional id {meta.transactional_id!r}")
+        what = f"transactional id {meta.transactional_id!r}"
+        self._write(path, meta.to_json(), what, coordinator_epoch)
 
-    def put_sink(self, record: SinkCommitRecord) -> None:
-        self._write(self.sink_path(record.sink_id), record.to_json(), f"sink {record.sink_id!r}")
+    def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
+        what = f"sink {record.sink_id!r}"
+        self._write(self.sink_path(record.sink_id), record.to_json(), what, coordinator_epoch)
 
-    def _write(self, path: str, data: bytes, what: str) -> None:
+    def _write(self, path: str, record: bytes, what: str, coordinator_epoch: int) -> None:
+        if isinstance(coordinator_epoch, bool) or not isinstance(coordinator_epoch, int):
+            raise InvalidRequestError(f"coordinator_epoch={coordinator_epoch!r} is not an int")
+        if coordinator_epoch < 0:
+            raise InvalidRequestError(f"coordinator_epoch={coordinator_epoch} must be >= 0")
+        data = stamp_coordinator_epoch(record, coordinator_epoch)
         if len(data) > MAX_ZNODE_BYTES:
             raise InvalidRequestError(
                 f"state of {what} is {len(data)} bytes, over the {MAX_ZNODE_BYTES} bytes a "
                 "ZooKeeper node may hold"
             )
         with self._versions_lock:
-            expected = self._versions.get(path)
+            seen = self._versions.get(path)
+        if seen is not None and seen.coordinator_epoch > coordinator_epoch:
+            raise _fenced(what, path, seen.coordinator_epoch, coordinator_epoch)
+        expected = None if seen is None else seen.version
         version = self._retrying(
-            lambda deadline: self._write_once(path, data, expected, what, deadline), what
+            lambda deadline: self._write_once(
+                path, data, expected, what, coordinator_epoch, deadline
+            ),
+            what,
         )
         with self._versions_lock:
-            self._versions[path] = version
+            current = self._versions.get(path)
+            # A concurrent write through this store by a newer coordinator stays recorded.
+            if current is None or current.version < version:
+                self._versions[path] = _Seen(version, coordinator_epoch)
 
     def _write_once(
-        self, path: str, data: bytes, expected: int | None, what: str, deadline: float
+        self,
+        path: str,
+        data: bytes,
+        expected: int | None,
+        what: str,
+        coordinator_epoch: int,
+        deadline: float,
     ) -> int:
         """Create the node (``expected is None``) or set it if still at ``expected``."""
         try:
@@ -258,6 +340,10 @@ class ZkTxnStateStore:
             current = self._read(path, deadline)
             if current is not None and current[0] == data:
                 return current[1]
+            if current is not None:
+                writer = coordinator_epoch_of(current[0])
+                if writer > coordinator_epoch:
+                    raise _fenced(what, path, writer, coordinator_epoch) from exc
             seen = "absent" if expected is None else f"at version {expected}"
             raise ConcurrentTransactionsError(
                 f"state of {what} in ZooKeeper node {path} was changed by another coordinator "
@@ -273,20 +359,20 @@ class ZkTxnStateStore:
 
     def _load_once(
         self, deadline: float
-    ) -> tuple[dict[str, TransactionMetadata], dict[str, SinkCommitRecord], dict[str, int]]:
+    ) -> tuple[dict[str, TransactionMetadata], dict[str, SinkCommitRecord], dict[str, _Seen]]:
         txns: dict[str, TransactionMetadata] = {}
         sinks: dict[str, SinkCommitRecord] = {}
-        versions: dict[str, int] = {}
+        versions: dict[str, _Seen] = {}
         for child, path, data, version in self._children(self.transactions_path, deadline):
             meta = TransactionMetadata.from_json(data, f"ZooKeeper node {path}")
             _check_key(znode_name(meta.transactional_id), child, f"ZooKeeper node {path}")
             txns[meta.transactional_id] = meta
-            versions[path] = version
+            versions[path] = _Seen(version, coordinator_epoch_of(data, path))
         for child, path, data, version in self._children(self.sinks_path, deadline):
             record = SinkCommitRecord.from_json(data, f"ZooKeeper node {path}")
             _check_key(znode_name(record.sink_id), child, f"ZooKeeper node {path}")
             sinks[record.sink_id] = record
-            versions[path] = version
+            versions[path] = _Seen(version, coordinator_epoch_of(data, path))
         return txns, sinks, versions
 
     def _children(self, parent: str, deadline: float) -> list[tuple[str, str, bytes, int]]:

@@ -13,6 +13,9 @@ A duplicate of a cached batch is answered before these checks, with its original
   does, since retention may have removed its state), unless the cluster never issued it:
   UNKNOWN_PRODUCER_ID;
 - a non-transactional batch while the producer has an open transaction: INVALID_TXN_STATE.
+
+Markers (:func:`check_marker`): an older producer epoch is INVALID_PRODUCER_EPOCH, an older
+coordinator epoch than the last marker's is TRANSACTION_COORDINATOR_FENCED.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from broker_core.errors import (
     InvalidRecordError,
     InvalidTxnStateError,
     OutOfOrderSequenceError,
+    TransactionCoordinatorFencedError,
     UnknownProducerIdError,
 )
 from broker_core.record_batch import (
@@ -37,6 +41,9 @@ from broker_core.record_batch import (
     SEQUENCE_SPACE,
     sequence_distance,
 )
+
+# Stored as an int32 in batch headers and snapshots.
+MAX_COORDINATOR_EPOCH = 2**31 - 1
 
 if TYPE_CHECKING:
     from broker_core.producer_state import ProducerStateEntry
@@ -145,16 +152,39 @@ def check_append(
         )
 
 
-def check_marker(entry: ProducerStateEntry | None, producer_id: int, producer_epoch: int) -> None:
-    """A COMMIT/ABORT marker from an older epoch is a zombie coordinator request."""
+def check_marker(
+    entry: ProducerStateEntry | None,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int,
+) -> None:
+    """May the coordinator write this COMMIT/ABORT marker? (Kafka's rules, in its order.)
+
+    A marker at an older producer epoch is a zombie coordinator request; one from an
+    older coordinator epoch than the last marker's comes from a coordinator that a newer
+    controller has replaced (TRANSACTION_COORDINATOR_FENCED). Markers replayed from the
+    log in recovery are not checked: their origin is the log, not a coordinator.
+    """
     if producer_id < 0:
         raise InvalidRecordError(f"a transaction marker needs a producer_id, got {producer_id}")
     if not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH:
         raise InvalidRecordError(
             f"producer_epoch={producer_epoch} outside [0, {MAX_PRODUCER_EPOCH}]"
         )
-    if entry is not None and producer_epoch < entry.epoch:
+    if not 0 <= coordinator_epoch <= MAX_COORDINATOR_EPOCH:
+        raise InvalidRecordError(
+            f"coordinator_epoch={coordinator_epoch} outside [0, {MAX_COORDINATOR_EPOCH}]"
+        )
+    if entry is None:
+        return
+    if producer_epoch < entry.epoch:
         raise InvalidProducerEpochError(
             f"marker for producer_id={producer_id} at epoch {producer_epoch} is older than the "
             f"current epoch {entry.epoch}"
+        )
+    if coordinator_epoch < entry.coordinator_epoch:
+        raise TransactionCoordinatorFencedError(
+            f"marker for producer_id={producer_id} from coordinator_epoch={coordinator_epoch} "
+            f"is older than coordinator epoch {entry.coordinator_epoch} of the last marker: "
+            "a newer transaction coordinator has taken over"
         )

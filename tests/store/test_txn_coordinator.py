@@ -486,13 +486,13 @@ class FailingPuts:
             raise StorageError("simulated crash before the write")
         self.puts_left -= 1
 
-    def put_transaction(self, meta: TransactionMetadata) -> None:
+    def put_transaction(self, meta: TransactionMetadata, *, coordinator_epoch: int = 0) -> None:
         self._maybe_fail()
-        self.inner.put_transaction(meta)
+        self.inner.put_transaction(meta, coordinator_epoch=coordinator_epoch)
 
-    def put_sink(self, record: SinkCommitRecord) -> None:
+    def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         self._maybe_fail()
-        self.inner.put_sink(record)
+        self.inner.put_sink(record, coordinator_epoch=coordinator_epoch)
 
 
 def test_a_pending_sink_commit_is_never_aborted(tmp_path: Path) -> None:

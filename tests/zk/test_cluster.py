@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -16,16 +17,30 @@ import pytest
 from broker_core.cluster import BrokerInfo, TopicAssignment
 from broker_core.cluster_zk import ZkCluster
 from broker_core.errors import (
+    ConcurrentTransactionsError,
     DuplicateBrokerRegistrationError,
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidRequestError,
     InvalidTopicError,
+    NotCoordinatorError,
     RequestTimedOutError,
     TopicAlreadyExistsError,
+    TransactionCoordinatorFencedError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
+from broker_core.store import LogStore
+from broker_core.txn_coordinator import (
+    CoordinatorStatus,
+    LocalMarkerWriter,
+    TransactionCoordinator,
+)
+from broker_core.txn_store import CoordinatorEpochFencedError, ZkTxnStateStore
 from tests.harness.zookeeper import ZooKeeperHarness
+from tests.store.helpers import SCHEMA as STORE_SCHEMA
+from tests.store.helpers import read_ids
+from tests.store.helpers import rows as store_rows
 
 ROOT = "/idemlog"
 WAIT_S = 15.0
@@ -456,3 +471,159 @@ def _capture(function: Callable[..., object], *args: object) -> BaseException | 
     except BaseException as exc:
         return exc
     return None
+
+
+# -- controller epoch -> coordinator epoch -> partitions ---------------------------------------
+
+
+def _stored_epoch(client: Any) -> int:
+    data, _ = client.get(f"{ROOT}/controller_epoch")
+    doc = json.loads(data)
+    assert doc["version"] == 1
+    return int(doc["controller_epoch"])
+
+
+def test_each_election_increments_the_controller_epoch(
+    zk_chroot: ZooKeeperHarness, brokers: Callable[..., SimBroker]
+) -> None:
+    first = brokers(1)
+    assert first.cluster.is_controller()
+    assert first.cluster.controller_epoch() == _stored_epoch(first.client) == 1
+    second, third = brokers(2), brokers(3)
+    assert not second.cluster.is_controller()
+    wait_until(lambda: second.cluster.controller_epoch() == 1, "a follower to read the epoch")
+
+    # Whoever wins next reads its new epoch from inside its gain callback: the epoch is
+    # bumped before the controllership is reported.
+    seen: list[tuple[int, bool, int]] = []
+
+    def recorder(member: SimBroker, broker_id: int) -> Callable[[bool], None]:
+        return lambda gained: seen.append((broker_id, gained, member.cluster.controller_epoch()))
+
+    for member, broker_id in ((second, 2), (third, 3)):
+        member.cluster.on_controller_change(recorder(member, broker_id))
+    first.cluster.close()
+    wait_until(lambda: len(controllers([second, third])) == 1, "a new controller")
+    [winner_id] = controllers([second, third])
+    winner = second if winner_id == 2 else third
+    wait_until(lambda: seen == [(winner_id, True, 2)], "the gain callback with epoch 2")
+    assert winner.cluster.controller_epoch() == _stored_epoch(winner.client) == 2
+    assert winner.cluster.controller_epoch() > first.cluster.controller_epoch()
+
+    # A session expiry is a new controllership too: another broker takes over, epoch 3.
+    with zk_chroot.session_expired(winner.client):
+        wait_until(lambda: len(controllers([second, third])) == 1, "control to move")
+        [after_id] = controllers([second, third])
+        after = second if after_id == 2 else third
+        assert after is not winner
+        assert after.cluster.controller_epoch() == _stored_epoch(after.client) == 3
+
+
+def test_concurrent_epoch_bumps_never_lose_an_increment(
+    brokers: Callable[..., SimBroker],
+) -> None:
+    group = [brokers(None) for _ in range(3)]
+    results: list[int] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(group))
+
+    def bump(member: SimBroker) -> None:
+        try:
+            start.wait(WAIT_S)
+            for _ in range(10):
+                results.append(member.cluster._bump_controller_epoch())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=bump, args=(m,)) for m in group]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert errors == []
+    # Version-conditional sets: every bump got a value of its own, none overwrote another.
+    assert sorted(results) == list(range(1, 31))
+    assert _stored_epoch(group[0].client) == 30
+
+
+@pytest.mark.parametrize("shared_store", [False, True], ids=["own-stores", "shared-store"])
+def test_replaced_coordinator_is_fenced_by_the_state_store_and_the_partitions(
+    zk_chroot: ZooKeeperHarness,
+    brokers: Callable[..., SimBroker],
+    tmp_path: Path,
+    shared_store: bool,
+) -> None:
+    store = LogStore(tmp_path / "data")
+    store.create_topic("payments", 2, schema=STORE_SCHEMA)
+    parts = [("payments", 0), ("payments", 1)]
+    old, new = brokers(1), brokers(2)
+    assert old.cluster.is_controller()
+    pids = ProducerIdManager(0, ZkProducerIdBlockSource(old.client))
+    state_old = ZkTxnStateStore(old.client, ROOT)
+    state_new = state_old if shared_store else ZkTxnStateStore(new.client, ROOT)
+    a = TransactionCoordinator(
+        state_old, pids, LocalMarkerWriter(store), coordinator_epoch=old.cluster.controller_epoch()
+    )
+    a.start()
+    pid, epoch = a.init_producer_id("app")
+    a.add_partitions("app", pid, epoch, parts)
+    for p in (0, 1):
+        store.partition("payments", p).append(
+            store_rows(2, 10 * p), producer_id=pid, producer_epoch=epoch, base_sequence=0,
+            transactional=True,
+        )  # fmt: skip
+
+    old.cluster.close()  # A's broker goes; B's becomes the controller with a higher epoch
+    wait_until(new.cluster.is_controller, "broker 2 to take control")
+    assert new.cluster.controller_epoch() > a.coordinator_epoch
+    b = TransactionCoordinator(
+        state_new, pids, LocalMarkerWriter(store), coordinator_epoch=new.cluster.controller_epoch()
+    )
+    b.start()
+    # B fences the producer: ABORT markers at B's coordinator epoch, accepted.
+    assert b.init_producer_id("app") == (pid, epoch + 1)
+    for p in (0, 1):
+        log = store.partition("payments", p)
+        entry = log.state.get(pid)
+        assert entry is not None and entry.coordinator_epoch == b.coordinator_epoch
+        assert log.last_stable_offset == log.log_end_offset
+        assert read_ids(log) == []
+    node = f"{ROOT}/transactions/app"
+    assert json.loads(new.client.get(node)[0])["coordinator_epoch"] == b.coordinator_epoch
+
+    # A, not knowing, tries to commit the transaction B aborted: the store refuses it
+    # before anything is written, and A stops serving.
+    before = new.client.get(node)[0]
+    ends = [store.partition(*tp).log_end_offset for tp in parts]
+    with pytest.raises(ConcurrentTransactionsError, match="coordinator epoch") as refused:
+        a.end_txn("app", pid, epoch, commit=True)
+    assert isinstance(refused.value, CoordinatorEpochFencedError)
+    assert new.client.get(node)[0] == before
+    assert [store.partition(*tp).log_end_offset for tp in parts] == ends  # no marker
+    assert a.status is CoordinatorStatus.CLOSED
+    with pytest.raises(NotCoordinatorError):
+        a.init_producer_id("app")
+
+    # B's next transaction commits: its markers are accepted.
+    pid, epoch = pid, epoch + 1
+    b.add_partitions("app", pid, epoch, parts)
+    for p in (0, 1):
+        store.partition("payments", p).append(
+            store_rows(2, 100 + 10 * p), producer_id=pid, producer_epoch=epoch,
+            base_sequence=0, transactional=True,
+        )  # fmt: skip
+    b.end_txn("app", pid, epoch, commit=True)
+    assert [read_ids(store.partition(*tp)) for tp in parts] == [[100, 101], [110, 111]]
+
+    # A marker from A's epoch afterwards (a zombie's retry) is refused by the partition.
+    ends = [store.partition(*tp).log_end_offset for tp in parts]
+    with pytest.raises(TransactionCoordinatorFencedError) as zombie:
+        LocalMarkerWriter(store).write_markers(pid, epoch, False, a.coordinator_epoch, parts)
+    assert zombie.value.code == 52 and not zombie.value.retriable
+    assert [store.partition(*tp).log_end_offset for tp in parts] == ends
+    assert [read_ids(store.partition(*tp)) for tp in parts] == [[100, 101], [110, 111]]
+    b.close()
+    if not shared_store:
+        state_new.close()
+    state_old.close()
+    store.close()

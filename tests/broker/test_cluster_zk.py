@@ -1,0 +1,403 @@
+"""Three real broker processes on a real ZooKeeper: routing, a dead broker, controller failover.
+
+Every broker is a subprocess (``tests/harness/broker.py``) registered in a per-test chroot
+of the session's ZooKeeper server. The session timeout is short (``SESSION_MS``) because a
+SIGKILLed broker leaves the cluster, and its controllership passes on, only when its
+ZooKeeper session expires; every wait below polls the cluster's metadata with a deadline.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from broker_core.client import BrokerAddress, BrokerClient
+from broker_core.errors import IdemlogError, InvalidTxnStateError
+from broker_core.produce_stream import ProduceStream
+from broker_core.protocol import Action, ProduceResponse
+from tests.broker.conftest import TEST_BROKER_CONFIG, ids, rows, wait_until
+from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.zookeeper import ZooKeeperHarness
+
+ClientFor = Callable[..., BrokerClient]
+SESSION_MS = 2000  # a killed broker's registration (and controllership) lasts this long
+FAILOVER_S = 20.0  # session expiry + a new election + the new coordinator's start
+ROWS = 10  # rows per batch; partition p, batch i holds ids p*1000 + i*ROWS ..
+
+
+def _config(zk: ZooKeeperHarness, broker_id: int) -> dict[str, object]:
+    return {
+        **TEST_BROKER_CONFIG,
+        "zookeeper.connect": zk.hosts,
+        "zookeeper.session.timeout.ms": SESSION_MS,
+        "broker.id": broker_id,
+    }
+
+
+def _metadata(client: BrokerClient, broker: BrokerProcess) -> dict[str, Any]:
+    """METADATA as this one broker sees it (no routing)."""
+    return client.action(broker.address, Action.METADATA, {})
+
+
+def _start_cluster(
+    zk: ZooKeeperHarness,
+    factory: BrokerFactory,
+    client_for: ClientFor,
+    count: int = 3,
+    controller_env: Mapping[str, str] | None = None,
+) -> tuple[list[BrokerProcess], BrokerClient]:
+    """Brokers 1..count; broker 1 starts alone first, so it wins the controller election."""
+    brokers = [factory(_config(zk, 1), name="zk1", env=controller_env)]
+    brokers += [factory(_config(zk, i), name=f"zk{i}") for i in range(2, count + 1)]
+    probe = client_for(brokers[-1])
+
+    def everyone_sees_everyone() -> bool:
+        docs = [_metadata(probe, b) for b in brokers]
+        return all(len(d["brokers"]) == count and d["controller"] == 1 for d in docs)
+
+    wait_until(everyone_sees_everyone, f"all {count} brokers registered, broker 1 controller")
+    return brokers, probe
+
+
+def _hp(broker: BrokerProcess) -> tuple[str, int]:
+    host, _, port = broker.address.rpartition(":")
+    return host, int(port)
+
+
+def _create_everywhere(
+    client: BrokerClient, brokers: list[BrokerProcess], topic: str, partitions: int
+) -> list[int]:
+    """Create a topic and wait until every live broker's cached metadata has it."""
+    leaders = client.create_topic(topic, partitions)
+    wait_until(
+        lambda: all(_metadata(client, b)["topics"].get(topic) == leaders for b in brokers),
+        f"every broker to learn topic {topic!r}",
+    )
+    return leaders
+
+
+def _send(
+    stream: ProduceStream,
+    pid: int,
+    epoch: int,
+    p: int,
+    i: int,
+    *,
+    transactional: bool = False,
+    id_base: int = 0,
+) -> ProduceResponse:
+    """Batch ``i`` of partition ``p``: sequence i*ROWS, ids id_base + p*1000 + i*ROWS .."""
+    batch = rows(ROWS, start=id_base + p * 1000 + i * ROWS)
+    handle = stream.send(
+        batch,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=i * ROWS,
+        transactional=transactional,
+    )
+    return handle.result(10)
+
+
+def _produce(
+    client: BrokerClient, topic: str, p: int, pid: int, epoch: int, batches: range
+) -> None:
+    with client.produce_stream(topic, p) as stream:
+        for i in batches:
+            response = _send(stream, pid, epoch, p, i)
+            assert response.ok and not response.duplicate, (topic, p, i, response)
+
+
+def _expected(p: int, batches: range, id_base: int = 0) -> list[int]:
+    return [id_base + p * 1000 + i * ROWS + j for i in batches for j in range(ROWS)]
+
+
+def _stable(client: BrokerClient, topic: str, p: int) -> bool:
+    offsets = client.list_offsets(topic, p)
+    return offsets["last_stable_offset"] == offsets["log_end_offset"]
+
+
+def _new_controller(client: BrokerClient, survivor: BrokerProcess, old: int) -> int:
+    """Poll the survivor's metadata until a live broker other than ``old`` is controller."""
+    found: list[int] = []
+
+    def elected() -> bool:
+        doc = _metadata(client, survivor)
+        live = {b["broker_id"] for b in doc["brokers"]}
+        controller = doc["controller"]
+        if controller is None or controller == old or controller not in live:
+            return False
+        found.append(controller)
+        return True
+
+    wait_until(elected, f"a controller other than broker {old}", FAILOVER_S)
+    return found[-1]
+
+
+def _retry_until(call: Callable[[], Any], what: str, timeout: float = FAILOVER_S) -> Any:
+    """``call()`` until it stops failing with a retriable error, within a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except IdemlogError as exc:
+            if not exc.retriable or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)  # backoff between retries of a request to another process
+
+
+# -- 1. routing from any broker ----------------------------------------------------------
+
+
+def test_any_broker_bootstraps_a_client_to_every_leader(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for)
+    leaders = _create_everywhere(probe, brokers, "six", 6)
+    assert sorted(leaders) == [1, 1, 2, 2, 3, 3]  # round-robin over all three
+    described = [probe.action(b.address, Action.DESCRIBE_TOPICS, {}) for b in brokers]
+    assert described[0] == described[1] == described[2]
+    [topic] = described[0]["topics"]
+    assert [p["leader"] for p in topic["partitions"]] == leaders
+    for round_, bootstrap in enumerate(brokers):
+        client = client_for(bootstrap)  # knows this one address only
+        view = client.refresh_metadata()
+        assert sorted(view.brokers) == [1, 2, 3] and view.controller == 1
+        assert view.topics["six"] == leaders
+        pid, epoch = client.init_producer_id()  # from the bootstrap broker's own block
+        for p in range(6):
+            assert client.leader("six", p).broker_id == leaders[p]
+            _produce(client, "six", p, pid, epoch, range(round_, round_ + 1))
+    for p in range(6):
+        assert ids(probe, "six", p) == _expected(p, range(3))
+        # Only the leader serves the partition; the others say who does.
+        for b in brokers:
+            if brokers.index(b) + 1 != leaders[p]:
+                with pytest.raises(IdemlogError, match=f"does not lead six-{p}") as err:
+                    probe.action(b.address, Action.LIST_OFFSETS, {"topic": "six", "partition": p})
+                assert err.value.retriable and err.value.code == 6
+
+
+# -- 2. a dead broker and its return -----------------------------------------------------
+
+
+def test_sigkilled_broker_partitions_fail_retriably_then_return_exactly_once(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for)
+    leaders = _create_everywhere(probe, brokers, "victim", 6)
+    victim = brokers[1]  # broker 2: not the controller
+    mine = [p for p in range(6) if leaders[p] == 2]
+    others = [p for p in range(6) if leaders[p] != 2]
+    client = client_for(brokers[0], retries=1)
+    pid, epoch = client.init_producer_id()
+    for p in range(6):
+        _produce(client, "victim", p, pid, epoch, range(3))
+    # Two more batches pipelined to each of the victim's partitions; only the first is
+    # awaited, so the second may or may not be written when the SIGKILL lands.
+    acked: dict[tuple[int, int], tuple[int, int]] = {}
+    streams = {p: client.produce_stream("victim", p) for p in mine}
+    for p, stream in streams.items():
+        handles = [
+            stream.send(
+                rows(ROWS, start=p * 1000 + i * ROWS),
+                producer_id=pid, producer_epoch=epoch, base_sequence=i * ROWS,
+            )
+            for i in (3, 4)
+        ]  # fmt: skip
+        acked[(p, 3)] = handles[0].offsets(10)
+    assert victim.kill() == -9
+    for stream in streams.values():
+        stream.close(timeout=10)
+
+    for p in mine:
+        with (
+            pytest.raises(IdemlogError, match=f"victim-{p}") as produce_err,
+            client.produce_stream("victim", p) as stream,
+        ):
+            _send(stream, pid, epoch, p, 5)
+        assert produce_err.value.retriable, produce_err.value
+        with pytest.raises(IdemlogError, match=f"victim-{p}") as fetch_err:
+            client.fetch_once("victim", p, 0)
+        assert fetch_err.value.retriable, fetch_err.value
+    for p in others:  # the live brokers' partitions keep working meanwhile
+        _produce(client, "victim", p, pid, epoch, range(3, 5))
+        assert ids(client, "victim", p) == _expected(p, range(5))
+
+    # Same log.dir and broker.id; a new port, because the old one may meanwhile be the
+    # source port of some outgoing connection. The client learns it from the metadata.
+    victim.restart(same_port=False)
+    wait_until(
+        lambda: client.refresh_metadata().brokers.get(2) == BrokerAddress(2, *_hp(victim)),
+        "broker 2 registered again at its new address",
+    )
+    for p in mine:
+        with client.produce_stream("victim", p) as stream:
+            resent = _send(stream, pid, epoch, p, 3)  # acknowledged before the kill
+            assert resent.ok and resent.duplicate
+            assert (resent.base_offset, resent.last_offset) == acked[(p, 3)]
+            maybe = _send(stream, pid, epoch, p, 4)  # unacknowledged: written once either way
+            assert maybe.ok, maybe
+            fresh = _send(stream, pid, epoch, p, 5)
+            assert fresh.ok and not fresh.duplicate, fresh
+    for p in range(6):
+        got = ids(client, "victim", p, isolation="read_uncommitted")
+        assert got == _expected(p, range(6 if p in mine else 5)), p
+
+
+# -- 3. controller failover in the middle of end_txn ---------------------------------------
+
+
+def test_new_controller_finishes_a_commit_its_predecessor_died_in(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    brokers, probe = _start_cluster(
+        zk_chroot,
+        broker_factory,
+        client_for,
+        controller_env={"IDEMLOG_TEST_FAILPOINT": "after_first_marker"},
+    )
+    leaders = _create_everywhere(probe, brokers, "failover", 3)
+    # The transaction spans the partitions of brokers 2 and 3, which outlive the controller.
+    parts = sorted(p for p in range(3) if leaders[p] != 1)
+    assert sorted(leaders[p] for p in parts) == [2, 3]
+    client = client_for(brokers[1])
+    pid, epoch = client.init_producer_id("failover-app")
+    client.add_partitions_to_txn("failover-app", pid, epoch, [("failover", p) for p in parts])
+    for p in parts:
+        with client.produce_stream("failover", p) as stream:
+            for i in range(2):
+                assert _send(stream, pid, epoch, p, i, transactional=True).ok
+
+    # Broker 1 stores PREPARE_COMMIT, writes broker 2's marker and SIGKILLs itself.
+    with pytest.raises(IdemlogError) as died:
+        client.end_txn("failover-app", pid, epoch, commit=True)
+    assert died.value.retriable, died.value
+    assert brokers[0].wait_exit(10) == -9
+    assert "test failpoint after_first_marker" in brokers[0].log_text()
+    first = parts[0] if leaders[parts[0]] == 2 else parts[1]
+    second = parts[1] if first == parts[0] else parts[0]
+    # Half done: the first partition is committed, the second still open.
+    assert ids(client, "failover", first) == _expected(first, range(2))
+    assert ids(client, "failover", second) == []
+
+    controller = _new_controller(client, brokers[1], old=1)
+    assert controller in (2, 3)
+    # The new coordinator finishes the PREPARE_COMMIT from ZooKeeper on its own.
+    for p in parts:
+        stable = functools.partial(_stable, client, "failover", p)
+        wait_until(stable, f"failover-{p} stable", FAILOVER_S)
+        assert ids(client, "failover", p) == _expected(p, range(2))  # once, committed
+    # The client's retry of end_txn reaches the new coordinator and is a no-op.
+    _retry_until(lambda: client.end_txn("failover-app", pid, epoch, commit=True), "end_txn retry")
+    for p in parts:
+        assert ids(client, "failover", p) == _expected(p, range(2))
+        assert ids(client, "failover", p, isolation="read_uncommitted") == _expected(p, range(2))
+    # The same transactional id goes on at the next epoch on the new coordinator.
+    assert client.init_producer_id("failover-app") == (pid, epoch + 1)
+
+
+# -- 4. a sink commit repeated across a controller failover ------------------------------
+
+
+def test_sink_commit_repeated_after_controller_failover_is_not_committed_twice(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for)
+    leaders = _create_everywhere(probe, brokers, "sinkfo", 3)
+    parts = [p for p in range(3) if leaders[p] != 1]  # led by brokers that stay up
+    client = client_for(brokers[1])
+
+    def batch(id_base: int) -> list[tuple[str, int, int]]:
+        """One Spark batch attempt: a transaction per partition (fencing older attempts)."""
+        txns = []
+        for p in parts:
+            tid = f"query-7/{p}"
+            pid, epoch = client.init_producer_id(tid)
+            client.add_partitions_to_txn(tid, pid, epoch, [("sinkfo", p)])
+            with client.produce_stream("sinkfo", p) as stream:
+                for i in range(2):
+                    response = _send(stream, pid, epoch, p, i, transactional=True, id_base=id_base)
+                    assert response.ok, response
+            txns.append((tid, pid, epoch))
+        return txns
+
+    # Sequences restart at 0 with each epoch; the ids tell the attempts apart.
+    first = batch(0)
+    assert client.commit_sink_batch("query-7", 5, first) is True
+    assert brokers[0].kill() == -9  # the controller, right after the commit
+    controller = _new_controller(client, brokers[1], old=1)
+    assert controller in (2, 3)
+
+    # The driver re-runs batch 5 (new attempts fence the old epochs) and commits it again.
+    again = _retry_until(lambda: batch(500), "the replayed batch's transactions")
+    assert [(t, pid) for t, pid, _ in again] == [(t, pid) for t, pid, _ in first]
+    assert all(e2 == e1 + 1 for (_, _, e1), (_, _, e2) in zip(first, again, strict=True))
+    assert client.commit_sink_batch("query-7", 5, again) is False
+    assert client.commit_sink_batch("query-7", 4, again) is False
+    for p in parts:
+        wait_until(functools.partial(_stable, client, "sinkfo", p), f"sinkfo-{p} stable")
+        assert ids(client, "sinkfo", p) == _expected(p, range(2))  # the first attempt only
+    # The old controller comes back as an ordinary broker; the record is still there.
+    brokers[0].restart(same_port=False)  # see the SIGKILL test for why a new port
+    wait_until(lambda: len(_metadata(client, brokers[1])["brokers"]) == 3, "broker 1 back")
+    assert _metadata(client, brokers[0])["controller"] == controller
+    assert client.commit_sink_batch("query-7", 5, again) is False
+    assert client.commit_sink_batch("query-7", 6, batch(900)) is True
+    for p in parts:
+        assert ids(client, "sinkfo", p) == _expected(p, range(2)) + _expected(p, range(2), 900)
+
+
+# -- 5. ZooKeeper down -------------------------------------------------------------------
+
+
+def test_zookeeper_down_leaders_keep_serving_while_metadata_changes_wait(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for, count=2)
+    leaders = _create_everywhere(probe, brokers, "nozk", 2)
+    client = client_for(brokers[1], retries=0)
+    pid, epoch = client.init_producer_id()  # broker 2 leases its block now
+    for p in range(2):
+        _produce(client, "nozk", p, pid, epoch, range(2))
+    txn_pid, txn_epoch = client.init_producer_id("nozk-app")
+
+    def coordinator_refuses() -> bool:
+        # end_txn with nothing open changes nothing: INVALID_TXN_STATE while it serves.
+        try:
+            client.end_txn("nozk-app", txn_pid, txn_epoch, commit=True)
+        except InvalidTxnStateError:
+            return False
+        except IdemlogError as exc:
+            assert exc.retriable, exc
+            return True
+        raise AssertionError("end_txn with no open transaction succeeded")
+
+    zk_chroot.stop_server()
+    try:
+        # The controller resigns once the connection has been gone a while: a session it
+        # cannot see may have expired and another broker taken over.
+        wait_until(coordinator_refuses, "the coordinator to stand down without ZooKeeper")
+        # Existing leaders serve produce and fetch from their cached metadata.
+        for p in range(2):
+            _produce(client, "nozk", p, pid, epoch, range(2, 4))
+            assert ids(client, "nozk", p) == _expected(p, range(4))
+        assert client.refresh_metadata().topics["nozk"] == leaders
+        # A producer id from the block broker 2 already holds needs no ZooKeeper.
+        second = client.action(brokers[1].address, Action.INIT_PRODUCER_ID, {})
+        assert second == {"producer_id": pid + 1, "producer_epoch": 0}
+        with pytest.raises(IdemlogError, match="ZooKeeper unavailable while creating") as err:
+            client.create_topic("later", 1)
+        assert err.value.retriable, err.value
+    finally:
+        zk_chroot.start_server()
+    # Back in the same sessions: the controller and its coordinator return.
+    wait_until(lambda: _metadata(probe, brokers[0])["controller"] == 1, "broker 1 controller again")
+    assert _retry_until(lambda: client.init_producer_id("nozk-app"), "init") == (
+        txn_pid,
+        txn_epoch + 1,
+    )
+    assert client.create_topic("later", 1)
