@@ -322,3 +322,29 @@ def __getattr__(name: str) -> Any:
 
         return ZkCluster
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class TopicView:
+    """The read side both cluster implementations share: a locked dict of assignments
+    and the callbacks that fire when it changes."""
+
+    _lock: threading.Lock
+    _topics: dict[str, TopicAssignment]
+    _topics_callbacks: list[Callable[[], None]]
+
+    def topics(self) -> dict[str, TopicAssignment]:
+        with self._lock:
+            return dict(self._topics)
+
+    def topic(self, name: str) -> TopicAssignment:
+        with self._lock:
+            assignment = self._topics.get(name)
+        if assignment is None:
+            validate_topic_name(name)
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return assignment
+
+    def on_topics_change(self, callback: Callable[[], None]) -> None:
+        """``callback()`` on the notifier thread whenever :meth:`topics` changes."""
+        with self._lock:
+            self._topics_callbacks.append(callback)

@@ -33,6 +33,7 @@ from broker_core.cluster import (
     CallbackNotifier,
     ClusterMetadata,
     TopicAssignment,
+    TopicView,
     check_broker_id,
     load_json_object,
     validate_new_topic,
@@ -51,7 +52,7 @@ from broker_core.store import validate_topic_name
 CLOSE_TIMEOUT_S = 30.0  # how long close() waits for the callbacks to finish
 
 
-class EmbeddedCluster:
+class EmbeddedCluster(TopicView):
     """One file-backed broker that is always the controller (see the module docstring)."""
 
     def __init__(self, broker: BrokerInfo, path: Path) -> None:
@@ -144,22 +145,6 @@ class EmbeddedCluster:
             self._save(topics, self._controller_epoch)
             self._topics = topics
             self._notifier.post(list(self._topics_callbacks))
-
-    def topics(self) -> dict[str, TopicAssignment]:
-        with self._lock:
-            return dict(self._topics)
-
-    def topic(self, name: str) -> TopicAssignment:
-        with self._lock:
-            assignment = self._topics.get(name)
-        if assignment is None:
-            validate_topic_name(name)
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return assignment
-
-    def on_topics_change(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            self._topics_callbacks.append(callback)
 
     def close(self) -> None:
         """Stop being live and the controller (callbacks get ``False``); idempotent."""

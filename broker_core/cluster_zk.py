@@ -45,6 +45,7 @@ from broker_core.cluster import (
     BrokerInfo,
     ClusterMetadata,
     TopicAssignment,
+    TopicView,
     assign_partitions,
     load_json_object,
     validate_new_topic,
@@ -65,7 +66,7 @@ from broker_core.store import validate_topic_name
 log = logging.getLogger("idemlog.cluster")
 
 
-class ZkCluster(ZkControl):
+class ZkCluster(ZkControl, TopicView):
     """:class:`~broker_core.cluster.ClusterMetadata` kept in ZooKeeper (see the module doc).
 
     ``client`` is a started kazoo client and stays the caller's: ``close`` leaves it open.
@@ -223,23 +224,6 @@ class ZkCluster(ZkControl):
             UnknownTopicOrPartitionError(f"topic {name!r} does not exist"),
         )
         log.info("deleted topic %s", name)
-
-    def topics(self) -> dict[str, TopicAssignment]:
-        with self._lock:
-            return dict(self._topics)
-
-    def topic(self, name: str) -> TopicAssignment:
-        with self._lock:
-            assignment = self._topics.get(name)
-        if assignment is None:
-            validate_topic_name(name)
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return assignment
-
-    def on_topics_change(self, callback: Callable[[], None]) -> None:
-        """``callback()`` on the notifier thread whenever :meth:`topics` changes."""
-        with self._lock:
-            self._topics_callbacks.append(callback)
 
     def close(self) -> None:
         """Give up control (its callbacks finish first), then delete this broker's
