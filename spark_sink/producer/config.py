@@ -1,0 +1,234 @@
+"""Producer configuration: every key declared once with its type, default and doc.
+
+Keys use Kafka's names where Kafka has the same setting. ``ProducerConfig.from_mapping``
+rejects unknown keys by name (``broker_core.config.ConfigDef``), range-checks each value
+and then rejects bad *combinations*, naming every key involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from broker_core.config import INT_MAX, ConfigDef, ConfigKey
+from broker_core.errors import InvalidConfigError
+from broker_core.log_config import LOG_CONFIG
+
+# The broker caches the last ``producer.state.batch.window`` batches per producer and
+# partition; a retried batch older than that cannot be answered with its offsets, so an
+# idempotent producer must not keep more than this many in flight per partition.
+BROKER_BATCH_WINDOW = int(LOG_CONFIG.key("producer.state.batch.window").default)
+
+PARTITIONERS = ("hash", "round_robin")
+
+PRODUCER_CONFIG = ConfigDef(
+    [
+        ConfigKey(
+            "bootstrap.servers",
+            str,
+            "",
+            "Brokers to bootstrap from, host:port[,host:port]; the producer learns the rest "
+            "from the cluster metadata.",
+        ),
+        ConfigKey(
+            "linger.ms",
+            int,
+            5,
+            "How long a partition's batch waits for more rows before it is sent when it is "
+            "not full yet.",
+            min=0,
+        ),
+        ConfigKey(
+            "batch.size",
+            int,
+            1 << 20,
+            "Target size in bytes (Arrow buffers) of one produced batch: small appends are "
+            "merged up to it, larger ones split into batches of about this size.",
+            min=1,
+        ),
+        ConfigKey(
+            "buffer.memory",
+            int,
+            64 << 20,
+            "Bytes of Arrow data the producer may hold unsent or unacknowledged; send() "
+            "blocks (up to max.block.ms) while the buffer is full.",
+            min=1,
+        ),
+        ConfigKey(
+            "max.block.ms",
+            int,
+            60_000,
+            "How long send() may block waiting for buffer.memory, and how long "
+            "init_transactions / commit / abort / flush wait for the cluster.",
+            min=0,
+        ),
+        ConfigKey(
+            "max.in.flight.requests.per.connection",
+            int,
+            5,
+            "Batches per partition sent and not yet answered. With idempotence on it must "
+            "not exceed the broker's producer.state.batch.window (5); while a partition "
+            "retries, only one of its batches is in flight.",
+            min=1,
+        ),
+        ConfigKey(
+            "retries",
+            int,
+            INT_MAX,
+            "How many times a batch that failed with a retriable error is resent (with the "
+            "same producer id, epoch and sequence) before it fails; delivery.timeout.ms "
+            "bounds the total time as well.",
+            min=0,
+        ),
+        ConfigKey(
+            "retry.backoff.ms",
+            int,
+            100,
+            "Wait before resending a failed batch.",
+            min=0,
+        ),
+        ConfigKey(
+            "request.timeout.ms",
+            int,
+            30_000,
+            "How long a sent batch may go unanswered before its stream is dropped and the "
+            "batch counts as failed (retriably).",
+            min=1,
+        ),
+        ConfigKey(
+            "delivery.timeout.ms",
+            int,
+            120_000,
+            "Upper bound on the time from send() to the batch's success or failure, retries "
+            "included; must be at least linger.ms + request.timeout.ms.",
+            min=1,
+        ),
+        ConfigKey(
+            "enable.idempotence",
+            bool,
+            True,
+            "Give every batch a producer id, epoch and sequence so retries are never "
+            "written twice. Required by transactional.id.",
+        ),
+        ConfigKey(
+            "transactional.id",
+            str,
+            "",
+            "Stable name of a transactional producer (init_transactions fences every older "
+            "producer with the same id). Empty: not transactional.",
+        ),
+        ConfigKey(
+            "transaction.timeout.ms",
+            int,
+            60_000,
+            "How long a transaction may stay open before the coordinator aborts it.",
+            min=1,
+        ),
+        ConfigKey(
+            "partitioner",
+            str,
+            "hash",
+            "hash: rows with a key go to pandas.util.hash_array(key) % partitions (see "
+            "spark_sink.producer.partitioner); round_robin: every send goes whole to the "
+            "next partition, keys ignored. Sends without a key are always round-robin.",
+            choices=PARTITIONERS,
+        ),
+        ConfigKey(
+            "key.column",
+            str,
+            "",
+            "Default key column of send() when none is given; empty: no key.",
+        ),
+    ],
+    what="producer",
+)
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    bootstrap_servers: str
+    linger_ms: int
+    batch_size: int
+    buffer_memory: int
+    max_block_ms: int
+    max_in_flight: int
+    retries: int
+    retry_backoff_ms: int
+    request_timeout_ms: int
+    delivery_timeout_ms: int
+    enable_idempotence: bool
+    transactional_id: str | None
+    transaction_timeout_ms: int
+    partitioner: str
+    key_column: str | None
+
+    @classmethod
+    def from_mapping(
+        cls, values: Mapping[str, object] | None = None, *, broker_window: int = BROKER_BATCH_WINDOW
+    ) -> ProducerConfig:
+        """Parse, then reject bad combinations with the keys named."""
+        v = PRODUCER_CONFIG.parse(values)
+        config = cls(
+            bootstrap_servers=str(v["bootstrap.servers"]),
+            linger_ms=int(v["linger.ms"]),
+            batch_size=int(v["batch.size"]),
+            buffer_memory=int(v["buffer.memory"]),
+            max_block_ms=int(v["max.block.ms"]),
+            max_in_flight=int(v["max.in.flight.requests.per.connection"]),
+            retries=int(v["retries"]),
+            retry_backoff_ms=int(v["retry.backoff.ms"]),
+            request_timeout_ms=int(v["request.timeout.ms"]),
+            delivery_timeout_ms=int(v["delivery.timeout.ms"]),
+            enable_idempotence=bool(v["enable.idempotence"]),
+            transactional_id=str(v["transactional.id"]) or None,
+            transaction_timeout_ms=int(v["transaction.timeout.ms"]),
+            partitioner=str(v["partitioner"]),
+            key_column=str(v["key.column"]) or None,
+        )
+        config._check(broker_window)
+        return config
+
+    def _check(self, broker_window: int) -> None:
+        if self.enable_idempotence and self.max_in_flight > broker_window:
+            raise InvalidConfigError(
+                f"max.in.flight.requests.per.connection={self.max_in_flight} exceeds the "
+                f"broker's producer.state.batch.window ({broker_window}) with "
+                "enable.idempotence=true: a retried batch could leave the broker's cache "
+                "and be written twice"
+            )
+        if self.transactional_id is not None and not self.enable_idempotence:
+            raise InvalidConfigError(
+                f"transactional.id={self.transactional_id!r} requires enable.idempotence=true"
+            )
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise InvalidConfigError(
+                f"delivery.timeout.ms={self.delivery_timeout_ms} must be at least linger.ms "
+                f"({self.linger_ms}) + request.timeout.ms ({self.request_timeout_ms})"
+            )
+        if self.batch_size > self.buffer_memory:
+            raise InvalidConfigError(
+                f"batch.size={self.batch_size} is larger than buffer.memory={self.buffer_memory}"
+            )
+
+
+def describe() -> list[tuple[str, str, str, str]]:
+    """(name, type, default, doc) rows, for documentation."""
+    return PRODUCER_CONFIG.describe()
+
+
+PROPERTIES_HEADER = """\
+# Producer client configuration: every key with its default. Pass them to
+#   spark_sink.producer.Producer(bootstrap="host:port", **{"key": value})
+# Generated from spark_sink/producer/config.py (the one place each key is declared) by
+# `render_properties()` in that module; tests/producer/test_config.py checks that this
+# file and the code agree. Unknown keys are rejected by name.
+"""
+
+
+def render_properties() -> str:
+    """The commented default ``conf/producer.properties``."""
+    parts = [PROPERTIES_HEADER]
+    for name, _type, default, doc in describe():
+        value = default.lower() if default in ("True", "False") else default
+        parts.append(f"\n# {doc}\n{name}={value}\n")
+    return "".join(parts)

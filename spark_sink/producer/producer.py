@@ -1,0 +1,311 @@
+"""``Producer``: the facade users (and the Spark sink) call; usable without Spark.
+
+    with Producer(bootstrap="host:port", **{"linger.ms": 10}) as producer:
+        future = producer.send("payments", table, key="account")
+        producer.flush()
+        future.result()   # [RecordMetadata(partition, base_offset, last_offset, rows), ...]
+
+Config keys are Kafka-style names passed as keyword arguments with dots
+(``**{"batch.size": 1 << 20}``) or underscores (``batch_size=1 << 20``); see
+``spark_sink.producer.config``. Idempotence is on by default.
+
+Transactions: ``init_transactions(id)`` once (fences every older producer of that id),
+then ``begin_transaction()``, sends, ``commit_transaction()`` or ``abort_transaction()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeAlias
+
+import pandas as pd
+import pyarrow as pa
+
+from broker_core.client import BrokerClient
+from broker_core.errors import (
+    IdemlogError,
+    InvalidConfigError,
+    InvalidRequestError,
+    InvalidTxnStateError,
+    ProducerFencedError,
+)
+
+from .config import ProducerConfig
+from .errors import ProducerClosedError, TransactionAbortedError
+from .futures import SendCollector, SendResult
+from .message_accumulator import MessageAccumulator
+from .metrics import ProducerMetrics
+from .partitioner import Partitioner
+from .producer_batch import TopicPartition
+from .sender import Sender
+from .transaction_manager import TransactionManager, TxnState
+from .transport import FlightTransport, Transport
+
+log = logging.getLogger("idemlog.producer")
+
+Data: TypeAlias = pa.Table | pa.RecordBatch | pd.DataFrame
+
+
+def _to_table(data: Data) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise InvalidRequestError(
+        f"send() takes a pyarrow Table or RecordBatch or a pandas DataFrame, not "
+        f"{type(data).__name__}"
+    )
+
+
+class Producer:
+    def __init__(
+        self,
+        bootstrap: str | None = None,
+        *,
+        transport: Transport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **config: Any,
+    ) -> None:
+        values = {k.replace("_", "."): v for k, v in config.items()}
+        if bootstrap is not None:
+            values["bootstrap.servers"] = bootstrap
+        self.config = ProducerConfig.from_mapping(values)
+        if transport is None:
+            if not self.config.bootstrap_servers:
+                raise InvalidConfigError("bootstrap.servers is required (host:port[,host:port])")
+            timeout_s = self.config.request_timeout_ms / 1000
+            transport = FlightTransport(
+                BrokerClient(self.config.bootstrap_servers, timeout_s=timeout_s)
+            )
+        self.transport = transport
+        self.metrics = ProducerMetrics()
+        self.partitioner = Partitioner(self.config.partitioner)
+        self.accumulator = MessageAccumulator(
+            batch_size=self.config.batch_size,
+            linger_ms=self.config.linger_ms,
+            buffer_memory=self.config.buffer_memory,
+            max_block_ms=self.config.max_block_ms,
+            clock=clock,
+        )
+        self.txn = TransactionManager(
+            self.config.transactional_id, idempotent=self.config.enable_idempotence
+        )
+        self.sender = Sender(
+            self.accumulator, self.txn, self.transport, self.config, self.metrics, clock=clock
+        )
+        self._closed = False
+        self._partition_counts: dict[str, int] = {}
+        if self.config.enable_idempotence and self.config.transactional_id is None:
+            self._init_producer_id(None)
+        self.sender.start()
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, topic: str, data: Data, key: str | None = None) -> Future[SendResult]:
+        """Queue the rows of ``data`` for ``topic``; a future of their offsets
+        (``spark_sink.producer.futures``). Rows are routed by ``key`` (default: the
+        key.column config), round-robin per send without one. Blocks only while
+        buffer.memory is full (at most max.block.ms)."""
+        if self._closed:
+            raise ProducerClosedError("send() on a closed producer")
+        if self.txn.is_transactional:
+            self.txn.require(TxnState.IN_TRANSACTION, action="send()")
+        if self.sender.fatal is not None:
+            raise ProducerClosedError(f"the producer's sender died: {self.sender.fatal!r}")
+        table = _to_table(data)
+        key = key if key is not None else self.config.key_column
+        collector = SendCollector(topic)
+        for part in self.partitioner.split(table, key, self._num_partitions(topic)):
+            self.accumulator.append(TopicPartition(topic, part.partition), part.batch, collector)
+        collector.seal()
+        return collector.future
+
+    def _num_partitions(self, topic: str) -> int:
+        count = self._partition_counts.get(topic)
+        if count is None:
+            count = self._partition_counts[topic] = self.transport.partitions_for(topic)
+        return count
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now and wait until every batch is done (acknowledged
+        or failed; a failure shows in its send's future)."""
+        self.accumulator.begin_flush()
+        try:
+            limit = timeout if timeout is not None else self.config.delivery_timeout_ms / 1000
+            if not self.accumulator.await_complete(limit):
+                raise TimeoutError(
+                    f"flush: {self.accumulator.incomplete()} batches still pending after {limit}s"
+                )
+        finally:
+            self.accumulator.end_flush()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush (unless ``timeout`` is 0), stop the sender, close the connections.
+        Batches still pending after ``timeout`` fail with ProducerClosedError. An open
+        transaction is not committed (the coordinator aborts it at its timeout, or the
+        next init_transactions on the id does)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if timeout != 0:
+                try:
+                    self.flush(timeout)
+                except TimeoutError as exc:
+                    log.warning("close: %s", exc)
+        finally:
+            self.sender.stop()
+            # Whatever is still pending fails (never silently dropped).
+            self.sender.fail_pending(ProducerClosedError("the producer was closed"))
+            self.transport.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        doc = self.metrics.snapshot()
+        doc["buffer_bytes_used"] = self.accumulator.used_bytes()
+        doc["producer_id"] = self.txn.producer_id
+        doc["producer_epoch"] = self.txn.producer_epoch
+        return doc
+
+    # -- producer id and transactions ----------------------------------------------------
+    def _blocking_call(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call`` with retries of retriable errors for up to max.block.ms."""
+        deadline = time.monotonic() + self.config.max_block_ms / 1000
+        backoff = max(self.config.retry_backoff_ms / 1000, 0.01)
+        while True:
+            try:
+                return call()
+            except IdemlogError as exc:
+                if not exc.retriable or time.monotonic() + backoff > deadline:
+                    raise
+                log.info("%s: %s; retrying", what, exc)
+                time.sleep(backoff)  # backoff between retries of a retriable error
+
+    def _init_producer_id(self, transactional_id: str | None) -> None:
+        timeout = self.config.transaction_timeout_ms if transactional_id is not None else None
+        pid, epoch = self._blocking_call(
+            "InitProducerId", lambda: self.transport.init_producer_id(transactional_id, timeout)
+        )
+        self.txn.set_producer_id(pid, epoch)
+        for batch in self.accumulator.queued():
+            batch.reset_sequence()
+
+    def init_transactions(self, transactional_id: str | None = None) -> None:
+        """Get the producer id and epoch of ``transactional_id`` (default: the
+        transactional.id config). Fences every older producer of that id and aborts what
+        it left open."""
+        tid = transactional_id or self.config.transactional_id
+        if tid is None:
+            raise InvalidConfigError(
+                "init_transactions needs a transactional id (transactional.id)"
+            )
+        if not self.config.enable_idempotence:
+            raise InvalidConfigError("transactions require enable.idempotence=true")
+        if self.txn.transactional_id not in (None, tid):
+            raise InvalidConfigError(
+                f"transactional.id is {self.txn.transactional_id!r}, not {tid!r}"
+            )
+        self.txn.transactional_id = tid
+        self.txn.transition(TxnState.INITIALIZING)
+        try:
+            self._init_producer_id(tid)
+        except ProducerFencedError as exc:
+            self.txn.fail_fatal(exc)
+            raise
+        except IdemlogError:
+            self.txn.state = TxnState.UNINITIALIZED  # nothing happened; may be called again
+            raise
+        self.txn.transition(TxnState.READY)
+
+    def begin_transaction(self) -> None:
+        self.txn.require(TxnState.READY, action="begin_transaction()")
+        self.txn.transition(TxnState.IN_TRANSACTION)
+
+    def commit_transaction(self) -> None:
+        """Flush, then commit. Raises the transaction's error if a batch failed (the
+        transaction is then abortable: call abort_transaction)."""
+        self._require_transactional()
+        self.txn.require(TxnState.IN_TRANSACTION, action="commit_transaction()")
+        self.txn.transition(TxnState.COMMITTING_TRANSACTION)
+        self.flush(self.config.max_block_ms / 1000)
+        if self.txn.has_error:
+            raise self._txn_error()
+        self._end_txn(commit=True)
+
+    def abort_transaction(self) -> None:
+        """Fail what is still queued, wait for what is in flight, abort; after an error
+        that left sequences in doubt, re-initialise (bumps the epoch)."""
+        self._require_transactional()
+        self.txn.require(
+            TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, action="abort_transaction()"
+        )
+        needs_new_epoch = self.txn.state is TxnState.ABORTABLE_ERROR
+        self.txn.transition(TxnState.ABORTING_TRANSACTION)
+        aborted = TransactionAbortedError("the transaction was aborted")
+        for batch in self.accumulator.remove_all(lambda _b: True):
+            # A queued retry already had a sequence: dropping it leaves a gap, so the
+            # sequences restart under a new epoch.
+            needs_new_epoch = needs_new_epoch or batch.has_sequence
+            batch.fail(aborted)
+            self.accumulator.deallocate(batch)
+        if not self.accumulator.await_complete(self.config.max_block_ms / 1000):
+            raise TimeoutError("abort_transaction: batches still in flight after max.block.ms")
+        if needs_new_epoch:
+            # InitProducerId on the same id aborts the open transaction and bumps the epoch.
+            assert self.txn.transactional_id is not None
+            self.txn.transition(TxnState.INITIALIZING)
+            self.txn.transaction_ended()
+            try:
+                self._init_producer_id(self.txn.transactional_id)
+            except IdemlogError as exc:
+                self.txn.fail_fatal(exc)
+                raise
+            self.txn.transition(TxnState.READY)
+            return
+        self._end_txn(commit=False)
+
+    def _end_txn(self, commit: bool) -> None:
+        txn = self.txn
+        assert txn.transactional_id is not None
+        tid, pid, epoch = txn.transactional_id, txn.producer_id, txn.producer_epoch
+        if txn.txn_partitions:  # nothing was added: the coordinator has nothing to end
+            try:
+                self._blocking_call(
+                    "EndTxn", lambda: self.transport.end_txn(tid, pid, epoch, commit)
+                )
+            except ProducerFencedError as exc:
+                txn.fail_fatal(exc)
+                raise
+            except IdemlogError as exc:
+                if commit:
+                    txn.fail_abortable(exc)
+                else:
+                    txn.fail_fatal(exc)
+                raise
+        txn.transaction_ended()
+        txn.transition(TxnState.READY)
+
+    def _txn_error(self) -> IdemlogError:
+        error = self.txn.last_error
+        if isinstance(error, ProducerFencedError):
+            return error
+        return InvalidTxnStateError(
+            f"the transaction cannot be committed (abort it): {error or 'a batch failed'}"
+        )
+
+    def _require_transactional(self) -> None:
+        if not self.txn.is_transactional:
+            raise InvalidTxnStateError("not a transactional producer: call init_transactions()")
+
+    @property
+    def producer_id_and_epoch(self) -> tuple[int, int]:
+        return self.txn.producer_id, self.txn.producer_epoch

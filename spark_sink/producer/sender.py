@@ -1,0 +1,421 @@
+"""The sender: a background thread that drains the accumulator and handles the answers.
+
+Each step (:meth:`Sender.run_once`, also called directly by deterministic tests):
+
+1. take every answered batch (any order) and decide: success, DUPLICATE_SEQUENCE (a
+   success with unknown offsets), retry, or failure for good;
+2. drop the streams of batches unanswered for ``request.timeout.ms`` (they fail
+   retriably), expire queued batches past ``delivery.timeout.ms``;
+3. bump the epoch when a partition's sequence is unresolved and nothing is in flight;
+4. drain ready partitions: the producer id, epoch and base sequence are assigned here,
+   at drain time, and kept by every retry.
+
+Ordering rules (DESIGN §8, §9 items 13-15):
+
+* up to ``max.in.flight.requests.per.connection`` batches per partition in flight; while a
+  partition retries (a failed batch is queued again) at most **one**, and a batch that
+  never had a sequence waits until every retried batch of its partition is acknowledged;
+* a failed batch goes back into its queue in sequence order (``reenqueue``);
+* OUT_OF_ORDER_SEQUENCE for a batch that is not the next the broker expects is the
+  consequence of an earlier failure: resent, not counted as a retry;
+  OUT_OF_ORDER for the batch the broker should expect, UNKNOWN_PRODUCER_ID, or a batch
+  with a sequence failing for good leaves the partition *unresolved* → epoch bump
+  (idempotent) or ABORTABLE_ERROR (transactional), see ``transaction_manager``;
+* retriable errors (the error's ``retriable`` flag) are retried with the same producer
+  id, epoch and sequence after ``retry.backoff.ms``, up to ``retries`` times and within
+  ``delivery.timeout.ms``; anything else fails the batch's future with the broker's error.
+  No batch is ever dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from broker_core.errors import (
+    DuplicateSequenceError,
+    IdemlogError,
+    InvalidProducerEpochError,
+    NetworkError,
+    NotLeaderOrFollowerError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    RequestTimedOutError,
+    UnknownProducerIdError,
+    UnknownTopicOrPartitionError,
+)
+
+from .config import ProducerConfig
+from .errors import AbortableTransactionError, DeliveryTimeoutError
+from .message_accumulator import MessageAccumulator
+from .metrics import ProducerMetrics
+from .producer_batch import ProducerBatch, TopicPartition, Written
+from .transaction_manager import TransactionManager, TxnState
+from .transport import SendHandle, Transport
+
+log = logging.getLogger("idemlog.producer")
+
+POLL_S = 0.002  # how often answers are looked at while batches are in flight
+IDLE_S = 0.1
+_STREAM_ERRORS = (NetworkError, NotLeaderOrFollowerError, UnknownTopicOrPartitionError)
+
+
+class Sender:
+    def __init__(
+        self,
+        accumulator: MessageAccumulator,
+        txn: TransactionManager,
+        transport: Transport,
+        config: ProducerConfig,
+        metrics: ProducerMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.accumulator = accumulator
+        self.txn = txn
+        self.transport = transport
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.in_flight: dict[TopicPartition, list[tuple[ProducerBatch, SendHandle]]] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._bump_retry_at = 0.0
+        self._add_retry_at = 0.0
+        self.fatal: BaseException | None = None
+
+    # -- thread --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="idemlog-producer-sender", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self.run_once()
+            except Exception as exc:  # a bug must not hang every future: fail them all
+                log.exception("producer sender crashed")
+                self.fatal = exc
+                self._fail_everything(IdemlogError(f"the producer's sender crashed: {exc!r}"))
+                return
+            busy = self.txn.in_flight_total() > 0 or any(self.in_flight.values())
+            self.accumulator.wait(min(wait, POLL_S if busy else IDLE_S))
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._stop.set()
+        self.accumulator.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- one step ------------------------------------------------------------------------
+    def run_once(self) -> float:
+        """Handle answers, timeouts, an epoch bump, then send what is ready; returns the
+        seconds until something may become ready."""
+        now = self.clock()
+        self._handle_answers(now)
+        self._check_request_timeouts(now)
+        self._expire(now)
+        self._maybe_bump_epoch(now)
+        return self._send_ready(now)
+
+    # -- answers -------------------------------------------------------------------------
+    def _handle_answers(self, now: float) -> None:
+        reset: set[TopicPartition] = set()
+        for tp, entries in list(self.in_flight.items()):
+            pending: list[tuple[ProducerBatch, SendHandle]] = []
+            answered: list[tuple[ProducerBatch, SendHandle]] = []
+            for entry in entries:
+                (answered if entry[1].done() else pending).append(entry)
+            self.in_flight[tp] = pending
+            for batch, handle in answered:
+                self.txn.add_in_flight(tp, -1)
+                self.metrics.answered()
+                try:
+                    response = handle.result(0)
+                except IdemlogError as exc:
+                    error: IdemlogError | None = exc
+                    base, duplicate = -1, False
+                else:
+                    error = response.error()
+                    base, duplicate = response.base_offset, response.duplicate
+                if error is None:
+                    self._succeeded(batch, base, duplicate, now)
+                elif isinstance(error, DuplicateSequenceError):
+                    self._succeeded(batch, -1, True, now)
+                else:
+                    if isinstance(error, _STREAM_ERRORS) and tp not in reset:
+                        reset.add(tp)
+                        self.transport.reset(tp, error)
+                    self._failed(batch, error, now)
+
+    def _succeeded(self, batch: ProducerBatch, base: int, duplicate: bool, now: float) -> None:
+        tp = batch.tp
+        if self.config.enable_idempotence and batch.producer_id == self.txn.producer_id:
+            self.txn.acked(tp, batch.last_sequence, batch.ordinal)
+        batch.complete(base, duplicate or base < 0)
+        self.accumulator.deallocate(batch)
+        self.metrics.acked(
+            batch.num_rows, batch.size_bytes, (now - batch.sent_at) * 1000, duplicate or base < 0
+        )
+        self._maybe_end_retrying(tp)
+
+    def _maybe_end_retrying(self, tp: TopicPartition) -> None:
+        state = self.txn.partition(tp)
+        if (
+            state.retrying
+            and state.in_flight == 0
+            and not any(b.requeued for b in self.accumulator.queued(tp))
+        ):
+            state.retrying = False
+
+    def _failed(self, batch: ProducerBatch, error: IdemlogError, now: float) -> None:
+        tp = batch.tp
+        batch.last_error = error
+        idempotent = self.config.enable_idempotence
+        if idempotent and batch.producer_id != self.txn.producer_id:
+            # Sent under an id/epoch that was bumped since: not written under the new one.
+            batch.reset_sequence()
+            self._requeue(batch, now, counted=False)
+            return
+        if idempotent and isinstance(error, OutOfOrderSequenceError):
+            batch.written = Written.NO
+            state = self.txn.partition(tp)
+            if state.unresolved or not self.txn.is_next_in_line(tp, batch.base_sequence):
+                self._requeue(batch, now, counted=False)  # an earlier batch failed first
+            else:
+                self._unresolved(batch, error, now, retry=True)
+            return
+        if idempotent and isinstance(error, UnknownProducerIdError):
+            batch.written = Written.NO
+            self._unresolved(batch, error, now, retry=True)
+            return
+        if isinstance(error, (InvalidProducerEpochError, ProducerFencedError)):
+            batch.written = Written.NO
+            if self.txn.is_transactional:
+                fenced = ProducerFencedError(f"{tp}: {error.message}")
+                self.txn.fail_fatal(fenced)
+                self._fail_batch(batch, fenced)
+                self._fail_queued(fenced)
+            else:
+                self._unresolved(batch, error, now, retry=True)
+            return
+        if error.retriable:
+            batch.written = Written.MAYBE
+            expired = now - batch.created >= self.config.delivery_timeout_ms / 1000
+            if batch.retries < self.config.retries and not expired:
+                batch.retries += 1
+                self._requeue(batch, now, counted=True)
+            else:
+                self._failed_for_good(batch, error)
+            return
+        batch.written = Written.NO  # a definite answer: the batch is not in the log
+        self._failed_for_good(batch, error)
+
+    def _requeue(self, batch: ProducerBatch, now: float, *, counted: bool) -> None:
+        if self.txn.is_transactional and self.txn.has_error:
+            self._fail_batch(batch, self._abortable_error())
+            return
+        self.metrics.retried(out_of_order=not counted)
+        batch.requeued = True
+        batch.retry_after = now + self.config.retry_backoff_ms / 1000
+        if batch.has_sequence:
+            self.txn.partition(batch.tp).retrying = True
+        self.accumulator.reenqueue(batch)
+        log.debug("requeued %r after %s", batch, batch.last_error)
+
+    def _failed_for_good(self, batch: ProducerBatch, error: IdemlogError) -> None:
+        if batch.has_sequence and self.config.enable_idempotence:
+            if self.txn.is_transactional:
+                self.txn.fail_abortable(error)
+            else:
+                self.txn.mark_unresolved(batch.tp, batch.ordinal)
+        self._fail_batch(batch, error)
+
+    def _unresolved(
+        self, batch: ProducerBatch, error: IdemlogError, now: float, *, retry: bool
+    ) -> None:
+        if self.txn.is_transactional:
+            self.txn.fail_abortable(error)
+            self._fail_batch(batch, error)
+            self._fail_queued(self._abortable_error())
+            return
+        self.txn.mark_unresolved(batch.tp, batch.ordinal)
+        if retry:
+            self._requeue(batch, now, counted=False)
+        else:
+            self._fail_batch(batch, error)
+
+    def _fail_batch(self, batch: ProducerBatch, error: BaseException) -> None:
+        log.warning("batch %r failed: %s", batch, error)
+        batch.fail(error)
+        self.accumulator.deallocate(batch)
+        self.metrics.failed(batch.num_rows)
+        self._maybe_end_retrying(batch.tp)
+
+    def _fail_queued(self, error: IdemlogError) -> None:
+        for batch in self.accumulator.remove_all(lambda _b: True):
+            self._fail_batch(batch, error)
+
+    def _abortable_error(self) -> AbortableTransactionError:
+        return AbortableTransactionError(
+            f"the transaction must be aborted: {self.txn.last_error or 'an earlier batch failed'}"
+        )
+
+    def _fail_everything(self, error: IdemlogError) -> None:
+        for tp, entries in list(self.in_flight.items()):
+            self.in_flight[tp] = []
+            for batch, _handle in entries:
+                self._fail_batch(batch, error)
+        self._fail_queued(error)
+
+    # -- timeouts ------------------------------------------------------------------------
+    def _check_request_timeouts(self, now: float) -> None:
+        limit = self.config.request_timeout_ms / 1000
+        for tp, entries in self.in_flight.items():
+            if entries and any(now - b.sent_at > limit for b, h in entries if not h.done()):
+                self.transport.reset(
+                    tp, RequestTimedOutError(f"{tp}: no answer within request.timeout.ms")
+                )
+
+    def _expire(self, now: float) -> None:
+        limit = self.config.delivery_timeout_ms / 1000
+        expired = self.accumulator.remove_all(lambda b: now - b.created >= limit)
+        for batch in expired:
+            cause = f" (last error: {batch.last_error})" if batch.last_error else ""
+            error = DeliveryTimeoutError(
+                f"{batch.tp}: {batch.num_rows} rows not acknowledged within "
+                f"delivery.timeout.ms={self.config.delivery_timeout_ms}{cause}"
+            )
+            self._failed_for_good(batch, error)
+
+    # -- epoch bump (idempotent-only producer) -------------------------------------------
+    def _maybe_bump_epoch(self, now: float) -> None:
+        if self.txn.is_transactional or not self.config.enable_idempotence:
+            return
+        unresolved = self.txn.unresolved_partitions()
+        self.txn.bump_requested = bool(unresolved)
+        if not unresolved or now < self._bump_retry_at:
+            return
+        if self.txn.in_flight_total() > 0:
+            return  # wait for every answer first
+        queued = self.accumulator.queued()
+        if any(b.has_sequence and b.written is Written.MAYBE for b in queued):
+            return  # batches that may be in the log retry at the old epoch first
+        try:
+            pid, epoch = self.transport.init_producer_id(None, None)
+        except IdemlogError as exc:
+            log.warning("epoch bump failed, retrying: %s", exc)
+            self._bump_retry_at = now + max(self.config.retry_backoff_ms / 1000, 0.01)
+            return
+        log.info(
+            "producer id %d epoch %d -> %d epoch %d (unresolved sequences on %s)",
+            self.txn.producer_id,
+            self.txn.producer_epoch,
+            pid,
+            epoch,
+            ", ".join(str(tp) for tp in unresolved),
+        )
+        self.txn.set_producer_id(pid, epoch)
+        for batch in queued:
+            batch.reset_sequence()
+        self.metrics.bumped()
+
+    # -- sending -------------------------------------------------------------------------
+    def _sendable(self, tp: TopicPartition, head: ProducerBatch) -> bool:
+        txn = self.txn
+        if txn.is_transactional and txn.has_error:
+            return True  # drained only to be failed
+        if self.config.enable_idempotence and not txn.has_producer_id:
+            return False
+        state = txn.partition(tp)
+        if txn.bump_requested:
+            return head.has_sequence and head.written is Written.MAYBE and state.in_flight == 0
+        limit = 1 if (state.retrying or head.requeued) else self.config.max_in_flight
+        return state.in_flight < limit
+
+    def _send_ready(self, now: float) -> float:
+        """Drain and send until no partition has a sendable batch left."""
+        while True:
+            candidates, wait = self.accumulator.ready(now, self._sendable)
+            ready = candidates
+            if ready and self.txn.is_transactional and not self.txn.has_error:
+                ready = self._add_partitions(ready, now)
+            if not ready:
+                # Held back by AddPartitionsToTxn: look again after the backoff.
+                return max(self.config.retry_backoff_ms / 1000, 0.01) if candidates else wait
+            for tp in ready:
+                self._drain_one(tp, now)
+
+    def _drain_one(self, tp: TopicPartition, now: float) -> None:
+        batch = self.accumulator.drain(tp)
+        if batch is None:
+            return
+        if self.txn.is_transactional and self.txn.has_error:
+            error = self.txn.last_error
+            if not isinstance(error, ProducerFencedError):
+                error = self._abortable_error()
+            self._fail_batch(batch, error)
+            return
+        if not batch.has_sequence:
+            seq, ordinal = self.txn.next_sequence(tp, batch.num_rows)
+            if self.config.enable_idempotence:
+                batch.assign(self.txn.producer_id, self.txn.producer_epoch, seq, ordinal)
+            else:
+                batch.ordinal = ordinal
+        self._send(batch, now)
+
+    def _add_partitions(self, ready: list[TopicPartition], now: float) -> list[TopicPartition]:
+        """Register partitions new to the open transaction before their first batch."""
+        txn = self.txn
+        new = txn.partitions_to_add(ready)
+        if not new:
+            return ready
+        if now < self._add_retry_at or txn.state not in (
+            TxnState.IN_TRANSACTION,
+            TxnState.COMMITTING_TRANSACTION,
+        ):
+            return [tp for tp in ready if tp not in new]
+        assert txn.transactional_id is not None
+        try:
+            self.transport.add_partitions_to_txn(
+                txn.transactional_id, txn.producer_id, txn.producer_epoch, new
+            )
+        except IdemlogError as exc:
+            if isinstance(exc, (ProducerFencedError, InvalidProducerEpochError)):
+                txn.fail_fatal(ProducerFencedError(exc.message))
+            elif exc.retriable:
+                self._add_retry_at = now + max(self.config.retry_backoff_ms / 1000, 0.01)
+            else:
+                txn.fail_abortable(exc)
+            return [tp for tp in ready if tp not in new]
+        txn.partitions_added(new)
+        return ready
+
+    def _send(self, batch: ProducerBatch, now: float) -> None:
+        record_batch = batch.freeze()
+        handle = self.transport.send(
+            batch.tp,
+            record_batch,
+            producer_id=batch.producer_id,
+            producer_epoch=batch.producer_epoch,
+            base_sequence=batch.base_sequence,
+            transactional=self.txn.is_transactional,
+        )
+        batch.attempts += 1
+        batch.sent_at = now
+        batch.written = Written.MAYBE
+        self.txn.add_in_flight(batch.tp, 1)
+        self.metrics.sent()
+        self.in_flight.setdefault(batch.tp, []).append((batch, handle))
+
+    # -- for the facade ------------------------------------------------------------------
+    def fail_pending(self, error: IdemlogError) -> None:
+        """After stop(): fail every batch in flight or queued."""
+        self._fail_everything(error)
+
+    def in_flight_count(self) -> int:
+        return sum(len(v) for v in self.in_flight.values())

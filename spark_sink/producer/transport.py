@@ -1,0 +1,204 @@
+"""How the sender talks to brokers: a small ``Transport`` protocol and its Flight version.
+
+The sender needs only: the number of partitions of a topic, a pipelined ``send`` per
+partition returning a handle at once (answers per partition come in send order), a way
+to drop a partition's stream (broken, timed out, leader moved), and the producer-id and
+transaction calls. Tests drive the sender with a scripted fake; a fault proxy can wrap
+:class:`FlightTransport` (or sit between it and the broker) without touching the sender.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+import pyarrow as pa
+
+from broker_core.client import BrokerClient
+from broker_core.errors import (
+    IdemlogError,
+    NetworkError,
+    NotLeaderOrFollowerError,
+    UnknownTopicOrPartitionError,
+)
+from broker_core.produce_stream import ProduceHandle, ProduceStream
+from broker_core.protocol import ProduceResponse
+
+from .producer_batch import TopicPartition
+
+
+class SendHandle(Protocol):
+    """The pending answer to one sent batch (``ProduceHandle`` fits)."""
+
+    def done(self) -> bool: ...
+
+    def result(self, timeout: float | None = None) -> ProduceResponse:
+        """The broker's answer (may carry an error code); raises the stream's error."""
+        ...
+
+
+class Transport(Protocol):
+    def partitions_for(self, topic: str) -> int: ...
+
+    def send(
+        self,
+        tp: TopicPartition,
+        batch: pa.RecordBatch,
+        *,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        transactional: bool,
+    ) -> SendHandle: ...
+
+    def reset(self, tp: TopicPartition, error: IdemlogError) -> None:
+        """Drop the partition's stream: unanswered handles fail with ``error``."""
+        ...
+
+    def init_producer_id(
+        self, transactional_id: str | None, transaction_timeout_ms: int | None
+    ) -> tuple[int, int]: ...
+
+    def add_partitions_to_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, tps: Sequence[TopicPartition]
+    ) -> None: ...
+
+    def end_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, commit: bool
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class FailedHandle:
+    """A handle that failed before the batch reached the wire."""
+
+    def __init__(self, error: IdemlogError) -> None:
+        self.error = error
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> ProduceResponse:
+        raise self.error
+
+
+class _StreamHandle:
+    """A ``ProduceHandle`` that ``reset`` can fail early (request timeout)."""
+
+    def __init__(self, inner: ProduceHandle) -> None:
+        self.inner = inner
+        self.error: IdemlogError | None = None
+
+    def done(self) -> bool:
+        return self.error is not None or self.inner.done()
+
+    def result(self, timeout: float | None = None) -> ProduceResponse:
+        if self.error is not None and not self.inner.done():
+            raise self.error
+        return self.inner.result(timeout)
+
+
+class FlightTransport:
+    """``Transport`` over ``broker_core.client.BrokerClient`` and its raw produce streams."""
+
+    def __init__(self, client: BrokerClient, *, owns_client: bool = True) -> None:
+        self.client = client
+        self._owns_client = owns_client
+        self._lock = threading.Lock()
+        self._streams: dict[TopicPartition, tuple[ProduceStream, list[_StreamHandle]]] = {}
+
+    def partitions_for(self, topic: str) -> int:
+        leaders = self.client.metadata().topics.get(topic)
+        if leaders is None:
+            leaders = self.client.metadata(refresh=True).topics.get(topic)
+        if not leaders:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        return len(leaders)
+
+    def send(
+        self,
+        tp: TopicPartition,
+        batch: pa.RecordBatch,
+        *,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        transactional: bool,
+    ) -> SendHandle:
+        try:
+            with self._lock:
+                entry = self._streams.get(tp)
+                if entry is not None and entry[0].failure is not None:
+                    self._streams.pop(tp)
+                    entry = None
+            if entry is None:
+                entry = (self.client.produce_stream(tp.topic, tp.partition), [])
+                with self._lock:
+                    self._streams[tp] = entry
+            stream, handles = entry
+            inner = stream.send(
+                batch,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                base_sequence=base_sequence,
+                transactional=transactional,
+            )
+        except IdemlogError as exc:
+            self._forget(tp, exc)
+            return FailedHandle(exc)
+        handle = _StreamHandle(inner)
+        handles[:] = [h for h in handles if not h.inner.done()]
+        handles.append(handle)
+        return handle
+
+    def _forget(self, tp: TopicPartition, error: IdemlogError) -> None:
+        with self._lock:
+            entry = self._streams.pop(tp, None)
+        if entry is not None:
+            for handle in entry[1]:
+                if handle.error is None:
+                    handle.error = error
+            # Closing waits for the broker's status; never block the sender on it.
+            threading.Thread(target=_close_stream, args=(entry[0],), daemon=True).start()
+        if isinstance(error, NetworkError):
+            with contextlib.suppress(IdemlogError):
+                address = self.client.leader(tp.topic, tp.partition).address
+                self.client.reset_connection(address)  # a fresh channel, no gRPC backoff
+        if isinstance(error, (NotLeaderOrFollowerError, UnknownTopicOrPartitionError)):
+            with contextlib.suppress(IdemlogError):
+                self.client.refresh_metadata()
+
+    def reset(self, tp: TopicPartition, error: IdemlogError) -> None:
+        self._forget(tp, error)
+
+    def init_producer_id(
+        self, transactional_id: str | None, transaction_timeout_ms: int | None
+    ) -> tuple[int, int]:
+        return self.client.init_producer_id(transactional_id, transaction_timeout_ms)
+
+    def add_partitions_to_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, tps: Sequence[TopicPartition]
+    ) -> None:
+        self.client.add_partitions_to_txn(
+            transactional_id, producer_id, epoch, [(tp.topic, tp.partition) for tp in tps]
+        )
+
+    def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
+        self.client.end_txn(transactional_id, producer_id, epoch, commit)
+
+    def close(self) -> None:
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream, _handles in streams:
+            _close_stream(stream)
+        if self._owns_client:
+            self.client.close()
+
+
+def _close_stream(stream: ProduceStream) -> None:
+    # A stream that already broke has nothing left to release.
+    with contextlib.suppress(Exception):
+        stream.close(timeout=5)

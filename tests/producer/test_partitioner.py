@@ -1,0 +1,92 @@
+"""The partitioner: same key -> same partition, spread, vectorised grouping."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from broker_core.errors import InvalidRequestError
+from spark_sink.producer.partitioner import (
+    HASH_KEY,
+    Partitioner,
+    group_by_partition,
+    hash_keys,
+    partitions_for_keys,
+)
+
+
+def test_same_key_same_partition_across_batches_and_widths() -> None:
+    a = partitions_for_keys(pa.array([5, 7, 9, 5], pa.int64()), 8)
+    b = partitions_for_keys(pa.array([9, 5], pa.int32()), 8)
+    c = partitions_for_keys(pa.chunked_array([[7], [5, None]], pa.int16()), 8)
+    assert a[0] == a[3] == b[1] == c[1] and a[2] == b[0] and a[1] == c[0]
+    s1 = partitions_for_keys(pa.array(["x", "y", "x"]), 5)
+    s2 = partitions_for_keys(pa.array(["y", "x"], pa.large_string()), 5)
+    s3 = partitions_for_keys(pa.array(["x", "y"]).dictionary_encode(), 5)
+    assert s1[0] == s1[2] == s2[1] == s3[0] and s1[1] == s2[0] == s3[1]
+
+
+def test_the_documented_hash() -> None:
+    keys = ["alice", "bob", "carol"]
+    expected = pd.util.hash_array(
+        np.array(keys, dtype=object), encoding="utf8", hash_key=HASH_KEY, categorize=False
+    )
+    assert list(hash_keys(pa.array(keys))) == list(expected)
+    ints = np.array([0, -1, 2**40], dtype=np.int64)
+    assert list(hash_keys(pa.array(ints))) == list(pd.util.hash_array(ints, categorize=False))
+    nulls = partitions_for_keys(pa.array([None, "a", None]), 7)
+    assert nulls[0] == nulls[2] == (2**64 - 1) % 7
+    zeros = partitions_for_keys(pa.array([0.0, -0.0]), 7)
+    assert zeros[0] == zeros[1]
+
+
+def test_keys_spread_over_partitions() -> None:
+    parts = partitions_for_keys(pa.array(np.arange(100_000)), 4)
+    counts = np.bincount(parts, minlength=4)
+    assert counts.min() > 0.9 * 25_000, counts
+    text = partitions_for_keys(pa.array([f"user-{i}" for i in range(20_000)]), 4)
+    assert np.bincount(text, minlength=4).min() > 0.9 * 5_000
+
+
+def test_grouping_is_stable_and_vectorised() -> None:
+    n = 1_000_000
+    ids = np.arange(n, dtype=np.int64)
+    data = pa.table({"id": ids, "key": ids % 1000})
+    started = time.perf_counter()
+    slices = Partitioner().split(data, "key", 4)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 2.0, f"{elapsed:.2f}s for a million rows: not vectorised"
+    assert sum(s.batch.num_rows for s in slices) == n
+    for s in slices:
+        got = s.batch.column("id").to_numpy()
+        assert np.all(np.diff(got) > 0), "rows of a partition keep their order"
+        parts = partitions_for_keys(s.batch.column("key"), 4)
+        assert set(parts.tolist()) == {s.partition}
+
+
+def test_round_robin_per_send_without_key() -> None:
+    p = Partitioner()
+    data = pa.table({"id": [1, 2, 3]})
+    assert [p.split(data, None, 3)[0].partition for _ in range(4)] == [0, 1, 2, 0]
+    rr = Partitioner("round_robin")
+    assert rr.split(pa.table({"k": [1, 2]}), "k", 2)[0].batch.num_rows == 2
+
+
+def test_bad_key_column() -> None:
+    with pytest.raises(InvalidRequestError, match="'nope' is not in the data"):
+        Partitioner().split(pa.table({"id": [1]}), "nope", 2)
+    with pytest.raises(InvalidRequestError, match="cannot be hashed"):
+        partitions_for_keys(pa.array([[1], [2]]), 2)
+
+
+def test_group_by_partition_empty_partitions() -> None:
+    data = pa.table({"id": [1, 2, 3]})
+    slices = group_by_partition(data, np.array([2, 2, 0]), 4)
+    assert [(s.partition, s.batch.column("id").to_pylist()) for s in slices] == [
+        (0, [3]),
+        (2, [1, 2]),
+    ]

@@ -1,0 +1,91 @@
+"""The Producer facade over a transport that answers at once (no broker, real threads)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from broker_core.errors import ErrorCode, InvalidTxnStateError
+from spark_sink.producer import Producer, TxnState
+from spark_sink.producer.producer_batch import TopicPartition
+from tests.producer.conftest import FakeHandle, FakeTransport, table
+
+
+class AutoTransport(FakeTransport):
+    """Answers every batch at once: success, or the next scripted error code."""
+
+    def __init__(self, partitions: int = 2) -> None:
+        super().__init__(partitions=partitions)
+        self.errors: list[int] = []
+        self.offsets: dict[TopicPartition, int] = {}
+
+    def send(
+        self,
+        tp: TopicPartition,
+        batch: pa.RecordBatch,
+        *,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        transactional: bool,
+    ) -> FakeHandle:
+        handle = super().send(
+            tp,
+            batch,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            transactional=transactional,
+        )
+        sent = self.sent[-1]
+        if self.errors:
+            sent.error(self.errors.pop(0))
+        else:
+            base = self.offsets.get(tp, 0)
+            self.offsets[tp] = base + sent.rows
+            sent.ok(base)
+        return handle
+
+
+def test_send_pandas_and_arrow_resolves_offsets() -> None:
+    transport = AutoTransport()
+    with Producer(transport=transport, linger_ms=0) as producer:
+        f1 = producer.send("t", pd.DataFrame({"id": range(10), "key": [1, 2] * 5}), key="key")
+        f2 = producer.send("t", table(4).to_batches()[0])  # round-robin, no key
+        producer.flush()
+        parts = f1.result(5)
+        assert sorted(m.partition for m in parts) == [0, 1]
+        assert sum(m.num_rows for m in parts) == 10
+        (whole,) = f2.result(5)
+        assert whole.num_rows == 4
+        assert producer.metrics_snapshot()["records_sent"] == 14
+
+
+def test_failed_transaction_is_aborted_and_the_epoch_bumped() -> None:
+    transport = AutoTransport(partitions=1)
+    transport.pids = [(5, 0), (5, 1)]
+    producer = Producer(transport=transport, linger_ms=0, transactional_id="tx")
+    producer.init_transactions()
+    with pytest.raises(InvalidTxnStateError, match="not allowed in state READY"):
+        producer.send("t", table(3))
+    producer.begin_transaction()
+    transport.errors = [ErrorCode.MESSAGE_TOO_LARGE.code]
+    failed = producer.send("t", table(3))
+    with pytest.raises(InvalidTxnStateError, match="MESSAGE_TOO_LARGE"):
+        producer.commit_transaction()
+    with pytest.raises(Exception, match="MESSAGE_TOO_LARGE"):
+        failed.result(5)
+    assert producer.txn.state is TxnState.ABORTABLE_ERROR
+    producer.abort_transaction()
+    assert producer.producer_id_and_epoch == (5, 1)
+    assert transport.init_calls == ["tx", "tx"]
+    producer.begin_transaction()
+    ok = producer.send("t", table(3))
+    producer.commit_transaction()
+    assert ok.result(5)[0].num_rows == 3
+    last = transport.sent[-1]
+    assert (last.producer_epoch, last.base_sequence) == (1, 0), "sequences restart at 0"
+    assert transport.added == [[TopicPartition("t", 0)], [TopicPartition("t", 0)]]
+    assert transport.ended == [True]
+    producer.close()
