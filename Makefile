@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test lint typecheck unit bench-store bench-broker clean
+.PHONY: setup demo test lint typecheck unit bench-store bench-broker bench-producer clean
 
 setup: $(STAMP) $(ZK_SERVER)
 
@@ -43,6 +43,11 @@ bench-store: setup
 
 bench-broker: setup
 	$(PY) -m benchmarks.bench_broker
+
+# 20M rows through the producer vs the same batches over a bare Flight client (ROWS=...).
+ROWS ?= 20000000
+bench-producer: setup
+	$(PY) -m benchmarks.bench_producer --rows $(ROWS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -190,21 +190,29 @@ class ProduceStream:
                 if buf is None:
                     break
                 response = ProduceResponse.decode(buf)
+                corr = response.correlation_id
+                # Answers come in send order, so an answer for a later correlation id
+                # means the earlier ones were lost (request or answer dropped on the
+                # way): they fail retriably (the retry is deduplicated by the broker).
+                # An answer nobody waits for (late, after its batch was given up) is
+                # ignored: its batch already failed retriably.
                 with self._lock:
-                    handle = self._pending.popleft() if self._pending else None
+                    lost: list[ProduceHandle] = []
+                    while self._pending and self._pending[0].correlation_id < corr:
+                        lost.append(self._pending.popleft())
+                    handle = None
+                    if self._pending and self._pending[0].correlation_id == corr:
+                        handle = self._pending.popleft()
+                for skipped in lost:
+                    skipped._fail(
+                        NetworkError(
+                            f"{self.what}: no answer for correlation id "
+                            f"{skipped.correlation_id} (the answer for {corr} came first)"
+                        )
+                    )
                 if handle is None:
-                    raise InvalidRequestError(
-                        f"{self.what}: response for correlation id "
-                        f"{response.correlation_id} with no batch waiting"
-                    )
-                if response.correlation_id != handle.correlation_id:
-                    # Answers come in send order; anything else means the stream is broken.
-                    error = InvalidRequestError(
-                        f"{self.what}: response for correlation id {response.correlation_id} "
-                        f"where {handle.correlation_id} was expected"
-                    )
-                    handle._fail(error)
-                    raise error
+                    log.warning("%s: ignored an answer for correlation id %d", self.what, corr)
+                    continue
                 handle._complete(response)
         except Exception as exc:
             self._end_call(typed_flight_error(exc, self.what))

@@ -331,6 +331,8 @@ class Sender:
             return True  # drained only to be failed
         if self.config.enable_idempotence and not txn.has_producer_id:
             return False
+        if any(handle.done() for _b, handle in self.in_flight.get(tp, ())):
+            return False  # answers (or a reset) to handle first: never send past them
         state = txn.partition(tp)
         if txn.bump_requested:
             return head.has_sequence and head.written is Written.MAYBE and state.in_flight == 0

@@ -128,12 +128,15 @@ class FlightTransport:
         base_sequence: int,
         transactional: bool,
     ) -> SendHandle:
+        with self._lock:
+            entry = self._streams.get(tp)
+        failure = entry[0].failure if entry is not None else None
+        if failure is not None:
+            # The stream broke and the sender may not have seen its failed batches yet:
+            # a fresh stream now could put this batch on the wire ahead of their retries.
+            self._forget(tp, failure)
+            return FailedHandle(failure)
         try:
-            with self._lock:
-                entry = self._streams.get(tp)
-                if entry is not None and entry[0].failure is not None:
-                    self._streams.pop(tp)
-                    entry = None
             if entry is None:
                 entry = (self.client.produce_stream(tp.topic, tp.partition), [])
                 with self._lock:
