@@ -48,10 +48,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from benchmarks.data import SCHEMA, distinct_batches
 from broker_core.cli_broker import keep_large_buffers
 from broker_core.client import BrokerClient
 from broker_core.produce_stream import ProduceHandle, ProduceStream
@@ -66,28 +66,10 @@ MAX_CONNECTIONS = 4
 TOPIC = "bench"
 MB = 1e6
 TARGET_RATIO = 0.7
-SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.int32()), ("value", pa.string())])
 
 
 def build_batches() -> list[pa.RecordBatch]:
-    rng = np.random.default_rng(11)
-    offsets = pa.py_buffer(
-        np.arange(0, (ROWS_PER_BATCH + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
-    )
-    batches = []
-    for i in range(DISTINCT_BATCHES):
-        ids = np.arange(i * ROWS_PER_BATCH, (i + 1) * ROWS_PER_BATCH, dtype=np.int64)
-        values = pa.StringArray.from_buffers(
-            ROWS_PER_BATCH,
-            offsets,
-            pa.py_buffer(rng.integers(97, 123, ROWS_PER_BATCH * VALUE_BYTES, dtype=np.uint8)),
-        )
-        batches.append(
-            pa.RecordBatch.from_arrays(
-                [pa.array(ids), pa.array((ids % 1009).astype(np.int32)), values], schema=SCHEMA
-            )
-        )
-    return batches
+    return distinct_batches(DISTINCT_BATCHES, ROWS_PER_BATCH, VALUE_BYTES, seed=11)
 
 
 # -- the transport ceiling: a Flight server that answers and discards ---------------------

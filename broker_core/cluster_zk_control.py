@@ -27,6 +27,7 @@ import json
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
@@ -59,7 +60,7 @@ class ZkTask(Enum):
     TOPICS = 4
 
 
-class ZkControl:
+class ZkControl(ABC):
     """Connection state, the worker and the election; ZkCluster adds the rest."""
 
     def __init__(
@@ -114,9 +115,9 @@ class ZkControl:
         with self._lock:
             return self._controller_epoch
 
+    @abstractmethod
     def _run_task(self, task: ZkTask) -> None:
         """One background task other than the election (REGISTER, BROKERS, TOPICS)."""
-        raise NotImplementedError
 
     # -- connection state: kazoo's connection thread, must not block ---------------------------
 
