@@ -15,25 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.exceptions import (
-    ConnectionClosedError,
-    ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
-    OperationTimeoutError,
-    SessionExpiredError,
 )
 
 from broker_core.errors import IdemlogError, RequestTimedOutError, UnknownServerError
+from broker_core.zk_errors import ZK_UNAVAILABLE
 
 log = logging.getLogger("idemlog.cluster")
 
-CONNECTION_ERRORS = (
-    ConnectionLoss,
-    SessionExpiredError,
-    ConnectionClosedError,
-    OperationTimeoutError,
-)
+CONNECTION_ERRORS = ZK_UNAVAILABLE
 
 
 class ZkUnavailable(Exception):

@@ -13,13 +13,9 @@ from typing import Any
 
 from kazoo.exceptions import (
     BadVersionError,
-    ConnectionClosedError,
-    ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
-    OperationTimeoutError,
-    SessionExpiredError,
 )
 from kazoo.protocol.states import KazooState
 
@@ -32,6 +28,7 @@ from broker_core.pid_block import (
     check_broker_id,
     next_block_after,
 )
+from broker_core.zk_errors import ZK_UNAVAILABLE
 
 log = logging.getLogger("idemlog.pid")
 
@@ -240,12 +237,7 @@ class ZkProducerIdBlockSource:
         timeout = max(0.0, min(self._request_timeout_s, deadline - time.monotonic()))
         try:
             return request().get(timeout=timeout)
-        except (
-            ConnectionLoss,
-            SessionExpiredError,
-            ConnectionClosedError,
-            OperationTimeoutError,
-        ) as exc:
+        except ZK_UNAVAILABLE as exc:
             raise _Unavailable(type(exc).__name__) from exc
         except KazooException:
             raise  # conflicts (handled by the caller) and real errors such as NoAuth

@@ -29,12 +29,8 @@ from urllib.parse import quote
 import pyarrow as pa
 from kazoo.exceptions import (
     BadVersionError,
-    ConnectionClosedError,
-    ConnectionLoss,
     NodeExistsError,
     NoNodeError,
-    OperationTimeoutError,
-    SessionExpiredError,
 )
 from kazoo.protocol.states import KazooState
 
@@ -48,6 +44,7 @@ from broker_core.errors import (
 from broker_core.partition_log import IsolationLevel, PartitionLog
 from broker_core.store import LogStore
 from broker_core.txn_state import SinkCommitRecord, TransactionMetadata
+from broker_core.zk_errors import ZK_UNAVAILABLE
 
 log = logging.getLogger("idemlog.txn")
 
@@ -169,7 +166,7 @@ def _check_key(stored: str, key: str, where: str) -> None:
 
 # ZooKeeper's default jute.maxbuffer is 1 MiB per request; stay clear of it.
 MAX_ZNODE_BYTES = 1_000_000
-_UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
+_UNAVAILABLE = ZK_UNAVAILABLE
 _CONFLICT = (BadVersionError, NodeExistsError, NoNodeError)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
 import numpy as np
@@ -17,6 +17,14 @@ from spark_sink.producer import Producer, SendResult
 from tests.harness.broker import BrokerFactory, BrokerProcess
 
 FAST = {"linger.ms": 2, "retry.backoff.ms": 20}
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Poll ``condition`` (state of another thread or process) until true or the deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        time.sleep(0.01)
 
 
 def keyed(n: int, start: int, keys: int = 500) -> pa.Table:
@@ -148,9 +156,13 @@ def test_broker_sigkill_mid_stream_then_restart(
     try:
         assert acked.wait(30)
         assert broker.kill() == -9
-        time.sleep(0.3)  # the producer keeps sending into a dead broker meanwhile
+        # The producer keeps sending into the dead broker until its sends start failing.
+        errors_before = producer.metrics.retries + producer.metrics.batch_errors
+        _wait_for(lambda: producer.metrics.retries + producer.metrics.batch_errors > errors_before)
         broker.restart()
-        time.sleep(0.5)
+        # ... and resumes: acknowledgements flow again from the restarted broker.
+        acked_before = producer.metrics.records_sent
+        _wait_for(lambda: producer.metrics.records_sent > acked_before + 10_000)
     finally:
         stop.set()
         thread.join(30)
