@@ -43,6 +43,7 @@ from broker_core.protocol import (
     Action,
     FetchBatchMeta,
     FetchTrailer,
+    SinkTxnStatus,
     decode_fetch_meta,
     encode_json,
 )
@@ -414,6 +415,31 @@ class BrokerClient:
         else:
             doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
         return int(doc["producer_id"]), int(doc["producer_epoch"])
+
+    def init_sink_producer(
+        self, transactional_id: str, transaction_timeout_ms: int | None, batch_id: int
+    ) -> tuple[int, int, SinkTxnStatus]:
+        """InitProducerId for an attempt of a Spark task (DESIGN §6): (producer id, epoch,
+        whether an earlier attempt's transaction of ``batch_id`` is reused)."""
+        body: dict[str, Any] = {"transactional_id": transactional_id, "sink_batch_id": batch_id}
+        if transaction_timeout_ms is not None:
+            body["transaction_timeout_ms"] = transaction_timeout_ms
+        doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
+        status = SinkTxnStatus(doc["sink_status"])
+        return int(doc["producer_id"]), int(doc["producer_epoch"]), status
+
+    def prepare_sink_txn(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, batch_id: int
+    ) -> None:
+        self._coordinator_action(
+            Action.PREPARE_SINK_TXN,
+            {
+                "transactional_id": transactional_id,
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+                "batch_id": batch_id,
+            },
+        )
 
     def add_partitions_to_txn(
         self,

@@ -14,8 +14,10 @@ list_offsets           {topic, partition} -> {log_start_offset, log_end_offset,
 metadata               {topics?: [..]} -> {brokers: [{broker_id, host, port}],
                        controller: id|null, topics: {name: [leader per partition]}}
 find_coordinator       {transactional_id?} -> {broker_id, host, port}
-init_producer_id       {transactional_id?, transaction_timeout_ms?} -> {producer_id,
-                       producer_epoch}
+init_producer_id       {transactional_id?, transaction_timeout_ms?, sink_batch_id?} ->
+                       {producer_id, producer_epoch, sink_status?: new|prepared|committed}
+                       (sink_batch_id: an attempt of a Spark task, DESIGN §6)
+prepare_sink_txn       {transactional_id, producer_id, producer_epoch, batch_id} -> {}
 add_partitions_to_txn  {transactional_id, producer_id, producer_epoch, partitions:
                        [[topic, partition], ..]} -> {}
 end_txn                {transactional_id, producer_id, producer_epoch, commit} -> {}
@@ -124,6 +126,7 @@ class ActionHandlers:
             Action.INIT_PRODUCER_ID: self.init_producer_id,
             Action.ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
             Action.END_TXN: self.end_txn,
+            Action.PREPARE_SINK_TXN: self.prepare_sink_txn,
             Action.WRITE_TXN_MARKERS: self.write_txn_markers,
             Action.COMMIT_SINK_BATCH: self.commit_sink_batch,
             Action.ABORT_SINK_BATCH: self.abort_sink_batch,
@@ -255,7 +258,10 @@ class ActionHandlers:
         what = "init_producer_id"
         txn_id = field(body, "transactional_id", str, what, None)
         timeout_ms = field(body, "transaction_timeout_ms", int, what, None)
+        sink_batch_id = field(body, "sink_batch_id", int, what, None)
         if txn_id is None:
+            if sink_batch_id is not None:
+                raise InvalidRequestError(f"{what}: field 'sink_batch_id' needs a transactional_id")
             if timeout_ms is not None:
                 raise InvalidRequestError(
                     f"{what}: field 'transaction_timeout_ms' needs a transactional_id"
@@ -265,8 +271,20 @@ class ActionHandlers:
             return {"producer_id": pids.generate_producer_id(), "producer_epoch": 0}
         if not txn_id:
             raise InvalidRequestError(f"{what}: field 'transactional_id' must not be empty")
-        pid, epoch = self._broker.coordinator().init_producer_id(txn_id, timeout_ms)
+        coordinator = self._broker.coordinator()
+        if sink_batch_id is not None:
+            pid, epoch, status = coordinator.init_sink_producer(txn_id, timeout_ms, sink_batch_id)
+            return {"producer_id": pid, "producer_epoch": epoch, "sink_status": str(status)}
+        pid, epoch = coordinator.init_producer_id(txn_id, timeout_ms)
         return {"producer_id": pid, "producer_epoch": epoch}
+
+    def prepare_sink_txn(self, body: dict[str, Any]) -> dict[str, Any]:
+        what = "prepare_sink_txn"
+        txn_id = field(body, "transactional_id", str, what)
+        pid, epoch = _producer_fields(body, what)
+        batch_id = field(body, "batch_id", int, what)
+        self._broker.coordinator().prepare_sink_txn(txn_id, pid, epoch, batch_id)
+        return {}
 
     def add_partitions_to_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         what = "add_partitions_to_txn"

@@ -59,11 +59,20 @@ class Action(StrEnum):
     INIT_PRODUCER_ID = "init_producer_id"  # {transactional_id?, transaction_timeout_ms?}
     ADD_PARTITIONS_TO_TXN = "add_partitions_to_txn"  # {transactional_id, producer_id, ...}
     END_TXN = "end_txn"  # {transactional_id, producer_id, producer_epoch, commit}
+    PREPARE_SINK_TXN = "prepare_sink_txn"  # {transactional_id, producer_id, .., batch_id}
     WRITE_TXN_MARKERS = "write_txn_markers"  # broker to broker: markers for its partitions
     COMMIT_SINK_BATCH = "commit_sink_batch"  # {sink_id, batch_id, transactions: [..]}
     ABORT_SINK_BATCH = "abort_sink_batch"  # {sink_id, batch_id, transactions: [..]}
     METRICS = "metrics"  # {} -> metrics document
     PING = "ping"  # {} -> {broker_id, version}
+
+
+class SinkTxnStatus(StrEnum):
+    """What InitProducerId found for an attempt of a Spark task (``init_sink_producer``)."""
+
+    NEW = "new"  # fresh epoch, nothing of this batch held: write the rows
+    PREPARED = "prepared"  # an earlier attempt holds all rows, still open: reuse it
+    COMMITTED = "committed"  # an earlier attempt's rows are committed already: write nothing
 
 
 # -- errors over Flight --------------------------------------------------------------------

@@ -31,6 +31,7 @@ from broker_core.errors import (
     IdemlogError,
     InvalidTxnStateError,
 )
+from broker_core.protocol import SinkTxnStatus
 from broker_core.txn_core import Claims, CoordinatorStatus, ProducerIdSource, TxnCoordinatorCore
 from broker_core.txn_inputs import (
     check_batch_id,
@@ -121,44 +122,75 @@ class TransactionCoordinator(TxnCoordinatorCore):
         )
         with self._claims() as claims:
             claims.txn(tid)
+            return self._init_locked(claims, tid, timeout)
+
+    def init_sink_producer(
+        self, transactional_id: str, transaction_timeout_ms: int | None, batch_id: int
+    ) -> tuple[int, int, SinkTxnStatus]:
+        """InitProducerId for one attempt of a Spark task writing ``batch_id`` (DESIGN §6).
+
+        If the id's transaction already holds this batch's rows in full (an earlier attempt
+        prepared it), it is kept: PREPARED (still open, the caller returns it for the
+        driver to commit) or COMMITTED (the driver committed it already). Anything else
+        is fenced and aborted as :meth:`init_producer_id` does (NEW).
+        """
+        self._check_running()
+        tid = check_transactional_id(transactional_id)
+        bid = check_batch_id(batch_id)
+        timeout = check_timeout(
+            transaction_timeout_ms, self.default_timeout_ms, self.max_timeout_ms
+        )
+        with self._claims() as claims:
+            claims.txn(tid)
             meta = self._settle(claims, tid)
-            if meta is None:
-                producer_id = self._pids.generate_producer_id()
-                now = self._clock()
-                self._persist(
-                    TransactionMetadata(
-                        tid, producer_id, 0, timeout, _S.EMPTY, set(), NO_TXN_START, now
-                    )
+            if meta is not None and meta.sink_batch == bid:
+                if meta.state in (_S.ONGOING, _S.EMPTY):
+                    self._count("sink_attempts_reused")
+                    return meta.producer_id, meta.producer_epoch, SinkTxnStatus.PREPARED
+                if meta.state is _S.COMPLETE_COMMIT:
+                    return meta.producer_id, meta.producer_epoch, SinkTxnStatus.COMMITTED
+            pid, epoch = self._init_locked(claims, tid, timeout)
+            return pid, epoch, SinkTxnStatus.NEW
+
+    def _init_locked(self, claims: Claims, tid: str, timeout: int) -> tuple[int, int]:
+        meta = self._settle(claims, tid)
+        if meta is None:
+            producer_id = self._pids.generate_producer_id()
+            now = self._clock()
+            self._persist(
+                TransactionMetadata(
+                    tid, producer_id, 0, timeout, _S.EMPTY, set(), NO_TXN_START, now
                 )
-                log.info("%s %r: new producer id %d", _TXN, tid, producer_id)
-                return producer_id, 0
-            if meta.state is _S.ONGOING:
-                # The bump itself fences: the ABORT markers carry it, so the partitions
-                # reject the older holder's appends, and it becomes the new holder's epoch.
-                meta = self._end(meta, commit=False, epoch=meta.producer_epoch + 1)
-                self._count("transactions_fenced")
-                epoch = meta.producer_epoch
-            else:
-                epoch = meta.producer_epoch + 1
-            new = meta.copy()
-            new.timeout_ms = timeout
-            new.transition(_S.EMPTY, self._clock())
-            if epoch > MAX_CLIENT_EPOCH:
-                new.previous_producer_id = meta.producer_id
-                new.producer_id = self._pids.generate_producer_id()
-                new.producer_epoch = 0
-                self._count("producer_id_rotations")
-                log.info(
-                    "%s %r: epochs of producer id %d exhausted, new producer id %d",
-                    _TXN,
-                    tid,
-                    meta.producer_id,
-                    new.producer_id,
-                )
-            else:
-                new.producer_epoch = epoch
-            self._persist(new)
-            return new.producer_id, new.producer_epoch
+            )
+            log.info("%s %r: new producer id %d", _TXN, tid, producer_id)
+            return producer_id, 0
+        if meta.state is _S.ONGOING:
+            # The bump itself fences: the ABORT markers carry it, so the partitions
+            # reject the older holder's appends, and it becomes the new holder's epoch.
+            meta = self._end(meta, commit=False, epoch=meta.producer_epoch + 1)
+            self._count("transactions_fenced")
+            epoch = meta.producer_epoch
+        else:
+            epoch = meta.producer_epoch + 1
+        new = meta.copy()
+        new.timeout_ms = timeout
+        new.transition(_S.EMPTY, self._clock())
+        if epoch > MAX_CLIENT_EPOCH:
+            new.previous_producer_id = meta.producer_id
+            new.producer_id = self._pids.generate_producer_id()
+            new.producer_epoch = 0
+            self._count("producer_id_rotations")
+            log.info(
+                "%s %r: epochs of producer id %d exhausted, new producer id %d",
+                _TXN,
+                tid,
+                meta.producer_id,
+                new.producer_id,
+            )
+        else:
+            new.producer_epoch = epoch
+        self._persist(new)
+        return new.producer_id, new.producer_epoch
 
     # -- transactions --------------------------------------------------------------------
     def add_partitions(
@@ -215,6 +247,34 @@ class TransactionCoordinator(TxnCoordinatorCore):
                 raise InvalidTxnStateError(
                     f"{_TXN} {tid!r}: cannot {decision}, the transaction is {state.name}"
                 )
+
+    def prepare_sink_txn(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, batch_id: int
+    ) -> None:
+        """Mark the producer's transaction as holding all of a task's rows of ``batch_id``.
+
+        Called by the task after its last batch was acknowledged; from then on another
+        attempt of the task reuses the transaction (:meth:`init_sink_producer`).
+        """
+        self._check_running()
+        tid = check_transactional_id(transactional_id)
+        check_producer(producer_id, producer_epoch)
+        bid = check_batch_id(batch_id)
+        with self._claims() as claims:
+            claims.txn(tid)
+            self._require(tid, producer_id, producer_epoch)
+            meta = self._settled(claims, tid)
+            if meta.state not in (_S.ONGOING, _S.EMPTY):
+                raise InvalidTxnStateError(
+                    f"{_TXN} {tid!r}: cannot prepare batch {bid}, the transaction is "
+                    f"{meta.state.name}"
+                )
+            if meta.sink_batch == bid:
+                return  # a retried request
+            new = meta.copy()
+            new.sink_batch = bid
+            new.last_update_ms = self._clock()
+            self._persist(new)
 
     # -- sinks (DESIGN §6) ----------------------------------------------------------------
     def commit_sink_batch(

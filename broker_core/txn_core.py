@@ -143,6 +143,7 @@ class TxnCoordinatorCore:
                 "producer_id_rotations",
                 "sink_batches_committed",
                 "sink_batches_repeated",
+                "sink_attempts_reused",
                 "marker_retries",
             ),
             0,

@@ -20,6 +20,7 @@ from broker_core.record_batch import MAX_PRODUCER_EPOCH, NO_PRODUCER_ID
 
 RECORD_VERSION = 1
 NO_TXN_START = -1  # txn_start_ms of a transactional id with no transaction begun yet
+NO_SINK_BATCH = -1  # sink_batch of a transaction no Spark task has prepared
 # The highest epoch handed to a producer. One more bump (to MAX_PRODUCER_EPOCH) stays
 # available so the coordinator can always fence the holder of the last epoch; past this a
 # new producer id is issued instead (Kafka's rule).
@@ -78,6 +79,10 @@ class TransactionMetadata:
     # The producer id this transactional id had before its epochs ran out, so the holder
     # of the old id is told it is fenced rather than that the id is unknown.
     previous_producer_id: int = NO_PRODUCER_ID
+    # The Spark batch whose task rows this transaction holds in full (prepare_sink_txn).
+    # A later attempt of the same task reuses it instead of fencing it (DESIGN §6), so a
+    # speculative twin or a retry after a late failure never aborts a finished attempt.
+    sink_batch: int = NO_SINK_BATCH
 
     def transition(self, new: TransactionState, now_ms: int) -> None:
         """Move to ``new``, or raise :class:`InvalidTxnStateError` naming both states."""
@@ -92,6 +97,8 @@ class TransactionMetadata:
             self.partitions = set()
         if new in _PARTITIONS_CLEARED:
             self.partitions = set()
+        if new is _S.EMPTY or (new is _S.ONGOING and old is not _S.ONGOING):
+            self.sink_batch = NO_SINK_BATCH  # a new epoch or transaction holds no batch yet
         self.state = new
         self.last_update_ms = now_ms
 
@@ -113,6 +120,7 @@ class TransactionMetadata:
             "partitions": [[t, p] for t, p in self.sorted_partitions()],
             "txn_start_ms": self.txn_start_ms,
             "last_update_ms": self.last_update_ms,
+            "sink_batch": self.sink_batch,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -133,6 +141,10 @@ class TransactionMetadata:
             txn_start_ms=_get(doc, "txn_start_ms", int, where),
             last_update_ms=_get(doc, "last_update_ms", int, where),
             previous_producer_id=_get(doc, "previous_producer_id", int, where),
+            # Absent in records written before sinks prepared transactions.
+            sink_batch=_get(doc, "sink_batch", int, where)
+            if "sink_batch" in doc
+            else NO_SINK_BATCH,
         )
 
 

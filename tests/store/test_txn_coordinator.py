@@ -31,6 +31,7 @@ from broker_core.errors import (
     UnknownServerError,
 )
 from broker_core.pid_manager import FileProducerIdBlockSource, ProducerIdManager
+from broker_core.protocol import SinkTxnStatus
 from broker_core.record_batch import MAX_PRODUCER_EPOCH, ControlType
 from broker_core.store import LogStore
 from broker_core.txn_coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
@@ -391,6 +392,48 @@ def test_sink_commit_with_a_fenced_transaction_records_nothing(broker: Broker) -
     assert c.commit_sink_batch("q3", 1, [retry.txn, txns[1]]) is True
     assert broker.committed(P0) == list(range(60, 65))
     assert broker.committed(P1) == list(range(5, 10))
+
+
+def test_a_prepared_sink_attempt_is_reused_not_fenced(broker: Broker) -> None:
+    """DESIGN §6 with speculation: a later attempt of a finished task keeps its work."""
+    c = broker.coordinator
+    first = Producer(broker, "q4/0")
+    first.producer_id, first.epoch, status = c.init_sink_producer("q4/0", None, 7)
+    assert status is SinkTxnStatus.NEW
+    first.send(P0, range(0, 5))
+    # Not prepared yet: a twin fences it (its transaction aborted, its appends refused).
+    twin = Producer(broker, "q4/0")
+    twin.producer_id, twin.epoch, status = c.init_sink_producer("q4/0", None, 7)
+    assert status is SinkTxnStatus.NEW and twin.epoch == first.epoch + 1
+    with pytest.raises(ProducerFencedError):
+        c.prepare_sink_txn(*first.txn, 7)
+    twin.send(P0, range(10, 15))
+    c.prepare_sink_txn(*twin.txn, 7)
+    c.prepare_sink_txn(*twin.txn, 7)  # a retried request
+    # Prepared: a later attempt of the same batch reuses it and writes nothing.
+    pid, epoch, status = c.init_sink_producer("q4/0", None, 7)
+    assert (pid, epoch, status) == (twin.producer_id, twin.epoch, SinkTxnStatus.PREPARED)
+    assert c.describe()["sink_attempts_reused"] == 1
+    assert c.commit_sink_batch("q4", 7, [twin.txn]) is True
+    pid, epoch, status = c.init_sink_producer("q4/0", None, 7)  # the batch re-run
+    assert status is SinkTxnStatus.COMMITTED and (pid, epoch) == twin.txn[1:]
+    assert broker.committed(P0) == list(range(10, 15)) and broker.stable(P0)
+    # The next batch starts afresh under a new epoch.
+    pid, epoch, status = c.init_sink_producer("q4/0", None, 8)
+    assert status is SinkTxnStatus.NEW and epoch == twin.epoch + 1
+    assert broker.stored("q4/0").sink_batch == -1
+
+
+def test_an_aborted_prepared_attempt_is_written_again(broker: Broker) -> None:
+    c = broker.coordinator
+    p = Producer(broker, "q5/0")
+    p.producer_id, p.epoch, _ = c.init_sink_producer("q5/0", None, 1)
+    p.send(P0, range(0, 5))
+    c.prepare_sink_txn(*p.txn, 1)
+    c.abort_sink_batch("q5", 1, [p.txn])
+    _, epoch, status = c.init_sink_producer("q5/0", None, 1)
+    assert status is SinkTxnStatus.NEW and epoch == p.epoch + 1
+    assert broker.committed(P0) == [] and broker.stable(P0)
 
 
 # -- a coordinator dying half-way -------------------------------------------------------------
