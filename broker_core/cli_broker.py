@@ -1,6 +1,6 @@
 """``idemlog`` commands that run a broker or talk to one (``broker_core.cli`` wires them).
 
-idemlog broker start --config FILE [--override key=value ...]
+idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
 idemlog topics create|describe|delete --bootstrap host:port ...
 idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginning]
 idemlog metrics --bootstrap host:port [--json]
@@ -76,6 +76,11 @@ def broker_start(args: argparse.Namespace) -> int:
     info = broker.start()
     # The line a supervisor (or the test harness) waits for: the address actually bound.
     print(f"LISTENING {info.host}:{info.port}", flush=True)
+    if args.ready_fd is not None:
+        # A launcher waiting on a pipe reads the address, then EOF; EOF alone means the
+        # broker died before serving (no output parsing, no polling).
+        os.write(args.ready_fd, f"{info.host}:{info.port}\n".encode())
+        os.close(args.ready_fd)
     stop.wait()
     broker.close()
     print("STOPPED", flush=True)
@@ -199,6 +204,14 @@ def add_commands(sub: Any) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="set a broker key, over the file (repeatable)",
+    )
+    start.add_argument(
+        "--ready-fd",
+        type=int,
+        metavar="N",
+        help="once serving, also write host:port and a newline to this inherited file "
+        "descriptor and close it, so a launcher can wait on a pipe: EOF without an "
+        "address means the broker died before serving",
     )
     start.set_defaults(func=broker_start)
 
