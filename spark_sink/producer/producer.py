@@ -32,6 +32,7 @@ from broker_core.errors import (
     InvalidTxnStateError,
     ProducerFencedError,
 )
+from broker_core.protocol import SinkTxnStatus
 
 from .config import ProducerConfig
 from .errors import ProducerClosedError, TransactionAbortedError
@@ -190,19 +191,43 @@ class Producer:
                 log.info("%s: %s; retrying", what, exc)
                 time.sleep(backoff)  # backoff between retries of a retriable error
 
-    def _init_producer_id(self, transactional_id: str | None) -> None:
+    def _init_producer_id(
+        self, transactional_id: str | None, sink_batch_id: int | None = None
+    ) -> SinkTxnStatus:
         timeout = self.config.transaction_timeout_ms if transactional_id is not None else None
-        pid, epoch = self._blocking_call(
-            "InitProducerId", lambda: self.transport.init_producer_id(transactional_id, timeout)
-        )
+        status = SinkTxnStatus.NEW
+        if sink_batch_id is not None:
+            assert transactional_id is not None
+            pid, epoch, status = self._blocking_call(
+                "InitProducerId",
+                lambda: self.transport.init_sink_producer(transactional_id, timeout, sink_batch_id),
+            )
+        else:
+            pid, epoch = self._blocking_call(
+                "InitProducerId", lambda: self.transport.init_producer_id(transactional_id, timeout)
+            )
         self.txn.set_producer_id(pid, epoch)
         for batch in self.accumulator.queued():
             batch.reset_sequence()
+        return status
 
     def init_transactions(self, transactional_id: str | None = None) -> None:
         """Get the producer id and epoch of ``transactional_id`` (default: the
         transactional.id config). Fences every older producer of that id and aborts what
         it left open."""
+        self._initialize(transactional_id, None)
+
+    def init_sink_transaction(
+        self, batch_id: int, transactional_id: str | None = None
+    ) -> SinkTxnStatus:
+        """``init_transactions`` for one attempt of a Spark task writing ``batch_id``
+        (DESIGN §6). NEW: older attempts are fenced, write the rows in a transaction and
+        :meth:`prepare_sink_transaction` it. PREPARED / COMMITTED: an earlier attempt's
+        transaction already holds all of this task's rows (open / committed); this
+        producer then holds that transaction's id and epoch and must write nothing."""
+        return self._initialize(transactional_id, batch_id)
+
+    def _initialize(self, transactional_id: str | None, sink_batch_id: int | None) -> SinkTxnStatus:
         tid = transactional_id or self.config.transactional_id
         if tid is None:
             raise InvalidConfigError(
@@ -217,7 +242,7 @@ class Producer:
         self.txn.transactional_id = tid
         self.txn.transition(TxnState.INITIALIZING)
         try:
-            self._init_producer_id(tid)
+            status = self._init_producer_id(tid, sink_batch_id)
         except ProducerFencedError as exc:
             self.txn.fail_fatal(exc)
             raise
@@ -225,6 +250,26 @@ class Producer:
             self.txn.state = TxnState.UNINITIALIZED  # nothing happened; may be called again
             raise
         self.txn.transition(TxnState.READY)
+        return status
+
+    def prepare_sink_transaction(self, batch_id: int) -> None:
+        """Flush, then tell the coordinator the open transaction holds all of this task's
+        rows of ``batch_id``; it stays open for the Spark driver's commit. Raises the
+        transaction's error if a batch failed."""
+        self._require_transactional()
+        self.txn.require(TxnState.IN_TRANSACTION, action="prepare_sink_transaction()")
+        self.flush(self.config.max_block_ms / 1000)
+        if self.txn.has_error:
+            raise self._txn_error()
+        tid, (pid, epoch) = self.txn.transactional_id, self.producer_id_and_epoch
+        assert tid is not None
+        try:
+            self._blocking_call(
+                "PrepareSinkTxn", lambda: self.transport.prepare_sink_txn(tid, pid, epoch, batch_id)
+            )
+        except ProducerFencedError as exc:
+            self.txn.fail_fatal(exc)
+            raise
 
     def begin_transaction(self) -> None:
         self.txn.require(TxnState.READY, action="begin_transaction()")

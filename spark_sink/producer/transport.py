@@ -24,7 +24,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.produce_stream import ProduceHandle, ProduceStream
-from broker_core.protocol import ProduceResponse
+from broker_core.protocol import ProduceResponse, SinkTxnStatus
 
 from .producer_batch import TopicPartition
 
@@ -60,6 +60,14 @@ class Transport(Protocol):
     def init_producer_id(
         self, transactional_id: str | None, transaction_timeout_ms: int | None
     ) -> tuple[int, int]: ...
+
+    def init_sink_producer(
+        self, transactional_id: str, transaction_timeout_ms: int | None, batch_id: int
+    ) -> tuple[int, int, SinkTxnStatus]: ...
+
+    def prepare_sink_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, batch_id: int
+    ) -> None: ...
 
     def add_partitions_to_txn(
         self, transactional_id: str, producer_id: int, epoch: int, tps: Sequence[TopicPartition]
@@ -181,6 +189,16 @@ class FlightTransport:
         self, transactional_id: str | None, transaction_timeout_ms: int | None
     ) -> tuple[int, int]:
         return self.client.init_producer_id(transactional_id, transaction_timeout_ms)
+
+    def init_sink_producer(
+        self, transactional_id: str, transaction_timeout_ms: int | None, batch_id: int
+    ) -> tuple[int, int, SinkTxnStatus]:
+        return self.client.init_sink_producer(transactional_id, transaction_timeout_ms, batch_id)
+
+    def prepare_sink_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, batch_id: int
+    ) -> None:
+        self.client.prepare_sink_txn(transactional_id, producer_id, epoch, batch_id)
 
     def add_partitions_to_txn(
         self, transactional_id: str, producer_id: int, epoch: int, tps: Sequence[TopicPartition]

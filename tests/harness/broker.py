@@ -38,6 +38,8 @@ from typing import IO
 
 import pytest
 
+from broker_core.client import BrokerClient
+
 REPO = Path(__file__).resolve().parents[2]
 LISTENING = "LISTENING "
 DEFAULT_START_TIMEOUT = 30.0
@@ -323,3 +325,16 @@ def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
         for broker in factory.brokers:
             # Shown by pytest when the test failed (captured output of the teardown).
             print(f"--- {broker.name} log tail ---\n{broker.log_tail(30)}")
+
+
+@pytest.fixture
+def broker(broker_factory: BrokerFactory) -> BrokerProcess:
+    """One real broker process (embedded mode) for the test."""
+    return broker_factory()
+
+
+@pytest.fixture
+def client(broker: BrokerProcess) -> Iterator[BrokerClient]:
+    """A client of :func:`broker`."""
+    with BrokerClient(broker.address) as c:
+        yield c

@@ -13,9 +13,9 @@ import pytest
 from broker_core.errors import IdemlogError, error_for_code
 from broker_core.protocol import ProduceResponse
 from spark_sink.producer.producer_batch import TopicPartition
-from tests.harness.broker import broker_factory
+from tests.harness.broker import broker, broker_factory, client
 
-__all__ = ["FakeTransport", "ManualClock", "broker_factory", "table"]
+__all__ = ["FakeTransport", "ManualClock", "broker", "broker_factory", "client", "table"]
 
 
 def table(n: int, start: int = 0) -> pa.Table:

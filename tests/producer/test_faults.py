@@ -14,7 +14,7 @@ import pytest
 from broker_core.client import BrokerClient
 from broker_core.errors import ErrorCode, NetworkError
 from spark_sink.producer import Producer
-from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import BrokerProcess
 from tests.harness.fault_proxy import Fault, FaultProxy, Rule, nth_batch
 
 ROW_BYTES = 24  # id int64, key int64, value float64
@@ -34,17 +34,6 @@ def keyed(n: int, start: int = 0) -> pa.Table:
 def ids_of(client: BrokerClient, topic: str, partition: int = 0) -> list[int]:
     table = client.read_table(topic, partition, isolation="read_committed")
     return [] if table is None else table.column("id").to_pylist()
-
-
-@pytest.fixture
-def broker(broker_factory: BrokerFactory) -> BrokerProcess:
-    return broker_factory()
-
-
-@pytest.fixture
-def client(broker: BrokerProcess) -> Iterator[BrokerClient]:
-    with BrokerClient(broker.address) as c:
-        yield c
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
@@ -14,7 +14,7 @@ import pytest
 from broker_core.client import BrokerClient
 from broker_core.errors import ProducerFencedError
 from spark_sink.producer import Producer, SendResult
-from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import BrokerProcess
 
 FAST = {"linger.ms": 2, "retry.backoff.ms": 20}
 
@@ -44,17 +44,6 @@ def read_all(
 
 def all_ids(tables: dict[int, pa.Table]) -> list[int]:
     return sorted(i for t in tables.values() for i in t.column("id").to_pylist())
-
-
-@pytest.fixture
-def broker(broker_factory: BrokerFactory) -> BrokerProcess:
-    return broker_factory()
-
-
-@pytest.fixture
-def client(broker: BrokerProcess) -> Iterator[BrokerClient]:
-    with BrokerClient(broker.address) as c:
-        yield c
 
 
 def test_200k_keyed_rows_over_4_partitions_once_in_key_order(

@@ -1,0 +1,216 @@
+"""The main job (``make demo``): a Spark stream written exactly once through injected failures.
+
+A deterministic stream of payments (``--files`` parquet files of ``--rows`` rows, one
+file per micro-batch) is written with ``writeStream.format("idemlog")`` to the embedded
+default broker, while the demo breaks things on purpose:
+
+* a task raises on its first attempt (Spark retries it: the retry fences the attempt);
+* a Python worker is killed with SIGKILL halfway through its write;
+* the driver process is killed with SIGKILL while its commit request is in flight, and
+  the query is restarted from its checkpoint (Spark re-runs and re-commits that batch).
+
+The driver runs in a child process (this module with ``--child``) so it can be killed
+for real. At the end the topic is read back with ``spark.read.format("idemlog")`` and
+compared with the input: every payment exactly once, each account's payments in order.
+The last lines are the verdict and a table of what the broker deduplicated and fenced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.verify import Verdict, verify_exactly_once
+
+TOPIC = "payments"
+KEY = "account_id"
+SCHEMA = "payment_id bigint, account_id int, amount_cents bigint, batch int"
+FAILPOINTS = (
+    "before_write@1/1=raise",  # a task crashes on its first attempt
+    "mid_write@2/2=kill_worker",  # a Python worker dies mid-write
+    "inside_commit@3=kill_driver",  # the driver dies with its commit in flight
+)
+
+
+def make_input(directory: Path, files: int, rows: int) -> int:
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        ids = np.arange(f * rows, (f + 1) * rows, dtype=np.int64)
+        table = pa.table(
+            {
+                "payment_id": ids,
+                "account_id": ((ids * 2654435761) % 1000).astype(np.int32),
+                "amount_cents": (ids * 7919) % 100_000,
+                "batch": np.full(rows, f, dtype=np.int32),
+            }
+        )
+        pq.write_table(table, directory / f"payments-{f:05d}.parquet")
+    return files * rows
+
+
+# -- the driver (child process) ------------------------------------------------------------
+def run_driver(work: Path) -> int:
+    os.environ["IDEMLOG_DRIVER_PGID"] = str(os.getpgrp())  # kill_driver kills this group
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    from spark_sink import local_session
+
+    spark = local_session("idemlog-demo", cores=2, max_failures=4)
+
+    class Progress(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            p = event.progress
+            print(
+                f"progress batch={p.batchId} rows={p.numInputRows} "
+                f"duration_ms={p.durationMs.get('triggerExecution', 0)}",
+                flush=True,
+            )
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    spark.streams.addListener(Progress())
+    store = str(work / "store")
+    query = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(work / "incoming"))
+        .repartition(4, KEY)
+        .writeStream.format("idemlog")
+        .option("topic", TOPIC)
+        .option("key", KEY)
+        .option("path", store)
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    # Read back through the source, read_committed, with where each row sits in the log.
+    table = (
+        spark.read.format("idemlog")
+        .option("topic", TOPIC)
+        .option("path", store)
+        .option("includeMetadata", "true")
+        .load()
+        .toArrow()
+    )
+    pq.write_table(table, work / "readback.parquet")
+    spark.stop()
+    return 0
+
+
+# -- the demo (parent) -----------------------------------------------------------------------
+def _launch(work: Path, env: dict[str, str]) -> int:
+    """Run one driver; its output is relayed line by line. Returns its exit status."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs.streaming_demo", "--child", "--workdir", str(work)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=open(work / "driver.log", "ab"),  # noqa: SIM115 - owned by the child
+        text=True,
+        start_new_session=True,  # its own process group: kill_driver takes all of it
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(f"  {line.rstrip()}", flush=True)
+    return proc.wait()
+
+
+def _metrics(store: str) -> dict[str, Any]:
+    from broker_core.client import BrokerClient
+    from spark_sink.embedded import ensure_broker
+
+    with BrokerClient(ensure_broker(store)) as client:
+        return client.metrics()
+
+
+def metrics_table(doc: dict[str, Any], restarts: int) -> str:
+    totals, txns = doc["totals"], doc["transactions"]
+    rows = [
+        ("driver restarts from the checkpoint", restarts),
+        ("duplicate batches answered with their offsets", totals["duplicates_in_window"]),
+        ("duplicate batches beyond the window", totals["duplicates_beyond_window"]),
+        ("out-of-order batches rejected", totals["out_of_order"]),
+        ("zombie appends fenced", totals["fenced_appends"]),
+        ("task attempts fenced (their transaction aborted)", txns["transactions_fenced"]),
+        ("transactions aborted", txns["transactions_aborted"]),
+        ("transactions committed", txns["transactions_committed"]),
+        ("batch commits repeated after restart (aborted)", txns["sink_batches_repeated"]),
+        ("attempts reusing a prepared transaction", txns.get("sink_attempts_reused", 0)),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'dedup metric':<{width}}  value", f"{'-' * width}  -----"]
+    lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--workdir", help="default: a new temporary directory, removed after")
+    parser.add_argument("--files", type=int, default=8, help="micro-batches (input files)")
+    parser.add_argument("--rows", type=int, default=25_000, help="rows per micro-batch")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    if args.child:
+        return run_driver(Path(args.workdir))
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="idemlog-demo-"))
+    if args.files < 4:
+        parser.error("--files must be at least 4 (the failures hit batches 1 to 3)")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "failpoints").mkdir(parents=True)
+    expected = make_input(work / "incoming", args.files, args.rows)
+    store = str(work / "store")
+    env = dict(os.environ)
+    env["IDEMLOG_SPARK_FAILPOINTS"] = ";".join(FAILPOINTS)
+    env["IDEMLOG_SPARK_FAILPOINTS_DIR"] = str(work / "failpoints")
+    print(f"streaming {expected} payments in {args.files} micro-batches into {store}")
+    print(f"injected failures: {', '.join(FAILPOINTS)}")
+    restarts = 0
+    try:
+        while True:
+            status = _launch(work, env)
+            if status == 0:
+                break
+            if status != -signal.SIGKILL or restarts >= len(FAILPOINTS):
+                print(f"exactly_once=FAIL driver exited with status {status} (see {work})")
+                return 1
+            restarts += 1
+            print("driver killed (SIGKILL); restarting the query from its checkpoint")
+        table = pq.read_table(work / "readback.parquet")
+        verdict: Verdict = verify_exactly_once(
+            table, id_column="payment_id", key_column=KEY, expected_ids=range(expected)
+        )
+        doc = _metrics(store)
+        print(verdict.line())
+        print(metrics_table(doc, restarts))
+        return 0 if verdict.ok else 1
+    finally:
+        from spark_sink.embedded import stop_broker
+
+        stop_broker(store)
+        if not args.keep and not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""``format("idemlog")``: the Spark 4.1 Python DataSource tying options, topics, the
+writers (``spark_sink.writer``) and the readers (``spark_sink.reader``) together.
+
+Everything is checked here, on the driver, while Spark plans the query: options, the
+topic and its schema, the key column. A bad write therefore fails before any task has
+written a row.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import StructType
+
+from broker_core.client import BrokerClient
+
+from . import topics
+from .errors import UnsupportedWriteError
+from .options import IdemlogOptions, Scope, parse_options
+from .schema import arrow_schema_for, check_key, spark_schema_for
+from .writer import IdemlogBatchWriter, IdemlogStreamWriter
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+FORMAT = "idemlog"
+
+
+class IdemlogDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    # -- reading ---------------------------------------------------------------------------
+    def _read_side(self) -> tuple[IdemlogOptions, topics.TopicInfo]:
+        options = parse_options(self.options, Scope.READ)
+        with BrokerClient(options.bootstrap()) as client:
+            return options, topics.require(client, options)
+
+    def schema(self) -> StructType:
+        options, info = self._read_side()
+        assert info.schema is not None
+        return spark_schema_for(info.schema, options.include_metadata)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from .reader import IdemlogBatchReader
+
+        return IdemlogBatchReader(*self._read_side())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from .reader import IdemlogStreamReader
+
+        return IdemlogStreamReader(*self._read_side())
+
+    # -- writing ---------------------------------------------------------------------------
+    def _write_side(self, schema: StructType) -> tuple[IdemlogOptions, pa.Schema]:
+        options = parse_options(self.options, Scope.WRITE)
+        arrow = arrow_schema_for(schema)
+        check_key(arrow, options.key)
+        with BrokerClient(options.bootstrap()) as client:
+            topics.ensure_for_write(client, options, arrow)
+        return options, arrow
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise UnsupportedWriteError(
+                "mode 'overwrite' is not supported: an idemlog topic is an append-only log "
+                "(use mode 'append', or write to a new topic)"
+            )
+        options, arrow = self._write_side(schema)
+        return IdemlogBatchWriter(options, arrow)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        if overwrite:
+            raise UnsupportedWriteError(
+                "output mode 'complete' is not supported: an idemlog topic is an append-only "
+                "log (use outputMode 'append' or 'update')"
+            )
+        options, arrow = self._write_side(schema)
+        return IdemlogStreamWriter(options, arrow)
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("idemlog")`` known to ``spark`` (once per session; repeat is harmless)."""
+    spark.dataSource.register(IdemlogDataSource)

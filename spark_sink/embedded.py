@@ -1,0 +1,417 @@
+"""The embedded default: a local broker started on first use, shared by everything after.
+
+A Spark sink without a ``brokers`` option should work with no command run by hand. So the
+first task (or driver-side commit) that needs a broker starts one -- ``python -m
+broker_core.cli broker start`` serving ``<path>/data`` on 127.0.0.1 -- and every later
+task, commit and Spark session on the same machine reuses it, because they all find it
+through files under ``path`` (the sink option ``path``, default :data:`DEFAULT_PATH`):
+
+* ``broker.lock``: an exclusive ``flock`` held over the whole check-and-start, so
+  concurrent tasks, Python workers and drivers never start two brokers on one data
+  directory (two processes appending to the same logs would corrupt them). The kernel
+  drops the lock when its holder dies, so a killed task cannot wedge the others;
+* ``broker.json``: ``{"address", "pid", "port"}`` of the broker last started. The pid is
+  written as soon as the process exists, before it serves, so a broker whose starter was
+  killed half-way is still found (and replaced) instead of left running beside a new one;
+* ``broker.properties``: the configuration written for each start;
+* ``broker.log``: the broker's stdout and stderr, appended; quoted in errors.
+
+The broker runs in its own session (``start_new_session``) so it outlives the worker or
+driver that happened to start it and is not killed with that process group. Readiness is
+read from a pipe (``broker start --ready-fd``): the address, then EOF; EOF alone means
+the broker died before serving. After a crash the next :func:`ensure_broker` starts a new
+broker on the same port when it is free, so clients holding the address reconnect, and
+on the same data directory, so topics and transactions survive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import broker_core
+from broker_core.client import BrokerClient
+from spark_sink.errors import EmbeddedBrokerError
+
+DEFAULT_PATH: str = os.path.expanduser("~/.idemlog/embedded")
+"""Default of the sink option ``path``: where the embedded broker keeps its files."""
+
+LOCK_FILE = "broker.lock"
+STATE_FILE = "broker.json"
+CONFIG_FILE = "broker.properties"
+LOG_FILE = "broker.log"
+DATA_DIR = "data"
+
+BROKER_MODULE = "broker_core.cli"
+# Test hooks meant for one process must not leak into a broker that outlives the test.
+_DROPPED_ENV = ("IDEMLOG_TEST_FAILPOINT", "IDEMLOG_SPARK_FAILPOINTS")
+_PING_TIMEOUT_S = 5.0
+_TERM_GRACE_S = 10.0  # a broker that answers no ping gets this long to shut down cleanly
+_KILL_WAIT_S = 10.0  # after SIGKILL, only the kernel's teardown is left to wait for
+_POLL_S = 0.02
+_LOG_TAIL_LINES = 20
+
+# path -> (address, pid, client): a process that already found the broker checks it with
+# one ping over a kept connection instead of taking the file lock and reading files.
+_cache: dict[str, tuple[str, int, BrokerClient]] = {}
+_cache_lock = threading.Lock()
+
+
+class _State(NamedTuple):
+    """broker.json: the broker last started for a path."""
+
+    address: str | None  # None while it starts (or if it never served)
+    pid: int
+    port: int | None  # the port to ask for again at a restart; None: any free one
+
+
+# -- public API ------------------------------------------------------------------------------
+def ensure_broker(path: str, *, start_timeout_s: float = 60.0) -> str:
+    """``host:port`` of a live broker serving ``<path>/data``, started if none is running.
+
+    Safe to call from any number of threads and processes at once: one broker results.
+    ``start_timeout_s`` bounds each start attempt (a broker recovering a large log after a
+    crash takes a while before it serves). Raises :class:`EmbeddedBrokerError` if the
+    broker cannot be started.
+    """
+    path = os.path.abspath(path)
+    address = _cached_address(path)
+    if address is not None:
+        return address
+    os.makedirs(path, exist_ok=True)
+    with _locked(path):
+        config_path = os.path.join(path, CONFIG_FILE)
+        state = _read_state(path)
+        previous_port: int | None = None
+        if state is not None:
+            pid, recorded, previous_port = state.pid, state.address, state.port
+            if _pid_alive(pid) and _is_our_broker(pid, config_path):
+                client = _answering_client(recorded) if recorded else None
+                if recorded and client is not None:
+                    _remember(path, recorded, pid, client)
+                    return recorded
+                # Alive but not answering (hung, or never got to serve): it holds the data
+                # directory, so it must be gone before another broker opens it.
+                _terminate(pid, _TERM_GRACE_S)
+        address, pid = _start(path, previous_port, start_timeout_s)
+        _remember(path, address, pid, BrokerClient(address, timeout_s=_PING_TIMEOUT_S))
+        return address
+
+
+def stop_broker(path: str, timeout_s: float = 30.0) -> bool:
+    """Stop the broker serving ``path`` (SIGTERM: a clean shutdown; SIGKILL after
+    ``timeout_s``) and forget it. Returns whether one was running."""
+    path = os.path.abspath(path)
+    _forget(path)
+    if not os.path.isdir(path):
+        return False
+    with _locked(path):
+        state = _read_state(path)
+        running = False
+        if state is not None:
+            pid = state.pid
+            running = _pid_alive(pid) and _is_our_broker(pid, os.path.join(path, CONFIG_FILE))
+            if running:
+                _terminate(pid, timeout_s)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, STATE_FILE))
+        return running
+
+
+def broker_pid(path: str) -> int | None:
+    """The pid of the broker recorded for ``path`` if that process is alive and is the
+    broker (not a reused pid); None otherwise."""
+    path = os.path.abspath(path)
+    state = _read_state(path)
+    if state is None:
+        return None
+    pid = state.pid
+    if _pid_alive(pid) and _is_our_broker(pid, os.path.join(path, CONFIG_FILE)):
+        return pid
+    return None
+
+
+# -- in-process cache ------------------------------------------------------------------------
+def _cached_address(path: str) -> str | None:
+    with _cache_lock:
+        entry = _cache.get(path)
+    if entry is None:
+        return None
+    address, pid, client = entry
+    if _pid_alive(pid) and _ping(client):
+        return address
+    _forget(path)
+    return None
+
+
+def _remember(path: str, address: str, pid: int, client: BrokerClient) -> None:
+    with _cache_lock:
+        old = _cache.get(path)
+        _cache[path] = (address, pid, client)
+    if old is not None and old[2] is not client:
+        old[2].close()
+
+
+def _forget(path: str) -> None:
+    with _cache_lock:
+        entry = _cache.pop(path, None)
+    if entry is not None:
+        entry[2].close()
+
+
+# -- files -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    # flock, not a lock file's existence: the kernel releases it when the holder dies.
+    # Each call opens its own descriptor, so threads of one process exclude each other too.
+    # os.open's descriptor is not inherited (O_CLOEXEC), so the broker never holds the lock.
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_state(path: str) -> _State | None:
+    """broker.json; None if missing or unreadable (a state we cannot read is one we
+    cannot trust)."""
+    try:
+        with open(os.path.join(path, STATE_FILE)) as f:
+            doc = json.load(f)
+        pid = int(doc["pid"])
+        address = doc.get("address")
+        port = doc.get("port")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if pid <= 0:
+        return None
+    return _State(
+        str(address) if address else None,
+        pid,
+        port if isinstance(port, int) and port > 0 else None,
+    )
+
+
+def _write_state(path: str, address: str | None, pid: int, port: int | None) -> None:
+    # Write then rename: a reader (or a crash) never sees a half-written file.
+    target = os.path.join(path, STATE_FILE)
+    tmp = f"{target}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"address": address, "pid": pid, "port": port}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+def _write_config(path: str, port: int) -> str:
+    config_path = os.path.join(path, CONFIG_FILE)
+    lines = [
+        "# Written by spark_sink.embedded for each start of the embedded broker.",
+        f"log.dir={os.path.join(path, DATA_DIR)}",
+        "listener.host=127.0.0.1",
+        f"listener.port={port}",
+    ]
+    with open(config_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return config_path
+
+
+def _log_tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        with open(os.path.join(path, LOG_FILE), errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip("\n")
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+# -- processes -------------------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, but another user's: certainly not a broker we can use
+    # A zombie has exited; it only waits for its parent (perhaps an init that never reaps).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no /proc (not Linux): os.kill's answer is all there is
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _is_our_broker(pid: int, config_path: str) -> bool:
+    """Whether ``pid`` runs ``broker_core.cli`` with this path's config: after a reboot or
+    a long time the recorded pid may belong to anything, which must not be signalled."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().decode(errors="replace").split("\0")
+    except FileNotFoundError:
+        # Either it just exited or there is no /proc; only the latter leaves no choice
+        # but to trust the pid (the ping decides then).
+        return not os.path.isdir("/proc/self") and _pid_alive(pid)
+    except OSError:
+        return False
+    return BROKER_MODULE in args and config_path in args
+
+
+def _answering_client(address: str) -> BrokerClient | None:
+    """A client of ``address`` if the broker there answers a ping; None otherwise."""
+    try:
+        client = BrokerClient(address, timeout_s=_PING_TIMEOUT_S)
+    except Exception:  # a malformed address in broker.json: no broker there
+        return None
+    if _ping(client):
+        return client
+    client.close()
+    return None
+
+
+def _ping(client: BrokerClient) -> bool:
+    try:
+        client.ping()
+    except Exception:  # any failure (network, timeout, garbage) means: not usable
+        return False
+    return True
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    # Not our child (another process may have started it), so os.waitpid cannot wait for
+    # it: poll for its disappearance instead.
+    deadline = time.monotonic() + timeout_s
+    while _pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
+def _terminate(pid: int, timeout_s: float) -> None:
+    """SIGTERM (the broker flushes and snapshots), SIGKILL if it is still there after
+    ``timeout_s``; returns once the process is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if _wait_gone(pid, timeout_s):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if not _wait_gone(pid, _KILL_WAIT_S):
+        raise EmbeddedBrokerError(f"embedded broker pid {pid} survived SIGKILL")
+
+
+def _child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+    # The broker runs with cwd=path; make sure it imports the same broker_core as this
+    # process even when that is not installed (a checkout, a zip shipped to executors).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(broker_core.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _start(path: str, previous_port: int | None, timeout_s: float) -> tuple[str, int]:
+    """Start a broker (on ``previous_port`` if given, so old addresses stay valid; on a
+    free port if that fails) and return its address and pid. Called with the lock held."""
+    started = _launch(path, previous_port or 0, timeout_s)
+    if started is None and previous_port:
+        started = _launch(path, 0, timeout_s)  # the old port may be taken by now
+    if started is None:
+        raise EmbeddedBrokerError(
+            f"the embedded broker for {path} exited before serving; "
+            f"last lines of {os.path.join(path, LOG_FILE)}:\n{_log_tail(path)}"
+        )
+    return started
+
+
+def _launch(path: str, port: int, timeout_s: float) -> tuple[str, int] | None:
+    """One start attempt: ``(address, pid)``, or None if the broker died before serving."""
+    config_path = _write_config(path, port)
+    log_path = os.path.join(path, LOG_FILE)
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(log_path, "ab") as log:
+            log.write(
+                f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} embedded broker starting "
+                f"(port {port}) by pid {os.getpid()}\n".encode()
+            )
+            log.flush()
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    BROKER_MODULE,
+                    "broker",
+                    "start",
+                    "--config",
+                    config_path,
+                    "--ready-fd",
+                    str(write_fd),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=path,
+                env=_child_env(),
+                pass_fds=(write_fd,),
+                close_fds=True,
+                # Its own session: the broker outlives the worker or driver that started it
+                # and is not killed with that process group.
+                start_new_session=True,
+            )
+    finally:
+        os.close(write_fd)  # only the broker holds it now, so its exit means EOF
+    # Our child for as long as we live: reap it when it exits so no zombie lingers.
+    threading.Thread(
+        target=proc.wait, name=f"idemlog-embedded-reaper-{proc.pid}", daemon=True
+    ).start()
+    # Recorded before it serves: if this process dies while waiting, the next caller finds
+    # this pid (ours, not answering) and stops it rather than start a second broker.
+    _write_state(path, None, proc.pid, port or None)
+    try:
+        received = _read_until_eof(read_fd, timeout_s)
+    finally:
+        os.close(read_fd)
+    if received is None:
+        proc.kill()
+        _wait_gone(proc.pid, _KILL_WAIT_S)
+        raise EmbeddedBrokerError(
+            f"the embedded broker for {path} did not serve within {timeout_s:g} s "
+            f"(killed); last lines of {log_path}:\n{_log_tail(path)}"
+        )
+    address = received.strip()
+    if not address:
+        # Died before serving: let it finish writing its last words before they are read.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_KILL_WAIT_S)
+        return None
+    bound_port = int(address.rpartition(":")[2])
+    _write_state(path, address, proc.pid, bound_port)
+    return address, proc.pid
+
+
+def _read_until_eof(fd: int, timeout_s: float) -> str | None:
+    """Everything written to the pipe until EOF; None if EOF did not come in time."""
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(chunks).decode(errors="replace")
+        chunks.append(chunk)

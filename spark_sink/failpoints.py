@@ -1,0 +1,130 @@
+"""Failure injection at named points of the sink protocol, for the fault tests and the demo.
+
+Off unless ``IDEMLOG_SPARK_FAILPOINTS`` is set in the environment Spark's Python
+processes inherit (the driver's, in local mode). Its value is a ``;``-separated list of
+``<point>@<batch id>[/<spark partition>]=<action>``, e.g.
+``mid_write@3/1=kill_worker;inside_commit@5=kill_driver``.
+
+Points: ``before_write`` (a task, before InitProducerId), ``mid_write`` (a task, after
+its first Arrow batch was acknowledged), ``after_prepare`` (a task, its transaction
+prepared, before the commit message is returned), ``before_commit``, ``inside_commit``
+(the driver's commit request in flight), ``after_commit`` (committed, before Spark
+records the batch in its commit log). A batch write (``df.write``) is batch id 0.
+
+Actions: ``raise`` (the task or commit fails with :class:`InjectedFailure`),
+``kill_worker`` (SIGKILL of the Python process at the point), ``kill_driver`` (SIGKILL of
+the process group ``IDEMLOG_DRIVER_PGID``: the driver's JVM and Python), ``sleep:<s>``.
+
+Each entry fires once across all processes and restarts: the first process to reach it
+creates a marker file in ``IDEMLOG_SPARK_FAILPOINTS_DIR`` (``O_EXCL``), so a retried task
+or a restarted query passes the point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+
+from broker_core.errors import InvalidConfigError
+
+from .errors import InjectedFailure
+
+ENV = "IDEMLOG_SPARK_FAILPOINTS"
+ENV_DIR = "IDEMLOG_SPARK_FAILPOINTS_DIR"
+ENV_DRIVER_PGID = "IDEMLOG_DRIVER_PGID"
+POINTS = (
+    "before_write",
+    "mid_write",
+    "after_prepare",
+    "before_commit",
+    "inside_commit",
+    "after_commit",
+)
+_ENTRY = re.compile(
+    r"(?P<point>[a-z_]+)@(?P<batch>\d+)(?:/(?P<part>\d+))?=(?P<action>[a-z_]+(:[\d.]+)?)"
+)
+_ACTIONS = ("raise", "kill_worker", "kill_driver", "sleep")
+
+
+@dataclass(frozen=True)
+class Failpoint:
+    text: str
+    point: str
+    batch_id: int
+    partition: int | None
+    action: str
+
+    def matches(self, point: str, batch_id: int, partition: int | None) -> bool:
+        return (
+            self.point == point
+            and self.batch_id == batch_id
+            and (self.partition is None or self.partition == partition)
+        )
+
+
+def parse(spec: str) -> list[Failpoint]:
+    result = []
+    for text in filter(None, (t.strip() for t in spec.split(";"))):
+        m = _ENTRY.fullmatch(text)
+        if m is None or m["point"] not in POINTS or m["action"].split(":")[0] not in _ACTIONS:
+            raise InvalidConfigError(
+                f"{ENV}: {text!r} is not <point>@<batch>[/<partition>]=<action> with point "
+                f"in {', '.join(POINTS)} and action in raise, kill_worker, kill_driver, "
+                "sleep:<seconds>"
+            )
+        part = int(m["part"]) if m["part"] is not None else None
+        result.append(Failpoint(text, m["point"], int(m["batch"]), part, m["action"]))
+    return result
+
+
+def claim(point: str, batch_id: int, partition: int | None = None) -> Failpoint | None:
+    """The armed entry for this point, marked as fired; None when nothing is armed."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return None
+    for entry in parse(spec):
+        if entry.matches(point, batch_id, partition) and _first_claim(entry):
+            return entry
+    return None
+
+
+def hit(point: str, batch_id: int, partition: int | None = None) -> None:
+    """Act on the armed entry for this point, if any."""
+    entry = claim(point, batch_id, partition)
+    if entry is not None:
+        act(entry)
+
+
+def act(entry: Failpoint) -> None:
+    name, _, arg = entry.action.partition(":")
+    if name == "sleep":
+        time.sleep(float(arg or "1"))  # the injected fault *is* the delay
+    elif name == "raise":
+        raise InjectedFailure(f"failpoint {entry.text} fired")
+    elif name == "kill_worker":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif name == "kill_driver":
+        pgid = os.environ.get(ENV_DRIVER_PGID)
+        if not pgid:
+            raise InvalidConfigError(f"failpoint {entry.text}: {ENV_DRIVER_PGID} is not set")
+        os.killpg(int(pgid), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # in case this process is in another group
+
+
+def _first_claim(entry: Failpoint) -> bool:
+    directory = os.environ.get(ENV_DIR)
+    if not directory:
+        raise InvalidConfigError(f"{ENV} is set but {ENV_DIR} (one-shot markers) is not")
+    name = hashlib.sha1(entry.text.encode()).hexdigest()[:16]
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, entry.text.encode())
+    os.fsync(fd)  # the marker must survive the kill it precedes
+    os.close(fd)
+    return True

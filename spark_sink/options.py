@@ -1,0 +1,248 @@
+"""Options of ``format("idemlog")``: every option declared once with type, default and doc.
+
+Spark lower-cases option names before the data source sees them, so names are matched
+case-insensitively; the README table is generated from :data:`OPTIONS` (and tested
+against it). Options are parsed on the driver when the reader or writer is planned, so a
+bad one fails the query before any task runs, with the option named. Options Spark itself
+adds (``checkpointLocation``) are accepted and ignored; ``producer.<key>`` passes a key
+of the producer client's configuration through (validated by that configuration).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from broker_core.client import parse_bootstrap
+from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
+from broker_core.errors import IdemlogError, InvalidConfigError
+from spark_sink.embedded import DEFAULT_PATH
+from spark_sink.producer.config import ProducerConfig
+
+
+class Scope(StrEnum):
+    WRITE = "write"
+    READ = "read"
+    BOTH = "read, write"
+
+
+# Producer keys the sink sets itself: a user value would break the protocol.
+_SINK_OWNED_PRODUCER_KEYS = frozenset(
+    {"bootstrap.servers", "transactional.id", "enable.idempotence", "key.column", "partitioner"}
+)
+PRODUCER_PREFIX = "producer."
+# Set by Spark on every streaming writer; not ours to validate.
+_SPARK_OPTIONS = frozenset({"checkpointlocation"})
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+STARTING_OFFSETS = ("earliest", "latest")
+# Metadata columns added by includeMetadata=true.
+PARTITION_COLUMN = "_partition"
+OFFSET_COLUMN = "_offset"
+
+_KEYS: list[tuple[ConfigKey, Scope]] = [
+    (ConfigKey("topic", str, "", "Topic to write to or read from (required)."), Scope.BOTH),
+    (
+        ConfigKey(
+            "brokers",
+            str,
+            "",
+            "Brokers of a cluster, host:port[,host:port]. Empty: the embedded default, a "
+            "local broker serving `path`, started on first use and shared by every task, "
+            "commit and session on this machine.",
+        ),
+        Scope.BOTH,
+    ),
+    (
+        ConfigKey(
+            "path",
+            str,
+            DEFAULT_PATH,
+            "Data directory of the embedded broker (only without `brokers`); its log is "
+            "`<path>/broker.log`.",
+        ),
+        Scope.BOTH,
+    ),
+    (
+        ConfigKey(
+            "key",
+            str,
+            "",
+            "Column whose hash routes a row to a log partition (rows of one key stay in "
+            "order in one partition). Empty: each Spark task's rows go round-robin.",
+        ),
+        Scope.WRITE,
+    ),
+    (
+        ConfigKey(
+            "partitions",
+            int,
+            4,
+            "Partitions of a topic the writer creates because it does not exist yet.",
+            min=1,
+            max=10_000,
+        ),
+        Scope.WRITE,
+    ),
+    (
+        ConfigKey(
+            "transaction.timeout.ms",
+            int,
+            900_000,
+            "How long a task's transaction may wait for the driver's commit before the "
+            "broker aborts it (then the batch fails and is rerun). At most the broker's "
+            "transaction.max.timeout.ms.",
+            min=1,
+            max=INT_MAX,
+        ),
+        Scope.WRITE,
+    ),
+    (
+        ConfigKey(
+            "isolation",
+            str,
+            "read_committed",
+            "read_committed: committed rows only, up to the last stable offset; "
+            "read_uncommitted: everything appended, including open and aborted "
+            "transactions.",
+            choices=ISOLATION_LEVELS,
+        ),
+        Scope.READ,
+    ),
+    (
+        ConfigKey(
+            "startingOffsets",
+            str,
+            "earliest",
+            "Where a new streaming query starts: earliest (the log start) or latest (the "
+            "current end). A restarted query continues from its checkpoint.",
+            choices=STARTING_OFFSETS,
+        ),
+        Scope.READ,
+    ),
+    (
+        ConfigKey(
+            "maxOffsetsPerTrigger",
+            int,
+            0,
+            "Most offsets (rows) one micro-batch of a stream reads, split over the "
+            "partitions in proportion to their backlog; 0: no limit.",
+            min=0,
+        ),
+        Scope.READ,
+    ),
+    (
+        ConfigKey(
+            "includeMetadata",
+            bool,
+            False,
+            f"Add the columns `{PARTITION_COLUMN}` (int) and `{OFFSET_COLUMN}` (bigint): "
+            "where each row is in the log.",
+        ),
+        Scope.READ,
+    ),
+]
+
+OPTIONS = ConfigDef([k for k, _ in _KEYS], what="idemlog option")
+SCOPES: dict[str, Scope] = {k.name: s for k, s in _KEYS}
+_BY_LOWER: dict[str, str] = {k.name.lower(): k.name for k, _ in _KEYS}
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+@dataclass(frozen=True)
+class IdemlogOptions:
+    """Parsed options; picklable, so executors get the driver's validated copy."""
+
+    topic: str
+    brokers: str
+    path: str
+    key: str | None
+    partitions: int
+    transaction_timeout_ms: int
+    isolation: str
+    starting_offsets: str
+    max_offsets_per_trigger: int
+    include_metadata: bool
+    producer: dict[str, Any]
+
+    @property
+    def embedded(self) -> bool:
+        return not self.brokers
+
+    def bootstrap(self) -> str:
+        """host:port list of the cluster, starting the embedded broker if it is needed."""
+        if self.brokers:
+            return self.brokers
+        from spark_sink.embedded import ensure_broker
+
+        return ensure_broker(self.path)
+
+
+def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
+    """Validate Spark's (lower-cased) options for a reader or a writer."""
+    values: dict[str, object] = {}
+    producer: dict[str, str] = {}
+    for raw_name, value in options.items():
+        lower = raw_name.lower()
+        if lower in _SPARK_OPTIONS:
+            continue
+        if lower.startswith(PRODUCER_PREFIX):
+            if scope is Scope.READ:
+                raise InvalidConfigError(f"option {raw_name!r} applies to writes only")
+            key = lower[len(PRODUCER_PREFIX) :]
+            if key in _SINK_OWNED_PRODUCER_KEYS:
+                raise InvalidConfigError(
+                    f"option {raw_name!r}: the sink sets producer key {key!r} itself"
+                )
+            producer[key] = value
+            continue
+        name = _BY_LOWER.get(lower)
+        if name is None:
+            hint = difflib.get_close_matches(lower, _BY_LOWER, n=1)
+            suggestion = f" (did you mean {_BY_LOWER[hint[0]]!r}?)" if hint else ""
+            known = ", ".join(k.name for k in OPTIONS)
+            raise InvalidConfigError(
+                f"unknown idemlog option {raw_name!r}{suggestion}; options: {known}, "
+                f"{PRODUCER_PREFIX}<producer key>"
+            )
+        if scope.value not in SCOPES[name].value:
+            raise InvalidConfigError(
+                f"option {name!r} applies to {SCOPES[name].value}s only, not to this {scope.value}"
+            )
+        values[name] = value
+    parsed: dict[str, ConfigValue] = OPTIONS.parse(values)
+    topic = str(parsed["topic"])
+    if not topic:
+        raise InvalidConfigError("option 'topic' is required: .option('topic', '<name>')")
+    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", "..") or topic.startswith("__"):
+        raise InvalidConfigError(
+            f"option 'topic'={topic!r} is not a topic name (1-249 of [A-Za-z0-9._-], not "
+            "starting with '__')"
+        )
+    brokers = str(parsed["brokers"])
+    if brokers:
+        try:
+            parse_bootstrap(brokers)
+        except IdemlogError as exc:
+            raise InvalidConfigError(f"option 'brokers'={brokers!r}: {exc.message}") from None
+    if producer:
+        try:
+            ProducerConfig.from_mapping(producer)
+        except IdemlogError as exc:
+            raise InvalidConfigError(f"option {PRODUCER_PREFIX}*: {exc.message}") from None
+    return IdemlogOptions(
+        topic=topic,
+        brokers=brokers,
+        path=str(parsed["path"]),
+        key=str(parsed["key"]) or None,
+        partitions=int(parsed["partitions"]),
+        transaction_timeout_ms=int(parsed["transaction.timeout.ms"]),
+        isolation=str(parsed["isolation"]),
+        starting_offsets=str(parsed["startingOffsets"]),
+        max_offsets_per_trigger=int(parsed["maxOffsetsPerTrigger"]),
+        include_metadata=bool(parsed["includeMetadata"]),
+        producer=producer,
+    )

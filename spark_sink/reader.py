@@ -1,0 +1,368 @@
+"""Readers of ``spark.read.format("idemlog")`` and ``spark.readStream.format("idemlog")``.
+
+Why they look like this (DESIGN §7):
+
+* **Offsets are the log's own.** An input partition is one log partition's offset range
+  ``[start, end)``; a stream offset is ``{"<partition>": next offset to read, ...}`` (JSON
+  object keys are strings). Offsets are per row, and transaction markers take one offset
+  each, so a range counts offsets, not rows.
+* **Ranges are fixed on the driver, read with** ``max_offset=end`` (exclusive: the broker
+  stops below it and slices a batch that straddles it). A rerun task or a replayed
+  micro-batch therefore reads exactly the rows it read before, although the log grew.
+* **The end is the last stable offset for read_committed**: below it every transaction
+  is decided and the broker skips aborted rows, so a range below it reads the same rows
+  forever (exactly-once end to end when idemlog is both source and sink). For
+  read_uncommitted it is the high watermark.
+* **Arrow all the way**: the fetched batches are yielded as they come (the metadata
+  columns are built with numpy), never converted row by row in Python.
+* **Picklable**: the readers hold the parsed options and topic description only; each
+  ``read()`` (on an executor) opens its own ``BrokerClient`` and closes it.
+* **Lost data fails the read**: a range starting below the log start (retention deleted
+  what a checkpoint still points to) raises ``OffsetOutOfRangeError`` naming the topic,
+  partition and offsets, like Kafka's OffsetOutOfRange; rows are never skipped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from broker_core.client import BrokerClient, FetchResponse
+from broker_core.errors import (
+    IdemlogError,
+    InvalidConfigError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
+
+from .options import IdemlogOptions
+from .schema import spark_schema_for
+from .topics import TopicInfo, describe
+
+__all__ = [
+    "IdemlogBatchReader",
+    "IdemlogStreamReader",
+    "OffsetRangePartition",
+    "cap_ends",
+    "output_schema",
+]
+
+READ_COMMITTED = "read_committed"
+
+
+@dataclass(frozen=True)
+class OffsetRangePartition(InputPartition):
+    """Offsets ``[start, end)`` of one log partition: one Spark task."""
+
+    partition: int
+    start: int
+    end: int
+
+
+def output_schema(topic: TopicInfo, include_metadata: bool) -> pa.Schema:
+    """The Arrow form of the Spark schema the data source declares.
+
+    Derived from the Spark schema rather than from the topic schema directly, so types
+    Spark holds differently (nanosecond or zone-less timestamps, large strings) are cast
+    to what the JVM expects; for a topic written by the sink the two are the same.
+    """
+    if topic.schema is None:
+        raise UnknownTopicOrPartitionError(f"topic {topic.name!r} has no schema yet")
+    return to_arrow_schema(spark_schema_for(topic.schema, include_metadata))
+
+
+def _end_of(offsets: Mapping[str, int], isolation: str) -> int:
+    return (
+        offsets["last_stable_offset"] if isolation == READ_COMMITTED else offsets["high_watermark"]
+    )
+
+
+def _key(partition: int) -> str:
+    return str(partition)
+
+
+# -- reading a range (executors) ----------------------------------------------------------
+def _out_of_range(
+    client: BrokerClient, topic: str, part: OffsetRangePartition, offset: int, exc: IdemlogError
+) -> OffsetOutOfRangeError:
+    where = f"topic {topic!r} partition {part.partition}"
+    try:
+        log = client.list_offsets(topic, part.partition)
+    except IdemlogError:
+        log = None  # the broker's own message below still names the log's range
+    if log is not None and offset < log["log_start_offset"]:
+        why = (
+            f"offsets {offset}..{log['log_start_offset'] - 1} were deleted (retention "
+            f"or a recreated topic) before this query read them; the log now holds "
+            f"[{log['log_start_offset']}, {log['log_end_offset']})"
+        )
+    elif log is not None:
+        why = (
+            f"the log ends at {log['log_end_offset']}, before offset {offset}: the topic "
+            "was recreated or the checkpoint belongs to another topic"
+        )
+    else:
+        why = exc.message
+    return OffsetOutOfRangeError(
+        f"{where}: cannot read offsets [{part.start}, {part.end}) at {offset}: {why}. "
+        "Reading on would lose rows silently (a streaming query accepts the loss only when "
+        "restarted from a new checkpoint)"
+    )
+
+
+def _fetch(
+    client: BrokerClient,
+    options: IdemlogOptions,
+    topic: str,
+    part: OffsetRangePartition,
+    offset: int,
+) -> FetchResponse:
+    try:
+        return client.fetch_once(
+            topic, part.partition, offset, isolation=options.isolation, max_offset=part.end
+        )
+    except OffsetOutOfRangeError as exc:
+        raise _out_of_range(client, topic, part, offset, exc) from exc
+
+
+def _to_output(
+    rows: pa.RecordBatch, schema: pa.Schema, partition: int, first_offset: int, metadata: bool
+) -> pa.RecordBatch:
+    columns = []
+    data_fields = list(schema)[: len(schema) - 2] if metadata else list(schema)
+    for column, field in zip(rows.columns, data_fields, strict=True):
+        if column.type != field.type:
+            # Spark keeps microseconds: nanosecond timestamps are truncated, as Spark's
+            # own Arrow conversion does; other casts must be exact.
+            column = column.cast(field.type, safe=not pa.types.is_timestamp(field.type))
+        columns.append(column)
+    if metadata:
+        n = rows.num_rows
+        columns.append(pa.array(np.full(n, partition, dtype=np.int32)))
+        columns.append(pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def read_range(
+    options: IdemlogOptions, topic: str, schema: pa.Schema, part: OffsetRangePartition
+) -> Iterator[pa.RecordBatch]:
+    """Every readable row of ``part`` once, in offset order, as batches of ``schema``."""
+    if part.start >= part.end:
+        return
+    client = BrokerClient(options.bootstrap())
+    try:
+        offset = part.start
+        position = part.start  # the next offset not yet yielded: no row twice
+        while offset < part.end:
+            response = _fetch(client, options, topic, part, offset)
+            for meta, rows in response.batches:
+                # The broker already trims to [offset, end); trimming here too keeps
+                # every row exactly once even if a batch came back whole.
+                first = meta.base_offset
+                skip = max(0, position - first)
+                stop = min(rows.num_rows, part.end - first)
+                if stop <= skip:
+                    continue
+                if skip or stop < rows.num_rows:
+                    rows = rows.slice(skip, stop - skip)
+                position = first + stop
+                yield _to_output(
+                    rows, schema, part.partition, first + skip, options.include_metadata
+                )
+            next_offset = response.trailer.next_offset
+            if next_offset <= offset:
+                # The planned range is no longer readable (its end is above the log's
+                # readable end now): looping would never finish.
+                t = response.trailer
+                raise OffsetOutOfRangeError(
+                    f"topic {topic!r} partition {part.partition}: offsets [{offset}, "
+                    f"{part.end}) were planned but the log no longer has them (log start "
+                    f"{t.log_start_offset}, last stable {t.last_stable_offset}, high "
+                    f"watermark {t.high_watermark}): the topic was recreated?"
+                )
+            offset = next_offset
+    finally:
+        client.close()
+
+
+# -- batch reads ---------------------------------------------------------------------------
+class IdemlogBatchReader(DataSourceReader):
+    """``spark.read.format("idemlog")``: the whole readable log as of planning."""
+
+    def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
+        self.options = options
+        self.topic = topic
+        self.schema = output_schema(topic, options.include_metadata)
+
+    def partitions(self) -> list[OffsetRangePartition]:
+        """On the driver: per log partition ``[log start, LSO or HW)`` as of now."""
+        ranges = []
+        with BrokerClient(self.options.bootstrap()) as client:
+            for p in range(self.topic.partitions):
+                offsets = client.list_offsets(self.topic.name, p)
+                start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
+                if end > start:
+                    ranges.append(OffsetRangePartition(p, start, end))
+        return ranges
+
+    def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
+        # Spark passes None when partitions() planned nothing (an empty topic).
+        if not isinstance(partition, OffsetRangePartition):
+            return iter(())
+        return read_range(self.options, self.topic.name, self.schema, partition)
+
+
+# -- stream reads --------------------------------------------------------------------------
+def cap_ends(base: Mapping[str, int], ends: Mapping[str, int], budget: int) -> dict[str, int]:
+    """``ends`` advanced at most ``budget`` offsets in total past ``base``.
+
+    The budget is split in proportion to each partition's backlog (largest remainder, so
+    exactly ``budget`` offsets are planned when the backlog exceeds it); then every
+    partition with a backlog gets at least one offset, taken from the largest share, while
+    the budget allows: a small partition is never starved by a large one.
+    """
+    backlog = {k: max(0, e - base.get(k, 0)) for k, e in ends.items()}
+    total = sum(backlog.values())
+    if budget <= 0 or total <= budget:
+        return dict(ends)
+    # budget < total: each floor share is below its backlog, so one more still fits.
+    shares = {k: budget * b // total for k, b in backlog.items()}
+    leftover = budget - sum(shares.values())
+    for k in sorted(ends, key=lambda k: (-(budget * backlog[k] % total), k))[:leftover]:
+        shares[k] += 1
+    starved = sorted(
+        (k for k in ends if backlog[k] and not shares[k]), key=lambda k: (-backlog[k], k)
+    )
+    for k in starved:
+        donor = max(ends, key=lambda d: (shares[d], backlog[d], d))
+        if shares[donor] <= 1:
+            break
+        shares[donor] -= 1
+        shares[k] = 1
+    return {k: base.get(k, 0) + shares[k] if backlog[k] else e for k, e in ends.items()}
+
+
+class IdemlogStreamReader(DataSourceStreamReader):
+    """``spark.readStream.format("idemlog")``: micro-batches of log offset ranges.
+
+    Spark calls ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on one
+    driver-side object, so it may remember the last planned end: the base of
+    maxOffsetsPerTrigger. A restarted query tells it through ``partitions(seen, seen)``
+    (Spark's setLatestSeenOffset) before asking for the next latestOffset; a new query
+    asks latestOffset first, so its base is the initial offset (cached, as Spark asks for
+    it again when it runs the batch).
+
+    Trigger.AvailableNow: Spark's wrapper for sources without admission control asks
+    latestOffset once per run and keeps the answer as the run's end, so with
+    maxOffsetsPerTrigger each run reads one capped batch (Spark 4.1.4, checked). Spark
+    versions whose wrapper asks before setLatestSeenOffset would get an end capped from
+    the initial offset, possibly below the restarted query's checkpoint (rows read twice):
+    when ``partitions(seen, seen)`` reveals such a guess was wrong, the reader refuses
+    before Spark records anything. Without the option the guess is the log's end: safe.
+    """
+
+    def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
+        self.options = options
+        self.topic = topic
+        self.schema = output_schema(topic, options.include_metadata)
+        self._initial: dict[str, int] | None = None
+        self._planned_end: dict[str, int] | None = None
+        # The base a capped latestOffset assumed before Spark said where the query stands.
+        self._guessed_base: dict[str, int] | None = None
+
+    def _client(self) -> BrokerClient:
+        return BrokerClient(self.options.bootstrap())
+
+    def _partition_count(self, client: BrokerClient) -> int:
+        # Partitions may be added to a running topic: each trigger looks again.
+        info = describe(client, self.topic.name)
+        if info is None:
+            raise UnknownTopicOrPartitionError(
+                f"topic {self.topic.name!r} no longer exists (the streaming query reads it)"
+            )
+        return max(info.partitions, self.topic.partitions)
+
+    def _offsets(self, client: BrokerClient) -> dict[str, dict[str, int]]:
+        return {
+            _key(p): client.list_offsets(self.topic.name, p)
+            for p in range(self._partition_count(client))
+        }
+
+    def _initial_offsets(self, client: BrokerClient) -> dict[str, int]:
+        # Computed once: Spark may ask again (runBatch of a new query) after latestOffset
+        # used it, and "latest" must not move in between.
+        if self._initial is None:
+            offsets = self._offsets(client)
+            if self.options.starting_offsets == "earliest":
+                self._initial = {k: o["log_start_offset"] for k, o in offsets.items()}
+            else:
+                self._initial = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
+        return dict(self._initial)
+
+    def initialOffset(self) -> dict[str, int]:
+        with self._client() as client:
+            return self._initial_offsets(client)
+
+    def latestOffset(self) -> dict[str, int]:
+        with self._client() as client:
+            current = {
+                k: _end_of(o, self.options.isolation) for k, o in self._offsets(client).items()
+            }
+            base = self._planned_end
+            if base is None:  # a new query: its first batch starts at the initial offset
+                base = self._initial_offsets(client)
+                if self.options.max_offsets_per_trigger > 0:
+                    self._guessed_base = dict(base)
+        behind = {k: (base[k], e) for k, e in current.items() if e < base.get(k, 0)}
+        if behind:
+            # Ends never move back by themselves: the log was replaced. Planning from here
+            # would read rows twice or stall, so say so instead.
+            where = ", ".join(
+                f"partition {k} at {b} but its log ends at {e}" for k, (b, e) in behind.items()
+            )
+            raise OffsetOutOfRangeError(
+                f"topic {self.topic.name!r}: the query's offsets are past the log ({where}): "
+                "the topic was recreated or the checkpoint belongs to another topic"
+            )
+        ends = {**base, **current}
+        ends = cap_ends(base, ends, self.options.max_offsets_per_trigger)
+        return dict(sorted(ends.items(), key=lambda kv: int(kv[0])))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRangePartition]:
+        """One range per partition that advanced; a partition missing from ``start`` (added
+        to the topic after it was planned) starts at 0, so none of its rows is skipped."""
+        self._planned_end = {str(k): int(v) for k, v in end.items()}
+        guessed, self._guessed_base = self._guessed_base, None
+        if guessed is not None and start == end and self._planned_end != guessed:
+            raise InvalidConfigError(
+                f"option 'maxOffsetsPerTrigger' cannot be used with Trigger.AvailableNow on "
+                f"a restarted query of topic {self.topic.name!r}: Spark asked for the end "
+                f"offsets before telling the reader the query stands at {self._planned_end}, "
+                "and a capped end could lie below it (rows read twice). Drop the option for "
+                "AvailableNow runs (each then reads all available rows in one batch) or use "
+                "a processing-time trigger"
+            )
+        ranges = []
+        for key in sorted(end, key=int):
+            s, e = int(start.get(key, 0)), int(end[key])
+            if e > s:
+                ranges.append(OffsetRangePartition(int(key), s, e))
+        return ranges
+
+    def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, OffsetRangePartition):
+            return iter(())
+        return read_range(self.options, self.topic.name, self.schema, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the broker's retention decides what the log keeps, and the
+        query's progress lives in Spark's checkpoint (the offsets), not in the broker."""
+
+    def stop(self) -> None:
+        """Nothing to stop: no connection outlives a call."""

@@ -1,0 +1,257 @@
+"""``format("idemlog")`` as a Spark user meets it: writes, reads, streams, modes, bad input.
+
+One in-process SparkSession (``local[2,4]``) and one embedded broker for the module; each
+test uses its own topics. Fault injection lives in ``test_faults.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from broker_core.client import BrokerClient
+from jobs.verify import verify_exactly_once
+from spark_sink import local_session
+from spark_sink.embedded import broker_pid, ensure_broker, stop_broker
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path = str(tmp_path_factory.mktemp("store"))
+    yield path
+    stop_broker(path)
+
+
+@pytest.fixture(scope="module")
+def spark(store: str) -> Iterator[SparkSession]:
+    session = local_session("idemlog-api-tests", cores=2, max_failures=4)
+    yield session
+    session.stop()
+
+
+def payments(spark: SparkSession, n: int, first: int = 0) -> DataFrame:
+    return spark.range(first, first + n).selectExpr(
+        "id", "cast(id % 13 as int) AS account", "concat('p', id) AS note"
+    )
+
+
+def write(df: DataFrame, store: str, topic: str, **options: str) -> None:
+    writer = df.write.format("idemlog").option("topic", topic).option("path", store)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    writer.mode("append").save()
+
+
+def read(spark: SparkSession, store: str, topic: str, **options: str) -> pa.Table:
+    reader = spark.read.format("idemlog").option("topic", topic).option("path", store)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    table: pa.Table = reader.load().toArrow()
+    return table
+
+
+def end_offsets(store: str, topic: str) -> list[int]:
+    with BrokerClient(ensure_broker(store)) as client:
+        parts = len(client.describe_topics([topic])[0]["partitions"])
+        return [client.list_offsets(topic, p)["log_end_offset"] for p in range(parts)]
+
+
+# -- writing and reading back ---------------------------------------------------------------
+def test_batch_write_then_read_returns_every_row_once_in_key_order(
+    spark: SparkSession, store: str
+) -> None:
+    # Per-key order is the order within a task: give each task its keys' rows sorted.
+    df = payments(spark, 20_000).repartition(3, "account").sortWithinPartitions("id")
+    write(df, store, "api_roundtrip", key="account")
+    table = read(spark, store, "api_roundtrip", includeMetadata="true")
+    verdict = verify_exactly_once(
+        table, id_column="id", key_column="account", expected_ids=range(20_000)
+    )
+    assert verdict.ok, verdict.line()
+    assert verdict.order_violations == 0
+    assert table.schema.names == ["id", "account", "note", "_partition", "_offset"]
+    # Rows of one key live in one partition.
+    per_key = table.group_by("account").aggregate([("_partition", "count_distinct")])
+    assert set(per_key.column("_partition_count_distinct").to_pylist()) == {1}
+
+
+def test_each_append_job_is_one_copy_and_the_embedded_broker_is_reused(
+    spark: SparkSession, store: str
+) -> None:
+    write(payments(spark, 1000), store, "api_twice")
+    pid = broker_pid(store)
+    write(payments(spark, 1000, first=1000), store, "api_twice")
+    assert broker_pid(store) == pid  # started on first use, then shared
+    table = read(spark, store, "api_twice")
+    verdict = verify_exactly_once(table, id_column="id", key_column=None, expected_ids=range(2000))
+    assert verdict.ok, verdict.line()
+
+
+def test_read_uncommitted_and_a_spark_filter(spark: SparkSession, store: str) -> None:
+    write(payments(spark, 500), store, "api_iso", partitions="2")
+    df = (
+        spark.read.format("idemlog")
+        .option("topic", "api_iso")
+        .option("path", store)
+        .option("isolation", "read_uncommitted")
+        .load()
+    )
+    assert df.filter(F.col("account") == 3).count() == sum(1 for i in range(500) if i % 13 == 3)
+
+
+def test_stream_from_idemlog_to_idemlog_is_exactly_once_end_to_end(
+    spark: SparkSession, store: str, tmp_path: Path
+) -> None:
+    source = payments(spark, 6000).repartition(3, "account").sortWithinPartitions("id")
+    write(source, store, "api_src", key="account", partitions="3")  # keys in id order
+    query = (
+        spark.readStream.format("idemlog")
+        .option("topic", "api_src")
+        .option("path", store)
+        .option("maxOffsetsPerTrigger", "1500")
+        .load()
+        .writeStream.format("idemlog")
+        .option("topic", "api_dst")
+        .option("key", "account")
+        .option("path", store)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        batches = len(query.recentProgress)
+    finally:
+        query.stop()
+    assert batches >= 4  # maxOffsetsPerTrigger split the 6000 rows
+    table = read(spark, store, "api_dst", includeMetadata="true")
+    verdict = verify_exactly_once(
+        table, id_column="id", key_column="account", expected_ids=range(6000)
+    )
+    assert verdict.ok, verdict.line()
+
+
+# -- modes ----------------------------------------------------------------------------------
+def test_overwrite_is_refused_and_nothing_is_written(spark: SparkSession, store: str) -> None:
+    write(payments(spark, 100), store, "api_modes")
+    before = end_offsets(store, "api_modes")
+    with pytest.raises(Exception, match="mode 'overwrite' is not supported"):
+        payments(spark, 100).write.format("idemlog").option("topic", "api_modes").option(
+            "path", store
+        ).mode("overwrite").save()
+    assert end_offsets(store, "api_modes") == before
+
+
+@pytest.mark.parametrize("mode", ["errorifexists", "ignore"])
+def test_modes_spark_does_not_offer_python_sources_are_refused_by_spark(
+    spark: SparkSession, store: str, mode: str
+) -> None:
+    with pytest.raises(Exception, match="UNSUPPORTED_DATA_SOURCE_SAVE_MODE"):
+        payments(spark, 10).write.format("idemlog").option("topic", "api_modes2").option(
+            "path", store
+        ).mode(mode).save()
+
+
+# -- bad input: clear errors, nothing visible ------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"topik": "x"}, "unknown idemlog option 'topik' (did you mean 'topic'?)"),
+        ({}, "option 'topic' is required"),
+        ({"topic": "bad name!"}, "option 'topic'='bad name!' is not a topic name"),
+        ({"topic": "api_bad", "key": "nope"}, "option 'key'='nope' names no column"),
+        ({"topic": "api_bad", "partitions": "0"}, "partitions='0' is below the minimum 1"),
+        ({"topic": "api_bad", "isolation": "dirty"}, "applies to reads only"),
+        ({"topic": "api_bad", "producer.transactional.id": "x"}, "sets producer key"),
+        ({"topic": "api_bad", "producer.linger.mss": "1"}, "linger.mss"),
+        ({"topic": "api_bad", "brokers": "nohost"}, "option 'brokers'='nohost'"),
+    ],
+)
+def test_bad_write_options_name_the_problem_and_write_nothing(
+    spark: SparkSession, store: str, options: dict[str, str], message: str
+) -> None:
+    writer = payments(spark, 10).write.format("idemlog").option("path", store)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    with pytest.raises(Exception, match=_escaped(message)):
+        writer.mode("append").save()
+    with BrokerClient(ensure_broker(store)) as client:
+        assert "api_bad" not in {t["name"] for t in client.describe_topics()}
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        # Spark itself refuses calendar intervals in a table schema ...
+        ("make_interval(0, 0, 0, 1)", 'Cannot use "INTERVAL" type in the table schema'),
+        # ... and the sink refuses what has no Arrow form, naming the column.
+        ("INTERVAL '1' YEAR", "column 'wait' of type interval year cannot be written"),
+    ],
+)
+def test_unsupported_column_type_is_named(
+    spark: SparkSession, store: str, expr: str, message: str
+) -> None:
+    df = payments(spark, 10).withColumn("wait", F.expr(expr))
+    with pytest.raises(Exception, match=message):
+        write(df, store, "api_types")
+    with BrokerClient(ensure_broker(store)) as client:
+        assert "api_types" not in {t["name"] for t in client.describe_topics()}
+
+
+def test_schema_change_between_writes_is_refused_naming_columns(
+    spark: SparkSession, store: str
+) -> None:
+    write(payments(spark, 100), store, "api_schema")
+    before = end_offsets(store, "api_schema")
+    changed = payments(spark, 100).withColumn("account", F.col("account").cast("string"))
+    with pytest.raises(Exception, match=r"changed types account \(int32 -> string\)"):
+        write(changed, store, "api_schema")
+    extra = payments(spark, 100).withColumn("fee", F.lit(1))
+    with pytest.raises(Exception, match="new columns fee"):
+        write(extra, store, "api_schema")
+    assert end_offsets(store, "api_schema") == before
+
+
+def test_stream_whose_schema_changed_across_restarts_fails_before_writing(
+    spark: SparkSession, store: str, tmp_path: Path
+) -> None:
+    write(payments(spark, 100), store, "api_stream_schema")
+    before = end_offsets(store, "api_stream_schema")
+    src = tmp_path / "src"
+    payments(spark, 100).withColumn("fee", F.lit(1)).write.parquet(str(src))
+    query = (
+        spark.readStream.schema("id bigint, account int, note string, fee int")
+        .parquet(str(src))
+        .writeStream.format("idemlog")
+        .option("topic", "api_stream_schema")
+        .option("path", store)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    with pytest.raises(Exception, match="new columns fee"):
+        query.processAllAvailable()
+    query.stop()
+    assert end_offsets(store, "api_stream_schema") == before
+
+
+def test_reading_a_missing_topic_names_it(spark: SparkSession, store: str) -> None:
+    with pytest.raises(Exception, match="topic 'api_nothing' does not exist"):
+        read(spark, store, "api_nothing")
+
+
+def test_read_options_are_validated(spark: SparkSession, store: str) -> None:
+    write(payments(spark, 10), store, "api_read_opts")
+    with pytest.raises(Exception, match="'key' applies to writes only"):
+        read(spark, store, "api_read_opts", key="account")
+    with pytest.raises(Exception, match="isolation='dirty' is not one of"):
+        read(spark, store, "api_read_opts", isolation="dirty")
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)

@@ -1,0 +1,226 @@
+"""The embedded default (spark_sink.embedded) with real broker processes.
+
+Every test works under its own ``tmp_path`` and stops the broker it caused in a fixture
+finaliser, so no broker outlives its test. Waiting for a killed broker that is not this
+process's child cannot use ``os.waitpid``: :func:`wait_gone` polls ``os.kill(pid, 0)``
+against a deadline instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker_core.client import BrokerClient
+from spark_sink import embedded
+from spark_sink.embedded import (
+    CONFIG_FILE,
+    DATA_DIR,
+    DEFAULT_PATH,
+    LOG_FILE,
+    broker_pid,
+    ensure_broker,
+    stop_broker,
+)
+from spark_sink.errors import EmbeddedBrokerError
+
+REPO = Path(__file__).resolve().parents[2]
+SUBPROCESS_TIMEOUT_S = 120.0
+ENSURE_IN_SUBPROCESS = (
+    "import json, sys\n"
+    "from spark_sink.embedded import broker_pid, ensure_broker\n"
+    "address = ensure_broker(sys.argv[1])\n"
+    "print(json.dumps({'address': address, 'pid': broker_pid(sys.argv[1])}))\n"
+)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Iterator[str]:
+    where = str(tmp_path / "embedded")
+    try:
+        yield where
+    finally:
+        stop_broker(where)
+
+
+def alive(pid: int) -> bool:
+    """Exists and has not exited (a zombie has: it only waits to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        assert time.monotonic() < deadline, f"pid {pid} still alive after {timeout_s} s"
+        time.sleep(0.01)
+
+
+def ensure_subprocess(path: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", ENSURE_IN_SUBPROCESS, path],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def result_of(proc: subprocess.Popen[str]) -> tuple[str, int]:
+    out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, err
+    doc = json.loads(out.strip().splitlines()[-1])
+    return str(doc["address"]), int(doc["pid"])
+
+
+def brokers_serving(path: str) -> list[int]:
+    """Pids of every live process running a broker with this path's config."""
+    config = os.path.join(os.path.abspath(path), CONFIG_FILE)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if "broker_core.cli" in args and config in args and alive(int(entry)):
+            pids.append(int(entry))
+    return pids
+
+
+def test_default_path_is_under_home() -> None:
+    assert os.path.expanduser("~/.idemlog/embedded") == DEFAULT_PATH
+
+
+def test_first_call_starts_a_broker_that_later_calls_and_processes_reuse(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IDEMLOG_TEST_FAILPOINT", "after_first_marker")
+    address = ensure_broker(path)
+    pid = broker_pid(path)
+    assert pid is not None
+    with BrokerClient(address) as client:
+        client.create_topic("events", 2)
+        assert "broker_id" in client.ping()
+        assert [t["name"] for t in client.describe_topics(["events"])] == ["events"]
+    assert Path(path, DATA_DIR, "events", "topic.json").is_file()  # log.dir = <path>/data
+    # Its own session (survives its starter's process group); no test hook inherited.
+    assert os.getsid(pid) == pid
+    assert b"IDEMLOG_TEST_FAILPOINT" not in Path(f"/proc/{pid}/environ").read_bytes()
+
+    assert ensure_broker(path) == address
+    assert broker_pid(path) == pid
+    assert result_of(ensure_subprocess(path)) == (address, pid)
+    assert brokers_serving(path) == [pid]
+
+
+def test_broker_killed_is_replaced_on_the_same_port_with_its_data(path: str) -> None:
+    address = ensure_broker(path)
+    with BrokerClient(address) as client:
+        client.create_topic("survivor", 3)
+    pid = broker_pid(path)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_gone(pid)
+    assert broker_pid(path) is None
+
+    assert ensure_broker(path) == address  # same port: clients keep their address
+    new_pid = broker_pid(path)
+    assert new_pid is not None and new_pid != pid
+    with BrokerClient(address) as client:
+        (topic,) = client.describe_topics(["survivor"])
+        assert len(topic["partitions"]) == 3
+
+
+def test_hung_broker_is_replaced(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded, "_PING_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(embedded, "_TERM_GRACE_S", 0.5)
+    address = ensure_broker(path)
+    pid = broker_pid(path)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing (and ignores SIGTERM)
+    try:
+        assert ensure_broker(path) == address
+        new_pid = broker_pid(path)
+        assert new_pid is not None and new_pid != pid
+        assert not alive(pid)  # SIGKILLed before the new broker opened the data
+        assert brokers_serving(path) == [new_pid]
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_concurrent_callers_get_exactly_one_broker(path: str) -> None:
+    procs = [ensure_subprocess(path) for _ in range(2)]
+    results: list[tuple[str, int | None]] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def call() -> None:
+        try:
+            barrier.wait()
+            address = ensure_broker(path)
+            results.append((address, broker_pid(path)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(SUBPROCESS_TIMEOUT_S)
+    results.extend(result_of(p) for p in procs)
+    assert not errors, errors
+    assert len(results) == 6
+    assert len(set(results)) == 1, results
+    (_, pid) = results[0]
+    assert pid is not None
+    assert brokers_serving(path) == [pid]
+    starts = Path(path, LOG_FILE).read_text().count("embedded broker starting")
+    assert starts == 1
+
+
+def test_broker_that_cannot_start_raises_with_path_and_log(path: str) -> None:
+    os.makedirs(path)
+    Path(path, DATA_DIR).write_text("not a directory\n")  # log.dir unusable
+    with pytest.raises(EmbeddedBrokerError) as info:
+        ensure_broker(path)
+    message = str(info.value)
+    assert path in message
+    assert LOG_FILE in message
+    assert "FileExistsError" in message  # the traceback's end, quoted from broker.log
+    assert info.value.retriable
+    assert broker_pid(path) is None
+
+
+def test_stop_broker_stops_it_once(path: str) -> None:
+    ensure_broker(path)
+    pid = broker_pid(path)
+    assert pid is not None
+    assert stop_broker(path) is True
+    wait_gone(pid, timeout_s=5.0)  # stop_broker returned only once it was gone
+    assert not alive(pid)
+    assert broker_pid(path) is None
+    assert "STOPPED" in Path(path, LOG_FILE).read_text()  # a clean shutdown, not a kill
+    assert stop_broker(path) is False
+
+
+def test_stop_broker_of_a_path_never_used(tmp_path: Path) -> None:
+    assert stop_broker(str(tmp_path / "nothing-here")) is False

@@ -1,0 +1,97 @@
+"""Options and failpoint specs: declared once, documented in the README, checked by name."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+
+from broker_core.errors import InvalidConfigError
+from spark_sink import failpoints
+from spark_sink.embedded import DEFAULT_PATH
+from spark_sink.options import OPTIONS, SCOPES, Scope, parse_options
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_readme_table_matches_the_code() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Spark sink and source", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w[\w.]*)` \| `([^`]*)` \| ([a-z, ]+) \|", section, re.MULTILINE)
+    documented = {name: (default, scope) for name, default, scope in rows}
+    expected = {}
+    for key in OPTIONS:
+        default = str(key.default).lower() if isinstance(key.default, bool) else str(key.default)
+        if key.name == "path":
+            default = "~/.idemlog/embedded"
+        expected[key.name] = (default, SCOPES[key.name].value)
+    assert documented == expected
+    assert DEFAULT_PATH.endswith("/.idemlog/embedded")
+
+
+def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
+    options = parse_options(
+        {"topic": "t", "maxoffsetspertrigger": "10", "INCLUDEMETADATA": "true"}, Scope.READ
+    )
+    assert options.max_offsets_per_trigger == 10 and options.include_metadata
+    written = parse_options(
+        {"topic": "t", "checkpointlocation": "/x", "producer.linger.ms": "7"}, Scope.WRITE
+    )
+    assert written.producer == {"linger.ms": "7"} and written.embedded
+
+
+@pytest.mark.parametrize(
+    ("options", "scope", "message"),
+    [
+        (
+            {"topic": "t", "maxOfsetsPerTrigger": "1"},
+            Scope.READ,
+            "did you mean 'maxOffsetsPerTrigger'",
+        ),
+        ({"topic": "t", "key": "k"}, Scope.READ, "'key' applies to writes only"),
+        ({"topic": "t", "startingOffsets": "middle"}, Scope.READ, "startingOffsets='middle'"),
+        ({"topic": "t", "producer.batch.size": "1"}, Scope.READ, "applies to writes only"),
+        ({"topic": "t", "producer.batch.size": "x"}, Scope.WRITE, "batch.size='x'"),
+        ({"topic": "__consumer"}, Scope.WRITE, "not starting with '__'"),
+        ({"topic": "t", "transaction.timeout.ms": "0"}, Scope.WRITE, "below the minimum 1"),
+        ({"topic": "t", "includeMetadata": "perhaps"}, Scope.READ, "is not a boolean"),
+    ],
+)
+def test_bad_options_are_named(options: dict[str, str], scope: Scope, message: str) -> None:
+    with pytest.raises(InvalidConfigError, match=re.escape(message)):
+        parse_options(options, scope)
+
+
+def test_parsed_options_pickle_for_the_executors() -> None:
+    options = parse_options({"topic": "t", "brokers": "h:1,h:2", "key": "k"}, Scope.WRITE)
+    assert pickle.loads(pickle.dumps(options)) == options
+    assert options.bootstrap() == "h:1,h:2"
+
+
+def test_failpoints_parse_match_and_fire_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = "mid_write@3/1=raise;inside_commit@5=kill_driver;before_write@0=sleep:0.01"
+    entries = failpoints.parse(spec)
+    assert [(e.point, e.batch_id, e.partition, e.action) for e in entries] == [
+        ("mid_write", 3, 1, "raise"),
+        ("inside_commit", 5, None, "kill_driver"),
+        ("before_write", 0, None, "sleep:0.01"),
+    ]
+    monkeypatch.setenv(failpoints.ENV, spec)
+    monkeypatch.setenv(failpoints.ENV_DIR, str(tmp_path))
+    failpoints.hit("mid_write", 3, 0)  # another partition: nothing
+    with pytest.raises(Exception, match="failpoint mid_write@3/1=raise fired"):
+        failpoints.hit("mid_write", 3, 1)
+    failpoints.hit("mid_write", 3, 1)  # fired once already: passes now
+    with pytest.raises(InvalidConfigError, match="is not <point>@<batch>"):
+        failpoints.parse("during_lunch@1=raise")
+
+
+def test_failpoints_need_a_marker_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(failpoints.ENV, "mid_write@1=raise")
+    monkeypatch.delenv(failpoints.ENV_DIR, raising=False)
+    with pytest.raises(InvalidConfigError, match=failpoints.ENV_DIR):
+        failpoints.hit("mid_write", 1, 0)

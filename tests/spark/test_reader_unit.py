@@ -1,0 +1,478 @@
+"""The readers of spark_sink.reader WITHOUT Spark, against a real broker process.
+
+Each test drives the reader objects the way Spark does (partitions on the "driver", read
+on a pickled copy as on an executor, offsets through JSON) and checks the rows against
+the offsets the producer was answered with.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from broker_core.client import BrokerClient
+from broker_core.errors import (
+    InvalidConfigError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
+from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, IdemlogOptions, Scope, parse_options
+from spark_sink.producer import Producer, SendResult
+from spark_sink.reader import (
+    IdemlogBatchReader,
+    IdemlogStreamReader,
+    OffsetRangePartition,
+    cap_ends,
+    output_schema,
+)
+from spark_sink.schema import normalise
+from spark_sink.topics import TopicInfo, require
+from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import broker as broker  # fixtures
+from tests.harness.broker import broker_factory as broker_factory
+from tests.harness.broker import client as client
+
+FAST = {"linger.ms": 2, "retry.backoff.ms": 20}
+SCHEMA = normalise(pa.schema([("id", pa.int64()), ("name", pa.string())]))
+TOPIC = "events"
+Position = tuple[int, int]  # (partition, offset)
+
+
+def rows(start: int, n: int) -> pa.Table:
+    ids = np.arange(start, start + n, dtype=np.int64)
+    return pa.table({"id": ids, "name": [f"n{i}" for i in ids]}, schema=SCHEMA)
+
+
+def positions(table: pa.Table, result: SendResult) -> dict[int, Position]:
+    """id -> (partition, offset) of one round-robin send (its rows stay in order)."""
+    ids = iter(table.column("id").to_pylist())
+    return {next(ids): (m.partition, m.base_offset + i) for m in result for i in range(m.num_rows)}
+
+
+@dataclass
+class Scenario:
+    """Two partitions: a committed transaction, an aborted one, an open one, then a
+    committed one above the open one (so above the last stable offset)."""
+
+    committed: dict[int, Position] = field(default_factory=dict)
+    aborted: dict[int, Position] = field(default_factory=dict)
+    open: dict[int, Position] = field(default_factory=dict)
+    after_open: dict[int, Position] = field(default_factory=dict)
+    open_producer: Producer | None = None
+
+    def commit_open(self) -> None:
+        assert self.open_producer is not None
+        self.open_producer.commit_transaction()
+
+
+def send_all(producer: Producer, tables: list[pa.Table]) -> dict[int, Position]:
+    futures = [producer.send(TOPIC, t) for t in tables]
+    producer.flush()
+    out: dict[int, Position] = {}
+    for t, f in zip(tables, futures, strict=True):
+        out.update(positions(t, f.result(10)))
+    return out
+
+
+@pytest.fixture
+def scenario(broker: BrokerProcess, client: BrokerClient) -> Iterator[Scenario]:
+    client.create_topic(TOPIC, 2, schema=SCHEMA)
+    s = Scenario()
+    with Producer(broker.address, transactional_id="writer", **FAST) as writer:
+        writer.init_transactions()
+        writer.begin_transaction()
+        s.committed = send_all(writer, [rows(i * 10, 10) for i in range(4)])
+        writer.commit_transaction()
+        writer.begin_transaction()
+        s.aborted = send_all(writer, [rows(100, 10), rows(110, 10)])
+        writer.abort_transaction()
+        opener = Producer(
+            broker.address, transactional_id="opener", transaction_timeout_ms=600_000, **FAST
+        )
+        s.open_producer = opener
+        opener.init_transactions()
+        opener.begin_transaction()
+        s.open = send_all(opener, [rows(200, 10), rows(210, 10)])
+        writer.begin_transaction()
+        s.after_open = send_all(writer, [rows(300, 10), rows(310, 10)])
+        writer.commit_transaction()
+    assert {p for p, _o in s.open.values()} == {0, 1}, "the open transaction holds both"
+    try:
+        yield s
+    finally:
+        opener.close(0)
+
+
+def options(broker: BrokerProcess, **extra: str) -> IdemlogOptions:
+    return parse_options({"topic": TOPIC, "brokers": broker.address, **extra}, Scope.READ)
+
+
+def on_executor(obj: Any) -> Any:
+    """What Spark does to a reader and a partition before read(): a pickled copy."""
+    return pickle.loads(pickle.dumps(obj))
+
+
+def read_parts(reader: Any, parts: list[OffsetRangePartition]) -> pa.Table:
+    executor_reader = on_executor(reader)
+    batches = []
+    for part in parts:
+        for batch in executor_reader.read(on_executor(part)):
+            assert isinstance(batch, pa.RecordBatch)
+            assert batch.schema.equals(reader.schema), batch.schema
+            assert batch.num_rows > 0
+            batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def found(table: pa.Table) -> dict[int, Position]:
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "no row twice"
+    names = table.column("name").to_pylist()
+    assert names == [f"n{i}" for i in ids]
+    return dict(
+        zip(
+            ids,
+            zip(
+                table.column(PARTITION_COLUMN).to_pylist(),
+                table.column(OFFSET_COLUMN).to_pylist(),
+                strict=True,
+            ),
+            strict=True,
+        )
+    )
+
+
+def batch_read(broker: BrokerProcess, client: BrokerClient, **extra: str) -> pa.Table:
+    opts = options(broker, includeMetadata="true", **extra)
+    reader = IdemlogBatchReader(opts, require(client, opts))
+    return read_parts(reader, reader.partitions())
+
+
+# -- batch reader ------------------------------------------------------------------------
+def test_output_schema_is_the_topic_schema_plus_non_null_metadata() -> None:
+    info = TopicInfo(TOPIC, 1, SCHEMA)
+    assert output_schema(info, False).equals(SCHEMA)
+    expected = SCHEMA.append(pa.field(PARTITION_COLUMN, pa.int32(), nullable=False)).append(
+        pa.field(OFFSET_COLUMN, pa.int64(), nullable=False)
+    )
+    assert output_schema(info, True).equals(expected)
+
+
+def test_batch_read_committed_returns_committed_rows_once_and_stops_at_the_lso(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    opts = options(broker, includeMetadata="true")
+    reader = IdemlogBatchReader(opts, require(client, opts))
+    parts = reader.partitions()
+    assert [p.partition for p in parts] == [0, 1]
+    for part in parts:
+        offsets = client.list_offsets(TOPIC, part.partition)
+        assert part.start == offsets["log_start_offset"] == 0
+        assert part.end == offsets["last_stable_offset"] < offsets["high_watermark"]
+        first_open = min(o for p, o in scenario.open.values() if p == part.partition)
+        assert part.end == first_open
+    # Exactly the committed transaction: not the aborted one, not the open one, not the
+    # committed one above the open one; each row at the offset it was written at.
+    assert found(read_parts(reader, parts)) == scenario.committed
+
+
+def test_batch_read_uncommitted_returns_everything_appended(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    everything = {**scenario.committed, **scenario.aborted, **scenario.open, **scenario.after_open}
+    assert found(batch_read(broker, client, isolation="read_uncommitted")) == everything
+
+
+def test_batch_read_after_the_open_transaction_commits_skips_only_the_aborted_rows(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    scenario.commit_open()
+    expected = {**scenario.committed, **scenario.open, **scenario.after_open}
+    assert found(batch_read(broker, client)) == expected
+
+
+def test_batch_read_without_metadata_and_of_an_empty_topic(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    opts = options(broker)
+    reader = IdemlogBatchReader(opts, require(client, opts))
+    table = read_parts(reader, reader.partitions())
+    assert table.schema.names == ["id", "name"]
+    assert sorted(table.column("id").to_pylist()) == sorted(scenario.committed)
+
+    client.create_topic("empty", 3, schema=SCHEMA)
+    empty_opts = parse_options({"topic": "empty", "brokers": broker.address}, Scope.READ)
+    empty = IdemlogBatchReader(empty_opts, require(client, empty_opts))
+    assert empty.partitions() == []
+    assert list(empty.read(None)) == [], "Spark reads None when nothing was planned"
+
+
+def test_a_range_ending_inside_a_batch_returns_exactly_its_rows(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    opts = options(broker, includeMetadata="true")
+    reader = IdemlogBatchReader(opts, require(client, opts))
+    in_p0 = sorted(o for p, o in scenario.committed.values() if p == 0)
+    # Start and end in the middle of the first and the second batch of partition 0.
+    start, end = in_p0[3], in_p0[15]
+    table = read_parts(reader, [OffsetRangePartition(0, start, end)])
+    assert table.column(OFFSET_COLUMN).to_pylist() == list(range(start, end))
+    expected = {
+        i: (p, o) for i, (p, o) in scenario.committed.items() if p == 0 and start <= o < end
+    }
+    assert found(table) == expected
+
+
+def test_fetch_errors_keep_the_brokers_typed_error(broker: BrokerProcess) -> None:
+    opts = parse_options({"topic": "missing", "brokers": broker.address}, Scope.READ)
+    reader = IdemlogBatchReader(opts, TopicInfo("missing", 1, SCHEMA))
+    with pytest.raises(UnknownTopicOrPartitionError):
+        list(reader.read(OffsetRangePartition(0, 0, 5)))
+
+
+# -- stream reader -----------------------------------------------------------------------
+def via_json(offsets: Mapping[str, int]) -> dict[str, Any]:
+    """Spark keeps offsets as JSON (offset log, Python <-> JVM)."""
+    result: dict[str, Any] = json.loads(json.dumps(offsets))
+    return result
+
+
+def run_triggers(
+    reader: IdemlogStreamReader,
+    start: dict[str, Any],
+    on_trigger: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    limit: int = 200,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """Micro-batches until the source has nothing new: Spark's driver loop."""
+    tables = []
+    for _ in range(limit):
+        end = via_json(reader.latestOffset())
+        if end == start:
+            break
+        if on_trigger is not None:
+            on_trigger(start, end)
+        tables.append(read_parts(reader, reader.partitions(start, end)))
+        reader.commit(end)
+        start = end
+    else:
+        raise AssertionError("the stream never caught up")
+    if not tables:
+        return reader.schema.empty_table(), start
+    return pa.concat_tables(tables), start
+
+
+def stream_reader(broker: BrokerProcess, client: BrokerClient, **extra: str) -> IdemlogStreamReader:
+    opts = options(broker, includeMetadata="true", **extra)
+    return IdemlogStreamReader(opts, require(client, opts))
+
+
+def test_stream_initial_and_latest_offsets(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    lso = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+    hw = {str(p): client.list_offsets(TOPIC, p)["high_watermark"] for p in (0, 1)}
+    earliest = stream_reader(broker, client)
+    assert via_json(earliest.initialOffset()) == {"0": 0, "1": 0}
+    assert earliest.latestOffset() == lso
+    latest = stream_reader(broker, client, startingOffsets="latest")
+    assert latest.initialOffset() == lso
+    uncommitted = stream_reader(
+        broker, client, startingOffsets="latest", isolation="read_uncommitted"
+    )
+    assert uncommitted.initialOffset() == hw == uncommitted.latestOffset()
+
+
+def test_stream_with_max_offsets_per_trigger_reads_every_committed_row_once(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    reader = stream_reader(broker, client, maxOffsetsPerTrigger="7")
+    start = via_json(reader.initialOffset())
+    advances: list[int] = []
+
+    def check(s: dict[str, Any], e: dict[str, Any]) -> None:
+        assert all(e[k] >= s.get(k, 0) for k in e)
+        advances.append(sum(e[k] - s.get(k, 0) for k in e))
+
+    table, start = run_triggers(reader, start, check)
+    assert found(table) == scenario.committed
+    assert max(advances) == 7 and len(advances) >= 4, advances
+    assert start == {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+
+    scenario.commit_open()  # the LSO moves past the open and the later transaction
+    more, start = run_triggers(reader, start, check)
+    assert found(more) == {**scenario.open, **scenario.after_open}
+    assert max(advances) == 7
+    # Offsets only grow within a partition, across triggers.
+    whole = pa.concat_tables([table, more])
+    for p in (0, 1):
+        offs = [o for pp, o in zip(*_meta(whole), strict=True) if pp == p]
+        assert offs == sorted(offs) and len(offs) == len(set(offs))
+
+
+def _meta(table: pa.Table) -> tuple[list[int], list[int]]:
+    return table.column(PARTITION_COLUMN).to_pylist(), table.column(OFFSET_COLUMN).to_pylist()
+
+
+def test_stream_from_latest_reads_only_what_is_committed_later(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    reader = stream_reader(broker, client, startingOffsets="latest")
+    start = via_json(reader.initialOffset())
+    nothing, start = run_triggers(reader, start)
+    assert nothing.num_rows == 0
+    scenario.commit_open()
+    table, _ = run_triggers(reader, start)
+    assert found(table) == {**scenario.open, **scenario.after_open}
+
+
+def test_restarted_stream_caps_from_the_checkpointed_offsets(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    scenario.commit_open()
+    first = stream_reader(broker, client, maxOffsetsPerTrigger="9")
+    start = via_json(first.initialOffset())
+    end = via_json(first.latestOffset())
+    done = read_parts(first, first.partitions(start, end))
+    # A new reader (a restarted query): Spark's setLatestSeenOffset plans (seen, seen).
+    restarted = stream_reader(broker, client, maxOffsetsPerTrigger="9")
+    assert restarted.partitions(end, end) == []
+    following = via_json(restarted.latestOffset())
+    assert sum(following[k] - end[k] for k in end) == 9
+    rest, _ = run_triggers(restarted, end)
+    expected = {**scenario.committed, **scenario.open, **scenario.after_open}
+    assert found(pa.concat_tables([done, rest])) == expected
+
+
+def test_checkpoint_past_the_log_end_is_an_error_not_a_stall(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    reader = stream_reader(broker, client)
+    reader.partitions({"0": 10_000, "1": 0}, {"0": 10_000, "1": 0})  # a foreign checkpoint
+    with pytest.raises(OffsetOutOfRangeError, match="partition 0 at 10000 but its log ends at"):
+        reader.latestOffset()
+
+
+def test_available_now_restart_with_a_cap_is_refused_before_anything_is_planned(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    first = stream_reader(broker, client, maxOffsetsPerTrigger="9")
+    start = via_json(first.initialOffset())
+    end = via_json(first.latestOffset())
+    first.partitions(start, end)
+    # A Spark whose AvailableNow wrapper asks latestOffset before setLatestSeenOffset.
+    restarted = stream_reader(broker, client, maxOffsetsPerTrigger="9")
+    guess = via_json(restarted.latestOffset())
+    assert sum(guess[k] - start[k] for k in start) == 9, "capped from the initial offset"
+    with pytest.raises(InvalidConfigError, match=r"maxOffsetsPerTrigger.*AvailableNow"):
+        restarted.partitions(end, end)
+    # Without the option the guess is the log's end: at or past any checkpoint, so safe.
+    uncapped = stream_reader(broker, client)
+    guess = via_json(uncapped.latestOffset())
+    assert uncapped.partitions(end, end) == []
+    assert all(guess[k] >= end[k] for k in end)
+    # A new query with no data yet plans (initial, initial): that is no restart.
+    new = stream_reader(broker, client, maxOffsetsPerTrigger="9", startingOffsets="latest")
+    latest = via_json(new.latestOffset())
+    assert new.partitions(latest, latest) == []
+
+
+def test_stream_partitions_plan_missing_and_unchanged_partitions() -> None:
+    # A partition added to the topic after `start` was planned starts at 0.
+    opts = parse_options({"topic": TOPIC, "brokers": "127.0.0.1:1"}, Scope.READ)
+    reader = IdemlogStreamReader(opts, TopicInfo(TOPIC, 1, SCHEMA))  # connects to nothing
+    assert reader.partitions({"0": 5}, {"0": 5, "1": 3}) == [OffsetRangePartition(1, 0, 3)]
+    assert reader.partitions({"0": 5, "1": 3}, {"0": 9, "1": 3}) == [OffsetRangePartition(0, 5, 9)]
+
+
+def test_stream_reader_pickles_with_its_planned_end(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    reader = stream_reader(broker, client, maxOffsetsPerTrigger="5")
+    start = via_json(reader.initialOffset())
+    end = via_json(reader.latestOffset())
+    parts = reader.partitions(start, end)
+    copy = on_executor(reader)
+    assert copy.latestOffset() == reader.latestOffset()
+    assert read_parts(copy, parts).num_rows == 5
+
+
+# -- data loss ---------------------------------------------------------------------------
+def test_reading_offsets_deleted_by_retention_names_topic_partition_and_offsets(
+    broker_factory: BrokerFactory,
+) -> None:
+    broker = broker_factory({"log.retention.check.interval.ms": 50})
+    with BrokerClient(broker.address) as client:
+        client.create_topic(
+            TOPIC,
+            1,
+            schema=SCHEMA,
+            config={"segment.bytes": 4096, "max.message.bytes": 4096, "retention.bytes": 4096},
+        )
+        with Producer(broker.address, **FAST) as producer:
+            for i in range(20):
+                producer.send(TOPIC, rows(i * 50, 50)).result(10)
+        # Retention runs every 50 ms: wait until it deleted and has nothing more to delete
+        # (the same log start over ten of its runs), so the batch read below is not raced.
+        deadline = time.monotonic() + 30
+        seen = [-1]
+        while True:
+            seen.append(client.list_offsets(TOPIC, 0)["log_start_offset"])
+            if seen[-1] > 0 and seen[-1] == seen[-2]:
+                break
+            assert time.monotonic() < deadline, f"retention never settled: {seen}"
+            time.sleep(0.5)
+
+        reader = stream_reader(broker, client)
+        end = via_json(reader.latestOffset())
+        with pytest.raises(OffsetOutOfRangeError) as info:
+            list(on_executor(reader).read(reader.partitions({"0": 0}, end)[0]))
+        message = str(info.value)
+        assert f"topic {TOPIC!r} partition 0" in message
+        assert f"[0, {end['0']})" in message and "deleted" in message
+        assert "the log now holds [" in message
+
+        # A batch read plans from the log start: what is left reads fine.
+        offsets = batch_read(broker, client).column(OFFSET_COLUMN).to_pylist()
+        assert offsets == list(range(offsets[0], end["0"])) and offsets[0] > 0
+
+
+# -- maxOffsetsPerTrigger split ----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("base", "ends", "budget", "expected"),
+    [
+        ({"0": 0, "1": 0}, {"0": 90, "1": 10}, 10, {"0": 9, "1": 1}),
+        ({"0": 0, "1": 0}, {"0": 1000, "1": 1}, 10, {"0": 9, "1": 1}),
+        ({"0": 0, "1": 0, "2": 0}, {"0": 50, "1": 5, "2": 5}, 2, {"0": 1, "1": 1, "2": 0}),
+        ({"0": 10, "1": 20}, {"0": 15, "1": 22}, 100, {"0": 15, "1": 22}),
+        ({"0": 10, "1": 20}, {"0": 15, "1": 22}, 0, {"0": 15, "1": 22}),
+        ({"0": 10}, {"0": 10, "1": 30}, 6, {"0": 10, "1": 6}),
+        ({"0": 0, "1": 0, "2": 0}, {"0": 10, "1": 10, "2": 10}, 7, {"0": 3, "1": 2, "2": 2}),
+    ],
+)
+def test_cap_ends_splits_the_budget_by_backlog(
+    base: dict[str, int], ends: dict[str, int], budget: int, expected: dict[str, int]
+) -> None:
+    assert cap_ends(base, ends, budget) == expected
+
+
+def test_cap_ends_plans_exactly_the_budget_within_each_backlog() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        n = int(rng.integers(1, 6))
+        base = {str(p): int(rng.integers(0, 100)) for p in range(n)}
+        ends = {k: v + int(rng.integers(0, 50)) for k, v in base.items()}
+        budget = int(rng.integers(1, 120))
+        capped = cap_ends(base, ends, budget)
+        assert all(base[k] <= capped[k] <= ends[k] for k in ends)
+        backlog = sum(ends[k] - base[k] for k in ends)
+        assert sum(capped[k] - base[k] for k in ends) == min(budget, backlog)
+        if budget >= sum(1 for k in ends if ends[k] > base[k]):
+            assert all(capped[k] > base[k] for k in ends if ends[k] > base[k])
