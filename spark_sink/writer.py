@@ -112,15 +112,21 @@ def write_task(
         status = producer.init_sink_transaction(batch_id)
         if status is SinkTxnStatus.NEW:
             producer.begin_transaction()
+            # Spark hands over 10k-row batches; sending them merged up to batch.size makes
+            # produce batches that size even after the key split, instead of many small ones.
+            pending: list[pa.RecordBatch] = []
+            pending_bytes = 0
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
-                producer.send(options.topic, conform(batch, schema), key=options.key)
+                pending.append(conform(batch, schema))
+                pending_bytes += batch.nbytes
                 rows += batch.num_rows
-                count += 1
-                if count == 1 and (entry := failpoints.claim("mid_write", batch_id, partition_id)):
-                    producer.flush()  # some rows really are in the log when it fires
-                    failpoints.act(entry)
+                if pending_bytes >= producer.config.batch_size:
+                    count += _send(producer, options, pending, batch_id, partition_id, count)
+                    pending, pending_bytes = [], 0
+            if pending:
+                count += _send(producer, options, pending, batch_id, partition_id, count)
             producer.prepare_sink_transaction(batch_id)
             failpoints.hit("after_prepare", batch_id, partition_id)
         else:
@@ -171,6 +177,21 @@ def _retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient],
             log.warning("%s: %s; retrying", what, exc)
             time.sleep(backoff)  # back off before asking a recovering broker again
             backoff = min(backoff * 2, 2.0)
+
+
+def _send(
+    producer: Producer,
+    options: IdemlogOptions,
+    batches: list[pa.RecordBatch],
+    batch_id: int,
+    partition_id: int,
+    sent_before: int,
+) -> int:
+    producer.send(options.topic, pa.Table.from_batches(batches), key=options.key)
+    if sent_before == 0 and (entry := failpoints.claim("mid_write", batch_id, partition_id)):
+        producer.flush()  # some rows really are in the log when it fires
+        failpoints.act(entry)
+    return 1
 
 
 def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[IdemlogCommitMessage]:
