@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test lint typecheck unit bench-store bench-broker bench-producer clean
+.PHONY: setup demo demo-store test lint typecheck unit bench-store bench-broker bench-producer bench-spark clean
 
 setup: $(STAMP) $(ZK_SERVER)
 
@@ -24,7 +24,12 @@ $(ZK_SERVER):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq zookeeper >/dev/null
 
+# The main job: a Spark stream written exactly once through injected failures.
 demo: setup
+	$(PY) -m jobs.streaming_demo
+
+# The log store on its own: lost acks, retries, zombies, a torn tail.
+demo-store: setup
 	$(PY) -m jobs.store_demo
 
 lint: setup
@@ -48,6 +53,10 @@ bench-broker: setup
 ROWS ?= 20000000
 bench-producer: setup
 	$(PY) -m benchmarks.bench_producer --rows $(ROWS)
+
+# format("idemlog") in Spark vs a discard-only Python writer, noop and parquet (ROWS=...).
+bench-spark: setup
+	$(PY) -m benchmarks.bench_spark --rows $(ROWS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
