@@ -1,0 +1,34 @@
+"""Fixtures of the Spark tests: an embedded broker per test (a real process, always
+stopped at teardown) and a launcher of driver children (killed at teardown, before the
+broker is stopped)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_sink.embedded import ensure_broker, stop_broker
+from tests.spark.helpers import DriverLauncher
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[str]:
+    """The sink option ``path``: the embedded broker's directory. Started here, by the
+    test process, so no driver child's environment leaks into it."""
+    where = str(tmp_path / "store")
+    try:
+        ensure_broker(where)
+        yield where
+    finally:
+        stop_broker(where)
+
+
+@pytest.fixture
+def drivers(tmp_path: Path, store: str) -> Iterator[DriverLauncher]:
+    launcher = DriverLauncher(tmp_path)
+    try:
+        yield launcher
+    finally:
+        launcher.close()

@@ -1,0 +1,173 @@
+"""A Spark driver for the fault tests, run as its own process (``tests/spark/helpers.py``
+launches it with ``start_new_session=True``).
+
+Why a process: failpoints reach Spark's Python workers only through the environment the
+JVM had when it started, and ``kill_driver`` SIGKILLs a whole driver (JVM + Python),
+which must not be the pytest process. One JSON argument says what to run:
+
+``{"mode": "stream" | "batch", "src", "store", "topic", "checkpoint", "conf": {...},
+"trigger": "availableNow" | "processingTime", "files": K, "spark_partitions": 4,
+"bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N}``
+
+Output on stdout, one line each, flushed at once (the parent reads them as events):
+``PROGRESS batch=<id> rows=<n> end=<file log offset>`` per micro-batch (a
+StreamingQueryListener), ``BAD id=<id>`` (batch mode with a poisoned row),
+``FAILED <error>`` then exit 3 when the query or job fails, ``DONE batches=<n>`` then
+exit 0 when it succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+SCHEMA_DDL = "id BIGINT, account BIGINT, amount BIGINT"
+EXIT_FAILED = 3
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def file_offset(progress: Any) -> int:
+    """The file source's end offset (the index of the last file read) of a progress."""
+    sources = progress.sources
+    if not sources or not sources[0].endOffset:
+        return -1
+    end = json.loads(sources[0].endOffset)
+    return int(end.get("logOffset", -1)) if isinstance(end, dict) else int(end)
+
+
+def run_stream(spark: Any, spec: dict[str, Any]) -> int:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    last_file = int(spec["files"]) - 1
+    reached_end = threading.Event()
+
+    class Progress(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            say(f"STARTED id={event.id}")
+
+        def onQueryProgress(self, event: Any) -> None:
+            progress = event.progress
+            end = file_offset(progress)
+            say(
+                f"PROGRESS batch={progress.batchId} rows={progress.numInputRows} end={end} "
+                f"ms={json.dumps(progress.durationMs, separators=(',', ':'))}"
+            )
+            if end >= last_file:
+                reached_end.set()
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            reached_end.set()  # wakes the main thread; it then reads the query's exception
+
+    spark.streams.addListener(Progress())
+    frame = (
+        spark.readStream.schema(SCHEMA_DDL)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(spec["src"])
+        .repartition(int(spec.get("spark_partitions", 4)), "account")
+    )
+    writer = (
+        frame.writeStream.format("idemlog")
+        .option("topic", spec["topic"])
+        .option("key", "account")
+        .option("path", spec["store"])
+        .option("checkpointLocation", spec["checkpoint"])
+    )
+    if spec.get("trigger", "availableNow") == "availableNow":
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+    else:
+        query = writer.trigger(processingTime="200 milliseconds").start()
+        # A processing-time query never ends by itself: stop it once the progress of the
+        # batch that read the last file has been reported (that batch is committed).
+        reached_end.wait()
+        if query.exception() is None:
+            query.stop()
+        query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    # The listener is asynchronous; the query's own record of this run is complete now.
+    say(f"DONE batches={len(query.recentProgress)}")
+    return 0
+
+
+def run_batch(spark: Any, spec: dict[str, Any]) -> int:
+    from pyspark.sql import functions as F
+
+    parts = int(spec.get("spark_partitions", 4))
+    frame = spark.read.schema(SCHEMA_DDL).parquet(spec["src"])
+    # Rows of one account in one Spark partition, in id order: per-key order is kept.
+    frame = frame.repartition(parts, "account").sortWithinPartitions("id")
+    if spec.get("bad_partition") is not None:
+        # Spark's hash partitioning is pmod(murmur3 hash(col, seed 42), n), i.e. F.hash.
+        ids = [
+            r.id
+            for r in spark.read.schema(SCHEMA_DDL)
+            .parquet(spec["src"])
+            .where(F.pmod(F.hash("account"), F.lit(parts)) == int(spec["bad_partition"]))
+            .select("id")
+            .orderBy("id")
+            .collect()
+        ]
+        bad = ids[int(len(ids) * float(spec.get("bad_rank", 0.8)))]
+        say(f"BAD id={bad}")
+        frame = frame.withColumn(
+            "amount",
+            F.when(F.col("id") == bad, F.raise_error(F.lit(f"boom: poisoned row {bad}"))).otherwise(
+                F.col("amount")
+            ),
+        )
+    (
+        frame.write.format("idemlog")
+        .mode("append")
+        .option("topic", spec["topic"])
+        .option("key", "account")
+        .option("path", spec["store"])
+        .save()
+    )
+    say("DONE batches=1")
+    return 0
+
+
+def main() -> int:
+    spec: dict[str, Any] = json.loads(sys.argv[1])
+    # kill_driver failpoints SIGKILL this process group: this process and its JVM.
+    os.environ["IDEMLOG_DRIVER_PGID"] = str(os.getpgrp())
+    from spark_sink import local_session
+
+    conf = {
+        "spark.sql.shuffle.partitions": "4",
+        # Short-lived drivers: the client compiler and a serial GC start faster, and most
+        # of a fault test's time is drivers starting.
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        **spec.get("conf", {}),
+    }
+    if spec.get("arrow_batch_rows"):
+        conf["spark.sql.execution.arrow.maxRecordsPerBatch"] = str(spec["arrow_batch_rows"])
+    spark = local_session("idemlog-fault-test", conf=conf)
+    say(f"SESSION pid={os.getpid()} pgid={os.getpgrp()}")
+    try:
+        if spec["mode"] == "stream":
+            return run_stream(spark, spec)
+        return run_batch(spark, spec)
+    except Exception as exc:
+        traceback.print_exc()
+        first = " ".join(str(exc).split())[:2000]
+        say(f"FAILED {type(exc).__name__}: {first}")
+        return EXIT_FAILED
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
