@@ -56,7 +56,11 @@ def make_input(directory: Path, files: int, rows: int) -> int:
                 "batch": np.full(rows, f, dtype=np.int32),
             }
         )
-        pq.write_table(table, directory / f"payments-{f:05d}.parquet")
+        path = directory / f"payments-{f:05d}.parquet"
+        pq.write_table(table, path)
+        # The file source takes files in modification-time order: make it the id order
+        # (files written within one clock tick would otherwise tie).
+        os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))
     return files * rows
 
 
