@@ -123,10 +123,12 @@ def write_task(
                 pending_bytes += batch.nbytes
                 rows += batch.num_rows
                 if pending_bytes >= producer.config.batch_size:
-                    count += _send(producer, options, pending, batch_id, partition_id, count)
+                    _send(producer, options, pending, batch_id, partition_id, first=count == 0)
+                    count += 1
                     pending, pending_bytes = [], 0
             if pending:
-                count += _send(producer, options, pending, batch_id, partition_id, count)
+                _send(producer, options, pending, batch_id, partition_id, first=count == 0)
+                count += 1
             producer.prepare_sink_transaction(batch_id)
             failpoints.hit("after_prepare", batch_id, partition_id)
         else:
@@ -185,13 +187,13 @@ def _send(
     batches: list[pa.RecordBatch],
     batch_id: int,
     partition_id: int,
-    sent_before: int,
-) -> int:
+    *,
+    first: bool,
+) -> None:
     producer.send(options.topic, pa.Table.from_batches(batches), key=options.key)
-    if sent_before == 0 and (entry := failpoints.claim("mid_write", batch_id, partition_id)):
+    if first and (entry := failpoints.claim("mid_write", batch_id, partition_id)):
         producer.flush()  # some rows really are in the log when it fires
         failpoints.act(entry)
-    return 1
 
 
 def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[IdemlogCommitMessage]:

@@ -156,6 +156,25 @@ def test_modes_spark_does_not_offer_python_sources_are_refused_by_spark(
         ).mode(mode).save()
 
 
+def test_complete_output_mode_is_refused(spark: SparkSession, store: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    payments(spark, 10).write.parquet(str(src))
+    counts = spark.readStream.schema("id bigint, account int, note string").parquet(str(src))
+    query = (
+        counts.groupBy("account")
+        .count()
+        .writeStream.format("idemlog")
+        .outputMode("complete")
+        .option("topic", "api_complete")
+        .option("path", store)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    with pytest.raises(Exception, match="output mode 'complete' is not supported"):
+        query.processAllAvailable()
+    query.stop()
+
+
 # -- bad input: clear errors, nothing visible ------------------------------------------------
 @pytest.mark.parametrize(
     ("options", "message"),
