@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup demo demo-store test lint typecheck unit bench-store bench-broker bench-producer bench-spark clean
 
-setup: $(STAMP) $(ZK_SERVER)
+setup: $(STAMP) $(ZK_SERVER) jars
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,22 @@ $(STAMP): pyproject.toml
 $(ZK_SERVER):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq zookeeper >/dev/null
+
+# Delta Lake's jars for Spark, fetched with Maven from Maven Central into jars/ (passed with
+# spark.jars by spark_sink.session.local_session: nothing is downloaded at run time). The
+# version matches the delta-spark Python package; a new version gets a new stamp.
+DELTA_VERSION := 4.1.0
+JARS_STAMP := jars/.fetched-delta-$(DELTA_VERSION)
+MVN := /usr/bin/mvn
+.PHONY: jars
+jars: $(JARS_STAMP)
+
+$(JARS_STAMP): | $(MVN)
+	DELTA_VERSION=$(DELTA_VERSION) bash scripts/fetch_jars.sh jars
+
+$(MVN):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq maven >/dev/null
 
 # The main job: a Spark stream written exactly once through injected failures.
 demo: setup

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Fetch the jars Spark needs for Delta Lake into jars/, from Maven Central with mvn.
+#
+# spark_sink.session.local_session() passes every jars/*.jar with spark.jars, so nothing is
+# downloaded when a job or a test runs (never spark.jars.packages).
+#
+# The runtime closure of io.delta:delta-spark_2.13:4.1.0 (mvn dependency:list
+# -DincludeScope=runtime) is delta-spark, delta-storage, unitycatalog-client (used by
+# delta-storage for Unity Catalog managed tables only; its jackson and openapitools
+# dependencies are excluded by delta-storage), plus scala-library, slf4j-api, log4j-api,
+# log4j-core, log4j-slf4j2-impl and jsr305, which pyspark already ships in pyspark/jars
+# (as it ships antlr4-runtime, which Delta's SQL parser uses): only the first three are
+# fetched, so Spark's own versions of the rest stay the only ones on the classpath.
+# pyspark 4.1 is built with Scala 2.13.
+#
+# Idempotent: a stamp file per version makes a second run return at once; a run for another
+# version removes the jars of the previous one.
+#
+#   scripts/fetch_jars.sh [JARS_DIR]     (DELTA_VERSION, UC_CLIENT_VERSION override)
+set -euo pipefail
+
+DELTA_VERSION="${DELTA_VERSION:-4.1.0}"
+UC_CLIENT_VERSION="${UC_CLIENT_VERSION:-0.4.0}" # what delta-storage $DELTA_VERSION names
+SCALA_BINARY=2.13
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+JARS_DIR="${1:-$(dirname "$HERE")/jars}"
+STAMP="$JARS_DIR/.fetched-delta-$DELTA_VERSION"
+
+ARTIFACTS=(
+  "io.delta:delta-spark_${SCALA_BINARY}:${DELTA_VERSION}"
+  "io.delta:delta-storage:${DELTA_VERSION}"
+  "io.unitycatalog:unitycatalog-client:${UC_CLIENT_VERSION}"
+)
+
+jar_of() { # group:artifact:version -> file name
+  local artifact version
+  IFS=: read -r _ artifact version <<<"$1"
+  echo "$artifact-$version.jar"
+}
+
+complete() {
+  [[ -f "$STAMP" ]] || return 1
+  for a in "${ARTIFACTS[@]}"; do
+    [[ -s "$JARS_DIR/$(jar_of "$a")" ]] || return 1
+  done
+}
+
+if complete; then
+  exit 0
+fi
+
+command -v mvn >/dev/null || {
+  echo "fetch_jars: mvn not found (apt-get install maven)" >&2
+  exit 1
+}
+mkdir -p "$JARS_DIR"
+# Jars of another version would end up on spark.jars too.
+rm -f "$JARS_DIR"/.fetched-delta-* "$JARS_DIR"/delta-spark_*.jar "$JARS_DIR"/delta-storage-*.jar \
+  "$JARS_DIR"/unitycatalog-client-*.jar
+for a in "${ARTIFACTS[@]}"; do
+  echo "fetch_jars: $a"
+  # -C: fail on a checksum mismatch. mvn -q still prints colour codes: keep its output
+  # for a failure only.
+  if ! out="$(mvn -B -q -C dependency:copy -Dartifact="$a" -DoutputDirectory="$JARS_DIR" 2>&1)"; then
+    echo "$out" >&2
+    echo "fetch_jars: mvn failed for $a" >&2
+    exit 1
+  fi
+  [[ -s "$JARS_DIR/$(jar_of "$a")" ]] || {
+    echo "fetch_jars: $JARS_DIR/$(jar_of "$a") missing after mvn" >&2
+    exit 1
+  }
+done
+touch "$STAMP"
+for a in "${ARTIFACTS[@]}"; do
+  f="$JARS_DIR/$(jar_of "$a")"
+  echo "fetch_jars: $(du -k "$f" | cut -f1) KiB $f"
+done
