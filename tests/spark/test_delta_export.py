@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyspark
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
@@ -188,24 +187,9 @@ def test_missing_topic_column_or_other_partitioning_is_refused_with_status_2(
 
 
 # -- Delta on this Spark --------------------------------------------------------------------
-def _spark_version() -> tuple[int, ...]:
-    return tuple(int(x) for x in pyspark.__version__.split(".")[:3] if x.isdigit())
-
-
-# Delta 4.1.0 is compiled against Spark 4.1.0; Spark 4.1.2 changed internals it uses
-# (ParquetToSparkSchemaConverter's constructor, the IgnoreCachedData trait): reading a
-# table that has a checkpoint (every 10th commit by default) fails with NoSuchMethodError.
-DELTA_410_ON_SPARK_412 = _spark_version() >= (4, 1, 2) and any(
-    jar.endswith("delta-spark_2.13-4.1.0.jar") for jar in project_jars()
-)
-
-
-@pytest.mark.xfail(
-    DELTA_410_ON_SPARK_412,
-    reason="delta-spark 4.1.0 cannot read checkpoints on pyspark >= 4.1.2 "
-    "(pin pyspark <4.1.2 in pyproject.toml)",
-    strict=True,
-)
+# Guards the pyspark pin in pyproject.toml: Delta 4.1.0 is compiled against Spark 4.1.0, and
+# Spark 4.1.2 changed internals it uses (ParquetToSparkSchemaConverter's constructor), so on
+# 4.1.2+ reading a table that has a checkpoint fails with NoSuchMethodError.
 def test_the_table_stays_usable_past_a_checkpoint(spark: SparkSession, tmp_path: Path) -> None:
     # Last in the module: on an incompatible Spark the JVM error may leave the session odd.
     table = str(tmp_path / "checkpointed")
