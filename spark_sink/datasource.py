@@ -22,7 +22,7 @@ from pyspark.sql.types import StructType
 
 from broker_core.client import BrokerClient
 
-from . import topics
+from . import progress, topics
 from .errors import UnsupportedWriteError
 from .options import IdemlogOptions, Scope, parse_options
 from .schema import arrow_schema_for, check_key, spark_schema_for
@@ -89,5 +89,7 @@ class IdemlogDataSource(DataSource):
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("idemlog")`` known to ``spark`` (once per session; repeat is harmless)."""
+    """Make ``format("idemlog")`` known to ``spark`` and show the sink's per-batch figures
+    in ``query.lastProgress`` (``spark_sink.progress``); a repeat is harmless."""
     spark.dataSource.register(IdemlogDataSource)
+    progress.install(spark)

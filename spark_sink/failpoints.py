@@ -5,15 +5,20 @@ processes inherit (the driver's, in local mode). Its value is a ``;``-separated 
 ``<point>@<batch id>[/<spark partition>]=<action>``, e.g.
 ``mid_write@3/1=kill_worker;inside_commit@5=kill_driver``.
 
-Points: ``before_write`` (a task, before InitProducerId), ``mid_write`` (a task, after
-its first Arrow batch was acknowledged), ``after_prepare`` (a task, its transaction
+Points: ``before_write`` (a task, before InitProducerId), ``lost_ack`` (a task: its
+producer's transport, see below), ``mid_write`` (a task, after its first Arrow batch was
+acknowledged), ``after_prepare`` (a task, its transaction
 prepared, before the commit message is returned), ``before_commit``, ``inside_commit``
 (the driver's commit request in flight), ``after_commit`` (committed, before Spark
 records the batch in its commit log). A batch write (``df.write``) is batch id 0.
 
 Actions: ``raise`` (the task or commit fails with :class:`InjectedFailure`),
 ``kill_worker`` (SIGKILL of the Python process at the point), ``kill_driver`` (SIGKILL of
-the process group ``IDEMLOG_DRIVER_PGID``: the driver's JVM and Python), ``sleep:<s>``.
+the process group ``IDEMLOG_DRIVER_PGID``: the driver's JVM and Python), ``sleep:<s>``,
+and for ``lost_ack`` only ``drop:<n>``: the broker's answers to the task's first ``n``
+produce requests are lost after the broker appended the batch (the producer sees a
+retriable NetworkError and resends the same sequence numbers, which the broker answers
+as duplicates: Kafka's lost-acknowledgement case).
 
 Each entry fires once across all processes and restarts: the first process to reach it
 creates a marker file in ``IDEMLOG_SPARK_FAILPOINTS_DIR`` (``O_EXCL``), so a retried task
@@ -26,18 +31,29 @@ import hashlib
 import os
 import re
 import signal
+import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from broker_core.errors import InvalidConfigError
+import pyarrow as pa
+
+from broker_core.errors import InvalidConfigError, NetworkError
 
 from .errors import InjectedFailure
+
+if TYPE_CHECKING:
+    from broker_core.protocol import ProduceResponse
+
+    from .producer.producer_batch import TopicPartition
+    from .producer.transport import SendHandle, Transport
 
 ENV = "IDEMLOG_SPARK_FAILPOINTS"
 ENV_DIR = "IDEMLOG_SPARK_FAILPOINTS_DIR"
 ENV_DRIVER_PGID = "IDEMLOG_DRIVER_PGID"
 POINTS = (
     "before_write",
+    "lost_ack",
     "mid_write",
     "after_prepare",
     "before_commit",
@@ -47,7 +63,7 @@ POINTS = (
 _ENTRY = re.compile(
     r"(?P<point>[a-z_]+)@(?P<batch>\d+)(?:/(?P<part>\d+))?=(?P<action>[a-z_]+(:[\d.]+)?)"
 )
-_ACTIONS = ("raise", "kill_worker", "kill_driver", "sleep")
+_ACTIONS = ("raise", "kill_worker", "kill_driver", "sleep", "drop")
 
 
 @dataclass(frozen=True)
@@ -74,8 +90,10 @@ def parse(spec: str) -> list[Failpoint]:
             raise InvalidConfigError(
                 f"{ENV}: {text!r} is not <point>@<batch>[/<partition>]=<action> with point "
                 f"in {', '.join(POINTS)} and action in raise, kill_worker, kill_driver, "
-                "sleep:<seconds>"
+                "sleep:<seconds>, drop:<n> (lost_ack only)"
             )
+        if (m["point"] == "lost_ack") != (m["action"].split(":")[0] == "drop"):
+            raise InvalidConfigError(f"{ENV}: {text!r}: drop:<n> is the action of lost_ack only")
         part = int(m["part"]) if m["part"] is not None else None
         result.append(Failpoint(text, m["point"], int(m["batch"]), part, m["action"]))
     return result
@@ -113,6 +131,47 @@ def act(entry: Failpoint) -> None:
             raise InvalidConfigError(f"failpoint {entry.text}: {ENV_DRIVER_PGID} is not set")
         os.killpg(int(pgid), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # in case this process is in another group
+
+
+def losing_acks(entry: Failpoint | None, transport: Transport) -> Transport:
+    """``transport``, or for an armed ``lost_ack`` entry a proxy that loses the answers to
+    its first ``n`` produce requests."""
+    if entry is None:
+        return transport
+    return _LosingAcks(transport, int(entry.action.partition(":")[2] or "1"), entry.text)
+
+
+class _LostAnswer:
+    def __init__(self, inner: SendHandle, what: str) -> None:
+        self.inner = inner
+        self.what = what
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def result(self, timeout: float | None = None) -> ProduceResponse:
+        self.inner.result(timeout)  # the broker did append (or reject) the batch
+        raise NetworkError(f"failpoint {self.what}: the broker's answer was lost")
+
+
+class _LosingAcks:
+    """A ``Transport`` proxy; everything but ``send`` goes to the real one."""
+
+    def __init__(self, inner: Transport, count: int, what: str) -> None:
+        self._inner = inner
+        self._remaining = count
+        self._what = what
+        self._lock = threading.Lock()
+
+    def send(self, tp: TopicPartition, batch: pa.RecordBatch, **kwargs: Any) -> SendHandle:
+        handle = self._inner.send(tp, batch, **kwargs)
+        with self._lock:  # send runs on the sender thread; the lock keeps the count exact
+            lose = self._remaining > 0
+            self._remaining -= lose
+        return _LostAnswer(handle, self._what) if lose else handle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def _first_claim(entry: Failpoint) -> bool:

@@ -41,9 +41,10 @@ from pyspark.sql.datasource import (
 from broker_core.client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.protocol import SinkTxnStatus
-from spark_sink import failpoints
+from spark_sink import failpoints, progress
 from spark_sink.options import IdemlogOptions
 from spark_sink.producer import Producer
+from spark_sink.producer.transport import FlightTransport
 from spark_sink.schema import conform
 
 log = logging.getLogger("idemlog.sink")
@@ -69,7 +70,7 @@ class IdemlogCommitMessage(WriterCommitMessage):
     producer_epoch: int
     status: str  # a SinkTxnStatus value: NEW (written now), PREPARED/COMMITTED (reused)
     rows: int
-    batches: int
+    batches: int  # produce batches the broker acknowledged (after the per-partition split)
     duplicates: int  # batches the broker answered as already written (retries)
     retries: int
     write_ms: float
@@ -99,8 +100,12 @@ def write_task(
     started = time.perf_counter()
     failpoints.hit("before_write", batch_id, partition_id)
     tid = transactional_id(sink_id, partition_id)
+    lost_ack = failpoints.claim("lost_ack", batch_id, partition_id)
     producer = Producer(
         options.bootstrap(),
+        transport=None
+        if lost_ack is None
+        else failpoints.losing_acks(lost_ack, FlightTransport(BrokerClient(options.bootstrap()))),
         **{
             "transactional.id": tid,
             "transaction.timeout.ms": options.transaction_timeout_ms,
@@ -132,6 +137,8 @@ def write_task(
             producer.prepare_sink_transaction(batch_id)
             failpoints.hit("after_prepare", batch_id, partition_id)
         else:
+            # The rows are in the reused transaction; counted so the batch's figures add up.
+            rows = sum(batch.num_rows for batch in batches)
             log.info(
                 "sink %s batch %d partition %d attempt %d: reusing the %s transaction of an "
                 "earlier attempt",
@@ -156,7 +163,7 @@ def write_task(
         producer_epoch=epoch,
         status=str(status),
         rows=rows,
-        batches=count,
+        batches=int(metrics["batches_sent"]),
         duplicates=int(metrics["duplicates"]),
         retries=int(metrics["retries"]),
         write_ms=(time.perf_counter() - started) * 1000,
@@ -205,8 +212,13 @@ def commit_batch(
     sink_id: str | None,
     batch_id: int,
     messages: Sequence[WriterCommitMessage | None],
+    *,
+    report: bool = False,
 ) -> bool:
-    """The driver's commit of one Spark batch; False if it was committed before."""
+    """The driver's commit of one Spark batch; False if it was committed before.
+
+    ``report``: spool the batch's figures for the query's progress (``spark_sink.progress``).
+    """
     ours = _messages(messages)
     if len(ours) != len(messages):
         missing = [i for i, m in enumerate(messages) if not isinstance(m, IdemlogCommitMessage)]
@@ -228,9 +240,12 @@ def commit_batch(
         sender.start()
         failpoints.act(inside)
     sid = sink_id
+    started = time.perf_counter()
     committed: bool = _retrying(
         options, f"commit of batch {batch_id}", lambda c: c.commit_sink_batch(sid, batch_id, txns)
     )
+    if report:
+        _report(sid, batch_id, ours, committed, (time.perf_counter() - started) * 1000)
     failpoints.hit("after_commit", batch_id)
     log.info(
         "sink %s batch %d: %s (%d transactions, %d rows)",
@@ -241,6 +256,35 @@ def commit_batch(
         sum(m.rows for m in ours),
     )
     return committed
+
+
+def _report(
+    sink_id: str,
+    batch_id: int,
+    ours: Sequence[IdemlogCommitMessage],
+    committed: bool,
+    commit_ms: float,
+) -> None:
+    figures = progress.SinkBatchFigures(
+        query_id=sink_id,
+        batch_id=batch_id,
+        committed=committed,
+        tasks=len(ours),
+        tasks_reused=sum(m.status != SinkTxnStatus.NEW for m in ours),
+        rows=sum(m.rows for m in ours),
+        producer_batches=sum(m.batches for m in ours),
+        duplicates_acked=sum(m.duplicates for m in ours),
+        producer_retries=sum(m.retries for m in ours),
+        write_ms_max=max((m.write_ms for m in ours), default=0.0),
+        commit_ms=commit_ms,
+        committed_at_ms=int(time.time() * 1000),
+    )
+    try:
+        progress.record(figures)
+    except OSError as exc:
+        # The batch is committed; failing it now over a progress file would only make
+        # Spark re-run it. The figures of this one batch are missing from its progress.
+        log.warning("sink %s batch %d: progress figures not recorded: %s", sink_id, batch_id, exc)
 
 
 def abort_batch(
@@ -313,7 +357,7 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
         return write_task(self.options, self.schema, sink_id, batch_id, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        commit_batch(self.options, None, batchId, messages)
+        commit_batch(self.options, None, batchId, messages, report=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         abort_batch(self.options, None, batchId, messages)

@@ -9,8 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from spark_sink import progress
 from spark_sink.embedded import ensure_broker, stop_broker
 from tests.spark.helpers import DriverLauncher
+
+
+@pytest.fixture(scope="session", autouse=True)
+def progress_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The sink's progress spool, out of the user's home. Session-wide and set before any
+    SparkSession starts, because Spark's processes inherit the environment at their start."""
+    with pytest.MonkeyPatch.context() as mp:
+        where = tmp_path_factory.mktemp("progress")
+        mp.setenv(progress.ENV_DIR, str(where))
+        yield where
 
 
 @pytest.fixture

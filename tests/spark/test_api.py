@@ -6,6 +6,7 @@ test uses its own topics. Fault injection lives in ``test_faults.py``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from pyspark.sql import functions as F
 
 from broker_core.client import BrokerClient
 from jobs.verify import verify_exactly_once
-from spark_sink import local_session
+from spark_sink import local_session, progress
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker
 
 
@@ -125,9 +126,24 @@ def test_stream_from_idemlog_to_idemlog_is_exactly_once_end_to_end(
     try:
         query.processAllAvailable()
         batches = len(query.recentProgress)
+        last = query.lastProgress
+        recent = query.recentProgress
     finally:
         query.stop()
     assert batches >= 4  # maxOffsetsPerTrigger split the 6000 rows
+    # Each batch's sink figures are in its progress, as a JVM sink's metrics would be.
+    with_rows = [p for p in recent if p["numInputRows"] > 0]
+    assert len(with_rows) >= 4
+    for p in with_rows:
+        figures = p["sink"]["metrics"]
+        assert figures["committed"] == "true"
+        assert int(figures["rows"]) == p["numInputRows"] == p["sink"]["numOutputRows"]
+        assert int(figures["tasks"]) >= 1 and float(figures["commitMs"]) > 0
+    assert sum(int(p["sink"]["metrics"]["rows"]) for p in with_rows) == 6000
+    assert last is not None and json.loads(last.json)["sink"]["metrics"] == last["sink"]["metrics"]
+    listener = progress.install(spark)  # the one register() added
+    seen = listener.wait_for_batch(str(query.id), int(with_rows[-1]["batchId"]))
+    assert seen.rows == with_rows[-1]["numInputRows"]
     table = read(spark, store, "api_dst", includeMetadata="true")
     verdict = verify_exactly_once(
         table, id_column="id", key_column="account", expected_ids=range(6000)

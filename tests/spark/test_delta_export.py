@@ -8,7 +8,12 @@ per process: the other modules start and stop their own).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,8 @@ from jobs.delta_export import (
     plan_export,
     write_export,
 )
+from jobs.metrics_recorder import SCHEMA as METRICS_SCHEMA
+from jobs.metrics_recorder import MetricsRecorder, read_metrics
 from spark_sink.embedded import ensure_broker, stop_broker
 from spark_sink.session import project_jars
 
@@ -164,6 +171,60 @@ def test_a_run_repeated_after_its_commit_writes_nothing(
     assert ids(spark, table) == list(range(60))
 
 
+def _export_killed_when(table: Path, store: str, topic: str, seen: Callable[[], bool]) -> None:
+    """Run the export job in its own process group and SIGKILL the group as soon as
+    ``seen()`` (a file of the write appeared). The job's Spark driver dies with it."""
+    args = ["--topic", topic, "--path", store, "--table", str(table), "--partition-by", "region"]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "jobs.delta_export", *args],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not seen():  # watching the table directory for the event
+            assert job.poll() is None, f"the export ended ({job.returncode}) before the event"
+            assert time.monotonic() < deadline, "the export never reached the event"
+            time.sleep(0.002)
+        os.killpg(job.pid, signal.SIGKILL)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        assert job.wait(30) == -signal.SIGKILL
+
+
+def _data_files(table: Path) -> list[Path]:
+    return [p for p in table.rglob("*.parquet") if "_delta_log" not in p.parts]
+
+
+def test_an_export_killed_while_writing_or_after_its_commit_is_rerun_once(
+    spark: SparkSession, store: str, tmp_path: Path
+) -> None:
+    topic = "dx_killed"
+    source = Source(topic, path=store)
+    append(payments(spark, 0, 20_000), store, topic)
+
+    # SIGKILL once the first data file exists: Delta has not committed yet (or only just).
+    table = tmp_path / "killed_mid_write"
+    _export_killed_when(table, store, topic, lambda: bool(_data_files(table)))
+    committed = (table / "_delta_log" / "00000000000000000000.json").exists()
+    print(f"killed mid-write: committed before the kill: {committed}")
+    rerun = export(spark, source, str(table), "region", log=quiet)
+    assert rerun.line() == "nothing new" if committed else rerun.rows == 20_000
+    assert ids(spark, str(table)) == list(range(20_000))  # the killed run left no rows
+
+    # SIGKILL right after the Delta commit, before the job could report: the rerun finds
+    # the run committed in the table's history and writes nothing.
+    table = tmp_path / "killed_after_commit"
+    first_commit = table / "_delta_log" / "00000000000000000000.json"
+    _export_killed_when(table, store, topic, first_commit.exists)
+    assert export(spark, source, str(table), "region", log=quiet).line() == "nothing new"
+    append(payments(spark, 20_000, 100), store, topic)
+    assert export(spark, source, str(table), "region", log=quiet).rows == 100
+    assert ids(spark, str(table)) == list(range(20_100))
+
+
 # -- refusals -------------------------------------------------------------------------------
 def test_missing_topic_column_or_other_partitioning_is_refused_with_status_2(
     spark: SparkSession, store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -184,6 +245,31 @@ def test_missing_topic_column_or_other_partitioning_is_refused_with_status_2(
     with pytest.raises(ExportError, match=r"partitioned by \['region'\], not by \['amount'\]"):
         export(spark, Source("dx_cols", path=store), table, "amount", log=quiet)
     assert ids(spark, table) == list(range(6))
+
+
+# -- the metrics table -----------------------------------------------------------------------
+def test_the_metrics_table_reads_the_same_in_spark_and_pandas(
+    spark: SparkSession, store: str, tmp_path: Path
+) -> None:
+    append(payments(spark, 0, 30), store, "dx_metrics")
+    table = str(tmp_path / "metrics")
+    recorder = MetricsRecorder(table, lambda: ensure_broker(store), interval_s=3600)
+    recorder.record_once()
+    append(payments(spark, 30, 30), store, "dx_metrics")
+    recorder.record_once()
+    frame = read_metrics(table)
+    df = spark.read.format("delta").load(table)
+    assert df.count() == len(frame) == recorder.rows_written
+    assert [f.name for f in df.schema.fields] == [f.name for f in METRICS_SCHEMA]
+    values = [
+        r["value"]
+        for r in df.where("scope = 'total' AND metric = 'records_appended'")
+        .orderBy("recorded_at")
+        .select("value")
+        .collect()
+    ]
+    assert values[-1] - values[0] == 30
+    assert df.select("day").distinct().count() == 1  # the partition column
 
 
 # -- Delta on this Spark --------------------------------------------------------------------

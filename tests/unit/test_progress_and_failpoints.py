@@ -1,0 +1,131 @@
+"""The sink's progress spool (``spark_sink.progress``) and the ``lost_ack`` failpoint, in
+isolation. Their end-to-end proofs run real Spark: ``tests/spark/test_api.py`` (figures in
+``lastProgress``) and ``tests/spark/test_notebook.py`` (lost acknowledgements deduplicated)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql.streaming.listener import StreamingQueryProgress
+
+from broker_core.errors import InvalidConfigError, NetworkError
+from spark_sink import failpoints, progress
+
+
+def figures(batch_id: int, **changes: Any) -> progress.SinkBatchFigures:
+    values: dict[str, Any] = dict(
+        query_id="q",
+        batch_id=batch_id,
+        committed=True,
+        tasks=2,
+        tasks_reused=0,
+        rows=10,
+        producer_batches=4,
+        duplicates_acked=1,
+        producer_retries=1,
+        write_ms_max=5.0,
+        commit_ms=2.0,
+        committed_at_ms=1,
+    )
+    values.update(changes)
+    return progress.SinkBatchFigures(**values)
+
+
+def test_spool_keeps_the_last_batches_and_a_rerun_overwrites(tmp_path: Path) -> None:
+    for b in range(progress.KEEP_BATCHES + 5):
+        progress.record(figures(b), tmp_path)
+    kept = progress.history("q", tmp_path)
+    assert [f.batch_id for f in kept] == list(range(5, progress.KEEP_BATCHES + 5))
+    progress.record(figures(7, committed=False), tmp_path)  # Spark re-ran batch 7
+    assert progress.read("q", 7, tmp_path) == figures(7, committed=False)
+    assert progress.read("q", 0, tmp_path) is None
+    assert progress.read("other", 7, tmp_path) is None
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+
+def test_enrich_fills_the_sink_metrics_and_the_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(progress.ENV_DIR, str(tmp_path))
+    query_id = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    progress.record(figures(3, rows=42, query_id=query_id), tmp_path)
+    doc = {
+        "id": query_id,
+        "runId": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+        "name": None,
+        "timestamp": "2026-01-01T00:00:00.000Z",
+        "batchId": 3,
+        "batchDuration": 1,
+        "durationMs": {},
+        "eventTime": {},
+        "stateOperators": [],
+        "sources": [],
+        "sink": {"description": "PythonTable@1", "numOutputRows": 42, "metrics": {}},
+        "numInputRows": 42,
+        "inputRowsPerSecond": 0.0,
+        "processedRowsPerSecond": 0.0,
+        "observedMetrics": {},
+    }
+    p = progress.enrich(StreamingQueryProgress.fromJson(doc))
+    assert p is not None
+    assert p["sink"]["metrics"]["rows"] == "42"
+    assert p["sink"]["metrics"]["committed"] == "true"
+    assert '"rows": "42"' in p.json
+    fresh = {"description": "PythonTable@1", "numOutputRows": 0, "metrics": {}}
+    other = StreamingQueryProgress.fromJson({**doc, "batchId": 4, "sink": fresh})
+    assert progress.enrich(other)["sink"]["metrics"] == {}  # type: ignore[index]
+    assert progress.enrich(None) is None
+
+
+def test_lost_ack_is_parsed_only_with_drop() -> None:
+    (entry,) = failpoints.parse("lost_ack@2/1=drop:3")
+    assert (entry.point, entry.batch_id, entry.partition, entry.action) == (
+        "lost_ack",
+        2,
+        1,
+        "drop:3",
+    )
+    with pytest.raises(InvalidConfigError, match="drop:<n> is the action of lost_ack only"):
+        failpoints.parse("lost_ack@2=raise")
+    with pytest.raises(InvalidConfigError, match="drop:<n> is the action of lost_ack only"):
+        failpoints.parse("mid_write@2=drop:1")
+
+
+class _Done:
+    def __init__(self) -> None:
+        self.waited = False
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.waited = True
+        return "response"
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def send(self, tp: Any, batch: Any, **kwargs: Any) -> _Done:
+        self.sent += 1
+        return _Done()
+
+    def partitions_for(self, topic: str) -> int:
+        return 4
+
+
+def test_losing_acks_loses_the_first_n_answers_after_the_request_completed() -> None:
+    (entry,) = failpoints.parse("lost_ack@0=drop:2")
+    inner = _Transport()
+    proxy = failpoints.losing_acks(entry, inner)  # type: ignore[arg-type]
+    handles = [proxy.send(None, None) for _ in range(3)]  # type: ignore[arg-type]
+    for lost in handles[:2]:
+        with pytest.raises(NetworkError, match="answer was lost"):
+            lost.result(1)
+        assert lost.inner.waited  # type: ignore[attr-defined]  # the request did complete
+    assert handles[2].result(1) == "response"
+    assert inner.sent == 3 and proxy.partitions_for("t") == 4
+    assert failpoints.losing_acks(None, inner) is inner  # type: ignore[arg-type]
