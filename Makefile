@@ -36,6 +36,18 @@ jars: $(JARS_STAMP)
 $(JARS_STAMP): | $(MVN)
 	DELTA_VERSION=$(DELTA_VERSION) bash scripts/fetch_jars.sh jars
 
+# Kafka's broker and Spark's Kafka sink for bench-peers, with Maven from Maven Central into
+# jars/kafka-broker/ and jars/spark-kafka/: sub-folders, so no other Spark session gets them.
+# SPARK_KAFKA_VERSION is the installed pyspark's; a new version pair gets a new stamp.
+KAFKA_VERSION := 4.1.2
+SPARK_KAFKA_VERSION := 4.1.1
+KAFKA_JARS_STAMP := jars/.fetched-kafka-$(KAFKA_VERSION)-spark-kafka-$(SPARK_KAFKA_VERSION)
+.PHONY: kafka-jars bench-peers
+kafka-jars: $(KAFKA_JARS_STAMP)
+
+$(KAFKA_JARS_STAMP): | $(MVN)
+	KAFKA_VERSION=$(KAFKA_VERSION) SPARK_VERSION=$(SPARK_KAFKA_VERSION) bash scripts/fetch_kafka_jars.sh jars
+
 $(MVN):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq maven >/dev/null
@@ -57,7 +69,7 @@ typecheck: setup
 
 # The test command (CI runs exactly this): lint, types, then the whole suite.
 test: lint typecheck
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 bench-store: setup
 	$(PY) -m benchmarks.bench_store
@@ -73,6 +85,10 @@ bench-producer: setup
 # format("idemlog") in Spark vs a discard-only Python writer, noop and parquet (ROWS=...).
 bench-spark: setup
 	$(PY) -m benchmarks.bench_spark --rows $(ROWS)
+
+# idemlog vs Spark's Kafka and Delta sinks and Kafka's own producer, on a real local Kafka.
+bench-peers: setup kafka-jars
+	$(PY) -m benchmarks.bench_peers
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

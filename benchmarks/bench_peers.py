@@ -1,0 +1,842 @@
+"""idemlog against its peers: Spark's Kafka and Delta sinks, and Kafka's own producer.
+
+    python -m benchmarks.bench_peers [--rows 20000000] [--repeats 3]
+                                     [--stream-batches 20] [--stream-rows 100000] [--dir DIR]
+
+(``make bench-peers``; a smoke run: ``--rows 200000 --stream-batches 3 --stream-rows 10000
+--repeats 1``.) One process runs three parts on this machine, with a real Kafka broker
+(``benchmarks.kafka_node``: Kafka 4.1's own jars from ``jars/kafka-broker/``, a KRaft node,
+broker and controller in one JVM with ``kafka-server-start.sh``'s JVM options, on free
+loopback ports, its data in the scratch directory; started before the first part, stopped
+with SIGTERM, SIGKILL after 30 s, after the last, also on an error, Ctrl-C or SIGTERM).
+
+**Durability, the same on both sides.** Neither broker fsyncs on its own: Kafka's topics
+are created with ``flush.messages`` = ``flush.ms`` = 2^63-1 (its defaults, spelled out, and
+so is the broker-wide ``log.flush.interval.*``), idemlog's with the same two keys of the
+same values (its defaults too, ``broker_core.log_config``; the topics the Spark sink
+creates itself get the defaults). Both acknowledge a write once it is in the page cache of
+the one replica; both write-back is the OS's. The values read back from both brokers are
+printed. Replication is 1, ``acks=all`` and idempotence on for every Kafka producer.
+
+**1. Spark batch.** As ``benchmarks.bench_spark`` (whose code this reuses): one
+``local[2,1]`` session (two task slots, no task retries), here with Delta's session
+extension and catalog (``jobs.delta_export.delta_conf``) and, besides ``jars/*.jar``,
+Spark's Kafka sink from ``jars/spark-kafka/`` (``spark-sql-kafka-0-10`` for the installed
+pyspark, with ``spark.jars``). Every sink writes the same uncached DataFrame of ``--rows``
+rows, ``bench_spark.source``::
+
+    spark.range(N).selectExpr("id", "cast(id % 1000 as int) key", "concat('value-', id) value")
+
+- ``noop``, ``discard`` (``bench_spark.DiscardDataSource``: the Python data-source
+  ceiling), ``idemlog`` (embedded default broker on a fresh ``path``, ``key="key"``, a new
+  topic per run with the default 4 partitions, checked and deleted afterwards) and
+  ``parquet``: exactly ``bench_spark.Bench.write``;
+- ``delta``: ``df.write.format("delta").save(<fresh path>)``; its commit's
+  ``numOutputRows`` is checked; the table is deleted afterwards;
+- ``kafka``: ``df.selectExpr("cast(key as string) key", "cast(value as binary) value")
+  .write.format("kafka")`` to a topic created before the run with idemlog's default
+  partition count (4), replication 1, and the flush settings above; producer options
+  ``kafka.acks=all``, ``kafka.enable.idempotence=true``, everything else Spark's and
+  kafka-clients' defaults. A Kafka record is thus the row's ``key`` as a decimal string and
+  its ``value`` string's UTF-8 bytes: the ``id`` column is not sent (idemlog, parquet and
+  Delta store it as well: 8 bytes a row more than Kafka gets). The topic's end offsets
+  must sum to the rows; the topic is deleted afterwards.
+
+A warm-up write of 100,000 rows per sink first (JIT, Python workers, both brokers' first
+writes). Then ``--repeats`` rounds of all six sinks in turn, so drift in this shared
+machine's load hits all alike; each sink's **best** (shortest) run counts. CPU seconds
+(user + system, ``bench_spark.Cpu``: this process tree -- the JVM, its Python workers, the
+Kafka node -- plus the embedded idemlog broker) are shown for the cheapest run.
+
+**2. Spark streaming.** ``--stream-batches`` parquet files of ``--stream-rows`` rows of the
+same shape (``bench_spark.write_stream_files``) read with ``maxFilesPerTrigger=1`` and
+``trigger(availableNow=True)``: that many micro-batches of that many rows, for ``idemlog``
+(``bench_spark.run_stream``), ``delta`` (a fresh table) and ``kafka`` (a fresh 4-partition
+topic, the same projection and options as in the batch part), one query each. A
+micro-batch's time is ``durationMs["addBatch"]`` from ``query.recentProgress``: the sink's
+write job plus its driver-side commit, without the offset and commit-log bookkeeping that is
+the same for every sink. p50 and p95 (numpy's linear interpolation) of those; the
+``triggerExecution`` p50 is printed too. Row and micro-batch counts are checked, and so are
+the rows in the topic or table.
+
+**3. Broker ingest, no Spark.** The same rows for both: ``--rows`` records (rounded up to
+whole chunks of 10,000, the Spark Arrow batch size), key = ``str(i % 1000)`` and value =
+``"value-<i>"`` as in the Spark source, without ``id``. 50 distinct chunks (rows 0 to
+499,999) are built before timing and cycled, so building data is not timed. Into a fresh
+4-partition topic each run, with the flush settings above:
+
+- ``idemlog``: ``spark_sink.producer.Producer`` (idempotent, default configuration:
+  ``batch.size`` 1 MiB, ``linger.ms`` 5, 5 in flight per partition, hash partitioner on
+  ``key``) to a broker process (``benchmarks.bench_broker.start_broker``: ``idemlog
+  broker start``, default configuration), ``send()`` of one Arrow table (``key``,
+  ``value``: strings) per chunk, then ``flush()``; every future and the log ends checked;
+- ``kafka``: ``confluent_kafka.Producer`` (librdkafka) with ``enable.idempotence=true``,
+  ``acks=all``, otherwise its defaults (``linger.ms`` 5, ``batch.size`` 1 MB, default
+  partitioner on the key), one ``produce(topic, value, key)`` per record (``poll()`` while
+  its queue is full), then ``flush()``; delivery errors counted and the end offsets checked.
+
+Time from the first send to the end of ``flush()``, producer set-up excluded: idemlog's
+``Producer()`` returns with its producer id; Kafka's is first made ready the same way (one
+record to another topic, flushed, and the topic's metadata fetched). A warm-up run
+of 100,000 records each, then ``--repeats`` rounds, best run counts. MB/s counts key and
+value bytes (the same for both); in the Spark parts, a row's id (8) + key (4) + value's
+UTF-8 bytes, the same for every sink. The idemlog producer sends columns and Kafka's
+records: that difference is what this part shows, from Python, where a PySpark user's
+producer lives.
+
+**Output.** The per-round times, then one table: a row per sink and measurement with its
+time (batch: the best run; stream: the per-micro-batch p50, p95 beside it; ingest: the best
+run), rows/s, MB/s, CPU seconds and ``ratio`` = its time / idemlog's time in the same part
+(> 1: idemlog is faster), ``# meets``/``# misses`` lines for the targets (printed, not
+asserted), a bar chart of the ratios in ``bench/peers.png``, and as the last three lines::
+
+    idemlog_vs_kafka_sink=<Kafka sink batch time / idemlog batch time>   (target >= 1.2)
+    idemlog_vs_delta_sink=<Delta batch time / idemlog batch time>
+    idemlog_broker_vs_kafka_broker=<idemlog records/s / Kafka producer records/s> (>= 1.0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyspark
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+
+# confluent_kafka.admin re-exports its classes without __all__, which mypy --strict takes
+# for private names; these are its documented public ones.
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
+from pyspark.sql import DataFrame, SparkSession
+
+from benchmarks.bench_broker import start_broker
+from benchmarks.bench_spark import (
+    SINKS as BENCH_SPARK_SINKS,
+)
+from benchmarks.bench_spark import (
+    SOURCE_SCHEMA,
+    STREAM_TIMEOUT_S,
+    WARMUP_ROWS,
+    Bench,
+    Cpu,
+    DiscardDataSource,
+    StreamResult,
+    run_stream,
+    source,
+    write_stream_files,
+)
+from benchmarks.kafka_node import LONG_MAX, kafka_node
+from broker_core.client import BrokerClient
+from broker_core.log_config import LOG_CONFIG
+from jobs.delta_export import delta_conf
+from spark_sink import local_session
+from spark_sink.embedded import stop_broker
+from spark_sink.options import OPTIONS
+from spark_sink.producer import Producer as IdemlogProducer
+from spark_sink.session import REPO, project_jars
+
+BATCH_SINKS = (*BENCH_SPARK_SINKS, "delta", "kafka")
+STREAM_SINKS = ("idemlog", "delta", "kafka")
+INGEST_CLIENTS = ("idemlog", "kafka")
+SPARK_KAFKA_JARS = REPO / "jars" / "spark-kafka"
+CHART = REPO / "bench" / "peers.png"
+# The Spark sink's default for the topics it creates; every topic here gets as many.
+PARTITIONS = int(OPTIONS.key("partitions").default)
+FLUSH = {"flush.messages": str(LONG_MAX), "flush.ms": str(LONG_MAX)}
+KAFKA_COLUMNS = ("cast(key as string) key", "cast(value as binary) value")
+# Spark's Kafka producer: what kafka-clients 3.x defaults to anyway, spelled out.
+KAFKA_SINK_OPTIONS = {"kafka.acks": "all", "kafka.enable.idempotence": "true"}
+KAFKA_PRODUCER_CONFIG = {"enable.idempotence": True, "acks": "all"}
+INGEST_CHUNK_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch's default
+INGEST_DISTINCT_CHUNKS = 50
+INGEST_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.string())])
+TARGET_KAFKA_SINK = 1.2  # Kafka sink batch time / idemlog's
+TARGET_BROKER = 1.0  # idemlog producer records/s / Kafka producer's
+FLUSH_TIMEOUT_S = 600.0
+SPARK_STOP_TIMEOUT_S = 120.0
+
+
+# -- sizes ------------------------------------------------------------------------------------
+def digits_total(stop: int) -> int:
+    """Decimal digits of all the integers 0 .. stop-1 together."""
+    total, low, width = 0, 0, 1
+    while low < stop:
+        high = min(stop, 10**width)
+        total += (high - low) * width
+        low, width = high, width + 1
+    return total
+
+
+def source_bytes(start: int, stop: int) -> int:
+    """Bytes of rows start .. stop-1 of ``bench_spark.source``: id 8, key 4, and the UTF-8
+    of ``'value-' || id``."""
+    rows = stop - start
+    return rows * (8 + 4 + len("value-")) + digits_total(stop) - digits_total(start)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+# -- Kafka administration ---------------------------------------------------------------------
+class KafkaAdmin:
+    """The topics this benchmark creates on the Kafka node."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.client = AdminClient({"bootstrap.servers": bootstrap})
+        # Reads end offsets only: it never subscribes, joins its group or commits.
+        self.offsets = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "bench-peers", "enable.auto.commit": False}
+        )
+
+    def close(self) -> None:
+        """Closes the connections (before the node stops: librdkafka would log every
+        failed reconnect otherwise)."""
+        self.offsets.close()
+        del self.client  # AdminClient has no close(): its handle goes with the last reference
+
+    def create(self, topic: str) -> None:
+        new = NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1, config=FLUSH)
+        for future in self.client.create_topics([new], operation_timeout=60).values():
+            future.result()
+
+    def delete(self, topic: str) -> None:
+        for future in self.client.delete_topics([topic], operation_timeout=60).values():
+            future.result()
+
+    def records(self, topic: str) -> int:
+        """The sum of the topic's end offsets: its records (nothing transactional here)."""
+        return sum(
+            self.offsets.get_watermark_offsets(TopicPartition(topic, p), timeout=60)[1]
+            for p in range(PARTITIONS)
+        )
+
+    def check(self, what: str, topic: str, rows: int) -> None:
+        records = self.records(topic)
+        if records != rows:
+            raise SystemExit(f"{what}: Kafka topic {topic} holds {records} records, not {rows}")
+
+    def flush_config(self, topic: str) -> dict[str, str]:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = next(iter(self.client.describe_configs([resource]).values())).result()
+        return {k: str(entries[k].value) for k in FLUSH}
+
+
+def fresh(what: str) -> str:
+    return f"bench-peers-{what}-{uuid.uuid4().hex[:12]}"
+
+
+# -- part 1: Spark batch ----------------------------------------------------------------------
+def spark_kafka_jars() -> list[str]:
+    """``jars/spark-kafka/*.jar``, checked against the installed pyspark."""
+    jars = sorted(SPARK_KAFKA_JARS.glob("*.jar")) if SPARK_KAFKA_JARS.is_dir() else []
+    sink = [p for p in jars if p.name.startswith("spark-sql-kafka-0-10_2.13-")]
+    if not sink:
+        raise SystemExit(
+            f"bench-peers: Spark's Kafka sink is not in {SPARK_KAFKA_JARS}: run `make kafka-jars`"
+        )
+    wanted = f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar"
+    if sink[0].name != wanted:
+        raise SystemExit(
+            f"bench-peers: {SPARK_KAFKA_JARS} has {sink[0].name}, pyspark is "
+            f"{pyspark.__version__}: set SPARK_KAFKA_VERSION in the Makefile to it and run "
+            "`make kafka-jars`"
+        )
+    return [str(p) for p in jars]
+
+
+@dataclass
+class Peers:
+    """bench_spark's Bench (noop, discard, idemlog, parquet) plus Delta and Kafka sinks."""
+
+    bench: Bench
+    kafka: KafkaAdmin
+    runs: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in BATCH_SINKS})
+    cpu: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in BATCH_SINKS})
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.bench.spark
+
+    def write(self, sink: str, df: DataFrame, rows: int) -> float:
+        """One timed write of ``df`` (``rows`` rows) to ``sink``, checked, cleaned up."""
+        if sink in BENCH_SPARK_SINKS:
+            elapsed = self.bench.write(sink, df, rows)
+            self.cpu[sink].append(self.bench.cpu[sink][-1].total)
+            return elapsed
+        if sink == "delta":
+            return self._timed(sink, rows, self._delta(df, rows))
+        if sink == "kafka":
+            return self._timed(sink, rows, self._kafka(df, rows))
+        raise ValueError(sink)
+
+    def _timed(self, sink: str, rows: int, steps: tuple[Callable[[], None], ...]) -> float:
+        """``steps`` = (prepare, write, check, clean up); only ``write`` is timed."""
+        prepare, write, check, clean = steps
+        prepare()
+        try:
+            before = Cpu.now(self.bench.embedded)
+            start = time.perf_counter()
+            write()
+            elapsed = time.perf_counter() - start
+            self.cpu[sink].append((Cpu.now(self.bench.embedded) - before).total)
+            check()
+        finally:
+            clean()
+        return elapsed
+
+    def _delta(self, df: DataFrame, rows: int) -> tuple[Callable[[], None], ...]:
+        table = self.bench.directory / fresh("delta")
+
+        def write() -> None:
+            df.write.format("delta").mode("errorifexists").save(str(table))
+
+        def check() -> None:
+            history = self.spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").first()
+            written = -1 if history is None else int(history["operationMetrics"]["numOutputRows"])
+            if written != rows:
+                raise SystemExit(f"delta: the commit wrote {written} rows, not {rows}")
+
+        return (lambda: None, write, check, lambda: shutil.rmtree(table, ignore_errors=True))
+
+    def _kafka(self, df: DataFrame, rows: int) -> tuple[Callable[[], None], ...]:
+        topic = fresh("kafka")
+
+        def write() -> None:
+            writer = df.selectExpr(*KAFKA_COLUMNS).write.format("kafka")
+            writer = writer.option("kafka.bootstrap.servers", self.kafka.bootstrap)
+            writer.options(**KAFKA_SINK_OPTIONS).option("topic", topic).save()
+
+        return (
+            lambda: self.kafka.create(topic),
+            write,
+            lambda: self.kafka.check("kafka sink", topic, rows),
+            lambda: self.kafka.delete(topic),
+        )
+
+
+# -- part 2: Spark streaming ------------------------------------------------------------------
+def run_peer_stream(
+    peers: Peers, sink: str, files: Path, batches: int, rows: int
+) -> tuple[StreamResult, float]:
+    """A query writing the stream files to ``sink``: its micro-batch times, and its CPU
+    seconds. idemlog's is bench_spark's run_stream; Delta's and Kafka's are the same
+    steps with their sinks."""
+    bench = peers.bench
+    before = Cpu.now(bench.embedded)
+    if sink == "idemlog":
+        result = run_stream(bench, sink, files, batches, rows)
+        return result, (Cpu.now(bench.embedded) - before).total
+    stream = (
+        peers.spark.readStream.schema(SOURCE_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(files))
+    )
+    checkpoint = bench.directory / fresh(f"checkpoint-{sink}")
+    target = bench.directory / fresh("delta-stream")
+    topic = fresh("kafka-stream")
+    if sink == "delta":
+        writer = stream.writeStream.format("delta").option("path", str(target))
+    elif sink == "kafka":
+        peers.kafka.create(topic)
+        writer = (
+            stream.selectExpr(*KAFKA_COLUMNS)
+            .writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", peers.kafka.bootstrap)
+            .options(**KAFKA_SINK_OPTIONS)
+            .option("topic", topic)
+        )
+    else:
+        raise ValueError(sink)
+    query = (
+        writer.option("checkpointLocation", str(checkpoint))
+        .outputMode("append")
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        if not query.awaitTermination(STREAM_TIMEOUT_S):
+            raise SystemExit(f"{sink} stream: not done after {STREAM_TIMEOUT_S:g} s")
+        if query.exception() is not None:
+            raise SystemExit(f"{sink} stream failed: {query.exception()}")
+        progress = [p for p in query.recentProgress if p.numInputRows > 0]
+    finally:
+        query.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    cpu = (Cpu.now(bench.embedded) - before).total
+    try:
+        total = sum(p.numInputRows for p in progress)
+        if len(progress) != batches or total != batches * rows:
+            raise SystemExit(
+                f"{sink} stream: {len(progress)} micro-batches of {total} rows, expected "
+                f"{batches} of {rows}"
+            )
+        if sink == "delta":
+            stored = peers.spark.read.format("delta").load(str(target)).count()
+            if stored != total:
+                raise SystemExit(f"delta stream: the table holds {stored} rows, not {total}")
+        else:
+            peers.kafka.check("kafka stream", topic, total)
+    finally:
+        if sink == "kafka":
+            peers.kafka.delete(topic)
+        shutil.rmtree(target, ignore_errors=True)
+    return StreamResult(
+        add_batch_ms=[float(p.durationMs["addBatch"]) for p in progress],
+        trigger_ms=[float(p.durationMs["triggerExecution"]) for p in progress],
+    ), cpu
+
+
+# -- part 3: broker ingest --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of ingest rows, as an Arrow table (idemlog) and as byte strings (Kafka)."""
+
+    table: pa.Table
+    keys: list[bytes]
+    values: list[bytes]
+    nbytes: int  # key + value bytes
+
+
+def ingest_chunks() -> list[Chunk]:
+    chunks = []
+    for c in range(INGEST_DISTINCT_CHUNKS):
+        ids = pa.array(np.arange(c * INGEST_CHUNK_ROWS, (c + 1) * INGEST_CHUNK_ROWS))
+        keys = pc.cast(pc.remainder(ids, 1000), pa.string())
+        values = pc.binary_join_element_wise("value-", pc.cast(ids, pa.string()), "")
+        table = pa.table([keys, values], schema=INGEST_SCHEMA)
+        nbytes = sum(int(pc.sum(pc.binary_length(a)).as_py()) for a in (keys, values))
+        chunks.append(
+            Chunk(
+                table=table,
+                keys=[k.encode() for k in keys.to_pylist()],
+                values=[v.encode() for v in values.to_pylist()],
+                nbytes=nbytes,
+            )
+        )
+    return chunks
+
+
+@dataclass(frozen=True)
+class Ingest:
+    chunks: list[Chunk]
+    count: int  # chunks per run, cycling through ``chunks``
+
+    @property
+    def rows(self) -> int:
+        return self.count * INGEST_CHUNK_ROWS
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.chunks[i % len(self.chunks)].nbytes for i in range(self.count))
+
+    def sequence(self) -> list[Chunk]:
+        return [self.chunks[i % len(self.chunks)] for i in range(self.count)]
+
+
+def ingest_idemlog(address: str, ingest: Ingest) -> float:
+    topic = fresh("ingest")
+    with BrokerClient(address) as admin:
+        admin.create_topic(topic, PARTITIONS, schema=INGEST_SCHEMA, config=dict(FLUSH))
+    try:
+        chunks = ingest.sequence()
+        with IdemlogProducer(address) as producer:
+            start = time.perf_counter()
+            futures = [producer.send(topic, chunk.table, key="key") for chunk in chunks]
+            producer.flush(FLUSH_TIMEOUT_S)
+            elapsed = time.perf_counter() - start
+            acknowledged = sum(m.num_rows for f in futures for m in f.result(0))
+            errors = producer.metrics_snapshot()["record_errors"]
+        with BrokerClient(address) as admin:
+            stored = sum(admin.list_offsets(topic, p)["log_end_offset"] for p in range(PARTITIONS))
+        if acknowledged != ingest.rows or stored != ingest.rows or errors:
+            raise SystemExit(
+                f"idemlog ingest: {acknowledged} rows acknowledged, {stored} in the log, "
+                f"{errors} failed; expected {ingest.rows}"
+            )
+    finally:
+        with BrokerClient(address) as admin:
+            admin.delete_topic(topic)
+    return elapsed
+
+
+def ingest_kafka(kafka: KafkaAdmin, ingest: Ingest, primer: str) -> float:
+    topic = fresh("ingest")
+    kafka.create(topic)
+    failures: list[KafkaError] = []
+
+    def delivered(error: KafkaError | None, _message: Message) -> None:
+        if error is not None:
+            failures.append(error)
+
+    config: dict[str, Any] = {
+        "bootstrap.servers": kafka.bootstrap,
+        **KAFKA_PRODUCER_CONFIG,
+        # Successes need no callback (that would be a Python call per record); failures do.
+        "delivery.report.only.error": True,
+        "on_delivery": delivered,
+    }
+    try:
+        chunks = ingest.sequence()
+        producer = Producer(config)
+        try:
+            # Ready before the clock starts, as idemlog's Producer() is: connected, producer
+            # id acquired (one record to another topic, flushed), the topic's metadata known.
+            producer.produce(primer, b"", b"")
+            if producer.flush(60) or producer.list_topics(topic, timeout=60) is None:
+                raise SystemExit("kafka ingest: the producer did not get ready in 60 s")
+            produce, poll = producer.produce, producer.poll
+            start = time.perf_counter()
+            for chunk in chunks:
+                for key, value in zip(chunk.keys, chunk.values, strict=True):
+                    while True:
+                        try:
+                            produce(topic, value, key)
+                            break
+                        except BufferError:
+                            # librdkafka's queue is full: let it drain, then the same record.
+                            poll(0.005)
+                poll(0)
+            left = producer.flush(FLUSH_TIMEOUT_S)
+            elapsed = time.perf_counter() - start
+        finally:
+            # Nothing is left after a complete flush; after an error, close() must not wait
+            # for records to a broker that may be gone.
+            producer.purge(blocking=False)
+            producer.close()
+        if left or failures:
+            raise SystemExit(f"kafka ingest: {left} records unsent, {len(failures)} failed")
+        kafka.check("kafka ingest", topic, ingest.rows)
+    finally:
+        kafka.delete(topic)
+    return elapsed
+
+
+# -- output -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    part: str  # batch, stream, ingest
+    name: str
+    seconds: float  # batch and ingest: the best run; stream: p50 per micro-batch
+    rows: int
+    nbytes: int
+    cpu: float
+    p95: float | None = None
+    ratio: float = 0.0
+
+
+def with_ratios(rows: list[Row]) -> list[Row]:
+    """Each row's time over idemlog's in its part (> 1: idemlog is faster)."""
+    idemlog = {r.part: r.seconds for r in rows if r.name == "idemlog"}
+    return [
+        Row(r.part, r.name, r.seconds, r.rows, r.nbytes, r.cpu, r.p95, r.seconds / idemlog[r.part])
+        for r in rows
+    ]
+
+
+def print_table(rows: list[Row]) -> None:
+    print(
+        f"\n{'part':<7} {'sink':<8} {'seconds':>9} {'p95 s':>7} {'rows/s':>12} {'MB/s':>8} "
+        f"{'CPU s':>7} {'ratio':>6}"
+    )
+    for r in rows:
+        p95 = f"{r.p95:>7.3f}" if r.p95 is not None else f"{'':>7}"
+        print(
+            f"{r.part:<7} {r.name:<8} {r.seconds:>9.3f} {p95} {r.rows / r.seconds:>12,.0f} "
+            f"{r.nbytes / r.seconds / 1e6:>8.1f} {r.cpu:>7.1f} {r.ratio:>6.3f}"
+        )
+    print(
+        "(batch: best run; stream: addBatch p50 per micro-batch, p95 beside it, CPU of the "
+        "whole query; ingest: best run. ratio: the row's time / idemlog's in its part, "
+        "> 1: idemlog is faster; MB = 10^6 bytes)"
+    )
+
+
+def draw_chart(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; before pyplot is imported
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    peers = [r for r in rows if r.name != "idemlog"]
+    colours = {"batch": "tab:blue", "stream": "tab:orange", "ingest": "tab:green"}
+    figure, axes = plt.subplots(figsize=(10, 5))
+    labels = [f"{r.part}\n{r.name}" for r in peers]
+    # Bars grow from idemlog's 1 on a log scale: up where idemlog is faster, down where it
+    # is slower, 2x either way the same length.
+    bars = axes.bar(
+        labels,
+        [r.ratio - 1 for r in peers],
+        bottom=1,
+        color=[colours[r.part] for r in peers],
+    )
+    axes.bar_label(bars, labels=[f"{r.ratio:.2f}" for r in peers], padding=2)
+    axes.set_yscale("log")
+    axes.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axes.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    axes.yaxis.set_minor_formatter(NullFormatter())
+    axes.axhline(1.0, color="black", linewidth=1)
+    axes.set_ylabel("time / idemlog's time  (> 1: idemlog faster)")
+    axes.set_title(
+        "idemlog vs peers: batch best run, stream p50 micro-batch (addBatch), ingest best run"
+    )
+    axes.legend(handles=[Patch(color=c, label=p) for p, c in colours.items()])
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def verdict(ok: bool) -> str:
+    return "meets" if ok else "misses"
+
+
+# -- the run ----------------------------------------------------------------------------------
+# The session of the Spark parts while it runs, for the signal handler.
+_running: list[SparkSession] = []
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGINT and SIGTERM: stop Spark's work, then unwind, so every ``finally`` stops what
+    it started. The handler runs in the main thread, most likely inside a py4j call that
+    waits for a Spark job: another call on that thread's connection would be reentrant
+    (PySpark's own SIGINT handler fails so), so a helper thread, with a py4j connection of
+    its own, stops the streaming queries and cancels the jobs first; the interrupted job
+    would otherwise go on writing while its topic or table is cleaned up."""
+    for spark in _running:
+        helper = threading.Thread(target=_cancel_spark_work, args=(spark,), daemon=True)
+        helper.start()
+        helper.join(SPARK_STOP_TIMEOUT_S)
+    raise KeyboardInterrupt
+
+
+def _cancel_spark_work(spark: SparkSession) -> None:
+    try:
+        for query in spark.streams.active:
+            query.stop()
+        spark.sparkContext.cancelAllJobs()
+    except Exception as exc:  # being interrupted is what matters; say why this failed
+        print(f"bench-peers: cancelling Spark's jobs: {exc!r}", file=sys.stderr)
+
+
+def _stop_spark(spark: SparkSession) -> None:
+    """``spark.stop()`` from a thread of its own: after an interrupt, the main thread's py4j
+    connection still has the interrupted call's answer to read."""
+    failed: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            spark.stop()
+        except Exception as exc:
+            failed.append(exc)
+
+    helper = threading.Thread(target=stop, daemon=True)
+    helper.start()
+    helper.join(SPARK_STOP_TIMEOUT_S)
+    if helper.is_alive() or failed:
+        reason = repr(failed[0]) if failed else f"not done after {SPARK_STOP_TIMEOUT_S:g} s"
+        print(f"bench-peers: stopping Spark: {reason}", file=sys.stderr)
+
+
+def spark_parts(
+    args: argparse.Namespace, directory: Path, kafka: KafkaAdmin
+) -> tuple[list[Row], dict[str, float]]:
+    embedded = str(directory / "embedded")
+    jars = project_jars() + spark_kafka_jars()
+    conf = {**delta_conf(), "spark.jars": ",".join(jars)}
+    spark = local_session("bench-peers", cores=2, max_failures=1, conf=conf)
+    # The session installed PySpark's SIGINT handler: ours instead (see _interrupt).
+    signal.signal(signal.SIGINT, _interrupt)
+    _running.append(spark)
+    try:
+        spark.dataSource.register(DiscardDataSource)
+        print(
+            f"bench-peers: Spark {spark.version}, {spark.sparkContext.master}, "
+            f"{source(spark, 1).rdd.getNumPartitions()} source partitions, Arrow batches of "
+            f"{spark.conf.get('spark.sql.execution.arrow.maxRecordsPerBatch')} rows",
+            flush=True,
+        )
+        peers = Peers(Bench(spark, directory, embedded), kafka)
+        warm = min(WARMUP_ROWS, args.rows)
+        for sink in BATCH_SINKS:
+            peers.write(sink, source(spark, warm), warm)
+        peers.cpu = {s: [] for s in BATCH_SINKS}
+        df = source(spark, args.rows)
+        for round_ in range(args.repeats):
+            for sink in BATCH_SINKS:
+                elapsed = peers.write(sink, df, args.rows)
+                peers.runs[sink].append(elapsed)
+                print(
+                    f"  batch round {round_ + 1} {sink}: {elapsed:.2f}s = "
+                    f"{args.rows / elapsed:,.0f} rows/s",
+                    flush=True,
+                )
+        nbytes = source_bytes(0, args.rows)
+        rows = [
+            Row("batch", s, min(peers.runs[s]), args.rows, nbytes, min(peers.cpu[s]))
+            for s in BATCH_SINKS
+        ]
+        best = {s: min(peers.runs[s]) for s in BATCH_SINKS}
+
+        files = directory / fresh("stream-source")
+        write_stream_files(files, args.stream_batches, args.stream_rows)
+        total = args.stream_batches * args.stream_rows
+        batch_bytes = source_bytes(0, total) // args.stream_batches
+        for sink in STREAM_SINKS:
+            result, cpu = run_peer_stream(peers, sink, files, args.stream_batches, args.stream_rows)
+            add = [t / 1000 for t in result.add_batch_ms]
+            print(
+                f"  stream {sink}: addBatch ms "
+                + " ".join(f"{t:.0f}" for t in result.add_batch_ms)
+                + f"; triggerExecution p50 {statistics.median(result.trigger_ms):.0f} ms",
+                flush=True,
+            )
+            rows.append(
+                Row(
+                    "stream",
+                    sink,
+                    percentile(add, 50),
+                    args.stream_rows,
+                    batch_bytes,
+                    cpu,
+                    p95=percentile(add, 95),
+                )
+            )
+        shutil.rmtree(files, ignore_errors=True)
+    finally:
+        _running.remove(spark)
+        _stop_spark(spark)
+        stop_broker(embedded)
+    return rows, best
+
+
+def ingest_part(args: argparse.Namespace, directory: Path, kafka: KafkaAdmin) -> list[Row]:
+    chunks = ingest_chunks()
+    count = -(-args.rows // INGEST_CHUNK_ROWS)
+    ingest = Ingest(chunks, count)
+    warm = Ingest(chunks, max(1, WARMUP_ROWS // INGEST_CHUNK_ROWS))
+    (directory / "ingest-broker").mkdir()
+    server = start_broker(directory / "ingest-broker")
+    try:
+        with BrokerClient(server.address) as admin:
+            probe = fresh("probe")
+            admin.create_topic(probe, PARTITIONS, schema=INGEST_SCHEMA, config=dict(FLUSH))
+            overrides = admin.describe_topics([probe])[0]["config"]
+            admin.delete_topic(probe)
+        probe = fresh("probe")
+        kafka.create(probe)
+        kafka_flush = kafka.flush_config(probe)
+        kafka.delete(probe)
+        idemlog_flush = {k: LOG_CONFIG.parse(overrides)[k] for k in FLUSH}
+        print(
+            f"\ningest: {ingest.rows} records ({ingest.nbytes / 1e6:.1f} MB of keys and values) "
+            f"per run in chunks of {INGEST_CHUNK_ROWS}, {PARTITIONS} partitions; idemlog "
+            f"topic {idemlog_flush}, Kafka topic {kafka_flush}",
+            flush=True,
+        )
+        primer = fresh("primer")
+        kafka.create(primer)
+        runs: dict[str, list[float]] = {c: [] for c in INGEST_CLIENTS}
+        cpu: dict[str, list[float]] = {c: [] for c in INGEST_CLIENTS}
+
+        def run(client: str, what: Ingest) -> tuple[float, float]:
+            before = Cpu.now(str(directory / "embedded"))
+            if client == "idemlog":
+                elapsed = ingest_idemlog(server.address, what)
+            else:
+                elapsed = ingest_kafka(kafka, what, primer)
+            return elapsed, (Cpu.now(str(directory / "embedded")) - before).total
+
+        for client in INGEST_CLIENTS:
+            run(client, warm)
+        for round_ in range(args.repeats):
+            for client in INGEST_CLIENTS:
+                elapsed, used = run(client, ingest)
+                runs[client].append(elapsed)
+                cpu[client].append(used)
+                print(
+                    f"  ingest round {round_ + 1} {client}: {elapsed:.2f}s = "
+                    f"{ingest.rows / elapsed:,.0f} records/s",
+                    flush=True,
+                )
+    finally:
+        server.stop()
+    return [
+        Row("ingest", c, min(runs[c]), ingest.rows, ingest.nbytes, min(cpu[c]))
+        for c in INGEST_CLIENTS
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=20_000_000)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each (best counts)")
+    parser.add_argument("--stream-batches", type=int, default=20)
+    parser.add_argument("--stream-rows", type=int, default=100_000)
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (kept)")
+    args = parser.parse_args(argv)
+    if args.rows <= 0 or args.repeats <= 0 or args.stream_batches <= 0 or args.stream_rows <= 0:
+        parser.error("--rows, --repeats, --stream-batches and --stream-rows must be positive")
+    spark_kafka_jars()  # fail before anything starts
+    signal.signal(signal.SIGTERM, _interrupt)
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="bench-peers-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        with kafka_node(directory=directory / fresh("kafka")) as node:
+            print(
+                f"bench-peers: {args.rows} rows x {args.repeats} repeat(s); streams of "
+                f"{args.stream_batches} x {args.stream_rows} rows; Kafka node {node.bootstrap} "
+                f"(pid {node.pid}); scratch in {directory}",
+                flush=True,
+            )
+            kafka = KafkaAdmin(node.bootstrap)
+            try:
+                rows, best = spark_parts(args, directory, kafka)
+                rows += ingest_part(args, directory, kafka)
+            finally:
+                kafka.close()
+    finally:
+        if args.dir is None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    rows = with_ratios(rows)
+    print_table(rows)
+    draw_chart(rows, CHART)
+    ingest = {r.name: r for r in rows if r.part == "ingest"}
+    r1 = best["kafka"] / best["idemlog"]
+    r2 = best["delta"] / best["idemlog"]
+    r3 = ingest["kafka"].seconds / ingest["idemlog"].seconds  # same records: rate ratio
+    print(f"chart: {CHART}; {time.perf_counter() - started:.0f} s in all")
+    print(f"# {verdict(r1 >= TARGET_KAFKA_SINK)} the target idemlog_vs_kafka_sink >= 1.2")
+    print(f"# {verdict(r3 >= TARGET_BROKER)} the target idemlog_broker_vs_kafka_broker >= 1.0")
+    print(f"idemlog_vs_kafka_sink={r1:.3f}")
+    print(f"idemlog_vs_delta_sink={r2:.3f}")
+    print(f"idemlog_broker_vs_kafka_broker={r3:.3f}")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
