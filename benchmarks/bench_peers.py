@@ -139,6 +139,7 @@ from benchmarks.bench_spark import (
     Cpu,
     DiscardDataSource,
     StreamResult,
+    run_rounds,
     run_stream,
     source,
     write_stream_files,
@@ -683,15 +684,7 @@ def spark_parts(
             peers.write(sink, source(spark, warm), warm)
         peers.cpu = {s: [] for s in BATCH_SINKS}
         df = source(spark, args.rows)
-        for round_ in range(args.repeats):
-            for sink in BATCH_SINKS:
-                elapsed = peers.write(sink, df, args.rows)
-                peers.runs[sink].append(elapsed)
-                print(
-                    f"  batch round {round_ + 1} {sink}: {elapsed:.2f}s = "
-                    f"{args.rows / elapsed:,.0f} rows/s",
-                    flush=True,
-                )
+        run_rounds(peers, BATCH_SINKS, df, args.rows, args.repeats, label="batch ")
         nbytes = source_bytes(0, args.rows)
         rows = [
             Row("batch", s, min(peers.runs[s]), args.rows, nbytes, min(peers.cpu[s]))

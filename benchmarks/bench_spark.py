@@ -78,6 +78,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -161,6 +162,28 @@ def source(spark: SparkSession, rows: int) -> DataFrame:
     return spark.range(rows).selectExpr(
         "id", "cast(id % 1000 as int) key", "concat('value-', id) value"
     )
+
+
+class Rounds(Protocol):
+    runs: dict[str, list[float]]
+
+    def write(self, sink: str, df: DataFrame, rows: int) -> float: ...
+
+
+def run_rounds(
+    bench: Rounds, sinks: Sequence[str], df: DataFrame, rows: int, repeats: int, label: str = ""
+) -> None:
+    """``repeats`` rounds of every sink in turn (drift in the machine's load hits all of
+    them alike); each run's seconds go to ``bench.runs``."""
+    for round_ in range(repeats):
+        for sink in sinks:
+            elapsed = bench.write(sink, df, rows)
+            bench.runs[sink].append(elapsed)
+            print(
+                f"  {label}round {round_ + 1} {sink}: {elapsed:.2f}s = "
+                f"{rows / elapsed:,.0f} rows/s",
+                flush=True,
+            )
 
 
 @dataclass
@@ -410,15 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.write(sink, warm, min(WARMUP_ROWS, args.rows))
         bench.cpu = {sink: [] for sink in SINKS}
         df = source(spark, args.rows)
-        for round_ in range(args.repeats):
-            for sink in SINKS:
-                elapsed = bench.write(sink, df, args.rows)
-                bench.runs[sink].append(elapsed)
-                print(
-                    f"  round {round_ + 1} {sink}: {elapsed:.2f}s = "
-                    f"{args.rows / elapsed:,.0f} rows/s",
-                    flush=True,
-                )
+        run_rounds(bench, SINKS, df, args.rows, args.repeats)
         rates, cpu = print_batch_table(bench, args.rows)
         print(
             "(seconds: the best run; CPU s: the cheapest run's CPU seconds, Spark's processes "
