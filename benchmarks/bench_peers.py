@@ -139,6 +139,7 @@ from benchmarks.bench_spark import (
     Cpu,
     DiscardDataSource,
     StreamResult,
+    parse_sizes,
     run_rounds,
     run_stream,
     source,
@@ -782,15 +783,7 @@ def ingest_part(args: argparse.Namespace, directory: Path, kafka: KafkaAdmin) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=20_000_000)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each (best counts)")
-    parser.add_argument("--stream-batches", type=int, default=20)
-    parser.add_argument("--stream-rows", type=int, default=100_000)
-    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (kept)")
-    args = parser.parse_args(argv)
-    if args.rows <= 0 or args.repeats <= 0 or args.stream_batches <= 0 or args.stream_rows <= 0:
-        parser.error("--rows, --repeats, --stream-batches and --stream-rows must be positive")
+    args = parse_sizes(__doc__, argv, dir_help="scratch directory (kept)")
     spark_kafka_jars()  # fail before anything starts
     signal.signal(signal.SIGTERM, _interrupt)
     directory = Path(args.dir or tempfile.mkdtemp(prefix="bench-peers-"))

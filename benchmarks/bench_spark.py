@@ -404,16 +404,24 @@ def print_batch_table(bench: Bench, rows: int) -> tuple[dict[str, float], dict[s
     return {sink: rows / best[sink] for sink in SINKS}, cpu
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+def parse_sizes(
+    doc: str | None, argv: Sequence[str] | None, dir_help: str = "scratch directory"
+) -> argparse.Namespace:
+    """The size options the Spark benchmarks share, checked."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each sink (best counts)")
     parser.add_argument("--stream-batches", type=int, default=20)
     parser.add_argument("--stream-rows", type=int, default=100_000)
-    parser.add_argument("--dir", type=Path, default=None, help="scratch directory")
+    parser.add_argument("--dir", type=Path, default=None, help=dir_help)
     args = parser.parse_args(argv)
     if args.rows <= 0 or args.repeats <= 0 or args.stream_batches <= 0 or args.stream_rows <= 0:
         parser.error("--rows, --repeats, --stream-batches and --stream-rows must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_sizes(__doc__, argv)
     directory = Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-"))
     directory.mkdir(parents=True, exist_ok=True)
     embedded = str(directory / "embedded")
