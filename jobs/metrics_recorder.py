@@ -37,6 +37,12 @@ committed since the recorder started is recorded once.
 A poll that fails (a broker being restarted) is logged and skipped; the next one records.
 The first poll runs in :meth:`MetricsRecorder.start`, so a wrong table path or broker fails
 there, loudly.
+
+Each poll is one small Delta commit (one file per day partition). Every ``compact_every``
+polls (``--compact-every``, default 720: hourly at 5 s) the recorder compacts the table
+(``OPTIMIZE``: small files rewritten into larger ones, the rows unchanged), so a recorder
+left running for weeks does not leave readers listing tens of thousands of files. The
+replaced files stay on disk until a ``VACUUM``, which is left to the table's owner.
 """
 
 from __future__ import annotations
@@ -162,9 +168,14 @@ class MetricsRecorder:
         *,
         interval_s: float = 5.0,
         progress_dir: Path | None = None,
+        compact_every: int = 720,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if compact_every < 1:
+            raise ValueError(f"compact_every must be >= 1 poll, got {compact_every}")
+        self.compact_every = compact_every
+        self.compactions = 0
         self.table = str(table)
         # A callable is asked before each poll: the embedded broker may move ports.
         self._bootstrap = bootstrap if callable(bootstrap) else (lambda: bootstrap)
@@ -202,7 +213,20 @@ class MetricsRecorder:
         self.polls += 1
         self.rows_written += count
         log.info("recorded %d metric rows into %s", count, self.table)
+        if self.polls % self.compact_every == 0:
+            self.compact()
         return count
+
+    def compact(self) -> None:
+        """Rewrite the table's small files into larger ones (the rows stay the same)."""
+        done = DeltaTable(self.table).optimize.compact()
+        self.compactions += 1
+        log.info(
+            "compacted %s: %s files into %s",
+            self.table,
+            done.get("numFilesRemoved"),
+            done.get("numFilesAdded"),
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -254,15 +278,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--path", default=DEFAULT_PATH, help="data directory of the embedded broker")
     where.add_argument("--brokers", default="", help="host:port[,host:port] of a cluster")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between polls")
+    parser.add_argument(
+        "--compact-every", type=int, default=720, help="compact the table every N polls"
+    )
     until = parser.add_mutually_exclusive_group()
     until.add_argument("--once", action="store_true", help="record one poll and exit")
     until.add_argument("--duration", type=float, default=None, help="stop after this many s")
     args = parser.parse_args(argv)
     if args.interval <= 0:
         parser.error(f"--interval must be > 0, got {args.interval}")
+    if args.compact_every < 1:
+        parser.error(f"--compact-every must be >= 1, got {args.compact_every}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     bootstrap: str | Callable[[], str] = args.brokers or (lambda: ensure_broker(args.path))
-    recorder = MetricsRecorder(args.table, bootstrap, interval_s=args.interval)
+    recorder = MetricsRecorder(
+        args.table, bootstrap, interval_s=args.interval, compact_every=args.compact_every
+    )
     try:
         if args.once:
             recorder.record_once()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from deltalake import DeltaTable
 
 from broker_core.client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, IdemlogError
@@ -137,6 +138,27 @@ def test_sink_batches_from_the_progress_spool_are_recorded_once(
     assert dict(zip(sink.metric, sink.value, strict=True))["committed"] == 1.0
 
 
+def test_compaction_keeps_every_row_in_fewer_files(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    broker = broker_factory()
+    table = tmp_path / "m"
+    recorder = MetricsRecorder(table, broker.address, interval_s=3600, compact_every=4)
+    for _ in range(3):
+        recorder.record_once()
+    before = read_metrics(table).sort_values(["recorded_at", "scope", "metric"])
+    assert len(DeltaTable(str(table)).file_uris()) == 3 and recorder.compactions == 0
+    recorder.record_once()  # the 4th poll compacts
+    assert recorder.compactions == 1
+    assert len(DeltaTable(str(table)).file_uris()) == 1
+    after = read_metrics(table).sort_values(["recorded_at", "scope", "metric"])
+    assert len(after) == recorder.rows_written
+    pd.testing.assert_frame_equal(
+        after[after.recorded_at.isin(before.recorded_at)].reset_index(drop=True),
+        before.reset_index(drop=True),
+    )
+
+
 def test_a_wrong_broker_fails_at_start_and_the_cli_names_its_options(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -146,6 +168,8 @@ def test_a_wrong_broker_fails_at_start_and_the_cli_names_its_options(
     assert not (tmp_path / "m").exists()
     with pytest.raises(ValueError, match="interval_s must be > 0, got 0"):
         MetricsRecorder(tmp_path / "m", "127.0.0.1:1", interval_s=0)
+    with pytest.raises(ValueError, match="compact_every must be >= 1 poll, got 0"):
+        MetricsRecorder(tmp_path / "m", "127.0.0.1:1", compact_every=0)
     with pytest.raises(SystemExit):
         main(["--table", str(tmp_path / "m"), "--interval", "-1"])
     assert "--interval must be > 0, got -1.0" in capsys.readouterr().err
