@@ -1,7 +1,7 @@
 """Record the broker's dedup metrics into a Delta table, periodically.
 
     python -m jobs.metrics_recorder --table DELTA_PATH [--path STORE | --brokers HOST:PORT]
-        [--interval 5] [--once | --duration SECONDS]
+        [--interval 5] [--compact-every 720] [--once | --duration SECONDS]
 
 Every ``interval`` seconds the cluster's metrics document (``BrokerClient.metrics``: every
 live broker's counters merged) is flattened into rows and appended to the table in one
