@@ -105,29 +105,18 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyspark
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 # confluent_kafka.admin re-exports its classes without __all__, which mypy --strict takes
 # for private names; these are its documented public ones.
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AdminClient,
-    ConfigResource,
-    NewTopic,
-)
 from pyspark.sql import DataFrame, SparkSession
 
-from benchmarks.bench_broker import start_broker
 from benchmarks.bench_spark import (
     SINKS as BENCH_SPARK_SINKS,
 )
@@ -145,34 +134,23 @@ from benchmarks.bench_spark import (
     source,
     write_stream_files,
 )
-from benchmarks.kafka_node import LONG_MAX, kafka_node
-from broker_core.client import BrokerClient
-from broker_core.log_config import LOG_CONFIG
+from benchmarks.kafka_node import KafkaAdmin, fresh, kafka_node
+from benchmarks.peers_ingest import ingest_part
+from benchmarks.peers_report import Row, draw_chart, print_table, verdict, with_ratios
 from jobs.delta_export import delta_conf
 from spark_sink import local_session
 from spark_sink.embedded import stop_broker
-from spark_sink.options import OPTIONS
-from spark_sink.producer import Producer as IdemlogProducer
 from spark_sink.session import REPO, project_jars
 
 BATCH_SINKS = (*BENCH_SPARK_SINKS, "delta", "kafka")
 STREAM_SINKS = ("idemlog", "delta", "kafka")
-INGEST_CLIENTS = ("idemlog", "kafka")
 SPARK_KAFKA_JARS = REPO / "jars" / "spark-kafka"
 CHART = REPO / "bench" / "peers.png"
-# The Spark sink's default for the topics it creates; every topic here gets as many.
-PARTITIONS = int(OPTIONS.key("partitions").default)
-FLUSH = {"flush.messages": str(LONG_MAX), "flush.ms": str(LONG_MAX)}
 KAFKA_COLUMNS = ("cast(key as string) key", "cast(value as binary) value")
 # Spark's Kafka producer: what kafka-clients 3.x defaults to anyway, spelled out.
 KAFKA_SINK_OPTIONS = {"kafka.acks": "all", "kafka.enable.idempotence": "true"}
-KAFKA_PRODUCER_CONFIG = {"enable.idempotence": True, "acks": "all"}
-INGEST_CHUNK_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch's default
-INGEST_DISTINCT_CHUNKS = 50
-INGEST_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.string())])
 TARGET_KAFKA_SINK = 1.2  # Kafka sink batch time / idemlog's
 TARGET_BROKER = 1.0  # idemlog producer records/s / Kafka producer's
-FLUSH_TIMEOUT_S = 600.0
 SPARK_STOP_TIMEOUT_S = 120.0
 
 
@@ -196,55 +174,6 @@ def source_bytes(start: int, stop: int) -> int:
 
 def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
-
-
-# -- Kafka administration ---------------------------------------------------------------------
-class KafkaAdmin:
-    """The topics this benchmark creates on the Kafka node."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
-        self.client = AdminClient({"bootstrap.servers": bootstrap})
-        # Reads end offsets only: it never subscribes, joins its group or commits.
-        self.offsets = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": "bench-peers", "enable.auto.commit": False}
-        )
-
-    def close(self) -> None:
-        """Closes the connections (before the node stops: librdkafka would log every
-        failed reconnect otherwise)."""
-        self.offsets.close()
-        del self.client  # AdminClient has no close(): its handle goes with the last reference
-
-    def create(self, topic: str) -> None:
-        new = NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1, config=FLUSH)
-        for future in self.client.create_topics([new], operation_timeout=60).values():
-            future.result()
-
-    def delete(self, topic: str) -> None:
-        for future in self.client.delete_topics([topic], operation_timeout=60).values():
-            future.result()
-
-    def records(self, topic: str) -> int:
-        """The sum of the topic's end offsets: its records (nothing transactional here)."""
-        return sum(
-            self.offsets.get_watermark_offsets(TopicPartition(topic, p), timeout=60)[1]
-            for p in range(PARTITIONS)
-        )
-
-    def check(self, what: str, topic: str, rows: int) -> None:
-        records = self.records(topic)
-        if records != rows:
-            raise SystemExit(f"{what}: Kafka topic {topic} holds {records} records, not {rows}")
-
-    def flush_config(self, topic: str) -> dict[str, str]:
-        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-        entries = next(iter(self.client.describe_configs([resource]).values())).result()
-        return {k: str(entries[k].value) for k in FLUSH}
-
-
-def fresh(what: str) -> str:
-    return f"bench-peers-{what}-{uuid.uuid4().hex[:12]}"
 
 
 # -- part 1: Spark batch ----------------------------------------------------------------------
@@ -408,212 +337,6 @@ def run_peer_stream(
     ), cpu
 
 
-# -- part 3: broker ingest --------------------------------------------------------------------
-@dataclass(frozen=True)
-class Chunk:
-    """One chunk of ingest rows, as an Arrow table (idemlog) and as byte strings (Kafka)."""
-
-    table: pa.Table
-    keys: list[bytes]
-    values: list[bytes]
-    nbytes: int  # key + value bytes
-
-
-def ingest_chunks() -> list[Chunk]:
-    chunks = []
-    for c in range(INGEST_DISTINCT_CHUNKS):
-        ids = pa.array(np.arange(c * INGEST_CHUNK_ROWS, (c + 1) * INGEST_CHUNK_ROWS))
-        keys = pc.cast(pc.remainder(ids, 1000), pa.string())
-        values = pc.binary_join_element_wise("value-", pc.cast(ids, pa.string()), "")
-        table = pa.table([keys, values], schema=INGEST_SCHEMA)
-        nbytes = sum(int(pc.sum(pc.binary_length(a)).as_py()) for a in (keys, values))
-        chunks.append(
-            Chunk(
-                table=table,
-                keys=[k.encode() for k in keys.to_pylist()],
-                values=[v.encode() for v in values.to_pylist()],
-                nbytes=nbytes,
-            )
-        )
-    return chunks
-
-
-@dataclass(frozen=True)
-class Ingest:
-    chunks: list[Chunk]
-    count: int  # chunks per run, cycling through ``chunks``
-
-    @property
-    def rows(self) -> int:
-        return self.count * INGEST_CHUNK_ROWS
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.chunks[i % len(self.chunks)].nbytes for i in range(self.count))
-
-    def sequence(self) -> list[Chunk]:
-        return [self.chunks[i % len(self.chunks)] for i in range(self.count)]
-
-
-def ingest_idemlog(address: str, ingest: Ingest) -> float:
-    topic = fresh("ingest")
-    with BrokerClient(address) as admin:
-        admin.create_topic(topic, PARTITIONS, schema=INGEST_SCHEMA, config=dict(FLUSH))
-    try:
-        chunks = ingest.sequence()
-        with IdemlogProducer(address) as producer:
-            start = time.perf_counter()
-            futures = [producer.send(topic, chunk.table, key="key") for chunk in chunks]
-            producer.flush(FLUSH_TIMEOUT_S)
-            elapsed = time.perf_counter() - start
-            acknowledged = sum(m.num_rows for f in futures for m in f.result(0))
-            errors = producer.metrics_snapshot()["record_errors"]
-        with BrokerClient(address) as admin:
-            stored = sum(admin.list_offsets(topic, p)["log_end_offset"] for p in range(PARTITIONS))
-        if acknowledged != ingest.rows or stored != ingest.rows or errors:
-            raise SystemExit(
-                f"idemlog ingest: {acknowledged} rows acknowledged, {stored} in the log, "
-                f"{errors} failed; expected {ingest.rows}"
-            )
-    finally:
-        with BrokerClient(address) as admin:
-            admin.delete_topic(topic)
-    return elapsed
-
-
-def ingest_kafka(kafka: KafkaAdmin, ingest: Ingest, primer: str) -> float:
-    topic = fresh("ingest")
-    kafka.create(topic)
-    failures: list[KafkaError] = []
-
-    def delivered(error: KafkaError | None, _message: Message) -> None:
-        if error is not None:
-            failures.append(error)
-
-    config: dict[str, Any] = {
-        "bootstrap.servers": kafka.bootstrap,
-        **KAFKA_PRODUCER_CONFIG,
-        # Successes need no callback (that would be a Python call per record); failures do.
-        "delivery.report.only.error": True,
-        "on_delivery": delivered,
-    }
-    try:
-        chunks = ingest.sequence()
-        producer = Producer(config)
-        try:
-            # Ready before the clock starts, as idemlog's Producer() is: connected, producer
-            # id acquired (one record to another topic, flushed), the topic's metadata known.
-            producer.produce(primer, b"", b"")
-            if producer.flush(60) or producer.list_topics(topic, timeout=60) is None:
-                raise SystemExit("kafka ingest: the producer did not get ready in 60 s")
-            produce, poll = producer.produce, producer.poll
-            start = time.perf_counter()
-            for chunk in chunks:
-                for key, value in zip(chunk.keys, chunk.values, strict=True):
-                    while True:
-                        try:
-                            produce(topic, value, key)
-                            break
-                        except BufferError:
-                            # librdkafka's queue is full: let it drain, then the same record.
-                            poll(0.005)
-                poll(0)
-            left = producer.flush(FLUSH_TIMEOUT_S)
-            elapsed = time.perf_counter() - start
-        finally:
-            # Nothing is left after a complete flush; after an error, close() must not wait
-            # for records to a broker that may be gone.
-            producer.purge(blocking=False)
-            producer.close()
-        if left or failures:
-            raise SystemExit(f"kafka ingest: {left} records unsent, {len(failures)} failed")
-        kafka.check("kafka ingest", topic, ingest.rows)
-    finally:
-        kafka.delete(topic)
-    return elapsed
-
-
-# -- output -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Row:
-    part: str  # batch, stream, ingest
-    name: str
-    seconds: float  # batch and ingest: the best run; stream: p50 per micro-batch
-    rows: int
-    nbytes: int
-    cpu: float
-    p95: float | None = None
-    ratio: float = 0.0
-
-
-def with_ratios(rows: list[Row]) -> list[Row]:
-    """Each row's time over idemlog's in its part (> 1: idemlog is faster)."""
-    idemlog = {r.part: r.seconds for r in rows if r.name == "idemlog"}
-    return [
-        Row(r.part, r.name, r.seconds, r.rows, r.nbytes, r.cpu, r.p95, r.seconds / idemlog[r.part])
-        for r in rows
-    ]
-
-
-def print_table(rows: list[Row]) -> None:
-    print(
-        f"\n{'part':<7} {'sink':<8} {'seconds':>9} {'p95 s':>7} {'rows/s':>12} {'MB/s':>8} "
-        f"{'CPU s':>7} {'ratio':>6}"
-    )
-    for r in rows:
-        p95 = f"{r.p95:>7.3f}" if r.p95 is not None else f"{'':>7}"
-        print(
-            f"{r.part:<7} {r.name:<8} {r.seconds:>9.3f} {p95} {r.rows / r.seconds:>12,.0f} "
-            f"{r.nbytes / r.seconds / 1e6:>8.1f} {r.cpu:>7.1f} {r.ratio:>6.3f}"
-        )
-    print(
-        "(batch: best run; stream: addBatch p50 per micro-batch, p95 beside it, CPU of the "
-        "whole query; ingest: best run. ratio: the row's time / idemlog's in its part, "
-        "> 1: idemlog is faster; MB = 10^6 bytes)"
-    )
-
-
-def draw_chart(rows: list[Row], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display; before pyplot is imported
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
-
-    peers = [r for r in rows if r.name != "idemlog"]
-    colours = {"batch": "tab:blue", "stream": "tab:orange", "ingest": "tab:green"}
-    figure, axes = plt.subplots(figsize=(10, 5))
-    labels = [f"{r.part}\n{r.name}" for r in peers]
-    # Bars grow from idemlog's 1 on a log scale: up where idemlog is faster, down where it
-    # is slower, 2x either way the same length.
-    bars = axes.bar(
-        labels,
-        [r.ratio - 1 for r in peers],
-        bottom=1,
-        color=[colours[r.part] for r in peers],
-    )
-    axes.bar_label(bars, labels=[f"{r.ratio:.2f}" for r in peers], padding=2)
-    axes.set_yscale("log")
-    axes.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axes.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    axes.yaxis.set_minor_formatter(NullFormatter())
-    axes.axhline(1.0, color="black", linewidth=1)
-    axes.set_ylabel("time / idemlog's time  (> 1: idemlog faster)")
-    axes.set_title(
-        "idemlog vs peers: batch best run, stream p50 micro-batch (addBatch), ingest best run"
-    )
-    axes.legend(handles=[Patch(color=c, label=p) for p, c in colours.items()])
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def verdict(ok: bool) -> str:
-    return "meets" if ok else "misses"
-
-
 # -- the run ----------------------------------------------------------------------------------
 # The session of the Spark parts while it runs, for the signal handler.
 _running: list[SparkSession] = []
@@ -723,63 +446,6 @@ def spark_parts(
         _stop_spark(spark)
         stop_broker(embedded)
     return rows, best
-
-
-def ingest_part(args: argparse.Namespace, directory: Path, kafka: KafkaAdmin) -> list[Row]:
-    chunks = ingest_chunks()
-    count = -(-args.rows // INGEST_CHUNK_ROWS)
-    ingest = Ingest(chunks, count)
-    warm = Ingest(chunks, max(1, WARMUP_ROWS // INGEST_CHUNK_ROWS))
-    (directory / "ingest-broker").mkdir()
-    server = start_broker(directory / "ingest-broker")
-    try:
-        with BrokerClient(server.address) as admin:
-            probe = fresh("probe")
-            admin.create_topic(probe, PARTITIONS, schema=INGEST_SCHEMA, config=dict(FLUSH))
-            overrides = admin.describe_topics([probe])[0]["config"]
-            admin.delete_topic(probe)
-        probe = fresh("probe")
-        kafka.create(probe)
-        kafka_flush = kafka.flush_config(probe)
-        kafka.delete(probe)
-        idemlog_flush = {k: LOG_CONFIG.parse(overrides)[k] for k in FLUSH}
-        print(
-            f"\ningest: {ingest.rows} records ({ingest.nbytes / 1e6:.1f} MB of keys and values) "
-            f"per run in chunks of {INGEST_CHUNK_ROWS}, {PARTITIONS} partitions; idemlog "
-            f"topic {idemlog_flush}, Kafka topic {kafka_flush}",
-            flush=True,
-        )
-        primer = fresh("primer")
-        kafka.create(primer)
-        runs: dict[str, list[float]] = {c: [] for c in INGEST_CLIENTS}
-        cpu: dict[str, list[float]] = {c: [] for c in INGEST_CLIENTS}
-
-        def run(client: str, what: Ingest) -> tuple[float, float]:
-            before = Cpu.now(str(directory / "embedded"))
-            if client == "idemlog":
-                elapsed = ingest_idemlog(server.address, what)
-            else:
-                elapsed = ingest_kafka(kafka, what, primer)
-            return elapsed, (Cpu.now(str(directory / "embedded")) - before).total
-
-        for client in INGEST_CLIENTS:
-            run(client, warm)
-        for round_ in range(args.repeats):
-            for client in INGEST_CLIENTS:
-                elapsed, used = run(client, ingest)
-                runs[client].append(elapsed)
-                cpu[client].append(used)
-                print(
-                    f"  ingest round {round_ + 1} {client}: {elapsed:.2f}s = "
-                    f"{ingest.rows / elapsed:,.0f} records/s",
-                    flush=True,
-                )
-    finally:
-        server.stop()
-    return [
-        Row("ingest", c, min(runs[c]), ingest.rows, ingest.nbytes, min(cpu[c]))
-        for c in INGEST_CLIENTS
-    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

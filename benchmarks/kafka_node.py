@@ -44,8 +44,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
+
+from spark_sink.options import OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 BROKER_JARS = REPO / "jars" / "kafka-broker"
@@ -282,3 +288,58 @@ def kafka_node(
             stop(process, stop_timeout_s)
         if owned:
             shutil.rmtree(home, ignore_errors=True)
+
+
+# -- administration ---------------------------------------------------------------------------
+# idemlog's default partition count, so both systems spread the same keys as widely.
+PARTITIONS = int(OPTIONS.key("partitions").default)
+# Neither broker fsyncs on its own: Kafka's defaults, spelled out, and the same for idemlog.
+FLUSH = {"flush.messages": str(LONG_MAX), "flush.ms": str(LONG_MAX)}
+
+
+class KafkaAdmin:
+    """The topics this benchmark creates on the Kafka node."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.client = AdminClient({"bootstrap.servers": bootstrap})
+        # Reads end offsets only: it never subscribes, joins its group or commits.
+        self.offsets = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "bench-peers", "enable.auto.commit": False}
+        )
+
+    def close(self) -> None:
+        """Closes the connections (before the node stops: librdkafka would log every
+        failed reconnect otherwise)."""
+        self.offsets.close()
+        del self.client  # AdminClient has no close(): its handle goes with the last reference
+
+    def create(self, topic: str) -> None:
+        new = NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1, config=FLUSH)
+        for future in self.client.create_topics([new], operation_timeout=60).values():
+            future.result()
+
+    def delete(self, topic: str) -> None:
+        for future in self.client.delete_topics([topic], operation_timeout=60).values():
+            future.result()
+
+    def records(self, topic: str) -> int:
+        """The sum of the topic's end offsets: its records (nothing transactional here)."""
+        return sum(
+            self.offsets.get_watermark_offsets(TopicPartition(topic, p), timeout=60)[1]
+            for p in range(PARTITIONS)
+        )
+
+    def check(self, what: str, topic: str, rows: int) -> None:
+        records = self.records(topic)
+        if records != rows:
+            raise SystemExit(f"{what}: Kafka topic {topic} holds {records} records, not {rows}")
+
+    def flush_config(self, topic: str) -> dict[str, str]:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = next(iter(self.client.describe_configs([resource]).values())).result()
+        return {k: str(entries[k].value) for k in FLUSH}
+
+
+def fresh(what: str) -> str:
+    return f"bench-peers-{what}-{uuid.uuid4().hex[:12]}"
