@@ -261,10 +261,17 @@ class ProduceStream:
         self._closed = True
         if self._writer is None:
             return
-        try:
-            self._writer.done_writing()
-        except (flight.FlightError, pa.ArrowException, OSError) as exc:
-            self._fail_all(typed_flight_error(exc, self.what))
+        failed: IdemlogError | None = None
+        # Under the write lock: the reader thread may be closing the call (_end_call) right
+        # now, and Flight aborts the process when done_writing() and close() run at once.
+        with self._write_lock:
+            if not self._call_ended:
+                try:
+                    self._writer.done_writing()
+                except (flight.FlightError, pa.ArrowException, OSError) as exc:
+                    failed = typed_flight_error(exc, self.what)
+        if failed is not None:
+            self._fail_all(failed)
         if self._reader_thread is not None:
             self._reader_thread.join(timeout)
         self._end_call(None)  # normally done by the reader already; then a no-op
