@@ -122,12 +122,12 @@ from benchmarks.bench_spark import (
 )
 from benchmarks.bench_spark import (
     SOURCE_SCHEMA,
-    STREAM_TIMEOUT_S,
     WARMUP_ROWS,
     Bench,
     Cpu,
     DiscardDataSource,
     StreamResult,
+    finish_stream,
     parse_sizes,
     run_rounds,
     run_stream,
@@ -304,15 +304,7 @@ def run_peer_stream(
         .trigger(availableNow=True)
         .start()
     )
-    try:
-        if not query.awaitTermination(STREAM_TIMEOUT_S):
-            raise SystemExit(f"{sink} stream: not done after {STREAM_TIMEOUT_S:g} s")
-        if query.exception() is not None:
-            raise SystemExit(f"{sink} stream failed: {query.exception()}")
-        progress = [p for p in query.recentProgress if p.numInputRows > 0]
-    finally:
-        query.stop()
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    progress = finish_stream(query, sink, checkpoint)
     cpu = (Cpu.now(bench.embedded) - before).total
     try:
         total = sum(p.numInputRows for p in progress)

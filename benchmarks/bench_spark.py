@@ -78,7 +78,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -93,6 +93,7 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
     WriterCommitMessage,
 )
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
 from broker_core.client import BrokerClient
@@ -338,6 +339,20 @@ class StreamResult:
     trigger_ms: list[float]
 
 
+def finish_stream(query: StreamingQuery, sink: str, checkpoint: Path) -> list[Any]:
+    """Wait for an availableNow query; its progress of the micro-batches that had rows.
+    The query is stopped and its checkpoint removed either way."""
+    try:
+        if not query.awaitTermination(STREAM_TIMEOUT_S):
+            raise SystemExit(f"{sink} stream: not done after {STREAM_TIMEOUT_S:g} s")
+        if query.exception() is not None:
+            raise SystemExit(f"{sink} stream failed: {query.exception()}")
+        return [p for p in query.recentProgress if p.numInputRows > 0]
+    finally:
+        query.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
 def run_stream(bench: Bench, sink: str, files: Path, batches: int, rows: int) -> StreamResult:
     spark = bench.spark
     stream = (
@@ -356,15 +371,7 @@ def run_stream(bench: Bench, sink: str, files: Path, batches: int, rows: int) ->
     else:
         writer = writer.format("discard")
     query = writer.outputMode("append").trigger(availableNow=True).start()
-    try:
-        if not query.awaitTermination(STREAM_TIMEOUT_S):
-            raise SystemExit(f"{sink} stream: not done after {STREAM_TIMEOUT_S:g} s")
-        if query.exception() is not None:
-            raise SystemExit(f"{sink} stream failed: {query.exception()}")
-        progress = [p for p in query.recentProgress if p.numInputRows > 0]
-    finally:
-        query.stop()
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    progress = finish_stream(query, sink, checkpoint)
     total = sum(p.numInputRows for p in progress)
     if len(progress) != batches or total != batches * rows:
         raise SystemExit(

@@ -20,6 +20,7 @@ from jobs.metrics_recorder import SCHEMA, MetricsRecorder, main, read_metrics
 from spark_sink import progress
 from tests.broker.conftest import rows
 from tests.harness.broker import BrokerFactory
+from tests.sink_figures import figures
 
 
 def produce_with_duplicates(client: BrokerClient, topic: str) -> None:
@@ -113,21 +114,8 @@ def test_sink_batches_from_the_progress_spool_are_recorded_once(
     broker = broker_factory()
     spool = tmp_path / "progress"
     recorder = MetricsRecorder(tmp_path / "m", broker.address, interval_s=3600, progress_dir=spool)
-    figures = progress.SinkBatchFigures(
-        query_id="q1",
-        batch_id=7,
-        committed=True,
-        tasks=4,
-        tasks_reused=1,
-        rows=100,
-        producer_batches=8,
-        duplicates_acked=2,
-        producer_retries=2,
-        write_ms_max=12.5,
-        commit_ms=3.25,
-        committed_at_ms=recorder._since_ms + 1,
-    )
-    progress.record(figures, spool)
+    batch = figures(7, query_id="q1", commit_ms=3.25, committed_at_ms=recorder._since_ms + 1)
+    progress.record(batch, spool)
     recorder.record_once()
     recorder.record_once()
     frame = read_metrics(tmp_path / "m")

@@ -12,25 +12,7 @@ from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 from broker_core.errors import InvalidConfigError, NetworkError
 from spark_sink import failpoints, progress
-
-
-def figures(batch_id: int, **changes: Any) -> progress.SinkBatchFigures:
-    values: dict[str, Any] = dict(
-        query_id="q",
-        batch_id=batch_id,
-        committed=True,
-        tasks=2,
-        tasks_reused=0,
-        rows=10,
-        producer_batches=4,
-        duplicates_acked=1,
-        producer_retries=1,
-        write_ms_max=5.0,
-        commit_ms=2.0,
-        committed_at_ms=1,
-    )
-    values.update(changes)
-    return progress.SinkBatchFigures(**values)
+from tests.sink_figures import figures
 
 
 def test_spool_keeps_the_last_batches_and_a_rerun_overwrites(tmp_path: Path) -> None:
