@@ -92,7 +92,7 @@ _BROKER_KEYS = [
     ConfigKey(
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
         int,
-        10_000,
+        2_000,
         "How often the coordinator looks for transactions open longer than their timeout "
         "and aborts them.",
         min=1,

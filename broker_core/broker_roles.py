@@ -14,6 +14,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from broker_core.client import BrokerClient
 from broker_core.txn_coordinator import TransactionCoordinator
 from broker_core.txn_store import LogTxnStateStore, TxnStateStore, ZkTxnStateStore
 
@@ -23,6 +24,42 @@ if TYPE_CHECKING:
 log = logging.getLogger("idemlog.broker")
 
 ACTIVATION_RETRY_S = 1.0  # after a failed coordinator start (e.g. a marker's broker is down)
+
+
+class ClusterStableOffsets:
+    """Partitions' last stable offsets for the coordinator's reader cuts: local logs read
+    in place, the others asked of their leaders."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._lock = threading.Lock()
+        self._client: BrokerClient | None = None
+
+    def last_stable_offsets(self, topic: str) -> dict[int, int]:
+        broker = self._broker
+        assignment = broker.topics.assignment(topic)
+        ends: dict[int, int] = {}
+        for partition, leader in sorted(assignment.partitions.items()):
+            if leader == broker.broker_id:
+                ends[partition] = broker.topics.leader_log(topic, partition).last_stable_offset
+            else:
+                doc = self._remote().list_offsets(topic, partition)
+                ends[partition] = int(doc["last_stable_offset"])
+        return ends
+
+    def _remote(self) -> BrokerClient:
+        with self._lock:
+            if self._client is None:
+                cluster = self._broker.require_cluster()
+                bootstrap = ",".join(f"{b.host}:{b.port}" for b in cluster.brokers())
+                self._client = BrokerClient(bootstrap)
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
 
 class CoordinatorRole:
@@ -36,6 +73,7 @@ class CoordinatorRole:
         # The coordinator's ZooKeeper state store: its connection listener is removed when
         # the coordinator stops, or every controllership would leave one behind.
         self._zk_store: ZkTxnStateStore | None = None
+        self._offsets = ClusterStableOffsets(broker)
         self._thread: threading.Thread | None = None
 
     def current(self) -> TransactionCoordinator | None:
@@ -104,6 +142,7 @@ class CoordinatorRole:
             broker.markers,
             max_timeout_ms=broker.config.transaction_max_timeout_ms,
             coordinator_epoch=epoch,
+            stable_offsets=self._offsets,
         )
         try:
             coordinator.start()
@@ -126,6 +165,7 @@ class CoordinatorRole:
         return aborted
 
     def _close_coordinator(self) -> None:
+        self._offsets.close()
         coordinator, self._coordinator = self._coordinator, None
         zk_store, self._zk_store = self._zk_store, None
         if coordinator is not None:

@@ -43,6 +43,7 @@ from broker_core.protocol import (
     Action,
     FetchBatchMeta,
     FetchTrailer,
+    SinkAttempt,
     SinkTxnStatus,
     decode_fetch_meta,
     encode_json,
@@ -417,11 +418,16 @@ class BrokerClient:
         return int(doc["producer_id"]), int(doc["producer_epoch"])
 
     def init_sink_producer(
-        self, transactional_id: str, transaction_timeout_ms: int | None, batch_id: int
+        self, transactional_id: str, transaction_timeout_ms: int | None, attempt: SinkAttempt
     ) -> tuple[int, int, SinkTxnStatus]:
-        """InitProducerId for an attempt of a Spark task (DESIGN §6): (producer id, epoch,
-        whether an earlier attempt's transaction of ``batch_id`` is reused)."""
-        body: dict[str, Any] = {"transactional_id": transactional_id, "sink_batch_id": batch_id}
+        """InitProducerId for an attempt of a Spark task (docs/design.md): (producer id,
+        epoch, whether an earlier attempt's transaction of the batch is reused)."""
+        body: dict[str, Any] = {
+            "transactional_id": transactional_id,
+            "sink_batch_id": attempt.batch_id,
+            "sink_id": attempt.sink_id,
+            "sink_run_id": attempt.run_id,
+        }
         if transaction_timeout_ms is not None:
             body["transaction_timeout_ms"] = transaction_timeout_ms
         doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
@@ -429,8 +435,15 @@ class BrokerClient:
         return int(doc["producer_id"]), int(doc["producer_epoch"]), status
 
     def prepare_sink_txn(
-        self, transactional_id: str, producer_id: int, producer_epoch: int, batch_id: int
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        batch_id: int,
+        ranges: Sequence[tuple[str, int, int, int]] = (),
     ) -> None:
+        """The open transaction holds all of a task's rows of ``batch_id``, at ``ranges``
+        ((topic, partition, first offset, last offset) for each partition written)."""
         self._coordinator_action(
             Action.PREPARE_SINK_TXN,
             {
@@ -438,8 +451,38 @@ class BrokerClient:
                 "producer_id": producer_id,
                 "producer_epoch": producer_epoch,
                 "batch_id": batch_id,
+                "ranges": [list(r) for r in ranges],
             },
         )
+
+    def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
+        """A task of this run is alive: the coordinator keeps its transactions open."""
+        self._coordinator_action(Action.SINK_HEARTBEAT, {"sink_id": sink_id, "run_id": run_id})
+
+    def abort_sink_run(self, run_id: str, batch_id: int) -> list[str]:
+        """Fence and abort every attempt of ``run_id`` at ``batch_id`` or before; their ids."""
+        doc = self._coordinator_action(
+            Action.ABORT_SINK_RUN, {"run_id": run_id, "batch_id": batch_id}
+        )
+        return [str(t) for t in doc["aborted"]]
+
+    def stable_ends(self, topic: str) -> dict[int, int]:
+        """Where a read_committed reader of ``topic`` stops: at most each partition's last
+        stable offset, lowered so that every sink batch is read whole or not at all."""
+        doc = self._coordinator_action(Action.STABLE_ENDS, {"topic": topic})
+        return {int(p): int(offset) for p, offset in doc["ends"].items()}
+
+    def list_transactions(self, min_age_ms: int = 0) -> list[dict[str, Any]]:
+        """Open transactions, oldest first (``idemlog transactions list``)."""
+        doc = self._coordinator_action(Action.LIST_TRANSACTIONS, {"min_age_ms": min_age_ms})
+        return list(doc["transactions"])
+
+    def abort_transaction(self, transactional_id: str) -> bool:
+        """Fence the id's holder and abort its open transaction; False if none was open."""
+        doc = self._coordinator_action(
+            Action.ABORT_TRANSACTION, {"transactional_id": transactional_id}
+        )
+        return bool(doc["aborted"])
 
     def add_partitions_to_txn(
         self,
@@ -472,18 +515,23 @@ class BrokerClient:
         )
 
     def commit_sink_batch(
-        self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
+        self,
+        sink_id: str,
+        batch_id: int,
+        transactions: Sequence[tuple[str, int, int]],
+        run_id: str | None = None,
     ) -> bool:
         """True: committed now; False: the batch was committed before, so these
-        transactions were aborted instead (idempotent commit)."""
-        doc = self._coordinator_action(
-            Action.COMMIT_SINK_BATCH,
-            {
-                "sink_id": sink_id,
-                "batch_id": batch_id,
-                "transactions": [list(t) for t in transactions],
-            },
-        )
+        transactions were aborted instead (idempotent commit). ``run_id``: every
+        transaction must have been written by that run of the sink."""
+        body: dict[str, Any] = {
+            "sink_id": sink_id,
+            "batch_id": batch_id,
+            "transactions": [list(t) for t in transactions],
+        }
+        if run_id is not None:
+            body["run_id"] = run_id
+        doc = self._coordinator_action(Action.COMMIT_SINK_BATCH, body)
         return bool(doc["committed"])
 
     def abort_sink_batch(

@@ -14,18 +14,26 @@ list_offsets           {topic, partition} -> {log_start_offset, log_end_offset,
 metadata               {topics?: [..]} -> {brokers: [{broker_id, host, port}],
                        controller: id|null, topics: {name: [leader per partition]}}
 find_coordinator       {transactional_id?} -> {broker_id, host, port}
-init_producer_id       {transactional_id?, transaction_timeout_ms?, sink_batch_id?} ->
-                       {producer_id, producer_epoch, sink_status?: new|prepared|committed}
-                       (sink_batch_id: an attempt of a Spark task, DESIGN §6)
-prepare_sink_txn       {transactional_id, producer_id, producer_epoch, batch_id} -> {}
+init_producer_id       {transactional_id?, transaction_timeout_ms?, sink_batch_id?,
+                       sink_id?, sink_run_id?} -> {producer_id, producer_epoch,
+                       sink_status?: new|prepared|committed} (sink_*: an attempt of a
+                       Spark task, docs/design.md)
+prepare_sink_txn       {transactional_id, producer_id, producer_epoch, batch_id,
+                       ranges?: [[topic, partition, first, last], ..]} -> {}
 add_partitions_to_txn  {transactional_id, producer_id, producer_epoch, partitions:
                        [[topic, partition], ..]} -> {}
 end_txn                {transactional_id, producer_id, producer_epoch, commit} -> {}
 write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
                        partitions: [[topic, partition], ..]} -> {}   (broker to broker)
 commit_sink_batch      {sink_id, batch_id, transactions: [[transactional_id, producer_id,
-                       producer_epoch], ..]} -> {committed, last_committed_batch}
+                       producer_epoch], ..], run_id?} -> {committed, last_committed_batch}
 abort_sink_batch       same body -> {last_committed_batch}
+abort_sink_run         {run_id, batch_id} -> {aborted: [transactional_id, ..]}
+sink_heartbeat         {sink_id, run_id} -> {}
+stable_ends            {topic} -> {ends: {partition: offset}} (read_committed ends that
+                       hold every sink batch whole or not at all)
+list_transactions      {min_age_ms?} -> {transactions: [{transactional_id, age_ms, ..}]}
+abort_transaction      {transactional_id} -> {aborted}
 metrics                {} -> the metrics document (broker_core.metrics)
 ping                   {} -> {broker_id, version}
 =====================  ===================================================================
@@ -49,7 +57,7 @@ from broker_core.errors import (
     InvalidTopicError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol import PROTOCOL_VERSION, Action, field
+from broker_core.protocol import PROTOCOL_VERSION, Action, SinkAttempt, field
 from broker_core.record_batch import MAX_PRODUCER_EPOCH
 
 if TYPE_CHECKING:
@@ -130,6 +138,11 @@ class ActionHandlers:
             Action.WRITE_TXN_MARKERS: self.write_txn_markers,
             Action.COMMIT_SINK_BATCH: self.commit_sink_batch,
             Action.ABORT_SINK_BATCH: self.abort_sink_batch,
+            Action.ABORT_SINK_RUN: self.abort_sink_run,
+            Action.SINK_HEARTBEAT: self.sink_heartbeat,
+            Action.STABLE_ENDS: self.stable_ends,
+            Action.LIST_TRANSACTIONS: self.list_transactions,
+            Action.ABORT_TRANSACTION: self.abort_transaction,
             Action.METRICS: self.metrics,
             Action.PING: self.ping,
         }
@@ -273,7 +286,10 @@ class ActionHandlers:
             raise InvalidRequestError(f"{what}: field 'transactional_id' must not be empty")
         coordinator = self._broker.coordinator()
         if sink_batch_id is not None:
-            pid, epoch, status = coordinator.init_sink_producer(txn_id, timeout_ms, sink_batch_id)
+            attempt = SinkAttempt.from_doc(
+                {**body, "batch_id": sink_batch_id, "run_id": body.get("sink_run_id")}, what
+            )
+            pid, epoch, status = coordinator.init_sink_producer(txn_id, timeout_ms, attempt)
             return {"producer_id": pid, "producer_epoch": epoch, "sink_status": str(status)}
         pid, epoch = coordinator.init_producer_id(txn_id, timeout_ms)
         return {"producer_id": pid, "producer_epoch": epoch}
@@ -283,8 +299,36 @@ class ActionHandlers:
         txn_id = field(body, "transactional_id", str, what)
         pid, epoch = _producer_fields(body, what)
         batch_id = field(body, "batch_id", int, what)
-        self._broker.coordinator().prepare_sink_txn(txn_id, pid, epoch, batch_id)
+        ranges = field(body, "ranges", list, what, [])
+        self._broker.coordinator().prepare_sink_txn(txn_id, pid, epoch, batch_id, ranges)
         return {}
+
+    def sink_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        what = "sink_heartbeat"
+        self._broker.coordinator().sink_heartbeat(
+            field(body, "sink_id", str, what), field(body, "run_id", str, what)
+        )
+        return {}
+
+    def abort_sink_run(self, body: dict[str, Any]) -> dict[str, Any]:
+        what = "abort_sink_run"
+        aborted = self._broker.coordinator().abort_sink_run(
+            field(body, "run_id", str, what), field(body, "batch_id", int, what)
+        )
+        return {"aborted": aborted}
+
+    def stable_ends(self, body: dict[str, Any]) -> dict[str, Any]:
+        topic = field(body, "topic", str, "stable_ends")
+        ends = self._broker.coordinator().stable_ends(topic)
+        return {"ends": {str(p): offset for p, offset in sorted(ends.items())}}
+
+    def list_transactions(self, body: dict[str, Any]) -> dict[str, Any]:
+        min_age_ms = field(body, "min_age_ms", int, "list_transactions", 0)
+        return {"transactions": self._broker.coordinator().list_transactions(min_age_ms)}
+
+    def abort_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
+        txn_id = field(body, "transactional_id", str, "abort_transaction")
+        return {"aborted": self._broker.coordinator().abort_transaction(txn_id)}
 
     def add_partitions_to_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         what = "add_partitions_to_txn"
@@ -327,7 +371,8 @@ class ActionHandlers:
     def commit_sink_batch(self, body: dict[str, Any]) -> dict[str, Any]:
         sink_id, batch_id, transactions = self._sink_fields(body, "commit_sink_batch")
         coordinator = self._broker.coordinator()
-        committed = coordinator.commit_sink_batch(sink_id, batch_id, transactions)
+        run_id = field(body, "run_id", str, "commit_sink_batch", None)
+        committed = coordinator.commit_sink_batch(sink_id, batch_id, transactions, run_id)
         return {
             "committed": bool(committed),
             "last_committed_batch": coordinator.last_committed_batch(sink_id),

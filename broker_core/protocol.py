@@ -61,8 +61,13 @@ class Action(StrEnum):
     END_TXN = "end_txn"  # {transactional_id, producer_id, producer_epoch, commit}
     PREPARE_SINK_TXN = "prepare_sink_txn"  # {transactional_id, producer_id, .., batch_id}
     WRITE_TXN_MARKERS = "write_txn_markers"  # broker to broker: markers for its partitions
-    COMMIT_SINK_BATCH = "commit_sink_batch"  # {sink_id, batch_id, transactions: [..]}
+    COMMIT_SINK_BATCH = "commit_sink_batch"  # {sink_id, batch_id, transactions, run_id?}
     ABORT_SINK_BATCH = "abort_sink_batch"  # {sink_id, batch_id, transactions: [..]}
+    ABORT_SINK_RUN = "abort_sink_run"  # {run_id, batch_id} -> {aborted: [ids]}
+    SINK_HEARTBEAT = "sink_heartbeat"  # {sink_id, run_id} -> {}
+    STABLE_ENDS = "stable_ends"  # {topic} -> {ends: {partition: offset}}
+    LIST_TRANSACTIONS = "list_transactions"  # {min_age_ms?} -> {transactions: [..]}
+    ABORT_TRANSACTION = "abort_transaction"  # {transactional_id} -> {aborted: bool}
     METRICS = "metrics"  # {} -> metrics document
     PING = "ping"  # {} -> {broker_id, version}
 
@@ -73,6 +78,31 @@ class SinkTxnStatus(StrEnum):
     NEW = "new"  # fresh epoch, nothing of this batch held: write the rows
     PREPARED = "prepared"  # an earlier attempt holds all rows, still open: reuse it
     COMMITTED = "committed"  # an earlier attempt's rows are committed already: write nothing
+
+
+@dataclass(frozen=True, slots=True)
+class SinkAttempt:
+    """Which Spark write an attempt of a task belongs to (docs/design.md, the sink protocol).
+
+    ``sink_id``: the streaming query id (stable across restarts) or a batch job's id;
+    ``run_id``: one per planning of the query or job (a restart gets a new one), shared
+    by every attempt of its tasks; ``batch_id``: the micro-batch (0 for a batch job).
+    """
+
+    sink_id: str
+    run_id: str
+    batch_id: int
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"sink_id": self.sink_id, "run_id": self.run_id, "batch_id": self.batch_id}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any], what: str) -> SinkAttempt:
+        return cls(
+            field(doc, "sink_id", str, what),
+            field(doc, "run_id", str, what),
+            field(doc, "batch_id", int, what),
+        )
 
 
 # -- errors over Flight --------------------------------------------------------------------

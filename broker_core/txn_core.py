@@ -29,12 +29,15 @@ from broker_core.errors import (
 )
 from broker_core.txn_markers import MarkerWriter
 from broker_core.txn_state import (
+    MAX_CLIENT_EPOCH,
+    NO_SINK,
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
 from broker_core.txn_store import CoordinatorEpochFencedError, TxnStateStore
+from broker_core.visibility import Range, consistent_cut
 
 log = logging.getLogger("idemlog.txn")
 
@@ -44,6 +47,23 @@ _MAX_MARKER_BACKOFF_S = 1.0
 
 class ProducerIdSource(Protocol):
     def generate_producer_id(self) -> int: ...
+
+
+class StableOffsets(Protocol):
+    """Each partition's last stable offset of a topic, as its leader has it now."""
+
+    def last_stable_offsets(self, topic: str) -> dict[int, int]: ...
+
+
+class _Tracked:
+    """A committed sink batch readers may still see in part (see ``visibility``)."""
+
+    __slots__ = ("pending", "ranges")
+
+    def __init__(self, ranges: list[tuple[str, int, int, int]]) -> None:
+        self.ranges = ranges
+        # Partitions whose LSO has not yet been reported past the batch's rows.
+        self.pending = {(t, p) for t, p, _, _ in ranges}
 
 
 class CoordinatorStatus(Enum):
@@ -109,6 +129,7 @@ class TxnCoordinatorCore:
         clock: Callable[[], int] | None = None,
         marker_retry_deadline_s: float = 30.0,
         marker_retry_backoff_s: float = 0.05,
+        stable_offsets: StableOffsets | None = None,
     ) -> None:
         if max_timeout_ms < 1 or default_timeout_ms < 1:
             raise InvalidConfigError(
@@ -134,6 +155,17 @@ class TxnCoordinatorCore:
         self._txns: dict[str, TransactionMetadata] = {}
         self._sinks: dict[str, SinkCommitRecord] = {}
         self._busy: set[tuple[str, str]] = set()
+        self._stable_offsets = stable_offsets
+        # Sink runs: the run each sink was last seen in (a new one retires the others'
+        # leftovers), and when each (sink, run) last showed life; in memory only: after a
+        # restart every sink transaction gets a full timeout from the load (_loaded_ms).
+        self._sink_runs: dict[str, str] = {}
+        self._run_alive_ms: dict[tuple[str, str], int] = {}
+        self._loaded_ms = 0
+        # (sink id, batch id) -> a committed batch readers may still see in part. Changed
+        # and read under _visibility_lock, which stable_ends holds across its LSO reads.
+        self._visibility_lock = threading.Lock()
+        self._tracked: dict[tuple[str, int], _Tracked] = {}
         self._counters: dict[str, int] = dict.fromkeys(
             (
                 "transactions_committed",
@@ -144,6 +176,8 @@ class TxnCoordinatorCore:
                 "sink_batches_committed",
                 "sink_batches_repeated",
                 "sink_attempts_reused",
+                "sink_leftovers_aborted",
+                "transactions_aborted_by_operator",
                 "marker_retries",
             ),
             0,
@@ -203,10 +237,140 @@ class TxnCoordinatorCore:
         return meta
 
     def _persist_sink(self, record: SinkCommitRecord) -> None:
+        # Tracked before it is durable: a reader's cut must know a batch before any of
+        # its markers can be written, and a record that failed to store is only extra.
+        self._track(record)
         with self._fenced_closes():
             self._store.put_sink(record, coordinator_epoch=self.coordinator_epoch)
         with self._lock:
             self._sinks[record.sink_id] = record
+
+    # -- what readers may see (broker_core.visibility) ----------------------------------------
+    def _track(self, record: SinkCommitRecord) -> None:
+        with self._visibility_lock:
+            for batch_id, ranges in record.unsettled:
+                key = (record.sink_id, batch_id)
+                if key not in self._tracked and ranges:
+                    self._tracked[key] = _Tracked(list(ranges))
+
+    def _settled_by(self, lsos: dict[tuple[str, int], int]) -> None:
+        """Forget the ranges that markers report below their partition's LSO."""
+        if not lsos:
+            return
+        with self._visibility_lock:
+            for key, tracked in list(self._tracked.items()):
+                for topic, partition, _first, last in tracked.ranges:
+                    lso = lsos.get((topic, partition))
+                    if lso is not None and lso > last:
+                        tracked.pending.discard((topic, partition))
+                if not tracked.pending:
+                    del self._tracked[key]
+
+    def _unsettled_of(self, sink_id: str) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
+        with self._visibility_lock:
+            return sorted(
+                (batch_id, list(t.ranges))
+                for (sid, batch_id), t in self._tracked.items()
+                if sid == sink_id
+            )
+
+    def stable_ends(self, topic: str) -> dict[int, int]:
+        """Per partition of ``topic``, where a read_committed reader may stop so that it
+        holds every committed sink batch whole or not at all."""
+        self._check_running()
+        if self._stable_offsets is None:
+            raise CoordinatorNotAvailableError("this coordinator cannot read partition offsets")
+        with self._visibility_lock:
+            # LSOs and tracked batches under one lock: a batch is tracked before its first
+            # marker and dropped only once wholly below the LSOs, so none slips between.
+            ends = self._stable_offsets.last_stable_offsets(topic)
+            batches: list[list[Range]] = [
+                [(p, first, last) for t, p, first, last in tracked.ranges if t == topic]
+                for tracked in self._tracked.values()
+            ]
+        cut = consistent_cut(ends, batches)
+        held = {p: ends[p] - cut[p] for p in ends if cut[p] < ends[p]}
+        if held:
+            log.debug("stable ends of %r held back to keep sink batches whole: %s", topic, held)
+        return cut
+
+    # -- sink runs -----------------------------------------------------------------------
+    def _touch_run(self, sink_id: str, run_id: str, now_ms: int) -> None:
+        with self._lock:
+            self._run_alive_ms[(sink_id, run_id)] = now_ms
+
+    def _alive_since(self, meta: TransactionMetadata) -> int:
+        """When the transaction last showed life, for its timeout.
+
+        A sink task's transaction lives as long as any task of its run writes or beats
+        (docs/design.md, "Long batches"); any other transaction counts from its start.
+        """
+        if meta.sink_id == NO_SINK:
+            return meta.txn_start_ms
+        with self._lock:
+            beat = self._run_alive_ms.get((meta.sink_id, meta.sink_run), 0)
+        return max(meta.txn_start_ms, beat, self._loaded_ms)
+
+    def _fence(self, claims: Claims, tid: str, reason: str) -> bool:
+        """Take an attempt's id away from it: abort what it has open and bump the epoch,
+        so its next append or request is refused as fenced, naming ``reason``."""
+        claims.txn(tid)
+        meta = self._settle(claims, tid)
+        if meta is None or not meta.holds_attempt:
+            return False
+        if meta.state is _S.ONGOING:
+            self._end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
+        else:
+            self._persist(self._bumped(meta, reason))
+        self._count("sink_leftovers_aborted")
+        log.info("%s %r: %s", _TXN, tid, reason)
+        return True
+
+    def _bumped(
+        self, meta: TransactionMetadata, reason: str = "", *, bump: bool = True
+    ) -> TransactionMetadata:
+        """``meta`` at the next epoch (``bump=False``: at its epoch, already bumped by an
+        abort's markers), EMPTY, held by no sink attempt; a new producer id once the
+        epochs run out."""
+        epoch = meta.producer_epoch + 1 if bump else meta.producer_epoch
+        new = meta.copy()
+        new.transition(_S.EMPTY, self._clock())
+        new.sink_id = new.sink_run = NO_SINK
+        new.fence_reason = reason
+        if epoch > MAX_CLIENT_EPOCH:
+            new.previous_producer_id = meta.producer_id
+            new.producer_id = self._pids.generate_producer_id()
+            new.producer_epoch = 0
+            self._count("producer_id_rotations")
+            log.info(
+                "%s %r: epochs of producer id %d exhausted, new producer id %d",
+                _TXN,
+                meta.transactional_id,
+                meta.producer_id,
+                new.producer_id,
+            )
+        else:
+            new.producer_epoch = epoch
+        return new
+
+    def _fence_sink_leftovers(
+        self, claims: Claims, sink_id: str, keep: Callable[[TransactionMetadata], bool], why: str
+    ) -> int:
+        """Fence every attempt of ``sink_id`` holding an id, except those ``keep`` keeps."""
+        with self._lock:
+            leftovers = [
+                m.transactional_id
+                for m in self._txns.values()
+                if m.sink_id == sink_id and m.holds_attempt and not keep(m)
+            ]
+        fenced = 0
+        for tid in sorted(leftovers):
+            meta = self._meta(tid)
+            if meta is None or self._pending_sink_holding(meta) is not None:
+                continue  # a decided commit holds it: it is committed, never aborted
+            what = f"attempt of sink {sink_id!r} run {meta.sink_run!r} batch {meta.sink_batch}"
+            fenced += self._fence(claims, tid, f"{what} fenced and aborted: {why}")
+        return fenced
 
     @contextlib.contextmanager
     def _fenced_closes(self) -> Iterator[None]:
@@ -247,27 +411,38 @@ class TxnCoordinatorCore:
             )
         if epoch != meta.producer_epoch:
             relation = "older" if epoch < meta.producer_epoch else "newer"
+            why = meta.fence_reason or "another producer holds this id"
             raise ProducerFencedError(
                 f"{_TXN} {tid!r}: producer id {producer_id} epoch {epoch} is {relation} than "
-                f"the current epoch {meta.producer_epoch}: another producer holds this id"
+                f"the current epoch {meta.producer_epoch}: {why}"
             )
         return meta
 
     def _transitioned(
-        self, meta: TransactionMetadata, state: TransactionState, epoch: int | None = None
+        self,
+        meta: TransactionMetadata,
+        state: TransactionState,
+        epoch: int | None = None,
+        reason: str | None = None,
     ) -> TransactionMetadata:
         new = meta.copy()
         new.transition(state, self._clock())
         if epoch is not None:
             new.producer_epoch = epoch
+        if reason is not None:
+            new.fence_reason = reason
         return new
 
     def _end(
-        self, meta: TransactionMetadata, commit: bool, epoch: int | None = None
+        self,
+        meta: TransactionMetadata,
+        commit: bool,
+        epoch: int | None = None,
+        reason: str | None = None,
     ) -> TransactionMetadata:
         """ONGOING -> PREPARE_x (durable, optionally at a bumped epoch) -> markers -> COMPLETE_x."""
         prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
-        return self._complete(self._persist(self._transitioned(meta, prepare, epoch)))
+        return self._complete(self._persist(self._transitioned(meta, prepare, epoch, reason)))
 
     def _complete(self, meta: TransactionMetadata) -> TransactionMetadata:
         """PREPARE_x -> markers -> COMPLETE_x; on failure it stays PREPARE_x and raises."""
@@ -288,13 +463,16 @@ class TxnCoordinatorCore:
         attempt = 1
         while True:
             try:
-                self._markers.write_markers(
+                # The LSO each partition reports after its marker (None from writers
+                # that do not report it): batches below it no longer need tracking.
+                lsos: dict[tuple[str, int], int] | None = self._markers.write_markers(
                     meta.producer_id,
                     meta.producer_epoch,
                     commit,
                     self.coordinator_epoch,
                     partitions,
                 )
+                self._settled_by(lsos or {})
                 return
             except TransactionCoordinatorFencedError as exc:
                 # A partition has seen a newer coordinator's marker: same as a newer
@@ -378,36 +556,38 @@ class TxnCoordinatorCore:
             claims.txn(tid)
         for tid, pid, epoch in record.transactions:
             meta = self._meta(tid)
-            if meta is None or (meta.producer_id, meta.producer_epoch) != (pid, epoch):
-                # Cannot happen while the invariant holds (named transactions are never
-                # fenced first); say so loudly rather than block the sink forever.
-                log.error(
-                    "sink %r batch %d: %s %r is no longer at producer id %d epoch %d; its "
-                    "commit cannot be completed",
-                    record.sink_id,
-                    record.batch_id,
-                    _TXN,
-                    tid,
-                    pid,
-                    epoch,
+            found = "unknown" if meta is None else None
+            if meta is not None and (meta.producer_id, meta.producer_epoch) != (pid, epoch):
+                found = f"at producer id {meta.producer_id} epoch {meta.producer_epoch}"
+            elif meta is not None and meta.state not in (
+                _S.ONGOING,
+                _S.PREPARE_COMMIT,
+                _S.COMPLETE_COMMIT,
+                _S.EMPTY,
+            ):
+                found = meta.state.name
+            if found is not None:
+                # Cannot happen while the invariant holds (a transaction named in a
+                # decided commit is never fenced): completing the record anyway would
+                # report rows committed that are not, so the sink stops here, loudly.
+                raise InvalidTxnStateError(
+                    f"sink {record.sink_id!r} batch {record.batch_id}: the commit is decided "
+                    f"but {_TXN} {tid!r} (producer id {pid} epoch {epoch}) is now {found}; "
+                    "the commit cannot be completed and the batch's rows are not all "
+                    "committed. This is a bug: keep the broker's logs and data directory"
                 )
-                continue
+            assert meta is not None
             if meta.state is _S.ONGOING:
                 self._end(meta, commit=True)
             elif meta.state is _S.PREPARE_COMMIT:
                 self._complete(meta)
-            elif meta.state not in (_S.COMPLETE_COMMIT, _S.EMPTY):
-                log.error(
-                    "sink %r batch %d: %s %r is %s; its commit cannot be completed",
-                    record.sink_id,
-                    record.batch_id,
-                    _TXN,
-                    tid,
-                    meta.state.name,
-                )
         self._persist_sink(
             SinkCommitRecord(
-                record.sink_id, record.batch_id, SinkCommitState.COMPLETE, record.transactions
+                record.sink_id,
+                record.batch_id,
+                SinkCommitState.COMPLETE,
+                record.transactions,
+                self._unsettled_of(record.sink_id),
             )
         )
 

@@ -43,6 +43,39 @@ def check_sink_id(value: object) -> str:
     return sink_id
 
 
+MAX_RUN_ID_LENGTH = 200
+
+
+def check_run_id(value: object) -> str:
+    return _check_name(value, "run_id", MAX_RUN_ID_LENGTH)
+
+
+def check_offset_ranges(ranges: object) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, first offset, last offset) per partition, first <= last."""
+    if not isinstance(ranges, (list, tuple)):
+        raise InvalidRequestError(
+            f"ranges={ranges!r} must be a list of (topic, partition, first, last)"
+        )
+    result: list[tuple[str, int, int, int]] = []
+    seen: set[tuple[str, int]] = set()
+    for item in ranges:
+        if not isinstance(item, (tuple, list)) or len(item) != 4:
+            raise InvalidRequestError(f"range {item!r} is not (topic, partition, first, last)")
+        topic, partition, first, last = item
+        if not isinstance(topic, str) or not topic:
+            raise InvalidRequestError(f"range {item!r}: topic must be a non-empty string")
+        if not all(_is_int(v) and v >= 0 for v in (partition, first, last)) or first > last:
+            raise InvalidRequestError(
+                f"range {item!r}: partition, first and last must be integers >= 0 with "
+                "first <= last"
+            )
+        if (topic, partition) in seen:
+            raise InvalidRequestError(f"range {item!r}: partition {topic}-{partition} twice")
+        seen.add((topic, partition))
+        result.append((topic, partition, first, last))
+    return sorted(result)
+
+
 def check_batch_id(value: object) -> int:
     if not _is_int(value) or value < 0:
         raise InvalidRequestError(f"batch_id={value!r} must be an integer >= 0")

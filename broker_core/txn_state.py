@@ -20,7 +20,8 @@ from broker_core.record_batch import MAX_PRODUCER_EPOCH, NO_PRODUCER_ID
 
 RECORD_VERSION = 1
 NO_TXN_START = -1  # txn_start_ms of a transactional id with no transaction begun yet
-NO_SINK_BATCH = -1  # sink_batch of a transaction no Spark task has prepared
+NO_SINK_BATCH = -1  # sink_batch of a transactional id no Spark task attempt holds
+NO_SINK = ""  # sink_id / sink_run of a transactional id no Spark task attempt holds
 # The highest epoch handed to a producer. One more bump (to MAX_PRODUCER_EPOCH) stays
 # available so the coordinator can always fence the holder of the last epoch; past this a
 # new producer id is issued instead (Kafka's rule).
@@ -79,10 +80,22 @@ class TransactionMetadata:
     # The producer id this transactional id had before its epochs ran out, so the holder
     # of the old id is told it is fenced rather than that the id is unknown.
     previous_producer_id: int = NO_PRODUCER_ID
-    # The Spark batch whose task rows this transaction holds in full (prepare_sink_txn).
-    # A later attempt of the same task reuses it instead of fencing it (DESIGN §6), so a
-    # speculative twin or a retry after a late failure never aborts a finished attempt.
+    # The Spark task attempt holding this id (docs/design.md, "The sink protocol"): its
+    # sink (query id or batch-job id), the run that planned it (one per query start or
+    # job), and the batch. Set by init_sink_producer, kept until the next epoch.
+    sink_id: str = NO_SINK
+    sink_run: str = NO_SINK
     sink_batch: int = NO_SINK_BATCH
+    # The attempt's transaction holds all of its task's rows (prepare_sink_txn): a later
+    # attempt of the same task *of the same run* reuses it instead of fencing it, so a
+    # speculative twin or a retry after a late failure never aborts a finished attempt.
+    sink_prepared: bool = False
+    # Where the prepared transaction's rows are: (topic, partition, first offset, last
+    # offset), so the sink commit can tell readers which offsets belong to one batch.
+    sink_ranges: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
+    # Why the coordinator itself last bumped the epoch (a timeout, a superseded run, an
+    # operator's abort): the fenced holder's error says so instead of "another producer".
+    fence_reason: str = ""
 
     def transition(self, new: TransactionState, now_ms: int) -> None:
         """Move to ``new``, or raise :class:`InvalidTxnStateError` naming both states."""
@@ -97,13 +110,27 @@ class TransactionMetadata:
             self.partitions = set()
         if new in _PARTITIONS_CLEARED:
             self.partitions = set()
-        if new is _S.EMPTY or (new is _S.ONGOING and old is not _S.ONGOING):
-            self.sink_batch = NO_SINK_BATCH  # a new epoch or transaction holds no batch yet
+        if new is _S.EMPTY or (new is _S.ONGOING and old.is_complete):
+            # A new epoch, or a new transaction after one ended: it holds no task's rows.
+            self.sink_prepared = False
+            self.sink_ranges = []
         self.state = new
         self.last_update_ms = now_ms
 
     def copy(self) -> TransactionMetadata:
-        return dataclasses.replace(self, partitions=set(self.partitions))
+        return dataclasses.replace(
+            self, partitions=set(self.partitions), sink_ranges=list(self.sink_ranges)
+        )
+
+    @property
+    def is_open(self) -> bool:
+        """Data of this transaction may be in the logs, undecided."""
+        return self.state is _S.ONGOING
+
+    @property
+    def holds_attempt(self) -> bool:
+        """A sink task attempt holds this id and has not ended its transaction."""
+        return self.sink_id != NO_SINK and self.state in (_S.EMPTY, _S.ONGOING)
 
     def sorted_partitions(self) -> list[tuple[str, int]]:
         return sorted(self.partitions)
@@ -120,7 +147,12 @@ class TransactionMetadata:
             "partitions": [[t, p] for t, p in self.sorted_partitions()],
             "txn_start_ms": self.txn_start_ms,
             "last_update_ms": self.last_update_ms,
+            "sink_id": self.sink_id,
+            "sink_run": self.sink_run,
             "sink_batch": self.sink_batch,
+            "sink_prepared": self.sink_prepared,
+            "sink_ranges": [list(r) for r in self.sink_ranges],
+            "fence_reason": self.fence_reason,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -142,9 +174,12 @@ class TransactionMetadata:
             last_update_ms=_get(doc, "last_update_ms", int, where),
             previous_producer_id=_get(doc, "previous_producer_id", int, where),
             # Absent in records written before sinks prepared transactions.
-            sink_batch=_get(doc, "sink_batch", int, where)
-            if "sink_batch" in doc
-            else NO_SINK_BATCH,
+            sink_id=_optional(doc, "sink_id", str, where, NO_SINK),
+            sink_run=_optional(doc, "sink_run", str, where, NO_SINK),
+            sink_batch=_optional(doc, "sink_batch", int, where, NO_SINK_BATCH),
+            sink_prepared=_optional(doc, "sink_prepared", bool, where, False),
+            sink_ranges=_ranges(_optional(doc, "sink_ranges", list, where, []), where),
+            fence_reason=_optional(doc, "fence_reason", str, where, ""),
         )
 
 
@@ -162,6 +197,13 @@ class SinkCommitRecord:
     batch_id: int
     state: str  # a SinkCommitState value
     transactions: list[tuple[str, int, int]]  # (transactional_id, producer_id, producer_epoch)
+    # Committed batches of this sink (this one included) that a read_committed reader may
+    # still see in part, with the offsets of their rows: (batch id, [(topic, partition,
+    # first, last)]). A range leaves once a marker reports the partition's last stable
+    # offset past it; readers cut their ends so each batch is all in or all out.
+    unsettled: list[tuple[int, list[tuple[str, int, int, int]]]] = dataclasses.field(
+        default_factory=list
+    )
 
     def __post_init__(self) -> None:
         if self.state not in _SINK_STATES:
@@ -181,6 +223,7 @@ class SinkCommitRecord:
             "batch_id": self.batch_id,
             "state": str(self.state),
             "transactions": [list(t) for t in self.transactions],
+            "unsettled": [[b, [list(r) for r in ranges]] for b, ranges in self.unsettled],
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -202,11 +245,17 @@ class SinkCommitRecord:
                     f"{where}: transaction {item!r} is not [transactional_id, pid, epoch]"
                 )
             transactions.append((item[0], item[1], item[2]))
+        unsettled: list[tuple[int, list[tuple[str, int, int, int]]]] = []
+        for item in _optional(doc, "unsettled", list, where, []):
+            if not isinstance(item, list) or len(item) != 2 or not _is_int(item[0]):
+                raise CorruptRecordError(f"{where}: unsettled {item!r} is not [batch, ranges]")
+            unsettled.append((item[0], _ranges(item[1], where)))
         return cls(
             sink_id=_get(doc, "sink_id", str, where),
             batch_id=_get(doc, "batch_id", int, where),
             state=state,
             transactions=transactions,
+            unsettled=unsettled,
         )
 
 
@@ -232,6 +281,26 @@ def _get(doc: dict[str, Any], name: str, kind: type, where: str) -> Any:
     if not ok:
         raise CorruptRecordError(f"{where}: field {name!r} is missing or not {kind.__name__}")
     return value
+
+
+def _optional(doc: dict[str, Any], name: str, kind: type, where: str, default: Any) -> Any:
+    return _get(doc, name, kind, where) if name in doc else default
+
+
+def _ranges(items: Iterable[object], where: str) -> list[tuple[str, int, int, int]]:
+    result: list[tuple[str, int, int, int]] = []
+    for item in items:
+        if (
+            not isinstance(item, list)
+            or len(item) != 4
+            or not isinstance(item[0], str)
+            or not all(_is_int(v) for v in item[1:])
+        ):
+            raise CorruptRecordError(
+                f"{where}: offset range {item!r} is not [topic, partition, first, last]"
+            )
+        result.append((item[0], item[1], item[2], item[3]))
+    return result
 
 
 def _partitions(items: Iterable[object], where: str) -> set[tuple[str, int]]:

@@ -91,10 +91,14 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
         ConfigKey(
             "transaction.timeout.ms",
             int,
-            900_000,
-            "How long a task's transaction may wait for the driver's commit before the "
-            "broker aborts it (then the batch fails and is rerun). At most the broker's "
-            "transaction.max.timeout.ms.",
+            20_000,
+            "How long the broker keeps a batch's transactions open with no sign of life: "
+            "while any task of the batch runs it sends heartbeats (every quarter of this), "
+            "so a batch may take as long as it needs; once its tasks are gone and the "
+            "driver has not committed within this time (a killed driver or job), the "
+            "broker aborts them, so they hold readers back at most this long plus the "
+            "broker's transaction.abort.timed.out.transaction.cleanup.interval.ms. At most "
+            "the broker's transaction.max.timeout.ms.",
             min=1,
             max=INT_MAX,
         ),

@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -40,16 +41,20 @@ from pyspark.sql.datasource import (
 
 from broker_core.client import BrokerClient
 from broker_core.errors import IdemlogError
-from broker_core.protocol import SinkTxnStatus
+from broker_core.protocol import SinkAttempt, SinkTxnStatus
 from spark_sink import failpoints, progress
 from spark_sink.options import IdemlogOptions
 from spark_sink.producer import Producer
+from spark_sink.producer.futures import SendResult
 from spark_sink.producer.transport import FlightTransport
 from spark_sink.schema import conform
 
 log = logging.getLogger("idemlog.sink")
 
 BATCH_JOB_BATCH_ID = 0  # df.write has no batch id: one commit per job
+# Spark's task-local properties naming a streaming task's micro-batch and query.
+SPARK_BATCH_ID = "streaming.sql.batchId"
+SPARK_QUERY_ID = "sql.streaming.queryId"
 # The driver retries a commit or abort that failed retriably for this long, then fails
 # the batch; each request may take _REQUEST_TIMEOUT_S.
 _COMMIT_TIMEOUT_S = 120.0
@@ -62,6 +67,7 @@ class IdemlogCommitMessage(WriterCommitMessage):
     """What a successful task attempt tells the driver (pickled by Spark)."""
 
     sink_id: str
+    run_id: str
     batch_id: int
     partition_id: int
     attempt: int
@@ -84,22 +90,66 @@ def transactional_id(sink_id: str, partition_id: int) -> str:
     return f"{sink_id}/{partition_id}"
 
 
+def new_run_id() -> str:
+    """One per planning of a query run or batch job (the writer object Spark builds on
+    the driver and ships to every task attempt and to commit/abort)."""
+    return uuid.uuid4().hex
+
+
+def heartbeat_interval_s(options: IdemlogOptions) -> float:
+    # Several beats per timeout, so one lost or late beat never lets it expire.
+    return max(options.transaction_timeout_ms / 4000, 0.1)
+
+
+class _Heartbeat:
+    """Tells the coordinator, while a task runs, that its run is alive: the run's
+    transactions (this task's and the prepared ones of finished tasks) are then never
+    timed out, however long the batch takes (docs/design.md, "Long batches")."""
+
+    def __init__(self, options: IdemlogOptions, sink_id: str, run_id: str) -> None:
+        self._options = options
+        self._sink_id = sink_id
+        self._run_id = run_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="idemlog-heartbeat", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        interval = heartbeat_interval_s(self._options)
+        with BrokerClient(self._options.bootstrap()) as client:
+            while not self._stop.wait(interval):
+                try:
+                    client.sink_heartbeat(self._sink_id, self._run_id)
+                except IdemlogError as exc:
+                    # Not fatal by itself: if beats stay lost past the timeout, the
+                    # transactions are aborted and the driver's commit says so.
+                    log.warning("sink %s: heartbeat failed: %s", self._sink_id, exc)
+
+
 def write_task(
     options: IdemlogOptions,
     schema: pa.Schema,
-    sink_id: str,
-    batch_id: int,
+    attempt: SinkAttempt,
     batches: Iterator[pa.RecordBatch],
 ) -> IdemlogCommitMessage:
     """One attempt of one Spark task: its rows as one prepared transaction."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    partition_id = ctx.partitionId() if ctx is not None else 0
-    attempt = ctx.attemptNumber() if ctx is not None else 0
+    if ctx is None:
+        raise RuntimeError("the idemlog writer runs inside a Spark task (no TaskContext)")
+    partition_id = ctx.partitionId()
+    batch_id = attempt.batch_id
     started = time.perf_counter()
     failpoints.hit("before_write", batch_id, partition_id)
-    tid = transactional_id(sink_id, partition_id)
+    tid = transactional_id(attempt.sink_id, partition_id)
     lost_ack = failpoints.claim("lost_ack", batch_id, partition_id)
     producer = Producer(
         options.bootstrap(),
@@ -112,41 +162,24 @@ def write_task(
             **options.producer,
         },
     )
-    rows = count = 0
+    rows = 0
     try:
-        status = producer.init_sink_transaction(batch_id)
+        status = producer.init_sink_transaction(attempt)
         if status is SinkTxnStatus.NEW:
-            producer.begin_transaction()
-            # Spark hands over 10k-row batches; sending them merged up to batch.size makes
-            # produce batches that size even after the key split, instead of many small ones.
-            pending: list[pa.RecordBatch] = []
-            pending_bytes = 0
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                pending.append(conform(batch, schema))
-                pending_bytes += batch.nbytes
-                rows += batch.num_rows
-                if pending_bytes >= producer.config.batch_size:
-                    _send(producer, options, pending, batch_id, partition_id, first=count == 0)
-                    count += 1
-                    pending, pending_bytes = [], 0
-            if pending:
-                _send(producer, options, pending, batch_id, partition_id, first=count == 0)
-                count += 1
-            producer.prepare_sink_transaction(batch_id)
-            failpoints.hit("after_prepare", batch_id, partition_id)
+            with _Heartbeat(options, attempt.sink_id, attempt.run_id):
+                rows = _write_rows(producer, options, schema, batches, attempt, partition_id)
         else:
-            # The rows are in the reused transaction; counted so the batch's figures add up.
+            # Nothing to write: the reused or committed transaction holds the rows. They
+            # are counted so the batch's figures add up.
             rows = sum(batch.num_rows for batch in batches)
             log.info(
-                "sink %s batch %d partition %d attempt %d: reusing the %s transaction of an "
-                "earlier attempt",
-                sink_id,
+                "sink %s batch %d partition %d attempt %d: the batch's rows are %s by an "
+                "earlier attempt; nothing written",
+                attempt.sink_id,
                 batch_id,
                 partition_id,
-                attempt,
-                status,
+                ctx.attemptNumber(),
+                "held (prepared)" if status is SinkTxnStatus.PREPARED else "committed",
             )
         metrics = producer.metrics_snapshot()
         pid, epoch = producer.producer_id_and_epoch
@@ -154,10 +187,11 @@ def write_task(
         # Never commits: the transaction stays open for the driver (or is fenced).
         producer.close(timeout=0)
     return IdemlogCommitMessage(
-        sink_id=sink_id,
+        sink_id=attempt.sink_id,
+        run_id=attempt.run_id,
         batch_id=batch_id,
         partition_id=partition_id,
-        attempt=attempt,
+        attempt=ctx.attemptNumber(),
         transactional_id=tid,
         producer_id=pid,
         producer_epoch=epoch,
@@ -168,6 +202,59 @@ def write_task(
         retries=int(metrics["retries"]),
         write_ms=(time.perf_counter() - started) * 1000,
     )
+
+
+def _write_rows(
+    producer: Producer,
+    options: IdemlogOptions,
+    schema: pa.Schema,
+    batches: Iterator[pa.RecordBatch],
+    attempt: SinkAttempt,
+    partition_id: int,
+) -> int:
+    """The task's rows as one transaction, prepared once every send succeeded; the rows."""
+    batch_id = attempt.batch_id
+    producer.begin_transaction()
+    sends: list[Future[SendResult]] = []
+    rows = 0
+    # Spark hands over 10k-row batches; sending them merged up to batch.size makes
+    # produce batches that size even after the key split, instead of many small ones.
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(conform(batch, schema))
+        pending_bytes += batch.nbytes
+        rows += batch.num_rows
+        if pending_bytes >= producer.config.batch_size:
+            sends.append(_send(producer, options, pending, batch_id, partition_id, not sends))
+            pending, pending_bytes = [], 0
+    if pending:
+        sends.append(_send(producer, options, pending, batch_id, partition_id, not sends))
+    producer.flush(producer.config.max_block_ms / 1000)
+    # Every send must have succeeded before the transaction may claim the task's rows:
+    # result() raises a send's error, and prepare refuses a transaction with a failure.
+    ranges = _offset_ranges(options.topic, [f.result(timeout=0) for f in sends])
+    producer.prepare_sink_transaction(batch_id, ranges)
+    failpoints.hit("after_prepare", batch_id, partition_id)
+    return rows
+
+
+def _offset_ranges(topic: str, results: Sequence[SendResult]) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, first, last offset) of the rows the sends put in each partition.
+
+    A retried batch answered DUPLICATE_SEQUENCE carries no offsets; its rows lie inside
+    the range of the batches around it, except when it was a partition's first batch.
+    """
+    spans: dict[int, tuple[int, int]] = {}
+    for result in results:
+        for meta in result:
+            if meta.base_offset < 0:
+                continue
+            first, last = spans.get(meta.partition, (meta.base_offset, meta.last_offset))
+            spans[meta.partition] = (min(first, meta.base_offset), max(last, meta.last_offset))
+    return [(topic, p, first, last) for p, (first, last) in sorted(spans.items())]
 
 
 def _retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient], T]) -> T:
@@ -194,22 +281,48 @@ def _send(
     batches: list[pa.RecordBatch],
     batch_id: int,
     partition_id: int,
-    *,
     first: bool,
-) -> None:
-    producer.send(options.topic, pa.Table.from_batches(batches), key=options.key)
+) -> Future[SendResult]:
+    sent = producer.send(options.topic, pa.Table.from_batches(batches), key=options.key)
     if first and (entry := failpoints.claim("mid_write", batch_id, partition_id)):
         producer.flush()  # some rows really are in the log when it fires
         failpoints.act(entry)
+    return sent
 
 
-def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[IdemlogCommitMessage]:
-    return [m for m in messages if isinstance(m, IdemlogCommitMessage)]
+def _messages(
+    run_id: str, batch_id: int, messages: Sequence[WriterCommitMessage | None]
+) -> list[IdemlogCommitMessage]:
+    """The tasks' messages, each checked to belong to this run's ``batch_id``.
+
+    Spark hands the driver one message per task; one that names another batch or run
+    would commit rows this batch did not plan (or leave its own out), so it fails loudly.
+    """
+    ours: list[IdemlogCommitMessage] = []
+    for index, m in enumerate(messages):
+        if m is None:
+            continue
+        if not isinstance(m, IdemlogCommitMessage):
+            raise RuntimeError(
+                f"batch {batch_id}: task {index} returned {type(m).__name__}, not an idemlog "
+                "commit message"
+            )
+        if (m.run_id, m.batch_id) != (run_id, batch_id):
+            raise RuntimeError(
+                f"batch {batch_id} of run {run_id}: task {index} reported batch {m.batch_id} "
+                f"of run {m.run_id}; refusing to commit rows another batch planned"
+            )
+        ours.append(m)
+    sinks = {m.sink_id for m in ours}
+    if len(sinks) > 1:
+        raise RuntimeError(f"batch {batch_id}: tasks report different sinks {sorted(sinks)}")
+    return ours
 
 
 def commit_batch(
     options: IdemlogOptions,
     sink_id: str | None,
+    run_id: str,
     batch_id: int,
     messages: Sequence[WriterCommitMessage | None],
     *,
@@ -219,30 +332,36 @@ def commit_batch(
 
     ``report``: spool the batch's figures for the query's progress (``spark_sink.progress``).
     """
-    ours = _messages(messages)
+    ours = _messages(run_id, batch_id, messages)
     if len(ours) != len(messages):
-        missing = [i for i, m in enumerate(messages) if not isinstance(m, IdemlogCommitMessage)]
+        missing = [i for i, m in enumerate(messages) if m is None]
         raise RuntimeError(f"commit of batch {batch_id}: tasks {missing} returned no message")
     if sink_id is None:
         if not ours:
             return False  # no task ran: nothing to commit
         sink_id = ours[0].sink_id
+    elif ours and ours[0].sink_id != sink_id:
+        raise RuntimeError(
+            f"commit of batch {batch_id} of sink {sink_id}: tasks wrote for {ours[0].sink_id}"
+        )
     failpoints.hit("before_commit", batch_id)
     txns = [m.transaction for m in ours if m.status != SinkTxnStatus.COMMITTED]
+    sid = sink_id
     inside = failpoints.claim("inside_commit", batch_id)
     if inside is not None:
         # The request leaves, and the driver dies while it is in flight: the broker may
         # or may not have recorded the commit.
         client = BrokerClient(options.bootstrap())
         sender = threading.Thread(
-            target=client.commit_sink_batch, args=(sink_id, batch_id, txns), daemon=True
+            target=client.commit_sink_batch, args=(sid, batch_id, txns, run_id), daemon=True
         )
         sender.start()
         failpoints.act(inside)
-    sid = sink_id
     started = time.perf_counter()
     committed: bool = _retrying(
-        options, f"commit of batch {batch_id}", lambda c: c.commit_sink_batch(sid, batch_id, txns)
+        options,
+        f"commit of batch {batch_id}",
+        lambda c: c.commit_sink_batch(sid, batch_id, txns, run_id),
     )
     if report:
         _report(sid, batch_id, ours, committed, (time.perf_counter() - started) * 1000)
@@ -289,34 +408,29 @@ def _report(
 
 def abort_batch(
     options: IdemlogOptions,
-    sink_id: str | None,
+    run_id: str,
     batch_id: int,
     messages: Sequence[WriterCommitMessage | None],
 ) -> None:
-    """Fence every task's transactional id of the batch: whatever is open is aborted.
+    """Fence every task attempt of this run at this batch (or before) that still holds a
+    transactional id: whatever is open is aborted at once, and an attempt still writing
+    is refused as fenced at its next request.
 
-    Failed tasks appear as None; their id is still ``<sink id>/<index>``. Without any
-    message a streaming sink's id is unknown here: the batch's rerun fences them, and the
-    broker aborts them after ``transaction.timeout.ms`` otherwise.
+    Works from the run id alone, so a batch whose tasks all failed (every message None)
+    is aborted too; an attempt that starts after this is ended by the transaction
+    timeout once its task is gone.
     """
-    ours = _messages(messages)
-    if sink_id is None:
-        if not ours:
-            log.warning(
-                "abort of batch %d: no task reported, open transactions are aborted when "
-                "the batch reruns or after transaction.timeout.ms",
-                batch_id,
-            )
-            return
-        sink_id = ours[0].sink_id
-    ids = [transactional_id(sink_id, index) for index in range(len(messages))]
-
-    def fence(client: BrokerClient) -> None:
-        for tid in ids:  # InitProducerId is idempotent in effect: a repeat fences again
-            client.init_producer_id(tid)
-
-    _retrying(options, f"abort of batch {batch_id}", fence)
-    log.info("sink %s batch %d: aborted %d task transactions", sink_id, batch_id, len(messages))
+    ours = _messages(run_id, batch_id, messages)
+    aborted: list[str] = _retrying(
+        options, f"abort of batch {batch_id}", lambda c: c.abort_sink_run(run_id, batch_id)
+    )
+    log.info(
+        "batch %d of run %s: aborted (%d task transactions fenced, %d tasks reported)",
+        batch_id,
+        run_id,
+        len(aborted),
+        len(ours),
+    )
 
 
 class IdemlogBatchWriter(DataSourceArrowWriter):
@@ -326,38 +440,65 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         self.options = options
         self.schema = schema
         # Created once on the driver; Spark pickles this writer to the tasks and to the
-        # commit process, so all of them agree on it.
-        self.sink_id = f"batch-{uuid.uuid4()}"
+        # commit process, so all of them agree on them.
+        self.run_id = new_run_id()
+        self.sink_id = f"batch-{self.run_id}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
-        return write_task(self.options, self.schema, self.sink_id, BATCH_JOB_BATCH_ID, iterator)
+        attempt = SinkAttempt(self.sink_id, self.run_id, BATCH_JOB_BATCH_ID)
+        return write_task(self.options, self.schema, attempt, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit_batch(self.options, self.sink_id, BATCH_JOB_BATCH_ID, messages)
+        commit_batch(self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        abort_batch(self.options, self.sink_id, BATCH_JOB_BATCH_ID, messages)
+        abort_batch(self.options, self.run_id, BATCH_JOB_BATCH_ID, messages)
 
 
 class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("idemlog")``: the sink id is the streaming query id, which a
-    query restarted from its checkpoint keeps; commits are idempotent per batch id."""
+    query restarted from its checkpoint keeps; commits are idempotent per batch id. The
+    run id is this writer's: Spark builds it when it plans the query, so a restart (which
+    may split each batch's rows differently) gets a new one."""
 
     def __init__(self, options: IdemlogOptions, schema: pa.Schema) -> None:
         self.options = options
         self.schema = schema
+        self.run_id = new_run_id()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        assert ctx is not None, "write() runs in a Spark task"
-        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or BATCH_JOB_BATCH_ID)
-        sink_id = ctx.getLocalProperty("sql.streaming.queryId") or f"query-{uuid.uuid4()}"
-        return write_task(self.options, self.schema, sink_id, batch_id, iterator)
+        return write_task(self.options, self.schema, stream_attempt(self.run_id), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        commit_batch(self.options, None, batchId, messages, report=True)
+        commit_batch(self.options, None, self.run_id, batchId, messages, report=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        abort_batch(self.options, None, batchId, messages)
+        abort_batch(self.options, self.run_id, batchId, messages)
+
+
+def stream_attempt(run_id: str) -> SinkAttempt:
+    """The streaming task's attempt, from Spark's task-local properties.
+
+    Without them the sink could not be exactly once (batch 0 and a random sink id would
+    make every later batch look committed, or never), so it refuses to write.
+    """
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise RuntimeError("the idemlog stream writer runs inside a Spark task (no TaskContext)")
+    batch_id = ctx.getLocalProperty(SPARK_BATCH_ID)
+    query_id = ctx.getLocalProperty(SPARK_QUERY_ID)
+    if not batch_id or not query_id:
+        raise RuntimeError(
+            f"the Spark task has no {SPARK_BATCH_ID}={batch_id!r} or {SPARK_QUERY_ID}="
+            f"{query_id!r}: the idemlog stream writer needs both to write exactly once "
+            "(is this a micro-batch streaming query? continuous mode is not supported)"
+        )
+    try:
+        bid = int(batch_id)
+    except ValueError:
+        raise RuntimeError(
+            f"the Spark task's {SPARK_BATCH_ID}={batch_id!r} is not a number"
+        ) from None
+    return SinkAttempt(query_id, run_id, bid)

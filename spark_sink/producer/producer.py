@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeAlias
 
@@ -32,7 +32,7 @@ from broker_core.errors import (
     InvalidTxnStateError,
     ProducerFencedError,
 )
-from broker_core.protocol import SinkTxnStatus
+from broker_core.protocol import SinkAttempt, SinkTxnStatus
 
 from .config import ProducerConfig
 from .errors import ProducerClosedError, TransactionAbortedError
@@ -192,15 +192,15 @@ class Producer:
                 time.sleep(backoff)  # backoff between retries of a retriable error
 
     def _init_producer_id(
-        self, transactional_id: str | None, sink_batch_id: int | None = None
+        self, transactional_id: str | None, attempt: SinkAttempt | None = None
     ) -> SinkTxnStatus:
         timeout = self.config.transaction_timeout_ms if transactional_id is not None else None
         status = SinkTxnStatus.NEW
-        if sink_batch_id is not None:
+        if attempt is not None:
             assert transactional_id is not None
             pid, epoch, status = self._blocking_call(
                 "InitProducerId",
-                lambda: self.transport.init_sink_producer(transactional_id, timeout, sink_batch_id),
+                lambda: self.transport.init_sink_producer(transactional_id, timeout, attempt),
             )
         else:
             pid, epoch = self._blocking_call(
@@ -218,16 +218,18 @@ class Producer:
         self._initialize(transactional_id, None)
 
     def init_sink_transaction(
-        self, batch_id: int, transactional_id: str | None = None
+        self, attempt: SinkAttempt, transactional_id: str | None = None
     ) -> SinkTxnStatus:
-        """``init_transactions`` for one attempt of a Spark task writing ``batch_id``
-        (DESIGN §6). NEW: older attempts are fenced, write the rows in a transaction and
-        :meth:`prepare_sink_transaction` it. PREPARED / COMMITTED: an earlier attempt's
-        transaction already holds all of this task's rows (open / committed); this
-        producer then holds that transaction's id and epoch and must write nothing."""
-        return self._initialize(transactional_id, batch_id)
+        """``init_transactions`` for one attempt of a Spark task (docs/design.md, the sink
+        protocol). NEW: older attempts are fenced; write the rows in a transaction and
+        :meth:`prepare_sink_transaction` it. PREPARED: an earlier attempt of this task of
+        the same run holds all its rows, still open. COMMITTED: the batch is committed
+        already. With PREPARED / COMMITTED this producer must write nothing."""
+        return self._initialize(transactional_id, attempt)
 
-    def _initialize(self, transactional_id: str | None, sink_batch_id: int | None) -> SinkTxnStatus:
+    def _initialize(
+        self, transactional_id: str | None, attempt: SinkAttempt | None
+    ) -> SinkTxnStatus:
         tid = transactional_id or self.config.transactional_id
         if tid is None:
             raise InvalidConfigError(
@@ -242,7 +244,7 @@ class Producer:
         self.txn.transactional_id = tid
         self.txn.transition(TxnState.INITIALIZING)
         try:
-            status = self._init_producer_id(tid, sink_batch_id)
+            status = self._init_producer_id(tid, attempt)
         except ProducerFencedError as exc:
             self.txn.fail_fatal(exc)
             raise
@@ -252,9 +254,12 @@ class Producer:
         self.txn.transition(TxnState.READY)
         return status
 
-    def prepare_sink_transaction(self, batch_id: int) -> None:
+    def prepare_sink_transaction(
+        self, batch_id: int, ranges: Sequence[tuple[str, int, int, int]] = ()
+    ) -> None:
         """Flush, then tell the coordinator the open transaction holds all of this task's
-        rows of ``batch_id``; it stays open for the Spark driver's commit. Raises the
+        rows of ``batch_id``, at ``ranges`` ((topic, partition, first, last offset) per
+        partition); it stays open for the Spark driver's commit. Raises the
         transaction's error if a batch failed."""
         self._require_transactional()
         self.txn.require(TxnState.IN_TRANSACTION, action="prepare_sink_transaction()")
@@ -265,7 +270,8 @@ class Producer:
         assert tid is not None
         try:
             self._blocking_call(
-                "PrepareSinkTxn", lambda: self.transport.prepare_sink_txn(tid, pid, epoch, batch_id)
+                "PrepareSinkTxn",
+                lambda: self.transport.prepare_sink_txn(tid, pid, epoch, batch_id, ranges),
             )
         except ProducerFencedError as exc:
             self.txn.fail_fatal(exc)

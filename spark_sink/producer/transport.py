@@ -24,7 +24,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.produce_stream import ProduceHandle, ProduceStream
-from broker_core.protocol import ProduceResponse, SinkTxnStatus
+from broker_core.protocol import ProduceResponse, SinkAttempt, SinkTxnStatus
 
 from .producer_batch import TopicPartition
 
@@ -62,11 +62,16 @@ class Transport(Protocol):
     ) -> tuple[int, int]: ...
 
     def init_sink_producer(
-        self, transactional_id: str, transaction_timeout_ms: int | None, batch_id: int
+        self, transactional_id: str, transaction_timeout_ms: int | None, attempt: SinkAttempt
     ) -> tuple[int, int, SinkTxnStatus]: ...
 
     def prepare_sink_txn(
-        self, transactional_id: str, producer_id: int, epoch: int, batch_id: int
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        batch_id: int,
+        ranges: Sequence[tuple[str, int, int, int]],
     ) -> None: ...
 
     def add_partitions_to_txn(
@@ -191,14 +196,19 @@ class FlightTransport:
         return self.client.init_producer_id(transactional_id, transaction_timeout_ms)
 
     def init_sink_producer(
-        self, transactional_id: str, transaction_timeout_ms: int | None, batch_id: int
+        self, transactional_id: str, transaction_timeout_ms: int | None, attempt: SinkAttempt
     ) -> tuple[int, int, SinkTxnStatus]:
-        return self.client.init_sink_producer(transactional_id, transaction_timeout_ms, batch_id)
+        return self.client.init_sink_producer(transactional_id, transaction_timeout_ms, attempt)
 
     def prepare_sink_txn(
-        self, transactional_id: str, producer_id: int, epoch: int, batch_id: int
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        batch_id: int,
+        ranges: Sequence[tuple[str, int, int, int]],
     ) -> None:
-        self.client.prepare_sink_txn(transactional_id, producer_id, epoch, batch_id)
+        self.client.prepare_sink_txn(transactional_id, producer_id, epoch, batch_id, ranges)
 
     def add_partitions_to_txn(
         self, transactional_id: str, producer_id: int, epoch: int, tps: Sequence[TopicPartition]

@@ -9,6 +9,7 @@ import pytest
 
 from broker_core.client import BrokerClient
 from broker_core.errors import SchemaMismatchError
+from broker_core.protocol import SinkAttempt
 from spark_sink.options import Scope, parse_options
 from spark_sink.producer import Producer
 from spark_sink.schema import check_compatible, conform, normalise
@@ -27,16 +28,18 @@ def test_commit_waits_out_a_broker_restart_and_commits_once(
     client.create_topic("w", 1, schema=SCHEMA)
     options = parse_options({"topic": "w", "brokers": broker.address}, Scope.WRITE)
     with Producer(broker.address, **{"transactional.id": "s/0"}) as producer:
-        assert producer.init_sink_transaction(3) == "new"
+        assert producer.init_sink_transaction(SinkAttempt("s", "r", 3)) == "new"
         producer.begin_transaction()
-        producer.send("w", pa.table({"id": list(range(10))}))
-        producer.prepare_sink_transaction(3)
+        sent = producer.send("w", pa.table({"id": list(range(10))}))
+        producer.flush()
+        (meta,) = sent.result()
+        producer.prepare_sink_transaction(3, [("w", 0, meta.base_offset, meta.last_offset)])
         pid, epoch = producer.producer_id_and_epoch
-    message = IdemlogCommitMessage("s", 3, 0, 0, "s/0", pid, epoch, "new", 10, 1, 0, 0, 1.0)
+    message = IdemlogCommitMessage("s", "r", 3, 0, 0, "s/0", pid, epoch, "new", 10, 1, 0, 0, 1.0)
     broker.kill()
     result: list[bool] = []
     committer = threading.Thread(
-        target=lambda: result.append(commit_batch(options, None, 3, [message]))
+        target=lambda: result.append(commit_batch(options, None, "r", 3, [message]))
     )
     committer.start()  # fails retriably while the broker is down, and retries
     broker.restart()
@@ -46,7 +49,7 @@ def test_commit_waits_out_a_broker_restart_and_commits_once(
         table = fresh.read_table("w", 0)
         assert table is not None and table.column("id").to_pylist() == list(range(10))
         # The same commit again (Spark re-commits after a driver restart): not twice.
-        assert commit_batch(options, None, 3, [message]) is False
+        assert commit_batch(options, None, "r", 3, [message]) is False
         assert fresh.read_table("w", 0).num_rows == 10  # type: ignore[union-attr]
 
 

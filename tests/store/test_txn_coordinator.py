@@ -31,7 +31,7 @@ from broker_core.errors import (
     UnknownServerError,
 )
 from broker_core.pid_manager import FileProducerIdBlockSource, ProducerIdManager
-from broker_core.protocol import SinkTxnStatus
+from broker_core.protocol import SinkAttempt, SinkTxnStatus
 from broker_core.record_batch import MAX_PRODUCER_EPOCH, ControlType
 from broker_core.store import LogStore
 from broker_core.txn_coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
@@ -98,6 +98,17 @@ class Broker:
             log.abandon()
 
 
+class StoreStableOffsets:
+    """The coordinator's view of the partitions' LSOs, read from the local store."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+
+    def last_stable_offsets(self, topic: str) -> dict[int, int]:
+        partitions = self.store.topic(topic).partitions
+        return {p: self.store.partition(topic, p).last_stable_offset for p in range(partitions)}
+
+
 def start_broker(
     path: Path,
     markers: Callable[[LogStore], MarkerWriter] = LocalMarkerWriter,
@@ -119,6 +130,7 @@ def start_broker(
         coordinator_epoch=coordinator_epoch,
         marker_retry_deadline_s=marker_retry_deadline_s,
         marker_retry_backoff_s=0.001,
+        stable_offsets=StoreStableOffsets(store),
     )
     coordinator.start()
     return Broker(path, clock, store, state, coordinator)
@@ -138,6 +150,10 @@ class Producer:
     producer_id: int = -1
     epoch: int = -1
     sequences: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    # A sink task attempt's batch, and where its rows went (first, last offset).
+    batch: int = -1
+    status: SinkTxnStatus = SinkTxnStatus.NEW
+    offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
     def init(self, timeout_ms: int | None = None) -> Producer:
         self.producer_id, self.epoch = self.broker.coordinator.init_producer_id(
@@ -145,6 +161,21 @@ class Producer:
         )
         self.sequences.clear()
         return self
+
+    def init_sink(self, batch: int, run: str = "run-1", timeout_ms: int | None = None) -> Producer:
+        """InitProducerId as an attempt of Spark task ``<sink>/<partition>`` of ``batch``."""
+        sink = self.transactional_id.rsplit("/", 1)[0]
+        self.producer_id, self.epoch, self.status = self.broker.coordinator.init_sink_producer(
+            self.transactional_id, timeout_ms, SinkAttempt(sink, run, batch)
+        )
+        self.batch = batch
+        self.sequences.clear()
+        self.offsets.clear()
+        return self
+
+    def prepare(self) -> None:
+        ranges = [(t, p, first, last) for (t, p), (first, last) in sorted(self.offsets.items())]
+        self.broker.coordinator.prepare_sink_txn(*self.txn, self.batch, ranges)
 
     @property
     def txn(self) -> tuple[str, int, int]:
@@ -158,7 +189,7 @@ class Producer:
         self.append(tp, ids)
 
     def append(self, tp: tuple[str, int], ids: range) -> None:
-        self.broker.store.partition(*tp).append(
+        result = self.broker.store.partition(*tp).append(
             rows(len(ids), ids.start),
             producer_id=self.producer_id,
             producer_epoch=self.epoch,
@@ -166,6 +197,8 @@ class Producer:
             transactional=True,
         )
         self.sequences[tp] += len(ids)
+        first, _ = self.offsets.get(tp, (result.base_offset, result.last_offset))
+        self.offsets[tp] = (first, result.last_offset)
 
     def commit(self) -> None:
         self.broker.coordinator.end_txn(*self.txn, commit=True)
@@ -331,12 +364,17 @@ def test_add_partitions_is_durable_and_idempotent(broker: Broker) -> None:
 # -- sink commits (DESIGN §6) ------------------------------------------------------------------
 
 
-def attempt(broker: Broker, sink: str, first_id: int) -> list[tuple[str, int, int]]:
-    """One run of a Spark batch: each of 2 tasks fences older attempts and writes 5 rows."""
+def attempt(
+    broker: Broker, sink: str, first_id: int, batch: int, run: str | None = None
+) -> list[tuple[str, int, int]]:
+    """One run of a Spark batch: each of 2 tasks fences older attempts, writes 5 rows and
+    prepares. Each call is a new run of the sink unless ``run`` names one."""
+    run = run or f"run-{first_id}"
     txns = []
     for task, tp in enumerate((P0, P1)):
-        producer = Producer(broker, f"{sink}/{task}").init()
+        producer = Producer(broker, f"{sink}/{task}").init_sink(batch, run)
         producer.send(tp, range(first_id + task * 5, first_id + task * 5 + 5))
+        producer.prepare()
         txns.append(producer.txn)
     return txns
 
@@ -344,19 +382,19 @@ def attempt(broker: Broker, sink: str, first_id: int) -> list[tuple[str, int, in
 def test_sink_commit_is_idempotent_per_batch(broker: Broker) -> None:
     c = broker.coordinator
     assert c.last_committed_batch("q1") is None
-    assert c.commit_sink_batch("q1", 5, attempt(broker, "q1", 0)) is True
+    assert c.commit_sink_batch("q1", 5, attempt(broker, "q1", 0, 5)) is True
     assert c.last_committed_batch("q1") == 5
     assert broker.committed(P0) + broker.committed(P1) == list(range(10))
 
     # The batch re-run after a driver crash: same batch id, new attempts -> aborted.
-    assert c.commit_sink_batch("q1", 5, attempt(broker, "q1", 100)) is False
-    assert c.commit_sink_batch("q1", 4, attempt(broker, "q1", 200)) is False  # older batch
+    assert c.commit_sink_batch("q1", 5, attempt(broker, "q1", 100, 5)) is False
+    assert c.commit_sink_batch("q1", 4, attempt(broker, "q1", 200, 4)) is False  # older batch
     assert broker.committed(P0) + broker.committed(P1) == list(range(10))
     assert broker.stable(P0) and broker.stable(P1)
     assert broker.uncommitted(P0) == [*range(5), *range(100, 105), *range(200, 205)]
     assert c.last_committed_batch("q1") == 5
 
-    assert c.commit_sink_batch("q1", 6, attempt(broker, "q1", 300)) is True
+    assert c.commit_sink_batch("q1", 6, attempt(broker, "q1", 300, 6)) is True
     assert broker.committed(P0) == [0, 1, 2, 3, 4, 300, 301, 302, 303, 304]
     sink = broker.state.load()[1]["q1"]
     assert (sink.batch_id, sink.state) == (6, SinkCommitState.COMPLETE)
@@ -367,20 +405,26 @@ def test_sink_commit_is_idempotent_per_batch(broker: Broker) -> None:
 
 def test_abort_sink_batch_then_commit_of_it_records_nothing(broker: Broker) -> None:
     c = broker.coordinator
-    c.commit_sink_batch("q2", 1, attempt(broker, "q2", 0))
-    txns = attempt(broker, "q2", 50)
+    c.commit_sink_batch("q2", 1, attempt(broker, "q2", 0, 1))
+    txns = attempt(broker, "q2", 50, 2)
     c.abort_sink_batch("q2", 2, txns)
     assert broker.committed(P0) == [0, 1, 2, 3, 4] and broker.stable(P0)
     with pytest.raises(InvalidTxnStateError, match="'q2/0' is COMPLETE_ABORT and cannot be"):
         c.commit_sink_batch("q2", 2, txns)
     assert c.last_committed_batch("q2") == 1
-    c.abort_sink_batch("q2", 1, attempt(broker, "q2", 0)[:0])  # nothing to abort: fine
+    c.abort_sink_batch("q2", 1, attempt(broker, "q2", 0, 1)[:0])  # nothing to abort: fine
 
 
 def test_sink_commit_with_a_fenced_transaction_records_nothing(broker: Broker) -> None:
     c = broker.coordinator
-    txns = attempt(broker, "q3", 0)
-    retry = Producer(broker, "q3/0").init()  # Spark retried task 0: the first attempt is fenced
+    first = Producer(broker, "q3/0").init_sink(1, "r")
+    first.send(P0, range(0, 5))  # task 0 fails before it prepared
+    other = Producer(broker, "q3/1").init_sink(1, "r")
+    other.send(P1, range(5, 10))
+    other.prepare()
+    txns = [first.txn, other.txn]
+    # Spark retried task 0: the first attempt is fenced.
+    retry = Producer(broker, "q3/0").init_sink(1, "r")
     with pytest.raises(ProducerFencedError, match="'q3/0'"):
         c.commit_sink_batch("q3", 1, txns)
     assert c.last_committed_batch("q3") is None
@@ -389,50 +433,49 @@ def test_sink_commit_with_a_fenced_transaction_records_nothing(broker: Broker) -
     assert broker.committed(P1) == []
     # The retried attempt's commit goes through.
     retry.send(P0, range(60, 65))
+    retry.prepare()
     assert c.commit_sink_batch("q3", 1, [retry.txn, txns[1]]) is True
     assert broker.committed(P0) == list(range(60, 65))
     assert broker.committed(P1) == list(range(5, 10))
 
 
 def test_a_prepared_sink_attempt_is_reused_not_fenced(broker: Broker) -> None:
-    """DESIGN §6 with speculation: a later attempt of a finished task keeps its work."""
+    """Speculation: a later attempt of a finished task of the same run keeps its work."""
     c = broker.coordinator
-    first = Producer(broker, "q4/0")
-    first.producer_id, first.epoch, status = c.init_sink_producer("q4/0", None, 7)
-    assert status is SinkTxnStatus.NEW
+    first = Producer(broker, "q4/0").init_sink(7, "r1")
+    assert first.status is SinkTxnStatus.NEW
     first.send(P0, range(0, 5))
     # Not prepared yet: a twin fences it (its transaction aborted, its appends refused).
-    twin = Producer(broker, "q4/0")
-    twin.producer_id, twin.epoch, status = c.init_sink_producer("q4/0", None, 7)
-    assert status is SinkTxnStatus.NEW and twin.epoch == first.epoch + 1
+    twin = Producer(broker, "q4/0").init_sink(7, "r1")
+    assert twin.status is SinkTxnStatus.NEW and twin.epoch == first.epoch + 1
     with pytest.raises(ProducerFencedError):
-        c.prepare_sink_txn(*first.txn, 7)
+        first.prepare()
     twin.send(P0, range(10, 15))
-    c.prepare_sink_txn(*twin.txn, 7)
-    c.prepare_sink_txn(*twin.txn, 7)  # a retried request
+    twin.prepare()
+    twin.prepare()  # a retried request
     # Prepared: a later attempt of the same batch reuses it and writes nothing.
-    pid, epoch, status = c.init_sink_producer("q4/0", None, 7)
+    pid, epoch, status = c.init_sink_producer("q4/0", None, SinkAttempt("q4", "r1", 7))
     assert (pid, epoch, status) == (twin.producer_id, twin.epoch, SinkTxnStatus.PREPARED)
     assert c.describe()["sink_attempts_reused"] == 1
-    assert c.commit_sink_batch("q4", 7, [twin.txn]) is True
-    pid, epoch, status = c.init_sink_producer("q4/0", None, 7)  # the batch re-run
+    assert c.commit_sink_batch("q4", 7, [twin.txn], "r1") is True
+    pid, epoch, status = c.init_sink_producer("q4/0", None, SinkAttempt("q4", "r1", 7))
     assert status is SinkTxnStatus.COMMITTED and (pid, epoch) == twin.txn[1:]
     assert broker.committed(P0) == list(range(10, 15)) and broker.stable(P0)
     # The next batch starts afresh under a new epoch.
-    pid, epoch, status = c.init_sink_producer("q4/0", None, 8)
-    assert status is SinkTxnStatus.NEW and epoch == twin.epoch + 1
-    assert broker.stored("q4/0").sink_batch == -1
+    nxt = Producer(broker, "q4/0").init_sink(8, "r1")
+    assert nxt.status is SinkTxnStatus.NEW and nxt.epoch == twin.epoch + 1
+    stored = broker.stored("q4/0")
+    assert (stored.sink_batch, stored.sink_prepared, stored.sink_ranges) == (8, False, [])
 
 
 def test_an_aborted_prepared_attempt_is_written_again(broker: Broker) -> None:
     c = broker.coordinator
-    p = Producer(broker, "q5/0")
-    p.producer_id, p.epoch, _ = c.init_sink_producer("q5/0", None, 1)
+    p = Producer(broker, "q5/0").init_sink(1)
     p.send(P0, range(0, 5))
-    c.prepare_sink_txn(*p.txn, 1)
+    p.prepare()
     c.abort_sink_batch("q5", 1, [p.txn])
-    _, epoch, status = c.init_sink_producer("q5/0", None, 1)
-    assert status is SinkTxnStatus.NEW and epoch == p.epoch + 1
+    again = Producer(broker, "q5/0").init_sink(1)
+    assert again.status is SinkTxnStatus.NEW and again.epoch == p.epoch + 1
     assert broker.committed(P0) == [] and broker.stable(P0)
 
 
@@ -480,9 +523,10 @@ def test_crash_midway_through_a_sink_commit_is_finished_on_start(tmp_path: Path)
     a = start_broker(tmp_path, lambda s: CrashingMarkers(s, crash_on_call=2))
     txns = []
     for task, tp in enumerate(ALL):
-        producer = Producer(a, f"q/{task}").init()
+        producer = Producer(a, f"q/{task}").init_sink(3)
         producer.send(tp, range(task * 10, task * 10 + 4))
         producer.send(P0, range(100 + task * 10, 100 + task * 10 + 2))
+        producer.prepare()
         txns.append(producer.txn)
     with pytest.raises(UnknownServerError):
         a.coordinator.commit_sink_batch("q", 3, txns)
@@ -496,13 +540,18 @@ def test_crash_midway_through_a_sink_commit_is_finished_on_start(tmp_path: Path)
     assert {tid: b.stored(tid).state for tid, _, _ in txns} == dict.fromkeys(
         states, S.COMPLETE_COMMIT
     )
-    assert b.state.load()[1]["q"] == SinkCommitRecord("q", 3, SinkCommitState.COMPLETE, txns)
+    record = b.state.load()[1]["q"]
+    assert (record.batch_id, record.state, record.transactions) == (
+        3,
+        SinkCommitState.COMPLETE,
+        txns,
+    )
     expected = {P0: [0, 1, 2, 3], P1: [10, 11, 12, 13], AUDIT: [20, 21, 22, 23]}
     expected[P0] += [100, 101, 110, 111, 120, 121]
     for tp, ids in expected.items():
         assert sorted(b.committed(tp)) == ids and b.stable(tp)
     # Spark re-runs the batch after the crash: no second copy.
-    assert b.coordinator.commit_sink_batch("q", 3, attempt(b, "q", 500)) is False
+    assert b.coordinator.commit_sink_batch("q", 3, attempt(b, "q", 500, 3)) is False
     for tp, ids in expected.items():
         assert sorted(b.committed(tp)) == ids
 
@@ -548,7 +597,7 @@ def test_a_pending_sink_commit_is_never_aborted(tmp_path: Path) -> None:
         return failing[0]
 
     a = start_broker(tmp_path, wrap_state=wrap)
-    txns = attempt(a, "s", 0)
+    txns = attempt(a, "s", 0, 1)
     failing[0].arm(succeed=1)  # the sink PREPARE record lands, the next put fails
     with pytest.raises(StorageError):
         a.coordinator.commit_sink_batch("s", 1, txns)
@@ -561,7 +610,7 @@ def test_a_pending_sink_commit_is_never_aborted(tmp_path: Path) -> None:
     assert a.state.load()[1]["s"].state == SinkCommitState.COMPLETE
 
     # Again, now across a restart, with the transactions long past their timeout.
-    txns = attempt(a, "s", 20)
+    txns = attempt(a, "s", 20, 2)
     failing[0].arm(succeed=1)
     with pytest.raises(StorageError):
         a.coordinator.commit_sink_batch("s", 2, txns)
@@ -577,15 +626,14 @@ def test_a_stale_view_of_a_finished_sink_commit_changes_nothing(tmp_path: Path) 
     """A sweep that saw batch 1 pending must not, once it runs, undo batch 2's record."""
     b = start_broker(tmp_path, lambda s: CrashingMarkers(s, partitions_before_crash=0))
     with pytest.raises(UnknownServerError):
-        b.coordinator.commit_sink_batch("s", 1, attempt(b, "s", 0))
+        b.coordinator.commit_sink_batch("s", 1, attempt(b, "s", 0, 1))
     stale = b.state.load()[1]["s"]
     assert stale.is_pending
     # Batch 1 is finished on the way (its transactions are re-initialised by attempt()).
-    assert b.coordinator.commit_sink_batch("s", 2, attempt(b, "s", 10)) is True
+    assert b.coordinator.commit_sink_batch("s", 2, attempt(b, "s", 10, 2)) is True
     b.coordinator._recover_sink(stale)  # what the sweep does with its earlier scan
-    assert b.state.load()[1]["s"] == SinkCommitRecord(
-        "s", 2, SinkCommitState.COMPLETE, b.state.load()[1]["s"].transactions
-    )
+    record = b.state.load()[1]["s"]
+    assert (record.batch_id, record.state) == (2, SinkCommitState.COMPLETE)
     assert b.coordinator.last_committed_batch("s") == 2
     assert b.committed(P0) == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14]
 
