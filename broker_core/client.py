@@ -459,11 +459,17 @@ class BrokerClient:
         """A task of this run is alive: the coordinator keeps its transactions open."""
         self._coordinator_action(Action.SINK_HEARTBEAT, {"sink_id": sink_id, "run_id": run_id})
 
-    def abort_sink_run(self, run_id: str, batch_id: int) -> list[str]:
-        """Fence and abort every attempt of ``run_id`` at ``batch_id`` or before; their ids."""
-        doc = self._coordinator_action(
-            Action.ABORT_SINK_RUN, {"run_id": run_id, "batch_id": batch_id}
-        )
+    def abort_sink_run(
+        self, run_id: str | None, batch_id: int, *, sink_id: str | None = None
+    ) -> list[str]:
+        """Fence and abort every attempt of ``run_id`` (or, without one, of any run of
+        ``sink_id``) at ``batch_id`` or before; their transactional ids."""
+        body: dict[str, Any] = {"batch_id": batch_id}
+        if run_id is not None:
+            body["run_id"] = run_id
+        if sink_id is not None:
+            body["sink_id"] = sink_id
+        doc = self._coordinator_action(Action.ABORT_SINK_RUN, body)
         return [str(t) for t in doc["aborted"]]
 
     def stable_ends(self, topic: str) -> dict[int, int]:

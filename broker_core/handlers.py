@@ -28,7 +28,7 @@ write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
 commit_sink_batch      {sink_id, batch_id, transactions: [[transactional_id, producer_id,
                        producer_epoch], ..], run_id?} -> {committed, last_committed_batch}
 abort_sink_batch       same body -> {last_committed_batch}
-abort_sink_run         {run_id, batch_id} -> {aborted: [transactional_id, ..]}
+abort_sink_run         {run_id? | sink_id?, batch_id} -> {aborted: [transactional_id, ..]}
 sink_heartbeat         {sink_id, run_id} -> {}
 stable_ends            {topic} -> {ends: {partition: offset}} (read_committed ends that
                        hold every sink batch whole or not at all)
@@ -313,7 +313,9 @@ class ActionHandlers:
     def abort_sink_run(self, body: dict[str, Any]) -> dict[str, Any]:
         what = "abort_sink_run"
         aborted = self._broker.coordinator().abort_sink_run(
-            field(body, "run_id", str, what), field(body, "batch_id", int, what)
+            field(body, "run_id", str, what, None),
+            field(body, "batch_id", int, what),
+            sink_id=field(body, "sink_id", str, what, None),
         )
         return {"aborted": aborted}
 

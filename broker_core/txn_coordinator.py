@@ -30,6 +30,7 @@ from broker_core.errors import (
     ConcurrentTransactionsError,
     IdemlogError,
     InvalidProducerIdMappingError,
+    InvalidRequestError,
     InvalidTxnStateError,
 )
 from broker_core.protocol import SinkAttempt, SinkTxnStatus
@@ -427,28 +428,37 @@ class TransactionCoordinator(TxnCoordinatorCore):
                 f"{where} was written by run {meta.sink_run!r}, not by run {run!r} that commits it"
             )
 
-    def abort_sink_run(self, run_id: str, batch_id: int) -> list[str]:
-        """Fence every attempt of ``run_id`` at ``batch_id`` or earlier that still holds an
-        id (the driver aborts the batch); returns their transactional ids.
+    def abort_sink_run(
+        self, run_id: str | None, batch_id: int, *, sink_id: str | None = None
+    ) -> list[str]:
+        """Fence every attempt of ``run_id`` -- or, without one, of any run of ``sink_id``
+        -- at ``batch_id`` or earlier that still holds an id (the driver aborts the
+        batch); returns their transactional ids.
 
         Needs no message from any task: a batch whose tasks all failed is aborted too.
         """
         self._check_running()
-        run = check_run_id(run_id)
+        run = None if run_id is None else check_run_id(run_id)
+        sid = None if sink_id is None else check_sink_id(sink_id)
+        if run is None and sid is None:
+            raise InvalidRequestError("abort_sink_run needs a run_id or a sink_id")
         bid = check_batch_id(batch_id)
         with self._lock:
             targets = sorted(
                 m.transactional_id
                 for m in self._txns.values()
-                if m.sink_run == run and m.holds_attempt and m.sink_batch <= bid
+                if (m.sink_run == run if run is not None else m.sink_id == sid)
+                and m.holds_attempt
+                and m.sink_batch <= bid
             )
+        who = f"run {run!r}" if run is not None else f"sink {sid!r}"
         aborted = []
         for tid in targets:
             with self._claims() as claims:
                 meta = self._meta(tid)
                 if meta is None or self._pending_sink_holding(meta) is not None:
                     continue
-                reason = f"batch {bid} of run {run!r} was aborted by the Spark driver"
+                reason = f"batch {bid} of {who} was aborted by the Spark driver"
                 if self._fence(claims, tid, reason):
                     aborted.append(tid)
         return aborted

@@ -171,6 +171,9 @@ class IdemlogOptions:
     max_offsets_per_trigger: int
     include_metadata: bool
     producer: dict[str, Any]
+    # Spark's own option, kept for the driver's abort: the checkpoint's metadata file
+    # names the streaming query (the sink id) when no task reported.
+    checkpoint_location: str = ""
 
     @property
     def embedded(self) -> bool:
@@ -189,9 +192,11 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
     """Validate Spark's (lower-cased) options for a reader or a writer."""
     values: dict[str, object] = {}
     producer: dict[str, str] = {}
+    checkpoint = ""
     for raw_name, value in options.items():
         lower = raw_name.lower()
         if lower in _SPARK_OPTIONS:
+            checkpoint = value if lower == "checkpointlocation" else checkpoint
             continue
         if lower.startswith(PRODUCER_PREFIX):
             if scope is Scope.READ:
@@ -248,5 +253,6 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         starting_offsets=str(parsed["startingOffsets"]),
         max_offsets_per_trigger=int(parsed["maxOffsetsPerTrigger"]),
         include_metadata=bool(parsed["includeMetadata"]),
+        checkpoint_location=checkpoint,
         producer=producer,
     )

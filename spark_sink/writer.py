@@ -23,6 +23,7 @@ Nothing is visible to ``read_committed`` readers before the driver's commit.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -30,6 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
@@ -55,6 +57,8 @@ BATCH_JOB_BATCH_ID = 0  # df.write has no batch id: one commit per job
 # Spark's task-local properties naming a streaming task's micro-batch and query.
 SPARK_BATCH_ID = "streaming.sql.batchId"
 SPARK_QUERY_ID = "sql.streaming.queryId"
+# A streaming query run sets its job group to its run id (StreamExecution.runStream).
+SPARK_RUN_ID = "spark.jobGroup.id"
 # The driver retries a commit or abort that failed retriably for this long, then fails
 # the batch; each request may take _REQUEST_TIMEOUT_S.
 _COMMIT_TIMEOUT_S = 120.0
@@ -458,26 +462,72 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
 class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("idemlog")``: the sink id is the streaming query id, which a
     query restarted from its checkpoint keeps; commits are idempotent per batch id. The
-    run id is this writer's: Spark builds it when it plans the query, so a restart (which
-    may split each batch's rows differently) gets a new one."""
+    run id is Spark's run id of the query: a restart (which may split each batch's rows
+    differently) gets a new one. Spark builds this writer anew for the tasks and for each
+    commit and abort, so both ids come from the tasks (their messages)."""
 
     def __init__(self, options: IdemlogOptions, schema: pa.Schema) -> None:
         self.options = options
         self.schema = schema
-        self.run_id = new_run_id()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
-        return write_task(self.options, self.schema, stream_attempt(self.run_id), iterator)
+        return write_task(self.options, self.schema, stream_attempt(), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        commit_batch(self.options, None, self.run_id, batchId, messages, report=True)
+        run_id = _run_of(messages, batchId)
+        if run_id is None:
+            return  # no task ran: nothing to commit
+        commit_batch(self.options, None, run_id, batchId, messages, report=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        abort_batch(self.options, self.run_id, batchId, messages)
+        run_id = _run_of(messages, batchId)
+        if run_id is not None:
+            abort_batch(self.options, run_id, batchId, messages)
+            return
+        sink_id = query_id_of_checkpoint(self.options.checkpoint_location)
+        if sink_id is None:
+            log.warning(
+                "abort of batch %d: no task reported and the checkpoint %r names no query; "
+                "its open transactions end when the query restarts or after "
+                "transaction.timeout.ms=%d",
+                batchId,
+                self.options.checkpoint_location,
+                self.options.transaction_timeout_ms,
+            )
+            return
+        aborted: list[str] = _retrying(
+            self.options,
+            f"abort of batch {batchId}",
+            lambda c: c.abort_sink_run(None, batchId, sink_id=sink_id),
+        )
+        log.info("sink %s batch %d: aborted; %d attempts fenced", sink_id, batchId, len(aborted))
 
 
-def stream_attempt(run_id: str) -> SinkAttempt:
-    """The streaming task's attempt, from Spark's task-local properties.
+def _run_of(messages: Sequence[WriterCommitMessage | None], batch_id: int) -> str | None:
+    """The run the tasks' messages name (they must agree), or None without messages."""
+    runs = {m.run_id for m in messages if isinstance(m, IdemlogCommitMessage)}
+    if len(runs) > 1:
+        raise RuntimeError(f"batch {batch_id}: the tasks report different runs {sorted(runs)}")
+    return next(iter(runs), None)
+
+
+def query_id_of_checkpoint(checkpoint: str) -> str | None:
+    """The streaming query id in ``<checkpoint>/metadata`` (Spark's JSON ``{"id": ..}``),
+    if the checkpoint is a local path and readable."""
+    if not checkpoint:
+        return None
+    path = Path(checkpoint.removeprefix("file:")) / "metadata"
+    try:
+        first = path.read_text().splitlines()[0]
+        query_id = json.loads(first)["id"]
+    except (OSError, IndexError, ValueError, KeyError, TypeError):
+        return None
+    return query_id if isinstance(query_id, str) and query_id else None
+
+
+def stream_attempt() -> SinkAttempt:
+    """The streaming task's attempt, from Spark's task-local properties: the query id
+    (the sink), Spark's run id of the query (its job group) and the micro-batch.
 
     Without them the sink could not be exactly once (batch 0 and a random sink id would
     make every later batch look committed, or never), so it refuses to write.
@@ -487,18 +537,20 @@ def stream_attempt(run_id: str) -> SinkAttempt:
     ctx = TaskContext.get()
     if ctx is None:
         raise RuntimeError("the idemlog stream writer runs inside a Spark task (no TaskContext)")
-    batch_id = ctx.getLocalProperty(SPARK_BATCH_ID)
-    query_id = ctx.getLocalProperty(SPARK_QUERY_ID)
-    if not batch_id or not query_id:
+    found = {
+        key: ctx.getLocalProperty(key) for key in (SPARK_BATCH_ID, SPARK_QUERY_ID, SPARK_RUN_ID)
+    }
+    missing = [key for key, value in found.items() if not value]
+    if missing:
         raise RuntimeError(
-            f"the Spark task has no {SPARK_BATCH_ID}={batch_id!r} or {SPARK_QUERY_ID}="
-            f"{query_id!r}: the idemlog stream writer needs both to write exactly once "
-            "(is this a micro-batch streaming query? continuous mode is not supported)"
+            f"the Spark task has no {', '.join(missing)} (it has {found}): the idemlog "
+            "stream writer needs them to write exactly once (is this a micro-batch "
+            "streaming query? continuous mode is not supported)"
         )
     try:
-        bid = int(batch_id)
+        bid = int(found[SPARK_BATCH_ID] or "")
     except ValueError:
         raise RuntimeError(
-            f"the Spark task's {SPARK_BATCH_ID}={batch_id!r} is not a number"
+            f"the Spark task's {SPARK_BATCH_ID}={found[SPARK_BATCH_ID]!r} is not a number"
         ) from None
-    return SinkAttempt(query_id, run_id, bid)
+    return SinkAttempt(str(found[SPARK_QUERY_ID]), str(found[SPARK_RUN_ID]), bid)
