@@ -255,7 +255,8 @@ class PartitionLog:
         Returns the marker's offset and the last stable offset just after it. Refused
         (nothing written) at an older producer epoch, or from an older coordinator epoch
         than the producer's last marker (TRANSACTION_COORDINATOR_FENCED). A failed fsync
-        raises StorageError (retriable): the coordinator then writes the marker again.
+        raises StorageError (retriable), and so does every later marker of this log until
+        it is reopened: the coordinator keeps the transaction PREPARE_x meanwhile.
         """
         with self._lock:
             self._check_open()
