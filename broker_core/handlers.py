@@ -24,7 +24,9 @@ add_partitions_to_txn  {transactional_id, producer_id, producer_epoch, partition
                        [[topic, partition], ..]} -> {}
 end_txn                {transactional_id, producer_id, producer_epoch, commit} -> {}
 write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
-                       partitions: [[topic, partition], ..]} -> {}   (broker to broker)
+                       partitions: [[topic, partition], ..]} -> {last_stable_offsets:
+                       [{topic, partition, lso}, ..]}  (broker to broker; lso: just after
+                       the marker, which is fsynced)
 commit_sink_batch      {sink_id, batch_id, transactions: [[transactional_id, producer_id,
                        producer_epoch], ..], run_id?} -> {committed, last_committed_batch}
 abort_sink_batch       same body -> {last_committed_batch}
@@ -57,6 +59,7 @@ from broker_core.errors import (
     InvalidTopicError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.marker_client import STABLE_OFFSETS_FIELD, stable_offsets_doc
 from broker_core.protocol import PROTOCOL_VERSION, Action, SinkAttempt, field
 from broker_core.record_batch import MAX_PRODUCER_EPOCH
 
@@ -358,8 +361,9 @@ class ActionHandlers:
         partitions = _partitions_field(body, what)
         markers = self._broker.markers
         assert markers is not None
-        markers.write_local(pid, epoch, commit, coordinator_epoch, partitions)
-        return {}
+        stable = markers.write_local(pid, epoch, commit, coordinator_epoch, partitions)
+        # The coordinator's RoutingMarkerWriter reads this back (parse_stable_offsets).
+        return {STABLE_OFFSETS_FIELD: stable_offsets_doc(stable)}
 
     def _sink_fields(self, body: dict[str, Any], what: str) -> tuple[str, int, list[Any]]:
         sink_id = field(body, "sink_id", str, what)

@@ -4,6 +4,9 @@ Partitions this broker leads get their marker through ``LocalMarkerWriter`` (the
 topic is created first if no batch has reached it yet); the others get one
 ``WRITE_TXN_MARKERS`` action per leader over Flight. Errors come back typed, so the
 coordinator retries the retriable ones (a leader that is down: ``NETWORK_EXCEPTION``).
+Each leader answers the last stable offset of every partition it wrote a marker to, as
+``{"last_stable_offsets": [{"topic", "partition", "lso"}, ..]}``; :meth:`write_markers`
+returns them all in one map, like ``LocalMarkerWriter``.
 
 Test hook: ``IDEMLOG_TEST_FAILPOINT`` (read on every call, so only a process started with
 it is affected) makes the broker SIGKILL itself inside :meth:`write_markers`:
@@ -19,14 +22,20 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.flight as flight
 
-from broker_core.errors import NetworkError, UnknownTopicOrPartitionError
-from broker_core.protocol import Action, encode_json, parse_error_message
+from broker_core.errors import (
+    InvalidRequestError,
+    NetworkError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+)
+from broker_core.protocol import Action, decode_json, encode_json, field, parse_error_message
 from broker_core.record_batch import ControlType
 from broker_core.txn_coordinator import LocalMarkerWriter
+from broker_core.txn_markers import StableOffsets
 
 if TYPE_CHECKING:
     from broker_core.broker import Broker
@@ -36,6 +45,32 @@ log = logging.getLogger("idemlog.markers")
 
 FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
 MARKER_TIMEOUT_S = 10.0
+STABLE_OFFSETS_FIELD = "last_stable_offsets"
+
+
+def stable_offsets_doc(stable: StableOffsets) -> list[dict[str, Any]]:
+    """The wire form of a marker writer's answer (the WRITE_TXN_MARKERS response)."""
+    return [
+        {"topic": topic, "partition": partition, "lso": lso}
+        for (topic, partition), lso in sorted(stable.items())
+    ]
+
+
+def parse_stable_offsets(doc: dict[str, Any], what: str) -> StableOffsets:
+    """The map back from a WRITE_TXN_MARKERS response; InvalidRequestError naming a bad field."""
+    raw = field(doc, STABLE_OFFSETS_FIELD, list, what)
+    stable: StableOffsets = {}
+    for i, item in enumerate(raw):
+        where = f"{what}: {STABLE_OFFSETS_FIELD}[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequestError(f"{where} must be an object, got {item!r}")
+        topic = field(item, "topic", str, where)
+        partition = field(item, "partition", int, where)
+        lso = field(item, "lso", int, where)
+        if lso < 0:
+            raise InvalidRequestError(f"{where}: field 'lso' must be >= 0, got {lso}")
+        stable[(topic, partition)] = lso
+    return stable
 
 
 def _failpoint(stage: str) -> None:
@@ -57,8 +92,9 @@ class RoutingMarkerWriter:
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> StableOffsets:
         _failpoint("after_prepare")
+        stable: StableOffsets = {}
         by_leader: dict[int, list[tuple[str, int]]] = {}
         for topic, partition in partitions:
             try:
@@ -81,14 +117,18 @@ class RoutingMarkerWriter:
             steps = [[tp] for tp in group] if leader == self._broker.broker_id else [group]
             for step in steps:
                 if leader == self._broker.broker_id:
-                    self.write_local(producer_id, producer_epoch, commit, coordinator_epoch, step)
+                    written = self.write_local(
+                        producer_id, producer_epoch, commit, coordinator_epoch, step
+                    )
                 else:
-                    self._write_remote(
+                    written = self._write_remote(
                         leader, producer_id, producer_epoch, commit, coordinator_epoch, step
                     )
+                stable.update(written)
                 if first:
                     first = False
                     _failpoint("after_first_marker")
+        return stable
 
     def write_local(
         self,
@@ -97,13 +137,13 @@ class RoutingMarkerWriter:
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> StableOffsets:
         """Markers into partitions this broker leads (also WRITE_TXN_MARKERS from a peer)."""
         store = self._broker.store
         assert store is not None
         for topic, partition in partitions:
             self._broker.topics.leader_log(topic, partition)  # leader check, local topic created
-        LocalMarkerWriter(store).write_markers(
+        return LocalMarkerWriter(store).write_markers(
             producer_id, producer_epoch, commit, coordinator_epoch, partitions
         )
 
@@ -115,7 +155,7 @@ class RoutingMarkerWriter:
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> StableOffsets:
         body = encode_json(
             {
                 "producer_id": producer_id,
@@ -127,8 +167,9 @@ class RoutingMarkerWriter:
         )
         client = self._client(leader)
         options = flight.FlightCallOptions(timeout=MARKER_TIMEOUT_S)
+        action = flight.Action(Action.WRITE_TXN_MARKERS.value, body)
         try:
-            list(client.do_action(flight.Action(Action.WRITE_TXN_MARKERS.value, body), options))
+            results = list(client.do_action(action, options))
         except flight.FlightError as exc:
             self._drop_client(leader)
             typed = parse_error_message(str(exc))
@@ -138,6 +179,20 @@ class RoutingMarkerWriter:
                 f"{ControlType.COMMIT.name if commit else ControlType.ABORT.name} markers for "
                 f"producer_id={producer_id} to broker {leader} failed: {exc}"
             ) from exc
+        what = f"{Action.WRITE_TXN_MARKERS.value} answer of broker {leader}"
+        try:
+            if len(results) != 1:
+                raise InvalidRequestError(f"{what}: {len(results)} results, not 1")
+            stable = parse_stable_offsets(decode_json(results[0].body.to_pybytes(), what), what)
+        except InvalidRequestError as exc:
+            # The markers are written but the answer is not ours to read (a broker of
+            # another version?): a server error, not the coordinator's bad request.
+            raise UnknownServerError(exc.message) from exc
+        asked = set(partitions)
+        extra = sorted(set(stable) - asked)
+        if extra:
+            raise UnknownServerError(f"{what}: offsets of partitions not asked for: {extra}")
+        return stable
 
     def _client(self, broker_id: int) -> flight.FlightClient:
         cluster = self._broker.cluster

@@ -84,6 +84,12 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkerResult:
+    offset: int  # the marker's own offset
+    last_stable_offset: int  # the partition's LSO just after the marker was appended
+
+
+@dataclass(frozen=True, slots=True)
 class FetchedBatch:
     base_offset: int
     producer_id: int
@@ -145,6 +151,7 @@ class PartitionLog:
         self._unflushed = 0
         self._last_flush_ms = self._clock()
         self._flushers: list[threading.Thread] = []
+        self._fsync_failed: str | None = None  # the first failed fsync, kept (see write_marker)
         self._closed = False
         directory.mkdir(parents=True, exist_ok=True)
         recover(self)
@@ -242,11 +249,14 @@ class PartitionLog:
         producer_epoch: int,
         control_type: ControlType,
         coordinator_epoch: int = 0,
-    ) -> int:
-        """Append a COMMIT/ABORT marker ending the producer's open transaction; its offset.
+    ) -> MarkerResult:
+        """Append a COMMIT/ABORT marker ending the producer's open transaction, durably.
 
-        Refused (nothing written) at an older producer epoch, or from an older coordinator
-        epoch than the producer's last marker (TRANSACTION_COORDINATOR_FENCED).
+        Returns the marker's offset and the last stable offset just after it. Refused
+        (nothing written) at an older producer epoch, or from an older coordinator epoch
+        than the producer's last marker (TRANSACTION_COORDINATOR_FENCED). A failed fsync
+        raises StorageError (retriable), and so does every later marker of this log until
+        it is reopened: the coordinator keeps the transaction PREPARE_x meanwhile.
         """
         with self._lock:
             self._check_open()
@@ -261,8 +271,30 @@ class PartitionLog:
             )
             header = self._write(encoded, now)
             self.apply_marker(header, control_type, coordinator_epoch, self.active)
-            self._maybe_flush(now)
-            return header.base_offset
+            lso = self.last_stable_offset
+            # fsync now, whatever flush.messages / flush.ms say: the coordinator records
+            # the transaction COMPLETE once this returns and never sends the marker again,
+            # so a marker lost in a power failure would leave the transaction open in this
+            # log for good (its rows unreadable read_committed, the LSO stuck at its first
+            # offset). The segment's fsync also covers the data before the marker in it.
+            # Data in earlier segments: a roll (this one or a recent one) flushes the rolled
+            # segment and then its snapshot on a background thread; wait for those too, or
+            # recovery could cut the log at a torn batch there and drop every later
+            # segment, this marker's with them.
+            self._join_flushers()
+            self.flush()
+            if self._fsync_failed is not None:
+                # After a failed fsync the kernel may have dropped the dirty pages and
+                # marked them clean, so a later fsync that succeeds proves nothing: no
+                # marker of this log is acknowledged until a restart recovers it from what
+                # is really on disk (the coordinator keeps the transaction PREPARE_x and
+                # finishes it then).
+                raise StorageError(
+                    f"{self.name}: marker at offset {header.base_offset} is not known to be "
+                    f"durable: an fsync of this log failed earlier ({self._fsync_failed}); "
+                    f"the partition needs a broker restart"
+                )
+            return MarkerResult(header.base_offset, lso)
 
     def apply_marker(
         self,
@@ -337,6 +369,7 @@ class PartitionLog:
                 # nothing; roll and close flush it, crash recovery rebuilds the active one.
                 self.active.flush_log()
             except OSError as exc:
+                self._fsync_failed = self._fsync_failed or f"{self.active.log_path.name}: {exc}"
                 raise StorageError(f"{self.name}: fsync failed: {exc}") from exc
             self._unflushed = 0
             self._last_flush_ms = self._clock()
@@ -368,12 +401,16 @@ class PartitionLog:
 
     def _flush_rolled(self, old: LogSegment, snapshot: Path) -> None:
         """Segment data first, then its snapshot: a durable snapshot never precedes the data."""
-        old.flush()
         try:
-            fsync_file(snapshot)
-        except FileNotFoundError:
-            return  # already replaced or deleted
-        fsync_directory(self.directory)
+            old.flush()
+            try:
+                fsync_file(snapshot)
+            except FileNotFoundError:
+                return  # already replaced or deleted
+            fsync_directory(self.directory)
+        except OSError as exc:
+            log.error("%s: fsync of rolled segment %s failed: %s", self.name, old.log_path, exc)
+            self._fsync_failed = self._fsync_failed or f"{old.log_path.name}: {exc}"
 
     def take_snapshot(self) -> Path:
         with self._lock:

@@ -4,6 +4,11 @@ The coordinator decides (PREPARE_COMMIT / PREPARE_ABORT, durably) and then asks 
 :class:`MarkerWriter` to append a COMMIT or ABORT marker for the producer to every
 partition of the transaction. Writing the same marker twice is harmless, so a coordinator
 that died half-way simply writes them all again.
+
+A marker is durable (fsynced) when ``write_markers`` returns, whatever the topic's flush
+policy: the coordinator stores COMPLETE next and never writes those markers again.
+``write_markers`` answers, per partition written, its last stable offset just after the
+marker (:data:`StableOffsets`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from broker_core.store import LogStore
 
 log = logging.getLogger("idemlog.txn")
 
+StableOffsets = dict[tuple[str, int], int]
+"""(topic, partition) -> the partition's last stable offset right after the marker."""
+
 
 class MarkerWriter(Protocol):
     def write_markers(
@@ -27,9 +35,12 @@ class MarkerWriter(Protocol):
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
-        """Append the marker to every partition; raise IdemlogError (retriable ones are
-        retried by the coordinator, which then writes to every partition again)."""
+    ) -> StableOffsets:
+        """Append the marker to every partition, durably; raise IdemlogError (retriable
+        ones are retried by the coordinator, which then writes to every partition again).
+
+        Returns each written partition's last stable offset just after its marker;
+        partitions skipped because they no longer exist are left out."""
 
 
 class LocalMarkerWriter:
@@ -45,8 +56,9 @@ class LocalMarkerWriter:
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> StableOffsets:
         control = ControlType.COMMIT if commit else ControlType.ABORT
+        stable: StableOffsets = {}
         for topic, partition in partitions:
             try:
                 target = self._store.partition(topic, partition)
@@ -63,4 +75,6 @@ class LocalMarkerWriter:
                     exc.message,
                 )
                 continue
-            target.write_marker(producer_id, producer_epoch, control, coordinator_epoch)
+            written = target.write_marker(producer_id, producer_epoch, control, coordinator_epoch)
+            stable[(topic, partition)] = written.last_stable_offset
+        return stable

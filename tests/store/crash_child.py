@@ -171,7 +171,7 @@ def main(argv: list[str]) -> int:
         for _ in range(rng.randint(1, 4)):
             send()
         print("END", flush=True)
-        offset = log.write_marker(pid, epoch, ControlType.COMMIT)
+        offset = log.write_marker(pid, epoch, ControlType.COMMIT).offset
         print(f"ENDED {offset}", flush=True)
     print("DONE", flush=True)
     # Never exit while the parent may still want to kill us; stdin closes if it dies.

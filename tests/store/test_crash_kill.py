@@ -294,7 +294,7 @@ def recover_and_resolve(
         bump = not commit and rng.random() < 0.5
         epoch = model.epoch + int(bump)
         control = ControlType.COMMIT if commit else ControlType.ABORT
-        assert log.write_marker(PRODUCER_ID, epoch, control) == model.log_end
+        assert log.write_marker(PRODUCER_ID, epoch, control).offset == model.log_end
         model.log_end += 1
         for batch in model.pending():
             batch.status = "committed" if commit else "aborted"

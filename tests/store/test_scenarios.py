@@ -168,7 +168,7 @@ def test_scenario_04_abort_marker_at_bumped_epoch_resets_sequence(tmp_path: Path
     log = open_log(tmp_path / "p")
     log.append(rows(1, 0), producer_id=PID, producer_epoch=0, base_sequence=0)
     log.append(rows(1, 1), producer_id=PID, producer_epoch=0, base_sequence=1)
-    marker = log.write_marker(PID, 1, ControlType.ABORT)
+    marker = log.write_marker(PID, 1, ControlType.ABORT).offset
     assert marker == 2
     control = log.read_control(marker)
     assert control is not None and control[1] is ControlType.ABORT

@@ -325,14 +325,16 @@ class PartitionLogMachine(RuleBasedStateMachine):
         fenced = view is not None and epoch < view.epoch
         leo = self.leo
         try:
-            offset = self.log.write_marker(pid, epoch, control)
+            written = self.log.write_marker(pid, epoch, control)
         except InvalidProducerEpochError:
             assert fenced, f"marker of pid {pid} at epoch {epoch} was refused"
             event("marker: fenced")
             return False
+        offset = written.offset
         assert not fenced, f"a zombie marker (epoch {epoch}) was written at offset {offset}"
         assert offset == leo
         self._record(Entry(offset, (), pid, epoch, NO_SEQUENCE, True, control, "", 0))
+        assert written.last_stable_offset == self.lso, "the LSO the marker reports"
         event(f"marker: {control.name}")
         return True
 

@@ -35,6 +35,7 @@ from broker_core.protocol import SinkAttempt, SinkTxnStatus
 from broker_core.record_batch import MAX_PRODUCER_EPOCH, ControlType
 from broker_core.store import LogStore
 from broker_core.txn_coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
+from broker_core.txn_markers import StableOffsets
 from broker_core.txn_state import (
     MAX_CLIENT_EPOCH,
     SinkCommitRecord,
@@ -226,13 +227,12 @@ class CrashingMarkers:
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> StableOffsets:
         self.calls += 1
         if self.calls != self.crash_on_call:
-            self.inner.write_markers(
+            return self.inner.write_markers(
                 producer_id, producer_epoch, commit, coordinator_epoch, partitions
             )
-            return
         done = list(partitions)[: self.partitions_before_crash]
         self.inner.write_markers(producer_id, producer_epoch, commit, coordinator_epoch, done)
         raise UnknownServerError("simulated coordinator crash while writing markers")
@@ -252,11 +252,13 @@ class FlakyMarkers:
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> StableOffsets:
         if self.failures_left > 0:
             self.failures_left -= 1
             raise StorageError("simulated disk hiccup")
-        self.inner.write_markers(producer_id, producer_epoch, commit, coordinator_epoch, partitions)
+        return self.inner.write_markers(
+            producer_id, producer_epoch, commit, coordinator_epoch, partitions
+        )
 
 
 # -- DESIGN §9 scenario 12 ------------------------------------------------------------------
@@ -693,10 +695,12 @@ class BlockingMarkers:
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> StableOffsets:
         self.entered.set()
         assert self.release.wait(10), "test never released the marker write"
-        self.inner.write_markers(producer_id, producer_epoch, commit, coordinator_epoch, partitions)
+        return self.inner.write_markers(
+            producer_id, producer_epoch, commit, coordinator_epoch, partitions
+        )
 
 
 def test_requests_during_a_marker_write_get_concurrent_transactions(tmp_path: Path) -> None:

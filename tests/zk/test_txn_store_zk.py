@@ -15,6 +15,7 @@ from broker_core.errors import ConcurrentTransactionsError, UnknownServerError
 from broker_core.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
 from broker_core.store import LogStore
 from broker_core.txn_coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn_markers import StableOffsets
 from broker_core.txn_state import (
     SinkCommitRecord,
     SinkCommitState,
@@ -148,12 +149,11 @@ class CrashingMarkers:
         commit: bool,
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> StableOffsets:
         if not self.crashing:
-            self.inner.write_markers(
+            return self.inner.write_markers(
                 producer_id, producer_epoch, commit, coordinator_epoch, partitions
             )
-            return
         self.inner.write_markers(
             producer_id, producer_epoch, commit, coordinator_epoch, partitions[:1]
         )
