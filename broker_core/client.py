@@ -478,6 +478,17 @@ class BrokerClient:
         doc = self._coordinator_action(Action.STABLE_ENDS, {"topic": topic})
         return {int(p): int(offset) for p, offset in doc["ends"].items()}
 
+    def readable_offsets(self, topic: str, partitions: int) -> dict[int, dict[str, int]]:
+        """Each partition's ``list_offsets``, its ``last_stable_offset`` replaced by the
+        coordinator's cut (:meth:`stable_ends`): ends at which a read_committed reader
+        holds every committed sink batch whole or not at all."""
+        offsets = {p: self.list_offsets(topic, p) for p in range(partitions)}
+        cut = self.stable_ends(topic)
+        for p, doc in offsets.items():
+            if p in cut:
+                doc["last_stable_offset"] = cut[p]
+        return offsets
+
     def list_transactions(self, min_age_ms: int = 0) -> list[dict[str, Any]]:
         """Open transactions, oldest first (``idemlog transactions list``)."""
         doc = self._coordinator_action(Action.LIST_TRANSACTIONS, {"min_age_ms": min_age_ms})

@@ -287,8 +287,8 @@ def _log_offsets(source: Source, partition_by: str) -> tuple[Offsets, Offsets]:
                 )
             starts: Offsets = {}
             ends: Offsets = {}
-            for p in range(info.partitions):
-                doc = client.list_offsets(source.topic, p)
+            # The stable cut, not each LSO alone: an export holds every sink batch whole.
+            for p, doc in client.readable_offsets(source.topic, info.partitions).items():
                 starts[p] = doc["log_start_offset"]
                 ends[p] = doc["last_stable_offset"]
             return starts, ends

@@ -9,10 +9,11 @@ Why they look like this (DESIGN §7):
 * **Ranges are fixed on the driver, read with** ``max_offset=end`` (exclusive: the broker
   stops below it and slices a batch that straddles it). A rerun task or a replayed
   micro-batch therefore reads exactly the rows it read before, although the log grew.
-* **The end is the last stable offset for read_committed**: below it every transaction
-  is decided and the broker skips aborted rows, so a range below it reads the same rows
-  forever (exactly-once end to end when idemlog is both source and sink). For
-  read_uncommitted it is the high watermark.
+* **The end is the coordinator's stable cut for read_committed**
+  (``BrokerClient.readable_offsets``): at most the last stable offset, below which every transaction is decided and the broker
+  skips aborted rows, so a range below it reads the same rows forever (exactly-once end
+  to end when idemlog is both source and sink); lowered where needed so that each sink
+  batch is read whole or not at all. For read_uncommitted it is the high watermark.
 * **Arrow all the way**: the fetched batches are yielded as they come (the metadata
   columns are built with numpy), never converted row by row in Python.
 * **Picklable**: the readers hold the parsed options and topic description only; each
@@ -204,8 +205,8 @@ class IdemlogBatchReader(DataSourceReader):
         """On the driver: per log partition ``[log start, LSO or HW)`` as of now."""
         ranges = []
         with BrokerClient(self.options.bootstrap()) as client:
-            for p in range(self.topic.partitions):
-                offsets = client.list_offsets(self.topic.name, p)
+            found = client.readable_offsets(self.topic.name, self.topic.partitions)
+            for p, offsets in found.items():
                 start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
                 if end > start:
                     ranges.append(OffsetRangePartition(p, start, end))
@@ -289,10 +290,8 @@ class IdemlogStreamReader(DataSourceStreamReader):
         return max(info.partitions, self.topic.partitions)
 
     def _offsets(self, client: BrokerClient) -> dict[str, dict[str, int]]:
-        return {
-            _key(p): client.list_offsets(self.topic.name, p)
-            for p in range(self._partition_count(client))
-        }
+        found = client.readable_offsets(self.topic.name, self._partition_count(client))
+        return {_key(p): doc for p, doc in found.items()}
 
     def _initial_offsets(self, client: BrokerClient) -> dict[str, int]:
         # Computed once: Spark may ask again (runBatch of a new query) after latestOffset
