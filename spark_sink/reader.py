@@ -10,7 +10,8 @@ Why they look like this (DESIGN §7):
   stops below it and slices a batch that straddles it). A rerun task or a replayed
   micro-batch therefore reads exactly the rows it read before, although the log grew.
 * **The end is the coordinator's stable cut for read_committed**
-  (``BrokerClient.readable_offsets``): at most the last stable offset, below which every transaction is decided and the broker
+  (``BrokerClient.readable_offsets``): at most the last stable offset, below which
+  every transaction is decided and the broker
   skips aborted rows, so a range below it reads the same rows forever (exactly-once end
   to end when idemlog is both source and sink); lowered where needed so that each sink
   batch is read whole or not at all. For read_uncommitted it is the high watermark.
