@@ -140,6 +140,45 @@ def topics_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def transactions_list(args: argparse.Namespace) -> int:
+    """Open transactions, oldest first: who writes them, how old, how long idle. Like
+    ``kafka-transactions.sh --find-hanging``: an old one holds its partitions' readers
+    back at its first offset."""
+    with BrokerClient(args.bootstrap) as client:
+        rows = client.list_transactions(args.min_age_ms)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no open transaction older than {args.min_age_ms} ms")
+        return 0
+    print(f"{'transactional id':<40} {'pid':>8} {'epoch':>5} {'age s':>8} {'idle s':>8}  writer")
+    for t in rows:
+        writer = (
+            f"sink {t['sink_id']} run {t['sink_run']} batch {t['sink_batch']}"
+            f"{' prepared' if t['sink_prepared'] else ''}"
+            if t["sink_id"]
+            else "producer"
+        )
+        parts = ",".join(f"{topic}-{p}" for topic, p in t["partitions"])
+        print(
+            f"{t['transactional_id']:<40} {t['producer_id']:>8} {t['producer_epoch']:>5} "
+            f"{t['age_ms'] / 1000:>8.1f} {t['idle_ms'] / 1000:>8.1f}  {writer}  [{parts}]"
+        )
+    return 0
+
+
+def transactions_abort(args: argparse.Namespace) -> int:
+    with BrokerClient(args.bootstrap) as client:
+        aborted = client.abort_transaction(args.transactional_id)
+    print(
+        f"aborted the open transaction of {args.transactional_id}; its holder is fenced"
+        if aborted
+        else f"{args.transactional_id} has no open transaction: nothing aborted"
+    )
+    return 0
+
+
 def topics_delete(args: argparse.Namespace) -> int:
     with BrokerClient(args.bootstrap) as client:
         client.delete_topic(args.topic)
@@ -250,6 +289,20 @@ def add_commands(sub: Any) -> None:
     )
     cons.add_argument("--count-only", action="store_true", help="print row counts only")
     cons.set_defaults(func=consume)
+
+    txns = sub.add_parser("transactions", help="list or abort open (hanging) transactions")
+    txns_sub = txns.add_subparsers(dest="action", required=True)
+    tlist = txns_sub.add_parser("list", help="open transactions, oldest first")
+    tlist.add_argument("--bootstrap", required=True)
+    tlist.add_argument(
+        "--min-age-ms", type=int, default=0, help="only those open at least this long"
+    )
+    tlist.add_argument("--json", action="store_true")
+    tlist.set_defaults(func=transactions_list)
+    tabort = txns_sub.add_parser("abort", help="fence an id's holder, abort what it has open")
+    tabort.add_argument("--bootstrap", required=True)
+    tabort.add_argument("--transactional-id", required=True)
+    tabort.set_defaults(func=transactions_abort)
 
     met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
     met.add_argument("--bootstrap", required=True)

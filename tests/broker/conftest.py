@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from broker_core.client import BrokerClient
+from broker_core.protocol import SinkAttempt
 from tests.harness.broker import BrokerFactory, BrokerProcess, broker_factory
 from tests.harness.zk_fixtures import zk_chroot, zk_client, zk_server
 from tests.store.helpers import SCHEMA, rows
@@ -18,6 +19,7 @@ __all__ = [
     "broker_factory",
     "client_for",
     "ids",
+    "prepared_attempt",
     "rows",
     "shared_broker",
     "wait_until",
@@ -77,3 +79,39 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.05)  # polling interval of state held by another process
+
+
+def prepared_attempt(
+    client: BrokerClient,
+    attempt: SinkAttempt,
+    task: int,
+    topic: str,
+    batches: dict[int, list[range]],
+    *,
+    timeout_ms: int | None = None,
+) -> tuple[str, int, int]:
+    """One sink task attempt as the Spark writer makes it: InitProducerId for
+    ``<sink>/<task>``, the id ranges of ``batches[p]`` into partition p in one
+    transaction, then prepare with the offsets they got. Its (transactional id, pid,
+    epoch), for the driver's commit."""
+    tid = f"{attempt.sink_id}/{task}"
+    pid, epoch, _ = client.init_sink_producer(tid, timeout_ms, attempt)
+    client.add_partitions_to_txn(tid, pid, epoch, [(topic, p) for p in batches])
+    ranges = []
+    for p, spans in batches.items():
+        with client.produce_stream(topic, p) as stream:
+            acked, sequence = [], 0
+            for span in spans:
+                acked.append(
+                    stream.send(
+                        rows(len(span), start=span.start),
+                        producer_id=pid,
+                        producer_epoch=epoch,
+                        base_sequence=sequence,
+                        transactional=True,
+                    ).offsets(10)
+                )
+                sequence += len(span)
+        ranges.append((topic, p, acked[0][0], acked[-1][1]))
+    client.prepare_sink_txn(tid, pid, epoch, attempt.batch_id, ranges)
+    return tid, pid, epoch

@@ -18,8 +18,8 @@ import pytest
 from broker_core.client import BrokerAddress, BrokerClient
 from broker_core.errors import IdemlogError, InvalidTxnStateError
 from broker_core.produce_stream import ProduceStream
-from broker_core.protocol import Action, ProduceResponse
-from tests.broker.conftest import TEST_BROKER_CONFIG, ids, rows, wait_until
+from broker_core.protocol import Action, ProduceResponse, SinkAttempt
+from tests.broker.conftest import TEST_BROKER_CONFIG, ids, prepared_attempt, rows, wait_until
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.zookeeper import ZooKeeperHarness
 
@@ -313,17 +313,22 @@ def test_sink_commit_repeated_after_controller_failover_is_not_committed_twice(
 
     def batch(id_base: int) -> list[tuple[str, int, int]]:
         """One Spark batch attempt: a transaction per partition (fencing older attempts)."""
-        txns = []
-        for p in parts:
-            tid = f"query-7/{p}"
-            pid, epoch = client.init_producer_id(tid)
-            client.add_partitions_to_txn(tid, pid, epoch, [("sinkfo", p)])
-            with client.produce_stream("sinkfo", p) as stream:
-                for i in range(2):
-                    response = _send(stream, pid, epoch, p, i, transactional=True, id_base=id_base)
-                    assert response.ok, response
-            txns.append((tid, pid, epoch))
-        return txns
+        run = SinkAttempt("query-7", f"run-{id_base}", 5 if id_base < 900 else 6)
+        return [
+            prepared_attempt(
+                client,
+                run,
+                p,
+                "sinkfo",
+                {
+                    p: [
+                        range(id_base + p * 1000 + i * ROWS, id_base + p * 1000 + (i + 1) * ROWS)
+                        for i in range(2)
+                    ]
+                },
+            )
+            for p in parts
+        ]
 
     # Sequences restart at 0 with each epoch; the ids tell the attempts apart.
     first = batch(0)

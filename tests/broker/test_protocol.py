@@ -20,9 +20,9 @@ from broker_core.errors import (
     ProducerFencedError,
     TopicAlreadyExistsError,
 )
-from broker_core.protocol import Action, FetchTrailer, decode_fetch_meta, encode_json
+from broker_core.protocol import Action, FetchTrailer, SinkAttempt, decode_fetch_meta, encode_json
 from broker_core.store import LogStore
-from tests.broker.conftest import SCHEMA, ids, rows, wait_until
+from tests.broker.conftest import SCHEMA, ids, prepared_attempt, rows, wait_until
 from tests.harness.broker import BrokerFactory, BrokerProcess
 
 ClientFor = Callable[..., BrokerClient]
@@ -199,8 +199,11 @@ def test_sink_commit_is_idempotent_over_the_wire(client: BrokerClient) -> None:
 
     def attempt(batch: int, start: int) -> list[tuple[str, int, int]]:
         """One Spark batch: each task fences its predecessors and writes a transaction."""
+        run = SinkAttempt("query-1", f"run-{start}", batch)
         return [
-            (f"query-1/{p}", *_produce_txn(client, f"query-1/{p}", "sink", start, [p]))
+            prepared_attempt(
+                client, run, p, "sink", {p: [range(start + 100 * p, start + 100 * p + 4)]}
+            )
             for p in (0, 1)
         ]
 

@@ -17,8 +17,8 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.produce_stream import ProduceStream
-from broker_core.protocol import Action
-from tests.broker.conftest import TEST_BROKER_CONFIG, ids, rows, wait_until
+from broker_core.protocol import Action, SinkAttempt
+from tests.broker.conftest import TEST_BROKER_CONFIG, ids, prepared_attempt, rows, wait_until
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.zookeeper import ZooKeeperHarness
 
@@ -105,7 +105,11 @@ def test_abort_sink_batch_aborts_its_open_transactions(client: BrokerClient) -> 
     client.abort_sink_batch("q2", 0, txns)
     for p in (0, 1):
         assert _stable(client, "sink-abort", p) and ids(client, "sink-abort", p) == []
-    again = [(f"q2/{p}", *_begin(client, f"q2/{p}", "sink-abort", [p], 500)) for p in (0, 1)]
+    run = SinkAttempt("q2", "run-2", 0)
+    again = [
+        prepared_attempt(client, run, p, "sink-abort", {p: [range(500 + 100 * p, 503 + 100 * p)]})
+        for p in (0, 1)
+    ]
     assert client.commit_sink_batch("q2", 0, again) is True  # batch 0 was never committed
     for p in (0, 1):
         assert ids(client, "sink-abort", p) == [500 + 100 * p + i for i in range(3)]
