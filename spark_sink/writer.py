@@ -1,23 +1,21 @@
-"""The exactly-once write protocol between Spark tasks, the driver and the broker (DESIGN §6).
+"""The exactly-once write protocol between Spark tasks, the driver and the broker.
 
-Each Spark task writes its partition's Arrow batches as **one transaction** of the
-transactional id ``<sink id>/<spark partition>``:
+docs/design.md ("The sink protocol") has the whole design and its reasons. In short: each
+Spark task attempt writes its partition's rows as **one transaction** of the
+transactional id ``<sink id>/<spark partition>``, naming its sink, run and batch
+(:class:`broker_core.protocol.SinkAttempt`):
 
-1. ``InitProducerId(id, batch)``: fences every earlier attempt of the task and aborts
-   what it left open -- unless an earlier attempt already *prepared* this batch (all its
-   rows acknowledged), in which case that transaction is reused and nothing is written.
-   So a speculative twin or a retry after a late failure never aborts a finished
-   attempt, and never writes the rows twice.
-2. the rows, through the idempotent producer (retries are deduplicated by sequence);
-3. ``prepare_sink_txn``: the transaction holds all of the task's rows;
-4. the commit message (transactional id, producer id, epoch) goes to the driver.
+1. ``InitProducerId(attempt)``: fences every earlier attempt of the task and aborts what
+   it left open -- unless an earlier attempt of the same task *of the same run* already
+   prepared this batch (reused, nothing written) or the batch is committed already;
+2. the rows, through the idempotent producer, every send's result checked, with
+   heartbeats while the task runs so a long batch is never timed out;
+3. ``prepare_sink_txn`` with the offsets the rows got: the transaction holds all of the
+   task's rows;
+4. the commit message goes to the driver.
 
-The driver's ``commit`` (a fresh Python process each time) hands all messages to the
-coordinator's ``commit_sink_batch(sink id, batch id)``: recorded durably, then COMMIT
-markers; a batch id at or below the sink's last committed one aborts the transactions
-instead (Spark re-runs and re-commits the last batch after a driver restart). ``abort``
-fences every task's transactional id (InitProducerId), which aborts what is open.
-
+The driver's ``commit`` (a fresh Python process each time) checks the messages and hands
+them to the coordinator's ``commit_sink_batch``; ``abort`` fences the run's attempts.
 Nothing is visible to ``read_committed`` readers before the driver's commit.
 """
 
