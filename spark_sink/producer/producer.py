@@ -35,7 +35,7 @@ from broker_core.errors import (
 from broker_core.protocol import SinkTxnStatus
 
 from .config import ProducerConfig
-from .errors import ProducerClosedError, TransactionAbortedError
+from .errors import AbortableTransactionError, ProducerClosedError, TransactionAbortedError
 from .futures import SendCollector, SendResult
 from .message_accumulator import MessageAccumulator
 from .metrics import ProducerMetrics
@@ -257,6 +257,8 @@ class Producer:
         rows of ``batch_id``; it stays open for the Spark driver's commit. Raises the
         transaction's error if a batch failed."""
         self._require_transactional()
+        if self.txn.has_error:
+            raise self._txn_error()
         self.txn.require(TxnState.IN_TRANSACTION, action="prepare_sink_transaction()")
         self.flush(self.config.max_block_ms / 1000)
         if self.txn.has_error:
@@ -276,9 +278,12 @@ class Producer:
         self.txn.transition(TxnState.IN_TRANSACTION)
 
     def commit_transaction(self) -> None:
-        """Flush, then commit. Raises the transaction's error if a batch failed (the
-        transaction is then abortable: call abort_transaction)."""
+        """Flush, then commit. Raises the transaction's error -- the error of the first
+        batch that failed for good -- if one did (the transaction is then abortable: call
+        abort_transaction)."""
         self._require_transactional()
+        if self.txn.has_error:
+            raise self._txn_error()
         self.txn.require(TxnState.IN_TRANSACTION, action="commit_transaction()")
         self.txn.transition(TxnState.COMMITTING_TRANSACTION)
         self.flush(self.config.max_block_ms / 1000)
@@ -340,12 +345,12 @@ class Producer:
         txn.transition(TxnState.READY)
 
     def _txn_error(self) -> IdemlogError:
+        """What commit / prepare refuse with: the error that failed the transaction (a
+        batch's, unchanged, so the caller sees why its rows are missing)."""
         error = self.txn.last_error
-        if isinstance(error, ProducerFencedError):
-            return error
-        return InvalidTxnStateError(
-            f"the transaction cannot be committed (abort it): {error or 'a batch failed'}"
-        )
+        if error is None:
+            return AbortableTransactionError("the transaction cannot be committed: abort it")
+        return error
 
     def _require_transactional(self) -> None:
         if not self.txn.is_transactional:

@@ -81,6 +81,7 @@ class FakeTransport:
     resets: list[TopicPartition] = field(default_factory=list)
     added: list[list[TopicPartition]] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
+    prepared: list[int] = field(default_factory=list)
 
     def partitions_for(self, topic: str) -> int:
         return self.partitions
@@ -117,6 +118,11 @@ class FakeTransport:
 
     def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
         self.ended.append(commit)
+
+    def prepare_sink_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, batch_id: int
+    ) -> None:
+        self.prepared.append(batch_id)
 
     def close(self) -> None:
         pass

@@ -6,7 +6,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from broker_core.errors import ErrorCode, InvalidTxnStateError
+from broker_core.errors import ErrorCode, InvalidTxnStateError, MessageTooLargeError
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.producer_batch import TopicPartition
 from tests.producer.conftest import FakeHandle, FakeTransport, table
@@ -72,10 +72,11 @@ def test_failed_transaction_is_aborted_and_the_epoch_bumped() -> None:
     producer.begin_transaction()
     transport.errors = [ErrorCode.MESSAGE_TOO_LARGE.code]
     failed = producer.send("t", table(3))
-    with pytest.raises(InvalidTxnStateError, match="MESSAGE_TOO_LARGE"):
+    with pytest.raises(MessageTooLargeError) as refused:  # the batch's own error
         producer.commit_transaction()
-    with pytest.raises(Exception, match="MESSAGE_TOO_LARGE"):
+    with pytest.raises(MessageTooLargeError) as batch_error:
         failed.result(5)
+    assert refused.value is batch_error.value
     assert producer.txn.state is TxnState.ABORTABLE_ERROR
     producer.abort_transaction()
     assert producer.producer_id_and_epoch == (5, 1)
