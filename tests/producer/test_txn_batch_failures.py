@@ -2,23 +2,28 @@
 transaction -- also when it never got a sequence -- so commit / prepare refuse with the
 batch's error instead of committing the transaction without its rows.
 
-The Producer facade runs its real sender thread over a scripted transport and a manual
-clock: the test decides when delivery.timeout.ms has passed, and waits on events (a call
-reached the transport, a future failed), never on sleeps.
+Most tests run the Producer facade's real sender thread over a scripted transport and a
+manual clock: the test decides when delivery.timeout.ms has passed, and waits on events (a
+call reached the transport, a future failed), never on sleeps. The last one runs against a
+REAL broker behind the fault proxy (tests/producer/action_faults.py).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from broker_core.client import BrokerClient
 from broker_core.errors import CoordinatorNotAvailableError, NetworkError
+from broker_core.protocol import Action
 from spark_sink.producer import DeliveryTimeoutError, Producer, TxnState
 from spark_sink.producer.producer_batch import TopicPartition
+from tests.harness.broker import BrokerProcess
+from tests.producer.action_faults import ActionFault, ActionFaultProxy
 from tests.producer.conftest import FakeHandle, FakeTransport, ManualClock, table
 
 TP = TopicPartition("t", 0)
@@ -177,3 +182,60 @@ def test_commit_after_the_failure_refuses_with_the_batch_error_not_a_state_error
         assert transport.ended == [] and transport.prepared == []
     finally:
         producer.close(timeout=0)
+
+
+# -- a real broker behind the fault proxy ------------------------------------------------------
+@pytest.fixture
+def proxy(broker: BrokerProcess) -> Iterator[ActionFaultProxy]:
+    with ActionFaultProxy(broker.address) as p:
+        yield p
+
+
+def test_real_broker_batch_expired_waiting_for_the_coordinator_fails_the_transaction(
+    proxy: ActionFaultProxy, client: BrokerClient
+) -> None:
+    """On a real broker: the transaction's first rows are in the log of one partition; the
+    coordinator then answers AddPartitionsToTxn for the other partition with
+    COORDINATOR_NOT_AVAILABLE (loading) past delivery.timeout.ms, so that batch never gets
+    a sequence and expires. Commit refuses with its error; after the abort, read_committed
+    shows none of the transaction's rows, and the next transaction commits."""
+    client.create_topic("txn-expiry", 2)
+    config = {
+        "linger.ms": 2,
+        "retry.backoff.ms": 20,
+        "request.timeout.ms": 1000,
+        "delivery.timeout.ms": 1500,
+        "transactional.id": "tx-expiry",
+    }
+    loading = ActionFault(
+        Action.ADD_PARTITIONS_TO_TXN, times=None, error=CoordinatorNotAvailableError("loading")
+    )
+    with Producer(proxy.address, **config) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        written = producer.send("txn-expiry", table(10))  # no key: whole send, round-robin
+        producer.flush()
+        [meta] = written.result(0)
+        proxy.add_action_faults(loading)
+        expired = producer.send("txn-expiry", table(10, 10))  # the other partition
+        error = expired.exception(WAIT_S)
+        assert isinstance(error, DeliveryTimeoutError), error
+        assert proxy.stats[loading.stat] >= 1, proxy.stats
+        with pytest.raises(DeliveryTimeoutError) as refused:
+            producer.commit_transaction()
+        assert refused.value is error
+        before_abort = client.read_table("txn-expiry", meta.partition, isolation="read_uncommitted")
+        assert before_abort is not None and before_abort.num_rows == 10, "rows were written"
+        loading.times = loading.fired  # the coordinator is back
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send("txn-expiry", table(5, 100))
+        producer.send("txn-expiry", table(5, 105))
+        producer.commit_transaction()
+    visible = sorted(
+        i
+        for p in (0, 1)
+        if (t := client.read_table("txn-expiry", p, isolation="read_committed")) is not None
+        for i in t.column("id").to_pylist()
+    )
+    assert visible == list(range(100, 110)), "none of the failed transaction's rows"
