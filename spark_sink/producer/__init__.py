@@ -16,6 +16,7 @@ from .errors import (
     AbortableTransactionError,
     BufferExhaustedError,
     DeliveryTimeoutError,
+    MaxBlockTimeoutError,
     ProducerClosedError,
     TransactionAbortedError,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "BufferExhaustedError",
     "DeliveryTimeoutError",
     "FlightTransport",
+    "MaxBlockTimeoutError",
     "Producer",
     "ProducerClosedError",
     "ProducerConfig",

@@ -33,3 +33,10 @@ class AbortableTransactionError(IdemlogError):
     """The current transaction hit an error; abort_transaction() must be called."""
 
     error_code = ErrorCode.INVALID_TXN_STATE
+
+
+class MaxBlockTimeoutError(IdemlogError, TimeoutError):
+    """A public call retried retriable errors (metadata, InitProducerId, EndTxn, ...) for
+    max.block.ms without success. The last retriable error is its ``__cause__``."""
+
+    error_code = ErrorCode.REQUEST_TIMED_OUT

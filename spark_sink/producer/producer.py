@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import pandas as pd
 import pyarrow as pa
@@ -35,7 +35,12 @@ from broker_core.errors import (
 from broker_core.protocol import SinkAttempt, SinkTxnStatus
 
 from .config import ProducerConfig
-from .errors import ProducerClosedError, TransactionAbortedError
+from .errors import (
+    AbortableTransactionError,
+    MaxBlockTimeoutError,
+    ProducerClosedError,
+    TransactionAbortedError,
+)
 from .futures import SendCollector, SendResult
 from .message_accumulator import MessageAccumulator
 from .metrics import ProducerMetrics
@@ -48,6 +53,7 @@ from .transport import FlightTransport, Transport
 log = logging.getLogger("idemlog.producer")
 
 Data: TypeAlias = pa.Table | pa.RecordBatch | pd.DataFrame
+T = TypeVar("T")
 
 
 def _to_table(data: Data) -> pa.Table:
@@ -109,8 +115,9 @@ class Producer:
     def send(self, topic: str, data: Data, key: str | None = None) -> Future[SendResult]:
         """Queue the rows of ``data`` for ``topic``; a future of their offsets
         (``spark_sink.producer.futures``). Rows are routed by ``key`` (default: the
-        key.column config), round-robin per send without one. Blocks only while
-        buffer.memory is full (at most max.block.ms)."""
+        key.column config), round-robin per send without one. Blocks while the topic's
+        metadata is fetched (retriable errors retried) and while buffer.memory is full,
+        each at most max.block.ms."""
         if self._closed:
             raise ProducerClosedError("send() on a closed producer")
         if self.txn.is_transactional:
@@ -128,7 +135,9 @@ class Producer:
     def _num_partitions(self, topic: str) -> int:
         count = self._partition_counts.get(topic)
         if count is None:
-            count = self._partition_counts[topic] = self.transport.partitions_for(topic)
+            count = self._partition_counts[topic] = self._blocking_call(
+                f"metadata of topic {topic!r}", lambda: self.transport.partitions_for(topic)
+            )
         return count
 
     def flush(self, timeout: float | None = None) -> None:
@@ -178,18 +187,30 @@ class Producer:
         return doc
 
     # -- producer id and transactions ----------------------------------------------------
-    def _blocking_call(self, what: str, call: Callable[[], Any]) -> Any:
-        """``call`` with retries of retriable errors for up to max.block.ms."""
+    def _blocking_call(self, what: str, call: Callable[[], T]) -> T:
+        """``call``, retrying retriable errors (retry.backoff.ms apart) for up to
+        max.block.ms. Raises a non-retriable error as it is; a retriable one never reaches
+        the caller: after max.block.ms it becomes MaxBlockTimeoutError (cause: the last)."""
         deadline = time.monotonic() + self.config.max_block_ms / 1000
         backoff = max(self.config.retry_backoff_ms / 1000, 0.01)
+        attempts = 0
         while True:
+            attempts += 1
             try:
                 return call()
             except IdemlogError as exc:
-                if not exc.retriable or time.monotonic() + backoff > deadline:
+                if not exc.retriable:
                     raise
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise MaxBlockTimeoutError(
+                        f"{what}: not done within max.block.ms={self.config.max_block_ms} "
+                        f"({attempts} attempts; last error: {exc})"
+                    ) from exc
                 log.info("%s: %s; retrying", what, exc)
-                time.sleep(backoff)  # backoff between retries of a retriable error
+                # Backoff between retries of a retriable error, never past the deadline
+                # (one last attempt is made at it).
+                time.sleep(min(backoff, remaining))
 
     def _init_producer_id(
         self, transactional_id: str | None, attempt: SinkAttempt | None = None
@@ -262,6 +283,8 @@ class Producer:
         partition); it stays open for the Spark driver's commit. Raises the
         transaction's error if a batch failed."""
         self._require_transactional()
+        if self.txn.has_error:
+            raise self._txn_error()
         self.txn.require(TxnState.IN_TRANSACTION, action="prepare_sink_transaction()")
         self.flush(self.config.max_block_ms / 1000)
         if self.txn.has_error:
@@ -282,12 +305,24 @@ class Producer:
         self.txn.transition(TxnState.IN_TRANSACTION)
 
     def commit_transaction(self) -> None:
-        """Flush, then commit. Raises the transaction's error if a batch failed (the
-        transaction is then abortable: call abort_transaction)."""
+        """Flush, then commit. Raises the transaction's error -- the error of the first
+        batch that failed for good -- if one did (the transaction is then abortable: call
+        abort_transaction). After a MaxBlockTimeoutError it may be called again."""
         self._require_transactional()
-        self.txn.require(TxnState.IN_TRANSACTION, action="commit_transaction()")
-        self.txn.transition(TxnState.COMMITTING_TRANSACTION)
-        self.flush(self.config.max_block_ms / 1000)
+        if self.txn.has_error:
+            raise self._txn_error()
+        self.txn.require(
+            TxnState.IN_TRANSACTION, TxnState.COMMITTING_TRANSACTION, action="commit_transaction()"
+        )
+        if self.txn.state is TxnState.IN_TRANSACTION:
+            self.txn.transition(TxnState.COMMITTING_TRANSACTION)
+        try:
+            self.flush(self.config.max_block_ms / 1000)
+        except TimeoutError as exc:
+            raise MaxBlockTimeoutError(
+                f"commit_transaction: batches still pending after "
+                f"max.block.ms={self.config.max_block_ms}"
+            ) from exc
         if self.txn.has_error:
             raise self._txn_error()
         self._end_txn(commit=True)
@@ -337,21 +372,23 @@ class Producer:
                 txn.fail_fatal(exc)
                 raise
             except IdemlogError as exc:
-                if commit:
-                    txn.fail_abortable(exc)
-                else:
+                if not commit:
                     txn.fail_fatal(exc)
+                elif not isinstance(exc, MaxBlockTimeoutError):
+                    txn.fail_abortable(exc)
+                # After a timeout the commit stays COMMITTING: EndTxn is idempotent on the
+                # coordinator, so commit_transaction() may simply be called again.
                 raise
         txn.transaction_ended()
         txn.transition(TxnState.READY)
 
     def _txn_error(self) -> IdemlogError:
+        """What commit / prepare refuse with: the error that failed the transaction (a
+        batch's, unchanged, so the caller sees why its rows are missing)."""
         error = self.txn.last_error
-        if isinstance(error, ProducerFencedError):
-            return error
-        return InvalidTxnStateError(
-            f"the transaction cannot be committed (abort it): {error or 'a batch failed'}"
-        )
+        if error is None:
+            return AbortableTransactionError("the transaction cannot be committed: abort it")
+        return error
 
     def _require_transactional(self) -> None:
         if not self.txn.is_transactional:

@@ -20,7 +20,10 @@ Ordering rules (DESIGN §8, §9 items 13-15):
   consequence of an earlier failure: resent, not counted as a retry;
   OUT_OF_ORDER for the batch the broker should expect, UNKNOWN_PRODUCER_ID, or a batch
   with a sequence failing for good leaves the partition *unresolved* → epoch bump
-  (idempotent) or ABORTABLE_ERROR (transactional), see ``transaction_manager``;
+  (idempotent-only producer), see ``transaction_manager``;
+* a transactional producer's batch that fails for good for any reason (with or without a
+  sequence: a definite error, retries exhausted, delivery.timeout.ms) puts the
+  transaction in ABORTABLE_ERROR with that batch's error, which commit / prepare raise;
 * retriable errors (the error's ``retriable`` flag) are retried with the same producer
   id, epoch and sequence after ``retry.backoff.ms``, up to ``retries`` times and within
   ``delivery.timeout.ms``; anything else fails the batch's future with the broker's error.
@@ -84,6 +87,7 @@ class Sender:
         self._stop = threading.Event()
         self._bump_retry_at = 0.0
         self._add_retry_at = 0.0
+        self._add_error: IdemlogError | None = None  # last AddPartitionsToTxn failure
         self.fatal: BaseException | None = None
 
     # -- thread --------------------------------------------------------------------------
@@ -228,11 +232,9 @@ class Sender:
         log.debug("requeued %r after %s", batch, batch.last_error)
 
     def _failed_for_good(self, batch: ProducerBatch, error: IdemlogError) -> None:
-        if batch.has_sequence and self.config.enable_idempotence:
-            if self.txn.is_transactional:
-                self.txn.fail_abortable(error)
-            else:
-                self.txn.mark_unresolved(batch.tp, batch.ordinal)
+        # A transactional batch fails its transaction in _fail_batch, sequence or not.
+        if batch.has_sequence and self.config.enable_idempotence and not self.txn.is_transactional:
+            self.txn.mark_unresolved(batch.tp, batch.ordinal)
         self._fail_batch(batch, error)
 
     def _unresolved(
@@ -249,7 +251,13 @@ class Sender:
         else:
             self._fail_batch(batch, error)
 
-    def _fail_batch(self, batch: ProducerBatch, error: BaseException) -> None:
+    def _fail_batch(self, batch: ProducerBatch, error: IdemlogError) -> None:
+        if self.txn.is_transactional:
+            # Kafka's rule: ANY batch of a transaction failing for good -- a definite
+            # error, retries exhausted, or expired before it ever got a sequence -- makes
+            # the transaction abortable; committing without its rows would lose them
+            # silently. The first such error is kept and commit / prepare raise it.
+            self.txn.fail_abortable(error)
         log.warning("batch %r failed: %s", batch, error)
         batch.fail(error)
         self.accumulator.deallocate(batch)
@@ -285,7 +293,10 @@ class Sender:
         limit = self.config.delivery_timeout_ms / 1000
         expired = self.accumulator.remove_all(lambda b: now - b.created >= limit)
         for batch in expired:
-            cause = f" (last error: {batch.last_error})" if batch.last_error else ""
+            last = batch.last_error
+            if last is None and batch.tp not in self.txn.txn_partitions:
+                last = self._add_error  # held back by AddPartitionsToTxn, never sent
+            cause = f" (last error: {last})" if last else ""
             error = DeliveryTimeoutError(
                 f"{batch.tp}: {batch.num_rows} rows not acknowledged within "
                 f"delivery.timeout.ms={self.config.delivery_timeout_ms}{cause}"
@@ -387,6 +398,7 @@ class Sender:
                 txn.transactional_id, txn.producer_id, txn.producer_epoch, new
             )
         except IdemlogError as exc:
+            self._add_error = exc
             if isinstance(exc, (ProducerFencedError, InvalidProducerEpochError)):
                 txn.fail_fatal(ProducerFencedError(exc.message))
             elif exc.retriable:

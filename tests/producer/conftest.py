@@ -15,7 +15,15 @@ from broker_core.protocol import ProduceResponse
 from spark_sink.producer.producer_batch import TopicPartition
 from tests.harness.broker import broker, broker_factory, client
 
-__all__ = ["FakeTransport", "ManualClock", "broker", "broker_factory", "client", "table"]
+__all__ = [
+    "AutoTransport",
+    "FakeTransport",
+    "ManualClock",
+    "broker",
+    "broker_factory",
+    "client",
+    "table",
+]
 
 
 def table(n: int, start: int = 0) -> pa.Table:
@@ -81,6 +89,7 @@ class FakeTransport:
     resets: list[TopicPartition] = field(default_factory=list)
     added: list[list[TopicPartition]] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
+    prepared: list[int] = field(default_factory=list)
 
     def partitions_for(self, topic: str) -> int:
         return self.partitions
@@ -118,8 +127,49 @@ class FakeTransport:
     def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
         self.ended.append(commit)
 
+    def prepare_sink_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, batch_id: int
+    ) -> None:
+        self.prepared.append(batch_id)
+
     def close(self) -> None:
         pass
+
+
+class AutoTransport(FakeTransport):
+    """Answers every batch at once: success, or the next scripted error code."""
+
+    def __init__(self, partitions: int = 2) -> None:
+        super().__init__(partitions=partitions)
+        self.errors: list[int] = []
+        self.offsets: dict[TopicPartition, int] = {}
+
+    def send(
+        self,
+        tp: TopicPartition,
+        batch: pa.RecordBatch,
+        *,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        transactional: bool,
+    ) -> FakeHandle:
+        handle = super().send(
+            tp,
+            batch,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            transactional=transactional,
+        )
+        sent = self.sent[-1]
+        if self.errors:
+            sent.error(self.errors.pop(0))
+        else:
+            base = self.offsets.get(tp, 0)
+            self.offsets[tp] = base + sent.rows
+            sent.ok(base)
+        return handle
 
 
 @pytest.fixture

@@ -2,11 +2,14 @@
 
 Each schedule: a fresh 4-partition topic on the group's REAL broker, a fresh proxy whose
 fault probabilities (drop request, drop response, delay request/response, reorder, reset)
-are drawn from the schedule's seed, an idempotent producer bootstrapped from the proxy
-sending 20,000 keyed rows. After flush the topic is read back from the broker directly
-with read_committed: every row exactly once, and in each partition the rows in the order
-they were sent (ids are sent in increasing order, so: strictly increasing ids). One summary
-line per schedule is printed (``pytest -s`` shows them).
+are drawn from the schedule's seed, plus one disruptive fault (drop request / response or
+reset) at a seed-chosen early batch so that every schedule injects at least one, and an
+idempotent producer bootstrapped from the proxy sending 20,000 keyed rows. After flush
+the schedule asserts its faults were injected (the proxy's counters) and made the producer
+resend, then reads the topic back from the broker directly with read_committed: every row
+exactly once, and in each partition the rows in the order they were sent (ids are sent in
+increasing order, so: strictly increasing ids). One summary line per schedule is printed
+(``pytest -s`` shows them).
 
 request.timeout.ms is low (400 ms) so a dropped last answer times out fast.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +28,7 @@ import pytest
 from broker_core.client import BrokerClient
 from spark_sink.producer import Producer
 from tests.harness.broker import BrokerFactory
-from tests.harness.fault_proxy import FaultProxy, RandomFaults
+from tests.harness.fault_proxy import Fault, FaultProxy, RandomFaults, Rule, nth_batch
 
 SCHEDULES = 50
 GROUPS = 5  # test functions, each with its own broker, SCHEDULES // GROUPS schedules each
@@ -47,9 +51,26 @@ def rows(start: int, n: int) -> pa.Table:
     return pa.table({"id": ids, "key": (ids * 7919) % KEYS, "value": ids.astype(np.float64)})
 
 
-def faults_for(seed: int) -> RandomFaults:
+# Faults the producer cannot miss: each makes it resend (a lost request, a lost answer, a
+# broken stream). Delays and reorders alone may pass without any retry.
+DISRUPTIVE = (Fault.DROP_REQUEST, Fault.DROP_RESPONSE, Fault.RESET)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    topic: str
+    random_faults: RandomFaults
+    guaranteed: Rule  # fires once whatever the random draws are
+
+
+def schedule_for(seed: int) -> Schedule:
+    """The seed's random fault probabilities, plus one disruptive fault at a seed-chosen
+    early batch of a seed-chosen partition: random draws alone may inject nothing (small
+    probabilities, few batches), and a schedule without a fault proves nothing."""
     rng = random.Random(seed)
-    return RandomFaults(
+    topic = f"sched-{seed}"
+    random_faults = RandomFaults(
         seed,
         drop_request=rng.uniform(0, 0.06),
         drop_response=rng.uniform(0, 0.06),
@@ -60,13 +81,36 @@ def faults_for(seed: int) -> RandomFaults:
         max_delay_s=0.05,
         max_window=3,
     )
+    # Each partition gets about ROWS / PARTITIONS = 5,000 rows, ~20 batches of 250 rows
+    # (batch.size), so its 2nd..10th batch always arrives; the run asserts it fired.
+    guaranteed = Rule(
+        rng.choice(DISRUPTIVE),
+        nth_batch(rng.randint(2, 10), partition=rng.randrange(PARTITIONS), topic=topic),
+        delay_s=0.0,
+    )
+    return Schedule(seed, topic, random_faults, guaranteed)
+
+
+def test_every_schedule_has_a_fault_that_fires() -> None:
+    """The generator itself, without a broker: every seed's guaranteed fault is disruptive
+    and early enough to fire, and its random faults are not all zero."""
+    for seed in range(SCHEDULES):
+        schedule = schedule_for(seed)
+        assert schedule.guaranteed.fault in DISRUPTIVE
+        assert schedule.guaranteed.times == 1
+        faults = schedule.random_faults
+        total = faults.drop_request + faults.drop_response + faults.reset + faults.reorder
+        assert total > 0, seed
 
 
 def run_schedule(broker_address: str, client: BrokerClient, seed: int) -> str:
-    topic = f"sched-{seed}"
+    schedule = schedule_for(seed)
+    topic = schedule.topic
     client.create_topic(topic, PARTITIONS)
     started = time.monotonic()
-    with FaultProxy(broker_address, random_faults=faults_for(seed)) as proxy:
+    with FaultProxy(
+        broker_address, rules=[schedule.guaranteed], random_faults=schedule.random_faults
+    ) as proxy:
         with Producer(proxy.address, **CONFIG) as producer:
             per_send = ROWS // SENDS
             futures = [
@@ -78,6 +122,13 @@ def run_schedule(broker_address: str, client: BrokerClient, seed: int) -> str:
             metrics = producer.metrics_snapshot()
         injected = dict(sorted(proxy.stats.items()))
     elapsed = time.monotonic() - started
+    # The schedule really injected faults, and the producer had to recover from them: a
+    # run without any would pass for nothing.
+    assert schedule.guaranteed.fired == 1, f"seed {seed}: the guaranteed fault never fired"
+    assert sum(injected.values()) >= 1, f"seed {seed}: no fault injected {injected}"
+    assert metrics["send_attempts"] > metrics["batches_sent"], (
+        f"seed {seed}: no batch was resent despite {injected}: {metrics}"
+    )
     assert metrics["record_errors"] == 0, (seed, metrics)
     assert sum(m.num_rows for r in results for m in r) == ROWS
     seen: list[np.ndarray] = []

@@ -3,49 +3,12 @@
 from __future__ import annotations
 
 import pandas as pd
-import pyarrow as pa
 import pytest
 
-from broker_core.errors import ErrorCode, InvalidTxnStateError
+from broker_core.errors import ErrorCode, InvalidTxnStateError, MessageTooLargeError
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.producer_batch import TopicPartition
-from tests.producer.conftest import FakeHandle, FakeTransport, table
-
-
-class AutoTransport(FakeTransport):
-    """Answers every batch at once: success, or the next scripted error code."""
-
-    def __init__(self, partitions: int = 2) -> None:
-        super().__init__(partitions=partitions)
-        self.errors: list[int] = []
-        self.offsets: dict[TopicPartition, int] = {}
-
-    def send(
-        self,
-        tp: TopicPartition,
-        batch: pa.RecordBatch,
-        *,
-        producer_id: int,
-        producer_epoch: int,
-        base_sequence: int,
-        transactional: bool,
-    ) -> FakeHandle:
-        handle = super().send(
-            tp,
-            batch,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=base_sequence,
-            transactional=transactional,
-        )
-        sent = self.sent[-1]
-        if self.errors:
-            sent.error(self.errors.pop(0))
-        else:
-            base = self.offsets.get(tp, 0)
-            self.offsets[tp] = base + sent.rows
-            sent.ok(base)
-        return handle
+from tests.producer.conftest import AutoTransport, table
 
 
 def test_send_pandas_and_arrow_resolves_offsets() -> None:
@@ -72,10 +35,11 @@ def test_failed_transaction_is_aborted_and_the_epoch_bumped() -> None:
     producer.begin_transaction()
     transport.errors = [ErrorCode.MESSAGE_TOO_LARGE.code]
     failed = producer.send("t", table(3))
-    with pytest.raises(InvalidTxnStateError, match="MESSAGE_TOO_LARGE"):
+    with pytest.raises(MessageTooLargeError) as refused:  # the batch's own error
         producer.commit_transaction()
-    with pytest.raises(Exception, match="MESSAGE_TOO_LARGE"):
+    with pytest.raises(MessageTooLargeError) as batch_error:
         failed.result(5)
+    assert refused.value is batch_error.value
     assert producer.txn.state is TxnState.ABORTABLE_ERROR
     producer.abort_transaction()
     assert producer.producer_id_and_epoch == (5, 1)

@@ -13,12 +13,13 @@ import pytest
 
 from broker_core.errors import ErrorCode, NetworkError
 from spark_sink.producer.config import ProducerConfig
+from spark_sink.producer.errors import DeliveryTimeoutError
 from spark_sink.producer.futures import SendCollector, SendResult
 from spark_sink.producer.message_accumulator import MessageAccumulator
 from spark_sink.producer.metrics import ProducerMetrics
 from spark_sink.producer.producer_batch import TopicPartition
 from spark_sink.producer.sender import Sender
-from spark_sink.producer.transaction_manager import TransactionManager
+from spark_sink.producer.transaction_manager import TransactionManager, TxnState
 from tests.producer.conftest import FakeTransport, ManualClock, table
 
 TP = TopicPartition("t", 0)
@@ -226,3 +227,37 @@ def test_delivery_timeout_fails_queued_batches(clock: ManualClock) -> None:
     r.step()
     with pytest.raises(NetworkError):
         future.result(0)
+
+
+def test_idempotent_only_expiry_without_a_sequence_changes_nothing_else(
+    clock: ManualClock,
+) -> None:
+    """Issue 11: the transactional rule (any failed batch fails the transaction) leaves the
+    idempotent-only producer as it was: a batch that expired before it got a sequence
+    fails alone -- no epoch bump, no error state, the next batch continues the sequence."""
+    r = rig(
+        clock,
+        **{
+            "max.in.flight.requests.per.connection": 1,
+            "delivery.timeout.ms": 1000,
+            "request.timeout.ms": 500,
+        },
+    )
+    first, queued = r.append(10), r.append(10, 10)
+    r.step()
+    assert r.seqs(r.transport.sent) == [(100, 0, 0)], "the 2nd batch waits (1 in flight)"
+    clock.advance(1.0)
+    r.step()
+    error = queued.exception(0)
+    assert isinstance(error, DeliveryTimeoutError), error
+    r.transport.sent[0].ok(0)
+    r.step()
+    assert first.result(0)[0][1:3] == (0, 9)
+    nxt = r.append(10, 20)
+    r.step()
+    assert r.seqs(r.transport.sent) == [(100, 0, 0), (100, 0, 10)], "same epoch, next seq"
+    assert r.transport.init_calls == [None], "no epoch bump"
+    assert r.txn.state is TxnState.UNINITIALIZED and r.txn.last_error is None
+    r.transport.sent[-1].ok(10)
+    r.step()
+    assert nxt.result(0)[0][1:3] == (10, 19)

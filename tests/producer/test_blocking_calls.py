@@ -1,0 +1,194 @@
+"""Issue 11, item 2: no public Producer call raises a retriable error.
+
+Like Kafka's producer, a public call that needs the cluster (send()'s metadata,
+init_transactions / init_sink_transaction's InitProducerId, commit's AddPartitionsToTxn and
+EndTxn, prepare_sink_transaction) retries retriable errors retry.backoff.ms apart for up to
+max.block.ms, then raises MaxBlockTimeoutError naming max.block.ms; a non-retriable error
+is raised at once.
+
+The first tests use a scripted transport; the others a REAL broker behind the fault proxy
+with connection resets injected into the actions (tests/producer/action_faults.py). Resets
+of coordinator calls outnumber BrokerClient's own retries (5), so they reach the producer.
+Each test checks the proxy counted its resets: the call survived a reset that happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from broker_core.client import BrokerClient
+from broker_core.errors import (
+    CoordinatorNotAvailableError,
+    InvalidTopicError,
+    NetworkError,
+)
+from broker_core.protocol import Action, SinkTxnStatus
+from spark_sink.producer import Producer, TxnState
+from spark_sink.producer.errors import MaxBlockTimeoutError
+from tests.harness.broker import BrokerProcess
+from tests.producer.action_faults import ActionFault, ActionFaultProxy
+from tests.producer.conftest import AutoTransport, FakeTransport, table
+
+BEYOND_CLIENT_RETRIES = 7  # BrokerClient retries a coordinator call 5 times by itself
+FAST: dict[str, Any] = {
+    "linger.ms": 2,
+    "retry.backoff.ms": 20,
+    "request.timeout.ms": 5000,
+    "max.block.ms": 30_000,
+}
+
+
+# -- scripted transport ---------------------------------------------------------------------
+class FlakyMetadata(FakeTransport):
+    def __init__(self, errors: list[Exception]) -> None:
+        super().__init__(partitions=1)
+        self.errors = errors
+        self.metadata_calls = 0
+
+    def partitions_for(self, topic: str) -> int:
+        self.metadata_calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.partitions
+
+
+def test_send_retries_retriable_metadata_errors() -> None:
+    transport = FlakyMetadata([NetworkError("reset"), CoordinatorNotAvailableError("x")])
+    producer = Producer(transport=transport, linger_ms=0, retry_backoff_ms=1)
+    try:
+        producer.send("t", table(3))  # queued: the scripted transport never answers it
+    finally:
+        producer.close(timeout=0)
+    assert transport.metadata_calls == 3 and transport.errors == []
+
+
+def test_send_raises_max_block_timeout_not_the_retriable_error() -> None:
+    transport = FlakyMetadata([NetworkError("reset")] * 1_000_000)
+    producer = Producer(transport=transport, max_block_ms=200, retry_backoff_ms=20)
+    with producer, pytest.raises(MaxBlockTimeoutError, match=r"max\.block\.ms=200") as raised:
+        producer.send("t", table(3))
+    assert isinstance(raised.value, TimeoutError)
+    assert isinstance(raised.value.__cause__, NetworkError), "the last error is the cause"
+    assert transport.metadata_calls >= 2, "retried before giving up"
+
+
+def test_send_raises_a_non_retriable_metadata_error_at_once() -> None:
+    transport = FlakyMetadata([InvalidTopicError("bad name")])
+    producer = Producer(transport=transport, max_block_ms=60_000)
+    with producer, pytest.raises(InvalidTopicError):
+        producer.send("t", table(3))
+    assert transport.metadata_calls == 1
+
+
+class SlowCoordinator(AutoTransport):
+    def __init__(self, failures: int) -> None:
+        super().__init__(partitions=1)
+        self.failures = failures
+        self.end_calls = 0
+
+    def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
+        self.end_calls += 1
+        if self.end_calls <= self.failures:
+            raise CoordinatorNotAvailableError("loading")
+        super().end_txn(transactional_id, producer_id, epoch, commit)
+
+
+def test_commit_timing_out_on_end_txn_may_be_called_again() -> None:
+    """EndTxn retriable past max.block.ms: commit raises MaxBlockTimeoutError and stays
+    COMMITTING (EndTxn is idempotent), so calling commit again completes it -- Kafka's
+    behaviour -- instead of leaving only an abort."""
+    transport = SlowCoordinator(failures=1_000_000)
+    producer = Producer(transport=transport, linger_ms=0, transactional_id="tx", max_block_ms=100)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        future = producer.send("t", table(3))
+        with pytest.raises(MaxBlockTimeoutError, match=r"EndTxn.*max\.block\.ms=100"):
+            producer.commit_transaction()
+        assert transport.end_calls >= 2 and transport.ended == []
+        assert producer.txn.state is TxnState.COMMITTING_TRANSACTION
+        transport.failures = 0  # the coordinator is back
+        producer.commit_transaction()
+        assert transport.ended == [True] and producer.txn.state is TxnState.READY
+        assert future.result(0)[0].num_rows == 3
+    finally:
+        producer.close(timeout=0)
+
+
+# -- a real broker behind the fault proxy ------------------------------------------------------
+def rows(n: int, start: int = 0) -> pa.Table:
+    ids = np.arange(start, start + n, dtype=np.int64)
+    return pa.table({"id": ids, "key": ids % 7})
+
+
+def committed_ids(client: BrokerClient, topic: str) -> list[int]:
+    table = client.read_table(topic, 0, isolation="read_committed")
+    return [] if table is None else sorted(table.column("id").to_pylist())
+
+
+@pytest.fixture
+def proxy(broker: BrokerProcess) -> Iterator[ActionFaultProxy]:
+    with ActionFaultProxy(broker.address) as p:
+        yield p
+
+
+def test_first_send_survives_resets_while_fetching_metadata(
+    proxy: ActionFaultProxy, client: BrokerClient
+) -> None:
+    """The user's report: a reset during a topic's first metadata fetch made send() raise
+    NETWORK_EXCEPTION. BrokerClient does not retry metadata: the producer must."""
+    client.create_topic("meta-reset", 1)
+    with Producer(proxy.address, **FAST) as producer:
+        reset = ActionFault(Action.METADATA, times=3)
+        proxy.add_action_faults(reset)
+        future = producer.send("meta-reset", rows(10))
+        producer.flush()
+        assert future.result(0)[0].num_rows == 10
+    assert proxy.stats[reset.stat] == 3, proxy.stats
+    assert committed_ids(client, "meta-reset") == list(range(10))
+
+
+def test_transactional_calls_survive_resets(proxy: ActionFaultProxy, client: BrokerClient) -> None:
+    """InitProducerId, AddPartitionsToTxn and EndTxn each see more resets than BrokerClient
+    retries; AddPartitionsToTxn and EndTxn reach the broker first (their answers are lost,
+    the retries repeat an applied request)."""
+    client.create_topic("txn-reset", 1)
+    init = ActionFault(Action.INIT_PRODUCER_ID, times=BEYOND_CLIENT_RETRIES)
+    add = ActionFault(Action.ADD_PARTITIONS_TO_TXN, times=BEYOND_CLIENT_RETRIES, forwarded=True)
+    end = ActionFault(Action.END_TXN, times=BEYOND_CLIENT_RETRIES, forwarded=True)
+    proxy.add_action_faults(init, add, end)
+    with Producer(proxy.address, **FAST, transactional_id="tx-reset") as producer:
+        producer.init_transactions()
+        assert proxy.stats[init.stat] == BEYOND_CLIENT_RETRIES
+        producer.begin_transaction()
+        future = producer.send("txn-reset", rows(10))
+        producer.commit_transaction()
+        assert future.result(0)[0].num_rows == 10
+        assert producer.txn.state is TxnState.READY
+    assert proxy.stats[add.stat] == BEYOND_CLIENT_RETRIES, proxy.stats
+    assert proxy.stats[end.stat] == BEYOND_CLIENT_RETRIES, proxy.stats
+    assert committed_ids(client, "txn-reset") == list(range(10))
+
+
+def test_sink_transaction_calls_survive_resets(
+    proxy: ActionFaultProxy, client: BrokerClient
+) -> None:
+    client.create_topic("sink-reset", 1)
+    init = ActionFault(Action.INIT_PRODUCER_ID, times=BEYOND_CLIENT_RETRIES)
+    prepare = ActionFault(Action.PREPARE_SINK_TXN, times=BEYOND_CLIENT_RETRIES, forwarded=True)
+    proxy.add_action_faults(init, prepare)
+    with Producer(proxy.address, **FAST, transactional_id="sink-reset-0") as producer:
+        assert producer.init_sink_transaction(3) is SinkTxnStatus.NEW
+        producer.begin_transaction()
+        producer.send("sink-reset", rows(10))
+        producer.prepare_sink_transaction(3)
+    assert proxy.stats[init.stat] == BEYOND_CLIENT_RETRIES, proxy.stats
+    assert proxy.stats[prepare.stat] == BEYOND_CLIENT_RETRIES, proxy.stats
+    # Prepared: a later attempt of the task finds all its rows in that transaction.
+    with Producer(proxy.address, **FAST, transactional_id="sink-reset-0") as retry:
+        assert retry.init_sink_transaction(3) is SinkTxnStatus.PREPARED
