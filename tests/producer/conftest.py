@@ -128,7 +128,12 @@ class FakeTransport:
         self.ended.append(commit)
 
     def prepare_sink_txn(
-        self, transactional_id: str, producer_id: int, epoch: int, batch_id: int
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        batch_id: int,
+        ranges: Sequence[tuple[str, int, int, int]],
     ) -> None:
         self.prepared.append(batch_id)
 

@@ -27,7 +27,7 @@ from broker_core.errors import (
     InvalidTopicError,
     NetworkError,
 )
-from broker_core.protocol import Action, SinkTxnStatus
+from broker_core.protocol import Action, SinkAttempt, SinkTxnStatus
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.errors import MaxBlockTimeoutError
 from tests.harness.broker import BrokerProcess
@@ -182,13 +182,18 @@ def test_sink_transaction_calls_survive_resets(
     init = ActionFault(Action.INIT_PRODUCER_ID, times=BEYOND_CLIENT_RETRIES)
     prepare = ActionFault(Action.PREPARE_SINK_TXN, times=BEYOND_CLIENT_RETRIES, forwarded=True)
     proxy.add_action_faults(init, prepare)
-    with Producer(proxy.address, **FAST, transactional_id="sink-reset-0") as producer:
-        assert producer.init_sink_transaction(3) is SinkTxnStatus.NEW
+    attempt = SinkAttempt("sink-reset", "run-1", 3)
+    with Producer(proxy.address, **FAST, transactional_id="sink-reset/0") as producer:
+        assert producer.init_sink_transaction(attempt) is SinkTxnStatus.NEW
         producer.begin_transaction()
-        producer.send("sink-reset", rows(10))
-        producer.prepare_sink_transaction(3)
+        sent = producer.send("sink-reset", rows(10))
+        producer.flush()
+        (meta,) = sent.result()
+        producer.prepare_sink_transaction(
+            3, [("sink-reset", 0, meta.base_offset, meta.last_offset)]
+        )
     assert proxy.stats[init.stat] == BEYOND_CLIENT_RETRIES, proxy.stats
     assert proxy.stats[prepare.stat] == BEYOND_CLIENT_RETRIES, proxy.stats
     # Prepared: a later attempt of the task finds all its rows in that transaction.
-    with Producer(proxy.address, **FAST, transactional_id="sink-reset-0") as retry:
-        assert retry.init_sink_transaction(3) is SinkTxnStatus.PREPARED
+    with Producer(proxy.address, **FAST, transactional_id="sink-reset/0") as retry:
+        assert retry.init_sink_transaction(attempt) is SinkTxnStatus.PREPARED
