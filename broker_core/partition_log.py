@@ -177,8 +177,13 @@ class PartitionLog:
 
     @property
     def last_stable_offset(self) -> int:
+        # Read without the lock (readers and the coordinator's cuts must not wait behind
+        # an fsync), so the order matters: the high watermark first. A transaction that
+        # begins after that read starts at or above it, so min() never counts its rows as
+        # stable; read the other way round, rows appended between the two reads would be.
+        high_watermark = self.high_watermark
         first_unstable = self.state.first_unstable_offset()
-        return self.high_watermark if first_unstable is None else first_unstable
+        return high_watermark if first_unstable is None else min(first_unstable, high_watermark)
 
     @property
     def size_bytes(self) -> int:

@@ -121,14 +121,19 @@ def test_coordinator_state_survives_sigkill(
     broker = broker_factory(TEST_BROKER_CONFIG)
     client = client_for(broker)
     client.create_topic("durable", 1)
-    pid, epoch = _begin(client, "durable/0", "durable", [0], 0)
-    assert client.commit_sink_batch("durable", 7, [("durable/0", pid, epoch)]) is True
+    first = prepared_attempt(
+        client, SinkAttempt("durable", "run-1", 7), 0, "durable", {0: [range(0, 3)]}
+    )
+    assert client.commit_sink_batch("durable", 7, [first]) is True
     broker.kill()
     broker.restart()
+    _, pid, epoch = first
     assert client.init_producer_id("durable/0") == (pid, epoch + 1)  # the mapping survived
-    replay = _begin(client, "durable/0", "durable", [0], 900)
-    assert client.commit_sink_batch("durable", 7, [("durable/0", *replay)]) is False
-    assert client.commit_sink_batch("durable", 6, [("durable/0", *replay)]) is False
+    replay = prepared_attempt(
+        client, SinkAttempt("durable", "run-2", 7), 0, "durable", {0: [range(900, 903)]}
+    )
+    assert client.commit_sink_batch("durable", 7, [replay]) is False
+    assert client.commit_sink_batch("durable", 6, [replay]) is False
     assert ids(client, "durable") == [0, 1, 2]  # the replay was aborted, not committed
     assert _stable(client, "durable", 0)
 

@@ -56,6 +56,30 @@ def test_read_committed_stops_at_first_offset_of_open_transaction(log: Partition
     assert [b.is_transactional for b in after.batches] == [False, True, False]
 
 
+def test_lso_read_while_a_transaction_begins_never_counts_its_rows_stable(
+    log: PartitionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LSO is read without the log's lock. Here a transaction's rows land between
+    the property's two reads (the open-transaction bound, the high watermark): the LSO
+    must stay below them, or a reader's end would include rows not yet decided."""
+    log.append(rows(4, 0))  # offsets 0-3, no transaction open
+    state = log.state
+    unpatched = state.first_unstable_offset
+    interleaved: list[int] = []
+
+    def with_an_append_alongside() -> int | None:
+        before = unpatched()
+        if not interleaved:  # another thread appends an open transaction's rows now
+            txn(log, P1, 0, 3, 4)
+            interleaved.append(log.high_watermark)
+        return before
+
+    monkeypatch.setattr(state, "first_unstable_offset", with_an_append_alongside)
+    lso = log.last_stable_offset
+    assert interleaved == [7], "the append did not happen between the two reads"
+    assert lso == 4, f"LSO {lso} counts the open transaction's rows 4-6 as stable"
+
+
 def test_aborted_transaction_is_skipped_by_read_committed_only(log: PartitionLog) -> None:
     txn(log, P1, 0, 3, 0)
     txn(log, P1, 3, 2, 3)
