@@ -177,13 +177,12 @@ class PartitionLog:
 
     @property
     def last_stable_offset(self) -> int:
-        # Read without the lock (readers and the coordinator's cuts must not wait behind
-        # an fsync), so the order matters: the high watermark first. A transaction that
-        # begins after that read starts at or above it, so min() never counts its rows as
-        # stable; read the other way round, rows appended between the two reads would be.
-        high_watermark = self.high_watermark
-        first_unstable = self.state.first_unstable_offset()
-        return high_watermark if first_unstable is None else min(first_unstable, high_watermark)
+        # Under the lock: an append moves the high watermark (_write) before it records
+        # its transaction as open (on_data_batch), so a reader between the two steps
+        # would count the open transaction's rows as stable, whatever order it read in.
+        with self._lock:
+            first_unstable = self.state.first_unstable_offset()
+            return self.high_watermark if first_unstable is None else first_unstable
 
     @property
     def size_bytes(self) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -56,28 +58,31 @@ def test_read_committed_stops_at_first_offset_of_open_transaction(log: Partition
     assert [b.is_transactional for b in after.batches] == [False, True, False]
 
 
-def test_lso_read_while_a_transaction_begins_never_counts_its_rows_stable(
+def test_lso_read_in_the_middle_of_an_append_never_counts_its_rows_stable(
     log: PartitionLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The LSO is read without the log's lock. Here a transaction's rows land between
-    the property's two reads (the open-transaction bound, the high watermark): the LSO
-    must stay below them, or a reader's end would include rows not yet decided."""
+    """An append moves the high watermark before it records its transaction as open. A
+    reader (another thread) asking for the LSO between the two steps must not get an
+    end that counts the open transaction's rows as stable: it waits for the append."""
     log.append(rows(4, 0))  # offsets 0-3, no transaction open
     state = log.state
-    unpatched = state.first_unstable_offset
-    interleaved: list[int] = []
+    unpatched = state.on_data_batch
+    seen: list[int] = []
+    reader: list[threading.Thread] = []
 
-    def with_an_append_alongside() -> int | None:
-        before = unpatched()
-        if not interleaved:  # another thread appends an open transaction's rows now
-            txn(log, P1, 0, 3, 4)
-            interleaved.append(log.high_watermark)
-        return before
+    def between_the_two_steps(*args: Any, **kwargs: Any) -> None:
+        # The rows are written (high watermark 7), their transaction not yet open.
+        assert log.high_watermark == 7
+        reader.append(threading.Thread(target=lambda: seen.append(log.last_stable_offset)))
+        reader[0].start()
+        # Bounded: with the lock held by this append, the reader cannot answer yet.
+        reader[0].join(timeout=1.0)
+        unpatched(*args, **kwargs)
 
-    monkeypatch.setattr(state, "first_unstable_offset", with_an_append_alongside)
-    lso = log.last_stable_offset
-    assert interleaved == [7], "the append did not happen between the two reads"
-    assert lso == 4, f"LSO {lso} counts the open transaction's rows 4-6 as stable"
+    monkeypatch.setattr(state, "on_data_batch", between_the_two_steps)
+    txn(log, P1, 0, 3, 4)  # offsets 4-6, open
+    reader[0].join()
+    assert seen == [4], f"LSO {seen} counts the open transaction's rows 4-6 as stable"
 
 
 def test_aborted_transaction_is_skipped_by_read_committed_only(log: PartitionLog) -> None:
