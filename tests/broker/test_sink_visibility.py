@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from broker_core.client import BrokerClient
 from broker_core.protocol import SinkAttempt
-from tests.broker.conftest import TEST_BROKER_CONFIG, rows
+from tests.broker.conftest import TEST_BROKER_CONFIG, rows, wait_until
 from tests.harness.broker import BrokerFactory
 
 ClientFor = Callable[..., BrokerClient]
@@ -45,13 +45,13 @@ def batch_ids(batch: int) -> dict[int, range]:
     return {p: range(base + p * 10, base + p * 10 + ROWS_PER_PARTITION) for p in (0, 1)}
 
 
-def read_batches(client: BrokerClient, ends: dict[int, int]) -> Counter[int]:
-    """Rows per sink batch readable read_committed below ``ends``."""
+def read_batches(
+    client: BrokerClient, ends: dict[int, int], starts: dict[int, int] | None = None
+) -> Counter[int]:
+    """Rows per sink batch readable read_committed in ``[starts, ends)`` (from 0)."""
     seen: Counter[int] = Counter()
     for p, end in ends.items():
-        if end == 0:
-            continue
-        offset = 0
+        offset = 0 if starts is None else starts.get(p, 0)
         while offset < end:
             response = client.fetch_once(TOPIC, p, offset, max_offset=end)
             for _meta, batch in response.batches:
@@ -65,37 +65,47 @@ def read_batches(client: BrokerClient, ends: dict[int, int]) -> Counter[int]:
 def test_concurrent_reads_never_hold_part_of_a_sink_batch(
     broker_factory: BrokerFactory, client_for: ClientFor
 ) -> None:
-    """A sink commits two-partition batches while readers read; another writer keeps a
-    transaction open on partition 1 now and then, so by LSO alone a reader would see a
-    batch's partition-0 rows without its partition-1 rows. With the coordinator's cut no
-    read ever holds part of a batch."""
+    """A sink commits two-partition batches while three readers read, until they have
+    read 1500 times at the coordinator's cut (and as often at the LSO alone). Every third
+    batch another writer keeps a transaction open on partition 1 from before the batch's
+    rows until a read has happened, so by LSO alone a reader sees the batch's partition-0
+    rows without its partition-1 rows. At the cut no read ever holds part of a batch."""
     broker = broker_factory(TEST_BROKER_CONFIG)
     writer = client_for(broker)
     writer.create_topic(TOPIC, 2, schema=rows(1).schema)
-    batches = 150
+    target_reads, max_batches = 1500, 3000
     done = threading.Event()
+    progress = threading.Condition()
     reads = Counter[str]()
     partial: list[str] = []
     errors: list[BaseException] = []
+    committed: list[int] = []
 
     def sink() -> None:
         try:
-            other = 0
-            for batch in range(1, batches + 1):
+            for batch in range(1, max_batches + 1):
+                with progress:
+                    if reads["cut"] >= target_reads:
+                        break
                 hold = batch % 3 == 0
                 if hold:  # another writer's transaction, open before this batch's rows
-                    other += 1
                     pid, epoch = writer.init_producer_id("other")
                     writer.add_partitions_to_txn("other", pid, epoch, [(TOPIC, 1)])
                     with writer.produce_stream(TOPIC, 1) as stream:
                         stream.send(
-                            rows(1, start=900_000 + other), producer_id=pid,
+                            rows(1, start=900_000 + batch), producer_id=pid,
                             producer_epoch=epoch, base_sequence=0, transactional=True,
                         ).offsets(10)  # fmt: skip
                 txn = write_attempt(writer, "vis", "run", batch, 0, batch_ids(batch))
                 assert writer.commit_sink_batch("vis", batch, [txn], "run")
+                committed.append(batch)
                 if hold:
-                    time.sleep(0.05)  # readers get to look while the batch is held back
+                    # The batch stays held back at partition 1 until a reader has looked.
+                    with progress:
+                        wanted = reads["naive"] + 1
+                        assert progress.wait_for(
+                            lambda wanted=wanted: reads["naive"] >= wanted, timeout=30
+                        )
                     writer.end_txn("other", pid, epoch, commit=True)
         except BaseException as exc:
             errors.append(exc)
@@ -103,17 +113,26 @@ def test_concurrent_reads_never_hold_part_of_a_sink_batch(
             done.set()
 
     def reader() -> None:
+        # Each read takes what is new since this reader's previous end (as a stream
+        # reader does): consistent, monotonic ends put every batch in one window whole.
         client = client_for(broker)
+        previous: dict[str, dict[int, int]] = {"naive": {}, "cut": {}}
         try:
             while not done.is_set():
                 naive = {p: client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
                 cut = client.stable_ends(TOPIC)
                 for name, ends in (("naive", naive), ("cut", cut)):
-                    seen = read_batches(client, ends)
-                    reads[name] += 1
-                    for batch, n in seen.items():
+                    window = read_batches(client, ends, previous[name])
+                    for batch, n in window.items():
                         if batch < 9000 and n != 2 * ROWS_PER_PARTITION:
-                            partial.append(f"{name}: batch {batch} read with {n} rows at {ends}")
+                            partial.append(
+                                f"{name}: batch {batch} read with {n} rows in "
+                                f"[{previous[name]}, {ends})"
+                            )
+                    previous[name] = ends
+                    with progress:
+                        reads[name] += 1
+                        progress.notify_all()
         except BaseException as exc:
             errors.append(exc)
 
@@ -121,18 +140,20 @@ def test_concurrent_reads_never_hold_part_of_a_sink_batch(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(300)
+        t.join(600)
     assert not errors, errors
     cut_partial = [p for p in partial if p.startswith("cut")]
     naive_partial = [p for p in partial if p.startswith("naive")]
-    print(f"reads {dict(reads)}; naive partial reads {len(naive_partial)}")
+    print(
+        f"{len(committed)} batches, reads {dict(reads)}; naive partial reads {len(naive_partial)}"
+    )
     assert not cut_partial, cut_partial[:5]
-    # The scenario happened: the readers were there while batches were held back.
-    assert reads["cut"] >= 500, reads
+    # The scenario happened: thousands of reads, and by LSO alone some saw half a batch.
+    assert reads["cut"] >= target_reads, reads
     assert naive_partial, "no read by LSO alone ever saw part of a batch: nothing was tested"
     final = read_batches(writer, writer.stable_ends(TOPIC))
     assert {b: n for b, n in final.items() if b < 9000} == dict.fromkeys(
-        range(1, batches + 1), 2 * ROWS_PER_PARTITION
+        committed, 2 * ROWS_PER_PARTITION
     )
 
 
@@ -163,9 +184,11 @@ def test_a_dead_writers_leftovers_hold_readers_back_at_most_the_bound(
     died = time.monotonic()
     second = write_attempt(client, "batch-second", "second", 0, 0, batch_ids(2))
     assert client.commit_sink_batch("batch-second", 0, [second], "second")
-    while read_batches(client, client.stable_ends(TOPIC)).get(2, 0) == 0:
-        assert time.monotonic() - died < 30, "the second writer's rows never became visible"
-        time.sleep(0.05)  # polling another process's state
+    wait_until(
+        lambda: read_batches(client, client.stable_ends(TOPIC)).get(2, 0) > 0,
+        "the second writer's committed rows to become visible",
+        timeout=30,
+    )
     held = time.monotonic() - died
     print(f"second writer's committed rows held back {held:.2f} s")
     assert held <= (timeout_ms + interval_ms) / 1000 + 1.5, held
