@@ -37,8 +37,8 @@ from broker_core.protocol import SinkAttempt, SinkTxnStatus
 from broker_core.txn_core import (
     Claims,
     CoordinatorStatus,
+    LsoSource,
     ProducerIdSource,
-    StableOffsets,
     TxnCoordinatorCore,
 )
 from broker_core.txn_inputs import (
@@ -65,9 +65,9 @@ from broker_core.txn_state import (
 __all__ = [
     "CoordinatorStatus",
     "LocalMarkerWriter",
+    "LsoSource",
     "MarkerWriter",
     "ProducerIdSource",
-    "StableOffsets",
     "TransactionCoordinator",
 ]
 
@@ -443,24 +443,18 @@ class TransactionCoordinator(TxnCoordinatorCore):
         if run is None and sid is None:
             raise InvalidRequestError("abort_sink_run needs a run_id or a sink_id")
         bid = check_batch_id(batch_id)
-        with self._lock:
-            targets = sorted(
-                m.transactional_id
-                for m in self._txns.values()
-                if (m.sink_run == run if run is not None else m.sink_id == sid)
-                and m.holds_attempt
-                and m.sink_batch <= bid
-            )
+
+        def target(m: TransactionMetadata) -> bool:
+            owner = m.sink_run == run if run is not None else m.sink_id == sid
+            return owner and m.sink_batch <= bid
+
         who = f"run {run!r}" if run is not None else f"sink {sid!r}"
+        reason = f"batch {bid} of {who} was aborted by the Spark driver"
         aborted = []
-        for tid in targets:
+        for meta in self._attempts(target):
             with self._claims() as claims:
-                meta = self._meta(tid)
-                if meta is None or self._pending_sink_holding(meta) is not None:
-                    continue
-                reason = f"batch {bid} of {who} was aborted by the Spark driver"
-                if self._fence(claims, tid, reason):
-                    aborted.append(tid)
+                if self._fence(claims, meta.transactional_id, target, reason):
+                    aborted.append(meta.transactional_id)
         return aborted
 
     def abort_transaction(self, transactional_id: str) -> bool:
@@ -544,6 +538,7 @@ class TransactionCoordinator(TxnCoordinatorCore):
         """
         self._check_running()
         now = self._clock() if now_ms is None else now_ms
+        self._forget_runs_older_than(now - self.max_timeout_ms)
         with self._lock:
             candidates = [m for m in self._txns.values() if m.state is _S.ONGOING]
         expired = [
@@ -619,5 +614,7 @@ class TransactionCoordinator(TxnCoordinatorCore):
                 "open_transactions": by_state[_S.ONGOING.name],
                 "sinks": len(self._sinks),
                 "sinks_pending": sum(1 for r in self._sinks.values() if r.is_pending),
+                "sink_batches_tracked": self._tracked_count(),
+                "sink_runs_alive": len(self._run_alive_ms),
                 **self._counters,
             }

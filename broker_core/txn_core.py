@@ -27,7 +27,7 @@ from broker_core.errors import (
     ProducerFencedError,
     TransactionCoordinatorFencedError,
 )
-from broker_core.txn_markers import MarkerWriter
+from broker_core.txn_markers import MarkerWriter, StableOffsets
 from broker_core.txn_state import (
     MAX_CLIENT_EPOCH,
     NO_SINK,
@@ -49,7 +49,7 @@ class ProducerIdSource(Protocol):
     def generate_producer_id(self) -> int: ...
 
 
-class StableOffsets(Protocol):
+class LsoSource(Protocol):
     """Each partition's last stable offset of a topic, as its leader has it now."""
 
     def last_stable_offsets(self, topic: str) -> dict[int, int]: ...
@@ -129,7 +129,7 @@ class TxnCoordinatorCore:
         clock: Callable[[], int] | None = None,
         marker_retry_deadline_s: float = 30.0,
         marker_retry_backoff_s: float = 0.05,
-        stable_offsets: StableOffsets | None = None,
+        stable_offsets: LsoSource | None = None,
     ) -> None:
         if max_timeout_ms < 1 or default_timeout_ms < 1:
             raise InvalidConfigError(
@@ -253,7 +253,7 @@ class TxnCoordinatorCore:
                 if key not in self._tracked and ranges:
                     self._tracked[key] = _Tracked(list(ranges))
 
-    def _settled_by(self, lsos: dict[tuple[str, int], int]) -> None:
+    def _settled_by(self, lsos: StableOffsets) -> None:
         """Forget the ranges that markers report below their partition's LSO."""
         if not lsos:
             return
@@ -265,6 +265,10 @@ class TxnCoordinatorCore:
                         tracked.pending.discard((topic, partition))
                 if not tracked.pending:
                     del self._tracked[key]
+
+    def _tracked_count(self) -> int:
+        with self._visibility_lock:
+            return len(self._tracked)
 
     def _unsettled_of(self, sink_id: str) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
         with self._visibility_lock:
@@ -299,6 +303,17 @@ class TxnCoordinatorCore:
         with self._lock:
             self._run_alive_ms[(sink_id, run_id)] = now_ms
 
+    def _forget_runs_older_than(self, oldest_ms: int) -> None:
+        """Drop the liveness of runs silent since before ``oldest_ms`` (one per batch job
+        and query start would pile up otherwise). Safe once that is longer ago than any
+        timeout: their transactions count as expired with or without the entry."""
+        with self._lock:
+            gone = [key for key, beat in self._run_alive_ms.items() if beat < oldest_ms]
+            for sink_id, run_id in gone:
+                del self._run_alive_ms[(sink_id, run_id)]
+                if self._sink_runs.get(sink_id) == run_id:
+                    del self._sink_runs[sink_id]
+
     def _alive_since(self, meta: TransactionMetadata) -> int:
         """When the transaction last showed life, for its timeout.
 
@@ -311,12 +326,23 @@ class TxnCoordinatorCore:
             beat = self._run_alive_ms.get((meta.sink_id, meta.sink_run), 0)
         return max(meta.txn_start_ms, beat, self._loaded_ms)
 
-    def _fence(self, claims: Claims, tid: str, reason: str) -> bool:
+    def _fence(
+        self,
+        claims: Claims,
+        tid: str,
+        target: Callable[[TransactionMetadata], bool],
+        reason: str,
+    ) -> bool:
         """Take an attempt's id away from it: abort what it has open and bump the epoch,
-        so its next append or request is refused as fenced, naming ``reason``."""
+        so its next append or request is refused as fenced, naming ``reason``.
+
+        ``target`` is checked again once the id is claimed and settled: between the scan
+        that chose it and now, a newer attempt (of the run that is meant to survive) may
+        have taken the id, or a decided commit may have committed it; both are kept.
+        """
         claims.txn(tid)
         meta = self._settle(claims, tid)
-        if meta is None or not meta.holds_attempt:
+        if meta is None or not meta.holds_attempt or not target(meta):
             return False
         if meta.state is _S.ONGOING:
             self._end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
@@ -357,20 +383,23 @@ class TxnCoordinatorCore:
         self, claims: Claims, sink_id: str, keep: Callable[[TransactionMetadata], bool], why: str
     ) -> int:
         """Fence every attempt of ``sink_id`` holding an id, except those ``keep`` keeps."""
-        with self._lock:
-            leftovers = [
-                m.transactional_id
-                for m in self._txns.values()
-                if m.sink_id == sink_id and m.holds_attempt and not keep(m)
-            ]
+
+        def target(m: TransactionMetadata) -> bool:
+            return m.sink_id == sink_id and not keep(m)
+
         fenced = 0
-        for tid in sorted(leftovers):
-            meta = self._meta(tid)
-            if meta is None or self._pending_sink_holding(meta) is not None:
-                continue  # a decided commit holds it: it is committed, never aborted
+        for meta in self._attempts(target):
             what = f"attempt of sink {sink_id!r} run {meta.sink_run!r} batch {meta.sink_batch}"
-            fenced += self._fence(claims, tid, f"{what} fenced and aborted: {why}")
+            fenced += self._fence(
+                claims, meta.transactional_id, target, f"{what} fenced and aborted: {why}"
+            )
         return fenced
+
+    def _attempts(self, target: Callable[[TransactionMetadata], bool]) -> list[TransactionMetadata]:
+        """Sink attempts still holding an id that ``target`` selects, by transactional id."""
+        with self._lock:
+            found = [m for m in self._txns.values() if m.holds_attempt and target(m)]
+        return sorted(found, key=lambda m: m.transactional_id)
 
     @contextlib.contextmanager
     def _fenced_closes(self) -> Iterator[None]:
@@ -463,16 +492,16 @@ class TxnCoordinatorCore:
         attempt = 1
         while True:
             try:
-                # The LSO each partition reports after its marker (None from writers
-                # that do not report it): batches below it no longer need tracking.
-                lsos: dict[tuple[str, int], int] | None = self._markers.write_markers(
+                lsos = self._markers.write_markers(
                     meta.producer_id,
                     meta.producer_epoch,
                     commit,
                     self.coordinator_epoch,
                     partitions,
                 )
-                self._settled_by(lsos or {})
+                # The LSO each partition reports after its marker: batches wholly below
+                # it no longer need tracking for the readers' cut.
+                self._settled_by(lsos)
                 return
             except TransactionCoordinatorFencedError as exc:
                 # A partition has seen a newer coordinator's marker: same as a newer

@@ -123,11 +123,6 @@ class TransactionMetadata:
         )
 
     @property
-    def is_open(self) -> bool:
-        """Data of this transaction may be in the logs, undecided."""
-        return self.state is _S.ONGOING
-
-    @property
     def holds_attempt(self) -> bool:
         """A sink task attempt holds this id and has not ended its transaction."""
         return self.sink_id != NO_SINK and self.state in (_S.EMPTY, _S.ONGOING)
@@ -247,7 +242,12 @@ class SinkCommitRecord:
             transactions.append((item[0], item[1], item[2]))
         unsettled: list[tuple[int, list[tuple[str, int, int, int]]]] = []
         for item in _optional(doc, "unsettled", list, where, []):
-            if not isinstance(item, list) or len(item) != 2 or not _is_int(item[0]):
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not _is_int(item[0])
+                or not isinstance(item[1], list)
+            ):
                 raise CorruptRecordError(f"{where}: unsettled {item!r} is not [batch, ranges]")
             unsettled.append((item[0], _ranges(item[1], where)))
         return cls(

@@ -4,7 +4,7 @@ Spark lower-cases option names before the data source sees them, so names are ma
 case-insensitively; the README table is generated from :data:`OPTIONS` (and tested
 against it). Options are parsed on the driver when the reader or writer is planned, so a
 bad one fails the query before any task runs, with the option named. Options Spark itself
-adds (``checkpointLocation``) are accepted and ignored; ``producer.<key>`` passes a key
+adds (``checkpointLocation``) are accepted and only kept; ``producer.<key>`` passes a key
 of the producer client's configuration through (validated by that configuration).
 """
 
@@ -35,8 +35,9 @@ _SINK_OWNED_PRODUCER_KEYS = frozenset(
     {"bootstrap.servers", "transactional.id", "enable.idempotence", "key.column", "partitioner"}
 )
 PRODUCER_PREFIX = "producer."
-# Set by Spark on every streaming writer; not ours to validate.
-_SPARK_OPTIONS = frozenset({"checkpointlocation"})
+# Set by Spark on every streaming writer; not ours to validate, but kept: the driver's
+# abort finds the query id in the checkpoint when no task reported.
+_CHECKPOINT_OPTION = "checkpointlocation"
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 STARTING_OFFSETS = ("earliest", "latest")
 # Metadata columns added by includeMetadata=true.
@@ -195,8 +196,8 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
     checkpoint = ""
     for raw_name, value in options.items():
         lower = raw_name.lower()
-        if lower in _SPARK_OPTIONS:
-            checkpoint = value if lower == "checkpointlocation" else checkpoint
+        if lower == _CHECKPOINT_OPTION:
+            checkpoint = value
             continue
         if lower.startswith(PRODUCER_PREFIX):
             if scope is Scope.READ:

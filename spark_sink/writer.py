@@ -93,8 +93,8 @@ def transactional_id(sink_id: str, partition_id: int) -> str:
 
 
 def new_run_id() -> str:
-    """One per planning of a query run or batch job (the writer object Spark builds on
-    the driver and ships to every task attempt and to commit/abort)."""
+    """A batch job's run id, made once in the driver-side writer that Spark pickles to
+    every task attempt and to commit/abort (streams use Spark's own run id instead)."""
     return uuid.uuid4().hex
 
 
@@ -474,6 +474,11 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         run_id = _run_of(messages, batchId)
         if run_id is None:
+            if messages:  # Spark commits only when every task succeeded: cannot happen
+                raise RuntimeError(
+                    f"commit of batch {batchId}: none of its {len(messages)} tasks returned "
+                    "a message"
+                )
             return  # no task ran: nothing to commit
         commit_batch(self.options, None, run_id, batchId, messages, report=True)
 

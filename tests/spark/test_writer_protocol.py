@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -13,7 +16,16 @@ from broker_core.protocol import SinkAttempt
 from spark_sink.options import Scope, parse_options
 from spark_sink.producer import Producer
 from spark_sink.schema import check_compatible, conform, normalise
-from spark_sink.writer import IdemlogCommitMessage, commit_batch
+from spark_sink.writer import (
+    SPARK_BATCH_ID,
+    SPARK_QUERY_ID,
+    SPARK_RUN_ID,
+    IdemlogCommitMessage,
+    IdemlogStreamWriter,
+    commit_batch,
+    query_id_of_checkpoint,
+    stream_attempt,
+)
 from tests.harness.broker import BrokerProcess
 from tests.harness.broker import broker as broker  # fixtures
 from tests.harness.broker import broker_factory as broker_factory
@@ -62,3 +74,82 @@ def test_time_zone_and_nullability_do_not_change_the_topic_schema() -> None:
     assert conform(batch, normalise(spark_a)).schema.equals(normalise(spark_a))
     with pytest.raises(SchemaMismatchError, match=r"changed types t \(timestamp"):
         check_compatible("topic", normalise(spark_a), normalise(pa.schema([("t", pa.int64())])))
+
+
+class FakeTaskContext:
+    """A Spark task's context with the given local properties (stream_attempt reads them)."""
+
+    def __init__(self, properties: dict[str, str]) -> None:
+        self.properties = properties
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return self.properties.get(key)
+
+
+STREAM_PROPERTIES = {SPARK_BATCH_ID: "4", SPARK_QUERY_ID: "query-a", SPARK_RUN_ID: "run-a"}
+
+
+def test_stream_writer_refuses_a_task_without_spark_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyspark
+
+    monkeypatch.setattr(pyspark.TaskContext, "get", lambda: FakeTaskContext(STREAM_PROPERTIES))
+    assert stream_attempt() == SinkAttempt("query-a", "run-a", 4)
+    for missing in STREAM_PROPERTIES:
+        props = {k: v for k, v in STREAM_PROPERTIES.items() if k != missing}
+        monkeypatch.setattr(pyspark.TaskContext, "get", lambda p=props: FakeTaskContext(p))
+        with pytest.raises(RuntimeError, match=rf"has no {re.escape(missing)} "):
+            stream_attempt()
+    bad = {**STREAM_PROPERTIES, SPARK_BATCH_ID: "four"}
+    monkeypatch.setattr(pyspark.TaskContext, "get", lambda: FakeTaskContext(bad))
+    with pytest.raises(RuntimeError, match="batchId='four' is not a number"):
+        stream_attempt()
+
+
+def message(run: str, batch: int, task: int = 0, sink: str = "s") -> IdemlogCommitMessage:
+    return IdemlogCommitMessage(
+        sink, run, batch, task, 0, f"{sink}/{task}", 1, 0, "new", 1, 1, 0, 0, 1.0
+    )
+
+
+def test_driver_commit_refuses_messages_of_another_batch_run_or_sink() -> None:
+    options = parse_options({"topic": "w", "brokers": "127.0.0.1:1"}, Scope.WRITE)
+    cases = [
+        ([message("r", 3), message("r", 2, 1)], "task 1 reported batch 2 of run r"),
+        ([message("r", 3), message("other", 3, 1)], "task 1 reported batch 3 of run other"),
+        ([message("r", 3), message("r", 3, 1, sink="t")], r"different sinks \['s', 't'\]"),
+        ([message("r", 3), None], r"tasks \[1\] returned no message"),
+    ]
+    for messages, error in cases:
+        # Refused before any request: the broker address is not even reachable.
+        with pytest.raises(RuntimeError, match=error):
+            commit_batch(options, None, "r", 3, messages)
+    with pytest.raises(RuntimeError, match="none of its 2 tasks returned a message"):
+        IdemlogStreamWriter(options, SCHEMA).commit([None, None], 3)
+
+
+def test_stream_abort_without_messages_fences_the_query_found_in_the_checkpoint(
+    broker: BrokerProcess, client: BrokerClient, tmp_path: Path
+) -> None:
+    """Every task of the batch failed (all messages None): the driver's abort still ends
+    what they left open, finding the query id in the checkpoint's metadata file."""
+    client.create_topic("w", 1, schema=SCHEMA)
+    checkpoint = tmp_path / "ck"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text(json.dumps({"id": "query-b"}) + "\n")
+    assert query_id_of_checkpoint(str(checkpoint)) == "query-b"
+    assert query_id_of_checkpoint(str(tmp_path / "none")) is None
+    with Producer(broker.address, **{"transactional.id": "query-b/0"}) as producer:
+        producer.init_sink_transaction(SinkAttempt("query-b", "run-b", 5))
+        producer.begin_transaction()
+        producer.send("w", pa.table({"id": list(range(10))}))
+        producer.flush()
+    offsets = client.list_offsets("w", 0)
+    assert offsets["last_stable_offset"] < offsets["log_end_offset"]  # left open
+    options = parse_options(
+        {"topic": "w", "brokers": broker.address, "checkpointLocation": str(checkpoint)},
+        Scope.WRITE,
+    )
+    IdemlogStreamWriter(options, SCHEMA).abort([None, None], 5)
+    offsets = client.list_offsets("w", 0)
+    assert offsets["last_stable_offset"] == offsets["log_end_offset"]
+    assert client.read_table("w", 0) is None  # aborted, nothing visible

@@ -7,13 +7,14 @@ nothing of any other plan, and no transaction left holding the last stable offse
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from broker_core.errors import InvalidTxnStateError, ProducerFencedError
 from broker_core.protocol import SinkTxnStatus
-from broker_core.txn_state import TransactionState
+from broker_core.txn_state import TransactionMetadata, TransactionState
 from broker_core.visibility import consistent_cut
 from tests.store.test_txn_coordinator import P0, P1, Broker, Producer, start_broker
 
@@ -156,6 +157,33 @@ def test_abort_of_a_run_needs_no_message(broker: Broker) -> None:
             p.send(P0, range(60, 61))
 
 
+def test_an_attempt_that_takes_the_id_after_the_scan_is_not_fenced(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """abort_sink_run chose q/0 (batch 2); before it fenced it, the run's next batch
+    took the id. The target is checked again under the claim: the new attempt stays."""
+    c = broker.coordinator
+    old = Producer(broker, "q/0").init_sink(2, "run")
+    old.send(P0, range(5))
+    scan = c._attempts
+    newer: list[Producer] = []
+
+    def scan_then_a_new_attempt(
+        target: Callable[[TransactionMetadata], bool],
+    ) -> list[TransactionMetadata]:
+        found = scan(target)
+        newer.append(Producer(broker, "q/0").init_sink(3, "run"))
+        return found
+
+    monkeypatch.setattr(c, "_attempts", scan_then_a_new_attempt)
+    assert c.abort_sink_run("run", 2) == []
+    assert newer and newer[0].status is SinkTxnStatus.NEW
+    stored = broker.stored("q/0")
+    assert (stored.sink_batch, stored.producer_epoch) == (3, newer[0].epoch)
+    newer[0].send(P0, range(10, 15))  # not fenced
+    newer[0].prepare()
+
+
 def test_operators_list_and_abort_hanging_transactions(broker: Broker) -> None:
     c = broker.coordinator
     hanging = Producer(broker, "q/0").init_sink(1, "run")
@@ -191,7 +219,7 @@ def test_a_batch_held_back_in_one_partition_is_held_back_in_all(broker: Broker) 
     assert c.stable_ends("payments") == {0: 0, 1: 0}
     other.commit()
     assert c.stable_ends("payments") == lso | {1: broker.store.partition(*P1).log_end_offset}
-    assert c._tracked == {}  # settled: nothing left to track
+    assert c.describe()["sink_batches_tracked"] == 0  # settled: nothing left to track
 
 
 def test_every_tracked_batch_is_settled_by_its_markers(broker: Broker) -> None:
@@ -204,7 +232,7 @@ def test_every_tracked_batch_is_settled_by_its_markers(broker: Broker) -> None:
             for i in range(2)
         ]
         assert c.commit_sink_batch("q", batch, [p.txn for p in plan], "run") is True
-    assert c._tracked == {}
+    assert c.describe()["sink_batches_tracked"] == 0
     ends = c.stable_ends("payments")
     assert ends == {p: broker.store.partition("payments", p).log_end_offset for p in (0, 1)}
 
