@@ -13,6 +13,7 @@ import pytest
 
 from broker_core.errors import ConcurrentTransactionsError, UnknownServerError
 from broker_core.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
+from broker_core.protocol import SinkAttempt
 from broker_core.store import LogStore
 from broker_core.txn_coordinator import LocalMarkerWriter, TransactionCoordinator
 from broker_core.txn_markers import StableOffsets
@@ -177,21 +178,30 @@ def test_coordinator_failover_finishes_prepared_work(
     )
     a.start()
 
-    def write(tid: str, first: int) -> tuple[str, int, int]:
-        pid, epoch = a.init_producer_id(tid)
+    def write(tid: str, first: int, sink_batch: int | None = None) -> tuple[str, int, int]:
+        """A transaction over PARTITIONS: a plain producer's, or a prepared sink attempt."""
+        if sink_batch is None:
+            pid, epoch = a.init_producer_id(tid)
+        else:
+            attempt = SinkAttempt(tid.split("/")[0], "run-1", sink_batch)
+            pid, epoch, _ = a.init_sink_producer(tid, None, attempt)
         a.add_partitions(tid, pid, epoch, PARTITIONS)
+        ranges = []
         for i, tp in enumerate(PARTITIONS):
-            store.partition(*tp).append(
+            appended = store.partition(*tp).append(
                 rows(2, first + 10 * i),
                 producer_id=pid,
                 producer_epoch=epoch,
                 base_sequence=0,
                 transactional=True,
             )
+            ranges.append((*tp, appended.base_offset, appended.last_offset))
+        if sink_batch is not None:
+            a.prepare_sink_txn(tid, pid, epoch, sink_batch, ranges)
         return tid, pid, epoch
 
     etl = write("etl", 0)
-    sink_txns = [write("q/0", 100), write("q/1", 200)]
+    sink_txns = [write("q/0", 100, sink_batch=7), write("q/1", 200, sink_batch=7)]
     with pytest.raises(UnknownServerError):
         a.end_txn(*etl, commit=True)
     with pytest.raises(UnknownServerError):
