@@ -14,7 +14,6 @@ Each test checks the proxy counted its resets: the call survived a reset that ha
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,8 +29,8 @@ from broker_core.errors import (
 from broker_core.protocol import Action, SinkAttempt, SinkTxnStatus
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.errors import MaxBlockTimeoutError
-from tests.harness.broker import BrokerProcess
 from tests.producer.action_faults import ActionFault, ActionFaultProxy
+from tests.producer.action_faults import proxy as proxy  # fixture
 from tests.producer.conftest import AutoTransport, FakeTransport, table
 
 BEYOND_CLIENT_RETRIES = 7  # BrokerClient retries a coordinator call 5 times by itself
@@ -129,12 +128,6 @@ def rows(n: int, start: int = 0) -> pa.Table:
 def committed_ids(client: BrokerClient, topic: str) -> list[int]:
     table = client.read_table(topic, 0, isolation="read_committed")
     return [] if table is None else sorted(table.column("id").to_pylist())
-
-
-@pytest.fixture
-def proxy(broker: BrokerProcess) -> Iterator[ActionFaultProxy]:
-    with ActionFaultProxy(broker.address) as p:
-        yield p
 
 
 def test_first_send_survives_resets_while_fetching_metadata(

@@ -11,7 +11,7 @@ REAL broker behind the fault proxy (tests/producer/action_faults.py).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -22,8 +22,8 @@ from broker_core.errors import CoordinatorNotAvailableError, NetworkError
 from broker_core.protocol import Action
 from spark_sink.producer import DeliveryTimeoutError, Producer, TxnState
 from spark_sink.producer.producer_batch import TopicPartition
-from tests.harness.broker import BrokerProcess
 from tests.producer.action_faults import ActionFault, ActionFaultProxy
+from tests.producer.action_faults import proxy as proxy  # fixture
 from tests.producer.conftest import FakeHandle, FakeTransport, ManualClock, table
 
 TP = TopicPartition("t", 0)
@@ -185,12 +185,6 @@ def test_commit_after_the_failure_refuses_with_the_batch_error_not_a_state_error
 
 
 # -- a real broker behind the fault proxy ------------------------------------------------------
-@pytest.fixture
-def proxy(broker: BrokerProcess) -> Iterator[ActionFaultProxy]:
-    with ActionFaultProxy(broker.address) as p:
-        yield p
-
-
 def test_real_broker_batch_expired_waiting_for_the_coordinator_fails_the_transaction(
     proxy: ActionFaultProxy, client: BrokerClient
 ) -> None:
