@@ -7,7 +7,7 @@ which must not be the pytest process. One JSON argument says what to run:
 
 ``{"mode": "stream" | "batch", "src", "store", "topic", "checkpoint", "conf": {...},
 "trigger": "availableNow" | "processingTime", "files": K, "spark_partitions": 4,
-"bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N}``
+"bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N, "sink_options": {...}}``
 
 Output on stdout, one line each, flushed at once (the parent reads them as events):
 ``PROGRESS batch=<id> rows=<n> end=<file log offset>`` per micro-batch (a
@@ -81,6 +81,7 @@ def run_stream(spark: Any, spec: dict[str, Any]) -> int:
         .option("topic", spec["topic"])
         .option("key", "account")
         .option("path", spec["store"])
+        .options(**spec.get("sink_options", {}))
         .option("checkpointLocation", spec["checkpoint"])
     )
     if spec.get("trigger", "availableNow") == "availableNow":
@@ -133,6 +134,7 @@ def run_batch(spark: Any, spec: dict[str, Any]) -> int:
         .option("topic", spec["topic"])
         .option("key", "account")
         .option("path", spec["store"])
+        .options(**spec.get("sink_options", {}))
         .save()
     )
     say("DONE batches=1")

@@ -20,9 +20,15 @@ import signal
 import time
 from pathlib import Path
 
+import pyarrow as pa
+
+from broker_core.client import BrokerClient
 from spark_sink.embedded import broker_pid, ensure_broker
 from spark_sink.failpoints import POINTS
+from spark_sink.producer import Producer
+from tests.broker.conftest import wait_until
 from tests.spark.helpers import (
+    ACCOUNTS,
     EXIT_FAILED,
     DriverLauncher,
     assert_lso_not_stuck,
@@ -290,3 +296,89 @@ def test_batch_write_failing_midway_leaves_nothing_visible(
     rerun = drivers.run(batch_spec(tmp_path / "src", store, topic))
     assert_succeeded(rerun)
     assert_one_copy(store, topic, ids)
+
+
+def test_a_task_far_slower_than_the_transaction_timeout_commits_once(
+    tmp_path: Path, store: str, drivers: DriverLauncher
+) -> None:
+    """Issue 11 item 3: transaction.timeout.ms of 2 s, and task 0 of batch 1 sleeps 9 s
+    mid-write while the batch's other tasks prepared long before. The tasks' heartbeats
+    keep the run alive: nothing times out, the batch commits once, the query goes on."""
+    ids = make_input(tmp_path / "src", FILES, ROWS)
+    marks = tmp_path / "failpoints"
+    entries = ["mid_write@1/0=sleep:9"]
+    spec = stream_spec(
+        tmp_path / "src",
+        store,
+        "t_slow",
+        tmp_path / "ck",
+        FILES,
+        sink_options={"transaction.timeout.ms": "2000"},
+    )
+    run = drivers.run(spec, failpoints=entries, failpoints_dir=marks)
+    assert_succeeded(run)
+    assert fired(marks) == set(entries)  # the slow task really slept 9 s mid-write
+    assert_one_copy(store, "t_slow", ids)
+    txns = transaction_metrics(store)
+    assert txns["transactions_timed_out"] == 0, txns
+    assert txns["sink_batches_committed"] == FILES, txns
+
+
+def test_a_killed_batch_jobs_leftovers_hold_other_writers_back_at_most_the_bound(
+    tmp_path: Path, store: str, drivers: DriverLauncher
+) -> None:
+    """Issue 11 item 4: a df.write job's driver is SIGKILLed with one task mid-write (its
+    other tasks' transactions prepared or open). Another writer then commits rows to
+    every partition. They stay invisible to read_committed readers only until the dead
+    job's transactions time out: transaction.timeout.ms (3 s here) + the broker's
+    cleanup interval (2 s by default) after the job's last heartbeat."""
+    topic, timeout_s, cleanup_s = "t_dead_job", 3.0, 2.0
+    make_input(tmp_path / "src", FILES, ROWS)
+    marks = tmp_path / "failpoints"
+    entries = ["mid_write@0/1=kill_driver"]
+    spec = batch_spec(
+        tmp_path / "src", store, topic, sink_options={"transaction.timeout.ms": "3000"}
+    )
+    killed = drivers.run(spec, failpoints=entries, failpoints_dir=marks)
+    died = time.monotonic()
+    assert killed.proc.returncode == -signal.SIGKILL, killed.describe()
+    assert fired(marks) == set(entries)
+    address = ensure_broker(store)
+    with BrokerClient(address, timeout_s=60.0) as client:
+        (doc,) = client.describe_topics([topic])
+        partitions = len(doc["partitions"])
+        offsets = [client.list_offsets(topic, p) for p in range(partitions)]
+        held = [p for p, o in enumerate(offsets) if o["last_stable_offset"] < o["log_end_offset"]]
+        assert held, f"the killed job left no open transaction: {offsets}"
+        second = list(range(10_000_000, 10_000_000 + 400))
+        with Producer(address, **{"transactional.id": "second-writer"}) as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send(
+                topic,
+                pa.table(
+                    {
+                        "id": pa.array(second, pa.int64()),
+                        "account": pa.array([i % ACCOUNTS for i in second], pa.int64()),
+                        "amount": pa.array([(i * 7919) % 100_000 for i in second], pa.int64()),
+                    }
+                ),
+                key="account",
+            )
+            producer.commit_transaction()
+
+        def visible() -> int:
+            ends = client.readable_offsets(topic, partitions)
+            found = 0
+            for p, o in ends.items():
+                table = client.read_table(topic, p) if o["last_stable_offset"] else None
+                if table is not None:
+                    found += sum(1 for i in table.column("id").to_pylist() if i >= second[0])
+            return found
+
+        assert visible() < len(second), "nothing held the second writer's rows back"
+        wait_until(lambda: visible() == len(second), "the second writer's rows", timeout=60)
+    waited = time.monotonic() - died
+    print(f"second writer's committed rows visible {waited:.2f} s after the kill")
+    assert waited <= timeout_s + cleanup_s + 3.0, waited
+    assert read_back(store, topic, isolation="read_committed").rows >= len(second)
