@@ -583,29 +583,10 @@ class TxnCoordinatorCore:
         record = current
         for tid, _, _ in record.transactions:
             claims.txn(tid)
-        for tid, pid, epoch in record.transactions:
-            meta = self._meta(tid)
-            found = "unknown" if meta is None else None
-            if meta is not None and (meta.producer_id, meta.producer_epoch) != (pid, epoch):
-                found = f"at producer id {meta.producer_id} epoch {meta.producer_epoch}"
-            elif meta is not None and meta.state not in (
-                _S.ONGOING,
-                _S.PREPARE_COMMIT,
-                _S.COMPLETE_COMMIT,
-                _S.EMPTY,
-            ):
-                found = meta.state.name
-            if found is not None:
-                # Cannot happen while the invariant holds (a transaction named in a
-                # decided commit is never fenced): completing the record anyway would
-                # report rows committed that are not, so the sink stops here, loudly.
-                raise InvalidTxnStateError(
-                    f"sink {record.sink_id!r} batch {record.batch_id}: the commit is decided "
-                    f"but {_TXN} {tid!r} (producer id {pid} epoch {epoch}) is now {found}; "
-                    "the commit cannot be completed and the batch's rows are not all "
-                    "committed. This is a bug: keep the broker's logs and data directory"
-                )
-            assert meta is not None
+        # Every transaction is checked before any is committed: a broken one leaves the
+        # whole batch uncommitted (and the record PREPARE), never part of it.
+        metas = [self._decided_member(record, *txn) for txn in record.transactions]
+        for meta in metas:
             if meta.state is _S.ONGOING:
                 self._end(meta, commit=True)
             elif meta.state is _S.PREPARE_COMMIT:
@@ -619,6 +600,33 @@ class TxnCoordinatorCore:
                 self._unsettled_of(record.sink_id),
             )
         )
+
+    def _decided_member(
+        self, record: SinkCommitRecord, tid: str, pid: int, epoch: int
+    ) -> TransactionMetadata:
+        """A transaction of a decided sink commit, still where the decision left it."""
+        meta = self._meta(tid)
+        found = "unknown" if meta is None else None
+        if meta is not None and (meta.producer_id, meta.producer_epoch) != (pid, epoch):
+            found = f"at producer id {meta.producer_id} epoch {meta.producer_epoch}"
+        elif meta is not None and meta.state not in (
+            _S.ONGOING,
+            _S.PREPARE_COMMIT,
+            _S.COMPLETE_COMMIT,
+            _S.EMPTY,
+        ):
+            found = meta.state.name
+        if meta is None or found is not None:
+            # Cannot happen while the invariant holds (a transaction named in a decided
+            # commit is never fenced): completing the record anyway would report rows
+            # committed that are not, so the sink stops here, loudly.
+            raise InvalidTxnStateError(
+                f"sink {record.sink_id!r} batch {record.batch_id}: the commit is decided "
+                f"but {_TXN} {tid!r} (producer id {pid} epoch {epoch}) is now {found}; "
+                "the commit cannot be completed and none of the batch's rows is committed. "
+                "This is a bug: keep the broker's logs and data directory"
+            )
+        return meta
 
     def _abort_if_open(self, claims: Claims, tid: str, producer_id: int, epoch: int) -> None:
         """Abort the transaction if it is still open at exactly (producer_id, epoch)."""

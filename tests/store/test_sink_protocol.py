@@ -12,11 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.errors import InvalidTxnStateError, ProducerFencedError
+from broker_core.errors import InvalidTxnStateError, ProducerFencedError, StorageError
 from broker_core.protocol import SinkTxnStatus
-from broker_core.txn_state import TransactionMetadata, TransactionState
+from broker_core.txn_state import SinkCommitState, TransactionMetadata, TransactionState
+from broker_core.txn_store import LogTxnStateStore
 from broker_core.visibility import consistent_cut
-from tests.store.test_txn_coordinator import P0, P1, Broker, Producer, start_broker
+from tests.store.test_txn_coordinator import (
+    P0,
+    P1,
+    Broker,
+    FailingPuts,
+    Producer,
+    start_broker,
+)
 
 S = TransactionState
 
@@ -94,6 +102,39 @@ def test_commit_refuses_messages_of_another_batch_or_run(broker: Broker) -> None
         c.commit_sink_batch("q", 5, [p.txn, unprepared.txn], "run")
     assert c.last_committed_batch("q") is None  # nothing recorded
     assert broker.committed(P0) == []
+
+
+def test_a_decided_commit_whose_transaction_no_longer_matches_fails_loudly(
+    tmp_path: Path,
+) -> None:
+    """The commit of batch 1 is decided (its PREPARE record stored) when the store fails;
+    meanwhile one of its transactions moved to another epoch -- which the protocol never
+    does. Finishing the commit must fail, naming the transaction, and leave the record
+    PREPARE, instead of recording COMPLETE for rows that are not committed."""
+    failing: list[FailingPuts] = []
+
+    def wrap(state: LogTxnStateStore) -> FailingPuts:
+        failing.append(FailingPuts(state))
+        return failing[0]
+
+    b = start_broker(tmp_path, wrap_state=wrap)
+    c = b.coordinator
+    plan = [task(b, "q", i, 1, "run", range(i * 10, i * 10 + 10)) for i in range(2)]
+    failing[0].arm(succeed=1)  # the sink PREPARE record lands, the next put fails
+    with pytest.raises(StorageError):
+        c.commit_sink_batch("q", 1, [p.txn for p in plan], "run")
+    assert b.state.load()[1]["q"].state == SinkCommitState.PREPARE
+    broken = c._meta("q/1")
+    assert broken is not None
+    moved = broken.copy()
+    moved.producer_epoch += 1  # the invariant broken behind the coordinator's back
+    c._persist(moved)
+    with pytest.raises(
+        InvalidTxnStateError, match=r"'q/1' \(producer id \d+ epoch \d+\) is now at"
+    ):
+        c.commit_sink_batch("q", 2, [], "run")
+    assert b.state.load()[1]["q"].state == SinkCommitState.PREPARE  # never COMPLETE
+    assert b.committed(P0) == b.committed(P1) == []  # none of the batch, not half of it
 
 
 def test_a_rerun_of_a_committed_batch_writes_nothing(broker: Broker) -> None:
