@@ -7,7 +7,8 @@ which must not be the pytest process. One JSON argument says what to run:
 
 ``{"mode": "stream" | "batch", "src", "store", "topic", "checkpoint", "conf": {...},
 "trigger": "availableNow" | "processingTime", "files": K, "spark_partitions": 4,
-"bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N, "sink_options": {...}}``
+"bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N, "sink_options": {...},
+"stop_on_file": path (processingTime: query.stop() once it exists)}``
 
 Output on stdout, one line each, flushed at once (the parent reads them as events):
 ``PROGRESS batch=<id> rows=<n> end=<file log offset>`` per micro-batch (a
@@ -22,6 +23,7 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -41,6 +43,18 @@ def file_offset(progress: Any) -> int:
         return -1
     end = json.loads(sources[0].endOffset)
     return int(end.get("logOffset", -1)) if isinstance(end, dict) else int(end)
+
+
+def stop_when_present(query: Any, path: str, timeout_s: float = 180.0) -> None:
+    """``query.stop()`` once ``path`` exists (written by a task in another process)."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            say(f"FAILED {path} never appeared")
+            return
+        time.sleep(0.01)  # polling a file another process creates
+    say("STOPPING mid-batch")
+    query.stop()
 
 
 def run_stream(spark: Any, spec: dict[str, Any]) -> int:
@@ -89,6 +103,10 @@ def run_stream(spark: Any, spec: dict[str, Any]) -> int:
         query.awaitTermination()
     else:
         query = writer.trigger(processingTime="200 milliseconds").start()
+        stop_on = spec.get("stop_on_file")
+        if stop_on:
+            # query.stop() mid-batch: once the file appears (a failpoint fired in a task).
+            threading.Thread(target=stop_when_present, args=(query, stop_on), daemon=True).start()
         # A processing-time query never ends by itself: stop it once the progress of the
         # batch that read the last file has been reported (that batch is committed).
         reached_end.wait()

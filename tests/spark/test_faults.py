@@ -343,15 +343,56 @@ def test_a_killed_batch_jobs_leftovers_hold_other_writers_back_at_most_the_bound
     died = time.monotonic()
     assert killed.proc.returncode == -signal.SIGKILL, killed.describe()
     assert fired(marks) == set(entries)
+    visible_after_another_writer(store, topic, expect_held=True)
+    waited = time.monotonic() - died
+    print(f"second writer's committed rows visible {waited:.2f} s after the kill")
+    assert waited <= timeout_s + cleanup_s + 3.0, waited
+
+
+def test_query_stopped_mid_batch_holds_other_writers_back_at_most_the_bound(
+    tmp_path: Path, store: str, drivers: DriverLauncher
+) -> None:
+    """Issue 11 item 4: ``query.stop()`` while task 0 of batch 1 is mid-write (its rows
+    in the log, open). Another writer then commits rows to every partition; they become
+    visible within transaction.timeout.ms (3 s) + the cleanup interval of the stop."""
+    topic, timeout_s, cleanup_s = "t_stopped", 3.0, 2.0
+    make_input(tmp_path / "src", FILES, ROWS)
+    marks = tmp_path / "failpoints"
+    entry = "mid_write@1/0=sleep:30"
+    spec = stream_spec(
+        tmp_path / "src",
+        store,
+        topic,
+        tmp_path / "ck",
+        FILES,
+        trigger="processingTime",
+        sink_options={"transaction.timeout.ms": "3000"},
+        stop_on_file=str(marks / marker_name(entry)),
+    )
+    run = drivers.run(spec, failpoints=[entry], failpoints_dir=marks)
+    stopped = time.monotonic()
+    assert "STOPPING mid-batch" in run.lines, run.describe()
+    assert fired(marks) == {entry}
+    visible_after_another_writer(store, topic)
+    waited = time.monotonic() - stopped
+    print(f"second writer's committed rows visible {waited:.2f} s after the stop")
+    assert waited <= timeout_s + cleanup_s + 3.0, waited
+
+
+def visible_after_another_writer(store: str, topic: str, *, expect_held: bool = False) -> None:
+    """Another producer commits rows to every partition of ``topic``; wait until a
+    read_committed reader (at the coordinator's stable ends) sees all of them.
+    ``expect_held``: assert that an open transaction held them back at first."""
     address = ensure_broker(store)
     with BrokerClient(address, timeout_s=60.0) as client:
         (doc,) = client.describe_topics([topic])
         partitions = len(doc["partitions"])
-        offsets = [client.list_offsets(topic, p) for p in range(partitions)]
-        held = [p for p, o in enumerate(offsets) if o["last_stable_offset"] < o["log_end_offset"]]
-        assert held, f"the killed job left no open transaction: {offsets}"
+        if expect_held:
+            offsets = [client.list_offsets(topic, p) for p in range(partitions)]
+            held = [o for o in offsets if o["last_stable_offset"] < o["log_end_offset"]]
+            assert held, f"no open transaction was left: {offsets}"
         second = list(range(10_000_000, 10_000_000 + 400))
-        with Producer(address, **{"transactional.id": "second-writer"}) as producer:
+        with Producer(address, **{"transactional.id": f"second-writer-{topic}"}) as producer:
             producer.init_transactions()
             producer.begin_transaction()
             producer.send(
@@ -368,17 +409,13 @@ def test_a_killed_batch_jobs_leftovers_hold_other_writers_back_at_most_the_bound
             producer.commit_transaction()
 
         def visible() -> int:
-            ends = client.readable_offsets(topic, partitions)
             found = 0
-            for p, o in ends.items():
+            for p, o in client.readable_offsets(topic, partitions).items():
                 table = client.read_table(topic, p) if o["last_stable_offset"] else None
                 if table is not None:
                     found += sum(1 for i in table.column("id").to_pylist() if i >= second[0])
             return found
 
-        assert visible() < len(second), "nothing held the second writer's rows back"
+        if expect_held:
+            assert visible() < len(second), "nothing held the second writer's rows back"
         wait_until(lambda: visible() == len(second), "the second writer's rows", timeout=60)
-    waited = time.monotonic() - died
-    print(f"second writer's committed rows visible {waited:.2f} s after the kill")
-    assert waited <= timeout_s + cleanup_s + 3.0, waited
-    assert read_back(store, topic, isolation="read_committed").rows >= len(second)
