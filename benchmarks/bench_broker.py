@@ -52,10 +52,10 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from benchmarks.data import SCHEMA, distinct_batches
-from broker_core.cli_broker import keep_large_buffers
-from broker_core.client import BrokerClient
-from broker_core.produce_stream import ProduceHandle, ProduceStream
-from broker_core.protocol import ProduceRequestMeta, ProduceResponse
+from broker_core.cli.broker_cmd import keep_large_buffers
+from broker_core.client.broker_client import BrokerClient
+from broker_core.client.produce_stream import ProduceHandle, ProduceStream
+from broker_core.protocol.wire import ProduceRequestMeta, ProduceResponse
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS_PER_BATCH = 10_000
@@ -103,7 +103,7 @@ def serve_discard() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     stop.wait()
-    os._exit(0)  # open streams must not hold the process (see broker_core.cli_broker)
+    os._exit(0)  # open streams must not hold the process (see broker_core.cli.broker_cmd)
 
 
 # -- server processes ----------------------------------------------------------------------
@@ -139,7 +139,15 @@ def spawn(name: str, command: list[str], log_path: Path) -> Server:
 def start_broker(directory: Path) -> Server:
     config = directory / "broker.properties"
     config.write_text(f"listener.port=0\nlog.dir={directory / 'data'}\n")
-    command = [sys.executable, "-m", "broker_core.cli", "broker", "start", "--config", str(config)]
+    command = [
+        sys.executable,
+        "-m",
+        "broker_core.cli.main",
+        "broker",
+        "start",
+        "--config",
+        str(config),
+    ]
     return spawn("broker", command, directory / "broker.log")
 
 

@@ -13,7 +13,7 @@ with SIGTERM, SIGKILL after 30 s, after the last, also on an error, Ctrl-C or SI
 **Durability, the same on both sides.** Neither broker fsyncs on its own: Kafka's topics
 are created with ``flush.messages`` = ``flush.ms`` = 2^63-1 (its defaults, spelled out, and
 so is the broker-wide ``log.flush.interval.*``), idemlog's with the same two keys of the
-same values (its defaults too, ``broker_core.log_config``; the topics the Spark sink
+same values (its defaults too, ``broker_core.log.config``; the topics the Spark sink
 creates itself get the defaults). Both acknowledge a write once it is in the page cache of
 the one replica; both write-back is the OS's. The values read back from both brokers are
 printed. Replication is 1, ``acks=all`` and idempotence on for every Kafka producer.

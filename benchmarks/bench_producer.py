@@ -12,7 +12,7 @@ very same batches:
   ``batch.size`` = one batch's bytes so each ``send`` is one produced batch, and
   ``linger.ms=0``): ``send()`` of every batch (round-robin over the partitions, as without
   a key), then ``flush()``; every future checked. Time from the first send to the flush.
-- bare_flight: the same batches written with ``broker_core.produce_stream.ProduceStream``
+- bare_flight: the same batches written with ``broker_core.client.produce_stream.ProduceStream``
   (one raw Flight DoPut per partition, the same idempotent producer fields, at most 5
   batches in flight per partition like the producer), no accumulator, sender thread or
   retry state machine; every answer checked.
@@ -42,8 +42,8 @@ import pyarrow as pa
 
 from benchmarks.bench_broker import Server, start_broker
 from benchmarks.data import SCHEMA, distinct_batches
-from broker_core.client import BrokerClient
-from broker_core.produce_stream import ProduceHandle
+from broker_core.client.broker_client import BrokerClient
+from broker_core.client.produce_stream import ProduceHandle
 from spark_sink.producer import Producer
 
 ROWS_PER_BATCH = 16_384

@@ -96,7 +96,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import UnknownTopicOrPartitionError
 from spark_sink import local_session
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker

@@ -42,12 +42,12 @@ import pyarrow as pa
 
 from broker_core.config import LONG_MAX
 from broker_core.fileutil import write_all
-from broker_core.log_config import LogConfig
-from broker_core.partition_log import PartitionLog
-from broker_core.producer_state import AppendOrigin, ProducerStateManager, producer_batch
-from broker_core.record_batch import decode_header, encode_data, ipc_stream_size
-from broker_core.snapshot import list_snapshots
-from broker_core.store import LogStore
+from broker_core.log.config import LogConfig
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.producer_state import AppendOrigin, ProducerStateManager, producer_batch
+from broker_core.log.snapshot import list_snapshots
+from broker_core.log.store import LogStore
+from broker_core.record.batch import decode_header, encode_data, ipc_stream_size
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS_PER_BATCH = 10_000

@@ -18,8 +18,8 @@ from benchmarks.bench_broker import start_broker
 from benchmarks.bench_spark import WARMUP_ROWS, Cpu
 from benchmarks.kafka_node import FLUSH, PARTITIONS, KafkaAdmin, fresh
 from benchmarks.peers_report import Row
-from broker_core.client import BrokerClient
-from broker_core.log_config import LOG_CONFIG
+from broker_core.client.broker_client import BrokerClient
+from broker_core.log.config import LOG_CONFIG
 from spark_sink.producer import Producer as IdemlogProducer
 
 INGEST_CLIENTS = ("idemlog", "kafka")

@@ -44,7 +44,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from spark_sink.embedded import DEFAULT_PATH
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, Scope, parse_options

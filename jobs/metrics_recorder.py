@@ -62,9 +62,9 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
-from broker_core.metrics import COUNTER_NAMES
+from broker_core.protocol.metrics import COUNTER_NAMES
 from spark_sink import progress
 from spark_sink.embedded import DEFAULT_PATH, ensure_broker
 
@@ -87,7 +87,7 @@ SCHEMA = pa.schema(
     ]
 )
 PARTITION_BY = ["day"]
-# Gauges of a partition besides its counters (broker_core.metrics.PartitionGauges).
+# Gauges of a partition besides its counters (broker_core.protocol.metrics.PartitionGauges).
 _PARTITION_GAUGES = (
     "log_start_offset",
     "log_end_offset",

@@ -25,9 +25,9 @@ from broker_core.errors import (
     InvalidProducerEpochError,
     OutOfOrderSequenceError,
 )
-from broker_core.partition_log import PartitionLog
-from broker_core.record_batch import ControlType, increment_sequence
-from broker_core.store import LogStore
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.store import LogStore
+from broker_core.record.batch import ControlType, increment_sequence
 
 SCHEMA = pa.schema([("payment_id", pa.int64()), ("account", pa.int32()), ("amount", pa.float64())])
 PRODUCER_ID = 4242

@@ -149,7 +149,7 @@ def _launch(work: Path, env: dict[str, str]) -> int:
 
 
 def _metrics(store: str) -> dict[str, Any]:
-    from broker_core.client import BrokerClient
+    from broker_core.client.broker_client import BrokerClient
     from spark_sink.embedded import ensure_broker
 
     with BrokerClient(ensure_broker(store)) as client:

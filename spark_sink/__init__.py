@@ -6,9 +6,33 @@
        .option("checkpointLocation", ck).start())
 
 ``local_session()`` builds a local SparkSession with it registered.
+
+The names below load pyspark on first use, not on ``import spark_sink``: the producer
+(``spark_sink.producer``) works without pyspark installed.
 """
 
-from spark_sink.datasource import FORMAT, IdemlogDataSource, register
-from spark_sink.session import local_session
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_sink.datasource import FORMAT, IdemlogDataSource, register
+    from spark_sink.session import local_session
 
 __all__ = ["FORMAT", "IdemlogDataSource", "local_session", "register"]
+
+_HOME = {
+    "FORMAT": "spark_sink.datasource",
+    "IdemlogDataSource": "spark_sink.datasource",
+    "register": "spark_sink.datasource",
+    "local_session": "spark_sink.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(home), name)

@@ -20,7 +20,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 
 from . import progress, topics
 from .errors import UnsupportedWriteError

@@ -2,7 +2,7 @@
 
 A Spark sink without a ``brokers`` option should work with no command run by hand. So the
 first task (or driver-side commit) that needs a broker starts one -- ``python -m
-broker_core.cli broker start`` serving ``<path>/data`` on 127.0.0.1 -- and every later
+broker_core.cli.main broker start`` serving ``<path>/data`` on 127.0.0.1 -- and every later
 task, commit and Spark session on the same machine reuses it, because they all find it
 through files under ``path`` (the sink option ``path``, default :data:`DEFAULT_PATH`):
 
@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 import broker_core
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from spark_sink.errors import EmbeddedBrokerError
 
 DEFAULT_PATH: str = os.path.expanduser("~/.idemlog/embedded")
@@ -52,7 +52,7 @@ CONFIG_FILE = "broker.properties"
 LOG_FILE = "broker.log"
 DATA_DIR = "data"
 
-BROKER_MODULE = "broker_core.cli"
+BROKER_MODULE = "broker_core.cli.main"
 # Test hooks meant for one process must not leak into a broker that outlives the test.
 _DROPPED_ENV = ("IDEMLOG_TEST_FAILPOINT", "IDEMLOG_SPARK_FAILPOINTS")
 _PING_TIMEOUT_S = 5.0
@@ -253,7 +253,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _is_our_broker(pid: int, config_path: str) -> bool:
-    """Whether ``pid`` runs ``broker_core.cli`` with this path's config: after a reboot or
+    """Whether ``pid`` runs ``broker_core.cli.main`` with this path's config: after a reboot or
     a long time the recorded pid may belong to anything, which must not be signalled."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

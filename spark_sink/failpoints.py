@@ -43,7 +43,7 @@ from broker_core.errors import InvalidConfigError, NetworkError
 from .errors import InjectedFailure
 
 if TYPE_CHECKING:
-    from broker_core.protocol import ProduceResponse
+    from broker_core.protocol.wire import ProduceResponse
 
     from .producer.producer_batch import TopicPartition
     from .producer.transport import SendHandle, Transport

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from broker_core.client import parse_bootstrap
+from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError
 from spark_sink.embedded import DEFAULT_PATH

@@ -35,7 +35,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from broker_core.client import BrokerClient, FetchResponse
+from broker_core.client.broker_client import BrokerClient, FetchResponse
 from broker_core.errors import (
     IdemlogError,
     InvalidConfigError,

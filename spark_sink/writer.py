@@ -3,7 +3,7 @@
 docs/design.md ("The sink protocol") has the whole design and its reasons. In short: each
 Spark task attempt writes its partition's rows as **one transaction** of the
 transactional id ``<sink id>/<spark partition>``, naming its sink, run and batch
-(:class:`broker_core.protocol.SinkAttempt`):
+(:class:`broker_core.protocol.wire.SinkAttempt`):
 
 1. ``InitProducerId(attempt)``: fences every earlier attempt of the task and aborts what
    it left open -- unless an earlier attempt of the same task *of the same run* already
@@ -39,9 +39,9 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
-from broker_core.protocol import SinkAttempt, SinkTxnStatus
+from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from spark_sink import failpoints, progress
 from spark_sink.options import IdemlogOptions
 from spark_sink.producer import Producer

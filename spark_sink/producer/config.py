@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey
 from broker_core.errors import InvalidConfigError
-from broker_core.log_config import LOG_CONFIG
+from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
 
 # The broker caches the last ``producer.state.batch.window`` batches per producer and
 # partition; a retried batch older than that cannot be answered with its offsets, so an
 # idempotent producer must not keep more than this many in flight per partition.
-BROKER_BATCH_WINDOW = int(LOG_CONFIG.key("producer.state.batch.window").default)
+BROKER_BATCH_WINDOW = DEFAULT_BATCH_WINDOW
 
 PARTITIONERS = ("hash", "round_robin")
 

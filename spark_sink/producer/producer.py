@@ -24,7 +24,7 @@ from typing import Any, TypeAlias, TypeVar
 import pandas as pd
 import pyarrow as pa
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     IdemlogError,
     InvalidConfigError,
@@ -32,7 +32,7 @@ from broker_core.errors import (
     InvalidTxnStateError,
     ProducerFencedError,
 )
-from broker_core.protocol import SinkAttempt, SinkTxnStatus
+from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 
 from .config import ProducerConfig
 from .errors import (

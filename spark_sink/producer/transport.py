@@ -16,15 +16,15 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
+from broker_core.client.produce_stream import ProduceHandle, ProduceStream
 from broker_core.errors import (
     IdemlogError,
     NetworkError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.produce_stream import ProduceHandle, ProduceStream
-from broker_core.protocol import ProduceResponse, SinkAttempt, SinkTxnStatus
+from broker_core.protocol.wire import ProduceResponse, SinkAttempt, SinkTxnStatus
 
 from .producer_batch import TopicPartition
 
@@ -115,7 +115,7 @@ class _StreamHandle:
 
 
 class FlightTransport:
-    """``Transport`` over ``broker_core.client.BrokerClient`` and its raw produce streams."""
+    """``Transport`` over a ``BrokerClient`` and its raw produce streams."""
 
     def __init__(self, client: BrokerClient, *, owns_client: bool = True) -> None:
         self.client = client

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from broker_core.client import BrokerClient
-from broker_core.protocol import SinkAttempt
+from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.wire import SinkAttempt
 from tests.harness.broker import BrokerFactory, BrokerProcess, broker_factory
 from tests.harness.zk_fixtures import zk_chroot, zk_client, zk_server
 from tests.store.helpers import SCHEMA, rows

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     IdemlogError,
     InvalidConfigError,
@@ -26,7 +26,7 @@ from broker_core.errors import (
     SchemaMismatchError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol import Action, ProduceRequestMeta, encode_json, parse_error_message
+from broker_core.protocol.wire import Action, ProduceRequestMeta, encode_json, parse_error_message
 from tests.broker.conftest import SCHEMA, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.broker_config import (
+from broker_core.config import load_properties
+from broker_core.errors import InvalidConfigError
+from broker_core.log.config import LOG_CONFIG
+from broker_core.server.config import (
     BROKER_CONFIG,
     BrokerConfig,
     parse_overrides,
     render_properties,
 )
-from broker_core.config import load_properties
-from broker_core.errors import InvalidConfigError
-from broker_core.log_config import LOG_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 

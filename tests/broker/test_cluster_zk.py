@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from broker_core.client import BrokerAddress, BrokerClient
+from broker_core.client.broker_client import BrokerAddress, BrokerClient
+from broker_core.client.produce_stream import ProduceStream
 from broker_core.errors import IdemlogError, InvalidTxnStateError
-from broker_core.produce_stream import ProduceStream
-from broker_core.protocol import Action, ProduceResponse, SinkAttempt
+from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from tests.broker.conftest import TEST_BROKER_CONFIG, ids, prepared_attempt, rows, wait_until
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.zookeeper import ZooKeeperHarness

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
+from broker_core.client.produce_stream import ProduceHandle
 from broker_core.errors import IdemlogError, NetworkError, ProducerFencedError
-from broker_core.produce_stream import ProduceHandle
 from tests.broker.conftest import TEST_BROKER_CONFIG, ids, rows, wait_until
 from tests.harness.broker import BrokerFactory, BrokerProcess
 

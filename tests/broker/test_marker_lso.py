@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 import pytest
 
-from broker_core.client import BrokerClient
-from broker_core.cluster import BrokerInfo
+from broker_core.client.broker_client import BrokerClient
+from broker_core.cluster.metadata import BrokerInfo
 from broker_core.errors import InvalidRequestError, UnknownServerError
-from broker_core.marker_client import (
+from broker_core.protocol.wire import Action
+from broker_core.server.marker_client import (
     RoutingMarkerWriter,
     parse_stable_offsets,
     stable_offsets_doc,
 )
-from broker_core.protocol import Action
 from tests.broker.conftest import ids, rows
 from tests.harness.broker import BrokerProcess
 
 if TYPE_CHECKING:
-    from broker_core.broker import Broker
+    from broker_core.server.broker import Broker
 
 ClientFor = Callable[..., BrokerClient]
 REMOTE = 1  # the real broker's id as the stub coordinator broker sees it

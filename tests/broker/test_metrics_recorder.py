@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, IdemlogError
 from jobs.metrics_recorder import SCHEMA, MetricsRecorder, main, read_metrics
 from spark_sink import progress

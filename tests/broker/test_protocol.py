@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from broker_core.cli import main as cli_main
-from broker_core.client import BrokerClient
+from broker_core.cli.main import main as cli_main
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     DuplicateSequenceError,
     InvalidProducerEpochError,
@@ -20,8 +20,14 @@ from broker_core.errors import (
     ProducerFencedError,
     TopicAlreadyExistsError,
 )
-from broker_core.protocol import Action, FetchTrailer, SinkAttempt, decode_fetch_meta, encode_json
-from broker_core.store import LogStore
+from broker_core.log.store import LogStore
+from broker_core.protocol.wire import (
+    Action,
+    FetchTrailer,
+    SinkAttempt,
+    decode_fetch_meta,
+    encode_json,
+)
 from tests.broker.conftest import SCHEMA, ids, prepared_attempt, rows, wait_until
 from tests.harness.broker import BrokerFactory, BrokerProcess
 

@@ -11,8 +11,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from broker_core.client import BrokerClient
-from broker_core.protocol import SinkAttempt
+from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.wire import SinkAttempt
 from tests.broker.conftest import TEST_BROKER_CONFIG, rows, wait_until
 from tests.harness.broker import BrokerFactory
 
@@ -211,7 +211,7 @@ def test_transactions_cli_lists_and_aborts_a_hanging_transaction(
 
     def cli(*args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "broker_core.cli", "transactions", *args,
+            [sys.executable, "-m", "broker_core.cli.main", "transactions", *args,
              "--bootstrap", broker.address],
             capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip

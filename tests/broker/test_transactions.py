@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pyarrow.flight as flight
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
+from broker_core.client.produce_stream import ProduceStream
 from broker_core.errors import (
     InvalidProducerIdMappingError,
     InvalidTransactionTimeoutError,
@@ -16,8 +17,7 @@ from broker_core.errors import (
     ProducerFencedError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.produce_stream import ProduceStream
-from broker_core.protocol import Action, SinkAttempt
+from broker_core.protocol.wire import Action, SinkAttempt
 from tests.broker.conftest import TEST_BROKER_CONFIG, ids, prepared_attempt, rows, wait_until
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.zookeeper import ZooKeeperHarness

@@ -1,7 +1,7 @@
 """Real broker processes for tests: ``idemlog broker start --config <file>`` in a subprocess.
 
 A :class:`BrokerProcess` writes its config file (``listener.port=0`` unless given, so the
-kernel picks a free port), starts the broker with ``python -m broker_core.cli``, and
+kernel picks a free port), starts the broker with ``python -m broker_core.cli.main``, and
 returns once the broker printed ``LISTENING host:port`` -- the reader thread of its
 stdout sets an event on that line (or on EOF, if the process died first), so start-up is
 awaited, never slept for. stdout and stderr go to ``<name>.log``; :meth:`log_tail` shows
@@ -38,7 +38,7 @@ from typing import IO
 
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 
 REPO = Path(__file__).resolve().parents[2]
 LISTENING = "LISTENING "
@@ -105,7 +105,7 @@ class BrokerProcess:
         return [
             sys.executable,
             "-m",
-            "broker_core.cli",
+            "broker_core.cli.main",
             "broker",
             "start",
             "--config",

@@ -57,7 +57,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from broker_core.protocol import (
+from broker_core.protocol.wire import (
     Action,
     ProduceRequestMeta,
     ProduceResponse,

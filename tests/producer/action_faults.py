@@ -25,7 +25,7 @@ import pyarrow.flight as flight
 import pytest
 
 from broker_core.errors import IdemlogError
-from broker_core.protocol import Action, error_message
+from broker_core.protocol.wire import Action, error_message
 from tests.harness.broker import BrokerProcess
 from tests.harness.fault_proxy import FaultProxy
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from broker_core.errors import IdemlogError, error_for_code
-from broker_core.protocol import ProduceResponse
+from broker_core.protocol.wire import ProduceResponse
 from spark_sink.producer.producer_batch import TopicPartition
 from tests.harness.broker import broker, broker_factory, client
 

@@ -20,13 +20,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     InvalidTopicError,
     NetworkError,
 )
-from broker_core.protocol import Action, SinkAttempt, SinkTxnStatus
+from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.errors import MaxBlockTimeoutError
 from tests.producer.action_faults import ActionFault, ActionFaultProxy

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import ErrorCode, NetworkError
 from spark_sink.producer import Producer
 from tests.harness.broker import BrokerProcess

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import ProducerFencedError
 from spark_sink.producer import Producer, SendResult
 from tests.harness.broker import BrokerProcess

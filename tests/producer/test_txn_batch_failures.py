@@ -17,9 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import CoordinatorNotAvailableError, NetworkError
-from broker_core.protocol import Action
+from broker_core.protocol.wire import Action
 from spark_sink.producer import DeliveryTimeoutError, Producer, TxnState
 from spark_sink.producer.producer_batch import TopicPartition
 from tests.producer.action_faults import ActionFault, ActionFaultProxy

@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from spark_sink.embedded import ensure_broker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ SPARK_PARTITIONS = 4
 DRIVER_TIMEOUT_S = 300.0
 TAG_ENV = "IDEMLOG_TEST_DRIVER_TAG"
 EXIT_FAILED = 3  # driver_child.EXIT_FAILED
-BROKER_MODULE = "broker_core.cli"
+BROKER_MODULE = "broker_core.cli.main"
 
 
 # -- input -----------------------------------------------------------------------------------

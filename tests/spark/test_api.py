@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from jobs.verify import verify_exactly_once
 from spark_sink import local_session, progress
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker

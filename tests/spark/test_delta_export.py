@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from jobs.delta_export import (
     ExportError,
     Source,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from spark_sink import embedded
 from spark_sink.embedded import (
     CONFIG_FILE,
@@ -100,7 +100,7 @@ def brokers_serving(path: str) -> list[int]:
             args = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if "broker_core.cli" in args and config in args and alive(int(entry)):
+        if "broker_core.cli.main" in args and config in args and alive(int(entry)):
             pids.append(int(entry))
     return pids
 

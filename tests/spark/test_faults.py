@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from spark_sink.embedded import broker_pid, ensure_broker
 from spark_sink.failpoints import POINTS
 from spark_sink.producer import Producer

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     InvalidConfigError,
     OffsetOutOfRangeError,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker_core.client import BrokerClient
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import SchemaMismatchError
-from broker_core.protocol import SinkAttempt
+from broker_core.protocol.wire import SinkAttempt
 from spark_sink.options import Scope, parse_options
 from spark_sink.producer import Producer
 from spark_sink.schema import check_compatible, conform, normalise

@@ -29,12 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker_core import partition_log, snapshot
 from broker_core.fileutil import write_all
-from broker_core.partition_log import PartitionLog
-from broker_core.record_batch import HEADER_SIZE, ControlType, increment_sequence, ipc_stream_size
-from broker_core.segment import LogSegment
-from broker_core.store import LogStore
+from broker_core.log import partition_log, snapshot
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.segment import LogSegment
+from broker_core.log.store import LogStore
+from broker_core.record.batch import HEADER_SIZE, ControlType, increment_sequence, ipc_stream_size
 from tests.store.helpers import rows
 
 TOPIC = "crash"

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from broker_core.log_config import LogConfig
-from broker_core.partition_log import IsolationLevel, PartitionLog
-from broker_core.store import LogStore
+from broker_core.log.config import LogConfig
+from broker_core.log.partition_log import IsolationLevel, PartitionLog
+from broker_core.log.store import LogStore
 
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.int32()), ("value", pa.string())])
 

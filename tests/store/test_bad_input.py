@@ -27,11 +27,11 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
     error_for_code,
 )
-from broker_core.partition_log import PartitionLog
-from broker_core.record_batch import HEADER_SIZE, ipc_stream_size
-from broker_core.segment import LOG_SUFFIX
-from broker_core.snapshot import SUFFIX as SNAPSHOT_SUFFIX
-from broker_core.store import TOPIC_FILE, LogStore
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.segment import LOG_SUFFIX
+from broker_core.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
+from broker_core.log.store import TOPIC_FILE, LogStore
+from broker_core.record.batch import HEADER_SIZE, ipc_stream_size
 from tests.store.helpers import SCHEMA, open_log, producer_states, read_ids, rows
 
 E = TypeVar("E", bound=IdemlogError)

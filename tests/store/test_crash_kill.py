@@ -38,9 +38,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.partition_log import PartitionLog
-from broker_core.record_batch import ControlType, increment_sequence
-from broker_core.store import LogStore
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.store import LogStore
+from broker_core.record.batch import ControlType, increment_sequence
 from tests.store.crash_child import CONFIG, FAILPOINTS, ROW_WIDTH, TOPIC
 from tests.store.helpers import SCHEMA, read_ids, rows
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.record_batch import HEADER_SIZE, decode_header, verify_crc
-from broker_core.segment import _PARALLEL_CRC_BYTES
+from broker_core.log.segment import _PARALLEL_CRC_BYTES
+from broker_core.record.batch import HEADER_SIZE, decode_header, verify_crc
 from tests.store.helpers import open_store, read_ids, rows
 
 BIG = 20_000  # rows of ~40 B: well over the parallel-checksum threshold

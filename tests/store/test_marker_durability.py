@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from broker_core.errors import StorageError
-from broker_core.partition_log import PartitionLog
-from broker_core.record_batch import ControlType
-from broker_core.segment import LogSegment
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.segment import LogSegment
+from broker_core.record.batch import ControlType
 from tests.store.helpers import ManualClock, open_log, read_ids, rows
 from tests.store.test_txn_coordinator import AUDIT, P0, Producer, S, start_broker
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker_core.store import LogStore
-from broker_core.txn_coordinator import LocalMarkerWriter
+from broker_core.log.store import LogStore
+from broker_core.txn.coordinator import LocalMarkerWriter
 from tests.store.helpers import SCHEMA, read_ids, rows
 
 A, B = 7, 8  # producer ids

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from broker_core.errors import OffsetOutOfRangeError
-from broker_core.partition_log import FetchResult, PartitionLog
-from broker_core.record_batch import HEADER_SIZE, ControlType, ipc_stream_size
-from broker_core.store import LogStore
+from broker_core.log.partition_log import FetchResult, PartitionLog
+from broker_core.log.store import LogStore
+from broker_core.record.batch import HEADER_SIZE, ControlType, ipc_stream_size
 from tests.store.helpers import SCHEMA, ManualClock, open_log, read_ids, rows
 
 P1, P2 = 101, 202

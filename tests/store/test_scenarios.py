@@ -18,19 +18,19 @@ from broker_core.errors import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
 )
-from broker_core.partition_log import PartitionLog
-from broker_core.producer_state import BatchMetadata, ProducerStateEntry
-from broker_core.record_batch import HEADER_SIZE, MAX_SEQUENCE, ControlType, ipc_stream_size
-from broker_core.segment import INDEX_SUFFIX, LOG_SUFFIX, TXN_INDEX_SUFFIX
-from broker_core.snapshot import (
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.producer_state import BatchMetadata, ProducerStateEntry
+from broker_core.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TXN_INDEX_SUFFIX
+from broker_core.log.snapshot import (
     decode_snapshot,
     encode_snapshot,
     read_snapshot,
     snapshot_path,
     write_snapshot,
 )
-from broker_core.store import LogStore
-from broker_core.validator import ProducerBatch, check_append
+from broker_core.log.store import LogStore
+from broker_core.log.validator import ProducerBatch, check_append
+from broker_core.record.batch import HEADER_SIZE, MAX_SEQUENCE, ControlType, ipc_stream_size
 from tests.store.helpers import (
     ManualClock,
     open_log,

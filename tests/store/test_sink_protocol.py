@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from broker_core.errors import InvalidTxnStateError, ProducerFencedError, StorageError
-from broker_core.protocol import SinkTxnStatus
-from broker_core.txn_state import SinkCommitState, TransactionMetadata, TransactionState
-from broker_core.txn_store import LogTxnStateStore
-from broker_core.visibility import consistent_cut
+from broker_core.protocol.wire import SinkTxnStatus
+from broker_core.txn.state import SinkCommitState, TransactionMetadata, TransactionState
+from broker_core.txn.state_store import LogTxnStateStore
+from broker_core.txn.visibility import consistent_cut
 from tests.store.test_txn_coordinator import (
     P0,
     P1,
@@ -243,7 +243,7 @@ def test_operators_list_and_abort_hanging_transactions(broker: Broker) -> None:
         hanging.prepare()
 
 
-# -- readers see whole sink batches (broker_core.visibility) ----------------------------------
+# -- readers see whole sink batches (broker_core.txn.visibility) ----------------------------------
 
 
 def test_a_batch_held_back_in_one_partition_is_held_back_in_all(broker: Broker) -> None:

@@ -37,9 +37,9 @@ from broker_core.errors import (
     OutOfOrderSequenceError,
     UnknownProducerIdError,
 )
-from broker_core.partition_log import PartitionLog
-from broker_core.record_batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, ControlType
-from broker_core.store import LogStore
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.store import LogStore
+from broker_core.record.batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, ControlType
 from tests.store.helpers import SCHEMA, read_ids, rows
 
 SEQ_SPACE = 2**31

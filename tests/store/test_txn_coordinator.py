@@ -30,20 +30,20 @@ from broker_core.errors import (
     StorageError,
     UnknownServerError,
 )
-from broker_core.pid_manager import FileProducerIdBlockSource, ProducerIdManager
-from broker_core.protocol import SinkAttempt, SinkTxnStatus
-from broker_core.record_batch import MAX_PRODUCER_EPOCH, ControlType
-from broker_core.store import LogStore
-from broker_core.txn_coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
-from broker_core.txn_markers import StableOffsets
-from broker_core.txn_state import (
+from broker_core.log.store import LogStore
+from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
+from broker_core.record.batch import MAX_PRODUCER_EPOCH, ControlType
+from broker_core.txn.coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
+from broker_core.txn.markers import StableOffsets
+from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
+from broker_core.txn.state import (
     MAX_CLIENT_EPOCH,
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn_store import TXN_STATE_TOPIC, LogTxnStateStore, TxnStateStore
+from broker_core.txn.state_store import TXN_STATE_TOPIC, LogTxnStateStore, TxnStateStore
 from tests.store.helpers import SCHEMA, ManualClock, read_ids, rows
 
 S = TransactionState

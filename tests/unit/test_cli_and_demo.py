@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.cli import main
+from broker_core.cli.main import main
 from jobs import store_demo
 from tests.store.helpers import open_store, rows
 

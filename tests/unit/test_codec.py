@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker_core.errors import CorruptRecordError, InvalidRecordError
-from broker_core.log_config import LogConfig
-from broker_core.partition_log import PartitionLog
-from broker_core.record_batch import (
+from broker_core.log.config import LogConfig
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.validator import in_sequence
+from broker_core.record.batch import (
     CONTROL_FLAG,
     CRC_START,
     HEADER_SIZE,
@@ -38,7 +39,6 @@ from broker_core.record_batch import (
     set_base_offset,
     verify_crc,
 )
-from broker_core.validator import in_sequence
 
 
 def sample(n: int = 5, width: int = 3) -> pa.RecordBatch:

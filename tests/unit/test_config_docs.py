@@ -9,7 +9,7 @@ import pytest
 
 from broker_core.config import load_properties
 from broker_core.errors import InvalidConfigError
-from broker_core.log_config import LOG_CONFIG, LogConfig
+from broker_core.log.config import LOG_CONFIG, LogConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

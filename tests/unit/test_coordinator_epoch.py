@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.client import BrokerClient
-from broker_core.cluster import BrokerInfo
-from broker_core.cluster_embedded import EmbeddedCluster
+from broker_core.client.broker_client import BrokerClient
+from broker_core.cluster.embedded import EmbeddedCluster
+from broker_core.cluster.metadata import BrokerInfo
 from broker_core.errors import (
     ErrorCode,
     InvalidProducerEpochError,
@@ -22,11 +22,11 @@ from broker_core.errors import (
     TransactionCoordinatorFencedError,
     error_for_code,
 )
-from broker_core.partition_log import PartitionLog
-from broker_core.producer_state import NO_COORDINATOR_EPOCH
-from broker_core.protocol import Action, error_message, parse_error_message
-from broker_core.record_batch import ControlType
-from broker_core.validator import MAX_COORDINATOR_EPOCH, check_marker
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.producer_state import NO_COORDINATOR_EPOCH
+from broker_core.log.validator import MAX_COORDINATOR_EPOCH, check_marker
+from broker_core.protocol.wire import Action, error_message, parse_error_message
+from broker_core.record.batch import ControlType
 from tests.harness.broker import BrokerFactory
 from tests.store.helpers import ManualClock, open_log, producer_states, read_ids, rows
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker_core.cluster import BrokerInfo, TopicAssignment, assign_partitions
-from broker_core.cluster_embedded import EmbeddedCluster
+from broker_core.cluster.embedded import EmbeddedCluster
+from broker_core.cluster.metadata import BrokerInfo, TopicAssignment, assign_partitions
 from broker_core.errors import (
     BrokerNotAvailableError,
     CorruptRecordError,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from broker_core.produce_stream import ProduceStream
+from broker_core.client.produce_stream import ProduceStream
 
 
 class _Writer:

@@ -1,4 +1,4 @@
-"""The transaction state machine and the coordinator's state records (broker_core.txn_state)."""
+"""The transaction state machine and the coordinator's state records (broker_core.txn.state)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 
 from broker_core.errors import CorruptRecordError, InvalidTxnStateError
-from broker_core.txn_state import (
+from broker_core.txn.state import (
     NO_TXN_START,
     SinkCommitRecord,
     SinkCommitState,

@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from broker_core.cluster import BrokerInfo, TopicAssignment
-from broker_core.cluster_zk import ZkCluster
+from broker_core.cluster.metadata import BrokerInfo, TopicAssignment
+from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
     ConcurrentTransactionsError,
     DuplicateBrokerRegistrationError,
@@ -29,14 +29,14 @@ from broker_core.errors import (
     TransactionCoordinatorFencedError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
-from broker_core.store import LogStore
-from broker_core.txn_coordinator import (
+from broker_core.log.store import LogStore
+from broker_core.txn.coordinator import (
     CoordinatorStatus,
     LocalMarkerWriter,
     TransactionCoordinator,
 )
-from broker_core.txn_store import CoordinatorEpochFencedError, ZkTxnStateStore
+from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
+from broker_core.txn.state_store import CoordinatorEpochFencedError, ZkTxnStateStore
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA as STORE_SCHEMA
 from tests.store.helpers import read_ids

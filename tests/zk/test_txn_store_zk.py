@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 
 from broker_core.errors import ConcurrentTransactionsError, UnknownServerError
-from broker_core.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
-from broker_core.protocol import SinkAttempt
-from broker_core.store import LogStore
-from broker_core.txn_coordinator import LocalMarkerWriter, TransactionCoordinator
-from broker_core.txn_markers import StableOffsets
-from broker_core.txn_state import (
+from broker_core.log.store import LogStore
+from broker_core.protocol.wire import SinkAttempt
+from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.markers import StableOffsets
+from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
+from broker_core.txn.state import (
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn_store import ZkTxnStateStore, znode_name
+from broker_core.txn.state_store import ZkTxnStateStore, znode_name
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA, read_ids, rows
 

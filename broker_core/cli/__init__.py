@@ -1,0 +1,1 @@
+"""The ``idemlog`` command line: ``broker``, ``log``, ``topics``, ``transactions``."""

@@ -1,0 +1,148 @@
+"""The ``idemlog`` command line.
+
+Local data directories: ``idemlog log describe`` lists topics, partitions, offsets and
+producers; ``idemlog log dump`` prints a partition's batches. Configuration: ``idemlog
+config topic|broker`` lists the keys with defaults and docs (``--properties``: the
+commented default file). A broker and its clients (``broker_core.cli.broker_cmd``): ``idemlog
+broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
+metrics``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from broker_core.cli.broker_cmd import add_commands
+from broker_core.errors import IdemlogError
+from broker_core.log.config import LOG_CONFIG
+from broker_core.log.partition_log import IsolationLevel
+from broker_core.log.store import LogStore
+from broker_core.server.config import BROKER_CONFIG, render_properties
+
+
+def _describe(args: argparse.Namespace) -> int:
+    with LogStore(args.data_dir) as store:
+        names = [args.topic] if args.topic else store.topics()
+        report: list[dict[str, Any]] = []
+        for name in names:
+            topic = store.topic(name)
+            parts = []
+            for p in range(topic.partitions):
+                log = store.partition(name, p)
+                parts.append(
+                    {
+                        "partition": p,
+                        "log_start_offset": log.log_start_offset,
+                        "log_end_offset": log.log_end_offset,
+                        "last_stable_offset": log.last_stable_offset,
+                        "segments": len(log.segments),
+                        "bytes": log.size_bytes,
+                        "producers": len(log.state),
+                        "open_transactions": len(log.state.ongoing_transactions()),
+                    }
+                )
+            report.append(
+                {
+                    "topic": name,
+                    "schema": str(topic.schema) if topic.schema is not None else None,
+                    "config_overrides": topic.overrides,
+                    "partitions": parts,
+                }
+            )
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for t in report:
+        print(f"topic {t['topic']}")
+        cols = list(t["partitions"][0]) if t["partitions"] else []
+        print("  " + " ".join(f"{c:>18}" for c in cols))
+        for row in t["partitions"]:
+            print("  " + " ".join(f"{row[c]:>18}" for c in cols))
+    return 0
+
+
+def _dump(args: argparse.Namespace) -> int:
+    with LogStore(args.data_dir) as store:
+        log = store.partition(args.topic, args.partition)
+        offset = log.log_start_offset if args.offset is None else args.offset
+        rows = 0
+        while True:
+            result = log.read(offset, isolation=IsolationLevel.parse(args.isolation))
+            for b in result.batches:
+                rows += b.records.num_rows
+                print(
+                    f"offset={b.base_offset}..{b.last_offset} producer_id={b.producer_id} "
+                    f"epoch={b.producer_epoch} base_sequence={b.base_sequence} "
+                    f"transactional={b.is_transactional} rows={b.records.num_rows}"
+                )
+            if result.next_offset == offset:
+                break
+            offset = result.next_offset
+        print(f"{rows} rows ({args.isolation}), last stable offset {log.last_stable_offset}")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    if args.properties:
+        if args.scope != "broker":
+            print(
+                "idemlog: --properties is for `config broker` (see conf/topic.properties)",
+                file=sys.stderr,
+            )
+            return 2
+        print(render_properties(), end="")
+        return 0
+    config_def = BROKER_CONFIG if args.scope == "broker" else LOG_CONFIG
+    for name, type_name, default, doc in config_def.describe():
+        print(f"{name} ({type_name}, default {default})\n    {doc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="idemlog", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    log_cmd = sub.add_parser("log", help="inspect a local data directory")
+    log_sub = log_cmd.add_subparsers(dest="action", required=True)
+    describe = log_sub.add_parser("describe", help="topics, partitions, offsets, producers")
+    describe.add_argument("--data-dir", required=True, help="the store's data directory")
+    describe.add_argument("--topic", help="only this topic")
+    describe.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    describe.set_defaults(func=_describe)
+    dump = log_sub.add_parser("dump", help="print a partition's batches")
+    dump.add_argument("--data-dir", required=True)
+    dump.add_argument("--topic", required=True)
+    dump.add_argument("--partition", type=int, default=0)
+    dump.add_argument("--offset", type=int, help="start offset (default: log start)")
+    dump.add_argument(
+        "--isolation",
+        choices=[level.value for level in IsolationLevel],
+        default=IsolationLevel.READ_COMMITTED.value,
+    )
+    dump.set_defaults(func=_dump)
+
+    config = sub.add_parser("config", help="list configuration keys")
+    config.add_argument("scope", choices=["topic", "broker"])
+    config.add_argument(
+        "--properties", action="store_true", help="print the commented default broker file"
+    )
+    config.set_defaults(func=_config)
+    add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except IdemlogError as exc:
+        print(f"idemlog: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

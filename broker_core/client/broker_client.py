@@ -1,0 +1,590 @@
+"""``BrokerClient``: the Python client of the broker service (the CLI and the tests use it).
+
+It bootstraps from any broker (``"host:port[,host:port]"``), learns the live brokers, the
+controller and every partition's leader from the METADATA action, and routes each request:
+partition requests to the leader, transactional ones to the coordinator (the controller),
+admin ones to any broker. A request refused with a retriable routing error
+(``NOT_LEADER_OR_FOLLOWER``, ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``) or a
+broken connection is retried after a metadata refresh, a few times with backoff.
+Produce streams are raw: no retries (see ``broker_core.client.produce_stream``).
+
+Errors come back as the typed ``IdemlogError`` the broker raised (``retriable`` intact);
+a connection that fails is ``NetworkError`` (``NETWORK_EXCEPTION``, retriable).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from broker_core.client.produce_stream import ProduceStream, typed_flight_error
+from broker_core.errors import (
+    CoordinatorNotAvailableError,
+    IdemlogError,
+    InvalidRequestError,
+    NetworkError,
+    NotCoordinatorError,
+    NotLeaderOrFollowerError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+)
+from broker_core.protocol.metrics import merge_documents
+from broker_core.protocol.wire import (
+    DEFAULT_FETCH_MAX_BYTES,
+    Action,
+    FetchBatchMeta,
+    FetchTrailer,
+    SinkAttempt,
+    SinkTxnStatus,
+    decode_fetch_meta,
+    encode_json,
+)
+
+T = TypeVar("T")
+_ROUTING_ERRORS = (
+    NotLeaderOrFollowerError,
+    NotCoordinatorError,
+    CoordinatorNotAvailableError,
+    NetworkError,
+)
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    broker_id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    brokers: dict[int, BrokerAddress]
+    controller: int | None
+    topics: dict[str, list[int]]  # topic -> leader broker id per partition
+
+
+@dataclass(frozen=True)
+class FetchResponse:
+    schema: pa.Schema
+    batches: list[tuple[FetchBatchMeta, pa.RecordBatch]]
+    trailer: FetchTrailer
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.num_rows for _m, b in self.batches)
+
+
+def parse_bootstrap(bootstrap: str) -> list[str]:
+    addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
+    if not addresses:
+        raise InvalidRequestError(f"bootstrap={bootstrap!r} names no host:port")
+    for a in addresses:
+        host, sep, port = a.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidRequestError(f"bootstrap address {a!r} is not host:port")
+    return addresses
+
+
+class BrokerClient:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 5,
+        retry_backoff_s: float = 0.05,
+    ) -> None:
+        self._bootstrap = parse_bootstrap(bootstrap)
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self._lock = threading.Lock()
+        self._connections: dict[str, flight.FlightClient] = {}
+        self._view: ClusterView | None = None
+
+    # -- connections ---------------------------------------------------------------------
+    def _connection(self, address: str) -> flight.FlightClient:
+        with self._lock:
+            client = self._connections.get(address)
+            if client is None:
+                client = flight.connect(f"grpc://{address}")
+                self._connections[address] = client
+            return client
+
+    def _drop_connection(self, address: str) -> None:
+        with self._lock:
+            client = self._connections.pop(address, None)
+        if client is not None:
+            _close_quietly(client)
+
+    def reset_connection(self, address: str) -> None:
+        """Forget the connection to ``address`` (it broke): the next request opens a new
+        one instead of waiting out the old channel's reconnect backoff."""
+        self._drop_connection(address)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._connections = list(self._connections.values()), {}
+        for client in clients:
+            _close_quietly(client)
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _options(self) -> flight.FlightCallOptions:
+        return flight.FlightCallOptions(timeout=self.timeout_s)
+
+    # -- raw actions ---------------------------------------------------------------------
+    def action_raw(self, address: str, action_type: str, body: bytes) -> bytes:
+        """One DoAction on one broker, errors typed; for tools and malformed-input tests."""
+        client = self._connection(address)
+        try:
+            results = list(client.do_action(flight.Action(action_type, body), self._options()))
+        except (flight.FlightError, pa.ArrowException, OSError) as exc:
+            error = typed_flight_error(exc, f"action {action_type} at {address}")
+            if isinstance(error, NetworkError):
+                self._drop_connection(address)
+            raise error from exc
+        if len(results) != 1:
+            raise UnknownServerError(
+                f"action {action_type} at {address} returned {len(results)} results, not 1"
+            )
+        return bytes(results[0].body.to_pybytes())
+
+    def action(self, address: str, action: Action, body: dict[str, Any]) -> dict[str, Any]:
+        data = self.action_raw(address, action.value, encode_json(body))
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise UnknownServerError(f"action {action.value} at {address} answered {doc!r}")
+        return doc
+
+    # -- metadata and routing ------------------------------------------------------------
+    def _known_addresses(self) -> list[str]:
+        view = self._view
+        known = [b.address for b in view.brokers.values()] if view else []
+        return list(dict.fromkeys(known + self._bootstrap))
+
+    def refresh_metadata(self) -> ClusterView:
+        last: IdemlogError | None = None
+        for address in self._known_addresses():
+            try:
+                doc = self.action(address, Action.METADATA, {})
+            except NetworkError as exc:
+                last = exc
+                continue
+            brokers = {
+                int(b["broker_id"]): BrokerAddress(int(b["broker_id"]), b["host"], int(b["port"]))
+                for b in doc["brokers"]
+            }
+            view = ClusterView(
+                brokers,
+                doc.get("controller"),
+                {name: [int(x) for x in leaders] for name, leaders in doc["topics"].items()},
+            )
+            self._view = view
+            return view
+        raise NetworkError(
+            f"no broker reachable among {', '.join(self._known_addresses())}: {last}"
+        )
+
+    def metadata(self, refresh: bool = False) -> ClusterView:
+        view = self._view
+        return self.refresh_metadata() if refresh or view is None else view
+
+    def leader(self, topic: str, partition: int, refresh: bool = False) -> BrokerAddress:
+        view = self.metadata(refresh)
+        leaders = view.topics.get(topic)
+        if leaders is None and not refresh:
+            return self.leader(topic, partition, refresh=True)
+        if leaders is None or not 0 <= partition < len(leaders):
+            # Let a broker phrase the error (unknown topic vs partition out of range).
+            if not view.brokers:
+                raise NetworkError("the cluster reports no live broker")
+            return next(iter(view.brokers.values()))
+        broker = view.brokers.get(leaders[partition])
+        if broker is None:
+            raise NetworkError(f"leader {leaders[partition]} of {topic}-{partition} is not alive")
+        return broker
+
+    def _coordinator_address(self, refresh: bool) -> str:
+        view = self.metadata(refresh)
+        if view.controller is None or view.controller not in view.brokers:
+            raise CoordinatorNotAvailableError("the cluster has no controller right now")
+        return view.brokers[view.controller].address
+
+    def _routed(
+        self,
+        pick: Callable[[bool], str],
+        call: Callable[[str], T],
+        partition: tuple[str, int] | None = None,
+    ) -> T:
+        """``call`` on the broker ``pick`` names; routing errors refresh and retry.
+
+        With ``partition``, an unknown-topic answer is retried too while the cluster
+        metadata says the partition exists: the broker asked has not seen it yet.
+        """
+        refresh = False
+        for attempt in range(self.retries + 1):
+            try:
+                return call(pick(refresh))
+            except _ROUTING_ERRORS:
+                if attempt == self.retries:
+                    raise
+            except UnknownTopicOrPartitionError:
+                if partition is None or attempt == self.retries:
+                    raise
+                leaders = self.refresh_metadata().topics.get(partition[0], [])
+                if not 0 <= partition[1] < len(leaders):
+                    raise
+            time.sleep(self.retry_backoff_s * 2**attempt)  # backoff before a retry
+            refresh = True
+        raise AssertionError("unreachable")
+
+    def _any_broker(self, action: Action, body: dict[str, Any]) -> dict[str, Any]:
+        def pick(refresh: bool) -> str:
+            return self._known_addresses()[0] if not refresh else self.refresh_address()
+
+        return self._routed(pick, lambda address: self.action(address, action, body))
+
+    def refresh_address(self) -> str:
+        view = self.refresh_metadata()
+        if view.controller is not None and view.controller in view.brokers:
+            return view.brokers[view.controller].address
+        return next(iter(view.brokers.values())).address
+
+    def _leader_action(
+        self, topic: str, partition: int, action: Action, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        return self._routed(
+            lambda refresh: self.leader(topic, partition, refresh).address,
+            lambda address: self.action(address, action, body),
+            (topic, partition),
+        )
+
+    def _coordinator_action(self, action: Action, body: dict[str, Any]) -> dict[str, Any]:
+        return self._routed(
+            self._coordinator_address, lambda address: self.action(address, action, body)
+        )
+
+    # -- admin ---------------------------------------------------------------------------
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        *,
+        schema: pa.Schema | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Create a topic; returns the leader broker id of each partition."""
+        body: dict[str, Any] = {"name": name, "partitions": partitions, "config": config or {}}
+        if schema is not None:
+            body["schema"] = base64.b64encode(schema.serialize().to_pybytes()).decode()
+        doc = self._any_broker(Action.CREATE_TOPIC, body)
+        self._view = None  # the new topic's leaders are in the next metadata
+        return [int(b) for b in doc["partitions"]]
+
+    def delete_topic(self, name: str) -> None:
+        self._any_broker(Action.DELETE_TOPIC, {"name": name})
+        self._view = None
+
+    def describe_topics(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        body: dict[str, Any] = {} if names is None else {"names": list(names)}
+        topics: list[dict[str, Any]] = self._any_broker(Action.DESCRIBE_TOPICS, body)["topics"]
+        return topics
+
+    def list_offsets(self, topic: str, partition: int) -> dict[str, int]:
+        doc = self._leader_action(
+            topic, partition, Action.LIST_OFFSETS, {"topic": topic, "partition": partition}
+        )
+        return {k: int(v) for k, v in doc.items() if k not in ("topic",)}
+
+    def ping(self, address: str | None = None) -> dict[str, Any]:
+        return self.action(address or self._bootstrap[0], Action.PING, {})
+
+    def metrics_per_broker(self) -> list[dict[str, Any]]:
+        view = self.refresh_metadata()
+        return [self.action(b.address, Action.METRICS, {}) for b in view.brokers.values()]
+
+    def metrics(self) -> dict[str, Any]:
+        """The cluster's metrics: every live broker's document merged."""
+        return merge_documents(self.metrics_per_broker())
+
+    # -- produce and fetch ---------------------------------------------------------------
+    def produce_stream(
+        self, topic: str, partition: int, schema: pa.Schema | None = None
+    ) -> ProduceStream:
+        """A raw pipelined stream to the partition's leader (opened at the first send if
+        no schema is given)."""
+        broker = self.leader(topic, partition)
+        return ProduceStream(
+            self._connection(broker.address), topic, partition, schema, address=broker.address
+        )
+
+    def fetch_once(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        isolation: str = "read_committed",
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        max_offset: int | None = None,
+    ) -> FetchResponse:
+        ticket: dict[str, Any] = {
+            "op": "fetch",
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "max_bytes": max_bytes,
+            "isolation": isolation,
+        }
+        if max_offset is not None:
+            ticket["max_offset"] = max_offset
+
+        def call(address: str) -> FetchResponse:
+            what = f"fetch {topic}-{partition} at {address}"
+            try:
+                reader = self._connection(address).do_get(
+                    flight.Ticket(encode_json(ticket)), self._options()
+                )
+                return _read_fetch(reader, what)
+            except (flight.FlightError, pa.ArrowException, OSError) as exc:
+                error = typed_flight_error(exc, what)
+                if isinstance(error, NetworkError):
+                    self._drop_connection(address)
+                raise error from exc
+
+        return self._routed(
+            lambda refresh: self.leader(topic, partition, refresh).address, call, (topic, partition)
+        )
+
+    def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int | None = None,
+        *,
+        isolation: str = "read_committed",
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+    ) -> Iterator[tuple[FetchBatchMeta, pa.RecordBatch]]:
+        """Every readable batch from ``offset`` (default: the log start) to the end as of
+        now: the last stable offset for read_committed, the log end otherwise."""
+        if offset is None:
+            offset = self.list_offsets(topic, partition)["log_start_offset"]
+        while True:
+            response = self.fetch_once(
+                topic, partition, offset, isolation=isolation, max_bytes=max_bytes
+            )
+            yield from response.batches
+            if response.trailer.next_offset <= offset:
+                return
+            offset = response.trailer.next_offset
+
+    def read_table(
+        self, topic: str, partition: int, *, isolation: str = "read_committed"
+    ) -> pa.Table | None:
+        batches = [b for _m, b in self.fetch(topic, partition, isolation=isolation)]
+        return pa.Table.from_batches(batches) if batches else None
+
+    # -- producers and transactions ------------------------------------------------------
+    def init_producer_id(
+        self, transactional_id: str | None = None, transaction_timeout_ms: int | None = None
+    ) -> tuple[int, int]:
+        body: dict[str, Any] = {}
+        if transactional_id is not None:
+            body["transactional_id"] = transactional_id
+        if transaction_timeout_ms is not None:
+            body["transaction_timeout_ms"] = transaction_timeout_ms
+        if transactional_id is None:
+            doc = self._any_broker(Action.INIT_PRODUCER_ID, body)
+        else:
+            doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
+        return int(doc["producer_id"]), int(doc["producer_epoch"])
+
+    def init_sink_producer(
+        self, transactional_id: str, transaction_timeout_ms: int | None, attempt: SinkAttempt
+    ) -> tuple[int, int, SinkTxnStatus]:
+        """InitProducerId for an attempt of a Spark task (docs/design.md): (producer id,
+        epoch, whether an earlier attempt's transaction of the batch is reused)."""
+        body: dict[str, Any] = {
+            "transactional_id": transactional_id,
+            "sink_batch_id": attempt.batch_id,
+            "sink_id": attempt.sink_id,
+            "sink_run_id": attempt.run_id,
+        }
+        if transaction_timeout_ms is not None:
+            body["transaction_timeout_ms"] = transaction_timeout_ms
+        doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
+        status = SinkTxnStatus(doc["sink_status"])
+        return int(doc["producer_id"]), int(doc["producer_epoch"]), status
+
+    def prepare_sink_txn(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        batch_id: int,
+        ranges: Sequence[tuple[str, int, int, int]] = (),
+    ) -> None:
+        """The open transaction holds all of a task's rows of ``batch_id``, at ``ranges``
+        ((topic, partition, first offset, last offset) for each partition written)."""
+        self._coordinator_action(
+            Action.PREPARE_SINK_TXN,
+            {
+                "transactional_id": transactional_id,
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+                "batch_id": batch_id,
+                "ranges": [list(r) for r in ranges],
+            },
+        )
+
+    def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
+        """A task of this run is alive: the coordinator keeps its transactions open."""
+        self._coordinator_action(Action.SINK_HEARTBEAT, {"sink_id": sink_id, "run_id": run_id})
+
+    def abort_sink_run(
+        self, run_id: str | None, batch_id: int, *, sink_id: str | None = None
+    ) -> list[str]:
+        """Fence and abort every attempt of ``run_id`` (or, without one, of any run of
+        ``sink_id``) at ``batch_id`` or before; their transactional ids."""
+        body: dict[str, Any] = {"batch_id": batch_id}
+        if run_id is not None:
+            body["run_id"] = run_id
+        if sink_id is not None:
+            body["sink_id"] = sink_id
+        doc = self._coordinator_action(Action.ABORT_SINK_RUN, body)
+        return [str(t) for t in doc["aborted"]]
+
+    def stable_ends(self, topic: str) -> dict[int, int]:
+        """Where a read_committed reader of ``topic`` stops: at most each partition's last
+        stable offset, lowered so that every sink batch is read whole or not at all."""
+        doc = self._coordinator_action(Action.STABLE_ENDS, {"topic": topic})
+        return {int(p): int(offset) for p, offset in doc["ends"].items()}
+
+    def readable_offsets(self, topic: str, partitions: int) -> dict[int, dict[str, int]]:
+        """Each partition's ``list_offsets``, its ``last_stable_offset`` replaced by the
+        coordinator's cut (:meth:`stable_ends`): ends at which a read_committed reader
+        holds every committed sink batch whole or not at all."""
+        offsets = {p: self.list_offsets(topic, p) for p in range(partitions)}
+        cut = self.stable_ends(topic)
+        for p, doc in offsets.items():
+            if p in cut:
+                doc["last_stable_offset"] = cut[p]
+        return offsets
+
+    def list_transactions(self, min_age_ms: int = 0) -> list[dict[str, Any]]:
+        """Open transactions, oldest first (``idemlog transactions list``)."""
+        doc = self._coordinator_action(Action.LIST_TRANSACTIONS, {"min_age_ms": min_age_ms})
+        return list(doc["transactions"])
+
+    def abort_transaction(self, transactional_id: str) -> bool:
+        """Fence the id's holder and abort its open transaction; False if none was open."""
+        doc = self._coordinator_action(
+            Action.ABORT_TRANSACTION, {"transactional_id": transactional_id}
+        )
+        return bool(doc["aborted"])
+
+    def add_partitions_to_txn(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[tuple[str, int]],
+    ) -> None:
+        self._coordinator_action(
+            Action.ADD_PARTITIONS_TO_TXN,
+            {
+                "transactional_id": transactional_id,
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+                "partitions": [[t, p] for t, p in partitions],
+            },
+        )
+
+    def end_txn(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
+    ) -> None:
+        self._coordinator_action(
+            Action.END_TXN,
+            {
+                "transactional_id": transactional_id,
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+                "commit": commit,
+            },
+        )
+
+    def commit_sink_batch(
+        self,
+        sink_id: str,
+        batch_id: int,
+        transactions: Sequence[tuple[str, int, int]],
+        run_id: str | None = None,
+    ) -> bool:
+        """True: committed now; False: the batch was committed before, so these
+        transactions were aborted instead (idempotent commit). ``run_id``: every
+        transaction must have been written by that run of the sink."""
+        body: dict[str, Any] = {
+            "sink_id": sink_id,
+            "batch_id": batch_id,
+            "transactions": [list(t) for t in transactions],
+        }
+        if run_id is not None:
+            body["run_id"] = run_id
+        doc = self._coordinator_action(Action.COMMIT_SINK_BATCH, body)
+        return bool(doc["committed"])
+
+    def abort_sink_batch(
+        self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
+    ) -> None:
+        self._coordinator_action(
+            Action.ABORT_SINK_BATCH,
+            {
+                "sink_id": sink_id,
+                "batch_id": batch_id,
+                "transactions": [list(t) for t in transactions],
+            },
+        )
+
+
+def _read_fetch(reader: flight.FlightStreamReader, what: str) -> FetchResponse:
+    batches: list[tuple[FetchBatchMeta, pa.RecordBatch]] = []
+    trailer: FetchTrailer | None = None
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            break
+        if chunk.app_metadata is None:
+            raise InvalidRequestError(f"{what}: a fetched batch without metadata")
+        meta = decode_fetch_meta(chunk.app_metadata)
+        if isinstance(meta, FetchTrailer):
+            trailer = meta
+        else:
+            batches.append((meta, chunk.data))
+    if trailer is None:
+        raise NetworkError(f"{what}: the stream ended without its trailer")
+    return FetchResponse(reader.schema, batches, trailer)
+
+
+def _close_quietly(client: flight.FlightClient) -> None:
+    # Closing a connection that already broke: there is nothing left to release.
+    with contextlib.suppress(Exception):
+        client.close()

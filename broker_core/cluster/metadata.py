@@ -1,0 +1,330 @@
+"""Cluster metadata: which brokers are alive, which one is the controller, where partitions live.
+
+Two implementations of :class:`ClusterMetadata`:
+
+* :class:`~broker_core.cluster.embedded.EmbeddedCluster` -- one broker, always the
+  controller once registered, topic assignments in a local JSON file;
+* :class:`~broker_core.cluster.zk.ZkCluster` -- brokers register ephemeral znodes, the
+  first to create the ephemeral ``controller`` znode is the controller, topics and their
+  partition -> broker assignment live in persistent znodes.
+
+There is no replication: a partition is assigned to one broker when its topic is created
+and never moves. What survives what:
+
+* a broker's registration (``brokers/ids/<id>``) and its controllership live exactly as
+  long as its ZooKeeper session: a crash, or a session expiry, removes them; a dropped
+  connection that reconnects within the session timeout does not;
+* topic assignments (``topics/<name>``) are persistent: they survive every broker and
+  every session. A dead broker's partitions are unavailable until that broker id comes
+  back with its data directory; no other broker takes them over.
+
+This module holds what both implementations share: the value types and their stored JSON
+forms, the protocol, the validation of a new topic, the round-robin assignment and the
+notifier that delivers callbacks.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import queue
+import threading
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from broker_core.errors import (
+    BrokerNotAvailableError,
+    CorruptRecordError,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidRequestError,
+    UnknownTopicOrPartitionError,
+)
+from broker_core.log.config import LOG_CONFIG
+from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_name
+
+__all__ = [
+    "METADATA_VERSION",
+    "BrokerInfo",
+    "CallbackNotifier",
+    "ClusterMetadata",
+    "TopicAssignment",
+    "assign_partitions",
+    "validate_new_topic",
+]
+
+log = logging.getLogger("idemlog.cluster")
+
+METADATA_VERSION = 1
+MAX_BROKER_ID = 2**31 - 1  # Kafka's broker.id is an int32
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """A broker's id and the address its Flight server listens on."""
+
+    broker_id: int
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        check_broker_id(self.broker_id)
+        if not isinstance(self.host, str) or not self.host:
+            raise InvalidConfigError(f"broker {self.broker_id}: host={self.host!r} is empty")
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            raise InvalidConfigError(f"broker {self.broker_id}: port={self.port!r} is not an int")
+        if not 0 <= self.port <= 65535:
+            raise InvalidConfigError(f"broker {self.broker_id}: port={self.port} is not 0..65535")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_json(self) -> bytes:
+        """The registration znode's content: ``{"host", "port"}`` (the id is the node name)."""
+        doc = {"version": METADATA_VERSION, "host": self.host, "port": self.port}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, broker_id: int, data: bytes, where: str) -> BrokerInfo:
+        doc = load_json_object(data, where)
+        try:
+            return cls(broker_id, doc["host"], doc["port"])
+        except (KeyError, InvalidConfigError) as exc:
+            raise CorruptRecordError(f"{where}: not a broker registration ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class TopicAssignment:
+    """A topic's partitions and the broker each one lives on (fixed at creation)."""
+
+    name: str
+    partitions: dict[int, int]  # partition -> broker id
+    schema: bytes | None  # Arrow IPC schema, or None until the first append fixes it
+    config: dict[str, str]  # topic-level overrides of the log configuration
+
+    def leader(self, partition: int) -> int:
+        """The broker id that serves ``partition``."""
+        broker = None if isinstance(partition, bool) else self.partitions.get(partition)
+        if broker is None:
+            raise UnknownTopicOrPartitionError(
+                f"topic {self.name!r} has partitions 0..{len(self.partitions) - 1}, "
+                f"not {partition!r}"
+            )
+        return broker
+
+    def partitions_of(self, broker_id: int) -> list[int]:
+        return sorted(p for p, b in self.partitions.items() if b == broker_id)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The stored JSON form (a znode, or an entry of the embedded cluster's file)."""
+        return {
+            "version": METADATA_VERSION,
+            "partitions": {str(p): b for p, b in sorted(self.partitions.items())},
+            "schema": None if self.schema is None else base64.b64encode(self.schema).decode(),
+            "config": dict(sorted(self.config.items())),
+        }
+
+    @classmethod
+    def from_doc(cls, name: str, doc: object, where: str) -> TopicAssignment:
+        """Parse :meth:`to_doc`'s form; anything else is a :class:`CorruptRecordError`."""
+
+        def corrupt(problem: str) -> CorruptRecordError:
+            return CorruptRecordError(f"{where}: topic {name!r} metadata {problem}")
+
+        if not isinstance(doc, dict):
+            raise corrupt("is not a JSON object")
+        if doc.get("version") != METADATA_VERSION:
+            raise corrupt(f"has version {doc.get('version')!r}, expected {METADATA_VERSION}")
+        raw_partitions = doc.get("partitions")
+        if not isinstance(raw_partitions, dict) or not raw_partitions:
+            raise corrupt("has no partitions")
+        partitions: dict[int, int] = {}
+        for key, broker in raw_partitions.items():
+            if not (isinstance(key, str) and key.isdigit()) or not _is_broker_id(broker):
+                raise corrupt(f"has a bad partition entry {key!r}: {broker!r}")
+            partitions[int(key)] = broker
+        if sorted(partitions) != list(range(len(partitions))):
+            raise corrupt(f"partitions {sorted(partitions)} are not 0..{len(partitions) - 1}")
+        raw_schema = doc.get("schema")
+        schema: bytes | None = None
+        if raw_schema is not None:
+            if not isinstance(raw_schema, str):
+                raise corrupt("has a schema that is not base64 text")
+            try:
+                schema = base64.b64decode(raw_schema, validate=True)
+            except binascii.Error as exc:
+                raise corrupt(f"has a schema that is not base64 ({exc})") from exc
+        config = doc.get("config", {})
+        if not isinstance(config, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in config.items()
+        ):
+            raise corrupt("has a config that is not a string -> string object")
+        return cls(name, partitions, schema, dict(config))
+
+
+class ClusterMetadata(Protocol):
+    """What a broker needs to know about the cluster (docs/broker-contract.md)."""
+
+    def register(self, broker: BrokerInfo) -> None: ...
+    def brokers(self) -> list[BrokerInfo]: ...
+    def controller(self) -> BrokerInfo | None: ...
+    def is_controller(self) -> bool: ...
+    def controller_epoch(self) -> int:
+        """Grows with every controllership; the coordinator it runs fences older ones."""
+        ...
+
+    def on_controller_change(self, callback: Callable[[bool], None]) -> None: ...
+    def create_topic(
+        self, name: str, partitions: int, schema: bytes | None, config: dict[str, str]
+    ) -> TopicAssignment: ...
+    def delete_topic(self, name: str) -> None: ...
+    def topics(self) -> dict[str, TopicAssignment]: ...
+    def topic(self, name: str) -> TopicAssignment: ...
+    def on_topics_change(self, callback: Callable[[], None]) -> None: ...
+    def close(self) -> None: ...
+
+
+class CallbackNotifier:
+    """Runs subscriber callbacks one at a time on its own thread, in the order of the changes.
+
+    Both implementations deliver through one, so a callback never runs under a lock or on
+    a kazoo thread, may block (stopping a coordinator takes time) and may call back in.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.Queue[tuple[list[Callable[..., None]], tuple[bool, ...]] | None]
+        self._queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def post(self, callbacks: list[Callable[..., None]], *args: bool) -> None:
+        if callbacks:
+            self._queue.put((callbacks, args))
+
+    def close(self, timeout: float) -> None:
+        """Deliver what is queued, then stop; waits unless called from a callback."""
+        self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            callbacks, args = item
+            for callback in callbacks:
+                try:
+                    callback(*args)
+                except Exception:
+                    # One subscriber's failure must not keep the others from the news.
+                    log.exception("cluster metadata callback %r failed", callback)
+
+
+def check_broker_id(broker_id: object) -> int:
+    if isinstance(broker_id, bool) or not isinstance(broker_id, int):
+        raise InvalidConfigError(f"broker id {broker_id!r} is not an integer")
+    if not 0 <= broker_id <= MAX_BROKER_ID:
+        raise InvalidConfigError(f"broker id {broker_id} is not in 0..{MAX_BROKER_ID}")
+    return broker_id
+
+
+def validate_new_topic(
+    name: object, partitions: object, schema: object, config: object
+) -> tuple[str, int, bytes | None, dict[str, str]]:
+    """Check a create-topic request the way ``LogStore.create_topic`` would.
+
+    Returns the values normalised: the config as strings, so it reads back identically
+    from ZooKeeper, the embedded file and the broker's ``topic.json``.
+    """
+    topic = validate_topic_name(name)
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise InvalidPartitionsError(f"partitions={partitions!r} must be an integer")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise InvalidPartitionsError(
+            f"partitions={partitions} must be between 1 and {MAX_PARTITIONS}"
+        )
+    if schema is not None:
+        if not isinstance(schema, (bytes, bytearray, memoryview)):
+            raise InvalidRequestError(
+                f"topic {topic!r}: schema must be Arrow IPC bytes, got {type(schema).__name__}"
+            )
+        schema = bytes(schema)
+        try:
+            pa.ipc.read_schema(pa.py_buffer(schema))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+            raise InvalidRequestError(
+                f"topic {topic!r}: schema is not a serialized Arrow schema ({exc})"
+            ) from exc
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        raise InvalidConfigError(
+            f"topic {topic!r}: config must be a mapping, got {type(config).__name__}"
+        )
+    for key, value in config.items():
+        if not isinstance(key, str) or not isinstance(value, (str, int, float)):
+            raise InvalidConfigError(f"topic {topic!r}: config entry {key!r}={value!r}")
+    LOG_CONFIG.parse(config)  # unknown keys and bad values, named
+    overrides = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}
+    return topic, partitions, schema, overrides
+
+
+def assign_partitions(name: str, partitions: int, broker_ids: Sequence[int]) -> dict[int, int]:
+    """Round-robin over ``broker_ids`` sorted, from a start derived from the topic name.
+
+    The start is a stable hash (CRC-32, not Python's salted ``hash``) of the name, so the
+    first partitions of many small topics do not all land on the lowest broker id.
+    """
+    live = sorted(set(broker_ids))
+    if not live:
+        raise BrokerNotAvailableError(
+            f"no live broker to assign the {partitions} partition(s) of topic {name!r} to"
+        )
+    start = zlib.crc32(name.encode()) % len(live)
+    return {p: live[(start + p) % len(live)] for p in range(partitions)}
+
+
+def _is_broker_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def load_json_object(data: bytes, where: str) -> dict[str, Any]:
+    """``data`` parsed as a JSON object, or a :class:`CorruptRecordError` naming ``where``."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptRecordError(f"{where}: not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise CorruptRecordError(f"{where}: not a JSON object")
+    return doc
+
+
+class TopicView:
+    """The read side both cluster implementations share: a locked dict of assignments
+    and the callbacks that fire when it changes."""
+
+    _lock: threading.Lock
+    _topics: dict[str, TopicAssignment]
+    _topics_callbacks: list[Callable[[], None]]
+
+    def topics(self) -> dict[str, TopicAssignment]:
+        with self._lock:
+            return dict(self._topics)
+
+    def topic(self, name: str) -> TopicAssignment:
+        with self._lock:
+            assignment = self._topics.get(name)
+        if assignment is None:
+            validate_topic_name(name)
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return assignment
+
+    def on_topics_change(self, callback: Callable[[], None]) -> None:
+        """``callback()`` on the notifier thread whenever :meth:`topics` changes."""
+        with self._lock:
+            self._topics_callbacks.append(callback)

@@ -1,0 +1,129 @@
+"""Per-topic log configuration (Kafka's topic-level names where Kafka has the setting)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from broker_core.config import INT_MAX, LONG_MAX, ConfigDef, ConfigKey
+from broker_core.errors import InvalidConfigError
+from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+LOG_CONFIG = ConfigDef(
+    [
+        ConfigKey(
+            "segment.bytes",
+            int,
+            1024**3,
+            "Roll to a new segment file when the active one would grow past this size.",
+            min=1024,
+            max=INT_MAX,
+        ),
+        ConfigKey(
+            "segment.ms",
+            int,
+            7 * DAY_MS,
+            "Roll to a new segment once the active one's first batch is this old.",
+            min=1,
+        ),
+        ConfigKey(
+            "retention.bytes",
+            int,
+            -1,
+            "Delete the oldest segments while the partition is larger than this; -1: no limit.",
+            min=-1,
+        ),
+        ConfigKey(
+            "retention.ms",
+            int,
+            7 * DAY_MS,
+            "Delete segments whose newest batch is older than this; -1: keep forever.",
+            min=-1,
+        ),
+        ConfigKey(
+            "index.interval.bytes",
+            int,
+            4096,
+            "Add an offset-index entry after at least this many bytes of batches.",
+            min=0,
+        ),
+        ConfigKey(
+            "flush.messages",
+            int,
+            LONG_MAX,
+            "fsync the log after this many batches. 1 = fsync every append; the default "
+            "leaves flushing to the OS (durability by the page cache, as in Kafka).",
+            min=1,
+        ),
+        ConfigKey(
+            "flush.ms",
+            int,
+            LONG_MAX,
+            "fsync the log when this many ms have passed since the last fsync.",
+            min=0,
+        ),
+        ConfigKey(
+            "max.message.bytes",
+            int,
+            64 * 1024**2,
+            "Largest record batch (header + Arrow payload) the log accepts.",
+            min=1024,
+            max=INT_MAX,
+        ),
+        ConfigKey(
+            "producer.id.expiration.ms",
+            int,
+            DAY_MS,
+            "Forget a producer's sequence state after this long without a write, unless it "
+            "has an open transaction.",
+            min=1,
+        ),
+        ConfigKey(
+            "producer.state.batch.window",
+            int,
+            DEFAULT_BATCH_WINDOW,
+            "How many of a producer's latest batches per partition are cached to answer a "
+            "retried batch with its original offsets (Kafka's fixed 5). A producer must not "
+            "keep more batches in flight per partition than this.",
+            min=1,
+            max=1000,
+        ),
+    ],
+    what="topic",
+)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    segment_bytes: int
+    segment_ms: int
+    retention_bytes: int
+    retention_ms: int
+    index_interval_bytes: int
+    flush_messages: int
+    flush_ms: int
+    max_message_bytes: int
+    producer_id_expiration_ms: int
+    producer_state_batch_window: int
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object] | None = None) -> LogConfig:
+        parsed = LOG_CONFIG.parse(values)
+        kwargs = {name.replace(".", "_"): value for name, value in parsed.items()}
+        config = cls(**kwargs)  # type: ignore[arg-type]
+        if config.max_message_bytes > config.segment_bytes:
+            raise InvalidConfigError(
+                f"max.message.bytes={config.max_message_bytes} is larger than "
+                f"segment.bytes={config.segment_bytes}: a batch must fit in one segment"
+            )
+        return config
+
+    def to_mapping(self) -> dict[str, int]:
+        return {f.name.replace("_", "."): getattr(self, f.name) for f in fields(self)}
+
+    def overlaid(self, overrides: Mapping[str, object] | None) -> LogConfig:
+        merged: dict[str, object] = dict(self.to_mapping())
+        merged.update(overrides or {})
+        return LogConfig.from_mapping(merged)

@@ -1,0 +1,30 @@
+"""Topic naming and sizing rules, checked alike by the client, the server and the store."""
+
+from __future__ import annotations
+
+import re
+
+from broker_core.errors import InvalidTopicError
+
+MAX_TOPIC_NAME_LENGTH = 249  # Kafka's limit, so names move between the two unchanged
+MAX_PARTITIONS = 10_000
+_LEGAL_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def validate_topic_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidTopicError(f"topic name {name!r} must be a non-empty string")
+    if name in (".", ".."):
+        raise InvalidTopicError(f"topic name {name!r} is not allowed")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopicError(
+            f"topic name {name[:40]!r}... is {len(name)} characters, over the limit of "
+            f"{MAX_TOPIC_NAME_LENGTH}"
+        )
+    if not _LEGAL_NAME.fullmatch(name):
+        bad = sorted({c for c in name if not _LEGAL_NAME.fullmatch(c)})
+        raise InvalidTopicError(
+            f"topic name {name!r} contains {''.join(bad)!r}: only ASCII letters, digits, "
+            f"'.', '_' and '-' are allowed"
+        )
+    return name

@@ -1,0 +1,338 @@
+"""The broker: one process serving a LogStore over Arrow Flight, wired into the cluster.
+
+``Broker(config).start()`` opens, in order: the producer-id block source (ZooKeeper, or
+the embedded file ``<log.dir>/__producer_id_block``), the :class:`LogStore`, the Flight
+server (bound, so the real port is known), the cluster metadata (registering this
+broker), the local partitions it leads (recovering each), the transaction coordinator if
+this broker is the controller, and the background tasks. Requests that arrive before
+the start finished wait for it (a restart on a fixed port may be hit at once).
+
+``close()`` (also on SIGTERM/SIGINT through the CLI) stops accepting requests, stops the
+tasks and the coordinator, closes the store (snapshots and the clean-shutdown marker in
+every partition) and deregisters.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from broker_core.cluster.embedded import EmbeddedCluster
+from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
+from broker_core.cluster.zk import ZkCluster
+from broker_core.errors import (
+    CoordinatorNotAvailableError,
+    InvalidConfigError,
+    NotCoordinatorError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+)
+from broker_core.log.store import LogStore
+from broker_core.protocol.metrics import PartitionGauges
+from broker_core.server.config import BrokerConfig
+from broker_core.server.local_topics import LocalTopics
+from broker_core.server.marker_client import RoutingMarkerWriter
+from broker_core.server.metrics import Metrics
+from broker_core.server.roles import CoordinatorRole
+from broker_core.server.tasks import TaskGroup
+from broker_core.txn.coordinator import TransactionCoordinator
+from broker_core.txn.pid_block import ProducerIdBlock
+from broker_core.txn.pid_file import FileProducerIdBlockSource
+from broker_core.txn.pid_manager import ProducerIdManager
+from broker_core.txn.pid_zk import ZkProducerIdBlockSource
+
+log = logging.getLogger("idemlog.broker")
+
+PID_BLOCK_FILE = "__producer_id_block"
+CLUSTER_FILE = "__cluster.json"
+ZK_ROOT = "/idemlog"
+READY_TIMEOUT_S = 30.0  # how long an early request waits for the start to finish
+SHUTDOWN_GRACE_S = 5.0  # open client streams get this long before the store closes anyway
+
+
+class BrokerState(Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+_TRANSITIONS: dict[BrokerState, frozenset[BrokerState]] = {
+    BrokerState.CREATED: frozenset({BrokerState.STARTING, BrokerState.STOPPED}),
+    BrokerState.STARTING: frozenset({BrokerState.RUNNING, BrokerState.STOPPING}),
+    BrokerState.RUNNING: frozenset({BrokerState.STOPPING}),
+    BrokerState.STOPPING: frozenset({BrokerState.STOPPED}),
+    BrokerState.STOPPED: frozenset(),
+}
+
+
+class IssuedProducerIds:
+    """``producer_id_known`` for the store: was this id ever handed out by the cluster?
+
+    True for every id up to the end of the newest leased block. The bound is cached and
+    re-read from the block record only on a miss, so a valid producer costs nothing and a
+    forged id costs one small read.
+    """
+
+    def __init__(self, read_latest: Callable[[], ProducerIdBlock | None]) -> None:
+        self._read_latest = read_latest
+        self._lock = threading.Lock()
+        self._highest = -1
+
+    def __call__(self, producer_id: int) -> bool:
+        if producer_id <= self._highest:
+            return True
+        latest = self._read_latest()
+        with self._lock:
+            if latest is not None and latest.end > self._highest:
+                self._highest = latest.end
+            return producer_id <= self._highest
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self.metrics = Metrics()
+        self._state = BrokerState.CREATED
+        self._state_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._zk: Any = None
+        self._pid_source: FileProducerIdBlockSource | ZkProducerIdBlockSource | None = None
+        self.pids: ProducerIdManager | None = None
+        self.store: LogStore | None = None
+        self.cluster: ClusterMetadata | None = None
+        self.info: BrokerInfo | None = None
+        self._server: Any = None
+        self._tasks = TaskGroup()
+        self.markers: RoutingMarkerWriter | None = None
+        self.topics = LocalTopics(self)
+        self.coordinator_role = CoordinatorRole(self)
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def state(self) -> BrokerState:
+        return self._state
+
+    def _transition(self, new: BrokerState) -> None:
+        with self._state_lock:
+            if new not in _TRANSITIONS[self._state]:
+                raise RuntimeError(f"broker {self.broker_id}: cannot go {self._state} -> {new}")
+            self._state = new
+        log.info("broker %d is %s", self.broker_id, new.value)
+
+    def gate(self) -> None:
+        """Called first by every request: wait for the start, refuse during shutdown."""
+        if not self._ready.is_set() and not self._ready.wait(READY_TIMEOUT_S):
+            raise RequestTimedOutError(
+                f"broker {self.broker_id} did not finish starting within {READY_TIMEOUT_S:g}s"
+            )
+        if self._state is not BrokerState.RUNNING:
+            raise NotLeaderOrFollowerError(f"broker {self.broker_id} is shutting down")
+
+    # -- start ---------------------------------------------------------------------------
+    def start(self) -> BrokerInfo:
+        """Open everything and serve; returns the address actually bound."""
+        from broker_core.server.flight_server import IdemlogFlightServer
+
+        self._transition(BrokerState.STARTING)
+        cfg = self.config
+        try:
+            cfg.log_dir.mkdir(parents=True, exist_ok=True)
+            if cfg.embedded:
+                self._pid_source = FileProducerIdBlockSource(cfg.log_dir / PID_BLOCK_FILE)
+            else:
+                self._zk = self._connect_zookeeper()
+                self._pid_source = ZkProducerIdBlockSource(self._zk)
+            self.pids = ProducerIdManager(self.broker_id, self._pid_source)
+            self.store = LogStore(
+                cfg.log_dir,
+                cfg.log_defaults,
+                producer_id_known=IssuedProducerIds(self._pid_source.latest_block),
+            )
+            self._server = IdemlogFlightServer(self, cfg.listener_host, cfg.listener_port)
+            self.info = BrokerInfo(self.broker_id, cfg.listener_host, int(self._server.port))
+            self.cluster = self._open_cluster(self.info)
+            self.markers = RoutingMarkerWriter(self)
+            self.cluster.register(self.info)
+            self.topics.sync()
+            self.cluster.on_topics_change(self.topics.sync)
+            self.coordinator_role.start(synchronous=cfg.embedded)
+            self._add_tasks()
+            self._tasks.start()
+        except BaseException:
+            log.exception("broker %d failed to start", self.broker_id)
+            self._transition(BrokerState.STOPPING)
+            self._release()
+            raise
+        self._transition(BrokerState.RUNNING)
+        self._ready.set()
+        return self.info
+
+    def _connect_zookeeper(self) -> Any:
+        from kazoo.client import KazooClient
+
+        cfg = self.config
+        client = KazooClient(
+            hosts=cfg.zookeeper_connect,
+            timeout=cfg.zookeeper_session_timeout_ms / 1000.0,
+            # Reconnect for as long as it takes, quickly: a broker without ZooKeeper
+            # keeps serving its partitions and waits for the connection to come back.
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0},
+        )
+        client.start(timeout=cfg.zookeeper_session_timeout_ms / 1000.0)
+        return client
+
+    def _open_cluster(self, info: BrokerInfo) -> ClusterMetadata:
+        if self.config.embedded:
+            return EmbeddedCluster(info, self.config.log_dir / CLUSTER_FILE)
+        return ZkCluster(self.zookeeper_client(), ZK_ROOT)
+
+    def zookeeper_client(self) -> Any:
+        if self._zk is None:
+            raise InvalidConfigError(f"broker {self.broker_id} runs without zookeeper.connect")
+        return self._zk
+
+    def _add_tasks(self) -> None:
+        cfg = self.config
+        self._tasks.add(
+            "log-retention",
+            cfg.log_retention_check_interval_ms,
+            self.require_store().enforce_retention,
+        )
+        self._tasks.add(
+            "producer-expiry", cfg.producer_id_expiration_check_interval_ms, self.expire_producers
+        )
+        self._tasks.add("log-flush", cfg.log_flush_scheduler_interval_ms, self.flush_idle_logs)
+        self._tasks.add(
+            "transaction-timeouts",
+            cfg.transaction_cleanup_interval_ms,
+            self.coordinator_role.abort_timed_out,
+        )
+
+    # -- local partitions ----------------------------------------------------------------
+    def require_store(self) -> LogStore:
+        if self.store is None:
+            raise NotLeaderOrFollowerError(f"broker {self.broker_id} has no open store")
+        return self.store
+
+    def require_cluster(self) -> ClusterMetadata:
+        if self.cluster is None:
+            raise NotLeaderOrFollowerError(f"broker {self.broker_id} is not in the cluster yet")
+        return self.cluster
+
+    # -- coordinator access --------------------------------------------------------------
+    @property
+    def serving(self) -> bool:
+        """Starting or running: local topics may still be opened."""
+        return self._state in (BrokerState.STARTING, BrokerState.RUNNING)
+
+    def coordinator(self) -> TransactionCoordinator:
+        """The running transaction coordinator, or the retriable error saying where it is."""
+        coordinator = self.coordinator_role.current()
+        if coordinator is not None:
+            return coordinator
+        controller = self.require_cluster().controller()
+        if controller is not None and controller.broker_id != self.broker_id:
+            raise NotCoordinatorError(
+                f"broker {self.broker_id} is not the transaction coordinator: broker "
+                f"{controller.broker_id} at {controller.address} is"
+            )
+        raise CoordinatorNotAvailableError(
+            f"the transaction coordinator on broker {self.broker_id} is not running yet"
+        )
+
+    # -- background work -----------------------------------------------------------------
+    def expire_producers(self) -> int:
+        total = 0
+        for topic, partition, log_ in self.topics.logs():
+            expired = log_.expire_producers()
+            if expired:
+                log.info("%s-%d: expired idle producers %s", topic, partition, expired)
+                self.metrics.record_expired(topic, partition, expired)
+                total += len(expired)
+        return total
+
+    def flush_idle_logs(self) -> int:
+        return sum(1 for _t, _p, log_ in self.topics.logs() if log_.flush_if_due())
+
+    def metrics_document(self) -> dict[str, Any]:
+        gauges: dict[tuple[str, int], PartitionGauges] = {}
+        for topic, partition, log_ in self.topics.logs():
+            gauges[(topic, partition)] = PartitionGauges(
+                log_start_offset=log_.log_start_offset,
+                log_end_offset=log_.log_end_offset,
+                last_stable_offset=log_.last_stable_offset,
+                producers=len(log_.state),
+                open_transactions=len(log_.state.ongoing_transactions()),
+            )
+        coordinator = self.coordinator_role.current()
+        transactions = coordinator.describe() if coordinator is not None else None
+        return self.metrics.document(self.broker_id, gauges, transactions)
+
+    # -- shutdown ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop serving, close the store cleanly (snapshots + marker), deregister."""
+        with self._state_lock:
+            state = self._state
+        if state in (BrokerState.STOPPING, BrokerState.STOPPED):
+            return
+        if state is BrokerState.CREATED:
+            self._transition(BrokerState.STOPPED)
+            return
+        self._transition(BrokerState.STOPPING)
+        self._ready.set()  # waiting requests are released and refused
+        self._release()
+
+    def _release(self) -> None:
+        self._tasks.stop()
+        if self._server is not None:
+            self._shutdown_server()
+        self.coordinator_role.stop()
+        if self.store is not None:
+            try:
+                self.topics.close_store()
+            except Exception:
+                log.exception("broker %d: closing the store failed", self.broker_id)
+        if self.cluster is not None:
+            try:
+                self.cluster.close()
+            except Exception:
+                log.exception("broker %d: leaving the cluster failed", self.broker_id)
+        if self.markers is not None:
+            self.markers.close()
+        if isinstance(self._pid_source, ZkProducerIdBlockSource):
+            self._pid_source.close()
+        if self._zk is not None:
+            try:
+                self._zk.stop()
+                self._zk.close()
+            except Exception:
+                log.exception("broker %d: closing the ZooKeeper client failed", self.broker_id)
+        with self._state_lock:
+            self._state = BrokerState.STOPPED
+        log.info("broker %d is stopped", self.broker_id)
+
+    def _shutdown_server(self) -> None:
+        # Flight's shutdown waits for every open call, and a client may keep a produce
+        # stream open indefinitely: give them a grace period, then close the store anyway
+        # (later appends on those streams fail with a storage error).
+        done = threading.Event()
+
+        def shutdown() -> None:
+            try:
+                self._server.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=shutdown, name="idemlog-flight-shutdown", daemon=True).start()
+        if not done.wait(SHUTDOWN_GRACE_S):
+            log.warning(
+                "broker %d: client calls still open after %.0fs; closing the store anyway",
+                self.broker_id,
+                SHUTDOWN_GRACE_S,
+            )

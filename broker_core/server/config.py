@@ -1,0 +1,246 @@
+"""Broker configuration: every key declared once, with its type, default, range and doc.
+
+A broker reads a ``.properties`` file (``conf/broker.properties`` holds the defaults with
+their docs) plus ``--override key=value`` pairs. Besides its own keys it accepts
+``log.<key>`` for every topic key of :data:`broker_core.log.config.LOG_CONFIG`: the
+broker-wide defaults a topic's own overrides are laid over (``log.flush.messages=1``
+makes every topic fsync each append unless the topic says otherwise).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker_core.config import (
+    INT_MAX,
+    LONG_MAX,
+    ConfigDef,
+    ConfigKey,
+    ConfigValue,
+    load_properties,
+)
+from broker_core.errors import InvalidConfigError
+from broker_core.log.config import LOG_CONFIG, LogConfig
+
+LOG_PREFIX = "log."
+
+_BROKER_KEYS = [
+    ConfigKey(
+        "broker.id",
+        int,
+        0,
+        "This broker's id, unique in the cluster; the leader of partitions assigned to it.",
+        min=0,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "listener.host",
+        str,
+        "127.0.0.1",
+        "Address the Arrow Flight server binds to and advertises to clients.",
+    ),
+    ConfigKey(
+        "listener.port",
+        int,
+        9092,
+        "Port of the Arrow Flight server; 0 picks a free one (printed on the LISTENING line).",
+        min=0,
+        max=65535,
+    ),
+    ConfigKey(
+        "log.dir",
+        str,
+        "/tmp/idemlog-logs",
+        "Directory of the broker's topics; in embedded mode also the cluster metadata, "
+        "the producer id block record and the transaction state.",
+    ),
+    ConfigKey(
+        "zookeeper.connect",
+        str,
+        "",
+        "ZooKeeper connection string (host:port[,host:port][/chroot]). Empty: embedded "
+        "single-broker mode, with all metadata in files under log.dir.",
+    ),
+    ConfigKey(
+        "zookeeper.session.timeout.ms",
+        int,
+        18000,
+        "ZooKeeper session timeout; a broker silent this long loses its registration.",
+        min=1000,
+        max=600_000,
+    ),
+    ConfigKey(
+        "max.request.bytes",
+        int,
+        100 * 1024**2,
+        "Largest produce batch (Arrow buffers) or action body a request may carry; larger "
+        "ones are answered with MESSAGE_TOO_LARGE.",
+        min=1024,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "transaction.max.timeout.ms",
+        int,
+        900_000,
+        "Largest transaction timeout a producer may ask for in InitProducerId.",
+        min=1,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        int,
+        2_000,
+        "How often the coordinator looks for transactions open longer than their timeout "
+        "and aborts them.",
+        min=1,
+    ),
+    ConfigKey(
+        "producer.id.expiration.check.interval.ms",
+        int,
+        600_000,
+        "How often producers idle past producer.id.expiration.ms are dropped from the "
+        "partitions' state.",
+        min=1,
+    ),
+    ConfigKey(
+        "log.retention.check.interval.ms",
+        int,
+        300_000,
+        "How often segments past retention.ms / retention.bytes are deleted.",
+        min=1,
+    ),
+    ConfigKey(
+        "log.flush.scheduler.interval.ms",
+        int,
+        1000,
+        "How often logs without appends are checked against flush.ms.",
+        min=1,
+        max=LONG_MAX,
+    ),
+]
+
+
+def _topic_default_keys() -> list[ConfigKey]:
+    return [
+        ConfigKey(
+            LOG_PREFIX + key.name,
+            key.type,
+            key.default,
+            f"Broker-wide default of the topic key {key.name}: {key.doc}",
+            min=key.min,
+            max=key.max,
+            choices=key.choices,
+        )
+        for key in LOG_CONFIG
+    ]
+
+
+BROKER_CONFIG = ConfigDef(_BROKER_KEYS + _topic_default_keys(), what="broker")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: int
+    listener_host: str
+    listener_port: int
+    log_dir: Path
+    zookeeper_connect: str
+    zookeeper_session_timeout_ms: int
+    max_request_bytes: int
+    transaction_max_timeout_ms: int
+    transaction_cleanup_interval_ms: int
+    producer_id_expiration_check_interval_ms: int
+    log_retention_check_interval_ms: int
+    log_flush_scheduler_interval_ms: int
+    log_defaults: LogConfig  # the log.<key> values, as a topic's base config
+    values: Mapping[str, ConfigValue]  # every key, typed, for display
+
+    @property
+    def embedded(self) -> bool:
+        return not self.zookeeper_connect
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object] | None = None) -> BrokerConfig:
+        parsed = BROKER_CONFIG.parse(values)
+        topic_defaults = {
+            name[len(LOG_PREFIX) :]: value
+            for name, value in parsed.items()
+            if name.startswith(LOG_PREFIX) and name[len(LOG_PREFIX) :] in LOG_CONFIG
+        }
+        try:
+            log_defaults = LogConfig.from_mapping(topic_defaults)
+        except InvalidConfigError as exc:
+            # The topic-level check names topic keys; say which broker keys they came from.
+            raise InvalidConfigError(f"broker topic defaults (log.*): {exc.message}") from exc
+        if not str(parsed["log.dir"]).strip():
+            raise InvalidConfigError(f"log.dir={parsed['log.dir']!r} must name a directory")
+        return cls(
+            broker_id=int(parsed["broker.id"]),
+            listener_host=str(parsed["listener.host"]),
+            listener_port=int(parsed["listener.port"]),
+            log_dir=Path(str(parsed["log.dir"])),
+            zookeeper_connect=str(parsed["zookeeper.connect"]).strip(),
+            zookeeper_session_timeout_ms=int(parsed["zookeeper.session.timeout.ms"]),
+            max_request_bytes=int(parsed["max.request.bytes"]),
+            transaction_max_timeout_ms=int(parsed["transaction.max.timeout.ms"]),
+            transaction_cleanup_interval_ms=int(
+                parsed["transaction.abort.timed.out.transaction.cleanup.interval.ms"]
+            ),
+            producer_id_expiration_check_interval_ms=int(
+                parsed["producer.id.expiration.check.interval.ms"]
+            ),
+            log_retention_check_interval_ms=int(parsed["log.retention.check.interval.ms"]),
+            log_flush_scheduler_interval_ms=int(parsed["log.flush.scheduler.interval.ms"]),
+            log_defaults=log_defaults,
+            values=parsed,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path | None, overrides: Sequence[str] = ()) -> BrokerConfig:
+        """The file's keys (none if ``path`` is None), then ``key=value`` overrides."""
+        values: dict[str, object] = dict(load_properties(path)) if path is not None else {}
+        values.update(parse_overrides(overrides))
+        return cls.from_mapping(values)
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
+    """``["key=value", ...]`` from the command line; a pair without '=' is an error."""
+    result: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidConfigError(f"override {pair!r} must be key=value")
+        result[key.strip()] = value.strip()
+    return result
+
+
+def render_properties() -> str:
+    """The commented default file ``conf/broker.properties``, generated from the keys."""
+    lines = [
+        "# Broker configuration: every key with its default. Start a broker with",
+        "#   idemlog broker start --config conf/broker.properties [--override key=value ...]",
+        "# Generated from broker_core/server/config.py (the one place each key is declared) by",
+        "# `idemlog config broker --properties`; tests/broker/test_broker_config.py checks that",
+        "# this file and the code agree. Unknown keys are rejected by name.",
+    ]
+    for key in BROKER_CONFIG:
+        lines.append("")
+        lines.extend(
+            textwrap.wrap(
+                key.doc, 88, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False
+            )
+        )
+        lines.append(f"{key.name}={key.default}")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown_table() -> str:
+    """The README's broker key table (``| key | default | type | meaning |``)."""
+    lines = ["| key | default | type | meaning |", "|---|---|---|---|"]
+    for key in BROKER_CONFIG:
+        shown = '""' if key.default == "" else key.default
+        lines.append(f"| `{key.name}` | `{shown}` | {key.type.__name__} | {key.doc} |")
+    return "\n".join(lines) + "\n"

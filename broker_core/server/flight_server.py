@@ -1,0 +1,276 @@
+"""The broker's Arrow Flight service: produce (DoPut), fetch (DoGet), everything else (DoAction).
+
+The wire contract is ``broker_core.protocol.wire``. Errors that fail a whole request leave as
+``FlightServerError`` carrying ``protocol.error_message``; an error of one produced batch
+is that batch's ``ProduceResponse`` and the stream goes on. An exception that is not an
+``IdemlogError`` is a bug: it is logged with its traceback and answered as
+``UNKNOWN_SERVER_ERROR``, never swallowed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from broker_core.errors import (
+    IdemlogError,
+    InvalidRequestError,
+    MessageTooLargeError,
+    SchemaMismatchError,
+    UnknownServerError,
+)
+from broker_core.log.partition_log import IsolationLevel, PartitionLog
+from broker_core.log.store import describe_schema_difference
+from broker_core.protocol.metrics import AppendOutcome
+from broker_core.protocol.wire import (
+    DEFAULT_FETCH_MAX_BYTES,
+    Action,
+    FetchBatchMeta,
+    FetchTrailer,
+    ProduceRequestMeta,
+    ProduceResponse,
+    decode_json,
+    encode_json,
+    error_message,
+    field,
+)
+from broker_core.server.handlers import ActionHandlers
+from broker_core.server.metrics import outcome_of
+
+if TYPE_CHECKING:
+    from broker_core.server.broker import Broker
+
+log = logging.getLogger("idemlog.flight")
+
+T = TypeVar("T")
+MAX_FETCH_BYTES = 2**31 - 1
+EMPTY_SCHEMA = pa.schema([])
+_ISOLATION_LEVELS = tuple(level.value for level in IsolationLevel)
+
+
+def _flight_error(error: IdemlogError) -> flight.FlightServerError:
+    return flight.FlightServerError(error_message(error))
+
+
+class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
+    """Serving starts in the constructor (pyarrow's behaviour); ``port`` is the bound one."""
+
+    def __init__(self, broker: Broker, host: str, port: int) -> None:
+        super().__init__(f"grpc://{host}:{port}")
+        self._broker = broker
+        self._actions = ActionHandlers(broker)
+
+    # -- common --------------------------------------------------------------------------
+    def _guard(self, what: str, body: Callable[[], T]) -> T:
+        """Run a request: typed errors to the wire, bugs logged and sent as unknown."""
+        try:
+            self._broker.gate()
+            return body()
+        except IdemlogError as exc:
+            log.debug("%s failed: %s", what, exc)
+            raise _flight_error(exc) from exc
+        except flight.FlightError:
+            raise  # already a Flight status (e.g. the client went away)
+        except Exception as exc:
+            log.exception("%s failed unexpectedly", what)
+            raise _flight_error(UnknownServerError(f"{what}: {type(exc).__name__}: {exc}")) from exc
+
+    # -- produce -------------------------------------------------------------------------
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        self._guard("produce", lambda: self._produce(descriptor, reader, writer))
+
+    def _produce(
+        self,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        what = "produce descriptor"
+        if descriptor.descriptor_type != flight.DescriptorType.CMD or not descriptor.command:
+            raise InvalidRequestError(f"{what}: must be a command holding a JSON object")
+        request = decode_json(descriptor.command, what)
+        op = field(request, "op", str, what)
+        if op != "produce":
+            raise InvalidRequestError(f"{what}: field 'op' must be 'produce', got {op!r}")
+        topic = field(request, "topic", str, what)
+        partition = field(request, "partition", int, what)
+        log_ = self._broker.topics.leader_log(topic, partition)
+        expected = self._broker.store.topic(topic).schema if self._broker.store else None
+        if expected is not None and not expected.equals(reader.schema, check_metadata=False):
+            raise SchemaMismatchError(
+                f"produce to {topic}-{partition}: stream schema does not match the topic: "
+                f"{describe_schema_difference(expected, reader.schema)}"
+            )
+        limit = self._broker.config.max_request_bytes
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            except pa.ArrowInvalid as exc:
+                raise InvalidRequestError(
+                    f"produce to {topic}-{partition}: unreadable message ({exc})"
+                ) from exc
+            meta = ProduceRequestMeta.decode(chunk.app_metadata)
+            if chunk.data is None:
+                raise InvalidRequestError(
+                    f"produce to {topic}-{partition}: correlation id {meta.correlation_id} "
+                    "carries metadata but no record batch"
+                )
+            response = self._append(log_, topic, partition, meta, chunk.data, limit)
+            writer.write(response.encode())
+
+    def _append(
+        self,
+        log_: PartitionLog,
+        topic: str,
+        partition: int,
+        meta: ProduceRequestMeta,
+        batch: pa.RecordBatch,
+        limit: int,
+    ) -> ProduceResponse:
+        metrics = self._broker.metrics
+        nbytes = batch.nbytes
+        try:
+            if nbytes > limit:
+                raise MessageTooLargeError(
+                    f"produce to {topic}-{partition}: batch of {batch.num_rows} rows is "
+                    f"{nbytes} bytes, over max.request.bytes={limit}"
+                )
+            result = log_.append(
+                batch,
+                producer_id=meta.producer_id,
+                producer_epoch=meta.producer_epoch,
+                base_sequence=meta.base_sequence,
+                transactional=meta.transactional,
+            )
+        except IdemlogError as exc:
+            metrics.record_append(topic, partition, meta.producer_id, outcome_of(exc))
+            return ProduceResponse.failure(meta.correlation_id, exc)
+        except Exception as exc:
+            log.exception("produce to %s-%d failed unexpectedly", topic, partition)
+            metrics.record_append(topic, partition, meta.producer_id, AppendOutcome.REJECTED)
+            error = UnknownServerError(f"produce: {type(exc).__name__}: {exc}")
+            return ProduceResponse.failure(meta.correlation_id, error)
+        outcome = AppendOutcome.DUPLICATE if result.duplicate else AppendOutcome.APPENDED
+        metrics.record_append(topic, partition, meta.producer_id, outcome, batch.num_rows, nbytes)
+        return ProduceResponse(
+            meta.correlation_id,
+            0,
+            result.base_offset,
+            result.last_offset,
+            result.log_append_time,
+            result.duplicate,
+        )
+
+    # -- fetch ---------------------------------------------------------------------------
+    def do_get(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
+        return self._guard("fetch", lambda: self._fetch(ticket))
+
+    def _fetch(self, ticket: flight.Ticket) -> flight.FlightDataStream:
+        what = "fetch ticket"
+        request = decode_json(ticket.ticket, what)
+        op = field(request, "op", str, what)
+        if op != "fetch":
+            raise InvalidRequestError(f"{what}: field 'op' must be 'fetch', got {op!r}")
+        topic = field(request, "topic", str, what)
+        partition = field(request, "partition", int, what)
+        offset = field(request, "offset", int, what)
+        max_bytes = field(request, "max_bytes", int, what, DEFAULT_FETCH_MAX_BYTES)
+        level = field(request, "isolation", str, what, IsolationLevel.READ_COMMITTED.value)
+        if level not in _ISOLATION_LEVELS:
+            raise InvalidRequestError(
+                f"{what}: field 'isolation' must be one of {', '.join(_ISOLATION_LEVELS)}, "
+                f"got {level!r}"
+            )
+        isolation = IsolationLevel(level)
+        max_offset = field(request, "max_offset", int, what, None)
+        if not 1 <= max_bytes <= MAX_FETCH_BYTES:
+            raise InvalidRequestError(
+                f"{what}: field 'max_bytes' must be in 1..{MAX_FETCH_BYTES}, got {max_bytes}"
+            )
+        log_ = self._broker.topics.leader_log(topic, partition)
+        store = self._broker.store
+        schema = (store.topic(topic).schema if store else None) or EMPTY_SCHEMA
+        result = log_.read(offset, max_bytes=max_bytes, isolation=isolation, max_offset=max_offset)
+        trailer = FetchTrailer(
+            result.next_offset,
+            result.high_watermark,
+            result.last_stable_offset,
+            result.log_start_offset,
+        )
+
+        def stream() -> Iterator[tuple[pa.RecordBatch, pa.Buffer]]:
+            for b in result.batches:
+                meta = FetchBatchMeta(
+                    b.base_offset,
+                    b.producer_id,
+                    b.producer_epoch,
+                    b.base_sequence,
+                    b.is_transactional,
+                    b.timestamp,
+                )
+                records = b.records
+                if not records.schema.equals(schema):
+                    records = pa.RecordBatch.from_arrays(records.columns, schema=schema)
+                yield records, pa.py_buffer(meta.encode())
+            yield _empty_batch(schema), pa.py_buffer(trailer.encode())
+
+        return flight.GeneratorStream(schema, stream())
+
+    # -- actions -------------------------------------------------------------------------
+    def do_action(
+        self, context: flight.ServerCallContext, action: flight.Action
+    ) -> Iterator[bytes]:
+        action_type = action.type
+        result = self._guard(f"action {action_type}", lambda: self._action(action))
+        return iter([result])
+
+    def _action(self, action: flight.Action) -> bytes:
+        body_buf = action.body
+        size = 0 if body_buf is None else body_buf.size
+        limit = self._broker.config.max_request_bytes
+        if size > limit:
+            raise MessageTooLargeError(
+                f"action {action.type}: body of {size} bytes is over max.request.bytes={limit}"
+            )
+        data = b"{}" if body_buf is None or size == 0 else body_buf.to_pybytes()
+        body = decode_json(data, f"action {action.type}")
+        return encode_json(self._actions.handle(action.type, body))
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return [(a.value, _ACTION_DOCS.get(a, "")) for a in Action]
+
+
+def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=schema)
+
+
+_ACTION_DOCS: dict[Action, str] = {
+    Action.CREATE_TOPIC: "create a topic: {name, partitions, schema?, config?}",
+    Action.DELETE_TOPIC: "delete a topic: {name}",
+    Action.DESCRIBE_TOPICS: "describe topics: {names?}",
+    Action.LIST_OFFSETS: "offsets of a partition: {topic, partition}",
+    Action.METADATA: "brokers, controller, partition leaders: {topics?}",
+    Action.FIND_COORDINATOR: "the transaction coordinator's address",
+    Action.INIT_PRODUCER_ID: "a producer id and epoch: {transactional_id?, timeout?}",
+    Action.ADD_PARTITIONS_TO_TXN: "add partitions to the open transaction",
+    Action.END_TXN: "commit or abort the open transaction",
+    Action.WRITE_TXN_MARKERS: "broker to broker: markers for local partitions",
+    Action.COMMIT_SINK_BATCH: "commit a sink's batch of transactions (idempotent)",
+    Action.ABORT_SINK_BATCH: "abort a sink's batch of transactions",
+    Action.METRICS: "this broker's metrics document",
+    Action.PING: "liveness: {broker_id, version}",
+}

@@ -1,0 +1,178 @@
+"""A broker's local copies of the partitions it leads, kept in step with the cluster.
+
+The cluster metadata says which broker serves each partition; the broker's own
+``LogStore`` holds the data. A topic is created locally the first time this broker needs
+one of its partitions (schema and config from the assignment), its partitions are opened
+(recovered) at start and whenever the topics change, and its files go when the cluster
+deletes the topic while this broker watches. A topic found on disk that the cluster does
+not know is never deleted on a guess: an embedded broker adopts it into its metadata (a
+data directory written by the store alone), a ZooKeeper broker leaves it alone and warns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from broker_core.cluster.metadata import TopicAssignment
+from broker_core.errors import (
+    IdemlogError,
+    InvalidTopicError,
+    NotLeaderOrFollowerError,
+    StorageError,
+    UnknownTopicOrPartitionError,
+)
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.store import Topic
+
+if TYPE_CHECKING:
+    from broker_core.server.broker import Broker
+
+log = logging.getLogger("idemlog.broker")
+
+INTERNAL_TOPIC_PREFIX = "__"  # reserved: __transaction_state lives in the same store
+
+
+class LocalTopics:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        # Creating, deleting, opening topics and closing the store; re-entered by cluster
+        # callbacks that run inside create_topic (embedded mode).
+        self._lock = threading.RLock()
+        self._seen: set[str] = set()  # the cluster's topics, as last seen
+
+    @property
+    def _id(self) -> int:
+        return self._broker.broker_id
+
+    def assignment(self, topic: str) -> TopicAssignment:
+        if topic.startswith(INTERNAL_TOPIC_PREFIX):
+            raise InvalidTopicError(f"topic {topic!r} is internal to the broker")
+        return self._broker.require_cluster().topic(topic)
+
+    def leader_log(self, topic: str, partition: int) -> PartitionLog:
+        """The local log of a partition this broker leads, created on first use."""
+        assignment = self.assignment(topic)
+        leader = assignment.leader(partition)
+        if leader != self._id:
+            raise NotLeaderOrFollowerError(
+                f"broker {self._id} does not lead {topic}-{partition}: broker {leader} does"
+            )
+        self.ensure(assignment)
+        return self._broker.require_store().partition(topic, partition)
+
+    def ensure(self, assignment: TopicAssignment) -> Topic:
+        """The local topic of ``assignment``, created if this broker has none yet."""
+        store = self._broker.require_store()
+        with self._lock:
+            try:
+                topic = store.topic(assignment.name)
+            except UnknownTopicOrPartitionError:
+                schema = (
+                    pa.ipc.read_schema(pa.py_buffer(assignment.schema))
+                    if assignment.schema is not None
+                    else None
+                )
+                log.info("broker %d creates its partitions of %s", self._id, assignment.name)
+                return store.create_topic(
+                    assignment.name,
+                    len(assignment.partitions),
+                    schema=schema,
+                    config=assignment.config,
+                )
+        if topic.partitions != len(assignment.partitions):
+            # A topic deleted while this broker was down and created again differently:
+            # serving the old files under the new assignment would mix two topics.
+            raise StorageError(
+                f"broker {self._id}: the local copy of topic {assignment.name!r} in "
+                f"{topic.directory} has {topic.partitions} partitions, the cluster's has "
+                f"{len(assignment.partitions)}; move the old directory away"
+            )
+        return topic
+
+    def sync(self) -> None:
+        """Open the partitions this broker leads; follow deletions; adopt or report strays."""
+        broker = self._broker
+        store, cluster = broker.store, broker.cluster
+        if store is None or cluster is None:
+            return
+        try:
+            assignments = cluster.topics()
+        except IdemlogError as exc:
+            log.warning("broker %d cannot read the topics: %s", self._id, exc)
+            return
+        with self._lock:
+            if not broker.serving:
+                return  # the store is closing: open nothing new
+            for name in store.topics():
+                if name.startswith(INTERNAL_TOPIC_PREFIX) or name in assignments:
+                    continue
+                if name in self._seen:
+                    log.info("broker %d deletes its copy of deleted topic %s", self._id, name)
+                    store.delete_topic(name)
+                    broker.metrics.forget_topic(name)
+                elif broker.config.embedded:
+                    assignments[name] = self._adopt(store.topic(name))
+                else:
+                    log.warning(
+                        "broker %d has topic %s on disk but the cluster does not: not served",
+                        self._id,
+                        name,
+                    )
+            self._seen = set(assignments)
+            for assignment in assignments.values():
+                mine = assignment.partitions_of(self._id)
+                if not mine:
+                    continue
+                try:
+                    self.ensure(assignment)
+                    for partition in mine:
+                        store.partition(assignment.name, partition)  # recovers it now
+                except IdemlogError as exc:
+                    log.error("broker %d cannot open %s: %s", self._id, assignment.name, exc)
+
+    def _adopt(self, topic: Topic) -> TopicAssignment:
+        log.warning(
+            "broker %d adopts topic %s found in %s into its cluster metadata",
+            self._id,
+            topic.name,
+            topic.directory.parent,
+        )
+        schema = None if topic.schema is None else topic.schema.serialize().to_pybytes()
+        config = {k: str(v) for k, v in topic.overrides.items()}
+        cluster = self._broker.require_cluster()
+        return cluster.create_topic(topic.name, topic.partitions, schema, config)
+
+    def delete(self, name: str) -> None:
+        store = self._broker.require_store()
+        with self._lock:
+            with contextlib.suppress(UnknownTopicOrPartitionError):
+                store.delete_topic(name)
+            self._broker.metrics.forget_topic(name)
+
+    def logs(self) -> list[tuple[str, int, PartitionLog]]:
+        """(topic, partition, log) of every open local partition, internal topics aside."""
+        store = self._broker.store
+        if store is None:
+            return []
+        result: list[tuple[str, int, PartitionLog]] = []
+        for name in store.topics():
+            if name.startswith(INTERNAL_TOPIC_PREFIX):
+                continue
+            try:
+                topic = store.topic(name)
+            except UnknownTopicOrPartitionError:
+                continue  # deleted meanwhile
+            result.extend((name, p, log_) for p, log_ in sorted(topic.logs.items()))
+        return result
+
+    def close_store(self) -> None:
+        """Close the store (snapshots, clean-shutdown markers); nothing opens meanwhile."""
+        store = self._broker.store
+        if store is not None:
+            with self._lock:
+                store.close()

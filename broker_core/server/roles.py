@@ -1,0 +1,185 @@
+"""The controller's extra role: running the transaction coordinator while it is controller.
+
+In embedded mode the single broker is always the controller and the coordinator starts
+before the broker serves (``start(synchronous=True)``), so its first request finds it
+ready. With ZooKeeper, controllership comes and goes with the ``/controller`` znode; the
+callbacks only record what is wanted and one thread makes it so, because a coordinator's
+start finishes interrupted commits by sending markers to other brokers, which must not
+block ZooKeeper's event thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from broker_core.client.broker_client import BrokerClient
+from broker_core.txn.coordinator import TransactionCoordinator
+from broker_core.txn.state_store import LogTxnStateStore, TxnStateStore, ZkTxnStateStore
+
+if TYPE_CHECKING:
+    from broker_core.server.broker import Broker
+
+log = logging.getLogger("idemlog.broker")
+
+ACTIVATION_RETRY_S = 1.0  # after a failed coordinator start (e.g. a marker's broker is down)
+
+
+class ClusterStableOffsets:
+    """Partitions' last stable offsets for the coordinator's reader cuts: local logs read
+    in place, the others asked of their leaders."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._lock = threading.Lock()
+        self._client: BrokerClient | None = None
+
+    def last_stable_offsets(self, topic: str) -> dict[int, int]:
+        broker = self._broker
+        assignment = broker.topics.assignment(topic)
+        ends: dict[int, int] = {}
+        for partition, leader in sorted(assignment.partitions.items()):
+            if leader == broker.broker_id:
+                ends[partition] = broker.topics.leader_log(topic, partition).last_stable_offset
+            else:
+                doc = self._remote().list_offsets(topic, partition)
+                ends[partition] = int(doc["last_stable_offset"])
+        return ends
+
+    def _remote(self) -> BrokerClient:
+        with self._lock:
+            if self._client is None:
+                cluster = self._broker.require_cluster()
+                bootstrap = ",".join(f"{b.host}:{b.port}" for b in cluster.brokers())
+                self._client = BrokerClient(bootstrap)
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+class CoordinatorRole:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._cond = threading.Condition()
+        self._wanted = False
+        self._dirty = False
+        self._stopped = False
+        self._coordinator: TransactionCoordinator | None = None
+        # The coordinator's ZooKeeper state store: its connection listener is removed when
+        # the coordinator stops, or every controllership would leave one behind.
+        self._zk_store: ZkTxnStateStore | None = None
+        self._offsets = ClusterStableOffsets(broker)
+        self._thread: threading.Thread | None = None
+
+    def current(self) -> TransactionCoordinator | None:
+        return self._coordinator
+
+    def start(self, *, synchronous: bool) -> None:
+        cluster = self._broker.cluster
+        assert cluster is not None
+        if synchronous and cluster.is_controller():
+            self._coordinator = self._build_and_start()
+        cluster.on_controller_change(self._on_controller_change)
+        self._thread = threading.Thread(
+            target=self._run, name="idemlog-coordinator-role", daemon=True
+        )
+        self._thread.start()
+        self._on_controller_change(cluster.is_controller())
+
+    def _on_controller_change(self, is_controller: bool) -> None:
+        with self._cond:
+            self._wanted = is_controller
+            self._dirty = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._dirty or self._stopped)
+                if self._stopped:
+                    return
+                self._dirty = False
+                wanted = self._wanted
+            if wanted and self._coordinator is None:
+                try:
+                    self._coordinator = self._build_and_start()
+                except Exception:
+                    log.exception(
+                        "broker %d: starting the transaction coordinator failed; retrying in %.0fs",
+                        self._broker.broker_id,
+                        ACTIVATION_RETRY_S,
+                    )
+                    with self._cond:
+                        self._dirty = True
+                        self._cond.wait_for(lambda: self._stopped, ACTIVATION_RETRY_S)
+            elif not wanted and self._coordinator is not None:
+                log.info("broker %d is no longer the controller", self._broker.broker_id)
+                self._close_coordinator()
+
+    def _build_and_start(self) -> TransactionCoordinator:
+        broker = self._broker
+        assert broker.store is not None and broker.pids is not None and broker.markers is not None
+        assert broker.cluster is not None
+        state_store: TxnStateStore
+        zk_store: ZkTxnStateStore | None = None
+        if broker.config.embedded:
+            state_store = LogTxnStateStore(broker.store)
+        else:
+            from broker_core.server.broker import ZK_ROOT
+
+            state_store = zk_store = ZkTxnStateStore(broker.zookeeper_client(), ZK_ROOT)
+        # Read after the controllership was reported: the epoch is this controllership's,
+        # higher than that of every coordinator before, whose writes it thereby fences.
+        epoch = broker.cluster.controller_epoch()
+        coordinator = TransactionCoordinator(
+            state_store,
+            broker.pids,
+            broker.markers,
+            max_timeout_ms=broker.config.transaction_max_timeout_ms,
+            coordinator_epoch=epoch,
+            stable_offsets=self._offsets,
+        )
+        try:
+            coordinator.start()
+        except BaseException:
+            coordinator.close()
+            if zk_store is not None:
+                zk_store.close()
+            raise
+        self._zk_store = zk_store
+        log.info("broker %d runs the transaction coordinator (epoch %d)", broker.broker_id, epoch)
+        return coordinator
+
+    def abort_timed_out(self) -> list[str]:
+        coordinator = self._coordinator
+        if coordinator is None:
+            return []
+        aborted = coordinator.abort_timed_out()
+        if aborted:
+            log.info("aborted transactions open past their timeout: %s", aborted)
+        return aborted
+
+    def _close_coordinator(self) -> None:
+        self._offsets.close()
+        coordinator, self._coordinator = self._coordinator, None
+        zk_store, self._zk_store = self._zk_store, None
+        if coordinator is not None:
+            try:
+                coordinator.close()
+            except Exception:
+                log.exception("broker %d: closing the coordinator failed", self._broker.broker_id)
+        if zk_store is not None:
+            zk_store.close()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10.0)
+        self._close_coordinator()

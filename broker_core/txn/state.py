@@ -1,0 +1,317 @@
+"""Transaction coordinator state: one record per transactional id and per sink (DESIGN §5, §6).
+
+:class:`TransactionState` is Kafka's transaction state machine with its transition table
+written out; :class:`TransactionMetadata` is what the coordinator keeps (and persists) per
+transactional id; :class:`SinkCommitRecord` is a sink's last committed Spark batch. Both
+records serialise to small JSON documents, the value both state stores persist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from typing import Any
+
+from broker_core.errors import CorruptRecordError, InvalidTxnStateError
+from broker_core.record.batch import MAX_PRODUCER_EPOCH, NO_PRODUCER_ID
+
+RECORD_VERSION = 1
+NO_TXN_START = -1  # txn_start_ms of a transactional id with no transaction begun yet
+NO_SINK_BATCH = -1  # sink_batch of a transactional id no Spark task attempt holds
+NO_SINK = ""  # sink_id / sink_run of a transactional id no Spark task attempt holds
+# The highest epoch handed to a producer. One more bump (to MAX_PRODUCER_EPOCH) stays
+# available so the coordinator can always fence the holder of the last epoch; past this a
+# new producer id is issued instead (Kafka's rule).
+MAX_CLIENT_EPOCH = MAX_PRODUCER_EPOCH - 1
+
+
+class TransactionState(Enum):
+    """Kafka's ``TransactionState``, without the internal PREPARE_EPOCH_FENCE step."""
+
+    EMPTY = "EMPTY"  # producer id and epoch assigned, no transaction open
+    ONGOING = "ONGOING"  # partitions added; data may be in the logs
+    PREPARE_COMMIT = "PREPARE_COMMIT"  # commit decided and durable; markers being written
+    PREPARE_ABORT = "PREPARE_ABORT"  # abort decided and durable; markers being written
+    COMPLETE_COMMIT = "COMPLETE_COMMIT"  # every partition has its COMMIT marker
+    COMPLETE_ABORT = "COMPLETE_ABORT"  # every partition has its ABORT marker
+    DEAD = "DEAD"  # transactional id expired; the record may be removed
+
+    def can_transition_to(self, new: TransactionState) -> bool:
+        return new in _TRANSITIONS[self]
+
+    @property
+    def is_prepare(self) -> bool:
+        return self in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT)
+
+    @property
+    def is_complete(self) -> bool:
+        return self in (TransactionState.COMPLETE_COMMIT, TransactionState.COMPLETE_ABORT)
+
+
+_S = TransactionState
+# Legal moves out of each state. EMPTY -> EMPTY and COMPLETE_* -> EMPTY are epoch bumps
+# (InitProducerId); ONGOING -> ONGOING adds partitions to the open transaction.
+_TRANSITIONS: dict[TransactionState, frozenset[TransactionState]] = {
+    _S.EMPTY: frozenset({_S.EMPTY, _S.ONGOING, _S.DEAD}),
+    _S.ONGOING: frozenset({_S.ONGOING, _S.PREPARE_COMMIT, _S.PREPARE_ABORT}),
+    _S.PREPARE_COMMIT: frozenset({_S.COMPLETE_COMMIT}),
+    _S.PREPARE_ABORT: frozenset({_S.COMPLETE_ABORT}),
+    _S.COMPLETE_COMMIT: frozenset({_S.ONGOING, _S.EMPTY, _S.DEAD}),
+    _S.COMPLETE_ABORT: frozenset({_S.ONGOING, _S.EMPTY, _S.DEAD}),
+    _S.DEAD: frozenset(),
+}
+# States in which the transaction's partitions no longer matter: forgotten on entry.
+_PARTITIONS_CLEARED = frozenset({_S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT, _S.DEAD})
+
+
+@dataclass
+class TransactionMetadata:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: TransactionState
+    partitions: set[tuple[str, int]]
+    txn_start_ms: int
+    last_update_ms: int
+    # The producer id this transactional id had before its epochs ran out, so the holder
+    # of the old id is told it is fenced rather than that the id is unknown.
+    previous_producer_id: int = NO_PRODUCER_ID
+    # The Spark task attempt holding this id (docs/design.md, "The sink protocol"): its
+    # sink (query id or batch-job id), the run that planned it (one per query start or
+    # job), and the batch. Set by init_sink_producer, kept until the next epoch.
+    sink_id: str = NO_SINK
+    sink_run: str = NO_SINK
+    sink_batch: int = NO_SINK_BATCH
+    # The attempt's transaction holds all of its task's rows (prepare_sink_txn): a later
+    # attempt of the same task *of the same run* reuses it instead of fencing it, so a
+    # speculative twin or a retry after a late failure never aborts a finished attempt.
+    sink_prepared: bool = False
+    # Where the prepared transaction's rows are: (topic, partition, first offset, last
+    # offset), so the sink commit can tell readers which offsets belong to one batch.
+    sink_ranges: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
+    # Why the coordinator itself last bumped the epoch (a timeout, a superseded run, an
+    # operator's abort): the fenced holder's error says so instead of "another producer".
+    fence_reason: str = ""
+
+    def transition(self, new: TransactionState, now_ms: int) -> None:
+        """Move to ``new``, or raise :class:`InvalidTxnStateError` naming both states."""
+        old = self.state
+        if not old.can_transition_to(new):
+            raise InvalidTxnStateError(
+                f"transactional id {self.transactional_id!r} (producer id {self.producer_id}, "
+                f"epoch {self.producer_epoch}) cannot go from {old.name} to {new.name}"
+            )
+        if new is _S.ONGOING and old is not _S.ONGOING:
+            self.txn_start_ms = now_ms  # a new transaction begins
+            self.partitions = set()
+        if new in _PARTITIONS_CLEARED:
+            self.partitions = set()
+        if new is _S.EMPTY or (new is _S.ONGOING and old.is_complete):
+            # A new epoch, or a new transaction after one ended: it holds no task's rows.
+            self.sink_prepared = False
+            self.sink_ranges = []
+        self.state = new
+        self.last_update_ms = now_ms
+
+    def copy(self) -> TransactionMetadata:
+        return dataclasses.replace(
+            self, partitions=set(self.partitions), sink_ranges=list(self.sink_ranges)
+        )
+
+    @property
+    def holds_attempt(self) -> bool:
+        """A sink task attempt holds this id and has not ended its transaction."""
+        return self.sink_id != NO_SINK and self.state in (_S.EMPTY, _S.ONGOING)
+
+    def sorted_partitions(self) -> list[tuple[str, int]]:
+        return sorted(self.partitions)
+
+    def to_json(self) -> bytes:
+        doc = {
+            "version": RECORD_VERSION,
+            "transactional_id": self.transactional_id,
+            "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch,
+            "previous_producer_id": self.previous_producer_id,
+            "timeout_ms": self.timeout_ms,
+            "state": self.state.name,
+            "partitions": [[t, p] for t, p in self.sorted_partitions()],
+            "txn_start_ms": self.txn_start_ms,
+            "last_update_ms": self.last_update_ms,
+            "sink_id": self.sink_id,
+            "sink_run": self.sink_run,
+            "sink_batch": self.sink_batch,
+            "sink_prepared": self.sink_prepared,
+            "sink_ranges": [list(r) for r in self.sink_ranges],
+            "fence_reason": self.fence_reason,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> TransactionMetadata:
+        doc = _decode(data, where)
+        try:
+            state = TransactionState[_get(doc, "state", str, where)]
+        except KeyError:
+            raise CorruptRecordError(f"{where}: unknown state {doc['state']!r}") from None
+        return cls(
+            transactional_id=_get(doc, "transactional_id", str, where),
+            producer_id=_get(doc, "producer_id", int, where),
+            producer_epoch=_get(doc, "producer_epoch", int, where),
+            timeout_ms=_get(doc, "timeout_ms", int, where),
+            state=state,
+            partitions=_partitions(_get(doc, "partitions", list, where), where),
+            txn_start_ms=_get(doc, "txn_start_ms", int, where),
+            last_update_ms=_get(doc, "last_update_ms", int, where),
+            previous_producer_id=_get(doc, "previous_producer_id", int, where),
+            # Absent in records written before sinks prepared transactions.
+            sink_id=_optional(doc, "sink_id", str, where, NO_SINK),
+            sink_run=_optional(doc, "sink_run", str, where, NO_SINK),
+            sink_batch=_optional(doc, "sink_batch", int, where, NO_SINK_BATCH),
+            sink_prepared=_optional(doc, "sink_prepared", bool, where, False),
+            sink_ranges=_ranges(_optional(doc, "sink_ranges", list, where, []), where),
+            fence_reason=_optional(doc, "fence_reason", str, where, ""),
+        )
+
+
+class SinkCommitState(StrEnum):
+    PREPARE = "PREPARE"  # commit of this batch decided; its transactions may lack markers
+    COMPLETE = "COMPLETE"  # every transaction of this batch is committed
+
+
+_SINK_STATES = frozenset(s.value for s in SinkCommitState)
+
+
+@dataclass
+class SinkCommitRecord:
+    sink_id: str
+    batch_id: int
+    state: str  # a SinkCommitState value
+    transactions: list[tuple[str, int, int]]  # (transactional_id, producer_id, producer_epoch)
+    # Committed batches of this sink (this one included) that a read_committed reader may
+    # still see in part, with the offsets of their rows: (batch id, [(topic, partition,
+    # first, last)]). A range leaves once a marker reports the partition's last stable
+    # offset past it; readers cut their ends so each batch is all in or all out.
+    unsettled: list[tuple[int, list[tuple[str, int, int, int]]]] = dataclasses.field(
+        default_factory=list
+    )
+
+    def __post_init__(self) -> None:
+        if self.state not in _SINK_STATES:
+            raise ValueError(
+                f"sink {self.sink_id!r}: state {self.state!r} is not one of "
+                f"{', '.join(SinkCommitState)}"
+            )
+
+    @property
+    def is_pending(self) -> bool:
+        return self.state == SinkCommitState.PREPARE
+
+    def to_json(self) -> bytes:
+        doc = {
+            "version": RECORD_VERSION,
+            "sink_id": self.sink_id,
+            "batch_id": self.batch_id,
+            "state": str(self.state),
+            "transactions": [list(t) for t in self.transactions],
+            "unsettled": [[b, [list(r) for r in ranges]] for b, ranges in self.unsettled],
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> SinkCommitRecord:
+        doc = _decode(data, where)
+        state = _get(doc, "state", str, where)
+        if state not in _SINK_STATES:
+            raise CorruptRecordError(f"{where}: unknown sink state {state!r}")
+        transactions: list[tuple[str, int, int]] = []
+        for item in _get(doc, "transactions", list, where):
+            if (
+                not isinstance(item, list)
+                or len(item) != 3
+                or not isinstance(item[0], str)
+                or not all(_is_int(v) for v in item[1:])
+            ):
+                raise CorruptRecordError(
+                    f"{where}: transaction {item!r} is not [transactional_id, pid, epoch]"
+                )
+            transactions.append((item[0], item[1], item[2]))
+        unsettled: list[tuple[int, list[tuple[str, int, int, int]]]] = []
+        for item in _optional(doc, "unsettled", list, where, []):
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not _is_int(item[0])
+                or not isinstance(item[1], list)
+            ):
+                raise CorruptRecordError(f"{where}: unsettled {item!r} is not [batch, ranges]")
+            unsettled.append((item[0], _ranges(item[1], where)))
+        return cls(
+            sink_id=_get(doc, "sink_id", str, where),
+            batch_id=_get(doc, "batch_id", int, where),
+            state=state,
+            transactions=transactions,
+            unsettled=unsettled,
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _decode(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(bytes(data))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptRecordError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise CorruptRecordError(f"{where}: not a JSON object")
+    if doc.get("version") != RECORD_VERSION:
+        raise CorruptRecordError(f"{where}: unsupported version {doc.get('version')!r}")
+    return doc
+
+
+def _get(doc: dict[str, Any], name: str, kind: type, where: str) -> Any:
+    value = doc.get(name)
+    ok = _is_int(value) if kind is int else isinstance(value, kind)
+    if not ok:
+        raise CorruptRecordError(f"{where}: field {name!r} is missing or not {kind.__name__}")
+    return value
+
+
+def _optional(doc: dict[str, Any], name: str, kind: type, where: str, default: Any) -> Any:
+    return _get(doc, name, kind, where) if name in doc else default
+
+
+def _ranges(items: Iterable[object], where: str) -> list[tuple[str, int, int, int]]:
+    result: list[tuple[str, int, int, int]] = []
+    for item in items:
+        if (
+            not isinstance(item, list)
+            or len(item) != 4
+            or not isinstance(item[0], str)
+            or not all(_is_int(v) for v in item[1:])
+        ):
+            raise CorruptRecordError(
+                f"{where}: offset range {item!r} is not [topic, partition, first, last]"
+            )
+        result.append((item[0], item[1], item[2], item[3]))
+    return result
+
+
+def _partitions(items: Iterable[object], where: str) -> set[tuple[str, int]]:
+    result: set[tuple[str, int]] = set()
+    for item in items:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or not _is_int(item[1])
+        ):
+            raise CorruptRecordError(f"{where}: partition {item!r} is not [topic, partition]")
+        result.add((item[0], item[1]))
+    return result
