@@ -33,6 +33,7 @@ from broker_core.errors import (
     ProducerFencedError,
 )
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
+from broker_core.retry import RetryPolicy
 
 from .config import ProducerConfig
 from .errors import (
@@ -191,26 +192,26 @@ class Producer:
         """``call``, retrying retriable errors (retry.backoff.ms apart) for up to
         max.block.ms. Raises a non-retriable error as it is; a retriable one never reaches
         the caller: after max.block.ms it becomes MaxBlockTimeoutError (cause: the last)."""
-        deadline = time.monotonic() + self.config.max_block_ms / 1000
+        # Backoff between retries of a retriable error, never past the deadline (one last
+        # attempt is made at it); constant, as Kafka's retry.backoff.ms.
         backoff = max(self.config.retry_backoff_ms / 1000, 0.01)
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return call()
-            except IdemlogError as exc:
-                if not exc.retriable:
-                    raise
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise MaxBlockTimeoutError(
-                        f"{what}: not done within max.block.ms={self.config.max_block_ms} "
-                        f"({attempts} attempts; last error: {exc})"
-                    ) from exc
-                log.info("%s: %s; retrying", what, exc)
-                # Backoff between retries of a retriable error, never past the deadline
-                # (one last attempt is made at it).
-                time.sleep(min(backoff, remaining))
+        policy = RetryPolicy(
+            deadline_s=self.config.max_block_ms / 1000,
+            backoff_s=backoff,
+            max_backoff_s=backoff,
+            jitter=0.0,
+        )
+
+        def log_retry(exc: BaseException, attempts: int) -> None:
+            log.info("%s: %s; retrying", what, exc)
+
+        def timed_out(exc: BaseException, attempts: int) -> BaseException:
+            return MaxBlockTimeoutError(
+                f"{what}: not done within max.block.ms={self.config.max_block_ms} "
+                f"({attempts} attempts; last error: {exc})"
+            )
+
+        return policy.call(call, before_retry=log_retry, give_up=timed_out)
 
     def _init_producer_id(
         self, transactional_id: str | None, attempt: SinkAttempt | None = None
