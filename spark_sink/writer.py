@@ -451,13 +451,21 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         self.sink_id = f"batch-{self.run_id}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
+        """In a task: the partition's rows as one prepared transaction, readable only once
+        the driver commits; a retried attempt fences the earlier ones first."""
         attempt = SinkAttempt(self.sink_id, self.run_id, BATCH_JOB_BATCH_ID)
         return write_task(self.options, self.schema, attempt, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """On the driver: commit every task's transaction, all or none. Retriable broker
+        errors are retried for up to 120 s; then, or on any other error, it raises
+        (RuntimeError for a task without a message) and the job's rows are either all
+        committed (a lost answer) or none."""
         commit_batch(self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """On the driver: abort what the job's tasks left open; none of its rows are ever
+        readable."""
         abort_batch(self.options, self.run_id, BATCH_JOB_BATCH_ID, messages)
 
 
@@ -473,9 +481,17 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
+        """In a task: the partition's rows of this micro-batch as one prepared
+        transaction; nothing if an earlier attempt of the batch already holds or
+        committed them. Raises RuntimeError outside a micro-batch streaming task."""
         return write_task(self.options, self.schema, stream_attempt(), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """On the driver: commit micro-batch ``batchId`` once; a batch committed before
+        (a restarted query replaying it) is left as it is. Retriable broker errors are
+        retried for up to 120 s; then, or on any other error, it raises, and the batch's
+        rows are either all committed (a lost answer; a rerun of the batch finds it
+        committed) or none."""
         run_id = _run_of(messages, batchId)
         if run_id is None:
             if messages:  # Spark commits only when every task succeeded: cannot happen
@@ -487,6 +503,8 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
         commit_batch(self.options, None, run_id, batchId, messages, report=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """On the driver: abort what the batch's tasks left open (found through the
+        checkpoint when no task reported); none of their rows are ever readable."""
         run_id = _run_of(messages, batchId)
         if run_id is not None:
             abort_batch(self.options, run_id, batchId, messages)
