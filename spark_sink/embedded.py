@@ -10,9 +10,12 @@ through files under ``path`` (the sink option ``path``, default :data:`DEFAULT_P
   concurrent tasks, Python workers and drivers never start two brokers on one data
   directory (two processes appending to the same logs would corrupt them). The kernel
   drops the lock when its holder dies, so a killed task cannot wedge the others;
-* ``broker.json``: ``{"address", "pid", "port"}`` of the broker last started. The pid is
-  written as soon as the process exists, before it serves, so a broker whose starter was
-  killed half-way is still found (and replaced) instead of left running beside a new one;
+* ``broker.json``: ``{"address", "pid", "port", "create_time"}`` of the broker last
+  started. The pid is written as soon as the process exists, before it serves, so a
+  broker whose starter was killed half-way is still found (and replaced) instead of left
+  running beside a new one. A recorded process counts only while psutil finds it running
+  (not a zombie) with the recorded create time and the broker's command line, so a pid
+  reused by another process is never signalled;
 * ``broker.properties``: the configuration written for each start;
 * ``broker.log``: the broker's stdout and stderr, appended; quoted in errors.
 
