@@ -9,9 +9,12 @@ the README tables and ``conf/`` files are generated from, so each key is documen
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import javaproperties
 
 from broker_core.errors import InvalidConfigError
 
@@ -110,16 +113,44 @@ class ConfigDef:
 
 
 def load_properties(path: str | Path) -> dict[str, str]:
-    """``key=value`` lines of a ``.properties`` file; ``#`` starts a comment line."""
+    """The keys and values of a ``.properties`` file, in the whole format Java's
+    ``Properties.load`` reads (parsed by the ``javaproperties`` library): ``=``, ``:`` or
+    whitespace between key and value, ``#`` and ``!`` comment lines, lines continued by a
+    trailing backslash, and escapes (``\\t``, ``\\n``, ``\\uXXXX``, ``\\=``, ``\\:``, ...). The
+    file is read as UTF-8. Values are trimmed, as Kafka's ConfigDef trims them.
+
+    Raises InvalidConfigError naming the file and the line for what the format allows but
+    a configuration cannot mean: a key with no separator and no value (a bare word is a
+    typo, not an empty setting: write ``key=`` for that), an empty key, a key set twice;
+    and for an invalid ``\\u`` escape. OSError if the file cannot be read.
+    """
+    text = Path(path).read_text(encoding="utf-8")
     values: dict[str, str] = {}
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise InvalidConfigError(f"{path}:{number}: expected key=value, got {line!r}")
-        if key.strip() in values:
-            raise InvalidConfigError(f"{path}:{number}: {key.strip()} set twice")
-        values[key.strip()] = value.strip()
-    return values
+    line = 1  # the line the next element starts on
+    elements = javaproperties.parse(text)
+    while True:
+        try:
+            element = next(elements, None)
+        except javaproperties.InvalidUEscapeError as exc:
+            raise InvalidConfigError(f"{path}:{line}: invalid escape {exc.escape!r}") from None
+        if element is None:
+            return values
+        start, line = line, line + len(_NEWLINE.findall(element.source))
+        if not isinstance(element, javaproperties.KeyValue):
+            continue  # a comment or a blank line
+        key, value = element.key, element.value.strip()
+        if not key:
+            raise InvalidConfigError(f"{path}:{start}: empty key in {element.source.strip()!r}")
+        if not value and not _SEPARATOR.search(element.source_stripped.rstrip(" \t\f")):
+            raise InvalidConfigError(
+                f"{path}:{start}: expected key=value, got {element.source_stripped!r}"
+            )
+        if key in values:
+            raise InvalidConfigError(f"{path}:{start}: {key} set twice")
+        values[key] = value
+
+
+# Line ends as the .properties format counts them (str.splitlines counts form feed too).
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+# An unescaped separator after the key: "=", ":" or whitespace.
+_SEPARATOR = re.compile(r"^[ \t\f]*(?:[^\\ \t\f=:]|\\.)+(?:[ \t\f]|[=:])")

@@ -446,12 +446,23 @@ def export(
     app_id: str | None = None,
     log: Log = print,
 ) -> ExportResult:
-    """Plan the next run and write it."""
+    """Plan the next run and write it: the rows after the app id's last commit up to the
+    last stable offsets, in one idempotent Delta commit. Raises ExportError for a
+    precondition that fails (nothing written)."""
     plan = plan_export(spark, source, table, partition_by, app_id, log)
     return write_export(spark, source, plan, log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m jobs.delta_export``: export the topic's committed rows since the last
+    run into the Delta table, in one Delta commit that a repeated run never writes twice.
+
+    Returns 0 after printing the result line (``exported ...`` or ``nothing new``); 2,
+    with the reason on stderr, when a precondition fails before anything is written (no
+    such topic, no such partition column, a table partitioned otherwise, a truncated
+    history). Bad arguments exit 2 through argparse; other errors (a broker unreachable,
+    Spark failing) propagate.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m jobs.delta_export",
         description=__doc__.splitlines()[0] if __doc__ else None,

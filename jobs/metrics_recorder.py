@@ -269,6 +269,14 @@ class MetricsRecorder:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m jobs.metrics_recorder``: append the cluster's metrics to a Delta table
+    every ``--interval`` seconds (once with ``--once``) until ``--duration`` has passed or
+    it is interrupted; then print what was recorded.
+
+    Returns 0; 2 with the error on stderr if an idemlog error ends it (the first poll
+    failing, which proves the configuration). A later poll that fails is counted and
+    logged, not fatal. Bad arguments exit 2 through argparse.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m jobs.metrics_recorder",
         description=__doc__.splitlines()[0] if __doc__ else None,

@@ -177,6 +177,15 @@ def metrics_table(doc: dict[str, Any], restarts: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m jobs.streaming_demo`` (``make demo``): stream the generated payments
+    into the embedded broker through a driver child that the injected failures kill and
+    that is restarted from its checkpoint, then read the topic back and check it.
+
+    Returns 0 if every payment is there exactly once with each key in order, 1 otherwise
+    or if the driver failed other than by an injected kill (the verdict or the status is
+    printed). The embedded broker is stopped and the work directory removed (unless
+    ``--workdir`` or ``--keep``) in every case.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workdir", help="default: a new temporary directory, removed after")
     parser.add_argument("--files", type=int, default=8, help="micro-batches (input files)")

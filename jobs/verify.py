@@ -49,6 +49,11 @@ class Verdict:
 def verify_exactly_once(
     table: pa.Table, *, id_column: str, key_column: str | None, expected_ids: Iterable[int]
 ) -> Verdict:
+    """Compare the rows read back (``table``) with the ids meant to be written: counts
+    of duplicates, missing and unexpected ids, and, when ``key_column`` is given and the
+    table has the ``_partition``/``_offset`` metadata columns, the keys whose ids go
+    backwards in log order (-1: not checked). Pure: raises only for a missing column
+    (KeyError from pyarrow)."""
     ids = table.column(id_column).to_numpy(zero_copy_only=False).astype(np.int64)
     expected = np.unique(np.fromiter(expected_ids, dtype=np.int64))
     found, counts = np.unique(ids, return_counts=True)

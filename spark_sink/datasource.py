@@ -35,8 +35,23 @@ FORMAT = "idemlog"
 
 
 class IdemlogDataSource(DataSource):
+    """``format("idemlog")``: reads and writes one topic of an idemlog cluster (the
+    ``brokers`` option) or of the embedded broker (the ``path`` option, its default).
+
+    Writes are exactly once: each Spark task's rows are one transaction, committed with
+    the batch by the driver (``df.write``: the whole job or nothing; ``writeStream``: each
+    micro-batch once, across task retries and query restarts from the checkpoint).
+    Reads return committed rows only (the default isolation read_committed), each once,
+    in offset order per partition. Every method below runs on the driver while Spark
+    plans the query, so a bad option, a missing topic or a schema mismatch fails before
+    any task runs: with InvalidConfigError naming the option,
+    UnknownTopicOrPartitionError, SchemaMismatchError, or UnsupportedWriteError for a
+    mode other than append.
+    """
+
     @classmethod
     def name(cls) -> str:
+        """The format name, ``idemlog``."""
         return FORMAT
 
     # -- reading ---------------------------------------------------------------------------
@@ -46,16 +61,21 @@ class IdemlogDataSource(DataSource):
             return options, topics.require(client, options)
 
     def schema(self) -> StructType:
+        """The topic's schema as Spark's (plus the metadata columns with
+        ``includeMetadata``). Raises UnknownTopicOrPartitionError if the topic does not
+        exist, SchemaMismatchError if it has no schema."""
         options, info = self._read_side()
         assert info.schema is not None
         return spark_schema_for(info.schema, options.include_metadata)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """``spark.read``: the committed rows of the topic as of planning."""
         from .reader import IdemlogBatchReader
 
         return IdemlogBatchReader(*self._read_side())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """``spark.readStream``: committed rows as they arrive, each once per query."""
         from .reader import IdemlogStreamReader
 
         return IdemlogStreamReader(*self._read_side())
@@ -70,6 +90,9 @@ class IdemlogDataSource(DataSource):
         return options, arrow
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """``df.write``: all of the job's rows or none. Creates the topic with the
+        DataFrame's schema if it is missing; raises SchemaMismatchError for a topic of
+        another schema, UnsupportedWriteError for mode overwrite."""
         if overwrite:
             raise UnsupportedWriteError(
                 "mode 'overwrite' is not supported: an idemlog topic is an append-only log "
@@ -79,6 +102,8 @@ class IdemlogDataSource(DataSource):
         return IdemlogBatchWriter(options, arrow)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """``df.writeStream``: each micro-batch exactly once. Creates the topic as
+        :meth:`writer` does; raises UnsupportedWriteError for output mode complete."""
         if overwrite:
             raise UnsupportedWriteError(
                 "output mode 'complete' is not supported: an idemlog topic is an append-only "

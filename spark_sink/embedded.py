@@ -10,9 +10,12 @@ through files under ``path`` (the sink option ``path``, default :data:`DEFAULT_P
   concurrent tasks, Python workers and drivers never start two brokers on one data
   directory (two processes appending to the same logs would corrupt them). The kernel
   drops the lock when its holder dies, so a killed task cannot wedge the others;
-* ``broker.json``: ``{"address", "pid", "port"}`` of the broker last started. The pid is
-  written as soon as the process exists, before it serves, so a broker whose starter was
-  killed half-way is still found (and replaced) instead of left running beside a new one;
+* ``broker.json``: ``{"address", "pid", "port", "create_time"}`` of the broker last
+  started. The pid is written as soon as the process exists, before it serves, so a
+  broker whose starter was killed half-way is still found (and replaced) instead of left
+  running beside a new one. A recorded process counts only while psutil finds it running
+  (not a zombie) with the recorded create time and the broker's command line, so a pid
+  reused by another process is never signalled;
 * ``broker.properties``: the configuration written for each start;
 * ``broker.log``: the broker's stdout and stderr, appended; quoted in errors.
 
@@ -31,13 +34,14 @@ import fcntl
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import NamedTuple
+
+import psutil
 
 import broker_core
 from broker_core.client.broker_client import BrokerClient
@@ -59,11 +63,12 @@ _PING_TIMEOUT_S = 5.0
 _TERM_GRACE_S = 10.0  # a broker that answers no ping gets this long to shut down cleanly
 _KILL_WAIT_S = 10.0  # after SIGKILL, only the kernel's teardown is left to wait for
 _POLL_S = 0.02
+_CREATE_TIME_TOLERANCE_S = 0.001
 _LOG_TAIL_LINES = 20
 
-# path -> (address, pid, client): a process that already found the broker checks it with
-# one ping over a kept connection instead of taking the file lock and reading files.
-_cache: dict[str, tuple[str, int, BrokerClient]] = {}
+# path -> (address, process, client): a process that already found the broker checks it
+# with one ping over a kept connection instead of taking the file lock and reading files.
+_cache: dict[str, tuple[str, psutil.Process, BrokerClient]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -73,6 +78,8 @@ class _State(NamedTuple):
     address: str | None  # None while it starts (or if it never served)
     pid: int
     port: int | None  # the port to ask for again at a restart; None: any free one
+    # psutil's create time of the process, recorded at launch: a pid alone may be reused.
+    create_time: float | None = None  # None in a broker.json from before it was recorded
 
 
 # -- public API ------------------------------------------------------------------------------
@@ -94,23 +101,25 @@ def ensure_broker(path: str, *, start_timeout_s: float = 60.0) -> str:
         state = _read_state(path)
         previous_port: int | None = None
         if state is not None:
-            pid, recorded, previous_port = state.pid, state.address, state.port
-            if _pid_alive(pid) and _is_our_broker(pid, config_path):
+            recorded, previous_port = state.address, state.port
+            proc = _broker_process(state, config_path)
+            if proc is not None:
                 client = _answering_client(recorded) if recorded else None
                 if recorded and client is not None:
-                    _remember(path, recorded, pid, client)
+                    _remember(path, recorded, proc, client)
                     return recorded
                 # Alive but not answering (hung, or never got to serve): it holds the data
                 # directory, so it must be gone before another broker opens it.
-                _terminate(pid, _TERM_GRACE_S)
-        address, pid = _start(path, previous_port, start_timeout_s)
-        _remember(path, address, pid, BrokerClient(address, timeout_s=_PING_TIMEOUT_S))
+                _terminate(proc, _TERM_GRACE_S)
+        address, proc = _start(path, previous_port, start_timeout_s)
+        _remember(path, address, proc, BrokerClient(address, timeout_s=_PING_TIMEOUT_S))
         return address
 
 
 def stop_broker(path: str, timeout_s: float = 30.0) -> bool:
     """Stop the broker serving ``path`` (SIGTERM: a clean shutdown; SIGKILL after
-    ``timeout_s``) and forget it. Returns whether one was running."""
+    ``timeout_s``) and forget it. Returns whether one was running. Raises
+    :class:`EmbeddedBrokerError` if the broker survives SIGKILL."""
     path = os.path.abspath(path)
     _forget(path)
     if not os.path.isdir(path):
@@ -119,10 +128,10 @@ def stop_broker(path: str, timeout_s: float = 30.0) -> bool:
         state = _read_state(path)
         running = False
         if state is not None:
-            pid = state.pid
-            running = _pid_alive(pid) and _is_our_broker(pid, os.path.join(path, CONFIG_FILE))
-            if running:
-                _terminate(pid, timeout_s)
+            proc = _broker_process(state, os.path.join(path, CONFIG_FILE))
+            running = proc is not None
+            if proc is not None:
+                _terminate(proc, timeout_s)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(path, STATE_FILE))
         return running
@@ -135,10 +144,8 @@ def broker_pid(path: str) -> int | None:
     state = _read_state(path)
     if state is None:
         return None
-    pid = state.pid
-    if _pid_alive(pid) and _is_our_broker(pid, os.path.join(path, CONFIG_FILE)):
-        return pid
-    return None
+    proc = _broker_process(state, os.path.join(path, CONFIG_FILE))
+    return None if proc is None else proc.pid
 
 
 # -- in-process cache ------------------------------------------------------------------------
@@ -147,17 +154,17 @@ def _cached_address(path: str) -> str | None:
         entry = _cache.get(path)
     if entry is None:
         return None
-    address, pid, client = entry
-    if _pid_alive(pid) and _ping(client):
+    address, proc, client = entry
+    if _running(proc) and _ping(client):
         return address
     _forget(path)
     return None
 
 
-def _remember(path: str, address: str, pid: int, client: BrokerClient) -> None:
+def _remember(path: str, address: str, proc: psutil.Process, client: BrokerClient) -> None:
     with _cache_lock:
         old = _cache.get(path)
-        _cache[path] = (address, pid, client)
+        _cache[path] = (address, proc, client)
     if old is not None and old[2] is not client:
         old[2].close()
 
@@ -192,6 +199,8 @@ def _read_state(path: str) -> _State | None:
         pid = int(doc["pid"])
         address = doc.get("address")
         port = doc.get("port")
+        created = doc.get("create_time")
+        create_time = None if created is None else float(created)
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if pid <= 0:
@@ -200,15 +209,16 @@ def _read_state(path: str) -> _State | None:
         str(address) if address else None,
         pid,
         port if isinstance(port, int) and port > 0 else None,
+        create_time,
     )
 
 
-def _write_state(path: str, address: str | None, pid: int, port: int | None) -> None:
+def _write_state(path: str, state: _State) -> None:
     # Write then rename: a reader (or a crash) never sees a half-written file.
     target = os.path.join(path, STATE_FILE)
     tmp = f"{target}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"address": address, "pid": pid, "port": port}, f)
+        json.dump(state._asdict(), f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, target)
@@ -236,35 +246,42 @@ def _log_tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
 
 
 # -- processes -------------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
+def _running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs: it exists, is the process it was when looked up (psutil
+    compares its create time, so a reused pid is not it), and is no zombie (a zombie has
+    exited; it only waits for its parent, perhaps an init that never reaps)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True  # exists, but another user's: certainly not a broker we can use
-    # A zombie has exited; it only waits for its parent (perhaps an init that never reaps).
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return True  # no /proc (not Linux): os.kill's answer is all there is
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
-def _is_our_broker(pid: int, config_path: str) -> bool:
-    """Whether ``pid`` runs ``broker_core.cli.main`` with this path's config: after a reboot or
-    a long time the recorded pid may belong to anything, which must not be signalled."""
+def _broker_process(state: _State, config_path: str) -> psutil.Process | None:
+    """The live process recorded in ``state`` if it is this path's broker; None otherwise.
+
+    After a reboot or a long time the recorded pid may belong to anything, which must not
+    be signalled: the process must have the create time recorded at launch (pid reuse)
+    and run ``broker_core.cli.main`` with this path's config. A ``broker.json`` written
+    before create times were recorded is judged by the command line alone.
+    """
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().decode(errors="replace").split("\0")
-    except FileNotFoundError:
-        # Either it just exited or there is no /proc; only the latter leaves no choice
-        # but to trust the pid (the ping decides then).
-        return not os.path.isdir("/proc/self") and _pid_alive(pid)
-    except OSError:
-        return False
-    return BROKER_MODULE in args and config_path in args
+        proc = psutil.Process(state.pid)
+        if state.create_time is not None and not _same_time(proc.create_time(), state.create_time):
+            return None  # the pid was reused
+        args = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    if BROKER_MODULE not in args or config_path not in args:
+        return None
+    return proc if _running(proc) else None
+
+
+def _same_time(a: float, b: float) -> bool:
+    # Both come from the same kernel start time (clock ticks) through psutil; allow for
+    # the float's round trip through JSON.
+    return abs(a - b) < _CREATE_TIME_TOLERANCE_S
 
 
 def _answering_client(address: str) -> BrokerClient | None:
@@ -287,28 +304,30 @@ def _ping(client: BrokerClient) -> bool:
     return True
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    # Not our child (another process may have started it), so os.waitpid cannot wait for
-    # it: poll for its disappearance instead.
+def _wait_gone(proc: psutil.Process, timeout_s: float) -> bool:
+    # Not our child (another process may have started it), so neither os.waitpid nor
+    # psutil's wait (which counts a zombie as alive) tells when it has exited: poll.
     deadline = time.monotonic() + timeout_s
-    while _pid_alive(pid):
+    while _running(proc):
         if time.monotonic() >= deadline:
             return False
         time.sleep(_POLL_S)
     return True
 
 
-def _terminate(pid: int, timeout_s: float) -> None:
+def _terminate(proc: psutil.Process, timeout_s: float) -> None:
     """SIGTERM (the broker flushes and snapshots), SIGKILL if it is still there after
-    ``timeout_s``; returns once the process is gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if _wait_gone(pid, timeout_s):
+    ``timeout_s``; returns once the process is gone. psutil signals only the process
+    looked up, never one that took its pid since. Raises :class:`EmbeddedBrokerError` if
+    it survives SIGKILL."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        proc.terminate()
+    if _wait_gone(proc, timeout_s):
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    if not _wait_gone(pid, _KILL_WAIT_S):
-        raise EmbeddedBrokerError(f"embedded broker pid {pid} survived SIGKILL")
+    with contextlib.suppress(psutil.NoSuchProcess):
+        proc.kill()
+    if not _wait_gone(proc, _KILL_WAIT_S):
+        raise EmbeddedBrokerError(f"embedded broker pid {proc.pid} survived SIGKILL")
 
 
 def _child_env() -> dict[str, str]:
@@ -320,9 +339,9 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _start(path: str, previous_port: int | None, timeout_s: float) -> tuple[str, int]:
+def _start(path: str, previous_port: int | None, timeout_s: float) -> tuple[str, psutil.Process]:
     """Start a broker (on ``previous_port`` if given, so old addresses stay valid; on a
-    free port if that fails) and return its address and pid. Called with the lock held."""
+    free port if that fails) and return its address and process. Called with the lock held."""
     started = _launch(path, previous_port or 0, timeout_s)
     if started is None and previous_port:
         started = _launch(path, 0, timeout_s)  # the old port may be taken by now
@@ -334,8 +353,8 @@ def _start(path: str, previous_port: int | None, timeout_s: float) -> tuple[str,
     return started
 
 
-def _launch(path: str, port: int, timeout_s: float) -> tuple[str, int] | None:
-    """One start attempt: ``(address, pid)``, or None if the broker died before serving."""
+def _launch(path: str, port: int, timeout_s: float) -> tuple[str, psutil.Process] | None:
+    """One start attempt: ``(address, process)``, or None if the broker died before serving."""
     config_path = _write_config(path, port)
     log_path = os.path.join(path, LOG_FILE)
     read_fd, write_fd = os.pipe()
@@ -371,20 +390,24 @@ def _launch(path: str, port: int, timeout_s: float) -> tuple[str, int] | None:
             )
     finally:
         os.close(write_fd)  # only the broker holds it now, so its exit means EOF
+    # Looked up before the reaper can reap it: until then even an exited child keeps its
+    # pid, so this is the broker's create time, never another process's.
+    broker = psutil.Process(proc.pid)
+    state = _State(None, proc.pid, port or None, broker.create_time())
     # Our child for as long as we live: reap it when it exits so no zombie lingers.
     threading.Thread(
         target=proc.wait, name=f"idemlog-embedded-reaper-{proc.pid}", daemon=True
     ).start()
     # Recorded before it serves: if this process dies while waiting, the next caller finds
     # this pid (ours, not answering) and stops it rather than start a second broker.
-    _write_state(path, None, proc.pid, port or None)
+    _write_state(path, state)
     try:
         received = _read_until_eof(read_fd, timeout_s)
     finally:
         os.close(read_fd)
     if received is None:
         proc.kill()
-        _wait_gone(proc.pid, _KILL_WAIT_S)
+        _wait_gone(broker, _KILL_WAIT_S)
         raise EmbeddedBrokerError(
             f"the embedded broker for {path} did not serve within {timeout_s:g} s "
             f"(killed); last lines of {log_path}:\n{_log_tail(path)}"
@@ -396,8 +419,8 @@ def _launch(path: str, port: int, timeout_s: float) -> tuple[str, int] | None:
             proc.wait(timeout=_KILL_WAIT_S)
         return None
     bound_port = int(address.rpartition(":")[2])
-    _write_state(path, address, proc.pid, bound_port)
-    return address, proc.pid
+    _write_state(path, state._replace(address=address, port=bound_port))
+    return address, broker
 
 
 def _read_until_eof(fd: int, timeout_s: float) -> str | None:

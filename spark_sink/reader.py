@@ -214,6 +214,8 @@ class IdemlogBatchReader(DataSourceReader):
         return ranges
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
+        """In a task: every readable row of the range once, in offset order (nothing for
+        an empty plan). A broker error fails the task, which Spark retries."""
         # Spark passes None when partitions() planned nothing (an empty topic).
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
@@ -306,10 +308,15 @@ class IdemlogStreamReader(DataSourceStreamReader):
         return dict(self._initial)
 
     def initialOffset(self) -> dict[str, int]:
+        """Where a new query starts, per partition: the log start (``startingOffsets``
+        earliest) or the current end (latest); computed once, so it does not move."""
         with self._client() as client:
             return self._initial_offsets(client)
 
     def latestOffset(self) -> dict[str, int]:
+        """Where the next micro-batch ends, per partition: the last stable offset (the
+        high watermark with read_uncommitted), at most maxOffsetsPerTrigger past the
+        last planned end in all (when that option is set)."""
         with self._client() as client:
             current = {
                 k: _end_of(o, self.options.isolation) for k, o in self._offsets(client).items()
@@ -356,6 +363,8 @@ class IdemlogStreamReader(DataSourceStreamReader):
         return ranges
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
+        """In a task: every readable row of the micro-batch's range once, in offset order.
+        A broker error fails the task, which Spark retries over the same range."""
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
         return read_range(self.options, self.topic.name, self.schema, partition)

@@ -42,6 +42,7 @@ from pyspark.sql.datasource import (
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
+from broker_core.retry import RetryPolicy
 from spark_sink import failpoints, progress
 from spark_sink.options import IdemlogOptions
 from spark_sink.producer import Producer
@@ -61,6 +62,10 @@ SPARK_RUN_ID = "spark.jobGroup.id"
 # the batch; each request may take _REQUEST_TIMEOUT_S.
 _COMMIT_TIMEOUT_S = 120.0
 _REQUEST_TIMEOUT_S = 60.0
+# Backing off before asking a recovering broker again: 0.1 s doubling up to 2 s.
+_COMMIT_RETRY = RetryPolicy(
+    deadline_s=_COMMIT_TIMEOUT_S, backoff_s=0.1, max_backoff_s=2.0, jitter=0.0
+)
 T = TypeVar("T")
 
 
@@ -262,19 +267,18 @@ def _offset_ranges(topic: str, results: Sequence[SendResult]) -> list[tuple[str,
 def _retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient], T]) -> T:
     """``call`` until it succeeds or fails for good. Commit and abort are idempotent, so a
     broker that died mid-request (retriable errors) is simply asked again -- the embedded
-    broker is restarted by ``options.bootstrap()`` -- until the deadline."""
-    deadline = time.monotonic() + _COMMIT_TIMEOUT_S
-    backoff = 0.1
-    while True:
-        try:
-            with BrokerClient(options.bootstrap(), timeout_s=_REQUEST_TIMEOUT_S) as client:
-                return call(client)
-        except IdemlogError as exc:
-            if not exc.retriable or time.monotonic() + backoff > deadline:
-                raise
-            log.warning("%s: %s; retrying", what, exc)
-            time.sleep(backoff)  # back off before asking a recovering broker again
-            backoff = min(backoff * 2, 2.0)
+    broker is restarted by ``options.bootstrap()`` -- until the deadline. Raises a
+    non-retriable error at once, and the last retriable one once the deadline is spent."""
+
+    def attempt() -> T:
+        # A new client each time: the broker may be a new process on a new address.
+        with BrokerClient(options.bootstrap(), timeout_s=_REQUEST_TIMEOUT_S) as client:
+            return call(client)
+
+    def log_retry(exc: BaseException, attempts: int) -> None:
+        log.warning("%s: %s; retrying", what, exc)
+
+    return _COMMIT_RETRY.call(attempt, before_retry=log_retry)
 
 
 def _send(
@@ -447,13 +451,21 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         self.sink_id = f"batch-{self.run_id}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
+        """In a task: the partition's rows as one prepared transaction, readable only once
+        the driver commits; a retried attempt fences the earlier ones first."""
         attempt = SinkAttempt(self.sink_id, self.run_id, BATCH_JOB_BATCH_ID)
         return write_task(self.options, self.schema, attempt, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """On the driver: commit every task's transaction, all or none. Retriable broker
+        errors are retried for up to 120 s; then, or on any other error, it raises
+        (RuntimeError for a task without a message) and the job's rows are either all
+        committed (a lost answer) or none."""
         commit_batch(self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """On the driver: abort what the job's tasks left open; none of its rows are ever
+        readable."""
         abort_batch(self.options, self.run_id, BATCH_JOB_BATCH_ID, messages)
 
 
@@ -469,9 +481,17 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
+        """In a task: the partition's rows of this micro-batch as one prepared
+        transaction; nothing if an earlier attempt of the batch already holds or
+        committed them. Raises RuntimeError outside a micro-batch streaming task."""
         return write_task(self.options, self.schema, stream_attempt(), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """On the driver: commit micro-batch ``batchId`` once; a batch committed before
+        (a restarted query replaying it) is left as it is. Retriable broker errors are
+        retried for up to 120 s; then, or on any other error, it raises, and the batch's
+        rows are either all committed (a lost answer; a rerun of the batch finds it
+        committed) or none."""
         run_id = _run_of(messages, batchId)
         if run_id is None:
             if messages:  # Spark commits only when every task succeeded: cannot happen
@@ -483,6 +503,8 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
         commit_batch(self.options, None, run_id, batchId, messages, report=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """On the driver: abort what the batch's tasks left open (found through the
+        checkpoint when no task reported); none of their rows are ever readable."""
         run_id = _run_of(messages, batchId)
         if run_id is not None:
             abort_batch(self.options, run_id, batchId, messages)

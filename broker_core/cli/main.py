@@ -14,18 +14,44 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from broker_core.cli.broker_cmd import add_commands
-from broker_core.errors import IdemlogError
+from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.partition_log import IsolationLevel
-from broker_core.log.store import LogStore
+from broker_core.log.store import TOPIC_FILE, LogStore
 from broker_core.server.config import BROKER_CONFIG, render_properties
+
+# A broker's own files in its data directory (``__producer_id_block``, ``__cluster.json``).
+_BROKER_FILE_PREFIX = "__"
+
+
+def _open_store(data_dir: str) -> LogStore:
+    """The store of an existing data directory. ``LogStore`` creates a missing one, which
+    an inspection must not: a mistyped path would read as an empty store. Raises
+    InvalidConfigError naming the directory if it is missing, not a directory, or holds
+    files but no topic and no broker file (not an idemlog data directory)."""
+    path = Path(data_dir)
+    if not path.exists():
+        raise InvalidConfigError(f"--data-dir {data_dir}: no such directory")
+    if not path.is_dir():
+        raise InvalidConfigError(f"--data-dir {data_dir}: not a directory")
+    entries = list(path.iterdir())
+    ours = any(
+        e.name.startswith(_BROKER_FILE_PREFIX) or (e / TOPIC_FILE).is_file() for e in entries
+    )
+    if entries and not ours:
+        raise InvalidConfigError(
+            f"--data-dir {data_dir}: not an idemlog data directory (no topic with a "
+            f"{TOPIC_FILE} and no broker file in it)"
+        )
+    return LogStore(path)
 
 
 def _describe(args: argparse.Namespace) -> int:
-    with LogStore(args.data_dir) as store:
+    with _open_store(args.data_dir) as store:
         names = [args.topic] if args.topic else store.topics()
         report: list[dict[str, Any]] = []
         for name in names:
@@ -56,6 +82,8 @@ def _describe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    if not report:
+        print(f"no topics in {args.data_dir}")
     for t in report:
         print(f"topic {t['topic']}")
         cols = list(t["partitions"][0]) if t["partitions"] else []
@@ -66,7 +94,7 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _dump(args: argparse.Namespace) -> int:
-    with LogStore(args.data_dir) as store:
+    with _open_store(args.data_dir) as store:
         log = store.partition(args.topic, args.partition)
         offset = log.log_start_offset if args.offset is None else args.offset
         rows = 0

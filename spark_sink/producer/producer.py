@@ -33,6 +33,7 @@ from broker_core.errors import (
     ProducerFencedError,
 )
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
+from broker_core.retry import RetryPolicy
 
 from .config import ProducerConfig
 from .errors import (
@@ -70,6 +71,15 @@ def _to_table(data: Data) -> pa.Table:
 
 
 class Producer:
+    """Kafka's idempotent and transactional producer for Arrow rows, over Flight.
+
+    Guarantees, per partition: rows sent are appended in send order, at most once each
+    even when a request is retried (idempotence: producer id, epoch and sequence numbers
+    checked by the broker), or lost loudly (the send's future fails). In a transaction,
+    the rows of every partition become readable (read_committed) all together at
+    commit, or never.
+    """
+
     def __init__(
         self,
         bootstrap: str | None = None,
@@ -78,6 +88,16 @@ class Producer:
         clock: Callable[[], float] = time.monotonic,
         **config: Any,
     ) -> None:
+        """A producer of ``bootstrap`` (``host:port[,host:port]``, the bootstrap.servers
+        config) with the config keys given as keyword arguments; ``transport``: a
+        transport instead of the Flight connection (tests). An idempotent producer
+        without a transactional id gets its producer id here (blocking up to
+        max.block.ms), and the background sender starts.
+
+        Raises InvalidConfigError naming the key for an unknown key or a bad value, and
+        when no bootstrap server is given; MaxBlockTimeoutError if the producer id cannot
+        be had within max.block.ms; a non-retriable broker error as it is.
+        """
         values = {k.replace("_", "."): v for k, v in config.items()}
         if bootstrap is not None:
             values["bootstrap.servers"] = bootstrap
@@ -117,7 +137,14 @@ class Producer:
         (``spark_sink.producer.futures``). Rows are routed by ``key`` (default: the
         key.column config), round-robin per send without one. Blocks while the topic's
         metadata is fetched (retriable errors retried) and while buffer.memory is full,
-        each at most max.block.ms."""
+        each at most max.block.ms.
+
+        Raises ProducerClosedError after ``close`` (or if the sender died),
+        InvalidTxnStateError in a transactional producer outside a transaction,
+        InvalidRequestError for data that is not a Table, RecordBatch or DataFrame,
+        MaxBlockTimeoutError or BufferExhaustedError when max.block.ms runs out, and a
+        non-retriable metadata error (an unknown topic) as it is. Delivery errors are
+        not raised here: they fail the returned future."""
         if self._closed:
             raise ProducerClosedError("send() on a closed producer")
         if self.txn.is_transactional:
@@ -142,7 +169,9 @@ class Producer:
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued now and wait until every batch is done (acknowledged
-        or failed; a failure shows in its send's future)."""
+        or failed; a failure shows in its send's future). ``timeout`` in seconds
+        (default: delivery.timeout.ms). Raises TimeoutError naming the batches still
+        pending when it runs out; they stay queued."""
         self.accumulator.begin_flush()
         try:
             limit = timeout if timeout is not None else self.config.delivery_timeout_ms / 1000
@@ -157,7 +186,8 @@ class Producer:
         """Flush (unless ``timeout`` is 0), stop the sender, close the connections.
         Batches still pending after ``timeout`` fail with ProducerClosedError. An open
         transaction is not committed (the coordinator aborts it at its timeout, or the
-        next init_transactions on the id does)."""
+        next init_transactions on the id does). Calling it again does nothing; it raises
+        nothing for a flush that timed out (logged)."""
         if self._closed:
             return
         self._closed = True
@@ -180,6 +210,8 @@ class Producer:
         self.close()
 
     def metrics_snapshot(self) -> dict[str, Any]:
+        """The producer's metrics now (``spark_sink.producer.metrics``) with the buffer
+        bytes in use and the producer id and epoch: a new dict, JSON-serialisable."""
         doc = self.metrics.snapshot()
         doc["buffer_bytes_used"] = self.accumulator.used_bytes()
         doc["producer_id"] = self.txn.producer_id
@@ -191,26 +223,26 @@ class Producer:
         """``call``, retrying retriable errors (retry.backoff.ms apart) for up to
         max.block.ms. Raises a non-retriable error as it is; a retriable one never reaches
         the caller: after max.block.ms it becomes MaxBlockTimeoutError (cause: the last)."""
-        deadline = time.monotonic() + self.config.max_block_ms / 1000
+        # Backoff between retries of a retriable error, never past the deadline (one last
+        # attempt is made at it); constant, as Kafka's retry.backoff.ms.
         backoff = max(self.config.retry_backoff_ms / 1000, 0.01)
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return call()
-            except IdemlogError as exc:
-                if not exc.retriable:
-                    raise
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise MaxBlockTimeoutError(
-                        f"{what}: not done within max.block.ms={self.config.max_block_ms} "
-                        f"({attempts} attempts; last error: {exc})"
-                    ) from exc
-                log.info("%s: %s; retrying", what, exc)
-                # Backoff between retries of a retriable error, never past the deadline
-                # (one last attempt is made at it).
-                time.sleep(min(backoff, remaining))
+        policy = RetryPolicy(
+            deadline_s=self.config.max_block_ms / 1000,
+            backoff_s=backoff,
+            max_backoff_s=backoff,
+            jitter=0.0,
+        )
+
+        def log_retry(exc: BaseException, attempts: int) -> None:
+            log.info("%s: %s; retrying", what, exc)
+
+        def timed_out(exc: BaseException, attempts: int) -> BaseException:
+            return MaxBlockTimeoutError(
+                f"{what}: not done within max.block.ms={self.config.max_block_ms} "
+                f"({attempts} attempts; last error: {exc})"
+            )
+
+        return policy.call(call, before_retry=log_retry, give_up=timed_out)
 
     def _init_producer_id(
         self, transactional_id: str | None, attempt: SinkAttempt | None = None
@@ -235,7 +267,12 @@ class Producer:
     def init_transactions(self, transactional_id: str | None = None) -> None:
         """Get the producer id and epoch of ``transactional_id`` (default: the
         transactional.id config). Fences every older producer of that id and aborts what
-        it left open."""
+        it left open; blocks up to max.block.ms.
+
+        Raises InvalidConfigError without a transactional id, with idempotence off, or for
+        an id other than the configured one; MaxBlockTimeoutError when the coordinator
+        does not answer in time (the call may be repeated); ProducerFencedError if a newer
+        producer of the id fenced this one (fatal: close it)."""
         self._initialize(transactional_id, None)
 
     def init_sink_transaction(
@@ -301,13 +338,18 @@ class Producer:
             raise
 
     def begin_transaction(self) -> None:
+        """Start a transaction: the sends until commit or abort belong to it. Local only
+        (nothing is sent until the first batch). Raises InvalidTxnStateError unless
+        ``init_transactions`` was called and no transaction is open."""
         self.txn.require(TxnState.READY, action="begin_transaction()")
         self.txn.transition(TxnState.IN_TRANSACTION)
 
     def commit_transaction(self) -> None:
         """Flush, then commit. Raises the transaction's error -- the error of the first
         batch that failed for good -- if one did (the transaction is then abortable: call
-        abort_transaction). After a MaxBlockTimeoutError it may be called again."""
+        abort_transaction). After a MaxBlockTimeoutError it may be called again.
+        ProducerFencedError if a newer producer of the id fenced this one (fatal);
+        InvalidTxnStateError without an open transaction."""
         self._require_transactional()
         if self.txn.has_error:
             raise self._txn_error()
@@ -329,7 +371,11 @@ class Producer:
 
     def abort_transaction(self) -> None:
         """Fail what is still queued, wait for what is in flight, abort; after an error
-        that left sequences in doubt, re-initialise (bumps the epoch)."""
+        that left sequences in doubt, re-initialise (bumps the epoch). None of the
+        transaction's rows become readable (read_committed). Raises TimeoutError if
+        batches are still in flight after max.block.ms, InvalidTxnStateError without an
+        open or failed transaction, and the coordinator's error if the abort cannot be
+        sent (the producer is then unusable: close it)."""
         self._require_transactional()
         self.txn.require(
             TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, action="abort_transaction()"
@@ -396,4 +442,5 @@ class Producer:
 
     @property
     def producer_id_and_epoch(self) -> tuple[int, int]:
+        """The producer id and epoch in use now (-1, -1 before one was assigned)."""
         return self.txn.producer_id, self.txn.producer_epoch

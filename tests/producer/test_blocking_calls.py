@@ -74,6 +74,7 @@ def test_send_raises_max_block_timeout_not_the_retriable_error() -> None:
     assert isinstance(raised.value, TimeoutError)
     assert isinstance(raised.value.__cause__, NetworkError), "the last error is the cause"
     assert transport.metadata_calls >= 2, "retried before giving up"
+    assert f"({transport.metadata_calls} attempts; last error: " in str(raised.value)
 
 
 def test_send_raises_a_non_retriable_metadata_error_at_once() -> None:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
@@ -224,3 +225,78 @@ def test_stop_broker_stops_it_once(path: str) -> None:
 
 def test_stop_broker_of_a_path_never_used(tmp_path: Path) -> None:
     assert stop_broker(str(tmp_path / "nothing-here")) is False
+
+
+IMPOSTOR = "import sys; print('running', flush=True); sys.stdin.read()"
+
+
+def impostor(path: str) -> subprocess.Popen[str]:
+    """A live process whose command line names the broker module and this path's config,
+    as a process that took a dead broker's pid might: it waits until its stdin closes."""
+    config = os.path.join(os.path.abspath(path), CONFIG_FILE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IMPOSTOR, "broker_core.cli.main", config],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    # Its first line says it runs (a process caught mid-exec shows an empty command line).
+    assert proc.stdout is not None and proc.stdout.readline() == "running\n"
+    return proc
+
+
+def record_state(path: str, pid: int, create_time: float) -> None:
+    os.makedirs(path, exist_ok=True)
+    state = {"address": "127.0.0.1:1", "pid": pid, "port": None, "create_time": create_time}
+    Path(path, embedded.STATE_FILE).write_text(json.dumps(state))
+
+
+def test_recorded_pid_taken_by_another_process_is_never_signalled(path: str) -> None:
+    other = impostor(path)
+    try:
+        created = psutil.Process(other.pid).create_time()
+        # Same pid and command line, another create time: the broker is gone, its pid reused.
+        record_state(path, other.pid, created - 60.0)
+        assert broker_pid(path) is None
+        address = ensure_broker(path)
+        new_pid = broker_pid(path)
+        assert new_pid is not None and new_pid != other.pid
+        assert other.poll() is None  # not signalled
+        with BrokerClient(address) as client:
+            assert "broker_id" in client.ping()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_recorded_process_with_its_create_time_is_the_broker(path: str) -> None:
+    # The control of the test above: with the create time it had at launch, the recorded
+    # process is taken for the (unanswering) broker and terminated before a new one starts.
+    other = impostor(path)
+    try:
+        record_state(path, other.pid, psutil.Process(other.pid).create_time())
+        assert broker_pid(path) == other.pid
+        ensure_broker(path)
+        assert other.wait(timeout=SUBPROCESS_TIMEOUT_S) == -signal.SIGTERM
+        assert broker_pid(path) not in (None, other.pid)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+
+
+def test_recorded_zombie_counts_as_gone(path: str) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE)
+    try:
+        created = psutil.Process(child.pid).create_time()
+        assert child.stdout is not None
+        child.stdout.read()  # EOF: it is exiting; unreaped, it becomes a zombie
+        deadline = time.monotonic() + 30.0
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.01)
+        record_state(path, child.pid, created)
+        assert broker_pid(path) is None
+        assert stop_broker(path) is False
+    finally:
+        child.wait()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,57 @@ def test_store_demo_reports_exactly_once(
     out = capsys.readouterr().out
     assert "exactly_once=OK" in out and "duplicates=0 missing=0" in out
     assert "duplicate beyond the cached window" in out
+
+
+@pytest.mark.parametrize("action", [["describe"], ["dump", "--topic", "orders"]])
+def test_missing_data_dir_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], action: list[str]
+) -> None:
+    missing = tmp_path / "nonexistent"
+    assert main(["log", *action, "--data-dir", str(missing)]) == 2
+    assert f"--data-dir {missing}: no such directory" in capsys.readouterr().err
+    assert not missing.exists()  # inspecting never creates it
+
+
+def test_installed_command_fails_on_a_missing_data_dir(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker_core.cli.main",
+            "log",
+            "describe",
+            "--data-dir",
+            str(missing),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.startswith("idemlog: ")
+    assert f"--data-dir {missing}: no such directory" in done.stderr
+
+
+def test_file_or_foreign_directory_is_not_a_data_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("hello\n")
+    assert main(["log", "describe", "--data-dir", str(a_file)]) == 2
+    assert f"--data-dir {a_file}: not a directory" in capsys.readouterr().err
+    # A directory with files but no topic and no broker file: not an idemlog store.
+    assert main(["log", "describe", "--data-dir", str(tmp_path)]) == 2
+    assert f"--data-dir {tmp_path}: not an idemlog data directory" in capsys.readouterr().err
+
+
+def test_empty_data_dir_says_it_has_no_topics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A broker that created no topic yet leaves an empty directory: valid, and said so.
+    assert main(["log", "describe", "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"no topics in {tmp_path}\n"
+    assert main(["log", "describe", "--data-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []

@@ -53,3 +53,50 @@ def test_properties_file_errors_name_the_line(tmp_path: Path) -> None:
     path.write_text("# comment\nsegment.bytes\n")
     with pytest.raises(InvalidConfigError, match=r"bad\.properties:2: expected key=value"):
         load_properties(path)
+
+
+def test_properties_file_in_the_whole_java_format(tmp_path: Path) -> None:
+    path = tmp_path / "full.properties"
+    path.write_text(
+        "# hash comment\n"
+        "! bang comment\n"
+        "\n"
+        "plain=value\n"
+        "colon: with colon\n"
+        "spaced   value after whitespace\n"
+        "  indented = trimmed  \n"
+        "continued = first, \\\n"
+        "            second\n"
+        "escaped\\=key\\:x = tab\\there\\nnewline \\u00e9\n"
+        "empty=\n"
+        "utf8=é\n"
+    )
+    assert load_properties(path) == {
+        "plain": "value",
+        "colon": "with colon",
+        "spaced": "value after whitespace",
+        "indented": "trimmed",
+        "continued": "first, second",
+        "escaped=key:x": "tab\there\nnewline é",
+        "empty": "",
+        "utf8": "é",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a=1\n\nsegment.bytes\n", r"bad\.properties:3: expected key=value, got 'segment\.bytes'"),
+        ("a=1\nsegment.bytes   \n", r"bad\.properties:2: expected key=value"),
+        ("a=1\n=orphan\n", r"bad\.properties:2: empty key"),
+        ("a=1\nb = x \\\n  y\na: 2\n", r"bad\.properties:4: a set twice"),
+        ("a=1\nb=\\u00zz\n", r"bad\.properties:2: invalid escape '\\\\u00zz'"),
+    ],
+)
+def test_properties_file_rejects_what_no_config_can_mean(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "bad.properties"
+    path.write_text(text)
+    with pytest.raises(InvalidConfigError, match=message):
+        load_properties(path)
