@@ -94,6 +94,13 @@ class IssuedProducerIds:
 
 
 class Broker:
+    """One broker process: its store served over Arrow Flight, in a cluster.
+
+    Constructing opens nothing; :meth:`start` opens everything (see the module's
+    docstring for the order) and :meth:`close` releases it. A broker starts once: its
+    state goes CREATED -> STARTING -> RUNNING -> STOPPING -> STOPPED.
+    """
+
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.broker_id = config.broker_id
@@ -117,6 +124,7 @@ class Broker:
     # -- state ---------------------------------------------------------------------------
     @property
     def state(self) -> BrokerState:
+        """Where the broker is in its life (CREATED .. STOPPED)."""
         return self._state
 
     def _transition(self, new: BrokerState) -> None:
@@ -127,7 +135,12 @@ class Broker:
         log.info("broker %d is %s", self.broker_id, new.value)
 
     def gate(self) -> None:
-        """Called first by every request: wait for the start, refuse during shutdown."""
+        """Called first by every request: wait for the start, refuse during shutdown.
+
+        Raises RequestTimedOutError when the start has not finished within
+        ``READY_TIMEOUT_S``, NotLeaderOrFollowerError once the broker stops serving (both
+        retriable: the client tries again or elsewhere).
+        """
         if not self._ready.is_set() and not self._ready.wait(READY_TIMEOUT_S):
             raise RequestTimedOutError(
                 f"broker {self.broker_id} did not finish starting within {READY_TIMEOUT_S:g}s"
@@ -137,7 +150,15 @@ class Broker:
 
     # -- start ---------------------------------------------------------------------------
     def start(self) -> BrokerInfo:
-        """Open everything and serve; returns the address actually bound."""
+        """Open everything and serve; returns the address actually bound.
+
+        When it returns, the store is open and recovered, the broker is registered in the
+        cluster, its partitions are open and, if it is the controller in embedded mode,
+        the transaction coordinator runs; requests are answered from then on. Raises
+        RuntimeError if called twice, and what opening a part raises (InvalidConfigError,
+        StorageError, DuplicateBrokerRegistrationError, a ZooKeeper timeout...): the
+        parts already open are released first and the broker is STOPPED.
+        """
         from broker_core.server.flight_server import IdemlogFlightServer
 
         self._transition(BrokerState.STARTING)
@@ -214,6 +235,7 @@ class Broker:
         return ZkCluster(self.zookeeper_client(), ZK_ROOT)
 
     def zookeeper_client(self) -> Any:
+        """The started KazooClient; InvalidConfigError in embedded mode (no ZooKeeper)."""
         if self._zk is None:
             raise InvalidConfigError(f"broker {self.broker_id} runs without zookeeper.connect")
         return self._zk
@@ -324,7 +346,13 @@ class Broker:
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop serving, close the store cleanly (snapshots + marker), deregister."""
+        """Stop serving, close the store cleanly (snapshots + marker), deregister.
+
+        Idempotent and safe on a broker never started. Requests waiting for the start are
+        refused; client streams still open after ``SHUTDOWN_GRACE_S`` find the store
+        closed. Failures while releasing a part are logged, never raised, so every other
+        part is still released.
+        """
         with self._state_lock:
             state = self._state
         if state in (BrokerState.STOPPING, BrokerState.STOPPED):

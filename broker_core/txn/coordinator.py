@@ -191,7 +191,13 @@ class TransactionCoordinator:
     def init_producer_id(
         self, transactional_id: str | None, transaction_timeout_ms: int | None = None
     ) -> tuple[int, int]:
-        """(producer id, epoch) for a producer; with a transactional id, fence older holders."""
+        """(producer id, epoch) for a producer; with a transactional id, fence older holders.
+
+        With a transactional id the new epoch is durable before it is returned, and a
+        transaction the older holder left open is aborted first (its markers carry the
+        bumped epoch). Raises InvalidTransactionTimeoutError for a timeout above the
+        maximum, and the producer-id source's errors (ProducerIdAllocationError).
+        """
         self._core.check_running()
         if transactional_id is None:
             return self._core.new_producer_id(), 0  # idempotent-only producer
@@ -217,6 +223,7 @@ class TransactionCoordinator:
         open; the caller reuses it. NEW otherwise: every earlier holder of the id is
         fenced and what it left open aborted. The first attempt seen of a new run fences
         every attempt the sink's other runs left (their plans may split rows otherwise).
+        Raises InvalidTxnStateError when ``transactional_id`` is not ``<sink id>/...``.
         """
         self._core.check_running()
         tid = check_transactional_id(transactional_id)
@@ -299,7 +306,12 @@ class TransactionCoordinator:
         producer_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> None:
-        """Record the partitions of the producer's transaction (beginning it if needed)."""
+        """Record the partitions of the producer's transaction (beginning it if needed).
+
+        Durable when it returns; a retried request is a no-op. Raises ProducerFencedError
+        when (producer_id, producer_epoch) no longer holds the id, and
+        InvalidProducerIdMappingError when the id is unknown or held by another producer id.
+        """
         self._core.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
@@ -318,7 +330,14 @@ class TransactionCoordinator:
     def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> None:
-        """Commit or abort the producer's open transaction, all partitions or none."""
+        """Commit or abort the producer's open transaction, all partitions or none.
+
+        When it returns, every partition has the marker and the outcome is durable; once
+        it raised after the decision was stored (a marker's leader down), the outcome is
+        fixed and a retry of the same call finishes it. A retry after success is a no-op.
+        Raises ProducerFencedError / InvalidProducerIdMappingError as :meth:`add_partitions`,
+        and InvalidTxnStateError when no transaction is open or it ended the other way.
+        """
         self._core.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
@@ -360,7 +379,9 @@ class TransactionCoordinator:
 
         Called by the task after its last batch was acknowledged; from then on another
         attempt of the same task of the same run reuses the transaction
-        (:meth:`init_sink_producer`).
+        (:meth:`init_sink_producer`). Raises InvalidTxnStateError when the transaction is
+        not open for ``batch_id`` or a range's partition was not added to it, and the
+        fencing errors of :meth:`add_partitions`.
         """
         self._core.check_running()
         tid = check_transactional_id(transactional_id)
@@ -415,6 +436,12 @@ class TransactionCoordinator:
         (and of ``run_id`` when given), else nothing is recorded and the error says which.
         Afterwards every other attempt of the sink at this batch or an earlier one is
         fenced and aborted: a re-planned run's unused transactions never hold readers back.
+
+        When it returns True the batch is committed in every partition; once the commit
+        record is stored (even if this call then raises) the commit is decided and is
+        finished by whoever touches the sink or its transactions next. Raises
+        InvalidTxnStateError naming the transaction that is not committable, and the
+        fencing errors of :meth:`add_partitions`.
         """
         self._core.check_running()
         sid = check_sink_id(sink_id)
@@ -498,6 +525,7 @@ class TransactionCoordinator:
         batch); returns their transactional ids.
 
         Needs no message from any task: a batch whose tasks all failed is aborted too.
+        Raises InvalidRequestError when neither ``run_id`` nor ``sink_id`` is given.
         """
         self._core.check_running()
         run = None if run_id is None else check_run_id(run_id)
@@ -522,7 +550,8 @@ class TransactionCoordinator:
     def abort_transaction(self, transactional_id: str) -> bool:
         """An operator's abort (``idemlog transactions abort``): fence the id's holder and
         abort its open transaction. False if nothing was open. A transaction a decided
-        sink commit holds is committed instead, never aborted."""
+        sink commit holds is committed instead, never aborted. Raises
+        InvalidProducerIdMappingError for an unknown id."""
         self._core.check_running()
         tid = check_transactional_id(transactional_id)
         with self._core.claims() as claims:
