@@ -196,9 +196,16 @@ class MarkerSender:
         self._coordinator_epoch = coordinator_epoch
         self._policy = policy
         self._stop = threading.Event()  # cuts a retry wait short
-        self.retries = 0
+        self._lock = threading.Lock()  # several transactions may be retrying at once
+        self._retries = 0
+
+    @property
+    def retries(self) -> int:
+        """Marker writes retried so far (the ``marker_retries`` metric)."""
+        return self._retries
 
     def stop(self) -> None:
+        """Cut retries short: a waiting or failing send raises its last error now."""
         self._stop.set()
 
     def send(self, meta: TransactionMetadata, commit: bool) -> StableOffsets:
@@ -223,7 +230,8 @@ class MarkerSender:
             )
 
         def before_retry(exc: BaseException, attempts: int) -> None:
-            self.retries += 1
+            with self._lock:
+                self._retries += 1
             log.warning("%s failed (%s), retrying (attempt %d)", what, exc, attempts + 1)
 
         def failed(exc: BaseException, attempts: int) -> None:
