@@ -229,25 +229,25 @@ class MarkerSender:
                 meta.producer_id, meta.producer_epoch, commit, self._coordinator_epoch, partitions
             )
 
-        def before_retry(exc: BaseException, attempts: int) -> None:
+        def before_retry(exc: BaseException, tries: int) -> None:
             with self._lock:
                 self._retries += 1
-            log.warning("%s failed (%s), retrying (attempt %d)", what, exc, attempts + 1)
+            log.warning("%s failed (%s), retrying (attempt %d)", what, exc, tries + 1)
 
-        def failed(exc: BaseException, attempts: int) -> None:
+        def failed(exc: BaseException, tries: int) -> None:
             log.error(
                 "%s (producer id %d epoch %d) failed after %d attempts; it stays %s until "
                 "retried: %s",
                 what,
                 meta.producer_id,
                 meta.producer_epoch,
-                attempts,
+                tries,
                 meta.state.name,
                 exc,
             )
 
-        def give_up(exc: BaseException, attempts: int) -> BaseException:
-            failed(exc, attempts)
+        def give_up(exc: BaseException, tries: int) -> BaseException:
+            failed(exc, tries)
             return _same_error(exc)
 
         try:
