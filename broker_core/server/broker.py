@@ -30,15 +30,16 @@ from broker_core.errors import (
     NotLeaderOrFollowerError,
     RequestTimedOutError,
 )
+from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import PartitionGauges
-from broker_core.server.config import BrokerConfig
+from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics
-from broker_core.server.roles import CoordinatorRole
+from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.tasks import TaskGroup
-from broker_core.txn.coordinator import TransactionCoordinator
+from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
 from broker_core.txn.pid_block import ProducerIdBlock
 from broker_core.txn.pid_file import FileProducerIdBlockSource
 from broker_core.txn.pid_manager import ProducerIdManager
@@ -48,7 +49,6 @@ log = logging.getLogger("idemlog.broker")
 
 PID_BLOCK_FILE = "__producer_id_block"
 CLUSTER_FILE = "__cluster.json"
-ZK_ROOT = "/idemlog"
 READY_TIMEOUT_S = 30.0  # how long an early request waits for the start to finish
 SHUTDOWN_GRACE_S = 5.0  # open client streams get this long before the store closes anyway
 
@@ -94,6 +94,13 @@ class IssuedProducerIds:
 
 
 class Broker:
+    """One broker process: its store served over Arrow Flight, in a cluster.
+
+    Constructing opens nothing; :meth:`start` opens everything (see the module's
+    docstring for the order) and :meth:`close` releases it. A broker starts once: its
+    state goes CREATED -> STARTING -> RUNNING -> STOPPING -> STOPPED.
+    """
+
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.broker_id = config.broker_id
@@ -110,12 +117,14 @@ class Broker:
         self._server: Any = None
         self._tasks = TaskGroup()
         self.markers: RoutingMarkerWriter | None = None
-        self.topics = LocalTopics(self)
-        self.coordinator_role = CoordinatorRole(self)
+        # Built by start() once the store and the cluster they are made of are open.
+        self._topics: LocalTopics | None = None
+        self._coordinator_role: CoordinatorRole | None = None
 
     # -- state ---------------------------------------------------------------------------
     @property
     def state(self) -> BrokerState:
+        """Where the broker is in its life (CREATED .. STOPPED)."""
         return self._state
 
     def _transition(self, new: BrokerState) -> None:
@@ -126,7 +135,12 @@ class Broker:
         log.info("broker %d is %s", self.broker_id, new.value)
 
     def gate(self) -> None:
-        """Called first by every request: wait for the start, refuse during shutdown."""
+        """Called first by every request: wait for the start, refuse during shutdown.
+
+        Raises RequestTimedOutError when the start has not finished within
+        ``READY_TIMEOUT_S``, NotLeaderOrFollowerError once the broker stops serving (both
+        retriable: the client tries again or elsewhere).
+        """
         if not self._ready.is_set() and not self._ready.wait(READY_TIMEOUT_S):
             raise RequestTimedOutError(
                 f"broker {self.broker_id} did not finish starting within {READY_TIMEOUT_S:g}s"
@@ -136,7 +150,15 @@ class Broker:
 
     # -- start ---------------------------------------------------------------------------
     def start(self) -> BrokerInfo:
-        """Open everything and serve; returns the address actually bound."""
+        """Open everything and serve; returns the address actually bound.
+
+        When it returns, the store is open and recovered, the broker is registered in the
+        cluster, its partitions are open and, if it is the controller in embedded mode,
+        the transaction coordinator runs; requests are answered from then on. Raises
+        RuntimeError if called twice, and what opening a part raises (InvalidConfigError,
+        StorageError, DuplicateBrokerRegistrationError, a ZooKeeper timeout...): the
+        parts already open are released first and the broker is STOPPED.
+        """
         from broker_core.server.flight_server import IdemlogFlightServer
 
         self._transition(BrokerState.STARTING)
@@ -156,13 +178,33 @@ class Broker:
             )
             self._server = IdemlogFlightServer(self, cfg.listener_host, cfg.listener_port)
             self.info = BrokerInfo(self.broker_id, cfg.listener_host, int(self._server.port))
-            self.cluster = self._open_cluster(self.info)
-            self.markers = RoutingMarkerWriter(self)
-            self.cluster.register(self.info)
-            self.topics.sync()
-            self.cluster.on_topics_change(self.topics.sync)
-            self.coordinator_role.start(synchronous=cfg.embedded)
-            self._add_tasks()
+            self.cluster = cluster = self._open_cluster(self.info)
+            topics = self._topics = LocalTopics(
+                self.broker_id,
+                self.store,
+                cluster,
+                embedded=cfg.embedded,
+                serving=lambda: self.serving,
+                forget_topic=self.metrics.forget_topic,
+            )
+            self.markers = RoutingMarkerWriter(
+                self.broker_id, topics, LocalMarkerWriter(self.store), cluster.brokers
+            )
+            cluster.register(self.info)
+            topics.sync()
+            cluster.on_topics_change(topics.sync)
+            role = self._coordinator_role = CoordinatorRole(
+                self.broker_id,
+                cluster,
+                store=self.store,
+                zookeeper=self._zk,
+                pids=self.pids,
+                markers=self.markers,
+                offsets=ClusterStableOffsets(self.broker_id, topics, cluster.brokers),
+                max_timeout_ms=cfg.transaction_max_timeout_ms,
+            )
+            role.start(synchronous=cfg.embedded)
+            self._add_tasks(self.store, role)
             self._tasks.start()
         except BaseException:
             log.exception("broker %d failed to start", self.broker_id)
@@ -193,16 +235,15 @@ class Broker:
         return ZkCluster(self.zookeeper_client(), ZK_ROOT)
 
     def zookeeper_client(self) -> Any:
+        """The started KazooClient; InvalidConfigError in embedded mode (no ZooKeeper)."""
         if self._zk is None:
             raise InvalidConfigError(f"broker {self.broker_id} runs without zookeeper.connect")
         return self._zk
 
-    def _add_tasks(self) -> None:
+    def _add_tasks(self, store: LogStore, role: CoordinatorRole) -> None:
         cfg = self.config
         self._tasks.add(
-            "log-retention",
-            cfg.log_retention_check_interval_ms,
-            self.require_store().enforce_retention,
+            "log-retention", cfg.log_retention_check_interval_ms, store.enforce_retention
         )
         self._tasks.add(
             "producer-expiry", cfg.producer_id_expiration_check_interval_ms, self.expire_producers
@@ -211,19 +252,34 @@ class Broker:
         self._tasks.add(
             "transaction-timeouts",
             cfg.transaction_cleanup_interval_ms,
-            self.coordinator_role.abort_timed_out,
+            role.abort_timed_out,
         )
 
     # -- local partitions ----------------------------------------------------------------
+    @property
+    def topics(self) -> LocalTopics:
+        """The partitions this broker leads.
+
+        Raises NotLeaderOrFollowerError (retriable) before :meth:`start` opened them.
+        """
+        if self._topics is None:
+            raise NotLeaderOrFollowerError(f"broker {self.broker_id} has no open store")
+        return self._topics
+
     def require_store(self) -> LogStore:
+        """The open store; NotLeaderOrFollowerError (retriable) before :meth:`start`."""
         if self.store is None:
             raise NotLeaderOrFollowerError(f"broker {self.broker_id} has no open store")
         return self.store
 
     def require_cluster(self) -> ClusterMetadata:
+        """The cluster metadata; NotLeaderOrFollowerError (retriable) before it is open."""
         if self.cluster is None:
             raise NotLeaderOrFollowerError(f"broker {self.broker_id} is not in the cluster yet")
         return self.cluster
+
+    def _local_logs(self) -> list[tuple[str, int, PartitionLog]]:
+        return [] if self._topics is None else self._topics.logs()
 
     # -- coordinator access --------------------------------------------------------------
     @property
@@ -231,9 +287,18 @@ class Broker:
         """Starting or running: local topics may still be opened."""
         return self._state in (BrokerState.STARTING, BrokerState.RUNNING)
 
+    def _running_coordinator(self) -> TransactionCoordinator | None:
+        role = self._coordinator_role
+        return None if role is None else role.current()
+
     def coordinator(self) -> TransactionCoordinator:
-        """The running transaction coordinator, or the retriable error saying where it is."""
-        coordinator = self.coordinator_role.current()
+        """The transaction coordinator running on this broker.
+
+        Raises NotCoordinatorError naming the controller when another broker runs it, and
+        CoordinatorNotAvailableError while none runs here yet (both retriable);
+        NotLeaderOrFollowerError before the broker joined the cluster.
+        """
+        coordinator = self._running_coordinator()
         if coordinator is not None:
             return coordinator
         controller = self.require_cluster().controller()
@@ -248,8 +313,10 @@ class Broker:
 
     # -- background work -----------------------------------------------------------------
     def expire_producers(self) -> int:
+        """Forget producers idle past ``producer.id.expiration.ms`` in every local partition
+        (logged and counted in the metrics); returns how many were forgotten."""
         total = 0
-        for topic, partition, log_ in self.topics.logs():
+        for topic, partition, log_ in self._local_logs():
             expired = log_.expire_producers()
             if expired:
                 log.info("%s-%d: expired idle producers %s", topic, partition, expired)
@@ -258,11 +325,14 @@ class Broker:
         return total
 
     def flush_idle_logs(self) -> int:
-        return sum(1 for _t, _p, log_ in self.topics.logs() if log_.flush_if_due())
+        """fsync every local partition whose ``flush.ms`` is due; returns how many were."""
+        return sum(1 for _t, _p, log_ in self._local_logs() if log_.flush_if_due())
 
     def metrics_document(self) -> dict[str, Any]:
+        """This broker's metrics: request counters, per-partition offsets and producers,
+        and the coordinator's state if it runs here (``transactions``, else None)."""
         gauges: dict[tuple[str, int], PartitionGauges] = {}
-        for topic, partition, log_ in self.topics.logs():
+        for topic, partition, log_ in self._local_logs():
             gauges[(topic, partition)] = PartitionGauges(
                 log_start_offset=log_.log_start_offset,
                 log_end_offset=log_.log_end_offset,
@@ -270,13 +340,19 @@ class Broker:
                 producers=len(log_.state),
                 open_transactions=len(log_.state.ongoing_transactions()),
             )
-        coordinator = self.coordinator_role.current()
+        coordinator = self._running_coordinator()
         transactions = coordinator.describe() if coordinator is not None else None
         return self.metrics.document(self.broker_id, gauges, transactions)
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop serving, close the store cleanly (snapshots + marker), deregister."""
+        """Stop serving, close the store cleanly (snapshots + marker), deregister.
+
+        Idempotent and safe on a broker never started. Requests waiting for the start are
+        refused; client streams still open after ``SHUTDOWN_GRACE_S`` find the store
+        closed. Failures while releasing a part are logged, never raised, so every other
+        part is still released.
+        """
         with self._state_lock:
             state = self._state
         if state in (BrokerState.STOPPING, BrokerState.STOPPED):
@@ -292,10 +368,15 @@ class Broker:
         self._tasks.stop()
         if self._server is not None:
             self._shutdown_server()
-        self.coordinator_role.stop()
+        if self._coordinator_role is not None:
+            self._coordinator_role.stop()
         if self.store is not None:
             try:
-                self.topics.close_store()
+                # Through the topics when they exist: no partition opens while it closes.
+                if self._topics is not None:
+                    self._topics.close_store()
+                else:
+                    self.store.close()
             except Exception:
                 log.exception("broker %d: closing the store failed", self.broker_id)
         if self.cluster is not None:

@@ -26,6 +26,8 @@ from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
 
 LOG_PREFIX = "log."
+# The znode under which a ZooKeeper cluster keeps its metadata and the coordinator its state.
+ZK_ROOT = "/idemlog"
 
 _BROKER_KEYS = [
     ConfigKey(

@@ -14,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import pyarrow as pa
 
-from broker_core.cluster.metadata import TopicAssignment
+from broker_core.cluster.metadata import ClusterMetadata, TopicAssignment
 from broker_core.errors import (
     IdemlogError,
     InvalidTopicError,
@@ -27,10 +27,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.partition_log import PartitionLog
-from broker_core.log.store import Topic
-
-if TYPE_CHECKING:
-    from broker_core.server.broker import Broker
+from broker_core.log.store import LogStore, Topic
 
 log = logging.getLogger("idemlog.broker")
 
@@ -38,21 +35,38 @@ INTERNAL_TOPIC_PREFIX = "__"  # reserved: __transaction_state lives in the same 
 
 
 class LocalTopics:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    """The partitions broker ``broker_id`` leads, in ``store``, as ``cluster`` assigns them.
+
+    ``embedded``: strays on disk are adopted into ``cluster`` (else only reported).
+    ``serving()`` says whether new partitions may still be opened (False once the broker
+    stops); ``forget_topic(name)`` drops a deleted topic's metrics.
+    """
+
+    def __init__(
+        self,
+        broker_id: int,
+        store: LogStore,
+        cluster: ClusterMetadata,
+        *,
+        embedded: bool,
+        serving: Callable[[], bool],
+        forget_topic: Callable[[str], None],
+    ) -> None:
+        self._id = broker_id
+        self._store = store
+        self._cluster = cluster
+        self._embedded = embedded
+        self._serving = serving
+        self._forget_topic = forget_topic
         # Creating, deleting, opening topics and closing the store; re-entered by cluster
         # callbacks that run inside create_topic (embedded mode).
         self._lock = threading.RLock()
         self._seen: set[str] = set()  # the cluster's topics, as last seen
 
-    @property
-    def _id(self) -> int:
-        return self._broker.broker_id
-
     def assignment(self, topic: str) -> TopicAssignment:
         if topic.startswith(INTERNAL_TOPIC_PREFIX):
             raise InvalidTopicError(f"topic {topic!r} is internal to the broker")
-        return self._broker.require_cluster().topic(topic)
+        return self._cluster.topic(topic)
 
     def leader_log(self, topic: str, partition: int) -> PartitionLog:
         """The local log of a partition this broker leads, created on first use."""
@@ -63,11 +77,11 @@ class LocalTopics:
                 f"broker {self._id} does not lead {topic}-{partition}: broker {leader} does"
             )
         self.ensure(assignment)
-        return self._broker.require_store().partition(topic, partition)
+        return self._store.partition(topic, partition)
 
     def ensure(self, assignment: TopicAssignment) -> Topic:
         """The local topic of ``assignment``, created if this broker has none yet."""
-        store = self._broker.require_store()
+        store = self._store
         with self._lock:
             try:
                 topic = store.topic(assignment.name)
@@ -96,17 +110,14 @@ class LocalTopics:
 
     def sync(self) -> None:
         """Open the partitions this broker leads; follow deletions; adopt or report strays."""
-        broker = self._broker
-        store, cluster = broker.store, broker.cluster
-        if store is None or cluster is None:
-            return
+        store, cluster = self._store, self._cluster
         try:
             assignments = cluster.topics()
         except IdemlogError as exc:
             log.warning("broker %d cannot read the topics: %s", self._id, exc)
             return
         with self._lock:
-            if not broker.serving:
+            if not self._serving():
                 return  # the store is closing: open nothing new
             for name in store.topics():
                 if name.startswith(INTERNAL_TOPIC_PREFIX) or name in assignments:
@@ -114,8 +125,8 @@ class LocalTopics:
                 if name in self._seen:
                     log.info("broker %d deletes its copy of deleted topic %s", self._id, name)
                     store.delete_topic(name)
-                    broker.metrics.forget_topic(name)
-                elif broker.config.embedded:
+                    self._forget_topic(name)
+                elif self._embedded:
                     assignments[name] = self._adopt(store.topic(name))
                 else:
                     log.warning(
@@ -144,21 +155,18 @@ class LocalTopics:
         )
         schema = None if topic.schema is None else topic.schema.serialize().to_pybytes()
         config = {k: str(v) for k, v in topic.overrides.items()}
-        cluster = self._broker.require_cluster()
-        return cluster.create_topic(topic.name, topic.partitions, schema, config)
+        return self._cluster.create_topic(topic.name, topic.partitions, schema, config)
 
     def delete(self, name: str) -> None:
-        store = self._broker.require_store()
+        """Delete the local copy of topic ``name`` (if any) and its metrics."""
         with self._lock:
             with contextlib.suppress(UnknownTopicOrPartitionError):
-                store.delete_topic(name)
-            self._broker.metrics.forget_topic(name)
+                self._store.delete_topic(name)
+            self._forget_topic(name)
 
     def logs(self) -> list[tuple[str, int, PartitionLog]]:
         """(topic, partition, log) of every open local partition, internal topics aside."""
-        store = self._broker.store
-        if store is None:
-            return []
+        store = self._store
         result: list[tuple[str, int, PartitionLog]] = []
         for name in store.topics():
             if name.startswith(INTERNAL_TOPIC_PREFIX):
@@ -172,7 +180,5 @@ class LocalTopics:
 
     def close_store(self) -> None:
         """Close the store (snapshots, clean-shutdown markers); nothing opens meanwhile."""
-        store = self._broker.store
-        if store is not None:
-            with self._lock:
-                store.close()
+        with self._lock:
+            self._store.close()

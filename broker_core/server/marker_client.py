@@ -21,25 +21,22 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import pyarrow.flight as flight
 
+from broker_core.cluster.metadata import BrokerInfo, TopicAssignment
 from broker_core.errors import (
     InvalidRequestError,
     NetworkError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.log.partition_log import PartitionLog
 from broker_core.protocol.wire import Action, decode_json, encode_json, field, parse_error_message
 from broker_core.record.batch import ControlType
-from broker_core.txn.coordinator import LocalMarkerWriter
-from broker_core.txn.markers import StableOffsets
-
-if TYPE_CHECKING:
-    from broker_core.cluster.metadata import BrokerInfo
-    from broker_core.server.broker import Broker
+from broker_core.txn.markers import MarkerWriter, StableOffsets
 
 log = logging.getLogger("idemlog.markers")
 
@@ -79,9 +76,30 @@ def _failpoint(stage: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class LedPartitions(Protocol):
+    """What the writer needs of the broker's local topics (``LocalTopics``)."""
+
+    def assignment(self, topic: str) -> TopicAssignment: ...
+
+    def leader_log(self, topic: str, partition: int) -> PartitionLog: ...
+
+
 class RoutingMarkerWriter:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    """Markers for broker ``broker_id``'s coordinator: partitions it leads (``topics``) go
+    to ``local`` (a ``LocalMarkerWriter`` on its store), the others to their leader among
+    ``brokers()`` (the live brokers, read on each connection)."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        topics: LedPartitions,
+        local: MarkerWriter,
+        brokers: Callable[[], Sequence[BrokerInfo]],
+    ) -> None:
+        self._broker_id = broker_id
+        self._topics = topics
+        self._local = local
+        self._brokers = brokers
         self._lock = threading.Lock()
         self._clients: dict[int, tuple[BrokerInfo, flight.FlightClient]] = {}
 
@@ -98,7 +116,7 @@ class RoutingMarkerWriter:
         by_leader: dict[int, list[tuple[str, int]]] = {}
         for topic, partition in partitions:
             try:
-                leader = self._broker.topics.assignment(topic).leader(partition)
+                leader = self._topics.assignment(topic).leader(partition)
             except UnknownTopicOrPartitionError as exc:
                 # Deleted with its topic: there is no log left to end the transaction in.
                 log.warning(
@@ -114,9 +132,9 @@ class RoutingMarkerWriter:
         for leader in sorted(by_leader):
             group = sorted(by_leader[leader])
             # One partition at a time locally, so the failpoint can stop between two.
-            steps = [[tp] for tp in group] if leader == self._broker.broker_id else [group]
+            steps = [[tp] for tp in group] if leader == self._broker_id else [group]
             for step in steps:
-                if leader == self._broker.broker_id:
+                if leader == self._broker_id:
                     written = self.write_local(
                         producer_id, producer_epoch, commit, coordinator_epoch, step
                     )
@@ -139,11 +157,9 @@ class RoutingMarkerWriter:
         partitions: Sequence[tuple[str, int]],
     ) -> StableOffsets:
         """Markers into partitions this broker leads (also WRITE_TXN_MARKERS from a peer)."""
-        store = self._broker.store
-        assert store is not None
         for topic, partition in partitions:
-            self._broker.topics.leader_log(topic, partition)  # leader check, local topic created
-        return LocalMarkerWriter(store).write_markers(
+            self._topics.leader_log(topic, partition)  # leader check, local topic created
+        return self._local.write_markers(
             producer_id, producer_epoch, commit, coordinator_epoch, partitions
         )
 
@@ -195,9 +211,7 @@ class RoutingMarkerWriter:
         return stable
 
     def _client(self, broker_id: int) -> flight.FlightClient:
-        cluster = self._broker.cluster
-        assert cluster is not None
-        info = next((b for b in cluster.brokers() if b.broker_id == broker_id), None)
+        info = next((b for b in self._brokers() if b.broker_id == broker_id), None)
         if info is None:
             raise NetworkError(f"broker {broker_id}, leader of a marker's partition, is down")
         with self._lock:

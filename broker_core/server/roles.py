@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.txn.coordinator import TransactionCoordinator
+from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
+from broker_core.log.store import LogStore
+from broker_core.server.config import ZK_ROOT
+from broker_core.server.marker_client import LedPartitions
+from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
 from broker_core.txn.state_store import LogTxnStateStore, TxnStateStore, ZkTxnStateStore
-
-if TYPE_CHECKING:
-    from broker_core.server.broker import Broker
 
 log = logging.getLogger("idemlog.broker")
 
@@ -28,20 +30,26 @@ ACTIVATION_RETRY_S = 1.0  # after a failed coordinator start (e.g. a marker's br
 
 class ClusterStableOffsets:
     """Partitions' last stable offsets for the coordinator's reader cuts: local logs read
-    in place, the others asked of their leaders."""
+    in place, the others asked of their leaders (bootstrapped from ``brokers()``)."""
 
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(
+        self,
+        broker_id: int,
+        topics: LedPartitions,
+        brokers: Callable[[], Sequence[BrokerInfo]],
+    ) -> None:
+        self._broker_id = broker_id
+        self._topics = topics
+        self._brokers = brokers
         self._lock = threading.Lock()
         self._client: BrokerClient | None = None
 
     def last_stable_offsets(self, topic: str) -> dict[int, int]:
-        broker = self._broker
-        assignment = broker.topics.assignment(topic)
+        assignment = self._topics.assignment(topic)
         ends: dict[int, int] = {}
         for partition, leader in sorted(assignment.partitions.items()):
-            if leader == broker.broker_id:
-                ends[partition] = broker.topics.leader_log(topic, partition).last_stable_offset
+            if leader == self._broker_id:
+                ends[partition] = self._topics.leader_log(topic, partition).last_stable_offset
             else:
                 doc = self._remote().list_offsets(topic, partition)
                 ends[partition] = int(doc["last_stable_offset"])
@@ -50,8 +58,7 @@ class ClusterStableOffsets:
     def _remote(self) -> BrokerClient:
         with self._lock:
             if self._client is None:
-                cluster = self._broker.require_cluster()
-                bootstrap = ",".join(f"{b.host}:{b.port}" for b in cluster.brokers())
+                bootstrap = ",".join(f"{b.host}:{b.port}" for b in self._brokers())
                 self._client = BrokerClient(bootstrap)
             return self._client
 
@@ -63,8 +70,30 @@ class ClusterStableOffsets:
 
 
 class CoordinatorRole:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    """Runs a :class:`TransactionCoordinator` on broker ``broker_id`` while ``cluster``
+    says it is the controller, built of ``pids``, ``markers`` and ``offsets``; its state
+    is kept in ZooKeeper under ``ZK_ROOT`` when ``zookeeper`` (a started KazooClient) is
+    given, else in ``store``'s ``__transaction_state`` topic (embedded mode)."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        cluster: ClusterMetadata,
+        *,
+        store: LogStore,
+        zookeeper: Any | None,
+        pids: ProducerIdSource,
+        markers: MarkerWriter,
+        offsets: ClusterStableOffsets,
+        max_timeout_ms: int,
+    ) -> None:
+        self._broker_id = broker_id
+        self._cluster = cluster
+        self._store = store
+        self._zookeeper = zookeeper
+        self._pids = pids
+        self._markers = markers
+        self._max_timeout_ms = max_timeout_ms
         self._cond = threading.Condition()
         self._wanted = False
         self._dirty = False
@@ -73,15 +102,17 @@ class CoordinatorRole:
         # The coordinator's ZooKeeper state store: its connection listener is removed when
         # the coordinator stops, or every controllership would leave one behind.
         self._zk_store: ZkTxnStateStore | None = None
-        self._offsets = ClusterStableOffsets(broker)
+        self._offsets = offsets
         self._thread: threading.Thread | None = None
 
     def current(self) -> TransactionCoordinator | None:
+        """The running coordinator, or None while this broker is not (yet) running one."""
         return self._coordinator
 
     def start(self, *, synchronous: bool) -> None:
-        cluster = self._broker.cluster
-        assert cluster is not None
+        """Follow controllership from now on; ``synchronous``: if this broker is the
+        controller, start the coordinator before returning (raising what its start raises)."""
+        cluster = self._cluster
         if synchronous and cluster.is_controller():
             self._coordinator = self._build_and_start()
         cluster.on_controller_change(self._on_controller_change)
@@ -111,36 +142,31 @@ class CoordinatorRole:
                 except Exception:
                     log.exception(
                         "broker %d: starting the transaction coordinator failed; retrying in %.0fs",
-                        self._broker.broker_id,
+                        self._broker_id,
                         ACTIVATION_RETRY_S,
                     )
                     with self._cond:
                         self._dirty = True
                         self._cond.wait_for(lambda: self._stopped, ACTIVATION_RETRY_S)
             elif not wanted and self._coordinator is not None:
-                log.info("broker %d is no longer the controller", self._broker.broker_id)
+                log.info("broker %d is no longer the controller", self._broker_id)
                 self._close_coordinator()
 
     def _build_and_start(self) -> TransactionCoordinator:
-        broker = self._broker
-        assert broker.store is not None and broker.pids is not None and broker.markers is not None
-        assert broker.cluster is not None
         state_store: TxnStateStore
         zk_store: ZkTxnStateStore | None = None
-        if broker.config.embedded:
-            state_store = LogTxnStateStore(broker.store)
+        if self._zookeeper is None:
+            state_store = LogTxnStateStore(self._store)
         else:
-            from broker_core.server.broker import ZK_ROOT
-
-            state_store = zk_store = ZkTxnStateStore(broker.zookeeper_client(), ZK_ROOT)
+            state_store = zk_store = ZkTxnStateStore(self._zookeeper, ZK_ROOT)
         # Read after the controllership was reported: the epoch is this controllership's,
         # higher than that of every coordinator before, whose writes it thereby fences.
-        epoch = broker.cluster.controller_epoch()
+        epoch = self._cluster.controller_epoch()
         coordinator = TransactionCoordinator(
             state_store,
-            broker.pids,
-            broker.markers,
-            max_timeout_ms=broker.config.transaction_max_timeout_ms,
+            self._pids,
+            self._markers,
+            max_timeout_ms=self._max_timeout_ms,
             coordinator_epoch=epoch,
             stable_offsets=self._offsets,
         )
@@ -152,10 +178,12 @@ class CoordinatorRole:
                 zk_store.close()
             raise
         self._zk_store = zk_store
-        log.info("broker %d runs the transaction coordinator (epoch %d)", broker.broker_id, epoch)
+        log.info("broker %d runs the transaction coordinator (epoch %d)", self._broker_id, epoch)
         return coordinator
 
     def abort_timed_out(self) -> list[str]:
+        """Abort the running coordinator's transactions open past their timeout (none
+        while no coordinator runs); returns their transactional ids."""
         coordinator = self._coordinator
         if coordinator is None:
             return []
@@ -172,11 +200,12 @@ class CoordinatorRole:
             try:
                 coordinator.close()
             except Exception:
-                log.exception("broker %d: closing the coordinator failed", self._broker.broker_id)
+                log.exception("broker %d: closing the coordinator failed", self._broker_id)
         if zk_store is not None:
             zk_store.close()
 
     def stop(self) -> None:
+        """Stop following controllership and close the coordinator if one runs."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()

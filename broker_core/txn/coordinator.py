@@ -23,12 +23,13 @@ Kafka answers while a state transition is pending.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker_core.errors import (
     ConcurrentTransactionsError,
     IdemlogError,
+    InvalidConfigError,
     InvalidProducerIdMappingError,
     InvalidRequestError,
     InvalidTxnStateError,
@@ -45,12 +46,16 @@ from broker_core.protocol.txn_inputs import (
     check_transactions,
 )
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
+from broker_core.retry import RetryPolicy
 from broker_core.txn.core import (
+    MAX_MARKER_BACKOFF_S,
     Claims,
+    CoordinatorCore,
     CoordinatorStatus,
     LsoSource,
+    MarkerSender,
     ProducerIdSource,
-    TxnCoordinatorCore,
+    VisibilityTracker,
 )
 from broker_core.txn.markers import LocalMarkerWriter, MarkerWriter
 from broker_core.txn.state import (
@@ -61,6 +66,7 @@ from broker_core.txn.state import (
     TransactionMetadata,
     TransactionState,
 )
+from broker_core.txn.state_store import TxnStateStore
 
 __all__ = [
     "CoordinatorStatus",
@@ -77,66 +83,129 @@ _S = TransactionState
 _TXN = "transactional id"
 
 
-class TransactionCoordinator(TxnCoordinatorCore):
+class TransactionCoordinator:
     """Transactional ids -> (producer id, epoch), transactions and sink commits.
 
-    ``__init__(state_store, pids, markers, *, max_timeout_ms=900_000,
-    default_timeout_ms=60_000, coordinator_epoch=0, clock=None, marker_retry_deadline_s=30.0,
-    marker_retry_backoff_s=0.05)``; call :meth:`start` before any request.
+    Decisions are stored in ``state_store`` (at ``coordinator_epoch``, which fences older
+    coordinators) before they take effect; producer ids come from ``pids``; markers go
+    through ``markers``, retriable failures retried with backoff from
+    ``marker_retry_backoff_s`` (doubling up to 1 s) for ``marker_retry_deadline_s``;
+    ``stable_offsets`` gives partitions' LSOs to :meth:`stable_ends`; ``clock()`` is the
+    time in ms. Call :meth:`start` before any request.
+
+    Every request raises CoordinatorNotAvailableError before :meth:`start` finished and
+    NotCoordinatorError after :meth:`close` or once a newer coordinator took over (both
+    retriable), ConcurrentTransactionsError (retriable) while another request changes the
+    same id, InvalidRequestError for a malformed argument, and what the state store or
+    the marker writer raise (the transaction then stays where it was durably).
+
+    Raises InvalidConfigError for timeouts below 1 ms or a negative epoch.
     """
+
+    def __init__(
+        self,
+        state_store: TxnStateStore,
+        pids: ProducerIdSource,
+        markers: MarkerWriter,
+        *,
+        max_timeout_ms: int = 900_000,
+        default_timeout_ms: int = 60_000,
+        coordinator_epoch: int = 0,
+        clock: Callable[[], int] | None = None,
+        marker_retry_deadline_s: float = 30.0,
+        marker_retry_backoff_s: float = 0.05,
+        stable_offsets: LsoSource | None = None,
+    ) -> None:
+        if max_timeout_ms < 1 or default_timeout_ms < 1:
+            raise InvalidConfigError(
+                f"transaction timeouts must be >= 1 ms: max_timeout_ms={max_timeout_ms}, "
+                f"default_timeout_ms={default_timeout_ms}"
+            )
+        if coordinator_epoch < 0:
+            raise InvalidConfigError(f"coordinator_epoch={coordinator_epoch} must be >= 0")
+        self.max_timeout_ms = max_timeout_ms
+        # A configured maximum below the default lowers the default with it, rather than
+        # refusing every InitProducerId that asks for no timeout in particular.
+        self.default_timeout_ms = min(default_timeout_ms, max_timeout_ms)
+        self.coordinator_epoch = coordinator_epoch
+        marker_policy = RetryPolicy(
+            deadline_s=marker_retry_deadline_s,
+            backoff_s=marker_retry_backoff_s,
+            max_backoff_s=max(MAX_MARKER_BACKOFF_S, marker_retry_backoff_s),
+            jitter=0.0,  # one coordinator retries: nothing to spread out
+        )
+        self._visibility = VisibilityTracker(stable_offsets)
+        self._core = CoordinatorCore(
+            state_store,
+            pids,
+            MarkerSender(markers, coordinator_epoch, marker_policy),
+            self._visibility,
+            coordinator_epoch=coordinator_epoch,
+            clock=clock,
+        )
+
+    @property
+    def status(self) -> CoordinatorStatus:
+        """LOADING until :meth:`start`, RUNNING, then CLOSED for good."""
+        return self._core.status
 
     def start(self) -> None:
         """Load the state and finish what a previous coordinator left half done.
 
-        A failed load leaves the coordinator LOADING, so start() may be called again.
+        Raises InvalidTxnStateError unless it is LOADING, and what the state store's load
+        raises: a failed load leaves the coordinator LOADING, so start() may be called
+        again. What cannot be finished now (a marker's leader down) is logged and left
+        for :meth:`abort_timed_out` or the next request touching it.
         """
-        if self._status is not CoordinatorStatus.LOADING:
-            raise InvalidTxnStateError(f"start() on a coordinator that is {self._status.name}")
-        txns, sinks = self._store.load()
-        with self._lock:
-            self._txns = dict(txns)
-            self._sinks = dict(sinks)
-            # Sink runs beat in memory only: every sink transaction gets a full timeout
-            # from now, rather than being aborted for the time this coordinator was away.
-            self._loaded_ms = self._clock()
-        for record in sinks.values():
-            self._track(record)
-        self._set_status(CoordinatorStatus.RUNNING)
-        pending_sinks = [r for r in sinks.values() if r.is_pending]
-        prepared = [m.transactional_id for m in txns.values() if m.state.is_prepare]
+        pending_sinks, prepared = self._core.load()
+        loaded = self._core.describe()
         log.info(
             "transaction coordinator (epoch %d) loaded %d transactional ids and %d sinks; "
             "finishing %d prepared transactions and %d sink commits",
             self.coordinator_epoch,
-            len(txns),
-            len(sinks),
+            loaded["transactional_ids"],
+            loaded["sinks"],
             len(prepared),
             len(pending_sinks),
         )
         # Sinks first: a pending sink record may hold transactions still ONGOING.
         for record in pending_sinks:
-            self._recover_sink(record)
+            self._core.recover_sink(record)
         for transactional_id in prepared:
-            self._recover_txn(transactional_id)
+            self._core.recover_txn(transactional_id)
 
     def close(self) -> None:
         """Refuse new requests (NOT_COORDINATOR) and cut marker retries short. Idempotent."""
-        self._set_status(CoordinatorStatus.CLOSED, idempotent=True)
-        self._closing.set()
+        self._core.close()
+
+    def stable_ends(self, topic: str) -> dict[int, int]:
+        """Per partition of ``topic``, where a read_committed reader may stop so that it
+        holds every committed sink batch whole or not at all.
+
+        Raises CoordinatorNotAvailableError when this coordinator has no LSO source, and
+        what reading the partitions' LSOs raises."""
+        self._core.check_running()
+        return self._visibility.stable_ends(topic)
 
     # -- producer ids ------------------------------------------------------------------
     def init_producer_id(
         self, transactional_id: str | None, transaction_timeout_ms: int | None = None
     ) -> tuple[int, int]:
-        """(producer id, epoch) for a producer; with a transactional id, fence older holders."""
-        self._check_running()
+        """(producer id, epoch) for a producer; with a transactional id, fence older holders.
+
+        With a transactional id the new epoch is durable before it is returned, and a
+        transaction the older holder left open is aborted first (its markers carry the
+        bumped epoch). Raises InvalidTransactionTimeoutError for a timeout above the
+        maximum, and the producer-id source's errors (ProducerIdAllocationError).
+        """
+        self._core.check_running()
         if transactional_id is None:
-            return self._pids.generate_producer_id(), 0  # idempotent-only producer
+            return self._core.new_producer_id(), 0  # idempotent-only producer
         tid = check_transactional_id(transactional_id)
         timeout = check_timeout(
             transaction_timeout_ms, self.default_timeout_ms, self.max_timeout_ms
         )
-        with self._claims() as claims:
+        with self._core.claims() as claims:
             claims.txn(tid)
             return self._init_locked(claims, tid, timeout)
 
@@ -154,8 +223,9 @@ class TransactionCoordinator(TxnCoordinatorCore):
         open; the caller reuses it. NEW otherwise: every earlier holder of the id is
         fenced and what it left open aborted. The first attempt seen of a new run fences
         every attempt the sink's other runs left (their plans may split rows otherwise).
+        Raises InvalidTxnStateError when ``transactional_id`` is not ``<sink id>/...``.
         """
-        self._check_running()
+        self._core.check_running()
         tid = check_transactional_id(transactional_id)
         sid = check_sink_id(attempt.sink_id)
         run = check_run_id(attempt.run_id)
@@ -167,29 +237,28 @@ class TransactionCoordinator(TxnCoordinatorCore):
         timeout = check_timeout(
             transaction_timeout_ms, self.default_timeout_ms, self.max_timeout_ms
         )
-        with self._claims() as claims:
+        with self._core.claims() as claims:
             claims.txn(tid)
-            self._touch_run(sid, run, self._clock())
-            record = self._sink_record(sid)
+            self._core.touch_run(sid, run, self._core.now())
+            record = self._core.sink_record(sid)
             if record is not None and record.is_pending:
-                self._finish_sink(claims, record)
-            if self._sink_runs.get(sid) != run:
-                self._fence_sink_leftovers(
+                self._core.finish_sink(claims, record)
+            if self._core.current_run(sid) != run:
+                self._core.fence_sink_leftovers(
                     claims,
                     sid,
                     keep=lambda m: m.sink_run == run,
                     why=f"run {run!r} of the sink started (a restart re-plans its batches)",
                 )
-                with self._lock:
-                    self._sink_runs[sid] = run
-            meta = self._settle(claims, tid)
+                self._core.set_run(sid, run)
+            meta = self._core.settle(claims, tid)
             if (
                 meta is not None
                 and meta.sink_prepared
                 and (meta.sink_id, meta.sink_run, meta.sink_batch) == (sid, run, bid)
             ):
                 if meta.state in (_S.ONGOING, _S.EMPTY):
-                    self._count("sink_attempts_reused")
+                    self._core.count("sink_attempts_reused")
                     return meta.producer_id, meta.producer_epoch, SinkTxnStatus.PREPARED
                 if meta.state is _S.COMPLETE_COMMIT:
                     return meta.producer_id, meta.producer_epoch, SinkTxnStatus.COMMITTED
@@ -202,10 +271,10 @@ class TransactionCoordinator(TxnCoordinatorCore):
     def _init_locked(
         self, claims: Claims, tid: str, timeout: int, attempt: SinkAttempt | None = None
     ) -> tuple[int, int]:
-        meta = self._settle(claims, tid)
+        meta = self._core.settle(claims, tid)
         if meta is None:
-            producer_id = self._pids.generate_producer_id()
-            now = self._clock()
+            producer_id = self._core.new_producer_id()
+            now = self._core.now()
             new = TransactionMetadata(
                 tid, producer_id, 0, timeout, _S.EMPTY, set(), NO_TXN_START, now
             )
@@ -214,11 +283,11 @@ class TransactionCoordinator(TxnCoordinatorCore):
             if meta.state is _S.ONGOING:
                 # The bump itself fences: the ABORT markers carry it, so the partitions
                 # reject the older holder's appends; the next bump is the new holder's.
-                meta = self._end(meta, commit=False, epoch=meta.producer_epoch + 1)
-                self._count("transactions_fenced")
-                new = self._bumped(meta, bump=False)
+                meta = self._core.end(meta, commit=False, epoch=meta.producer_epoch + 1)
+                self._core.count("transactions_fenced")
+                new = self._core.bumped(meta, bump=False)
             else:
-                new = self._bumped(meta)
+                new = self._core.bumped(meta)
             new.timeout_ms = timeout
         if attempt is not None:
             new.sink_id, new.sink_run, new.sink_batch = (
@@ -226,7 +295,7 @@ class TransactionCoordinator(TxnCoordinatorCore):
                 attempt.run_id,
                 attempt.batch_id,
             )
-        self._persist(new)
+        self._core.persist(new)
         return new.producer_id, new.producer_epoch
 
     # -- transactions --------------------------------------------------------------------
@@ -237,42 +306,54 @@ class TransactionCoordinator(TxnCoordinatorCore):
         producer_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> None:
-        """Record the partitions of the producer's transaction (beginning it if needed)."""
-        self._check_running()
+        """Record the partitions of the producer's transaction (beginning it if needed).
+
+        Durable when it returns; a retried request is a no-op. Raises ProducerFencedError
+        when (producer_id, producer_epoch) no longer holds the id, and
+        InvalidProducerIdMappingError when the id is unknown or held by another producer id.
+        """
+        self._core.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
         parts = check_partitions(partitions)
-        with self._claims() as claims:
+        with self._core.claims() as claims:
             claims.txn(tid)
-            self._require(tid, producer_id, producer_epoch)
-            meta = self._settled(claims, tid)
+            self._core.require(tid, producer_id, producer_epoch)
+            meta = self._core.settled(claims, tid)
             if meta.state is _S.ONGOING and parts <= meta.partitions:
                 return  # a retried request: already recorded
             new = meta.copy()
-            new.transition(_S.ONGOING, self._clock())
+            new.transition(_S.ONGOING, self._core.now())
             new.partitions |= parts
-            self._persist(new)
+            self._core.persist(new)
 
     def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> None:
-        """Commit or abort the producer's open transaction, all partitions or none."""
-        self._check_running()
+        """Commit or abort the producer's open transaction, all partitions or none.
+
+        When it returns, every partition has the marker and the outcome is durable; once
+        it raised after the decision was stored (a marker's leader down), the outcome is
+        fixed and a retry of the same call finishes it. A retry after success is a no-op.
+        Raises ProducerFencedError / InvalidProducerIdMappingError as :meth:`add_partitions`,
+        and InvalidTxnStateError when no transaction is open or it ended the other way.
+        """
+        self._core.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
         decision = "commit" if commit else "abort"
-        with self._claims() as claims:
+        with self._core.claims() as claims:
             claims.txn(tid)
-            meta = self._require(tid, producer_id, producer_epoch)
-            if self._pending_sink_holding(meta) is not None:
-                meta = self._settle(claims, tid) or meta
+            meta = self._core.require(tid, producer_id, producer_epoch)
+            if self._core.pending_sink_holding(meta) is not None:
+                meta = self._core.settle(claims, tid) or meta
             wanted_prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
             wanted_complete = _S.COMPLETE_COMMIT if commit else _S.COMPLETE_ABORT
             state = meta.state
             if state is _S.ONGOING:
-                self._end(meta, commit)
+                self._core.end(meta, commit)
             elif state is wanted_prepare:
-                self._complete(meta)  # left half done by an earlier attempt
+                self._core.complete(meta)  # left half done by an earlier attempt
             elif state is wanted_complete:
                 log.debug("%s %r: %s retried, already done", _TXN, tid, decision)
             elif state is _S.EMPTY:
@@ -298,17 +379,19 @@ class TransactionCoordinator(TxnCoordinatorCore):
 
         Called by the task after its last batch was acknowledged; from then on another
         attempt of the same task of the same run reuses the transaction
-        (:meth:`init_sink_producer`).
+        (:meth:`init_sink_producer`). Raises InvalidTxnStateError when the transaction is
+        not open for ``batch_id`` or a range's partition was not added to it, and the
+        fencing errors of :meth:`add_partitions`.
         """
-        self._check_running()
+        self._core.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
         bid = check_batch_id(batch_id)
         spans = check_offset_ranges(ranges)
-        with self._claims() as claims:
+        with self._core.claims() as claims:
             claims.txn(tid)
-            self._require(tid, producer_id, producer_epoch)
-            meta = self._settled(claims, tid)
+            self._core.require(tid, producer_id, producer_epoch)
+            meta = self._core.settled(claims, tid)
             if meta.state not in (_S.ONGOING, _S.EMPTY):
                 raise InvalidTxnStateError(
                     f"{_TXN} {tid!r}: cannot prepare batch {bid}, the transaction is "
@@ -325,19 +408,19 @@ class TransactionCoordinator(TxnCoordinatorCore):
                     f"{_TXN} {tid!r}: cannot prepare batch {bid}: rows at {sorted(unadded)} "
                     "are not in its transaction"
                 )
-            self._touch_run(meta.sink_id, meta.sink_run, self._clock())
+            self._core.touch_run(meta.sink_id, meta.sink_run, self._core.now())
             if meta.sink_prepared:
                 return  # a retried request
             new = meta.copy()
             new.sink_prepared = True
             new.sink_ranges = spans
-            new.last_update_ms = self._clock()
-            self._persist(new)
+            new.last_update_ms = self._core.now()
+            self._core.persist(new)
 
     def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
         """A task of this run is alive: its run's transactions are not timed out."""
-        self._check_running()
-        self._touch_run(check_sink_id(sink_id), check_run_id(run_id), self._clock())
+        self._core.check_running()
+        self._core.touch_run(check_sink_id(sink_id), check_run_id(run_id), self._core.now())
 
     # -- sinks (DESIGN §6) ----------------------------------------------------------------
     def commit_sink_batch(
@@ -353,8 +436,14 @@ class TransactionCoordinator(TxnCoordinatorCore):
         (and of ``run_id`` when given), else nothing is recorded and the error says which.
         Afterwards every other attempt of the sink at this batch or an earlier one is
         fenced and aborted: a re-planned run's unused transactions never hold readers back.
+
+        When it returns True the batch is committed in every partition; once the commit
+        record is stored (even if this call then raises) the commit is decided and is
+        finished by whoever touches the sink or its transactions next. Raises
+        InvalidTxnStateError naming the transaction that is not committable, and the
+        fencing errors of :meth:`add_partitions`.
         """
-        self._check_running()
+        self._core.check_running()
         sid = check_sink_id(sink_id)
         bid = check_batch_id(batch_id)
         txns = check_transactions(transactions)
@@ -364,13 +453,13 @@ class TransactionCoordinator(TxnCoordinatorCore):
         def leftover_kept(m: TransactionMetadata) -> bool:
             return m.transactional_id in named or m.sink_batch > bid
 
-        with self._claims() as claims:
+        with self._core.claims() as claims:
             claims.sink(sid)
             for tid, _, _ in txns:
                 claims.txn(tid)
-            record = self._sink_record(sid)
+            record = self._core.sink_record(sid)
             if record is not None and record.is_pending:
-                self._finish_sink(claims, record)
+                self._core.finish_sink(claims, record)
             if record is not None and bid <= record.batch_id:
                 log.info(
                     "sink %r: batch %d repeats committed batch %d; aborting its %d "
@@ -381,28 +470,28 @@ class TransactionCoordinator(TxnCoordinatorCore):
                     len(txns),
                 )
                 for txn in txns:
-                    self._abort_if_open(claims, *txn)
-                self._fence_sink_leftovers(
+                    self._core.abort_if_open(claims, *txn)
+                self._core.fence_sink_leftovers(
                     claims, sid, leftover_kept, f"batch {bid} was committed before"
                 )
-                self._count("sink_batches_repeated")
+                self._core.count("sink_batches_repeated")
                 return False
             # Everything is checked before anything is recorded: nothing partial.
             for tid, pid, epoch in txns:
-                self._require(tid, pid, epoch)
+                self._core.require(tid, pid, epoch)
             ranges: list[tuple[str, int, int, int]] = []
             for tid, _, _ in txns:
-                meta = self._settled(claims, tid)
+                meta = self._core.settled(claims, tid)
                 self._check_committable(meta, sid, bid, run)
                 ranges.extend(meta.sink_ranges)
-            unsettled = self._unsettled_of(sid)
+            unsettled = self._visibility.unsettled_of(sid)
             if ranges:
                 unsettled.append((bid, sorted(ranges)))
             prepared = SinkCommitRecord(sid, bid, SinkCommitState.PREPARE, list(txns), unsettled)
-            self._persist_sink(prepared)
-            self._finish_sink(claims, prepared)
-            self._count("sink_batches_committed")
-            self._fence_sink_leftovers(
+            self._core.persist_sink(prepared)
+            self._core.finish_sink(claims, prepared)
+            self._core.count("sink_batches_committed")
+            self._core.fence_sink_leftovers(
                 claims, sid, leftover_kept, f"batch {bid} of the sink was committed without it"
             )
             return True
@@ -436,8 +525,9 @@ class TransactionCoordinator(TxnCoordinatorCore):
         batch); returns their transactional ids.
 
         Needs no message from any task: a batch whose tasks all failed is aborted too.
+        Raises InvalidRequestError when neither ``run_id`` nor ``sink_id`` is given.
         """
-        self._check_running()
+        self._core.check_running()
         run = None if run_id is None else check_run_id(run_id)
         sid = None if sink_id is None else check_sink_id(sink_id)
         if run is None and sid is None:
@@ -451,47 +541,47 @@ class TransactionCoordinator(TxnCoordinatorCore):
         who = f"run {run!r}" if run is not None else f"sink {sid!r}"
         reason = f"batch {bid} of {who} was aborted by the Spark driver"
         aborted = []
-        for meta in self._attempts(target):
-            with self._claims() as claims:
-                if self._fence(claims, meta.transactional_id, target, reason):
+        for meta in self._core.attempts(target):
+            with self._core.claims() as claims:
+                if self._core.fence(claims, meta.transactional_id, target, reason):
                     aborted.append(meta.transactional_id)
         return aborted
 
     def abort_transaction(self, transactional_id: str) -> bool:
         """An operator's abort (``idemlog transactions abort``): fence the id's holder and
         abort its open transaction. False if nothing was open. A transaction a decided
-        sink commit holds is committed instead, never aborted."""
-        self._check_running()
+        sink commit holds is committed instead, never aborted. Raises
+        InvalidProducerIdMappingError for an unknown id."""
+        self._core.check_running()
         tid = check_transactional_id(transactional_id)
-        with self._claims() as claims:
+        with self._core.claims() as claims:
             claims.txn(tid)
-            meta = self._settle(claims, tid)
+            meta = self._core.settle(claims, tid)
             if meta is None:
                 raise InvalidProducerIdMappingError(f"{_TXN} {tid!r} is unknown")
             if meta.state is not _S.ONGOING:
                 return False
-            self._end(
+            self._core.end(
                 meta,
                 commit=False,
                 epoch=meta.producer_epoch + 1,
                 reason="aborted by an operator (idemlog transactions abort)",
             )
-            self._count("transactions_aborted_by_operator")
+            self._core.count("transactions_aborted_by_operator")
             return True
 
     def list_transactions(self, min_age_ms: int = 0) -> list[dict[str, Any]]:
         """Open transactions (ONGOING) open at least ``min_age_ms``, oldest first, with
         their writer and what holds readers back (``idemlog transactions list``)."""
-        self._check_running()
-        now = self._clock()
-        with self._lock:
-            metas = [m.copy() for m in self._txns.values() if m.state is _S.ONGOING]
+        self._core.check_running()
+        now = self._core.now()
+        metas = self._core.ongoing()
         rows = []
         for m in sorted(metas, key=lambda m: m.txn_start_ms):
             age = now - m.txn_start_ms
             if age < min_age_ms:
                 continue
-            idle = now - self._alive_since(m)
+            idle = now - self._core.alive_since(m)
             rows.append(
                 {
                     "transactional_id": m.transactional_id,
@@ -513,21 +603,21 @@ class TransactionCoordinator(TxnCoordinatorCore):
         self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
     ) -> None:
         """Abort the batch's transactions still open (a batch already committed stays so)."""
-        self._check_running()
+        self._core.check_running()
         sid = check_sink_id(sink_id)
         check_batch_id(batch_id)
         txns = check_transactions(transactions)
-        with self._claims() as claims:
+        with self._core.claims() as claims:
             claims.sink(sid)
             for tid, _, _ in txns:
                 claims.txn(tid)
             for txn in txns:
-                self._abort_if_open(claims, *txn)
+                self._core.abort_if_open(claims, *txn)
 
     def last_committed_batch(self, sink_id: str) -> int | None:
         """The sink's last committed batch id (a PREPARE record counts: it is decided)."""
-        self._check_running()
-        record = self._sink_record(check_sink_id(sink_id))
+        self._core.check_running()
+        record = self._core.sink_record(check_sink_id(sink_id))
         return None if record is None else record.batch_id
 
     # -- timeouts --------------------------------------------------------------------------
@@ -536,21 +626,18 @@ class TransactionCoordinator(TxnCoordinatorCore):
 
         Also retries leftovers whose marker writes failed earlier. Returns the aborted ids.
         """
-        self._check_running()
-        now = self._clock() if now_ms is None else now_ms
-        self._forget_runs_older_than(now - self.max_timeout_ms)
-        with self._lock:
-            candidates = [m for m in self._txns.values() if m.state is _S.ONGOING]
+        self._core.check_running()
+        now = self._core.now() if now_ms is None else now_ms
+        self._core.forget_runs_older_than(now - self.max_timeout_ms)
+        candidates = self._core.ongoing()
         expired = [
-            m.transactional_id for m in candidates if now - self._alive_since(m) > m.timeout_ms
+            m.transactional_id for m in candidates if now - self._core.alive_since(m) > m.timeout_ms
         ]
-        with self._lock:
-            stuck_sinks = [r for r in self._sinks.values() if r.is_pending]
-            stuck = [m.transactional_id for m in self._txns.values() if m.state.is_prepare]
+        stuck_sinks, stuck = self._core.unfinished()
         aborted = []
         for tid in expired:
             try:
-                with self._claims() as claims:
+                with self._core.claims() as claims:
                     claims.txn(tid)
                     if self._abort_expired(claims, tid, now):
                         aborted.append(tid)
@@ -559,23 +646,23 @@ class TransactionCoordinator(TxnCoordinatorCore):
             except IdemlogError as exc:
                 log.warning("could not abort timed-out %s %r yet: %s", _TXN, tid, exc)
         for record in stuck_sinks:
-            self._recover_sink(record)
+            self._core.recover_sink(record)
         for tid in stuck:
-            self._recover_txn(tid)
+            self._core.recover_txn(tid)
         return aborted
 
     def _abort_expired(self, claims: Claims, tid: str, now: int) -> bool:
-        meta = self._meta(tid)
+        meta = self._core.meta(tid)
         if (
             meta is None
             or meta.state is not _S.ONGOING
-            or now - self._alive_since(meta) <= meta.timeout_ms
+            or now - self._core.alive_since(meta) <= meta.timeout_ms
         ):
             return False  # changed since the scan
-        if self._pending_sink_holding(meta) is not None:
-            self._settle(claims, tid)  # its sink batch is committed: finish that instead
+        if self._core.pending_sink_holding(meta) is not None:
+            self._core.settle(claims, tid)  # its sink batch is committed: finish that instead
             return False
-        idle = now - self._alive_since(meta)
+        idle = now - self._core.alive_since(meta)
         if meta.sink_id != NO_SINK:
             reason = (
                 f"aborted by the coordinator: no task of sink {meta.sink_id!r} run "
@@ -596,25 +683,11 @@ class TransactionCoordinator(TxnCoordinatorCore):
             meta.producer_epoch,
             reason,
         )
-        self._end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
-        self._count("transactions_timed_out")
+        self._core.end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
+        self._core.count("transactions_timed_out")
         return True
 
     # -- metrics ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        with self._lock:
-            by_state = dict.fromkeys((s.name for s in TransactionState), 0)
-            for meta in self._txns.values():
-                by_state[meta.state.name] += 1
-            return {
-                "status": self._status.value,
-                "coordinator_epoch": self.coordinator_epoch,
-                "transactional_ids": len(self._txns),
-                "by_state": by_state,
-                "open_transactions": by_state[_S.ONGOING.name],
-                "sinks": len(self._sinks),
-                "sinks_pending": sum(1 for r in self._sinks.values() if r.is_pending),
-                "sink_batches_tracked": self._tracked_count(),
-                "sink_runs_alive": len(self._run_alive_ms),
-                **self._counters,
-            }
+        """The coordinator's status, epoch, ids by state, sinks and counters (metrics)."""
+        return self._core.describe()

@@ -1,9 +1,14 @@
-"""The transaction coordinator's state and the durable steps it is built from.
+"""The transaction coordinator's parts, each with its collaborators passed in.
 
-:class:`TransactionCoordinator` (``txn_coordinator``) is the public face; this base class
-keeps the in-memory maps, the claims that serialise requests per id, and the steps every
-request is made of: a durable transition, marker writes with retries, and finishing what
-an earlier request (or a previous coordinator) left half done.
+:class:`TransactionCoordinator` (``txn.coordinator``) is the public face and holds these:
+
+* :class:`VisibilityTracker` -- the committed sink batches readers may still see in part,
+  and the consistent cut a read_committed reader stops at (``txn.visibility``);
+* :class:`MarkerSender` -- the marker writes of one transaction, retried under one
+  :class:`~broker_core.retry.RetryPolicy`;
+* :class:`CoordinatorCore` -- the in-memory maps, the claims that serialise requests per
+  id, the lifecycle, and the steps every request is made of: a durable transition, the
+  markers, and finishing what an earlier request (or a previous coordinator) left half done.
 """
 
 from __future__ import annotations
@@ -14,19 +19,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 from broker_core.errors import (
     ConcurrentTransactionsError,
     CoordinatorNotAvailableError,
     IdemlogError,
-    InvalidConfigError,
     InvalidProducerIdMappingError,
     InvalidTxnStateError,
     NotCoordinatorError,
     ProducerFencedError,
     TransactionCoordinatorFencedError,
 )
+from broker_core.retry import RetryPolicy
 from broker_core.txn.markers import MarkerWriter, StableOffsets
 from broker_core.txn.state import (
     MAX_CLIENT_EPOCH,
@@ -42,7 +47,7 @@ from broker_core.txn.visibility import Range, consistent_cut
 log = logging.getLogger("idemlog.txn")
 
 _S = TransactionState
-_MAX_MARKER_BACKOFF_S = 1.0
+MAX_MARKER_BACKOFF_S = 1.0
 
 
 class ProducerIdSource(Protocol):
@@ -114,58 +119,203 @@ class Claims:
         self._held.clear()
 
 
-class TxnCoordinatorCore:
-    """State, lifecycle and the durable steps; the requests are in TransactionCoordinator."""
+class VisibilityTracker:
+    """Committed sink batches readers may still see in part, and the cut that keeps them
+    whole (``broker_core.txn.visibility``); partitions' LSOs are read from ``source``."""
+
+    def __init__(self, source: LsoSource | None) -> None:
+        self._source = source
+        # (sink id, batch id) -> a committed batch readers may still see in part. Changed
+        # and read under _lock, which stable_ends holds across its LSO reads.
+        self._lock = threading.Lock()
+        self._tracked: dict[tuple[str, int], _Tracked] = {}
+
+    def track(self, record: SinkCommitRecord) -> None:
+        """Track the record's unsettled batches (those not tracked yet)."""
+        with self._lock:
+            for batch_id, ranges in record.unsettled:
+                key = (record.sink_id, batch_id)
+                if key not in self._tracked and ranges:
+                    self._tracked[key] = _Tracked(list(ranges))
+
+    def settled_by(self, lsos: StableOffsets) -> None:
+        """Forget the ranges that markers report below their partition's LSO."""
+        if not lsos:
+            return
+        with self._lock:
+            for key, tracked in list(self._tracked.items()):
+                for topic, partition, _first, last in tracked.ranges:
+                    lso = lsos.get((topic, partition))
+                    if lso is not None and lso > last:
+                        tracked.pending.discard((topic, partition))
+                if not tracked.pending:
+                    del self._tracked[key]
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._tracked)
+
+    def unsettled_of(self, sink_id: str) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
+        """(batch id, ranges) of the sink's batches still tracked, by batch id."""
+        with self._lock:
+            return sorted(
+                (batch_id, list(t.ranges))
+                for (sid, batch_id), t in self._tracked.items()
+                if sid == sink_id
+            )
+
+    def stable_ends(self, topic: str) -> dict[int, int]:
+        """Per partition of ``topic``, where a read_committed reader may stop so that it
+        holds every committed sink batch whole or not at all.
+
+        Raises CoordinatorNotAvailableError without an LSO source, and what the source
+        raises."""
+        if self._source is None:
+            raise CoordinatorNotAvailableError("this coordinator cannot read partition offsets")
+        with self._lock:
+            # LSOs and tracked batches under one lock: a batch is tracked before its first
+            # marker and dropped only once wholly below the LSOs, so none slips between.
+            ends = self._source.last_stable_offsets(topic)
+            batches: list[list[Range]] = [
+                [(p, first, last) for t, p, first, last in tracked.ranges if t == topic]
+                for tracked in self._tracked.values()
+            ]
+        cut = consistent_cut(ends, batches)
+        held = {p: ends[p] - cut[p] for p in ends if cut[p] < ends[p]}
+        if held:
+            log.debug("stable ends of %r held back to keep sink batches whole: %s", topic, held)
+        return cut
+
+
+class MarkerSender:
+    """Writes one transaction's markers through ``markers``, retrying retriable errors
+    under ``policy`` until :meth:`stop` (the coordinator closed or was replaced)."""
+
+    def __init__(self, markers: MarkerWriter, coordinator_epoch: int, policy: RetryPolicy) -> None:
+        self._markers = markers
+        self._coordinator_epoch = coordinator_epoch
+        self._policy = policy
+        self._stop = threading.Event()  # cuts a retry wait short
+        self._lock = threading.Lock()  # several transactions may be retrying at once
+        self._retries = 0
+
+    @property
+    def retries(self) -> int:
+        """Marker writes retried so far (the ``marker_retries`` metric)."""
+        return self._retries
+
+    def stop(self) -> None:
+        """Cut retries short: a waiting or failing send raises its last error now."""
+        self._stop.set()
+
+    def send(self, meta: TransactionMetadata, commit: bool) -> StableOffsets:
+        """The COMMIT/ABORT markers of ``meta``'s partitions, durable when it returns;
+        returns each partition's LSO after its marker.
+
+        Raises CoordinatorEpochFencedError when a partition has seen a newer coordinator's
+        marker; otherwise the last error once the policy is spent, a non-retriable one at
+        once (logged; the transaction stays in its PREPARE state for a later retry)."""
+        partitions = meta.sorted_partitions()
+        if not partitions:
+            return {}
+        what = f"{'COMMIT' if commit else 'ABORT'} markers for {_TXN} {meta.transactional_id!r}"
+
+        attempts = 0
+
+        def write() -> StableOffsets:
+            nonlocal attempts
+            attempts += 1
+            return self._markers.write_markers(
+                meta.producer_id, meta.producer_epoch, commit, self._coordinator_epoch, partitions
+            )
+
+        def before_retry(exc: BaseException, tries: int) -> None:
+            with self._lock:
+                self._retries += 1
+            log.warning("%s failed (%s), retrying (attempt %d)", what, exc, tries + 1)
+
+        def failed(exc: BaseException, tries: int) -> None:
+            log.error(
+                "%s (producer id %d epoch %d) failed after %d attempts; it stays %s until "
+                "retried: %s",
+                what,
+                meta.producer_id,
+                meta.producer_epoch,
+                tries,
+                meta.state.name,
+                exc,
+            )
+
+        def give_up(exc: BaseException, tries: int) -> BaseException:
+            failed(exc, tries)
+            return _same_error(exc)
+
+        try:
+            return self._policy.call(
+                write, before_retry=before_retry, give_up=give_up, stop=self._stop
+            )
+        except TransactionCoordinatorFencedError as exc:
+            # A partition has seen a newer coordinator's marker: same as a newer
+            # coordinator's state in the store (and the same error for the client).
+            raise CoordinatorEpochFencedError(
+                f"{_TXN} {meta.transactional_id!r}: the partitions refused the markers of "
+                f"coordinator epoch {self._coordinator_epoch}: the transaction was changed "
+                f"by another coordinator of a newer epoch; this coordinator was replaced "
+                f"(fenced) ({exc.message})"
+            ) from exc
+        except IdemlogError as exc:
+            if not exc.retriable:  # raised at once by the policy: logged here
+                failed(exc, attempts)
+            raise
+
+
+def _same_error(exc: BaseException) -> BaseException:
+    """A fresh error of ``exc``'s type and message (raised from ``exc``), so the caller
+    sees the same error code; ``exc`` itself when its type cannot be rebuilt so."""
+    if isinstance(exc, IdemlogError):
+        try:
+            return type(exc)(exc.message)
+        except TypeError:
+            return exc
+    return exc
+
+
+class CoordinatorCore:
+    """The coordinator's state and the durable steps requests are made of.
+
+    Decisions are stored in ``store`` at ``coordinator_epoch`` before they take effect;
+    markers go through ``sender``; sink batches are tracked in ``visibility``; producer
+    ids come from ``pids``; ``clock()`` is the time in ms. Callers of the steps hold the
+    claims (:meth:`claims`) of the ids they change.
+    """
 
     def __init__(
         self,
-        state_store: TxnStateStore,
+        store: TxnStateStore,
         pids: ProducerIdSource,
-        markers: MarkerWriter,
+        sender: MarkerSender,
+        visibility: VisibilityTracker,
         *,
-        max_timeout_ms: int = 900_000,
-        default_timeout_ms: int = 60_000,
-        coordinator_epoch: int = 0,
+        coordinator_epoch: int,
         clock: Callable[[], int] | None = None,
-        marker_retry_deadline_s: float = 30.0,
-        marker_retry_backoff_s: float = 0.05,
-        stable_offsets: LsoSource | None = None,
     ) -> None:
-        if max_timeout_ms < 1 or default_timeout_ms < 1:
-            raise InvalidConfigError(
-                f"transaction timeouts must be >= 1 ms: max_timeout_ms={max_timeout_ms}, "
-                f"default_timeout_ms={default_timeout_ms}"
-            )
-        if coordinator_epoch < 0:
-            raise InvalidConfigError(f"coordinator_epoch={coordinator_epoch} must be >= 0")
-        self._store = state_store
+        self._store = store
         self._pids = pids
-        self._markers = markers
-        self.max_timeout_ms = max_timeout_ms
-        # A configured maximum below the default lowers the default with it, rather than
-        # refusing every InitProducerId that asks for no timeout in particular.
-        self.default_timeout_ms = min(default_timeout_ms, max_timeout_ms)
+        self._sender = sender
+        self._visibility = visibility
         self.coordinator_epoch = coordinator_epoch
         self._clock = clock or (lambda: int(time.time() * 1000))
-        self._marker_retry_deadline_s = marker_retry_deadline_s
-        self._marker_retry_backoff_s = marker_retry_backoff_s
         self._lock = threading.Lock()
-        self._closing = threading.Event()  # wakes marker retries up on close()
         self._status = CoordinatorStatus.LOADING
         self._txns: dict[str, TransactionMetadata] = {}
         self._sinks: dict[str, SinkCommitRecord] = {}
         self._busy: set[tuple[str, str]] = set()
-        self._stable_offsets = stable_offsets
         # Sink runs: the run each sink was last seen in (a new one retires the others'
         # leftovers), and when each (sink, run) last showed life; in memory only: after a
         # restart every sink transaction gets a full timeout from the load (_loaded_ms).
         self._sink_runs: dict[str, str] = {}
         self._run_alive_ms: dict[tuple[str, str], int] = {}
         self._loaded_ms = 0
-        # (sink id, batch id) -> a committed batch readers may still see in part. Changed
-        # and read under _visibility_lock, which stable_ends holds across its LSO reads.
-        self._visibility_lock = threading.Lock()
-        self._tracked: dict[tuple[str, int], _Tracked] = {}
         self._counters: dict[str, int] = dict.fromkeys(
             (
                 "transactions_committed",
@@ -178,7 +328,6 @@ class TxnCoordinatorCore:
                 "sink_attempts_reused",
                 "sink_leftovers_aborted",
                 "transactions_aborted_by_operator",
-                "marker_retries",
             ),
             0,
         )
@@ -198,7 +347,34 @@ class TxnCoordinatorCore:
     def status(self) -> CoordinatorStatus:
         return self._status
 
-    def _check_running(self) -> None:
+    def load(self) -> tuple[list[SinkCommitRecord], list[str]]:
+        """Load the stored state and start RUNNING; returns what is left half done: the
+        pending sink records and the transactional ids in a PREPARE state.
+
+        Raises InvalidTxnStateError unless LOADING; a failed load leaves it LOADING."""
+        if self._status is not CoordinatorStatus.LOADING:
+            raise InvalidTxnStateError(f"start() on a coordinator that is {self._status.name}")
+        txns, sinks = self._store.load()
+        with self._lock:
+            self._txns = dict(txns)
+            self._sinks = dict(sinks)
+            # Sink runs beat in memory only: every sink transaction gets a full timeout
+            # from now, rather than being aborted for the time this coordinator was away.
+            self._loaded_ms = self._clock()
+        for record in sinks.values():
+            self._visibility.track(record)
+        self._set_status(CoordinatorStatus.RUNNING)
+        pending_sinks = [r for r in sinks.values() if r.is_pending]
+        prepared = [m.transactional_id for m in txns.values() if m.state.is_prepare]
+        return pending_sinks, prepared
+
+    def close(self) -> None:
+        """CLOSED from now on (NOT_COORDINATOR) and marker retries cut short. Idempotent."""
+        self._set_status(CoordinatorStatus.CLOSED, idempotent=True)
+        self._sender.stop()
+
+    def check_running(self) -> None:
+        """Raises CoordinatorNotAvailableError while loading, NotCoordinatorError once closed."""
         status = self._status
         if status is CoordinatorStatus.LOADING:
             raise CoordinatorNotAvailableError(
@@ -207,28 +383,76 @@ class TxnCoordinatorCore:
         if status is CoordinatorStatus.CLOSED:
             raise NotCoordinatorError("the transaction coordinator was closed")
 
+    def now(self) -> int:
+        return self._clock()
+
+    def new_producer_id(self) -> int:
+        return self._pids.generate_producer_id()
+
+    # -- reading the state -------------------------------------------------------------
+    def ongoing(self) -> list[TransactionMetadata]:
+        """Copies of the transactions ONGOING now."""
+        with self._lock:
+            return [m.copy() for m in self._txns.values() if m.state is _S.ONGOING]
+
+    def unfinished(self) -> tuple[list[SinkCommitRecord], list[str]]:
+        """Pending sink records and the ids in a PREPARE state (left by failed markers)."""
+        with self._lock:
+            stuck_sinks = [r for r in self._sinks.values() if r.is_pending]
+            stuck = [m.transactional_id for m in self._txns.values() if m.state.is_prepare]
+        return stuck_sinks, stuck
+
+    def current_run(self, sink_id: str) -> str | None:
+        with self._lock:
+            return self._sink_runs.get(sink_id)
+
+    def set_run(self, sink_id: str, run_id: str) -> None:
+        with self._lock:
+            self._sink_runs[sink_id] = run_id
+
+    def describe(self) -> dict[str, Any]:
+        """Counts by state, sinks, tracked batches and the counters, for the metrics."""
+        with self._lock:
+            by_state = dict.fromkeys((s.name for s in TransactionState), 0)
+            for meta in self._txns.values():
+                by_state[meta.state.name] += 1
+            return {
+                "status": self._status.value,
+                "coordinator_epoch": self.coordinator_epoch,
+                "transactional_ids": len(self._txns),
+                "by_state": by_state,
+                "open_transactions": by_state[_S.ONGOING.name],
+                "sinks": len(self._sinks),
+                "sinks_pending": sum(1 for r in self._sinks.values() if r.is_pending),
+                "sink_batches_tracked": self._visibility.count(),
+                "sink_runs_alive": len(self._run_alive_ms),
+                **self._counters,
+                "marker_retries": self._sender.retries,
+            }
+
     # -- building blocks (callers hold the claims of the ids they change) ------------------
     @contextlib.contextmanager
-    def _claims(self) -> Iterator[Claims]:
+    def claims(self) -> Iterator[Claims]:
+        """The claims of one request, released when the block ends."""
         claims = Claims(self._lock, self._busy)
         try:
             yield claims
         finally:
             claims.release()
 
-    def _count(self, name: str, n: int = 1) -> None:
+    def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counters[name] += n
 
-    def _meta(self, tid: str) -> TransactionMetadata | None:
+    def meta(self, tid: str) -> TransactionMetadata | None:
         with self._lock:
             return self._txns.get(tid)
 
-    def _sink_record(self, sid: str) -> SinkCommitRecord | None:
+    def sink_record(self, sid: str) -> SinkCommitRecord | None:
         with self._lock:
             return self._sinks.get(sid)
 
-    def _persist(self, meta: TransactionMetadata) -> TransactionMetadata:
+    def persist(self, meta: TransactionMetadata) -> TransactionMetadata:
         """Store ``meta`` durably, then make it the current state (never the other way)."""
         with self._fenced_closes():
             self._store.put_transaction(meta, coordinator_epoch=self.coordinator_epoch)
@@ -236,74 +460,21 @@ class TxnCoordinatorCore:
             self._txns[meta.transactional_id] = meta
         return meta
 
-    def _persist_sink(self, record: SinkCommitRecord) -> None:
+    def persist_sink(self, record: SinkCommitRecord) -> None:
         # Tracked before it is durable: a reader's cut must know a batch before any of
         # its markers can be written, and a record that failed to store is only extra.
-        self._track(record)
+        self._visibility.track(record)
         with self._fenced_closes():
             self._store.put_sink(record, coordinator_epoch=self.coordinator_epoch)
         with self._lock:
             self._sinks[record.sink_id] = record
 
-    # -- what readers may see (broker_core.txn.visibility) ----------------------------------------
-    def _track(self, record: SinkCommitRecord) -> None:
-        with self._visibility_lock:
-            for batch_id, ranges in record.unsettled:
-                key = (record.sink_id, batch_id)
-                if key not in self._tracked and ranges:
-                    self._tracked[key] = _Tracked(list(ranges))
-
-    def _settled_by(self, lsos: StableOffsets) -> None:
-        """Forget the ranges that markers report below their partition's LSO."""
-        if not lsos:
-            return
-        with self._visibility_lock:
-            for key, tracked in list(self._tracked.items()):
-                for topic, partition, _first, last in tracked.ranges:
-                    lso = lsos.get((topic, partition))
-                    if lso is not None and lso > last:
-                        tracked.pending.discard((topic, partition))
-                if not tracked.pending:
-                    del self._tracked[key]
-
-    def _tracked_count(self) -> int:
-        with self._visibility_lock:
-            return len(self._tracked)
-
-    def _unsettled_of(self, sink_id: str) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
-        with self._visibility_lock:
-            return sorted(
-                (batch_id, list(t.ranges))
-                for (sid, batch_id), t in self._tracked.items()
-                if sid == sink_id
-            )
-
-    def stable_ends(self, topic: str) -> dict[int, int]:
-        """Per partition of ``topic``, where a read_committed reader may stop so that it
-        holds every committed sink batch whole or not at all."""
-        self._check_running()
-        if self._stable_offsets is None:
-            raise CoordinatorNotAvailableError("this coordinator cannot read partition offsets")
-        with self._visibility_lock:
-            # LSOs and tracked batches under one lock: a batch is tracked before its first
-            # marker and dropped only once wholly below the LSOs, so none slips between.
-            ends = self._stable_offsets.last_stable_offsets(topic)
-            batches: list[list[Range]] = [
-                [(p, first, last) for t, p, first, last in tracked.ranges if t == topic]
-                for tracked in self._tracked.values()
-            ]
-        cut = consistent_cut(ends, batches)
-        held = {p: ends[p] - cut[p] for p in ends if cut[p] < ends[p]}
-        if held:
-            log.debug("stable ends of %r held back to keep sink batches whole: %s", topic, held)
-        return cut
-
     # -- sink runs -----------------------------------------------------------------------
-    def _touch_run(self, sink_id: str, run_id: str, now_ms: int) -> None:
+    def touch_run(self, sink_id: str, run_id: str, now_ms: int) -> None:
         with self._lock:
             self._run_alive_ms[(sink_id, run_id)] = now_ms
 
-    def _forget_runs_older_than(self, oldest_ms: int) -> None:
+    def forget_runs_older_than(self, oldest_ms: int) -> None:
         """Drop the liveness of runs silent since before ``oldest_ms`` (one per batch job
         and query start would pile up otherwise). Safe once that is longer ago than any
         timeout: their transactions count as expired with or without the entry."""
@@ -314,7 +485,7 @@ class TxnCoordinatorCore:
                 if self._sink_runs.get(sink_id) == run_id:
                     del self._sink_runs[sink_id]
 
-    def _alive_since(self, meta: TransactionMetadata) -> int:
+    def alive_since(self, meta: TransactionMetadata) -> int:
         """When the transaction last showed life, for its timeout.
 
         A sink task's transaction lives as long as any task of its run writes or beats
@@ -326,7 +497,7 @@ class TxnCoordinatorCore:
             beat = self._run_alive_ms.get((meta.sink_id, meta.sink_run), 0)
         return max(meta.txn_start_ms, beat, self._loaded_ms)
 
-    def _fence(
+    def fence(
         self,
         claims: Claims,
         tid: str,
@@ -341,18 +512,18 @@ class TxnCoordinatorCore:
         have taken the id, or a decided commit may have committed it; both are kept.
         """
         claims.txn(tid)
-        meta = self._settle(claims, tid)
+        meta = self.settle(claims, tid)
         if meta is None or not meta.holds_attempt or not target(meta):
             return False
         if meta.state is _S.ONGOING:
-            self._end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
+            self.end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
         else:
-            self._persist(self._bumped(meta, reason))
-        self._count("sink_leftovers_aborted")
+            self.persist(self.bumped(meta, reason))
+        self.count("sink_leftovers_aborted")
         log.info("%s %r: %s", _TXN, tid, reason)
         return True
 
-    def _bumped(
+    def bumped(
         self, meta: TransactionMetadata, reason: str = "", *, bump: bool = True
     ) -> TransactionMetadata:
         """``meta`` at the next epoch (``bump=False``: at its epoch, already bumped by an
@@ -367,7 +538,7 @@ class TxnCoordinatorCore:
             new.previous_producer_id = meta.producer_id
             new.producer_id = self._pids.generate_producer_id()
             new.producer_epoch = 0
-            self._count("producer_id_rotations")
+            self.count("producer_id_rotations")
             log.info(
                 "%s %r: epochs of producer id %d exhausted, new producer id %d",
                 _TXN,
@@ -379,7 +550,7 @@ class TxnCoordinatorCore:
             new.producer_epoch = epoch
         return new
 
-    def _fence_sink_leftovers(
+    def fence_sink_leftovers(
         self, claims: Claims, sink_id: str, keep: Callable[[TransactionMetadata], bool], why: str
     ) -> int:
         """Fence every attempt of ``sink_id`` holding an id, except those ``keep`` keeps."""
@@ -388,14 +559,14 @@ class TxnCoordinatorCore:
             return m.sink_id == sink_id and not keep(m)
 
         fenced = 0
-        for meta in self._attempts(target):
+        for meta in self.attempts(target):
             what = f"attempt of sink {sink_id!r} run {meta.sink_run!r} batch {meta.sink_batch}"
-            fenced += self._fence(
+            fenced += self.fence(
                 claims, meta.transactional_id, target, f"{what} fenced and aborted: {why}"
             )
         return fenced
 
-    def _attempts(self, target: Callable[[TransactionMetadata], bool]) -> list[TransactionMetadata]:
+    def attempts(self, target: Callable[[TransactionMetadata], bool]) -> list[TransactionMetadata]:
         """Sink attempts still holding an id that ``target`` selects, by transactional id."""
         with self._lock:
             found = [m for m in self._txns.values() if m.holds_attempt and target(m)]
@@ -420,11 +591,11 @@ class TxnCoordinatorCore:
                 exc.message,
             )
         self._set_status(CoordinatorStatus.CLOSED, idempotent=True)
-        self._closing.set()
+        self._sender.stop()
 
-    def _require(self, tid: str, producer_id: int, epoch: int) -> TransactionMetadata:
+    def require(self, tid: str, producer_id: int, epoch: int) -> TransactionMetadata:
         """The id's state if (producer_id, epoch) is its current holder, else the error."""
-        meta = self._meta(tid)
+        meta = self.meta(tid)
         if meta is None:
             raise InvalidProducerIdMappingError(
                 f"{_TXN} {tid!r} is unknown to the coordinator: call init_producer_id first"
@@ -462,7 +633,7 @@ class TxnCoordinatorCore:
             new.fence_reason = reason
         return new
 
-    def _end(
+    def end(
         self,
         meta: TransactionMetadata,
         commit: bool,
@@ -471,81 +642,26 @@ class TxnCoordinatorCore:
     ) -> TransactionMetadata:
         """ONGOING -> PREPARE_x (durable, optionally at a bumped epoch) -> markers -> COMPLETE_x."""
         prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
-        return self._complete(self._persist(self._transitioned(meta, prepare, epoch, reason)))
+        return self.complete(self.persist(self._transitioned(meta, prepare, epoch, reason)))
 
-    def _complete(self, meta: TransactionMetadata) -> TransactionMetadata:
+    def complete(self, meta: TransactionMetadata) -> TransactionMetadata:
         """PREPARE_x -> markers -> COMPLETE_x; on failure it stays PREPARE_x and raises."""
         commit = meta.state is _S.PREPARE_COMMIT
         self._send_markers(meta, commit)
-        done = self._persist(
+        done = self.persist(
             self._transitioned(meta, _S.COMPLETE_COMMIT if commit else _S.COMPLETE_ABORT)
         )
-        self._count("transactions_committed" if commit else "transactions_aborted")
+        self.count("transactions_committed" if commit else "transactions_aborted")
         return done
 
     def _send_markers(self, meta: TransactionMetadata, commit: bool) -> None:
-        partitions = meta.sorted_partitions()
-        if not partitions:
-            return
-        deadline = time.monotonic() + self._marker_retry_deadline_s
-        delay = self._marker_retry_backoff_s
-        attempt = 1
-        while True:
-            try:
-                lsos = self._markers.write_markers(
-                    meta.producer_id,
-                    meta.producer_epoch,
-                    commit,
-                    self.coordinator_epoch,
-                    partitions,
-                )
-                # The LSO each partition reports after its marker: batches wholly below
-                # it no longer need tracking for the readers' cut.
-                self._settled_by(lsos)
-                return
-            except TransactionCoordinatorFencedError as exc:
-                # A partition has seen a newer coordinator's marker: same as a newer
-                # coordinator's state in the store (and the same error for the client).
-                fenced = CoordinatorEpochFencedError(
-                    f"{_TXN} {meta.transactional_id!r}: the partitions refused the markers of "
-                    f"coordinator epoch {self.coordinator_epoch}: the transaction was changed "
-                    f"by another coordinator of a newer epoch; this coordinator was replaced "
-                    f"(fenced) ({exc.message})"
-                )
-                self._stand_down(fenced)
-                raise fenced from exc
-            except IdemlogError as exc:
-                remaining = deadline - time.monotonic()
-                if not exc.retriable or remaining <= 0 or self._closing.is_set():
-                    log.error(
-                        "%s markers for %s %r (producer id %d epoch %d) failed after %d "
-                        "attempts; it stays %s until retried: %s",
-                        "COMMIT" if commit else "ABORT",
-                        _TXN,
-                        meta.transactional_id,
-                        meta.producer_id,
-                        meta.producer_epoch,
-                        attempt,
-                        meta.state.name,
-                        exc,
-                    )
-                    raise
-                wait = min(delay, remaining)
-                log.warning(
-                    "markers for %s %r failed (%s), retrying in %.2fs (attempt %d)",
-                    _TXN,
-                    meta.transactional_id,
-                    exc,
-                    wait,
-                    attempt,
-                )
-                self._count("marker_retries")
-                if self._closing.wait(wait):
-                    raise
-                delay = min(delay * 2, _MAX_MARKER_BACKOFF_S)
-                attempt += 1
+        with self._fenced_closes():
+            lsos = self._sender.send(meta, commit)
+        # The LSO each partition reports after its marker: batches wholly below it no
+        # longer need tracking for the readers' cut.
+        self._visibility.settled_by(lsos)
 
-    def _pending_sink_holding(self, meta: TransactionMetadata) -> SinkCommitRecord | None:
+    def pending_sink_holding(self, meta: TransactionMetadata) -> SinkCommitRecord | None:
         """The pending sink record that names this transaction, if any: it must commit."""
         key = (meta.transactional_id, meta.producer_id, meta.producer_epoch)
         with self._lock:
@@ -554,30 +670,30 @@ class TxnCoordinatorCore:
                     return record
         return None
 
-    def _settle(self, claims: Claims, tid: str) -> TransactionMetadata | None:
+    def settle(self, claims: Claims, tid: str) -> TransactionMetadata | None:
         """Finish what earlier requests left half done for ``tid``, and return its state."""
-        meta = self._meta(tid)
+        meta = self.meta(tid)
         if meta is None:
             return None
-        record = self._pending_sink_holding(meta)
+        record = self.pending_sink_holding(meta)
         if record is not None:
-            self._finish_sink(claims, record)
-            meta = self._meta(tid) or meta  # ids are never removed: always found
+            self.finish_sink(claims, record)
+            meta = self.meta(tid) or meta  # ids are never removed: always found
         if meta.state.is_prepare:
-            meta = self._complete(meta)
+            meta = self.complete(meta)
         return meta
 
-    def _settled(self, claims: Claims, tid: str) -> TransactionMetadata:
+    def settled(self, claims: Claims, tid: str) -> TransactionMetadata:
         """:meth:`_settle` for an id the caller knows exists (checked by :meth:`_require`)."""
-        meta = self._settle(claims, tid)
+        meta = self.settle(claims, tid)
         if meta is None:
             raise InvalidProducerIdMappingError(f"{_TXN} {tid!r} is unknown to the coordinator")
         return meta
 
-    def _finish_sink(self, claims: Claims, record: SinkCommitRecord) -> None:
+    def finish_sink(self, claims: Claims, record: SinkCommitRecord) -> None:
         """Commit every transaction of a PREPARE sink record, then mark it COMPLETE."""
         claims.sink(record.sink_id)
-        current = self._sink_record(record.sink_id)
+        current = self.sink_record(record.sink_id)
         if current is None or not current.is_pending or current.batch_id != record.batch_id:
             return  # finished (and maybe succeeded) by a request that held it meanwhile
         record = current
@@ -588,16 +704,16 @@ class TxnCoordinatorCore:
         metas = [self._decided_member(record, *txn) for txn in record.transactions]
         for meta in metas:
             if meta.state is _S.ONGOING:
-                self._end(meta, commit=True)
+                self.end(meta, commit=True)
             elif meta.state is _S.PREPARE_COMMIT:
-                self._complete(meta)
-        self._persist_sink(
+                self.complete(meta)
+        self.persist_sink(
             SinkCommitRecord(
                 record.sink_id,
                 record.batch_id,
                 SinkCommitState.COMPLETE,
                 record.transactions,
-                self._unsettled_of(record.sink_id),
+                self._visibility.unsettled_of(record.sink_id),
             )
         )
 
@@ -605,7 +721,7 @@ class TxnCoordinatorCore:
         self, record: SinkCommitRecord, tid: str, pid: int, epoch: int
     ) -> TransactionMetadata:
         """A transaction of a decided sink commit, still where the decision left it."""
-        meta = self._meta(tid)
+        meta = self.meta(tid)
         found = "unknown" if meta is None else None
         if meta is not None and (meta.producer_id, meta.producer_epoch) != (pid, epoch):
             found = f"at producer id {meta.producer_id} epoch {meta.producer_epoch}"
@@ -628,31 +744,31 @@ class TxnCoordinatorCore:
             )
         return meta
 
-    def _abort_if_open(self, claims: Claims, tid: str, producer_id: int, epoch: int) -> None:
+    def abort_if_open(self, claims: Claims, tid: str, producer_id: int, epoch: int) -> None:
         """Abort the transaction if it is still open at exactly (producer_id, epoch)."""
-        meta = self._meta(tid)
+        meta = self.meta(tid)
         if meta is None or (meta.producer_id, meta.producer_epoch) != (producer_id, epoch):
             return  # unknown, or a newer holder fenced it (and aborted what was open)
-        meta = self._settle(claims, tid)
+        meta = self.settle(claims, tid)
         if meta is not None and meta.state is _S.ONGOING:
-            self._end(meta, commit=False)
+            self.end(meta, commit=False)
 
-    def _recover_sink(self, record: SinkCommitRecord) -> None:
+    def recover_sink(self, record: SinkCommitRecord) -> None:
         """Finish a pending sink commit; on failure it stays pending for a later call."""
         try:
-            with self._claims() as claims:
-                self._finish_sink(claims, record)
+            with self.claims() as claims:
+                self.finish_sink(claims, record)
         except ConcurrentTransactionsError:
             pass  # another request holds it, and finishes it
         except IdemlogError as exc:
             log.error("could not finish the commit of sink %r yet: %s", record.sink_id, exc)
 
-    def _recover_txn(self, transactional_id: str) -> None:
+    def recover_txn(self, transactional_id: str) -> None:
         """Finish a PREPARE_x transaction; on failure it stays so for a later call."""
         try:
-            with self._claims() as claims:
+            with self.claims() as claims:
                 claims.txn(transactional_id)
-                self._settle(claims, transactional_id)
+                self.settle(claims, transactional_id)
         except ConcurrentTransactionsError:
             pass  # another request holds it, and finishes it
         except IdemlogError as exc:

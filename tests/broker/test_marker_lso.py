@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
@@ -15,15 +15,14 @@ from broker_core.cluster.metadata import BrokerInfo
 from broker_core.errors import InvalidRequestError, UnknownServerError
 from broker_core.protocol.wire import Action
 from broker_core.server.marker_client import (
+    LedPartitions,
     RoutingMarkerWriter,
     parse_stable_offsets,
     stable_offsets_doc,
 )
+from broker_core.txn.markers import MarkerWriter
 from tests.broker.conftest import ids, rows
 from tests.harness.broker import BrokerProcess
-
-if TYPE_CHECKING:
-    from broker_core.server.broker import Broker
 
 ClientFor = Callable[..., BrokerClient]
 REMOTE = 1  # the real broker's id as the stub coordinator broker sees it
@@ -41,16 +40,18 @@ def _begin(client: BrokerClient, txn_id: str, partitions: list[int], start: int)
     return pid, epoch
 
 
-def _coordinator_broker(leader: BrokerProcess) -> Broker:
-    """What RoutingMarkerWriter reads of its broker: every partition led by ``leader``."""
+def _remote_writer(leader: BrokerProcess) -> RoutingMarkerWriter:
+    """A coordinator broker's writer to which every partition is led by ``leader``."""
     assert leader.host is not None and leader.port is not None
     info = BrokerInfo(REMOTE, leader.host, leader.port)
-    stub = SimpleNamespace(
-        broker_id=REMOTE + 1,
-        topics=SimpleNamespace(assignment=lambda topic: SimpleNamespace(leader=lambda p: REMOTE)),
-        cluster=SimpleNamespace(brokers=lambda: [info]),
+    topics = SimpleNamespace(assignment=lambda topic: SimpleNamespace(leader=lambda p: REMOTE))
+    no_local = SimpleNamespace()  # no partition is local: never called
+    return RoutingMarkerWriter(
+        REMOTE + 1,
+        cast(LedPartitions, topics),
+        cast(MarkerWriter, no_local),
+        lambda: [info],
     )
-    return cast("Broker", stub)
 
 
 def test_markers_over_the_wire_report_the_lso_after_the_marker(
@@ -64,7 +65,7 @@ def test_markers_over_the_wire_report_the_lso_after_the_marker(
 
     # The coordinator's writer to a remote leader, B's markers: lso-0 stays held at A's
     # open transaction, lso-1 is stable up to its end.
-    writer = RoutingMarkerWriter(_coordinator_broker(shared_broker))
+    writer = _remote_writer(shared_broker)
     try:
         stable = writer.write_markers(
             b_pid, b_epoch, True, coordinator_epoch, [("lso", 0), ("lso", 1)]
@@ -141,7 +142,7 @@ class _AnsweringClient:
 def test_a_remote_answer_without_the_offsets_is_a_server_error(
     shared_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch, body: bytes, message: str
 ) -> None:
-    writer = RoutingMarkerWriter(_coordinator_broker(shared_broker))
+    writer = _remote_writer(shared_broker)
     monkeypatch.setattr(writer, "_client", lambda broker_id: _AnsweringClient(body))
     with pytest.raises(UnknownServerError, match=message) as info:
         writer.write_markers(5, 0, True, 0, [("lso", 0)])
