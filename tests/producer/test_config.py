@@ -66,9 +66,9 @@ def test_conf_file_is_generated_from_the_code() -> None:
     ProducerConfig.from_mapping(values)
 
 
-def test_readme_table_matches_the_code() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Producer client", 1)[1].split("\n## ", 1)[0]
+def test_docs_table_matches_the_code() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    section = docs.split("## Producer configuration", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| `([a-z.]+)` \| `([^`]*)` \|", section, re.MULTILINE))
     expected = {n: d.lower() if d in ("True", "False") else d for n, _t, d, _doc in describe()}
     assert rows == expected

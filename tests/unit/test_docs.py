@@ -1,0 +1,108 @@
+"""The README and docs/ stay true to the repository: links resolve, named files exist.
+
+A page that links to a moved page, or names a module that a refactoring renamed, fails
+here instead of misleading a reader."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from broker_core.errors import ErrorCode
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *ROOT.glob("docs/*.md")])
+# [text](target) outside code; external targets (scheme:) are not checked.
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# A path of this repository's code in backticks, e.g. `broker_core/log/segment.py`.
+CODE_PATH = re.compile(
+    r"`((?:broker_core|spark_sink|jobs|tests|benchmarks|conf|scripts)/[\w./-]*)`"
+)
+# A dotted module name, e.g. `broker_core.txn.visibility.consistent_cut`.
+DOTTED = re.compile(r"`((?:broker_core|spark_sink|jobs)(?:\.\w+)+)")
+
+
+def _prose(text: str) -> str:
+    """The page without fenced code blocks (links inside them are not links)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchors for the page's headings."""
+    anchors = set()
+    for heading in re.findall(r"^#+ (.+)$", _prose(text), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug)
+    return anchors
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``a.b.c.D.attr`` is an importable module followed by attributes of it."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        try:
+            target: object = importlib.import_module(".".join(parts[:n]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[n:]:
+            if not hasattr(target, name):
+                return False
+            target = getattr(target, name)
+        return True
+    return False
+
+
+def test_the_pages_exist() -> None:
+    names = {p.relative_to(ROOT).as_posix() for p in PAGES}
+    expected = {
+        "README.md",
+        "benchmarks/README.md",
+        "docs/architecture.md",
+        "docs/configuration.md",
+        "docs/design.md",
+        "docs/failure-model.md",
+        "docs/protocol.md",
+        "docs/storage.md",
+    }
+    assert expected <= names, expected - names
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_points_to_an_existing_file_and_heading(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(_prose(page.read_text())):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path_part, _, anchor = target.partition("#")
+        resolved = (page.parent / path_part).resolve() if path_part else page
+        if not resolved.exists():
+            broken.append(f"{target} (no file {resolved})")
+        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved.read_text()):
+            broken.append(f"{target} (no heading #{anchor} in {resolved.name})")
+    assert not broken, f"{page.relative_to(ROOT)}: broken links: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_named_file_and_module_exists(page: Path) -> None:
+    text = page.read_text()
+    missing = []
+    for name in CODE_PATH.findall(text):
+        path = name.rstrip("/.")
+        if "<" in path or "*" in path:
+            continue
+        if not (ROOT / path).exists():
+            missing.append(name)
+    for dotted in DOTTED.findall(text):
+        if not _resolves(dotted):
+            missing.append(dotted)
+    assert not missing, f"{page.relative_to(ROOT)} names what does not exist: {missing}"
+
+
+def test_the_error_code_table_matches_the_code() -> None:
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    rows = re.findall(r"^\| (-?\d+) \| `([A-Z_]+)` \| (yes|no) \|", text, re.MULTILINE)
+    expected = [(str(e.code), e.name, "yes" if e.retriable else "no") for e in ErrorCode]
+    assert rows == expected
