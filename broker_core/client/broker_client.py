@@ -17,8 +17,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +24,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from broker_core.client.connections import FlightConnections
 from broker_core.client.produce_stream import ProduceStream, typed_flight_error
 from broker_core.errors import (
     CoordinatorNotAvailableError,
@@ -48,6 +47,7 @@ from broker_core.protocol.wire import (
     decode_fetch_meta,
     encode_json,
 )
+from broker_core.retry import RetryPolicy
 
 T = TypeVar("T")
 _ROUTING_ERRORS = (
@@ -111,35 +111,29 @@ class BrokerClient:
         self.timeout_s = timeout_s
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
-        self._lock = threading.Lock()
-        self._connections: dict[str, flight.FlightClient] = {}
+        # retries + 1 attempts, the wait doubling from retry_backoff_s and never capped
+        # below the last one (the limits of the loop this policy replaced).
+        self._retry = RetryPolicy(
+            max_attempts=retries + 1,
+            backoff_s=retry_backoff_s,
+            max_backoff_s=retry_backoff_s * 2 ** max(retries - 1, 0),
+        )
+        self._connections = FlightConnections()
         self._view: ClusterView | None = None
 
     # -- connections ---------------------------------------------------------------------
     def _connection(self, address: str) -> flight.FlightClient:
-        with self._lock:
-            client = self._connections.get(address)
-            if client is None:
-                client = flight.connect(f"grpc://{address}")
-                self._connections[address] = client
-            return client
-
-    def _drop_connection(self, address: str) -> None:
-        with self._lock:
-            client = self._connections.pop(address, None)
-        if client is not None:
-            _close_quietly(client)
+        return self._connections.get(address)
 
     def reset_connection(self, address: str) -> None:
         """Forget the connection to ``address`` (it broke): the next request opens a new
-        one instead of waiting out the old channel's reconnect backoff."""
-        self._drop_connection(address)
+        one instead of waiting out the old channel's reconnect backoff. Never raises."""
+        self._connections.reset(address)
 
     def close(self) -> None:
-        with self._lock:
-            clients, self._connections = list(self._connections.values()), {}
-        for client in clients:
-            _close_quietly(client)
+        """Close every connection this client opened. Never raises; the client stays
+        usable (a later request opens new connections)."""
+        self._connections.close()
 
     def __enter__(self) -> BrokerClient:
         return self
@@ -159,7 +153,7 @@ class BrokerClient:
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
             error = typed_flight_error(exc, f"action {action_type} at {address}")
             if isinstance(error, NetworkError):
-                self._drop_connection(address)
+                self._connections.reset(address)
             raise error from exc
         if len(results) != 1:
             raise UnknownServerError(
@@ -236,50 +230,73 @@ class BrokerClient:
     ) -> T:
         """``call`` on the broker ``pick`` names; routing errors refresh and retry.
 
-        With ``partition``, an unknown-topic answer is retried too while the cluster
-        metadata says the partition exists: the broker asked has not seen it yet.
+        ``pick(retry)`` is told whether an earlier attempt failed (the metadata was
+        refreshed since). With ``partition``, an unknown-topic answer is retried too
+        while the cluster metadata says the partition exists: the broker asked has not
+        seen it yet. Other errors, retriable or not, are the caller's: the client only
+        retries what another route can fix.
         """
-        refresh = False
-        for attempt in range(self.retries + 1):
-            try:
-                return call(pick(refresh))
-            except _ROUTING_ERRORS:
-                if attempt == self.retries:
-                    raise
-            except UnknownTopicOrPartitionError:
-                if partition is None or attempt == self.retries:
-                    raise
-                leaders = self.refresh_metadata().topics.get(partition[0], [])
-                if not 0 <= partition[1] < len(leaders):
-                    raise
-            time.sleep(self.retry_backoff_s * 2**attempt)  # backoff before a retry
-            refresh = True
-        raise AssertionError("unreachable")
+        retried = False
+
+        def attempt() -> T:
+            return call(pick(retried))
+
+        def retriable(error: BaseException) -> bool:
+            if isinstance(error, _ROUTING_ERRORS):
+                return True
+            if partition is None or not isinstance(error, UnknownTopicOrPartitionError):
+                return False
+            # Decided on fresh metadata, before any wait: a topic that really does not
+            # exist fails at once.
+            leaders = self.refresh_metadata().topics.get(partition[0], [])
+            return 0 <= partition[1] < len(leaders)
+
+        def before_retry(error: BaseException, _attempts: int) -> None:
+            nonlocal retried
+            retried = True
+            if isinstance(error, UnknownTopicOrPartitionError):
+                return  # ``retriable`` has just refreshed the metadata
+            with contextlib.suppress(NetworkError):
+                # No broker answers right now: the next attempt fails (and retries) on
+                # the old view's addresses.
+                self.refresh_metadata()
+
+        return self._retry.call(attempt, retriable=retriable, before_retry=before_retry)
 
     def _any_broker(self, action: Action, body: dict[str, Any]) -> dict[str, Any]:
-        def pick(refresh: bool) -> str:
-            return self._known_addresses()[0] if not refresh else self.refresh_address()
+        def pick(retry: bool) -> str:
+            return self._known_addresses()[0] if not retry else self._preferred_address()
 
         return self._routed(pick, lambda address: self.action(address, action, body))
 
     def refresh_address(self) -> str:
-        view = self.refresh_metadata()
+        """Refresh the metadata; the controller's address, or any live broker's.
+
+        Raises ``NetworkError`` if no known broker answers."""
+        self.refresh_metadata()
+        return self._preferred_address()
+
+    def _preferred_address(self) -> str:
+        view = self.metadata()
         if view.controller is not None and view.controller in view.brokers:
             return view.brokers[view.controller].address
+        if not view.brokers:
+            raise NetworkError("the cluster reports no live broker")
         return next(iter(view.brokers.values())).address
 
     def _leader_action(
         self, topic: str, partition: int, action: Action, body: dict[str, Any]
     ) -> dict[str, Any]:
         return self._routed(
-            lambda refresh: self.leader(topic, partition, refresh).address,
+            lambda _retry: self.leader(topic, partition).address,
             lambda address: self.action(address, action, body),
             (topic, partition),
         )
 
     def _coordinator_action(self, action: Action, body: dict[str, Any]) -> dict[str, Any]:
         return self._routed(
-            self._coordinator_address, lambda address: self.action(address, action, body)
+            lambda _retry: self._coordinator_address(False),
+            lambda address: self.action(address, action, body),
         )
 
     # -- admin ---------------------------------------------------------------------------
@@ -367,11 +384,11 @@ class BrokerClient:
             except (flight.FlightError, pa.ArrowException, OSError) as exc:
                 error = typed_flight_error(exc, what)
                 if isinstance(error, NetworkError):
-                    self._drop_connection(address)
+                    self._connections.reset(address)
                 raise error from exc
 
         return self._routed(
-            lambda refresh: self.leader(topic, partition, refresh).address, call, (topic, partition)
+            lambda _retry: self.leader(topic, partition).address, call, (topic, partition)
         )
 
     def fetch(
@@ -582,9 +599,3 @@ def _read_fetch(reader: flight.FlightStreamReader, what: str) -> FetchResponse:
     if trailer is None:
         raise NetworkError(f"{what}: the stream ended without its trailer")
     return FetchResponse(reader.schema, batches, trailer)
-
-
-def _close_quietly(client: flight.FlightClient) -> None:
-    # Closing a connection that already broke: there is nothing left to release.
-    with contextlib.suppress(Exception):
-        client.close()

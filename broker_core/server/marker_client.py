@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.flight as flight
 
+from broker_core.client.connections import FlightConnections
 from broker_core.errors import (
     InvalidRequestError,
     NetworkError,
@@ -38,7 +38,6 @@ from broker_core.txn.coordinator import LocalMarkerWriter
 from broker_core.txn.markers import StableOffsets
 
 if TYPE_CHECKING:
-    from broker_core.cluster.metadata import BrokerInfo
     from broker_core.server.broker import Broker
 
 log = logging.getLogger("idemlog.markers")
@@ -82,8 +81,7 @@ def _failpoint(stage: str) -> None:
 class RoutingMarkerWriter:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self._lock = threading.Lock()
-        self._clients: dict[int, tuple[BrokerInfo, flight.FlightClient]] = {}
+        self._connections = FlightConnections()
 
     def write_markers(
         self,
@@ -165,13 +163,14 @@ class RoutingMarkerWriter:
                 "partitions": [[t, p] for t, p in partitions],
             }
         )
-        client = self._client(leader)
+        address = self._address(leader)
+        client = self._connections.get(address)
         options = flight.FlightCallOptions(timeout=MARKER_TIMEOUT_S)
         action = flight.Action(Action.WRITE_TXN_MARKERS.value, body)
         try:
             results = list(client.do_action(action, options))
         except flight.FlightError as exc:
-            self._drop_client(leader)
+            self._connections.reset(address)
             typed = parse_error_message(str(exc))
             if typed is not None:
                 raise typed from exc
@@ -194,35 +193,14 @@ class RoutingMarkerWriter:
             raise UnknownServerError(f"{what}: offsets of partitions not asked for: {extra}")
         return stable
 
-    def _client(self, broker_id: int) -> flight.FlightClient:
+    def _address(self, broker_id: int) -> str:
         cluster = self._broker.cluster
         assert cluster is not None
         info = next((b for b in cluster.brokers() if b.broker_id == broker_id), None)
         if info is None:
             raise NetworkError(f"broker {broker_id}, leader of a marker's partition, is down")
-        with self._lock:
-            cached = self._clients.get(broker_id)
-            if cached is not None and cached[0] == info:
-                return cached[1]
-            client = flight.connect(f"grpc://{info.host}:{info.port}")
-            self._clients[broker_id] = (info, client)
-            return client
-
-    def _drop_client(self, broker_id: int) -> None:
-        with self._lock:
-            cached = self._clients.pop(broker_id, None)
-        if cached is not None:
-            _close_quietly(cached[1])
+        # Keyed by address: a broker back on a new port gets a new connection.
+        return f"{info.host}:{info.port}"
 
     def close(self) -> None:
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for _info, client in clients:
-            _close_quietly(client)
-
-
-def _close_quietly(client: flight.FlightClient) -> None:
-    try:
-        client.close()
-    except Exception as exc:  # closing a broken connection: nothing left to do
-        log.debug("closing a Flight client failed: %s", exc)
+        self._connections.close()

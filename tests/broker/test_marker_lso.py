@@ -142,7 +142,7 @@ def test_a_remote_answer_without_the_offsets_is_a_server_error(
     shared_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch, body: bytes, message: str
 ) -> None:
     writer = RoutingMarkerWriter(_coordinator_broker(shared_broker))
-    monkeypatch.setattr(writer, "_client", lambda broker_id: _AnsweringClient(body))
+    monkeypatch.setattr(writer._connections, "get", lambda address: _AnsweringClient(body))
     with pytest.raises(UnknownServerError, match=message) as info:
         writer.write_markers(5, 0, True, 0, [("lso", 0)])
     assert not info.value.retriable
