@@ -14,7 +14,6 @@ a connection that fails is ``NetworkError`` (``NETWORK_EXCEPTION``, retriable).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +36,30 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.metrics import merge_documents
+from broker_core.protocol.requests import (
+    AbortSinkBatchRequest,
+    AbortSinkRunRequest,
+    AbortTransactionRequest,
+    AddPartitionsToTxnRequest,
+    CommitSinkBatchRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicsRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ListOffsetsRequest,
+    ListTransactionsRequest,
+    MetadataRequest,
+    MetricsRequest,
+    PingRequest,
+    PrepareSinkTxnRequest,
+    Request,
+    SinkBatchResponse,
+    SinkHeartbeatRequest,
+    StableEndsRequest,
+    StableEndsResponse,
+)
 from broker_core.protocol.wire import (
     DEFAULT_FETCH_MAX_BYTES,
     Action,
@@ -178,7 +201,7 @@ class BrokerClient:
         last: IdemlogError | None = None
         for address in self._known_addresses():
             try:
-                doc = self.action(address, Action.METADATA, {})
+                doc = self._send(address, MetadataRequest())
             except NetworkError as exc:
                 last = exc
                 continue
@@ -263,11 +286,11 @@ class BrokerClient:
 
         return self._retry.call(attempt, retriable=retriable, before_retry=before_retry)
 
-    def _any_broker(self, action: Action, body: dict[str, Any]) -> dict[str, Any]:
+    def _any_broker(self, request: Request) -> dict[str, Any]:
         def pick(retry: bool) -> str:
             return self._known_addresses()[0] if not retry else self._preferred_address()
 
-        return self._routed(pick, lambda address: self.action(address, action, body))
+        return self._routed(pick, lambda address: self._send(address, request))
 
     def refresh_address(self) -> str:
         """Refresh the metadata; the controller's address, or any live broker's.
@@ -284,19 +307,20 @@ class BrokerClient:
             raise NetworkError("the cluster reports no live broker")
         return next(iter(view.brokers.values())).address
 
-    def _leader_action(
-        self, topic: str, partition: int, action: Action, body: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _send(self, address: str, request: Request) -> dict[str, Any]:
+        return self.action(address, request.ACTION, request.to_doc())
+
+    def _leader_action(self, topic: str, partition: int, request: Request) -> dict[str, Any]:
         return self._routed(
             lambda _retry: self.leader(topic, partition).address,
-            lambda address: self.action(address, action, body),
+            lambda address: self._send(address, request),
             (topic, partition),
         )
 
-    def _coordinator_action(self, action: Action, body: dict[str, Any]) -> dict[str, Any]:
+    def _coordinator_action(self, request: Request) -> dict[str, Any]:
         return self._routed(
             lambda _retry: self._coordinator_address(False),
-            lambda address: self.action(address, action, body),
+            lambda address: self._send(address, request),
         )
 
     # -- admin ---------------------------------------------------------------------------
@@ -308,35 +332,47 @@ class BrokerClient:
         schema: pa.Schema | None = None,
         config: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Create a topic; returns the leader broker id of each partition."""
-        body: dict[str, Any] = {"name": name, "partitions": partitions, "config": config or {}}
-        if schema is not None:
-            body["schema"] = base64.b64encode(schema.serialize().to_pybytes()).decode()
-        doc = self._any_broker(Action.CREATE_TOPIC, body)
+        """Create a topic; returns the leader broker id of each partition.
+
+        Raises ``TopicAlreadyExistsError``, ``InvalidTopicError`` (bad or reserved name),
+        ``InvalidPartitionsError``, ``InvalidConfigError`` (a bad ``config`` entry), or the
+        routing error left after the retries."""
+        ipc = None if schema is None else schema.serialize().to_pybytes()
+        doc = self._any_broker(CreateTopicRequest(name, partitions, ipc, config or {}))
         self._view = None  # the new topic's leaders are in the next metadata
         return [int(b) for b in doc["partitions"]]
 
     def delete_topic(self, name: str) -> None:
-        self._any_broker(Action.DELETE_TOPIC, {"name": name})
+        """Delete a topic and its data on every broker. Raises
+        ``UnknownTopicOrPartitionError`` if it does not exist."""
+        self._any_broker(DeleteTopicRequest(name))
         self._view = None
 
     def describe_topics(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        body: dict[str, Any] = {} if names is None else {"names": list(names)}
-        topics: list[dict[str, Any]] = self._any_broker(Action.DESCRIBE_TOPICS, body)["topics"]
+        """Each topic's partitions with their leaders, schema (base64 Arrow IPC or None) and
+        config, sorted by name; all topics without ``names``. Raises
+        ``UnknownTopicOrPartitionError`` for a name that does not exist."""
+        request = DescribeTopicsRequest(None if names is None else tuple(names))
+        topics: list[dict[str, Any]] = self._any_broker(request)["topics"]
         return topics
 
     def list_offsets(self, topic: str, partition: int) -> dict[str, int]:
-        doc = self._leader_action(
-            topic, partition, Action.LIST_OFFSETS, {"topic": topic, "partition": partition}
-        )
+        """The partition's ``partition``, ``log_start_offset``, ``log_end_offset``,
+        ``high_watermark`` and ``last_stable_offset``, from its leader. Raises
+        ``UnknownTopicOrPartitionError`` if the partition does not exist."""
+        doc = self._leader_action(topic, partition, ListOffsetsRequest(topic, partition))
         return {k: int(v) for k, v in doc.items() if k not in ("topic",)}
 
     def ping(self, address: str | None = None) -> dict[str, Any]:
-        return self.action(address or self._bootstrap[0], Action.PING, {})
+        """``{broker_id, version}`` of the broker at ``address`` (default: the first
+        bootstrap address); no retry. Raises ``NetworkError`` if it does not answer."""
+        return self._send(address or self._bootstrap[0], PingRequest())
 
     def metrics_per_broker(self) -> list[dict[str, Any]]:
+        """Every live broker's metrics document (no retry: a broker that went away raises
+        ``NetworkError``)."""
         view = self.refresh_metadata()
-        return [self.action(b.address, Action.METRICS, {}) for b in view.brokers.values()]
+        return [self._send(b.address, MetricsRequest()) for b in view.brokers.values()]
 
     def metrics(self) -> dict[str, Any]:
         """The cluster's metrics: every live broker's document merged."""
@@ -423,33 +459,32 @@ class BrokerClient:
     def init_producer_id(
         self, transactional_id: str | None = None, transaction_timeout_ms: int | None = None
     ) -> tuple[int, int]:
-        body: dict[str, Any] = {}
-        if transactional_id is not None:
-            body["transactional_id"] = transactional_id
-        if transaction_timeout_ms is not None:
-            body["transaction_timeout_ms"] = transaction_timeout_ms
+        """A producer id and epoch. Without ``transactional_id``: a fresh idempotent
+        producer from any broker. With one: from the coordinator, which fences the id's
+        earlier holder (its epoch is bumped) and aborts its open transaction. Raises
+        ``InvalidTransactionTimeoutError``, ``InvalidRequestError``, or the routing error
+        left after the retries."""
+        request = InitProducerIdRequest(transactional_id, transaction_timeout_ms)
         if transactional_id is None:
-            doc = self._any_broker(Action.INIT_PRODUCER_ID, body)
+            doc = self._any_broker(request)
         else:
-            doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
-        return int(doc["producer_id"]), int(doc["producer_epoch"])
+            doc = self._coordinator_action(request)
+        answer = InitProducerIdResponse.from_doc(doc)
+        return answer.producer_id, answer.producer_epoch
 
     def init_sink_producer(
         self, transactional_id: str, transaction_timeout_ms: int | None, attempt: SinkAttempt
     ) -> tuple[int, int, SinkTxnStatus]:
         """InitProducerId for an attempt of a Spark task (docs/design.md): (producer id,
-        epoch, whether an earlier attempt's transaction of the batch is reused)."""
-        body: dict[str, Any] = {
-            "transactional_id": transactional_id,
-            "sink_batch_id": attempt.batch_id,
-            "sink_id": attempt.sink_id,
-            "sink_run_id": attempt.run_id,
-        }
-        if transaction_timeout_ms is not None:
-            body["transaction_timeout_ms"] = transaction_timeout_ms
-        doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
-        status = SinkTxnStatus(doc["sink_status"])
-        return int(doc["producer_id"]), int(doc["producer_epoch"]), status
+        epoch, whether an earlier attempt's transaction of the batch is reused). Raises
+        as :meth:`init_producer_id`, and ``InvalidRequestError`` for a bad attempt."""
+        request = InitProducerIdRequest(transactional_id, transaction_timeout_ms, attempt)
+        answer = InitProducerIdResponse.from_doc(self._coordinator_action(request))
+        if answer.sink_status is None:
+            raise UnknownServerError(
+                f"init_producer_id of {transactional_id!r} answered no sink_status"
+            )
+        return answer.producer_id, answer.producer_epoch, answer.sink_status
 
     def prepare_sink_txn(
         self,
@@ -460,40 +495,32 @@ class BrokerClient:
         ranges: Sequence[tuple[str, int, int, int]] = (),
     ) -> None:
         """The open transaction holds all of a task's rows of ``batch_id``, at ``ranges``
-        ((topic, partition, first offset, last offset) for each partition written)."""
+        ((topic, partition, first offset, last offset) for each partition written): once
+        this returns, a later attempt of the task reuses it instead of writing again.
+        Raises ``ProducerFencedError`` if the producer lost its epoch, and the coordinator's
+        ``InvalidRequestError`` for bad ranges."""
         self._coordinator_action(
-            Action.PREPARE_SINK_TXN,
-            {
-                "transactional_id": transactional_id,
-                "producer_id": producer_id,
-                "producer_epoch": producer_epoch,
-                "batch_id": batch_id,
-                "ranges": [list(r) for r in ranges],
-            },
+            PrepareSinkTxnRequest(
+                transactional_id, producer_id, producer_epoch, batch_id, tuple(ranges)
+            )
         )
 
     def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
         """A task of this run is alive: the coordinator keeps its transactions open."""
-        self._coordinator_action(Action.SINK_HEARTBEAT, {"sink_id": sink_id, "run_id": run_id})
+        self._coordinator_action(SinkHeartbeatRequest(sink_id, run_id))
 
     def abort_sink_run(
         self, run_id: str | None, batch_id: int, *, sink_id: str | None = None
     ) -> list[str]:
         """Fence and abort every attempt of ``run_id`` (or, without one, of any run of
         ``sink_id``) at ``batch_id`` or before; their transactional ids."""
-        body: dict[str, Any] = {"batch_id": batch_id}
-        if run_id is not None:
-            body["run_id"] = run_id
-        if sink_id is not None:
-            body["sink_id"] = sink_id
-        doc = self._coordinator_action(Action.ABORT_SINK_RUN, body)
+        doc = self._coordinator_action(AbortSinkRunRequest(batch_id, run_id, sink_id))
         return [str(t) for t in doc["aborted"]]
 
     def stable_ends(self, topic: str) -> dict[int, int]:
         """Where a read_committed reader of ``topic`` stops: at most each partition's last
         stable offset, lowered so that every sink batch is read whole or not at all."""
-        doc = self._coordinator_action(Action.STABLE_ENDS, {"topic": topic})
-        return {int(p): int(offset) for p, offset in doc["ends"].items()}
+        return StableEndsResponse.from_doc(self._coordinator_action(StableEndsRequest(topic))).ends
 
     def readable_offsets(self, topic: str, partitions: int) -> dict[int, dict[str, int]]:
         """Each partition's ``list_offsets``, its ``last_stable_offset`` replaced by the
@@ -508,14 +535,12 @@ class BrokerClient:
 
     def list_transactions(self, min_age_ms: int = 0) -> list[dict[str, Any]]:
         """Open transactions, oldest first (``idemlog transactions list``)."""
-        doc = self._coordinator_action(Action.LIST_TRANSACTIONS, {"min_age_ms": min_age_ms})
+        doc = self._coordinator_action(ListTransactionsRequest(min_age_ms))
         return list(doc["transactions"])
 
     def abort_transaction(self, transactional_id: str) -> bool:
         """Fence the id's holder and abort its open transaction; False if none was open."""
-        doc = self._coordinator_action(
-            Action.ABORT_TRANSACTION, {"transactional_id": transactional_id}
-        )
+        doc = self._coordinator_action(AbortTransactionRequest(transactional_id))
         return bool(doc["aborted"])
 
     def add_partitions_to_txn(
@@ -525,27 +550,27 @@ class BrokerClient:
         producer_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> None:
+        """Add partitions to the id's open transaction (beginning one if none is open):
+        the coordinator will write their markers when it ends. Raises
+        ``UnknownTopicOrPartitionError`` for a partition that does not exist,
+        ``ProducerFencedError`` for a stale epoch, ``ConcurrentTransactionsError``
+        (retriable, not retried here) while the previous transaction is still ending."""
         self._coordinator_action(
-            Action.ADD_PARTITIONS_TO_TXN,
-            {
-                "transactional_id": transactional_id,
-                "producer_id": producer_id,
-                "producer_epoch": producer_epoch,
-                "partitions": [[t, p] for t, p in partitions],
-            },
+            AddPartitionsToTxnRequest(
+                transactional_id, producer_id, producer_epoch, tuple(partitions)
+            )
         )
 
     def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> None:
+        """Commit or abort the id's open transaction; when this returns, its markers are
+        written (read_committed readers see it, or never will). Raises
+        ``ProducerFencedError`` for a stale epoch, ``InvalidTxnStateError`` if the
+        transaction cannot end that way, ``ConcurrentTransactionsError`` (retriable, not
+        retried here)."""
         self._coordinator_action(
-            Action.END_TXN,
-            {
-                "transactional_id": transactional_id,
-                "producer_id": producer_id,
-                "producer_epoch": producer_epoch,
-                "commit": commit,
-            },
+            EndTxnRequest(transactional_id, producer_id, producer_epoch, commit)
         )
 
     def commit_sink_batch(
@@ -558,27 +583,15 @@ class BrokerClient:
         """True: committed now; False: the batch was committed before, so these
         transactions were aborted instead (idempotent commit). ``run_id``: every
         transaction must have been written by that run of the sink."""
-        body: dict[str, Any] = {
-            "sink_id": sink_id,
-            "batch_id": batch_id,
-            "transactions": [list(t) for t in transactions],
-        }
-        if run_id is not None:
-            body["run_id"] = run_id
-        doc = self._coordinator_action(Action.COMMIT_SINK_BATCH, body)
-        return bool(doc["committed"])
+        request = CommitSinkBatchRequest(sink_id, batch_id, tuple(transactions), run_id)
+        return bool(SinkBatchResponse.from_doc(self._coordinator_action(request)).committed)
 
     def abort_sink_batch(
         self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
     ) -> None:
-        self._coordinator_action(
-            Action.ABORT_SINK_BATCH,
-            {
-                "sink_id": sink_id,
-                "batch_id": batch_id,
-                "transactions": [list(t) for t in transactions],
-            },
-        )
+        """Abort these transactions of the sink's batch (a batch the driver gives up);
+        raises the coordinator's error if one of them cannot be aborted."""
+        self._coordinator_action(AbortSinkBatchRequest(sink_id, batch_id, tuple(transactions)))
 
 
 def _read_fetch(reader: flight.FlightStreamReader, what: str) -> FetchResponse:

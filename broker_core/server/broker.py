@@ -138,6 +138,7 @@ class Broker:
     def start(self) -> BrokerInfo:
         """Open everything and serve; returns the address actually bound."""
         from broker_core.server.flight_server import IdemlogFlightServer
+        from broker_core.server.handlers import ActionHandlers
 
         self._transition(BrokerState.STARTING)
         cfg = self.config
@@ -154,7 +155,27 @@ class Broker:
                 cfg.log_defaults,
                 producer_id_known=IssuedProducerIds(self._pid_source.latest_block),
             )
-            self._server = IdemlogFlightServer(self, cfg.listener_host, cfg.listener_port)
+            actions = ActionHandlers(
+                broker_id=self.broker_id,
+                config=cfg,
+                topics=self.topics,
+                store=lambda: self.store,
+                cluster=self.require_cluster,
+                coordinator=self.coordinator,
+                pids=lambda: self.pids,
+                markers=lambda: self.markers,
+                metrics_document=self.metrics_document,
+            )
+            self._server = IdemlogFlightServer(
+                cfg.listener_host,
+                cfg.listener_port,
+                actions=actions,
+                gate=self.gate,
+                topics=self.topics,
+                store=lambda: self.store,
+                metrics=self.metrics,
+                max_request_bytes=cfg.max_request_bytes,
+            )
             self.info = BrokerInfo(self.broker_id, cfg.listener_host, int(self._server.port))
             self.cluster = self._open_cluster(self.info)
             self.markers = RoutingMarkerWriter(self)

@@ -4,8 +4,8 @@ Partitions this broker leads get their marker through ``LocalMarkerWriter`` (the
 topic is created first if no batch has reached it yet); the others get one
 ``WRITE_TXN_MARKERS`` action per leader over Flight. Errors come back typed, so the
 coordinator retries the retriable ones (a leader that is down: ``NETWORK_EXCEPTION``).
-Each leader answers the last stable offset of every partition it wrote a marker to, as
-``{"last_stable_offsets": [{"topic", "partition", "lso"}, ..]}``; :meth:`write_markers`
+Each leader answers the last stable offset of every partition it wrote a marker to
+(``protocol.requests.WriteTxnMarkersResponse``); :meth:`write_markers`
 returns them all in one map, like ``LocalMarkerWriter``.
 
 Test hook: ``IDEMLOG_TEST_FAILPOINT`` (read on every call, so only a process started with
@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow.flight as flight
 
@@ -32,7 +32,8 @@ from broker_core.errors import (
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol.wire import Action, decode_json, encode_json, field, parse_error_message
+from broker_core.protocol.requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+from broker_core.protocol.wire import Action, decode_json, encode_json, parse_error_message
 from broker_core.record.batch import ControlType
 from broker_core.txn.coordinator import LocalMarkerWriter
 from broker_core.txn.markers import StableOffsets
@@ -44,32 +45,6 @@ log = logging.getLogger("idemlog.markers")
 
 FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
 MARKER_TIMEOUT_S = 10.0
-STABLE_OFFSETS_FIELD = "last_stable_offsets"
-
-
-def stable_offsets_doc(stable: StableOffsets) -> list[dict[str, Any]]:
-    """The wire form of a marker writer's answer (the WRITE_TXN_MARKERS response)."""
-    return [
-        {"topic": topic, "partition": partition, "lso": lso}
-        for (topic, partition), lso in sorted(stable.items())
-    ]
-
-
-def parse_stable_offsets(doc: dict[str, Any], what: str) -> StableOffsets:
-    """The map back from a WRITE_TXN_MARKERS response; InvalidRequestError naming a bad field."""
-    raw = field(doc, STABLE_OFFSETS_FIELD, list, what)
-    stable: StableOffsets = {}
-    for i, item in enumerate(raw):
-        where = f"{what}: {STABLE_OFFSETS_FIELD}[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidRequestError(f"{where} must be an object, got {item!r}")
-        topic = field(item, "topic", str, where)
-        partition = field(item, "partition", int, where)
-        lso = field(item, "lso", int, where)
-        if lso < 0:
-            raise InvalidRequestError(f"{where}: field 'lso' must be >= 0, got {lso}")
-        stable[(topic, partition)] = lso
-    return stable
 
 
 def _failpoint(stage: str) -> None:
@@ -154,15 +129,10 @@ class RoutingMarkerWriter:
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> StableOffsets:
-        body = encode_json(
-            {
-                "producer_id": producer_id,
-                "producer_epoch": producer_epoch,
-                "commit": commit,
-                "coordinator_epoch": coordinator_epoch,
-                "partitions": [[t, p] for t, p in partitions],
-            }
+        request = WriteTxnMarkersRequest(
+            producer_id, producer_epoch, commit, coordinator_epoch, tuple(partitions)
         )
+        body = encode_json(request.to_doc())
         address = self._address(leader)
         client = self._connections.get(address)
         options = flight.FlightCallOptions(timeout=MARKER_TIMEOUT_S)
@@ -182,7 +152,8 @@ class RoutingMarkerWriter:
         try:
             if len(results) != 1:
                 raise InvalidRequestError(f"{what}: {len(results)} results, not 1")
-            stable = parse_stable_offsets(decode_json(results[0].body.to_pybytes(), what), what)
+            doc = decode_json(results[0].body.to_pybytes(), what)
+            stable = WriteTxnMarkersResponse.from_doc(doc, what).stable
         except InvalidRequestError as exc:
             # The markers are written but the answer is not ours to read (a broker of
             # another version?): a server error, not the coordinator's bad request.
