@@ -46,6 +46,7 @@ from broker_core.protocol.requests import (
     DeleteTopicRequest,
     DescribeTopicsRequest,
     EndTxnRequest,
+    FetchRequest,
     InitProducerIdRequest,
     InitProducerIdResponse,
     ListOffsetsRequest,
@@ -399,22 +400,13 @@ class BrokerClient:
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_offset: int | None = None,
     ) -> FetchResponse:
-        ticket: dict[str, Any] = {
-            "op": "fetch",
-            "topic": topic,
-            "partition": partition,
-            "offset": offset,
-            "max_bytes": max_bytes,
-            "isolation": isolation,
-        }
-        if max_offset is not None:
-            ticket["max_offset"] = max_offset
+        ticket = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset)
 
         def call(address: str) -> FetchResponse:
             what = f"fetch {topic}-{partition} at {address}"
             try:
                 reader = self._connection(address).do_get(
-                    flight.Ticket(encode_json(ticket)), self._options()
+                    flight.Ticket(encode_json(ticket.to_doc())), self._options()
                 )
                 return _read_fetch(reader, what)
             except (flight.FlightError, pa.ArrowException, OSError) as exc:

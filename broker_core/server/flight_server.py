@@ -26,8 +26,8 @@ from broker_core.errors import (
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
 from broker_core.log.store import LogStore, describe_schema_difference
 from broker_core.protocol.metrics import AppendOutcome
+from broker_core.protocol.requests import FetchRequest, ProduceDescriptor
 from broker_core.protocol.wire import (
-    DEFAULT_FETCH_MAX_BYTES,
     Action,
     FetchBatchMeta,
     FetchTrailer,
@@ -36,7 +36,6 @@ from broker_core.protocol.wire import (
     decode_json,
     encode_json,
     error_message,
-    field,
 )
 from broker_core.server.handlers import ActionHandlers
 from broker_core.server.metrics import Metrics, outcome_of
@@ -44,9 +43,7 @@ from broker_core.server.metrics import Metrics, outcome_of
 log = logging.getLogger("idemlog.flight")
 
 T = TypeVar("T")
-MAX_FETCH_BYTES = 2**31 - 1
 EMPTY_SCHEMA = pa.schema([])
-_ISOLATION_LEVELS = tuple(level.value for level in IsolationLevel)
 
 
 def _flight_error(error: IdemlogError) -> flight.FlightServerError:
@@ -123,12 +120,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         what = "produce descriptor"
         if descriptor.descriptor_type != flight.DescriptorType.CMD or not descriptor.command:
             raise InvalidRequestError(f"{what}: must be a command holding a JSON object")
-        request = decode_json(descriptor.command, what)
-        op = field(request, "op", str, what)
-        if op != "produce":
-            raise InvalidRequestError(f"{what}: field 'op' must be 'produce', got {op!r}")
-        topic = field(request, "topic", str, what)
-        partition = field(request, "partition", int, what)
+        request = ProduceDescriptor.from_doc(decode_json(descriptor.command, what))
+        topic, partition = request.topic, request.partition
         log_ = self._topics.leader_log(topic, partition)
         store = self._store()
         expected = store.topic(topic).schema if store else None
@@ -206,31 +199,17 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return self._guard("fetch", lambda: self._fetch(ticket))
 
     def _fetch(self, ticket: flight.Ticket) -> flight.FlightDataStream:
-        what = "fetch ticket"
-        request = decode_json(ticket.ticket, what)
-        op = field(request, "op", str, what)
-        if op != "fetch":
-            raise InvalidRequestError(f"{what}: field 'op' must be 'fetch', got {op!r}")
-        topic = field(request, "topic", str, what)
-        partition = field(request, "partition", int, what)
-        offset = field(request, "offset", int, what)
-        max_bytes = field(request, "max_bytes", int, what, DEFAULT_FETCH_MAX_BYTES)
-        level = field(request, "isolation", str, what, IsolationLevel.READ_COMMITTED.value)
-        if level not in _ISOLATION_LEVELS:
-            raise InvalidRequestError(
-                f"{what}: field 'isolation' must be one of {', '.join(_ISOLATION_LEVELS)}, "
-                f"got {level!r}"
-            )
-        isolation = IsolationLevel(level)
-        max_offset = field(request, "max_offset", int, what, None)
-        if not 1 <= max_bytes <= MAX_FETCH_BYTES:
-            raise InvalidRequestError(
-                f"{what}: field 'max_bytes' must be in 1..{MAX_FETCH_BYTES}, got {max_bytes}"
-            )
+        request = FetchRequest.from_doc(decode_json(ticket.ticket, "fetch ticket"))
+        topic, partition = request.topic, request.partition
         log_ = self._topics.leader_log(topic, partition)
         store = self._store()
         schema = (store.topic(topic).schema if store else None) or EMPTY_SCHEMA
-        result = log_.read(offset, max_bytes=max_bytes, isolation=isolation, max_offset=max_offset)
+        result = log_.read(
+            request.offset,
+            max_bytes=request.max_bytes,
+            isolation=IsolationLevel(request.isolation),
+            max_offset=request.max_offset,
+        )
         trailer = FetchTrailer(
             result.next_offset,
             result.high_watermark,
