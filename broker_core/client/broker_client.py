@@ -28,6 +28,7 @@ from broker_core.client.produce_stream import ProduceStream, typed_flight_error
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     IdemlogError,
+    InvalidConfigError,
     InvalidRequestError,
     NetworkError,
     NotCoordinatorError,
@@ -123,6 +124,16 @@ def parse_bootstrap(bootstrap: str) -> list[str]:
 
 
 class BrokerClient:
+    """A thread-safe client of an idemlog cluster (see the module docstring).
+
+    ``timeout_s`` bounds each Flight call; a request refused by a routing error or a broken
+    connection is tried ``retries`` more times, waiting ``retry_backoff_s`` doubled after
+    each failure (with jitter). Raises ``InvalidRequestError`` for a bootstrap that names
+    no ``host:port`` and ``InvalidConfigError`` for a negative ``retries`` or backoff;
+    nothing connects before the first request. Use it as a context manager or call
+    :meth:`close`.
+    """
+
     def __init__(
         self,
         bootstrap: str,
@@ -132,6 +143,11 @@ class BrokerClient:
         retry_backoff_s: float = 0.05,
     ) -> None:
         self._bootstrap = parse_bootstrap(bootstrap)
+        if retries < 0 or retry_backoff_s < 0:
+            raise InvalidConfigError(
+                f"BrokerClient retries={retries} and retry_backoff_s={retry_backoff_s} "
+                "must both be >= 0"
+            )
         self.timeout_s = timeout_s
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
@@ -186,6 +202,9 @@ class BrokerClient:
         return bytes(results[0].body.to_pybytes())
 
     def action(self, address: str, action: Action, body: dict[str, Any]) -> dict[str, Any]:
+        """One DoAction on one broker, no retry: its JSON answer. Raises the broker's typed
+        error, ``NetworkError`` if it cannot be reached, ``UnknownServerError`` for an
+        answer that is not one JSON object."""
         data = self.action_raw(address, action.value, encode_json(body))
         doc = json.loads(data)
         if not isinstance(doc, dict):
@@ -199,6 +218,8 @@ class BrokerClient:
         return list(dict.fromkeys(known + self._bootstrap))
 
     def refresh_metadata(self) -> ClusterView:
+        """The cluster as the first reachable known broker sees it now (cached for
+        routing). Raises ``NetworkError`` if no known or bootstrap broker answers."""
         last: IdemlogError | None = None
         for address in self._known_addresses():
             try:
@@ -222,10 +243,16 @@ class BrokerClient:
         )
 
     def metadata(self, refresh: bool = False) -> ClusterView:
+        """The cached cluster view (fetched first if there is none, or ``refresh``);
+        raises as :meth:`refresh_metadata`."""
         view = self._view
         return self.refresh_metadata() if refresh or view is None else view
 
     def leader(self, topic: str, partition: int, refresh: bool = False) -> BrokerAddress:
+        """The broker leading the partition (metadata refreshed once if the topic is not
+        known). For an unknown topic or partition it names any live broker, so that the
+        request itself gets the broker's precise error. Raises ``NetworkError`` if the
+        leader is not alive or no broker is."""
         view = self.metadata(refresh)
         leaders = view.topics.get(topic)
         if leaders is None and not refresh:
@@ -376,7 +403,8 @@ class BrokerClient:
         return [self._send(b.address, MetricsRequest()) for b in view.brokers.values()]
 
     def metrics(self) -> dict[str, Any]:
-        """The cluster's metrics: every live broker's document merged."""
+        """The cluster's metrics: every live broker's document merged; raises as
+        :meth:`metrics_per_broker`."""
         return merge_documents(self.metrics_per_broker())
 
     # -- produce and fetch ---------------------------------------------------------------
@@ -384,7 +412,8 @@ class BrokerClient:
         self, topic: str, partition: int, schema: pa.Schema | None = None
     ) -> ProduceStream:
         """A raw pipelined stream to the partition's leader (opened at the first send if
-        no schema is given)."""
+        no schema is given). No retries: a failed send fails its batch with the broker's
+        typed error, and the caller decides (``spark_sink.producer`` does)."""
         broker = self.leader(topic, partition)
         return ProduceStream(
             self._connection(broker.address), topic, partition, schema, address=broker.address
@@ -400,6 +429,11 @@ class BrokerClient:
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_offset: int | None = None,
     ) -> FetchResponse:
+        """One fetch from the partition's leader: batches from ``offset`` (at most about
+        ``max_bytes``, at least one batch if any), then the trailer with the next offset
+        and the partition's watermarks. Routing errors are retried. Raises
+        ``OffsetOutOfRangeError``, ``UnknownTopicOrPartitionError``, or
+        ``InvalidRequestError`` for a bad ``isolation``/``max_bytes``."""
         ticket = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset)
 
         def call(address: str) -> FetchResponse:
@@ -444,6 +478,8 @@ class BrokerClient:
     def read_table(
         self, topic: str, partition: int, *, isolation: str = "read_committed"
     ) -> pa.Table | None:
+        """The partition's readable rows as one table (None if there are none); raises as
+        :meth:`fetch_once`."""
         batches = [b for _m, b in self.fetch(topic, partition, isolation=isolation)]
         return pa.Table.from_batches(batches) if batches else None
 
@@ -498,7 +534,9 @@ class BrokerClient:
         )
 
     def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
-        """A task of this run is alive: the coordinator keeps its transactions open."""
+        """A task of this run is alive: the coordinator keeps its transactions open.
+        Raises ``InvalidRequestError`` for a bad id, or the routing error left after the
+        retries."""
         self._coordinator_action(SinkHeartbeatRequest(sink_id, run_id))
 
     def abort_sink_run(

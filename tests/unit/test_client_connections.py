@@ -10,6 +10,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
 from broker_core.errors import (
     ConcurrentTransactionsError,
+    InvalidConfigError,
     NetworkError,
     NotCoordinatorError,
     UnknownTopicOrPartitionError,
@@ -81,3 +82,10 @@ def test_other_errors_are_the_callers_even_when_retriable() -> None:
         assert _attempts(client, ConcurrentTransactionsError("busy"), None) == 1
         # Unknown topic, no partition to check in the metadata: not retried.
         assert _attempts(client, UnknownTopicOrPartitionError("nope"), None) == 1
+
+
+def test_negative_retry_settings_are_refused_by_name() -> None:
+    with pytest.raises(InvalidConfigError, match="retries=-1"):
+        BrokerClient(DEAD, retries=-1)
+    with pytest.raises(InvalidConfigError, match=r"retry_backoff_s=-0\.5"):
+        BrokerClient(DEAD, retry_backoff_s=-0.5)
