@@ -14,11 +14,8 @@ a connection that fails is ``NetworkError`` (``NETWORK_EXCEPTION``, retriable).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,10 +23,12 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from broker_core.client.connections import FlightConnections
 from broker_core.client.produce_stream import ProduceStream, typed_flight_error
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     IdemlogError,
+    InvalidConfigError,
     InvalidRequestError,
     NetworkError,
     NotCoordinatorError,
@@ -38,6 +37,31 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.metrics import merge_documents
+from broker_core.protocol.requests import (
+    AbortSinkBatchRequest,
+    AbortSinkRunRequest,
+    AbortTransactionRequest,
+    AddPartitionsToTxnRequest,
+    CommitSinkBatchRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicsRequest,
+    EndTxnRequest,
+    FetchRequest,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ListOffsetsRequest,
+    ListTransactionsRequest,
+    MetadataRequest,
+    MetricsRequest,
+    PingRequest,
+    PrepareSinkTxnRequest,
+    Request,
+    SinkBatchResponse,
+    SinkHeartbeatRequest,
+    StableEndsRequest,
+    StableEndsResponse,
+)
 from broker_core.protocol.wire import (
     DEFAULT_FETCH_MAX_BYTES,
     Action,
@@ -48,6 +72,7 @@ from broker_core.protocol.wire import (
     decode_fetch_meta,
     encode_json,
 )
+from broker_core.retry import RetryPolicy
 
 T = TypeVar("T")
 _ROUTING_ERRORS = (
@@ -99,6 +124,16 @@ def parse_bootstrap(bootstrap: str) -> list[str]:
 
 
 class BrokerClient:
+    """A thread-safe client of an idemlog cluster (see the module docstring).
+
+    ``timeout_s`` bounds each Flight call; a request refused by a routing error or a broken
+    connection is tried ``retries`` more times, waiting ``retry_backoff_s`` doubled after
+    each failure (with jitter). Raises ``InvalidRequestError`` for a bootstrap that names
+    no ``host:port`` and ``InvalidConfigError`` for a negative ``retries`` or backoff;
+    nothing connects before the first request. Use it as a context manager or call
+    :meth:`close`.
+    """
+
     def __init__(
         self,
         bootstrap: str,
@@ -108,38 +143,37 @@ class BrokerClient:
         retry_backoff_s: float = 0.05,
     ) -> None:
         self._bootstrap = parse_bootstrap(bootstrap)
+        if retries < 0 or retry_backoff_s < 0:
+            raise InvalidConfigError(
+                f"BrokerClient retries={retries} and retry_backoff_s={retry_backoff_s} "
+                "must both be >= 0"
+            )
         self.timeout_s = timeout_s
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
-        self._lock = threading.Lock()
-        self._connections: dict[str, flight.FlightClient] = {}
+        # retries + 1 attempts, the wait doubling from retry_backoff_s and never capped
+        # below the last one (the limits of the loop this policy replaced).
+        self._retry = RetryPolicy(
+            max_attempts=retries + 1,
+            backoff_s=retry_backoff_s,
+            max_backoff_s=retry_backoff_s * 2 ** max(retries - 1, 0),
+        )
+        self._connections = FlightConnections()
         self._view: ClusterView | None = None
 
     # -- connections ---------------------------------------------------------------------
     def _connection(self, address: str) -> flight.FlightClient:
-        with self._lock:
-            client = self._connections.get(address)
-            if client is None:
-                client = flight.connect(f"grpc://{address}")
-                self._connections[address] = client
-            return client
-
-    def _drop_connection(self, address: str) -> None:
-        with self._lock:
-            client = self._connections.pop(address, None)
-        if client is not None:
-            _close_quietly(client)
+        return self._connections.get(address)
 
     def reset_connection(self, address: str) -> None:
         """Forget the connection to ``address`` (it broke): the next request opens a new
-        one instead of waiting out the old channel's reconnect backoff."""
-        self._drop_connection(address)
+        one instead of waiting out the old channel's reconnect backoff. Never raises."""
+        self._connections.reset(address)
 
     def close(self) -> None:
-        with self._lock:
-            clients, self._connections = list(self._connections.values()), {}
-        for client in clients:
-            _close_quietly(client)
+        """Close every connection this client opened. Never raises; the client stays
+        usable (a later request opens new connections)."""
+        self._connections.close()
 
     def __enter__(self) -> BrokerClient:
         return self
@@ -159,7 +193,7 @@ class BrokerClient:
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
             error = typed_flight_error(exc, f"action {action_type} at {address}")
             if isinstance(error, NetworkError):
-                self._drop_connection(address)
+                self._connections.reset(address)
             raise error from exc
         if len(results) != 1:
             raise UnknownServerError(
@@ -168,6 +202,9 @@ class BrokerClient:
         return bytes(results[0].body.to_pybytes())
 
     def action(self, address: str, action: Action, body: dict[str, Any]) -> dict[str, Any]:
+        """One DoAction on one broker, no retry: its JSON answer. Raises the broker's typed
+        error, ``NetworkError`` if it cannot be reached, ``UnknownServerError`` for an
+        answer that is not one JSON object."""
         data = self.action_raw(address, action.value, encode_json(body))
         doc = json.loads(data)
         if not isinstance(doc, dict):
@@ -181,10 +218,12 @@ class BrokerClient:
         return list(dict.fromkeys(known + self._bootstrap))
 
     def refresh_metadata(self) -> ClusterView:
+        """The cluster as the first reachable known broker sees it now (cached for
+        routing). Raises ``NetworkError`` if no known or bootstrap broker answers."""
         last: IdemlogError | None = None
         for address in self._known_addresses():
             try:
-                doc = self.action(address, Action.METADATA, {})
+                doc = self._send(address, MetadataRequest())
             except NetworkError as exc:
                 last = exc
                 continue
@@ -204,10 +243,16 @@ class BrokerClient:
         )
 
     def metadata(self, refresh: bool = False) -> ClusterView:
+        """The cached cluster view (fetched first if there is none, or ``refresh``);
+        raises as :meth:`refresh_metadata`."""
         view = self._view
         return self.refresh_metadata() if refresh or view is None else view
 
     def leader(self, topic: str, partition: int, refresh: bool = False) -> BrokerAddress:
+        """The broker leading the partition (metadata refreshed once if the topic is not
+        known). For an unknown topic or partition it names any live broker, so that the
+        request itself gets the broker's precise error. Raises ``NetworkError`` if the
+        leader is not alive or no broker is."""
         view = self.metadata(refresh)
         leaders = view.topics.get(topic)
         if leaders is None and not refresh:
@@ -236,50 +281,74 @@ class BrokerClient:
     ) -> T:
         """``call`` on the broker ``pick`` names; routing errors refresh and retry.
 
-        With ``partition``, an unknown-topic answer is retried too while the cluster
-        metadata says the partition exists: the broker asked has not seen it yet.
+        ``pick(retry)`` is told whether an earlier attempt failed (the metadata was
+        refreshed since). With ``partition``, an unknown-topic answer is retried too
+        while the cluster metadata says the partition exists: the broker asked has not
+        seen it yet. Other errors, retriable or not, are the caller's: the client only
+        retries what another route can fix.
         """
-        refresh = False
-        for attempt in range(self.retries + 1):
-            try:
-                return call(pick(refresh))
-            except _ROUTING_ERRORS:
-                if attempt == self.retries:
-                    raise
-            except UnknownTopicOrPartitionError:
-                if partition is None or attempt == self.retries:
-                    raise
-                leaders = self.refresh_metadata().topics.get(partition[0], [])
-                if not 0 <= partition[1] < len(leaders):
-                    raise
-            time.sleep(self.retry_backoff_s * 2**attempt)  # backoff before a retry
-            refresh = True
-        raise AssertionError("unreachable")
+        retried = False
 
-    def _any_broker(self, action: Action, body: dict[str, Any]) -> dict[str, Any]:
-        def pick(refresh: bool) -> str:
-            return self._known_addresses()[0] if not refresh else self.refresh_address()
+        def attempt() -> T:
+            return call(pick(retried))
 
-        return self._routed(pick, lambda address: self.action(address, action, body))
+        def retriable(error: BaseException) -> bool:
+            if isinstance(error, _ROUTING_ERRORS):
+                return True
+            if partition is None or not isinstance(error, UnknownTopicOrPartitionError):
+                return False
+            # Decided on fresh metadata, before any wait: a topic that really does not
+            # exist fails at once.
+            leaders = self.refresh_metadata().topics.get(partition[0], [])
+            return 0 <= partition[1] < len(leaders)
+
+        def before_retry(error: BaseException, _attempts: int) -> None:
+            nonlocal retried
+            retried = True
+            if isinstance(error, UnknownTopicOrPartitionError):
+                return  # ``retriable`` has just refreshed the metadata
+            with contextlib.suppress(NetworkError):
+                # No broker answers right now: the next attempt fails (and retries) on
+                # the old view's addresses.
+                self.refresh_metadata()
+
+        return self._retry.call(attempt, retriable=retriable, before_retry=before_retry)
+
+    def _any_broker(self, request: Request) -> dict[str, Any]:
+        def pick(retry: bool) -> str:
+            return self._known_addresses()[0] if not retry else self._preferred_address()
+
+        return self._routed(pick, lambda address: self._send(address, request))
 
     def refresh_address(self) -> str:
-        view = self.refresh_metadata()
+        """Refresh the metadata; the controller's address, or any live broker's.
+
+        Raises ``NetworkError`` if no known broker answers."""
+        self.refresh_metadata()
+        return self._preferred_address()
+
+    def _preferred_address(self) -> str:
+        view = self.metadata()
         if view.controller is not None and view.controller in view.brokers:
             return view.brokers[view.controller].address
+        if not view.brokers:
+            raise NetworkError("the cluster reports no live broker")
         return next(iter(view.brokers.values())).address
 
-    def _leader_action(
-        self, topic: str, partition: int, action: Action, body: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _send(self, address: str, request: Request) -> dict[str, Any]:
+        return self.action(address, request.ACTION, request.to_doc())
+
+    def _leader_action(self, topic: str, partition: int, request: Request) -> dict[str, Any]:
         return self._routed(
-            lambda refresh: self.leader(topic, partition, refresh).address,
-            lambda address: self.action(address, action, body),
+            lambda _retry: self.leader(topic, partition).address,
+            lambda address: self._send(address, request),
             (topic, partition),
         )
 
-    def _coordinator_action(self, action: Action, body: dict[str, Any]) -> dict[str, Any]:
+    def _coordinator_action(self, request: Request) -> dict[str, Any]:
         return self._routed(
-            self._coordinator_address, lambda address: self.action(address, action, body)
+            lambda _retry: self._coordinator_address(False),
+            lambda address: self._send(address, request),
         )
 
     # -- admin ---------------------------------------------------------------------------
@@ -291,38 +360,51 @@ class BrokerClient:
         schema: pa.Schema | None = None,
         config: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Create a topic; returns the leader broker id of each partition."""
-        body: dict[str, Any] = {"name": name, "partitions": partitions, "config": config or {}}
-        if schema is not None:
-            body["schema"] = base64.b64encode(schema.serialize().to_pybytes()).decode()
-        doc = self._any_broker(Action.CREATE_TOPIC, body)
+        """Create a topic; returns the leader broker id of each partition.
+
+        Raises ``TopicAlreadyExistsError``, ``InvalidTopicError`` (bad or reserved name),
+        ``InvalidPartitionsError``, ``InvalidConfigError`` (a bad ``config`` entry), or the
+        routing error left after the retries."""
+        ipc = None if schema is None else schema.serialize().to_pybytes()
+        doc = self._any_broker(CreateTopicRequest(name, partitions, ipc, config or {}))
         self._view = None  # the new topic's leaders are in the next metadata
         return [int(b) for b in doc["partitions"]]
 
     def delete_topic(self, name: str) -> None:
-        self._any_broker(Action.DELETE_TOPIC, {"name": name})
+        """Delete a topic and its data on every broker. Raises
+        ``UnknownTopicOrPartitionError`` if it does not exist."""
+        self._any_broker(DeleteTopicRequest(name))
         self._view = None
 
     def describe_topics(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        body: dict[str, Any] = {} if names is None else {"names": list(names)}
-        topics: list[dict[str, Any]] = self._any_broker(Action.DESCRIBE_TOPICS, body)["topics"]
+        """Each topic's partitions with their leaders, schema (base64 Arrow IPC or None) and
+        config, sorted by name; all topics without ``names``. Raises
+        ``UnknownTopicOrPartitionError`` for a name that does not exist."""
+        request = DescribeTopicsRequest(None if names is None else tuple(names))
+        topics: list[dict[str, Any]] = self._any_broker(request)["topics"]
         return topics
 
     def list_offsets(self, topic: str, partition: int) -> dict[str, int]:
-        doc = self._leader_action(
-            topic, partition, Action.LIST_OFFSETS, {"topic": topic, "partition": partition}
-        )
+        """The partition's ``partition``, ``log_start_offset``, ``log_end_offset``,
+        ``high_watermark`` and ``last_stable_offset``, from its leader. Raises
+        ``UnknownTopicOrPartitionError`` if the partition does not exist."""
+        doc = self._leader_action(topic, partition, ListOffsetsRequest(topic, partition))
         return {k: int(v) for k, v in doc.items() if k not in ("topic",)}
 
     def ping(self, address: str | None = None) -> dict[str, Any]:
-        return self.action(address or self._bootstrap[0], Action.PING, {})
+        """``{broker_id, version}`` of the broker at ``address`` (default: the first
+        bootstrap address); no retry. Raises ``NetworkError`` if it does not answer."""
+        return self._send(address or self._bootstrap[0], PingRequest())
 
     def metrics_per_broker(self) -> list[dict[str, Any]]:
+        """Every live broker's metrics document (no retry: a broker that went away raises
+        ``NetworkError``)."""
         view = self.refresh_metadata()
-        return [self.action(b.address, Action.METRICS, {}) for b in view.brokers.values()]
+        return [self._send(b.address, MetricsRequest()) for b in view.brokers.values()]
 
     def metrics(self) -> dict[str, Any]:
-        """The cluster's metrics: every live broker's document merged."""
+        """The cluster's metrics: every live broker's document merged; raises as
+        :meth:`metrics_per_broker`."""
         return merge_documents(self.metrics_per_broker())
 
     # -- produce and fetch ---------------------------------------------------------------
@@ -330,7 +412,8 @@ class BrokerClient:
         self, topic: str, partition: int, schema: pa.Schema | None = None
     ) -> ProduceStream:
         """A raw pipelined stream to the partition's leader (opened at the first send if
-        no schema is given)."""
+        no schema is given). No retries: a failed send fails its batch with the broker's
+        typed error, and the caller decides (``spark_sink.producer`` does)."""
         broker = self.leader(topic, partition)
         return ProduceStream(
             self._connection(broker.address), topic, partition, schema, address=broker.address
@@ -346,32 +429,28 @@ class BrokerClient:
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_offset: int | None = None,
     ) -> FetchResponse:
-        ticket: dict[str, Any] = {
-            "op": "fetch",
-            "topic": topic,
-            "partition": partition,
-            "offset": offset,
-            "max_bytes": max_bytes,
-            "isolation": isolation,
-        }
-        if max_offset is not None:
-            ticket["max_offset"] = max_offset
+        """One fetch from the partition's leader: batches from ``offset`` (at most about
+        ``max_bytes``, at least one batch if any), then the trailer with the next offset
+        and the partition's watermarks. Routing errors are retried. Raises
+        ``OffsetOutOfRangeError``, ``UnknownTopicOrPartitionError``, or
+        ``InvalidRequestError`` for a bad ``isolation``/``max_bytes``."""
+        ticket = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset)
 
         def call(address: str) -> FetchResponse:
             what = f"fetch {topic}-{partition} at {address}"
             try:
                 reader = self._connection(address).do_get(
-                    flight.Ticket(encode_json(ticket)), self._options()
+                    flight.Ticket(encode_json(ticket.to_doc())), self._options()
                 )
                 return _read_fetch(reader, what)
             except (flight.FlightError, pa.ArrowException, OSError) as exc:
                 error = typed_flight_error(exc, what)
                 if isinstance(error, NetworkError):
-                    self._drop_connection(address)
+                    self._connections.reset(address)
                 raise error from exc
 
         return self._routed(
-            lambda refresh: self.leader(topic, partition, refresh).address, call, (topic, partition)
+            lambda _retry: self.leader(topic, partition).address, call, (topic, partition)
         )
 
     def fetch(
@@ -399,6 +478,8 @@ class BrokerClient:
     def read_table(
         self, topic: str, partition: int, *, isolation: str = "read_committed"
     ) -> pa.Table | None:
+        """The partition's readable rows as one table (None if there are none); raises as
+        :meth:`fetch_once`."""
         batches = [b for _m, b in self.fetch(topic, partition, isolation=isolation)]
         return pa.Table.from_batches(batches) if batches else None
 
@@ -406,33 +487,32 @@ class BrokerClient:
     def init_producer_id(
         self, transactional_id: str | None = None, transaction_timeout_ms: int | None = None
     ) -> tuple[int, int]:
-        body: dict[str, Any] = {}
-        if transactional_id is not None:
-            body["transactional_id"] = transactional_id
-        if transaction_timeout_ms is not None:
-            body["transaction_timeout_ms"] = transaction_timeout_ms
+        """A producer id and epoch. Without ``transactional_id``: a fresh idempotent
+        producer from any broker. With one: from the coordinator, which fences the id's
+        earlier holder (its epoch is bumped) and aborts its open transaction. Raises
+        ``InvalidTransactionTimeoutError``, ``InvalidRequestError``, or the routing error
+        left after the retries."""
+        request = InitProducerIdRequest(transactional_id, transaction_timeout_ms)
         if transactional_id is None:
-            doc = self._any_broker(Action.INIT_PRODUCER_ID, body)
+            doc = self._any_broker(request)
         else:
-            doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
-        return int(doc["producer_id"]), int(doc["producer_epoch"])
+            doc = self._coordinator_action(request)
+        answer = InitProducerIdResponse.from_doc(doc)
+        return answer.producer_id, answer.producer_epoch
 
     def init_sink_producer(
         self, transactional_id: str, transaction_timeout_ms: int | None, attempt: SinkAttempt
     ) -> tuple[int, int, SinkTxnStatus]:
         """InitProducerId for an attempt of a Spark task (docs/design.md): (producer id,
-        epoch, whether an earlier attempt's transaction of the batch is reused)."""
-        body: dict[str, Any] = {
-            "transactional_id": transactional_id,
-            "sink_batch_id": attempt.batch_id,
-            "sink_id": attempt.sink_id,
-            "sink_run_id": attempt.run_id,
-        }
-        if transaction_timeout_ms is not None:
-            body["transaction_timeout_ms"] = transaction_timeout_ms
-        doc = self._coordinator_action(Action.INIT_PRODUCER_ID, body)
-        status = SinkTxnStatus(doc["sink_status"])
-        return int(doc["producer_id"]), int(doc["producer_epoch"]), status
+        epoch, whether an earlier attempt's transaction of the batch is reused). Raises
+        as :meth:`init_producer_id`, and ``InvalidRequestError`` for a bad attempt."""
+        request = InitProducerIdRequest(transactional_id, transaction_timeout_ms, attempt)
+        answer = InitProducerIdResponse.from_doc(self._coordinator_action(request))
+        if answer.sink_status is None:
+            raise UnknownServerError(
+                f"init_producer_id of {transactional_id!r} answered no sink_status"
+            )
+        return answer.producer_id, answer.producer_epoch, answer.sink_status
 
     def prepare_sink_txn(
         self,
@@ -443,40 +523,34 @@ class BrokerClient:
         ranges: Sequence[tuple[str, int, int, int]] = (),
     ) -> None:
         """The open transaction holds all of a task's rows of ``batch_id``, at ``ranges``
-        ((topic, partition, first offset, last offset) for each partition written)."""
+        ((topic, partition, first offset, last offset) for each partition written): once
+        this returns, a later attempt of the task reuses it instead of writing again.
+        Raises ``ProducerFencedError`` if the producer lost its epoch, and the coordinator's
+        ``InvalidRequestError`` for bad ranges."""
         self._coordinator_action(
-            Action.PREPARE_SINK_TXN,
-            {
-                "transactional_id": transactional_id,
-                "producer_id": producer_id,
-                "producer_epoch": producer_epoch,
-                "batch_id": batch_id,
-                "ranges": [list(r) for r in ranges],
-            },
+            PrepareSinkTxnRequest(
+                transactional_id, producer_id, producer_epoch, batch_id, tuple(ranges)
+            )
         )
 
     def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
-        """A task of this run is alive: the coordinator keeps its transactions open."""
-        self._coordinator_action(Action.SINK_HEARTBEAT, {"sink_id": sink_id, "run_id": run_id})
+        """A task of this run is alive: the coordinator keeps its transactions open.
+        Raises ``InvalidRequestError`` for a bad id, or the routing error left after the
+        retries."""
+        self._coordinator_action(SinkHeartbeatRequest(sink_id, run_id))
 
     def abort_sink_run(
         self, run_id: str | None, batch_id: int, *, sink_id: str | None = None
     ) -> list[str]:
         """Fence and abort every attempt of ``run_id`` (or, without one, of any run of
         ``sink_id``) at ``batch_id`` or before; their transactional ids."""
-        body: dict[str, Any] = {"batch_id": batch_id}
-        if run_id is not None:
-            body["run_id"] = run_id
-        if sink_id is not None:
-            body["sink_id"] = sink_id
-        doc = self._coordinator_action(Action.ABORT_SINK_RUN, body)
+        doc = self._coordinator_action(AbortSinkRunRequest(batch_id, run_id, sink_id))
         return [str(t) for t in doc["aborted"]]
 
     def stable_ends(self, topic: str) -> dict[int, int]:
         """Where a read_committed reader of ``topic`` stops: at most each partition's last
         stable offset, lowered so that every sink batch is read whole or not at all."""
-        doc = self._coordinator_action(Action.STABLE_ENDS, {"topic": topic})
-        return {int(p): int(offset) for p, offset in doc["ends"].items()}
+        return StableEndsResponse.from_doc(self._coordinator_action(StableEndsRequest(topic))).ends
 
     def readable_offsets(self, topic: str, partitions: int) -> dict[int, dict[str, int]]:
         """Each partition's ``list_offsets``, its ``last_stable_offset`` replaced by the
@@ -491,14 +565,12 @@ class BrokerClient:
 
     def list_transactions(self, min_age_ms: int = 0) -> list[dict[str, Any]]:
         """Open transactions, oldest first (``idemlog transactions list``)."""
-        doc = self._coordinator_action(Action.LIST_TRANSACTIONS, {"min_age_ms": min_age_ms})
+        doc = self._coordinator_action(ListTransactionsRequest(min_age_ms))
         return list(doc["transactions"])
 
     def abort_transaction(self, transactional_id: str) -> bool:
         """Fence the id's holder and abort its open transaction; False if none was open."""
-        doc = self._coordinator_action(
-            Action.ABORT_TRANSACTION, {"transactional_id": transactional_id}
-        )
+        doc = self._coordinator_action(AbortTransactionRequest(transactional_id))
         return bool(doc["aborted"])
 
     def add_partitions_to_txn(
@@ -508,27 +580,27 @@ class BrokerClient:
         producer_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> None:
+        """Add partitions to the id's open transaction (beginning one if none is open):
+        the coordinator will write their markers when it ends. Raises
+        ``UnknownTopicOrPartitionError`` for a partition that does not exist,
+        ``ProducerFencedError`` for a stale epoch, ``ConcurrentTransactionsError``
+        (retriable, not retried here) while the previous transaction is still ending."""
         self._coordinator_action(
-            Action.ADD_PARTITIONS_TO_TXN,
-            {
-                "transactional_id": transactional_id,
-                "producer_id": producer_id,
-                "producer_epoch": producer_epoch,
-                "partitions": [[t, p] for t, p in partitions],
-            },
+            AddPartitionsToTxnRequest(
+                transactional_id, producer_id, producer_epoch, tuple(partitions)
+            )
         )
 
     def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> None:
+        """Commit or abort the id's open transaction; when this returns, its markers are
+        written (read_committed readers see it, or never will). Raises
+        ``ProducerFencedError`` for a stale epoch, ``InvalidTxnStateError`` if the
+        transaction cannot end that way, ``ConcurrentTransactionsError`` (retriable, not
+        retried here)."""
         self._coordinator_action(
-            Action.END_TXN,
-            {
-                "transactional_id": transactional_id,
-                "producer_id": producer_id,
-                "producer_epoch": producer_epoch,
-                "commit": commit,
-            },
+            EndTxnRequest(transactional_id, producer_id, producer_epoch, commit)
         )
 
     def commit_sink_batch(
@@ -541,27 +613,15 @@ class BrokerClient:
         """True: committed now; False: the batch was committed before, so these
         transactions were aborted instead (idempotent commit). ``run_id``: every
         transaction must have been written by that run of the sink."""
-        body: dict[str, Any] = {
-            "sink_id": sink_id,
-            "batch_id": batch_id,
-            "transactions": [list(t) for t in transactions],
-        }
-        if run_id is not None:
-            body["run_id"] = run_id
-        doc = self._coordinator_action(Action.COMMIT_SINK_BATCH, body)
-        return bool(doc["committed"])
+        request = CommitSinkBatchRequest(sink_id, batch_id, tuple(transactions), run_id)
+        return bool(SinkBatchResponse.from_doc(self._coordinator_action(request)).committed)
 
     def abort_sink_batch(
         self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
     ) -> None:
-        self._coordinator_action(
-            Action.ABORT_SINK_BATCH,
-            {
-                "sink_id": sink_id,
-                "batch_id": batch_id,
-                "transactions": [list(t) for t in transactions],
-            },
-        )
+        """Abort these transactions of the sink's batch (a batch the driver gives up);
+        raises the coordinator's error if one of them cannot be aborted."""
+        self._coordinator_action(AbortSinkBatchRequest(sink_id, batch_id, tuple(transactions)))
 
 
 def _read_fetch(reader: flight.FlightStreamReader, what: str) -> FetchResponse:
@@ -582,9 +642,3 @@ def _read_fetch(reader: flight.FlightStreamReader, what: str) -> FetchResponse:
     if trailer is None:
         raise NetworkError(f"{what}: the stream ended without its trailer")
     return FetchResponse(reader.schema, batches, trailer)
-
-
-def _close_quietly(client: flight.FlightClient) -> None:
-    # Closing a connection that already broke: there is nothing left to release.
-    with contextlib.suppress(Exception):
-        client.close()

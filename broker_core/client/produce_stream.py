@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
+from broker_core.protocol.requests import ProduceDescriptor
 from broker_core.protocol.wire import (
     ProduceRequestMeta,
     ProduceResponse,
@@ -126,7 +127,7 @@ class ProduceStream:
 
     def _open(self, schema: pa.Schema) -> None:
         descriptor = flight.FlightDescriptor.for_command(
-            encode_json({"op": "produce", "topic": self.topic, "partition": self.partition})
+            encode_json(ProduceDescriptor(self.topic, self.partition).to_doc())
         )
         try:
             writer, metadata_reader = self._client.do_put(descriptor, schema)

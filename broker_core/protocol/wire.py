@@ -21,7 +21,8 @@ Fetch — ``DoGet``
         (next offset, high watermark, last stable offset, log start).
 
 Everything else — ``DoAction`` with an ``Action`` type below and a JSON body; the one
-result is a JSON document.
+result is a JSON document. Each body (and the produce descriptor and fetch ticket) is a
+typed request of ``broker_core.protocol.requests``, encoded and checked there.
 
 Errors — a request that fails as a whole raises ``FlightServerError`` whose message
 starts with ``IDEMLOG_ERROR <code> <NAME>:``; ``raise_for_flight_error`` turns it back into
@@ -54,7 +55,7 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
 
 class Action(StrEnum):
-    """``DoAction`` types. Bodies and results are JSON objects (see each handler)."""
+    """``DoAction`` types. Bodies and results are JSON objects (``protocol.requests``)."""
 
     CREATE_TOPIC = "create_topic"  # {name, partitions, schema?: b64 IPC, config?: {}}
     DELETE_TOPIC = "delete_topic"  # {name}

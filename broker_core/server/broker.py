@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any
 
 from broker_core.cluster.embedded import EmbeddedCluster
-from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
+from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
     CoordinatorNotAvailableError,
@@ -51,6 +51,28 @@ PID_BLOCK_FILE = "__producer_id_block"
 CLUSTER_FILE = "__cluster.json"
 READY_TIMEOUT_S = 30.0  # how long an early request waits for the start to finish
 SHUTDOWN_GRACE_S = 5.0  # open client streams get this long before the store closes anyway
+
+
+class _StartedTopics:
+    """The broker's ``LocalTopics`` for the request handlers and the Flight server, which
+    are built before them: the server's bound port goes into the cluster registration that
+    ``LocalTopics`` needs. Each call reaches the current one, or raises the retriable
+    NotLeaderOrFollowerError before ``start`` opened it (requests wait at the gate anyway)."""
+
+    def __init__(self, get: Callable[[], LocalTopics]) -> None:
+        self._get = get
+
+    def assignment(self, topic: str) -> TopicAssignment:
+        return self._get().assignment(topic)
+
+    def leader_log(self, topic: str, partition: int) -> PartitionLog:
+        return self._get().leader_log(topic, partition)
+
+    def ensure(self, assignment: TopicAssignment) -> object:
+        return self._get().ensure(assignment)
+
+    def delete(self, name: str) -> None:
+        self._get().delete(name)
 
 
 class BrokerState(Enum):
@@ -160,6 +182,7 @@ class Broker:
         parts already open are released first and the broker is STOPPED.
         """
         from broker_core.server.flight_server import IdemlogFlightServer
+        from broker_core.server.handlers import ActionHandlers
 
         self._transition(BrokerState.STARTING)
         cfg = self.config
@@ -176,7 +199,28 @@ class Broker:
                 cfg.log_defaults,
                 producer_id_known=IssuedProducerIds(self._pid_source.latest_block),
             )
-            self._server = IdemlogFlightServer(self, cfg.listener_host, cfg.listener_port)
+            started_topics = _StartedTopics(lambda: self.topics)
+            actions = ActionHandlers(
+                broker_id=self.broker_id,
+                config=cfg,
+                topics=started_topics,
+                store=lambda: self.store,
+                cluster=self.require_cluster,
+                coordinator=self.coordinator,
+                pids=lambda: self.pids,
+                markers=lambda: self.markers,
+                metrics_document=self.metrics_document,
+            )
+            self._server = IdemlogFlightServer(
+                cfg.listener_host,
+                cfg.listener_port,
+                actions=actions,
+                gate=self.gate,
+                topics=started_topics,
+                store=lambda: self.store,
+                metrics=self.metrics,
+                max_request_bytes=cfg.max_request_bytes,
+            )
             self.info = BrokerInfo(self.broker_id, cfg.listener_host, int(self._server.port))
             self.cluster = cluster = self._open_cluster(self.info)
             topics = self._topics = LocalTopics(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -24,10 +24,10 @@ from broker_core.errors import (
     UnknownServerError,
 )
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
-from broker_core.log.store import describe_schema_difference
+from broker_core.log.store import LogStore, describe_schema_difference
 from broker_core.protocol.metrics import AppendOutcome
+from broker_core.protocol.requests import FetchRequest, ProduceDescriptor
 from broker_core.protocol.wire import (
-    DEFAULT_FETCH_MAX_BYTES,
     Action,
     FetchBatchMeta,
     FetchTrailer,
@@ -36,39 +36,61 @@ from broker_core.protocol.wire import (
     decode_json,
     encode_json,
     error_message,
-    field,
 )
 from broker_core.server.handlers import ActionHandlers
-from broker_core.server.metrics import outcome_of
-
-if TYPE_CHECKING:
-    from broker_core.server.broker import Broker
+from broker_core.server.metrics import Metrics, outcome_of
 
 log = logging.getLogger("idemlog.flight")
 
 T = TypeVar("T")
-MAX_FETCH_BYTES = 2**31 - 1
 EMPTY_SCHEMA = pa.schema([])
-_ISOLATION_LEVELS = tuple(level.value for level in IsolationLevel)
 
 
 def _flight_error(error: IdemlogError) -> flight.FlightServerError:
     return flight.FlightServerError(error_message(error))
 
 
-class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
-    """Serving starts in the constructor (pyarrow's behaviour); ``port`` is the bound one."""
+class LeaderLogs(Protocol):
+    """The partition logs this broker leads (``LocalTopics``)."""
 
-    def __init__(self, broker: Broker, host: str, port: int) -> None:
+    def leader_log(self, topic: str, partition: int) -> PartitionLog: ...
+
+
+class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
+    """Serving starts in the constructor (pyarrow's behaviour); ``port`` is the bound one.
+
+    ``gate()`` runs first in every request (it waits for the broker's start and raises to
+    refuse the request); ``actions`` answers DoAction; ``topics`` gives the leader's log
+    of a partition (raising the routing error otherwise); ``store()`` is the broker's
+    store, None before it is open (then topics have no schema); ``max_request_bytes``
+    bounds a produced batch and an action body.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        actions: ActionHandlers,
+        gate: Callable[[], None],
+        topics: LeaderLogs,
+        store: Callable[[], LogStore | None],
+        metrics: Metrics,
+        max_request_bytes: int,
+    ) -> None:
         super().__init__(f"grpc://{host}:{port}")
-        self._broker = broker
-        self._actions = ActionHandlers(broker)
+        self._actions = actions
+        self._gate = gate
+        self._topics = topics
+        self._store = store
+        self._metrics = metrics
+        self._max_request_bytes = max_request_bytes
 
     # -- common --------------------------------------------------------------------------
     def _guard(self, what: str, body: Callable[[], T]) -> T:
         """Run a request: typed errors to the wire, bugs logged and sent as unknown."""
         try:
-            self._broker.gate()
+            self._gate()
             return body()
         except IdemlogError as exc:
             log.debug("%s failed: %s", what, exc)
@@ -98,20 +120,17 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         what = "produce descriptor"
         if descriptor.descriptor_type != flight.DescriptorType.CMD or not descriptor.command:
             raise InvalidRequestError(f"{what}: must be a command holding a JSON object")
-        request = decode_json(descriptor.command, what)
-        op = field(request, "op", str, what)
-        if op != "produce":
-            raise InvalidRequestError(f"{what}: field 'op' must be 'produce', got {op!r}")
-        topic = field(request, "topic", str, what)
-        partition = field(request, "partition", int, what)
-        log_ = self._broker.topics.leader_log(topic, partition)
-        expected = self._broker.store.topic(topic).schema if self._broker.store else None
+        request = ProduceDescriptor.from_doc(decode_json(descriptor.command, what))
+        topic, partition = request.topic, request.partition
+        log_ = self._topics.leader_log(topic, partition)
+        store = self._store()
+        expected = store.topic(topic).schema if store else None
         if expected is not None and not expected.equals(reader.schema, check_metadata=False):
             raise SchemaMismatchError(
                 f"produce to {topic}-{partition}: stream schema does not match the topic: "
                 f"{describe_schema_difference(expected, reader.schema)}"
             )
-        limit = self._broker.config.max_request_bytes
+        limit = self._max_request_bytes
         while True:
             try:
                 chunk = reader.read_chunk()
@@ -139,7 +158,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         batch: pa.RecordBatch,
         limit: int,
     ) -> ProduceResponse:
-        metrics = self._broker.metrics
+        metrics = self._metrics
         nbytes = batch.nbytes
         try:
             if nbytes > limit:
@@ -180,31 +199,17 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return self._guard("fetch", lambda: self._fetch(ticket))
 
     def _fetch(self, ticket: flight.Ticket) -> flight.FlightDataStream:
-        what = "fetch ticket"
-        request = decode_json(ticket.ticket, what)
-        op = field(request, "op", str, what)
-        if op != "fetch":
-            raise InvalidRequestError(f"{what}: field 'op' must be 'fetch', got {op!r}")
-        topic = field(request, "topic", str, what)
-        partition = field(request, "partition", int, what)
-        offset = field(request, "offset", int, what)
-        max_bytes = field(request, "max_bytes", int, what, DEFAULT_FETCH_MAX_BYTES)
-        level = field(request, "isolation", str, what, IsolationLevel.READ_COMMITTED.value)
-        if level not in _ISOLATION_LEVELS:
-            raise InvalidRequestError(
-                f"{what}: field 'isolation' must be one of {', '.join(_ISOLATION_LEVELS)}, "
-                f"got {level!r}"
-            )
-        isolation = IsolationLevel(level)
-        max_offset = field(request, "max_offset", int, what, None)
-        if not 1 <= max_bytes <= MAX_FETCH_BYTES:
-            raise InvalidRequestError(
-                f"{what}: field 'max_bytes' must be in 1..{MAX_FETCH_BYTES}, got {max_bytes}"
-            )
-        log_ = self._broker.topics.leader_log(topic, partition)
-        store = self._broker.store
+        request = FetchRequest.from_doc(decode_json(ticket.ticket, "fetch ticket"))
+        topic, partition = request.topic, request.partition
+        log_ = self._topics.leader_log(topic, partition)
+        store = self._store()
         schema = (store.topic(topic).schema if store else None) or EMPTY_SCHEMA
-        result = log_.read(offset, max_bytes=max_bytes, isolation=isolation, max_offset=max_offset)
+        result = log_.read(
+            request.offset,
+            max_bytes=request.max_bytes,
+            isolation=IsolationLevel(request.isolation),
+            max_offset=request.max_offset,
+        )
         trailer = FetchTrailer(
             result.next_offset,
             result.high_watermark,
@@ -241,7 +246,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def _action(self, action: flight.Action) -> bytes:
         body_buf = action.body
         size = 0 if body_buf is None else body_buf.size
-        limit = self._broker.config.max_request_bytes
+        limit = self._max_request_bytes
         if size > limit:
             raise MessageTooLargeError(
                 f"action {action.type}: body of {size} bytes is over max.request.bytes={limit}"

@@ -1,7 +1,8 @@
 """DoAction handlers: one function per ``protocol.Action``, JSON body in, JSON document out.
 
-Every field is read with ``protocol.field``, so a missing or mistyped one is an
-``INVALID_REQUEST`` naming it. Bodies (``?`` marks an optional field):
+Every body is decoded by its typed request in ``broker_core.protocol.requests``, so a
+missing or mistyped field is an ``INVALID_REQUEST`` naming the action and the field.
+Bodies (``?`` marks an optional field):
 
 =====================  ===================================================================
 create_topic           {name, partitions, schema?: b64 Arrow IPC, config?: {key: value}}
@@ -48,85 +49,118 @@ which runs on the controller (``NOT_COORDINATOR`` elsewhere, retriable).
 from __future__ import annotations
 
 import base64
-import binascii
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from broker_core.cluster.metadata import validate_new_topic
+from broker_core.cluster.metadata import (
+    BrokerInfo,
+    ClusterMetadata,
+    TopicAssignment,
+    validate_new_topic,
+)
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     InvalidRequestError,
     InvalidTopicError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol.wire import PROTOCOL_VERSION, Action, SinkAttempt, field
-from broker_core.record.batch import MAX_PRODUCER_EPOCH
-from broker_core.server.marker_client import STABLE_OFFSETS_FIELD, stable_offsets_doc
-
-if TYPE_CHECKING:
-    from broker_core.server.broker import Broker
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.store import LogStore
+from broker_core.protocol.requests import (
+    AbortSinkBatchRequest,
+    AbortSinkRunRequest,
+    AbortTransactionRequest,
+    AddPartitionsToTxnRequest,
+    CommitSinkBatchRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicsRequest,
+    EndTxnRequest,
+    FindCoordinatorRequest,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ListOffsetsRequest,
+    ListTransactionsRequest,
+    MetadataRequest,
+    PingResponse,
+    PrepareSinkTxnRequest,
+    SinkBatchResponse,
+    SinkHeartbeatRequest,
+    StableEndsRequest,
+    StableEndsResponse,
+    WriteTxnMarkersRequest,
+    WriteTxnMarkersResponse,
+)
+from broker_core.protocol.wire import Action
+from broker_core.server.config import BrokerConfig
+from broker_core.txn.coordinator import TransactionCoordinator
+from broker_core.txn.markers import StableOffsets
+from broker_core.txn.pid_manager import ProducerIdManager
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def _partitions_field(body: dict[str, Any], what: str) -> list[tuple[str, int]]:
-    raw = field(body, "partitions", list, what)
-    result: list[tuple[str, int]] = []
-    for i, item in enumerate(raw):
-        if (
-            not isinstance(item, list)
-            or len(item) != 2
-            or not isinstance(item[0], str)
-            or not isinstance(item[1], int)
-            or isinstance(item[1], bool)
-        ):
-            raise InvalidRequestError(
-                f"{what}: field 'partitions[{i}]' must be [topic: str, partition: int], "
-                f"got {item!r}"
-            )
-        result.append((item[0], item[1]))
-    return result
+class Topics(Protocol):
+    """What the handlers use of the broker's local topics (``LocalTopics``)."""
+
+    def assignment(self, topic: str) -> TopicAssignment: ...
+
+    def leader_log(self, topic: str, partition: int) -> PartitionLog: ...
+
+    def ensure(self, assignment: TopicAssignment) -> object: ...
+
+    def delete(self, name: str) -> None: ...
 
 
-def _transactions_field(body: dict[str, Any], what: str) -> list[tuple[str, int, int]]:
-    raw = field(body, "transactions", list, what)
-    result: list[tuple[str, int, int]] = []
-    for i, item in enumerate(raw):
-        ok = (
-            isinstance(item, list)
-            and len(item) == 3
-            and isinstance(item[0], str)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in item[1:])
-        )
-        if not ok:
-            raise InvalidRequestError(
-                f"{what}: field 'transactions[{i}]' must be [transactional_id: str, "
-                f"producer_id: int, producer_epoch: int], got {item!r}"
-            )
-        result.append((item[0], item[1], item[2]))
-    return result
+class LocalMarkers(Protocol):
+    """Writes markers into partitions this broker leads (``RoutingMarkerWriter``)."""
+
+    def write_local(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        partitions: Sequence[tuple[str, int]],
+    ) -> StableOffsets: ...
 
 
-def _producer_fields(body: dict[str, Any], what: str) -> tuple[int, int]:
-    producer_id = field(body, "producer_id", int, what)
-    producer_epoch = field(body, "producer_epoch", int, what)
-    if producer_id < 0:
-        raise InvalidRequestError(f"{what}: field 'producer_id' must be >= 0, got {producer_id}")
-    if not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH:
-        raise InvalidRequestError(
-            f"{what}: field 'producer_epoch' must be in 0..{MAX_PRODUCER_EPOCH}, "
-            f"got {producer_epoch}"
-        )
-    return producer_id, producer_epoch
-
-
-def _broker_doc(info: Any) -> dict[str, Any]:
+def _broker_doc(info: BrokerInfo) -> dict[str, Any]:
     return {"broker_id": info.broker_id, "host": info.host, "port": info.port}
 
 
 class ActionHandlers:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    """The DoAction table of one broker.
+
+    Its collaborators come in through the constructor; the ones that exist only once the
+    broker has started (the cluster, the marker writer, the coordinator) are callables
+    asked at each request. ``cluster`` and ``coordinator`` raise the retriable error that
+    says where to go instead; ``markers``, ``pids`` and ``store`` may answer None before
+    the start.
+    """
+
+    def __init__(
+        self,
+        *,
+        broker_id: int,
+        config: BrokerConfig,
+        topics: Topics,
+        store: Callable[[], LogStore | None],
+        cluster: Callable[[], ClusterMetadata],
+        coordinator: Callable[[], TransactionCoordinator],
+        pids: Callable[[], ProducerIdManager | None],
+        markers: Callable[[], LocalMarkers | None],
+        metrics_document: Callable[[], dict[str, Any]],
+    ) -> None:
+        self._broker_id = broker_id
+        self._config = config
+        self._topics = topics
+        self._store = store
+        self._cluster = cluster
+        self._coordinator = coordinator
+        self._pids = pids
+        self._markers = markers
+        self._metrics_document = metrics_document
         self.table: dict[Action, Handler] = {
             Action.CREATE_TOPIC: self.create_topic,
             Action.DELETE_TOPIC: self.delete_topic,
@@ -151,6 +185,8 @@ class ActionHandlers:
         }
 
     def handle(self, action_type: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The answer of one action; ``InvalidRequestError`` for an unknown action or a
+        malformed body, else whatever the action raises (typed ``IdemlogError``)."""
         try:
             action = Action(action_type)
         except ValueError:
@@ -162,58 +198,45 @@ class ActionHandlers:
 
     # -- topics --------------------------------------------------------------------------
     def create_topic(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "create_topic"
-        name = field(body, "name", str, what)
-        partitions = field(body, "partitions", int, what)
-        config = field(body, "config", dict, what, {})
-        raw_schema = field(body, "schema", str, what, None)
-        schema: bytes | None = None
-        if raw_schema is not None:
-            try:
-                schema = base64.b64decode(raw_schema, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise InvalidRequestError(f"{what}: field 'schema' is not base64 ({exc})") from exc
-        if name.startswith("__"):
+        request = CreateTopicRequest.from_doc(body)
+        if request.name.startswith("__"):
             raise InvalidTopicError(
-                f"topic name {name!r}: names starting with '__' are reserved for internal topics"
+                f"topic name {request.name!r}: names starting with '__' are reserved for "
+                "internal topics"
             )
-        name, partitions, schema, overrides = validate_new_topic(name, partitions, schema, config)
-        broker = self._broker
-        broker.config.log_defaults.overlaid(overrides)  # e.g. max.message.bytes > segment
-        assignment = broker.require_cluster().create_topic(name, partitions, schema, overrides)
-        if assignment.partitions_of(broker.broker_id):
-            broker.topics.ensure(assignment)
+        name, partitions, schema, overrides = validate_new_topic(
+            request.name, request.partitions, request.schema, dict(request.config)
+        )
+        self._config.log_defaults.overlaid(overrides)  # e.g. max.message.bytes > segment
+        assignment = self._cluster().create_topic(name, partitions, schema, overrides)
+        if assignment.partitions_of(self._broker_id):
+            self._topics.ensure(assignment)
         return {
             "name": name,
             "partitions": [assignment.partitions[p] for p in sorted(assignment.partitions)],
         }
 
     def delete_topic(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = field(body, "name", str, "delete_topic")
-        self._broker.topics.assignment(name)  # unknown -> UNKNOWN_TOPIC_OR_PARTITION
-        self._broker.require_cluster().delete_topic(name)
-        self._broker.topics.delete(name)
+        name = DeleteTopicRequest.from_doc(body).name
+        self._topics.assignment(name)  # unknown -> UNKNOWN_TOPIC_OR_PARTITION
+        self._cluster().delete_topic(name)
+        self._topics.delete(name)
         return {}
 
     def describe_topics(self, body: dict[str, Any]) -> dict[str, Any]:
-        names = field(body, "names", list, "describe_topics", None)
-        broker = self._broker
+        names = DescribeTopicsRequest.from_doc(body).names
         if names is None:
-            assignments = list(broker.require_cluster().topics().values())
+            assignments = list(self._cluster().topics().values())
         else:
-            for i, n in enumerate(names):
-                if not isinstance(n, str):
-                    raise InvalidRequestError(
-                        f"describe_topics: field 'names[{i}]' must be str, got {type(n).__name__}"
-                    )
-            assignments = [broker.topics.assignment(n) for n in names]
+            assignments = [self._topics.assignment(n) for n in names]
+        store = self._store()
         topics = []
         for a in sorted(assignments, key=lambda a: a.name):
             schema = a.schema
-            if schema is None and broker.store is not None:
+            if schema is None and store is not None:
                 # The first append fixes a schema-less topic's schema in the leader's store.
                 try:
-                    local = broker.store.topic(a.name).schema
+                    local = store.topic(a.name).schema
                 except UnknownTopicOrPartitionError:
                     local = None  # this broker leads none of its partitions
                 if local is not None:
@@ -231,13 +254,11 @@ class ActionHandlers:
         return {"topics": topics}
 
     def list_offsets(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "list_offsets"
-        topic = field(body, "topic", str, what)
-        partition = field(body, "partition", int, what)
-        log = self._broker.topics.leader_log(topic, partition)
+        request = ListOffsetsRequest.from_doc(body)
+        log = self._topics.leader_log(request.topic, request.partition)
         return {
-            "topic": topic,
-            "partition": partition,
+            "topic": request.topic,
+            "partition": request.partition,
             "log_start_offset": log.log_start_offset,
             "log_end_offset": log.log_end_offset,
             "high_watermark": log.high_watermark,
@@ -245,8 +266,8 @@ class ActionHandlers:
         }
 
     def metadata(self, body: dict[str, Any]) -> dict[str, Any]:
-        names = field(body, "topics", list, "metadata", None)
-        cluster = self._broker.require_cluster()
+        names = MetadataRequest.from_doc(body).topics
+        cluster = self._cluster()
         assignments = cluster.topics()
         if names is not None:
             assignments = {n: assignments[n] for n in names if n in assignments}
@@ -263,136 +284,101 @@ class ActionHandlers:
         }
 
     def find_coordinator(self, body: dict[str, Any]) -> dict[str, Any]:
-        field(body, "transactional_id", str, "find_coordinator", None)
-        controller = self._broker.require_cluster().controller()
+        FindCoordinatorRequest.from_doc(body)
+        controller = self._cluster().controller()
         if controller is None:
             raise CoordinatorNotAvailableError("no controller is elected right now")
         return _broker_doc(controller)
 
     # -- producers and transactions ------------------------------------------------------
     def init_producer_id(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "init_producer_id"
-        txn_id = field(body, "transactional_id", str, what, None)
-        timeout_ms = field(body, "transaction_timeout_ms", int, what, None)
-        sink_batch_id = field(body, "sink_batch_id", int, what, None)
+        request = InitProducerIdRequest.from_doc(body)
+        txn_id, timeout_ms = request.transactional_id, request.transaction_timeout_ms
         if txn_id is None:
-            if sink_batch_id is not None:
-                raise InvalidRequestError(f"{what}: field 'sink_batch_id' needs a transactional_id")
-            if timeout_ms is not None:
-                raise InvalidRequestError(
-                    f"{what}: field 'transaction_timeout_ms' needs a transactional_id"
-                )
-            pids = self._broker.pids
+            pids = self._pids()
             assert pids is not None
-            return {"producer_id": pids.generate_producer_id(), "producer_epoch": 0}
-        if not txn_id:
-            raise InvalidRequestError(f"{what}: field 'transactional_id' must not be empty")
-        coordinator = self._broker.coordinator()
-        if sink_batch_id is not None:
-            attempt = SinkAttempt.from_doc(
-                {**body, "batch_id": sink_batch_id, "run_id": body.get("sink_run_id")}, what
-            )
-            pid, epoch, status = coordinator.init_sink_producer(txn_id, timeout_ms, attempt)
-            return {"producer_id": pid, "producer_epoch": epoch, "sink_status": str(status)}
+            return InitProducerIdResponse(pids.generate_producer_id(), 0).to_doc()
+        coordinator = self._coordinator()
+        if request.sink is not None:
+            pid, epoch, status = coordinator.init_sink_producer(txn_id, timeout_ms, request.sink)
+            return InitProducerIdResponse(pid, epoch, status).to_doc()
         pid, epoch = coordinator.init_producer_id(txn_id, timeout_ms)
-        return {"producer_id": pid, "producer_epoch": epoch}
+        return InitProducerIdResponse(pid, epoch).to_doc()
 
     def prepare_sink_txn(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "prepare_sink_txn"
-        txn_id = field(body, "transactional_id", str, what)
-        pid, epoch = _producer_fields(body, what)
-        batch_id = field(body, "batch_id", int, what)
-        ranges = field(body, "ranges", list, what, [])
-        self._broker.coordinator().prepare_sink_txn(txn_id, pid, epoch, batch_id, ranges)
-        return {}
-
-    def sink_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "sink_heartbeat"
-        self._broker.coordinator().sink_heartbeat(
-            field(body, "sink_id", str, what), field(body, "run_id", str, what)
+        r = PrepareSinkTxnRequest.from_doc(body)
+        self._coordinator().prepare_sink_txn(
+            r.transactional_id, r.producer_id, r.producer_epoch, r.batch_id, list(r.ranges)
         )
         return {}
 
+    def sink_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        request = SinkHeartbeatRequest.from_doc(body)
+        self._coordinator().sink_heartbeat(request.sink_id, request.run_id)
+        return {}
+
     def abort_sink_run(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "abort_sink_run"
-        aborted = self._broker.coordinator().abort_sink_run(
-            field(body, "run_id", str, what, None),
-            field(body, "batch_id", int, what),
-            sink_id=field(body, "sink_id", str, what, None),
+        request = AbortSinkRunRequest.from_doc(body)
+        aborted = self._coordinator().abort_sink_run(
+            request.run_id, request.batch_id, sink_id=request.sink_id
         )
         return {"aborted": aborted}
 
     def stable_ends(self, body: dict[str, Any]) -> dict[str, Any]:
-        topic = field(body, "topic", str, "stable_ends")
-        ends = self._broker.coordinator().stable_ends(topic)
-        return {"ends": {str(p): offset for p, offset in sorted(ends.items())}}
+        topic = StableEndsRequest.from_doc(body).topic
+        return StableEndsResponse(dict(self._coordinator().stable_ends(topic))).to_doc()
 
     def list_transactions(self, body: dict[str, Any]) -> dict[str, Any]:
-        min_age_ms = field(body, "min_age_ms", int, "list_transactions", 0)
-        return {"transactions": self._broker.coordinator().list_transactions(min_age_ms)}
+        min_age_ms = ListTransactionsRequest.from_doc(body).min_age_ms
+        return {"transactions": self._coordinator().list_transactions(min_age_ms)}
 
     def abort_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
-        txn_id = field(body, "transactional_id", str, "abort_transaction")
-        return {"aborted": self._broker.coordinator().abort_transaction(txn_id)}
+        txn_id = AbortTransactionRequest.from_doc(body).transactional_id
+        return {"aborted": self._coordinator().abort_transaction(txn_id)}
 
     def add_partitions_to_txn(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "add_partitions_to_txn"
-        txn_id = field(body, "transactional_id", str, what)
-        pid, epoch = _producer_fields(body, what)
-        partitions = _partitions_field(body, what)
-        for topic, partition in partitions:
-            self._broker.topics.assignment(topic).leader(partition)  # exists?
-        self._broker.coordinator().add_partitions(txn_id, pid, epoch, partitions)
+        r = AddPartitionsToTxnRequest.from_doc(body)
+        for topic, partition in r.partitions:
+            self._topics.assignment(topic).leader(partition)  # exists?
+        self._coordinator().add_partitions(
+            r.transactional_id, r.producer_id, r.producer_epoch, list(r.partitions)
+        )
         return {}
 
     def end_txn(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "end_txn"
-        txn_id = field(body, "transactional_id", str, what)
-        pid, epoch = _producer_fields(body, what)
-        commit = field(body, "commit", bool, what)
-        self._broker.coordinator().end_txn(txn_id, pid, epoch, commit)
+        r = EndTxnRequest.from_doc(body)
+        self._coordinator().end_txn(r.transactional_id, r.producer_id, r.producer_epoch, r.commit)
         return {}
 
     def write_txn_markers(self, body: dict[str, Any]) -> dict[str, Any]:
-        what = "write_txn_markers"
-        pid, epoch = _producer_fields(body, what)
-        commit = field(body, "commit", bool, what)
-        coordinator_epoch = field(body, "coordinator_epoch", int, what, 0)
-        partitions = _partitions_field(body, what)
-        markers = self._broker.markers
+        r = WriteTxnMarkersRequest.from_doc(body)
+        markers = self._markers()
         assert markers is not None
-        stable = markers.write_local(pid, epoch, commit, coordinator_epoch, partitions)
-        # The coordinator's RoutingMarkerWriter reads this back (parse_stable_offsets).
-        return {STABLE_OFFSETS_FIELD: stable_offsets_doc(stable)}
-
-    def _sink_fields(self, body: dict[str, Any], what: str) -> tuple[str, int, list[Any]]:
-        sink_id = field(body, "sink_id", str, what)
-        batch_id = field(body, "batch_id", int, what)
-        if not sink_id:
-            raise InvalidRequestError(f"{what}: field 'sink_id' must not be empty")
-        if batch_id < 0:
-            raise InvalidRequestError(f"{what}: field 'batch_id' must be >= 0, got {batch_id}")
-        return sink_id, batch_id, _transactions_field(body, what)
+        stable = markers.write_local(
+            r.producer_id, r.producer_epoch, r.commit, r.coordinator_epoch, list(r.partitions)
+        )
+        # The coordinator's RoutingMarkerWriter reads this back (WriteTxnMarkersResponse).
+        return WriteTxnMarkersResponse(dict(stable)).to_doc()
 
     def commit_sink_batch(self, body: dict[str, Any]) -> dict[str, Any]:
-        sink_id, batch_id, transactions = self._sink_fields(body, "commit_sink_batch")
-        coordinator = self._broker.coordinator()
-        run_id = field(body, "run_id", str, "commit_sink_batch", None)
-        committed = coordinator.commit_sink_batch(sink_id, batch_id, transactions, run_id)
-        return {
-            "committed": bool(committed),
-            "last_committed_batch": coordinator.last_committed_batch(sink_id),
-        }
+        r = CommitSinkBatchRequest.from_doc(body)
+        coordinator = self._coordinator()
+        committed = coordinator.commit_sink_batch(
+            r.sink_id, r.batch_id, list(r.transactions), r.run_id
+        )
+        return SinkBatchResponse(
+            coordinator.last_committed_batch(r.sink_id), bool(committed)
+        ).to_doc()
 
     def abort_sink_batch(self, body: dict[str, Any]) -> dict[str, Any]:
-        sink_id, batch_id, transactions = self._sink_fields(body, "abort_sink_batch")
-        coordinator = self._broker.coordinator()
-        coordinator.abort_sink_batch(sink_id, batch_id, transactions)
-        return {"last_committed_batch": coordinator.last_committed_batch(sink_id)}
+        r = AbortSinkBatchRequest.from_doc(body)
+        coordinator = self._coordinator()
+        coordinator.abort_sink_batch(r.sink_id, r.batch_id, list(r.transactions))
+        return SinkBatchResponse(coordinator.last_committed_batch(r.sink_id)).to_doc()
 
     # -- operations ----------------------------------------------------------------------
     def metrics(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._broker.metrics_document()
+        return self._metrics_document()
 
     def ping(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"broker_id": self._broker.broker_id, "version": PROTOCOL_VERSION}
+        return PingResponse(self._broker_id).to_doc()

@@ -4,8 +4,8 @@ Partitions this broker leads get their marker through ``LocalMarkerWriter`` (the
 topic is created first if no batch has reached it yet); the others get one
 ``WRITE_TXN_MARKERS`` action per leader over Flight. Errors come back typed, so the
 coordinator retries the retriable ones (a leader that is down: ``NETWORK_EXCEPTION``).
-Each leader answers the last stable offset of every partition it wrote a marker to, as
-``{"last_stable_offsets": [{"topic", "partition", "lso"}, ..]}``; :meth:`write_markers`
+Each leader answers the last stable offset of every partition it wrote a marker to
+(``protocol.requests.WriteTxnMarkersResponse``); :meth:`write_markers`
 returns them all in one map, like ``LocalMarkerWriter``.
 
 Test hook: ``IDEMLOG_TEST_FAILPOINT`` (read on every call, so only a process started with
@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import pyarrow.flight as flight
 
+from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import BrokerInfo, TopicAssignment
 from broker_core.errors import (
     InvalidRequestError,
@@ -34,7 +34,8 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.partition_log import PartitionLog
-from broker_core.protocol.wire import Action, decode_json, encode_json, field, parse_error_message
+from broker_core.protocol.requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+from broker_core.protocol.wire import Action, decode_json, encode_json, parse_error_message
 from broker_core.record.batch import ControlType
 from broker_core.txn.markers import MarkerWriter, StableOffsets
 
@@ -42,32 +43,6 @@ log = logging.getLogger("idemlog.markers")
 
 FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
 MARKER_TIMEOUT_S = 10.0
-STABLE_OFFSETS_FIELD = "last_stable_offsets"
-
-
-def stable_offsets_doc(stable: StableOffsets) -> list[dict[str, Any]]:
-    """The wire form of a marker writer's answer (the WRITE_TXN_MARKERS response)."""
-    return [
-        {"topic": topic, "partition": partition, "lso": lso}
-        for (topic, partition), lso in sorted(stable.items())
-    ]
-
-
-def parse_stable_offsets(doc: dict[str, Any], what: str) -> StableOffsets:
-    """The map back from a WRITE_TXN_MARKERS response; InvalidRequestError naming a bad field."""
-    raw = field(doc, STABLE_OFFSETS_FIELD, list, what)
-    stable: StableOffsets = {}
-    for i, item in enumerate(raw):
-        where = f"{what}: {STABLE_OFFSETS_FIELD}[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidRequestError(f"{where} must be an object, got {item!r}")
-        topic = field(item, "topic", str, where)
-        partition = field(item, "partition", int, where)
-        lso = field(item, "lso", int, where)
-        if lso < 0:
-            raise InvalidRequestError(f"{where}: field 'lso' must be >= 0, got {lso}")
-        stable[(topic, partition)] = lso
-    return stable
 
 
 def _failpoint(stage: str) -> None:
@@ -100,8 +75,7 @@ class RoutingMarkerWriter:
         self._topics = topics
         self._local = local
         self._brokers = brokers
-        self._lock = threading.Lock()
-        self._clients: dict[int, tuple[BrokerInfo, flight.FlightClient]] = {}
+        self._connections = FlightConnections()
 
     def write_markers(
         self,
@@ -172,22 +146,18 @@ class RoutingMarkerWriter:
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> StableOffsets:
-        body = encode_json(
-            {
-                "producer_id": producer_id,
-                "producer_epoch": producer_epoch,
-                "commit": commit,
-                "coordinator_epoch": coordinator_epoch,
-                "partitions": [[t, p] for t, p in partitions],
-            }
+        request = WriteTxnMarkersRequest(
+            producer_id, producer_epoch, commit, coordinator_epoch, tuple(partitions)
         )
-        client = self._client(leader)
+        body = encode_json(request.to_doc())
+        address = self._address(leader)
+        client = self._connections.get(address)
         options = flight.FlightCallOptions(timeout=MARKER_TIMEOUT_S)
         action = flight.Action(Action.WRITE_TXN_MARKERS.value, body)
         try:
             results = list(client.do_action(action, options))
         except flight.FlightError as exc:
-            self._drop_client(leader)
+            self._connections.reset(address)
             typed = parse_error_message(str(exc))
             if typed is not None:
                 raise typed from exc
@@ -199,7 +169,8 @@ class RoutingMarkerWriter:
         try:
             if len(results) != 1:
                 raise InvalidRequestError(f"{what}: {len(results)} results, not 1")
-            stable = parse_stable_offsets(decode_json(results[0].body.to_pybytes(), what), what)
+            doc = decode_json(results[0].body.to_pybytes(), what)
+            stable = WriteTxnMarkersResponse.from_doc(doc, what).stable
         except InvalidRequestError as exc:
             # The markers are written but the answer is not ours to read (a broker of
             # another version?): a server error, not the coordinator's bad request.
@@ -210,33 +181,12 @@ class RoutingMarkerWriter:
             raise UnknownServerError(f"{what}: offsets of partitions not asked for: {extra}")
         return stable
 
-    def _client(self, broker_id: int) -> flight.FlightClient:
+    def _address(self, broker_id: int) -> str:
         info = next((b for b in self._brokers() if b.broker_id == broker_id), None)
         if info is None:
             raise NetworkError(f"broker {broker_id}, leader of a marker's partition, is down")
-        with self._lock:
-            cached = self._clients.get(broker_id)
-            if cached is not None and cached[0] == info:
-                return cached[1]
-            client = flight.connect(f"grpc://{info.host}:{info.port}")
-            self._clients[broker_id] = (info, client)
-            return client
-
-    def _drop_client(self, broker_id: int) -> None:
-        with self._lock:
-            cached = self._clients.pop(broker_id, None)
-        if cached is not None:
-            _close_quietly(cached[1])
+        # Keyed by address: a broker back on a new port gets a new connection.
+        return f"{info.host}:{info.port}"
 
     def close(self) -> None:
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for _info, client in clients:
-            _close_quietly(client)
-
-
-def _close_quietly(client: flight.FlightClient) -> None:
-    try:
-        client.close()
-    except Exception as exc:  # closing a broken connection: nothing left to do
-        log.debug("closing a Flight client failed: %s", exc)
+        self._connections.close()

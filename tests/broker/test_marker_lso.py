@@ -13,13 +13,9 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo
 from broker_core.errors import InvalidRequestError, UnknownServerError
+from broker_core.protocol.requests import WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action
-from broker_core.server.marker_client import (
-    LedPartitions,
-    RoutingMarkerWriter,
-    parse_stable_offsets,
-    stable_offsets_doc,
-)
+from broker_core.server.marker_client import LedPartitions, RoutingMarkerWriter
 from broker_core.txn.markers import MarkerWriter
 from tests.broker.conftest import ids, rows
 from tests.harness.broker import BrokerProcess
@@ -99,10 +95,10 @@ def test_markers_over_the_wire_report_the_lso_after_the_marker(
 
 def test_stable_offsets_wire_form_round_trips_and_is_checked() -> None:
     stable = {("b", 1): 7, ("a", 0): 0}
-    doc = {"last_stable_offsets": stable_offsets_doc(stable)}
+    doc = WriteTxnMarkersResponse(stable).to_doc()
     assert doc["last_stable_offsets"][0] == {"topic": "a", "partition": 0, "lso": 0}
-    assert parse_stable_offsets(doc, "answer") == stable
-    assert parse_stable_offsets({"last_stable_offsets": []}, "answer") == {}
+    assert WriteTxnMarkersResponse.from_doc(doc, "answer").stable == stable
+    assert WriteTxnMarkersResponse.from_doc({"last_stable_offsets": []}, "answer").stable == {}
     bad: list[tuple[dict[str, Any], str]] = [
         ({}, "missing field 'last_stable_offsets'"),
         ({"last_stable_offsets": [["a", 0, 1]]}, r"last_stable_offsets\[0\] must be an object"),
@@ -112,7 +108,7 @@ def test_stable_offsets_wire_form_round_trips_and_is_checked() -> None:
     ]
     for body, message in bad:
         with pytest.raises(InvalidRequestError, match=message):
-            parse_stable_offsets(body, "answer")
+            WriteTxnMarkersResponse.from_doc(body, "answer")
 
 
 class _AnsweringClient:
@@ -143,7 +139,7 @@ def test_a_remote_answer_without_the_offsets_is_a_server_error(
     shared_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch, body: bytes, message: str
 ) -> None:
     writer = _remote_writer(shared_broker)
-    monkeypatch.setattr(writer, "_client", lambda broker_id: _AnsweringClient(body))
+    monkeypatch.setattr(writer._connections, "get", lambda address: _AnsweringClient(body))
     with pytest.raises(UnknownServerError, match=message) as info:
         writer.write_markers(5, 0, True, 0, [("lso", 0)])
     assert not info.value.retriable

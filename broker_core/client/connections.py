@@ -1,0 +1,58 @@
+"""One cache of Arrow Flight clients, keyed by ``host:port``, shared by every caller.
+
+A Flight client is a gRPC channel: opening one per request would pay a connection setup
+each time, so callers keep one per broker. The broker client and the coordinator's marker
+writer both use :class:`FlightConnections`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pyarrow.flight as flight
+
+
+class FlightConnections:
+    """Thread-safe ``address -> FlightClient`` cache.
+
+    :meth:`get` returns the cached client or opens one (opening does not contact the
+    broker: a dead address fails at the first call, not here). :meth:`reset` forgets and
+    closes one, so the next :meth:`get` opens a fresh channel instead of waiting out the
+    broken one's reconnect backoff. :meth:`close` closes them all; the cache stays usable.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[str, flight.FlightClient] = {}
+
+    def get(self, address: str) -> flight.FlightClient:
+        with self._lock:
+            client = self._clients.get(address)
+            if client is None:
+                client = flight.connect(f"grpc://{address}")
+                self._clients[address] = client
+            return client
+
+    def reset(self, address: str) -> None:
+        with self._lock:
+            client = self._clients.pop(address, None)
+        if client is not None:
+            _close_quietly(client)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            _close_quietly(client)
+
+    def addresses(self) -> list[str]:
+        """The addresses with an open client, sorted (for tests and diagnostics)."""
+        with self._lock:
+            return sorted(self._clients)
+
+
+def _close_quietly(client: flight.FlightClient) -> None:
+    # Closing a connection that already broke: there is nothing left to release.
+    with contextlib.suppress(Exception):
+        client.close()

@@ -1,0 +1,125 @@
+"""The typed wire requests: each round-trips through its JSON body, and a bad body is an
+InvalidRequestError naming the action and the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from broker_core.errors import InvalidRequestError
+from broker_core.log.partition_log import IsolationLevel
+from broker_core.protocol import requests as rq
+from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
+
+ROUND_TRIP: list[Any] = [
+    rq.CreateTopicRequest("t", 3, b"\x00ipc", {"retention.ms": 5}),
+    rq.CreateTopicRequest("t", 1),
+    rq.DeleteTopicRequest("t"),
+    rq.DescribeTopicsRequest(("a", "b")),
+    rq.DescribeTopicsRequest(),
+    rq.ListOffsetsRequest("t", 2),
+    rq.MetadataRequest(("t",)),
+    rq.FindCoordinatorRequest("tx"),
+    rq.InitProducerIdRequest(),
+    rq.InitProducerIdRequest("tx", 1000),
+    rq.InitProducerIdRequest("s/0", None, SinkAttempt("s", "run-1", 4)),
+    rq.AddPartitionsToTxnRequest("tx", 7, 1, (("t", 0), ("u", 3))),
+    rq.EndTxnRequest("tx", 7, 1, True),
+    rq.PrepareSinkTxnRequest("s/0", 7, 1, 4, (("t", 0, 10, 19),)),
+    rq.WriteTxnMarkersRequest(7, 1, False, 3, (("t", 0),)),
+    rq.CommitSinkBatchRequest("s", 4, (("s/0", 7, 1),), "run-1"),
+    rq.CommitSinkBatchRequest("s", 4, ()),
+    rq.AbortSinkBatchRequest("s", 4, (("s/0", 7, 1),)),
+    rq.AbortSinkRunRequest(4, "run-1"),
+    rq.AbortSinkRunRequest(4, None, "s"),
+    rq.SinkHeartbeatRequest("s", "run-1"),
+    rq.StableEndsRequest("t"),
+    rq.ListTransactionsRequest(500),
+    rq.AbortTransactionRequest("tx"),
+    rq.ProduceDescriptor("t", 1),
+    rq.FetchRequest("t", 1, 5, 1024, "read_uncommitted", 9),
+    rq.FetchRequest("t", 1, 5),
+]
+
+
+@pytest.mark.parametrize("request_", ROUND_TRIP, ids=lambda r: type(r).__name__)
+def test_round_trip_through_json(request_: Any) -> None:
+    doc = json.loads(json.dumps(request_.to_doc()))  # what travels on the wire
+    assert type(request_).from_doc(doc) == request_
+
+
+def test_every_action_has_a_request() -> None:
+    actions = {r.ACTION for r in ROUND_TRIP if hasattr(r, "ACTION")}
+    actions |= {rq.MetricsRequest.ACTION, rq.PingRequest.ACTION}
+    assert actions == set(Action)
+
+
+def test_wire_field_names_stay_as_they_were() -> None:
+    assert rq.InitProducerIdRequest("s/0", 9, SinkAttempt("s", "r", 2)).to_doc() == {
+        "transactional_id": "s/0",
+        "sink_batch_id": 2,
+        "sink_id": "s",
+        "sink_run_id": "r",
+        "transaction_timeout_ms": 9,
+    }
+    assert rq.WriteTxnMarkersRequest(7, 1, True, 0, (("t", 0),)).to_doc() == {
+        "producer_id": 7,
+        "producer_epoch": 1,
+        "commit": True,
+        "coordinator_epoch": 0,
+        "partitions": [["t", 0]],
+    }
+    assert rq.FetchRequest("t", 0, 3).to_doc()["op"] == "fetch"
+
+
+def test_fetch_isolation_levels_are_the_logs() -> None:
+    assert set(rq.FETCH_ISOLATION_LEVELS) == {level.value for level in IsolationLevel}
+
+
+@pytest.mark.parametrize(
+    ("cls", "doc", "message"),
+    [
+        (rq.EndTxnRequest, {"transactional_id": "a", "producer_id": 1, "producer_epoch": 0},
+         "end_txn: missing field 'commit'"),
+        (rq.EndTxnRequest, {"transactional_id": "a", "producer_id": 1, "producer_epoch": 40000,
+                            "commit": True}, "end_txn: field 'producer_epoch' must be in 0.."),
+        (rq.AddPartitionsToTxnRequest, {"transactional_id": "a", "producer_id": 1,
+                                        "producer_epoch": 0, "partitions": [["t", True]]},
+         "add_partitions_to_txn: field 'partitions[0]' must be [topic: str, partition: int]"),
+        (rq.PrepareSinkTxnRequest, {"transactional_id": "a", "producer_id": 1,
+                                    "producer_epoch": 0, "batch_id": 0, "ranges": [["t", 0, 1]]},
+         "prepare_sink_txn: field 'ranges[0]' must be [topic: str, partition: int"),
+        (rq.AbortSinkBatchRequest, {"sink_id": "", "batch_id": 0, "transactions": []},
+         "abort_sink_batch: field 'sink_id' must not be empty"),
+        (rq.InitProducerIdRequest, {"sink_batch_id": 1}, "field 'sink_batch_id' needs a"),
+        (rq.InitProducerIdRequest, {"transactional_id": "s/0", "sink_batch_id": 1,
+                                    "sink_id": "s"},
+         "init_producer_id: missing field 'sink_run_id'"),
+        (rq.CreateTopicRequest, {"name": "t", "partitions": 1, "schema": "%%"},
+         "create_topic: field 'schema' is not base64"),
+        (rq.MetadataRequest, {"topics": ["a", 1]}, "metadata: field 'topics[1]' must be str"),
+        (rq.ProduceDescriptor, {"op": "fetch"}, "produce descriptor: field 'op' must be 'produce'"),
+        (rq.FetchRequest, {"op": "fetch", "topic": "t", "partition": 0, "offset": 0,
+                           "isolation": "dirty"}, "fetch ticket: field 'isolation' must be one of"),
+        (rq.FetchRequest, {"op": "fetch", "topic": "t", "partition": 0, "offset": 0,
+                           "max_bytes": 0}, "fetch ticket: field 'max_bytes' must be in 1.."),
+    ],
+)  # fmt: skip
+def test_a_bad_body_names_the_action_and_the_field(cls: Any, doc: Any, message: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        cls.from_doc(doc)
+    assert message in info.value.message
+
+
+def test_responses_round_trip() -> None:
+    answer = rq.InitProducerIdResponse(7, 2, SinkTxnStatus.PREPARED)
+    assert rq.InitProducerIdResponse.from_doc(answer.to_doc()) == answer
+    ends = rq.StableEndsResponse({0: 5, 1: 0})
+    assert rq.StableEndsResponse.from_doc(json.loads(json.dumps(ends.to_doc()))) == ends
+    batch = rq.SinkBatchResponse(None, False)
+    assert rq.SinkBatchResponse.from_doc(batch.to_doc()) == batch
+    with pytest.raises(InvalidRequestError, match="field 'sink_status' is 'maybe'"):
+        rq.InitProducerIdResponse.from_doc({"producer_id": 1, "producer_epoch": 0,
+                                            "sink_status": "maybe"})  # fmt: skip
