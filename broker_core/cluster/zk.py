@@ -115,6 +115,7 @@ class ZkCluster(ZkControl, TopicView):
             self._refresh(ZkTask.TOPICS, "reading the topics")
         except BaseException:
             client.remove_listener(self._on_state)
+            self._requests.session.close()
             self._notifier.close(0.0)
             raise
         self._worker = threading.Thread(target=self._run, name="idemlog-cluster", daemon=True)
@@ -245,6 +246,7 @@ class ZkCluster(ZkControl, TopicView):
             self._requests.delete_own(self._controller_path, session)
             self._requests.delete_own(f"{self._ids_path}/{broker.broker_id}", session)
             log.info("broker %d unregistered", broker.broker_id)
+        self._requests.session.close()
 
     # -- background tasks ------------------------------------------------------------------
 
@@ -362,18 +364,12 @@ class ZkCluster(ZkControl, TopicView):
     ) -> None:
         """:meth:`ZkRequests.write_once`, then the topics re-read (read-your-writes)."""
         self._requests.write_once(
-            what, request, conflict, resolved_after_lost_reply, error, self._wait_connected
+            what, request, conflict, resolved_after_lost_reply, error, self._check_open
         )
         try:
             self._refresh(ZkTask.TOPICS)  # the watch brings it a bit later
         except (ZkUnavailable, KazooException) as exc:
             log.debug("no cache refresh after %s: %r", what, exc)
-
-    def _wait_connected(self, timeout: float) -> bool:
-        with self._cond:
-            connected = self._cond.wait_for(lambda: self._connected or self._closed, timeout)
-        self._check_open()
-        return connected
 
     def _registration_error(
         self, broker: BrokerInfo, rival: tuple[int, bytes] | None

@@ -43,6 +43,7 @@ from broker_core.cluster.metadata import (
 )
 from broker_core.cluster.zk_requests import ZkRequests, ZkUnavailable
 from broker_core.errors import CorruptRecordError, InvalidRequestError
+from broker_core.zookeeper import ZkSession
 
 log = logging.getLogger("idemlog.cluster")
 
@@ -82,7 +83,7 @@ class ZkControl(ABC):
         self._request_timeout_s = request_timeout_s or session_s
         self._registration_timeout_s = registration_timeout_s or 2 * session_s
         self._suspended_grace_s = suspended_grace_s or session_s / 3
-        self._requests = ZkRequests(client, self._request_timeout_s)
+        self._requests = ZkRequests(ZkSession(client, request_timeout_s=self._request_timeout_s))
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
