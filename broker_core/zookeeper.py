@@ -79,6 +79,7 @@ class ZkSession:
         self._connected = False
         self._generation = 0  # counts connections, so a wait ends on a *new* one only
         self._last_state: str = "not started"
+        self._listeners: list[Callable[[str], object]] = []
         client.add_listener(self._on_state)
         if client.connected:
             self._on_state(KazooState.CONNECTED)
@@ -86,6 +87,18 @@ class ZkSession:
     def close(self) -> None:
         """Detach from the client (which belongs to the caller and stays open)."""
         self.client.remove_listener(self._on_state)
+
+    def add_listener(self, listener: Callable[[str], object]) -> None:
+        """Call ``listener(state)`` on every kazoo state change, on kazoo's connection
+        thread (it must not block), after this session has recorded the new state: a
+        listener reacting to CONNECTED can send requests at once."""
+        with self._state:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[str], object]) -> None:
+        with self._state:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
 
     def _on_state(self, state: str) -> None:
         # Runs on kazoo's connection thread: must not block (the lock is held for a moment).
@@ -95,6 +108,9 @@ class ZkSession:
             if self._connected:
                 self._generation += 1
                 self._state.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(state)
 
     @property
     def connected(self) -> bool:

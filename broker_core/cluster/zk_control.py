@@ -123,8 +123,9 @@ class ZkControl:
         self._failures: dict[ZkTask, int] = {}
         self._worker: threading.Thread | None = None
         self._unregister: tuple[int, BrokerInfo] | None = None  # (session, broker) at close
-        self._client.add_listener(self._on_state)
-        if self._client.connected:
+        # Through the session, so that it counts as connected before this reacts to it.
+        requests.session.add_listener(self._on_state)
+        if requests.session.connected:
             self._on_state(KazooState.CONNECTED)
 
     def start(self) -> None:
@@ -134,7 +135,7 @@ class ZkControl:
 
     def detach(self) -> None:
         """Stop following the connection (a constructor failing before :meth:`start`)."""
-        self._client.remove_listener(self._on_state)
+        self._requests.session.remove_listener(self._on_state)
 
     def controller_epoch(self) -> int:
         """The epoch of the current controllership: this broker's own while it is the
@@ -209,7 +210,7 @@ class ZkControl:
             self._publish_control_locked()
             self._cancel_suspended_timer_locked()
             self._cond.notify_all()
-        self._client.remove_listener(self._on_state)
+        self._requests.session.remove_listener(self._on_state)
         worker = self._worker
         if worker is not None and threading.current_thread() is not worker:
             worker.join(self._request_timeout_s + 1.0)
