@@ -129,6 +129,14 @@ SchemaCheck = Callable[[pa.Schema], None]
 
 
 class PartitionLog:
+    """One partition's log in ``directory``, opened by recovery (``broker_core.log.recovery``).
+
+    The constructor recovers the directory (after a crash: the torn tail cut, the producer
+    state rebuilt) and keeps what recovery found in ``recovered``; a directory without
+    segments starts empty at offset 0. Raises CorruptRecordError for a file that is not a
+    segment or index name, OSError when the directory cannot be created or read.
+    """
+
     def __init__(
         self,
         directory: Path,
