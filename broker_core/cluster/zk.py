@@ -22,9 +22,10 @@ Threads: kazoo runs state listeners on its connection thread and watch callbacks
 event thread, and neither may block, so both only record what happened and wake the
 worker thread. The worker does the background requests (register, elect, refresh the
 caches), each bounded by a timeout and retried with backoff while ZooKeeper is away.
-The session handling, the worker and the election live in the base class
-(:mod:`broker_core.cluster.zk_control`), the bounded requests in
-:mod:`broker_core.cluster.zk_requests`.
+The session handling, the worker, the registration and the election live in the
+:class:`~broker_core.cluster.zk_control.ZkControl` component that ZkCluster holds, the
+requests in :mod:`broker_core.cluster.zk_requests` (over the one ZooKeeper session helper,
+:class:`broker_core.zookeeper.ZkSession`).
 """
 
 from __future__ import annotations
@@ -33,16 +34,15 @@ import functools
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
-from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker_core.cluster.metadata import (
     BrokerInfo,
+    CallbackNotifier,
     ClusterMetadata,
     TopicAssignment,
     TopicView,
@@ -50,11 +50,10 @@ from broker_core.cluster.metadata import (
     load_json_object,
     validate_new_topic,
 )
-from broker_core.cluster.zk_control import ZkControl, ZkTask
-from broker_core.cluster.zk_requests import ZkUnavailable
+from broker_core.cluster.zk_control import DEFAULT_SESSION_TIMEOUT_S, ZkControl, ZkTask
+from broker_core.cluster.zk_requests import ZkRequests, ZkUnavailable
 from broker_core.errors import (
     CorruptRecordError,
-    DuplicateBrokerRegistrationError,
     IdemlogError,
     InvalidRequestError,
     RequestTimedOutError,
@@ -62,11 +61,12 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.topics import validate_topic_name
+from broker_core.zookeeper import ZkSession
 
 log = logging.getLogger("idemlog.cluster")
 
 
-class ZkCluster(ZkControl, TopicView):
+class ZkCluster(TopicView):
     """:class:`~broker_core.cluster.metadata.ClusterMetadata` kept in ZooKeeper (module doc).
 
     ``client`` is a started kazoo client and stays the caller's: ``close`` leaves it open.
@@ -85,16 +85,17 @@ class ZkCluster(ZkControl, TopicView):
         registration_timeout_s: float | None = None,
         suspended_grace_s: float | None = None,
     ) -> None:
-        super().__init__(
-            client,
-            root,
-            request_timeout_s=request_timeout_s,
-            registration_timeout_s=registration_timeout_s,
-            suspended_grace_s=suspended_grace_s,
-        )
+        if not root.startswith("/") or root.endswith("/") or "//" in root:
+            raise InvalidRequestError(f"ZooKeeper root {root!r} must be an absolute path")
+        session_ms = getattr(client, "_session_timeout", None)  # kazoo keeps it in ms
+        session_s = session_ms / 1000.0 if session_ms else DEFAULT_SESSION_TIMEOUT_S
+        self._client = client
+        self._request_timeout_s = request_timeout_s or session_s
+        self._requests = ZkRequests(ZkSession(client, request_timeout_s=self._request_timeout_s))
         self._ids_path = f"{root}/brokers/ids"
         self._topics_path = f"{root}/topics"
-        self._rival: tuple[int, bytes] | None = None  # (session, data) holding our broker id
+        self._notifier = CallbackNotifier("idemlog-cluster-callbacks")
+        self._lock = threading.Lock()  # the caches below
         # Each cache keeps the zxid of the last child change it reflects, so a snapshot read
         # concurrently but older never replaces a newer one.
         self._brokers: dict[int, BrokerInfo] = {}
@@ -102,10 +103,15 @@ class ZkCluster(ZkControl, TopicView):
         self._topics: dict[str, TopicAssignment] = {}
         self._topics_zxid = -1
         self._topics_callbacks: list[Callable[[], None]] = []
-
-        client.add_listener(self._on_state)
-        if client.connected:
-            self._on_state(KazooState.CONNECTED)
+        self._control = ZkControl(
+            self._requests,
+            root,
+            notifier=self._notifier,
+            refresh=self._refresh,
+            request_timeout_s=self._request_timeout_s,
+            registration_timeout_s=registration_timeout_s or 2 * session_s,
+            suspended_grace_s=suspended_grace_s or session_s / 3,
+        )
         try:
             for path in (self._ids_path, self._topics_path):
                 self._requests.admin(
@@ -114,16 +120,17 @@ class ZkCluster(ZkControl, TopicView):
             self._refresh(ZkTask.BROKERS, "reading the live brokers")
             self._refresh(ZkTask.TOPICS, "reading the topics")
         except BaseException:
-            client.remove_listener(self._on_state)
+            self._control.detach()
+            self._requests.session.close()
             self._notifier.close(0.0)
             raise
-        self._worker = threading.Thread(target=self._run, name="idemlog-cluster", daemon=True)
-        self._worker.start()
+        self._control.start()
         # The recipes re-arm their watches across reconnects and sessions; their callbacks
         # only hand the work to the worker (returning False, once closed, ends a recipe).
-        ChildrenWatch(client, self._ids_path, lambda _: self._request(ZkTask.BROKERS))
-        ChildrenWatch(client, self._topics_path, lambda _: self._request(ZkTask.TOPICS))
-        DataWatch(client, self._controller_path, lambda *_: self._request(ZkTask.CONTROLLER))
+        request = self._control.request
+        ChildrenWatch(client, self._ids_path, lambda _: request(ZkTask.BROKERS))
+        ChildrenWatch(client, self._topics_path, lambda _: request(ZkTask.TOPICS))
+        DataWatch(client, f"{root}/controller", lambda *_: request(ZkTask.CONTROLLER))
 
     # -- ClusterMetadata ----------------------------------------------------------------------
 
@@ -135,24 +142,7 @@ class ZkCluster(ZkControl, TopicView):
         raises :class:`DuplicateBrokerRegistrationError`. Returns once registered and once
         the election has been tried, so :meth:`is_controller` is current.
         """
-        with self._cond:
-            self._check_open()
-            if self._broker is not None and self._broker != broker:
-                raise InvalidRequestError(f"cannot register {broker}: already {self._broker}")
-            self._broker, self._rival = broker, None
-            self._request_locked(ZkTask.REGISTER)
-            deadline = time.monotonic() + self._registration_timeout_s
-            if not self._cond.wait_for(
-                lambda: self._closed or self._registered_locked(), self._registration_timeout_s
-            ):
-                self._broker = None  # the worker undoes a success that comes too late
-                self._pending.discard(ZkTask.REGISTER)
-                raise self._registration_error(broker, self._rival)
-            self._check_open()
-            self._cond.wait_for(  # the election; if it fails now it is retried in background
-                lambda: self._closed or self._controller_checked_session == self._session_id,
-                max(0.0, deadline - time.monotonic()),
-            )
+        self._control.register(broker)
 
     def brokers(self) -> list[BrokerInfo]:
         with self._lock:
@@ -160,14 +150,19 @@ class ZkCluster(ZkControl, TopicView):
 
     def controller(self) -> BrokerInfo | None:
         """The controller; None while there is none or its registration is not cached yet."""
+        me, controller_id = self._control.controller()
+        if me is not None:
+            return me
         with self._lock:
-            if self._is_controller_locked():
-                return self._broker
-            return None if self._controller_id is None else self._brokers.get(self._controller_id)
+            return None if controller_id is None else self._brokers.get(controller_id)
 
     def is_controller(self) -> bool:
-        with self._lock:
-            return self._is_controller_locked()
+        return self._control.is_controller()
+
+    def controller_epoch(self) -> int:
+        """The epoch of the current controllership: this broker's own while it is the
+        controller (set before it was reported), else the last value read."""
+        return self._control.controller_epoch()
 
     def on_controller_change(self, callback: Callable[[bool], None]) -> None:
         """``callback(is_controller)`` on every gain and loss, on the notifier thread.
@@ -175,17 +170,14 @@ class ZkCluster(ZkControl, TopicView):
         Added while this broker is the controller, it gets ``True`` first: every subscriber
         sees ``True, False, True, ...`` and never misses a gain.
         """
-        with self._lock:
-            self._controller_callbacks.append(callback)
-            if self._reported_controller:
-                self._notifier.post([callback], True)
+        self._control.on_controller_change(callback)
 
     def create_topic(
         self, name: str, partitions: int, schema: bytes | None, config: dict[str, str]
     ) -> TopicAssignment:
         """Assign the partitions round-robin over the live brokers; write ``topics/<name>``."""
         name, partitions, schema, overrides = validate_new_topic(name, partitions, schema, config)
-        self._check_open()
+        self._control.check_open()
         # The live brokers read afresh, not from the cache, which may lag a moment.
         live = self._refresh(ZkTask.BROKERS, f"creating topic {name!r} (reading the live brokers)")
         assignment = TopicAssignment(
@@ -215,7 +207,7 @@ class ZkCluster(ZkControl, TopicView):
 
     def delete_topic(self, name: str) -> None:
         validate_topic_name(name)
-        self._check_open()
+        self._control.check_open()
         self._write_once(
             f"deleting topic {name!r}",
             functools.partial(self._client.delete_async, f"{self._topics_path}/{name}"),
@@ -228,75 +220,10 @@ class ZkCluster(ZkControl, TopicView):
     def close(self) -> None:
         """Give up control (its callbacks finish first), then delete this broker's
         ephemeral nodes so the others notice at once. Idempotent; the client stays open."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            session = self._session_id
-            broker = self._broker if self._registered_locked() else None
-            self._publish_control_locked()
-            self._cancel_suspended_timer_locked()
-            self._cond.notify_all()
-        self._client.remove_listener(self._on_state)
-        if threading.current_thread() is not self._worker:
-            self._worker.join(self._request_timeout_s + 1.0)
+        self._control.close()
         self._notifier.close(self._request_timeout_s)
-        if broker is not None and session is not None:
-            self._requests.delete_own(self._controller_path, session)
-            self._requests.delete_own(f"{self._ids_path}/{broker.broker_id}", session)
-            log.info("broker %d unregistered", broker.broker_id)
-
-    # -- background tasks ------------------------------------------------------------------
-
-    def _run_task(self, task: ZkTask) -> None:
-        if task is ZkTask.REGISTER:
-            self._register_now()
-        else:
-            self._refresh(task)
-
-    def _register_now(self) -> None:
-        with self._lock:
-            broker, session = self._broker, self._session_id
-        if broker is None or session is None:
-            return
-        path = f"{self._ids_path}/{broker.broker_id}"
-        try:
-            self._requests.call(
-                functools.partial(self._client.create_async, path, broker.to_json(), ephemeral=True)
-            )
-        except NodeExistsError:
-            try:  # the watch re-runs this task when a rival's node goes away
-                data, stat = self._requests.call(
-                    functools.partial(self._client.get_async, path, watch=self._on_rival_gone)
-                )
-            except NoNodeError:
-                self._request(ZkTask.REGISTER)  # gone in between: create again
-                return
-            if stat.ephemeralOwner != session:
-                with self._lock:
-                    first, self._rival = self._rival is None, (stat.ephemeralOwner, bytes(data))
-                if first:
-                    log.warning(
-                        "broker id %d is registered by another ZooKeeper session (0x%x); waiting "
-                        "for it to go away",
-                        broker.broker_id,
-                        stat.ephemeralOwner,
-                    )
-                return
-            # Ours already: a create whose reply was lost, or a reconnect in the same session.
-        with self._cond:
-            cancelled = self._broker != broker or self._closed  # register() gave up meanwhile
-            if not cancelled:
-                if self._registered_session != session:
-                    log.info("broker %d registered at %s", broker.broker_id, path)
-                self._registered_session, self._rival = session, None
-                self._request_locked(ZkTask.BROKERS)
-                self._request_locked(ZkTask.CONTROLLER)
-        if cancelled:
-            self._requests.delete_own(path, session)
-
-    def _on_rival_gone(self, event: object) -> None:
-        self._request(ZkTask.REGISTER)
+        self._control.unregister()
+        self._requests.session.close()
 
     # -- caches -------------------------------------------------------------------------------
 
@@ -362,40 +289,12 @@ class ZkCluster(ZkControl, TopicView):
     ) -> None:
         """:meth:`ZkRequests.write_once`, then the topics re-read (read-your-writes)."""
         self._requests.write_once(
-            what, request, conflict, resolved_after_lost_reply, error, self._wait_connected
+            what, request, conflict, resolved_after_lost_reply, error, self._control.check_open
         )
         try:
             self._refresh(ZkTask.TOPICS)  # the watch brings it a bit later
         except (ZkUnavailable, KazooException) as exc:
             log.debug("no cache refresh after %s: %r", what, exc)
-
-    def _wait_connected(self, timeout: float) -> bool:
-        with self._cond:
-            connected = self._cond.wait_for(lambda: self._connected or self._closed, timeout)
-        self._check_open()
-        return connected
-
-    def _registration_error(
-        self, broker: BrokerInfo, rival: tuple[int, bytes] | None
-    ) -> IdemlogError:
-        chroot = getattr(self._client, "chroot", "") or ""
-        path = f"{chroot}{self._ids_path}/{broker.broker_id}"
-        waited = f"{self._registration_timeout_s:g}s"
-        if rival is None:
-            return RequestTimedOutError(
-                f"could not register broker id {broker.broker_id} at {path} within {waited}: "
-                f"ZooKeeper unavailable"
-            )
-        try:
-            holder = f" at {BrokerInfo.from_json(broker.broker_id, rival[1], path).address}"
-        except CorruptRecordError:
-            holder = ""
-        return DuplicateBrokerRegistrationError(
-            f"broker id {broker.broker_id} is already registered{holder} by another ZooKeeper "
-            f"session (0x{rival[0]:x}, {path}) that did not go away within {waited}: another "
-            f"broker runs with broker.id={broker.broker_id}, or a previous process of this "
-            f"broker has not timed out yet"
-        )
 
 
 if TYPE_CHECKING:

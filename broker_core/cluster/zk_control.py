@@ -1,8 +1,10 @@
-"""ZooKeeper session, background worker and controller election of :class:`ZkCluster`.
+"""ZooKeeper session state, background worker, registration and controller election.
 
-:class:`ZkControl` is the base of :class:`~broker_core.cluster.zk.ZkCluster`: it follows
-the connection (kazoo's states), runs the worker that does the background requests, each
-retried with backoff while ZooKeeper is away, and holds the election:
+:class:`ZkControl` is a component of :class:`~broker_core.cluster.zk.ZkCluster`, which
+holds one and passes it the requests, the callback notifier and how to refresh its
+caches. It follows the connection (kazoo's states), runs the worker that does the
+background requests, each retried with backoff while ZooKeeper is away, keeps this
+broker's ephemeral registration, and holds the election:
 
 * the first registered broker to create the ephemeral ``controller`` znode is the
   controller, for as long as its session lives;
@@ -27,10 +29,8 @@ import json
 import logging
 import threading
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
@@ -42,7 +42,13 @@ from broker_core.cluster.metadata import (
     load_json_object,
 )
 from broker_core.cluster.zk_requests import ZkRequests, ZkUnavailable
-from broker_core.errors import CorruptRecordError, InvalidRequestError
+from broker_core.errors import (
+    CorruptRecordError,
+    DuplicateBrokerRegistrationError,
+    IdemlogError,
+    InvalidRequestError,
+    RequestTimedOutError,
+)
 
 log = logging.getLogger("idemlog.cluster")
 
@@ -60,29 +66,36 @@ class ZkTask(Enum):
     TOPICS = 4
 
 
-class ZkControl(ABC):
-    """Connection state, the worker and the election; ZkCluster adds the rest."""
+class ZkControl:
+    """Connection state, the worker, this broker's registration and the election.
+
+    ``requests`` wraps the caller's started kazoo client; ``refresh(task)`` re-reads the
+    caller's BROKERS or TOPICS cache (on the worker thread); ``notifier`` runs the
+    controller callbacks. The state listener is attached at construction: call
+    :meth:`start` to start the worker, or :meth:`detach` to give up before starting.
+    """
 
     def __init__(
         self,
-        client: Any,
+        requests: ZkRequests,
         root: str,
         *,
-        request_timeout_s: float | None,
-        registration_timeout_s: float | None,
-        suspended_grace_s: float | None,
+        notifier: CallbackNotifier,
+        refresh: Callable[[ZkTask], object],
+        request_timeout_s: float,
+        registration_timeout_s: float,
+        suspended_grace_s: float,
     ) -> None:
-        if not root.startswith("/") or root.endswith("/") or "//" in root:
-            raise InvalidRequestError(f"ZooKeeper root {root!r} must be an absolute path")
-        session_ms = getattr(client, "_session_timeout", None)  # kazoo keeps it in ms
-        session_s = session_ms / 1000.0 if session_ms else DEFAULT_SESSION_TIMEOUT_S
-        self._client = client
+        self._requests = requests
+        self._client = requests.client
+        self._refresh = refresh
+        self._notifier = notifier
+        self._ids_path = f"{root}/brokers/ids"
         self._controller_path = f"{root}/controller"
         self._epoch_path = f"{root}/controller_epoch"
-        self._request_timeout_s = request_timeout_s or session_s
-        self._registration_timeout_s = registration_timeout_s or 2 * session_s
-        self._suspended_grace_s = suspended_grace_s or session_s / 3
-        self._requests = ZkRequests(client, self._request_timeout_s)
+        self._request_timeout_s = request_timeout_s
+        self.registration_timeout_s = registration_timeout_s
+        self._suspended_grace_s = suspended_grace_s
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -94,6 +107,7 @@ class ZkControl(ABC):
         self._suspended_timer: threading.Timer | None = None
         self._resigned = False  # suspended past the grace period
         self._broker: BrokerInfo | None = None
+        self._rival: tuple[int, bytes] | None = None  # (session, data) holding our broker id
         self._registered_session: int | None = None
         # The controller node as last read: which broker, and which session owns it.
         self._controller_id: int | None = None
@@ -107,7 +121,21 @@ class ZkControl(ABC):
         self._pending: set[ZkTask] = set()
         self._not_before: dict[ZkTask, float] = {}
         self._failures: dict[ZkTask, int] = {}
-        self._notifier = CallbackNotifier("idemlog-cluster-callbacks")
+        self._worker: threading.Thread | None = None
+        self._unregister: tuple[int, BrokerInfo] | None = None  # (session, broker) at close
+        # Through the session, so that it counts as connected before this reacts to it.
+        requests.session.add_listener(self._on_state)
+        if requests.session.connected:
+            self._on_state(KazooState.CONNECTED)
+
+    def start(self) -> None:
+        """Start the worker thread (once)."""
+        self._worker = threading.Thread(target=self._run, name="idemlog-cluster", daemon=True)
+        self._worker.start()
+
+    def detach(self) -> None:
+        """Stop following the connection (a constructor failing before :meth:`start`)."""
+        self._requests.session.remove_listener(self._on_state)
 
     def controller_epoch(self) -> int:
         """The epoch of the current controllership: this broker's own while it is the
@@ -115,9 +143,88 @@ class ZkControl(ABC):
         with self._lock:
             return self._controller_epoch
 
-    @abstractmethod
-    def _run_task(self, task: ZkTask) -> None:
-        """One background task other than the election (REGISTER, BROKERS, TOPICS)."""
+    def is_controller(self) -> bool:
+        with self._lock:
+            return self._is_controller_locked()
+
+    def controller(self) -> tuple[BrokerInfo | None, int | None]:
+        """(this broker, None) while it is the controller, else (None, the controller's id
+        or None)."""
+        with self._lock:
+            if self._is_controller_locked():
+                return self._broker, None
+            return None, self._controller_id
+
+    def on_controller_change(self, callback: Callable[[bool], None]) -> None:
+        """``callback(is_controller)`` on every gain and loss, on the notifier thread.
+
+        Added while this broker is the controller, it gets ``True`` first: every subscriber
+        sees ``True, False, True, ...`` and never misses a gain.
+        """
+        with self._lock:
+            self._controller_callbacks.append(callback)
+            if self._reported_controller:
+                self._notifier.post([callback], True)
+
+    def register(self, broker: BrokerInfo) -> None:
+        """Create this broker's ephemeral registration; from then on it is kept up.
+
+        Waits up to ``registration_timeout_s`` for another session's registration of the
+        same id (a killed predecessor whose session has not expired yet) to go away, else
+        raises :class:`DuplicateBrokerRegistrationError`; RequestTimedOutError (retriable)
+        when ZooKeeper stayed unavailable. Returns once registered and once the election
+        has been tried, so :meth:`is_controller` is current.
+        """
+        with self._cond:
+            self.check_open()
+            if self._broker is not None and self._broker != broker:
+                raise InvalidRequestError(f"cannot register {broker}: already {self._broker}")
+            self._broker, self._rival = broker, None
+            self._request_locked(ZkTask.REGISTER)
+            deadline = time.monotonic() + self.registration_timeout_s
+            if not self._cond.wait_for(
+                lambda: self._closed or self._registered_locked(), self.registration_timeout_s
+            ):
+                self._broker = None  # the worker undoes a success that comes too late
+                self._pending.discard(ZkTask.REGISTER)
+                raise self._registration_error(broker, self._rival)
+            self.check_open()
+            self._cond.wait_for(  # the election; if it fails now it is retried in background
+                lambda: self._closed or self._controller_checked_session == self._session_id,
+                max(0.0, deadline - time.monotonic()),
+            )
+
+    def close(self) -> None:
+        """Give up control and stop the worker; :meth:`unregister` then deletes the nodes.
+
+        Idempotent. The controller callbacks already posted still run (the caller closes
+        the notifier, waiting for them, before :meth:`unregister`)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            session = self._session_id
+            broker = self._broker if self._registered_locked() else None
+            if broker is not None and session is not None:
+                self._unregister = (session, broker)
+            self._publish_control_locked()
+            self._cancel_suspended_timer_locked()
+            self._cond.notify_all()
+        self._requests.session.remove_listener(self._on_state)
+        worker = self._worker
+        if worker is not None and threading.current_thread() is not worker:
+            worker.join(self._request_timeout_s + 1.0)
+
+    def unregister(self) -> None:
+        """After :meth:`close`: delete this broker's ephemeral nodes so the others notice
+        at once (best effort; they go with the session anyway)."""
+        with self._lock:
+            found, self._unregister = self._unregister, None
+        if found is not None:
+            session, broker = found
+            self._requests.delete_own(self._controller_path, session)
+            self._requests.delete_own(f"{self._ids_path}/{broker.broker_id}", session)
+            log.info("broker %d unregistered", broker.broker_id)
 
     # -- connection state: kazoo's connection thread, must not block ---------------------------
 
@@ -181,7 +288,7 @@ class ZkControl(ABC):
 
     # -- the worker ---------------------------------------------------------------------------
 
-    def _request(self, task: ZkTask, *_: object) -> bool | None:
+    def request(self, task: ZkTask, *_: object) -> bool | None:
         """Queue ``task`` (from a watch: never blocks); ``False`` once closed ends a recipe."""
         with self._cond:
             if self._closed:
@@ -213,8 +320,10 @@ class ZkControl(ABC):
                 try:
                     if task is ZkTask.CONTROLLER:
                         self._check_controller()
+                    elif task is ZkTask.REGISTER:
+                        self._register_now()
                     else:
-                        self._run_task(task)
+                        self._refresh(task)
                 except Exception as exc:
                     self._retry_later(task, exc)
                 else:
@@ -292,6 +401,74 @@ class ZkControl(ABC):
             self._publish_control_locked()
             self._cond.notify_all()
 
+    # -- registration ------------------------------------------------------------------------
+
+    def _register_now(self) -> None:
+        with self._lock:
+            broker, session = self._broker, self._session_id
+        if broker is None or session is None:
+            return
+        path = f"{self._ids_path}/{broker.broker_id}"
+        try:
+            self._requests.call(
+                functools.partial(self._client.create_async, path, broker.to_json(), ephemeral=True)
+            )
+        except NodeExistsError:
+            try:  # the watch re-runs this task when a rival's node goes away
+                data, stat = self._requests.call(
+                    functools.partial(self._client.get_async, path, watch=self._on_rival_gone)
+                )
+            except NoNodeError:
+                self.request(ZkTask.REGISTER)  # gone in between: create again
+                return
+            if stat.ephemeralOwner != session:
+                with self._lock:
+                    first, self._rival = self._rival is None, (stat.ephemeralOwner, bytes(data))
+                if first:
+                    log.warning(
+                        "broker id %d is registered by another ZooKeeper session (0x%x); waiting "
+                        "for it to go away",
+                        broker.broker_id,
+                        stat.ephemeralOwner,
+                    )
+                return
+            # Ours already: a create whose reply was lost, or a reconnect in the same session.
+        with self._cond:
+            cancelled = self._broker != broker or self._closed  # register() gave up meanwhile
+            if not cancelled:
+                if self._registered_session != session:
+                    log.info("broker %d registered at %s", broker.broker_id, path)
+                self._registered_session, self._rival = session, None
+                self._request_locked(ZkTask.BROKERS)
+                self._request_locked(ZkTask.CONTROLLER)
+        if cancelled:
+            self._requests.delete_own(path, session)
+
+    def _on_rival_gone(self, event: object) -> None:
+        self.request(ZkTask.REGISTER)
+
+    def _registration_error(
+        self, broker: BrokerInfo, rival: tuple[int, bytes] | None
+    ) -> IdemlogError:
+        chroot = getattr(self._client, "chroot", "") or ""
+        path = f"{chroot}{self._ids_path}/{broker.broker_id}"
+        waited = f"{self.registration_timeout_s:g}s"
+        if rival is None:
+            return RequestTimedOutError(
+                f"could not register broker id {broker.broker_id} at {path} within {waited}: "
+                f"ZooKeeper unavailable"
+            )
+        try:
+            holder = f" at {BrokerInfo.from_json(broker.broker_id, rival[1], path).address}"
+        except CorruptRecordError:
+            holder = ""
+        return DuplicateBrokerRegistrationError(
+            f"broker id {broker.broker_id} is already registered{holder} by another ZooKeeper "
+            f"session (0x{rival[0]:x}, {path}) that did not go away within {waited}: another "
+            f"broker runs with broker.id={broker.broker_id}, or a previous process of this "
+            f"broker has not timed out yet"
+        )
+
     # -- the controller epoch ------------------------------------------------------------------
 
     def _won_election(self, session: int | None) -> None:
@@ -299,12 +476,12 @@ class ZkControl(ABC):
         with self._lock:
             if self._epoch_session == session:
                 return
-        epoch = self._bump_controller_epoch()
+        epoch = self.bump_controller_epoch()
         with self._lock:
             self._controller_epoch, self._epoch_session = epoch, session
         log.info("controller epoch is now %d", epoch)
 
-    def _bump_controller_epoch(self) -> int:
+    def bump_controller_epoch(self) -> int:
         """Increment ``controller_epoch`` by a version-conditional set; retried on a race.
 
         A retry after a lost reply may increment twice: epochs only need to grow.
@@ -379,7 +556,7 @@ class ZkControl(ABC):
                 )
             self._notifier.post(list(self._controller_callbacks), now)
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise InvalidRequestError("the cluster metadata client is closed")
 

@@ -1,10 +1,11 @@
-"""Bounded ZooKeeper requests for the cluster metadata (:mod:`broker_core.cluster.zk`).
+"""ZooKeeper requests for the cluster metadata (:mod:`broker_core.cluster.zk`).
 
-Every request is sent asynchronously and waited for at most ``timeout_s``; one that cannot
-be answered because ZooKeeper is away raises :class:`ZkUnavailable` rather than queueing in
-kazoo until it reconnects (which would hold a caller for as long as the outage lasts).
+The bounded requests themselves are :class:`broker_core.zookeeper.ZkSession`'s: each is
+waited for at most the request timeout, and one that cannot be answered because ZooKeeper
+is away raises :class:`ZkUnavailable` rather than queueing in kazoo until it reconnects.
 Background work retries on :class:`ZkUnavailable`; requests made for a caller turn it into
-typed errors (:meth:`ZkRequests.admin`).
+typed errors (:meth:`ZkRequests.admin`), and writes made for a caller are retried across a
+dropped connection (:meth:`ZkRequests.write_once`).
 """
 
 from __future__ import annotations
@@ -21,46 +22,36 @@ from kazoo.exceptions import (
 )
 
 from broker_core.errors import IdemlogError, RequestTimedOutError, UnknownServerError
-from broker_core.zookeeper import ZK_UNAVAILABLE
+from broker_core.zookeeper import ZkSession, ZkUnavailable
 
 log = logging.getLogger("idemlog.cluster")
 
-CONNECTION_ERRORS = ZK_UNAVAILABLE
-
-
-class ZkUnavailable(Exception):
-    """Internal: ZooKeeper cannot be reached right now."""
+__all__ = ["ZkRequests", "ZkUnavailable"]
 
 
 class ZkRequests:
-    """Requests on ``client`` (a started kazoo client), each bounded by ``timeout_s``."""
+    """The cluster's requests over ``session`` (which stays the caller's to close)."""
 
-    def __init__(self, client: Any, timeout_s: float) -> None:
-        self.client = client
-        self.timeout_s = timeout_s
+    def __init__(self, session: ZkSession) -> None:
+        self.session = session
+        self.client = session.client
+        self.timeout_s = session.request_timeout_s
 
     def call(self, request: Callable[[], Any]) -> Any:
         """One async request, bounded by ``timeout_s``; never queued into a disconnected
-        client (kazoo would hold it until it reconnects)."""
-        if not self.client.connected:
-            raise ZkUnavailable("not connected to ZooKeeper")
-        return self.wait(request())
+        client (kazoo would hold it until it reconnects). Raises ZkUnavailable."""
+        return self.session.call(request)
 
     def wait(self, request: Any) -> Any:
-        """The result of an async request already sent."""
-        try:
-            return request.get(timeout=self.timeout_s)
-        except CONNECTION_ERRORS as exc:
-            raise ZkUnavailable(type(exc).__name__) from exc
-        except KazooException:
-            raise
-        except Exception as exc:
-            if isinstance(exc, self.client.handler.timeout_exception):
-                raise ZkUnavailable(f"no reply within {self.timeout_s:g}s") from exc
-            raise
+        """The result of an async request already sent. Raises ZkUnavailable."""
+        return self.session.wait(request)
 
     def admin(self, what: str, request: Callable[[], Any]) -> Any:
-        """A request for a caller: ZooKeeper trouble becomes a typed, named error."""
+        """A request for a caller: ZooKeeper trouble becomes a typed, named error.
+
+        Raises RequestTimedOutError (retriable) while ZooKeeper is unavailable, NoNodeError
+        and NodeExistsError as they are, UnknownServerError for any other refusal.
+        """
         try:
             return self.call(request)
         except ZkUnavailable as exc:
@@ -77,30 +68,39 @@ class ZkRequests:
         conflict: type[KazooException],
         resolved_after_lost_reply: Callable[[], bool],
         error: IdemlogError,
-        wait_connected: Callable[[float], bool],
+        check_open: Callable[[], None],
     ) -> None:
-        """Run a create/delete; retried across a dropped connection within the timeout.
+        """Run a create/delete; retried across a dropped connection within ``timeout_s``.
 
         A write whose reply was lost may have been applied, so a ``conflict`` on the retry
-        is success when ``resolved_after_lost_reply()`` says so, else ``error``.
-        ``wait_connected(timeout)`` waits for the connection to come back (False: it did
-        not within ``timeout``); it raises if the caller is closed meanwhile.
+        is success when ``resolved_after_lost_reply()`` says so, else ``error``. Raises
+        RequestTimedOutError when ZooKeeper stayed unavailable for ``timeout_s``.
+        ``check_open()`` runs before each retry and raises if the caller was closed.
         """
-        deadline = time.monotonic() + self.timeout_s
         ambiguous = False
-        while True:
+
+        def attempt(deadline: float) -> None:
             try:
                 self.admin(what, request)
-                return
-            except RequestTimedOutError:
+            except RequestTimedOutError as exc:
+                # The write may have been applied: a conflict from now on may be ours.
+                nonlocal ambiguous
                 ambiguous = True
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not wait_connected(remaining):
-                    raise
+                raise ZkUnavailable(str(exc.__cause__ or exc)) from exc
             except conflict:
                 if ambiguous and resolved_after_lost_reply():
                     return
                 raise error from None
+
+        def give_up(exc: ZkUnavailable, attempts: int) -> RequestTimedOutError:
+            return RequestTimedOutError(f"ZooKeeper unavailable while {what}: {exc}")
+
+        self.session.retrying(
+            attempt,
+            deadline=time.monotonic() + self.timeout_s,
+            give_up=give_up,
+            on_retry=lambda *_: check_open(),
+        )
 
     def delete_own(self, path: str, session: int) -> None:
         """Delete ``path`` if it is an ephemeral node of ``session``; best effort."""

@@ -30,9 +30,14 @@ from broker_core.errors import (
 )
 from broker_core.fileutil import fsync_directory, fsync_file
 from broker_core.log.config import LogConfig
-from broker_core.log.indexes import AbortedTxn
 from broker_core.log.producer_state import AppendOrigin, ProducerStateManager
-from broker_core.log.recovery import recover
+from broker_core.log.recovery import (
+    CLEAN_SHUTDOWN_FILE,
+    RecoveredLog,
+    apply_marker,
+    batches_from,
+    recover_partition,
+)
 from broker_core.log.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.log.snapshot import delete_snapshots_below, write_snapshot
 from broker_core.log.validator import ProducerBatch
@@ -55,8 +60,6 @@ from broker_core.record.batch import (
 )
 
 log = logging.getLogger("idemlog.log")
-
-CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 
 
 class IsolationLevel(Enum):
@@ -126,6 +129,14 @@ SchemaCheck = Callable[[pa.Schema], None]
 
 
 class PartitionLog:
+    """One partition's log in ``directory``, opened by recovery (``broker_core.log.recovery``).
+
+    The constructor recovers the directory (after a crash: the torn tail cut, the producer
+    state rebuilt) and keeps what recovery found in ``recovered``; a directory without
+    segments starts empty at offset 0. Raises CorruptRecordError for a file that is not a
+    segment or index name, OSError when the directory cannot be created or read.
+    """
+
     def __init__(
         self,
         directory: Path,
@@ -147,16 +158,18 @@ class PartitionLog:
             expiration_ms=config.producer_id_expiration_ms,
             producer_id_known=producer_id_known,
         )
-        self.segments: list[LogSegment] = []
         self._unflushed = 0
         self._last_flush_ms = self._clock()
         self._flushers: list[threading.Thread] = []
         self._fsync_failed: str | None = None  # the first failed fsync, kept (see write_marker)
         self._closed = False
         directory.mkdir(parents=True, exist_ok=True)
-        recover(self)
-        if not self.segments:
-            self.segments.append(LogSegment(directory, 0))
+        self.recovered: RecoveredLog = recover_partition(
+            directory, config, self.state, name=self.name
+        )
+        self.segments: list[LogSegment] = list(self.recovered.segments) or [
+            LogSegment(directory, 0)
+        ]
 
     # -- offsets -----------------------------------------------------------------------
     @property
@@ -308,27 +321,7 @@ class PartitionLog:
         segment: LogSegment,
     ) -> None:
         """Producer-state and txn-index effects of a marker (append and recovery share it)."""
-        completed = self.state.on_marker(
-            header.producer_id,
-            header.producer_epoch,
-            control_type,
-            coordinator_epoch,
-            header.base_offset,
-            header.max_timestamp,
-        )
-        if completed is not None and completed.aborted:
-            # The LSO just after this marker, not self.last_stable_offset: during recovery
-            # the log end is already the recovered end, which would record a later LSO.
-            first_unstable = self.state.first_unstable_offset()
-            lso = header.next_offset if first_unstable is None else first_unstable
-            segment.txn_index.append(
-                AbortedTxn(
-                    completed.producer_id,
-                    completed.first_offset,
-                    completed.last_offset,
-                    lso,
-                )
-            )
+        apply_marker(self.state, header, control_type, coordinator_epoch, segment)
 
     def _write(self, encoded: EncodedBatch, now: int) -> BatchHeader:
         if self._should_roll(encoded.size, now):
@@ -546,13 +539,7 @@ class PartitionLog:
 
     def batches_from(self, offset: int) -> Iterator[tuple[LogSegment, StoredBatch]]:
         """Every stored batch holding ``offset`` or after it, with its segment."""
-        for seg in self.segments:
-            if seg.next_offset <= offset:
-                continue
-            position = seg.position_of(offset)
-            if position is not None:
-                for stored in seg.batches(position):
-                    yield seg, stored
+        return batches_from(self.segments, offset)
 
     def read_control(self, offset: int) -> tuple[BatchHeader, ControlType] | None:
         """The marker at ``offset``, if there is one (for tests and tools)."""

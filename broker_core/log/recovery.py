@@ -14,28 +14,106 @@ After a crash:
 
 So the work after a crash is proportional to the tail since the last snapshot (taken at
 every segment roll), not to the size of the log.
+
+``recover_partition`` is a function of the directory, the log config and the producer
+state it fills; it returns the segments it recovered and ``PartitionLog`` builds itself
+from them. This module never imports ``partition_log`` (which imports it).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from broker_core.errors import CorruptRecordError
 from broker_core.fileutil import fsync_directory
-from broker_core.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TXN_INDEX_SUFFIX, LogSegment
+from broker_core.log.config import LogConfig
+from broker_core.log.indexes import AbortedTxn
+from broker_core.log.producer_state import ProducerStateManager, producer_batch
+from broker_core.log.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    LogSegment,
+    StoredBatch,
+)
 from broker_core.log.snapshot import delete_snapshots_below, list_snapshots, load_newest_valid
-from broker_core.record.batch import decode_control
-
-if TYPE_CHECKING:
-    from broker_core.log.partition_log import PartitionLog
+from broker_core.record.batch import BatchHeader, ControlType, decode_control
 
 log = logging.getLogger("idemlog.recovery")
 
+# Written by a clean close, consumed (deleted) by the next open: its presence means every
+# segment and the snapshot at the log end are durable and need no re-scan.
+CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 
-def _segment_offsets(log_: PartitionLog) -> list[int]:
+
+@dataclass(frozen=True, slots=True)
+class RecoveredLog:
+    """What opening a partition directory found.
+
+    ``segments`` is in offset order and empty only for a directory with no segment file
+    (a new partition); the producer state passed to ``recover_partition`` holds the
+    producers as of ``log_end_offset``.
+    """
+
+    segments: list[LogSegment]
+    clean: bool  # the directory held a clean-shutdown marker (nothing was re-scanned)
+    log_start_offset: int
+    log_end_offset: int
+    snapshot_offset: int | None  # the offset of the producer snapshot loaded, if any
+    replayed_from: int  # batches from here to the end were replayed into the state
+    producers: int  # producers in the state after recovery
+
+
+def batches_from(
+    segments: Sequence[LogSegment], offset: int
+) -> Iterator[tuple[LogSegment, StoredBatch]]:
+    """Every stored batch holding ``offset`` or after it, with its segment."""
+    for seg in segments:
+        if seg.next_offset <= offset:
+            continue
+        position = seg.position_of(offset)
+        if position is not None:
+            for stored in seg.batches(position):
+                yield seg, stored
+
+
+def apply_marker(
+    state: ProducerStateManager,
+    header: BatchHeader,
+    control_type: ControlType,
+    coordinator_epoch: int,
+    segment: LogSegment,
+) -> None:
+    """Producer-state and txn-index effects of a marker (append and recovery share it)."""
+    completed = state.on_marker(
+        header.producer_id,
+        header.producer_epoch,
+        control_type,
+        coordinator_epoch,
+        header.base_offset,
+        header.max_timestamp,
+    )
+    if completed is not None and completed.aborted:
+        # The LSO just after this marker, not the log's current LSO: during recovery the
+        # log end is already the recovered end, which would record a later LSO.
+        first_unstable = state.first_unstable_offset()
+        lso = header.next_offset if first_unstable is None else first_unstable
+        segment.txn_index.append(
+            AbortedTxn(
+                completed.producer_id,
+                completed.first_offset,
+                completed.last_offset,
+                lso,
+            )
+        )
+
+
+def _segment_offsets(directory: Path) -> list[int]:
     offsets = []
-    for path in log_.directory.iterdir():
+    for path in directory.iterdir():
         if path.name.endswith(".tmp"):
             path.unlink()  # an interrupted atomic write; the old file is still in place
             continue
@@ -44,7 +122,7 @@ def _segment_offsets(log_: PartitionLog) -> list[int]:
             if len(stem) != 20 or not stem.isdigit():
                 raise CorruptRecordError(f"{path}: not a segment name (<20-digit offset>.log)")
             offsets.append(int(stem))
-    for path in log_.directory.iterdir():
+    for path in directory.iterdir():
         stem, _, suffix = path.name.partition(".")
         if f".{suffix}" in (INDEX_SUFFIX, TXN_INDEX_SUFFIX):
             if len(stem) != 20 or not stem.isdigit():
@@ -54,64 +132,79 @@ def _segment_offsets(log_: PartitionLog) -> list[int]:
     return sorted(offsets)
 
 
-def recover(log_: PartitionLog) -> None:
-    from broker_core.log.partition_log import CLEAN_SHUTDOWN_FILE
+def recover_partition(
+    directory: Path,
+    config: LogConfig,
+    state: ProducerStateManager,
+    *,
+    name: str = "",
+) -> RecoveredLog:
+    """Open the segments of ``directory``, cut a torn tail, and rebuild ``state``.
 
-    directory = log_.directory
+    ``state`` must be empty; on return it holds the producers as of the recovered log end.
+    Files are changed only to repair the directory: a torn tail is truncated, segments
+    after it and orphan indexes are deleted, snapshots below the log start are deleted,
+    and the clean-shutdown marker is consumed. Raises CorruptRecordError for a file name
+    that is not a segment or index name, and OSError when the directory cannot be read.
+    """
+    name = name or directory.name
     marker = directory / CLEAN_SHUTDOWN_FILE
     clean = marker.exists()
-    offsets = _segment_offsets(log_)
+    offsets = _segment_offsets(directory)
     if not offsets:
         marker.unlink(missing_ok=True)
-        return
+        return RecoveredLog([], clean, 0, 0, None, 0, len(state))
     segments = [LogSegment(directory, base) for base in offsets]
-    log_.segments = segments
     snapshots = list_snapshots(directory)
     if clean:
         for seg in segments:
-            seg.load_summary(log_.config.index_interval_bytes)
+            seg.load_summary(config.index_interval_bytes)
     else:
         newest = snapshots[-1][0] if snapshots else offsets[0]
         first_scanned = max(i for i, base in enumerate(offsets) if base <= newest or i == 0)
         for seg in segments[:first_scanned]:
-            seg.load_summary(log_.config.index_interval_bytes)
-        _scan_tail(log_, first_scanned)
+            seg.load_summary(config.index_interval_bytes)
+        _scan_tail(directory, name, segments, first_scanned, config.index_interval_bytes)
 
-    end = log_.log_end_offset
-    loaded = load_newest_valid(directory, window=log_.state.window, at_most=end)
-    if loaded is not None and loaded[0] < log_.log_start_offset:
+    start, end = segments[0].base_offset, segments[-1].next_offset
+    loaded = load_newest_valid(directory, window=state.window, at_most=end)
+    if loaded is not None and loaded[0] < start:
         loaded = None  # older than the log: its producers' later writes are gone
-    replay_from = log_.log_start_offset
+    replay_from = start
+    snapshot_offset: int | None = None
     if loaded is not None:
         replay_from, entries = loaded
-        log_.state.load(entries)
+        snapshot_offset = replay_from
+        state.load(entries)
     if not clean or replay_from != end:
-        _replay(log_, replay_from)
-    delete_snapshots_below(directory, log_.log_start_offset)
+        _replay(segments, state, replay_from)
+    delete_snapshots_below(directory, start)
     if clean:
         marker.unlink()
         fsync_directory(directory)
     log.info(
         "%s: opened %s (%d segments, offsets %d..%d, %d producers, replayed from %d)",
-        log_.name,
+        name,
         "after a clean shutdown" if clean else "after a crash",
         len(segments),
-        log_.log_start_offset,
+        start,
         end,
-        len(log_.state),
+        len(state),
         replay_from,
     )
+    return RecoveredLog(segments, clean, start, end, snapshot_offset, replay_from, len(state))
 
 
-def _scan_tail(log_: PartitionLog, first: int) -> None:
-    """CRC-check segments[first:], truncating at the first bad batch."""
-    segments = log_.segments
-    interval = log_.config.index_interval_bytes
+def _scan_tail(
+    directory: Path, name: str, segments: list[LogSegment], first: int, interval: int
+) -> None:
+    """CRC-check segments[first:], truncating at the first bad batch (in place)."""
     expected = segments[first].base_offset
     for i in range(first, len(segments)):
         seg = segments[i]
         if seg.base_offset != expected:
-            _truncate_after(log_, i - 1, f"segment {seg.log_path.name} does not follow on")
+            why = f"segment {seg.log_path.name} does not follow on"
+            _truncate_after(directory, name, segments, i - 1, why)
             return
         seg.index.truncate_from_position(0)
         seg.first_timestamp = seg.max_timestamp = -1
@@ -125,41 +218,39 @@ def _scan_tail(log_: PartitionLog, first: int) -> None:
         if seg.scan_error is not None or valid != file_size:
             log.warning(
                 "%s: truncating %s at byte %d of %d: %s",
-                log_.name,
+                name,
                 seg.log_path.name,
                 valid,
                 file_size,
                 seg.scan_error or "trailing bytes",
             )
             seg.truncate_to(valid)
-            _truncate_after(log_, i, "after a truncated segment")
+            _truncate_after(directory, name, segments, i, "after a truncated segment")
             return
         expected = seg.next_offset
 
 
-def _truncate_after(log_: PartitionLog, index: int, why: str) -> None:
-    for seg in log_.segments[index + 1 :]:
-        log.warning("%s: deleting segment %s (%s)", log_.name, seg.log_path.name, why)
+def _truncate_after(
+    directory: Path, name: str, segments: list[LogSegment], index: int, why: str
+) -> None:
+    for seg in segments[index + 1 :]:
+        log.warning("%s: deleting segment %s (%s)", name, seg.log_path.name, why)
         seg.delete()
-    del log_.segments[index + 1 :]
-    fsync_directory(log_.directory)
+    del segments[index + 1 :]
+    fsync_directory(directory)
 
 
-def _replay(log_: PartitionLog, offset: int) -> None:
-    from broker_core.log.producer_state import producer_batch
-
-    for seg in log_.segments:
+def _replay(segments: list[LogSegment], state: ProducerStateManager, offset: int) -> None:
+    for seg in segments:
         # Every segment, even one cut back to or below ``offset`` by the tail scan: it may
         # still list aborts whose markers are gone, which would hide later data.
         seg.txn_index.truncate_from(offset)
-    for seg, stored in log_.batches_from(offset):
+    for seg, stored in batches_from(segments, offset):
         h = stored.header
         if h.base_offset < offset:
             continue
         if h.is_control:
             record = decode_control(h, stored.data)
-            log_.apply_marker(h, record.control_type, record.coordinator_epoch, seg)
+            apply_marker(state, h, record.control_type, record.coordinator_epoch, seg)
         else:
-            log_.state.on_data_batch(
-                producer_batch(h), h.base_offset, h.last_offset, h.max_timestamp
-            )
+            state.on_data_batch(producer_batch(h), h.base_offset, h.last_offset, h.max_timestamp)

@@ -32,7 +32,6 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
 )
-from kazoo.protocol.states import KazooState
 
 from broker_core.errors import (
     ConcurrentTransactionsError,
@@ -44,7 +43,7 @@ from broker_core.errors import (
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.txn.state import SinkCommitRecord, TransactionMetadata
-from broker_core.zookeeper import ZK_UNAVAILABLE
+from broker_core.zookeeper import ZkSession, ZkUnavailable
 
 log = logging.getLogger("idemlog.txn")
 
@@ -166,7 +165,6 @@ def _check_key(stored: str, key: str, where: str) -> None:
 
 # ZooKeeper's default jute.maxbuffer is 1 MiB per request; stay clear of it.
 MAX_ZNODE_BYTES = 1_000_000
-_UNAVAILABLE = ZK_UNAVAILABLE
 _CONFLICT = (BadVersionError, NodeExistsError, NoNodeError)
 
 
@@ -217,10 +215,6 @@ def znode_name(key: str) -> str:
     return quote(key, safe="").replace(".", "%2E")
 
 
-class _Unavailable(Exception):
-    """Internal: ZooKeeper cannot be reached right now; the request is retried."""
-
-
 class ZkTxnStateStore:
     """One JSON znode per transactional id and per sink under ``root``::
 
@@ -246,28 +240,14 @@ class ZkTxnStateStore:
         self.transactions_path = f"{root}/transactions"
         self.sinks_path = f"{root}/sinks"
         self._retry_deadline_s = retry_deadline_s
-        self._request_timeout_s = request_timeout_s
         self._versions_lock = threading.Lock()
         # znode path -> the version this store last saw and the coordinator epoch that wrote it
         self._versions: dict[str, _Seen] = {}
-        self._state = threading.Condition()
-        self._connected = False
-        self._generation = 0  # counts connections, so a wait ends on a *new* one only
-        client.add_listener(self._on_state)
-        if client.connected:
-            self._on_state(KazooState.CONNECTED)
+        self._session = ZkSession(client, request_timeout_s=request_timeout_s)
 
     def close(self) -> None:
         """Detach from the client (which belongs to the caller and stays open)."""
-        self._client.remove_listener(self._on_state)
-
-    def _on_state(self, state: str) -> None:
-        # On kazoo's connection thread: must not block.
-        with self._state:
-            self._connected = state == KazooState.CONNECTED
-            if self._connected:
-                self._generation += 1
-                self._state.notify_all()
+        self._session.close()
 
     def transaction_path(self, transactional_id: str) -> str:
         return f"{self.transactions_path}/{znode_name(transactional_id)}"
@@ -394,46 +374,27 @@ class ZkTxnStateStore:
 
     # -- connection handling -----------------------------------------------------------
     def _retrying(self, attempt: Callable[[float], Any], what: str) -> Any:
-        deadline = time.monotonic() + self._retry_deadline_s
-        delay = 0.05
-        while True:
-            with self._state:
-                generation = self._generation
-            try:
-                return attempt(deadline)
-            except _Unavailable as exc:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RequestTimedOutError(
-                        f"ZooKeeper unavailable for {self._retry_deadline_s:g}s while writing "
-                        f"or reading {what}: {exc}"
-                    ) from exc
-                log.warning("ZooKeeper unavailable (%s) for %s, retrying", exc, what)
-                self._wait_for_new_connection(generation, min(delay, remaining))
-                delay = min(delay * 2, 1.0)
+        """``attempt(deadline)`` retried while ZooKeeper is unavailable, for up to
+        ``retry_deadline_s``; then RequestTimedOutError (retriable)."""
 
-    def _wait_for_new_connection(self, generation: int, timeout: float) -> None:
-        """Back off ``timeout``, less if a connection newer than ``generation`` comes up.
+        def on_retry(exc: ZkUnavailable, attempts: int, delay: float) -> None:
+            log.warning("ZooKeeper unavailable (%s) for %s, retrying", exc, what)
 
-        Only a new connection ends it early: the one that failed may still look up for a
-        moment, and retrying on it at once would spin.
-        """
-        with self._state:
-            self._state.wait_for(
-                lambda: self._connected and self._generation != generation, timeout
+        def give_up(exc: ZkUnavailable, attempts: int) -> RequestTimedOutError:
+            return RequestTimedOutError(
+                f"ZooKeeper unavailable for {self._retry_deadline_s:g}s while writing "
+                f"or reading {what}: {exc}"
             )
 
+        return self._session.retrying(
+            attempt,
+            deadline=time.monotonic() + self._retry_deadline_s,
+            give_up=give_up,
+            backoff_s=0.05,
+            max_backoff_s=1.0,
+            on_retry=on_retry,
+        )
+
     def _call(self, request: Callable[[], Any], deadline: float) -> Any:
-        with self._state:
-            connected = self._connected
-        if not connected:
-            raise _Unavailable("not connected")  # kazoo would queue it until reconnected
-        timeout = max(0.0, min(self._request_timeout_s, deadline - time.monotonic()))
-        try:
-            return request().get(timeout=timeout)
-        except _UNAVAILABLE as exc:
-            raise _Unavailable(type(exc).__name__) from exc
-        except Exception as exc:
-            if isinstance(exc, self._client.handler.timeout_exception):
-                raise _Unavailable(f"no reply within {timeout:.1f}s") from exc
-            raise
+        # Never queued into a disconnected client: ZkUnavailable instead (retried above).
+        return self._session.call(request, deadline=deadline)

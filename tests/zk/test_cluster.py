@@ -531,7 +531,7 @@ def test_concurrent_epoch_bumps_never_lose_an_increment(
         try:
             start.wait(WAIT_S)
             for _ in range(10):
-                results.append(member.cluster._bump_controller_epoch())
+                results.append(member.cluster._control.bump_controller_epoch())
         except BaseException as exc:
             errors.append(exc)
 
