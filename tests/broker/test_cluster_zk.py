@@ -19,8 +19,9 @@ from broker_core.client.broker_client import BrokerAddress, BrokerClient
 from broker_core.client.produce_stream import ProduceStream
 from broker_core.errors import IdemlogError, InvalidTxnStateError
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
-from tests.broker.conftest import TEST_BROKER_CONFIG, ids, prepared_attempt, rows, wait_until
+from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 
 ClientFor = Callable[..., BrokerClient]
@@ -133,7 +134,7 @@ def _new_controller(client: BrokerClient, survivor: BrokerProcess, old: int) -> 
         found.append(controller)
         return True
 
-    wait_until(elected, f"a controller other than broker {old}", FAILOVER_S)
+    wait_until(elected, f"a controller other than broker {old}", timeout=FAILOVER_S)
     return found[-1]
 
 
@@ -289,7 +290,7 @@ def test_new_controller_finishes_a_commit_its_predecessor_died_in(
     # The new coordinator finishes the PREPARE_COMMIT from ZooKeeper on its own.
     for p in parts:
         stable = functools.partial(_stable, client, "failover", p)
-        wait_until(stable, f"failover-{p} stable", FAILOVER_S)
+        wait_until(stable, f"failover-{p} stable", timeout=FAILOVER_S)
         assert ids(client, "failover", p) == _expected(p, range(2))  # once, committed
     # The client's retry of end_txn reaches the new coordinator and is a no-op.
     _retry_until(lambda: client.end_txn("failover-app", pid, epoch, commit=True), "end_txn retry")

@@ -19,7 +19,7 @@ from broker_core.server.marker_client import (
     parse_stable_offsets,
     stable_offsets_doc,
 )
-from tests.broker.conftest import ids, rows
+from tests.broker.helpers import ids, rows
 from tests.harness.broker import BrokerProcess
 
 if TYPE_CHECKING:

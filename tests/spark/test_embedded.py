@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from spark_sink.embedded import (
     stop_broker,
 )
 from spark_sink.errors import EmbeddedBrokerError
+from tests.harness.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SUBPROCESS_TIMEOUT_S = 120.0
@@ -66,10 +66,7 @@ def alive(pid: int) -> bool:
 
 
 def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while alive(pid):
-        assert time.monotonic() < deadline, f"pid {pid} still alive after {timeout_s} s"
-        time.sleep(0.01)
+    wait_until(lambda: not alive(pid), f"pid {pid} to exit", timeout=timeout_s)
 
 
 def ensure_subprocess(path: str) -> subprocess.Popen[str]:
