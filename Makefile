@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo demo-store test lint typecheck unit bench-store bench-broker bench-producer bench-spark clean
+.PHONY: setup demo demo-store test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark clean
 
 setup: $(STAMP) $(ZK_SERVER) jars
 
@@ -72,6 +72,12 @@ typecheck: setup
 # The test command (CI runs exactly this): lint, types, then the whole suite.
 test: lint typecheck
 	$(VENV)/bin/pytest -q --durations=15
+
+# The fast tier (docs/contributing.md): the unit and store tests without Spark, ZooKeeper or
+# slow ones, in well under two minutes; lint and types are `make lint typecheck`.
+FAST_TIER := tests/unit tests/store -m "not spark and not zookeeper and not slow"
+test-fast: setup
+	$(VENV)/bin/pytest -q --durations=10 $(FAST_TIER)
 
 bench-store: setup
 	$(PY) -m benchmarks.bench_store

@@ -27,7 +27,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.wire import Action, ProduceRequestMeta, encode_json, parse_error_message
-from tests.broker.conftest import SCHEMA, ids, rows
+from tests.broker.helpers import SCHEMA, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 
 ClientFor = Callable[[BrokerProcess], BrokerClient]

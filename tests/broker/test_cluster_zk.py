@@ -9,7 +9,6 @@ ZooKeeper session expires; every wait below polls the cluster's metadata with a 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,8 +18,10 @@ from broker_core.client.broker_client import BrokerAddress, BrokerClient
 from broker_core.client.produce_stream import ProduceStream
 from broker_core.errors import IdemlogError, InvalidTxnStateError
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
-from tests.broker.conftest import TEST_BROKER_CONFIG, ids, prepared_attempt, rows, wait_until
+from broker_core.retry import RetryPolicy
+from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 
 ClientFor = Callable[..., BrokerClient]
@@ -133,20 +134,16 @@ def _new_controller(client: BrokerClient, survivor: BrokerProcess, old: int) -> 
         found.append(controller)
         return True
 
-    wait_until(elected, f"a controller other than broker {old}", FAILOVER_S)
+    wait_until(elected, f"a controller other than broker {old}", timeout=FAILOVER_S)
     return found[-1]
 
 
 def _retry_until(call: Callable[[], Any], what: str, timeout: float = FAILOVER_S) -> Any:
-    """``call()`` until it stops failing with a retriable error, within a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return call()
-        except IdemlogError as exc:
-            if not exc.retriable or time.monotonic() > deadline:
-                raise
-        time.sleep(0.05)  # backoff between retries of a request to another process
+    """``call()`` until it stops failing with a retriable error, within a deadline; the
+    last error as it is after that (``what`` names the call for the reader)."""
+    # A fixed 50 ms between retries of a request to another process, as the tests expect.
+    policy = RetryPolicy(deadline_s=timeout, backoff_s=0.05, max_backoff_s=0.05, jitter=0.0)
+    return policy.call(call)
 
 
 # -- 1. routing from any broker ----------------------------------------------------------
@@ -289,7 +286,7 @@ def test_new_controller_finishes_a_commit_its_predecessor_died_in(
     # The new coordinator finishes the PREPARE_COMMIT from ZooKeeper on its own.
     for p in parts:
         stable = functools.partial(_stable, client, "failover", p)
-        wait_until(stable, f"failover-{p} stable", FAILOVER_S)
+        wait_until(stable, f"failover-{p} stable", timeout=FAILOVER_S)
         assert ids(client, "failover", p) == _expected(p, range(2))  # once, committed
     # The client's retry of end_txn reaches the new coordinator and is a no-op.
     _retry_until(lambda: client.end_txn("failover-app", pid, epoch, commit=True), "end_txn retry")

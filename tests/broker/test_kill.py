@@ -13,8 +13,9 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle
 from broker_core.errors import IdemlogError, NetworkError, ProducerFencedError
-from tests.broker.conftest import TEST_BROKER_CONFIG, ids, rows, wait_until
+from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.waiting import wait_until
 
 ClientFor = Callable[..., BrokerClient]
 ROWS = 50  # rows per batch; batch i holds ids i*ROWS .. i*ROWS+ROWS-1, sequence i*ROWS

@@ -17,7 +17,7 @@ from broker_core.protocol.requests import WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action
 from broker_core.server.marker_client import LedPartitions, RoutingMarkerWriter
 from broker_core.txn.markers import MarkerWriter
-from tests.broker.conftest import ids, rows
+from tests.broker.helpers import ids, rows
 from tests.harness.broker import BrokerProcess
 
 ClientFor = Callable[..., BrokerClient]

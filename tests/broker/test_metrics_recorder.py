@@ -18,7 +18,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, IdemlogError
 from jobs.metrics_recorder import SCHEMA, MetricsRecorder, main, read_metrics
 from spark_sink import progress
-from tests.broker.conftest import rows
+from tests.broker.helpers import rows
 from tests.harness.broker import BrokerFactory
 from tests.sink_figures import figures
 

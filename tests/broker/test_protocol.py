@@ -28,8 +28,9 @@ from broker_core.protocol.wire import (
     decode_fetch_meta,
     encode_json,
 )
-from tests.broker.conftest import SCHEMA, ids, prepared_attempt, rows, wait_until
+from tests.broker.helpers import SCHEMA, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.waiting import wait_until
 
 ClientFor = Callable[..., BrokerClient]
 

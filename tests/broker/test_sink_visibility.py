@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkAttempt
-from tests.broker.conftest import TEST_BROKER_CONFIG, rows, wait_until
+from tests.broker.helpers import TEST_BROKER_CONFIG, rows
 from tests.harness.broker import BrokerFactory
+from tests.harness.waiting import wait_until
 
 ClientFor = Callable[..., BrokerClient]
 TOPIC = "sink_vis"

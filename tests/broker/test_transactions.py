@@ -18,8 +18,9 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.wire import Action, SinkAttempt
-from tests.broker.conftest import TEST_BROKER_CONFIG, ids, prepared_attempt, rows, wait_until
+from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 
 ClientFor = Callable[..., BrokerClient]

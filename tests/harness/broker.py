@@ -19,7 +19,9 @@ arguments, so the brokers are killed before the chroot is deleted.
 
 :class:`BrokerFactory` (fixture ``broker_factory``) creates brokers under a test's
 tmp_path and kills whatever is still running at teardown, so no process outlives its
-test; an ``atexit`` hook kills any left by an interrupted run.
+test; an ``atexit`` hook kills any left by an interrupted run. The fixtures
+(``broker_factory``, ``broker``, ``client``) are registered for the whole suite by
+``pytest_plugins`` in ``tests/conftest.py``: never import them into a test module.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
@@ -39,6 +40,7 @@ from typing import IO
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from tests.harness.waiting import WaitTimeout, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LISTENING = "LISTENING "
@@ -268,15 +270,12 @@ class BrokerProcess:
         return "\n".join(self.log_text().splitlines()[-lines:]) or "(empty log)"
 
     def wait_for_log(self, text: str, timeout: float = 10.0) -> None:
-        """Poll the log (with a deadline) until ``text`` appears in it."""
-        deadline = time.monotonic() + timeout
-        while text not in self.log_text():
-            if time.monotonic() > deadline:
-                raise BrokerHarnessError(
-                    f"{self.name}: {text!r} not in the log within {timeout:.0f}s; log:\n"
-                    f"{self.log_tail()}"
-                )
-            time.sleep(0.02)  # polling interval of a file written by another process
+        """Poll the log (a file written by another process, with a deadline) until
+        ``text`` appears in it; raises :class:`BrokerHarnessError` with the log's tail."""
+        try:
+            wait_until(lambda: text in self.log_text(), f"{text!r} in the log", timeout=timeout)
+        except WaitTimeout as exc:
+            raise BrokerHarnessError(f"{self.name}: {exc}; log:\n{self.log_tail()}") from None
 
 
 _LIVE: set[BrokerProcess] = set()

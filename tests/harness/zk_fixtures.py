@@ -1,8 +1,8 @@
 """pytest fixtures for tests against a real ZooKeeper server (see ``zookeeper.py``).
 
-Register them in a ``conftest.py`` by importing them::
-
-    from tests.harness.zk_fixtures import zk_chroot, zk_client, zk_server  # noqa: F401
+Registered for the whole suite by ``pytest_plugins`` in ``tests/conftest.py`` (do not
+import them into a test module or another conftest). Tests using them get the
+``zookeeper`` marker automatically.
 
 * ``zk_server`` (session): one server for the whole test session. If the jars or Java are
   missing, or the server does not come up, every test using it errors (never skips) with

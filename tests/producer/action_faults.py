@@ -22,11 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.flight as flight
-import pytest
 
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action, error_message
-from tests.harness.broker import BrokerProcess
 from tests.harness.fault_proxy import FaultProxy
 
 
@@ -78,10 +76,3 @@ class ActionFaultProxy(FaultProxy):
         raise flight.FlightUnavailableError(
             f"fault proxy: connection reset during {action.type} (injected)"
         )
-
-
-@pytest.fixture
-def proxy(broker: BrokerProcess) -> Iterator[ActionFaultProxy]:
-    """An :class:`ActionFaultProxy` in front of the test's broker."""
-    with ActionFaultProxy(broker.address) as p:
-        yield p

@@ -12,7 +12,7 @@ from spark_sink.producer.errors import BufferExhaustedError
 from spark_sink.producer.futures import SendCollector
 from spark_sink.producer.message_accumulator import MessageAccumulator
 from spark_sink.producer.producer_batch import TopicPartition
-from tests.producer.conftest import ManualClock
+from tests.producer.fakes import ManualClock
 
 TP = TopicPartition("t", 0)
 

@@ -30,8 +30,7 @@ from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.errors import MaxBlockTimeoutError
 from tests.producer.action_faults import ActionFault, ActionFaultProxy
-from tests.producer.action_faults import proxy as proxy  # fixture
-from tests.producer.conftest import AutoTransport, FakeTransport, table
+from tests.producer.fakes import AutoTransport, FakeTransport, table
 
 BEYOND_CLIENT_RETRIES = 7  # BrokerClient retries a coordinator call 5 times by itself
 FAST: dict[str, Any] = {

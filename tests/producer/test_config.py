@@ -11,7 +11,7 @@ from broker_core.config import load_properties
 from broker_core.errors import InvalidConfigError
 from spark_sink.producer import PRODUCER_CONFIG, Producer, ProducerConfig
 from spark_sink.producer.config import describe, render_properties
-from tests.producer.conftest import FakeTransport
+from tests.producer.fakes import FakeTransport
 
 
 def test_defaults() -> None:

@@ -4,7 +4,6 @@ broker directly with read_committed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,6 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import ErrorCode, NetworkError
 from spark_sink.producer import Producer
-from tests.harness.broker import BrokerProcess
 from tests.harness.fault_proxy import Fault, FaultProxy, Rule, nth_batch
 
 ROW_BYTES = 24  # id int64, key int64, value float64
@@ -34,12 +32,6 @@ def keyed(n: int, start: int = 0) -> pa.Table:
 def ids_of(client: BrokerClient, topic: str, partition: int = 0) -> list[int]:
     table = client.read_table(topic, partition, isolation="read_committed")
     return [] if table is None else table.column("id").to_pylist()
-
-
-@pytest.fixture
-def proxy(broker: BrokerProcess) -> Iterator[FaultProxy]:
-    with FaultProxy(broker.address) as p:
-        yield p
 
 
 def producer(proxy: FaultProxy, rows_per_batch: int = 100, **config: Any) -> Producer:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
@@ -15,16 +14,9 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import ProducerFencedError
 from spark_sink.producer import Producer, SendResult
 from tests.harness.broker import BrokerProcess
+from tests.harness.waiting import wait_until
 
 FAST = {"linger.ms": 2, "retry.backoff.ms": 20}
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Poll ``condition`` (state of another thread or process) until true or the deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.01)
 
 
 def keyed(n: int, start: int, keys: int = 500) -> pa.Table:
@@ -147,11 +139,19 @@ def test_broker_sigkill_mid_stream_then_restart(
         assert broker.kill() == -9
         # The producer keeps sending into the dead broker until its sends start failing.
         errors_before = producer.metrics.retries + producer.metrics.batch_errors
-        _wait_for(lambda: producer.metrics.retries + producer.metrics.batch_errors > errors_before)
+        wait_until(
+            lambda: producer.metrics.retries + producer.metrics.batch_errors > errors_before,
+            "the producer to see a retry or batch error",
+            timeout=60.0,
+        )
         broker.restart()
         # ... and resumes: acknowledgements flow again from the restarted broker.
         acked_before = producer.metrics.records_sent
-        _wait_for(lambda: producer.metrics.records_sent > acked_before + 10_000)
+        wait_until(
+            lambda: producer.metrics.records_sent > acked_before + 10_000,
+            "10,000 more records sent",
+            timeout=60.0,
+        )
     finally:
         stop.set()
         thread.join(30)

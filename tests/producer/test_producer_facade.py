@@ -8,7 +8,7 @@ import pytest
 from broker_core.errors import ErrorCode, InvalidTxnStateError, MessageTooLargeError
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.producer_batch import TopicPartition
-from tests.producer.conftest import AutoTransport, table
+from tests.producer.fakes import AutoTransport, table
 
 
 def test_send_pandas_and_arrow_resolves_offsets() -> None:

@@ -20,7 +20,7 @@ from spark_sink.producer.metrics import ProducerMetrics
 from spark_sink.producer.producer_batch import TopicPartition
 from spark_sink.producer.sender import Sender
 from spark_sink.producer.transaction_manager import TransactionManager, TxnState
-from tests.producer.conftest import FakeTransport, ManualClock, table
+from tests.producer.fakes import FakeTransport, ManualClock, table
 
 TP = TopicPartition("t", 0)
 OOS = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER.code

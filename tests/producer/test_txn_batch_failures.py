@@ -23,8 +23,7 @@ from broker_core.protocol.wire import Action
 from spark_sink.producer import DeliveryTimeoutError, Producer, TxnState
 from spark_sink.producer.producer_batch import TopicPartition
 from tests.producer.action_faults import ActionFault, ActionFaultProxy
-from tests.producer.action_faults import proxy as proxy  # fixture
-from tests.producer.conftest import FakeHandle, FakeTransport, ManualClock, table
+from tests.producer.fakes import FakeHandle, FakeTransport, ManualClock, table
 
 TP = TopicPartition("t", 0)
 TIMEOUTS: dict[str, Any] = {

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from jobs.metrics_recorder import SCHEMA as METRICS_SCHEMA
 from jobs.metrics_recorder import MetricsRecorder, read_metrics
 from spark_sink.embedded import ensure_broker, stop_broker
 from spark_sink.session import project_jars
+from tests.harness.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -181,12 +181,16 @@ def _export_killed_when(table: Path, store: str, topic: str, seen: Callable[[], 
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+    def reached() -> bool:  # watching the table directory for the event
+        if seen():
+            return True
+        assert job.poll() is None, f"the export ended ({job.returncode}) before the event"
+        return False
+
     try:
-        deadline = time.monotonic() + 180
-        while not seen():  # watching the table directory for the event
-            assert job.poll() is None, f"the export ended ({job.returncode}) before the event"
-            assert time.monotonic() < deadline, "the export never reached the event"
-            time.sleep(0.002)
+        # A short interval: the kill must land right after the event, not a while later.
+        wait_until(reached, "the export to reach the event", timeout=180, interval=0.002)
         os.killpg(job.pid, signal.SIGKILL)
     finally:
         if job.poll() is None:

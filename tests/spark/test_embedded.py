@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from spark_sink.embedded import (
     stop_broker,
 )
 from spark_sink.errors import EmbeddedBrokerError
+from tests.harness.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SUBPROCESS_TIMEOUT_S = 120.0
@@ -67,10 +67,7 @@ def alive(pid: int) -> bool:
 
 
 def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while alive(pid):
-        assert time.monotonic() < deadline, f"pid {pid} still alive after {timeout_s} s"
-        time.sleep(0.01)
+    wait_until(lambda: not alive(pid), f"pid {pid} to exit", timeout=timeout_s)
 
 
 def ensure_subprocess(path: str) -> subprocess.Popen[str]:
@@ -291,10 +288,12 @@ def test_recorded_zombie_counts_as_gone(path: str) -> None:
         created = psutil.Process(child.pid).create_time()
         assert child.stdout is not None
         child.stdout.read()  # EOF: it is exiting; unreaped, it becomes a zombie
-        deadline = time.monotonic() + 30.0
-        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline, "the child never became a zombie"
-            time.sleep(0.01)
+        # A zombie announces itself by no event: its status is polled.
+        wait_until(
+            lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE,
+            f"child {child.pid} to become a zombie",
+            timeout=30.0,
+        )
         record_state(path, child.pid, created)
         assert broker_pid(path) is None
         assert stop_broker(path) is False

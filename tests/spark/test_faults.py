@@ -26,7 +26,7 @@ from broker_core.client.broker_client import BrokerClient
 from spark_sink.embedded import broker_pid, ensure_broker
 from spark_sink.failpoints import POINTS
 from spark_sink.producer import Producer
-from tests.broker.conftest import wait_until
+from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
     ACCOUNTS,
     EXIT_FAILED,
@@ -78,10 +78,7 @@ def marker_name(entry: str) -> str:
 
 def wait_for_file(path: Path, timeout_s: float = 180.0) -> None:
     """Block until ``path`` exists (a failpoint fired in some Spark process)."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout_s} s"
-        time.sleep(0.01)
+    wait_until(path.exists, f"{path} to appear", timeout=timeout_s)
 
 
 def wait_gone(pid: int, timeout_s: float = 30.0) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,9 +35,7 @@ from spark_sink.reader import (
 from spark_sink.schema import normalise
 from spark_sink.topics import TopicInfo, require
 from tests.harness.broker import BrokerFactory, BrokerProcess
-from tests.harness.broker import broker as broker  # fixtures
-from tests.harness.broker import broker_factory as broker_factory
-from tests.harness.broker import client as client
+from tests.harness.waiting import wait_until
 
 FAST = {"linger.ms": 2, "retry.backoff.ms": 20}
 SCHEMA = normalise(pa.schema([("id", pa.int64()), ("name", pa.string())]))
@@ -421,14 +418,18 @@ def test_reading_offsets_deleted_by_retention_names_topic_partition_and_offsets(
                 producer.send(TOPIC, rows(i * 50, 50)).result(10)
         # Retention runs every 50 ms: wait until it deleted and has nothing more to delete
         # (the same log start over ten of its runs), so the batch read below is not raced.
-        deadline = time.monotonic() + 30
         seen = [-1]
-        while True:
+
+        def settled() -> bool:
             seen.append(client.list_offsets(TOPIC, 0)["log_start_offset"])
-            if seen[-1] > 0 and seen[-1] == seen[-2]:
-                break
-            assert time.monotonic() < deadline, f"retention never settled: {seen}"
-            time.sleep(0.5)
+            return seen[-1] > 0 and seen[-1] == seen[-2]
+
+        wait_until(
+            settled,
+            lambda: f"retention to settle (log starts seen: {seen})",
+            timeout=30,
+            interval=0.5,
+        )
 
         reader = stream_reader(broker, client)
         end = via_json(reader.latestOffset())

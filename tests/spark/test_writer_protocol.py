@@ -27,9 +27,6 @@ from spark_sink.writer import (
     stream_attempt,
 )
 from tests.harness.broker import BrokerProcess
-from tests.harness.broker import broker as broker  # fixtures
-from tests.harness.broker import broker_factory as broker_factory
-from tests.harness.broker import client as client
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

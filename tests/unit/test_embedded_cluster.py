@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,27 +21,11 @@ from broker_core.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
+from tests.harness.waiting import Recorder
 
 WAIT_S = 10.0
 BROKER = BrokerInfo(1, "127.0.0.1", 9092)
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())]).serialize().to_pybytes()
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.values: list[object] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, *args: object) -> None:
-        with self._cond:
-            self.values.append(args[0] if args else None)
-            self._cond.notify_all()
-
-    def wait(self, predicate: Callable[[list[object]], bool], what: str) -> None:
-        with self._cond:
-            assert self._cond.wait_for(lambda: predicate(self.values), WAIT_S), (
-                f"timed out waiting for {what}; callbacks so far: {self.values}"
-            )
 
 
 @pytest.fixture
@@ -67,7 +50,7 @@ def test_single_broker_is_live_and_the_controller_once_registered(
     open_cluster: Callable[..., EmbeddedCluster],
 ) -> None:
     cluster = open_cluster()
-    control = Recorder()
+    control = Recorder(WAIT_S)
     cluster.on_controller_change(control)
     assert (cluster.brokers(), cluster.controller(), cluster.is_controller()) == ([], None, False)
 
@@ -78,7 +61,7 @@ def test_single_broker_is_live_and_the_controller_once_registered(
     assert cluster.controller() == bound
     assert cluster.is_controller()
     control.wait(lambda v: v == [True], "the gain")
-    late = Recorder()
+    late = Recorder(WAIT_S)
     cluster.on_controller_change(late)
     late.wait(lambda v: v == [True], "the gain, for a late subscriber")
     with pytest.raises(InvalidConfigError, match=r"broker id 2.*broker id 1"):
@@ -130,8 +113,8 @@ def test_topic_callbacks_fire_on_create_and_delete(
     open_cluster: Callable[..., EmbeddedCluster],
 ) -> None:
     cluster = open_cluster()
-    seen = Recorder()
-    third = Recorder()
+    seen = Recorder(WAIT_S)
+    third = Recorder(WAIT_S)
 
     def broken() -> None:
         raise RuntimeError("a subscriber's bug")

@@ -21,6 +21,7 @@ from broker_core.txn.pid_manager import (
     ProducerIdBlock,
     ProducerIdManager,
 )
+from tests.harness.waiting import Recorder
 
 
 def test_sequential_blocks_and_record_format(tmp_path: Path) -> None:
@@ -179,28 +180,28 @@ def test_unwritable_location_is_a_retriable_allocation_error(tmp_path: Path) -> 
 
 
 class RecordingSource:
-    """Wraps a source, counts leases and fails those whose 1-based numbers are in ``fail``."""
+    """Wraps a source, records each lease's 1-based number and fails those in ``fail``."""
 
     def __init__(self, inner: FileProducerIdBlockSource, fail: set[int] | None = None) -> None:
         self.inner = inner
         self.fail = fail or set()
-        self.calls = 0
-        self._changed = threading.Condition()
+        self.leases = Recorder(timeout=10.0)
+        self._numbering = threading.Lock()  # a number and its record, atomically
+
+    @property
+    def calls(self) -> int:
+        return len(self.leases)
 
     def next_block(self, broker_id: int) -> ProducerIdBlock:
-        with self._changed:
-            self.calls += 1
-            number = self.calls
-            self._changed.notify_all()
+        with self._numbering:
+            number = len(self.leases) + 1
+            self.leases.record(number)
         if number in self.fail:
             raise ProducerIdAllocationError("injected lease failure")
         return self.inner.next_block(broker_id)
 
-    def wait_for_calls(self, count: int, timeout: float = 10.0) -> None:
-        with self._changed:
-            assert self._changed.wait_for(lambda: self.calls >= count, timeout), (
-                f"{self.calls} leases, expected {count}"
-            )
+    def wait_for_calls(self, count: int) -> None:
+        self.leases.wait_for_count(count, f"{count} leases")
 
 
 def test_manager_hands_out_every_id_once_and_prefetches_at_90_percent(tmp_path: Path) -> None:

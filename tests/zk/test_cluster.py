@@ -37,6 +37,7 @@ from broker_core.txn.coordinator import (
 )
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
 from broker_core.txn.state_store import CoordinatorEpochFencedError, ZkTxnStateStore
+from tests.harness.waiting import Recorder, wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA as STORE_SCHEMA
 from tests.store.helpers import read_ids
@@ -45,32 +46,6 @@ from tests.store.helpers import rows as store_rows
 ROOT = "/idemlog"
 WAIT_S = 15.0
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())]).serialize().to_pybytes()
-
-
-def wait_until(condition: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.01)  # poll interval of a deadline-bounded wait on state in other threads
-
-
-class Recorder:
-    """Collects callback values; ``wait`` blocks on an event until one matches."""
-
-    def __init__(self) -> None:
-        self.values: list[object] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, *args: object) -> None:
-        with self._cond:
-            self.values.append(args[0] if args else None)
-            self._cond.notify_all()
-
-    def wait(self, predicate: Callable[[list[object]], bool], what: str) -> None:
-        with self._cond:
-            assert self._cond.wait_for(lambda: predicate(self.values), WAIT_S), (
-                f"timed out waiting for {what}; callbacks so far: {self.values}"
-            )
 
 
 class SimBroker:

@@ -6,7 +6,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from broker_core.txn.pid_manager import (
     ProducerIdManager,
     ZkProducerIdBlockSource,
 )
+from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ClientFactory, ZooKeeperHarness
 
 PATH = LATEST_PRODUCER_ID_BLOCK_PATH
@@ -33,13 +33,6 @@ def triples(blocks: list[ProducerIdBlock]) -> list[tuple[int, int, int]]:
 def stored(client: Any) -> tuple[ProducerIdBlock, int]:
     data, stat = client.get(PATH)
     return ProducerIdBlock.from_record(data, PATH), stat.version
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.01)  # poll interval of a deadline-bounded wait on a counter
 
 
 def unavailable_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -251,7 +244,7 @@ def test_server_down_current_block_still_served_then_lease_resumes(
     began = time.monotonic()
     assert [manager.generate_producer_id() for _ in range(101)] == list(range(899, 1000))
     assert time.monotonic() - began < 2.0
-    wait_until(lambda: source.unavailable_retries >= 2, 10.0, "the prefetch to retry")
+    wait_until(lambda: source.unavailable_retries >= 2, "the prefetch to retry", timeout=10.0)
 
     # The block is used up: the next id waits for ZooKeeper.
     outcome: dict[str, Any] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from broker_core.txn.state import (
     TransactionState,
 )
 from broker_core.txn.state_store import ZkTxnStateStore, znode_name
+from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA, read_ids, rows
 
@@ -40,13 +40,6 @@ def meta(tid: str, epoch: int = 0, state: TransactionState = S.EMPTY) -> Transac
 def stored(client: Any, path: str) -> tuple[dict[str, Any], int]:
     data, stat = client.get(path)
     return json.loads(data), stat.version
-
-
-def wait_until(condition: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.01)  # poll interval of a deadline-bounded wait
 
 
 def test_round_trip_and_node_layout(zk_chroot: ZooKeeperHarness) -> None:
@@ -127,6 +120,7 @@ def test_a_put_waits_for_zookeeper_to_come_back(
     wait_until(
         lambda: any("ZooKeeper unavailable" in r.getMessage() for r in caplog.records),
         "the put to report ZooKeeper unavailable",
+        timeout=20.0,
     )
     assert not done.is_set()
     zk_chroot.start_server()

@@ -1,0 +1,62 @@
+"""Helpers of the broker tests (plain functions, not fixtures: the fixtures are in
+conftest.py, which test modules never import)."""
+
+from __future__ import annotations
+
+from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.wire import SinkAttempt
+from tests.store.helpers import SCHEMA, rows
+
+__all__ = ["SCHEMA", "TEST_BROKER_CONFIG", "ids", "prepared_attempt", "rows"]
+
+# Small limits, so the tests can hit them with small batches.
+TEST_BROKER_CONFIG: dict[str, object] = {
+    "max.request.bytes": 256 * 1024,
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": 100,
+}
+
+
+def ids(
+    client: BrokerClient, topic: str, partition: int = 0, isolation: str = "read_committed"
+) -> list[int]:
+    """Every id readable from the partition, in offset order."""
+    result: list[int] = []
+    for _meta, batch in client.fetch(topic, partition, isolation=isolation):
+        result.extend(batch.column("id").to_pylist())
+    return result
+
+
+def prepared_attempt(
+    client: BrokerClient,
+    attempt: SinkAttempt,
+    task: int,
+    topic: str,
+    batches: dict[int, list[range]],
+    *,
+    timeout_ms: int | None = None,
+) -> tuple[str, int, int]:
+    """One sink task attempt as the Spark writer makes it: InitProducerId for
+    ``<sink>/<task>``, the id ranges of ``batches[p]`` into partition p in one
+    transaction, then prepare with the offsets they got. Its (transactional id, pid,
+    epoch), for the driver's commit."""
+    tid = f"{attempt.sink_id}/{task}"
+    pid, epoch, _ = client.init_sink_producer(tid, timeout_ms, attempt)
+    client.add_partitions_to_txn(tid, pid, epoch, [(topic, p) for p in batches])
+    ranges = []
+    for p, spans in batches.items():
+        with client.produce_stream(topic, p) as stream:
+            acked, sequence = [], 0
+            for span in spans:
+                acked.append(
+                    stream.send(
+                        rows(len(span), start=span.start),
+                        producer_id=pid,
+                        producer_epoch=epoch,
+                        base_sequence=sequence,
+                        transactional=True,
+                    ).offsets(10)
+                )
+                sequence += len(span)
+        ranges.append((topic, p, acked[0][0], acked[-1][1]))
+    client.prepare_sink_txn(tid, pid, epoch, attempt.batch_id, ranges)
+    return tid, pid, epoch

@@ -1,0 +1,37 @@
+"""Root of the test suite: the shared harness fixtures and the tier markers.
+
+Fixtures used by more than one test package are registered here, once, through
+``pytest_plugins`` (never imported into a test module or another conftest):
+
+* ``tests.harness.zk_fixtures``: ``zk_server`` (a real ZooKeeper for the session),
+  ``zk_chroot``, ``zk_client``;
+* ``tests.harness.broker``: ``broker_factory``, ``broker``, ``client`` (real broker
+  processes, killed at teardown).
+
+Markers (declared in pyproject.toml, ``--strict-markers``) are applied here, by where a
+test lives and what it uses, so a new test cannot forget its tier:
+
+* ``spark``: every test under ``tests/spark/``;
+* ``zookeeper``: every test that uses the ``zk_server`` fixture, directly or through
+  ``zk_chroot``/``zk_client``;
+* ``slow``: set by hand (``@pytest.mark.slow``) on tests that take more than a few seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["tests.harness.zk_fixtures", "tests.harness.broker"]
+
+SPARK_DIR = Path(__file__).parent / "spark"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(SPARK_DIR):
+            item.add_marker(pytest.mark.spark)
+        # fixturenames is the whole closure: zk_client -> zk_chroot -> zk_server counts.
+        if "zk_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.zookeeper)
