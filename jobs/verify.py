@@ -1,4 +1,4 @@
-"""The proof DESIGN §8 asks for: what was read back vs what was meant to be written.
+"""The proof docs/design.md §8 asks for: what was read back vs what was meant to be written.
 
 Every expected id must be present exactly once, nothing else may be there, and the rows
 of one key must be in input order (ids increasing) in log order, which needs the

@@ -1,6 +1,6 @@
 """Readers of ``spark.read.format("idemlog")`` and ``spark.readStream.format("idemlog")``.
 
-Why they look like this (DESIGN §7):
+Why they look like this (docs/design.md §7):
 
 * **Offsets are the log's own.** An input partition is one log partition's offset range
   ``[start, end)``; a stream offset is ``{"<partition>": next offset to read, ...}`` (JSON

@@ -2,7 +2,7 @@
 
 Executors run the sink in Python workers, which must be this interpreter (the one with
 the project installed), so ``PYSPARK_PYTHON`` is set before the JVM starts. ``local[N,F]``
-gives task retries (plain ``local[N]`` never retries, DESIGN §6). Jars the set-up fetched
+gives task retries (plain ``local[N]`` never retries, docs/design.md §6). Jars the set-up fetched
 into ``jars/`` (Delta) are passed with ``spark.jars``: nothing is downloaded at run time.
 """
 

@@ -170,7 +170,7 @@ class TopicAssignment:
 
 
 class ClusterMetadata(Protocol):
-    """What a broker needs to know about the cluster (docs/broker-contract.md)."""
+    """What a broker needs to know about the cluster (docs/architecture.md)."""
 
     def register(self, broker: BrokerInfo) -> None: ...
     def brokers(self) -> list[BrokerInfo]: ...

@@ -1,6 +1,6 @@
 """The idempotence validator: may this producer's batch be appended to this partition?
 
-Rules (DESIGN.md §4), checked against the cached state of the producer on the partition.
+Rules (docs/design.md §4), checked against the cached state of the producer on the partition.
 A duplicate of a cached batch is answered before these checks, with its original offsets.
 
 - epoch lower than the stored one: INVALID_PRODUCER_EPOCH (a fenced zombie);

@@ -1,4 +1,4 @@
-"""The transaction coordinator (DESIGN §5, §6): transactional ids, epochs, commits, sinks.
+"""The transaction coordinator (docs/design.md §5, §6): transactional ids, epochs, commits, sinks.
 
 Every decision is made durable in the :class:`TxnStateStore` before anybody acts on it:
 
@@ -422,7 +422,7 @@ class TransactionCoordinator:
         self._core.check_running()
         self._core.touch_run(check_sink_id(sink_id), check_run_id(run_id), self._core.now())
 
-    # -- sinks (DESIGN §6) ----------------------------------------------------------------
+    # -- sinks (docs/design.md §6) --------------------------------------------------------
     def commit_sink_batch(
         self,
         sink_id: str,

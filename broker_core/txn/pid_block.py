@@ -1,4 +1,4 @@
-"""Producer-id allocation: blocks of 1000 ids leased from one shared record (DESIGN §5).
+"""Producer-id allocation: blocks of 1000 ids leased from one shared record (docs/design.md §5).
 
 The record, in ZooKeeper node ``/latest_producer_id_block`` or, without ZooKeeper, in a
 local file, is UTF-8 JSON, byte for byte what Kafka writes::

@@ -1,4 +1,4 @@
-"""Hands out single producer ids from leased blocks (DESIGN §5).
+"""Hands out single producer ids from leased blocks (docs/design.md §5).
 
 :class:`ProducerIdManager` serves ids from the current block and fetches the next block in
 the background once 90% of the current one is used; the blocks come from a

@@ -1,4 +1,4 @@
-"""Transaction coordinator state: one record per transactional id and per sink (DESIGN §5, §6).
+"""Transaction coordinator state: one record per transactional id, per sink (docs/design.md §5, §6).
 
 :class:`TransactionState` is Kafka's transaction state machine with its transition table
 written out; :class:`TransactionMetadata` is what the coordinator keeps (and persists) per

@@ -1,5 +1,5 @@
 """The idemlog producer client: Arrow accumulator, pipelined sender with ordered retries,
-epoch bumps and transactions (DESIGN §3, §9 items 13-15). Usable without Spark.
+epoch bumps and transactions (docs/design.md §3, §9 items 13-15). Usable without Spark.
 
 Modules, one concept each: ``config`` (keys), ``partitioner`` (key hash → partition),
 ``message_accumulator`` (per-partition queues, buffer.memory), ``producer_batch`` (one

@@ -10,7 +10,7 @@ Each step (:meth:`Sender.run_once`, also called directly by deterministic tests)
 4. drain ready partitions: the producer id, epoch and base sequence are assigned here,
    at drain time, and kept by every retry.
 
-Ordering rules (DESIGN §8, §9 items 13-15):
+Ordering rules (docs/design.md §8, §9 items 13-15):
 
 * up to ``max.in.flight.requests.per.connection`` batches per partition in flight; while a
   partition retries (a failed batch is queued again) at most **one**, and a batch that

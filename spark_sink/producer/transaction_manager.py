@@ -1,6 +1,6 @@
 """Producer state: id and epoch, per-partition sequences, and the transaction state machine.
 
-Sequences (DESIGN §3): per producer id x epoch x partition, starting at 0, counting rows,
+Sequences (docs/design.md §3): per producer id x epoch x partition, starting at 0, counting rows,
 wrapping at 2^31-1 → 0. ``next_sequence`` is taken at drain time; ``last_acked`` moves
 with acknowledgements. A partition whose sequence can no longer be trusted (a batch that
 may or may not be in the log failed for good, the broker answered OUT_OF_ORDER for the

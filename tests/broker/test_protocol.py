@@ -230,7 +230,7 @@ def test_sink_commit_is_idempotent_over_the_wire(client: BrokerClient) -> None:
 
 
 def test_zombie_append_and_end_txn_are_fenced(client: BrokerClient) -> None:
-    """DESIGN §9 scenario 12 over the wire."""
+    """docs/design.md §9 scenario 12 over the wire."""
     client.create_topic("zombie", 1)
     old_pid, old_epoch = _produce_txn(client, "app-z", "zombie", 0, [0])
     new_pid, new_epoch = client.init_producer_id("app-z")  # a new instance takes over
@@ -365,7 +365,7 @@ def test_metrics_show_lso_lag_and_expired_producers(
         doc = client.metrics()
         return next(p for p in doc["partitions"] if p["topic"] == "gauges")
 
-    # The plain producer expires; the one with an open transaction is kept (DESIGN §9.9).
+    # The plain producer expires; the one with an open transaction is kept (docs/design.md §9.9).
     wait_until(lambda: partition()["expired_producers"] == 1, "the idle producer to expire")
     gauges = partition()
     assert (gauges["log_end_offset"], gauges["last_stable_offset"], gauges["lso_lag"]) == (5, 2, 3)

@@ -89,7 +89,7 @@ def test_transaction_state_errors_over_the_wire(client: BrokerClient) -> None:
     with pytest.raises(InvalidTransactionTimeoutError) as timeout:
         client.init_producer_id("states-app", transaction_timeout_ms=10**9)
     assert timeout.value.code == 50
-    # DESIGN §9 scenario 5: a plain batch while the producer's transaction is open.
+    # docs/design.md §9 scenario 5: a plain batch while the producer's transaction is open.
     pid, epoch = _begin(client, "states-app", "states", [0], 0)
     with client.produce_stream("states", 0) as stream:
         plain = stream.send(

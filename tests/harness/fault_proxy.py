@@ -329,7 +329,7 @@ class FaultProxy(flight.FlightServerBase):  # type: ignore[misc]
                 if fault is Fault.DROP_REQUEST:
                     if meta.base_sequence == 0 and meta.producer_id >= 0:
                         # The first batch of a producer id/epoch: a partition that never saw
-                        # the id accepts any sequence (DESIGN §4), so losing it while later
+                        # the id accepts any sequence (docs/design.md §4), so losing it while later
                         # batches arrive would leave an undetectable gap. On a real stream
                         # that cannot happen (HTTP/2 loses the rest with it): drop the stream.
                         reset = rule

@@ -1,4 +1,4 @@
-"""DESIGN §8 rows 1-3 through the fault proxy (tests/harness/fault_proxy.py) and a REAL
+"""docs/design.md §8 rows 1-3 through the fault proxy (tests/harness/fault_proxy.py) and a REAL
 broker: the producer (or a raw produce stream) talks to the proxy, the proof reads the
 broker directly with read_committed."""
 
@@ -79,7 +79,7 @@ def test_row2_request_lost_later_ones_out_of_order_resent_in_sequence(
     client.create_topic("req-lost", 1)
     # One send of 800 rows = 8 batches of 100; 5 go in flight at once. The 2nd never
     # reaches the broker, so the ones behind it are OUT_OF_ORDER_SEQUENCE. (Not the 1st:
-    # a partition accepts a producer id it never saw at any sequence, DESIGN §4.)
+    # a partition accepts a producer id it never saw at any sequence, docs/design.md §4.)
     proxy.set_faults([Rule(Fault.DROP_REQUEST, nth_batch(2, partition=0))])
     with producer(proxy) as p:
         future = p.send("req-lost", keyed(800, 0))
@@ -158,7 +158,7 @@ def test_other_faults_on_a_pipelined_partition_keep_one_copy_in_order(
 def test_lost_first_request_of_a_producer_id_becomes_a_reset(
     proxy: FaultProxy, client: BrokerClient
 ) -> None:
-    # A partition accepts a producer id it never saw at any sequence (DESIGN §4), so the
+    # A partition accepts a producer id it never saw at any sequence (docs/design.md §4), so the
     # proxy drops a producer's first batch (sequence 0) only with the rest of its stream.
     client.create_topic("first-lost", 1)
     proxy.set_faults([Rule(Fault.DROP_REQUEST, nth_batch(1, partition=0))])

@@ -1,4 +1,4 @@
-"""Deterministic sender tests (DESIGN §9 items 13-15) against a scripted fake transport.
+"""Deterministic sender tests (docs/design.md §9 items 13-15) against a scripted fake transport.
 
 The sender is stepped by hand (``run_once``) with a manual clock: no thread, no sleeps.
 """

@@ -1,5 +1,5 @@
 """Shared code of the Spark fault tests (``test_faults.py``): replayable input, the driver
-child process, and the one proof DESIGN §8 asks for -- read the topic back
+child process, and the one proof docs/design.md §8 asks for -- read the topic back
 ``read_committed`` and compare with the input.
 
 Input: ``files`` parquet files of ``rows`` rows each; ``id`` increases globally (file

@@ -1,4 +1,4 @@
-"""DESIGN §8, the rows that involve Spark: real Spark local mode (``local[2,4]``, so
+"""docs/design.md §8, the rows that involve Spark: real Spark local mode (``local[2,4]``, so
 tasks are retried), a real embedded broker process, real SIGKILLs.
 
 Every Spark query runs in a driver child process (``driver_child.py``): failpoints

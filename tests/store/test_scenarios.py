@@ -1,4 +1,4 @@
-"""DESIGN.md §9 scenarios 1-10 (Kafka's own producer-state tests) against the log store."""
+"""docs/design.md §9 scenarios 1-10 (Kafka's own producer-state tests) against the log store."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_scenario_01_sequence_and_epoch_rules(tmp_path: Path) -> None:
 
     # Kafka's ProducerAppendInfo rejects a re-sent seq 1 with OUT_OF_ORDER because its
     # duplicate check lives elsewhere. Here the store answers the retry from its cache
-    # (DESIGN §4 rule 1), and the validator alone calls it a certain duplicate (46): in
+    # (docs/design.md §4 rule 1), and the validator alone calls it a certain duplicate (46): in
     # neither case is it written twice, which is what Kafka's OOS protects.
     resent = log.append(rows(1, 1), producer_id=PID, producer_epoch=0, base_sequence=1)
     assert resent.duplicate
@@ -112,7 +112,7 @@ def test_scenario_01_sequence_and_epoch_rules(tmp_path: Path) -> None:
 
 def test_scenario_02_sequence_wraps_from_max_to_zero(tmp_path: Path) -> None:
     log = open_log(tmp_path / "p")
-    # An unknown producer is accepted at any sequence (DESIGN §4).
+    # An unknown producer is accepted at any sequence (docs/design.md §4).
     top = log.append(rows(1, 0), producer_id=PID, producer_epoch=0, base_sequence=MAX_SEQUENCE)
     assert top.base_offset == 0 and not top.duplicate
 

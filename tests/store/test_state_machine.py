@@ -3,7 +3,7 @@
 The model is a list of the batches the log must hold (data and markers, with their offsets
 and where each one ends in its segment file) plus, per producer, what the client believes
 (epoch, next sequence, batches it sent). Everything the broker knows about a producer is
-derived from that list alone, following DESIGN.md §4, so a restart or a crash needs no
+derived from that list alone, following docs/design.md §4, so a restart or a crash needs no
 special model code: a crash just removes the batches that the cut or the corruption loses,
 and the next predictions follow from what is left.
 

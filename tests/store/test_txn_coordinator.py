@@ -1,6 +1,6 @@
-"""The transaction coordinator against a real LogStore (DESIGN §5, §6, §9 scenario 12).
+"""The transaction coordinator against a real LogStore (docs/design.md §5, §6, §9 scenario 12).
 
-Every test reads the partitions back with ``read_committed`` (the proof of DESIGN §8): a
+Every test reads the partitions back with ``read_committed`` (the proof of docs/design.md §8): a
 committed transaction's rows are all there once, an aborted one's are nowhere, and no
 transaction is left hanging (the last stable offset reaches the log end).
 """
@@ -261,7 +261,7 @@ class FlakyMarkers:
         )
 
 
-# -- DESIGN §9 scenario 12 ------------------------------------------------------------------
+# -- docs/design.md §9 scenario 12 ----------------------------------------------------------
 
 
 def test_scenario_12_init_on_a_known_id_fences_the_old_holder(broker: Broker) -> None:
@@ -363,7 +363,7 @@ def test_add_partitions_is_durable_and_idempotent(broker: Broker) -> None:
     assert broker.store.partition(TXN_STATE_TOPIC, 0).log_end_offset == records
 
 
-# -- sink commits (DESIGN §6) ------------------------------------------------------------------
+# -- sink commits (docs/design.md §6) ----------------------------------------------------------
 
 
 def attempt(

@@ -1,4 +1,4 @@
-"""Producer-id blocks leased through a real ZooKeeper (DESIGN §5, §9 scenario 11)."""
+"""Producer-id blocks leased through a real ZooKeeper (docs/design.md §5, §9 scenario 11)."""
 
 from __future__ import annotations
 
