@@ -33,7 +33,6 @@ from broker_core.log.config import LogConfig
 from broker_core.log.producer_state import AppendOrigin, ProducerStateManager
 from broker_core.log.recovery import (
     CLEAN_SHUTDOWN_FILE,
-    RecoveredLog,
     apply_marker,
     batches_from,
     recover_partition,
@@ -132,8 +131,8 @@ class PartitionLog:
     """One partition's log in ``directory``, opened by recovery (``broker_core.log.recovery``).
 
     The constructor recovers the directory (after a crash: the torn tail cut, the producer
-    state rebuilt) and keeps what recovery found in ``recovered``; a directory without
-    segments starts empty at offset 0. Raises CorruptRecordError for a file that is not a
+    state rebuilt) and builds itself from the segments recovery returns; a directory
+    without segments starts empty at offset 0. Raises CorruptRecordError for a file that is not a
     segment or index name, OSError when the directory cannot be created or read.
     """
 
@@ -164,12 +163,10 @@ class PartitionLog:
         self._fsync_failed: str | None = None  # the first failed fsync, kept (see write_marker)
         self._closed = False
         directory.mkdir(parents=True, exist_ok=True)
-        self.recovered: RecoveredLog = recover_partition(
-            directory, config, self.state, name=self.name
-        )
-        self.segments: list[LogSegment] = list(self.recovered.segments) or [
-            LogSegment(directory, 0)
-        ]
+        # Only the segments are kept: the rest of what recovery found (offsets, producer
+        # count) goes stale with the first append and is read from the log itself.
+        recovered = recover_partition(directory, config, self.state, name=self.name)
+        self.segments: list[LogSegment] = list(recovered.segments) or [LogSegment(directory, 0)]
 
     # -- offsets -----------------------------------------------------------------------
     @property

@@ -48,15 +48,12 @@ from broker_core.protocol.txn_inputs import (
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
 from broker_core.txn.core import (
-    MAX_MARKER_BACKOFF_S,
     Claims,
     CoordinatorCore,
     CoordinatorStatus,
-    LsoSource,
-    MarkerSender,
     ProducerIdSource,
-    VisibilityTracker,
 )
+from broker_core.txn.marker_sender import MAX_MARKER_BACKOFF_S, MarkerSender
 from broker_core.txn.markers import LocalMarkerWriter, MarkerWriter
 from broker_core.txn.state import (
     NO_SINK,
@@ -67,6 +64,7 @@ from broker_core.txn.state import (
     TransactionState,
 )
 from broker_core.txn.state_store import TxnStateStore
+from broker_core.txn.visibility import LsoSource, VisibilityTracker
 
 __all__ = [
     "CoordinatorStatus",

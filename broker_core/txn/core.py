@@ -1,13 +1,13 @@
-"""The transaction coordinator's parts, each with its collaborators passed in.
+"""The transaction coordinator's state and the durable steps its requests are made of.
 
-:class:`TransactionCoordinator` (``txn.coordinator``) is the public face and holds these:
+:class:`TransactionCoordinator` (``txn.coordinator``) is the public face and holds:
 
-* :class:`VisibilityTracker` -- the committed sink batches readers may still see in part,
-  and the consistent cut a read_committed reader stops at (``txn.visibility``);
-* :class:`MarkerSender` -- the marker writes of one transaction, retried under one
-  :class:`~broker_core.retry.RetryPolicy`;
-* :class:`CoordinatorCore` -- the in-memory maps, the claims that serialise requests per
-  id, the lifecycle, and the steps every request is made of: a durable transition, the
+* :class:`~broker_core.txn.visibility.VisibilityTracker` -- the committed sink batches
+  readers may still see in part, and the consistent cut a read_committed reader stops at;
+* :class:`~broker_core.txn.marker_sender.MarkerSender` -- the marker writes of one
+  transaction, retried under one :class:`~broker_core.retry.RetryPolicy`;
+* :class:`CoordinatorCore` (here) -- the in-memory maps, the claims that serialise requests
+  per id, the lifecycle, and the steps every request is made of: a durable transition, the
   markers, and finishing what an earlier request (or a previous coordinator) left half done.
 """
 
@@ -29,10 +29,8 @@ from broker_core.errors import (
     InvalidTxnStateError,
     NotCoordinatorError,
     ProducerFencedError,
-    TransactionCoordinatorFencedError,
 )
-from broker_core.retry import RetryPolicy
-from broker_core.txn.markers import MarkerWriter, StableOffsets
+from broker_core.txn.marker_sender import MarkerSender
 from broker_core.txn.state import (
     MAX_CLIENT_EPOCH,
     NO_SINK,
@@ -42,33 +40,15 @@ from broker_core.txn.state import (
     TransactionState,
 )
 from broker_core.txn.state_store import CoordinatorEpochFencedError, TxnStateStore
-from broker_core.txn.visibility import Range, consistent_cut
+from broker_core.txn.visibility import VisibilityTracker
 
 log = logging.getLogger("idemlog.txn")
 
 _S = TransactionState
-MAX_MARKER_BACKOFF_S = 1.0
 
 
 class ProducerIdSource(Protocol):
     def generate_producer_id(self) -> int: ...
-
-
-class LsoSource(Protocol):
-    """Each partition's last stable offset of a topic, as its leader has it now."""
-
-    def last_stable_offsets(self, topic: str) -> dict[int, int]: ...
-
-
-class _Tracked:
-    """A committed sink batch readers may still see in part (see ``visibility``)."""
-
-    __slots__ = ("pending", "ranges")
-
-    def __init__(self, ranges: list[tuple[str, int, int, int]]) -> None:
-        self.ranges = ranges
-        # Partitions whose LSO has not yet been reported past the batch's rows.
-        self.pending = {(t, p) for t, p, _, _ in ranges}
 
 
 class CoordinatorStatus(Enum):
@@ -117,167 +97,6 @@ class Claims:
         with self._lock:
             self._busy.difference_update(self._held)
         self._held.clear()
-
-
-class VisibilityTracker:
-    """Committed sink batches readers may still see in part, and the cut that keeps them
-    whole (``broker_core.txn.visibility``); partitions' LSOs are read from ``source``."""
-
-    def __init__(self, source: LsoSource | None) -> None:
-        self._source = source
-        # (sink id, batch id) -> a committed batch readers may still see in part. Changed
-        # and read under _lock, which stable_ends holds across its LSO reads.
-        self._lock = threading.Lock()
-        self._tracked: dict[tuple[str, int], _Tracked] = {}
-
-    def track(self, record: SinkCommitRecord) -> None:
-        """Track the record's unsettled batches (those not tracked yet)."""
-        with self._lock:
-            for batch_id, ranges in record.unsettled:
-                key = (record.sink_id, batch_id)
-                if key not in self._tracked and ranges:
-                    self._tracked[key] = _Tracked(list(ranges))
-
-    def settled_by(self, lsos: StableOffsets) -> None:
-        """Forget the ranges that markers report below their partition's LSO."""
-        if not lsos:
-            return
-        with self._lock:
-            for key, tracked in list(self._tracked.items()):
-                for topic, partition, _first, last in tracked.ranges:
-                    lso = lsos.get((topic, partition))
-                    if lso is not None and lso > last:
-                        tracked.pending.discard((topic, partition))
-                if not tracked.pending:
-                    del self._tracked[key]
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self._tracked)
-
-    def unsettled_of(self, sink_id: str) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
-        """(batch id, ranges) of the sink's batches still tracked, by batch id."""
-        with self._lock:
-            return sorted(
-                (batch_id, list(t.ranges))
-                for (sid, batch_id), t in self._tracked.items()
-                if sid == sink_id
-            )
-
-    def stable_ends(self, topic: str) -> dict[int, int]:
-        """Per partition of ``topic``, where a read_committed reader may stop so that it
-        holds every committed sink batch whole or not at all.
-
-        Raises CoordinatorNotAvailableError without an LSO source, and what the source
-        raises."""
-        if self._source is None:
-            raise CoordinatorNotAvailableError("this coordinator cannot read partition offsets")
-        with self._lock:
-            # LSOs and tracked batches under one lock: a batch is tracked before its first
-            # marker and dropped only once wholly below the LSOs, so none slips between.
-            ends = self._source.last_stable_offsets(topic)
-            batches: list[list[Range]] = [
-                [(p, first, last) for t, p, first, last in tracked.ranges if t == topic]
-                for tracked in self._tracked.values()
-            ]
-        cut = consistent_cut(ends, batches)
-        held = {p: ends[p] - cut[p] for p in ends if cut[p] < ends[p]}
-        if held:
-            log.debug("stable ends of %r held back to keep sink batches whole: %s", topic, held)
-        return cut
-
-
-class MarkerSender:
-    """Writes one transaction's markers through ``markers``, retrying retriable errors
-    under ``policy`` until :meth:`stop` (the coordinator closed or was replaced)."""
-
-    def __init__(self, markers: MarkerWriter, coordinator_epoch: int, policy: RetryPolicy) -> None:
-        self._markers = markers
-        self._coordinator_epoch = coordinator_epoch
-        self._policy = policy
-        self._stop = threading.Event()  # cuts a retry wait short
-        self._lock = threading.Lock()  # several transactions may be retrying at once
-        self._retries = 0
-
-    @property
-    def retries(self) -> int:
-        """Marker writes retried so far (the ``marker_retries`` metric)."""
-        return self._retries
-
-    def stop(self) -> None:
-        """Cut retries short: a waiting or failing send raises its last error now."""
-        self._stop.set()
-
-    def send(self, meta: TransactionMetadata, commit: bool) -> StableOffsets:
-        """The COMMIT/ABORT markers of ``meta``'s partitions, durable when it returns;
-        returns each partition's LSO after its marker.
-
-        Raises CoordinatorEpochFencedError when a partition has seen a newer coordinator's
-        marker; otherwise the last error once the policy is spent, a non-retriable one at
-        once (logged; the transaction stays in its PREPARE state for a later retry)."""
-        partitions = meta.sorted_partitions()
-        if not partitions:
-            return {}
-        what = f"{'COMMIT' if commit else 'ABORT'} markers for {_TXN} {meta.transactional_id!r}"
-
-        attempts = 0
-
-        def write() -> StableOffsets:
-            nonlocal attempts
-            attempts += 1
-            return self._markers.write_markers(
-                meta.producer_id, meta.producer_epoch, commit, self._coordinator_epoch, partitions
-            )
-
-        def before_retry(exc: BaseException, tries: int) -> None:
-            with self._lock:
-                self._retries += 1
-            log.warning("%s failed (%s), retrying (attempt %d)", what, exc, tries + 1)
-
-        def failed(exc: BaseException, tries: int) -> None:
-            log.error(
-                "%s (producer id %d epoch %d) failed after %d attempts; it stays %s until "
-                "retried: %s",
-                what,
-                meta.producer_id,
-                meta.producer_epoch,
-                tries,
-                meta.state.name,
-                exc,
-            )
-
-        def give_up(exc: BaseException, tries: int) -> BaseException:
-            failed(exc, tries)
-            return _same_error(exc)
-
-        try:
-            return self._policy.call(
-                write, before_retry=before_retry, give_up=give_up, stop=self._stop
-            )
-        except TransactionCoordinatorFencedError as exc:
-            # A partition has seen a newer coordinator's marker: same as a newer
-            # coordinator's state in the store (and the same error for the client).
-            raise CoordinatorEpochFencedError(
-                f"{_TXN} {meta.transactional_id!r}: the partitions refused the markers of "
-                f"coordinator epoch {self._coordinator_epoch}: the transaction was changed "
-                f"by another coordinator of a newer epoch; this coordinator was replaced "
-                f"(fenced) ({exc.message})"
-            ) from exc
-        except IdemlogError as exc:
-            if not exc.retriable:  # raised at once by the policy: logged here
-                failed(exc, attempts)
-            raise
-
-
-def _same_error(exc: BaseException) -> BaseException:
-    """A fresh error of ``exc``'s type and message (raised from ``exc``), so the caller
-    sees the same error code; ``exc`` itself when its type cannot be rebuilt so."""
-    if isinstance(exc, IdemlogError):
-        try:
-            return type(exc)(exc.message)
-        except TypeError:
-            return exc
-    return exc
 
 
 class CoordinatorCore:

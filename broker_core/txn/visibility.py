@@ -14,7 +14,16 @@ one lock of the coordinator, so no batch can slip between the two reads.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from broker_core.errors import CoordinatorNotAvailableError
+from broker_core.txn.markers import StableOffsets
+from broker_core.txn.state import SinkCommitRecord
+
+log = logging.getLogger("idemlog.txn")
 
 # (partition, first offset, last offset) of one batch's rows in one partition of a topic.
 Range = tuple[int, int, int]
@@ -46,3 +55,88 @@ def consistent_cut(ends: Mapping[int, int], batches: Iterable[Sequence[Range]]) 
                     cut[p] = first
                     changed = True
     return cut
+
+
+class LsoSource(Protocol):
+    """Each partition's last stable offset of a topic, as its leader has it now."""
+
+    def last_stable_offsets(self, topic: str) -> dict[int, int]: ...
+
+
+class _Tracked:
+    """A committed sink batch readers may still see in part (see ``visibility``)."""
+
+    __slots__ = ("pending", "ranges")
+
+    def __init__(self, ranges: list[tuple[str, int, int, int]]) -> None:
+        self.ranges = ranges
+        # Partitions whose LSO has not yet been reported past the batch's rows.
+        self.pending = {(t, p) for t, p, _, _ in ranges}
+
+
+class VisibilityTracker:
+    """Committed sink batches readers may still see in part, and the cut that keeps them
+    whole (``broker_core.txn.visibility``); partitions' LSOs are read from ``source``."""
+
+    def __init__(self, source: LsoSource | None) -> None:
+        self._source = source
+        # (sink id, batch id) -> a committed batch readers may still see in part. Changed
+        # and read under _lock, which stable_ends holds across its LSO reads.
+        self._lock = threading.Lock()
+        self._tracked: dict[tuple[str, int], _Tracked] = {}
+
+    def track(self, record: SinkCommitRecord) -> None:
+        """Track the record's unsettled batches (those not tracked yet)."""
+        with self._lock:
+            for batch_id, ranges in record.unsettled:
+                key = (record.sink_id, batch_id)
+                if key not in self._tracked and ranges:
+                    self._tracked[key] = _Tracked(list(ranges))
+
+    def settled_by(self, lsos: StableOffsets) -> None:
+        """Forget the ranges that markers report below their partition's LSO."""
+        if not lsos:
+            return
+        with self._lock:
+            for key, tracked in list(self._tracked.items()):
+                for topic, partition, _first, last in tracked.ranges:
+                    lso = lsos.get((topic, partition))
+                    if lso is not None and lso > last:
+                        tracked.pending.discard((topic, partition))
+                if not tracked.pending:
+                    del self._tracked[key]
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._tracked)
+
+    def unsettled_of(self, sink_id: str) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
+        """(batch id, ranges) of the sink's batches still tracked, by batch id."""
+        with self._lock:
+            return sorted(
+                (batch_id, list(t.ranges))
+                for (sid, batch_id), t in self._tracked.items()
+                if sid == sink_id
+            )
+
+    def stable_ends(self, topic: str) -> dict[int, int]:
+        """Per partition of ``topic``, where a read_committed reader may stop so that it
+        holds every committed sink batch whole or not at all.
+
+        Raises CoordinatorNotAvailableError without an LSO source, and what the source
+        raises."""
+        if self._source is None:
+            raise CoordinatorNotAvailableError("this coordinator cannot read partition offsets")
+        with self._lock:
+            # LSOs and tracked batches under one lock: a batch is tracked before its first
+            # marker and dropped only once wholly below the LSOs, so none slips between.
+            ends = self._source.last_stable_offsets(topic)
+            batches: list[list[Range]] = [
+                [(p, first, last) for t, p, first, last in tracked.ranges if t == topic]
+                for tracked in self._tracked.values()
+            ]
+        cut = consistent_cut(ends, batches)
+        held = {p: ends[p] - cut[p] for p in ends if cut[p] < ends[p]}
+        if held:
+            log.debug("stable ends of %r held back to keep sink batches whole: %s", topic, held)
+        return cut

@@ -67,14 +67,20 @@ def test_a_crash_cuts_the_torn_tail_and_replays_from_the_snapshot(tmp_path: Path
     with active.open("ab") as f:
         f.write(b"\x00" * 40)  # a torn append
 
-    log = open_log(directory)
+    config = LogConfig.from_mapping({})
+    state = fresh_state(config)
 
-    got = log.recovered
+    got = recover_partition(directory, config, state)
+
     assert not got.clean
-    assert got.log_end_offset == log.log_end_offset == 5
+    assert got.log_end_offset == 5
     assert got.snapshot_offset == got.replayed_from == 3
-    assert got.producers == 1
+    assert got.producers == len(state) == 1
+    for seg in got.segments:
+        seg.close()
     assert active.stat().st_size == good_size
+    log = open_log(directory)  # what recovery left opens as the same log
+    assert log.log_end_offset == 5
     assert read_ids(log) == list(range(5))
     # The producer state was rebuilt by the replay: the next sequence is accepted.
     result = log.append(rows(1, 5), producer_id=PID, producer_epoch=0, base_sequence=5)
