@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -85,19 +86,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    DataSourceStreamWriter,
-    DataSourceWriter,
-    WriterCommitMessage,
-)
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.types import StructType
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import UnknownTopicOrPartitionError
+from benchmarks.discard_sink import DiscardDataSource
 from spark_sink import local_session
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker
 
@@ -107,55 +100,6 @@ WARMUP_ROWS = 100_000
 TARGET_RATIO = 0.9  # idemlog rows/s over the discard writer's
 TARGET_MICROBATCH_RATIO = 1.15  # idemlog micro-batch p50 over the discard writer's
 STREAM_TIMEOUT_S = 1800
-
-
-# -- the discard sink: the Python data-source ceiling ---------------------------------------
-@dataclass
-class DiscardCommitMessage(WriterCommitMessage):
-    rows: int
-
-
-def _count(iterator: Iterator[pa.RecordBatch]) -> DiscardCommitMessage:
-    return DiscardCommitMessage(rows=sum(batch.num_rows for batch in iterator))
-
-
-class DiscardBatchWriter(DataSourceArrowWriter):
-    def __init__(self, expected_rows: int) -> None:
-        self.expected_rows = expected_rows
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> DiscardCommitMessage:
-        return _count(iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        rows = sum(m.rows for m in messages if isinstance(m, DiscardCommitMessage))
-        if self.expected_rows >= 0 and rows != self.expected_rows:
-            raise RuntimeError(f"discard: the tasks saw {rows} rows, not {self.expected_rows}")
-
-
-class DiscardStreamWriter(DataSourceStreamArrowWriter):
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> DiscardCommitMessage:
-        return _count(iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
-
-
-class DiscardDataSource(DataSource):
-    """``format("discard")``: counts the rows and drops them (option ``expected_rows``:
-    the batch job fails unless its tasks saw exactly that many)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "discard"
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return DiscardBatchWriter(int(self.options.get("expected_rows", "-1")))
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return DiscardStreamWriter()
 
 
 # -- the batch runs ---------------------------------------------------------------------------
@@ -337,6 +281,8 @@ def write_stream_files(directory: Path, files: int, rows: int) -> None:
 class StreamResult:
     add_batch_ms: list[float]
     trigger_ms: list[float]
+    # Each micro-batch's progress as Spark's JSON (batchId, timestamp, durationMs, ...).
+    progress: list[dict[str, Any]] = field(default_factory=list)
 
 
 def finish_stream(query: StreamingQuery, sink: str, checkpoint: Path) -> list[Any]:
@@ -386,6 +332,7 @@ def run_stream(bench: Bench, sink: str, files: Path, batches: int, rows: int) ->
     return StreamResult(
         add_batch_ms=[float(p.durationMs["addBatch"]) for p in progress],
         trigger_ms=[float(p.durationMs["triggerExecution"]) for p in progress],
+        progress=[json.loads(p.json) for p in progress],
     )
 
 

@@ -23,7 +23,8 @@ DELTA_VERSION="${DELTA_VERSION:-4.1.0}"
 UC_CLIENT_VERSION="${UC_CLIENT_VERSION:-0.4.0}" # what delta-storage $DELTA_VERSION names
 SCALA_BINARY=2.13
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-JARS_DIR="${1:-$(dirname "$HERE")/jars}"
+# Absolute, so mvn puts the jars where the caller means whatever folder it resolves from.
+JARS_DIR="$(realpath -m -- "${1:-$(dirname "$HERE")/jars}")"
 STAMP="$JARS_DIR/.fetched-delta-$DELTA_VERSION"
 
 ARTIFACTS=(

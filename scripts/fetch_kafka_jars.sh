@@ -42,7 +42,9 @@ COMMONS_POOL2_VERSION="${COMMONS_POOL2_VERSION:-2.12.1}"
 SCALA_BINARY=2.13
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
-JARS_DIR="${1:-$REPO/jars}"
+# Absolute: `mvn -f <pom>` resolves a relative -DoutputDirectory against the pom's folder
+# (scripts/), not the caller's.
+JARS_DIR="$(realpath -m -- "${1:-$REPO/jars}")"
 PY="${PY:-$REPO/.venv/bin/python}"
 BROKER_DIR="$JARS_DIR/kafka-broker"
 SPARK_DIR="$JARS_DIR/spark-kafka"

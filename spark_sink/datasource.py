@@ -22,7 +22,7 @@ from pyspark.sql.types import StructType
 
 from broker_core.client.broker_client import BrokerClient
 
-from . import progress, topics
+from . import progress, topics, trace
 from .errors import UnsupportedWriteError
 from .options import IdemlogOptions, Scope, parse_options
 from .schema import arrow_schema_for, check_key, spark_schema_for
@@ -82,12 +82,13 @@ class IdemlogDataSource(DataSource):
 
     # -- writing ---------------------------------------------------------------------------
     def _write_side(self, schema: StructType) -> tuple[IdemlogOptions, pa.Schema]:
-        options = parse_options(self.options, Scope.WRITE)
-        arrow = arrow_schema_for(schema)
-        check_key(arrow, options.key)
-        with BrokerClient(options.bootstrap()) as client:
-            topics.ensure_for_write(client, options, arrow)
-        return options, arrow
+        with trace.span("plan_writer"):
+            options = parse_options(self.options, Scope.WRITE)
+            arrow = arrow_schema_for(schema)
+            check_key(arrow, options.key)
+            with trace.span("topic_check"), BrokerClient(options.bootstrap()) as client:
+                topics.ensure_for_write(client, options, arrow)
+            return options, arrow
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """``df.write``: all of the job's rows or none. Creates the topic with the

@@ -43,7 +43,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
-from spark_sink import failpoints, progress
+from spark_sink import failpoints, progress, trace
 from spark_sink.options import IdemlogOptions
 from spark_sink.producer import Producer
 from spark_sink.producer.futures import SendResult
@@ -153,6 +153,18 @@ def write_task(
     if ctx is None:
         raise RuntimeError("the idemlog writer runs inside a Spark task (no TaskContext)")
     partition_id = ctx.partitionId()
+    with trace.span("task", batch=attempt.batch_id, partition=partition_id):
+        return _write_task(options, schema, attempt, batches, ctx.attemptNumber(), partition_id)
+
+
+def _write_task(
+    options: IdemlogOptions,
+    schema: pa.Schema,
+    attempt: SinkAttempt,
+    batches: Iterator[pa.RecordBatch],
+    attempt_number: int,
+    partition_id: int,
+) -> IdemlogCommitMessage:
     batch_id = attempt.batch_id
     started = time.perf_counter()
     failpoints.hit("before_write", batch_id, partition_id)
@@ -171,7 +183,8 @@ def write_task(
     )
     rows = 0
     try:
-        status = producer.init_sink_transaction(attempt)
+        with trace.span("init_producer", batch=batch_id):
+            status = producer.init_sink_transaction(attempt)
         if status is SinkTxnStatus.NEW:
             with _Heartbeat(options, attempt.sink_id, attempt.run_id):
                 rows = _write_rows(producer, options, schema, batches, attempt, partition_id)
@@ -185,7 +198,7 @@ def write_task(
                 attempt.sink_id,
                 batch_id,
                 partition_id,
-                ctx.attemptNumber(),
+                attempt_number,
                 "held (prepared)" if status is SinkTxnStatus.PREPARED else "committed",
             )
         metrics = producer.metrics_snapshot()
@@ -198,7 +211,7 @@ def write_task(
         run_id=attempt.run_id,
         batch_id=batch_id,
         partition_id=partition_id,
-        attempt=ctx.attemptNumber(),
+        attempt=attempt_number,
         transactional_id=tid,
         producer_id=pid,
         producer_epoch=epoch,
@@ -239,11 +252,13 @@ def _write_rows(
             pending, pending_bytes = [], 0
     if pending:
         sends.append(_send(producer, options, pending, batch_id, partition_id, not sends))
-    producer.flush(producer.config.max_block_ms / 1000)
+    with trace.span("flush", batch=batch_id):
+        producer.flush(producer.config.max_block_ms / 1000)
     # Every send must have succeeded before the transaction may claim the task's rows:
     # result() raises a send's error, and prepare refuses a transaction with a failure.
     ranges = _offset_ranges(options.topic, [f.result(timeout=0) for f in sends])
-    producer.prepare_sink_transaction(batch_id, ranges)
+    with trace.span("prepare", batch=batch_id):
+        producer.prepare_sink_transaction(batch_id, ranges)
     failpoints.hit("after_prepare", batch_id, partition_id)
     return rows
 
@@ -350,6 +365,18 @@ def commit_batch(
         raise RuntimeError(
             f"commit of batch {batch_id} of sink {sink_id}: tasks wrote for {ours[0].sink_id}"
         )
+    with trace.span("commit", batch=batch_id):
+        return _commit(options, sink_id, run_id, batch_id, ours, report)
+
+
+def _commit(
+    options: IdemlogOptions,
+    sink_id: str,
+    run_id: str,
+    batch_id: int,
+    ours: list[IdemlogCommitMessage],
+    report: bool,
+) -> bool:
     failpoints.hit("before_commit", batch_id)
     txns = [m.transaction for m in ours if m.status != SinkTxnStatus.COMMITTED]
     sid = sink_id
@@ -364,11 +391,12 @@ def commit_batch(
         sender.start()
         failpoints.act(inside)
     started = time.perf_counter()
-    committed: bool = _retrying(
-        options,
-        f"commit of batch {batch_id}",
-        lambda c: c.commit_sink_batch(sid, batch_id, txns, run_id),
-    )
+    with trace.span("commit_request", batch=batch_id):
+        committed: bool = _retrying(
+            options,
+            f"commit of batch {batch_id}",
+            lambda c: c.commit_sink_batch(sid, batch_id, txns, run_id),
+        )
     if report:
         _report(sid, batch_id, ours, committed, (time.perf_counter() - started) * 1000)
     failpoints.hit("after_commit", batch_id)

@@ -1,0 +1,335 @@
+"""Where a streaming micro-batch's time goes: idemlog's parts against Spark's own floor.
+
+    python -m benchmarks.bench_microbatch [--batches 20] [--rows 100000] [--dir DIR]
+
+(``make bench-microbatch``.) One ``local[2,1]`` session, as ``benchmarks.bench_spark``, with
+Spark's event log on and ``spark_sink.trace`` on (``IDEMLOG_TRACE`` names a file in the
+scratch directory, inherited by every Python process Spark starts). Two queries read the
+same ``--batches`` parquet files of ``--rows`` rows (``maxFilesPerTrigger=1``,
+``availableNow``): one writes ``format("idemlog")`` (embedded broker, ``key="key"``), one
+the discard writer (``benchmarks.discard_sink``, the floor of any Python sink). The
+discard query runs first, and a two-batch idemlog query before both warms the broker
+and the Python workers, so neither side pays a first start the other does not.
+
+For every micro-batch three clocks are read, all wall-clock epoch time, so they line up:
+
+- **Spark's progress** (``query.recentProgress``): the trigger's start and its phases
+  (``latestOffset``, ``walCommit``, ``getBatch``, ``queryPlanning``, ``addBatch``,
+  ``commitOffsets``); ``addBatch`` is the sink's share;
+- **Spark's event log**: the micro-batch's write job (its ``streaming.sql.batchId``
+  property), submitted -> done, and its tasks, launched -> finished;
+- **the sink's spans** (``spark_sink.trace``), from every Python process: ``plan_writer``
+  (``streamWriter()``, in the driver-side process Spark starts to plan the batch's write)
+  with its ``topic_check`` round trip; ``task`` (a task's whole writer) with
+  ``init_producer``, ``flush`` (the rows' produce requests) and ``prepare``;
+  ``commit`` (``commit()``, in the driver-side process Spark starts to commit) with its
+  ``commit_request``. A span's process start and the moment it first imported
+  ``spark_sink`` tell whether Spark started a new process for it and what that cost.
+
+``addBatch`` is split into: the driver before the job (the planning process: its
+start-up and imports when new, ``plan_writer``, and Spark's own share), the job (the
+slowest task's writer and Spark's scheduling around it), and the driver after the job
+(the commit process, ``commit``, Spark's share). The table shows the p50 over the
+micro-batches after the first of each query (the first pays the query's start: printed on
+its own line), for idemlog and discard, and their difference: what idemlog adds over
+the floor, part by part. Last lines::
+
+    microbatch_ms_idemlog_p50, microbatch_ms_discard_p50,
+    microbatch_idemlog_vs_discard_ratio (target <= 1.1), driver_processes_per_batch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_spark import Bench, StreamResult, run_stream, write_stream_files
+from benchmarks.discard_sink import DiscardDataSource
+from spark_sink import local_session, trace
+from spark_sink.embedded import stop_broker
+
+TARGET_RATIO = 1.1  # idemlog's micro-batch p50 over discard's
+WARMUP_BATCHES = 2
+
+
+# -- the three clocks -------------------------------------------------------------------------
+@dataclass
+class Job:
+    batch: int
+    query: str
+    submitted: float
+    done: float
+    tasks: list[tuple[float, float]]  # (launched, finished) of each task
+
+
+def read_event_log(directory: Path) -> list[Job]:
+    """The streaming write jobs in Spark's event log (written uncompressed and not rolled:
+    one JSON file per application)."""
+    jobs: dict[int, Job] = {}
+    stage_job: dict[int, int] = {}
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+        with open(path) as f:
+            for line in f:
+                event = json.loads(line)
+                kind = event.get("Event")
+                if kind == "SparkListenerJobStart":
+                    props = event.get("Properties") or {}
+                    batch = props.get("streaming.sql.batchId")
+                    if batch is None:
+                        continue
+                    job = Job(
+                        int(batch),
+                        props.get("sql.streaming.queryId", ""),
+                        event["Submission Time"] / 1000,
+                        0.0,
+                        [],
+                    )
+                    jobs[event["Job ID"]] = job
+                    for stage in event.get("Stage IDs", []):
+                        stage_job[stage] = event["Job ID"]
+                elif kind == "SparkListenerJobEnd" and event["Job ID"] in jobs:
+                    jobs[event["Job ID"]].done = event["Completion Time"] / 1000
+                elif kind == "SparkListenerTaskEnd" and event["Stage ID"] in stage_job:
+                    info = event["Task Info"]
+                    jobs[stage_job[event["Stage ID"]]].tasks.append(
+                        (info["Launch Time"] / 1000, info["Finish Time"] / 1000)
+                    )
+    return list(jobs.values())
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class Batch:
+    """One micro-batch: Spark's phases and the parts it splits into, in ms."""
+
+    batch: int
+    phases: dict[str, float]
+    parts: dict[str, float]
+    new_driver_processes: int
+
+
+# The order of MicroBatchExecution's phases before addBatch within a trigger.
+_BEFORE_ADD_BATCH = ("latestOffset", "walCommit", "getBatch", "queryPlanning")
+
+
+def _spans_in(spans: list[dict[str, Any]], name: str, lo: float, hi: float) -> list[dict[str, Any]]:
+    return [s for s in spans if s["name"] == name and lo <= s["start"] and s["end"] <= hi]
+
+
+def _startup_ms(span: dict[str, Any], lo: float) -> tuple[float, float, bool]:
+    """(interpreter + pyspark start-up, our imports up to the span) in ms, and whether the
+    process was started within this batch (else it is a reused worker: both 0)."""
+    new = span["proc_start"] >= lo - 0.01  # create_time has clock-tick resolution
+    if not new or span["imported"] is None:
+        return 0.0, 0.0, False
+    return (
+        (span["imported"] - span["proc_start"]) * 1000,
+        (span["start"] - span["imported"]) * 1000,
+        True,
+    )
+
+
+def breakdown(progress: dict[str, Any], job: Job, spans: list[dict[str, Any]]) -> Batch:
+    """Split one micro-batch's ``addBatch`` into its parts (module docstring)."""
+    d = {k: float(v) for k, v in progress["durationMs"].items()}
+    trigger = _epoch(progress["timestamp"])
+    add_start = trigger + sum(d.get(k, 0.0) for k in _BEFORE_ADD_BATCH) / 1000
+    add_end = add_start + d["addBatch"] / 1000
+    parts: dict[str, float] = {}
+    new_processes = 0
+
+    # Before the job: the planning process.
+    before = (job.submitted - add_start) * 1000
+    plan = _spans_in(spans, "plan_writer", add_start - 0.05, job.submitted)
+    plan_ms = check_ms = py_start = our_imports = 0.0
+    for s in plan:
+        plan_ms += (s["end"] - s["start"]) * 1000
+        a, b, new = _startup_ms(s, add_start - 0.05)
+        py_start, our_imports, new_processes = py_start + a, our_imports + b, new_processes + new
+    for s in _spans_in(spans, "topic_check", add_start - 0.05, job.submitted):
+        check_ms += (s["end"] - s["start"]) * 1000
+    parts["before the job"] = before
+    parts["  new process: Python + pyspark start"] = py_start
+    parts["  new process: sink imports"] = our_imports
+    parts["  plan_writer (streamWriter)"] = plan_ms
+    parts["    topic check (broker round trip)"] = check_ms
+    parts["  Spark's share"] = before - py_start - our_imports - plan_ms
+
+    # The job: the slowest task and the sink's writer in it.
+    parts["the job (submitted -> done)"] = (job.done - job.submitted) * 1000
+    slowest = max(job.tasks, key=lambda t: t[1] - t[0], default=(job.submitted, job.submitted))
+    parts["  slowest task (launched -> finished)"] = (slowest[1] - slowest[0]) * 1000
+    tasks = _spans_in(spans, "task", job.submitted, job.done + 0.05)
+    writer = max(tasks, key=lambda s: s["end"] - s["start"], default=None)
+    if writer is not None:
+        w = writer["end"] - writer["start"]
+        parts["    sink writer (task span)"] = w * 1000
+        for name in ("init_producer", "flush", "prepare"):
+            inner = [
+                s
+                for s in _spans_in(spans, name, writer["start"], writer["end"] + 0.001)
+                if s["pid"] == writer["pid"]
+            ]
+            parts[f"      {name}"] = sum((s["end"] - s["start"]) * 1000 for s in inner)
+
+    # After the job: the commit process.
+    after = (add_end - job.done) * 1000
+    commits = _spans_in(spans, "commit", job.done - 0.05, add_end + 0.05)
+    commit_ms = request_ms = py_start = our_imports = 0.0
+    for s in commits:
+        commit_ms += (s["end"] - s["start"]) * 1000
+        a, b, new = _startup_ms(s, job.done - 0.05)
+        py_start, our_imports, new_processes = py_start + a, our_imports + b, new_processes + new
+    for s in _spans_in(spans, "commit_request", job.done - 0.05, add_end + 0.05):
+        request_ms += (s["end"] - s["start"]) * 1000
+    parts["after the job"] = after
+    parts["  new process: Python + pyspark start "] = py_start
+    parts["  new process: sink imports "] = our_imports
+    parts["  commit()"] = commit_ms
+    parts["    commit request (broker round trip)"] = request_ms
+    parts["  Spark's share "] = after - py_start - our_imports - commit_ms
+    return Batch(int(progress["batchId"]), d, parts, new_processes)
+
+
+def analyse(
+    result: StreamResult, jobs: list[Job], spans: list[dict[str, Any]], query_id: str
+) -> list[Batch]:
+    by_batch = {j.batch: j for j in jobs if j.query == query_id}
+    out = []
+    for p in result.progress:
+        job = by_batch.get(int(p["batchId"]))
+        if job is None:
+            raise SystemExit(f"query {query_id} batch {p['batchId']}: no write job in the event log")
+        out.append(breakdown(p, job, spans))
+    return out
+
+
+# -- output -------------------------------------------------------------------------------------
+def p50(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def print_table(results: dict[str, list[Batch]]) -> dict[str, float]:
+    """The p50 table of every part (steady state: each query's first batch left out)."""
+    steady = {sink: batches[1:] or batches for sink, batches in results.items()}
+    names: list[str] = []
+    for batches in steady.values():
+        for b in batches:
+            names += [n for n in b.parts if n not in names]
+    sinks = list(results)
+    head = f"{'p50 ms per micro-batch':<44}" + "".join(f"{s:>10}" for s in sinks)
+    print(head + f"{'added':>10}")
+    add = {s: p50([b.phases["addBatch"] for b in steady[s]]) for s in sinks}
+    rows: list[tuple[str, dict[str, float]]] = [("addBatch", add)]
+    rows += [(n, {s: p50([b.parts.get(n, 0.0) for b in steady[s]]) for s in sinks}) for n in names]
+    for phase in ("latestOffset", "walCommit", "getBatch", "queryPlanning", "commitOffsets"):
+        rows.append(
+            (f"({phase}, outside addBatch)", {s: p50([b.phases.get(phase, 0.0) for b in steady[s]]) for s in sinks})
+        )
+    for name, values in rows:
+        line = f"{name.rstrip():<44}" + "".join(f"{values[s]:>10.0f}" for s in sinks)
+        if "idemlog" in values and "discard" in values:
+            line += f"{values['idemlog'] - values['discard']:>+10.0f}"
+        print(line)
+    for sink, batches in results.items():
+        first = batches[0]
+        print(
+            f"first micro-batch of {sink} (the query's start): addBatch "
+            f"{first.phases['addBatch']:.0f} ms, {first.new_driver_processes} new driver-side "
+            "Python processes"
+        )
+    return add
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=100_000, help="rows per micro-batch")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (kept)")
+    args = parser.parse_args(argv)
+    if args.batches < 2 or args.rows <= 0:
+        parser.error("--batches must be at least 2 and --rows positive")
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="bench-microbatch-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    events = directory / "events"
+    events.mkdir(exist_ok=True)
+    trace_file = directory / "trace.jsonl"
+    os.environ[trace.ENV] = str(trace_file)  # inherited by Spark's Python processes
+    embedded = str(directory / "embedded")
+    spark = local_session(
+        "bench-microbatch",
+        cores=2,
+        max_failures=1,
+        conf={
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": events.as_uri(),
+            # Spark 4's default is a rolled, zstd-compressed folder: plain JSON lines here.
+            "spark.eventLog.compress": "false",
+            "spark.eventLog.rolling.enabled": "false",
+        },
+    )
+    results: dict[str, StreamResult] = {}
+    query_ids: dict[str, str] = {}
+    try:
+        spark.dataSource.register(DiscardDataSource)
+        bench = Bench(spark, directory, embedded)
+        print(
+            f"bench-microbatch: {args.batches} micro-batches of {args.rows} rows per sink, "
+            f"{spark.sparkContext.master}; scratch in {directory}",
+            flush=True,
+        )
+        warm = directory / "warm-source"
+        write_stream_files(warm, WARMUP_BATCHES, args.rows)
+        run_stream(bench, "idemlog", warm, WARMUP_BATCHES, args.rows)
+        files = directory / "stream-source"
+        write_stream_files(files, args.batches, args.rows)
+        for sink in ("discard", "idemlog"):
+            results[sink] = run_stream(bench, sink, files, args.batches, args.rows)
+            query_ids[sink] = str(results[sink].progress[0]["id"])
+            print(
+                f"  {sink}: addBatch ms " + " ".join(f"{t:.0f}" for t in results[sink].add_batch_ms),
+                flush=True,
+            )
+    finally:
+        spark.stop()  # flushes the event log
+        stop_broker(embedded)
+        os.environ.pop(trace.ENV, None)
+    jobs = read_event_log(events)
+    spans = trace.read(trace_file)
+    batches = {s: analyse(results[s], jobs, spans, query_ids[s]) for s in ("idemlog", "discard")}
+    counts: defaultdict[str, int] = defaultdict(int)
+    for s in spans:
+        counts[s["name"]] += 1
+    print(f"\nspans read: {dict(counts)}; write jobs in the event log: {len(jobs)}\n")
+    add = print_table(batches)
+    if args.dir is None:
+        shutil.rmtree(directory, ignore_errors=True)
+    ratio = add["idemlog"] / add["discard"]
+    procs = p50([b.new_driver_processes for b in batches["idemlog"][1:]])
+    print()
+    print(f"microbatch_ms_idemlog_p50={add['idemlog']:.0f}")
+    print(f"microbatch_ms_discard_p50={add['discard']:.0f}")
+    print(f"microbatch_idemlog_vs_discard_ratio={ratio:.3f}")
+    print(
+        f"# {'meets' if ratio <= TARGET_RATIO else 'misses'} the target "
+        f"microbatch_idemlog_vs_discard_ratio <= {TARGET_RATIO}"
+    )
+    print(f"driver_processes_per_batch={procs:g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""Timed spans of the sink's own steps, for the micro-batch breakdown.
+
+Off unless the environment variable ``IDEMLOG_TRACE`` names a file (Spark's Python
+processes inherit the driver's environment in local mode): then every :func:`span` appends
+one JSON line to it when it ends::
+
+    {"name": "commit", "pid": 4242, "start": 1763.51, "end": 1763.54,
+     "proc_start": 1763.02, "imported": 1763.31, "attrs": {"batch": 3}}
+
+Times are wall-clock epoch seconds, so spans of different processes line up with each
+other and with Spark's event log. ``proc_start`` is when the process was created,
+``imported`` when it first imported ``spark_sink``: their difference is the interpreter's
+and pyspark's start-up, the rest up to the first span is ours (imports, unpickling).
+``benchmarks/bench_microbatch.py`` reads the file. Disabled, a span costs one dict
+lookup; the lines are appended with one ``write`` each (``O_APPEND``), so concurrent
+processes never interleave within a line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+ENV = "IDEMLOG_TRACE"
+
+log = logging.getLogger("idemlog.trace")
+
+# Set by spark_sink/__init__.py as its first statement (time.time() then).
+_imported: float | None = None
+_proc_start: float | None = None
+
+
+def imported_at(when: float) -> None:
+    """Record when this process first imported ``spark_sink`` (called once, by it)."""
+    global _imported
+    if _imported is None:
+        _imported = when
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV))
+
+
+def _process_start() -> float:
+    global _proc_start
+    if _proc_start is None:
+        import psutil
+
+        _proc_start = psutil.Process().create_time()
+    return _proc_start
+
+
+def emit(name: str, start: float, end: float, **attrs: Any) -> None:
+    """Append one span (no-op when tracing is off). A file that cannot be written is
+    logged, not raised."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    record = {
+        "name": name,
+        "pid": os.getpid(),
+        "start": start,
+        "end": end,
+        "proc_start": _process_start(),
+        "imported": _imported,
+        "attrs": attrs,
+    }
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        # A measurement aid: a trace that cannot be written must not fail a write.
+        log.warning("%s=%s: span %s not recorded: %s", ENV, path, name, exc)
+
+
+@contextmanager
+def span(name: str, **attrs: Any) -> Iterator[dict[str, Any]]:
+    """Time the block as span ``name``; the yielded dict adds attributes. Recorded even
+    when the block raises (with ``error`` set to the exception's type name)."""
+    if not os.environ.get(ENV):
+        yield attrs
+        return
+    start = time.time()
+    try:
+        yield attrs
+    except BaseException as exc:
+        attrs["error"] = type(exc).__name__
+        raise
+    finally:
+        emit(name, start, time.time(), **attrs)
+
+
+def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The spans in a trace file, in the order they ended."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
