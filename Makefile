@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo demo-store test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark clean
+.PHONY: setup demo demo-store test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch clean
 
 setup: $(STAMP) $(ZK_SERVER) jars
 
@@ -69,8 +69,9 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-# The test command (CI runs exactly this): lint, types, then the whole suite.
-test: lint typecheck
+# The test command (CI runs exactly this): lint, types, then the whole suite. The Kafka
+# jars are fetched too: tests/bench runs every bench-* target at its smoke size.
+test: lint typecheck kafka-jars
 	$(VENV)/bin/pytest -q --durations=15
 
 # The fast tier (docs/contributing.md): the unit and store tests without Spark, ZooKeeper or
@@ -79,24 +80,32 @@ FAST_TIER := tests/unit tests/store -m "not spark and not zookeeper and not slow
 test-fast: setup
 	$(VENV)/bin/pytest -q --durations=10 $(FAST_TIER)
 
+# Every bench-* target takes BENCH_ARGS: the module's own options (`--help` lists them),
+# e.g. `make bench-store BENCH_ARGS="--gb 0.1"`; tests/bench runs each at a smoke size.
+BENCH_ARGS ?=
+
 bench-store: setup
-	$(PY) -m benchmarks.bench_store
+	$(PY) -m benchmarks.bench_store $(BENCH_ARGS)
 
 bench-broker: setup
-	$(PY) -m benchmarks.bench_broker
+	$(PY) -m benchmarks.bench_broker $(BENCH_ARGS)
 
 # 20M rows through the producer vs the same batches over a bare Flight client (ROWS=...).
 ROWS ?= 20000000
 bench-producer: setup
-	$(PY) -m benchmarks.bench_producer --rows $(ROWS)
+	$(PY) -m benchmarks.bench_producer --rows $(ROWS) $(BENCH_ARGS)
 
 # format("idemlog") in Spark vs a discard-only Python writer, noop and parquet (ROWS=...).
 bench-spark: setup
-	$(PY) -m benchmarks.bench_spark --rows $(ROWS)
+	$(PY) -m benchmarks.bench_spark --rows $(ROWS) $(BENCH_ARGS)
+
+# Where a streaming micro-batch's time goes, idemlog's parts against the discard writer's.
+bench-microbatch: setup
+	$(PY) -m benchmarks.bench_microbatch $(BENCH_ARGS)
 
 # idemlog vs Spark's Kafka and Delta sinks and Kafka's own producer, on a real local Kafka.
 bench-peers: setup kafka-jars
-	$(PY) -m benchmarks.bench_peers
+	$(PY) -m benchmarks.bench_peers $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -14,8 +14,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import javaproperties
-
 from broker_core.errors import InvalidConfigError
 
 LONG_MAX = 2**63 - 1
@@ -127,6 +125,8 @@ def load_properties(path: str | Path) -> dict[str, str]:
     text = Path(path).read_text(encoding="utf-8")
     values: dict[str, str] = {}
     line = 1  # the line the next element starts on
+    import javaproperties  # here: only .properties files need it, and it imports slowly
+
     elements = javaproperties.parse(text)
     while True:
         try:

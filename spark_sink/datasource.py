@@ -20,9 +20,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from broker_core.client.broker_client import BrokerClient
-
 from . import progress, topics, trace
+from .connections import sink_client
 from .errors import UnsupportedWriteError
 from .options import IdemlogOptions, Scope, parse_options
 from .schema import arrow_schema_for, check_key, spark_schema_for
@@ -57,7 +56,7 @@ class IdemlogDataSource(DataSource):
     # -- reading ---------------------------------------------------------------------------
     def _read_side(self) -> tuple[IdemlogOptions, topics.TopicInfo]:
         options = parse_options(self.options, Scope.READ)
-        with BrokerClient(options.bootstrap()) as client:
+        with sink_client(options.bootstrap()) as client:
             return options, topics.require(client, options)
 
     def schema(self) -> StructType:
@@ -86,7 +85,7 @@ class IdemlogDataSource(DataSource):
             options = parse_options(self.options, Scope.WRITE)
             arrow = arrow_schema_for(schema)
             check_key(arrow, options.key)
-            with trace.span("topic_check"), BrokerClient(options.bootstrap()) as client:
+            with trace.span("topic_check"), sink_client(options.bootstrap()) as client:
                 topics.ensure_for_write(client, options, arrow)
             return options, arrow
 

@@ -18,7 +18,8 @@ Why they look like this (docs/design.md §7):
 * **Arrow all the way**: the fetched batches are yielded as they come (the metadata
   columns are built with numpy), never converted row by row in Python.
 * **Picklable**: the readers hold the parsed options and topic description only; each
-  ``read()`` (on an executor) opens its own ``BrokerClient`` and closes it.
+  ``read()`` (on an executor) opens its own ``BrokerClient`` (on the process's shared
+  connections, ``spark_sink.connections``) and closes it.
 * **Lost data fails the read**: a range starting below the log start (retention deleted
   what a checkpoint still points to) raises ``OffsetOutOfRangeError`` naming the topic,
   partition and offsets, like Kafka's OffsetOutOfRange; rows are never skipped silently.
@@ -43,6 +44,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 
+from .connections import sink_client
 from .options import IdemlogOptions
 from .schema import spark_schema_for
 from .topics import TopicInfo, describe
@@ -157,7 +159,7 @@ def read_range(
     """Every readable row of ``part`` once, in offset order, as batches of ``schema``."""
     if part.start >= part.end:
         return
-    client = BrokerClient(options.bootstrap())
+    client = sink_client(options.bootstrap())
     try:
         offset = part.start
         position = part.start  # the next offset not yet yielded: no row twice
@@ -205,7 +207,7 @@ class IdemlogBatchReader(DataSourceReader):
     def partitions(self) -> list[OffsetRangePartition]:
         """On the driver: per log partition ``[log start, LSO or HW)`` as of now."""
         ranges = []
-        with BrokerClient(self.options.bootstrap()) as client:
+        with sink_client(self.options.bootstrap()) as client:
             found = client.readable_offsets(self.topic.name, self.topic.partitions)
             for p, offsets in found.items():
                 start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
@@ -281,7 +283,7 @@ class IdemlogStreamReader(DataSourceStreamReader):
         self._guessed_base: dict[str, int] | None = None
 
     def _client(self) -> BrokerClient:
-        return BrokerClient(self.options.bootstrap())
+        return sink_client(self.options.bootstrap())
 
     def _partition_count(self, client: BrokerClient) -> int:
         # Partitions may be added to a running topic: each trigger looks again.

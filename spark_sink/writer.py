@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -44,11 +44,13 @@ from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
 from spark_sink import failpoints, progress, trace
+from spark_sink.connections import shared_connections, sink_client
 from spark_sink.options import IdemlogOptions
-from spark_sink.producer import Producer
-from spark_sink.producer.futures import SendResult
-from spark_sink.producer.transport import FlightTransport
 from spark_sink.schema import conform
+
+if TYPE_CHECKING:
+    from spark_sink.producer.futures import SendResult
+    from spark_sink.producer.producer import Producer
 
 log = logging.getLogger("idemlog.sink")
 
@@ -130,7 +132,7 @@ class _Heartbeat:
 
     def _run(self) -> None:
         interval = heartbeat_interval_s(self._options)
-        with BrokerClient(self._options.bootstrap()) as client:
+        with sink_client(self._options.bootstrap()) as client:
             while not self._stop.wait(interval):
                 try:
                     client.sink_heartbeat(self._sink_id, self._run_id)
@@ -168,10 +170,16 @@ def _write_task(
     batch_id = attempt.batch_id
     started = time.perf_counter()
     failpoints.hit("before_write", batch_id, partition_id)
+    # Here, not at the top: the driver's planning and commit processes import this module
+    # too, and need none of the producer.
+    from spark_sink.producer.producer import Producer
+    from spark_sink.producer.transport import FlightTransport
+
     tid = transactional_id(attempt.sink_id, partition_id)
     lost_ack = failpoints.claim("lost_ack", batch_id, partition_id)
     producer = Producer(
         options.bootstrap(),
+        connections=shared_connections(),
         transport=None
         if lost_ack is None
         else failpoints.losing_acks(lost_ack, FlightTransport(BrokerClient(options.bootstrap()))),
@@ -286,8 +294,9 @@ def _retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient],
     non-retriable error at once, and the last retriable one once the deadline is spent."""
 
     def attempt() -> T:
-        # A new client each time: the broker may be a new process on a new address.
-        with BrokerClient(options.bootstrap(), timeout_s=_REQUEST_TIMEOUT_S) as client:
+        # A new client each time (on the process's shared connections): the broker may be
+        # a new process on a new address.
+        with sink_client(options.bootstrap(), timeout_s=_REQUEST_TIMEOUT_S) as client:
             return call(client)
 
     def log_retry(exc: BaseException, attempts: int) -> None:

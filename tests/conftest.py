@@ -12,6 +12,7 @@ Markers (declared in pyproject.toml, ``--strict-markers``) are applied here, by 
 test lives and what it uses, so a new test cannot forget its tier:
 
 * ``spark``: every test under ``tests/spark/``;
+* ``bench``: every test under ``tests/bench/`` (the benchmark targets at a smoke size);
 * ``zookeeper``: every test that uses the ``zk_server`` fixture, directly or through
   ``zk_chroot``/``zk_client``;
 * ``slow``: set by hand (``@pytest.mark.slow``) on tests that take more than a few seconds.
@@ -26,12 +27,15 @@ import pytest
 pytest_plugins = ["tests.harness.zk_fixtures", "tests.harness.broker"]
 
 SPARK_DIR = Path(__file__).parent / "spark"
+BENCH_DIR = Path(__file__).parent / "bench"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(SPARK_DIR):
             item.add_marker(pytest.mark.spark)
+        if item.path.is_relative_to(BENCH_DIR):
+            item.add_marker(pytest.mark.bench)
         # fixturenames is the whole closure: zk_client -> zk_chroot -> zk_server counts.
         if "zk_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.zookeeper)

@@ -131,7 +131,9 @@ class BrokerClient:
     each failure (with jitter). Raises ``InvalidRequestError`` for a bootstrap that names
     no ``host:port`` and ``InvalidConfigError`` for a negative ``retries`` or backoff;
     nothing connects before the first request. Use it as a context manager or call
-    :meth:`close`.
+    :meth:`close`. ``connections``: a connection cache shared with other clients (one per
+    process in the Spark sink, so a reused Python worker keeps its channels from batch to
+    batch); :meth:`close` then leaves it open, for its owner to close.
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class BrokerClient:
         timeout_s: float = 30.0,
         retries: int = 5,
         retry_backoff_s: float = 0.05,
+        connections: FlightConnections | None = None,
     ) -> None:
         self._bootstrap = parse_bootstrap(bootstrap)
         if retries < 0 or retry_backoff_s < 0:
@@ -158,7 +161,8 @@ class BrokerClient:
             backoff_s=retry_backoff_s,
             max_backoff_s=retry_backoff_s * 2 ** max(retries - 1, 0),
         )
-        self._connections = FlightConnections()
+        self._owns_connections = connections is None
+        self._connections = FlightConnections() if connections is None else connections
         self._view: ClusterView | None = None
 
     # -- connections ---------------------------------------------------------------------
@@ -171,9 +175,10 @@ class BrokerClient:
         self._connections.reset(address)
 
     def close(self) -> None:
-        """Close every connection this client opened. Never raises; the client stays
-        usable (a later request opens new connections)."""
-        self._connections.close()
+        """Close every connection this client opened (none of a shared cache). Never
+        raises; the client stays usable (a later request opens new connections)."""
+        if self._owns_connections:
+            self._connections.close()
 
     def __enter__(self) -> BrokerClient:
         return self

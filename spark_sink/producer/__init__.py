@@ -11,21 +11,58 @@ produced batch), ``sender`` (background thread: drain, send, answers, retries),
 
 from __future__ import annotations
 
-from .config import PRODUCER_CONFIG, ProducerConfig
-from .errors import (
-    AbortableTransactionError,
-    BufferExhaustedError,
-    DeliveryTimeoutError,
-    MaxBlockTimeoutError,
-    ProducerClosedError,
-    TransactionAbortedError,
-)
-from .futures import RecordMetadata, SendResult
-from .partitioner import hash_keys, partitions_for_keys
-from .producer import Producer
-from .producer_batch import TopicPartition
-from .transaction_manager import TxnState
-from .transport import FlightTransport, SendHandle, Transport
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import PRODUCER_CONFIG, ProducerConfig
+    from .errors import (
+        AbortableTransactionError,
+        BufferExhaustedError,
+        DeliveryTimeoutError,
+        MaxBlockTimeoutError,
+        ProducerClosedError,
+        TransactionAbortedError,
+    )
+    from .futures import RecordMetadata, SendResult
+    from .partitioner import hash_keys, partitions_for_keys
+    from .producer import Producer
+    from .producer_batch import TopicPartition
+    from .transaction_manager import TxnState
+    from .transport import FlightTransport, SendHandle, Transport
+
+# Each name loads its module on first use: importing one module of the package (the
+# driver's options import ``config``) does not load the rest (the sender, the
+# partitioner's NumPy code), which only the tasks need.
+_HOME = {
+    "PRODUCER_CONFIG": "config",
+    "ProducerConfig": "config",
+    "AbortableTransactionError": "errors",
+    "BufferExhaustedError": "errors",
+    "DeliveryTimeoutError": "errors",
+    "MaxBlockTimeoutError": "errors",
+    "ProducerClosedError": "errors",
+    "TransactionAbortedError": "errors",
+    "RecordMetadata": "futures",
+    "SendResult": "futures",
+    "hash_keys": "partitioner",
+    "partitions_for_keys": "partitioner",
+    "Producer": "producer",
+    "TopicPartition": "producer_batch",
+    "TxnState": "transaction_manager",
+    "FlightTransport": "transport",
+    "SendHandle": "transport",
+    "Transport": "transport",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "PRODUCER_CONFIG",

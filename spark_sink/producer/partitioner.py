@@ -5,12 +5,17 @@ The hash (documented here once; every client that wants the same routing must us
 1. The key column is turned into one NumPy array ``v``:
    integers, booleans, dates, times, timestamps and durations → ``int64`` (their integer
    storage; unsigned 64-bit values wrap); floating point → ``float64`` (``-0.0`` becomes
-   ``0.0``); strings → ``object`` array of ``str``; binary → ``object`` array of ``bytes``.
-   Any other key type is rejected with the column named.
+   ``0.0``, every NaN the one NaN ``0x7ff8000000000000``); strings → ``object`` array of
+   ``str``; binary → ``object`` array of ``bytes``. Any other key type is rejected with
+   the column named.
 2. ``h = pandas.util.hash_array(v, encoding="utf8", hash_key="0123456789123456",
-   categorize=False)`` — numbers: their 64-bit pattern through a splitmix64 finaliser;
-   strings/bytes: SipHash-2-4 of the UTF-8 bytes with that key, then the same finaliser.
-   The string path hashes each *distinct* value once (Arrow dictionary encoding).
+   categorize=False)`` — numbers: their 64-bit pattern through the splitmix64 finaliser
+   (``x ^= x >> 30; x *= 0xbf58476d1ce4e5b9; x ^= x >> 27; x *= 0x94d049bb133111eb;
+   x ^= x >> 31``, modulo 2**64); strings/bytes: SipHash-2-4 of the UTF-8 bytes with that
+   key, then the same finaliser. Numbers are hashed here with NumPy (the same values,
+   checked against pandas by the tests), so numeric keys never import pandas; strings
+   import it on first use. The string path hashes each *distinct* value once (Arrow
+   dictionary encoding).
 3. ``partition = h % num_partitions`` (unsigned 64-bit). A null key hashes to
    ``2**64 - 1``, so it goes to partition ``(2**64 - 1) % num_partitions``.
 
@@ -29,7 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -37,6 +41,28 @@ from broker_core.errors import InvalidRequestError
 
 HASH_KEY = "0123456789123456"
 NULL_HASH = np.uint64(2**64 - 1)
+CANONICAL_NAN = np.uint64(0x7FF8000000000000)  # np.nan's bit pattern: every NaN hashes as it
+# splitmix64's finaliser, as pandas.util.hash_array applies it.
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+
+
+def _finalise(bits: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """The finaliser of step 2, in place on a fresh array (uint64 arithmetic wraps)."""
+    bits ^= bits >> np.uint64(30)
+    bits *= _MIX_1
+    bits ^= bits >> np.uint64(27)
+    bits *= _MIX_2
+    bits ^= bits >> np.uint64(31)
+    return bits
+
+
+def _hash_numbers(values: npt.NDArray[np.generic]) -> npt.NDArray[np.uint64]:
+    """Step 2 for int64 or float64 values, without pandas."""
+    bits = values.view(np.uint64).copy()
+    if values.dtype == np.float64:
+        bits[np.isnan(values)] = CANONICAL_NAN
+    return _finalise(bits)
 
 
 def _key_values(keys: pa.Array) -> npt.NDArray[np.generic]:
@@ -51,7 +77,7 @@ def _key_values(keys: pa.Array) -> npt.NDArray[np.generic]:
     if pa.types.is_floating(t):
         floats = pc.cast(pc.fill_null(keys, 0.0), pa.float64())
         values = np.asarray(floats.to_numpy(zero_copy_only=False), dtype=np.float64)
-        return values + 0.0  # -0.0 + 0.0 == +0.0: one hash for both zeros
+        return np.where(values == 0.0, 0.0, values)  # -0.0 == 0.0: one hash for both zeros
     raise InvalidRequestError(
         f"key column of type {t} cannot be hashed (use an integer, float, boolean, "
         "temporal, string or binary column)"
@@ -75,6 +101,15 @@ def hash_keys(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.uint64]:
         # Hash each distinct value once, then spread by the dictionary indices.
         encoded = keys.dictionary_encode()
         distinct = np.asarray(encoded.dictionary.to_numpy(zero_copy_only=False), dtype=object)
+        # SipHash of Python strings/bytes: pandas' C implementation, imported only here.
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise InvalidRequestError(
+                f"key column of type {t} is hashed with pandas, which is not installed "
+                f"(pip install pandas, or use a numeric key): {exc}"
+            ) from exc
+
         distinct_hash = pd.util.hash_array(
             distinct, encoding="utf8", hash_key=HASH_KEY, categorize=False
         )
@@ -82,11 +117,7 @@ def hash_keys(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.uint64]:
         table = np.append(np.asarray(distinct_hash, dtype=np.uint64), NULL_HASH)
         hashes = table[indices] if len(distinct) else table[np.zeros(len(keys), dtype=np.int64)]
     else:
-        values = _key_values(keys)
-        hashes = np.asarray(
-            pd.util.hash_array(values, encoding="utf8", hash_key=HASH_KEY, categorize=False),
-            dtype=np.uint64,
-        )
+        hashes = _hash_numbers(_key_values(keys))
     if keys.null_count:
         nulls = np.asarray(keys.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         hashes = np.where(nulls, NULL_HASH, hashes)

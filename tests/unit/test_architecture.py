@@ -125,3 +125,38 @@ def test_the_blocker_blocks() -> None:
     result = _run_without({"pyspark"}, "import spark_sink.datasource")
     assert result.returncode != 0
     assert "blocked by the test" in result.stderr
+
+
+def test_the_driver_side_paths_import_no_pandas_and_no_producer() -> None:
+    """Spark runs the sink's planning and commit in Python processes on the driver
+    (docs/spark.md): they import the data source and the writer, which must not drag in
+    pandas, the producer or the .properties parser, none of which they use."""
+    body = (
+        "import sys\n"
+        "import spark_sink.datasource, spark_sink.writer\n"
+        "heavy = ('pandas', 'javaproperties', 'spark_sink.producer.producer',\n"
+        "         'spark_sink.producer.sender', 'spark_sink.producer.partitioner')\n"
+        "print('loaded', [m for m in heavy if m in sys.modules])"
+    )
+    result = _run_without(set(), body)
+    assert result.returncode == 0, result.stderr
+    assert "loaded []" in result.stdout
+
+
+def test_numeric_keys_are_routed_without_pandas() -> None:
+    body = (
+        "import numpy as np, pyarrow as pa\n"
+        "from spark_sink.producer import Producer\n"
+        "from spark_sink.producer.partitioner import Partitioner\n"
+        "table = pa.table({'key': np.arange(1000) % 7, 'v': np.arange(1000)})\n"
+        "parts = Partitioner().split(table, 'key', 4)\n"
+        "print('rows', sum(p.batch.num_rows for p in parts))\n"
+        "try:\n"
+        "    Partitioner().split(pa.table({'key': ['a']}), 'key', 4)\n"
+        "except Exception as exc:\n"
+        "    print('strings:', type(exc).__name__, exc)\n"
+    )
+    result = _run_without({"pandas"}, body)
+    assert result.returncode == 0, result.stderr
+    assert "rows 1000" in result.stdout
+    assert "strings: InvalidRequestError" in result.stdout and "pandas" in result.stdout

@@ -1,0 +1,92 @@
+"""Every ``make bench-*`` target and ``make demo-store``, run as a user runs them, at a
+smoke size: the Makefile's paths, the jar fetches, each benchmark's checks of what it wrote
+and its closing ``name=value`` lines all work from a clone.
+
+Sizes are tiny, so the figures mean nothing here: a benchmark's numbers are read from a
+real run (benchmarks/README.md), never asserted. What is asserted is that the run
+finished, checked its own results (every benchmark exits non-zero when its read-back or
+log-end check fails) and printed the lines that report it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# target -> (make variables, the name=value lines it must print)
+SMOKE: dict[str, tuple[list[str], list[str]]] = {
+    "bench-store": (
+        ["BENCH_ARGS=--gb 0.02 --repeat 1"],
+        ["store_vs_raw_ratio", "validator_us_per_batch"],
+    ),
+    "bench-broker": (
+        ["BENCH_ARGS=--mb 20 --repeat 1 --producers 1,4"],
+        ["broker_vs_transport_ratio", "init_producer_id_per_s"],
+    ),
+    "bench-producer": (["ROWS=100000"], ["producer_vs_bare_ratio"]),
+    "bench-spark": (
+        ["ROWS=100000", "BENCH_ARGS=--repeats 1 --stream-batches 2 --stream-rows 10000"],
+        ["idemlog_vs_discard_ratio", "microbatch_idemlog_vs_discard_ratio"],
+    ),
+    "bench-microbatch": (
+        ["BENCH_ARGS=--batches 3 --rows 10000"],
+        ["microbatch_idemlog_vs_discard_ratio", "driver_processes_per_batch"],
+    ),
+    "bench-peers": (
+        ["BENCH_ARGS=--rows 100000 --repeats 1 --stream-batches 2 --stream-rows 10000"],
+        [
+            "idemlog_vs_kafka_sink",
+            "idemlog_stream_vs_kafka_sink",
+            "discard_stream_vs_kafka_sink",
+            "idemlog_broker_vs_kafka_broker",
+        ],
+    ),
+}
+
+
+def _make(target: str, variables: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env["TMPDIR"] = str(tmp_path)  # scratch directories land here and go with it
+    return subprocess.run(
+        ["make", "--no-print-directory", target, *variables],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+def _values(stdout: str) -> dict[str, float]:
+    return {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"^([a-z_0-9]+)=([-+0-9.eE]+|nan|inf)$", stdout, re.MULTILINE)
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", list(SMOKE))
+def test_benchmark_target_runs_at_smoke_size(target: str, tmp_path: Path) -> None:
+    variables, lines = SMOKE[target]
+    result = _make(target, variables, tmp_path)
+    tail = (result.stdout[-3000:] + "\n--- stderr ---\n" + result.stderr[-3000:]).strip()
+    assert result.returncode == 0, f"make {target} failed:\n{tail}"
+    values = _values(result.stdout)
+    missing = [name for name in lines if name not in values]
+    assert not missing, f"make {target} printed no {missing}:\n{tail}"
+    assert all(values[name] > 0 for name in lines), {n: values[n] for n in lines}
+
+
+@pytest.mark.slow
+def test_demo_store_target(tmp_path: Path) -> None:
+    result = _make("demo-store", [], tmp_path)
+    tail = (result.stdout[-3000:] + "\n--- stderr ---\n" + result.stderr[-3000:]).strip()
+    assert result.returncode == 0, f"make demo-store failed:\n{tail}"
+    assert "exactly_once=OK" in result.stdout, tail
