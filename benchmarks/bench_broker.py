@@ -1,6 +1,6 @@
 """Broker produce throughput over loopback against the Flight transport ceiling.
 
-    python -m benchmarks.bench_broker [--mb 1200] [--producers 1,4,16] [--repeat 2]
+    python -m benchmarks.bench_broker [--mb 1500] [--producers 1,4,16] [--repeat 3]
                                       [--init-seconds 2] [--dir DIR]
 
 What it measures (MB = 10^6 bytes of Arrow buffers, as ``RecordBatch.nbytes``):
@@ -26,9 +26,16 @@ discard runs. Loopback runs on a small VM vary by +-30% from run to run (page-ca
 writeback, scheduling), so the median of the runs counts; best and worst are printed.
 The summary lines take, for each server, its best producer count. Both servers run
 with the broker's allocator setting (``cli_broker.keep_large_buffers``): the same
-transport underneath, tuned the same way. The server processes'
-CPU time per MB is printed too: with the producers on the same cores, it is what bounds
-the ratio once the machine is CPU-bound.
+transport underneath, tuned the same way.
+
+CPU seconds (user + system) per GB sent (GB = 10^9 bytes, the same measure as MB/s) are
+printed beside the throughput, for each side separately, over the produce phase only
+(from the first send to the last answer; no topic creation or deletion): the server
+process (``/proc/<pid>/stat`` of the broker or discard server child, in clock ticks of
+10 ms: coarse at smoke sizes, ~0.01 s/GB at 1 GB a run) and the client
+process (``time.process_time()``: every thread of this process, so all producers and the
+Flight client's own threads). With the producers on the same 2 cores as the server,
+broker and client CPU together are what bounds the ratio once the machine is CPU-bound.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ IN_FLIGHT = 5
 MAX_CONNECTIONS = 4
 TOPIC = "bench"
 MB = 1e6
+GB = 1e9
 TARGET_RATIO = 0.7
 
 
@@ -191,10 +199,25 @@ def check(response: ProduceResponse) -> None:
         raise RuntimeError(f"batch failed: {response.error()}")
 
 
+@dataclass(frozen=True)
+class Run:
+    mb: float  # sent and acknowledged
+    seconds: float
+    server_cpu: float  # seconds, the server process
+    client_cpu: float  # seconds, this process
+
+    @property
+    def mbps(self) -> float:
+        return self.mb / self.seconds
+
+    def per_gb(self, cpu: float) -> float:
+        return cpu / (self.mb * MB / GB)
+
+
 def run_producers(
     server: Server, producers: int, batches: Sequence[pa.RecordBatch], total_mb: float
-) -> tuple[float, float]:
-    """(MB sent and acknowledged, seconds) for ``producers`` threads."""
+) -> Run:
+    """One run of ``producers`` threads: what they sent, in what time, at what CPU."""
     batch_bytes = batches[0].nbytes
     per_producer = max(IN_FLIGHT, round(total_mb * MB / batch_bytes / producers))
     with BrokerClient(server.address) as admin:
@@ -214,12 +237,15 @@ def run_producers(
         )
         for p in range(producers)
     ]
+    server_start, client_start = cpu_seconds(server.process.pid), time.process_time()
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
+    client_cpu = time.process_time() - client_start
+    server_cpu = cpu_seconds(server.process.pid) - server_start
     for c in connections:
         c.close()
     if errors:
@@ -229,7 +255,7 @@ def run_producers(
             ends = [admin.list_offsets(TOPIC, p)["log_end_offset"] for p in range(producers)]
             assert ends == [per_producer * ROWS_PER_BATCH] * producers, ends
             admin.delete_topic(TOPIC)  # frees the disk for the next run
-    return per_producer * producers * batch_bytes / MB, elapsed
+    return Run(per_producer * producers * batch_bytes / MB, elapsed, server_cpu, client_cpu)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -274,16 +300,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"batch: {ROWS_PER_BATCH} rows, {batches[0].nbytes / MB:.2f} MB; {args.mb:g} MB per "
             f"run; {args.repeat} runs each; cores: {os.cpu_count()}"
         )
-        results: dict[tuple[str, int], list[float]] = {}
-        cpu: dict[tuple[str, int], list[float]] = {}
+        runs: dict[tuple[str, int], list[Run]] = {}
         for producers in counts:
             for _ in range(args.repeat):
                 for server in (discard, broker):
-                    before = cpu_seconds(server.process.pid)
-                    mb, seconds = run_producers(server, producers, batches, args.mb)
-                    used = cpu_seconds(server.process.pid) - before
-                    results.setdefault((server.name, producers), []).append(mb / seconds)
-                    cpu.setdefault((server.name, producers), []).append(1000 * used / mb)
+                    run = run_producers(server, producers, batches, args.mb)
+                    runs.setdefault((server.name, producers), []).append(run)
         rate = init_rate(broker, args.init_seconds, transactional=False)
         txn_rate = init_rate(broker, args.init_seconds, transactional=True)
     finally:
@@ -291,24 +313,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
+    def median_mbps(name: str, producers: int) -> float:
+        return statistics.median(r.mbps for r in runs[(name, producers)])
+
+    def median_cpu(name: str, producers: int, side: str) -> float:
+        """Median CPU s/GB of ``side`` ("server" or "client") over the runs."""
+        return statistics.median(
+            r.per_gb(r.server_cpu if side == "server" else r.client_cpu)
+            for r in runs[(name, producers)]
+        )
+
     print()
+    print("CPU: seconds (user + system) per GB sent, median of the runs")
     print(
         f"{'producers':>9}  {'broker MB/s':>11}  {'discard MB/s':>12}  {'ratio':>5}  "
-        f"{'server CPU ms/MB (broker / discard)':>35}  runs (worst-best)"
+        f"{'server CPU s/GB (broker / discard)':>34}  "
+        f"{'client CPU s/GB (to broker / to discard)':>40}  runs (worst-best)"
     )
     for producers in counts:
-        b, d = results[("broker", producers)], results[("flight_discard", producers)]
-        b_cpu = statistics.median(cpu[("broker", producers)])
-        d_cpu = statistics.median(cpu[("flight_discard", producers)])
+        b = [r.mbps for r in runs[("broker", producers)]]
+        d = [r.mbps for r in runs[("flight_discard", producers)]]
+        on_server = [median_cpu(n, producers, "server") for n in ("broker", "flight_discard")]
+        on_client = [median_cpu(n, producers, "client") for n in ("broker", "flight_discard")]
         print(
             f"{producers:>9}  {statistics.median(b):>11.0f}  {statistics.median(d):>12.0f}  "
             f"{statistics.median(b) / statistics.median(d):>5.2f}  "
-            f"{f'{b_cpu:.2f} / {d_cpu:.2f}':>35}  "
+            f"{f'{on_server[0]:.3f} / {on_server[1]:.3f}':>34}  "
+            f"{f'{on_client[0]:.3f} / {on_client[1]:.3f}':>40}  "
             f"broker {min(b):.0f}-{max(b):.0f}, discard {min(d):.0f}-{max(d):.0f}"
         )
-    broker_mbps = max(statistics.median(results[("broker", n)]) for n in counts)
-    discard_mbps = max(statistics.median(results[("flight_discard", n)]) for n in counts)
+    broker_n = max(counts, key=lambda n: median_mbps("broker", n))
+    discard_n = max(counts, key=lambda n: median_mbps("flight_discard", n))
+    broker_mbps = median_mbps("broker", broker_n)
+    discard_mbps = median_mbps("flight_discard", discard_n)
     ratio = broker_mbps / discard_mbps
+    # CPU at the producer count each summary throughput comes from.
+    broker_server_cpu = median_cpu("broker", broker_n, "server")
+    broker_client_cpu = median_cpu("broker", broker_n, "client")
+    discard_server_cpu = median_cpu("flight_discard", discard_n, "server")
+    discard_client_cpu = median_cpu("flight_discard", discard_n, "client")
+    total_cpu_ratio = (broker_server_cpu + broker_client_cpu) / (
+        discard_server_cpu + discard_client_cpu
+    )
     verdict = "OK" if ratio >= TARGET_RATIO else "MISSED"
     print()
     print(f"init_producer_id: {rate:.0f}/s without a transactional id, {txn_rate:.0f}/s with one")
@@ -318,6 +364,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"broker_vs_transport_ratio={ratio:.2f}")
     print(f"init_producer_id_per_s={rate:.0f}")
     print(f"init_producer_id_txn_per_s={txn_rate:.0f}")
+    print(f"broker_server_cpu_s_per_gb={broker_server_cpu:.3f}")
+    print(f"discard_server_cpu_s_per_gb={discard_server_cpu:.3f}")
+    print(f"broker_client_cpu_s_per_gb={broker_client_cpu:.3f}")
+    print(f"discard_client_cpu_s_per_gb={discard_client_cpu:.3f}")
+    print(f"broker_vs_transport_cpu_ratio={total_cpu_ratio:.2f}")
     return 0
 
 

@@ -15,9 +15,16 @@ What it measures (MB = 10^6 bytes, GB = 10^9 bytes):
 - validator: ``ProducerStateManager.check_append`` + ``on_data_batch`` over the same
   batch headers in a tight loop, without any I/O.
 
+Beside the wall-clock MB/s, each run's CPU time (user + system, all threads of the process
+that does the work: ``time.process_time()`` around the loop, so the store's background
+checksum and fsync threads count) per GB written is printed: CPU s/GB, lower is better.
+For the recovery runs it is the appending child's CPU, which the child reports before it
+is killed. The kernel's own writeback threads count for neither side.
+
 Runs alternate raw, store, raw, ... (``--repeat`` store runs, one more raw run) and the best
-of each counts; the spread between runs is printed. The data lives in a temporary
-directory on the same disk as the repository and is deleted at the end.
+of each counts (highest MB/s, lowest CPU s/GB); the spread between runs is printed. The
+data lives in a temporary directory on the same disk as the repository and is deleted at
+the end.
 """
 
 from __future__ import annotations
@@ -144,8 +151,8 @@ def raw_run(
     encoded: Sequence[pa.Buffer],
     policy: FsyncPolicy,
     segment_bytes: int | None,
-) -> tuple[int, float]:
-    """(bytes, seconds) of writing ``encoded`` to fresh files, fsynced by ``policy``.
+) -> tuple[int, float, float]:
+    """(bytes, seconds, CPU seconds) of writing ``encoded`` to fresh files, fsynced by ``policy``.
 
     With ``segment_bytes`` it also does what the store's roll does to the disk: start a
     new file when the next batch would pass segment.bytes and fsync the full one from a
@@ -163,6 +170,7 @@ def raw_run(
     written = size = unflushed = 0
     try:
         fd = next_file()
+        cpu_start = time.process_time()
         start = last_flush = time.perf_counter()
         for buf in encoded:
             if segment_bytes is not None and size and size + buf.size > segment_bytes:
@@ -182,39 +190,47 @@ def raw_run(
     finally:
         for flusher in flushers:
             flusher.join()
+        cpu = time.process_time() - cpu_start
         for fd in fds:
             os.close(fd)
         for path in files:
             path.unlink()
-    return written, elapsed
+    return written, elapsed, cpu
 
 
 # -- store (in process, for throughput) --------------------------------------------------
-def append_all(store: LogStore, batches: Sequence[pa.RecordBatch]) -> tuple[PartitionLog, float]:
-    """Create the topic and append every batch as one idempotent producer; seconds taken."""
+def append_all(
+    store: LogStore, batches: Sequence[pa.RecordBatch]
+) -> tuple[PartitionLog, float, float]:
+    """Create the topic and append every batch as one idempotent producer.
+
+    Returns the log, the seconds and the CPU seconds (this process, all threads) taken.
+    """
     store.create_topic(TOPIC, 1, schema=SCHEMA)
     log = store.partition(TOPIC, 0)
     append = log.append
+    cpu_start = time.process_time()
     start = time.perf_counter()
     for seq, batch in enumerate(batches):
         append(batch, producer_id=PRODUCER_ID, producer_epoch=0, base_sequence=seq * ROWS_PER_BATCH)
-    return log, time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    return log, elapsed, time.process_time() - cpu_start
 
 
 def store_inprocess_run(
     directory: Path, batches: Sequence[pa.RecordBatch], policy: FsyncPolicy
-) -> tuple[int, float]:
+) -> tuple[int, float, float]:
     """Append every batch in this process, on the same warm memory the raw runs use.
 
     (A child process would pay first-touch page faults for its own copy of the data,
     which on this VM costs more than the store itself and would be measured as such.)
     """
     store = LogStore(directory, policy.store_config())
-    log, elapsed = append_all(store, batches)
+    log, elapsed, cpu = append_all(store, batches)
     written = log.size_bytes
     store.close()
     shutil.rmtree(directory)
-    return written, elapsed
+    return written, elapsed, cpu
 
 
 # -- store (child process, killed: for recovery) -----------------------------------------
@@ -222,8 +238,8 @@ def store_child(directory: Path, gb: float, policy: FsyncPolicy) -> int:
     """Append, report, then wait to be SIGKILLed (never closes the store)."""
     batches = build_batches(gb)
     store = LogStore(directory, policy.store_config())
-    log, elapsed = append_all(store, batches)
-    print(f"RESULT {log.size_bytes} {elapsed:.6f} {log.log_end_offset}", flush=True)
+    log, elapsed, cpu = append_all(store, batches)
+    print(f"RESULT {log.size_bytes} {elapsed:.6f} {log.log_end_offset} {cpu:.6f}", flush=True)
     sys.stdin.read()  # the parent kills us; EOF only if it died first
     return 0
 
@@ -232,6 +248,7 @@ def store_child(directory: Path, gb: float, policy: FsyncPolicy) -> int:
 class StoreRun:
     written: int
     seconds: float
+    cpu_seconds: float  # the child's, appending
     recovery_seconds: float
     segments: int
     had_snapshot: bool
@@ -246,7 +263,7 @@ def store_run(directory: Path, gb: float, policy: FsyncPolicy, expected_rows: in
     try:
         assert child.stdout is not None
         line = child.stdout.readline()  # blocks until the appends are done: the event
-        word, written, seconds, end = [*line.split(), "", "", "", ""][:4]
+        word, written, seconds, end, cpu = [*line.split(), "", "", "", "", ""][:5]
         if word != "RESULT":
             raise RuntimeError(f"store child failed (exit {child.wait()}): {line!r}")
     finally:
@@ -269,7 +286,7 @@ def store_run(directory: Path, gb: float, policy: FsyncPolicy, expected_rows: in
     segments = len(log.segments)
     store.close()
     shutil.rmtree(directory)
-    return StoreRun(int(written), float(seconds), recovery, segments, had_snapshot)
+    return StoreRun(int(written), float(seconds), float(cpu), recovery, segments, had_snapshot)
 
 
 def profile_appends(
@@ -379,45 +396,68 @@ def run(gb: float, policy: FsyncPolicy, repeat: int, scratch: Path, profile: boo
     )
 
     segment_bytes = LogConfig.from_mapping(policy.store_config()).segment_bytes
-    print(f"{'run':<12}{'GB':>8}{'seconds':>10}{'MB/s':>10}  notes", flush=True)
+    print(f"{'run':<12}{'GB':>8}{'seconds':>10}{'MB/s':>10}{'CPU s/GB':>10}  notes", flush=True)
 
-    def raw_row(label: str, segments: int | None, note: str) -> float:
+    def row(label: str, written: int, seconds: float, mbps: str, cpu: float, note: str) -> float:
+        """Prints a table row; returns the CPU seconds per GB."""
+        per_gb = cpu / (written / GB)
+        print(
+            f"{label:<12}{written / GB:>8.3f}{seconds:>10.3f}{mbps:>10}{per_gb:>10.3f}  {note}",
+            flush=True,
+        )
+        return per_gb
+
+    def raw_row(label: str, segments: int | None, note: str) -> tuple[float, float]:
+        """(MB/s, CPU s/GB) of one raw run."""
         # Each run starts with no dirty pages (ours are deleted after each run; this
         # flushes everyone else's): past ~2 GB dirty, kernel writeback slows writers down.
         os.sync()
-        written, seconds = raw_run(scratch, encoded, policy, segments)
+        written, seconds, cpu = raw_run(scratch, encoded, policy, segments)
         mbps = written / MB / seconds
-        print(f"{label:<12}{written / GB:>8.3f}{seconds:>10.3f}{mbps:>10.1f}  {note}", flush=True)
-        return mbps
+        return mbps, row(label, written, seconds, f"{mbps:.1f}", cpu, note)
 
     # The first pass over fresh memory pays for first-touch page faults (a VM artefact).
     raw_row("warm-up", segment_bytes, "not counted")
     raw_mbps: list[float] = []
     store_mbps: list[float] = []
+    raw_cpu: list[float] = []  # CPU s/GB
+    store_cpu: list[float] = []
+    child_cpu: list[float] = []
     recovery: list[float] = []
     roll_note = f"new file + background fsync every {segment_bytes / 2**30:g} GiB, as a roll"
     for i in range(repeat + 1):
-        raw_mbps.append(raw_row(f"raw {i + 1}", segment_bytes, roll_note))
+        mbps, cpu = raw_row(f"raw {i + 1}", segment_bytes, roll_note)
+        raw_mbps.append(mbps)
+        raw_cpu.append(cpu)
         if i == repeat:
             break
         os.sync()
-        written, seconds = store_inprocess_run(scratch / f"store-{i}", batches, policy)
+        written, seconds, cpu = store_inprocess_run(scratch / f"store-{i}", batches, policy)
         store_mbps.append(written / MB / seconds)
-        print(
-            f"{f'store {i + 1}':<12}{written / GB:>8.3f}{seconds:>10.3f}{store_mbps[-1]:>10.1f}"
-            "  same process and memory as raw",
-            flush=True,
+        store_cpu.append(
+            row(
+                f"store {i + 1}",
+                written,
+                seconds,
+                f"{store_mbps[-1]:.1f}",
+                cpu,
+                "same process and memory as raw",
+            )
         )
     for i in range(repeat):
         os.sync()
         result = store_run(scratch / f"recovery-{i}", gb, policy, rows)
         recovery.append(result.recovery_seconds / (result.written / GB))
-        print(
-            f"{f'recovery {i + 1}':<12}{result.written / GB:>8.3f}"
-            f"{result.recovery_seconds:>10.3f}{'':>10}  reopen after SIGKILL of a child that "
-            f"appended it ({result.segments} segments, snapshot: "
-            f"{'yes' if result.had_snapshot else 'no'})",
-            flush=True,
+        child_cpu.append(
+            row(
+                f"recovery {i + 1}",
+                result.written,
+                result.recovery_seconds,
+                "",
+                result.cpu_seconds,
+                f"reopen after SIGKILL of a child that appended it ({result.segments} segments, "
+                f"snapshot: {'yes' if result.had_snapshot else 'no'}); CPU: the child's appends",
+            )
         )
     raw_row("raw no-roll", None, "one file, no fsync at roll points: for reference only")
 
@@ -428,6 +468,8 @@ def run(gb: float, policy: FsyncPolicy, repeat: int, scratch: Path, profile: boo
     print(f"store MB/s spread: {spread(store_mbps, max)}")
     print(f"raw MB/s spread:   {spread(raw_mbps, max)}")
     print(f"recovery s/GB spread: {spread(recovery, min)}")
+    print(f"store CPU s/GB spread: {spread(store_cpu, min)}")
+    print(f"raw CPU s/GB spread:   {spread(raw_cpu, min)}")
     print(f"validator us/batch spread: {spread(validator, min)}")
     verdicts = [
         ("store_vs_raw_ratio", ratio >= TARGET_RATIO, f">= {TARGET_RATIO}"),
@@ -453,6 +495,10 @@ def run(gb: float, policy: FsyncPolicy, repeat: int, scratch: Path, profile: boo
     print(f"store_vs_raw_ratio={ratio:.3f}")
     print(f"validator_us_per_batch={min(validator):.2f}")
     print(f"recovery_s_per_GB={min(recovery):.3f}")
+    print(f"store_cpu_s_per_gb={min(store_cpu):.3f}")
+    print(f"raw_cpu_s_per_gb={min(raw_cpu):.3f}")
+    print(f"store_vs_raw_cpu_ratio={min(store_cpu) / min(raw_cpu):.3f}")
+    print(f"store_child_cpu_s_per_gb={min(child_cpu):.3f}")
     return 0
 
 

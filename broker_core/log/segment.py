@@ -10,7 +10,6 @@ import logging
 import mmap
 import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from broker_core.errors import CorruptRecordError, StorageError
 from broker_core.fileutil import pwrite_all
 from broker_core.log.indexes import OffsetIndex, TxnIndex
 from broker_core.record.batch import (
-    HEADER_SIZE,
     NO_TIMESTAMP,
     BatchHeader,
     EncodedBatch,
@@ -29,18 +27,6 @@ from broker_core.record.batch import (
 log = logging.getLogger("idemlog.segment")
 
 LOG_SUFFIX = ".log"
-# Below this a thread hand-off costs more than the checksum it would hide.
-_PARALLEL_CRC_BYTES = 256 * 1024
-_CRC_POOL: ThreadPoolExecutor | None = None
-
-
-def _crc_pool() -> ThreadPoolExecutor:
-    global _CRC_POOL
-    if _CRC_POOL is None:
-        _CRC_POOL = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="idemlog-crc")
-    return _CRC_POOL
-
-
 INDEX_SUFFIX = ".index"
 TXN_INDEX_SUFFIX = ".txnindex"
 
@@ -80,16 +66,11 @@ class LogSegment:
         """Write an encoded batch at the end; returns its header. All or nothing."""
         position = self.size
         try:
-            if batch.crc_done or batch.size < _PARALLEL_CRC_BYTES:
-                pwrite_all(self._fd, batch.iovecs(), position)
-            else:
-                # Checksum on another core while this one copies the payload into the page
-                # cache; the header (with the CRC) goes last. A crash in between leaves a
-                # zeroed header, which recovery treats as a torn tail.
-                crc = _crc_pool().submit(batch.finish_crc)
-                pwrite_all(self._fd, batch.pieces, position + HEADER_SIZE)
-                crc.result()
-                pwrite_all(self._fd, [batch.header], position)
+            # Checksum on this thread, then one pwritev. A checksum thread overlapping the
+            # copy into the page cache cost more CPU in the hand-off than it hid, and with
+            # the producers on the same cores there is rarely an idle core to hide it on
+            # (bench-broker's server CPU s/GB).
+            pwrite_all(self._fd, batch.iovecs(), position)
         except OSError as exc:
             self._rollback(position)
             raise StorageError(f"writing {self.log_path} failed: {exc}") from exc

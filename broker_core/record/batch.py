@@ -226,8 +226,7 @@ class EncodedBatch:
         return BatchHeader(*_HEADER.unpack_from(self.header, 0))
 
     def finish_crc(self) -> None:
-        """Checksum the batch into its header. Left to the writer, which may run it on
-        another core while the payload is being written (crc32c releases the GIL)."""
+        """Checksum the batch into its header, once; ``iovecs`` does it for the writer."""
         if self.crc_done:
             return
         crc = crc32c.crc32c(memoryview(self.header)[CRC_START:])
