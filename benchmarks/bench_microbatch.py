@@ -20,8 +20,10 @@ For every micro-batch three clocks are read, all wall-clock epoch time, so they 
   property), submitted -> done, and its tasks, launched -> finished;
 - **the sink's spans** (``spark_sink.trace``), from every Python process: ``plan_writer``
   (``streamWriter()``, in the driver-side process Spark starts to plan the batch's write)
-  with its ``topic_check`` round trip; ``task`` (a task's whole writer) with
-  ``init_producer``, ``flush`` (the rows' produce requests) and ``prepare``;
+  with its ``topic_check`` round trip (the first time, the embedded broker's start too);
+  ``task`` (a task's whole writer) with ``open_producer`` (importing and building the
+  producer), ``init_producer`` (InitProducerId), ``flush`` (the rows' produce requests)
+  and ``prepare``;
   ``commit`` (``commit()``, in the driver-side process Spark starts to commit) with its
   ``commit_request``. A span's process start and the moment it first imported
   ``spark_sink`` tell whether Spark started a new process for it and what that cost.
@@ -36,6 +38,7 @@ the floor, part by part. Last lines::
 
     microbatch_ms_idemlog_p50, microbatch_ms_discard_p50,
     microbatch_idemlog_vs_discard_ratio (target <= 1.1), driver_processes_per_batch
+    (new driver-side Python processes per steady micro-batch), trace_spans, write_jobs
 """
 
 from __future__ import annotations
@@ -165,7 +168,7 @@ def breakdown(progress: dict[str, Any], job: Job, spans: list[dict[str, Any]]) -
     parts["  new process: Python + pyspark start"] = py_start
     parts["  new process: sink imports"] = our_imports
     parts["  plan_writer (streamWriter)"] = plan_ms
-    parts["    topic check (broker round trip)"] = check_ms
+    parts["    topic check (+ embedded broker start)"] = check_ms
     parts["  Spark's share"] = before - py_start - our_imports - plan_ms
 
     # The job: the slowest task and the sink's writer in it.
@@ -176,8 +179,11 @@ def breakdown(progress: dict[str, Any], job: Job, spans: list[dict[str, Any]]) -
     writer = max(tasks, key=lambda s: s["end"] - s["start"], default=None)
     if writer is not None:
         w = writer["end"] - writer["start"]
+        a, b, new = _startup_ms(writer, job.submitted)
+        parts["    new worker: Python + pyspark start"] = a
+        parts["    new worker: sink imports"] = b
         parts["    sink writer (task span)"] = w * 1000
-        for name in ("init_producer", "flush", "prepare"):
+        for name in ("open_producer", "init_producer", "flush", "prepare"):
             inner = [
                 s
                 for s in _spans_in(spans, name, writer["start"], writer["end"] + 0.001)
@@ -224,31 +230,36 @@ def p50(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def print_table(results: dict[str, list[Batch]]) -> dict[str, float]:
-    """The p50 table of every part (steady state: each query's first batch left out)."""
+def print_table(results: dict[str, list[Batch]], cold: Batch) -> dict[str, float]:
+    """The p50 table of every part (steady state: each query's first batch left out),
+    with the session's very first micro-batch beside it (``cold``: the warm-up query's
+    first, where every Python process is new, so start-up and imports show)."""
     steady = {sink: batches[1:] or batches for sink, batches in results.items()}
     names: list[str] = []
-    for batches in steady.values():
+    for batches in [*steady.values(), [cold]]:
         for b in batches:
             names += [n for n in b.parts if n not in names]
     sinks = list(results)
     head = f"{'p50 ms per micro-batch':<44}" + "".join(f"{s:>10}" for s in sinks)
-    print(head + f"{'added':>10}")
+    print(head + f"{'added':>10}{'cold':>10}")
     add = {s: p50([b.phases["addBatch"] for b in steady[s]]) for s in sinks}
-    rows: list[tuple[str, dict[str, float]]] = [("addBatch", add)]
-    rows += [(n, {s: p50([b.parts.get(n, 0.0) for b in steady[s]]) for s in sinks}) for n in names]
+    rows: list[tuple[str, dict[str, float]]] = [
+        ("addBatch", {**add, "cold": cold.phases["addBatch"]})
+    ]
+    for n in names:
+        values = {s: p50([b.parts.get(n, 0.0) for b in steady[s]]) for s in sinks}
+        rows.append((n, {**values, "cold": cold.parts.get(n, 0.0)}))
     for phase in ("latestOffset", "walCommit", "getBatch", "queryPlanning", "commitOffsets"):
-        rows.append(
-            (
-                f"({phase}, outside addBatch)",
-                {s: p50([b.phases.get(phase, 0.0) for b in steady[s]]) for s in sinks},
-            )
-        )
+        values = {s: p50([b.phases.get(phase, 0.0) for b in steady[s]]) for s in sinks}
+        rows.append((f"({phase}, outside addBatch)", {**values, "cold": cold.phases[phase]}))
     for name, values in rows:
         line = f"{name.rstrip():<44}" + "".join(f"{values[s]:>10.0f}" for s in sinks)
-        if "idemlog" in values and "discard" in values:
-            line += f"{values['idemlog'] - values['discard']:>+10.0f}"
+        line += f"{values['idemlog'] - values['discard']:>+10.0f}{values['cold']:>10.0f}"
         print(line)
+    print(
+        "(added: idemlog - discard; cold: the session's first micro-batch, idemlog, "
+        f"{cold.new_driver_processes} new driver-side Python processes)"
+    )
     for sink, batches in results.items():
         first = batches[0]
         print(
@@ -257,22 +268,6 @@ def print_table(results: dict[str, list[Batch]]) -> dict[str, float]:
             "Python processes"
         )
     return add
-
-
-def print_cold(cold: Batch) -> None:
-    """The session's very first micro-batch (the warm-up query's): every Python process
-    is new, so it shows what start-up and imports cost."""
-    p = cold.parts
-    print(
-        f"cold start (the session's first micro-batch, idemlog): addBatch "
-        f"{cold.phases['addBatch']:.0f} ms; {cold.new_driver_processes} new driver-side "
-        "Python processes; planning: Python + pyspark start "
-        f"{p['  new process: Python + pyspark start']:.0f} ms, sink imports "
-        f"{p['  new process: sink imports']:.0f} ms, plan_writer "
-        f"{p['  plan_writer (streamWriter)']:.0f} ms (the embedded broker's start); commit: "
-        f"Python + pyspark start {p['  new process: Python + pyspark start ']:.0f} ms, sink "
-        f"imports {p['  new process: sink imports ']:.0f} ms"
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,8 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in spans:
         counts[s["name"]] += 1
     print(f"\nspans read: {dict(counts)}; write jobs in the event log: {len(jobs)}\n")
-    add = print_table(batches)
-    print_cold(analyse(warmup, jobs, spans, str(warmup.progress[0]["id"]))[0])
+    add = print_table(batches, analyse(warmup, jobs, spans, str(warmup.progress[0]["id"]))[0])
     if args.dir is None:
         shutil.rmtree(directory, ignore_errors=True)
     ratio = add["idemlog"] / add["discard"]
@@ -351,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"microbatch_idemlog_vs_discard_ratio <= {TARGET_RATIO}"
     )
     print(f"driver_processes_per_batch={procs:g}")
+    print(f"trace_spans={len(spans)}")
+    print(f"write_jobs={len(jobs)}")
     return 0
 
 

@@ -14,9 +14,10 @@ transactional id ``<sink id>/<spark partition>``, naming its sink, run and batch
    task's rows;
 4. the commit message goes to the driver.
 
-The driver's ``commit`` (a fresh Python process each time) checks the messages and hands
-them to the coordinator's ``commit_sink_batch``; ``abort`` fences the run's attempts.
-Nothing is visible to ``read_committed`` readers before the driver's commit.
+The driver's ``commit`` (in a Python process of Spark's, the writer built anew each time)
+checks the messages and hands them to the coordinator's ``commit_sink_batch``; ``abort``
+fences the run's attempts. Nothing is visible to ``read_committed`` readers before the
+driver's commit.
 """
 
 from __future__ import annotations
@@ -170,25 +171,28 @@ def _write_task(
     batch_id = attempt.batch_id
     started = time.perf_counter()
     failpoints.hit("before_write", batch_id, partition_id)
-    # Here, not at the top: the driver's planning and commit processes import this module
-    # too, and need none of the producer.
-    from spark_sink.producer.producer import Producer
-    from spark_sink.producer.transport import FlightTransport
-
     tid = transactional_id(attempt.sink_id, partition_id)
     lost_ack = failpoints.claim("lost_ack", batch_id, partition_id)
-    producer = Producer(
-        options.bootstrap(),
-        connections=shared_connections(),
-        transport=None
-        if lost_ack is None
-        else failpoints.losing_acks(lost_ack, FlightTransport(BrokerClient(options.bootstrap()))),
-        **{
-            "transactional.id": tid,
-            "transaction.timeout.ms": options.transaction_timeout_ms,
-            **options.producer,
-        },
-    )
+    with trace.span("open_producer", batch=batch_id):
+        # Here, not at the top: the driver's planning and commit processes import this
+        # module too, and need none of the producer.
+        from spark_sink.producer.producer import Producer
+        from spark_sink.producer.transport import FlightTransport
+
+        producer = Producer(
+            options.bootstrap(),
+            connections=shared_connections(),
+            transport=None
+            if lost_ack is None
+            else failpoints.losing_acks(
+                lost_ack, FlightTransport(BrokerClient(options.bootstrap()))
+            ),
+            **{
+                "transactional.id": tid,
+                "transaction.timeout.ms": options.transaction_timeout_ms,
+                **options.producer,
+            },
+        )
     rows = 0
     try:
         with trace.span("init_producer", batch=batch_id):

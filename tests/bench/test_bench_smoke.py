@@ -36,7 +36,7 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "bench-microbatch": (
         ["BENCH_ARGS=--batches 3 --rows 10000"],
-        ["microbatch_idemlog_vs_discard_ratio", "driver_processes_per_batch"],
+        ["microbatch_idemlog_vs_discard_ratio", "trace_spans", "write_jobs"],
     ),
     "bench-peers": (
         ["BENCH_ARGS=--rows 100000 --repeats 1 --stream-batches 2 --stream-rows 10000"],
