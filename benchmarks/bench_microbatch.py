@@ -145,6 +145,51 @@ def _startup_ms(span: dict[str, Any], lo: float) -> tuple[float, float, bool]:
     )
 
 
+@dataclass
+class DriverStep:
+    """One driver-side step (planning or commit) of a micro-batch, in ms."""
+
+    step: float  # the sink's outer span
+    inner: float  # its broker round trip
+    python_start: float  # interpreter + pyspark start-up of processes new in this batch
+    imports: float  # their import of the sink, up to the span
+    new_processes: int
+
+
+def _driver_step(
+    spans: list[dict[str, Any]], names: tuple[str, str], lo: float, hi: float
+) -> DriverStep:
+    """The ``names`` = (outer, inner) spans between ``lo`` and ``hi`` (epoch seconds)."""
+    outer, inner = names
+    step = DriverStep(0.0, 0.0, 0.0, 0.0, 0)
+    for s in _spans_in(spans, outer, lo, hi):
+        step.step += (s["end"] - s["start"]) * 1000
+        python_start, imports, new = _startup_ms(s, lo)
+        step.python_start += python_start
+        step.imports += imports
+        step.new_processes += new
+    step.inner = sum((s["end"] - s["start"]) * 1000 for s in _spans_in(spans, inner, lo, hi))
+    return step
+
+
+def _driver_parts(
+    parts: dict[str, float],
+    title: tuple[str, float],
+    step: DriverStep,
+    labels: tuple[str, str],
+    unique: str = "",
+) -> None:
+    """The rows of one driver-side step under ``title`` (its name and ms). ``unique``
+    ends the rows' names that both steps share (the table strips it)."""
+    name, total = title
+    parts[name] = total
+    parts[f"  new process: Python + pyspark start{unique}"] = step.python_start
+    parts[f"  new process: sink imports{unique}"] = step.imports
+    parts[f"  {labels[0]}"] = step.step
+    parts[f"    {labels[1]}"] = step.inner
+    parts[f"  Spark's share{unique}"] = total - step.python_start - step.imports - step.step
+
+
 def breakdown(progress: dict[str, Any], job: Job, spans: list[dict[str, Any]]) -> Batch:
     """Split one micro-batch's ``addBatch`` into its parts (module docstring)."""
     d = {k: float(v) for k, v in progress["durationMs"].items()}
@@ -152,24 +197,15 @@ def breakdown(progress: dict[str, Any], job: Job, spans: list[dict[str, Any]]) -
     add_start = trigger + sum(d.get(k, 0.0) for k in _BEFORE_ADD_BATCH) / 1000
     add_end = add_start + d["addBatch"] / 1000
     parts: dict[str, float] = {}
-    new_processes = 0
 
     # Before the job: the planning process.
-    before = (job.submitted - add_start) * 1000
-    plan = _spans_in(spans, "plan_writer", add_start - 0.05, job.submitted)
-    plan_ms = check_ms = py_start = our_imports = 0.0
-    for s in plan:
-        plan_ms += (s["end"] - s["start"]) * 1000
-        a, b, new = _startup_ms(s, add_start - 0.05)
-        py_start, our_imports, new_processes = py_start + a, our_imports + b, new_processes + new
-    for s in _spans_in(spans, "topic_check", add_start - 0.05, job.submitted):
-        check_ms += (s["end"] - s["start"]) * 1000
-    parts["before the job"] = before
-    parts["  new process: Python + pyspark start"] = py_start
-    parts["  new process: sink imports"] = our_imports
-    parts["  plan_writer (streamWriter)"] = plan_ms
-    parts["    topic check (+ embedded broker start)"] = check_ms
-    parts["  Spark's share"] = before - py_start - our_imports - plan_ms
+    plan = _driver_step(spans, ("plan_writer", "topic_check"), add_start - 0.05, job.submitted)
+    _driver_parts(
+        parts,
+        ("before the job", (job.submitted - add_start) * 1000),
+        plan,
+        ("plan_writer (streamWriter)", "topic check (+ embedded broker start)"),
+    )
 
     # The job: the slowest task and the sink's writer in it.
     parts["the job (submitted -> done)"] = (job.done - job.submitted) * 1000
@@ -179,7 +215,7 @@ def breakdown(progress: dict[str, Any], job: Job, spans: list[dict[str, Any]]) -
     writer = max(tasks, key=lambda s: s["end"] - s["start"], default=None)
     if writer is not None:
         w = writer["end"] - writer["start"]
-        a, b, new = _startup_ms(writer, job.submitted)
+        a, b, _new = _startup_ms(writer, job.submitted)
         parts["    new worker: Python + pyspark start"] = a
         parts["    new worker: sink imports"] = b
         parts["    sink writer (task span)"] = w * 1000
@@ -192,21 +228,15 @@ def breakdown(progress: dict[str, Any], job: Job, spans: list[dict[str, Any]]) -
             parts[f"      {name}"] = sum((s["end"] - s["start"]) * 1000 for s in inner)
 
     # After the job: the commit process.
-    after = (add_end - job.done) * 1000
-    commits = _spans_in(spans, "commit", job.done - 0.05, add_end + 0.05)
-    commit_ms = request_ms = py_start = our_imports = 0.0
-    for s in commits:
-        commit_ms += (s["end"] - s["start"]) * 1000
-        a, b, new = _startup_ms(s, job.done - 0.05)
-        py_start, our_imports, new_processes = py_start + a, our_imports + b, new_processes + new
-    for s in _spans_in(spans, "commit_request", job.done - 0.05, add_end + 0.05):
-        request_ms += (s["end"] - s["start"]) * 1000
-    parts["after the job"] = after
-    parts["  new process: Python + pyspark start "] = py_start
-    parts["  new process: sink imports "] = our_imports
-    parts["  commit()"] = commit_ms
-    parts["    commit request (broker round trip)"] = request_ms
-    parts["  Spark's share "] = after - py_start - our_imports - commit_ms
+    commit = _driver_step(spans, ("commit", "commit_request"), job.done - 0.05, add_end + 0.05)
+    _driver_parts(
+        parts,
+        ("after the job", (add_end - job.done) * 1000),
+        commit,
+        ("commit()", "commit request (broker round trip)"),
+        unique=" ",
+    )
+    new_processes = plan.new_processes + commit.new_processes
     return Batch(int(progress["batchId"]), d, parts, new_processes)
 
 

@@ -17,9 +17,10 @@ import time as _time
 
 _IMPORTED = _time.time()  # first: the micro-batch breakdown counts our imports from here
 
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from spark_sink import trace as _trace  # noqa: E402
+from spark_sink.lazy import lazy_names  # noqa: E402
 
 _trace.imported_at(_IMPORTED)
 
@@ -37,10 +38,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(home), name)
+__getattr__ = lazy_names(__name__, _HOME)

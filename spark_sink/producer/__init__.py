@@ -11,7 +11,9 @@ produced batch), ``sender`` (background thread: drain, send, answers, retries),
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from spark_sink.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .config import PRODUCER_CONFIG, ProducerConfig
@@ -34,35 +36,28 @@ if TYPE_CHECKING:
 # driver's options import ``config``) does not load the rest (the sender, the
 # partitioner's NumPy code), which only the tasks need.
 _HOME = {
-    "PRODUCER_CONFIG": "config",
-    "ProducerConfig": "config",
-    "AbortableTransactionError": "errors",
-    "BufferExhaustedError": "errors",
-    "DeliveryTimeoutError": "errors",
-    "MaxBlockTimeoutError": "errors",
-    "ProducerClosedError": "errors",
-    "TransactionAbortedError": "errors",
-    "RecordMetadata": "futures",
-    "SendResult": "futures",
-    "hash_keys": "partitioner",
-    "partitions_for_keys": "partitioner",
-    "Producer": "producer",
-    "TopicPartition": "producer_batch",
-    "TxnState": "transaction_manager",
-    "FlightTransport": "transport",
-    "SendHandle": "transport",
-    "Transport": "transport",
+    "PRODUCER_CONFIG": ".config",
+    "ProducerConfig": ".config",
+    "AbortableTransactionError": ".errors",
+    "BufferExhaustedError": ".errors",
+    "DeliveryTimeoutError": ".errors",
+    "MaxBlockTimeoutError": ".errors",
+    "ProducerClosedError": ".errors",
+    "TransactionAbortedError": ".errors",
+    "RecordMetadata": ".futures",
+    "SendResult": ".futures",
+    "hash_keys": ".partitioner",
+    "partitions_for_keys": ".partitioner",
+    "Producer": ".producer",
+    "TopicPartition": ".producer_batch",
+    "TxnState": ".transaction_manager",
+    "FlightTransport": ".transport",
+    "SendHandle": ".transport",
+    "Transport": ".transport",
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
-
+__getattr__ = lazy_names(__name__, _HOME)
 
 __all__ = [
     "PRODUCER_CONFIG",
