@@ -116,8 +116,9 @@ class _Heartbeat:
     transactions (this task's and the prepared ones of finished tasks) are then never
     timed out, however long the batch takes (docs/design.md, "Long batches")."""
 
-    def __init__(self, options: IdemlogOptions, sink_id: str, run_id: str) -> None:
+    def __init__(self, options: IdemlogOptions, bootstrap: str, sink_id: str, run_id: str) -> None:
         self._options = options
+        self._bootstrap = bootstrap
         self._sink_id = sink_id
         self._run_id = run_id
         self._stop = threading.Event()
@@ -133,7 +134,7 @@ class _Heartbeat:
 
     def _run(self) -> None:
         interval = heartbeat_interval_s(self._options)
-        with sink_client(self._options.bootstrap()) as client:
+        with sink_client(self._bootstrap) as client:
             while not self._stop.wait(interval):
                 try:
                     client.sink_heartbeat(self._sink_id, self._run_id)
@@ -173,6 +174,8 @@ def _write_task(
     failpoints.hit("before_write", batch_id, partition_id)
     tid = transactional_id(attempt.sink_id, partition_id)
     lost_ack = failpoints.claim("lost_ack", batch_id, partition_id)
+    # Once per task: for the embedded broker each call checks that it answers.
+    bootstrap = options.bootstrap()
     with trace.span("open_producer", batch=batch_id):
         # Here, not at the top: the driver's planning and commit processes import this
         # module too, and need none of the producer.
@@ -180,13 +183,11 @@ def _write_task(
         from spark_sink.producer.transport import FlightTransport
 
         producer = Producer(
-            options.bootstrap(),
+            bootstrap,
             connections=shared_connections(),
             transport=None
             if lost_ack is None
-            else failpoints.losing_acks(
-                lost_ack, FlightTransport(BrokerClient(options.bootstrap()))
-            ),
+            else failpoints.losing_acks(lost_ack, FlightTransport(BrokerClient(bootstrap))),
             **{
                 "transactional.id": tid,
                 "transaction.timeout.ms": options.transaction_timeout_ms,
@@ -198,7 +199,7 @@ def _write_task(
         with trace.span("init_producer", batch=batch_id):
             status = producer.init_sink_transaction(attempt)
         if status is SinkTxnStatus.NEW:
-            with _Heartbeat(options, attempt.sink_id, attempt.run_id):
+            with _Heartbeat(options, bootstrap, attempt.sink_id, attempt.run_id):
                 rows = _write_rows(producer, options, schema, batches, attempt, partition_id)
         else:
             # Nothing to write: the reused or committed transaction holds the rows. They

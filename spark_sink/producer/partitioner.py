@@ -22,8 +22,9 @@ The hash (documented here once; every client that wants the same routing must us
 Same key → same partition, whatever batch or process it comes from. Without a key every
 send goes whole to the next partition in turn (round-robin per send).
 
-Rows are grouped by partition with one stable ``argsort`` and one ``take``, so the rows of
-one key keep their order inside their partition.
+Rows are grouped by partition (one scan per partition while there are at most 32, a stable
+``argsort`` above) and one ``take``, so the rows of one key keep their order inside their
+partition.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from broker_core.errors import InvalidRequestError
 HASH_KEY = "0123456789123456"
 NULL_HASH = np.uint64(2**64 - 1)
 CANONICAL_NAN = np.uint64(0x7FF8000000000000)  # np.nan's bit pattern: every NaN hashes as it
+# Up to this many partitions a send's rows are grouped by one scan per partition, above
+# by a stable sort (a scan per partition is cheaper than n log n while they are few).
+_SCAN_MAX_PARTITIONS = 32
 # splitmix64's finaliser, as pandas.util.hash_array applies it.
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
@@ -146,8 +150,13 @@ def group_by_partition(
 
     Rows of one partition keep their relative order (so per-key order is kept).
     """
-    order = np.argsort(partitions, kind="stable")
     counts = np.bincount(partitions, minlength=num_partitions)
+    if num_partitions <= _SCAN_MAX_PARTITIONS:
+        # One linear scan per partition beats a stable sort while partitions are few;
+        # flatnonzero keeps the rows of each partition in order, as the sort does.
+        order = np.concatenate([np.flatnonzero(partitions == p) for p in range(num_partitions)])
+    else:
+        order = np.argsort(partitions, kind="stable")
     ordered = table.take(pa.array(order)).combine_chunks()
     batches = ordered.to_batches()
     batch = batches[0] if len(batches) == 1 else _single_batch(ordered)

@@ -81,16 +81,20 @@ def test_keys_spread_over_partitions() -> None:
     assert np.bincount(text, minlength=4).min() > 0.9 * 5_000
 
 
-def test_grouping_is_stable_and_vectorised() -> None:
-    n = 1_000_000
+@pytest.mark.parametrize("partitions", [1, 4, 32, 33, 200])
+def test_grouping_is_stable(partitions: int) -> None:
+    """Both ways of grouping (a scan per partition up to 32, a stable sort above) keep
+    every row once, in order within its partition, in the partition its key hashes to."""
+    n = 200_000
     ids = np.arange(n, dtype=np.int64)
     data = pa.table({"id": ids, "key": ids % 1000})
-    slices = Partitioner().split(data, "key", 4)
+    slices = Partitioner().split(data, "key", partitions)
     assert sum(s.batch.num_rows for s in slices) == n
+    assert len({s.partition for s in slices}) == len(slices)
     for s in slices:
         got = s.batch.column("id").to_numpy()
         assert np.all(np.diff(got) > 0), "rows of a partition keep their order"
-        parts = partitions_for_keys(s.batch.column("key"), 4)
+        parts = partitions_for_keys(s.batch.column("key"), partitions)
         assert set(parts.tolist()) == {s.partition}
 
 
