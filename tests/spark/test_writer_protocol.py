@@ -13,6 +13,7 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import SchemaMismatchError
 from broker_core.protocol.wire import SinkAttempt
+from spark_sink.commit import IdemlogCommitMessage, commit_batch, query_id_of_checkpoint
 from spark_sink.options import Scope, parse_options
 from spark_sink.producer import Producer
 from spark_sink.schema import check_compatible, conform, normalise
@@ -20,10 +21,7 @@ from spark_sink.writer import (
     SPARK_BATCH_ID,
     SPARK_QUERY_ID,
     SPARK_RUN_ID,
-    IdemlogCommitMessage,
     IdemlogStreamWriter,
-    commit_batch,
-    query_id_of_checkpoint,
     stream_attempt,
 )
 from tests.harness.broker import BrokerProcess

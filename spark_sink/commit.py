@@ -1,0 +1,262 @@
+"""The driver's side of the sink protocol: the tasks' commit messages, and the commit or
+abort of a batch (docs/design.md, "The sink protocol").
+
+Spark calls the writer's ``commit``/``abort`` (``spark_sink.writer``) on the driver, in a
+Python process of its own, with the messages its tasks returned. Here they are checked to
+belong to the batch and run, then handed to the coordinator: ``commit_sink_batch`` (all of
+the batch's transactions, once) or ``abort_sink_run`` (every attempt of the run at the
+batch, fenced). Both are idempotent, so a broker that fails mid-request is asked again
+until the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.wire import SinkTxnStatus
+from broker_core.retry import RetryPolicy
+from spark_sink import failpoints, progress, trace
+from spark_sink.connections import sink_client
+from spark_sink.options import IdemlogOptions
+
+log = logging.getLogger("idemlog.sink")
+
+# The driver retries a commit or abort that failed retriably for this long, then fails
+# the batch; each request may take _REQUEST_TIMEOUT_S.
+_COMMIT_TIMEOUT_S = 120.0
+_REQUEST_TIMEOUT_S = 60.0
+# Backing off before asking a recovering broker again: 0.1 s doubling up to 2 s.
+_COMMIT_RETRY = RetryPolicy(
+    deadline_s=_COMMIT_TIMEOUT_S, backoff_s=0.1, max_backoff_s=2.0, jitter=0.0
+)
+T = TypeVar("T")
+
+
+@dataclass
+class IdemlogCommitMessage(WriterCommitMessage):
+    """What a successful task attempt tells the driver (pickled by Spark)."""
+
+    sink_id: str
+    run_id: str
+    batch_id: int
+    partition_id: int
+    attempt: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    status: str  # a SinkTxnStatus value: NEW (written now), PREPARED/COMMITTED (reused)
+    rows: int
+    batches: int  # produce batches the broker acknowledged (after the per-partition split)
+    duplicates: int  # batches the broker answered as already written (retries)
+    retries: int
+    write_ms: float
+
+    @property
+    def transaction(self) -> tuple[str, int, int]:
+        return self.transactional_id, self.producer_id, self.producer_epoch
+
+
+def retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient], T]) -> T:
+    """``call`` until it succeeds or fails for good. Commit and abort are idempotent, so a
+    broker that died mid-request (retriable errors) is simply asked again -- the embedded
+    broker is restarted by ``options.bootstrap()`` -- until the deadline. Raises a
+    non-retriable error at once, and the last retriable one once the deadline is spent."""
+
+    def attempt() -> T:
+        # A new client each time (on the process's shared connections): the broker may be
+        # a new process on a new address.
+        with sink_client(options.bootstrap(), timeout_s=_REQUEST_TIMEOUT_S) as client:
+            return call(client)
+
+    def log_retry(exc: BaseException, attempts: int) -> None:
+        log.warning("%s: %s; retrying", what, exc)
+
+    return _COMMIT_RETRY.call(attempt, before_retry=log_retry)
+
+
+def _messages(
+    run_id: str, batch_id: int, messages: Sequence[WriterCommitMessage | None]
+) -> list[IdemlogCommitMessage]:
+    """The tasks' messages, each checked to belong to this run's ``batch_id``.
+
+    Spark hands the driver one message per task; one that names another batch or run
+    would commit rows this batch did not plan (or leave its own out), so it fails loudly.
+    """
+    ours: list[IdemlogCommitMessage] = []
+    for index, m in enumerate(messages):
+        if m is None:
+            continue
+        if not isinstance(m, IdemlogCommitMessage):
+            raise RuntimeError(
+                f"batch {batch_id}: task {index} returned {type(m).__name__}, not an idemlog "
+                "commit message"
+            )
+        if (m.run_id, m.batch_id) != (run_id, batch_id):
+            raise RuntimeError(
+                f"batch {batch_id} of run {run_id}: task {index} reported batch {m.batch_id} "
+                f"of run {m.run_id}; refusing to commit rows another batch planned"
+            )
+        ours.append(m)
+    sinks = {m.sink_id for m in ours}
+    if len(sinks) > 1:
+        raise RuntimeError(f"batch {batch_id}: tasks report different sinks {sorted(sinks)}")
+    return ours
+
+
+def commit_batch(
+    options: IdemlogOptions,
+    sink_id: str | None,
+    run_id: str,
+    batch_id: int,
+    messages: Sequence[WriterCommitMessage | None],
+    *,
+    report: bool = False,
+) -> bool:
+    """The driver's commit of one Spark batch; False if it was committed before.
+
+    ``report``: spool the batch's figures for the query's progress (``spark_sink.progress``).
+    """
+    ours = _messages(run_id, batch_id, messages)
+    if len(ours) != len(messages):
+        missing = [i for i, m in enumerate(messages) if m is None]
+        raise RuntimeError(f"commit of batch {batch_id}: tasks {missing} returned no message")
+    if sink_id is None:
+        if not ours:
+            return False  # no task ran: nothing to commit
+        sink_id = ours[0].sink_id
+    elif ours and ours[0].sink_id != sink_id:
+        raise RuntimeError(
+            f"commit of batch {batch_id} of sink {sink_id}: tasks wrote for {ours[0].sink_id}"
+        )
+    with trace.span("commit", batch=batch_id):
+        return _commit(options, sink_id, run_id, batch_id, ours, report)
+
+
+def _commit(
+    options: IdemlogOptions,
+    sink_id: str,
+    run_id: str,
+    batch_id: int,
+    ours: list[IdemlogCommitMessage],
+    report: bool,
+) -> bool:
+    failpoints.hit("before_commit", batch_id)
+    txns = [m.transaction for m in ours if m.status != SinkTxnStatus.COMMITTED]
+    sid = sink_id
+    inside = failpoints.claim("inside_commit", batch_id)
+    if inside is not None:
+        # The request leaves, and the driver dies while it is in flight: the broker may
+        # or may not have recorded the commit.
+        client = BrokerClient(options.bootstrap())
+        sender = threading.Thread(
+            target=client.commit_sink_batch, args=(sid, batch_id, txns, run_id), daemon=True
+        )
+        sender.start()
+        failpoints.act(inside)
+    started = time.perf_counter()
+    with trace.span("commit_request", batch=batch_id):
+        committed: bool = retrying(
+            options,
+            f"commit of batch {batch_id}",
+            lambda c: c.commit_sink_batch(sid, batch_id, txns, run_id),
+        )
+    if report:
+        _report(sid, batch_id, ours, committed, (time.perf_counter() - started) * 1000)
+    failpoints.hit("after_commit", batch_id)
+    log.info(
+        "sink %s batch %d: %s (%d transactions, %d rows)",
+        sink_id,
+        batch_id,
+        "committed" if committed else "already committed; this run's transactions aborted",
+        len(txns),
+        sum(m.rows for m in ours),
+    )
+    return committed
+
+
+def _report(
+    sink_id: str,
+    batch_id: int,
+    ours: Sequence[IdemlogCommitMessage],
+    committed: bool,
+    commit_ms: float,
+) -> None:
+    figures = progress.SinkBatchFigures(
+        query_id=sink_id,
+        batch_id=batch_id,
+        committed=committed,
+        tasks=len(ours),
+        tasks_reused=sum(m.status != SinkTxnStatus.NEW for m in ours),
+        rows=sum(m.rows for m in ours),
+        producer_batches=sum(m.batches for m in ours),
+        duplicates_acked=sum(m.duplicates for m in ours),
+        producer_retries=sum(m.retries for m in ours),
+        write_ms_max=max((m.write_ms for m in ours), default=0.0),
+        commit_ms=commit_ms,
+        committed_at_ms=int(time.time() * 1000),
+    )
+    try:
+        progress.record(figures)
+    except OSError as exc:
+        # The batch is committed; failing it now over a progress file would only make
+        # Spark re-run it. The figures of this one batch are missing from its progress.
+        log.warning("sink %s batch %d: progress figures not recorded: %s", sink_id, batch_id, exc)
+
+
+def abort_batch(
+    options: IdemlogOptions,
+    run_id: str,
+    batch_id: int,
+    messages: Sequence[WriterCommitMessage | None],
+) -> None:
+    """Fence every task attempt of this run at this batch (or before) that still holds a
+    transactional id: whatever is open is aborted at once, and an attempt still writing
+    is refused as fenced at its next request.
+
+    Works from the run id alone, so a batch whose tasks all failed (every message None)
+    is aborted too; an attempt that starts after this is ended by the transaction
+    timeout once its task is gone.
+    """
+    ours = _messages(run_id, batch_id, messages)
+    aborted: list[str] = retrying(
+        options, f"abort of batch {batch_id}", lambda c: c.abort_sink_run(run_id, batch_id)
+    )
+    log.info(
+        "batch %d of run %s: aborted (%d task transactions fenced, %d tasks reported)",
+        batch_id,
+        run_id,
+        len(aborted),
+        len(ours),
+    )
+
+
+def run_of(messages: Sequence[WriterCommitMessage | None], batch_id: int) -> str | None:
+    """The run the tasks' messages name (they must agree), or None without messages."""
+    runs = {m.run_id for m in messages if isinstance(m, IdemlogCommitMessage)}
+    if len(runs) > 1:
+        raise RuntimeError(f"batch {batch_id}: the tasks report different runs {sorted(runs)}")
+    return next(iter(runs), None)
+
+
+def query_id_of_checkpoint(checkpoint: str) -> str | None:
+    """The streaming query id in ``<checkpoint>/metadata`` (Spark's JSON ``{"id": ..}``),
+    if the checkpoint is a local path and readable."""
+    if not checkpoint:
+        return None
+    path = Path(checkpoint.removeprefix("file:")) / "metadata"
+    try:
+        first = path.read_text().splitlines()[0]
+        query_id = json.loads(first)["id"]
+    except (OSError, IndexError, ValueError, KeyError, TypeError):
+        return None
+    return query_id if isinstance(query_id, str) and query_id else None
