@@ -221,7 +221,13 @@ class Broker:
                 metrics=self.metrics,
                 max_request_bytes=cfg.max_request_bytes,
             )
-            self.info = BrokerInfo(self.broker_id, cfg.listener_host, int(self._server.port))
+            # What clients and other brokers are told, which may differ from what is bound
+            # (NAT, a proxy, a container): listener.advertised.*.
+            self.info = BrokerInfo(
+                self.broker_id,
+                cfg.advertised_host,
+                cfg.advertised_port or int(self._server.port),
+            )
             self.cluster = cluster = self._open_cluster(self.info)
             topics = self._topics = LocalTopics(
                 self.broker_id,

@@ -42,13 +42,31 @@ _BROKER_KEYS = [
         "listener.host",
         str,
         "127.0.0.1",
-        "Address the Arrow Flight server binds to and advertises to clients.",
+        "Address the Arrow Flight server binds to (0.0.0.0: every interface), and advertises "
+        "to clients unless listener.advertised.host is set.",
     ),
     ConfigKey(
         "listener.port",
         int,
         9092,
-        "Port of the Arrow Flight server; 0 picks a free one (printed on the LISTENING line).",
+        "Port of the Arrow Flight server; 0 picks a free one.",
+        min=0,
+        max=65535,
+    ),
+    ConfigKey(
+        "listener.advertised.host",
+        str,
+        "",
+        "Host clients and other brokers are told to connect to (Kafka's advertised.listeners), "
+        "when it differs from the bind address: behind NAT, a proxy or in a container. Empty: "
+        "listener.host, which must then not be a wildcard address.",
+    ),
+    ConfigKey(
+        "listener.advertised.port",
+        int,
+        0,
+        "Port clients and other brokers are told to connect to; 0: the bound port. The "
+        "LISTENING line prints the advertised host:port.",
         min=0,
         max=65535,
     ),
@@ -140,6 +158,9 @@ def _topic_default_keys() -> list[ConfigKey]:
     ]
 
 
+# Bind addresses that mean "every interface": never an address to hand to a client.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
 BROKER_CONFIG = ConfigDef(_BROKER_KEYS + _topic_default_keys(), what="broker")
 
 
@@ -148,6 +169,8 @@ class BrokerConfig:
     broker_id: int
     listener_host: str
     listener_port: int
+    advertised_host: str  # what clients are told: listener.advertised.host or listener.host
+    advertised_port: int  # 0: the bound port
     log_dir: Path
     zookeeper_connect: str
     zookeeper_session_timeout_ms: int
@@ -177,12 +200,21 @@ class BrokerConfig:
         except InvalidConfigError as exc:
             # The topic-level check names topic keys; say which broker keys they came from.
             raise InvalidConfigError(f"broker topic defaults (log.*): {exc.message}") from exc
+        bind_host = str(parsed["listener.host"])
+        advertised_host = str(parsed["listener.advertised.host"]).strip() or bind_host
+        if advertised_host in _WILDCARD_HOSTS:
+            raise InvalidConfigError(
+                f"listener.host={bind_host!r} binds every interface, which no client can "
+                "connect to: set listener.advertised.host to the address clients use"
+            )
         if not str(parsed["log.dir"]).strip():
             raise InvalidConfigError(f"log.dir={parsed['log.dir']!r} must name a directory")
         return cls(
             broker_id=int(parsed["broker.id"]),
             listener_host=str(parsed["listener.host"]),
             listener_port=int(parsed["listener.port"]),
+            advertised_host=advertised_host,
+            advertised_port=int(parsed["listener.advertised.port"]),
             log_dir=Path(str(parsed["log.dir"])),
             zookeeper_connect=str(parsed["zookeeper.connect"]).strip(),
             zookeeper_session_timeout_ms=int(parsed["zookeeper.session.timeout.ms"]),
