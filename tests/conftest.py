@@ -6,13 +6,16 @@ Fixtures used by more than one test package are registered here, once, through
 * ``tests.harness.zk_fixtures``: ``zk_server`` (a real ZooKeeper for the session),
   ``zk_chroot``, ``zk_client``;
 * ``tests.harness.broker``: ``broker_factory``, ``broker``, ``client`` (real broker
-  processes, killed at teardown).
+  processes, killed at teardown);
+* ``tests.harness.netns``: ``testbed`` (hosts of their own in network namespaces,
+  removed at teardown).
 
 Markers (declared in pyproject.toml, ``--strict-markers``) are applied here, by where a
 test lives and what it uses, so a new test cannot forget its tier:
 
 * ``spark``: every test under ``tests/spark/``;
 * ``bench``: every test under ``tests/bench/`` (the benchmark targets at a smoke size);
+* ``cluster``: every test under ``tests/cluster/`` (hosts in network namespaces; root);
 * ``zookeeper``: every test that uses the ``zk_server`` fixture, directly or through
   ``zk_chroot``/``zk_client``;
 * ``slow``: set by hand (``@pytest.mark.slow``) on tests that take more than a few seconds.
@@ -24,10 +27,11 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.harness.zk_fixtures", "tests.harness.broker"]
+pytest_plugins = ["tests.harness.zk_fixtures", "tests.harness.broker", "tests.harness.netns"]
 
 SPARK_DIR = Path(__file__).parent / "spark"
 BENCH_DIR = Path(__file__).parent / "bench"
+CLUSTER_DIR = Path(__file__).parent / "cluster"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,6 +40,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
         if item.path.is_relative_to(BENCH_DIR):
             item.add_marker(pytest.mark.bench)
+        if item.path.is_relative_to(CLUSTER_DIR):
+            item.add_marker(pytest.mark.cluster)
         # fixturenames is the whole closure: zk_client -> zk_chroot -> zk_server counts.
         if "zk_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.zookeeper)
