@@ -22,7 +22,8 @@ as duplicates: Kafka's lost-acknowledgement case).
 
 Each entry fires once across all processes and restarts: the first process to reach it
 creates a marker file in ``IDEMLOG_SPARK_FAILPOINTS_DIR`` (``O_EXCL``), so a retried task
-or a restarted query passes the point.
+or a restarted query passes the point. The marker (:func:`marker_path`) holds the entry's
+text and the pid of the process that fired it.
 """
 
 from __future__ import annotations
@@ -174,16 +175,22 @@ class _LosingAcks:
         return getattr(self._inner, name)
 
 
+def marker_path(directory: str, text: str) -> str:
+    """Where the marker of the entry ``text`` is created once it fired."""
+    return os.path.join(directory, hashlib.sha1(text.encode()).hexdigest()[:16])
+
+
 def _first_claim(entry: Failpoint) -> bool:
     directory = os.environ.get(ENV_DIR)
     if not directory:
         raise InvalidConfigError(f"{ENV} is set but {ENV_DIR} (one-shot markers) is not")
-    name = hashlib.sha1(entry.text.encode()).hexdigest()[:16]
     try:
-        fd = os.open(os.path.join(directory, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(marker_path(directory, entry.text), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
-    os.write(fd, entry.text.encode())
+    # The text, then the pid that fired it: a test finds the process (and its host) to
+    # kill or cut while it sleeps at the point.
+    os.write(fd, f"{entry.text}\n{os.getpid()}\n".encode())
     os.fsync(fd)  # the marker must survive the kill it precedes
     os.close(fd)
     return True

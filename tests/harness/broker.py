@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -60,6 +60,7 @@ class BrokerProcess:
         *,
         name: str = "broker",
         extra_args: list[str] | None = None,
+        launcher: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -70,6 +71,8 @@ class BrokerProcess:
         }
         self.config.update(config or {})
         self.extra_args = list(extra_args or [])  # e.g. ["--override", "key=value"]
+        # Wraps the command line, e.g. ``Host.command``: the broker runs on a test-bed host.
+        self.launcher = launcher
         self.raw_config: str | None = None  # written verbatim instead of ``config`` if set
         self.config_path = self.workdir / f"{name}.properties"
         self.log_path = self.workdir / f"{name}.log"
@@ -136,8 +139,9 @@ class BrokerProcess:
         full_env = dict(os.environ)
         full_env.pop("IDEMLOG_TEST_FAILPOINT", None)  # only ever set for one start
         full_env.update(env or {})
+        command = self.command()
         self.process = subprocess.Popen(
-            self.command(),
+            self.launcher(command) if self.launcher is not None else command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -171,7 +175,14 @@ class BrokerProcess:
         self, env: Mapping[str, str] | None = None, timeout: float = DEFAULT_START_TIMEOUT
     ) -> str:
         """Start the broker and return ``host:port`` once it serves."""
-        process = self.spawn(env)
+        self.spawn(env)
+        return self.start_wait(timeout)
+
+    def start_wait(self, timeout: float = DEFAULT_START_TIMEOUT) -> str:
+        """After :meth:`spawn`: ``host:port`` once the broker serves (brokers spawned
+        together start side by side)."""
+        process = self.process
+        assert process is not None, "spawn() first"
         if not self._listening.wait(timeout):
             self.kill()
             raise BrokerHarnessError(

@@ -123,7 +123,11 @@ class Host:
         path = log or self.bed.log_dir / f"{self.name}-{len(self.bed.processes)}.log"
         with open(path, "ab") as out:
             process = subprocess.Popen(
-                self.command(argv), stdout=out, stderr=subprocess.STDOUT, env=env
+                self.command(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a signal aimed at the test never reaches it
             )
         self.bed.processes.append((self, process, path))
         return process

@@ -164,13 +164,20 @@ class ZooKeeperServer:
         stop_timeout: float = 10.0,
         tick_time_ms: int = 200,
         force_sync: bool = False,
+        host: str = LOOPBACK,
+        port: int | None = None,
+        launcher: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
+        """``host``/``port``: where it listens (default: loopback, a free port chosen at
+        the first start). ``launcher`` wraps the command line, e.g. ``Host.command`` of the
+        multi-host test bed to run the server on a host of its own."""
         self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
         self.config_path = self.base_dir / "zoo.cfg"
         self.log_path = self.base_dir / "zookeeper.log"
-        self.host = LOOPBACK
-        self.port: int | None = None
+        self.host = host
+        self.port: int | None = port
+        self.launcher = launcher
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.tick_time_ms = tick_time_ms
@@ -251,6 +258,8 @@ class ZooKeeperServer:
         if self.running:
             return
         command = self.command()  # resolves java and the jars first: fail before any work
+        if self.launcher is not None:
+            command = self.launcher(command)
         first_start = self.port is None
         # Binding port 0 and handing the number to Java leaves a small window in which
         # another process may take it; on the first start a fresh port is simply tried again.

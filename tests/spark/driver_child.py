@@ -5,10 +5,14 @@ Why a process: failpoints reach Spark's Python workers only through the environm
 JVM had when it started, and ``kill_driver`` SIGKILLs a whole driver (JVM + Python),
 which must not be the pytest process. One JSON argument says what to run:
 
-``{"mode": "stream" | "batch", "src", "store", "topic", "checkpoint", "conf": {...},
-"trigger": "availableNow" | "processingTime", "files": K, "spark_partitions": 4,
-"bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N, "sink_options": {...},
-"stop_on_file": path (processingTime: query.stop() once it exists)}``
+``{"mode": "stream" | "batch" | "read" | "read_stream", "src", "store", "topic",
+"checkpoint", "conf": {...}, "trigger": "availableNow" | "processingTime", "files": K,
+"spark_partitions": 4, "bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N,
+"sink_options": {...}, "stop_on_file": path (processingTime: query.stop() once it
+exists), "out": path (read modes: the rows read, as parquet), "master": "spark://host:port"
+and "driver_host": address (a standalone cluster, ``tests/harness/cluster.py``; default:
+local mode)}``. Without "store" the sink gets no ``path`` (a broker cluster named by
+``sink_options["brokers"]``).
 
 Output on stdout, one line each, flushed at once (the parent reads them as events):
 ``PROGRESS batch=<id> rows=<n> end=<file log offset>`` per micro-batch (a
@@ -57,6 +61,68 @@ def stop_when_present(query: Any, path: str, timeout_s: float = 180.0) -> None:
     query.stop()
 
 
+def sink_options(spec: dict[str, Any]) -> dict[str, str]:
+    store = {"path": spec["store"]} if spec.get("store") else {}
+    return {**store, **spec.get("sink_options", {})}
+
+
+def run_read(spark: Any, spec: dict[str, Any]) -> int:
+    """``spark.read`` (mode "read") or ``readStream`` to parquet (mode "read_stream") of
+    the topic, with its metadata columns; the rows go to ``spec["out"]``."""
+    import pyarrow.parquet as pq
+
+    reader = spark.readStream if spec["mode"] == "read_stream" else spark.read
+    frame = (
+        reader.format("idemlog")
+        .option("topic", spec["topic"])
+        .option("includeMetadata", "true")
+        .options(**sink_options(spec))
+        .load()
+    )
+    if spec["mode"] == "read":
+        pq.write_table(frame.toArrow(), spec["out"])
+    else:
+        query = (
+            frame.writeStream.format("parquet")
+            .option("path", spec["out"])
+            .option("checkpointLocation", spec["checkpoint"])
+            .start()
+        )
+        query.processAllAvailable()
+        query.stop()
+    say("DONE batches=1")
+    return 0
+
+
+def cluster_session(spec: dict[str, Any], conf: dict[str, str]) -> Any:
+    """A session on the standalone master ``spec["master"]``, the driver bound to
+    ``spec["driver_host"]``, with ``format("idemlog")`` registered."""
+    from pyspark.sql import SparkSession
+
+    from spark_sink import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python (same venv)
+    settings = {
+        "spark.driver.host": spec["driver_host"],
+        "spark.driver.bindAddress": spec["driver_host"],
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.executor.cores": "1",
+        "spark.executor.memory": "1g",
+        "spark.task.maxFailures": "4",
+        "spark.sql.streaming.stopTimeout": "60s",
+        **conf,
+    }
+    builder = SparkSession.builder.master(spec["master"]).appName("idemlog-cluster-test")
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+    return spark
+
+
 def run_stream(spark: Any, spec: dict[str, Any]) -> int:
     from pyspark.sql.streaming import StreamingQueryListener
 
@@ -94,8 +160,7 @@ def run_stream(spark: Any, spec: dict[str, Any]) -> int:
         frame.writeStream.format("idemlog")
         .option("topic", spec["topic"])
         .option("key", "account")
-        .option("path", spec["store"])
-        .options(**spec.get("sink_options", {}))
+        .options(**sink_options(spec))
         .option("checkpointLocation", spec["checkpoint"])
     )
     if spec.get("trigger", "availableNow") == "availableNow":
@@ -151,8 +216,7 @@ def run_batch(spark: Any, spec: dict[str, Any]) -> int:
         .mode("append")
         .option("topic", spec["topic"])
         .option("key", "account")
-        .option("path", spec["store"])
-        .options(**spec.get("sink_options", {}))
+        .options(**sink_options(spec))
         .save()
     )
     say("DONE batches=1")
@@ -174,11 +238,16 @@ def main() -> int:
     }
     if spec.get("arrow_batch_rows"):
         conf["spark.sql.execution.arrow.maxRecordsPerBatch"] = str(spec["arrow_batch_rows"])
-    spark = local_session("idemlog-fault-test", conf=conf)
+    if spec.get("master"):
+        spark = cluster_session(spec, conf)
+    else:
+        spark = local_session("idemlog-fault-test", conf=conf)
     say(f"SESSION pid={os.getpid()} pgid={os.getpgrp()}")
     try:
         if spec["mode"] == "stream":
             return run_stream(spark, spec)
+        if spec["mode"] in ("read", "read_stream"):
+            return run_read(spark, spec)
         return run_batch(spark, spec)
     except Exception as exc:
         traceback.print_exc()

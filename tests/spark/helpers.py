@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,7 +297,10 @@ class DriverLauncher:
         *,
         failpoints: Iterable[str] = (),
         failpoints_dir: Path | None = None,
+        launcher: Callable[[list[str]], list[str]] | None = None,
     ) -> DriverRun:
+        """Start a driver child; ``launcher`` wraps its command line (e.g. ``Host.command``
+        of the multi-host test bed: the driver on a host of its own)."""
         tag = uuid.uuid4().hex
         env = {k: v for k, v in os.environ.items() if not k.startswith("IDEMLOG_")}
         env[TAG_ENV] = tag
@@ -310,8 +313,9 @@ class DriverLauncher:
             env["IDEMLOG_SPARK_FAILPOINTS_DIR"] = str(failpoints_dir)
         log_path = self.workdir / f"driver-{len(self.runs):02d}.log"
         with open(log_path, "wb") as log:
+            argv = [sys.executable, str(DRIVER_CHILD), json.dumps(dict(spec))]
             proc = subprocess.Popen(
-                [sys.executable, str(DRIVER_CHILD), json.dumps(dict(spec))],
+                launcher(argv) if launcher is not None else argv,
                 cwd=REPO,
                 env=env,
                 stdin=subprocess.DEVNULL,

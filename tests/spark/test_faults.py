@@ -11,7 +11,6 @@ one partition with increasing ids.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -23,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from broker_core.client.broker_client import BrokerClient
+from spark_sink import failpoints
 from spark_sink.embedded import broker_pid, ensure_broker
 from spark_sink.failpoints import POINTS
 from spark_sink.producer import Producer
@@ -49,10 +49,11 @@ KILL_POINTS = tuple(p for p in POINTS if p != "lost_ack")
 
 
 def fired(failpoints_dir: Path) -> set[str]:
-    """The failpoint entries that fired (their one-shot marker files hold the entry)."""
+    """The failpoint entries that fired (their one-shot marker files hold the entry, then
+    the pid that fired it)."""
     if not failpoints_dir.is_dir():
         return set()
-    return {p.read_text() for p in failpoints_dir.iterdir()}
+    return {p.read_text().splitlines()[0] for p in failpoints_dir.iterdir()}
 
 
 def speculative_launches(event_dir: Path) -> list[tuple[int, int]]:
@@ -73,7 +74,7 @@ def speculative_launches(event_dir: Path) -> list[tuple[int, int]]:
 
 def marker_name(entry: str) -> str:
     """The one-shot marker file a failpoint entry creates when it fires."""
-    return hashlib.sha1(entry.encode()).hexdigest()[:16]  # as spark_sink.failpoints
+    return Path(failpoints.marker_path("", entry)).name
 
 
 def wait_for_file(path: Path, timeout_s: float = 180.0) -> None:

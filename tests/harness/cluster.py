@@ -1,0 +1,251 @@
+"""A broker cluster and a Spark standalone cluster on hosts of the multi-host test bed
+(docs/contributing.md, "The multi-host test bed"; docs/deployment.md).
+
+* :class:`BrokerCluster`: the ZooKeeper server (Debian's package) on a host of its own and
+  N broker processes in ZooKeeper mode, one per host, each bound to its host's address;
+* :class:`SparkStandalone`: a Spark standalone master and workers, one per host, run with
+  ``spark-class`` from the pyspark package (``org.apache.spark.deploy.master.Master`` /
+  ``...worker.Worker``), each bound to its host's address; executors start on the
+  workers' hosts when an application asks for them;
+* :func:`code_zip`: the project's packages as one zip for ``spark.submit.pyFiles``;
+* :func:`read_back`: an independent reader (the broker client, not Spark) of a topic's
+  committed rows with their partition and offset, for ``jobs.verify``.
+
+Every process is started on a host of the bed, so the bed's teardown kills it; the
+drivers are ``tests/spark/driver_child.py`` started by ``DriverLauncher`` on the driver's
+host (``launcher=host.command``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyspark
+
+from broker_core.client.broker_client import BrokerClient
+from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN
+from tests.harness.broker import BrokerProcess
+from tests.harness.netns import Host, TestBed
+from tests.harness.waiting import wait_until
+from tests.harness.zookeeper import ZooKeeperServer
+
+REPO = Path(__file__).resolve().parents[2]
+SPARK_HOME = Path(pyspark.__file__).parent
+ZK_PORT = 2181
+BROKER_PORT = 9092
+MASTER_PORT = 7077
+START_TIMEOUT = 90.0  # JVMs starting side by side on 2 cores
+
+
+def _log_has(path: Path, text: str) -> bool:
+    try:
+        return text in path.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+
+
+class BrokerCluster:
+    """ZooKeeper on host ``zk`` and brokers ``1..count`` on hosts ``broker<i>``."""
+
+    def __init__(
+        self,
+        bed: TestBed,
+        workdir: Path,
+        *,
+        count: int = 3,
+        session_ms: int = 4000,
+        config: Mapping[str, object] | None = None,
+    ) -> None:
+        self.bed = bed
+        self.workdir = Path(workdir)
+        self.zk_host = bed.add_host("zk")
+        self.zk = ZooKeeperServer(
+            self.workdir / "zookeeper",
+            host=self.zk_host.address,
+            port=ZK_PORT,
+            launcher=self.zk_host.command,
+        )
+        self.hosts: list[Host] = []
+        self.brokers: list[BrokerProcess] = []
+        for broker_id in range(1, count + 1):
+            host = bed.add_host(f"broker{broker_id}")
+            settings: dict[str, object] = {
+                "listener.host": host.address,
+                "listener.port": BROKER_PORT,
+                "zookeeper.connect": f"{self.zk_host.address}:{ZK_PORT}",
+                "zookeeper.session.timeout.ms": session_ms,
+                "broker.id": broker_id,
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms": 200,
+                **(config or {}),
+            }
+            self.hosts.append(host)
+            self.brokers.append(
+                BrokerProcess(
+                    self.workdir / "brokers",
+                    settings,
+                    name=f"broker{broker_id}",
+                    launcher=host.command,
+                )
+            )
+
+    @property
+    def bootstrap(self) -> str:
+        """Every broker's address (the ``brokers`` option and ``BrokerClient``'s bootstrap)."""
+        return ",".join(f"{h.address}:{BROKER_PORT}" for h in self.hosts)
+
+    def start(self) -> None:
+        """ZooKeeper, then broker 1 alone (it becomes the controller), then the others;
+        returns once every broker sees every other."""
+        self.zk.start()
+        self.brokers[0].start()
+        for broker in self.brokers[1:]:
+            broker.spawn()
+        for broker in self.brokers[1:]:
+            broker.start_wait()
+        with self.client() as client:
+            wait_until(
+                lambda: len(client.metadata(refresh=True).brokers) == len(self.brokers),
+                f"all {len(self.brokers)} brokers registered",
+                timeout=START_TIMEOUT,
+            )
+
+    def client(self) -> BrokerClient:
+        return BrokerClient(self.bootstrap)
+
+    def close(self) -> None:
+        for broker in self.brokers:
+            broker.close()
+        self.zk.stop()
+
+
+class SparkStandalone:
+    """A master on host ``master`` and ``workers`` workers on hosts ``worker<i>``, each
+    offering ``cores`` cores."""
+
+    def __init__(
+        self, bed: TestBed, workdir: Path, *, workers: int = 2, cores: int = 1, memory: str = "2g"
+    ) -> None:
+        self.bed = bed
+        self.workdir = Path(workdir)
+        self.master_host = bed.add_host("master")
+        self.worker_hosts = [bed.add_host(f"worker{i}") for i in range(1, workers + 1)]
+        self.cores = cores
+        self.memory = memory
+        self.master_log = self.workdir / "master.log"
+        self.worker_logs = [self.workdir / f"{h.name}.log" for h in self.worker_hosts]
+
+    @property
+    def url(self) -> str:
+        return f"spark://{self.master_host.address}:{MASTER_PORT}"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_NO_DAEMONIZE": "1"}
+
+    def start(self) -> None:
+        """The master, then every worker; returns once each worker is registered."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        spark_class = str(SPARK_HOME / "bin" / "spark-class")
+        self.master_host.popen(
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                *("--host", self.master_host.address, "--port", str(MASTER_PORT)),
+                *("--webui-port", "8080"),
+            ],
+            env=self.env(),
+            log=self.master_log,
+        )
+        for host, log in zip(self.worker_hosts, self.worker_logs, strict=True):
+            host.popen(
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    *("--host", host.address, "--cores", str(self.cores)),
+                    *("--memory", self.memory, "--webui-port", "8081"),
+                    *("--work-dir", str(self.workdir / f"{host.name}-work")),
+                    self.url,
+                ],
+                env=self.env(),
+                log=log,
+            )
+        for log in self.worker_logs:
+            wait_until(
+                functools.partial(_log_has, log, "Successfully registered with master"),
+                f"worker registered ({log.name})",
+                timeout=START_TIMEOUT,
+            )
+
+    def executors(self, worker: int) -> list[psutil.Process]:
+        """The executor JVMs running on worker host ``worker`` (0-based)."""
+        netns = self.worker_hosts[worker].netns
+        pids = subprocess.run(
+            ["ip", "netns", "pids", netns], capture_output=True, text=True, check=False
+        ).stdout.split()
+        found = []
+        for pid in pids:
+            try:
+                process = psutil.Process(int(pid))
+                if "CoarseGrainedExecutorBackend" in " ".join(process.cmdline()):
+                    found.append(process)
+            except (psutil.NoSuchProcess, ValueError):
+                continue
+        return found
+
+    def kill_executor(self, worker: int) -> int:
+        """SIGKILL the executor JVM on worker host ``worker`` (its Python workers die with
+        their pipes); the pid killed."""
+        executors = self.executors(worker)
+        assert executors, f"no executor is running on {self.worker_hosts[worker].name}"
+        executors[0].send_signal(signal.SIGKILL)
+        return executors[0].pid
+
+
+def code_zip(workdir: Path) -> Path:
+    """The project's packages zipped for ``spark.submit.pyFiles``: how the executors get
+    the sink's code (docs/deployment.md)."""
+    path = Path(workdir) / "idemlog-code.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for package in ("spark_sink", "broker_core"):
+            for file in sorted((REPO / package).rglob("*")):
+                if file.is_file() and "__pycache__" not in file.parts:
+                    z.write(file, file.relative_to(REPO))
+    return path
+
+
+def read_back(client: BrokerClient, topic: str) -> pa.Table:
+    """Every committed row of ``topic`` (read_committed), with ``_partition`` and
+    ``_offset``, read by the broker client: a reader independent of the sink's Spark
+    source."""
+    partitions = len(client.metadata(refresh=True).topics[topic])
+    tables = []
+    for p in range(partitions):
+        for meta, batch in client.fetch(topic, p):
+            n = batch.num_rows
+            table = pa.Table.from_batches([batch])
+            table = table.append_column(PARTITION_COLUMN, pa.array([p] * n, pa.int32()))
+            table = table.append_column(
+                OFFSET_COLUMN, pa.array(range(meta.base_offset, meta.base_offset + n), pa.int64())
+            )
+            tables.append(table)
+    return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def spark_events(event_dir: Path, kind: str) -> list[dict[str, object]]:
+    """The events named ``kind`` (e.g. ``SparkListenerTaskEnd``) in Spark's event logs
+    under ``event_dir`` (uncompressed; rolled or not), in the order written."""
+    needle = f'"Event":"{kind}"'
+    found = []
+    for path in sorted(p for p in Path(event_dir).rglob("*") if p.is_file()):
+        for line in path.read_text(errors="replace").splitlines():
+            if needle in line:
+                found.append(json.loads(line))
+    return found
