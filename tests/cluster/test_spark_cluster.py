@@ -5,20 +5,29 @@ a reader independent of Spark (the broker client) as well as by the sink's own s
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 
 from jobs.verify import verify_exactly_once
+from spark_sink import failpoints
 from tests.cluster.conftest import Stack
-from tests.harness.cluster import read_back, spark_events
+from tests.harness.cluster import TaskAttempt, read_back, spark_events, task_attempts
+from tests.harness.netns import Host
+from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
     DriverLauncher,
+    DriverRun,
     assert_succeeded,
     batch_spec,
     make_input,
     stream_spec,
 )
+from tests.spark.test_faults import fired
 
 FILES, ROWS = 4, 5000
 
@@ -71,3 +80,166 @@ def test_stream_batch_and_both_readers_on_the_cluster(
         table = pq.read_table(out)
         verdict = verify_exactly_once(table, id_column="id", key_column="account", expected_ids=ids)
         assert verdict.ok, f"{mode}: {verdict.line()}"
+
+
+SPECULATION = {
+    "spark.speculation": "true",
+    "spark.speculation.interval": "100ms",
+    "spark.speculation.multiplier": "1.5",
+    "spark.speculation.quantile": "0.5",
+    "spark.speculation.minTaskRuntime": "1s",
+    # A task asleep at a failpoint processes no rows; judge stragglers by time alone.
+    "spark.speculation.efficiency.enabled": "false",
+}
+# Spark partition 2 straggles in micro-batches 1-3; entries at one point fire in order,
+# so the first attempt to get there takes the first, its twin the second.
+TWIN_FAILPOINTS = (
+    # 1: the twin finishes first (the original sleeps mid-write; the twin fences it).
+    "mid_write@1/2=sleep:40",
+    # 2: the original finishes first (prepared, then slow); the twin is held back before
+    # it writes anything and is killed when the original succeeds.
+    "before_write@2/2=sleep:0",
+    "after_prepare@2/2=sleep:8",
+    "before_write@2/2=sleep:60",
+    # 3: the twin is killed mid-write (SIGKILL of its Python worker) while the original
+    # sleeps mid-write; the original, fenced by the twin, fails; a retry writes.
+    "mid_write@3/2=sleep:15",
+    "mid_write@3/2=kill_worker",
+)
+
+
+def test_speculative_twins_on_another_host_commit_one_copy(
+    stack: Stack, drivers: DriverLauncher, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    ids = make_input(src, FILES, ROWS)
+    events, marks = tmp_path / "events", tmp_path / "failpoints"
+    conf = {**SPECULATION, **stack.failpoint_conf(TWIN_FAILPOINTS, marks)}
+    stream = stream_spec(src, "", "cl_twins", tmp_path / "ck", FILES)
+    run = stack.start(
+        drivers,
+        stack.spec(events, **stream, conf=conf),
+        failpoints=TWIN_FAILPOINTS,
+        failpoints_dir=marks,
+    )
+    run.wait()
+    assert_succeeded(run)
+    assert fired(marks) == set(TWIN_FAILPOINTS), "every straggler and twin reached its point"
+    attempts = [a for a in task_attempts(events) if a.index == 2 and a.batch in (1, 2, 3)]
+    print("\n".join(map(str, attempts)))
+
+    def of(batch: int) -> tuple[list[TaskAttempt], list[TaskAttempt]]:
+        mine = [a for a in attempts if a.batch == batch]
+        return [a for a in mine if not a.speculative], [a for a in mine if a.speculative]
+
+    for batch in (1, 2, 3):
+        originals, twins = of(batch)
+        assert twins, f"batch {batch}: Spark launched no speculative attempt"
+        assert twins[0].host != originals[0].host, f"batch {batch}: the twin ran on another host"
+    originals, twins = of(1)
+    assert twins[0].reason == "Success" and originals[0].reason != "Success"
+    originals, twins = of(2)
+    assert originals[0].reason == "Success" and twins[0].reason != "Success"
+    originals, twins = of(3)
+    assert twins[0].reason != "Success", "the twin was killed mid-write"
+    assert any(a.reason == "Success" for a in originals + twins)
+    assert_exactly_once(stack, "cl_twins", ids)
+
+
+LOSS_FAILPOINTS = (
+    "mid_write@1/1=sleep:30",  # the test SIGKILLs this task's executor JVM
+    "mid_write@2/2=sleep:30",  # the test cuts this task's worker host off for 20 s
+    "before_commit@3=sleep:4",  # the test cuts the driver's host off for 10 s
+)
+LOSS_CONF = {
+    # Lost executors are noticed in seconds, not the default two minutes.
+    "spark.network.timeout": "15s",
+    "spark.network.timeoutInterval": "5s",
+    "spark.executor.heartbeatInterval": "2s",
+}
+WORKER_CUT_S, DRIVER_CUT_S = 20.0, 10.0
+
+
+def _fired_by(marks: Path, entry: str, run: DriverRun) -> int:
+    """Wait for ``entry`` to fire; the pid of the process it fired in."""
+    marker = Path(failpoints.marker_path(str(marks), entry))
+
+    def there() -> bool:
+        if run.proc.poll() is not None:
+            raise AssertionError(f"the driver exited before {entry} fired:\n{run.describe()}")
+        return marker.exists() and len(marker.read_text().splitlines()) == 2
+
+    wait_until(there, f"failpoint {entry} to fire", timeout=240)
+    return int(marker.read_text().splitlines()[1])
+
+
+def _host_of(stack: Stack, pid: int) -> Host:
+    netns = subprocess.run(
+        ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (host,) = [h for h in stack.bed.hosts if h.netns == netns]
+    return host
+
+
+def test_executor_killed_worker_host_and_driver_host_cut_off_one_copy(
+    stack: Stack, drivers: DriverLauncher, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    ids = make_input(src, FILES, ROWS)
+    events, marks = tmp_path / "events", tmp_path / "failpoints"
+    conf = {**LOSS_CONF, **stack.failpoint_conf(LOSS_FAILPOINTS, marks)}
+    # The run's transactions must outlive the lost host until Spark notices the loss
+    # (spark.network.timeout) and the retry writes: with the default 20 s the coordinator
+    # aborts them first and the batch's commit fails (PRODUCER_FENCED, naming the option).
+    stream = stream_spec(src, "", "cl_loss", tmp_path / "ck", FILES)
+    sink = {"transaction.timeout.ms": "60000"}
+    spec = stack.spec(events, **stream, conf=conf, sink_options=sink)
+    run = stack.start(drivers, spec, failpoints=LOSS_FAILPOINTS, failpoints_dir=marks)
+
+    # 1. An executor JVM SIGKILLed while its task sleeps mid-write.
+    worker_pid = _fired_by(marks, LOSS_FAILPOINTS[0], run)
+    (executor,) = [
+        p
+        for p in psutil.Process(worker_pid).parents()
+        if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
+    ]
+    executor.send_signal(signal.SIGKILL)
+    executor.wait(30)
+
+    # 2. The host of another task, asleep mid-write, cut off (all its links) and healed.
+    worker_host = _host_of(stack, _fired_by(marks, LOSS_FAILPOINTS[1], run))
+    assert worker_host in stack.spark.worker_hosts
+    worker_host.cut()
+    try:
+        time.sleep(WORKER_CUT_S)  # the fault: the host stays cut off this long
+    finally:
+        worker_host.heal()
+
+    # 3. The driver's host cut off just before its commit request of batch 3 leaves.
+    assert _host_of(stack, _fired_by(marks, LOSS_FAILPOINTS[2], run)) == stack.driver
+    stack.driver.cut()
+    try:
+        time.sleep(DRIVER_CUT_S)  # the fault: the commit's request meets a dead link
+    finally:
+        stack.driver.heal()
+    healed = time.monotonic() - run.started
+
+    code = run.wait()
+    if code != 0:  # allowed: a clear error, then a restart from the checkpoint
+        failed = [line for line in run.lines if line.startswith("FAILED")]
+        assert failed, run.describe()
+        print(f"query failed: {failed[0]}; restarting from its checkpoint")
+        run = stack.start(drivers, spec, failpoints=LOSS_FAILPOINTS, failpoints_dir=marks)
+        run.wait()
+    assert_succeeded(run)
+    assert fired(marks) == set(LOSS_FAILPOINTS)
+    removed = spark_events(events, "SparkListenerExecutorRemoved")
+    assert len(removed) >= 2, f"Spark lost the killed and the cut-off executor: {removed}"
+    if code == 0:
+        batch3 = [
+            t
+            for t, line in zip(run.times, run.lines, strict=True)
+            if line.startswith("PROGRESS batch=3")
+        ]
+        assert batch3 and batch3[0] > healed, "batch 3's commit waited for the driver's link"
+    assert_exactly_once(stack, "cl_loss", ids)

@@ -25,7 +25,9 @@ import signal
 import subprocess
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pyarrow as pa
@@ -249,3 +251,42 @@ def spark_events(event_dir: Path, kind: str) -> list[dict[str, object]]:
             if needle in line:
                 found.append(json.loads(line))
     return found
+
+
+@dataclass(frozen=True)
+class TaskAttempt:
+    """One task attempt as Spark's event log records it."""
+
+    batch: int | None  # the micro-batch (``streaming.sql.batchId``) of its job, if any
+    stage: int
+    index: int  # the task's partition
+    attempt: int
+    speculative: bool
+    host: str
+    reason: str  # "Success", "TaskKilled", "ExceptionFailure", "ExecutorLostFailure", ...
+
+
+def task_attempts(event_dir: Path) -> list[TaskAttempt]:
+    """Every finished task attempt in Spark's event logs under ``event_dir``."""
+    batch_of_stage: dict[int, int] = {}
+    for job in spark_events(event_dir, "SparkListenerJobStart"):
+        batch = (job.get("Properties") or {}).get("streaming.sql.batchId")  # type: ignore[attr-defined]
+        for stage in job.get("Stage IDs", []):  # type: ignore[attr-defined]
+            if batch is not None:
+                batch_of_stage[int(stage)] = int(batch)
+    attempts = []
+    for end in spark_events(event_dir, "SparkListenerTaskEnd"):
+        info: dict[str, Any] = end["Task Info"]  # type: ignore[assignment]
+        stage = int(end["Stage ID"])  # type: ignore[call-overload]
+        attempts.append(
+            TaskAttempt(
+                batch=batch_of_stage.get(stage),
+                stage=stage,
+                index=int(info["Index"]),
+                attempt=int(info["Attempt"]),
+                speculative=bool(info["Speculative"]),
+                host=str(info["Host"]),
+                reason=str(end["Task End Reason"]["Reason"]),  # type: ignore[index]
+            )
+        )
+    return attempts
