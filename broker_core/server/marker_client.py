@@ -28,6 +28,7 @@ import pyarrow.flight as flight
 from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import BrokerInfo, TopicAssignment
 from broker_core.errors import (
+    IdemlogError,
     InvalidRequestError,
     NetworkError,
     UnknownServerError,
@@ -103,23 +104,34 @@ class RoutingMarkerWriter:
                 continue
             by_leader.setdefault(leader, []).append((topic, partition))
         first = True
+        unreachable: IdemlogError | None = None
         for leader in sorted(by_leader):
             group = sorted(by_leader[leader])
             # One partition at a time locally, so the failpoint can stop between two.
             steps = [[tp] for tp in group] if leader == self._broker_id else [group]
-            for step in steps:
-                if leader == self._broker_id:
-                    written = self.write_local(
-                        producer_id, producer_epoch, commit, coordinator_epoch, step
-                    )
-                else:
-                    written = self._write_remote(
-                        leader, producer_id, producer_epoch, commit, coordinator_epoch, step
-                    )
-                stable.update(written)
-                if first:
-                    first = False
-                    _failpoint("after_first_marker")
+            try:
+                for step in steps:
+                    if leader == self._broker_id:
+                        written = self.write_local(
+                            producer_id, producer_epoch, commit, coordinator_epoch, step
+                        )
+                    else:
+                        written = self._write_remote(
+                            leader, producer_id, producer_epoch, commit, coordinator_epoch, step
+                        )
+                    stable.update(written)
+                    if first:
+                        first = False
+                        _failpoint("after_first_marker")
+            except IdemlogError as exc:
+                if not exc.retriable:
+                    raise
+                # A leader that is down must not hold back the others' readers: their
+                # markers are written now, and the whole call is retried (a marker
+                # written twice is a no-op) once this error is raised below.
+                unreachable = unreachable or exc
+        if unreachable is not None:
+            raise unreachable
         return stable
 
     def write_local(

@@ -373,6 +373,20 @@ def test_commit_across_a_broker_cut_off_past_its_session(cluster: BrokerCluster)
     committer = threading.Thread(target=commit, name="commit", daemon=True)
     with _cut_past_session(cluster, client, victim_id) as cut:
         committer.start()
+        # The live leaders get their markers while the cut broker's wait: their readers
+        # see the transaction committed, not held back until the broker returns.
+        live = [p for p in range(PARTITIONS) if p not in cut_parts]
+
+        def stable(p: int) -> bool:
+            offsets = client.list_offsets(topic, p)
+            return bool(offsets["last_stable_offset"] == offsets["log_end_offset"])
+
+        wait_until(
+            lambda: all(stable(p) for p in live),
+            "the live brokers' partitions committed during the cut",
+            timeout=30,
+        )
+        assert not outcome, "the commit cannot be complete while broker 2 is cut off"
     committer.join(60)
     assert outcome == [None], outcome
     # The coordinator writes every marker before EndTxn succeeds: the commit waited for
