@@ -269,14 +269,30 @@ class Broker:
         from kazoo.client import KazooClient
 
         cfg = self.config
-        client = KazooClient(
-            hosts=cfg.zookeeper_connect,
-            timeout=cfg.zookeeper_session_timeout_ms / 1000.0,
-            # Reconnect for as long as it takes, quickly: a broker without ZooKeeper
-            # keeps serving its partitions and waits for the connection to come back.
-            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0},
-        )
-        client.start(timeout=cfg.zookeeper_session_timeout_ms / 1000.0)
+        timeout_s = cfg.zookeeper_session_timeout_ms / 1000.0
+        # Reconnect for as long as it takes, quickly: a broker without ZooKeeper
+        # keeps serving its partitions and waits for the connection to come back.
+        retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0}
+        if cfg.zookeeper_chroot:
+            # Create the chroot first, every missing level of it, as Kafka does on first
+            # start. A client on the chroot cannot: kazoo's ensure_path climbs up to the
+            # chroot's own node and creates only that one, so /prod/idemlog without /prod
+            # failed with NoNodeError. Hence a short-lived client without the chroot, whose
+            # requests are retried across a lost connection for up to the session timeout.
+            admin = KazooClient(
+                hosts=cfg.zookeeper_hosts,
+                timeout=timeout_s,
+                connection_retry=retry,
+                command_retry={**retry, "deadline": timeout_s},
+            )
+            admin.start(timeout=timeout_s)
+            try:
+                admin.retry(admin.ensure_path, cfg.zookeeper_chroot)
+            finally:
+                admin.stop()
+                admin.close()
+        client = KazooClient(hosts=cfg.zookeeper_connect, timeout=timeout_s, connection_retry=retry)
+        client.start(timeout=timeout_s)
         return client
 
     def _open_cluster(self, info: BrokerInfo) -> ClusterMetadata:

@@ -10,6 +10,7 @@ makes every topic fsync each append unless the topic says otherwise).
 from __future__ import annotations
 
 import textwrap
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,7 +173,9 @@ class BrokerConfig:
     advertised_host: str  # what clients are told: listener.advertised.host or listener.host
     advertised_port: int  # 0: the bound port
     log_dir: Path
-    zookeeper_connect: str
+    zookeeper_connect: str  # as given: hosts and chroot, what the broker's client connects to
+    zookeeper_hosts: str  # host:port[,host:port], without the chroot
+    zookeeper_chroot: str  # the chroot, checked ("/a/b"); "" for none
     zookeeper_session_timeout_ms: int
     max_request_bytes: int
     transaction_max_timeout_ms: int
@@ -209,6 +212,8 @@ class BrokerConfig:
             )
         if not str(parsed["log.dir"]).strip():
             raise InvalidConfigError(f"log.dir={parsed['log.dir']!r} must name a directory")
+        zookeeper_connect = str(parsed["zookeeper.connect"]).strip()
+        zookeeper_hosts, zookeeper_chroot = split_zookeeper_connect(zookeeper_connect)
         return cls(
             broker_id=int(parsed["broker.id"]),
             listener_host=str(parsed["listener.host"]),
@@ -216,7 +221,9 @@ class BrokerConfig:
             advertised_host=advertised_host,
             advertised_port=int(parsed["listener.advertised.port"]),
             log_dir=Path(str(parsed["log.dir"])),
-            zookeeper_connect=str(parsed["zookeeper.connect"]).strip(),
+            zookeeper_connect=zookeeper_connect,
+            zookeeper_hosts=zookeeper_hosts,
+            zookeeper_chroot=zookeeper_chroot,
             zookeeper_session_timeout_ms=int(parsed["zookeeper.session.timeout.ms"]),
             max_request_bytes=int(parsed["max.request.bytes"]),
             transaction_max_timeout_ms=int(parsed["transaction.max.timeout.ms"]),
@@ -238,6 +245,45 @@ class BrokerConfig:
         values: dict[str, object] = dict(load_properties(path)) if path is not None else {}
         values.update(parse_overrides(overrides))
         return cls.from_mapping(values)
+
+
+def split_zookeeper_connect(connect: str) -> tuple[str, str]:
+    """``host:port[,host:port...][/chroot]`` -> (the hosts, the chroot); ``("", "")`` if empty.
+
+    The chroot is checked as ZooKeeper checks a path (kazoo would quietly turn ``/a/`` or
+    ``/a//b`` into another path than the one written): absolute, no trailing ``/``, no
+    empty, ``.`` or ``..`` level, no control character; ``/`` alone means no chroot, as in
+    ZooKeeper. A ``,`` in it is refused too: the chroot comes once, after the last
+    host:port. Every error is an InvalidConfigError naming ``zookeeper.connect``.
+    """
+    if not connect:
+        return "", ""
+    hosts, slash, path = connect.partition("/")
+    chroot = slash + path if path else ""
+
+    def bad(problem: str) -> InvalidConfigError:
+        return InvalidConfigError(f"zookeeper.connect={connect!r}: {problem}")
+
+    for entry in hosts.split(","):
+        try:
+            parsed = urllib.parse.urlsplit("zk://" + entry.strip())
+            port = parsed.port  # ValueError if not a number in 0..65535
+        except ValueError:
+            parsed, port = None, None
+        if parsed is None or not parsed.hostname or port == 0 or parsed.query or parsed.fragment:
+            raise bad(f"{entry!r} is not host[:port] (the form is host:port[,host:port][/chroot])")
+    if chroot.endswith("/"):
+        raise bad(f"the chroot {chroot!r} must not end with '/'")
+    levels = chroot.split("/")[1:]
+    if "" in levels:
+        raise bad(f"the chroot {chroot!r} has an empty level ('//')")
+    if "." in levels or ".." in levels:
+        raise bad(f"the chroot {chroot!r} has a relative level ('.' or '..')")
+    if "," in chroot:
+        raise bad(f"the chroot {chroot!r} holds a ',': it comes once, after the last host:port")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in chroot):
+        raise bad(f"the chroot {chroot!r} has a control character")
+    return hosts, chroot
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:

@@ -17,6 +17,7 @@ from broker_core.server.config import (
     render_markdown_table,
     render_properties,
 )
+from tests.harness.broker import BrokerFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,3 +78,48 @@ def test_overrides_must_be_key_value() -> None:
     assert parse_overrides(["a=b", " c = d=e "]) == {"a": "b", "c": "d=e"}
     with pytest.raises(InvalidConfigError, match="override 'nokey' must be key=value"):
         parse_overrides(["nokey"])
+
+
+@pytest.mark.parametrize(
+    ("connect", "message"),
+    [
+        ("127.0.0.1:2181/a/b/", r"the chroot '/a/b/' must not end with '/'"),
+        ("127.0.0.1:2181//a", r"the chroot '//a' has an empty level \('//'\)"),
+        ("127.0.0.1:2181/a//b", r"the chroot '/a//b' has an empty level \('//'\)"),
+        ("127.0.0.1:2181/a/../b", r"the chroot '/a/\.\./b' has a relative level"),
+        ("h1:2181/a,h2:2181", r"the chroot '/a,h2:2181' holds a ',': it comes once, after"),
+        ("/idemlog", r"'' is not host\[:port\]"),
+        ("h1:2181,,h2:2181", r"'' is not host\[:port\]"),
+        ("h1:abc/idemlog", r"'h1:abc' is not host\[:port\]"),
+    ],
+)
+def test_a_malformed_zookeeper_connect_names_the_key(connect: str, message: str) -> None:
+    # kazoo would quietly connect to another chroot than the one written (/a/b/ -> /a/b).
+    with pytest.raises(InvalidConfigError, match=message) as info:
+        BrokerConfig.from_mapping({"zookeeper.connect": connect})
+    assert info.value.message.startswith(f"zookeeper.connect={connect!r}: ")
+    assert info.value.code == 40
+
+
+def test_zookeeper_connect_splits_into_hosts_and_chroot() -> None:
+    cases = {
+        "": ("", ""),
+        "h1:2181,h2:2182": ("h1:2181,h2:2182", ""),
+        "h1:2181/": ("h1:2181", ""),  # "/" alone: no chroot, as in ZooKeeper
+        "h1:2181,[::1]:2182/prod/idemlog": ("h1:2181,[::1]:2182", "/prod/idemlog"),
+    }
+    for connect, (hosts, chroot) in cases.items():
+        config = BrokerConfig.from_mapping({"zookeeper.connect": connect})
+        assert (config.zookeeper_hosts, config.zookeeper_chroot) == (hosts, chroot), connect
+        assert config.zookeeper_connect == connect and config.embedded == (not connect)
+
+
+def test_broker_with_a_malformed_chroot_exits_2_naming_zookeeper_connect(
+    broker_factory: BrokerFactory,
+) -> None:
+    broker = broker_factory({"zookeeper.connect": "127.0.0.1:1/prod//idemlog"}, start=False)
+    broker.spawn()
+    assert broker.wait_exit() == 2
+    log = broker.log_text()
+    assert "idemlog: INVALID_CONFIG (40): zookeeper.connect='127.0.0.1:1/prod//idemlog'" in log
+    assert "Traceback" not in log

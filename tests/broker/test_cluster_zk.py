@@ -9,7 +9,7 @@ ZooKeeper session expires; every wait below polls the cluster's metadata with a 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from broker_core.retry import RetryPolicy
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
+from tests.harness.zookeeper import ZooKeeperHarness, ZooKeeperServer
 
 ClientFor = Callable[..., BrokerClient]
 SESSION_MS = 2000  # a killed broker's registration (and controllership) lasts this long
@@ -403,3 +403,54 @@ def test_zookeeper_down_leaders_keep_serving_while_metadata_changes_wait(
         txn_epoch + 1,
     )
     assert client.create_topic("later", 1)
+
+
+# -- 6. a chroot several levels deep -------------------------------------------------------
+
+
+@pytest.fixture
+def zk_unmade_root(zk_server: ZooKeeperServer) -> Iterator[ZooKeeperHarness]:
+    """A harness whose unique chroot is *not* created, deleted with everything under it
+    at teardown; request it before ``broker_factory`` (brokers are killed first)."""
+    harness = ZooKeeperHarness(zk_server)
+    try:
+        yield harness
+    finally:
+        harness.teardown()
+
+
+def test_broker_creates_every_missing_level_of_a_deep_chroot(
+    zk_unmade_root: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    # zookeeper.connect=host:port/<unique>/a/b, none of the three levels there: Kafka
+    # creates the whole chroot path on first start, so does the broker.
+    zk = zk_unmade_root
+    chroot = f"{zk.chroot}/a/b"
+    with zk.admin_client() as admin:
+        assert admin.exists(zk.chroot) is None
+    config = {
+        **TEST_BROKER_CONFIG,
+        "zookeeper.connect": zk.server.address + chroot,
+        "zookeeper.session.timeout.ms": SESSION_MS,
+        "broker.id": 1,
+    }
+    broker = broker_factory(config, name="deep")
+    client = client_for(broker)
+    wait_until(lambda: _metadata(client, broker)["controller"] == 1, "broker 1 the controller")
+    assert client.create_topic("deep", 2) == [1, 1]
+    pid, epoch = client.init_producer_id()
+    _produce(client, "deep", 0, pid, epoch, range(2))
+    assert ids(client, "deep", 0) == _expected(0, range(2))
+    with zk.admin_client() as admin:
+        # Everything lives under the chroot, nothing beside it.
+        assert admin.get_children(zk.chroot) == ["a"]
+        assert admin.get_children(f"{zk.chroot}/a") == ["b"]
+        assert admin.exists(f"{chroot}/idemlog/brokers/ids/1") is not None
+        assert admin.exists(f"{chroot}/idemlog/topics/deep") is not None
+        assert admin.exists(f"{chroot}/latest_producer_id_block") is not None
+    # Started again on the chroot that now exists: the same cluster, the data still there.
+    broker.stop()
+    broker.restart(same_port=False)
+    client = client_for(broker)
+    wait_until(lambda: _metadata(client, broker)["controller"] == 1, "broker 1 back")
+    assert ids(client, "deep", 0) == _expected(0, range(2))
