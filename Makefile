@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo demo-store test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch clean
+.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch clean
 
 setup: $(STAMP) $(ZK_SERVER) jars
 
@@ -62,6 +62,12 @@ demo: setup
 demo-store: setup
 	$(PY) -m jobs.store_demo
 
+# The streaming demo on a cluster: ZooKeeper, 3 brokers, a Spark standalone master and 2
+# workers and the driver, each on a host of its own (network namespaces: root needed),
+# with an executor killed, a worker host and the driver cut off; removed at the end.
+demo-cluster: setup
+	$(PY) -m tests.cluster.demo $(DEMO_ARGS)
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -83,6 +89,7 @@ test-fast: setup
 # Every bench-* target takes BENCH_ARGS: the module's own options (`--help` lists them),
 # e.g. `make bench-store BENCH_ARGS="--gb 0.1"`; tests/bench runs each at a smoke size.
 BENCH_ARGS ?=
+DEMO_ARGS ?=
 
 bench-store: setup
 	$(PY) -m benchmarks.bench_store $(BENCH_ARGS)
@@ -106,6 +113,10 @@ bench-microbatch: setup
 # idemlog vs Spark's Kafka and Delta sinks and Kafka's own producer, on a real local Kafka.
 bench-peers: setup kafka-jars
 	$(PY) -m benchmarks.bench_peers $(BENCH_ARGS)
+
+# The same batch write on the cluster (tests/cluster/stack.py) with 1 and with 2 workers.
+bench-cluster: setup
+	$(PY) -m tests.bench.bench_cluster $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

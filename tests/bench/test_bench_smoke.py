@@ -1,6 +1,6 @@
-"""Every ``make bench-*`` target and ``make demo-store``, run as a user runs them, at a
-smoke size: the Makefile's paths, the jar fetches, each benchmark's checks of what it wrote
-and its closing ``name=value`` lines all work from a clone.
+"""Every ``make bench-*`` target, ``make demo-store`` and ``make demo-cluster``, run as a
+user runs them, at a smoke size: the Makefile's paths, the jar fetches, each benchmark's
+checks of what it wrote and its closing ``name=value`` lines all work from a clone.
 
 Sizes are tiny, so the figures mean nothing here: a benchmark's numbers are read from a
 real run (benchmarks/README.md), never asserted. What is asserted is that the run
@@ -47,6 +47,10 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
             "idemlog_broker_vs_kafka_broker",
         ],
     ),
+    "bench-cluster": (
+        ["BENCH_ARGS=--rows 40000 --files 4 --repeats 1"],
+        ["cluster_1_worker_rows_per_s", "cluster_2_workers_rows_per_s"],
+    ),
 }
 
 
@@ -90,3 +94,14 @@ def test_demo_store_target(tmp_path: Path) -> None:
     tail = (result.stdout[-3000:] + "\n--- stderr ---\n" + result.stderr[-3000:]).strip()
     assert result.returncode == 0, f"make demo-store failed:\n{tail}"
     assert "exactly_once=OK" in result.stdout, tail
+
+
+@pytest.mark.slow
+def test_demo_cluster_target(tmp_path: Path) -> None:
+    """``make demo-cluster`` at a small size: its faults fired and every row is there once."""
+    result = _make("demo-cluster", ["DEMO_ARGS=--files 5 --rows 5000"], tmp_path)
+    tail = (result.stdout[-4000:] + "\n--- stderr ---\n" + result.stderr[-3000:]).strip()
+    assert result.returncode == 0, f"make demo-cluster failed:\n{tail}"
+    assert "exactly_once=OK rows_expected=25000 rows_committed=25000" in result.stdout, tail
+    for fault in ("SIGKILL of the executor JVM", "off the network for", "restarting from the"):
+        assert fault in result.stdout, f"{fault!r} did not happen:\n{tail}"

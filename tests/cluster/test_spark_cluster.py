@@ -1,27 +1,26 @@
 """idemlog on a Spark standalone cluster and a three-broker cluster, each part on a host
-of its own (``tests/cluster/conftest.py``): the stream, the batch write and both readers
-work the same way as on one machine, every row exactly once in per-key order, read back by
-a reader independent of Spark (the broker client) as well as by the sink's own source."""
+of its own (``tests/cluster/stack.py``), every row checked exactly once in per-key order
+by a reader independent of Spark (the broker client):
+
+* the stream, the batch write and both readers work as on one machine;
+* speculative twins, launched by Spark on the other worker's host (its event log shows
+  them), in both orders and killed mid-write;
+* an executor JVM SIGKILLed, a worker's host and the driver's host cut off and healed.
+"""
 
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pyarrow.parquet as pq
 
 from jobs.verify import verify_exactly_once
-from spark_sink import failpoints
-from tests.cluster.conftest import Stack
+from tests.cluster.stack import Stack, executor_of, fired_by, host_of
 from tests.harness.cluster import TaskAttempt, read_back, spark_events, task_attempts
-from tests.harness.netns import Host
-from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
     DriverLauncher,
-    DriverRun,
     assert_succeeded,
     batch_spec,
     make_input,
@@ -48,38 +47,38 @@ def assert_exactly_once(stack: Stack, topic: str, ids: list[int]) -> None:
 def test_stream_batch_and_both_readers_on_the_cluster(
     stack: Stack, drivers: DriverLauncher, tmp_path: Path
 ) -> None:
+    """One application on the cluster: a stream, then ``df.write`` of the same rows to
+    another topic, then ``spark.read`` and ``readStream`` of the first topic."""
     src = tmp_path / "src"
     ids = make_input(src, FILES, ROWS)
     events = tmp_path / "events"
-    stream = stream_spec(src, "", "cl_stream", tmp_path / "ck", FILES)
-    run = stack.start(drivers, stack.spec(events, **stream, sink_options={"partitions": "6"}))
-    run.wait()
-    assert_succeeded(run)
-    assert sorted(run.progress_batches()) == list(range(FILES))
-    workers = {h.address for h in stack.spark.worker_hosts}
-    assert task_hosts(events) == workers, "the stream's tasks ran on both worker hosts"
-    assert_exactly_once(stack, "cl_stream", ids)
-
-    batch = batch_spec(src, "", "cl_batch")
-    run = stack.start(drivers, stack.spec(tmp_path / "events-batch", **batch))
-    run.wait()
-    assert_succeeded(run)
-    assert_exactly_once(stack, "cl_batch", ids)
-
-    for mode in ("read", "read_stream"):
-        out = tmp_path / f"{mode}.out"
-        spec = {
-            "mode": mode,
+    out = {mode: tmp_path / f"{mode}.out" for mode in ("read", "read_stream")}
+    steps = [
+        stream_spec(src, "", "cl_stream", tmp_path / "ck", FILES),
+        batch_spec(src, "", "cl_batch"),
+        {"mode": "read", "topic": "cl_stream", "out": str(out["read"])},
+        {
+            "mode": "read_stream",
             "topic": "cl_stream",
-            "out": str(out),
-            "checkpoint": str(tmp_path / f"ck-{mode}"),
-        }
-        run = stack.start(drivers, stack.spec(tmp_path / f"events-{mode}", **spec))
-        run.wait()
-        assert_succeeded(run)
-        table = pq.read_table(out)
+            "out": str(out["read_stream"]),
+            "checkpoint": str(tmp_path / "ck-read"),
+        },
+    ]
+    spec = stack.spec(events, steps=steps)
+    run = stack.start(drivers, spec)
+    run.wait()
+    assert_succeeded(run)
+    # The stream's micro-batches, one per file (the readStream step's follow).
+    assert run.progress_batches()[:FILES] == list(range(FILES))
+    assert sum(line.startswith("DONE") for line in run.lines) == len(steps)
+    workers = {h.address for h in stack.spark.worker_hosts}
+    assert task_hosts(events) == workers, "tasks ran on both worker hosts"
+    assert_exactly_once(stack, "cl_stream", ids)
+    assert_exactly_once(stack, "cl_batch", ids)
+    for mode, path in out.items():
+        table = pq.read_table(path)
         verdict = verify_exactly_once(table, id_column="id", key_column="account", expected_ids=ids)
-        assert verdict.ok, f"{mode}: {verdict.line()}"
+        assert verdict.ok and verdict.order_violations == 0, f"{mode}: {verdict.line()}"
 
 
 SPECULATION = {
@@ -160,27 +159,6 @@ LOSS_CONF = {
 WORKER_CUT_S, DRIVER_CUT_S = 20.0, 10.0
 
 
-def _fired_by(marks: Path, entry: str, run: DriverRun) -> int:
-    """Wait for ``entry`` to fire; the pid of the process it fired in."""
-    marker = Path(failpoints.marker_path(str(marks), entry))
-
-    def there() -> bool:
-        if run.proc.poll() is not None:
-            raise AssertionError(f"the driver exited before {entry} fired:\n{run.describe()}")
-        return marker.exists() and len(marker.read_text().splitlines()) == 2
-
-    wait_until(there, f"failpoint {entry} to fire", timeout=240)
-    return int(marker.read_text().splitlines()[1])
-
-
-def _host_of(stack: Stack, pid: int) -> Host:
-    netns = subprocess.run(
-        ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    (host,) = [h for h in stack.bed.hosts if h.netns == netns]
-    return host
-
-
 def test_executor_killed_worker_host_and_driver_host_cut_off_one_copy(
     stack: Stack, drivers: DriverLauncher, tmp_path: Path
 ) -> None:
@@ -197,17 +175,13 @@ def test_executor_killed_worker_host_and_driver_host_cut_off_one_copy(
     run = stack.start(drivers, spec, failpoints=LOSS_FAILPOINTS, failpoints_dir=marks)
 
     # 1. An executor JVM SIGKILLed while its task sleeps mid-write.
-    worker_pid = _fired_by(marks, LOSS_FAILPOINTS[0], run)
-    (executor,) = [
-        p
-        for p in psutil.Process(worker_pid).parents()
-        if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
-    ]
+    worker_pid = fired_by(marks, LOSS_FAILPOINTS[0], run)
+    executor = executor_of(worker_pid)
     executor.send_signal(signal.SIGKILL)
     executor.wait(30)
 
     # 2. The host of another task, asleep mid-write, cut off (all its links) and healed.
-    worker_host = _host_of(stack, _fired_by(marks, LOSS_FAILPOINTS[1], run))
+    worker_host = host_of(stack, fired_by(marks, LOSS_FAILPOINTS[1], run))
     assert worker_host in stack.spark.worker_hosts
     worker_host.cut()
     try:
@@ -216,7 +190,7 @@ def test_executor_killed_worker_host_and_driver_host_cut_off_one_copy(
         worker_host.heal()
 
     # 3. The driver's host cut off just before its commit request of batch 3 leaves.
-    assert _host_of(stack, _fired_by(marks, LOSS_FAILPOINTS[2], run)) == stack.driver
+    assert host_of(stack, fired_by(marks, LOSS_FAILPOINTS[2], run)) == stack.driver
     stack.driver.cut()
     try:
         time.sleep(DRIVER_CUT_S)  # the fault: the commit's request meets a dead link

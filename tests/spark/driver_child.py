@@ -9,7 +9,8 @@ which must not be the pytest process. One JSON argument says what to run:
 "checkpoint", "conf": {...}, "trigger": "availableNow" | "processingTime", "files": K,
 "spark_partitions": 4, "bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N,
 "sink_options": {...}, "stop_on_file": path (processingTime: query.stop() once it
-exists), "out": path (read modes: the rows read, as parquet), "master": "spark://host:port"
+exists), "steps": [{...}, ...] (jobs run in turn in one session, each step's keys over
+the outer spec's), "out": path (read modes: the rows read, as parquet), "master": "spark://host:port"
 and "driver_host": address (a standalone cluster, ``tests/harness/cluster.py``; default:
 local mode)}``. Without "store" the sink gets no ``path`` (a broker cluster named by
 ``sink_options["brokers"]``).
@@ -17,8 +18,8 @@ local mode)}``. Without "store" the sink gets no ``path`` (a broker cluster name
 Output on stdout, one line each, flushed at once (the parent reads them as events):
 ``PROGRESS batch=<id> rows=<n> end=<file log offset>`` per micro-batch (a
 StreamingQueryListener), ``BAD id=<id>`` (batch mode with a poisoned row),
-``FAILED <error>`` then exit 3 when the query or job fails, ``DONE batches=<n>`` then
-exit 0 when it succeeds.
+``TIMED write_s=<s>`` (batch mode: the ``save()``'s wall time), ``FAILED <error>`` then
+exit 3 when the query or job fails, ``DONE batches=<n>`` then exit 0 when it succeeds.
 """
 
 from __future__ import annotations
@@ -211,6 +212,7 @@ def run_batch(spark: Any, spec: dict[str, Any]) -> int:
                 F.col("amount")
             ),
         )
+    started = time.perf_counter()
     (
         frame.write.format("idemlog")
         .mode("append")
@@ -219,6 +221,7 @@ def run_batch(spark: Any, spec: dict[str, Any]) -> int:
         .options(**sink_options(spec))
         .save()
     )
+    say(f"TIMED write_s={time.perf_counter() - started:.3f}")
     say("DONE batches=1")
     return 0
 
@@ -244,11 +247,17 @@ def main() -> int:
         spark = local_session("idemlog-fault-test", conf=conf)
     say(f"SESSION pid={os.getpid()} pgid={os.getpgrp()}")
     try:
-        if spec["mode"] == "stream":
-            return run_stream(spark, spec)
-        if spec["mode"] in ("read", "read_stream"):
-            return run_read(spark, spec)
-        return run_batch(spark, spec)
+        # "steps": jobs run one after another in this one session, each its own spec
+        # on top of the outer one (a driver's start-up is paid once).
+        for step in spec.get("steps") or [{}]:
+            job = {**spec, **step}
+            if job["mode"] == "stream":
+                run_stream(spark, job)
+            elif job["mode"] in ("read", "read_stream"):
+                run_read(spark, job)
+            else:
+                run_batch(spark, job)
+        return 0
     except Exception as exc:
         traceback.print_exc()
         first = " ".join(str(exc).split())[:2000]

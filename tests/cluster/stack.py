@@ -1,0 +1,117 @@
+"""The stack of the cluster scenarios, the cluster demo and the scaling benchmark:
+ZooKeeper and three brokers on hosts of their own, a Spark standalone master and two
+workers (one core each) on theirs, and a host for the drivers (``tests/harness/cluster.py``
+has the parts; docs/deployment.md the same layout for real machines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from spark_sink import failpoints
+from tests.harness.cluster import BrokerCluster, SparkStandalone, code_zip
+from tests.harness.netns import Host, TestBed
+from tests.harness.waiting import wait_until
+from tests.spark.helpers import DriverLauncher, DriverRun
+
+
+@dataclass
+class Stack:
+    bed: TestBed
+    brokers: BrokerCluster
+    spark: SparkStandalone
+    driver: Host
+    code: Path
+
+    def spec(self, events: Path, *, cores: int = 2, **extra: Any) -> dict[str, Any]:
+        """What every driver child on the cluster needs (``tests/spark/driver_child.py``):
+        the master, the driver's address, the code shipped as ``spark.submit.pyFiles``,
+        Spark's event log in ``events``; ``extra`` (e.g. a stream_spec) on top. ``cores``
+        is ``spark.cores.max``: 1 runs one executor on one worker."""
+        events.mkdir(parents=True, exist_ok=True)
+        conf = {
+            "spark.submit.pyFiles": str(self.code),
+            "spark.cores.max": str(cores),
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": str(events),
+            "spark.eventLog.compress": "false",
+            "spark.sql.shuffle.partitions": "4",
+            **extra.pop("conf", {}),
+        }
+        sink = {"brokers": self.brokers.bootstrap, **extra.pop("sink_options", {})}
+        return {
+            "master": self.spark.url,
+            "driver_host": self.driver.address,
+            "conf": conf,
+            **extra,
+            "store": "",
+            "sink_options": sink,
+        }
+
+    def start(self, drivers: DriverLauncher, spec: dict[str, Any], **kwargs: Any) -> DriverRun:
+        """A driver child (``tests/spark/driver_child.py``) on the driver's host."""
+        return drivers.start(spec, launcher=self.driver.command, **kwargs)
+
+    def failpoint_conf(self, entries: Iterable[str], directory: Path) -> dict[str, str]:
+        """``spark.executorEnv`` settings that arm ``entries`` in the executors' Python
+        workers (the driver's own environment is set by ``DriverLauncher``)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        return {
+            "spark.executorEnv.IDEMLOG_SPARK_FAILPOINTS": ";".join(entries),
+            "spark.executorEnv.IDEMLOG_SPARK_FAILPOINTS_DIR": str(directory),
+        }
+
+
+@contextlib.contextmanager
+def running_stack(workdir: Path, *, workers: int = 2) -> Iterator[Stack]:
+    """The whole stack started on a new test bed; everything removed on exit."""
+    bed = TestBed(workdir / "bed")
+    brokers = BrokerCluster(bed, workdir, count=3)
+    try:
+        spark = SparkStandalone(bed, workdir / "spark", workers=workers, cores=1)
+        driver = bed.add_host("driver")
+        brokers.start()
+        spark.start()
+        yield Stack(bed, brokers, spark, driver, code_zip(workdir))
+    finally:
+        brokers.close()
+        bed.close()
+
+
+def fired_by(marks: Path, entry: str, run: DriverRun) -> int:
+    """Wait for ``entry`` to fire; the pid of the process it fired in."""
+    marker = Path(failpoints.marker_path(str(marks), entry))
+
+    def there() -> bool:
+        if run.proc.poll() is not None:
+            raise AssertionError(f"the driver exited before {entry} fired:\n{run.describe()}")
+        return marker.exists() and len(marker.read_text().splitlines()) == 2
+
+    wait_until(there, f"failpoint {entry} to fire", timeout=240)
+    return int(marker.read_text().splitlines()[1])
+
+
+def host_of(stack: Stack, pid: int) -> Host:
+    """The test-bed host a process runs on."""
+    netns = subprocess.run(
+        ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (host,) = [h for h in stack.bed.hosts if h.netns == netns]
+    return host
+
+
+def executor_of(pid: int) -> psutil.Process:
+    """The executor JVM a Spark Python worker ``pid`` belongs to."""
+    (executor,) = [
+        p
+        for p in psutil.Process(pid).parents()
+        if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
+    ]
+    return executor
