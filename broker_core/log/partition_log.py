@@ -15,8 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,6 +34,13 @@ from broker_core.log.recovery import (
     apply_marker,
     batches_from,
     recover_partition,
+)
+from broker_core.log.results import (
+    AppendResult,
+    FetchedBatch,
+    FetchResult,
+    IsolationLevel,
+    MarkerResult,
 )
 from broker_core.log.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.log.snapshot import delete_snapshots_below, write_snapshot
@@ -58,70 +63,17 @@ from broker_core.record.batch import (
     verify_crc,
 )
 
+__all__ = [
+    "AppendResult",
+    "FetchResult",
+    "FetchedBatch",
+    "IsolationLevel",
+    "MarkerResult",
+    "PartitionLog",
+    "SchemaCheck",
+]
+
 log = logging.getLogger("idemlog.log")
-
-
-class IsolationLevel(Enum):
-    READ_UNCOMMITTED = "read_uncommitted"
-    READ_COMMITTED = "read_committed"
-
-    @classmethod
-    def parse(cls, value: str | IsolationLevel) -> IsolationLevel:
-        if isinstance(value, IsolationLevel):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            raise InvalidRecordError(
-                f"isolation={value!r} is not one of read_committed, read_uncommitted"
-            ) from None
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    base_offset: int
-    last_offset: int
-    log_append_time: int
-    duplicate: bool  # an earlier copy was found; the offsets are the original's
-
-
-@dataclass(frozen=True, slots=True)
-class MarkerResult:
-    offset: int  # the marker's own offset
-    last_stable_offset: int  # the partition's LSO just after the marker was appended
-
-
-@dataclass(frozen=True, slots=True)
-class FetchedBatch:
-    base_offset: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    is_transactional: bool
-    timestamp: int
-    records: pa.RecordBatch
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + int(self.records.num_rows) - 1
-
-
-@dataclass(frozen=True, slots=True)
-class FetchResult:
-    batches: list[FetchedBatch]
-    next_offset: int  # where the next read continues
-    high_watermark: int
-    last_stable_offset: int
-    log_start_offset: int
-
-    @property
-    def num_rows(self) -> int:
-        return sum(b.records.num_rows for b in self.batches)
-
-    def table(self) -> pa.Table | None:
-        if not self.batches:
-            return None
-        return pa.Table.from_batches([b.records for b in self.batches])
 
 
 SchemaCheck = Callable[[pa.Schema], None]
