@@ -20,7 +20,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from broker_core.errors import (
-    CorruptRecordError,
     InvalidRecordError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
@@ -29,6 +28,7 @@ from broker_core.errors import (
 from broker_core.fileutil import fsync_directory, fsync_file
 from broker_core.log.config import LogConfig
 from broker_core.log.producer_state import AppendOrigin, ProducerStateManager
+from broker_core.log.reads import collect
 from broker_core.log.recovery import (
     CLEAN_SHUTDOWN_FILE,
     apply_marker,
@@ -55,12 +55,10 @@ from broker_core.record.batch import (
     ControlType,
     EncodedBatch,
     decode_control,
-    decode_rows,
     encode_control,
     encode_data,
     increment_sequence,
     ipc_pieces,
-    verify_crc,
 )
 
 __all__ = [
@@ -433,58 +431,8 @@ class PartitionLog:
             batches: list[FetchedBatch] = []
             next_offset = offset
             if offset < upper:
-                next_offset = self._collect(offset, upper, max_bytes, level, batches)
+                next_offset = collect(self.segments, offset, upper, max_bytes, level, batches)
             return FetchResult(batches, next_offset, self.high_watermark, lso, start)
-
-    def _collect(
-        self,
-        offset: int,
-        upper: int,
-        max_bytes: int,
-        level: IsolationLevel,
-        out: list[FetchedBatch],
-    ) -> int:
-        aborted: dict[int, list[tuple[int, int]]] = {}
-        if level is IsolationLevel.READ_COMMITTED:
-            for seg in self.segments:
-                if seg.next_offset > offset:
-                    for t in seg.txn_index.overlapping(offset, upper):
-                        aborted.setdefault(t.producer_id, []).append(
-                            (t.first_offset, t.last_offset)
-                        )
-        next_offset, size = offset, 0
-        for seg, stored in self.batches_from(offset):
-            h = stored.header
-            if h.base_offset >= upper or (out and size + h.size > max_bytes):
-                return next_offset
-            next_offset = min(h.next_offset, upper)
-            if h.is_control or _is_aborted(aborted, h):
-                continue
-            try:
-                # Sealed segments are trusted on open (not re-scanned), so the CRC is
-                # checked here: a damaged batch must fail, never yield garbage rows.
-                verify_crc(h, stored.data)
-                rows = decode_rows(h, stored.data)
-            except CorruptRecordError as exc:
-                raise CorruptRecordError(
-                    f"{seg.log_path} at byte {stored.position}: {exc.message}"
-                ) from exc
-            first = max(offset, h.base_offset)
-            if first > h.base_offset or h.last_offset >= upper:
-                rows = rows.slice(first - h.base_offset, min(h.next_offset, upper) - first)
-            out.append(
-                FetchedBatch(
-                    first,
-                    h.producer_id,
-                    h.producer_epoch,
-                    h.base_sequence,
-                    h.is_transactional,
-                    h.max_timestamp,
-                    rows,
-                )
-            )
-            size += h.size
-        return next_offset
 
     def batches_from(self, offset: int) -> Iterator[tuple[LogSegment, StoredBatch]]:
         """Every stored batch holding ``offset`` or after it, with its segment."""
@@ -536,12 +484,6 @@ class PartitionLog:
 
     def segment_files(self) -> list[Path]:
         return sorted(self.directory.glob(f"*{LOG_SUFFIX}"))
-
-
-def _is_aborted(aborted: dict[int, list[tuple[int, int]]], h: BatchHeader) -> bool:
-    if not h.is_transactional or h.producer_id not in aborted:
-        return False
-    return any(first <= h.base_offset <= last for first, last in aborted[h.producer_id])
 
 
 def _as_record_batch(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
