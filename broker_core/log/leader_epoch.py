@@ -10,6 +10,11 @@ Checkpoint file (text, Kafka's layout): a version line (0), an entry-count line,
 ``<epoch> <start offset>`` line per entry, oldest first. It is replaced atomically
 (``broker_core.fileutil.atomic_write``), so a crash leaves the old file or the new one.
 
+No file means "every batch is of epoch 0 (INITIAL_LEADER_EPOCH)": that is what a
+directory written before leader epochs holds, and a cache that says only that is never
+written (so a log that is never replicated pays no fsync for it). Any other content is
+written, durably, before the first batch it describes.
+
 Ordering that keeps the file safe across crashes: an epoch is written to the checkpoint
 *before* the first batch of that epoch is appended, and the log is cut *before* the
 checkpoint is. So after any crash the file knows every epoch present in the log, plus at
@@ -103,8 +108,8 @@ def decode_checkpoint(data: bytes, *, name: str = CHECKPOINT_FILE) -> list[Epoch
 class LeaderEpochCache:
     """The (epoch, start offset) entries of one partition directory, kept on disk.
 
-    Build it with ``load`` (the checkpoint as found, or None when there is none or it is
-    unreadable: the caller rebuilds it from the log's batch headers with ``rebuild``).
+    Build it with ``load`` (the checkpoint as found, empty when there is none, None when
+    it is unreadable: the caller rebuilds it from the log's batch headers, ``rebuild``).
     """
 
     def __init__(self, directory: Path, entries: Iterable[EpochEntry] = ()) -> None:
@@ -113,13 +118,13 @@ class LeaderEpochCache:
 
     @classmethod
     def load(cls, directory: Path) -> LeaderEpochCache | None:
-        """The cache stored in ``directory``; None when there is no checkpoint or it is
-        unreadable (logged), so that the caller rebuilds it from the log."""
+        """The cache stored in ``directory``: empty without a checkpoint (see the module
+        doc), None when it is unreadable (logged), so that the caller rebuilds it."""
         path = directory / CHECKPOINT_FILE
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return None
+            return cls(directory)
         try:
             return cls(directory, decode_checkpoint(data, name=str(path)))
         except CorruptRecordError as exc:
@@ -227,4 +232,7 @@ class LeaderEpochCache:
         self._persist()
 
     def _persist(self) -> None:
+        only_initial = all(e.epoch == INITIAL_LEADER_EPOCH for e in self._entries)
+        if only_initial and not self.path.exists():
+            return  # what no file says already (see the module doc)
         atomic_write(self.path, encode_checkpoint(self._entries))

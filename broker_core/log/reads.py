@@ -12,7 +12,13 @@ from broker_core.errors import CorruptRecordError
 from broker_core.log.recovery import batches_from
 from broker_core.log.results import FetchedBatch, IsolationLevel
 from broker_core.log.segment import LogSegment
-from broker_core.record.batch import BatchHeader, decode_rows, verify_crc
+from broker_core.record.batch import (
+    BatchHeader,
+    ControlType,
+    decode_control,
+    decode_rows,
+    verify_crc,
+)
 
 
 def collect(
@@ -72,3 +78,20 @@ def _is_aborted(aborted: dict[int, list[tuple[int, int]]], h: BatchHeader) -> bo
     if not h.is_transactional or h.producer_id not in aborted:
         return False
     return any(first <= h.base_offset <= last for first, last in aborted[h.producer_id])
+
+
+def read_control(
+    segments: Sequence[LogSegment], offset: int
+) -> tuple[BatchHeader, ControlType] | None:
+    """The marker at ``offset``, if there is one. Raises CorruptRecordError for an
+    unreadable control record."""
+    for seg in segments:
+        if seg.base_offset <= offset < seg.next_offset:
+            position = seg.position_of(offset)
+            if position is None:
+                return None
+            stored = next(seg.batches(position))
+            if stored.header.is_control and stored.header.base_offset == offset:
+                record = decode_control(stored.header, stored.data)
+                return stored.header, record.control_type
+    return None

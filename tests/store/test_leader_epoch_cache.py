@@ -75,9 +75,21 @@ def test_checkpoint_format_and_corruption(tmp_path: Path) -> None:
     for bad in (b"", b"1\n0\n", b"0\n2\n0 0\n", b"0\n1\nx y\n", b"0\n2\n3 5\n2 9\n", b"\xff"):
         with pytest.raises(CorruptRecordError):
             decode_checkpoint(bad)
-    assert LeaderEpochCache.load(tmp_path) is None  # no file
+    missing = LeaderEpochCache.load(tmp_path)  # no file: nothing but epoch 0 was written
+    assert missing is not None and missing.entries == []
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"0\n5\n")
     assert LeaderEpochCache.load(tmp_path) is None  # unreadable: the caller rebuilds
+
+
+def test_a_cache_of_only_the_initial_epoch_is_not_written(tmp_path: Path) -> None:
+    cache = cache_with(tmp_path, (0, 0))
+    cache.truncate_from_start(4)
+    assert cache.entries == [EpochEntry(0, 4)]
+    assert not (tmp_path / CHECKPOINT_FILE).exists()  # no file says exactly that
+    cache.assign(1, 9)
+    assert (tmp_path / CHECKPOINT_FILE).read_bytes() == b"0\n2\n0 4\n1 9\n"
+    cache.truncate_from_end(9)  # a file once written is kept up to date
+    assert (tmp_path / CHECKPOINT_FILE).read_bytes() == b"0\n1\n0 4\n"
 
 
 def test_rebuild_from_batch_epochs(tmp_path: Path) -> None:
