@@ -519,7 +519,8 @@ class PartitionLog:
         nothing changes when ``offset`` >= the log end. Segments, offset and txn indexes,
         epoch-cache entries and snapshots past the end are dropped, and the producer state
         is rebuilt as recovery does (newest snapshot at or below the end, then a replay).
-        Raises OffsetOutOfRangeError below the log start.
+        Raises OffsetOutOfRangeError below the log start. Rows a reader still holds from
+        the cut range point into a shrunk memory map: the caller keeps readers off it.
         """
         with self._lock:
             self._check_open()

@@ -302,3 +302,21 @@ def test_a_log_written_before_leader_epochs_opens_at_epoch_zero(tmp_path: Path) 
     rebuilt = new_log(tmp_path / "a", ManualClock())  # unreadable: rebuilt from the batches
     assert rebuilt.epochs.entries == [EpochEntry(0, 0)]
     assert (tmp_path / "a" / CHECKPOINT_FILE).read_bytes() == b"0\n1\n0 0\n"
+
+
+def test_retention_moves_the_earliest_epoch_to_the_log_start(tmp_path: Path) -> None:
+    clock = ManualClock()
+    log = open_log(tmp_path / "a", clock, retention_bytes=4096, **CONFIG)
+    log.become_leader(1)
+    for i in range(10):
+        log.append(rows(20, 20 * i))
+    log.become_leader(2)
+    for i in range(10, 20):
+        log.append(rows(20, 20 * i))
+    assert log.enforce_retention() > 0
+    start = log.log_start_offset
+    assert start > 200  # every batch of epoch 1 (offsets 0-199) is gone
+    assert log.epochs.entries == [EpochEntry(2, start)]
+    log.close()
+    reopened = open_log(tmp_path / "a", clock, retention_bytes=4096, **CONFIG)
+    assert reopened.epochs.entries == log.epochs.entries
