@@ -6,6 +6,8 @@ Directory layout (one directory per partition):
     00000000000000001234.snapshot                   producer state before offset 1234
     .clean_shutdown                                 present only after a clean close
 
+    leader-epoch-checkpoint                         leader epoch -> start offset (leader_epoch.py)
+
 Every method takes the partition lock; appends of different partitions run in parallel.
 """
 
@@ -15,14 +17,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 import pyarrow as pa
 
 from broker_core.errors import (
-    CorruptRecordError,
     InvalidRecordError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
@@ -30,12 +29,30 @@ from broker_core.errors import (
 )
 from broker_core.fileutil import fsync_directory, fsync_file
 from broker_core.log.config import LogConfig
+from broker_core.log.leader_epoch import EpochEndOffset
 from broker_core.log.producer_state import AppendOrigin, ProducerStateManager
+from broker_core.log.reads import collect, read_control
 from broker_core.log.recovery import (
     CLEAN_SHUTDOWN_FILE,
+    apply_batch,
     apply_marker,
     batches_from,
+    rebuild_state,
     recover_partition,
+)
+from broker_core.log.replica import (
+    as_encoded,
+    open_epoch_cache,
+    parse_fetched,
+    read_raw,
+    truncate_segments,
+)
+from broker_core.log.results import (
+    AppendResult,
+    FetchedBatch,
+    FetchResult,
+    IsolationLevel,
+    MarkerResult,
 )
 from broker_core.log.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.log.snapshot import delete_snapshots_below, write_snapshot
@@ -43,85 +60,30 @@ from broker_core.log.validator import ProducerBatch
 from broker_core.protocol.wire import DEFAULT_FETCH_MAX_BYTES
 from broker_core.record.batch import (
     HEADER_SIZE,
+    INITIAL_LEADER_EPOCH,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     BatchHeader,
     ControlType,
     EncodedBatch,
-    decode_control,
-    decode_rows,
     encode_control,
     encode_data,
     increment_sequence,
     ipc_pieces,
-    verify_crc,
 )
 
+__all__ = [
+    "AppendResult",
+    "FetchResult",
+    "FetchedBatch",
+    "IsolationLevel",
+    "MarkerResult",
+    "PartitionLog",
+    "SchemaCheck",
+]
+
 log = logging.getLogger("idemlog.log")
-
-
-class IsolationLevel(Enum):
-    READ_UNCOMMITTED = "read_uncommitted"
-    READ_COMMITTED = "read_committed"
-
-    @classmethod
-    def parse(cls, value: str | IsolationLevel) -> IsolationLevel:
-        if isinstance(value, IsolationLevel):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            raise InvalidRecordError(
-                f"isolation={value!r} is not one of read_committed, read_uncommitted"
-            ) from None
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    base_offset: int
-    last_offset: int
-    log_append_time: int
-    duplicate: bool  # an earlier copy was found; the offsets are the original's
-
-
-@dataclass(frozen=True, slots=True)
-class MarkerResult:
-    offset: int  # the marker's own offset
-    last_stable_offset: int  # the partition's LSO just after the marker was appended
-
-
-@dataclass(frozen=True, slots=True)
-class FetchedBatch:
-    base_offset: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    is_transactional: bool
-    timestamp: int
-    records: pa.RecordBatch
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + int(self.records.num_rows) - 1
-
-
-@dataclass(frozen=True, slots=True)
-class FetchResult:
-    batches: list[FetchedBatch]
-    next_offset: int  # where the next read continues
-    high_watermark: int
-    last_stable_offset: int
-    log_start_offset: int
-
-    @property
-    def num_rows(self) -> int:
-        return sum(b.records.num_rows for b in self.batches)
-
-    def table(self) -> pa.Table | None:
-        if not self.batches:
-            return None
-        return pa.Table.from_batches([b.records for b in self.batches])
 
 
 SchemaCheck = Callable[[pa.Schema], None]
@@ -167,6 +129,10 @@ class PartitionLog:
         # count) goes stale with the first append and is read from the log itself.
         recovered = recover_partition(directory, config, self.state, name=self.name)
         self.segments: list[LogSegment] = list(recovered.segments) or [LogSegment(directory, 0)]
+        self.epochs = open_epoch_cache(directory, self.segments)
+        # The epoch stamped on appends; replication sets it with become_leader.
+        self.leader_epoch = max(INITIAL_LEADER_EPOCH, self.epochs.latest_epoch)
+        self._high_watermark: int | None = None  # None: the log end (no replication)
 
     # -- offsets -----------------------------------------------------------------------
     @property
@@ -183,7 +149,9 @@ class PartitionLog:
 
     @property
     def high_watermark(self) -> int:
-        return self.log_end_offset  # no replication yet: everything written is replicated
+        """The log end, unless a replica set it (update_high_watermark); never above it."""
+        end = self.log_end_offset
+        return end if self._high_watermark is None else min(self._high_watermark, end)
 
     @property
     def last_stable_offset(self) -> int:
@@ -192,7 +160,8 @@ class PartitionLog:
         # would count the open transaction's rows as stable, whatever order it read in.
         with self._lock:
             first_unstable = self.state.first_unstable_offset()
-            return self.high_watermark if first_unstable is None else first_unstable
+            hw = self.high_watermark
+            return hw if first_unstable is None else min(first_unstable, hw)
 
     @property
     def size_bytes(self) -> int:
@@ -211,8 +180,9 @@ class PartitionLog:
     ) -> AppendResult:
         """Append rows as one batch, or answer the original offsets of a retried batch.
 
-        Raises the validator's errors (see ``broker_core.log.validator``) and nothing is
-        written when it does.
+        Raises the validator's errors (see ``broker_core.log.validator``), or
+        InvalidRequestError when the log holds a newer leader epoch than ``leader_epoch``
+        (it followed a newer leader since), and nothing is written when it does.
         """
         batch = _as_record_batch(records)
         if batch.num_rows == 0:
@@ -251,7 +221,9 @@ class PartitionLog:
                 first_timestamp=now,
                 max_timestamp=now,
                 pieces=pieces,
+                leader_epoch=self.leader_epoch,
             )
+            self.epochs.assign(self.leader_epoch, self.log_end_offset)
             header = self._write(encoded, now)
             self.state.on_data_batch(pbatch, header.base_offset, header.last_offset, now)
             self._maybe_flush(now)
@@ -282,7 +254,9 @@ class PartitionLog:
                 producer_epoch=producer_epoch,
                 coordinator_epoch=coordinator_epoch,
                 timestamp=now,
+                leader_epoch=self.leader_epoch,
             )
+            self.epochs.assign(self.leader_epoch, self.log_end_offset)
             header = self._write(encoded, now)
             self.apply_marker(header, control_type, coordinator_epoch, self.active)
             lso = self.last_stable_offset
@@ -445,6 +419,7 @@ class PartitionLog:
                 seg.delete()
             self.segments = self.segments[len(deletable) :]
             fsync_directory(self.directory)
+            self.epochs.truncate_from_start(self.log_start_offset)
             delete_snapshots_below(self.directory, self.log_start_offset)
             return len(deletable)
 
@@ -475,64 +450,14 @@ class PartitionLog:
                     f"{self.name}: offset {offset} outside the log's range [{start}, {end}]"
                 )
             lso = self.last_stable_offset
-            upper = lso if level is IsolationLevel.READ_COMMITTED else end
+            upper = lso if level is IsolationLevel.READ_COMMITTED else self.high_watermark
             if max_offset is not None:
                 upper = min(upper, max_offset)
             batches: list[FetchedBatch] = []
             next_offset = offset
             if offset < upper:
-                next_offset = self._collect(offset, upper, max_bytes, level, batches)
+                next_offset = collect(self.segments, offset, upper, max_bytes, level, batches)
             return FetchResult(batches, next_offset, self.high_watermark, lso, start)
-
-    def _collect(
-        self,
-        offset: int,
-        upper: int,
-        max_bytes: int,
-        level: IsolationLevel,
-        out: list[FetchedBatch],
-    ) -> int:
-        aborted: dict[int, list[tuple[int, int]]] = {}
-        if level is IsolationLevel.READ_COMMITTED:
-            for seg in self.segments:
-                if seg.next_offset > offset:
-                    for t in seg.txn_index.overlapping(offset, upper):
-                        aborted.setdefault(t.producer_id, []).append(
-                            (t.first_offset, t.last_offset)
-                        )
-        next_offset, size = offset, 0
-        for seg, stored in self.batches_from(offset):
-            h = stored.header
-            if h.base_offset >= upper or (out and size + h.size > max_bytes):
-                return next_offset
-            next_offset = min(h.next_offset, upper)
-            if h.is_control or _is_aborted(aborted, h):
-                continue
-            try:
-                # Sealed segments are trusted on open (not re-scanned), so the CRC is
-                # checked here: a damaged batch must fail, never yield garbage rows.
-                verify_crc(h, stored.data)
-                rows = decode_rows(h, stored.data)
-            except CorruptRecordError as exc:
-                raise CorruptRecordError(
-                    f"{seg.log_path} at byte {stored.position}: {exc.message}"
-                ) from exc
-            first = max(offset, h.base_offset)
-            if first > h.base_offset or h.last_offset >= upper:
-                rows = rows.slice(first - h.base_offset, min(h.next_offset, upper) - first)
-            out.append(
-                FetchedBatch(
-                    first,
-                    h.producer_id,
-                    h.producer_epoch,
-                    h.base_sequence,
-                    h.is_transactional,
-                    h.max_timestamp,
-                    rows,
-                )
-            )
-            size += h.size
-        return next_offset
 
     def batches_from(self, offset: int) -> Iterator[tuple[LogSegment, StoredBatch]]:
         """Every stored batch holding ``offset`` or after it, with its segment."""
@@ -541,16 +466,90 @@ class PartitionLog:
     def read_control(self, offset: int) -> tuple[BatchHeader, ControlType] | None:
         """The marker at ``offset``, if there is one (for tests and tools)."""
         with self._lock:
-            for seg in self.segments:
-                if seg.base_offset <= offset < seg.next_offset:
-                    position = seg.position_of(offset)
-                    if position is None:
-                        return None
-                    stored = next(seg.batches(position))
-                    if stored.header.is_control and stored.header.base_offset == offset:
-                        record = decode_control(stored.header, stored.data)
-                        return stored.header, record.control_type
-            return None
+            return read_control(self.segments, offset)
+
+    # -- replication (dormant: nothing in the server calls these yet) -------------------
+    def become_leader(self, epoch: int) -> None:
+        """Lead at ``epoch`` from the log end on: later appends and markers carry it, and
+        the epoch cache records (durably) that it starts here. Raises InvalidRequestError
+        for an epoch older than the newest this log holds, or outside [0, 2^31 - 1]."""
+        with self._lock:
+            self._check_open()
+            self.epochs.assign(epoch, self.log_end_offset)
+            self.leader_epoch = epoch
+
+    def end_offset_for(self, epoch: int) -> EpochEndOffset:
+        """OffsetsForLeaderEpoch: where ``epoch`` ended in this log (LeaderEpochCache)."""
+        with self._lock:
+            return self.epochs.end_offset_for(epoch, self.log_end_offset)
+
+    def read_raw(self, offset: int, max_bytes: int = DEFAULT_FETCH_MAX_BYTES) -> bytes:
+        """Whole batches as stored from the one holding ``offset`` (a follower's fetch),
+        up to the log end; raises OffsetOutOfRangeError outside [log start, log end]."""
+        with self._lock:
+            self._check_open()
+            if not self.log_start_offset <= offset <= self.log_end_offset:
+                raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is outside the log")
+            return read_raw(self.segments, offset, max_bytes)
+
+    def append_as_follower(self, raw: bytes | memoryview) -> int:
+        """Append batches exactly as the leader's log holds them; returns the new log end.
+
+        No validator: producer state, txn index and epoch cache follow from the batches as
+        recovery rebuilds them. Everything is checked before anything is written (see
+        ``replica.parse_fetched``): OffsetOutOfRangeError unless the first batch starts at
+        the log end, CorruptRecordError for a torn, corrupt or non-contiguous batch,
+        InvalidRecordError for a leader epoch going back. StorageError on a write failure.
+        """
+        with self._lock:
+            self._check_open()
+            fetched = parse_fetched(raw, self.log_end_offset, self.epochs.latest_epoch, self.name)
+            now = self._clock()
+            for stored in fetched:
+                self.epochs.assign(stored.header.leader_epoch, stored.header.base_offset)
+                self._write(as_encoded(stored), now)
+                apply_batch(self.state, self.active, stored)
+            self._maybe_flush(now)
+            return self.log_end_offset
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log back to ``offset`` (a diverged tail); returns the new log end.
+
+        The end is ``offset``, or the base of the batch holding it if it falls inside one;
+        nothing changes when ``offset`` >= the log end. Segments, offset and txn indexes,
+        epoch-cache entries and snapshots past the end are dropped, and the producer state
+        is rebuilt as recovery does (newest snapshot at or below the end, then a replay).
+        Raises OffsetOutOfRangeError below the log start. Rows a reader still holds from
+        the cut range point into a shrunk memory map: the caller keeps readers off it.
+        """
+        with self._lock:
+            self._check_open()
+            if offset >= self.log_end_offset:
+                return self.log_end_offset
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRangeError(f"{self.name}: truncation to {offset}, below start")
+            self._join_flushers()
+            interval = self.config.index_interval_bytes
+            self.segments = truncate_segments(
+                self.directory, self.name, self.segments, offset, interval
+            )
+            end = self.log_end_offset
+            self.epochs.truncate_from_end(end)  # after the log, never before: see replica.py
+            rebuild_state(self.directory, self.segments, self.state)
+            if self._high_watermark is not None:
+                self._high_watermark = min(self._high_watermark, end)
+            return end
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Set the high watermark (replicas only; until then it is the log end) and return
+        it. It never moves back: a lower offset is ignored (truncate_to cuts it with the
+        log). Raises OffsetOutOfRangeError outside [log start, log end]."""
+        with self._lock:
+            if not self.log_start_offset <= offset <= self.log_end_offset:
+                raise OffsetOutOfRangeError(f"{self.name}: high watermark {offset} outside log")
+            if self._high_watermark is None or offset > self._high_watermark:
+                self._high_watermark = offset
+            return self.high_watermark
 
     # -- lifecycle ---------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -584,12 +583,6 @@ class PartitionLog:
 
     def segment_files(self) -> list[Path]:
         return sorted(self.directory.glob(f"*{LOG_SUFFIX}"))
-
-
-def _is_aborted(aborted: dict[int, list[tuple[int, int]]], h: BatchHeader) -> bool:
-    if not h.is_transactional or h.producer_id not in aborted:
-        return False
-    return any(first <= h.base_offset <= last for first, last in aborted[h.producer_id])
 
 
 def _as_record_batch(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:

@@ -167,17 +167,10 @@ def recover_partition(
         _scan_tail(directory, name, segments, first_scanned, config.index_interval_bytes)
 
     start, end = segments[0].base_offset, segments[-1].next_offset
-    loaded = load_newest_valid(directory, window=state.window, at_most=end)
-    if loaded is not None and loaded[0] < start:
-        loaded = None  # older than the log: its producers' later writes are gone
-    replay_from = start
-    snapshot_offset: int | None = None
-    if loaded is not None:
-        replay_from, entries = loaded
-        snapshot_offset = replay_from
-        state.load(entries)
+    snapshot_offset = load_state(directory, segments, state)
+    replay_from = start if snapshot_offset is None else snapshot_offset
     if not clean or replay_from != end:
-        _replay(segments, state, replay_from)
+        replay(segments, state, replay_from)
     delete_snapshots_below(directory, start)
     if clean:
         marker.unlink()
@@ -240,17 +233,57 @@ def _truncate_after(
     fsync_directory(directory)
 
 
-def _replay(segments: list[LogSegment], state: ProducerStateManager, offset: int) -> None:
+def load_state(
+    directory: Path, segments: list[LogSegment], state: ProducerStateManager
+) -> int | None:
+    """Replace ``state`` with the newest readable snapshot within the log's offsets.
+
+    Returns the snapshot's offset (the state holds the producers as of it), or None when
+    there is none (the state is left empty): the caller replays from there. Snapshots
+    beyond the log end and unreadable ones are deleted.
+    """
+    start, end = segments[0].base_offset, segments[-1].next_offset
+    loaded = load_newest_valid(directory, window=state.window, at_most=end)
+    if loaded is None or loaded[0] < start:
+        state.clear()  # none, or older than the log: its producers' later writes are gone
+        return None
+    offset, entries = loaded
+    state.load(entries)
+    return offset
+
+
+def rebuild_state(directory: Path, segments: list[LogSegment], state: ProducerStateManager) -> int:
+    """Rebuild ``state`` for the log as ``segments`` now hold it, as a crash recovery does:
+    the newest snapshot at or below the log end, then the batches after it replayed (the
+    txn index re-created from there). Returns the offset the replay started from."""
+    snapshot_offset = load_state(directory, segments, state)
+    replay_from = segments[0].base_offset if snapshot_offset is None else snapshot_offset
+    replay(segments, state, replay_from)
+    return replay_from
+
+
+def apply_batch(state: ProducerStateManager, segment: LogSegment, stored: StoredBatch) -> None:
+    """The producer-state and txn-index effects of one batch already in ``segment``.
+
+    No sequence or epoch checks: the batch is in the log, so its effects are taken as
+    they are (recovery's replay, and a follower appending its leader's batches).
+    Raises CorruptRecordError for an unreadable control record.
+    """
+    h = stored.header
+    if h.is_control:
+        record = decode_control(h, stored.data)
+        apply_marker(state, h, record.control_type, record.coordinator_epoch, segment)
+    else:
+        state.on_data_batch(producer_batch(h), h.base_offset, h.last_offset, h.max_timestamp)
+
+
+def replay(segments: list[LogSegment], state: ProducerStateManager, offset: int) -> None:
+    """Apply every batch from ``offset`` on to ``state``, re-creating the txn index entries
+    of aborts whose marker is at or after ``offset``."""
     for seg in segments:
         # Every segment, even one cut back to or below ``offset`` by the tail scan: it may
         # still list aborts whose markers are gone, which would hide later data.
         seg.txn_index.truncate_from(offset)
     for seg, stored in batches_from(segments, offset):
-        h = stored.header
-        if h.base_offset < offset:
-            continue
-        if h.is_control:
-            record = decode_control(h, stored.data)
-            apply_marker(state, h, record.control_type, record.coordinator_epoch, seg)
-        else:
-            state.on_data_batch(producer_batch(h), h.base_offset, h.last_offset, h.max_timestamp)
+        if stored.header.base_offset >= offset:
+            apply_batch(state, seg, stored)

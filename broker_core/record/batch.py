@@ -17,7 +17,8 @@ starts 8-byte aligned and can be read in place from a memory map without copying
     40     8     max_timestamp      int64   ms since the epoch
     48     8     producer_id        int64   NO_PRODUCER_ID (-1) when not idempotent
     56     4     record_count       int32   rows in the payload (1 for a control batch)
-    60     4     (reserved, zero)
+    60     4     leader_epoch       int32   epoch of the leader that wrote it (Kafka's
+                                            partitionLeaderEpoch); >= 0
     64     ...   payload
                  data batch:    an Arrow IPC stream (schema message, one record batch
                                 message, end-of-stream marker); its length is a multiple of 8
@@ -25,7 +26,15 @@ starts 8-byte aligned and can be read in place from a memory map without copying
                                 coordinator_epoch int32
 
 The CRC does not cover base_offset/batch_length/magic, so the log can stamp the offset
-on a batch without recomputing it (Kafka's choice too). The last sequence of a batch is
+on a batch without recomputing it (Kafka's choice too).
+
+``leader_epoch`` sits in bytes 60-63, which were reserved (zero) before replication, and
+unlike Kafka's partitionLeaderEpoch it is inside the CRC: the only free bytes outside it
+are 13-15, too few for an int32, and moving fields would have needed a new magic. It costs
+nothing here because the leader always encodes and checksums batches itself (clients send
+Arrow rows, never encoded batches), and a follower copies them byte for byte. Segments
+written before the field existed hold zeros there, which read as INITIAL_LEADER_EPOCH (0)
+with their CRC unchanged, so MAGIC stays 1. The last sequence of a batch is
 ``base_sequence + record_count - 1`` modulo 2^31: sequences wrap at 2^31 - 1 to 0.
 """
 
@@ -53,11 +62,17 @@ NO_TIMESTAMP = -1
 MAX_SEQUENCE = 2**31 - 1
 SEQUENCE_SPACE = 2**31
 MAX_PRODUCER_EPOCH = 2**15 - 1
+# The epoch of a partition's first leader, and what a batch written before leader epochs
+# existed reads as (its bytes 60-63 are zero).
+INITIAL_LEADER_EPOCH = 0
+# Not a batch's epoch: "no epoch known" in answers about epochs (Kafka's UNDEFINED_EPOCH).
+NO_LEADER_EPOCH = -1
+MAX_LEADER_EPOCH = 2**31 - 1
 
 TRANSACTIONAL_FLAG = 1 << 4
 CONTROL_FLAG = 1 << 5
 
-_HEADER = struct.Struct(">qiB3xIhhiiqqqi4x")
+_HEADER = struct.Struct(">qiB3xIhhiiqqqii")
 _LENGTH_PREFIX = struct.Struct(">qi")
 _CONTROL = struct.Struct(">hhi")
 _CONTROL_PAYLOAD_SIZE = 8  # _CONTROL.size is 8 already: keeps batches 8-byte aligned
@@ -93,6 +108,7 @@ class BatchHeader:
     max_timestamp: int
     producer_id: int
     record_count: int
+    leader_epoch: int
 
     @property
     def size(self) -> int:
@@ -133,12 +149,13 @@ def decode_header(buf: bytes | memoryview, position: int = 0) -> BatchHeader:
             f"{HEADER_SIZE} bytes present"
         )
     header = BatchHeader(*_HEADER.unpack_from(buf, position))
-    if (
-        buf[position + 13 : position + 16] != b"\0\0\0"
-        or buf[position + 60 : position + 64] != b"\0\0\0\0"
-    ):
+    if buf[position + 13 : position + 16] != b"\0\0\0":
         # Outside the CRC, so checked here: a flipped reserved byte must not pass unseen.
         raise CorruptRecordError(f"non-zero reserved header bytes at byte {position}")
+    if header.leader_epoch < 0:
+        raise CorruptRecordError(
+            f"negative leader epoch {header.leader_epoch} in the batch at byte {position}"
+        )
     if header.magic != MAGIC:
         raise CorruptRecordError(
             f"unknown batch format (magic {header.magic}, expected {MAGIC}) at byte {position}"
@@ -256,7 +273,12 @@ def _encode(
     record_count: int,
     first_timestamp: int,
     max_timestamp: int,
+    leader_epoch: int,
 ) -> EncodedBatch:
+    if not INITIAL_LEADER_EPOCH <= leader_epoch <= MAX_LEADER_EPOCH:
+        raise InvalidRecordError(
+            f"leader_epoch={leader_epoch} is outside [{INITIAL_LEADER_EPOCH}, {MAX_LEADER_EPOCH}]"
+        )
     total = HEADER_SIZE + payload_size
     header = bytearray(HEADER_SIZE)
     _HEADER.pack_into(
@@ -274,6 +296,7 @@ def _encode(
         max_timestamp,
         producer_id,
         record_count,
+        leader_epoch,
     )
     return EncodedBatch(header, payload, total)
 
@@ -312,8 +335,13 @@ def encode_data(
     first_timestamp: int = NO_TIMESTAMP,
     max_timestamp: int = NO_TIMESTAMP,
     pieces: tuple[list[Piece], int] | None = None,
+    leader_epoch: int = INITIAL_LEADER_EPOCH,
 ) -> EncodedBatch:
-    """Encode rows as one batch that references the rows' memory (nothing is copied)."""
+    """Encode rows as one batch that references the rows' memory (nothing is copied).
+
+    ``leader_epoch`` is the epoch of the leader writing it (checksummed with the rest).
+    Raises InvalidRecordError for no rows or a leader epoch outside [0, 2^31 - 1].
+    """
     if batch.num_rows == 0:
         raise InvalidRecordError("a record batch must hold at least one row")
     payload, size = ipc_pieces(batch) if pieces is None else pieces
@@ -328,6 +356,7 @@ def encode_data(
         record_count=batch.num_rows,
         first_timestamp=first_timestamp,
         max_timestamp=max_timestamp,
+        leader_epoch=leader_epoch,
     )
 
 
@@ -339,8 +368,12 @@ def encode_control(
     coordinator_epoch: int = 0,
     base_offset: int = 0,
     timestamp: int = NO_TIMESTAMP,
+    leader_epoch: int = INITIAL_LEADER_EPOCH,
 ) -> EncodedBatch:
-    """A COMMIT/ABORT marker: transactional and control, one (non-data) record."""
+    """A COMMIT/ABORT marker: transactional and control, one (non-data) record.
+
+    Raises InvalidRecordError for a leader epoch outside [0, 2^31 - 1].
+    """
     return _encode(
         [_CONTROL.pack(0, int(control_type), coordinator_epoch)],
         _CONTROL_PAYLOAD_SIZE,
@@ -352,6 +385,7 @@ def encode_control(
         record_count=1,
         first_timestamp=timestamp,
         max_timestamp=timestamp,
+        leader_epoch=leader_epoch,
     )
 
 

@@ -19,9 +19,12 @@ from broker_core.record.batch import (
     CONTROL_FLAG,
     CRC_START,
     HEADER_SIZE,
+    INITIAL_LEADER_EPOCH,
     LENGTH_PREFIX_SIZE,
     MAGIC,
+    MAX_LEADER_EPOCH,
     MAX_SEQUENCE,
+    NO_LEADER_EPOCH,
     NO_SEQUENCE,
     SEQUENCE_SPACE,
     TRANSACTIONAL_FLAG,
@@ -68,7 +71,7 @@ ENCODED = bytes(
 
 def test_header_is_64_bytes_and_the_layout_is_as_documented() -> None:
     assert HEADER_SIZE == 64 and CRC_START == 20 and LENGTH_PREFIX_SIZE == 12
-    fields = struct.unpack_from(">qiB3xIhhiiqqqi4x", ENCODED)
+    fields = struct.unpack_from(">qiB3xIhhiiqqqii", ENCODED)
     assert fields == (
         77,
         len(ENCODED) - 12,
@@ -82,6 +85,7 @@ def test_header_is_64_bytes_and_the_layout_is_as_documented() -> None:
         1_700_000_000_500,
         2**40,
         5,
+        INITIAL_LEADER_EPOCH,
     )
     assert fields[3] == crc32c.crc32c(ENCODED[CRC_START:])
     assert ENCODED[13:16] == b"\0\0\0" and ENCODED[60:64] == b"\0\0\0\0"
@@ -260,3 +264,77 @@ def test_distance_inverts_increment(start: int, delta: int) -> None:
     assert 0 <= end <= MAX_SEQUENCE
     assert sequence_distance(start, end) == delta
     assert in_sequence(end, increment_sequence(end, 1))
+
+
+# -- the leader epoch (bytes 60-63, inside the CRC) -------------------------------------
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 7, MAX_LEADER_EPOCH])
+def test_leader_epoch_round_trips_in_data_and_control_batches(epoch: int) -> None:
+    data = encode_data(sample(2), producer_id=5, leader_epoch=epoch).to_buffer()
+    marker = encode_control(
+        ControlType.COMMIT, producer_id=5, producer_epoch=0, leader_epoch=epoch
+    ).to_buffer()
+    for encoded in (data, marker):
+        header = decode_header(memoryview(encoded))
+        assert header.leader_epoch == epoch
+        assert struct.unpack_from(">i", encoded, 60) == (epoch,)
+        verify_crc(header, memoryview(encoded))
+
+
+def test_leader_epoch_defaults_to_the_initial_epoch() -> None:
+    assert INITIAL_LEADER_EPOCH == 0 and NO_LEADER_EPOCH == -1
+    assert decode_header(ENCODED).leader_epoch == INITIAL_LEADER_EPOCH
+
+
+def test_a_batch_written_before_leader_epochs_reads_as_the_initial_epoch() -> None:
+    """Bytes of the pre-epoch format (``4x`` at 60-63, packed by hand, CRC over them)."""
+    payload = bytes(memoryview(encode_data(sample(3)).to_buffer())[HEADER_SIZE:])
+    old_header = struct.pack(
+        ">qiB3xIhhiiqqqi4x",
+        12,
+        HEADER_SIZE + len(payload) - LENGTH_PREFIX_SIZE,
+        1,
+        0,
+        0,
+        -1,
+        2,
+        -1,
+        5,
+        6,
+        -1,
+        3,
+    )
+    old = bytearray(old_header + payload)
+    struct.pack_into(">I", old, 16, crc32c.crc32c(old[CRC_START:]))
+    header = decode_header(bytes(old))
+    assert header.magic == MAGIC == 1
+    assert header.leader_epoch == INITIAL_LEADER_EPOCH
+    verify_crc(header, bytes(old))
+    assert decode_rows(header, memoryview(bytes(old))).equals(sample(3))
+
+
+def test_the_leader_epoch_is_covered_by_the_crc() -> None:
+    encoded = bytearray(ENCODED)
+    struct.pack_into(">i", encoded, 60, 3)
+    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+        verify_crc(decode_header(bytes(encoded)), bytes(encoded))
+
+
+def test_negative_or_oversized_leader_epochs_are_refused() -> None:
+    with pytest.raises(InvalidRecordError, match="leader_epoch"):
+        encode_data(sample(1), leader_epoch=NO_LEADER_EPOCH)
+    with pytest.raises(InvalidRecordError, match="leader_epoch"):
+        encode_control(ControlType.ABORT, producer_id=1, producer_epoch=0, leader_epoch=2**31)
+    corrupt = bytearray(ENCODED)
+    struct.pack_into(">i", corrupt, 60, -1)
+    with pytest.raises(CorruptRecordError, match="negative leader epoch"):
+        decode_header(bytes(corrupt))
+
+
+def test_the_log_stamps_the_initial_epoch_by_default(tmp_path: Path) -> None:
+    log = PartitionLog(tmp_path / "p", LogConfig.from_mapping({}))
+    log.append(sample(2))
+    (_, stored) = next(log.batches_from(0))
+    assert stored.header.leader_epoch == INITIAL_LEADER_EPOCH
+    log.close()
