@@ -33,7 +33,7 @@ from pathlib import Path
 from jobs.verify import verify_exactly_once
 from tests.cluster.stack import Stack, executor_of, fired_by, host_of, running_stack
 from tests.harness.cluster import read_back, spark_events
-from tests.spark.helpers import DriverLauncher, DriverRun, make_input, stream_spec
+from tests.spark.helpers import DriverLauncher, DriverRun
 
 TOPIC = "payments"
 FAILPOINTS = (
@@ -87,47 +87,47 @@ def _break_things(stack: Stack, marks: Path, run: DriverRun) -> dict[str, str]:
 
 
 def run_demo(stack: Stack, work: Path, files: int, rows: int) -> int:
-    src, events, marks = work / "incoming", work / "events", work / "failpoints"
-    ids = make_input(src, files, rows)
     for host in stack.bed.hosts:
         print(f"  host {host.name:<8} {host.address}")
-    print(
-        f"streaming {len(ids)} rows in {files} micro-batches to brokers {stack.brokers.bootstrap}"
-    )
+    print(f"streaming {files * rows} rows in {files} micro-batches to {stack.brokers.bootstrap}")
     print(f"injected failures: {', '.join(FAILPOINTS)}")
-    spec = stack.spec(
-        events,
-        **stream_spec(src, "", TOPIC, work / "checkpoint", files),
-        conf={**CONF, **stack.failpoint_conf(FAILPOINTS, marks)},
-        # The run's transactions outlive a lost host until Spark has retried its task.
-        sink_options={"transaction.timeout.ms": "60000"},
-    )
     drivers = DriverLauncher(work)
     try:
-        run = stack.start(drivers, spec, failpoints=FAILPOINTS, failpoints_dir=marks)
-        _relay(run)
-        done = _break_things(stack, marks, run)
+        stream = stack.start_stream(
+            drivers,
+            work,
+            TOPIC,
+            files=files,
+            rows=rows,
+            failpoints=FAILPOINTS,
+            conf=CONF,
+            # The run's transactions outlive a lost host until Spark has retried its task.
+            sink_options={"transaction.timeout.ms": "60000"},
+        )
+        _relay(stream.run)
+        done = _break_things(stack, stream.marks, stream.run)
         restarts = 0
-        while run.wait() == -signal.SIGKILL and restarts < 2:
+        while stream.run.wait() == -signal.SIGKILL and restarts < 2:
             restarts += 1
             print(
                 "driver killed (SIGKILL) with its commit in flight; restarting from the checkpoint"
             )
-            run = stack.start(drivers, spec, failpoints=FAILPOINTS, failpoints_dir=marks)
-            _relay(run)
-        if run.proc.returncode != 0:
-            print(f"exactly_once=FAIL driver exited with status {run.proc.returncode}")
-            print(run.describe())
+            _relay(stack.restart(drivers, stream))
+        if stream.run.proc.returncode != 0:
+            print(f"exactly_once=FAIL driver exited with status {stream.run.proc.returncode}")
+            print(stream.run.describe())
             return 1
     finally:
         drivers.close()
     done["driver SIGKILLed, commit in flight; restarts"] = str(restarts)
-    removed = len(spark_events(events, "SparkListenerExecutorRemoved"))
+    removed = len(spark_events(stream.events, "SparkListenerExecutorRemoved"))
     done["executors Spark lost (event log)"] = str(removed)
     with stack.brokers.client() as client:
         table = read_back(client, TOPIC)
         txns = client.metrics()["transactions"] or {}
-    verdict = verify_exactly_once(table, id_column="id", key_column="account", expected_ids=ids)
+    verdict = verify_exactly_once(
+        table, id_column="id", key_column="account", expected_ids=stream.ids
+    )
     done["transactions fenced / aborted / committed"] = (
         f"{txns.get('transactions_fenced', 0)} / {txns.get('transactions_aborted', 0)} / "
         f"{txns.get('transactions_committed', 0)}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from spark_sink import failpoints
 from tests.harness.cluster import BrokerCluster, SparkStandalone, code_zip
 from tests.harness.netns import Host, TestBed
 from tests.harness.waiting import wait_until
-from tests.spark.helpers import DriverLauncher, DriverRun
+from tests.spark.helpers import DriverLauncher, DriverRun, make_input, stream_spec
 
 
 @dataclass
@@ -59,6 +59,39 @@ class Stack:
         """A driver child (``tests/spark/driver_child.py``) on the driver's host."""
         return drivers.start(spec, launcher=self.driver.command, **kwargs)
 
+    def start_stream(
+        self,
+        drivers: DriverLauncher,
+        work: Path,
+        topic: str,
+        *,
+        files: int,
+        rows: int,
+        failpoints: Sequence[str] = (),
+        conf: Mapping[str, str] | None = None,
+        sink_options: Mapping[str, str] | None = None,
+    ) -> StreamRun:
+        """A stream of ``files`` micro-batches of ``rows`` rows (input written under
+        ``work``) to ``topic``, with ``failpoints`` armed on the driver and the executors,
+        started on the driver's host."""
+        src, events, marks = work / "incoming", work / "events", work / "failpoints"
+        ids = make_input(src, files, rows)
+        spec = self.spec(
+            events,
+            **stream_spec(src, "", topic, work / "checkpoint", files),
+            conf={**(conf or {}), **self.failpoint_conf(failpoints, marks)},
+            sink_options=dict(sink_options or {}),
+        )
+        run = self.start(drivers, spec, failpoints=failpoints, failpoints_dir=marks)
+        return StreamRun(run, spec, ids, events, marks, tuple(failpoints))
+
+    def restart(self, drivers: DriverLauncher, stream: StreamRun) -> DriverRun:
+        """The same query again, from its checkpoint (fired failpoints stay fired)."""
+        stream.run = self.start(
+            drivers, stream.spec, failpoints=stream.failpoints, failpoints_dir=stream.marks
+        )
+        return stream.run
+
     def failpoint_conf(self, entries: Iterable[str], directory: Path) -> dict[str, str]:
         """``spark.executorEnv`` settings that arm ``entries`` in the executors' Python
         workers (the driver's own environment is set by ``DriverLauncher``)."""
@@ -67,6 +100,19 @@ class Stack:
             "spark.executorEnv.IDEMLOG_SPARK_FAILPOINTS": ";".join(entries),
             "spark.executorEnv.IDEMLOG_SPARK_FAILPOINTS_DIR": str(directory),
         }
+
+
+@dataclass
+class StreamRun:
+    """A stream started by :meth:`Stack.start_stream`: its driver (the latest launch),
+    spec, input ids, event-log and failpoint-marker folders."""
+
+    run: DriverRun
+    spec: dict[str, Any]
+    ids: list[int]
+    events: Path
+    marks: Path
+    failpoints: tuple[str, ...]
 
 
 @contextlib.contextmanager

@@ -110,17 +110,16 @@ TWIN_FAILPOINTS = (
 def test_speculative_twins_on_another_host_commit_one_copy(
     stack: Stack, drivers: DriverLauncher, tmp_path: Path
 ) -> None:
-    src = tmp_path / "src"
-    ids = make_input(src, FILES, ROWS)
-    events, marks = tmp_path / "events", tmp_path / "failpoints"
-    conf = {**SPECULATION, **stack.failpoint_conf(TWIN_FAILPOINTS, marks)}
-    stream = stream_spec(src, "", "cl_twins", tmp_path / "ck", FILES)
-    run = stack.start(
+    stream = stack.start_stream(
         drivers,
-        stack.spec(events, **stream, conf=conf),
+        tmp_path,
+        "cl_twins",
+        files=FILES,
+        rows=ROWS,
         failpoints=TWIN_FAILPOINTS,
-        failpoints_dir=marks,
+        conf=SPECULATION,
     )
+    run, ids, events, marks = stream.run, stream.ids, stream.events, stream.marks
     run.wait()
     assert_succeeded(run)
     assert fired(marks) == set(TWIN_FAILPOINTS), "every straggler and twin reached its point"
@@ -162,17 +161,20 @@ WORKER_CUT_S, DRIVER_CUT_S = 20.0, 10.0
 def test_executor_killed_worker_host_and_driver_host_cut_off_one_copy(
     stack: Stack, drivers: DriverLauncher, tmp_path: Path
 ) -> None:
-    src = tmp_path / "src"
-    ids = make_input(src, FILES, ROWS)
-    events, marks = tmp_path / "events", tmp_path / "failpoints"
-    conf = {**LOSS_CONF, **stack.failpoint_conf(LOSS_FAILPOINTS, marks)}
     # The run's transactions must outlive the lost host until Spark notices the loss
     # (spark.network.timeout) and the retry writes: with the default 20 s the coordinator
     # aborts them first and the batch's commit fails (PRODUCER_FENCED, naming the option).
-    stream = stream_spec(src, "", "cl_loss", tmp_path / "ck", FILES)
-    sink = {"transaction.timeout.ms": "60000"}
-    spec = stack.spec(events, **stream, conf=conf, sink_options=sink)
-    run = stack.start(drivers, spec, failpoints=LOSS_FAILPOINTS, failpoints_dir=marks)
+    stream = stack.start_stream(
+        drivers,
+        tmp_path,
+        "cl_loss",
+        files=FILES,
+        rows=ROWS,
+        failpoints=LOSS_FAILPOINTS,
+        conf=LOSS_CONF,
+        sink_options={"transaction.timeout.ms": "60000"},
+    )
+    run, ids, events, marks = stream.run, stream.ids, stream.events, stream.marks
 
     # 1. An executor JVM SIGKILLed while its task sleeps mid-write.
     worker_pid = fired_by(marks, LOSS_FAILPOINTS[0], run)
@@ -203,7 +205,7 @@ def test_executor_killed_worker_host_and_driver_host_cut_off_one_copy(
         failed = [line for line in run.lines if line.startswith("FAILED")]
         assert failed, run.describe()
         print(f"query failed: {failed[0]}; restarting from its checkpoint")
-        run = stack.start(drivers, spec, failpoints=LOSS_FAILPOINTS, failpoints_dir=marks)
+        run = stack.restart(drivers, stream)
         run.wait()
     assert_succeeded(run)
     assert fired(marks) == set(LOSS_FAILPOINTS)
