@@ -30,11 +30,13 @@ FAILOVER_S = 20.0  # session expiry + a new election + the new coordinator's sta
 ROWS = 10  # rows per batch; partition p, batch i holds ids p*1000 + i*ROWS ..
 
 
-def _config(zk: ZooKeeperHarness, broker_id: int) -> dict[str, object]:
+def _config(
+    zk: ZooKeeperHarness, broker_id: int, session_ms: int = SESSION_MS
+) -> dict[str, object]:
     return {
         **TEST_BROKER_CONFIG,
         "zookeeper.connect": zk.hosts,
-        "zookeeper.session.timeout.ms": SESSION_MS,
+        "zookeeper.session.timeout.ms": session_ms,
         "broker.id": broker_id,
     }
 
@@ -50,10 +52,11 @@ def _start_cluster(
     client_for: ClientFor,
     count: int = 3,
     controller_env: Mapping[str, str] | None = None,
+    session_ms: int = SESSION_MS,
 ) -> tuple[list[BrokerProcess], BrokerClient]:
     """Brokers 1..count; broker 1 starts alone first, so it wins the controller election."""
-    brokers = [factory(_config(zk, 1), name="zk1", env=controller_env)]
-    brokers += [factory(_config(zk, i), name=f"zk{i}") for i in range(2, count + 1)]
+    brokers = [factory(_config(zk, 1, session_ms), name="zk1", env=controller_env)]
+    brokers += [factory(_config(zk, i, session_ms), name=f"zk{i}") for i in range(2, count + 1)]
     probe = client_for(brokers[-1])
 
     def everyone_sees_everyone() -> bool:
@@ -256,6 +259,10 @@ def test_new_controller_finishes_a_commit_its_predecessor_died_in(
         broker_factory,
         client_for,
         controller_env={"IDEMLOG_TEST_FAILPOINT": "after_first_marker"},
+        # The half-done state below lasts until the dead controller's session expires and
+        # its successor finishes the commit: give the checks a window a loaded machine
+        # cannot miss (a CI run took over 2 s between the kill and the check).
+        session_ms=3 * SESSION_MS,
     )
     leaders = _create_everywhere(probe, brokers, "failover", 3)
     # The transaction spans the partitions of brokers 2 and 3, which outlive the controller.
