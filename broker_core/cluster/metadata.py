@@ -6,10 +6,11 @@ Two implementations of :class:`ClusterMetadata`:
   controller once registered, topic assignments in a local JSON file;
 * :class:`~broker_core.cluster.zk.ZkCluster` -- brokers register ephemeral znodes, the
   first to create the ephemeral ``controller`` znode is the controller, topics and their
-  partition -> broker assignment live in persistent znodes.
+  partitions' state (:class:`PartitionState`: replicas, leader, leader epoch, ISR) live
+  in persistent znodes.
 
-There is no replication: a partition is assigned to one broker when its topic is created
-and never moves. What survives what:
+There is no replication yet (docs/replication.md): a partition is assigned to one broker,
+its only replica, when its topic is created and never moves. What survives what:
 
 * a broker's registration (``brokers/ids/<id>``) and its controllership live exactly as
   long as its ZooKeeper session: a crash, or a session expiry, removes them; a dropped
