@@ -400,11 +400,8 @@ def validate_new_topic(
 
 def replication_factor_of(config: Mapping[str, str]) -> int:
     """A validated topic config's ``replication.factor`` (the default if not overridden)."""
-    return int(
-        LOG_CONFIG.parse({"replication.factor": config.get("replication.factor", 1)})[
-            "replication.factor"
-        ]
-    )
+    key = LOG_CONFIG.key("replication.factor")
+    return int(key.parse(config.get(key.name, key.default)))
 
 
 def assign_partitions(
