@@ -116,6 +116,11 @@ def topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ids(broker_ids: list[int]) -> str:
+    """Broker ids as ``1,2,3`` (Kafka's topics tool shows replicas and ISR so)."""
+    return ",".join(map(str, broker_ids))
+
+
 def topics_describe(args: argparse.Namespace) -> int:
     with BrokerClient(args.bootstrap) as client:
         topics = client.describe_topics([args.topic] if args.topic else None)
@@ -133,6 +138,10 @@ def topics_describe(args: argparse.Namespace) -> int:
                 offsets = client.list_offsets(t["name"], p["partition"])
                 print(
                     f"  partition {p['partition']:>4}  leader {p['leader']:>3}  "
+                    # A broker from before replica metadata sends neither: it serves one.
+                    f"replicas {_ids(p.get('replicas', [p['leader']])):<8}  "
+                    f"isr {_ids(p.get('isr', [p['leader']])):<8}  "
+                    f"leader epoch {p.get('leader_epoch', 0):>3}  "
                     f"log start {offsets['log_start_offset']:>10}  "
                     f"end {offsets['log_end_offset']:>10}  "
                     f"last stable {offsets['last_stable_offset']:>10}"

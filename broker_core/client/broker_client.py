@@ -382,9 +382,9 @@ class BrokerClient:
         self._view = None
 
     def describe_topics(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Each topic's partitions with their leaders, schema (base64 Arrow IPC or None) and
-        config, sorted by name; all topics without ``names``. Raises
-        ``UnknownTopicOrPartitionError`` for a name that does not exist."""
+        """Each topic's partitions ``{partition, leader, replicas, isr, leader_epoch}``, schema
+        (base64 Arrow IPC or None) and config, sorted by name; all topics without ``names``.
+        Raises ``UnknownTopicOrPartitionError`` for a name that does not exist."""
         request = DescribeTopicsRequest(None if names is None else tuple(names))
         topics: list[dict[str, Any]] = self._any_broker(request)["topics"]
         return topics

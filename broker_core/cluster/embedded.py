@@ -4,8 +4,11 @@ The broker is the whole cluster: once registered it is the only live broker and 
 controller, and every partition of every topic is assigned to it. Topic assignments are
 kept in one JSON file, replaced atomically on every change::
 
-    {"version": 1, "broker_id": B, "controller_epoch": E,
+    {"version": 2, "broker_id": B, "controller_epoch": E,
      "topics": {"<name>": <TopicAssignment.to_doc()>, ...}}
+
+A version 1 file (topics in their version 1 form) is still read, and written back as
+version 2 at the next change (every start is one: the controller epoch).
 
 ``controller_epoch`` is incremented (durably) each time the broker registers, i.e. at every
 start: the transaction coordinator of each run has a higher epoch than any before it, as
@@ -29,13 +32,16 @@ from typing import TYPE_CHECKING
 
 from broker_core.cluster.metadata import (
     METADATA_VERSION,
+    READABLE_METADATA_VERSIONS,
     BrokerInfo,
     CallbackNotifier,
     ClusterMetadata,
     TopicAssignment,
     TopicView,
+    assign_partitions,
     check_broker_id,
     load_json_object,
+    replication_factor_of,
     validate_new_topic,
 )
 from broker_core.errors import (
@@ -126,9 +132,10 @@ class EmbeddedCluster(TopicView):
             self._check_open()
             if name in self._topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
-            assignment = TopicAssignment(
-                name, dict.fromkeys(range(partitions), self._broker.broker_id), schema, overrides
+            states = assign_partitions(
+                name, partitions, [self._broker.broker_id], replication_factor_of(overrides)
             )
+            assignment = TopicAssignment.of(name, states, schema, overrides)
             topics = {**self._topics, name: assignment}
             self._save(topics, self._controller_epoch)
             self._topics = topics
@@ -171,10 +178,11 @@ class EmbeddedCluster(TopicView):
             raise CorruptRecordError(f"{self._path}: unreadable cluster metadata ({exc})") from exc
         where = str(self._path)
         doc = load_json_object(data, where)
-        if doc.get("version") != METADATA_VERSION:
+        if doc.get("version") not in READABLE_METADATA_VERSIONS:
             raise CorruptRecordError(
-                f"{where}: cluster metadata version {doc.get('version')!r}, expected "
-                f"{METADATA_VERSION}"
+                f"{where}: cluster metadata version {doc.get('version')!r}; this broker reads "
+                f"versions {', '.join(map(str, sorted(READABLE_METADATA_VERSIONS)))} "
+                "(written by a newer idemlog?)"
             )
         try:
             stored_id = check_broker_id(doc.get("broker_id"))

@@ -6,10 +6,11 @@ Two implementations of :class:`ClusterMetadata`:
   controller once registered, topic assignments in a local JSON file;
 * :class:`~broker_core.cluster.zk.ZkCluster` -- brokers register ephemeral znodes, the
   first to create the ephemeral ``controller`` znode is the controller, topics and their
-  partition -> broker assignment live in persistent znodes.
+  partitions' state (:class:`PartitionState`: replicas, leader, leader epoch, ISR) live
+  in persistent znodes.
 
-There is no replication: a partition is assigned to one broker when its topic is created
-and never moves. What survives what:
+There is no replication yet (docs/replication.md): a partition is assigned to one broker,
+its only replica, when its topic is created and never moves. What survives what:
 
 * a broker's registration (``brokers/ids/<id>``) and its controllership live exactly as
   long as its ZooKeeper session: a crash, or a session expiry, removes them; a dropped
@@ -33,7 +34,7 @@ import queue
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -43,17 +44,21 @@ from broker_core.errors import (
     CorruptRecordError,
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidReplicationFactorError,
     InvalidRequestError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.log.config import LOG_CONFIG
+from broker_core.log.config import LOG_CONFIG, check_replication_factor_served
 from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_name
 
 __all__ = [
+    "CONTROL_DOC_VERSION",
     "METADATA_VERSION",
+    "READABLE_METADATA_VERSIONS",
     "BrokerInfo",
     "CallbackNotifier",
     "ClusterMetadata",
+    "PartitionState",
     "TopicAssignment",
     "assign_partitions",
     "validate_new_topic",
@@ -61,7 +66,14 @@ __all__ = [
 
 log = logging.getLogger("idemlog.cluster")
 
-METADATA_VERSION = 1
+# Topic assignments (and the embedded cluster's file that holds them). Version 2, the one
+# written: a topic's partitions map to PartitionState.to_doc(). Version 1: a partition ->
+# broker id map, read as that broker the single replica at leader epoch 0.
+METADATA_VERSION = 2
+READABLE_METADATA_VERSIONS = frozenset({1, METADATA_VERSION})
+# The broker registration, controller and controller epoch documents: unchanged since
+# version 1, so they stay readable by brokers of either topic version.
+CONTROL_DOC_VERSION = 1
 MAX_BROKER_ID = 2**31 - 1  # Kafka's broker.id is an int32
 
 
@@ -88,7 +100,7 @@ class BrokerInfo:
 
     def to_json(self) -> bytes:
         """The registration znode's content: ``{"host", "port"}`` (the id is the node name)."""
-        doc = {"version": METADATA_VERSION, "host": self.host, "port": self.port}
+        doc = {"version": CONTROL_DOC_VERSION, "host": self.host, "port": self.port}
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -101,13 +113,101 @@ class BrokerInfo:
 
 
 @dataclass(frozen=True)
+class PartitionState:
+    """Where a partition lives: Kafka's LeaderAndIsr state of one partition.
+
+    ``replicas`` are broker ids in order, the first the preferred leader; ``leader`` serves
+    it, and ``leader_epoch`` (0 at creation) will grow with every leader change; ``isr``
+    are the replicas in sync with the leader. Replication is not served yet, so today every
+    partition is ``replicas == isr == (leader,)`` at epoch 0 (docs/replication.md).
+    """
+
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int = 0
+    isr: tuple[int, ...] = ()
+
+    @classmethod
+    def single(cls, broker_id: int) -> PartitionState:
+        """A partition on one broker only: its one replica, leader and in-sync replica."""
+        return cls((broker_id,), broker_id, 0, (broker_id,))
+
+    def problem(self) -> str | None:
+        """What makes this state impossible, or None."""
+        ids = [*self.replicas, self.leader, *self.isr]
+        if not all(_is_broker_id(b) for b in ids):
+            return f"has a broker id that is not an integer >= 0 in {self}"
+        if not self.replicas or len(set(self.replicas)) != len(self.replicas):
+            return f"replicas {list(self.replicas)} are empty or repeat a broker"
+        if len(set(self.isr)) != len(self.isr) or not set(self.isr) <= set(self.replicas):
+            return f"isr {list(self.isr)} is not a set of replicas {list(self.replicas)}"
+        if self.leader not in self.isr:
+            return f"leader {self.leader} is not in the isr {list(self.isr)}"
+        if not _is_broker_id(self.leader_epoch):
+            return f"leader_epoch {self.leader_epoch!r} is not an integer >= 0"
+        return None
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "replicas": list(self.replicas),
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "isr": list(self.isr),
+        }
+
+    @classmethod
+    def from_doc(cls, doc: object) -> PartitionState:
+        """:meth:`to_doc`'s form; a ``ValueError`` naming what is wrong otherwise."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"{doc!r} is not a JSON object")
+        try:
+            replicas, isr = doc["replicas"], doc["isr"]
+            state = cls(tuple(replicas), doc["leader"], doc["leader_epoch"], tuple(isr))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{doc!r} lacks replicas, leader, leader_epoch or isr") from exc
+        if (problem := state.problem()) is not None:
+            raise ValueError(problem)
+        return state
+
+
+@dataclass(frozen=True)
 class TopicAssignment:
-    """A topic's partitions and the broker each one lives on (fixed at creation)."""
+    """A topic's partitions and the brokers each one lives on (fixed at creation).
+
+    ``partitions`` maps each partition to its leader, as before replicas existed;
+    ``states`` holds the whole per-partition state. Built with ``partitions`` only, each
+    partition is :meth:`PartitionState.single` on its leader.
+    """
 
     name: str
-    partitions: dict[int, int]  # partition -> broker id
+    partitions: dict[int, int]  # partition -> leader broker id
     schema: bytes | None  # Arrow IPC schema, or None until the first append fixes it
     config: dict[str, str]  # topic-level overrides of the log configuration
+    states: dict[int, PartitionState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.states:
+            object.__setattr__(
+                self, "states", {p: PartitionState.single(b) for p, b in self.partitions.items()}
+            )
+        leaders = {p: s.leader for p, s in self.states.items()}
+        if leaders != self.partitions:
+            raise InvalidRequestError(
+                f"topic {self.name!r}: partition leaders {self.partitions} differ from the "
+                f"leaders of the partition states {leaders}"
+            )
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        states: Mapping[int, PartitionState],
+        schema: bytes | None,
+        config: dict[str, str],
+    ) -> TopicAssignment:
+        """An assignment from whole partition states."""
+        states = dict(sorted(states.items()))
+        return cls(name, {p: s.leader for p, s in states.items()}, schema, config, states)
 
     def leader(self, partition: int) -> int:
         """The broker id that serves ``partition``."""
@@ -119,39 +219,62 @@ class TopicAssignment:
             )
         return broker
 
+    def state(self, partition: int) -> PartitionState:
+        """Replicas, leader, leader epoch and ISR of ``partition``."""
+        self.leader(partition)  # an unknown partition, named
+        return self.states[partition]
+
     def partitions_of(self, broker_id: int) -> list[int]:
+        """The partitions ``broker_id`` leads."""
         return sorted(p for p, b in self.partitions.items() if b == broker_id)
 
     def to_doc(self) -> dict[str, Any]:
-        """The stored JSON form (a znode, or an entry of the embedded cluster's file)."""
+        """The stored JSON form (a znode, or an entry of the embedded cluster's file),
+        version :data:`METADATA_VERSION`: ``partitions`` maps each partition to its
+        :meth:`PartitionState.to_doc`."""
         return {
             "version": METADATA_VERSION,
-            "partitions": {str(p): b for p, b in sorted(self.partitions.items())},
+            "partitions": {str(p): s.to_doc() for p, s in sorted(self.states.items())},
             "schema": None if self.schema is None else base64.b64encode(self.schema).decode(),
             "config": dict(sorted(self.config.items())),
         }
 
     @classmethod
     def from_doc(cls, name: str, doc: object, where: str) -> TopicAssignment:
-        """Parse :meth:`to_doc`'s form; anything else is a :class:`CorruptRecordError`."""
+        """Parse :meth:`to_doc`'s form, or version 1's (``partitions``: partition ->
+        broker id, read as a single replica at leader epoch 0); anything else, a newer
+        version included, is a :class:`CorruptRecordError` naming ``where``."""
 
         def corrupt(problem: str) -> CorruptRecordError:
             return CorruptRecordError(f"{where}: topic {name!r} metadata {problem}")
 
         if not isinstance(doc, dict):
             raise corrupt("is not a JSON object")
-        if doc.get("version") != METADATA_VERSION:
-            raise corrupt(f"has version {doc.get('version')!r}, expected {METADATA_VERSION}")
+        version = doc.get("version")
+        if version not in READABLE_METADATA_VERSIONS:
+            raise corrupt(
+                f"has version {version!r}; this broker reads versions "
+                f"{', '.join(map(str, sorted(READABLE_METADATA_VERSIONS)))} (written by a "
+                "newer idemlog?)"
+            )
         raw_partitions = doc.get("partitions")
         if not isinstance(raw_partitions, dict) or not raw_partitions:
             raise corrupt("has no partitions")
-        partitions: dict[int, int] = {}
-        for key, broker in raw_partitions.items():
-            if not (isinstance(key, str) and key.isdigit()) or not _is_broker_id(broker):
-                raise corrupt(f"has a bad partition entry {key!r}: {broker!r}")
-            partitions[int(key)] = broker
-        if sorted(partitions) != list(range(len(partitions))):
-            raise corrupt(f"partitions {sorted(partitions)} are not 0..{len(partitions) - 1}")
+        states: dict[int, PartitionState] = {}
+        for key, entry in raw_partitions.items():
+            if not (isinstance(key, str) and key.isdigit()):
+                raise corrupt(f"has a bad partition entry {key!r}: {entry!r}")
+            if version == 1:
+                if not _is_broker_id(entry):
+                    raise corrupt(f"has a bad partition entry {key!r}: {entry!r}")
+                states[int(key)] = PartitionState.single(entry)
+                continue
+            try:
+                states[int(key)] = PartitionState.from_doc(entry)
+            except ValueError as exc:
+                raise corrupt(f"has a bad partition entry {key!r}: {exc}") from exc
+        if sorted(states) != list(range(len(states))):
+            raise corrupt(f"partitions {sorted(states)} are not 0..{len(states) - 1}")
         raw_schema = doc.get("schema")
         schema: bytes | None = None
         if raw_schema is not None:
@@ -166,7 +289,7 @@ class TopicAssignment:
             isinstance(k, str) and isinstance(v, str) for k, v in config.items()
         ):
             raise corrupt("has a config that is not a string -> string object")
-        return cls(name, partitions, schema, dict(config))
+        return cls.of(name, states, schema, dict(config))
 
 
 class ClusterMetadata(Protocol):
@@ -269,24 +392,53 @@ def validate_new_topic(
     for key, value in config.items():
         if not isinstance(key, str) or not isinstance(value, (str, int, float)):
             raise InvalidConfigError(f"topic {topic!r}: config entry {key!r}={value!r}")
-    LOG_CONFIG.parse(config)  # unknown keys and bad values, named
+    parsed = LOG_CONFIG.parse(config)  # unknown keys and bad values, named
+    check_replication_factor_served(int(parsed["replication.factor"]), f"topic {topic!r}")
     overrides = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}
     return topic, partitions, schema, overrides
 
 
-def assign_partitions(name: str, partitions: int, broker_ids: Sequence[int]) -> dict[int, int]:
-    """Round-robin over ``broker_ids`` sorted, from a start derived from the topic name.
+def replication_factor_of(config: Mapping[str, str]) -> int:
+    """A validated topic config's ``replication.factor`` (the default if not overridden)."""
+    key = LOG_CONFIG.key("replication.factor")
+    return int(key.parse(config.get(key.name, key.default)))
 
-    The start is a stable hash (CRC-32, not Python's salted ``hash``) of the name, so the
-    first partitions of many small topics do not all land on the lowest broker id.
+
+def assign_partitions(
+    name: str, partitions: int, broker_ids: Sequence[int], replication_factor: int = 1
+) -> dict[int, PartitionState]:
+    """Each partition's replicas over ``broker_ids`` sorted, Kafka-style round-robin.
+
+    Partition ``p``'s replicas are the brokers at indexes ``start + p``, ``start + p + 1``,
+    ... (mod the number of brokers), the first its leader, so leaders and replicas spread
+    evenly. ``start`` is a stable hash (CRC-32, not Python's salted ``hash``) of the name,
+    so the first partitions of many small topics do not all land on the lowest broker id.
+    A factor above the number of brokers is refused (INVALID_REPLICATION_FACTOR).
     """
     live = sorted(set(broker_ids))
     if not live:
         raise BrokerNotAvailableError(
             f"no live broker to assign the {partitions} partition(s) of topic {name!r} to"
         )
+    if isinstance(replication_factor, bool) or not isinstance(replication_factor, int):
+        raise InvalidReplicationFactorError(
+            f"topic {name!r}: replication.factor={replication_factor!r} is not an integer"
+        )
+    if replication_factor < 1:
+        raise InvalidReplicationFactorError(
+            f"topic {name!r}: replication.factor={replication_factor} is below 1"
+        )
+    if replication_factor > len(live):
+        raise InvalidReplicationFactorError(
+            f"topic {name!r}: replication.factor={replication_factor} is larger than the "
+            f"number of live brokers, {len(live)}"
+        )
     start = zlib.crc32(name.encode()) % len(live)
-    return {p: live[(start + p) % len(live)] for p in range(partitions)}
+    states = {}
+    for p in range(partitions):
+        replicas = tuple(live[(start + p + j) % len(live)] for j in range(replication_factor))
+        states[p] = PartitionState(replicas, replicas[0], 0, replicas)
+    return states
 
 
 def _is_broker_id(value: object) -> bool:

@@ -2,10 +2,13 @@
 
 Layout under ``root`` (default ``/idemlog``)::
 
-    brokers/ids/<id>   ephemeral   {"version": 1, "host", "port"}   one per live broker
-    controller         ephemeral   {"version": 1, "broker_id"}      the controller
-    controller_epoch   persistent  {"version": 1, "controller_epoch"}  bumped per election
-    topics/<name>      persistent  TopicAssignment.to_doc()         partition -> broker
+    brokers/ids/<id>   ephemeral   {"version", "host", "port"}      one per live broker
+    controller         ephemeral   {"version", "broker_id"}         the controller
+    controller_epoch   persistent  {"version", "controller_epoch"}  bumped per election
+    topics/<name>      persistent  TopicAssignment.to_doc()         per partition: replicas,
+                                                                    leader, leader_epoch, isr
+                                                                    (version 1: partition ->
+                                                                    broker id, still read)
 
 What survives what (partitions never move: there is no replication):
 
@@ -48,6 +51,7 @@ from broker_core.cluster.metadata import (
     TopicView,
     assign_partitions,
     load_json_object,
+    replication_factor_of,
     validate_new_topic,
 )
 from broker_core.cluster.zk_control import DEFAULT_SESSION_TIMEOUT_S, ZkControl, ZkTask
@@ -175,13 +179,15 @@ class ZkCluster(TopicView):
     def create_topic(
         self, name: str, partitions: int, schema: bytes | None, config: dict[str, str]
     ) -> TopicAssignment:
-        """Assign the partitions round-robin over the live brokers; write ``topics/<name>``."""
+        """Assign the partitions' replicas round-robin over the live brokers; write
+        ``topics/<name>``."""
         name, partitions, schema, overrides = validate_new_topic(name, partitions, schema, config)
         self._control.check_open()
         # The live brokers read afresh, not from the cache, which may lag a moment.
         live = self._refresh(ZkTask.BROKERS, f"creating topic {name!r} (reading the live brokers)")
-        assignment = TopicAssignment(
-            name, assign_partitions(name, partitions, list(live)), schema, overrides
+        factor = replication_factor_of(overrides)
+        assignment = TopicAssignment.of(
+            name, assign_partitions(name, partitions, list(live), factor), schema, overrides
         )
         data = json.dumps(assignment.to_doc(), separators=(",", ":")).encode()
         path, get = f"{self._topics_path}/{name}", self._client.get_async
@@ -202,7 +208,7 @@ class ZkCluster(TopicView):
             ours_after_lost_reply,
             TopicAlreadyExistsError(f"topic {name!r} already exists"),
         )
-        log.info("created topic %s: partition -> broker %s", name, assignment.partitions)
+        log.info("created topic %s: partition -> leader %s", name, assignment.partitions)
         return assignment
 
     def delete_topic(self, name: str) -> None:

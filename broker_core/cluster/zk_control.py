@@ -36,7 +36,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
 from broker_core.cluster.metadata import (
-    METADATA_VERSION,
+    CONTROL_DOC_VERSION,
     BrokerInfo,
     CallbackNotifier,
     load_json_object,
@@ -355,7 +355,7 @@ class ZkControl:
                 if not eligible or broker is None:
                     self._observe_controller(session, None, None)
                     return
-                doc = {"version": METADATA_VERSION, "broker_id": broker.broker_id}
+                doc = {"version": CONTROL_DOC_VERSION, "broker_id": broker.broker_id}
                 create = functools.partial(
                     self._client.create_async,
                     self._controller_path,
@@ -562,5 +562,5 @@ class ZkControl:
 
 
 def _epoch_doc(epoch: int) -> bytes:
-    doc = {"version": METADATA_VERSION, "controller_epoch": epoch}
+    doc = {"version": CONTROL_DOC_VERSION, "controller_epoch": epoch}
     return json.dumps(doc, separators=(",", ":")).encode()

@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from broker_core.config import INT_MAX, LONG_MAX, ConfigDef, ConfigKey
-from broker_core.errors import InvalidConfigError
+from broker_core.errors import InvalidConfigError, InvalidReplicationFactorError
 from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
 
 DAY_MS = 24 * 60 * 60 * 1000
+MAX_REPLICATION_FACTOR = 32767  # Kafka's replication factor is an int16
+SERVED_REPLICATION_FACTOR = 1  # no replica is served yet (docs/replication.md)
 
 LOG_CONFIG = ConfigDef(
     [
@@ -90,9 +92,29 @@ LOG_CONFIG = ConfigDef(
             min=1,
             max=1000,
         ),
+        ConfigKey(
+            "replication.factor",
+            int,
+            1,
+            "Copies of each partition, on distinct brokers (the first the preferred leader). "
+            "Only 1 is served yet: a topic or broker default asking for more is refused "
+            "(INVALID_REPLICATION_FACTOR, docs/replication.md).",
+            min=1,
+            max=MAX_REPLICATION_FACTOR,
+        ),
     ],
     what="topic",
 )
+
+
+def check_replication_factor_served(factor: int, what: str) -> None:
+    """Refuse a factor above what the brokers serve: accepting it would pretend to keep
+    copies that nobody keeps."""
+    if factor > SERVED_REPLICATION_FACTOR:
+        raise InvalidReplicationFactorError(
+            f"{what}: replication.factor={factor} is refused: replication is not served yet, "
+            f"only replication.factor={SERVED_REPLICATION_FACTOR} (docs/replication.md)"
+        )
 
 
 @dataclass(frozen=True)
@@ -107,6 +129,7 @@ class LogConfig:
     max_message_bytes: int
     producer_id_expiration_ms: int
     producer_state_batch_window: int
+    replication_factor: int
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object] | None = None) -> LogConfig:
@@ -118,6 +141,7 @@ class LogConfig:
                 f"max.message.bytes={config.max_message_bytes} is larger than "
                 f"segment.bytes={config.segment_bytes}: a batch must fit in one segment"
             )
+        check_replication_factor_served(config.replication_factor, "topic config")
         return config
 
     def to_mapping(self) -> dict[str, int]:

@@ -202,7 +202,8 @@ class BrokerConfig:
             log_defaults = LogConfig.from_mapping(topic_defaults)
         except InvalidConfigError as exc:
             # The topic-level check names topic keys; say which broker keys they came from.
-            raise InvalidConfigError(f"broker topic defaults (log.*): {exc.message}") from exc
+            # Same type: a refused log.replication.factor stays INVALID_REPLICATION_FACTOR.
+            raise type(exc)(f"broker topic defaults (log.*): {exc.message}") from exc
         bind_host = str(parsed["listener.host"])
         advertised_host = str(parsed["listener.advertised.host"]).strip() or bind_host
         if advertised_host in _WILDCARD_HOSTS:

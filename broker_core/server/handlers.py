@@ -9,7 +9,9 @@ create_topic           {name, partitions, schema?: b64 Arrow IPC, config?: {key:
                        -> {name, partitions: [leader broker id per partition]}
 delete_topic           {name} -> {}
 describe_topics        {names?: [..]} -> {topics: [{name, partitions: [{partition,
-                       leader}], schema: b64|null, config}]}
+                       leader, replicas: [id, ..], isr: [id, ..], leader_epoch}],
+                       schema: b64|null, config}]}  (replicas, isr, leader_epoch: added
+                       with replica metadata; today replicas = isr = [leader], epoch 0)
 list_offsets           {topic, partition} -> {log_start_offset, log_end_offset,
                        high_watermark, last_stable_offset}
 metadata               {topics?: [..]} -> {brokers: [{broker_id, host, port}],
@@ -55,6 +57,7 @@ from typing import Any, Protocol
 from broker_core.cluster.metadata import (
     BrokerInfo,
     ClusterMetadata,
+    PartitionState,
     TopicAssignment,
     validate_new_topic,
 )
@@ -244,9 +247,7 @@ class ActionHandlers:
             topics.append(
                 {
                     "name": a.name,
-                    "partitions": [
-                        {"partition": p, "leader": a.partitions[p]} for p in sorted(a.partitions)
-                    ],
+                    "partitions": [_partition_doc(p, a.state(p)) for p in sorted(a.partitions)],
                     "schema": None if schema is None else base64.b64encode(schema).decode(),
                     "config": dict(a.config),
                 }
@@ -382,3 +383,15 @@ class ActionHandlers:
 
     def ping(self, body: dict[str, Any]) -> dict[str, Any]:
         return PingResponse(self._broker_id).to_doc()
+
+
+def _partition_doc(partition: int, state: PartitionState) -> dict[str, Any]:
+    """One partition of ``describe_topics``: ``partition`` and ``leader`` as ever, then the
+    replica metadata (fields only added, so older clients read it unchanged)."""
+    return {
+        "partition": partition,
+        "leader": state.leader,
+        "replicas": list(state.replicas),
+        "isr": list(state.isr),
+        "leader_epoch": state.leader_epoch,
+    }

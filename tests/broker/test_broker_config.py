@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from broker_core.config import load_properties
-from broker_core.errors import InvalidConfigError
+from broker_core.errors import InvalidConfigError, InvalidReplicationFactorError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.server.config import (
     BROKER_CONFIG,
@@ -72,6 +72,16 @@ def test_bad_values_name_the_key(values: dict[str, str], message: str) -> None:
     with pytest.raises(InvalidConfigError, match=message) as info:
         BrokerConfig.from_mapping(values)
     assert info.value.code == 40
+
+
+def test_a_broker_wide_replication_factor_above_one_is_refused() -> None:
+    # Replication is not served yet: a default promising copies would be a lie.
+    with pytest.raises(InvalidReplicationFactorError) as info:
+        BrokerConfig.from_mapping({"log.replication.factor": "2"})
+    assert info.value.code == 38
+    assert "log.*" in info.value.message and "replication.factor=2" in info.value.message
+    assert "not served yet" in info.value.message
+    assert BrokerConfig.from_mapping({}).log_defaults.replication_factor == 1
 
 
 def test_overrides_must_be_key_value() -> None:

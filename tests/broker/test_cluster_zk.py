@@ -9,16 +9,19 @@ ZooKeeper session expires; every wait below polls the cluster's metadata with a 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 
+from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerAddress, BrokerClient
 from broker_core.client.produce_stream import ProduceStream
-from broker_core.errors import IdemlogError, InvalidTxnStateError
+from broker_core.errors import IdemlogError, InvalidReplicationFactorError, InvalidTxnStateError
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
+from broker_core.server.config import ZK_ROOT
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
@@ -179,6 +182,50 @@ def test_any_broker_bootstraps_a_client_to_every_leader(
                 with pytest.raises(IdemlogError, match=f"does not lead six-{p}") as err:
                     probe.action(b.address, Action.LIST_OFFSETS, {"topic": "six", "partition": p})
                 assert err.value.retriable and err.value.code == 6
+
+
+def test_describe_shows_single_replica_state_and_reads_a_version_1_topic(
+    zk_chroot: ZooKeeperHarness,
+    broker_factory: BrokerFactory,
+    client_for: ClientFor,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for)
+    leaders = _create_everywhere(probe, brokers, "three", 3)
+    # A topic as a broker from before replica metadata stored it (version 1), written with
+    # kazoo under the brokers' chroot; every broker reads it as one replica per partition.
+    old = b'{"version":1,"partitions":{"0":3,"1":1},"schema":null,"config":{"retention.ms":"7"}}'
+    zk_chroot.client().create(f"{ZK_ROOT}/topics/legacy", old)
+    wait_until(
+        lambda: all(_metadata(probe, b)["topics"].get("legacy") == [3, 1] for b in brokers),
+        "every broker to read the version 1 topic",
+    )
+
+    for b in brokers:
+        doc = probe.action(b.address, Action.DESCRIBE_TOPICS, {})
+        described = {t["name"]: t for t in doc["topics"]}
+        for name, expected in (("three", leaders), ("legacy", [3, 1])):
+            assert [
+                (p["partition"], p["leader"], p["replicas"], p["isr"], p["leader_epoch"])
+                for p in described[name]["partitions"]
+            ] == [(p, leader, [leader], [leader], 0) for p, leader in enumerate(expected)]
+        assert described["legacy"]["config"] == {"retention.ms": "7"}
+    stored = json.loads(zk_chroot.client().get(f"{ZK_ROOT}/topics/three")[0])
+    assert stored["version"] == 2 and stored["partitions"]["0"]["replicas"] == [leaders[0]]
+    # The old topic is served, not only described.
+    client = client_for(brokers[0])
+    pid, epoch = client.init_producer_id()
+    _produce(client, "legacy", 0, pid, epoch, range(2))
+    assert ids(client, "legacy", 0) == _expected(0, range(2))
+
+    assert cli_main(["topics", "describe", "--bootstrap", brokers[1].address]) == 0
+    out = capsys.readouterr().out
+    assert "topic legacy" in out and "topic three" in out
+    assert "partition    0  leader   3  replicas 3         isr 3         leader epoch   0" in out
+    assert "partition    1  leader   1  replicas 1         isr 1         leader epoch   0" in out
+    with pytest.raises(InvalidReplicationFactorError, match=r"replication\.factor=3") as info:
+        probe.create_topic("replicated", 3, config={"replication.factor": 3})
+    assert info.value.code == 38 and "not served yet" in info.value.message
 
 
 # -- 2. a dead broker and its return -----------------------------------------------------

@@ -16,9 +16,11 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     DuplicateSequenceError,
     InvalidProducerEpochError,
+    InvalidReplicationFactorError,
     OutOfOrderSequenceError,
     ProducerFencedError,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
 )
 from broker_core.log.store import LogStore
 from broker_core.protocol.wire import (
@@ -48,6 +50,10 @@ def test_create_describe_list_offsets(client: BrokerClient) -> None:
     (described,) = client.describe_topics(["orders"])
     assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
     assert {p["leader"] for p in described["partitions"]} == {0}
+    # One replica each (replication is not served yet): the leader, in sync, epoch 0.
+    assert [(p["replicas"], p["isr"], p["leader_epoch"]) for p in described["partitions"]] == [
+        ([0], [0], 0)
+    ] * 3
     assert described["config"] == {"retention.ms": "-1", "flush.messages": "1"}
     schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(described["schema"])))
     assert schema.equals(SCHEMA)
@@ -280,6 +286,27 @@ def test_actions_are_listed_and_ping_answers(
     assert fetched == FetchTrailer(1, 2, 3, 4)
 
 
+def test_replication_factor_above_one_is_refused_over_the_wire(
+    client: BrokerClient, shared_broker: BrokerProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(InvalidReplicationFactorError) as info:
+        client.create_topic("replicated", 2, config={"replication.factor": 3})
+    assert info.value.code == 38 and not info.value.retriable
+    assert "replication.factor=3" in info.value.message
+    assert "replication is not served yet" in info.value.message
+    args = ["topics", "create", "--bootstrap", shared_broker.address, "--topic", "replicated"]
+    assert cli_main([*args, "--partitions", "1", "--config", "replication.factor=2"]) == 2
+    assert "INVALID_REPLICATION_FACTOR (38)" in capsys.readouterr().err
+    with pytest.raises(UnknownTopicOrPartitionError):
+        client.describe_topics(["replicated"])
+    client.create_topic("replicated", 1, config={"replication.factor": 1})
+    (described,) = client.describe_topics(["replicated"])
+    assert described["config"] == {"replication.factor": "1"}
+    assert described["partitions"] == [
+        {"partition": 0, "leader": 0, "replicas": [0], "isr": [0], "leader_epoch": 0}
+    ]
+
+
 def test_cli_topics_consume_and_metrics(
     client: BrokerClient, shared_broker: BrokerProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -301,6 +328,11 @@ def test_cli_topics_consume_and_metrics(
     out = capsys.readouterr().out
     assert "topic cli  schema [id: int64, key: int32, value: string]" in out
     assert "retention.ms" in out and "end          4" in out
+    for p in (0, 1):
+        assert (
+            f"partition    {p}  leader   0  replicas 0         isr 0         leader epoch   0"
+            in out
+        )
     assert cli_main(["consume", *bootstrap, "--topic", "cli", "--from-beginning"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["partition"], r["offset"], r["id"]) for r in lines] == [

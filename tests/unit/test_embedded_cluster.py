@@ -10,12 +10,18 @@ import pyarrow as pa
 import pytest
 
 from broker_core.cluster.embedded import EmbeddedCluster
-from broker_core.cluster.metadata import BrokerInfo, TopicAssignment, assign_partitions
+from broker_core.cluster.metadata import (
+    BrokerInfo,
+    PartitionState,
+    TopicAssignment,
+    assign_partitions,
+)
 from broker_core.errors import (
     BrokerNotAvailableError,
     CorruptRecordError,
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
     TopicAlreadyExistsError,
@@ -99,10 +105,10 @@ def test_topics_persist_across_instances(
     assert again.topic("payments").schema == SCHEMA
     assert pa.ipc.read_schema(pa.py_buffer(again.topic("payments").schema)).names == ["id", "v"]
     doc = json.loads(path.read_text())
-    assert doc["version"] == 1 and doc["broker_id"] == 1
+    assert doc["version"] == 2 and doc["broker_id"] == 1
     assert doc["topics"]["audit"] == {
-        "version": 1,
-        "partitions": {"0": 1},
+        "version": 2,
+        "partitions": {"0": {"replicas": [1], "leader": 1, "leader_epoch": 0, "isr": [1]}},
         "schema": None,
         "config": {},
     }
@@ -231,3 +237,44 @@ def test_corrupt_file_is_refused_naming_it(
 
     assert str(path) in str(excinfo.value)
     assert problem in str(excinfo.value)
+
+
+def test_a_version_1_file_is_read_as_single_replicas_and_rewritten_as_version_2(
+    open_cluster: Callable[..., EmbeddedCluster], path: Path
+) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(
+        b'{"version": 1, "broker_id": 1, "controller_epoch": 4, "topics": {"t": {"version": 1,'
+        b' "partitions": {"0": 1, "1": 1}, "schema": null, "config": {"retention.ms": "5"}}}}'
+    )
+    cluster = open_cluster()
+    topic = cluster.topic("t")
+
+    assert topic.leader(1) == 1 and topic.partitions == {0: 1, 1: 1}
+    assert topic.state(0) == PartitionState((1,), 1, 0, (1,))
+    assert topic.config == {"retention.ms": "5"}
+    cluster.register(BROKER)  # a change: the file is written again, in the new form
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2 and doc["controller_epoch"] == 5
+    assert doc["topics"]["t"]["partitions"]["1"] == {
+        "replicas": [1],
+        "leader": 1,
+        "leader_epoch": 0,
+        "isr": [1],
+    }
+    cluster.close()
+    assert open_cluster().topics() == {"t": topic}
+
+
+def test_replication_factor_above_one_is_refused_as_not_served(
+    open_cluster: Callable[..., EmbeddedCluster],
+) -> None:
+    cluster = open_cluster()
+    cluster.register(BROKER)
+    with pytest.raises(InvalidReplicationFactorError, match="not served yet") as excinfo:
+        cluster.create_topic("t", 1, None, {"replication.factor": "2"})
+    assert excinfo.value.code == 38 and not excinfo.value.retriable
+    assert "replication.factor=2" in excinfo.value.message
+    assert cluster.topics() == {}
+    one = cluster.create_topic("t", 2, None, {"replication.factor": 1})
+    assert one.state(1) == PartitionState((1,), 1, 0, (1,))

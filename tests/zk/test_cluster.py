@@ -14,13 +14,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from broker_core.cluster.metadata import BrokerInfo, TopicAssignment
+from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
     ConcurrentTransactionsError,
     DuplicateBrokerRegistrationError,
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
     NotCoordinatorError,
@@ -355,7 +356,11 @@ def test_topic_creation_is_seen_by_every_instance(brokers: Callable[..., SimBrok
         member.topics_changed.wait(lambda v: {"payments"} in v, "the topics-change callback")
         assert member.cluster.topics() == {"payments": created}
     data = json.loads(group[0].client.get(f"{ROOT}/topics/payments")[0])
-    assert data["partitions"] == {str(p): b for p, b in created.partitions.items()}
+    assert data["version"] == 2
+    assert data["partitions"] == {
+        str(p): {"replicas": [b], "leader": b, "leader_epoch": 0, "isr": [b]}
+        for p, b in created.partitions.items()
+    }
     assert data["config"] == {"retention.ms": "1000", "segment.bytes": "1048576"}
 
 
@@ -425,6 +430,38 @@ def test_delete_topic_disappears_everywhere(brokers: Callable[..., SimBroker]) -
     # The name can be used again; everybody sees the new assignment.
     recreated = group[0].cluster.create_topic("gone", 3, None, {})
     wait_until(lambda: group[1].cluster.topics().get("gone") == recreated, "the new topic")
+
+
+def test_a_version_1_topic_node_is_read_as_single_replicas_and_a_newer_one_refused(
+    brokers: Callable[..., SimBroker], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="idemlog.cluster")
+    member = brokers(1)
+    old = b'{"version":1,"partitions":{"0":1,"1":2},"schema":null,"config":{"retention.ms":"9"}}'
+    member.client.create(f"{ROOT}/topics/old", old)
+    member.client.create(f"{ROOT}/topics/future", b'{"version":3,"partitions":{}}')
+
+    wait_until(lambda: "old" in member.cluster.topics(), "the version 1 topic")
+    topic = member.cluster.topic("old")
+    assert topic.partitions == {0: 1, 1: 2} and topic.leader(1) == 2
+    assert topic.state(1) == PartitionState((2,), 2, 0, (2,))
+    assert topic.config == {"retention.ms": "9"}
+    wait_until(lambda: f"{ROOT}/topics/future" in caplog.text, "the newer node to be reported")
+    assert "has version 3; this broker reads versions 1, 2" in caplog.text
+    assert "future" not in member.cluster.topics()
+
+
+def test_replication_factor_above_one_is_refused_and_nothing_written(
+    brokers: Callable[..., SimBroker],
+) -> None:
+    group = [brokers(i) for i in (1, 2, 3)]
+    for factor in (2, 3, 4):
+        with pytest.raises(InvalidReplicationFactorError, match="not served yet") as excinfo:
+            group[0].cluster.create_topic("r", 2, None, {"replication.factor": str(factor)})
+        assert excinfo.value.code == 38 and f"replication.factor={factor}" in str(excinfo.value)
+    assert group[0].client.get_children(f"{ROOT}/topics") == []
+    created = group[0].cluster.create_topic("r", 3, None, {"replication.factor": "1"})
+    assert all(created.state(p).replicas == (created.leader(p),) for p in range(3))
 
 
 def test_corrupt_topic_node_is_ignored_with_an_error(
