@@ -21,15 +21,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-import signal
-import subprocess
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pyarrow as pa
 import pyspark
 
@@ -185,30 +182,6 @@ class SparkStandalone:
                 f"worker registered ({log.name})",
                 timeout=START_TIMEOUT,
             )
-
-    def executors(self, worker: int) -> list[psutil.Process]:
-        """The executor JVMs running on worker host ``worker`` (0-based)."""
-        netns = self.worker_hosts[worker].netns
-        pids = subprocess.run(
-            ["ip", "netns", "pids", netns], capture_output=True, text=True, check=False
-        ).stdout.split()
-        found = []
-        for pid in pids:
-            try:
-                process = psutil.Process(int(pid))
-                if "CoarseGrainedExecutorBackend" in " ".join(process.cmdline()):
-                    found.append(process)
-            except (psutil.NoSuchProcess, ValueError):
-                continue
-        return found
-
-    def kill_executor(self, worker: int) -> int:
-        """SIGKILL the executor JVM on worker host ``worker`` (its Python workers die with
-        their pipes); the pid killed."""
-        executors = self.executors(worker)
-        assert executors, f"no executor is running on {self.worker_hosts[worker].name}"
-        executors[0].send_signal(signal.SIGKILL)
-        return executors[0].pid
 
 
 def code_zip(workdir: Path) -> Path:
