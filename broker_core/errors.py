@@ -29,6 +29,12 @@ class ErrorCode(Enum):
     BROKER_NOT_AVAILABLE = (8, True, "no live broker to serve the request")
     MESSAGE_TOO_LARGE = (10, False, "record batch larger than max.message.bytes")
     NETWORK_EXCEPTION = (13, True, "the connection to the broker failed")
+    NOT_ENOUGH_REPLICAS = (19, True, "fewer in-sync replicas than min.insync.replicas")
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = (
+        20,
+        True,
+        "appended, but the in-sync replicas fell below min.insync.replicas before it was copied",
+    )
     COORDINATOR_NOT_AVAILABLE = (15, True, "the transaction coordinator is not available")
     NOT_COORDINATOR = (16, True, "this broker is not the transaction coordinator")
     INVALID_TOPIC_EXCEPTION = (17, False, "topic name is not legal")
@@ -49,6 +55,8 @@ class ErrorCode(Enum):
     TRANSACTION_COORDINATOR_FENCED = (52, False, "a newer transaction coordinator has taken over")
     KAFKA_STORAGE_ERROR = (56, True, "disk error while accessing the log")
     UNKNOWN_PRODUCER_ID = (59, False, "producer id was never issued by this cluster")
+    FENCED_LEADER_EPOCH = (74, True, "the request's leader epoch is older than the broker's")
+    UNKNOWN_LEADER_EPOCH = (75, True, "the request's leader epoch is newer than the broker's")
     INVALID_RECORD = (87, False, "record batch is invalid for this topic")
     PRODUCER_FENCED = (90, False, "a newer producer with the same transactional id exists")
     DUPLICATE_BROKER_REGISTRATION = (101, False, "broker id is already in use")
@@ -111,6 +119,22 @@ class NotLeaderOrFollowerError(IdemlogError):
 
 class NetworkError(IdemlogError):
     error_code = ErrorCode.NETWORK_EXCEPTION
+
+
+class NotEnoughReplicasError(IdemlogError):
+    error_code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class NotEnoughReplicasAfterAppendError(IdemlogError):
+    error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+class FencedLeaderEpochError(IdemlogError):
+    error_code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+class UnknownLeaderEpochError(IdemlogError):
+    error_code = ErrorCode.UNKNOWN_LEADER_EPOCH
 
 
 class CoordinatorNotAvailableError(IdemlogError):

@@ -48,7 +48,7 @@ from broker_core.errors import (
     InvalidRequestError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.log.config import LOG_CONFIG, check_replication_factor_served
+from broker_core.log.config import LOG_CONFIG
 from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_name
 
 __all__ = [
@@ -393,7 +393,12 @@ def validate_new_topic(
         if not isinstance(key, str) or not isinstance(value, (str, int, float)):
             raise InvalidConfigError(f"topic {topic!r}: config entry {key!r}={value!r}")
     parsed = LOG_CONFIG.parse(config)  # unknown keys and bad values, named
-    check_replication_factor_served(int(parsed["replication.factor"]), f"topic {topic!r}")
+    if int(parsed["min.insync.replicas"]) > int(parsed["replication.factor"]):
+        raise InvalidConfigError(
+            f"topic {topic!r}: min.insync.replicas={parsed['min.insync.replicas']} is larger "
+            f"than replication.factor={parsed['replication.factor']}: no batch could be "
+            "acknowledged with acks=all"
+        )
     overrides = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}
     return topic, partitions, schema, overrides
 

@@ -6,12 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from broker_core.config import INT_MAX, LONG_MAX, ConfigDef, ConfigKey
-from broker_core.errors import InvalidConfigError, InvalidReplicationFactorError
+from broker_core.errors import InvalidConfigError
 from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
 
 DAY_MS = 24 * 60 * 60 * 1000
 MAX_REPLICATION_FACTOR = 32767  # Kafka's replication factor is an int16
-SERVED_REPLICATION_FACTOR = 1  # no replica is served yet (docs/replication.md)
 
 LOG_CONFIG = ConfigDef(
     [
@@ -96,25 +95,33 @@ LOG_CONFIG = ConfigDef(
             "replication.factor",
             int,
             1,
-            "Copies of each partition, on distinct brokers (the first the preferred leader). "
-            "Only 1 is served yet: a topic or broker default asking for more is refused "
-            "(INVALID_REPLICATION_FACTOR, docs/replication.md).",
+            "Copies of each partition, on distinct brokers (the first the preferred leader); "
+            "more than the live brokers is refused (INVALID_REPLICATION_FACTOR). The leader "
+            "serves; followers copy its log (docs/replication.md).",
             min=1,
             max=MAX_REPLICATION_FACTOR,
+        ),
+        ConfigKey(
+            "min.insync.replicas",
+            int,
+            1,
+            "With acks=all, a batch is refused (NOT_ENOUGH_REPLICAS, retriable) while fewer "
+            "replicas than this are in sync, so an acknowledged batch is on at least this "
+            "many brokers.",
+            min=1,
+            max=MAX_REPLICATION_FACTOR,
+        ),
+        ConfigKey(
+            "unclean.leader.election.enable",
+            bool,
+            False,
+            "When no in-sync replica of a partition is alive, elect a live replica that is "
+            "not in sync rather than wait for one. Availability at a price: the acknowledged "
+            "batches it lacks are lost, and the returning replicas truncate them.",
         ),
     ],
     what="topic",
 )
-
-
-def check_replication_factor_served(factor: int, what: str) -> None:
-    """Refuse a factor above what the brokers serve: accepting it would pretend to keep
-    copies that nobody keeps."""
-    if factor > SERVED_REPLICATION_FACTOR:
-        raise InvalidReplicationFactorError(
-            f"{what}: replication.factor={factor} is refused: replication is not served yet, "
-            f"only replication.factor={SERVED_REPLICATION_FACTOR} (docs/replication.md)"
-        )
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,8 @@ class LogConfig:
     producer_id_expiration_ms: int
     producer_state_batch_window: int
     replication_factor: int
+    min_insync_replicas: int
+    unclean_leader_election_enable: bool
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object] | None = None) -> LogConfig:
@@ -141,10 +150,9 @@ class LogConfig:
                 f"max.message.bytes={config.max_message_bytes} is larger than "
                 f"segment.bytes={config.segment_bytes}: a batch must fit in one segment"
             )
-        check_replication_factor_served(config.replication_factor, "topic config")
         return config
 
-    def to_mapping(self) -> dict[str, int]:
+    def to_mapping(self) -> dict[str, int | bool]:
         return {f.name.replace("_", "."): getattr(self, f.name) for f in fields(self)}
 
     def overlaid(self, overrides: Mapping[str, object] | None) -> LogConfig:

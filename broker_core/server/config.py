@@ -134,6 +134,41 @@ _BROKER_KEYS = [
         min=1,
     ),
     ConfigKey(
+        "replica.lag.time.max.ms",
+        int,
+        30_000,
+        "A follower that has not caught up with the leader's log end for this long is "
+        "dropped from the in-sync replicas (acks=all stops waiting for it); it rejoins "
+        "once it catches up.",
+        min=1,
+        max=LONG_MAX,
+    ),
+    ConfigKey(
+        "replica.fetch.wait.max.ms",
+        int,
+        500,
+        "How long a follower's fetch waits at the leader for new batches before it is "
+        "answered empty (a long poll: new batches are sent at once).",
+        min=0,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "replica.fetch.max.bytes",
+        int,
+        1024**2,
+        "Bytes of batches a follower's fetch asks for (at least one whole batch is sent).",
+        min=1024,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "replica.fetch.backoff.ms",
+        int,
+        200,
+        "How long a follower waits before fetching again after a failed fetch.",
+        min=0,
+        max=INT_MAX,
+    ),
+    ConfigKey(
         "log.flush.scheduler.interval.ms",
         int,
         1000,
@@ -183,6 +218,10 @@ class BrokerConfig:
     producer_id_expiration_check_interval_ms: int
     log_retention_check_interval_ms: int
     log_flush_scheduler_interval_ms: int
+    replica_lag_time_max_ms: int
+    replica_fetch_wait_max_ms: int
+    replica_fetch_max_bytes: int
+    replica_fetch_backoff_ms: int
     log_defaults: LogConfig  # the log.<key> values, as a topic's base config
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
@@ -236,6 +275,10 @@ class BrokerConfig:
             ),
             log_retention_check_interval_ms=int(parsed["log.retention.check.interval.ms"]),
             log_flush_scheduler_interval_ms=int(parsed["log.flush.scheduler.interval.ms"]),
+            replica_lag_time_max_ms=int(parsed["replica.lag.time.max.ms"]),
+            replica_fetch_wait_max_ms=int(parsed["replica.fetch.wait.max.ms"]),
+            replica_fetch_max_bytes=int(parsed["replica.fetch.max.bytes"]),
+            replica_fetch_backoff_ms=int(parsed["replica.fetch.backoff.ms"]),
             log_defaults=log_defaults,
             values=parsed,
         )

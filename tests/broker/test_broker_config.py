@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from broker_core.config import load_properties
-from broker_core.errors import InvalidConfigError, InvalidReplicationFactorError
+from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.server.config import (
     BROKER_CONFIG,
@@ -74,14 +74,15 @@ def test_bad_values_name_the_key(values: dict[str, str], message: str) -> None:
     assert info.value.code == 40
 
 
-def test_a_broker_wide_replication_factor_above_one_is_refused() -> None:
-    # Replication is not served yet: a default promising copies would be a lie.
-    with pytest.raises(InvalidReplicationFactorError) as info:
-        BrokerConfig.from_mapping({"log.replication.factor": "2"})
-    assert info.value.code == 38
-    assert "log.*" in info.value.message and "replication.factor=2" in info.value.message
-    assert "not served yet" in info.value.message
-    assert BrokerConfig.from_mapping({}).log_defaults.replication_factor == 1
+def test_replica_keys_parse_and_name_bad_values() -> None:
+    config = BrokerConfig.from_mapping(
+        {"log.replication.factor": "3", "replica.lag.time.max.ms": "5000"}
+    )
+    assert config.log_defaults.replication_factor == 3
+    assert config.replica_lag_time_max_ms == 5000
+    assert config.replica_fetch_wait_max_ms == 500
+    with pytest.raises(InvalidConfigError, match=r"replica\.fetch\.max\.bytes"):
+        BrokerConfig.from_mapping({"replica.fetch.max.bytes": "10"})
 
 
 def test_overrides_must_be_key_value() -> None:

@@ -223,9 +223,9 @@ def test_describe_shows_single_replica_state_and_reads_a_version_1_topic(
     assert "topic legacy" in out and "topic three" in out
     assert "partition    0  leader   3  replicas 3         isr 3         leader epoch   0" in out
     assert "partition    1  leader   1  replicas 1         isr 1         leader epoch   0" in out
-    with pytest.raises(InvalidReplicationFactorError, match=r"replication\.factor=3") as info:
-        probe.create_topic("replicated", 3, config={"replication.factor": 3})
-    assert info.value.code == 38 and "not served yet" in info.value.message
+    with pytest.raises(InvalidReplicationFactorError, match=r"replication\.factor=4") as info:
+        probe.create_topic("replicated", 3, config={"replication.factor": 4})
+    assert info.value.code == 38 and "number of live brokers, 3" in info.value.message
 
 
 # -- 2. a dead broker and its return -----------------------------------------------------

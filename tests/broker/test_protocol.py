@@ -286,14 +286,14 @@ def test_actions_are_listed_and_ping_answers(
     assert fetched == FetchTrailer(1, 2, 3, 4)
 
 
-def test_replication_factor_above_one_is_refused_over_the_wire(
+def test_replication_factor_above_the_live_brokers_is_refused_over_the_wire(
     client: BrokerClient, shared_broker: BrokerProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(InvalidReplicationFactorError) as info:
         client.create_topic("replicated", 2, config={"replication.factor": 3})
     assert info.value.code == 38 and not info.value.retriable
     assert "replication.factor=3" in info.value.message
-    assert "replication is not served yet" in info.value.message
+    assert "number of live brokers, 1" in info.value.message
     args = ["topics", "create", "--bootstrap", shared_broker.address, "--topic", "replicated"]
     assert cli_main([*args, "--partitions", "1", "--config", "replication.factor=2"]) == 2
     assert "INVALID_REPLICATION_FACTOR (38)" in capsys.readouterr().err

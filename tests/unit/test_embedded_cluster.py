@@ -266,12 +266,12 @@ def test_a_version_1_file_is_read_as_single_replicas_and_rewritten_as_version_2(
     assert open_cluster().topics() == {"t": topic}
 
 
-def test_replication_factor_above_one_is_refused_as_not_served(
+def test_replication_factor_above_the_one_broker_is_refused(
     open_cluster: Callable[..., EmbeddedCluster],
 ) -> None:
     cluster = open_cluster()
     cluster.register(BROKER)
-    with pytest.raises(InvalidReplicationFactorError, match="not served yet") as excinfo:
+    with pytest.raises(InvalidReplicationFactorError, match="number of live brokers, 1") as excinfo:
         cluster.create_topic("t", 1, None, {"replication.factor": "2"})
     assert excinfo.value.code == 38 and not excinfo.value.retriable
     assert "replication.factor=2" in excinfo.value.message

@@ -1,5 +1,5 @@
 """Per-partition replica state in the cluster metadata: the assignment and the stored form
-(docs/replication.md, "Assignment"). Replication is not served yet: only the metadata."""
+(docs/replication.md, "Assignment")."""
 
 from __future__ import annotations
 
@@ -71,20 +71,16 @@ def test_bad_factors_are_refused() -> None:
         assign_partitions("t", 1, [1], True)
 
 
-def test_a_factor_above_one_is_refused_until_replication_is_served() -> None:
-    with pytest.raises(InvalidReplicationFactorError) as excinfo:
-        validate_new_topic("t", 3, None, {"replication.factor": "3"})
-    assert excinfo.value.code == 38
-    assert "replication.factor=3" in str(excinfo.value) and "not served yet" in str(excinfo.value)
-    assert isinstance(excinfo.value, InvalidConfigError)  # caught as a config error too
+def test_factor_and_min_insync_replicas_are_checked_together() -> None:
+    assert validate_new_topic("t", 3, None, {"replication.factor": "3"})[3] == {
+        "replication.factor": "3"
+    }
     with pytest.raises(InvalidConfigError, match="below the minimum 1"):
         validate_new_topic("t", 3, None, {"replication.factor": "0"})
-    assert validate_new_topic("t", 3, None, {"replication.factor": 1})[3] == {
-        "replication.factor": "1"
-    }
-    # The broker-wide default (log.replication.factor) goes through the same check.
-    with pytest.raises(InvalidReplicationFactorError, match="not served yet"):
-        LogConfig.from_mapping({"replication.factor": 2})
+    with pytest.raises(InvalidConfigError, match=r"min\.insync\.replicas=3 is larger") as excinfo:
+        validate_new_topic("t", 3, None, {"replication.factor": "2", "min.insync.replicas": "3"})
+    assert excinfo.value.code == 40
+    assert LogConfig.from_mapping({"replication.factor": 2}).replication_factor == 2
     assert LogConfig.from_mapping({}).replication_factor == 1
 
 
