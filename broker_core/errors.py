@@ -161,6 +161,10 @@ class InvalidTopicError(IdemlogError):
     error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
 
 
+class InvalidRequiredAcksError(IdemlogError):
+    error_code = ErrorCode.INVALID_REQUIRED_ACKS
+
+
 class InvalidTimestampError(IdemlogError):
     error_code = ErrorCode.INVALID_TIMESTAMP
 

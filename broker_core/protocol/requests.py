@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from broker_core.errors import InvalidRequestError
+from broker_core.errors import InvalidRequestError, InvalidRequiredAcksError
 from broker_core.protocol.wire import (
     DEFAULT_FETCH_MAX_BYTES,
     PROTOCOL_VERSION,
@@ -40,6 +40,10 @@ STABLE_OFFSETS_FIELD = "last_stable_offsets"
 
 
 # -- shared field readers ------------------------------------------------------------------
+ACKS_ALL = -1  # answered once every in-sync replica has the batch (the high watermark passed it)
+ACKS_LEADER = 1  # answered once the leader has written it
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -148,19 +152,32 @@ def _op(doc: Doc, op: str, what: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ProduceDescriptor:
-    """The DoPut command of a produce stream: the partition every batch goes to."""
+    """The DoPut command of a produce stream: the partition every batch goes to, and when
+    each batch is answered: ``acks`` -1 (all: once every in-sync replica has it, the
+    default) or 1 (once the leader has written it)."""
 
     topic: str
     partition: int
+    acks: int = ACKS_ALL
 
     def to_doc(self) -> Doc:
-        return {"op": "produce", "topic": self.topic, "partition": self.partition}
+        return {
+            "op": "produce",
+            "topic": self.topic,
+            "partition": self.partition,
+            "acks": self.acks,
+        }
 
     @classmethod
     def from_doc(cls, doc: Doc) -> ProduceDescriptor:
         what = "produce descriptor"
         _op(doc, "produce", what)
-        return cls(_field(doc, "topic", str, what), _field(doc, "partition", int, what))
+        acks = _field(doc, "acks", int, what, ACKS_ALL)
+        if acks not in (ACKS_ALL, ACKS_LEADER):
+            raise InvalidRequiredAcksError(
+                f"{what}: acks={acks} must be -1 (all in-sync replicas) or 1 (the leader)"
+            )
+        return cls(_field(doc, "topic", str, what), _field(doc, "partition", int, what), acks)
 
 
 @dataclass(frozen=True, slots=True)
