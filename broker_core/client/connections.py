@@ -12,6 +12,9 @@ import threading
 
 import pyarrow.flight as flight
 
+from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
+from broker_core.protocol.wire import parse_error_message
+
 
 class FlightConnections:
     """Thread-safe ``address -> FlightClient`` cache.
@@ -45,6 +48,27 @@ class FlightConnections:
             clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             _close_quietly(client)
+
+    def action(self, address: str, action: str, body: bytes, timeout_s: float, what: str) -> bytes:
+        """One DoAction call to ``address`` with a single result, its body returned.
+
+        The broker's typed error is raised as it is; a call that reached no typed answer
+        is a NetworkError naming ``what`` (the channel is reset, so the next call opens a
+        fresh one); an answer of other than one result is an InvalidRequestError.
+        """
+        client = self.get(address)
+        options = flight.FlightCallOptions(timeout=timeout_s)
+        try:
+            results = list(client.do_action(flight.Action(action, body), options))
+        except flight.FlightError as exc:
+            self.reset(address)
+            typed: IdemlogError | None = parse_error_message(str(exc))
+            if typed is not None:
+                raise typed from exc
+            raise NetworkError(f"{what} to {address} failed: {exc}") from exc
+        if len(results) != 1:
+            raise InvalidRequestError(f"{what}: {len(results)} results from {address}, not 1")
+        return bytes(results[0].body.to_pybytes())
 
     def addresses(self) -> list[str]:
         """The addresses with an open client, sorted (for tests and diagnostics)."""

@@ -228,6 +228,10 @@ class TopicAssignment:
         """The partitions ``broker_id`` leads."""
         return sorted(p for p, b in self.partitions.items() if b == broker_id)
 
+    def replicas_of(self, broker_id: int) -> list[int]:
+        """The partitions ``broker_id`` holds a replica of (leading or following)."""
+        return sorted(p for p, s in self.states.items() if broker_id in s.replicas)
+
     def to_doc(self) -> dict[str, Any]:
         """The stored JSON form (a znode, or an entry of the embedded cluster's file),
         version :data:`METADATA_VERSION`: ``partitions`` maps each partition to its

@@ -182,6 +182,10 @@ class LeaderEpochCache:
             return EpochEndOffset(epoch, end)
         return EpochEndOffset(self._entries[higher - 1].epoch, end)
 
+    def start_offset_of(self, epoch: int) -> int | None:
+        """Where ``epoch`` began in this log; None if it wrote nothing here."""
+        return next((e.start_offset for e in self._entries if e.epoch == epoch), None)
+
     def epoch_at(self, offset: int) -> int:
         """The epoch that wrote ``offset`` (NO_LEADER_EPOCH below the earliest entry)."""
         starts = [e.start_offset for e in self._entries]

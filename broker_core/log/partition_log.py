@@ -67,6 +67,7 @@ from broker_core.record.batch import (
     BatchHeader,
     ControlType,
     EncodedBatch,
+    decode_rows,
     encode_control,
     encode_data,
     increment_sequence,
@@ -133,6 +134,7 @@ class PartitionLog:
         # The epoch stamped on appends; replication sets it with become_leader.
         self.leader_epoch = max(INITIAL_LEADER_EPOCH, self.epochs.latest_epoch)
         self._high_watermark: int | None = None  # None: the log end (no replication)
+        self._follower_schema_known = False
 
     # -- offsets -----------------------------------------------------------------------
     @property
@@ -504,6 +506,13 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             fetched = parse_fetched(raw, self.log_end_offset, self.epochs.latest_epoch, self.name)
+            if self._schema_check is not None and not self._follower_schema_known:
+                # A topic created without a schema takes its first batch's, on a follower
+                # as on the leader, so it can serve reads once it leads.
+                first = next((b for b in fetched if not b.header.is_control), None)
+                if first is not None:
+                    self._schema_check(decode_rows(first.header, first.data).schema)
+                    self._follower_schema_known = True
             now = self._clock()
             for stored in fetched:
                 self.epochs.assign(stored.header.leader_epoch, stored.header.base_offset)

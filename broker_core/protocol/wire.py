@@ -55,7 +55,8 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
 
 class Action(StrEnum):
-    """``DoAction`` types. Bodies and results are JSON objects (``protocol.requests``)."""
+    """``DoAction`` types. Bodies and results are JSON objects (``protocol.requests``),
+    except ``replica_fetch``'s result (``protocol.replica``)."""
 
     CREATE_TOPIC = "create_topic"  # {name, partitions, schema?: b64 IPC, config?: {}}
     DELETE_TOPIC = "delete_topic"  # {name}
@@ -77,6 +78,10 @@ class Action(StrEnum):
     ABORT_TRANSACTION = "abort_transaction"  # {transactional_id} -> {aborted: bool}
     METRICS = "metrics"  # {} -> metrics document
     PING = "ping"  # {} -> {broker_id, version}
+    # Broker to broker (replication, protocol.replica): a follower's fetch answers binary.
+    REPLICA_FETCH = "replica_fetch"  # {topic, partition, replica_id, ..} -> header + batches
+    OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"  # {.., epoch} -> {epoch, end_offset}
+    ELECT_LEADERS = "elect_leaders"  # {topics?: [..]} -> {moved: {topic: {partition: id}}}
 
 
 class SinkTxnStatus(StrEnum):

@@ -37,6 +37,9 @@ from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics
+from broker_core.server.partition import Partition
+from broker_core.server.replica_fetcher import FetcherConfig
+from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.tasks import TaskGroup
 from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
@@ -67,6 +70,9 @@ class _StartedTopics:
 
     def leader_log(self, topic: str, partition: int) -> PartitionLog:
         return self._get().leader_log(topic, partition)
+
+    def partition(self, topic: str, partition: int) -> Partition:
+        return self._get().partition(topic, partition)
 
     def ensure(self, assignment: TopicAssignment) -> object:
         return self._get().ensure(assignment)
@@ -141,6 +147,7 @@ class Broker:
         self.markers: RoutingMarkerWriter | None = None
         # Built by start() once the store and the cluster they are made of are open.
         self._topics: LocalTopics | None = None
+        self.replicas: ReplicaManager | None = None
         self._coordinator_role: CoordinatorRole | None = None
 
     # -- state ---------------------------------------------------------------------------
@@ -199,6 +206,14 @@ class Broker:
                 cfg.log_defaults,
                 producer_id_known=IssuedProducerIds(self._pid_source.latest_block),
             )
+            replication = ReplicationConfig(
+                cfg.replica_lag_time_max_ms,
+                FetcherConfig(
+                    cfg.replica_fetch_max_bytes,
+                    cfg.replica_fetch_wait_max_ms,
+                    cfg.replica_fetch_backoff_ms / 1000.0,
+                ),
+            )
             started_topics = _StartedTopics(lambda: self.topics)
             actions = ActionHandlers(
                 broker_id=self.broker_id,
@@ -210,6 +225,7 @@ class Broker:
                 pids=lambda: self.pids,
                 markers=lambda: self.markers,
                 metrics_document=self.metrics_document,
+                replicas=lambda: self.replicas,
             )
             self._server = IdemlogFlightServer(
                 cfg.listener_host,
@@ -220,6 +236,7 @@ class Broker:
                 store=lambda: self.store,
                 metrics=self.metrics,
                 max_request_bytes=cfg.max_request_bytes,
+                ack_timeout_s=replication.ack_timeout_s,
             )
             # What clients and other brokers are told, which may differ from what is bound
             # (NAT, a proxy, a container): listener.advertised.*.
@@ -229,16 +246,22 @@ class Broker:
                 cfg.advertised_port or int(self._server.port),
             )
             self.cluster = cluster = self._open_cluster(self.info)
+            self.replicas = ReplicaManager(self.broker_id, self.store, cluster, replication)
             topics = self._topics = LocalTopics(
                 self.broker_id,
                 self.store,
                 cluster,
+                self.replicas,
                 embedded=cfg.embedded,
                 serving=lambda: self.serving,
                 forget_topic=self.metrics.forget_topic,
             )
             self.markers = RoutingMarkerWriter(
-                self.broker_id, topics, LocalMarkerWriter(self.store), cluster.brokers
+                self.broker_id,
+                topics,
+                LocalMarkerWriter(self.store),
+                cluster.brokers,
+                replicated=self.replicas.wait_replicated,
             )
             cluster.register(self.info)
             topics.sync()
@@ -408,7 +431,10 @@ class Broker:
             )
         coordinator = self._running_coordinator()
         transactions = coordinator.describe() if coordinator is not None else None
-        return self.metrics.document(self.broker_id, gauges, transactions)
+        document = self.metrics.document(self.broker_id, gauges, transactions)
+        if self.replicas is not None:
+            document["replication"] = self.replicas.describe()
+        return document
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:
@@ -442,6 +468,8 @@ class Broker:
                 if self._topics is not None:
                     self._topics.close_store()
                 else:
+                    if self.replicas is not None:
+                        self.replicas.close()
                     self.store.close()
             except Exception:
                 log.exception("broker %d: closing the store failed", self.broker_id)

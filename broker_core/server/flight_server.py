@@ -10,6 +10,8 @@ is that batch's ``ProduceResponse`` and the stream goes on. An exception that is
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
@@ -26,7 +28,7 @@ from broker_core.errors import (
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
 from broker_core.log.store import LogStore, describe_schema_difference
 from broker_core.protocol.metrics import AppendOutcome
-from broker_core.protocol.requests import FetchRequest, ProduceDescriptor
+from broker_core.protocol.requests import ACKS_ALL, FetchRequest, ProduceDescriptor
 from broker_core.protocol.wire import (
     Action,
     FetchBatchMeta,
@@ -39,11 +41,13 @@ from broker_core.protocol.wire import (
 )
 from broker_core.server.handlers import ActionHandlers
 from broker_core.server.metrics import Metrics, outcome_of
+from broker_core.server.partition import Partition
 
 log = logging.getLogger("idemlog.flight")
 
 T = TypeVar("T")
 EMPTY_SCHEMA = pa.schema([])
+SHUTDOWN_JOIN_S = 5.0  # a produce stream's reading thread, after its last answer
 
 
 def _flight_error(error: IdemlogError) -> flight.FlightServerError:
@@ -54,6 +58,8 @@ class LeaderLogs(Protocol):
     """The partition logs this broker leads (``LocalTopics``)."""
 
     def leader_log(self, topic: str, partition: int) -> PartitionLog: ...
+
+    def partition(self, topic: str, partition: int) -> Partition: ...
 
 
 class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
@@ -77,6 +83,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         store: Callable[[], LogStore | None],
         metrics: Metrics,
         max_request_bytes: int,
+        ack_timeout_s: float = 60.0,
     ) -> None:
         super().__init__(f"grpc://{host}:{port}")
         self._actions = actions
@@ -85,6 +92,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self._store = store
         self._metrics = metrics
         self._max_request_bytes = max_request_bytes
+        self._ack_timeout_s = ack_timeout_s
 
     # -- common --------------------------------------------------------------------------
     def _guard(self, what: str, body: Callable[[], T]) -> T:
@@ -122,7 +130,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             raise InvalidRequestError(f"{what}: must be a command holding a JSON object")
         request = ProduceDescriptor.from_doc(decode_json(descriptor.command, what))
         topic, partition = request.topic, request.partition
-        log_ = self._topics.leader_log(topic, partition)
+        self._topics.leader_log(topic, partition)  # routing errors before the stream starts
+        replica = self._topics.partition(topic, partition)
         store = self._store()
         expected = store.topic(topic).schema if store else None
         if expected is not None and not expected.equals(reader.schema, check_metadata=False):
@@ -130,7 +139,20 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 f"produce to {topic}-{partition}: stream schema does not match the topic: "
                 f"{describe_schema_difference(expected, reader.schema)}"
             )
-        limit = self._max_request_bytes
+        acks_all = request.acks == ACKS_ALL
+        chunks = self._chunks(reader, topic, partition)
+        if not (acks_all and replica.replicated):
+            # Answered as soon as the leader has written it (the log end is the high
+            # watermark of a single replica).
+            for meta, batch in chunks:
+                response, _end = self._append(replica, topic, partition, meta, batch, acks_all)
+                writer.write(response.encode())
+            return
+        self._produce_replicated(replica, topic, partition, chunks, writer)
+
+    def _chunks(
+        self, reader: flight.MetadataRecordBatchReader, topic: str, partition: int
+    ) -> Iterator[tuple[ProduceRequestMeta, pa.RecordBatch]]:
         while True:
             try:
                 chunk = reader.read_chunk()
@@ -146,44 +168,89 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                     f"produce to {topic}-{partition}: correlation id {meta.correlation_id} "
                     "carries metadata but no record batch"
                 )
-            response = self._append(log_, topic, partition, meta, chunk.data, limit)
-            writer.write(response.encode())
+            yield meta, chunk.data
+
+    def _produce_replicated(
+        self,
+        replica: Partition,
+        topic: str,
+        partition: int,
+        chunks: Iterator[tuple[ProduceRequestMeta, pa.RecordBatch]],
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        """acks=all on a replicated partition: batches are read and appended on one thread
+        while this one answers each, in order, once the high watermark passed it; so a
+        producer's pipeline keeps flowing while the followers copy."""
+        answers: queue.Queue[tuple[ProduceResponse, int | None] | BaseException | None]
+        answers = queue.Queue()
+
+        def read_and_append() -> None:
+            try:
+                for meta, batch in chunks:
+                    answers.put(self._append(replica, topic, partition, meta, batch, True))
+                answers.put(None)
+            except BaseException as exc:  # handed to the answering thread, raised there
+                answers.put(exc)
+
+        appender = threading.Thread(
+            target=read_and_append, name=f"idemlog-produce-{topic}-{partition}", daemon=True
+        )
+        appender.start()
+        try:
+            while (item := answers.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                response, end = item
+                if end is not None:
+                    try:
+                        replica.wait_replicated(end, self._ack_timeout_s)
+                    except IdemlogError as exc:
+                        response = ProduceResponse.failure(response.correlation_id, exc)
+                writer.write(response.encode())
+        finally:
+            appender.join(SHUTDOWN_JOIN_S)
 
     def _append(
         self,
-        log_: PartitionLog,
+        replica: Partition,
         topic: str,
         partition: int,
         meta: ProduceRequestMeta,
         batch: pa.RecordBatch,
-        limit: int,
-    ) -> ProduceResponse:
+        acks_all: bool,
+    ) -> tuple[ProduceResponse, int | None]:
+        """Append one batch while this broker leads; its answer, and the offset the high
+        watermark must reach before it is sent (None: an error, answered at once)."""
         metrics = self._metrics
         nbytes = batch.nbytes
+        limit = self._max_request_bytes
         try:
             if nbytes > limit:
                 raise MessageTooLargeError(
                     f"produce to {topic}-{partition}: batch of {batch.num_rows} rows is "
                     f"{nbytes} bytes, over max.request.bytes={limit}"
                 )
-            result = log_.append(
-                batch,
-                producer_id=meta.producer_id,
-                producer_epoch=meta.producer_epoch,
-                base_sequence=meta.base_sequence,
-                transactional=meta.transactional,
+            result = replica.append_as_leader(
+                lambda log_: log_.append(
+                    batch,
+                    producer_id=meta.producer_id,
+                    producer_epoch=meta.producer_epoch,
+                    base_sequence=meta.base_sequence,
+                    transactional=meta.transactional,
+                ),
+                acks_all,
             )
         except IdemlogError as exc:
             metrics.record_append(topic, partition, meta.producer_id, outcome_of(exc))
-            return ProduceResponse.failure(meta.correlation_id, exc)
+            return ProduceResponse.failure(meta.correlation_id, exc), None
         except Exception as exc:
             log.exception("produce to %s-%d failed unexpectedly", topic, partition)
             metrics.record_append(topic, partition, meta.producer_id, AppendOutcome.REJECTED)
             error = UnknownServerError(f"produce: {type(exc).__name__}: {exc}")
-            return ProduceResponse.failure(meta.correlation_id, error)
+            return ProduceResponse.failure(meta.correlation_id, error), None
         outcome = AppendOutcome.DUPLICATE if result.duplicate else AppendOutcome.APPENDED
         metrics.record_append(topic, partition, meta.producer_id, outcome, batch.num_rows, nbytes)
-        return ProduceResponse(
+        response = ProduceResponse(
             meta.correlation_id,
             0,
             result.base_offset,
@@ -191,6 +258,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             result.log_append_time,
             result.duplicate,
         )
+        return response, result.last_offset + 1
 
     # -- fetch ---------------------------------------------------------------------------
     def do_get(
@@ -253,7 +321,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             )
         data = b"{}" if body_buf is None or size == 0 else body_buf.to_pybytes()
         body = decode_json(data, f"action {action.type}")
-        return encode_json(self._actions.handle(action.type, body))
+        answer = self._actions.handle(action.type, body)
+        return answer if isinstance(answer, bytes) else encode_json(answer)
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return [(a.value, _ACTION_DOCS.get(a, "")) for a in Action]
@@ -278,4 +347,7 @@ _ACTION_DOCS: dict[Action, str] = {
     Action.ABORT_SINK_BATCH: "abort a sink's batch of transactions",
     Action.METRICS: "this broker's metrics document",
     Action.PING: "liveness: {broker_id, version}",
+    Action.REPLICA_FETCH: "broker to broker: a follower's fetch (binary answer)",
+    Action.OFFSETS_FOR_LEADER_EPOCH: "broker to broker: where an epoch ended (KIP-279)",
+    Action.ELECT_LEADERS: "preferred-leader rebalance, on the controller: {topics?}",
 }

@@ -40,6 +40,13 @@ stable_ends            {topic} -> {ends: {partition: offset}} (read_committed en
 list_transactions      {min_age_ms?} -> {transactions: [{transactional_id, age_ms, ..}]}
 abort_transaction      {transactional_id} -> {aborted}
 metrics                {} -> the metrics document (broker_core.server.metrics)
+replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch,
+                       max_bytes, max_wait_ms} -> binary: header + batches (broker to
+                       broker, protocol.replica)
+offsets_for_leader_    {topic, partition, leader_epoch, epoch} -> {epoch, end_offset}
+epoch                  (broker to broker, KIP-279)
+elect_leaders          {topics?: [..]} -> {moved: {topic: {partition: leader}}} (the
+                       preferred-leader rebalance; on the controller)
 ping                   {} -> {broker_id, version}
 =====================  ===================================================================
 
@@ -65,10 +72,17 @@ from broker_core.errors import (
     CoordinatorNotAvailableError,
     InvalidRequestError,
     InvalidTopicError,
+    NotCoordinatorError,
+    NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
+from broker_core.protocol.replica import (
+    ElectLeadersRequest,
+    OffsetsForLeaderEpochRequest,
+    ReplicaFetchRequest,
+)
 from broker_core.protocol.requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
@@ -96,6 +110,7 @@ from broker_core.protocol.requests import (
 )
 from broker_core.protocol.wire import Action
 from broker_core.server.config import BrokerConfig
+from broker_core.server.replica_manager import ReplicaManager
 from broker_core.txn.coordinator import TransactionCoordinator
 from broker_core.txn.markers import StableOffsets
 from broker_core.txn.pid_manager import ProducerIdManager
@@ -154,6 +169,7 @@ class ActionHandlers:
         pids: Callable[[], ProducerIdManager | None],
         markers: Callable[[], LocalMarkers | None],
         metrics_document: Callable[[], dict[str, Any]],
+        replicas: Callable[[], ReplicaManager | None] = lambda: None,
     ) -> None:
         self._broker_id = broker_id
         self._config = config
@@ -164,7 +180,14 @@ class ActionHandlers:
         self._pids = pids
         self._markers = markers
         self._metrics_document = metrics_document
+        self._replicas = replicas
+        # Answers that are not JSON (a follower's fetch carries the batches' bytes).
+        self.binary: dict[Action, Callable[[dict[str, Any]], bytes]] = {
+            Action.REPLICA_FETCH: self.replica_fetch,
+        }
         self.table: dict[Action, Handler] = {
+            Action.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
+            Action.ELECT_LEADERS: self.elect_leaders,
             Action.CREATE_TOPIC: self.create_topic,
             Action.DELETE_TOPIC: self.delete_topic,
             Action.DESCRIBE_TOPICS: self.describe_topics,
@@ -187,9 +210,10 @@ class ActionHandlers:
             Action.PING: self.ping,
         }
 
-    def handle(self, action_type: str, body: dict[str, Any]) -> dict[str, Any]:
-        """The answer of one action; ``InvalidRequestError`` for an unknown action or a
-        malformed body, else whatever the action raises (typed ``IdemlogError``)."""
+    def handle(self, action_type: str, body: dict[str, Any]) -> dict[str, Any] | bytes:
+        """The answer of one action (bytes for the binary ones, ``binary``);
+        ``InvalidRequestError`` for an unknown action or a malformed body, else whatever
+        the action raises (typed ``IdemlogError``)."""
         try:
             action = Action(action_type)
         except ValueError:
@@ -197,6 +221,9 @@ class ActionHandlers:
             raise InvalidRequestError(
                 f"unknown action {action_type!r}; known actions: {known}"
             ) from None
+        binary = self.binary.get(action)
+        if binary is not None:
+            return binary(body)
         return self.table[action](body)
 
     # -- topics --------------------------------------------------------------------------
@@ -212,7 +239,7 @@ class ActionHandlers:
         )
         self._config.log_defaults.overlaid(overrides)  # e.g. max.message.bytes > segment
         assignment = self._cluster().create_topic(name, partitions, schema, overrides)
-        if assignment.partitions_of(self._broker_id):
+        if assignment.replicas_of(self._broker_id):
             self._topics.ensure(assignment)
         return {
             "name": name,
@@ -376,6 +403,33 @@ class ActionHandlers:
         coordinator = self._coordinator()
         coordinator.abort_sink_batch(r.sink_id, r.batch_id, list(r.transactions))
         return SinkBatchResponse(coordinator.last_committed_batch(r.sink_id)).to_doc()
+
+    # -- replication ---------------------------------------------------------------------
+    def _replica_manager(self) -> ReplicaManager:
+        replicas = self._replicas()
+        if replicas is None:
+            raise NotLeaderOrFollowerError(f"broker {self._broker_id} has no replicas open yet")
+        return replicas
+
+    def replica_fetch(self, body: dict[str, Any]) -> bytes:
+        return self._replica_manager().replica_fetch(ReplicaFetchRequest.from_doc(body))
+
+    def offsets_for_leader_epoch(self, body: dict[str, Any]) -> dict[str, Any]:
+        request = OffsetsForLeaderEpochRequest.from_doc(body)
+        return self._replica_manager().offsets_for_leader_epoch(request)
+
+    def elect_leaders(self, body: dict[str, Any]) -> dict[str, Any]:
+        topics = ElectLeadersRequest.from_doc(body).topics
+        cluster = self._cluster()
+        if not cluster.is_controller():
+            controller = cluster.controller()
+            where = "none is elected" if controller is None else f"broker {controller.broker_id}"
+            raise NotCoordinatorError(
+                f"broker {self._broker_id} is not the controller ({where}): the preferred-"
+                "leader election runs there"
+            )
+        moved = cluster.elect_preferred_leaders(topics)
+        return {"moved": {t: {str(p): b for p, b in m.items()} for t, m in moved.items()}}
 
     # -- operations ----------------------------------------------------------------------
     def metrics(self, body: dict[str, Any]) -> dict[str, Any]:

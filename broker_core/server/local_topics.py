@@ -1,9 +1,10 @@
-"""A broker's local copies of the partitions it leads, kept in step with the cluster.
+"""A broker's local copies of the partitions it replicates, kept in step with the cluster.
 
-The cluster metadata says which broker serves each partition; the broker's own
-``LogStore`` holds the data. A topic is created locally the first time this broker needs
-one of its partitions (schema and config from the assignment), its partitions are opened
-(recovered) at start and whenever the topics change, and its files go when the cluster
+The cluster metadata says which brokers hold each partition and which one leads it; the
+broker's own ``LogStore`` holds the data. A topic is created locally the first time this
+broker needs one of its partitions (schema and config from the assignment), its
+partitions are opened (recovered) at start and whenever the topics change, their roles
+(leader or follower) handed to the ``ReplicaManager``, and its files go when the cluster
 deletes the topic while this broker watches. A topic found on disk that the cluster does
 not know is never deleted on a guess: an embedded broker adopts it into its metadata (a
 data directory written by the store alone), a ZooKeeper broker leaves it alone and warns.
@@ -28,6 +29,8 @@ from broker_core.errors import (
 )
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore, Topic
+from broker_core.server.partition import Partition
+from broker_core.server.replica_manager import ReplicaManager
 
 log = logging.getLogger("idemlog.broker")
 
@@ -35,7 +38,8 @@ INTERNAL_TOPIC_PREFIX = "__"  # reserved: __transaction_state lives in the same 
 
 
 class LocalTopics:
-    """The partitions broker ``broker_id`` leads, in ``store``, as ``cluster`` assigns them.
+    """The partitions broker ``broker_id`` replicates, in ``store``, as ``cluster`` assigns
+    them; ``replicas`` takes their roles.
 
     ``embedded``: strays on disk are adopted into ``cluster`` (else only reported).
     ``serving()`` says whether new partitions may still be opened (False once the broker
@@ -47,6 +51,7 @@ class LocalTopics:
         broker_id: int,
         store: LogStore,
         cluster: ClusterMetadata,
+        replicas: ReplicaManager,
         *,
         embedded: bool,
         serving: Callable[[], bool],
@@ -55,6 +60,7 @@ class LocalTopics:
         self._id = broker_id
         self._store = store
         self._cluster = cluster
+        self._replicas = replicas
         self._embedded = embedded
         self._serving = serving
         self._forget_topic = forget_topic
@@ -69,15 +75,26 @@ class LocalTopics:
         return self._cluster.topic(topic)
 
     def leader_log(self, topic: str, partition: int) -> PartitionLog:
-        """The local log of a partition this broker leads, created on first use."""
+        """The local log of a partition this broker leads, created on first use.
+
+        NotLeaderOrFollowerError (retriable) when another broker leads it, or this one has
+        not taken the leadership the metadata gives it yet.
+        """
         assignment = self.assignment(topic)
         leader = assignment.leader(partition)
         if leader != self._id:
             raise NotLeaderOrFollowerError(
                 f"broker {self._id} does not lead {topic}-{partition}: broker {leader} does"
             )
-        self.ensure(assignment)
-        return self._store.partition(topic, partition)
+        try:
+            return self._replicas.leader_log(topic, partition)
+        except NotLeaderOrFollowerError:
+            self.sync()  # a topic created a moment ago: open it now
+            return self._replicas.leader_log(topic, partition)
+
+    def partition(self, topic: str, partition: int) -> Partition:
+        """This broker's replica of the partition (leader or follower)."""
+        return self._replicas.partition(topic, partition)
 
     def ensure(self, assignment: TopicAssignment) -> Topic:
         """The local topic of ``assignment``, created if this broker has none yet."""
@@ -109,7 +126,8 @@ class LocalTopics:
         return topic
 
     def sync(self) -> None:
-        """Open the partitions this broker leads; follow deletions; adopt or report strays."""
+        """Open the partitions this broker replicates and give them their roles; follow
+        deletions; adopt or report strays."""
         store, cluster = self._store, self._cluster
         try:
             assignments = cluster.topics()
@@ -124,6 +142,7 @@ class LocalTopics:
                     continue
                 if name in self._seen:
                     log.info("broker %d deletes its copy of deleted topic %s", self._id, name)
+                    self._replicas.apply(assignments)  # its fetchers stop first
                     store.delete_topic(name)
                     self._forget_topic(name)
                 elif self._embedded:
@@ -136,7 +155,7 @@ class LocalTopics:
                     )
             self._seen = set(assignments)
             for assignment in assignments.values():
-                mine = assignment.partitions_of(self._id)
+                mine = assignment.replicas_of(self._id)
                 if not mine:
                     continue
                 try:
@@ -145,6 +164,7 @@ class LocalTopics:
                         store.partition(assignment.name, partition)  # recovers it now
                 except IdemlogError as exc:
                     log.error("broker %d cannot open %s: %s", self._id, assignment.name, exc)
+            self._replicas.apply(assignments)
 
     def _adopt(self, topic: Topic) -> TopicAssignment:
         log.warning(
@@ -160,6 +180,7 @@ class LocalTopics:
     def delete(self, name: str) -> None:
         """Delete the local copy of topic ``name`` (if any) and its metrics."""
         with self._lock:
+            self._replicas.apply({n: a for n, a in self._cluster.topics().items() if n != name})
             with contextlib.suppress(UnknownTopicOrPartitionError):
                 self._store.delete_topic(name)
             self._forget_topic(name)
@@ -179,6 +200,8 @@ class LocalTopics:
         return result
 
     def close_store(self) -> None:
-        """Close the store (snapshots, clean-shutdown markers); nothing opens meanwhile."""
+        """Stop the replicas (fetchers, ISR changes), then close the store (snapshots,
+        clean-shutdown markers); nothing opens meanwhile."""
         with self._lock:
+            self._replicas.close()
             self._store.close()

@@ -23,8 +23,6 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-import pyarrow.flight as flight
-
 from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import BrokerInfo, TopicAssignment
 from broker_core.errors import (
@@ -36,7 +34,7 @@ from broker_core.errors import (
 )
 from broker_core.log.partition_log import PartitionLog
 from broker_core.protocol.requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
-from broker_core.protocol.wire import Action, decode_json, encode_json, parse_error_message
+from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
 from broker_core.txn.markers import MarkerWriter, StableOffsets
 
@@ -63,7 +61,12 @@ class LedPartitions(Protocol):
 class RoutingMarkerWriter:
     """Markers for broker ``broker_id``'s coordinator: partitions it leads (``topics``) go
     to ``local`` (a ``LocalMarkerWriter`` on its store), the others to their leader among
-    ``brokers()`` (the live brokers, read on each connection)."""
+    ``brokers()`` (the live brokers, read on each connection).
+
+    A local marker counts as written once ``replicated(topic, partition, end)`` returns:
+    every in-sync replica has it (acks=all), so a leader lost right after cannot take a
+    transaction the coordinator records as ended with it.
+    """
 
     def __init__(
         self,
@@ -71,11 +74,14 @@ class RoutingMarkerWriter:
         topics: LedPartitions,
         local: MarkerWriter,
         brokers: Callable[[], Sequence[BrokerInfo]],
+        *,
+        replicated: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self._broker_id = broker_id
         self._topics = topics
         self._local = local
         self._brokers = brokers
+        self._replicated = replicated
         self._connections = FlightConnections()
 
     def write_markers(
@@ -142,12 +148,19 @@ class RoutingMarkerWriter:
         coordinator_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> StableOffsets:
-        """Markers into partitions this broker leads (also WRITE_TXN_MARKERS from a peer)."""
-        for topic, partition in partitions:
-            self._topics.leader_log(topic, partition)  # leader check, local topic created
-        return self._local.write_markers(
+        """Markers into partitions this broker leads (also WRITE_TXN_MARKERS from a peer),
+        returned once every in-sync replica has them, with the last stable offsets then."""
+        logs = {tp: self._topics.leader_log(*tp) for tp in partitions}  # leader check
+        stable = self._local.write_markers(
             producer_id, producer_epoch, commit, coordinator_epoch, partitions
         )
+        if self._replicated is None:
+            return stable
+        for (topic, partition), log_ in logs.items():
+            if (topic, partition) in stable:
+                self._replicated(topic, partition, log_.log_end_offset)
+                stable[(topic, partition)] = log_.last_stable_offset
+        return stable
 
     def _write_remote(
         self,
@@ -161,27 +174,17 @@ class RoutingMarkerWriter:
         request = WriteTxnMarkersRequest(
             producer_id, producer_epoch, commit, coordinator_epoch, tuple(partitions)
         )
-        body = encode_json(request.to_doc())
-        address = self._address(leader)
-        client = self._connections.get(address)
-        options = flight.FlightCallOptions(timeout=MARKER_TIMEOUT_S)
-        action = flight.Action(Action.WRITE_TXN_MARKERS.value, body)
-        try:
-            results = list(client.do_action(action, options))
-        except flight.FlightError as exc:
-            self._connections.reset(address)
-            typed = parse_error_message(str(exc))
-            if typed is not None:
-                raise typed from exc
-            raise NetworkError(
-                f"{ControlType.COMMIT.name if commit else ControlType.ABORT.name} markers for "
-                f"producer_id={producer_id} to broker {leader} failed: {exc}"
-            ) from exc
+        kind = ControlType.COMMIT.name if commit else ControlType.ABORT.name
+        answer = self._connections.action(
+            self._address(leader),
+            Action.WRITE_TXN_MARKERS.value,
+            encode_json(request.to_doc()),
+            MARKER_TIMEOUT_S,
+            f"{kind} markers for producer_id={producer_id} to broker {leader}",
+        )
         what = f"{Action.WRITE_TXN_MARKERS.value} answer of broker {leader}"
         try:
-            if len(results) != 1:
-                raise InvalidRequestError(f"{what}: {len(results)} results, not 1")
-            doc = decode_json(results[0].body.to_pybytes(), what)
+            doc = decode_json(answer, what)
             stable = WriteTxnMarkersResponse.from_doc(doc, what).stable
         except InvalidRequestError as exc:
             # The markers are written but the answer is not ours to read (a broker of

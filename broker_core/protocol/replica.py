@@ -1,0 +1,165 @@
+"""Broker-to-broker replication requests (docs/replication.md, "Fetching").
+
+A follower copies its leader's log with two ``DoAction`` calls:
+
+* ``offsets_for_leader_epoch`` ({topic, partition, leader_epoch, epoch} -> {epoch,
+  end_offset}): where ``epoch`` ended in the leader's log (KIP-101/KIP-279), asked before
+  the first fetch from a new leader so the follower can cut a diverged tail;
+* ``replica_fetch`` ({topic, partition, replica_id, fetch_offset, leader_epoch,
+  max_bytes, max_wait_ms}): whole batches from ``fetch_offset`` exactly as the leader
+  stores them. Its result is binary, not JSON: a 4-byte big-endian length, a JSON header
+  ({high_watermark, log_start_offset, log_end_offset}), then the batches' bytes. The
+  ``fetch_offset`` is also the follower's log end, which is how the leader learns how far
+  each follower has copied (high watermark, in-sync replicas).
+
+``leader_epoch`` is the epoch the follower believes current: the leader answers
+``FENCED_LEADER_EPOCH`` for an older one and ``UNKNOWN_LEADER_EPOCH`` for a newer one
+(KIP-320), so a fetch never crosses an election unnoticed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from broker_core.errors import InvalidRequestError
+from broker_core.protocol.wire import decode_json, encode_json
+from broker_core.protocol.wire import field as _field
+
+Doc = dict[str, Any]
+_HEADER_LEN = struct.Struct(">I")
+
+
+def _non_negative(doc: Doc, name: str, what: str) -> int:
+    value: int = _field(doc, name, int, what)
+    if value < 0:
+        raise InvalidRequestError(f"{what}: field {name!r} must be >= 0, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFetchRequest:
+    """A follower's fetch: batches of ``topic``-``partition`` from ``fetch_offset`` (its log
+    end), at ``leader_epoch``; the leader waits up to ``max_wait_ms`` for new batches."""
+
+    topic: str
+    partition: int
+    replica_id: int
+    fetch_offset: int
+    leader_epoch: int
+    max_bytes: int
+    max_wait_ms: int
+
+    def to_doc(self) -> Doc:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "replica_id": self.replica_id,
+            "fetch_offset": self.fetch_offset,
+            "leader_epoch": self.leader_epoch,
+            "max_bytes": self.max_bytes,
+            "max_wait_ms": self.max_wait_ms,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> ReplicaFetchRequest:
+        what = "replica_fetch"
+        request = cls(
+            _field(doc, "topic", str, what),
+            _non_negative(doc, "partition", what),
+            _non_negative(doc, "replica_id", what),
+            _non_negative(doc, "fetch_offset", what),
+            _non_negative(doc, "leader_epoch", what),
+            _non_negative(doc, "max_bytes", what),
+            _non_negative(doc, "max_wait_ms", what),
+        )
+        if request.max_bytes == 0:
+            raise InvalidRequestError(f"{what}: field 'max_bytes' must be positive")
+        return request
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFetchResponse:
+    """The leader's answer: its offsets now, and the batches' bytes (maybe empty)."""
+
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    records: bytes
+
+    def encode(self) -> bytes:
+        header = encode_json(
+            {
+                "high_watermark": self.high_watermark,
+                "log_start_offset": self.log_start_offset,
+                "log_end_offset": self.log_end_offset,
+            }
+        )
+        return _HEADER_LEN.pack(len(header)) + header + self.records
+
+    @classmethod
+    def decode(cls, data: bytes) -> ReplicaFetchResponse:
+        what = "replica_fetch answer"
+        if len(data) < _HEADER_LEN.size:
+            raise InvalidRequestError(f"{what}: {len(data)} bytes, no header")
+        (length,) = _HEADER_LEN.unpack_from(data)
+        end = _HEADER_LEN.size + length
+        if end > len(data):
+            raise InvalidRequestError(f"{what}: header of {length} bytes, {len(data)} in all")
+        doc = decode_json(data[_HEADER_LEN.size : end], what)
+        return cls(
+            _non_negative(doc, "high_watermark", what),
+            _non_negative(doc, "log_start_offset", what),
+            _non_negative(doc, "log_end_offset", what),
+            data[end:],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsForLeaderEpochRequest:
+    """Where ``epoch`` ended in the leader's log; ``leader_epoch`` is the asker's view of
+    the current leader epoch (fenced like a fetch)."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    epoch: int
+
+    def to_doc(self) -> Doc:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "leader_epoch": self.leader_epoch,
+            "epoch": self.epoch,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> OffsetsForLeaderEpochRequest:
+        what = "offsets_for_leader_epoch"
+        return cls(
+            _field(doc, "topic", str, what),
+            _non_negative(doc, "partition", what),
+            _non_negative(doc, "leader_epoch", what),
+            _non_negative(doc, "epoch", what),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeadersRequest:
+    """The preferred-leader rebalance, for ``topics`` (None: every topic)."""
+
+    topics: tuple[str, ...] | None = None
+
+    def to_doc(self) -> Doc:
+        return {} if self.topics is None else {"topics": list(self.topics)}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> ElectLeadersRequest:
+        what = "elect_leaders"
+        raw = doc.get("topics")
+        if raw is None:
+            return cls(None)
+        if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
+            raise InvalidRequestError(f"{what}: field 'topics' must be a list of names")
+        return cls(tuple(raw))

@@ -1,0 +1,204 @@
+"""A follower's copy loop for one partition: Kafka's ReplicaFetcherThread, one per partition.
+
+Started when the broker becomes a follower of the partition at some leader epoch and
+stopped when that changes (a new fetcher is started for the next epoch). Each run:
+
+1. **Truncate first** (KIP-101/KIP-279): ask the leader where this log's latest epoch
+   ended in its log (``offsets_for_leader_epoch``) and cut whatever this log holds past
+   that: a tail written under a leader that was replaced, never acknowledged with
+   ``acks=all``. A log without epochs (empty) has nothing to cut.
+2. **Fetch** from the log end, long-polling (``replica.fetch.wait.max.ms``): append the
+   batches as they are (``PartitionLog.append_as_follower``: producer state, transaction
+   index and epoch cache follow from them), then take the leader's high watermark,
+   capped at this log's end.
+
+Errors are retried after ``replica.fetch.backoff.ms``: a fenced or unknown epoch and a
+leader that no longer leads wait for the metadata to catch up (the fetcher is replaced
+when it does); an offset out of range means the logs diverged again, so the next run
+truncates first. Nothing here decides leadership.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker_core.client.connections import FlightConnections
+from broker_core.errors import BrokerNotAvailableError, IdemlogError, OffsetOutOfRangeError
+from broker_core.log.leader_epoch import UNDEFINED_EPOCH_OFFSET
+from broker_core.protocol.replica import (
+    OffsetsForLeaderEpochRequest,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+)
+from broker_core.protocol.wire import Action, decode_json, encode_json
+from broker_core.record.batch import NO_LEADER_EPOCH
+from broker_core.server.partition import Partition
+
+log = logging.getLogger("idemlog.replica")
+
+FETCH_TIMEOUT_MARGIN_S = 10.0  # on top of the long poll, for the answer itself
+
+
+@dataclass(frozen=True)
+class FetcherConfig:
+    """The ``replica.fetch.*`` keys, in the units the fetcher uses."""
+
+    max_bytes: int
+    max_wait_ms: int
+    backoff_s: float
+
+
+class ReplicaFetcher:
+    """Copies ``partition`` from broker ``leader_id`` (at ``address()``, read at each call
+    so a leader back on a new port is found) at ``leader_epoch``, as broker ``broker_id``.
+
+    ``connections`` is shared with the broker's other fetchers (one channel per leader).
+    """
+
+    def __init__(
+        self,
+        partition: Partition,
+        *,
+        broker_id: int,
+        leader_id: int,
+        leader_epoch: int,
+        address: Callable[[], str | None],
+        connections: FlightConnections,
+        config: FetcherConfig,
+    ) -> None:
+        self.partition = partition
+        self.broker_id = broker_id
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+        self._address = address
+        self._connections = connections
+        self._config = config
+        self._stop = threading.Event()
+        self._truncated = False
+        self.fetches = 0  # answered fetches (tests and metrics)
+        self.appended_batches_bytes = 0
+        self._thread = threading.Thread(
+            target=self._run,
+            name=f"idemlog-fetcher-{partition.name}",
+            daemon=True,
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop and wait for the loop (at most one fetch's long poll)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def _run(self) -> None:
+        name = self.partition.name
+        while not self._stop.is_set():
+            try:
+                if not self._truncated:
+                    self._truncate()
+                    self._truncated = True
+                self._fetch_once()
+            except OffsetOutOfRangeError as exc:
+                log.warning(
+                    "%s: fetch from broker %d: %s; truncating again", name, self.leader_id, exc
+                )
+                self._truncated = False
+                self._stop.wait(self._config.backoff_s)
+            except IdemlogError as exc:
+                level = logging.DEBUG if exc.retriable else logging.WARNING
+                log.log(level, "%s: fetch from broker %d failed: %s", name, self.leader_id, exc)
+                self._stop.wait(self._config.backoff_s)
+            except Exception:
+                # A bug, not a fault of the leader: logged with its traceback, and the
+                # loop goes on after the backoff rather than leaving the replica behind.
+                log.exception("%s: the replica fetcher failed unexpectedly", name)
+                self._stop.wait(self._config.backoff_s)
+
+    def _call(self, action: Action, body: bytes, timeout_s: float) -> bytes:
+        address = self._address()
+        if address is None:
+            raise BrokerNotAvailableError(
+                f"leader broker {self.leader_id} of {self.partition.name} is not live"
+            )
+        return self._connections.action(
+            address, action.value, body, timeout_s, f"{action.value} of {self.partition.name}"
+        )
+
+    def _truncate(self) -> None:
+        """Cut this log's tail that the leader does not have (KIP-279)."""
+        partition, log_ = self.partition, self.partition.log
+        latest = log_.epochs.latest_epoch
+        if latest == NO_LEADER_EPOCH or log_.log_end_offset == log_.log_start_offset:
+            return
+        request = OffsetsForLeaderEpochRequest(
+            partition.topic, partition.partition, self.leader_epoch, latest
+        )
+        answer = decode_json(
+            self._call(
+                Action.OFFSETS_FOR_LEADER_EPOCH,
+                encode_json(request.to_doc()),
+                FETCH_TIMEOUT_MARGIN_S,
+            ),
+            "offsets_for_leader_epoch answer",
+        )
+        epoch, end = int(answer["epoch"]), int(answer["end_offset"])
+        if end == UNDEFINED_EPOCH_OFFSET:
+            # The leader cannot place our epoch (its log starts later, or is older than
+            # epochs): keep what the high watermark covers, which every ISR member has.
+            target = log_.high_watermark
+        elif epoch != latest:
+            # The leader never had our latest epoch: its largest one at or below it ends
+            # at ``end``; our copy of that epoch may end earlier.
+            ours = log_.end_offset_for(epoch)
+            target = min(end, ours.end_offset if ours.end_offset >= 0 else end)
+        else:
+            target = end
+        if target < log_.log_end_offset:
+            before = log_.log_end_offset
+            new_end = log_.truncate_to(max(target, log_.log_start_offset))
+            log.warning(
+                "%s: truncated from %d to %d to follow broker %d at leader epoch %d "
+                "(our epoch %d ends at %d in its log)",
+                partition.name,
+                before,
+                new_end,
+                self.leader_id,
+                self.leader_epoch,
+                latest,
+                end,
+            )
+
+    def _fetch_once(self) -> None:
+        partition, log_ = self.partition, self.partition.log
+        config = self._config
+        request = ReplicaFetchRequest(
+            partition.topic,
+            partition.partition,
+            self.broker_id,
+            log_.log_end_offset,
+            self.leader_epoch,
+            config.max_bytes,
+            config.max_wait_ms,
+        )
+        timeout_s = config.max_wait_ms / 1000.0 + FETCH_TIMEOUT_MARGIN_S
+        answer = ReplicaFetchResponse.decode(
+            self._call(Action.REPLICA_FETCH, encode_json(request.to_doc()), timeout_s)
+        )
+        if self._stop.is_set():
+            return  # replaced meanwhile: a newer epoch's fetcher owns the log now
+        if answer.records:
+            log_.append_as_follower(answer.records)
+            self.appended_batches_bytes += len(answer.records)
+        hw = min(answer.high_watermark, log_.log_end_offset)
+        if hw >= log_.log_start_offset:
+            log_.update_high_watermark(hw)
+        self.fetches += 1

@@ -1,0 +1,323 @@
+"""The broker's replicas: their roles from the cluster metadata, their fetchers, the ISR.
+
+:class:`ReplicaManager` (Kafka's ReplicaManager) holds a :class:`Partition` for every
+partition this broker is a replica of, and follows the cluster metadata
+(:meth:`apply`, called by ``LocalTopics.sync`` whenever the topics change):
+
+* leader at a new epoch: the fetcher (if any) is stopped *first*, so nothing appends as a
+  follower once it leads; then ``Partition.apply`` makes it leader (the epoch goes into
+  the log's epoch cache at the log end);
+* follower of a new leader or epoch: the partition stops taking appends (waiters are
+  answered NOT_LEADER_OR_FOLLOWER), then a :class:`ReplicaFetcher` for that leader and
+  epoch is started; it truncates by epoch before it fetches.
+
+As leader it answers its followers (:meth:`replica_fetch`, :meth:`offsets_for_leader_epoch`)
+and keeps the ISR in ZooKeeper through ``ClusterMetadata.alter_partition``, only while it
+still leads at the epoch it knows: a follower that has not caught up within
+``replica.lag.time.max.ms`` is dropped (checked every half of it), one that caught up with
+the high watermark is added back (at once, on the ISR thread; never on a fetch's thread,
+which must not wait for ZooKeeper). A written ISR takes effect when the cluster's topics
+callback delivers it, like every other change, so an older view never lands after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from broker_core.client.connections import FlightConnections
+from broker_core.cluster.metadata import (
+    BrokerInfo,
+    ClusterMetadata,
+    PartitionState,
+    TopicAssignment,
+)
+from broker_core.errors import IdemlogError, NotLeaderOrFollowerError, OffsetOutOfRangeError
+from broker_core.log.partition_log import PartitionLog
+from broker_core.log.store import LogStore
+from broker_core.protocol.replica import (
+    OffsetsForLeaderEpochRequest,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+)
+from broker_core.server.partition import Partition, Role
+from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
+
+log = logging.getLogger("idemlog.replica")
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """The broker's ``replica.*`` keys."""
+
+    lag_time_max_ms: int
+    fetch: FetcherConfig
+
+    @property
+    def ack_timeout_s(self) -> float:
+        """How long an acks=all answer waits: past a lagging follower's removal from the
+        ISR (which lets the high watermark move) with room to spare."""
+        return 2.0 * self.lag_time_max_ms / 1000.0 + 5.0
+
+
+class ReplicaManager:
+    """Broker ``broker_id``'s replicas in ``store``, as ``cluster`` assigns them."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        store: LogStore,
+        cluster: ClusterMetadata,
+        config: ReplicationConfig,
+    ) -> None:
+        self.broker_id = broker_id
+        self._store = store
+        self._cluster = cluster
+        self.config = config
+        self._lock = threading.RLock()  # the maps below; taken by the cluster callback
+        self._partitions: dict[TopicPartition, Partition] = {}
+        self._fetchers: dict[TopicPartition, ReplicaFetcher] = {}
+        self._connections = FlightConnections()
+        self._expand: set[tuple[str, int, int]] = set()  # (topic, partition, broker) to add
+        self._wake = threading.Condition()
+        self._closed = False
+        self.isr_shrinks = 0
+        self.isr_expands = 0
+        self._thread = threading.Thread(target=self._isr_loop, name="idemlog-isr", daemon=True)
+        self._thread.start()
+
+    # -- following the metadata ----------------------------------------------------------
+    def apply(self, assignments: Mapping[str, TopicAssignment]) -> None:
+        """Take every partition's role from ``assignments`` (the cluster's topics): open
+        what this broker replicates, start or stop fetchers, forget deleted topics."""
+        with self._lock:
+            if self._closed:
+                return
+            wanted: set[TopicPartition] = set()
+            for name, assignment in assignments.items():
+                for p, state in assignment.states.items():
+                    if self.broker_id not in state.replicas:
+                        continue
+                    wanted.add((name, p))
+                    try:
+                        self._apply_one(name, p, state)
+                    except IdemlogError as exc:
+                        log.error("broker %d cannot follow %s-%d: %s", self.broker_id, name, p, exc)
+            for tp in [tp for tp in self._partitions if tp not in wanted]:
+                self._forget(tp)
+
+    def _apply_one(self, topic: str, p: int, state: PartitionState) -> None:
+        tp = (topic, p)
+        partition = self._partitions.get(tp)
+        if partition is None:
+            log_ = self._store.partition(topic, p)
+            min_isr = self._store.topic(topic).config.min_insync_replicas
+            partition = Partition(topic, p, log_, self.broker_id, min_insync_replicas=min_isr)
+            self._partitions[tp] = partition
+        fetcher = self._fetchers.get(tp)
+        stale = fetcher is not None and (
+            fetcher.leader_id != state.leader or fetcher.leader_epoch != state.leader_epoch
+        )
+        if fetcher is not None and (stale or state.leader == self.broker_id):
+            # Stopped before the role changes: no follower append after it leads.
+            fetcher.stop()
+            del self._fetchers[tp]
+        if state.leader_epoch < partition.leader_epoch:
+            return  # a late, older view
+        partition.apply(state)
+        if partition.role is Role.FOLLOWER and tp not in self._fetchers:
+            leader = state.leader
+            fetcher = ReplicaFetcher(
+                partition,
+                broker_id=self.broker_id,
+                leader_id=leader,
+                leader_epoch=state.leader_epoch,
+                address=lambda: self._address(leader),
+                connections=self._connections,
+                config=self.config.fetch,
+            )
+            self._fetchers[tp] = fetcher
+            fetcher.start()
+
+    def _forget(self, tp: TopicPartition) -> None:
+        fetcher = self._fetchers.pop(tp, None)
+        if fetcher is not None:
+            fetcher.stop()
+        partition = self._partitions.pop(tp, None)
+        if partition is not None:
+            partition.notify()
+
+    def _address(self, broker_id: int) -> str | None:
+        info: BrokerInfo | None = next(
+            (b for b in self._cluster.brokers() if b.broker_id == broker_id), None
+        )
+        return None if info is None else info.address
+
+    # -- lookups -------------------------------------------------------------------------
+    def partition(self, topic: str, partition: int) -> Partition:
+        """This broker's replica of the partition; NotLeaderOrFollowerError if none."""
+        with self._lock:
+            found = self._partitions.get((topic, partition))
+        if found is None:
+            raise NotLeaderOrFollowerError(
+                f"broker {self.broker_id} holds no replica of {topic}-{partition} (yet)"
+            )
+        return found
+
+    def leader_log(self, topic: str, partition: int) -> PartitionLog:
+        """The log of a partition this broker leads; NotLeaderOrFollowerError else."""
+        return self.partition(topic, partition).check_leader()
+
+    def partitions(self) -> list[Partition]:
+        with self._lock:
+            return list(self._partitions.values())
+
+    # -- the leader's side of replication ------------------------------------------------
+    def replica_fetch(self, request: ReplicaFetchRequest) -> bytes:
+        """A follower's fetch, answered (ReplicaFetchResponse.encode())."""
+        partition = self.partition(request.topic, request.partition)
+        partition.check_epoch(request.leader_epoch)
+        log_ = partition.log
+        if request.fetch_offset > log_.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"{partition.name}: fetch offset {request.fetch_offset} of broker "
+                f"{request.replica_id} is past the leader's log end {log_.log_end_offset}"
+            )
+        if partition.follower_fetched(request.replica_id, request.fetch_offset):
+            self._request_expansion(partition, request.replica_id)
+        if request.fetch_offset == log_.log_end_offset:
+            partition.wait_for_data(request.fetch_offset, request.max_wait_ms / 1000.0)
+            partition.check_epoch(request.leader_epoch)  # an election while it waited
+        records = log_.read_raw(request.fetch_offset, request.max_bytes)
+        return ReplicaFetchResponse(
+            log_.high_watermark, log_.log_start_offset, log_.log_end_offset, records
+        ).encode()
+
+    def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> dict[str, Any]:
+        """Where ``request.epoch`` ended in this leader's log (KIP-279)."""
+        partition = self.partition(request.topic, request.partition)
+        partition.check_epoch(request.leader_epoch)
+        answer = partition.log.end_offset_for(request.epoch)
+        return {"epoch": answer.epoch, "end_offset": answer.end_offset}
+
+    def wait_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        """Wait until every in-sync replica has the partition's offsets below
+        ``end_offset`` (see ``Partition.wait_replicated`` for what it raises)."""
+        found = self.partition(topic, partition)
+        found.notify()  # a marker written beside the produce path: wake the followers
+        found.wait_replicated(end_offset, self.config.ack_timeout_s)
+
+    # -- the ISR -------------------------------------------------------------------------
+    def _request_expansion(self, partition: Partition, broker: int) -> None:
+        partition.add_pending_isr(broker)  # counts for the high watermark from now (KIP-497)
+        with self._wake:
+            self._expand.add((partition.topic, partition.partition, broker))
+            self._wake.notify_all()
+
+    def _isr_loop(self) -> None:
+        interval_s = max(self.config.lag_time_max_ms / 2000.0, 0.05)
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._closed or bool(self._expand), interval_s)
+                if self._closed:
+                    return
+                expand, self._expand = self._expand, set()
+            for topic, p, broker in sorted(expand):
+                self._alter_isr(topic, p, add=broker)
+            for partition in self.partitions():
+                lagging = partition.lagging_followers(self.config.lag_time_max_ms)
+                if lagging:
+                    self._alter_isr(partition.topic, partition.partition, remove=lagging)
+
+    def _alter_isr(
+        self, topic: str, p: int, *, add: int | None = None, remove: list[int] | None = None
+    ) -> None:
+        try:
+            partition = self.partition(topic, p)
+        except NotLeaderOrFollowerError:
+            return
+        epoch = partition.leader_epoch
+        me = self.broker_id
+
+        def update(state: PartitionState) -> PartitionState | None:
+            if state.leader != me or state.leader_epoch != epoch:
+                return None  # no longer ours to change
+            isr = list(state.isr)
+            if add is not None and add not in isr and add in state.replicas:
+                isr.append(add)
+            for broker in remove or ():
+                if broker in isr and broker != me:
+                    isr.remove(broker)
+            if tuple(isr) == state.isr:
+                return None
+            return replace(state, isr=tuple(isr))
+
+        try:
+            written = self._cluster.alter_partition(topic, p, update)
+        except IdemlogError as exc:
+            # ZooKeeper away (or the topic gone): the ISR stays as it was, so acks=all
+            # answers wait; a pending addition stops counting until it is written.
+            log.warning("%s-%d: ISR change not written: %s", topic, p, exc)
+            if add is not None:
+                partition.drop_pending_isr(add)
+            return
+        if written is None:
+            if add is not None:
+                partition.drop_pending_isr(add)
+            return
+        if add is not None:
+            self.isr_expands += 1
+        if remove:
+            self.isr_shrinks += 1
+        # Applied when the cluster's callback delivers it (LocalTopics.sync), in the
+        # order of the changes: applying it here could race an older view's delivery.
+        log.info(
+            "%s-%d: ISR now %s (%s)",
+            topic,
+            p,
+            list(written.isr),
+            f"added {add}" if add is not None else f"dropped {remove}, lagging",
+        )
+
+    # -- shutdown ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every fetcher and the ISR thread; wake every waiter (they answer
+        NOT_LEADER_OR_FOLLOWER). Idempotent."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+        with self._lock:
+            fetchers, self._fetchers = list(self._fetchers.values()), {}
+        for fetcher in fetchers:
+            fetcher.stop()
+        if self._thread is not threading.current_thread():
+            self._thread.join(10.0)
+        self._connections.close()
+
+    def describe(self) -> dict[str, Any]:
+        """Replication metrics: partitions led, under-replicated ones, ISR changes, and
+        each follower's lag in offsets (leader's log end minus its fetch offset)."""
+        led = [p for p in self.partitions() if p.role is Role.LEADER]
+        under = sorted(
+            f"{p.name}" for p in led if p.state is not None and len(p.isr) < len(p.state.replicas)
+        )
+        lag: dict[str, dict[str, int]] = {}
+        for p in led:
+            end = p.log.log_end_offset
+            lag[p.name] = {
+                str(b): (end - prog.log_end_offset if prog.log_end_offset >= 0 else end)
+                for b, prog in sorted(p.progress().items())
+            }
+        return {
+            "leader_partitions": len(led),
+            "follower_partitions": sum(1 for p in self.partitions() if p.role is Role.FOLLOWER),
+            "under_replicated_partitions": under,
+            "isr_shrinks": self.isr_shrinks,
+            "isr_expands": self.isr_expands,
+            "follower_lag": lag,
+        }
