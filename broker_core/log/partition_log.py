@@ -41,6 +41,7 @@ from broker_core.log.recovery import (
     recover_partition,
 )
 from broker_core.log.replica import (
+    HighWatermarkCheckpoint,
     as_encoded,
     open_epoch_cache,
     parse_fetched,
@@ -134,6 +135,8 @@ class PartitionLog:
         # The epoch stamped on appends; replication sets it with become_leader.
         self.leader_epoch = max(INITIAL_LEADER_EPOCH, self.epochs.latest_epoch)
         self._high_watermark: int | None = None  # None: the log end (no replication)
+        self._hw_checkpoint = HighWatermarkCheckpoint(directory)
+        self.checkpointed_high_watermark = self._hw_checkpoint.load()
         self._follower_schema_known = False
 
     # -- offsets -----------------------------------------------------------------------
@@ -547,6 +550,7 @@ class PartitionLog:
             rebuild_state(self.directory, self.segments, self.state)
             if self._high_watermark is not None:
                 self._high_watermark = min(self._high_watermark, end)
+                self._hw_checkpoint.save(self._high_watermark, sync=True)
             return end
 
     def update_high_watermark(self, offset: int) -> int:
@@ -560,6 +564,12 @@ class PartitionLog:
                 self._high_watermark = offset
             return self.high_watermark
 
+    def checkpoint_high_watermark(self, *, sync: bool = False) -> None:
+        """Save a tracked high watermark (HighWatermarkCheckpoint); nothing untracked."""
+        with self._lock:
+            if self._high_watermark is not None and not self._closed:
+                self._hw_checkpoint.save(self.high_watermark, sync=sync)
+
     # -- lifecycle ---------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
@@ -571,6 +581,7 @@ class PartitionLog:
             if self._closed:
                 return
             self._join_flushers()
+            self.checkpoint_high_watermark(sync=True)
             self.active.seal()
             for seg in self.segments:
                 seg.flush()

@@ -145,9 +145,11 @@ class Partition:
             if changed and role not in _TRANSITIONS[self.role]:
                 raise RuntimeError(f"{self.name}: cannot go {self.role} -> {role}")
             if len(state.replicas) > 1 and self.state is None:
-                # A replicated log's high watermark is tracked from here on; after a
-                # restart it starts at the log start and catches up with the fetches.
-                self.log.update_high_watermark(self.log.log_start_offset)
+                # A replicated log's high watermark is tracked from here on: after a
+                # restart, from its checkpoint (never past the log end), else the start.
+                saved = self.log.checkpointed_high_watermark or 0
+                start, end = self.log.log_start_offset, self.log.log_end_offset
+                self.log.update_high_watermark(min(max(saved, start), end))
             with self._cond:
                 self.state = state
                 self._isr = frozenset(state.isr)

@@ -220,7 +220,8 @@ class ReplicaManager:
             self._wake.notify_all()
 
     def _isr_loop(self) -> None:
-        interval_s = max(self.config.lag_time_max_ms / 2000.0, 0.05)
+        # Lag is checked (and high watermarks checkpointed) at least every second.
+        interval_s = min(max(self.config.lag_time_max_ms / 2000.0, 0.05), 1.0)
         while True:
             with self._wake:
                 self._wake.wait_for(lambda: self._closed or bool(self._expand), interval_s)
@@ -233,6 +234,12 @@ class ReplicaManager:
                 lagging = partition.lagging_followers(self.config.lag_time_max_ms)
                 if lagging:
                     self._alter_isr(partition.topic, partition.partition, remove=lagging)
+                try:
+                    partition.log.checkpoint_high_watermark()
+                except OSError as exc:
+                    log.warning(
+                        "%s: high watermark checkpoint not written: %s", partition.name, exc
+                    )
 
     def _alter_isr(
         self, topic: str, p: int, *, add: int | None = None, remove: list[int] | None = None
