@@ -1,7 +1,7 @@
 """``idemlog`` commands that run a broker or talk to one (``broker_core.cli.main`` wires them).
 
 idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
-idemlog topics create|describe|delete --bootstrap host:port ...
+idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginning]
 idemlog metrics --bootstrap host:port [--json]
 """
@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.errors import InvalidRequestError
+from broker_core.errors import IdemlogError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol.metrics import render_table
 from broker_core.server.broker import Broker
@@ -135,17 +135,42 @@ def topics_describe(args: argparse.Namespace) -> int:
                 schema = ", ".join(f"{f.name}: {f.type}" for f in parsed)
             print(f"topic {t['name']}  schema [{schema}]  config {t['config'] or '{}'}")
             for p in t["partitions"]:
-                offsets = client.list_offsets(t["name"], p["partition"])
-                print(
+                line = (
                     f"  partition {p['partition']:>4}  leader {p['leader']:>3}  "
                     # A broker from before replica metadata sends neither: it serves one.
                     f"replicas {_ids(p.get('replicas', [p['leader']])):<8}  "
                     f"isr {_ids(p.get('isr', [p['leader']])):<8}  "
                     f"leader epoch {p.get('leader_epoch', 0):>3}  "
-                    f"log start {offsets['log_start_offset']:>10}  "
+                )
+                try:
+                    offsets = client.list_offsets(t["name"], p["partition"])
+                except IdemlogError as exc:
+                    # Its leader is down (no in-sync replica left to elect): say so and
+                    # go on with the other partitions.
+                    print(f"{line}offline: {exc}")
+                    continue
+                print(
+                    f"{line}log start {offsets['log_start_offset']:>10}  "
                     f"end {offsets['log_end_offset']:>10}  "
+                    f"high watermark {offsets['high_watermark']:>10}  "
                     f"last stable {offsets['last_stable_offset']:>10}"
                 )
+    return 0
+
+
+def topics_elect_leaders(args: argparse.Namespace) -> int:
+    """The preferred-leader rebalance (``kafka-leader-election.sh --election-type
+    preferred``): each partition whose first replica is live and in sync leads there."""
+    with BrokerClient(args.bootstrap) as client:
+        moved = client.elect_leaders([args.topic] if args.topic else None)
+    if args.json:
+        print(json.dumps({t: {str(p): b for p, b in m.items()} for t, m in moved.items()}))
+        return 0
+    count = sum(len(m) for m in moved.values())
+    print(f"moved the leadership of {count} partitions to their preferred replica")
+    for topic, partitions in sorted(moved.items()):
+        for partition, leader in sorted(partitions.items()):
+            print(f"  {topic}-{partition}: leader {leader}")
     return 0
 
 
@@ -279,6 +304,13 @@ def add_commands(sub: Any) -> None:
     describe.add_argument("--topic", help="only this topic")
     describe.add_argument("--json", action="store_true")
     describe.set_defaults(func=topics_describe)
+    elect = topics_sub.add_parser(
+        "elect-leaders", help="give each partition back to its preferred (first) replica"
+    )
+    elect.add_argument("--bootstrap", required=True)
+    elect.add_argument("--topic", help="only this topic")
+    elect.add_argument("--json", action="store_true")
+    elect.set_defaults(func=topics_elect_leaders)
     delete = topics_sub.add_parser("delete")
     delete.add_argument("--bootstrap", required=True)
     delete.add_argument("--topic", required=True)

@@ -37,6 +37,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.metrics import merge_documents
+from broker_core.protocol.replica import ElectLeadersRequest
 from broker_core.protocol.requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
@@ -577,6 +578,14 @@ class BrokerClient:
         """Fence the id's holder and abort its open transaction; False if none was open."""
         doc = self._coordinator_action(AbortTransactionRequest(transactional_id))
         return bool(doc["aborted"])
+
+    def elect_leaders(self, topics: Sequence[str] | None = None) -> dict[str, dict[int, int]]:
+        """The preferred-leader rebalance on the controller (``idemlog topics
+        elect-leaders``): every partition whose first replica is live and in sync but not
+        leading gets it back as leader. Returns {topic: {partition: new leader}}."""
+        request = ElectLeadersRequest(None if topics is None else tuple(topics))
+        doc = self._coordinator_action(request)
+        return {t: {int(p): int(b) for p, b in m.items()} for t, m in doc["moved"].items()}
 
     def add_partitions_to_txn(
         self,

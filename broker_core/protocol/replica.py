@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from broker_core.errors import InvalidRequestError
-from broker_core.protocol.wire import decode_json, encode_json
+from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.protocol.wire import field as _field
 
 Doc = dict[str, Any]
@@ -149,6 +149,7 @@ class OffsetsForLeaderEpochRequest:
 class ElectLeadersRequest:
     """The preferred-leader rebalance, for ``topics`` (None: every topic)."""
 
+    ACTION: ClassVar[Action] = Action.ELECT_LEADERS
     topics: tuple[str, ...] | None = None
 
     def to_doc(self) -> Doc:

@@ -25,6 +25,7 @@ from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata, TopicAssig
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
     CoordinatorNotAvailableError,
+    IdemlogError,
     InvalidConfigError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
@@ -452,9 +453,28 @@ class Broker:
         if state is BrokerState.CREATED:
             self._transition(BrokerState.STOPPED)
             return
+        self._move_leadership_away()
         self._transition(BrokerState.STOPPING)
         self._ready.set()  # waiting requests are released and refused
         self._release()
+
+    def _move_leadership_away(self) -> None:
+        """A clean shutdown's first step (Kafka's controlled shutdown): every partition
+        this broker leads with another live in-sync replica gets that one as leader, so
+        its producers and readers move on at once instead of after the session expires."""
+        cluster, topics = self.cluster, self._topics
+        if cluster is None or topics is None or self.config.embedded:
+            return
+        if not hasattr(cluster, "move_leadership_away"):  # TEMP until the cluster branch
+            return
+        try:
+            moved = cluster.move_leadership_away(self.broker_id)
+        except IdemlogError as exc:
+            log.warning("broker %d: leadership not moved before shutdown: %s", self.broker_id, exc)
+            return
+        if moved:
+            log.info("broker %d moved the leadership of %d partitions", self.broker_id, moved)
+            topics.sync()  # our replicas follow now: appends are refused, waiters answered
 
     def _release(self) -> None:
         self._tasks.stop()

@@ -23,6 +23,7 @@ callback delivers it, like every other change, so an older view never lands afte
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -49,6 +50,10 @@ from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
 log = logging.getLogger("idemlog.replica")
 
 TopicPartition = tuple[str, int]
+# Test hook (like marker_client's): a broker started with IDEMLOG_TEST_FAILPOINT set to
+# this answers its followers' fetches with no batches. Nothing else reads it.
+FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
+WITHHOLD_FAILPOINT = "withhold_replica_fetch"
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,8 @@ class ReplicaManager:
             partition.wait_for_data(request.fetch_offset, request.max_wait_ms / 1000.0)
             partition.check_epoch(request.leader_epoch)  # an election while it waited
         records = log_.read_raw(request.fetch_offset, request.max_bytes)
+        if os.environ.get(FAILPOINT_ENV) == WITHHOLD_FAILPOINT:
+            records = b""  # test hook: followers fall behind, and its tail diverges
         return ReplicaFetchResponse(
             log_.high_watermark, log_.log_start_offset, log_.log_end_offset, records
         ).encode()
