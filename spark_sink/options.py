@@ -5,7 +5,9 @@ case-insensitively; the README table is generated from :data:`OPTIONS` (and test
 against it). Options are parsed on the driver when the reader or writer is planned, so a
 bad one fails the query before any task runs, with the option named. Options Spark itself
 adds (``checkpointLocation``) are accepted and only kept; ``producer.<key>`` passes a key
-of the producer client's configuration through (validated by that configuration).
+of the producer client's configuration through (validated by that configuration), except
+the keys the sink sets itself; ``producer.acks`` may only be ``all`` (or ``-1``), as the
+sink writes in transactions.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError
+from broker_core.protocol.requests import ACKS_ALL
 from spark_sink.embedded import DEFAULT_PATH
-from spark_sink.producer.config import ProducerConfig
+from spark_sink.producer.config import ProducerConfig, parse_acks
 
 
 class Scope(StrEnum):
@@ -238,6 +241,10 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             parse_bootstrap(brokers)
         except IdemlogError as exc:
             raise InvalidConfigError(f"option 'brokers'={brokers!r}: {exc.message}") from None
+    if "acks" in producer:
+        # Before the producer's own rules: those would ask for enable.idempotence=false,
+        # a key the sink sets itself, which would leave the user nothing to do.
+        _check_sink_acks(producer["acks"])
     if producer:
         try:
             ProducerConfig.from_mapping(producer)
@@ -257,3 +264,19 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         checkpoint_location=checkpoint,
         producer=producer,
     )
+
+
+def _check_sink_acks(value: str) -> None:
+    """Refuse a ``producer.acks`` the sink cannot write with: every task writes its rows
+    in a transaction, and a transactional producer requires acks=all (a committed batch
+    must be on every in-sync replica, not only on a leader that may fail). Raises
+    InvalidConfigError naming the option and the value."""
+    try:
+        acks: int | None = parse_acks(value)
+    except IdemlogError:
+        acks = None  # 0 or garbage: the same answer, the only value the sink can take
+    if acks != ACKS_ALL:
+        raise InvalidConfigError(
+            f"option '{PRODUCER_PREFIX}acks'={value!r}: the sink writes every batch in a "
+            "transaction, which requires acks=all (or -1, the default)"
+        )

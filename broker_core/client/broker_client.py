@@ -39,6 +39,7 @@ from broker_core.errors import (
 from broker_core.protocol.metrics import merge_documents
 from broker_core.protocol.replica import ElectLeadersRequest
 from broker_core.protocol.requests import (
+    ACKS_ALL,
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
     AbortTransactionRequest,
@@ -415,14 +416,27 @@ class BrokerClient:
 
     # -- produce and fetch ---------------------------------------------------------------
     def produce_stream(
-        self, topic: str, partition: int, schema: pa.Schema | None = None
+        self,
+        topic: str,
+        partition: int,
+        schema: pa.Schema | None = None,
+        *,
+        acks: int = ACKS_ALL,
     ) -> ProduceStream:
         """A raw pipelined stream to the partition's leader (opened at the first send if
-        no schema is given). No retries: a failed send fails its batch with the broker's
-        typed error, and the caller decides (``spark_sink.producer`` does)."""
+        no schema is given), its batches answered as ``acks`` says (-1: once every in-sync
+        replica has them, the default; 1: once the leader has; anything else fails the
+        stream with ``InvalidRequiredAcksError``). No retries: a failed send fails its
+        batch with the broker's typed error, and the caller decides
+        (``spark_sink.producer`` does). Raises ``NetworkError`` as :meth:`leader`."""
         broker = self.leader(topic, partition)
         return ProduceStream(
-            self._connection(broker.address), topic, partition, schema, address=broker.address
+            self._connection(broker.address),
+            topic,
+            partition,
+            schema,
+            address=broker.address,
+            acks=acks,
         )
 
     def fetch_once(

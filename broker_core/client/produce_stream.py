@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
-from broker_core.protocol.requests import ProduceDescriptor
+from broker_core.protocol.requests import ACKS_ALL, ProduceDescriptor
 from broker_core.protocol.wire import (
     ProduceRequestMeta,
     ProduceResponse,
@@ -90,7 +90,14 @@ class ProduceHandle:
 
 
 class ProduceStream:
-    """Pipelined batches to ``topic``/``partition`` on one DoPut; not thread-safe to send."""
+    """Pipelined batches to ``topic``/``partition`` on one DoPut; not thread-safe to send.
+
+    ``acks`` goes in the stream's descriptor and holds for every batch of the stream: -1
+    (``ACKS_ALL``, the default) has each batch answered once every in-sync replica has it,
+    1 (``ACKS_LEADER``) once the leader has written it. It is not checked here (the stream
+    is raw): the broker refuses any other value, failing the stream with
+    ``InvalidRequiredAcksError`` (INVALID_REQUIRED_ACKS) at the first send.
+    """
 
     def __init__(
         self,
@@ -100,10 +107,12 @@ class ProduceStream:
         schema: pa.Schema | None = None,
         *,
         address: str = "",
+        acks: int = ACKS_ALL,
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.address = address
+        self.acks = acks
         self._client = client
         self._schema = schema
         self._writer: Any = None
@@ -127,7 +136,7 @@ class ProduceStream:
 
     def _open(self, schema: pa.Schema) -> None:
         descriptor = flight.FlightDescriptor.for_command(
-            encode_json(ProduceDescriptor(self.topic, self.partition).to_doc())
+            encode_json(ProduceDescriptor(self.topic, self.partition, self.acks).to_doc())
         )
         try:
             writer, metadata_reader = self._client.do_put(descriptor, schema)

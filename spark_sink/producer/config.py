@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey
 from broker_core.errors import InvalidConfigError
+from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
 
 # The broker caches the last ``producer.state.batch.window`` batches per producer and
@@ -20,6 +21,9 @@ from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
 BROKER_BATCH_WINDOW = DEFAULT_BATCH_WINDOW
 
 PARTITIONERS = ("hash", "round_robin")
+
+# The acks key's spellings and their wire values (broker_core.protocol.requests).
+ACKS_VALUES = {"all": ACKS_ALL, "-1": ACKS_ALL, "1": ACKS_LEADER}
 
 PRODUCER_CONFIG = ConfigDef(
     [
@@ -111,6 +115,17 @@ PRODUCER_CONFIG = ConfigDef(
             "written twice. Required by transactional.id.",
         ),
         ConfigKey(
+            "acks",
+            str,
+            "all",
+            "When the broker answers a batch. all (or -1): once every in-sync replica has "
+            "it, so an acknowledged batch outlives its leader (the topic's "
+            "min.insync.replicas says how few in-sync replicas will do); 1: once the "
+            "leader has written it, sooner, but a batch acknowledged just before the leader "
+            "fails can be lost. 1 requires enable.idempotence=false, and a transactional "
+            "producer requires all; 0 (no answer at all) is not supported.",
+        ),
+        ConfigKey(
             "transactional.id",
             str,
             "",
@@ -157,6 +172,7 @@ class ProducerConfig:
     request_timeout_ms: int
     delivery_timeout_ms: int
     enable_idempotence: bool
+    acks: int  # the wire value: ACKS_ALL (-1) or ACKS_LEADER (1)
     transactional_id: str | None
     transaction_timeout_ms: int
     partitioner: str
@@ -180,6 +196,7 @@ class ProducerConfig:
             request_timeout_ms=int(v["request.timeout.ms"]),
             delivery_timeout_ms=int(v["delivery.timeout.ms"]),
             enable_idempotence=bool(v["enable.idempotence"]),
+            acks=parse_acks(v["acks"]),
             transactional_id=str(v["transactional.id"]) or None,
             transaction_timeout_ms=int(v["transaction.timeout.ms"]),
             partitioner=str(v["partitioner"]),
@@ -196,6 +213,19 @@ class ProducerConfig:
                 "enable.idempotence=true: a retried batch could leave the broker's cache "
                 "and be written twice"
             )
+        if self.acks != ACKS_ALL and self.transactional_id is not None:
+            raise InvalidConfigError(
+                f"acks={self.acks} with transactional.id={self.transactional_id!r}: a "
+                "transactional producer requires acks=all (a commit must not count batches "
+                "that only the leader holds)"
+            )
+        if self.acks != ACKS_ALL and self.enable_idempotence:
+            # Kafka refuses the same: a batch acknowledged by the leader alone can vanish
+            # with it, and the new leader's sequences then no longer match the producer's.
+            raise InvalidConfigError(
+                f"acks={self.acks} requires enable.idempotence=false: an idempotent "
+                "producer requires acks=all (enable.idempotence is true by default)"
+            )
         if self.transactional_id is not None and not self.enable_idempotence:
             raise InvalidConfigError(
                 f"transactional.id={self.transactional_id!r} requires enable.idempotence=true"
@@ -209,6 +239,28 @@ class ProducerConfig:
             raise InvalidConfigError(
                 f"batch.size={self.batch_size} is larger than buffer.memory={self.buffer_memory}"
             )
+
+
+def parse_acks(raw: object) -> int:
+    """The wire value of an ``acks`` setting: ``ACKS_ALL`` (-1) for ``all`` or ``-1``,
+    ``ACKS_LEADER`` (1) for ``1`` (strings from a file or a Spark option, or ints).
+
+    Raises InvalidConfigError naming the key and the value for ``0`` (the producer's
+    retries, idempotence and transactions all need the broker's answer) and for anything
+    else.
+    """
+    # A bool is refused, not read: True is an int, and would pass for 1.
+    readable = isinstance(raw, (str, int)) and not isinstance(raw, bool)
+    text = str(raw).strip().lower() if readable else ""
+    if text in ACKS_VALUES:
+        return ACKS_VALUES[text]
+    if text == "0":
+        raise InvalidConfigError(
+            f"acks={raw!r} is not supported: the producer needs the broker's answer to every "
+            "batch (retries, idempotence and transactions depend on it); use acks=all or "
+            "acks=1"
+        )
+    raise InvalidConfigError(f"acks={raw!r} is not one of {', '.join(ACKS_VALUES)}")
 
 
 def describe() -> list[tuple[str, str, str, str]]:

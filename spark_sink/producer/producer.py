@@ -97,10 +97,11 @@ class Producer:
     ) -> None:
         """A producer of ``bootstrap`` (``host:port[,host:port]``, the bootstrap.servers
         config) with the config keys given as keyword arguments; ``transport``: a
-        transport instead of the Flight connection (tests); ``connections``: a Flight
-        connection cache to share (the Spark sink's, one per process), left open by
-        :meth:`close`. An idempotent producer without a transactional id gets its producer
-        id here (blocking up to max.block.ms), and the background sender starts.
+        transport instead of the Flight connection (tests; it sends with its own acks,
+        not the acks key's); ``connections``: a Flight connection cache to share (the
+        Spark sink's, one per process), left open by :meth:`close`. An idempotent
+        producer without a transactional id gets its producer id here (blocking up to
+        max.block.ms), and the background sender starts.
 
         Raises InvalidConfigError naming the key for an unknown key or a bad value, and
         when no bootstrap server is given; MaxBlockTimeoutError if the producer id cannot
@@ -117,7 +118,8 @@ class Producer:
             transport = FlightTransport(
                 BrokerClient(
                     self.config.bootstrap_servers, timeout_s=timeout_s, connections=connections
-                )
+                ),
+                acks=self.config.acks,
             )
         self.transport = transport
         self.metrics = ProducerMetrics()

@@ -24,6 +24,7 @@ from broker_core.errors import (
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.wire import ProduceResponse, SinkAttempt, SinkTxnStatus
 
 from .producer_batch import TopicPartition
@@ -115,10 +116,18 @@ class _StreamHandle:
 
 
 class FlightTransport:
-    """``Transport`` over a ``BrokerClient`` and its raw produce streams."""
+    """``Transport`` over a ``BrokerClient`` and its raw produce streams.
 
-    def __init__(self, client: BrokerClient, *, owns_client: bool = True) -> None:
+    Every stream it opens carries ``acks`` (the producer's ``acks`` key, as the wire
+    value: -1 all in-sync replicas, the default; 1 the leader): it is a property of the
+    producer, not of one batch, so the ``Transport`` seam does not carry it.
+    """
+
+    def __init__(
+        self, client: BrokerClient, *, owns_client: bool = True, acks: int = ACKS_ALL
+    ) -> None:
         self.client = client
+        self.acks = acks
         self._owns_client = owns_client
         self._lock = threading.Lock()
         self._streams: dict[TopicPartition, tuple[ProduceStream, list[_StreamHandle]]] = {}
@@ -151,7 +160,10 @@ class FlightTransport:
             return FailedHandle(failure)
         try:
             if entry is None:
-                entry = (self.client.produce_stream(tp.topic, tp.partition), [])
+                entry = (
+                    self.client.produce_stream(tp.topic, tp.partition, acks=self.acks),
+                    [],
+                )
                 with self._lock:
                     self._streams[tp] = entry
             stream, handles = entry

@@ -20,12 +20,14 @@ from broker_core.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidRequestError,
+    InvalidRequiredAcksError,
     InvalidTopicError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
     SchemaMismatchError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import Action, ProduceRequestMeta, encode_json, parse_error_message
 from tests.broker.helpers import SCHEMA, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
@@ -112,6 +114,34 @@ def test_garbage_descriptor_is_rejected(
     )
     path = flight.FlightDescriptor.for_path("a", "b")
     assert "must be a command" in _stream_error(shared_broker, path, rows(1), b"").message
+
+
+def test_produce_acks_leader_and_all_are_answered_any_other_is_refused(
+    client: BrokerClient, shared_broker: BrokerProcess, witness: BrokerClient
+) -> None:
+    client.create_topic("acks", 1, schema=SCHEMA)
+    with client.produce_stream("acks", 0, acks=ACKS_LEADER) as leader:
+        assert leader.send(rows(2)).offsets(10) == (0, 1)
+    with client.produce_stream("acks", 0, acks=ACKS_ALL) as every_isr:
+        assert every_isr.send(rows(1, start=2)).offsets(10) == (2, 2)
+    meta = ProduceRequestMeta(-1, -1, -1, False, 0).encode()
+    two = flight.FlightDescriptor.for_command(
+        encode_json({"op": "produce", "topic": "acks", "partition": 0, "acks": 2})
+    )
+    error = _stream_error(shared_broker, two, rows(1, start=3), meta)
+    assert isinstance(error, InvalidRequiredAcksError) and error.code == 21
+    assert "acks=2 must be -1 (all in-sync replicas) or 1 (the leader)" in error.message
+    # 0 (no answer) through the client: the stream fails with the typed error.
+    with pytest.raises(InvalidRequiredAcksError, match="acks=0 must be -1") as zero:
+        client.produce_stream("acks", 0, acks=0).send(rows(1, start=3)).result(10)
+    assert zero.value.code == 21
+    mistyped = flight.FlightDescriptor.for_command(
+        encode_json({"op": "produce", "topic": "acks", "partition": 0, "acks": "all"})
+    )
+    error = _stream_error(shared_broker, mistyped, rows(1, start=3), meta)
+    assert isinstance(error, InvalidRequestError)
+    assert "field 'acks' must be int, got str" in error.message
+    assert ids(client, "acks") == [0, 1, 2]  # nothing of the refused streams written
 
 
 def test_wrong_schema_is_rejected_at_stream_start(
