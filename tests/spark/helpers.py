@@ -88,8 +88,12 @@ class ReadBack:
         return sum(t.num_rows for t in self.partitions.values() if t is not None)
 
 
-def read_back(store: str, topic: str, *, isolation: str = "read_committed") -> ReadBack:
-    with BrokerClient(ensure_broker(store), timeout_s=60.0) as client:
+def read_back(
+    store: str, topic: str, *, isolation: str = "read_committed", brokers: str | None = None
+) -> ReadBack:
+    """The topic as the embedded broker of ``store`` serves it, or the cluster at
+    ``brokers`` (a bootstrap list)."""
+    with BrokerClient(brokers or ensure_broker(store), timeout_s=60.0) as client:
         (doc,) = client.describe_topics([topic])
         count = len(doc["partitions"])
         tables = {p: client.read_table(topic, p, isolation=isolation) for p in range(count)}
@@ -104,10 +108,13 @@ def transaction_metrics(store: str) -> dict[str, Any]:
     return dict(txns)
 
 
-def assert_one_copy(store: str, topic: str, expected_ids: Sequence[int]) -> ReadBack:
+def assert_one_copy(
+    store: str, topic: str, expected_ids: Sequence[int], *, brokers: str | None = None
+) -> ReadBack:
     """Every expected id exactly once, nothing else; each key in one partition with its
-    ids increasing in offset order; the last stable offset not stuck behind the log end."""
-    back = read_back(store, topic)
+    ids increasing in offset order; the last stable offset not stuck behind the log end.
+    Read from the embedded broker of ``store``, or the cluster at ``brokers``."""
+    back = read_back(store, topic, brokers=brokers)
     ids = back.column("id")
     counts: dict[int, int] = defaultdict(int)
     for i in ids:
