@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker_core.errors import InvalidRequestError
+from broker_core.errors import InvalidRequestError, InvalidRequiredAcksError
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol import replica as rp
 from broker_core.protocol import requests as rq
@@ -140,5 +140,5 @@ def test_a_replica_fetch_answer_round_trips_and_a_short_one_is_named() -> None:
         rp.ReplicaFetchRequest.from_doc(
             {**rp.ReplicaFetchRequest("t", 0, 1, 0, 0, 1, 0).to_doc(), "fetch_offset": -1}
         )
-    with pytest.raises(InvalidRequestError, match="acks=2"):
+    with pytest.raises(InvalidRequiredAcksError, match="acks=2"):
         rq.ProduceDescriptor.from_doc({"op": "produce", "topic": "t", "partition": 0, "acks": 2})
