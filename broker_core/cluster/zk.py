@@ -147,7 +147,7 @@ class ZkCluster(TopicView):
             self._requests.session.close()
             self._notifier.close(0.0)
             raise
-        self._leaders = ZkLeaders(self, self._control)
+        self._leaders = ZkLeaders(self, self._control, self._requests, root)
         self._control.start()
         # The recipes re-arm their watches across reconnects and sessions; their callbacks
         # only hand the work to the worker (returning False, once closed, ends a recipe).
@@ -263,6 +263,7 @@ class ZkCluster(TopicView):
         persist, UnknownTopicOrPartitionError when the topic or partition is gone.
         """
         validate_topic_name(topic)
+        self._control.check_open()
         result: list[PartitionState | None] = [None]
 
         def change(current: TopicAssignment) -> TopicAssignment | None:
@@ -507,22 +508,7 @@ class ZkCluster(TopicView):
             docs[child] = (bytes(data), child_stat)
         return int(stat.pzxid), docs
 
-    # -- reads and writes for the leader elections ------------------------------------------
-
-    def read_live_broker_ids(self) -> set[int]:
-        """The registered broker ids, read now (not from the cache, which may lag).
-        Raises ZkUnavailable."""
-        children = self._requests.call(
-            functools.partial(self._client.get_children_async, self._ids_path)
-        )
-        return {int(c) for c in children if c.isdigit()}
-
-    def read_topic_names(self) -> list[str]:
-        """The topic names, read now. Raises ZkUnavailable."""
-        children = self._requests.call(
-            functools.partial(self._client.get_children_async, self._topics_path)
-        )
-        return sorted(children)
+    # -- the one writer of partition states -------------------------------------------------
 
     def rewrite_topic(
         self,

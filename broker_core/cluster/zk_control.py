@@ -71,8 +71,9 @@ class ZkTask(Enum):
 class ZkControl:
     """Connection state, the worker, this broker's registration and the election.
 
-    ``requests`` wraps the caller's started kazoo client; ``refresh(task)`` re-reads the
-    caller's BROKERS or TOPICS cache (on the worker thread); ``notifier`` runs the
+    ``requests`` wraps the caller's started kazoo client; ``refresh(task)`` runs the
+    caller's tasks (BROKERS, TOPICS, TOPIC_STATES, LEADERS) on the worker thread, where
+    an exception retries the task with backoff; ``notifier`` runs the
     controller callbacks. The state listener is attached at construction: call
     :meth:`start` to start the worker, or :meth:`detach` to give up before starting.
     """

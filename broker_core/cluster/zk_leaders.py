@@ -22,6 +22,7 @@ one at WARNING); the other brokers see it through their topic data watches.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
@@ -35,7 +36,7 @@ from broker_core.cluster.election import (
 )
 from broker_core.cluster.metadata import PartitionState, TopicAssignment
 from broker_core.cluster.zk_control import ZkControl, ZkTask
-from broker_core.cluster.zk_requests import ZkUnavailable
+from broker_core.cluster.zk_requests import ZkRequests, ZkUnavailable
 from broker_core.errors import (
     CorruptRecordError,
     InvalidRequestError,
@@ -56,10 +57,9 @@ class ControllerFencedError(Exception):
 
 
 class TopicStore(Protocol):
-    """What the elections need of :class:`~broker_core.cluster.zk.ZkCluster`."""
+    """What the elections need of :class:`~broker_core.cluster.zk.ZkCluster`: its
+    conditional rewrite of a topic node, which also updates its cache."""
 
-    def read_live_broker_ids(self) -> set[int]: ...
-    def read_topic_names(self) -> list[str]: ...
     def rewrite_topic(
         self,
         name: str,
@@ -72,9 +72,28 @@ class TopicStore(Protocol):
 class ZkLeaders:
     """The leader changes of one ZkCluster instance (module docstring)."""
 
-    def __init__(self, store: TopicStore, control: ZkControl) -> None:
+    def __init__(
+        self, store: TopicStore, control: ZkControl, requests: ZkRequests, root: str
+    ) -> None:
         self._store = store
         self._control = control
+        self._requests = requests
+        self._ids_path = f"{root}/brokers/ids"
+        self._topics_path = f"{root}/topics"
+
+    def _read_live_broker_ids(self) -> set[int]:
+        """The registered broker ids, read now (a cache may lag). Raises ZkUnavailable."""
+        children = self._requests.call(
+            functools.partial(self._requests.client.get_children_async, self._ids_path)
+        )
+        return {int(c) for c in children if c.isdigit()}
+
+    def _read_topic_names(self) -> list[str]:
+        """The topic names, read now. Raises ZkUnavailable."""
+        children = self._requests.call(
+            functools.partial(self._requests.client.get_children_async, self._topics_path)
+        )
+        return sorted(children)
 
     # -- the controller's pass: on the worker thread ----------------------------------------
 
@@ -86,8 +105,8 @@ class ZkLeaders:
         fence = self._control.controller_fence()
         if fence is None:
             return
-        live = self._store.read_live_broker_ids()
-        for name in self._store.read_topic_names():
+        live = self._read_live_broker_ids()
+        for name in self._read_topic_names():
             if self._control.controller_fence() != fence:
                 log.info("controller pass stopped: this broker is no longer the controller")
                 return
@@ -158,12 +177,12 @@ class ZkLeaders:
                 "a preferred leader election runs on the controller, and this broker is not "
                 "the controller"
             )
-        live = self._foreground(self._store.read_live_broker_ids, "reading the live brokers")
+        live = self._foreground(self._read_live_broker_ids, "reading the live brokers")
         named = topics is not None
         names = (
             list(topics)
             if topics is not None
-            else self._foreground(self._store.read_topic_names, "reading the topics")
+            else self._foreground(self._read_topic_names, "reading the topics")
         )
         moved: dict[str, dict[int, int]] = {}
         for name in names:
@@ -192,8 +211,8 @@ class ZkLeaders:
         ``broker_id``, epoch + 1. Each topic node is written conditionally on its version
         (re-read on a conflict). Returns how many partitions moved. Raises
         RequestTimedOutError (retriable) when ZooKeeper is unavailable."""
-        live = self._foreground(self._store.read_live_broker_ids, "reading the live brokers")
-        names = self._foreground(self._store.read_topic_names, "reading the topics")
+        live = self._foreground(self._read_live_broker_ids, "reading the live brokers")
+        names = self._foreground(self._read_topic_names, "reading the topics")
         count = 0
         for name in names:
             moves: Moves = {}

@@ -77,13 +77,18 @@ def seen_everywhere(
     """Every member's cache shows ``expected``, and its topics callback reported it."""
     for member in group:
         member.states.wait(
-            lambda v: any(s.get(topic, {}).get(partition) == expected for s in v),  # type: ignore[attr-defined]
+            lambda v: any(_state_in(s, topic, partition) == expected for s in v),
             f"broker {member.broker_id} to report {topic}-{partition} as {expected}",
         )
         wait_until(
             lambda m=member: m.state(topic, partition) == expected,
             f"broker {member.broker_id} to show {topic}-{partition} as {expected}",
         )
+
+
+def _state_in(snapshot: object, topic: str, partition: int) -> object:
+    assert isinstance(snapshot, dict)
+    return snapshot.get(topic, {}).get(partition)
 
 
 def create(group: dict[int, Member], topic: str, partitions: int, **config: str) -> TopicAssignment:
@@ -157,8 +162,8 @@ def test_alter_partition_is_seen_everywhere_and_retried_on_a_conflict(
 
     assert leader.cluster.alter_partition("t", 0, deposed) is None
     assert calls == [expanded, moved]
-    assert leader.stored("t") == (leader.stored("t")[0], version + 1)
-    assert leader.stored("t")[0].state(0) == moved
+    stored, after = leader.stored("t")
+    assert stored.state(0) == moved and after == version + 1  # only the rival's write
     seen_everywhere(list(group.values()), "t", 0, moved)
     with pytest.raises(UnknownTopicOrPartitionError):
         leader.cluster.alter_partition("t", 2, shrink)
@@ -217,11 +222,13 @@ def test_no_live_in_sync_replica_leaves_the_partition_offline_unless_unclean_is_
     for name, config in (("clean", {}), ("dirty", {"unclean.leader.election.enable": "true"})):
         create(group, name, 1, **config)
         # The victim leads, alone in the ISR (its followers fell behind).
-        alone[name] = group[1].cluster.alter_partition(
+        written = group[1].cluster.alter_partition(
             name,
             0,
             lambda s: S(s.replicas, victim.broker_id, s.leader_epoch + 1, (victim.broker_id,)),
-        )  # type: ignore[assignment]
+        )
+        assert written is not None and written.leader == victim.broker_id
+        alone[name] = written
     others = [m for m in group.values() if m is not victim]
     replicas = alone["dirty"].replicas
     first_live = next(b for b in replicas if b != victim.broker_id)
@@ -323,3 +330,35 @@ def test_preferred_leaders_and_moving_leadership_away(members: Callable[[int], M
     seen_everywhere(list(group.values()), "t", p, back)
     assert controller.stored("t")[0].state(p) == back
     assert controller.cluster.elect_preferred_leaders() == {}
+
+
+# -- the watches and the cache's ordering ----------------------------------------------------
+
+
+def test_a_recreated_topic_is_watched_again_and_an_older_read_never_wins(
+    members: Callable[[int], Member],
+) -> None:
+    group = three(members)
+    create(group, "t", 1)
+    group[2].cluster.delete_topic("t")
+    for member in group.values():
+        wait_until(lambda m=member: "t" not in m.cluster.topics(), "the deletion everywhere")
+    created = create(group, "t", 1)
+    s = created.state(0)
+    # A data change of the new node reaches every instance: its data watch was started
+    # afresh (the old node's watch ended with the deletion).
+    shrunk = S(s.replicas, s.leader, 0, (s.leader,))
+    assert group[s.leader].cluster.alter_partition("t", 0, lambda _: shrunk) == shrunk
+    seen_everywhere(list(group.values()), "t", 0, shrunk)
+
+    # A read of the node older than the cached version (as a slow concurrent refresh
+    # would deliver) is not installed; the cache keeps the newer state.
+    observer = group[1 if s.leader != 1 else 2]
+    _, stat = observer.client.get(f"{ROOT}/topics/t")
+    stale = observer.cluster.topic("t").with_states({0: s})
+    assert observer.cluster._apply_topic("t", stale, stat.czxid, stat.mzxid - 1) is False
+    assert observer.cluster.topic("t").state(0) == shrunk
+    # ...and an older listing (a smaller child zxid) is ignored as a whole.
+    older = observer.cluster._topics_zxid - 1
+    observer.cluster._apply_listing(older, {}, {})
+    assert observer.cluster.topic("t").state(0) == shrunk
