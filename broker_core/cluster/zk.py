@@ -49,7 +49,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker_core.cluster.metadata import (
@@ -482,7 +482,7 @@ class ZkCluster(TopicView):
                 data, stat = self._requests.call(functools.partial(self._client.get_async, path))
             except NoNodeError:
                 continue  # deleted: the children watch brings the listing
-            except BaseException:
+            except Exception:
                 with self._lock:
                     self._stale_topics.update(names[i:])  # the worker retries them
                 raise
@@ -557,7 +557,9 @@ class ZkCluster(TopicView):
                 transaction.check(self._epoch_path, fence[1])
                 transaction.set_data(path, payload, version=stat.version)
                 fenced, written = self._requests.call(transaction.commit_async)
-                if isinstance(fenced, Exception):
+                # A failed multi reports the ops before the failing one as RolledBackError:
+                # only the check's own failure means a newer controller.
+                if isinstance(fenced, Exception) and not isinstance(fenced, RolledBackError):
                     raise ControllerFencedError(
                         f"{what}: the controller epoch {fence[0]} is no longer current "
                         f"({self._epoch_path} changed: a newer controller exists)"

@@ -12,6 +12,7 @@ import pytest
 
 from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
+from broker_core.cluster.zk_leaders import ControllerFencedError
 from broker_core.errors import InvalidRequestError, UnknownTopicOrPartitionError
 from tests.harness.waiting import Recorder, wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
@@ -89,6 +90,11 @@ def seen_everywhere(
 def _state_in(snapshot: object, topic: str, partition: int) -> object:
     assert isinstance(snapshot, dict)
     return snapshot.get(topic, {}).get(partition)
+
+
+def bump_epoch(assignment: TopicAssignment, partition: int) -> TopicAssignment:
+    s = assignment.state(partition)
+    return assignment.with_states({partition: S(s.replicas, s.leader, s.leader_epoch + 1, s.isr)})
 
 
 def create(group: dict[int, Member], topic: str, partitions: int, **config: str) -> TopicAssignment:
@@ -281,13 +287,38 @@ def test_a_deposed_controllers_election_write_is_refused(
     created = create(group, "t", 3)
     controller = controller_of(group)
     victim, bystander = [m for m in group.values() if m is not controller]
-    before = controller.stored("t")
     # A newer controllership bumps the epoch (as a successor does the moment it wins);
     # the old controller has not heard of it and still acts.
     assert (
         bystander.cluster._control.bump_controller_epoch() > controller.cluster.controller_epoch()
     )
     assert controller.cluster.is_controller()
+
+    # A fenced write that conflicts with another writer of the node (a leader's ISR
+    # change) is re-read and redone, not mistaken for fencing.
+    fence = controller.cluster._control.controller_fence()
+    assert fence is not None
+    current_fence = (bystander.cluster._control.controller_epoch(), fence[1] + 1)
+    p0 = created.state(0)
+    calls: list[int] = []
+
+    def change(current: TopicAssignment) -> TopicAssignment | None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            group[p0.leader].cluster.alter_partition(
+                "t", 0, lambda s: S(s.replicas, s.leader, 0, (s.leader,))
+            )
+        return bump_epoch(current, 1)
+
+    written = controller.cluster.rewrite_topic("t", change, "a fenced test write", current_fence)
+    assert calls == [0, 1] and written is not None
+    assert controller.stored("t")[0].state(0).isr == (p0.leader,)  # both writes kept
+    assert controller.stored("t")[0].state(1).leader_epoch == 1
+    # With the stale fence the same write is refused, whatever the node's version.
+    with pytest.raises(ControllerFencedError, match="controller epoch 1 is no longer current"):
+        controller.cluster.rewrite_topic("t", lambda a: bump_epoch(a, 2), "a stale write", fence)
+    assert controller.stored("t")[0].state(2).leader_epoch == 0
+    before = controller.stored("t")
 
     with zk_chroot.session_expired(victim.client):
         wait_until(
