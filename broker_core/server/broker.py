@@ -465,8 +465,6 @@ class Broker:
         cluster, topics = self.cluster, self._topics
         if cluster is None or topics is None or self.config.embedded:
             return
-        if not hasattr(cluster, "move_leadership_away"):  # TEMP until the cluster branch
-            return
         try:
             moved = cluster.move_leadership_away(self.broker_id)
         except IdemlogError as exc:
