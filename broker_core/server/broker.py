@@ -322,7 +322,11 @@ class Broker:
     def _open_cluster(self, info: BrokerInfo) -> ClusterMetadata:
         if self.config.embedded:
             return EmbeddedCluster(info, self.config.log_dir / CLUSTER_FILE)
-        return ZkCluster(self.zookeeper_client(), ZK_ROOT)
+        return ZkCluster(
+            self.zookeeper_client(),
+            ZK_ROOT,
+            default_replication_factor=self.config.default_replication_factor,
+        )
 
     def zookeeper_client(self) -> Any:
         """The started KazooClient; InvalidConfigError in embedded mode (no ZooKeeper)."""
