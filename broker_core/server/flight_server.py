@@ -270,6 +270,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         request = FetchRequest.from_doc(decode_json(ticket.ticket, "fetch ticket"))
         topic, partition = request.topic, request.partition
         log_ = self._topics.leader_log(topic, partition)
+        replica = self._topics.partition(topic, partition)
         store = self._store()
         schema = (store.topic(topic).schema if store else None) or EMPTY_SCHEMA
         result = log_.read(
@@ -284,22 +285,28 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             result.last_stable_offset,
             result.log_start_offset,
         )
+        # The rows point into the log's memory map until sent: a truncation below the
+        # high watermark (after an unclean election) waits for this stream first.
+        replica.reader_started()
 
         def stream() -> Iterator[tuple[pa.RecordBatch, pa.Buffer]]:
-            for b in result.batches:
-                meta = FetchBatchMeta(
-                    b.base_offset,
-                    b.producer_id,
-                    b.producer_epoch,
-                    b.base_sequence,
-                    b.is_transactional,
-                    b.timestamp,
-                )
-                records = b.records
-                if not records.schema.equals(schema):
-                    records = pa.RecordBatch.from_arrays(records.columns, schema=schema)
-                yield records, pa.py_buffer(meta.encode())
-            yield _empty_batch(schema), pa.py_buffer(trailer.encode())
+            try:
+                for b in result.batches:
+                    meta = FetchBatchMeta(
+                        b.base_offset,
+                        b.producer_id,
+                        b.producer_epoch,
+                        b.base_sequence,
+                        b.is_transactional,
+                        b.timestamp,
+                    )
+                    records = b.records
+                    if not records.schema.equals(schema):
+                        records = pa.RecordBatch.from_arrays(records.columns, schema=schema)
+                    yield records, pa.py_buffer(meta.encode())
+                yield _empty_batch(schema), pa.py_buffer(trailer.encode())
+            finally:
+                replica.reader_done()
 
         return flight.GeneratorStream(schema, stream())
 

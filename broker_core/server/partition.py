@@ -112,6 +112,7 @@ class Partition:
         self._isr: frozenset[int] = frozenset()
         self._pending_isr: frozenset[int] = frozenset()  # asked to add, not yet in ZooKeeper
         self._changes = 0  # bumped on every role/epoch change: waiters see it
+        self._readers = 0  # fetch streams still sending rows that point into the log
 
     @property
     def name(self) -> str:
@@ -331,6 +332,23 @@ class Partition:
                 for b, p in self._followers.items()
                 if b in self._isr and now - p.last_caught_up_ms > max_lag_ms
             )
+
+    # -- readers and truncation -----------------------------------------------------------
+    def reader_started(self) -> None:
+        """A fetch stream is about to send rows that point into the log's memory map."""
+        with self._cond:
+            self._readers += 1
+
+    def reader_done(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            self._cond.notify_all()
+
+    def wait_for_readers(self, timeout_s: float) -> bool:
+        """Wait until no fetch stream holds rows of the log (before a truncation below
+        the high watermark, which would shrink the file under them); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._readers == 0, timeout_s)
 
     def progress(self) -> dict[int, FollowerProgress]:
         """A copy of each follower's progress (metrics)."""

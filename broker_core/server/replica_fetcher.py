@@ -40,6 +40,7 @@ from broker_core.server.partition import Partition
 log = logging.getLogger("idemlog.replica")
 
 FETCH_TIMEOUT_MARGIN_S = 10.0  # on top of the long poll, for the answer itself
+READERS_WAIT_S = 10.0  # for open fetch streams before a truncation below the watermark
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,12 @@ class ReplicaFetcher:
             target = min(end, ours.end_offset if ours.end_offset >= 0 else end)
         else:
             target = end
+        if target < log_.high_watermark and not partition.wait_for_readers(READERS_WAIT_S):
+            # Only after an unclean election: rows below the high watermark were served.
+            log.warning(
+                "%s: truncating below the high watermark with fetch streams still open",
+                partition.name,
+            )
         if target < log_.log_end_offset:
             before = log_.log_end_offset
             new_end = log_.truncate_to(max(target, log_.log_start_offset))
