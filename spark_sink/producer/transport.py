@@ -131,6 +131,7 @@ class FlightTransport:
         self._owns_client = owns_client
         self._lock = threading.Lock()
         self._streams: dict[TopicPartition, tuple[ProduceStream, list[_StreamHandle]]] = {}
+        self._refreshing = False
 
     def partitions_for(self, topic: str) -> int:
         leaders = self.client.metadata().topics.get(topic)
@@ -199,9 +200,27 @@ class FlightTransport:
             error, (NotLeaderOrFollowerError, UnknownTopicOrPartitionError, NetworkError)
         ):
             # A leader that does not answer may have been replaced by an election: the
-            # next attempt goes where the fresh metadata says (the same broker until then).
-            with contextlib.suppress(IdemlogError):
-                self.client.refresh_metadata()
+            # next attempts go where the fresh metadata says (the same broker until then).
+            self._refresh_metadata_soon()
+
+    def _refresh_metadata_soon(self) -> None:
+        """Refresh the metadata on a thread of its own, one refresh at a time: asking a
+        broker whose host is cut off waits out the request timeout, which must not stall
+        the sender (and every other partition's batches) behind it."""
+        with self._lock:
+            if self._refreshing:
+                return
+            self._refreshing = True
+
+        def refresh() -> None:
+            try:
+                with contextlib.suppress(IdemlogError):
+                    self.client.refresh_metadata()
+            finally:
+                with self._lock:
+                    self._refreshing = False
+
+        threading.Thread(target=refresh, name="idemlog-metadata-refresh", daemon=True).start()
 
     def reset(self, tp: TopicPartition, error: IdemlogError) -> None:
         self._forget(tp, error)
