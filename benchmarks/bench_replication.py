@@ -178,7 +178,7 @@ def run_factor(
     rows = batches[0].num_rows
     ends = [admin.list_offsets(topic, p)["log_end_offset"] for p in range(producers)]
     assert ends == [per_producer * rows] * producers, (topic, ends)
-    elections = sum(a != b for a, b in zip(epochs, _epochs(cluster, topic, producers)))
+    elections = sum(a != b for a, b in zip(epochs, _epochs(cluster, topic, producers), strict=True))
     shrinks = _isr_shrinks(cluster) - shrinks
     admin.delete_topic(topic)  # frees the disk for the next run
     return RfRun(
