@@ -1,8 +1,9 @@
 """Cluster metadata of a single broker without ZooKeeper (``zookeeper.connect`` unset).
 
 The broker is the whole cluster: once registered it is the only live broker and the
-controller, and every partition of every topic is assigned to it. Topic assignments are
-kept in one JSON file, replaced atomically on every change::
+controller, and every partition of every topic is assigned to it (so there is no leader
+to elect or move; :meth:`EmbeddedCluster.alter_partition` still rewrites a state).
+Topic assignments are kept in one JSON file, replaced atomically on every change::
 
     {"version": 2, "broker_id": B, "controller_epoch": E,
      "topics": {"<name>": <TopicAssignment.to_doc()>, ...}}
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,10 +37,12 @@ from broker_core.cluster.metadata import (
     BrokerInfo,
     CallbackNotifier,
     ClusterMetadata,
+    PartitionState,
     TopicAssignment,
     TopicView,
     assign_partitions,
     check_broker_id,
+    check_partition_update,
     load_json_object,
     replication_factor_of,
     validate_new_topic,
@@ -152,6 +155,48 @@ class EmbeddedCluster(TopicView):
             self._save(topics, self._controller_epoch)
             self._topics = topics
             self._notifier.post(list(self._topics_callbacks))
+
+    def alter_partition(
+        self,
+        topic: str,
+        partition: int,
+        update: Callable[[PartitionState], PartitionState | None],
+    ) -> PartitionState | None:
+        """Read-modify-write of one partition's state, under the lock (no conflicts here).
+
+        ``update(current)`` returns the new state or None (nothing written, None returned).
+        The new state must pass :meth:`PartitionState.problem` and keep or raise the leader
+        epoch (INVALID_REQUEST otherwise). It is durable in the file, and in
+        :meth:`topics`, before the return; the topic-change callbacks fire if it changed.
+        Raises UnknownTopicOrPartitionError when the topic or partition does not exist.
+        """
+        with self._lock:
+            self._check_open()
+            current = self._topics.get(topic)
+            if current is None:
+                validate_topic_name(topic)
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+            state = current.state(partition)
+            proposed = update(state)
+            if proposed is None:
+                return None
+            new = check_partition_update(topic, partition, state, proposed)
+            if new != state:
+                topics = {**self._topics, topic: current.with_states({partition: new})}
+                self._save(topics, self._controller_epoch)
+                self._topics = topics
+                self._notifier.post(list(self._topics_callbacks))
+            return new
+
+    def elect_preferred_leaders(
+        self, topics: Sequence[str] | None = None
+    ) -> dict[str, dict[int, int]]:
+        """Nothing to move: the one broker leads every partition. Returns {}."""
+        return {}
+
+    def move_leadership_away(self, broker_id: int) -> int:
+        """Nowhere to move to: the one broker leads every partition. Returns 0."""
+        return 0
 
     def close(self) -> None:
         """Stop being live and the controller (callbacks get ``False``); idempotent."""

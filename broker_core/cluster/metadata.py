@@ -9,15 +9,20 @@ Two implementations of :class:`ClusterMetadata`:
   partitions' state (:class:`PartitionState`: replicas, leader, leader epoch, ISR) live
   in persistent znodes.
 
-There is no replication yet (docs/replication.md): a partition is assigned to one broker,
-its only replica, when its topic is created and never moves. What survives what:
+A partition's replicas are fixed when its topic is created; its leader, leader epoch and
+ISR change (docs/replication.md): through :meth:`ClusterMetadata.alter_partition` (a
+leader shrinking or expanding its ISR), the ZooKeeper controller's elections when brokers
+come and go (:mod:`broker_core.cluster.zk_leaders`, decisions in
+:mod:`broker_core.cluster.election`), a preferred-leader rebalance and a clean shutdown's
+:meth:`ClusterMetadata.move_leadership_away`. What survives what:
 
 * a broker's registration (``brokers/ids/<id>``) and its controllership live exactly as
   long as its ZooKeeper session: a crash, or a session expiry, removes them; a dropped
   connection that reconnects within the session timeout does not;
 * topic assignments (``topics/<name>``) are persistent: they survive every broker and
-  every session. A dead broker's partitions are unavailable until that broker id comes
-  back with its data directory; no other broker takes them over.
+  every session. A dead broker's partitions move to another in-sync replica if one is
+  live; a partition with no other replica (replication factor 1), or none in sync, stays
+  unavailable until one of its in-sync replicas comes back with its data directory.
 
 This module holds what both implementations share: the value types and their stored JSON
 forms, the protocol, the validation of a new topic, the round-robin assignment and the
@@ -118,8 +123,8 @@ class PartitionState:
 
     ``replicas`` are broker ids in order, the first the preferred leader; ``leader`` serves
     it, and ``leader_epoch`` (0 at creation) will grow with every leader change; ``isr``
-    are the replicas in sync with the leader. Replication is not served yet, so today every
-    partition is ``replicas == isr == (leader,)`` at epoch 0 (docs/replication.md).
+    are the replicas in sync with the leader. Every leader change bumps the epoch; an ISR
+    change alone does not (docs/replication.md).
     """
 
     replicas: tuple[int, ...]
@@ -172,7 +177,7 @@ class PartitionState:
 
 @dataclass(frozen=True)
 class TopicAssignment:
-    """A topic's partitions and the brokers each one lives on (fixed at creation).
+    """A topic's partitions and the brokers each one lives on (replicas fixed at creation).
 
     ``partitions`` maps each partition to its leader, as before replicas existed;
     ``states`` holds the whole per-partition state. Built with ``partitions`` only, each
@@ -223,6 +228,15 @@ class TopicAssignment:
         """Replicas, leader, leader epoch and ISR of ``partition``."""
         self.leader(partition)  # an unknown partition, named
         return self.states[partition]
+
+    def with_states(self, changes: Mapping[int, PartitionState]) -> TopicAssignment:
+        """This assignment with the states of the partitions in ``changes`` replaced."""
+        unknown = sorted(set(changes) - set(self.states))
+        if unknown:
+            raise UnknownTopicOrPartitionError(
+                f"topic {self.name!r} has partitions 0..{len(self.states) - 1}, not {unknown}"
+            )
+        return TopicAssignment.of(self.name, {**self.states, **changes}, self.schema, self.config)
 
     def partitions_of(self, broker_id: int) -> list[int]:
         """The partitions ``broker_id`` leads."""
@@ -315,6 +329,36 @@ class ClusterMetadata(Protocol):
     def topics(self) -> dict[str, TopicAssignment]: ...
     def topic(self, name: str) -> TopicAssignment: ...
     def on_topics_change(self, callback: Callable[[], None]) -> None: ...
+    def alter_partition(
+        self,
+        topic: str,
+        partition: int,
+        update: Callable[[PartitionState], PartitionState | None],
+    ) -> PartitionState | None:
+        """Read-modify-write of one partition's state: ``update(current)`` returns the new
+        state, or None to write nothing (None is then returned). Conditional on the stored
+        version and retried on a conflicting write, so ``update`` may run more than once and
+        must depend only on the state it is given. The new state is validated
+        (INVALID_REQUEST if impossible, or if its leader epoch goes back). Returns the state
+        now stored, already in :meth:`topics`; topic-change callbacks fire. Raises
+        RequestTimedOutError (retriable) when the store is unavailable,
+        UnknownTopicOrPartitionError when the topic or partition does not exist."""
+        ...
+
+    def elect_preferred_leaders(
+        self, topics: Sequence[str] | None = None
+    ) -> dict[str, dict[int, int]]:
+        """On the controller: each partition (of ``topics``, default all) whose preferred
+        replica is live, in sync and not leading is led by it, epoch + 1. Returns
+        {topic: {partition: new leader}} of those moved. INVALID_REQUEST off the controller."""
+        ...
+
+    def move_leadership_away(self, broker_id: int) -> int:
+        """A clean shutdown's first step: every partition ``broker_id`` leads whose ISR has
+        another live member is led by that member, ISR without ``broker_id``, epoch + 1.
+        Returns how many moved."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -448,6 +492,25 @@ def assign_partitions(
         replicas = tuple(live[(start + p + j) % len(live)] for j in range(replication_factor))
         states[p] = PartitionState(replicas, replicas[0], 0, replicas)
     return states
+
+
+def check_partition_update(
+    topic: str, partition: int, current: PartitionState, new: object
+) -> PartitionState:
+    """``new``, the state an ``alter_partition`` update returned for ``current``, if it is a
+    possible successor: a valid :class:`PartitionState` whose leader epoch did not go back.
+    INVALID_REQUEST naming the partition otherwise."""
+    where = f"topic {topic!r} partition {partition}"
+    if not isinstance(new, PartitionState):
+        raise InvalidRequestError(f"{where}: the update returned {new!r}, not a PartitionState")
+    if (problem := new.problem()) is not None:
+        raise InvalidRequestError(f"{where}: the new state {problem}")
+    if new.leader_epoch < current.leader_epoch:
+        raise InvalidRequestError(
+            f"{where}: the new leader epoch {new.leader_epoch} is below the current "
+            f"{current.leader_epoch}"
+        )
+    return new
 
 
 def _is_broker_id(value: object) -> bool:

@@ -10,16 +10,25 @@ Layout under ``root`` (default ``/idemlog``)::
                                                                     (version 1: partition ->
                                                                     broker id, still read)
 
-What survives what (partitions never move: there is no replication):
+What survives what:
 
 * a registration and the controllership belong to one ZooKeeper session. A dropped
   connection re-established within the session timeout keeps both; an expired session
   loses both, and the broker then registers again in a new session and competes for the
   controller like any other broker (whoever creates ``controller`` first wins);
 * ``close()`` deletes this broker's ephemeral nodes, so the others notice at once;
-* topic assignments outlive every session and every broker. A dead broker's partitions
-  stay assigned to it and are unavailable until that broker id registers again with its
-  data; no other broker takes them over.
+* topic assignments outlive every session and every broker. Their replicas are fixed at
+  creation; leader, leader epoch and ISR change by version-conditional writes of the
+  topic node: :meth:`ZkCluster.alter_partition` (a leader's ISR changes), and the
+  controller's elections (:mod:`broker_core.cluster.zk_leaders`) when brokers come and go,
+  fenced by the ``controller_epoch`` node's version. A dead broker's partitions move to a
+  live in-sync replica; with none, a partition stays unavailable until one returns
+  (or, with ``unclean.leader.election.enable``, an out-of-sync live replica leads).
+
+Every instance sees every change: a children watch on ``topics`` for topics created and
+deleted, and a data watch per topic for its partitions' state. Each cached topic keeps the
+zxids of the node it was read from, so a read that is older than the cache never
+replaces it.
 
 Threads: kazoo runs state listeners on its connection thread and watch callbacks on its
 event thread, and neither may block, so both only record what happened and wake the
@@ -37,24 +46,27 @@ import functools
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker_core.cluster.metadata import (
     BrokerInfo,
     CallbackNotifier,
     ClusterMetadata,
+    PartitionState,
     TopicAssignment,
     TopicView,
     assign_partitions,
+    check_partition_update,
     load_json_object,
     replication_factor_of,
     validate_new_topic,
 )
 from broker_core.cluster.zk_control import DEFAULT_SESSION_TIMEOUT_S, ZkControl, ZkTask
+from broker_core.cluster.zk_leaders import ControllerFencedError, ZkLeaders
 from broker_core.cluster.zk_requests import ZkRequests, ZkUnavailable
 from broker_core.errors import (
     CorruptRecordError,
@@ -106,12 +118,19 @@ class ZkCluster(TopicView):
         self._brokers_zxid = -1
         self._topics: dict[str, TopicAssignment] = {}
         self._topics_zxid = -1
+        # Per topic node listed (corrupt ones too): (czxid, mzxid) of the version cached.
+        self._topic_zxids: dict[str, tuple[int, int]] = {}
+        self._stale_topics: set[str] = set()  # data changed: for the TOPIC_STATES task
+        # The data watch of each topic node, by a token: a watch whose token was replaced
+        # or dropped ends at its next event (its callback returns False).
+        self._watches: dict[str, object] = {}
         self._topics_callbacks: list[Callable[[], None]] = []
+        self._epoch_path = f"{root}/controller_epoch"
         self._control = ZkControl(
             self._requests,
             root,
             notifier=self._notifier,
-            refresh=self._refresh,
+            refresh=self._background,
             request_timeout_s=self._request_timeout_s,
             registration_timeout_s=registration_timeout_s or 2 * session_s,
             suspended_grace_s=suspended_grace_s or session_s / 3,
@@ -128,6 +147,7 @@ class ZkCluster(TopicView):
             self._requests.session.close()
             self._notifier.close(0.0)
             raise
+        self._leaders = ZkLeaders(self, self._control, self._requests, root)
         self._control.start()
         # The recipes re-arm their watches across reconnects and sessions; their callbacks
         # only hand the work to the worker (returning False, once closed, ends a recipe).
@@ -223,20 +243,82 @@ class ZkCluster(TopicView):
         )
         log.info("deleted topic %s", name)
 
+    def alter_partition(
+        self,
+        topic: str,
+        partition: int,
+        update: Callable[[PartitionState], PartitionState | None],
+    ) -> PartitionState | None:
+        """Read-modify-write of one partition's state in ``topics/<topic>``.
+
+        ``update(current)`` returns the new state, or None to write nothing (e.g. the caller
+        no longer leads at the epoch it knows); None is then returned. The write is a ``set``
+        conditional on the node's version; on a conflicting write the node is re-read and
+        ``update`` runs again (at most ``MAX_CONFLICTS`` times), so it must depend only on
+        the state it is given. The new state must pass :meth:`PartitionState.problem` and
+        keep or raise the leader epoch (INVALID_REQUEST otherwise; an unchanged state is
+        returned without a write). Returns the state stored; this instance's cache has it
+        before the return (read-your-writes) and the topic-change callbacks fire. Raises
+        RequestTimedOutError (retriable) when ZooKeeper is unavailable or the conflicts
+        persist, UnknownTopicOrPartitionError when the topic or partition is gone.
+        """
+        validate_topic_name(topic)
+        self._control.check_open()
+        result: list[PartitionState | None] = [None]
+
+        def change(current: TopicAssignment) -> TopicAssignment | None:
+            state = current.state(partition)  # UnknownTopicOrPartitionError, named
+            proposed = update(state)
+            if proposed is None:
+                result[0] = None
+                return None
+            result[0] = new = check_partition_update(topic, partition, state, proposed)
+            return current.with_states({partition: new})
+
+        self.rewrite_topic(topic, change, f"altering partition {topic}-{partition}")
+        return result[0]
+
+    def elect_preferred_leaders(
+        self, topics: Sequence[str] | None = None
+    ) -> dict[str, dict[int, int]]:
+        """The controller's preferred-leader rebalance (see
+        :meth:`ZkLeaders.elect_preferred_leaders`, which says what it raises)."""
+        self._control.check_open()
+        return self._leaders.elect_preferred_leaders(topics)
+
+    def move_leadership_away(self, broker_id: int) -> int:
+        """A clean shutdown's first step, from any broker (see
+        :meth:`ZkLeaders.move_leadership_away`, which says what it raises)."""
+        self._control.check_open()
+        return self._leaders.move_leadership_away(broker_id)
+
     def close(self) -> None:
         """Give up control (its callbacks finish first), then delete this broker's
-        ephemeral nodes so the others notice at once. Idempotent; the client stays open."""
+        ephemeral nodes so the others notice at once. Idempotent; the client stays open.
+        The watches end at their next event."""
         self._control.close()
+        with self._lock:
+            self._watches.clear()
         self._notifier.close(self._request_timeout_s)
         self._control.unregister()
         self._requests.session.close()
 
     # -- caches -------------------------------------------------------------------------------
 
+    def _background(self, task: ZkTask) -> None:
+        """A worker task (ZkControl runs REGISTER and CONTROLLER itself)."""
+        if task is ZkTask.TOPIC_STATES:
+            self._refresh_topic_states()
+        elif task is ZkTask.LEADERS:
+            self._leaders.run_pass()
+        else:
+            self._refresh(task)
+
     def _refresh(self, task: ZkTask, foreground: str | None = None) -> dict[Any, Any]:
         """Re-read the brokers or the topics and update that cache; returns what was read.
 
         ``foreground`` names what a caller is doing, for the error if ZooKeeper is away.
+        A change of the live broker ids asks for the controller's election pass.
         """
         brokers = task is ZkTask.BROKERS
         path = self._ids_path if brokers else self._topics_path
@@ -247,7 +329,7 @@ class ZkCluster(TopicView):
                 raise
             raise RequestTimedOutError(f"ZooKeeper unavailable while {foreground}: {exc}") from exc
         parsed: dict[Any, Any] = {}
-        for child, data in docs.items():
+        for child, (data, _) in docs.items():
             where = f"{path}/{child}"
             try:
                 if brokers:
@@ -255,33 +337,241 @@ class ZkCluster(TopicView):
                         raise CorruptRecordError(f"{where}: not a broker id")
                     parsed[int(child)] = BrokerInfo.from_json(int(child), data, where)
                 else:
-                    parsed[child] = TopicAssignment.from_doc(
-                        child, load_json_object(data, where), where
-                    )
+                    parsed[child] = self._parse_topic(child, data)
             except CorruptRecordError as exc:
                 log.error("ignored: %s", exc)
+        if not brokers:
+            zxids = {child: (stat.czxid, stat.mzxid) for child, (_, stat) in docs.items()}
+            return self._apply_listing(zxid, parsed, zxids)
         with self._lock:
-            if brokers and zxid >= self._brokers_zxid:
+            changed = False
+            if zxid >= self._brokers_zxid:
+                changed = set(parsed) != set(self._brokers)
                 self._brokers, self._brokers_zxid = parsed, zxid
-            elif not brokers and zxid >= self._topics_zxid:
-                if parsed != self._topics:
-                    self._notifier.post(list(self._topics_callbacks))
-                self._topics, self._topics_zxid = parsed, zxid
+        if changed:
+            self._control.request(ZkTask.LEADERS)  # a no-op unless this is the controller
         return parsed
 
-    def _read_children(self, path: str) -> tuple[int, dict[str, bytes]]:
-        """The children's data and the zxid of the last child change of ``path``."""
+    def _parse_topic(self, name: str, data: bytes) -> TopicAssignment:
+        where = f"{self._topics_path}/{name}"
+        return TopicAssignment.from_doc(name, load_json_object(data, where), where)
+
+    def _apply_listing(
+        self,
+        zxid: int,
+        parsed: dict[str, TopicAssignment],
+        zxids: dict[str, tuple[int, int]],
+    ) -> dict[str, TopicAssignment]:
+        """Install a listing of ``topics`` (at child zxid ``zxid``), topic by topic keeping
+        whichever of the cached and the listed version of a node is newer."""
+        with self._lock:
+            if zxid < self._topics_zxid:
+                return parsed  # an older listing than the cache's
+            topics: dict[str, TopicAssignment] = {}
+            kept: dict[str, tuple[int, int]] = {}
+            for name, read in zxids.items():
+                cached = self._topic_zxids.get(name)
+                if cached is not None and cached[1] > read[1]:
+                    kept[name] = cached  # a newer state came from the data watch meanwhile
+                    if name in self._topics:
+                        topics[name] = self._topics[name]
+                else:
+                    kept[name] = read
+                    if name in parsed:
+                        topics[name] = parsed[name]
+            for name, cached in self._topic_zxids.items():
+                if name not in zxids and cached[0] > zxid:
+                    # Created after this listing was taken (seen by our own write): keep it.
+                    kept[name] = cached
+                    if name in self._topics:
+                        topics[name] = self._topics[name]
+            if topics != self._topics:
+                self._notifier.post(list(self._topics_callbacks))
+            self._topics, self._topics_zxid, self._topic_zxids = topics, zxid, kept
+            self._stale_topics &= set(kept)
+            starting = self._sync_watches_locked()
+        self._start_watches(starting)
+        return parsed
+
+    def _apply_topic(
+        self, name: str, assignment: TopicAssignment | None, czxid: int, mzxid: int
+    ) -> bool:
+        """Install one topic node read (or written) at ``mzxid``; None: it is corrupt.
+
+        Only a version newer than the cached one is installed, and only of a node the
+        cached listing has, or one created after it. Returns whether it was installed.
+        """
+        with self._lock:
+            cached = self._topic_zxids.get(name)
+            listed = cached is not None or czxid > self._topics_zxid
+            if not listed or (cached is not None and cached[1] >= mzxid):
+                return False
+            self._topic_zxids[name] = (czxid, mzxid)
+            old = self._topics.get(name)
+            if assignment is None:
+                self._topics.pop(name, None)
+            else:
+                self._topics[name] = assignment
+            if assignment != old:
+                self._notifier.post(list(self._topics_callbacks))
+            starting = self._sync_watches_locked()
+        self._start_watches(starting)
+        return True
+
+    # -- per-topic data watches ---------------------------------------------------------------
+
+    def _sync_watches_locked(self) -> list[tuple[str, object]]:
+        """Drop the watches of topics gone from the cache; the topics to start one for."""
+        for name in [n for n in self._watches if n not in self._topic_zxids]:
+            del self._watches[name]  # the watch ends at its next event (the deletion)
+        if self._control.closed:
+            return []
+        starting = [(n, object()) for n in self._topic_zxids if n not in self._watches]
+        self._watches.update(starting)
+        return starting
+
+    def _start_watches(self, starting: list[tuple[str, object]]) -> None:
+        if starting:
+            # A DataWatch reads its node at once, retrying while ZooKeeper is away: on a
+            # thread of its own, so the worker (or a caller) never waits for an outage.
+            self._client.handler.spawn(self._watch_topics, starting)
+
+    def _watch_topics(self, starting: list[tuple[str, object]]) -> None:
+        for name, token in starting:
+            with self._lock:
+                if self._watches.get(name) is not token:
+                    continue
+            callback = functools.partial(self._on_topic_data, name, token)
+            try:
+                DataWatch(self._client, f"{self._topics_path}/{name}", callback)
+            except Exception as exc:
+                # The next listing (every reconnect brings one) starts it again.
+                log.warning("could not watch topic %s: %r", name, exc)
+                with self._lock:
+                    if self._watches.get(name) is token:
+                        del self._watches[name]
+
+    def _on_topic_data(self, name: str, token: object, data: Any, stat: Any, *_: Any) -> bool:
+        """A topic node's DataWatch (kazoo's thread, must not block): queue a re-read of a
+        newer version for the worker. Returns False to end the watch: once closed, when
+        its token was replaced, or when the node is gone (the listing takes over)."""
+        with self._lock:
+            if self._watches.get(name) is not token:
+                return False
+            if stat is None:
+                del self._watches[name]
+            else:
+                cached = self._topic_zxids.get(name)
+                if cached is not None and cached[1] >= stat.mzxid:
+                    return not self._control.closed  # e.g. the watch's first read
+                self._stale_topics.add(name)
+        if stat is None:
+            # Deleted, or deleted and created again: the listing sorts out which, and
+            # starts a new watch if the name is back.
+            self._control.request(ZkTask.TOPICS)
+            return False
+        return self._control.request(ZkTask.TOPIC_STATES) is not False
+
+    def _refresh_topic_states(self) -> None:
+        """TOPIC_STATES: re-read the topic nodes whose data watch fired."""
+        with self._lock:
+            names, self._stale_topics = sorted(self._stale_topics), set()
+        for i, name in enumerate(names):
+            path = f"{self._topics_path}/{name}"
+            try:
+                data, stat = self._requests.call(functools.partial(self._client.get_async, path))
+            except NoNodeError:
+                continue  # deleted: the children watch brings the listing
+            except Exception:
+                with self._lock:
+                    self._stale_topics.update(names[i:])  # the worker retries them
+                raise
+            try:
+                assignment: TopicAssignment | None = self._parse_topic(name, bytes(data))
+            except CorruptRecordError as exc:
+                log.error("ignored: %s", exc)
+                assignment = None
+            self._apply_topic(name, assignment, stat.czxid, stat.mzxid)
+
+    def _read_children(self, path: str) -> tuple[int, dict[str, tuple[bytes, Any]]]:
+        """The children's data and stat, and the zxid of the last child change of ``path``."""
         children, stat = self._requests.call(
             functools.partial(self._client.get_children_async, path, include_data=True)
         )
         requests = {c: self._client.get_async(f"{path}/{c}") for c in children}
-        docs: dict[str, bytes] = {}
+        docs: dict[str, tuple[bytes, Any]] = {}
         for child, request in requests.items():
             try:
-                docs[child] = bytes(self._requests.wait(request)[0])
+                data, child_stat = self._requests.wait(request)
             except NoNodeError:
                 continue  # deleted since the listing
+            docs[child] = (bytes(data), child_stat)
         return int(stat.pzxid), docs
+
+    # -- the one writer of partition states -------------------------------------------------
+
+    def rewrite_topic(
+        self,
+        name: str,
+        change: Callable[[TopicAssignment], TopicAssignment | None],
+        what: str,
+        fence: tuple[int, int] | None = None,
+    ) -> TopicAssignment | None:
+        """Read-modify-write of ``topics/<name>``: ``change(current)`` returns the new
+        assignment, or None to write nothing; an unchanged one is not written either.
+
+        The write is conditional on the node's version; with ``fence`` (controller epoch,
+        ``controller_epoch`` node version) it is a multi that also checks that version,
+        so it is refused (:class:`ControllerFencedError`) once a newer controller exists.
+        Retried as :meth:`ZkRequests.read_modify_write` says, so ``change`` may run several
+        times. Returns what is stored (in the cache before the return, callbacks fired),
+        or None. Raises UnknownTopicOrPartitionError when the topic is gone,
+        RequestTimedOutError when ZooKeeper stayed unavailable, CorruptRecordError for an
+        unreadable node, and whatever ``change`` raises.
+        """
+        path = f"{self._topics_path}/{name}"
+        gone = UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+
+        def attempt() -> TopicAssignment | None:
+            try:
+                data, stat = self._requests.call(functools.partial(self._client.get_async, path))
+            except NoNodeError:
+                raise gone from None
+            current = self._parse_topic(name, bytes(data))
+            new = change(current)
+            if new is None or new == current:
+                self._apply_topic(name, current, stat.czxid, stat.mzxid)
+                return None if new is None else current
+            payload = json.dumps(new.to_doc(), separators=(",", ":")).encode()
+            if fence is None:
+                try:
+                    written = self._requests.call(
+                        functools.partial(
+                            self._client.set_async, path, payload, version=stat.version
+                        )
+                    )
+                except NoNodeError:
+                    raise gone from None
+            else:
+                transaction = self._client.transaction()
+                transaction.check(self._epoch_path, fence[1])
+                transaction.set_data(path, payload, version=stat.version)
+                fenced, written = self._requests.call(transaction.commit_async)
+                # A failed multi reports the ops before the failing one as RolledBackError:
+                # only the check's own failure means a newer controller.
+                if isinstance(fenced, Exception) and not isinstance(fenced, RolledBackError):
+                    raise ControllerFencedError(
+                        f"{what}: the controller epoch {fence[0]} is no longer current "
+                        f"({self._epoch_path} changed: a newer controller exists)"
+                    )
+                if isinstance(written, NoNodeError):
+                    raise gone
+                if isinstance(written, Exception):
+                    raise written  # BadVersionError: a conflict, redone
+            self._apply_topic(name, new, written.czxid, written.mzxid)
+            return new
+
+        return self._requests.read_modify_write(what, attempt, self._control.check_open)
 
     # -- writes for callers --------------------------------------------------------------------
 

@@ -64,13 +64,16 @@ class ZkTask(Enum):
     BROKERS = 2  # before CONTROLLER, so a new controller's address is known when it is named
     CONTROLLER = 3
     TOPICS = 4
+    TOPIC_STATES = 5  # re-read the topics whose node data changed (per-topic data watches)
+    LEADERS = 6  # the controller's election pass, after the brokers and topics are current
 
 
 class ZkControl:
     """Connection state, the worker, this broker's registration and the election.
 
-    ``requests`` wraps the caller's started kazoo client; ``refresh(task)`` re-reads the
-    caller's BROKERS or TOPICS cache (on the worker thread); ``notifier`` runs the
+    ``requests`` wraps the caller's started kazoo client; ``refresh(task)`` runs the
+    caller's tasks (BROKERS, TOPICS, TOPIC_STATES, LEADERS) on the worker thread, where
+    an exception retries the task with backoff; ``notifier`` runs the
     controller callbacks. The state listener is attached at construction: call
     :meth:`start` to start the worker, or :meth:`detach` to give up before starting.
     """
@@ -117,6 +120,9 @@ class ZkControl:
         # The controller epoch last written (as the winner) or read; the session that won.
         self._controller_epoch = NO_CONTROLLER_EPOCH
         self._epoch_session: int | None = None
+        # The controller_epoch node's version right after this broker's bump: the fence
+        # its metadata writes carry (a newer controller's bump changes it).
+        self._epoch_version: int | None = None
         self._controller_callbacks: list[Callable[[bool], None]] = []
         self._pending: set[ZkTask] = set()
         self._not_before: dict[ZkTask, float] = {}
@@ -137,6 +143,11 @@ class ZkControl:
         """Stop following the connection (a constructor failing before :meth:`start`)."""
         self._requests.session.remove_listener(self._on_state)
 
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
     def controller_epoch(self) -> int:
         """The epoch of the current controllership: this broker's own while it is the
         controller (set before it was reported), else the last value read."""
@@ -146,6 +157,16 @@ class ZkControl:
     def is_controller(self) -> bool:
         with self._lock:
             return self._is_controller_locked()
+
+    def controller_fence(self) -> tuple[int, int] | None:
+        """(controller epoch, version of the ``controller_epoch`` node as this broker's bump
+        left it) while this broker is the controller, else None. A write made conditional
+        on that version (a multi with a ``check``) is refused once a newer controller has
+        bumped the epoch, so a deposed controller cannot overwrite its successor's work."""
+        with self._lock:
+            if not self._is_controller_locked() or self._epoch_version is None:
+                return None
+            return self._controller_epoch, self._epoch_version
 
     def controller(self) -> tuple[BrokerInfo | None, int | None]:
         """(this broker, None) while it is the controller, else (None, the controller's id
@@ -476,9 +497,10 @@ class ZkControl:
         with self._lock:
             if self._epoch_session == session:
                 return
-        epoch = self.bump_controller_epoch()
+        epoch, version = self._bump_controller_epoch()
         with self._lock:
             self._controller_epoch, self._epoch_session = epoch, session
+            self._epoch_version = version
         log.info("controller epoch is now %d", epoch)
 
     def bump_controller_epoch(self) -> int:
@@ -486,6 +508,10 @@ class ZkControl:
 
         A retry after a lost reply may increment twice: epochs only need to grow.
         """
+        return self._bump_controller_epoch()[0]
+
+    def _bump_controller_epoch(self) -> tuple[int, int]:
+        """:meth:`bump_controller_epoch`, with the node's version after the bump."""
         client = self._client
         while True:
             try:
@@ -501,16 +527,16 @@ class ZkControl:
                     self._requests.call(create)
                 except NodeExistsError:
                     continue  # created meanwhile: increment that one
-                return first
+                return first, 0  # a new node's version
             epoch = self._parse_epoch(data) + 1
             update = functools.partial(
                 client.set_async, self._epoch_path, _epoch_doc(epoch), version=stat.version
             )
             try:
-                self._requests.call(update)
+                written = self._requests.call(update)
             except BadVersionError:
                 continue  # another broker's increment came first: increment again
-            return epoch
+            return epoch, int(written.version)
 
     def _read_controller_epoch(self, session: int | None) -> None:
         try:
@@ -548,6 +574,9 @@ class ZkControl:
         now = self._is_controller_locked()
         if now != self._reported_controller:
             self._reported_controller = now
+            if now:
+                # A new controller first brings every partition's leader up to date.
+                self._request_locked(ZkTask.LEADERS)
             if self._broker is not None:
                 log.info(
                     "broker %d is %s the controller",

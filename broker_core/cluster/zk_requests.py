@@ -13,20 +13,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.exceptions import (
+    BadVersionError,
     KazooException,
     NodeExistsError,
     NoNodeError,
 )
+from kazoo.retry import ForceRetryError, KazooRetry, RetryFailedError
 
 from broker_core.errors import IdemlogError, RequestTimedOutError, UnknownServerError
 from broker_core.zookeeper import ZkSession, ZkUnavailable
 
 log = logging.getLogger("idemlog.cluster")
 
-__all__ = ["ZkRequests", "ZkUnavailable"]
+__all__ = ["MAX_CONFLICTS", "ZkRequests", "ZkUnavailable"]
+
+T = TypeVar("T")
+
+# How many times a read-modify-write is redone after losing a race to another writer of the
+# same node. Writers of one topic node are few (its leaders, the controller), so this many
+# losses in a row means something keeps writing: better to fail retriably than spin.
+MAX_CONFLICTS = 10
 
 
 class ZkRequests:
@@ -97,6 +106,55 @@ class ZkRequests:
 
         self.session.retrying(
             attempt,
+            deadline=time.monotonic() + self.timeout_s,
+            give_up=give_up,
+            on_retry=lambda *_: check_open(),
+        )
+
+    def read_modify_write(
+        self, what: str, attempt: Callable[[], T], check_open: Callable[[], None]
+    ) -> T:
+        """Run ``attempt()``: a read, a decision and a version-conditional write, which
+        raises BadVersionError when another write of the node came in between.
+
+        A conflict redoes the attempt (re-reading) up to :data:`MAX_CONFLICTS` times, with
+        kazoo's ``KazooRetry`` backoff (short, jittered, so racing writers spread out);
+        ZkUnavailable redoes it until ``timeout_s`` has passed. A write whose reply was lost
+        is redone too: the next read shows it applied, so ``attempt`` must decide from what
+        it reads. Raises RequestTimedOutError (retriable) when ZooKeeper stayed unavailable
+        or the conflicts did not stop; any other error of ``attempt`` as it is.
+        ``check_open()`` runs before each retry after ZkUnavailable.
+        """
+
+        def once() -> T:
+            try:
+                return attempt()
+            except BadVersionError as exc:
+                raise ForceRetryError(f"conflicting write while {what}") from exc
+
+        def until_no_conflict(deadline: float) -> T:
+            conflicts = KazooRetry(
+                max_tries=MAX_CONFLICTS,
+                delay=0.01,
+                backoff=2,
+                max_delay=0.2,
+                max_jitter=0.5,
+                ignore_expire=False,
+            )
+            try:
+                result: T = conflicts(once)
+            except RetryFailedError as exc:
+                raise RequestTimedOutError(
+                    f"{what}: the node kept changing under {MAX_CONFLICTS + 1} attempts "
+                    "(concurrent writers); retry"
+                ) from exc
+            return result
+
+        def give_up(exc: ZkUnavailable, attempts: int) -> RequestTimedOutError:
+            return RequestTimedOutError(f"ZooKeeper unavailable while {what}: {exc}")
+
+        return self.session.retrying(
+            until_no_conflict,
             deadline=time.monotonic() + self.timeout_s,
             give_up=give_up,
             on_retry=lambda *_: check_open(),

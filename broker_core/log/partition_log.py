@@ -55,6 +55,8 @@ from broker_core.log.results import (
     IsolationLevel,
     MarkerResult,
 )
+from broker_core.log.retention import as_record_batch as _as_record_batch
+from broker_core.log.retention import past_retention
 from broker_core.log.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.log.snapshot import delete_snapshots_below, write_snapshot
 from broker_core.log.validator import ProducerBatch
@@ -404,16 +406,7 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             now = self._clock() if now_ms is None else now_ms
-            cfg = self.config
-            deletable: list[LogSegment] = []
-            size = self.size_bytes
-            for seg in self.segments[:-1]:
-                over_size = cfg.retention_bytes >= 0 and size - seg.size >= cfg.retention_bytes
-                over_age = cfg.retention_ms >= 0 and now - seg.max_timestamp > cfg.retention_ms
-                if not (over_size or over_age):
-                    break
-                deletable.append(seg)
-                size -= seg.size
+            deletable = past_retention(self.segments, self.config, now, self.high_watermark)
             if not deletable:
                 return 0
             # The state must outlive the segments that built it: snapshot it first.
@@ -603,17 +596,3 @@ class PartitionLog:
 
     def segment_files(self) -> list[Path]:
         return sorted(self.directory.glob(f"*{LOG_SUFFIX}"))
-
-
-def _as_record_batch(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
-    if isinstance(records, pa.RecordBatch):
-        return records
-    if isinstance(records, pa.Table):
-        combined = records.combine_chunks()
-        batches = combined.to_batches()
-        if len(batches) == 1:
-            return batches[0]
-        return pa.RecordBatch.from_pylist([], schema=records.schema)
-    raise InvalidRecordError(
-        f"records must be a pyarrow RecordBatch or Table, got {type(records).__name__}"
-    )

@@ -43,6 +43,7 @@ class ReplicaFetchRequest:
     """A follower's fetch: batches of ``topic``-``partition`` from ``fetch_offset`` (its log
     end), at ``leader_epoch``; the leader waits up to ``max_wait_ms`` for new batches."""
 
+    ACTION: ClassVar[Action] = Action.REPLICA_FETCH
     topic: str
     partition: int
     replica_id: int
@@ -121,6 +122,7 @@ class OffsetsForLeaderEpochRequest:
     """Where ``epoch`` ended in the leader's log; ``leader_epoch`` is the asker's view of
     the current leader epoch (fenced like a fetch)."""
 
+    ACTION: ClassVar[Action] = Action.OFFSETS_FOR_LEADER_EPOCH
     topic: str
     partition: int
     leader_epoch: int

@@ -134,6 +134,16 @@ _BROKER_KEYS = [
         min=1,
     ),
     ConfigKey(
+        "default.replication.factor",
+        int,
+        -1,
+        "Replicas of a topic created without replication.factor. -1: min(3, live brokers) "
+        "with ZooKeeper, 1 embedded (a single broker). More than the live brokers is "
+        "refused at creation (INVALID_REPLICATION_FACTOR).",
+        min=-1,
+        max=32767,
+    ),
+    ConfigKey(
         "replica.lag.time.max.ms",
         int,
         30_000,
@@ -191,6 +201,9 @@ def _topic_default_keys() -> list[ConfigKey]:
             choices=key.choices,
         )
         for key in LOG_CONFIG
+        # The factor is the cluster's choice at creation (default.replication.factor),
+        # not a property of a log that a broker-wide default could change.
+        if key.name != "replication.factor"
     ]
 
 
@@ -218,6 +231,7 @@ class BrokerConfig:
     producer_id_expiration_check_interval_ms: int
     log_retention_check_interval_ms: int
     log_flush_scheduler_interval_ms: int
+    default_replication_factor: int  # -1: min(3, live brokers) with ZooKeeper, 1 embedded
     replica_lag_time_max_ms: int
     replica_fetch_wait_max_ms: int
     replica_fetch_max_bytes: int
@@ -243,6 +257,11 @@ class BrokerConfig:
             # The topic-level check names topic keys; say which broker keys they came from.
             # Same type: a refused log.replication.factor stays INVALID_REPLICATION_FACTOR.
             raise type(exc)(f"broker topic defaults (log.*): {exc.message}") from exc
+        if parsed["default.replication.factor"] == 0:
+            raise InvalidConfigError(
+                "default.replication.factor=0: a topic needs at least one replica (-1 lets "
+                "the cluster choose)"
+            )
         bind_host = str(parsed["listener.host"])
         advertised_host = str(parsed["listener.advertised.host"]).strip() or bind_host
         if advertised_host in _WILDCARD_HOSTS:
@@ -275,6 +294,7 @@ class BrokerConfig:
             ),
             log_retention_check_interval_ms=int(parsed["log.retention.check.interval.ms"]),
             log_flush_scheduler_interval_ms=int(parsed["log.flush.scheduler.interval.ms"]),
+            default_replication_factor=int(parsed["default.replication.factor"]),
             replica_lag_time_max_ms=int(parsed["replica.lag.time.max.ms"]),
             replica_fetch_wait_max_ms=int(parsed["replica.fetch.wait.max.ms"]),
             replica_fetch_max_bytes=int(parsed["replica.fetch.max.bytes"]),

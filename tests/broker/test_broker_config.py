@@ -33,7 +33,10 @@ def test_conf_file_is_the_generated_one_and_lists_every_key() -> None:
 
 
 def test_every_topic_key_has_a_broker_default() -> None:
-    assert {f"log.{k.name}" for k in LOG_CONFIG} <= {k.name for k in BROKER_CONFIG}
+    # The replication factor's is default.replication.factor, the cluster's choice.
+    keys = {k.name for k in BROKER_CONFIG}
+    assert {f"log.{k.name}" for k in LOG_CONFIG if k.name != "replication.factor"} <= keys
+    assert "default.replication.factor" in keys and "log.replication.factor" not in keys
 
 
 def test_docs_table_matches_the_code() -> None:
@@ -76,9 +79,14 @@ def test_bad_values_name_the_key(values: dict[str, str], message: str) -> None:
 
 def test_replica_keys_parse_and_name_bad_values() -> None:
     config = BrokerConfig.from_mapping(
-        {"log.replication.factor": "3", "replica.lag.time.max.ms": "5000"}
+        {"default.replication.factor": "3", "replica.lag.time.max.ms": "5000"}
     )
-    assert config.log_defaults.replication_factor == 3
+    assert config.default_replication_factor == 3
+    assert BrokerConfig.from_mapping({}).default_replication_factor == -1
+    with pytest.raises(InvalidConfigError, match=r"default\.replication\.factor=0"):
+        BrokerConfig.from_mapping({"default.replication.factor": "0"})
+    with pytest.raises(InvalidConfigError, match=r"log\.replication\.factor"):
+        BrokerConfig.from_mapping({"log.replication.factor": "2"})
     assert config.replica_lag_time_max_ms == 5000
     assert config.replica_fetch_wait_max_ms == 500
     with pytest.raises(InvalidConfigError, match=r"replica\.fetch\.max\.bytes"):

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from broker_core.errors import InvalidRequestError
+from broker_core.errors import InvalidRequestError, InvalidRequiredAcksError
 from broker_core.log.partition_log import IsolationLevel
+from broker_core.protocol import replica as rp
 from broker_core.protocol import requests as rq
 from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
 
@@ -41,6 +42,11 @@ ROUND_TRIP: list[Any] = [
     rq.ProduceDescriptor("t", 1),
     rq.FetchRequest("t", 1, 5, 1024, "read_uncommitted", 9),
     rq.FetchRequest("t", 1, 5),
+    rq.ProduceDescriptor("t", 1, rq.ACKS_LEADER),
+    rp.ReplicaFetchRequest("t", 1, 2, 100, 3, 1024, 500),
+    rp.OffsetsForLeaderEpochRequest("t", 1, 3, 2),
+    rp.ElectLeadersRequest(("t",)),
+    rp.ElectLeadersRequest(),
 ]
 
 
@@ -123,3 +129,16 @@ def test_responses_round_trip() -> None:
     with pytest.raises(InvalidRequestError, match="field 'sink_status' is 'maybe'"):
         rq.InitProducerIdResponse.from_doc({"producer_id": 1, "producer_epoch": 0,
                                             "sink_status": "maybe"})  # fmt: skip
+
+
+def test_a_replica_fetch_answer_round_trips_and_a_short_one_is_named() -> None:
+    answer = rp.ReplicaFetchResponse(10, 0, 12, b"\x01batches")
+    assert rp.ReplicaFetchResponse.decode(answer.encode()) == answer
+    with pytest.raises(InvalidRequestError, match="replica_fetch answer"):
+        rp.ReplicaFetchResponse.decode(answer.encode()[:6])
+    with pytest.raises(InvalidRequestError, match="'fetch_offset' must be >= 0"):
+        rp.ReplicaFetchRequest.from_doc(
+            {**rp.ReplicaFetchRequest("t", 0, 1, 0, 0, 1, 0).to_doc(), "fetch_offset": -1}
+        )
+    with pytest.raises(InvalidRequiredAcksError, match="acks=2"):
+        rq.ProduceDescriptor.from_doc({"op": "produce", "topic": "t", "partition": 0, "acks": 2})

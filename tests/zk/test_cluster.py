@@ -322,7 +322,8 @@ def test_closed_broker_leaves_the_live_list_but_keeps_its_partitions(
     for member in staying:
         wait_until(lambda m=member: m.cluster.brokers() == live, "the closed broker to go")
     wait_until(lambda: len(controllers(staying)) == 1, "a new controller")
-    # Partitions never move: the closed broker's stay assigned to it.
+    # With a single replica there is nobody to take over: the partitions stay assigned
+    # to the closed broker (offline until it returns).
     for member in staying:
         assert member.cluster.topic("orders") == assignment
         assert assignment.partitions_of(leader_id) == member.cluster.topic("orders").partitions_of(
@@ -451,17 +452,22 @@ def test_a_version_1_topic_node_is_read_as_single_replicas_and_a_newer_one_refus
     assert "future" not in member.cluster.topics()
 
 
-def test_replication_factor_above_one_is_refused_and_nothing_written(
+def test_replication_factor_up_to_the_live_brokers_is_accepted_above_refused(
     brokers: Callable[..., SimBroker],
 ) -> None:
     group = [brokers(i) for i in (1, 2, 3)]
-    for factor in (2, 3, 4):
-        with pytest.raises(InvalidReplicationFactorError, match="not served yet") as excinfo:
-            group[0].cluster.create_topic("r", 2, None, {"replication.factor": str(factor)})
-        assert excinfo.value.code == 38 and f"replication.factor={factor}" in str(excinfo.value)
+    for member in group:
+        wait_until(lambda m=member: len(m.cluster.brokers()) == 3, "all three brokers listed")
+    with pytest.raises(InvalidReplicationFactorError, match="larger than the number") as excinfo:
+        group[0].cluster.create_topic("r", 2, None, {"replication.factor": "4"})
+    assert excinfo.value.code == 38 and "replication.factor=4" in str(excinfo.value)
     assert group[0].client.get_children(f"{ROOT}/topics") == []
-    created = group[0].cluster.create_topic("r", 3, None, {"replication.factor": "1"})
-    assert all(created.state(p).replicas == (created.leader(p),) for p in range(3))
+    created = group[0].cluster.create_topic("r", 3, None, {"replication.factor": "3"})
+    for p in range(3):
+        state = created.state(p)
+        assert sorted(state.replicas) == [1, 2, 3] and state.isr == state.replicas
+        assert state.leader == state.replicas[0] and state.leader_epoch == 0
+    assert sorted(created.partitions.values()) == [1, 2, 3]  # leaders spread
 
 
 def test_corrupt_topic_node_is_ignored_with_an_error(

@@ -1,0 +1,151 @@
+"""The controller's leader-election decisions (broker_core.cluster.election), without
+ZooKeeper, and the embedded cluster's alter_partition / elections (one broker)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from broker_core.cluster.election import (
+    Decision,
+    Outcome,
+    decide_after_broker_change,
+    leader_moved_away,
+    preferred_leader_elected,
+    unclean_election_enabled,
+)
+from broker_core.cluster.embedded import EmbeddedCluster
+from broker_core.cluster.metadata import (
+    BrokerInfo,
+    PartitionState,
+    TopicAssignment,
+    check_partition_update,
+)
+from broker_core.errors import InvalidRequestError, UnknownTopicOrPartitionError
+from tests.harness.waiting import Recorder
+
+S = PartitionState  # (replicas, leader, leader_epoch, isr)
+Oc = Outcome
+
+
+@pytest.mark.parametrize(
+    ("state", "live", "unclean", "expected"),
+    [
+        # Leader dead: the first replica in replicas order that is in the ISR and live.
+        (S((1, 2, 3), 1, 4, (1, 3, 2)), {2, 3}, False, (Oc.ELECTED, S((1, 2, 3), 2, 5, (3, 2)))),
+        (S((1, 2, 3), 1, 0, (1, 3)), {2, 3}, False, (Oc.ELECTED, S((1, 2, 3), 3, 1, (3,)))),
+        # ...a live replica out of the ISR is passed over.
+        (S((3, 1, 2), 3, 2, (3, 2)), {1, 2}, False, (Oc.ELECTED, S((3, 1, 2), 2, 3, (2,)))),
+        # No live ISR member: unchanged (offline) unless unclean election is enabled.
+        (S((1, 2, 3), 1, 7, (1,)), {2, 3}, False, (Oc.OFFLINE, S((1, 2, 3), 1, 7, (1,)))),
+        (S((1, 2, 3), 1, 7, (1,)), {3, 2}, True, (Oc.UNCLEAN, S((1, 2, 3), 2, 8, (2,)))),
+        (S((1, 2, 3), 1, 7, (1, 2)), {3}, True, (Oc.UNCLEAN, S((1, 2, 3), 3, 8, (3,)))),
+        # Nothing live at all: offline even with unclean election.
+        (S((1, 2), 1, 0, (1, 2)), set(), True, (Oc.OFFLINE, S((1, 2), 1, 0, (1, 2)))),
+        # Leader live: dead followers leave the ISR, the epoch stays.
+        (S((1, 2, 3), 2, 3, (2, 1, 3)), {2, 3}, False, (Oc.ISR_SHRUNK, S((1, 2, 3), 2, 3, (2, 3)))),
+        (S((1, 2, 3), 2, 3, (2,)), {2}, False, None),
+        (S((1, 2, 3), 1, 0, (1, 2, 3)), {1, 2, 3, 4}, False, None),
+        # A returning ISR member of an offline partition leads again.
+        (S((1, 2), 1, 5, (1, 2)), {2}, False, (Oc.ELECTED, S((1, 2), 2, 6, (2,)))),
+        (S((1, 2), 1, 5, (1,)), {1}, False, None),
+    ],
+)  # fmt: skip
+def test_decide_after_broker_change(
+    state: PartitionState,
+    live: set[int],
+    unclean: bool,
+    expected: tuple[Outcome, PartitionState] | None,
+) -> None:
+    decision = decide_after_broker_change(state, live, unclean=unclean)
+    assert decision == (None if expected is None else Decision(*expected))
+    if decision is not None:
+        assert decision.state.problem() is None
+        assert decision.state.replicas == state.replicas
+
+
+def test_preferred_leader_only_when_live_in_sync_and_not_leading() -> None:
+    moved = S((1, 2, 3), 2, 4, (2, 3, 1))
+    assert preferred_leader_elected(moved, {1, 2, 3}) == S((1, 2, 3), 1, 5, (2, 3, 1))
+    assert preferred_leader_elected(moved, {2, 3}) is None  # not live
+    assert preferred_leader_elected(S((1, 2, 3), 2, 4, (2, 3)), {1, 2, 3}) is None  # not in sync
+    assert preferred_leader_elected(S((1, 2, 3), 1, 4, (1, 2)), {1, 2, 3}) is None  # leads
+
+
+def test_leader_moved_away_to_a_live_in_sync_replica() -> None:
+    state = S((1, 2, 3), 1, 2, (1, 3, 2))
+    assert leader_moved_away(state, 1, {1, 2, 3}) == S((1, 2, 3), 2, 3, (3, 2))
+    assert leader_moved_away(state, 1, {1, 3}) == S((1, 2, 3), 3, 3, (3, 2))
+    assert leader_moved_away(state, 2, {1, 2, 3}) is None  # not the leader
+    assert leader_moved_away(S((1, 2, 3), 1, 2, (1,)), 1, {1, 2, 3}) is None  # none in sync
+    assert leader_moved_away(state, 1, {1}) is None  # none live
+
+
+def test_unclean_election_setting_defaults_to_off() -> None:
+    assert unclean_election_enabled({}) is False
+    assert unclean_election_enabled({"unclean.leader.election.enable": "true"}) is True
+    assert unclean_election_enabled({"unclean.leader.election.enable": "false"}) is False
+    assert unclean_election_enabled({"unclean.leader.election.enable": "junk"}) is False
+
+
+def test_check_partition_update_refuses_impossible_states() -> None:
+    current = S((1, 2), 1, 3, (1, 2))
+    assert check_partition_update("t", 0, current, S((1, 2), 1, 3, (1,))) == S((1, 2), 1, 3, (1,))
+    with pytest.raises(InvalidRequestError, match="partition 0: the new state leader 2 is not"):
+        check_partition_update("t", 0, current, S((1, 2), 2, 4, (1,)))
+    with pytest.raises(InvalidRequestError, match="leader epoch 2 is below the current 3"):
+        check_partition_update("t", 0, current, S((1, 2), 1, 2, (1, 2)))
+    with pytest.raises(InvalidRequestError, match="not a PartitionState"):
+        check_partition_update("t", 0, current, (1, 2))
+
+
+def test_with_states_replaces_some_partitions() -> None:
+    topic = TopicAssignment.of(
+        "t", {0: S((1, 2), 1, 0, (1, 2)), 1: S((2, 1), 2, 0, (2, 1))}, None, {}
+    )
+    changed = topic.with_states({1: S((2, 1), 1, 1, (1,))})
+    assert changed.partitions == {0: 1, 1: 1} and changed.state(0) == topic.state(0)
+    with pytest.raises(UnknownTopicOrPartitionError, match=r"not \[2\]"):
+        topic.with_states({2: S((1,), 1, 0, (1,))})
+
+
+# -- the embedded cluster ---------------------------------------------------------------------
+
+
+def test_embedded_alter_partition_is_durable_and_notifies(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.json"
+    cluster = EmbeddedCluster(BrokerInfo(1, "127.0.0.1", 9092), path)
+    try:
+        cluster.register(BrokerInfo(1, "127.0.0.1", 9092))
+        cluster.create_topic("t", 2, None, {})
+        changes = Recorder()
+        cluster.on_topics_change(changes)
+        bumped = S((1,), 1, 1, (1,))
+
+        assert cluster.alter_partition("t", 1, lambda s: S(s.replicas, 1, 1, s.isr)) == bumped
+        assert cluster.topic("t").state(1) == bumped  # read-your-writes
+        changes.wait_for_count(1, "the topics callback")
+        stored = json.loads(path.read_text())["topics"]["t"]["partitions"]["1"]
+        assert stored == {"replicas": [1], "leader": 1, "leader_epoch": 1, "isr": [1]}
+
+        before = path.read_bytes()
+        assert cluster.alter_partition("t", 0, lambda s: None) is None
+        assert path.read_bytes() == before  # nothing written
+        with pytest.raises(InvalidRequestError, match="leader 2 is not in the isr"):
+            cluster.alter_partition("t", 0, lambda s: S((1,), 2, 1, (1,)))
+        with pytest.raises(UnknownTopicOrPartitionError):
+            cluster.alter_partition("t", 5, lambda s: s)
+        with pytest.raises(UnknownTopicOrPartitionError):
+            cluster.alter_partition("nope", 0, lambda s: s)
+        assert path.read_bytes() == before
+        assert cluster.elect_preferred_leaders() == {}
+        assert cluster.move_leadership_away(1) == 0
+    finally:
+        cluster.close()
+    reopened = EmbeddedCluster(BrokerInfo(1, "127.0.0.1", 9092), path)
+    try:
+        assert reopened.topic("t").state(1) == bumped
+    finally:
+        reopened.close()
