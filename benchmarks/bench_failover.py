@@ -3,9 +3,9 @@
 Part of ``make bench-broker`` (after the replication-cost part, on the same 3-broker
 cluster, ``benchmarks/zk_cluster.py``; ``--failovers N`` rounds, default 5). Each round:
 
-- a new topic, one partition, ``replication.factor=3`` (a new name each round, so the
-  leader, and so the broker killed, changes from round to round; it is sometimes the
-  controller, which then has to be re-elected as well: the table says when);
+- a new topic, one partition, ``replication.factor=3``, named so that its leader, the
+  broker killed, is broker 1, 2, 3, 1, ... in turn; when it is the controller (broker 1 in
+  the first round), a new controller is elected as well: the table says when;
 - one idempotent ``spark_sink.producer.Producer`` (``acks=all``, ``linger.ms=2``,
   ``delivery.timeout.ms=300000``, the other keys at their defaults, e.g.
   ``retry.backoff.ms=100``) fed steadily by a thread: 100 rows every 2 ms, pipelined;
@@ -48,13 +48,22 @@ import pyarrow as pa
 
 from benchmarks.bench_replication import percentile
 from benchmarks.zk_cluster import LocalCluster, wait_until
+from broker_core.cluster.metadata import assign_partitions
 from broker_core.errors import IdemlogError
 from spark_sink.producer import Producer, SendResult
+from spark_sink.producer.transport import FlightTransport
 
 ROWS_PER_SEND = 100
 SEND_EVERY_S = 0.002
 WARM_ROWS = 2_000  # acknowledged before the kill, and again after writes resumed
 ELECTION_TIMEOUT_S = 60.0
+# The producer does not refresh its metadata after a NetworkError (the dead leader never
+# answers NOT_LEADER_OR_FOLLOWER), so it keeps sending to the dead broker: a bug of
+# spark_sink.producer.transport (FlightTransport._forget), reported. Until it is fixed, a
+# round whose writes have not resumed this long after the new leader was visible refreshes
+# the producer's metadata for it and is marked "nudged"; its writes-resumed time includes
+# this grace. A producer that refreshes on its own never waits for it.
+NUDGE_GRACE_S = 1.0
 PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
     "linger.ms": 2,
@@ -74,6 +83,7 @@ class Round:
     acked: int
     read_back: int
     rejoin_s: float
+    nudged: bool
 
 
 def _table(start: int, n: int) -> pa.Table:
@@ -144,6 +154,13 @@ def _other_leader(cluster: LocalCluster, topic: str, old: int) -> int | None:
     return None
 
 
+def _resumed_within(steady: SteadyProducer, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while steady.resumed_at is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the producer's callbacks: polled, as the metadata is
+    return steady.resumed_at is not None
+
+
 def one_round(cluster: LocalCluster, topic: str) -> Round:
     cluster.create_topic(topic, 1, 3)
     before = cluster.agreed_state(topic, 0)
@@ -168,6 +185,9 @@ def one_round(cluster: LocalCluster, topic: str) -> Round:
         visible_s = time.monotonic() - kill_at
         assert found is not None
         new_leader = found
+        nudged = not _resumed_within(steady, NUDGE_GRACE_S)
+        if nudged and isinstance(producer.transport, FlightTransport):
+            producer.transport.client.refresh_metadata()  # see NUDGE_GRACE_S
         wait_until(lambda: steady.resumed_at is not None, "writes to resume", 120)
         acked_then = steady.acked_count()
         wait_until(lambda: steady.acked_count() >= acked_then + WARM_ROWS, "writes to go on")
@@ -208,12 +228,24 @@ def one_round(cluster: LocalCluster, topic: str) -> Round:
         len(steady.acked),
         len(ids),
         rejoin_s,
+        nudged,
     )
 
 
+def topic_led_by(round_: int, broker_id: int, brokers: list[int]) -> str:
+    """A topic name whose partition 0 the assignment gives to ``broker_id`` (preferred
+    leader), so the rounds kill brokers 1, 2, 3, 1, ... in turn (1 is the first controller)."""
+    for k in range(1000):
+        name = f"failover-{round_}-{k}"
+        if assign_partitions(name, 1, brokers, 3)[0].leader == broker_id:
+            return name
+    raise AssertionError(f"no topic name found for broker {broker_id}")
+
+
 def measure(cluster: LocalCluster, rounds: int) -> list[Round]:
+    ids = sorted(cluster.nodes)
     try:
-        return [one_round(cluster, f"failover-{r}") for r in range(rounds)]
+        return [one_round(cluster, topic_led_by(r, ids[r % len(ids)], ids)) for r in range(rounds)]
     except TimeoutError as exc:
         raise SystemExit(f"failover: {exc}") from exc
 
@@ -229,14 +261,15 @@ def report(rounds: list[Round], session_ms: int) -> None:
     print(
         f"{'round':>5}  {'killed':>16}  {'new leader':>10}  {'epoch':>6}  "
         f"{'leader visible s':>16}  {'writes resumed s':>16}  {'rows acked':>10}  "
-        f"{'read back':>9}  {'rejoin s':>8}"
+        f"{'read back':>9}  {'rejoin s':>8}  producer"
     )
     for i, r in enumerate(rounds):
         killed = f"b{r.victim}" + (" (controller)" if r.was_controller else "")
         print(
             f"{i:>5}  {killed:>16}  {f'b{r.new_leader}':>10}  "
             f"{f'{r.epochs[0]}->{r.epochs[1]}':>6}  {r.visible_s:>16.2f}  "
-            f"{r.resumed_s:>16.2f}  {r.acked:>10}  {r.read_back:>9}  {r.rejoin_s:>8.2f}"
+            f"{r.resumed_s:>16.2f}  {r.acked:>10}  {r.read_back:>9}  {r.rejoin_s:>8.2f}  "
+            f"{'nudged' if r.nudged else 'own'}"
         )
     visible = [r.visible_s for r in rounds]
     resumed = [r.resumed_s for r in rounds]
@@ -246,11 +279,19 @@ def report(rounds: list[Round], session_ms: int) -> None:
         f"{percentile(resumed, 95):.2f} s (session timeout {session_ms / 1000:g} s; "
         f"median rejoin {statistics.median(r.rejoin_s for r in rounds):.2f} s)"
     )
+    nudged = sum(r.nudged for r in rounds)
+    if nudged:
+        print(
+            f"# misses: in {nudged} of {len(rounds)} rounds the producer still sent to the dead "
+            f"leader {NUDGE_GRACE_S:g} s after the new one was visible and resumed only once "
+            "the benchmark refreshed its metadata (spark_sink.producer.transport: no metadata "
+            "refresh after a NetworkError); those times include the grace"
+        )
     print()
     print(f"failover_zookeeper_session_timeout_ms={session_ms}")
+    print(f"failover_producer_nudged_rounds={nudged}")
     print(f"failover_rounds={len(rounds)}")
     print(f"failover_leader_visible_p50_s={percentile(visible, 50):.2f}")
     print(f"failover_leader_visible_p95_s={percentile(visible, 95):.2f}")
     print(f"failover_writes_resumed_p50_s={percentile(resumed, 50):.2f}")
     print(f"failover_writes_resumed_p95_s={percentile(resumed, 95):.2f}")
-    print(f"failover_rows_lost_or_duplicated={0}")
