@@ -136,7 +136,10 @@ class EmbeddedCluster(TopicView):
             if name in self._topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             states = assign_partitions(
-                name, partitions, [self._broker.broker_id], replication_factor_of(overrides)
+                name,
+                partitions,
+                [self._broker.broker_id],
+                replication_factor_of(name, overrides, 1),
             )
             assignment = TopicAssignment.of(name, states, schema, overrides)
             topics = {**self._topics, name: assignment}

@@ -441,20 +441,45 @@ def validate_new_topic(
         if not isinstance(key, str) or not isinstance(value, (str, int, float)):
             raise InvalidConfigError(f"topic {topic!r}: config entry {key!r}={value!r}")
     parsed = LOG_CONFIG.parse(config)  # unknown keys and bad values, named
-    if int(parsed["min.insync.replicas"]) > int(parsed["replication.factor"]):
-        raise InvalidConfigError(
-            f"topic {topic!r}: min.insync.replicas={parsed['min.insync.replicas']} is larger "
-            f"than replication.factor={parsed['replication.factor']}: no batch could be "
-            "acknowledged with acks=all"
-        )
+    if "replication.factor" in config:
+        check_min_insync_replicas(topic, int(parsed["replication.factor"]), config)
     overrides = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}
     return topic, partitions, schema, overrides
 
 
-def replication_factor_of(config: Mapping[str, str]) -> int:
-    """A validated topic config's ``replication.factor`` (the default if not overridden)."""
+DEFAULT_REPLICATION_FACTOR = -1  # default.replication.factor: the cluster chooses
+MAX_DEFAULT_REPLICAS = 3  # what it chooses with enough brokers (Kafka's usual factor)
+
+
+def replication_factor_of(
+    topic: str,
+    config: Mapping[str, object],
+    live_brokers: int,
+    default: int = DEFAULT_REPLICATION_FACTOR,
+) -> int:
+    """The factor of a new topic: its validated ``replication.factor`` if it has one, else
+    ``default`` (``default.replication.factor``), where -1 means min(3, live brokers).
+    ``min.insync.replicas`` above it is an InvalidConfigError."""
     key = LOG_CONFIG.key("replication.factor")
-    return int(key.parse(config.get(key.name, key.default)))
+    if key.name in config:
+        factor = int(key.parse(config[key.name]))
+    elif default == DEFAULT_REPLICATION_FACTOR:
+        factor = max(1, min(MAX_DEFAULT_REPLICAS, live_brokers))
+    else:
+        factor = default
+    check_min_insync_replicas(topic, factor, config)
+    return factor
+
+
+def check_min_insync_replicas(topic: str, factor: int, config: Mapping[str, object]) -> None:
+    """Refuse ``min.insync.replicas`` above the factor: no acks=all batch could pass."""
+    key = LOG_CONFIG.key("min.insync.replicas")
+    wanted = int(key.parse(config.get(key.name, key.default)))
+    if wanted > factor:
+        raise InvalidConfigError(
+            f"topic {topic!r}: min.insync.replicas={wanted} is larger than its "
+            f"replication.factor={factor}: no batch could be acknowledged with acks=all"
+        )
 
 
 def assign_partitions(

@@ -53,6 +53,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, Rolle
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker_core.cluster.metadata import (
+    DEFAULT_REPLICATION_FACTOR,
     BrokerInfo,
     CallbackNotifier,
     ClusterMetadata,
@@ -100,12 +101,14 @@ class ZkCluster(TopicView):
         request_timeout_s: float | None = None,
         registration_timeout_s: float | None = None,
         suspended_grace_s: float | None = None,
+        default_replication_factor: int = DEFAULT_REPLICATION_FACTOR,
     ) -> None:
         if not root.startswith("/") or root.endswith("/") or "//" in root:
             raise InvalidRequestError(f"ZooKeeper root {root!r} must be an absolute path")
         session_ms = getattr(client, "_session_timeout", None)  # kazoo keeps it in ms
         session_s = session_ms / 1000.0 if session_ms else DEFAULT_SESSION_TIMEOUT_S
         self._client = client
+        self._default_factor = default_replication_factor
         self._request_timeout_s = request_timeout_s or session_s
         self._requests = ZkRequests(ZkSession(client, request_timeout_s=self._request_timeout_s))
         self._ids_path = f"{root}/brokers/ids"
@@ -205,7 +208,7 @@ class ZkCluster(TopicView):
         self._control.check_open()
         # The live brokers read afresh, not from the cache, which may lag a moment.
         live = self._refresh(ZkTask.BROKERS, f"creating topic {name!r} (reading the live brokers)")
-        factor = replication_factor_of(overrides)
+        factor = replication_factor_of(name, overrides, len(live), self._default_factor)
         assignment = TopicAssignment.of(
             name, assign_partitions(name, partitions, list(live), factor), schema, overrides
         )

@@ -322,7 +322,11 @@ class Broker:
     def _open_cluster(self, info: BrokerInfo) -> ClusterMetadata:
         if self.config.embedded:
             return EmbeddedCluster(info, self.config.log_dir / CLUSTER_FILE)
-        return ZkCluster(self.zookeeper_client(), ZK_ROOT)
+        return ZkCluster(
+            self.zookeeper_client(),
+            ZK_ROOT,
+            default_replication_factor=self.config.default_replication_factor,
+        )
 
     def zookeeper_client(self) -> Any:
         """The started KazooClient; InvalidConfigError in embedded mode (no ZooKeeper)."""
@@ -464,8 +468,6 @@ class Broker:
         its producers and readers move on at once instead of after the session expires."""
         cluster, topics = self.cluster, self._topics
         if cluster is None or topics is None or self.config.embedded:
-            return
-        if not hasattr(cluster, "move_leadership_away"):  # TEMP until the cluster branch
             return
         try:
             moved = cluster.move_leadership_away(self.broker_id)

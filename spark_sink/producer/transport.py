@@ -195,7 +195,11 @@ class FlightTransport:
             with contextlib.suppress(IdemlogError):
                 address = self.client.leader(tp.topic, tp.partition).address
                 self.client.reset_connection(address)  # a fresh channel, no gRPC backoff
-        if isinstance(error, (NotLeaderOrFollowerError, UnknownTopicOrPartitionError)):
+        if isinstance(
+            error, (NotLeaderOrFollowerError, UnknownTopicOrPartitionError, NetworkError)
+        ):
+            # A leader that does not answer may have been replaced by an election: the
+            # next attempt goes where the fresh metadata says (the same broker until then).
             with contextlib.suppress(IdemlogError):
                 self.client.refresh_metadata()
 

@@ -41,6 +41,9 @@ def _config(
         "zookeeper.connect": zk.hosts,
         "zookeeper.session.timeout.ms": session_ms,
         "broker.id": broker_id,
+        # These scenarios are about single-replica partitions on a ZooKeeper cluster (a
+        # dead broker's partitions are unavailable); replication: test_replication.py.
+        "default.replication.factor": 1,
     }
 
 

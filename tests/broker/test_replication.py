@@ -15,12 +15,14 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.server.replica_manager import FAILPOINT_ENV, WITHHOLD_FAILPOINT
 from spark_sink.producer import Producer, SendResult
@@ -69,18 +71,37 @@ def _stop_all_and_compare(cluster: ReplicatedCluster, topic: str, partitions: in
         sizes = {name: len(data) for name, data in logs.items()}
         assert len(set(logs.values())) == 1, f"{topic}-{p}: replica logs differ: {sizes}"
         assert next(iter(logs.values())), f"{topic}-{p}: nothing was written"
-        for pattern in ("leader-epoch-checkpoint", "*.snapshot"):
-            newest = {
-                b.name: [
-                    (f.name, f.read_bytes())
-                    for f in sorted(cluster.partition_dir(b, topic, p).glob(pattern))
-                ][-1:]
-                for b in replicas
-            }
-            assert len({tuple(v) for v in newest.values()}) == 1, (
-                f"{topic}-{p}: {pattern} differs between replicas: "
-                f"{ {n: [f for f, _ in v] for n, v in newest.items()} }"
-            )
+        snapshots = {
+            b.name: [
+                (f.name, f.read_bytes())
+                for f in sorted(cluster.partition_dir(b, topic, p).glob("*.snapshot"))
+            ][-1:]
+            for b in replicas
+        }
+        names = {n: [f for f, _ in v] for n, v in snapshots.items()}
+        assert len({tuple(v) for v in snapshots.values()}) == 1, (
+            f"{topic}-{p}: producer state differs: {names}"
+        )
+        # The epochs that wrote batches agree; a leadership that wrote nothing (the
+        # clean shutdowns just now) is only in the cache of the broker that held it.
+        end = cluster.batches(replicas[0], topic, p)[-1][0] + 1
+        epochs = {b.name: _epochs_below(cluster.partition_dir(b, topic, p), end) for b in replicas}
+        assert len({tuple(v) for v in epochs.values()}) == 1, f"{topic}-{p}: epochs {epochs}"
+
+
+def _epochs_below(directory: Path, end: int) -> list[tuple[int, int]]:
+    """The (epoch, start offset) entries of a replica's epoch cache that wrote a batch
+    below ``end`` (an epoch followed at once by another, or starting at the end, wrote
+    nothing); a log without a cache file counts as [(0, 0)]."""
+    cache = LeaderEpochCache.load(directory)
+    assert cache is not None, f"{directory}: unreadable leader-epoch-checkpoint"
+    entries = cache.entries
+    wrote = [
+        (e.epoch, e.start_offset)
+        for e, after in zip(entries, [*entries[1:], None], strict=False)
+        if e.start_offset < (end if after is None else min(after.start_offset, end))
+    ]
+    return wrote or [(0, 0)]
 
 
 def test_followers_copy_the_leader_byte_for_byte(cluster: ReplicatedCluster) -> None:
@@ -120,26 +141,27 @@ def test_leader_sigkilled_under_a_pipelined_producer(cluster: ReplicatedCluster)
     first_ack_after_kill: list[float] = []
     lock = threading.Lock()
 
-    def on_done(ids: list[int], future: Future[list[SendResult]]) -> None:
+    def on_done(ids: list[int], queued: float, future: Future[list[SendResult]]) -> None:
         error = future.exception()
         with lock:
             if error is not None:
                 failed.append(error)
                 return
             acked.extend(ids)
-            if killed_at and not first_ack_after_kill:
+            # Writes resumed: the first batch queued after the kill is acknowledged.
+            if killed_at and queued > killed_at[0] and not first_ack_after_kill:
                 first_ack_after_kill.append(time.monotonic())
 
-    config = {**FAST, "delivery.timeout.ms": 60_000}
+    config = {**FAST, "delivery.timeout.ms": 60_000, "batch.size": 64 * 1024}
     with Producer(cluster.bootstrap, **config) as producer:
 
         def send_steadily() -> None:
             start = 0
             while not stop.is_set():
+                queued = time.monotonic()
                 future = producer.send("failover", _table(start, 100), key="key")
-                future.add_done_callback(
-                    functools.partial(on_done, list(range(start, start + 100)))
-                )
+                ids = list(range(start, start + 100))
+                future.add_done_callback(functools.partial(on_done, ids, queued))
                 start += 100
                 stop.wait(0.002)  # a steady stream, not a flood
 
@@ -197,6 +219,8 @@ def test_a_lagging_follower_leaves_the_isr_and_rejoins(cluster: ReplicatedCluste
 def _send_raw(
     client: BrokerClient, topic: str, pid: int, epoch: int, batches: range, acks: int
 ) -> None:
+    """Raw batches (no retries: each must be answered ok) to the current leader."""
+    client.refresh_metadata()  # a raw stream goes where the cached view says
     with client.produce_stream(topic, 0, acks=acks) as stream:
         handles = [
             stream.send(

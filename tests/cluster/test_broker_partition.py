@@ -214,7 +214,9 @@ def _cut_past_session(
 
 def _create_topic(cluster: BrokerCluster, client: BrokerClient, topic: str) -> list[int]:
     """The topic on all three brokers, known to each; broker 1 is the controller."""
-    leaders = client.create_topic(topic, PARTITIONS)
+    # One replica per partition: the scenario is a partition whose only broker is cut off
+    # (a replicated leader cut off: test_replica_cut.py).
+    leaders = client.create_topic(topic, PARTITIONS, config={"replication.factor": 1})
     wait_until(
         lambda: all(_metadata(client, b)["topics"].get(topic) == leaders for b in cluster.brokers),
         f"every broker to learn topic {topic!r}",

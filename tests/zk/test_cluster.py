@@ -54,6 +54,9 @@ class SimBroker:
 
     def __init__(self, harness: ZooKeeperHarness, broker_id: int | None, **options: Any) -> None:
         self.client = harness.client()
+        # Single replicas unless a test asks: these scenarios are about the metadata and
+        # the election of the controller (replicas: tests/zk/test_partition_states.py).
+        options.setdefault("default_replication_factor", 1)
         self.cluster = ZkCluster(self.client, ROOT, **options)
         self.control = Recorder()
         self.topics_changed = Recorder()
