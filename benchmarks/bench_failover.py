@@ -57,12 +57,12 @@ ROWS_PER_SEND = 100
 SEND_EVERY_S = 0.002
 WARM_ROWS = 2_000  # acknowledged before the kill, and again after writes resumed
 ELECTION_TIMEOUT_S = 60.0
-# The producer does not refresh its metadata after a NetworkError (the dead leader never
-# answers NOT_LEADER_OR_FOLLOWER), so it keeps sending to the dead broker: a bug of
-# spark_sink.producer.transport (FlightTransport._forget), reported. Until it is fixed, a
-# round whose writes have not resumed this long after the new leader was visible refreshes
-# the producer's metadata for it and is marked "nudged"; its writes-resumed time includes
-# this grace. A producer that refreshes on its own never waits for it.
+# A guard against a producer that does not refresh its metadata after a NetworkError (the
+# dead leader never answers NOT_LEADER_OR_FOLLOWER) and so keeps sending to the dead broker,
+# as spark_sink's did before 2351eed: a round whose writes have not resumed this long after
+# the new leader was visible refreshes the producer's metadata for it and is marked
+# "nudged" (its writes-resumed time includes this grace). A producer that refreshes on its
+# own never waits for it.
 NUDGE_GRACE_S = 1.0
 PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
@@ -284,8 +284,8 @@ def report(rounds: list[Round], session_ms: int) -> None:
         print(
             f"# misses: in {nudged} of {len(rounds)} rounds the producer still sent to the dead "
             f"leader {NUDGE_GRACE_S:g} s after the new one was visible and resumed only once "
-            "the benchmark refreshed its metadata (spark_sink.producer.transport: no metadata "
-            "refresh after a NetworkError); those times include the grace"
+            "the benchmark refreshed its metadata (no metadata refresh after a NetworkError: "
+            "spark_sink.producer.transport); those times include the grace"
         )
     print()
     print(f"failover_zookeeper_session_timeout_ms={session_ms}")
