@@ -1,7 +1,8 @@
 """Broker produce throughput over loopback against the Flight transport ceiling.
 
     python -m benchmarks.bench_broker [--mb 1500] [--producers 1,4,16] [--repeat 3]
-                                      [--init-seconds 2] [--dir DIR]
+                                      [--init-seconds 2] [--rf-producers 3] [--failovers 5]
+                                      [--parts broker,replication,failover] [--dir DIR]
 
 What it measures (MB = 10^6 bytes of Arrow buffers, as ``RecordBatch.nbytes``):
 
@@ -27,6 +28,13 @@ writeback, scheduling), so the median of the runs counts; best and worst are pri
 The summary lines take, for each server, its best producer count. Both servers run
 with the broker's allocator setting (``cli_broker.keep_large_buffers``): the same
 transport underneath, tuned the same way.
+
+Two more parts run on a 3-broker cluster on a real ZooKeeper (``zk_cluster.py``), after
+this one: the cost of replication (``bench_replication.py``: ``replication.factor=3``
+against 1, ``acks=all``, the same producers, ``--mb`` per run, ``--repeat`` interleaved
+rounds) and the time a partition is unwritable after its leader's SIGKILL, with every
+acknowledged row checked (``bench_failover.py``, ``--failovers`` rounds). ``--parts``
+picks the parts to run.
 
 CPU seconds (user + system) per GB sent (GB = 10^9 bytes, the same measure as MB/s) are
 printed beside the throughput, for each side separately, over the produce phase only
@@ -282,13 +290,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--producers", default="1,4,16", help="producer counts to run")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration")
     parser.add_argument("--init-seconds", type=float, default=2.0)
+    parser.add_argument("--rf-producers", type=int, default=3, help="replication part")
+    parser.add_argument("--failovers", type=int, default=5, help="failover rounds")
+    parser.add_argument("--parts", default="broker,replication,failover", help="parts to run")
     parser.add_argument("--dir", type=Path, default=REPO, help="parent of the temporary dir")
     parser.add_argument("--discard-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.discard_server:
         return serve_discard()
-    counts = [int(c) for c in args.producers.split(",")]
+    parts = set(args.parts.split(","))
     batches = build_batches()
+    if "broker" in parts:
+        broker_part(args, batches)
+    if parts & {"replication", "failover"}:
+        replicated_parts(args, batches, parts)
+    return 0
+
+
+def replicated_parts(
+    args: argparse.Namespace, batches: Sequence[pa.RecordBatch], parts: set[str]
+) -> None:
+    """The replication-cost and failover parts, on one 3-broker cluster."""
+    from benchmarks import bench_failover, bench_replication
+    from benchmarks.zk_cluster import SESSION_MS, LocalCluster
+
+    workdir = Path(tempfile.mkdtemp(prefix=".bench-replicated-", dir=args.dir))
+    try:
+        cluster = LocalCluster(workdir)
+        try:
+            if "replication" in parts:
+                runs = bench_replication.measure(
+                    cluster, batches, args.mb, args.rf_producers, args.repeat
+                )
+                bench_replication.report(runs, args.rf_producers, args.mb)
+            if "failover" in parts and args.failovers > 0:
+                rounds = bench_failover.measure(cluster, args.failovers)
+                bench_failover.report(rounds, SESSION_MS)
+        finally:
+            cluster.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def broker_part(args: argparse.Namespace, batches: Sequence[pa.RecordBatch]) -> None:
+    """The broker against the transport ceiling, and InitProducerId rates."""
+    counts = [int(c) for c in args.producers.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix=".bench-broker-", dir=args.dir))
     servers: list[Server] = []
     try:
@@ -369,7 +415,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"broker_client_cpu_s_per_gb={broker_client_cpu:.3f}")
     print(f"discard_client_cpu_s_per_gb={discard_client_cpu:.3f}")
     print(f"broker_vs_transport_cpu_ratio={total_cpu_ratio:.2f}")
-    return 0
 
 
 if __name__ == "__main__":

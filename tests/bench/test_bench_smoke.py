@@ -26,8 +26,15 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         ["store_vs_raw_ratio", "validator_us_per_batch"],
     ),
     "bench-broker": (
-        ["BENCH_ARGS=--mb 20 --repeat 1 --producers 1,4"],
-        ["broker_vs_transport_ratio", "init_producer_id_per_s"],
+        ["BENCH_ARGS=--mb 20 --repeat 1 --producers 1,4 --failovers 2"],
+        [
+            "broker_vs_transport_ratio",
+            "init_producer_id_per_s",
+            "replicated_rf3_vs_rf1_ratio",
+            "replicated_rf3_ack_p99_ms",
+            "failover_leader_visible_p50_s",
+            "failover_writes_resumed_p50_s",
+        ],
     ),
     "bench-producer": (["ROWS=100000"], ["producer_vs_bare_ratio"]),
     "bench-spark": (
