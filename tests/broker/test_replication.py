@@ -21,9 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
 from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
+from broker_core.protocol.wire import ProduceResponse
 from broker_core.server.replica_manager import FAILPOINT_ENV, WITHHOLD_FAILPOINT
 from spark_sink.producer import Producer, SendResult
 from tests.broker.helpers import rows
@@ -219,26 +221,16 @@ def test_a_lagging_follower_leaves_the_isr_and_rejoins(cluster: ReplicatedCluste
 def _send_raw(
     client: BrokerClient, topic: str, pid: int, epoch: int, batches: range, acks: int
 ) -> None:
-    """Raw batches (no retries: each must be answered ok) to the current leader."""
-    client.refresh_metadata()  # a raw stream goes where the cached view says
-    with client.produce_stream(topic, 0, acks=acks) as stream:
-        handles = [
-            stream.send(
-                rows(10, start=i * 10),
-                producer_id=pid,
-                producer_epoch=epoch,
-                base_sequence=i * 10,
-                transactional=False,
-            )
-            for i in batches
-        ]
-        for handle in handles:
-            answer = handle.result(30)
-            assert answer.ok and not answer.duplicate, answer
+    """Raw batches (no retries: each must be answered ok, none a duplicate) to the
+    current leader."""
+    answers = _answers(client, topic, pid, epoch, batches, acks)
+    assert not any(a.duplicate for a in answers), answers
 
 
 def test_a_diverged_follower_truncates_by_epoch_and_converges(
-    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+    zk_chroot: ZooKeeperHarness,
+    broker_factory: BrokerFactory,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The preferred leader is restarted with a test hook that withholds its batches from
     its followers and made leader again (the preferred-leader election). It acknowledges
@@ -261,7 +253,11 @@ def test_a_diverged_follower_truncates_by_epoch_and_converges(
         moved = cluster.wait_leader_change("diverged", 0, preferred)
         victim.restart(env={FAILPOINT_ENV: WITHHOLD_FAILPOINT})
         cluster.wait_in_sync("diverged", 0)
-        assert client.elect_leaders(["diverged"]) == {"diverged": {0: preferred}}
+        args = ["topics", "elect-leaders", "--bootstrap", cluster.bootstrap, "--topic", "diverged"]
+        assert cli_main(args) == 0  # the preferred-leader election, from the command line
+        out = capsys.readouterr().out
+        assert "moved the leadership of 1 partitions" in out, out
+        assert f"diverged-0: leader {preferred}" in out, out
         back = cluster.wait_state("diverged", 0, lambda s: s.leader == preferred, "preferred back")
         assert back.leader_epoch > moved.leader_epoch > first.leader_epoch
         _send_raw(client, "diverged", pid, epoch, range(5, 8), ACKS_LEADER)  # alone
@@ -314,3 +310,49 @@ def test_acks_all_is_refused_below_min_insync_replicas(
         assert _read_ids(client, "guarded", 1) == list(range(20))
     finally:
         cluster.close()
+
+
+def test_a_retry_after_failover_is_answered_as_a_duplicate_with_its_offsets(
+    cluster: ReplicatedCluster,
+) -> None:
+    """The producer state travels in the log: batches acknowledged by a leader that is then
+    SIGKILLed, sent again (same producer id, epoch and sequences) to the elected follower,
+    are answered as duplicates with their original offsets, and written nowhere twice."""
+    cluster.create_topic("retried", 1, replication_factor=3)
+    before = cluster.state("retried", 0)
+    client = cluster.client
+    pid, epoch = client.init_producer_id()
+    first = _answers(client, "retried", pid, epoch, range(0, 4))
+    assert not any(a.duplicate for a in first)
+    cluster.brokers[before.leader].kill(signal.SIGKILL)
+    after = cluster.wait_leader_change("retried", 0, before.leader)
+    assert after.leader_epoch > before.leader_epoch
+    again = _answers(client, "retried", pid, epoch, range(0, 4))
+    assert all(a.duplicate for a in again), again
+    assert [(a.base_offset, a.last_offset) for a in again] == [
+        (a.base_offset, a.last_offset) for a in first
+    ]
+    more = _answers(client, "retried", pid, epoch, range(4, 6))  # the sequence goes on
+    assert [a.base_offset for a in more] == [40, 50]
+    assert _read_ids(client, "retried", 1) == list(range(60))
+
+
+def _answers(
+    client: BrokerClient, topic: str, pid: int, epoch: int, batches: range, acks: int = ACKS_ALL
+) -> list[ProduceResponse]:
+    """Batch i holds ids i*10 .. i*10+9 at sequence i*10; every answer ok."""
+    client.refresh_metadata()  # a raw stream goes where the cached view says
+    with client.produce_stream(topic, 0, acks=acks) as stream:
+        handles = [
+            stream.send(
+                rows(10, start=i * 10),
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=i * 10,
+                transactional=False,
+            )
+            for i in batches
+        ]
+        answers = [h.result(30) for h in handles]
+    assert all(a.ok for a in answers), answers
+    return answers
