@@ -27,6 +27,7 @@ Why they look like this (docs/design.md §7):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +136,38 @@ def _fetch(
         raise _out_of_range(client, topic, part, offset, exc) from exc
 
 
+READABLE_WAIT_S = 0.2  # between fetches while a new leader's high watermark catches up
+READABLE_WAITS = 150  # 30 s in all: a failover's catch-up is far shorter
+
+
+def _wait_until_readable(
+    client: BrokerClient,
+    topic: str,
+    part: OffsetRangePartition,
+    offset: int,
+    response: FetchResponse,
+    waited: int,
+) -> None:
+    """Wait a moment before fetching ``offset`` again, if the log still holds it.
+
+    After a failover the new leader's high watermark starts below the old one's and
+    catches up as its followers fetch: the planned rows are in its log, not yet
+    readable. A log that ends before ``offset`` (recreated) or keeps them unreadable for
+    ``READABLE_WAITS`` fetches raises OffsetOutOfRangeError naming the offsets.
+    """
+    t = response.trailer
+    log = client.list_offsets(topic, part.partition)
+    if log["log_end_offset"] >= part.end and waited < READABLE_WAITS:
+        time.sleep(READABLE_WAIT_S)  # the watermark moves with the followers' fetches
+        return
+    raise OffsetOutOfRangeError(
+        f"topic {topic!r} partition {part.partition}: offsets [{offset}, {part.end}) were "
+        f"planned but the log does not make them readable (log start {t.log_start_offset}, "
+        f"end {log['log_end_offset']}, last stable {t.last_stable_offset}, high watermark "
+        f"{t.high_watermark}, after {waited} tries): the topic was recreated?"
+    )
+
+
 def _to_output(
     rows: pa.RecordBatch, schema: pa.Schema, partition: int, first_offset: int, metadata: bool
 ) -> pa.RecordBatch:
@@ -163,6 +196,7 @@ def read_range(
     try:
         offset = part.start
         position = part.start  # the next offset not yet yielded: no row twice
+        waited = 0  # fetches in a row that found nothing readable
         while offset < part.end:
             response = _fetch(client, options, topic, part, offset)
             for meta, rows in response.batches:
@@ -181,15 +215,13 @@ def read_range(
                 )
             next_offset = response.trailer.next_offset
             if next_offset <= offset:
-                # The planned range is no longer readable (its end is above the log's
-                # readable end now): looping would never finish.
-                t = response.trailer
-                raise OffsetOutOfRangeError(
-                    f"topic {topic!r} partition {part.partition}: offsets [{offset}, "
-                    f"{part.end}) were planned but the log no longer has them (log start "
-                    f"{t.log_start_offset}, last stable {t.last_stable_offset}, high "
-                    f"watermark {t.high_watermark}): the topic was recreated?"
-                )
+                # The planned range is not readable now: a new leader's high watermark
+                # catching up after a failover (the rows are in its log: wait for them),
+                # or a log that no longer has them (looping would never finish).
+                _wait_until_readable(client, topic, part, offset, response, waited)
+                waited += 1
+                continue
+            waited = 0
             offset = next_offset
     finally:
         client.close()
@@ -320,14 +352,19 @@ class IdemlogStreamReader(DataSourceStreamReader):
         high watermark with read_uncommitted), at most maxOffsetsPerTrigger past the
         last planned end in all (when that option is set)."""
         with self._client() as client:
-            current = {
-                k: _end_of(o, self.options.isolation) for k, o in self._offsets(client).items()
-            }
+            offsets = self._offsets(client)
+            current = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
             base = self._planned_end
             if base is None:  # a new query: its first batch starts at the initial offset
                 base = self._initial_offsets(client)
                 if self.options.max_offsets_per_trigger > 0:
                     self._guessed_base = dict(base)
+        # A new leader's high watermark (and so its readable end) starts below the old
+        # leader's and catches up with its followers' fetches: while its log still holds
+        # what was planned, the end stays where it was instead of moving back.
+        for k, e in current.items():
+            if e < base.get(k, 0) <= offsets[k]["log_end_offset"]:
+                current[k] = base[k]
         behind = {k: (base[k], e) for k, e in current.items() if e < base.get(k, 0)}
         if behind:
             # Ends never move back by themselves: the log was replaced. Planning from here

@@ -1,0 +1,86 @@
+"""``spark_sink.reader`` across a failover, with a scripted broker client (the decision
+only; the failovers themselves run against real brokers in tests/broker and tests/spark).
+
+After an election the new leader's high watermark starts below the old leader's and
+catches up as its followers fetch: the planned rows are in its log, not yet readable. A
+task reading them waits instead of failing; a log that really ends before them still
+fails at once, naming the offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import spark_sink.reader as reader
+from broker_core.client.broker_client import FetchResponse
+from broker_core.errors import OffsetOutOfRangeError
+from broker_core.protocol.wire import FetchBatchMeta, FetchTrailer
+from spark_sink.options import Scope, parse_options
+from spark_sink.reader import OffsetRangePartition, read_range
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+@dataclass
+class ScriptedClient:
+    """Answers fetches from ``script`` in turn; ``log_end`` is what list_offsets says."""
+
+    script: list[FetchResponse]
+    log_end: int
+    fetches: list[int] = field(default_factory=list)
+
+    def fetch_once(self, topic: str, partition: int, offset: int, **_: Any) -> FetchResponse:
+        self.fetches.append(offset)
+        return self.script.pop(0)
+
+    def list_offsets(self, topic: str, partition: int) -> dict[str, int]:
+        return {"log_start_offset": 0, "log_end_offset": self.log_end}
+
+    def close(self) -> None:
+        pass
+
+
+def _empty(offset: int, hw: int) -> FetchResponse:
+    return FetchResponse(SCHEMA, [], FetchTrailer(offset, hw, hw, 0))
+
+
+def _rows(offset: int, n: int) -> FetchResponse:
+    batch = pa.RecordBatch.from_pylist([{"id": offset + i} for i in range(n)], schema=SCHEMA)
+    meta = FetchBatchMeta(offset, 1, 0, offset, False, 0)
+    return FetchResponse(
+        SCHEMA, [(meta, batch)], FetchTrailer(offset + n, offset + n, offset + n, 0)
+    )
+
+
+def _read(client: ScriptedClient, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    monkeypatch.setattr(reader, "sink_client", lambda *a, **k: client)
+    monkeypatch.setattr(reader, "READABLE_WAIT_S", 0.0)
+    options = parse_options({"topic": "t", "brokers": "127.0.0.1:1"}, Scope.READ)
+    out = read_range(options, "t", SCHEMA, OffsetRangePartition(0, 10, 20))
+    return [i for batch in out for i in batch.column(0).to_pylist()]
+
+
+def test_a_new_leaders_lagging_watermark_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = [_rows(10, 5), _empty(15, 15), _empty(15, 15), _rows(15, 5)]
+    client = ScriptedClient(script, log_end=20)
+    assert _read(client, monkeypatch) == list(range(10, 20))  # every row once, in order
+    assert client.fetches == [10, 15, 15, 15]  # it waited twice at 15, then read on
+
+
+def test_a_log_that_ends_before_the_range_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = ScriptedClient([_rows(10, 5), _empty(15, 15)], log_end=15)
+    with pytest.raises(OffsetOutOfRangeError, match=r"offsets \[15, 20\) were planned"):
+        _read(client, monkeypatch)
+    assert client.fetches == [10, 15]
+
+
+def test_a_watermark_that_never_catches_up_fails_after_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = ScriptedClient([_empty(10, 10)] * (reader.READABLE_WAITS + 1), log_end=20)
+    with pytest.raises(OffsetOutOfRangeError, match=f"after {reader.READABLE_WAITS} tries"):
+        _read(client, monkeypatch)
