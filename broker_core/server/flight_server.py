@@ -26,6 +26,7 @@ from broker_core.errors import (
     UnknownServerError,
 )
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
+from broker_core.log.results import AppendResult
 from broker_core.log.store import LogStore, describe_schema_difference
 from broker_core.protocol.metrics import AppendOutcome
 from broker_core.protocol.requests import ACKS_ALL, FetchRequest, ProduceDescriptor
@@ -145,7 +146,9 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             # Answered as soon as the leader has written it (the log end is the high
             # watermark of a single replica).
             for meta, batch in chunks:
-                response, _end = self._append(replica, topic, partition, meta, batch, acks_all)
+                response, _end, _epoch = self._append(
+                    replica, topic, partition, meta, batch, acks_all
+                )
                 writer.write(response.encode())
             return
         self._produce_replicated(replica, topic, partition, chunks, writer)
@@ -181,7 +184,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         """acks=all on a replicated partition: batches are read and appended on one thread
         while this one answers each, in order, once the high watermark passed it; so a
         producer's pipeline keeps flowing while the followers copy."""
-        answers: queue.Queue[tuple[ProduceResponse, int | None] | BaseException | None]
+        answers: queue.Queue[tuple[ProduceResponse, int | None, int] | BaseException | None]
         answers = queue.Queue()
 
         def read_and_append() -> None:
@@ -200,10 +203,10 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             while (item := answers.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                response, end = item
+                response, end, epoch = item
                 if end is not None:
                     try:
-                        replica.wait_replicated(end, self._ack_timeout_s)
+                        replica.wait_replicated(end, self._ack_timeout_s, epoch)
                     except IdemlogError as exc:
                         response = ProduceResponse.failure(response.correlation_id, exc)
                 writer.write(response.encode())
@@ -218,36 +221,41 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         meta: ProduceRequestMeta,
         batch: pa.RecordBatch,
         acks_all: bool,
-    ) -> tuple[ProduceResponse, int | None]:
-        """Append one batch while this broker leads; its answer, and the offset the high
-        watermark must reach before it is sent (None: an error, answered at once)."""
+    ) -> tuple[ProduceResponse, int | None, int]:
+        """Append one batch while this broker leads; its answer, the offset the high
+        watermark must reach before it is sent (None: an error, answered at once), and
+        the leader epoch it was written at (the answer waits within that leadership)."""
         metrics = self._metrics
         nbytes = batch.nbytes
         limit = self._max_request_bytes
+        epoch = replica.leader_epoch
+
+        def write(log_: PartitionLog) -> AppendResult:
+            nonlocal epoch
+            epoch = replica.leader_epoch  # under the role lock: the epoch that writes it
+            return log_.append(
+                batch,
+                producer_id=meta.producer_id,
+                producer_epoch=meta.producer_epoch,
+                base_sequence=meta.base_sequence,
+                transactional=meta.transactional,
+            )
+
         try:
             if nbytes > limit:
                 raise MessageTooLargeError(
                     f"produce to {topic}-{partition}: batch of {batch.num_rows} rows is "
                     f"{nbytes} bytes, over max.request.bytes={limit}"
                 )
-            result = replica.append_as_leader(
-                lambda log_: log_.append(
-                    batch,
-                    producer_id=meta.producer_id,
-                    producer_epoch=meta.producer_epoch,
-                    base_sequence=meta.base_sequence,
-                    transactional=meta.transactional,
-                ),
-                acks_all,
-            )
+            result = replica.append_as_leader(write, acks_all)
         except IdemlogError as exc:
             metrics.record_append(topic, partition, meta.producer_id, outcome_of(exc))
-            return ProduceResponse.failure(meta.correlation_id, exc), None
+            return ProduceResponse.failure(meta.correlation_id, exc), None, epoch
         except Exception as exc:
             log.exception("produce to %s-%d failed unexpectedly", topic, partition)
             metrics.record_append(topic, partition, meta.producer_id, AppendOutcome.REJECTED)
             error = UnknownServerError(f"produce: {type(exc).__name__}: {exc}")
-            return ProduceResponse.failure(meta.correlation_id, error), None
+            return ProduceResponse.failure(meta.correlation_id, error), None, epoch
         outcome = AppendOutcome.DUPLICATE if result.duplicate else AppendOutcome.APPENDED
         metrics.record_append(topic, partition, meta.producer_id, outcome, batch.num_rows, nbytes)
         response = ProduceResponse(
@@ -258,7 +266,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             result.log_append_time,
             result.duplicate,
         )
-        return response, result.last_offset + 1
+        return response, result.last_offset + 1, epoch
 
     # -- fetch ---------------------------------------------------------------------------
     def do_get(

@@ -237,19 +237,26 @@ class Partition:
                 self._cond.notify_all()  # long-polling followers
         return result
 
-    def wait_replicated(self, end_offset: int, timeout_s: float) -> None:
+    def wait_replicated(
+        self, end_offset: int, timeout_s: float, leader_epoch: int | None = None
+    ) -> None:
         """Return once the high watermark reached ``end_offset`` (every in-sync replica
-        has everything before it): the acks=all answer.
+        has everything before it): the acks=all answer. ``leader_epoch``: the epoch the
+        offsets were written at (default: the current one).
 
-        Raises NotLeaderOrFollowerError when this replica stops leading meanwhile,
-        RequestTimedOutError after ``timeout_s`` (both retriable: a producer resends and
-        is answered as a duplicate once the batch is in), and
+        Raises NotLeaderOrFollowerError at once when this replica no longer leads at that
+        epoch (a pipelined stream's answers may come to a batch only after an election:
+        its offsets may hold another leader's batches by then), or when it stops leading
+        meanwhile; RequestTimedOutError after ``timeout_s`` (both retriable: a producer
+        resends and is answered as a duplicate once the batch is in), and
         NotEnoughReplicasAfterAppendError when the ISR shrank below
         ``min.insync.replicas`` before it was replicated.
         """
         if not self.replicated:
             return
         with self._cond:
+            if self.role is not Role.LEADER or leader_epoch not in (None, self.leader_epoch):
+                raise self._not_leader()
             changes = self._changes
 
             def settled() -> bool:
