@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
@@ -184,13 +185,16 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         """acks=all on a replicated partition: batches are read and appended on one thread
         while this one answers each, in order, once the high watermark passed it; so a
         producer's pipeline keeps flowing while the followers copy."""
-        answers: queue.Queue[tuple[ProduceResponse, int | None, int] | BaseException | None]
-        answers = queue.Queue()
+        Answer = tuple[tuple[ProduceResponse, int | None, int], float]
+        answers: queue.Queue[Answer | BaseException | None] = queue.Queue()
 
         def read_and_append() -> None:
             try:
                 for meta, batch in chunks:
-                    answers.put(self._append(replica, topic, partition, meta, batch, True))
+                    appended = self._append(replica, topic, partition, meta, batch, True)
+                    # The answer's deadline counts from the append, not from when the
+                    # answering thread reaches it behind the batches before it.
+                    answers.put((appended, time.monotonic() + self._ack_timeout_s))
                 answers.put(None)
             except BaseException as exc:  # handed to the answering thread, raised there
                 answers.put(exc)
@@ -203,10 +207,11 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             while (item := answers.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                response, end, epoch = item
+                (response, end, epoch), deadline = item
                 if end is not None:
                     try:
-                        replica.wait_replicated(end, self._ack_timeout_s, epoch)
+                        remaining = max(0.0, deadline - time.monotonic())
+                        replica.wait_replicated(end, remaining, epoch)
                     except IdemlogError as exc:
                         response = ProduceResponse.failure(response.correlation_id, exc)
                 writer.write(response.encode())

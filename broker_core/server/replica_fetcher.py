@@ -78,6 +78,8 @@ class ReplicaFetcher:
         self._connections = connections
         self._config = config
         self._stop = threading.Event()
+        # Held while the log is changed (truncated, appended to): stop() waits for it.
+        self._applying = threading.Lock()
         self._truncated = False
         self.fetches = 0  # answered fetches (tests and metrics)
         self.appended_batches_bytes = 0
@@ -90,11 +92,16 @@ class ReplicaFetcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop and wait for the loop (at most one fetch's long poll)."""
+    def stop(self) -> None:
+        """Stop: once this returns the fetcher changes the log no more.
+
+        It waits for a truncation or an append in progress, never for a call on the wire:
+        a leader cut off answers no call until its timeout, and the role change waiting
+        for this must not wait that long. The thread ends when its call does.
+        """
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
+        with self._applying:
+            pass
 
     @property
     def stopped(self) -> bool:
@@ -169,7 +176,9 @@ class ReplicaFetcher:
                 "%s: truncating below the high watermark with fetch streams still open",
                 partition.name,
             )
-        if target < log_.log_end_offset:
+        with self._applying:
+            if self._stop.is_set() or target >= log_.log_end_offset:
+                return  # replaced meanwhile (a newer fetcher truncates), or nothing to cut
             before = log_.log_end_offset
             new_end = log_.truncate_to(max(target, log_.log_start_offset))
             log.warning(
@@ -200,12 +209,13 @@ class ReplicaFetcher:
         answer = ReplicaFetchResponse.decode(
             self._call(Action.REPLICA_FETCH, encode_json(request.to_doc()), timeout_s)
         )
-        if self._stop.is_set():
-            return  # replaced meanwhile: a newer epoch's fetcher owns the log now
-        if answer.records:
-            log_.append_as_follower(answer.records)
-            self.appended_batches_bytes += len(answer.records)
-        hw = min(answer.high_watermark, log_.log_end_offset)
-        if hw >= log_.log_start_offset:
-            log_.update_high_watermark(hw)
+        with self._applying:
+            if self._stop.is_set():
+                return  # replaced meanwhile: the log is another fetcher's or a leader's
+            if answer.records:
+                log_.append_as_follower(answer.records)
+                self.appended_batches_bytes += len(answer.records)
+            hw = min(answer.high_watermark, log_.log_end_offset)
+            if hw >= log_.log_start_offset:
+                log_.update_high_watermark(hw)
         self.fetches += 1
