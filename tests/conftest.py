@@ -8,7 +8,9 @@ Fixtures used by more than one test package are registered here, once, through
 * ``tests.harness.broker``: ``broker_factory``, ``broker``, ``client`` (real broker
   processes, killed at teardown);
 * ``tests.harness.netns``: ``testbed`` (hosts of their own in network namespaces,
-  removed at teardown).
+  removed at teardown);
+* ``tests.harness.replicated``: ``replicated_cluster`` (three brokers on a ZooKeeper
+  chroot, for the replication tests).
 
 Markers (declared in pyproject.toml, ``--strict-markers``) are applied here, by where a
 test lives and what it uses, so a new test cannot forget its tier:
@@ -27,7 +29,12 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.harness.zk_fixtures", "tests.harness.broker", "tests.harness.netns"]
+pytest_plugins = [
+    "tests.harness.zk_fixtures",
+    "tests.harness.broker",
+    "tests.harness.netns",
+    "tests.harness.replicated",
+]
 
 SPARK_DIR = Path(__file__).parent / "spark"
 BENCH_DIR = Path(__file__).parent / "bench"

@@ -13,7 +13,6 @@ import functools
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -35,17 +34,6 @@ from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 
 FAST = {"linger.ms": 2, "retry.backoff.ms": 20}
-
-
-@pytest.fixture
-def cluster(
-    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
-) -> Iterator[ReplicatedCluster]:
-    cluster = ReplicatedCluster(zk_chroot, broker_factory)
-    try:
-        yield cluster
-    finally:
-        cluster.close()
 
 
 def _table(start: int, n: int) -> pa.Table:
@@ -106,16 +94,18 @@ def _epochs_below(directory: Path, end: int) -> list[tuple[int, int]]:
     return wrote or [(0, 0)]
 
 
-def test_followers_copy_the_leader_byte_for_byte(cluster: ReplicatedCluster) -> None:
+def test_followers_copy_the_leader_byte_for_byte(replicated_cluster: ReplicatedCluster) -> None:
     """Idempotent and transactional writes with acks=all: the followers' logs, producer
     state snapshots and epoch checkpoints come out identical to the leader's."""
-    cluster.create_topic("copied", 2, replication_factor=3)
-    with Producer(cluster.bootstrap, **FAST) as producer:
+    replicated_cluster.create_topic("copied", 2, replication_factor=3)
+    with Producer(replicated_cluster.bootstrap, **FAST) as producer:
         futures = [producer.send("copied", _table(i * 500, 500), key="key") for i in range(20)]
         producer.flush()
         for f in futures:
             f.result(30)
-    with Producer(cluster.bootstrap, **FAST, **{"transactional.id": "copier"}) as producer:
+    with Producer(
+        replicated_cluster.bootstrap, **FAST, **{"transactional.id": "copier"}
+    ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
         producer.send("copied", _table(10_000, 1_000), key="key")
@@ -123,19 +113,19 @@ def test_followers_copy_the_leader_byte_for_byte(cluster: ReplicatedCluster) -> 
         producer.begin_transaction()
         producer.send("copied", _table(20_000, 1_000), key="key")
         producer.abort_transaction()
-    ids = _read_ids(cluster.client, "copied", 2)
+    ids = _read_ids(replicated_cluster.client, "copied", 2)
     assert sorted(ids) == list(range(11_000))
     for p in range(2):
-        cluster.wait_in_sync("copied", p)
-    _stop_all_and_compare(cluster, "copied", 2)
+        replicated_cluster.wait_in_sync("copied", p)
+    _stop_all_and_compare(replicated_cluster, "copied", 2)
 
 
-def test_leader_sigkilled_under_a_pipelined_producer(cluster: ReplicatedCluster) -> None:
+def test_leader_sigkilled_under_a_pipelined_producer(replicated_cluster: ReplicatedCluster) -> None:
     """SIGKILL of the leader while an idempotent producer keeps sending: the controller
     elects an in-sync follower at a higher epoch once the leader's session expires, the
     producer resends what was not acknowledged, and every acknowledged row is there once."""
-    cluster.create_topic("failover", 1, replication_factor=3)
-    before = cluster.state("failover", 0)
+    replicated_cluster.create_topic("failover", 1, replication_factor=3)
+    before = replicated_cluster.state("failover", 0)
     acked: list[int] = []
     failed: list[BaseException] = []
     stop = threading.Event()
@@ -155,7 +145,7 @@ def test_leader_sigkilled_under_a_pipelined_producer(cluster: ReplicatedCluster)
                 first_ack_after_kill.append(time.monotonic())
 
     config = {**FAST, "delivery.timeout.ms": 60_000, "batch.size": 64 * 1024}
-    with Producer(cluster.bootstrap, **config) as producer:
+    with Producer(replicated_cluster.bootstrap, **config) as producer:
 
         def send_steadily() -> None:
             start = 0
@@ -170,10 +160,10 @@ def test_leader_sigkilled_under_a_pipelined_producer(cluster: ReplicatedCluster)
         sender = threading.Thread(target=send_steadily, daemon=True)
         sender.start()
         wait_until(lambda: len(acked) >= 2_000, "the producer to get going")
-        victim = cluster.brokers[before.leader]
+        victim = replicated_cluster.brokers[before.leader]
         killed_at.append(time.monotonic())
         victim.kill(signal.SIGKILL)
-        after = cluster.wait_leader_change("failover", 0, before.leader)
+        after = replicated_cluster.wait_leader_change("failover", 0, before.leader)
         wait_until(lambda: bool(first_ack_after_kill), "an acknowledgement after the kill")
         with lock:
             acked_then = len(acked)
@@ -184,7 +174,7 @@ def test_leader_sigkilled_under_a_pipelined_producer(cluster: ReplicatedCluster)
     assert not failed, failed[:3]
     assert after.leader_epoch > before.leader_epoch and after.leader in before.isr
     assert before.leader not in after.isr
-    ids = _read_ids(cluster.client, "failover", 1)
+    ids = _read_ids(replicated_cluster.client, "failover", 1)
     assert len(ids) == len(set(ids)), "a row written twice"
     missing = set(acked) - set(ids)
     assert not missing, f"{len(missing)} acknowledged rows lost, e.g. {sorted(missing)[:5]}"
@@ -192,30 +182,36 @@ def test_leader_sigkilled_under_a_pipelined_producer(cluster: ReplicatedCluster)
     print(f"writes resumed {resumed_s:.2f}s after the leader's SIGKILL")
     # The old leader comes back as a follower and catches up.
     victim.restart()
-    cluster.wait_in_sync("failover", 0)
+    replicated_cluster.wait_in_sync("failover", 0)
 
 
-def test_a_lagging_follower_leaves_the_isr_and_rejoins(cluster: ReplicatedCluster) -> None:
+def test_a_lagging_follower_leaves_the_isr_and_rejoins(
+    replicated_cluster: ReplicatedCluster,
+) -> None:
     """A follower killed while the others take writes (acks=all): it leaves the ISR and the
     writes go on; back, it copies what it missed, rejoins, and is byte-identical."""
-    cluster.create_topic("lagging", 1, replication_factor=3)
-    state = cluster.state("lagging", 0)
+    replicated_cluster.create_topic("lagging", 1, replication_factor=3)
+    state = replicated_cluster.state("lagging", 0)
     fid = next(b for b in state.replicas if b != state.leader)
-    follower = cluster.brokers[fid]
+    follower = replicated_cluster.brokers[fid]
     follower.kill(signal.SIGKILL)
-    cluster.wait_state("lagging", 0, lambda s: fid not in s.isr, f"broker {fid} out of the ISR")
-    with Producer(cluster.bootstrap, **FAST) as producer:
+    replicated_cluster.wait_state(
+        "lagging", 0, lambda s: fid not in s.isr, f"broker {fid} out of the ISR"
+    )
+    with Producer(replicated_cluster.bootstrap, **FAST) as producer:
         futures = [producer.send("lagging", _table(i * 200, 200), key="key") for i in range(30)]
         producer.flush()
         for f in futures:
             f.result(30)
     follower.restart()
-    cluster.wait_state("lagging", 0, lambda s: fid in s.isr, f"broker {fid} back in the ISR")
-    cluster.wait_in_sync("lagging", 0)
-    assert sorted(_read_ids(cluster.client, "lagging", 1)) == list(range(6_000))
-    leader = cluster.brokers[cluster.state("lagging", 0).leader]
-    assert cluster.replication(leader)["isr_expands"] >= 1
-    _stop_all_and_compare(cluster, "lagging", 1)
+    replicated_cluster.wait_state(
+        "lagging", 0, lambda s: fid in s.isr, f"broker {fid} back in the ISR"
+    )
+    replicated_cluster.wait_in_sync("lagging", 0)
+    assert sorted(_read_ids(replicated_cluster.client, "lagging", 1)) == list(range(6_000))
+    leader = replicated_cluster.brokers[replicated_cluster.state("lagging", 0).leader]
+    assert replicated_cluster.replication(leader)["isr_expands"] >= 1
+    _stop_all_and_compare(replicated_cluster, "lagging", 1)
 
 
 def _send_raw(
@@ -313,19 +309,19 @@ def test_acks_all_is_refused_below_min_insync_replicas(
 
 
 def test_a_retry_after_failover_is_answered_as_a_duplicate_with_its_offsets(
-    cluster: ReplicatedCluster,
+    replicated_cluster: ReplicatedCluster,
 ) -> None:
     """The producer state travels in the log: batches acknowledged by a leader that is then
     SIGKILLed, sent again (same producer id, epoch and sequences) to the elected follower,
     are answered as duplicates with their original offsets, and written nowhere twice."""
-    cluster.create_topic("retried", 1, replication_factor=3)
-    before = cluster.state("retried", 0)
-    client = cluster.client
+    replicated_cluster.create_topic("retried", 1, replication_factor=3)
+    before = replicated_cluster.state("retried", 0)
+    client = replicated_cluster.client
     pid, epoch = client.init_producer_id()
     first = _answers(client, "retried", pid, epoch, range(0, 4))
     assert not any(a.duplicate for a in first)
-    cluster.brokers[before.leader].kill(signal.SIGKILL)
-    after = cluster.wait_leader_change("retried", 0, before.leader)
+    replicated_cluster.brokers[before.leader].kill(signal.SIGKILL)
+    after = replicated_cluster.wait_leader_change("retried", 0, before.leader)
     assert after.leader_epoch > before.leader_epoch
     again = _answers(client, "retried", pid, epoch, range(0, 4))
     assert all(a.duplicate for a in again), again

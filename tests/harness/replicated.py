@@ -12,13 +12,17 @@ replication tests ask of it:
 * the metrics' ``replication`` section per broker.
 
 Every wait polls the brokers' own answers with a deadline (``tests.harness.waiting``).
+The fixture ``replicated_cluster`` (registered in ``tests/conftest.py``) is one with the
+defaults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
@@ -187,3 +191,16 @@ class ReplicatedCluster:
             (b.header.base_offset, b.header.leader_epoch)
             for b in parse_fetched(raw, first, NO_LEADER_EPOCH, name)
         ]
+
+
+@pytest.fixture
+def replicated_cluster(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> Iterator[ReplicatedCluster]:
+    """Three brokers on the test's ZooKeeper chroot (the harness defaults); the brokers
+    go with ``broker_factory``'s teardown."""
+    cluster = ReplicatedCluster(zk_chroot, broker_factory)
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
-from tests.harness.zookeeper import ZooKeeperHarness
 from tests.spark.helpers import (
     DriverLauncher,
     assert_one_copy,
@@ -32,17 +30,6 @@ TOPIC_PARTITIONS = 4
 # One election's worth: the ZooKeeper session (2 s) a crash would wait out, the election,
 # the clients' metadata refresh and retry backoff, and a micro-batch's own time.
 ELECTION_BOUND_S = 15.0
-
-
-@pytest.fixture
-def cluster(
-    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
-) -> Iterator[ReplicatedCluster]:
-    cluster = ReplicatedCluster(zk_chroot, broker_factory)
-    try:
-        yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture
@@ -72,55 +59,59 @@ def _stream(
 
 
 def test_stream_goes_on_when_a_leader_is_sigkilled(
-    tmp_path: Path, cluster: ReplicatedCluster, launcher: DriverLauncher
+    tmp_path: Path, replicated_cluster: ReplicatedCluster, launcher: DriverLauncher
 ) -> None:
     """A partition leader (not the controller, whose coordinator the commits need) is
     SIGKILLed while the query writes; its partitions fail over to in-sync followers and
     the query runs to its end: every row once."""
     files = 12
-    spec, ids = _stream(tmp_path, cluster, "replicated_kill", files, 2_000)
+    spec, ids = _stream(tmp_path, replicated_cluster, "replicated_kill", files, 2_000)
     run = launcher.start(spec)
     run.wait_for_line("PROGRESS", lambda line: line.startswith("PROGRESS batch=2 "))
-    states = {p: cluster.state("replicated_kill", p) for p in range(TOPIC_PARTITIONS)}
+    states = {p: replicated_cluster.state("replicated_kill", p) for p in range(TOPIC_PARTITIONS)}
     victim_id = next(s.leader for s in states.values() if s.leader != 1)
-    victim = cluster.brokers[victim_id]
+    victim = replicated_cluster.brokers[victim_id]
     victim.kill(signal.SIGKILL)
     for p, before in states.items():
         if before.leader == victim_id:
-            after = cluster.wait_leader_change("replicated_kill", p, victim_id)
+            after = replicated_cluster.wait_leader_change("replicated_kill", p, victim_id)
             assert after.leader_epoch > before.leader_epoch
     assert run.wait() == 0, run.describe()
     assert_succeeded(run)
     batches_after = [b for b in run.progress_batches() if b > 2]
     assert batches_after, "the query ended before the kill: nothing was proven"
-    assert_one_copy("", "replicated_kill", ids, brokers=cluster.bootstrap)
+    assert_one_copy("", "replicated_kill", ids, brokers=replicated_cluster.bootstrap)
 
 
 def test_rolling_restart_of_every_broker_during_a_stream(
-    tmp_path: Path, cluster: ReplicatedCluster, launcher: DriverLauncher
+    tmp_path: Path, replicated_cluster: ReplicatedCluster, launcher: DriverLauncher
 ) -> None:
     """Every broker, the controller last, stopped cleanly (leadership handed over first)
     and started again, one after another, while the query writes: every row once."""
     files = 16
-    spec, ids = _stream(tmp_path, cluster, "rolling", files, 2_000)
+    spec, ids = _stream(tmp_path, replicated_cluster, "rolling", files, 2_000)
     run = launcher.start(spec)
     run.wait_for_line("PROGRESS", lambda line: line.startswith("PROGRESS batch=1 "))
     began = time.monotonic() - run.started
-    epochs = {p: cluster.state("rolling", p).leader_epoch for p in range(TOPIC_PARTITIONS)}
+    epochs = {
+        p: replicated_cluster.state("rolling", p).leader_epoch for p in range(TOPIC_PARTITIONS)
+    }
     for broker_id in (3, 2, 1):
-        broker = cluster.brokers[broker_id]
+        broker = replicated_cluster.brokers[broker_id]
         broker.stop()
         broker.restart()
         for p in range(TOPIC_PARTITIONS):
-            cluster.wait_in_sync("rolling", p, timeout=60.0)
+            replicated_cluster.wait_in_sync("rolling", p, timeout=60.0)
         assert run.proc.poll() is None, "the query ended before the restarts did"
     ended = time.monotonic() - run.started
     assert run.wait() == 0, run.describe()
     assert_succeeded(run)
-    assert_one_copy("", "rolling", ids, brokers=cluster.bootstrap)
+    assert_one_copy("", "rolling", ids, brokers=replicated_cluster.bootstrap)
     # Every partition changed leader (each broker led some and handed them over).
     for p, epoch in epochs.items():
-        assert cluster.state("rolling", p).leader_epoch > epoch, f"rolling-{p} never moved"
+        assert replicated_cluster.state("rolling", p).leader_epoch > epoch, (
+            f"rolling-{p} never moved"
+        )
     # No unavailability longer than one election: the longest gap between two committed
     # micro-batches while the brokers restarted, against the session timeout an election
     # after a crash would wait out (clean stops hand leadership over at once).
