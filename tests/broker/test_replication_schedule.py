@@ -38,7 +38,7 @@ from tests.harness.schedule import ScheduleRun
 from tests.harness.zookeeper import ZooKeeperHarness
 
 DEFAULT_SEEDS = (1, 2, 3)
-DEFAULT_STEPS = 6
+DEFAULT_STEPS = 8
 
 
 def _seeds() -> list[int]:

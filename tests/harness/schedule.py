@@ -7,7 +7,8 @@ invariant checks run over it (issue 15, required test 5).
   broker holds a role is resolved when the step runs (it depends on earlier elections).
 * :class:`SteadyProducer`: an idempotent ``acks=all`` producer sending a steady stream of
   id ranges from a thread, recording which ids each acknowledged (or failed) send
-  carried.
+  carried; its connections (:class:`ProxiedConnections`) go through a :class:`TcpProxy`
+  per broker, so a fault can cut its link to one broker.
 * :class:`StateMonitor`: a thread polling the partition states, recording every change of
   leader, epoch or ISR with its time, so the report says which elections each step caused.
 * Invariant checks:
@@ -45,8 +46,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.flight as flight
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.log.leader_epoch import LeaderEpochCache
@@ -54,7 +57,8 @@ from broker_core.record.batch import decode_header, verify_crc
 from spark_sink.producer import Producer, SendResult
 from tests.harness.broker import BrokerProcess
 from tests.harness.replicated import SESSION_MS, ReplicatedCluster
-from tests.harness.waiting import wait_until
+from tests.harness.tcp_proxy import TcpProxy
+from tests.harness.waiting import WaitTimeout, wait_until
 
 # -- the plan ------------------------------------------------------------------------------
 
@@ -62,13 +66,15 @@ KILL = "kill"  # SIGKILL, restart after `duration`
 STOP = "stop"  # SIGTERM (clean: leadership moved away first), restart after `duration`
 PAUSE = "pause"  # SIGSTOP for `duration` < the ZooKeeper session, then SIGCONT
 LONG_PAUSE = "long_pause"  # SIGSTOP past the session: a frozen leader is replaced (zombie)
-KINDS = (KILL, STOP, PAUSE, LONG_PAUSE)
-_WEIGHTS = (4, 3, 3, 2)
+CUT = "cut"  # the producer's link to a leader cut (TCP proxy closed) for `duration`
+KINDS = (KILL, STOP, PAUSE, LONG_PAUSE, CUT)
+_WEIGHTS = (4, 3, 3, 2, 2)
 # A paused broker's ZooKeeper client pings every third of the session: a pause below
 # 0.55 of it keeps the session, one above 1.5 of it loses it.
 _SHORT_PAUSE_S = (0.2, 0.55 * SESSION_MS / 1000)
 _LONG_PAUSE_S = (1.5 * SESSION_MS / 1000, 2.2 * SESSION_MS / 1000)
 _DOWN_S = (0.2, 3.0)
+_CUT_S = (0.5, 3.0)
 _GAP_S = (0.3, 2.0)
 LEADER = "leader"
 FOLLOWER = "follower"
@@ -95,12 +101,13 @@ def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
     faults: list[PlannedFault] = []
     for _ in range(steps):
         kind = rng.choices(KINDS, _WEIGHTS)[0]
-        role = LEADER if rng.random() < 0.5 else FOLLOWER
+        role = LEADER if rng.random() < 0.5 or kind == CUT else FOLLOWER
         low, high = {
             KILL: _DOWN_S,
             STOP: _DOWN_S,
             PAUSE: _SHORT_PAUSE_S,
             LONG_PAUSE: _LONG_PAUSE_S,
+            CUT: _CUT_S,
         }[kind]
         faults.append(
             PlannedFault(
@@ -214,6 +221,53 @@ class StateMonitor:
 # -- the producer -------------------------------------------------------------------------
 
 
+class ProxiedConnections(FlightConnections):
+    """The producer's connection cache, with a :class:`TcpProxy` in front of each broker:
+    every connection to a broker's address goes through its proxy, so :meth:`cut` can
+    sever the producer's link to one broker (the proxy closed: open connections reset,
+    new ones refused) while the brokers and the test's own client still reach it, and
+    :meth:`heal` puts a new proxy in its place."""
+
+    def __init__(self, targets: list[str]) -> None:
+        super().__init__()
+        self._map_lock = threading.Lock()
+        self.proxies = {t: TcpProxy(t) for t in targets}
+        self.cut_links: dict[str, TcpProxy] = {}  # the closed proxy of each cut link
+
+    def get(self, address: str) -> flight.FlightClient:
+        with self._map_lock:
+            proxy = self.proxies[address].address
+        with self._lock:
+            client = self._clients.get(address)
+            if client is None:
+                client = flight.connect(f"grpc://{proxy}")
+                self._clients[address] = client
+            return client
+
+    def cut(self, address: str) -> TcpProxy:
+        """Close ``address``'s proxy; returns it (its counters say what went through)."""
+        with self._map_lock:
+            proxy = self.proxies[address]
+            self.cut_links[address] = proxy
+        proxy.close()
+        return proxy
+
+    def heal(self, address: str) -> TcpProxy:
+        """A new proxy for ``address``; the cached channel to the old one is dropped."""
+        with self._map_lock:
+            proxy = self.proxies[address] = TcpProxy(address)
+            self.cut_links.pop(address, None)
+        self.reset(address)
+        return proxy
+
+    def close(self) -> None:
+        super().close()
+        with self._map_lock:
+            proxies = list(self.proxies.values())
+        for proxy in proxies:
+            proxy.close()
+
+
 def id_table(start: int, n: int) -> pa.Table:
     ids = np.arange(start, start + n, dtype=np.int64)
     return pa.table({"id": ids, "key": ids % 97, "value": ids.astype(np.float64)})
@@ -225,7 +279,12 @@ class SteadyProducer:
     which ids each acknowledged send carried, and each failed send."""
 
     def __init__(
-        self, bootstrap: str, topic: str, rows: int = 100, interval_s: float = 0.01
+        self,
+        bootstrap: str,
+        topic: str,
+        rows: int = 100,
+        interval_s: float = 0.01,
+        connections: FlightConnections | None = None,
     ) -> None:
         self.topic = topic
         self.rows = rows
@@ -239,6 +298,7 @@ class SteadyProducer:
             # Above the broker's acks=all wait (2 x replica.lag.time.max.ms + 5 s).
             request_timeout_ms=15_000,
             delivery_timeout_ms=300_000,
+            connections=connections,
         )
         self._lock = threading.Lock()
         self._acked: list[int] = []  # start of each acknowledged range of `rows` ids
@@ -545,6 +605,7 @@ class ScheduleRun:
         self.t0 = time.monotonic()
         self.producer: SteadyProducer | None = None
         self._monitor: StateMonitor | None = None
+        self._links: ProxiedConnections | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -580,12 +641,15 @@ class ScheduleRun:
                     self.producer.producer.close(0)
             if self._monitor is not None:
                 self._monitor.close()
+            if self._links is not None:
+                self._links.close()
 
     def _run(self) -> None:
         cluster, topic = self.cluster, self.topic
         cluster.create_topic(topic, self.partitions, replication_factor=3)
         self._monitor = StateMonitor(cluster.bootstrap, topic, self.partitions, self.t0)
-        self.producer = producer = SteadyProducer(cluster.bootstrap, topic)
+        self._links = ProxiedConnections([b.address for b in cluster.brokers.values()])
+        self.producer = producer = SteadyProducer(cluster.bootstrap, topic, connections=self._links)
         producer.wait_progress(2_000, "the producer to get going")
         for index, fault in enumerate(self.faults):
             self._step(index, fault)
@@ -650,6 +714,23 @@ class ScheduleRun:
             time.sleep(max(0.0, until - time.monotonic()))  # the rest of the downtime
             broker.restart()
             record.notes.append(f"{broker.name} restarted at {self.now():.2f}s")
+        elif fault.kind == CUT:
+            assert self._links is not None
+            old = self._links.cut(broker.address)
+            assert old.bytes_to_target > 0, f"no producer traffic went to {broker.name}"
+            until = time.monotonic() + fault.duration_s
+            self._sample(record, "while cut")
+            time.sleep(max(0.0, until - time.monotonic()))  # the rest of the cut
+            new = self._links.heal(broker.address)
+            record.notes.append(
+                f"producer link to {broker.name} healed at {self.now():.2f}s "
+                f"({old.connections} connection(s), {old.bytes_to_target} bytes before the cut)"
+            )
+            wait_until(
+                lambda: new.bytes_to_target > 0,
+                f"the producer back on its link to {broker.name}",
+                timeout=30,
+            )
         else:
             # No request to any broker while one is frozen: it would wait for it.
             with paused(broker):
@@ -674,10 +755,17 @@ class ScheduleRun:
 
     def _sample(self, record: StepRecord, when: str) -> None:
         for p in range(self.partitions):
-            sample = check_replicas_agree(self.cluster, self.topic, p)
-            if sample is None:
+            try:  # a poll: a broker down or an election under way answers nothing for a bit
+                sample = wait_until(
+                    functools.partial(check_replicas_agree, self.cluster, self.topic, p),
+                    "a sample",
+                    timeout=2.0,
+                    interval=0.1,
+                )
+            except WaitTimeout:
                 record.notes.append(f"p{p} agreement {when}: no sample (leadership moving)")
                 continue
+            assert sample is not None  # wait_until returns only a truthy value
             self.samples.append(sample)
             record.notes.append(
                 f"p{p} agreement {when}: leader {sample.leader}@{sample.epoch} hw "
