@@ -53,6 +53,7 @@ from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.log.leader_epoch import LeaderEpochCache
+from broker_core.protocol.wire import Action
 from broker_core.record.batch import decode_header, verify_crc
 from spark_sink.producer import Producer, SendResult
 from tests.harness.broker import BrokerProcess
@@ -67,31 +68,44 @@ STOP = "stop"  # SIGTERM (clean: leadership moved away first), restart after `du
 PAUSE = "pause"  # SIGSTOP for `duration` < the ZooKeeper session, then SIGCONT
 LONG_PAUSE = "long_pause"  # SIGSTOP past the session: a frozen leader is replaced (zombie)
 CUT = "cut"  # the producer's link to a leader cut (TCP proxy closed) for `duration`
-KINDS = (KILL, STOP, PAUSE, LONG_PAUSE, CUT)
-_WEIGHTS = (4, 3, 3, 2, 2)
+# SIGKILL, restart, SIGKILL again `again_s` after the restart (while it truncates and
+# catches up: still the only broker down), restart after `duration`.
+CRASH_LOOP = "crash_loop"
+KINDS = (KILL, STOP, PAUSE, LONG_PAUSE, CUT, CRASH_LOOP)
+_WEIGHTS = (4, 3, 3, 2, 2, 2)
 # A paused broker's ZooKeeper client pings every third of the session: a pause below
 # 0.55 of it keeps the session, one above 1.5 of it loses it.
 _SHORT_PAUSE_S = (0.2, 0.55 * SESSION_MS / 1000)
 _LONG_PAUSE_S = (1.5 * SESSION_MS / 1000, 2.2 * SESSION_MS / 1000)
 _DOWN_S = (0.2, 3.0)
 _CUT_S = (0.5, 3.0)
-_GAP_S = (0.3, 2.0)
+_GAP_S = (0.0, 2.0)
+_AGAIN_S = (0.0, 1.0)
 LEADER = "leader"
 FOLLOWER = "follower"
+SEGMENT_BYTES = 512 * 1024
+CONTROLLER = "controller"  # the controller broker (it may also lead or follow)
+_TAKES_A_LEADER_AWAY = (KILL, STOP, LONG_PAUSE, CRASH_LOOP)
 
 
 @dataclass(frozen=True)
 class PlannedFault:
     kind: str
-    role: str  # LEADER or FOLLOWER of `partition`
+    role: str  # LEADER or FOLLOWER of `partition`, or CONTROLLER
     partition: int
     follower_index: int  # which follower (0 or 1, in replica order) when role is FOLLOWER
     duration_s: float  # down or paused for this long
     gap_s: float  # steady producing before the fault
+    again_s: float = 0.0  # CRASH_LOOP: up for this long between the two kills
 
     def describe(self) -> str:
-        who = self.role if self.role == LEADER else f"follower#{self.follower_index}"
-        return f"{self.kind} {who} of p{self.partition} for {self.duration_s:.2f}s"
+        if self.role == CONTROLLER:
+            who = "the controller"
+        else:
+            who = self.role if self.role == LEADER else f"follower#{self.follower_index}"
+            who = f"{who} of p{self.partition}"
+        again = f", up {self.again_s:.2f}s between kills" if self.kind == CRASH_LOOP else ""
+        return f"{self.kind} {who} for {self.duration_s:.2f}s{again}"
 
 
 def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
@@ -101,13 +115,17 @@ def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
     faults: list[PlannedFault] = []
     for _ in range(steps):
         kind = rng.choices(KINDS, _WEIGHTS)[0]
-        role = LEADER if rng.random() < 0.5 or kind == CUT else FOLLOWER
+        draw = rng.random()
+        role = LEADER if draw < 0.45 else FOLLOWER if draw < 0.85 else CONTROLLER
+        if kind == CUT:
+            role = LEADER  # the producer talks to leaders only
         low, high = {
             KILL: _DOWN_S,
             STOP: _DOWN_S,
             PAUSE: _SHORT_PAUSE_S,
             LONG_PAUSE: _LONG_PAUSE_S,
             CUT: _CUT_S,
+            CRASH_LOOP: _DOWN_S,
         }[kind]
         faults.append(
             PlannedFault(
@@ -117,9 +135,10 @@ def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
                 follower_index=rng.randrange(2),
                 duration_s=round(rng.uniform(low, high), 3),
                 gap_s=round(rng.uniform(*_GAP_S), 3),
+                again_s=round(rng.uniform(*_AGAIN_S), 3),
             )
         )
-    if not any(f.role == LEADER and f.kind in (KILL, STOP, LONG_PAUSE) for f in faults):
+    if not any(f.role == LEADER and f.kind in _TAKES_A_LEADER_AWAY for f in faults):
         i = rng.randrange(steps)
         faults[i] = PlannedFault(
             KILL, LEADER, faults[i].partition, 0, faults[i].duration_s, faults[i].gap_s
@@ -141,6 +160,8 @@ class StepRecord:
     ended_s: float = 0.0  # the cluster settled again (every replica in the ISR)
     before: dict[int, PartitionState] = field(default_factory=dict)
     after: dict[int, PartitionState] = field(default_factory=dict)
+    controller_before: int | None = None
+    controller_after: int | None = None
     changes: list[str] = field(default_factory=list)  # from the StateMonitor
     notes: list[str] = field(default_factory=list)
 
@@ -162,6 +183,8 @@ class StepRecord:
         )
         lines = [head]
         lines += [f"    election {e}" for e in self.elections()] or ["    no election"]
+        if self.controller_after != self.controller_before:
+            lines.append(f"    controller {self.controller_before} -> {self.controller_after}")
         lines += [f"    seen {c}" for c in self.changes]
         lines += [f"    note {n}" for n in self.notes]
         return "\n".join(lines)
@@ -364,9 +387,11 @@ class SteadyProducer:
 # -- invariant 1: acknowledged => present once ---------------------------------------------
 
 
-def read_ids(client: BrokerClient, topic: str, partitions: int) -> list[int]:
+def read_ids(client: BrokerClient, topic: str, partitions: int, timeout: float = 30.0) -> list[int]:
     """Every committed id of the topic as the current leaders serve it (read_committed);
-    a leader change during the read refreshes the metadata and reads again."""
+    a leader change during the read refreshes the metadata and reads again, for up to
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
     while True:
         try:
             ids: list[int] = []
@@ -375,7 +400,11 @@ def read_ids(client: BrokerClient, topic: str, partitions: int) -> list[int]:
                     ids.extend(batch.column("id").to_pylist())
             return ids
         except IdemlogError:
-            client.refresh_metadata()
+            if time.monotonic() > deadline:
+                raise
+            with contextlib.suppress(IdemlogError):
+                client.refresh_metadata()
+            time.sleep(0.1)  # a retry's backoff: the election signals nothing here
 
 
 def check_acknowledged(
@@ -646,7 +675,14 @@ class ScheduleRun:
 
     def _run(self) -> None:
         cluster, topic = self.cluster, self.topic
-        cluster.create_topic(topic, self.partitions, replication_factor=3)
+        # Small segments: rolls, snapshots and truncations across segment files.
+        cluster.create_topic(
+            topic,
+            self.partitions,
+            replication_factor=3,
+            segment_bytes=SEGMENT_BYTES,
+            max_message_bytes=SEGMENT_BYTES // 2,
+        )
         self._monitor = StateMonitor(cluster.bootstrap, topic, self.partitions, self.t0)
         self._links = ProxiedConnections([b.address for b in cluster.brokers.values()])
         self.producer = producer = SteadyProducer(cluster.bootstrap, topic, connections=self._links)
@@ -676,19 +712,34 @@ class ScheduleRun:
         assert elections, "no leader changed over the whole run"
         for record in self.records:
             fault = record.fault
-            if fault.role == LEADER and fault.kind in (KILL, STOP, LONG_PAUSE):
+            if fault.role == LEADER and fault.kind in _TAKES_A_LEADER_AWAY:
                 old = record.before[fault.partition]
                 new = record.after[fault.partition]
                 assert new.leader_epoch > old.leader_epoch, (
                     f"step {record.index}: {fault.kind} of leader {record.broker} of "
                     f"p{fault.partition} elected no one: {old} -> {new}"
                 )
-            if fault.kind in (KILL, STOP):
-                assert self.cluster.brokers[record.broker].starts >= 2
+            if fault.kind in (KILL, STOP, CRASH_LOOP):
+                starts = self.cluster.brokers[record.broker].starts
+                assert starts >= (3 if fault.kind == CRASH_LOOP else 2), starts
+            if fault.role == CONTROLLER and fault.kind in _TAKES_A_LEADER_AWAY:
+                assert record.controller_after not in (None, record.broker), (
+                    f"step {record.index}: {fault.kind} of controller {record.broker}: "
+                    f"the controller is {record.controller_after} after it"
+                )
 
     # -- one step ------------------------------------------------------------------------
     def _states(self) -> dict[int, PartitionState]:
         return {p: self.cluster.state(self.topic, p) for p in range(self.partitions)}
+
+    def _controller(self) -> int | None:
+        """The controller's id as a running broker describes it (None if none answers)."""
+        for broker in self.cluster.running():
+            with contextlib.suppress(IdemlogError):
+                doc = self.cluster.client.action(broker.address, Action.METADATA, {})
+                if doc.get("controller") is not None:
+                    return int(doc["controller"])
+        return None
 
     def _step(self, index: int, fault: PlannedFault) -> None:
         cluster, producer = self.cluster, self.producer
@@ -697,23 +748,33 @@ class ScheduleRun:
         record = StepRecord(index, fault, started_s=self.now())
         self.records.append(record)
         record.before = self._states()
+        record.controller_before = self._controller()
         state = record.before[fault.partition]
-        if fault.role == LEADER:
+        if fault.role == CONTROLLER:
+            assert record.controller_before is not None, "no controller"
+            record.broker = record.controller_before
+        elif fault.role == LEADER:
             record.broker = state.leader
         else:
             followers = [b for b in state.replicas if b != state.leader]
             record.broker = followers[fault.follower_index]
         broker = cluster.brokers[record.broker]
-        if fault.kind in (KILL, STOP):
-            if fault.kind == KILL:
-                broker.kill(signal.SIGKILL)
-            else:
+        if fault.kind in (KILL, STOP, CRASH_LOOP):
+            if fault.kind == STOP:
                 broker.stop()
+            else:
+                broker.kill(signal.SIGKILL)
             until = time.monotonic() + fault.duration_s
             self._sample(record, "while down")
             time.sleep(max(0.0, until - time.monotonic()))  # the rest of the downtime
             broker.restart()
             record.notes.append(f"{broker.name} restarted at {self.now():.2f}s")
+            if fault.kind == CRASH_LOOP:
+                time.sleep(fault.again_s)  # up this long: fetching, truncating, catching up
+                broker.kill(signal.SIGKILL)
+                record.notes.append(f"{broker.name} SIGKILLed again at {self.now():.2f}s")
+                broker.restart()
+                record.notes.append(f"{broker.name} restarted again at {self.now():.2f}s")
         elif fault.kind == CUT:
             assert self._links is not None
             old = self._links.cut(broker.address)
@@ -739,6 +800,7 @@ class ScheduleRun:
         self._settle(record)
         record.ended_s = self.now()
         record.after = self._states()
+        record.controller_after = self._controller()
         assert self._monitor is not None
         record.changes = self._monitor.since(record.started_s)
         producer.check_alive()
