@@ -691,6 +691,10 @@ class ScheduleRun:
             self._step(index, fault)
         # Quiescence: every send answered, every replica in sync.
         producer.stop()
+        # The producer leaves its (shared) connections open: closing the proxies ends its
+        # streams, so the clean stops below need not wait out the brokers' shutdown grace.
+        assert self._links is not None
+        self._links.close()
         for p in range(self.partitions):
             cluster.wait_in_sync(topic, p)
         sent = set(range(producer.sent))
