@@ -1,10 +1,12 @@
 """A seeded randomized fault schedule over a :class:`ReplicatedCluster`, and the
 invariant checks run over it (issue 15, required test 5).
 
-* :func:`plan` turns a seed into a list of :class:`PlannedFault` (what to do to which
-  role of which partition, for how long, and the pause before it): everything random is
-  drawn here, from ``random.Random(seed)``, so a seed names one schedule. Only *which*
-  broker holds a role is resolved when the step runs (it depends on earlier elections).
+* :func:`plan` turns a seed into a list of :class:`PlannedFault` (what to do -- kill,
+  clean stop, crash loop, short or long pause, cut of the producer's link -- to which
+  role: a partition's leader or follower, or the controller; for how long, and the gap
+  before it): everything random is drawn here, from ``random.Random(seed)``, so a seed
+  names one schedule. Only *which* broker holds a role is resolved when the step runs
+  (it depends on earlier elections).
 * :class:`SteadyProducer`: an idempotent ``acks=all`` producer sending a steady stream of
   id ranges from a thread, recording which ids each acknowledged (or failed) send
   carried; its connections (:class:`ProxiedConnections`) go through a :class:`TcpProxy`
@@ -16,7 +18,7 @@ invariant checks run over it (issue 15, required test 5).
   1. :func:`check_acknowledged`: the read-back (``read_committed``, from the current
      leaders) holds no id twice, no id never sent, and every id acknowledged before the
      read (waiting a bounded time: a new leader's high watermark may trail the old one's
-     for a moment, as in Kafka);
+     for a moment, as in Kafka), at the offsets its acknowledgement gave;
   2. :func:`check_replicas_agree`: for each partition, every running in-sync replica's
      batches below the leader's high watermark are the leader's, byte for byte (read from
      the segment files of running brokers; only whole batches below the watermark count);
@@ -39,7 +41,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +87,7 @@ LEADER = "leader"
 FOLLOWER = "follower"
 SEGMENT_BYTES = 512 * 1024
 CONTROLLER = "controller"  # the controller broker (it may also lead or follow)
-_TAKES_A_LEADER_AWAY = (KILL, STOP, LONG_PAUSE, CRASH_LOOP)
+TAKES_A_LEADER_AWAY = (KILL, STOP, LONG_PAUSE, CRASH_LOOP)
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
                 again_s=round(rng.uniform(*_AGAIN_S), 3),
             )
         )
-    if not any(f.role == LEADER and f.kind in _TAKES_A_LEADER_AWAY for f in faults):
+    if not any(f.role == LEADER and f.kind in TAKES_A_LEADER_AWAY for f in faults):
         i = rng.randrange(steps)
         faults[i] = PlannedFault(
             KILL, LEADER, faults[i].partition, 0, faults[i].duration_s, faults[i].gap_s
@@ -324,7 +326,7 @@ class SteadyProducer:
             connections=connections,
         )
         self._lock = threading.Lock()
-        self._acked: list[int] = []  # start of each acknowledged range of `rows` ids
+        self._acked: dict[int, SendResult] = {}  # first id of an acknowledged send -> result
         self.failed: list[tuple[int, BaseException]] = []
         self.sent = 0  # ids 0..sent-1 were (or are being) handed to send()
         self._stop = threading.Event()
@@ -348,7 +350,7 @@ class SteadyProducer:
         error = future.exception()
         with self._lock:
             if error is None:
-                self._acked.append(start)
+                self._acked[start] = future.result()
             else:
                 self.failed.append((start, error))
 
@@ -356,6 +358,11 @@ class SteadyProducer:
     def acked_count(self) -> int:
         with self._lock:
             return len(self._acked) * self.rows
+
+    def acked_results(self) -> dict[int, SendResult]:
+        """First id of each acknowledged send -> its result (the offsets per partition)."""
+        with self._lock:
+            return dict(self._acked)
 
     def acked_ids(self) -> set[int]:
         with self._lock:
@@ -387,18 +394,21 @@ class SteadyProducer:
 # -- invariant 1: acknowledged => present once ---------------------------------------------
 
 
-def read_ids(client: BrokerClient, topic: str, partitions: int, timeout: float = 30.0) -> list[int]:
-    """Every committed id of the topic as the current leaders serve it (read_committed);
-    a leader change during the read refreshes the metadata and reads again, for up to
-    ``timeout`` seconds."""
+def read_rows(
+    client: BrokerClient, topic: str, partitions: int, timeout: float = 30.0
+) -> dict[tuple[int, int], int]:
+    """Every committed row of the topic as the current leaders serve it (read_committed):
+    (partition, offset) -> id. A leader change during the read refreshes the metadata and
+    reads again, for up to ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            ids: list[int] = []
+            rows: dict[tuple[int, int], int] = {}
             for p in range(partitions):
-                for _meta, batch in client.fetch(topic, p, isolation="read_committed"):
-                    ids.extend(batch.column("id").to_pylist())
-            return ids
+                for meta, batch in client.fetch(topic, p, isolation="read_committed"):
+                    for i, id_ in enumerate(batch.column("id").to_pylist()):
+                        rows[(p, meta.base_offset + i)] = id_
+            return rows
         except IdemlogError:
             if time.monotonic() > deadline:
                 raise
@@ -407,41 +417,73 @@ def read_ids(client: BrokerClient, topic: str, partitions: int, timeout: float =
             time.sleep(0.1)  # a retry's backoff: the election signals nothing here
 
 
+def read_ids(client: BrokerClient, topic: str, partitions: int) -> list[int]:
+    """Every committed id of the topic, partition by partition, in offset order."""
+    return list(read_rows(client, topic, partitions).values())
+
+
+@dataclass
+class AckCheck:
+    ids: int  # ids read back
+    reads: int  # reads it took until every acknowledged id was there
+    duplicates: int  # acknowledged runs answered as duplicates (no offsets to check)
+
+
 def check_acknowledged(
     client: BrokerClient,
     topic: str,
     partitions: int,
-    acked: set[int],
+    acked: Mapping[int, SendResult],
+    rows: int,
     sent: Callable[[], int],
     timeout: float = 20.0,
-) -> tuple[int, int]:
+) -> AckCheck:
     """Invariant 1 over the read-back: no id twice and none never sent (at once), and
-    every id of ``acked`` (acknowledged before this call) present, waiting up to
-    ``timeout`` for a new leader's high watermark; ``sent()``: how many ids were handed
-    to the producer. (ids read, reads it took)."""
+    every id of ``acked`` (send's first id -> its result, acknowledged before this call;
+    each send carried ``rows`` ids) present, waiting up to ``timeout`` for a new leader's
+    high watermark; then each acknowledged run of offsets holds ids of its own send
+    (the offsets a retry answered as a duplicate are the original ones). ``sent()``: how
+    many ids were handed to the producer."""
     reads = [0]
-    last: list[int] = []
+    seen: list[dict[tuple[int, int], int]] = [{}]
+    expected = {i for start in acked for i in range(start, start + rows)}
 
     def complete() -> bool:
-        ids = read_ids(client, topic, partitions)
+        at = read_rows(client, topic, partitions)
         bound = sent()  # after the read: every id read had been handed to send() by then
         reads[0] += 1
+        seen[0] = at
+        ids = list(at.values())
         twice = [i for i, n in Counter(ids).items() if n > 1]
         assert not twice, f"{len(twice)} ids read more than once, e.g. {sorted(twice)[:5]}"
         stray = [i for i in ids if not 0 <= i < bound]
         assert not stray, f"ids never sent read back: {stray[:5]}"
-        last[:] = [len(ids), len(acked - set(ids))]
-        return not acked - set(ids)
+        return not expected - set(ids)
 
     def what() -> str:
-        missing = sorted(acked - set(read_ids(client, topic, partitions)))
+        missing = sorted(expected - set(seen[0].values()))
         return (
-            f"all {len(acked)} acknowledged ids in the read-back: {len(missing)} missing, "
+            f"all {len(expected)} acknowledged ids in the read-back: {len(missing)} missing, "
             f"e.g. {missing[:5]}"
         )
 
     wait_until(complete, what, timeout=timeout, interval=0.2)
-    return last[0], reads[0]
+    at, duplicates = seen[0], 0
+    for start, result in acked.items():
+        assert sum(m.num_rows for m in result) == rows, f"send {start}: {result}"
+        for m in result:
+            if m.duplicate:
+                duplicates += 1
+                continue
+            assert m.last_offset - m.base_offset + 1 == m.num_rows, f"send {start}: {m}"
+            for offset in range(m.base_offset, m.last_offset + 1):
+                got = at.get((m.partition, offset))
+                assert got is not None and start <= got < start + rows, (
+                    f"the send of ids {start}..{start + rows - 1} was acknowledged at "
+                    f"{topic}-{m.partition} offsets {m.base_offset}..{m.last_offset}, but "
+                    f"offset {offset} holds id {got}"
+                )
+    return AckCheck(len(at), reads[0], duplicates)
 
 
 # -- invariant 2: replicas agree below the high watermark ----------------------------------
@@ -631,6 +673,7 @@ class ScheduleRun:
         self.records: list[StepRecord] = []
         self.samples: list[AgreementSample] = []
         self.notes: list[str] = []
+        self.duplicates = 0  # acknowledged runs answered as duplicates, at the end
         self.t0 = time.monotonic()
         self.producer: SteadyProducer | None = None
         self._monitor: StateMonitor | None = None
@@ -647,6 +690,9 @@ class ScheduleRun:
             lines.append(
                 f"producer: {self.producer.sent} ids sent, {self.producer.acked_count} "
                 f"acknowledged, {len(self.producer.failed)} failed sends"
+            )
+            lines.append(
+                f"{self.duplicates} acknowledged runs answered as duplicates without offsets"
             )
         compared = sum(len(s.compared) for s in self.samples)
         lines.append(f"replica agreement: {len(self.samples)} samples, {compared} comparisons")
@@ -699,9 +745,17 @@ class ScheduleRun:
             cluster.wait_in_sync(topic, p)
         sent = set(range(producer.sent))
         assert producer.acked_ids() == sent, "a send neither failed nor was acknowledged"
+        final = check_acknowledged(
+            cluster.client,
+            topic,
+            self.partitions,
+            producer.acked_results(),
+            producer.rows,
+            lambda: producer.sent,
+        )
+        self.duplicates = final.duplicates
         ids = read_ids(cluster.client, topic, self.partitions)
-        assert len(ids) == len(set(ids)), "an id written twice"
-        assert set(ids) == sent, f"{len(sent - set(ids))} acknowledged ids missing"
+        assert len(ids) == len(set(ids)) and set(ids) == sent, "not every id exactly once"
         for p in range(self.partitions):
             sample = check_replicas_agree(cluster, topic, p)
             assert sample is not None and len(sample.compared) == 2, sample
@@ -716,7 +770,7 @@ class ScheduleRun:
         assert elections, "no leader changed over the whole run"
         for record in self.records:
             fault = record.fault
-            if fault.role == LEADER and fault.kind in _TAKES_A_LEADER_AWAY:
+            if fault.role == LEADER and fault.kind in TAKES_A_LEADER_AWAY:
                 old = record.before[fault.partition]
                 new = record.after[fault.partition]
                 assert new.leader_epoch > old.leader_epoch, (
@@ -726,7 +780,7 @@ class ScheduleRun:
             if fault.kind in (KILL, STOP, CRASH_LOOP):
                 starts = self.cluster.brokers[record.broker].starts
                 assert starts >= (3 if fault.kind == CRASH_LOOP else 2), starts
-            if fault.role == CONTROLLER and fault.kind in _TAKES_A_LEADER_AWAY:
+            if fault.role == CONTROLLER and fault.kind in TAKES_A_LEADER_AWAY:
                 assert record.controller_after not in (None, record.broker), (
                     f"step {record.index}: {fault.kind} of controller {record.broker}: "
                     f"the controller is {record.controller_after} after it"
@@ -809,14 +863,18 @@ class ScheduleRun:
         record.changes = self._monitor.since(record.started_s)
         producer.check_alive()
         producer.wait_progress(1_000, f"acknowledgements after step {index}")
-        count, reads = check_acknowledged(
+        check = check_acknowledged(
             cluster.client,
             self.topic,
             self.partitions,
-            producer.acked_ids(),
+            producer.acked_results(),
+            producer.rows,
             lambda: producer.sent,
         )
-        record.notes.append(f"{count} ids read back once ({reads} read(s))")
+        record.notes.append(
+            f"{check.ids} ids read back once, every acknowledged one at its offsets "
+            f"({check.reads} read(s), {check.duplicates} duplicate answers)"
+        )
         self._sample(record, "settled")
 
     def _sample(self, record: StepRecord, when: str) -> None:
