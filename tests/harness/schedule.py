@@ -426,7 +426,8 @@ def read_ids(client: BrokerClient, topic: str, partitions: int) -> list[int]:
 class AckCheck:
     ids: int  # ids read back
     reads: int  # reads it took until every acknowledged id was there
-    duplicates: int  # acknowledged runs answered as duplicates (no offsets to check)
+    duplicates: int  # acknowledged runs answered as duplicates, with the original offsets
+    blind_duplicates: int  # ... answered as duplicates without offsets (nothing to check)
 
 
 def check_acknowledged(
@@ -468,13 +469,15 @@ def check_acknowledged(
         )
 
     wait_until(complete, what, timeout=timeout, interval=0.2)
-    at, duplicates = seen[0], 0
+    at, duplicates, blind = seen[0], 0, 0
     for start, result in acked.items():
         assert sum(m.num_rows for m in result) == rows, f"send {start}: {result}"
         for m in result:
-            if m.duplicate:
-                duplicates += 1
+            if m.base_offset < 0:  # DUPLICATE_SEQUENCE: written before, offsets unknown
+                assert m.duplicate, f"send {start}: {m}"
+                blind += 1
                 continue
+            duplicates += m.duplicate  # a retry answered with the original offsets: checked
             assert m.last_offset - m.base_offset + 1 == m.num_rows, f"send {start}: {m}"
             for offset in range(m.base_offset, m.last_offset + 1):
                 got = at.get((m.partition, offset))
@@ -483,7 +486,7 @@ def check_acknowledged(
                     f"{topic}-{m.partition} offsets {m.base_offset}..{m.last_offset}, but "
                     f"offset {offset} holds id {got}"
                 )
-    return AckCheck(len(at), reads[0], duplicates)
+    return AckCheck(len(at), reads[0], duplicates, blind)
 
 
 # -- invariant 2: replicas agree below the high watermark ----------------------------------
@@ -673,7 +676,8 @@ class ScheduleRun:
         self.records: list[StepRecord] = []
         self.samples: list[AgreementSample] = []
         self.notes: list[str] = []
-        self.duplicates = 0  # acknowledged runs answered as duplicates, at the end
+        # Acknowledged runs answered as duplicates, with and without offsets, at the end.
+        self.duplicates = (0, 0)
         self.t0 = time.monotonic()
         self.producer: SteadyProducer | None = None
         self._monitor: StateMonitor | None = None
@@ -692,7 +696,8 @@ class ScheduleRun:
                 f"acknowledged, {len(self.producer.failed)} failed sends"
             )
             lines.append(
-                f"{self.duplicates} acknowledged runs answered as duplicates without offsets"
+                f"acknowledged runs answered as duplicates: {self.duplicates[0]} with the "
+                f"original offsets (checked), {self.duplicates[1]} without offsets"
             )
         compared = sum(len(s.compared) for s in self.samples)
         lines.append(f"replica agreement: {len(self.samples)} samples, {compared} comparisons")
@@ -753,7 +758,7 @@ class ScheduleRun:
             producer.rows,
             lambda: producer.sent,
         )
-        self.duplicates = final.duplicates
+        self.duplicates = (final.duplicates, final.blind_duplicates)
         ids = read_ids(cluster.client, topic, self.partitions)
         assert len(ids) == len(set(ids)) and set(ids) == sent, "not every id exactly once"
         for p in range(self.partitions):
@@ -873,7 +878,8 @@ class ScheduleRun:
         )
         record.notes.append(
             f"{check.ids} ids read back once, every acknowledged one at its offsets "
-            f"({check.reads} read(s), {check.duplicates} duplicate answers)"
+            f"({check.reads} read(s); duplicate answers: {check.duplicates} with offsets, "
+            f"{check.blind_duplicates} without)"
         )
         self._sample(record, "settled")
 
