@@ -38,6 +38,7 @@ import functools
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -590,7 +591,7 @@ def compare_stopped_replicas(cluster: ReplicatedCluster, topic: str, partitions:
     log bytes, the same newest producer-state snapshot and the same epochs that wrote
     batches (as ``_stop_all_and_compare`` in tests/broker/test_replication.py)."""
     for broker in cluster.running():
-        broker.stop()
+        clean_stop(broker)
     replicas = list(cluster.brokers.values())
     for p in range(partitions):
         logs = {b.name: cluster.replica_log(b, topic, p) for b in replicas}
@@ -636,6 +637,59 @@ def process_state(broker: BrokerProcess) -> str:
     """The process's state letter from /proc (``T`` when stopped by SIGSTOP)."""
     stat = Path(f"/proc/{broker.pid}/stat").read_text()
     return stat.rpartition(")")[2].split()[0]
+
+
+def thread_report(pid: int) -> str:
+    """Each thread of process ``pid``: name, state, kernel wait channel and signal masks
+    (from /proc), then its C stacks from gdb if gdb is there: the evidence of a hang."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name)):
+        with contextlib.suppress(OSError):
+            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines())
+            wchan = (task / "wchan").read_text().strip()
+            fields = " ".join(
+                f"{k}={status[k].strip()}" for k in ("Name", "State", "SigPnd", "SigBlk")
+            )
+            lines.append(f"  tid {task.name} {fields} wchan={wchan}")
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        gdb = subprocess.run(
+            [
+                "gdb",
+                "-p",
+                str(pid),
+                "-batch",
+                "-iex",
+                "set auto-load safe-path /",  # CPython's py-bt, where installed
+                "-ex",
+                "thread apply all py-bt",
+                "-ex",
+                "thread apply all bt 12",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lines.append(gdb.stdout[-20_000:])
+    return "\n".join(lines)
+
+
+def clean_stop(broker: BrokerProcess, evidence_after_s: float = 15.0) -> None:
+    """SIGTERM and wait for a clean exit; a broker still running after
+    ``evidence_after_s`` is a hang: its threads are reported (:func:`thread_report`),
+    then it is SIGKILLed and the step fails with the report."""
+    process = broker.process
+    assert process is not None
+    os.kill(broker.pid, signal.SIGTERM)
+    try:
+        process.wait(evidence_after_s)
+    except subprocess.TimeoutExpired:
+        report = thread_report(broker.pid)
+        broker.kill(signal.SIGKILL)
+        raise AssertionError(
+            f"{broker.name} (pid {process.pid}) still running {evidence_after_s:g}s after "
+            f"SIGTERM; its threads then:\n{report}\nlog:\n{broker.log_tail(30)}"
+        ) from None
+    broker.stop()  # reaps it; raises unless the exit status is 0
 
 
 @contextlib.contextmanager
@@ -824,7 +878,7 @@ class ScheduleRun:
         broker = cluster.brokers[record.broker]
         if fault.kind in (KILL, STOP, CRASH_LOOP):
             if fault.kind == STOP:
-                broker.stop()
+                clean_stop(broker)
             else:
                 broker.kill(signal.SIGKILL)
             until = time.monotonic() + fault.duration_s
