@@ -214,7 +214,18 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                         replica.wait_replicated(end, remaining, epoch)
                     except IdemlogError as exc:
                         response = ProduceResponse.failure(response.correlation_id, exc)
-                writer.write(response.encode())
+                try:
+                    writer.write(response.encode())
+                except OSError as exc:
+                    # The client went away while its batches were being replicated: they
+                    # stay written, and its retry is answered as a duplicate. Not a bug.
+                    log.info(
+                        "produce to %s-%d: client gone before its answer (%s)",
+                        topic,
+                        partition,
+                        exc,
+                    )
+                    return
         finally:
             appender.join(SHUTDOWN_JOIN_S)
 
