@@ -170,11 +170,15 @@ class LocalCluster:
             return -1
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-        for node in self.nodes.values():
-            node.kill(signal.SIGTERM)
-        self.zk_server.stop()
+        """Stop every broker, then ZooKeeper, whatever fails on the way (a failed run must
+        leave no server behind)."""
+        try:
+            if self.client is not None:
+                self.client.close()
+            for node in self.nodes.values():
+                node.kill(signal.SIGTERM)
+        finally:
+            self.zk_server.stop()
 
     def running(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.running]
