@@ -20,9 +20,10 @@ class FlightConnections:
     """Thread-safe ``address -> FlightClient`` cache.
 
     :meth:`get` returns the cached client or opens one (opening does not contact the
-    broker: a dead address fails at the first call, not here). :meth:`reset` forgets and
-    closes one, so the next :meth:`get` opens a fresh channel instead of waiting out the
-    broken one's reconnect backoff. :meth:`close` closes them all; the cache stays usable.
+    broker: a dead address fails at the first call, not here). :meth:`reset` forgets one,
+    so the next :meth:`get` opens a fresh channel instead of waiting out the broken one's
+    reconnect backoff. :meth:`close` closes them all (no call may be in flight then); the
+    cache stays usable.
     """
 
     def __init__(self) -> None:
@@ -38,10 +39,14 @@ class FlightConnections:
             return client
 
     def reset(self, address: str) -> None:
+        """Forget the client of ``address``: the next :meth:`get` opens a fresh channel.
+
+        The old one is not closed here: another thread may be in a call on it (a produce
+        stream, a metadata refresh), and closing a Flight client under a call crashes the
+        process. It closes when its last user lets go of it.
+        """
         with self._lock:
-            client = self._clients.pop(address, None)
-        if client is not None:
-            _close_quietly(client)
+            self._clients.pop(address, None)
 
     def close(self) -> None:
         with self._lock:

@@ -132,6 +132,7 @@ class FlightTransport:
         self._lock = threading.Lock()
         self._streams: dict[TopicPartition, tuple[ProduceStream, list[_StreamHandle]]] = {}
         self._refreshing = False
+        self._refresher: threading.Thread | None = None
 
     def partitions_for(self, topic: str) -> int:
         leaders = self.client.metadata().topics.get(topic)
@@ -220,7 +221,9 @@ class FlightTransport:
                 with self._lock:
                     self._refreshing = False
 
-        threading.Thread(target=refresh, name="idemlog-metadata-refresh", daemon=True).start()
+        thread = threading.Thread(target=refresh, name="idemlog-metadata-refresh", daemon=True)
+        self._refresher = thread
+        thread.start()
 
     def reset(self, tp: TopicPartition, error: IdemlogError) -> None:
         self._forget(tp, error)
@@ -260,6 +263,10 @@ class FlightTransport:
             streams, self._streams = list(self._streams.values()), {}
         for stream, _handles in streams:
             _close_stream(stream)
+        refresher = self._refresher
+        if refresher is not None:
+            # Its call must end before the client's connections close under it.
+            refresher.join(self.client.timeout_s)
         if self._owns_client:
             self.client.close()
 
