@@ -6,9 +6,7 @@ Layout under ``root`` (default ``/idemlog``)::
     controller         ephemeral   {"version", "broker_id"}         the controller
     controller_epoch   persistent  {"version", "controller_epoch"}  bumped per election
     topics/<name>      persistent  TopicAssignment.to_doc()         per partition: replicas,
-                                                                    leader, leader_epoch, isr
-                                                                    (version 1: partition ->
-                                                                    broker id, still read)
+                                                  leader, leader_epoch, isr (v1 still read)
 
 What survives what:
 
@@ -25,10 +23,9 @@ What survives what:
   live in-sync replica; with none, a partition stays unavailable until one returns
   (or, with ``unclean.leader.election.enable``, an out-of-sync live replica leads).
 
-Every instance sees every change: a children watch on ``topics`` for topics created and
-deleted, and a data watch per topic for its partitions' state. Each cached topic keeps the
-zxids of the node it was read from, so a read that is older than the cache never
-replaces it.
+Every instance sees every change: a children watch on ``topics`` (topics created and
+deleted) and a data watch per topic (its partitions' state). Each cached topic keeps its
+node's zxids, so a read older than the cache never replaces it.
 
 Threads: kazoo runs state listeners on its connection thread and watch callbacks on its
 event thread, and neither may block, so both only record what happened and wake the

@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +21,6 @@ import pytest
 
 from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
-from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import ProduceResponse
 from broker_core.server.replica_manager import FAILPOINT_ENV, WITHHOLD_FAILPOINT
@@ -51,47 +49,10 @@ def _read_ids(client: BrokerClient, topic: str, partitions: int) -> list[int]:
 
 
 def _stop_all_and_compare(cluster: ReplicatedCluster, topic: str, partitions: int) -> None:
-    """Stop every broker cleanly, then check that each partition's replicas hold the same
-    log bytes, the same newest producer-state snapshot and the same epoch checkpoint."""
+    """Stop every broker cleanly, then check that the replicas came out identical."""
     for broker in cluster.running():
         broker.stop()
-    replicas = list(cluster.brokers.values())
-    for p in range(partitions):
-        logs = {b.name: cluster.replica_log(b, topic, p) for b in replicas}
-        sizes = {name: len(data) for name, data in logs.items()}
-        assert len(set(logs.values())) == 1, f"{topic}-{p}: replica logs differ: {sizes}"
-        assert next(iter(logs.values())), f"{topic}-{p}: nothing was written"
-        snapshots = {
-            b.name: [
-                (f.name, f.read_bytes())
-                for f in sorted(cluster.partition_dir(b, topic, p).glob("*.snapshot"))
-            ][-1:]
-            for b in replicas
-        }
-        names = {n: [f for f, _ in v] for n, v in snapshots.items()}
-        assert len({tuple(v) for v in snapshots.values()}) == 1, (
-            f"{topic}-{p}: producer state differs: {names}"
-        )
-        # The epochs that wrote batches agree; a leadership that wrote nothing (the
-        # clean shutdowns just now) is only in the cache of the broker that held it.
-        end = cluster.batches(replicas[0], topic, p)[-1][0] + 1
-        epochs = {b.name: _epochs_below(cluster.partition_dir(b, topic, p), end) for b in replicas}
-        assert len({tuple(v) for v in epochs.values()}) == 1, f"{topic}-{p}: epochs {epochs}"
-
-
-def _epochs_below(directory: Path, end: int) -> list[tuple[int, int]]:
-    """The (epoch, start offset) entries of a replica's epoch cache that wrote a batch
-    below ``end`` (an epoch followed at once by another, or starting at the end, wrote
-    nothing); a log without a cache file counts as [(0, 0)]."""
-    cache = LeaderEpochCache.load(directory)
-    assert cache is not None, f"{directory}: unreadable leader-epoch-checkpoint"
-    entries = cache.entries
-    wrote = [
-        (e.epoch, e.start_offset)
-        for e, after in zip(entries, [*entries[1:], None], strict=False)
-        if e.start_offset < (end if after is None else min(after.start_offset, end))
-    ]
-    return wrote or [(0, 0)]
+    cluster.assert_stopped_replicas_identical(topic, partitions)
 
 
 def test_followers_copy_the_leader_byte_for_byte(replicated_cluster: ReplicatedCluster) -> None:

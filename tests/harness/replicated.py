@@ -27,6 +27,7 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
+from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched
 from broker_core.protocol.wire import Action
 from broker_core.record.batch import NO_LEADER_EPOCH, decode_header
@@ -179,6 +180,34 @@ class ReplicatedCluster:
         directory = self.partition_dir(broker, topic, partition)
         return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
 
+    def assert_stopped_replicas_identical(self, topic: str, partitions: int) -> None:
+        """Every broker stopped: each partition's replicas hold the same log bytes (not
+        empty), the same newest producer-state snapshot and the same epochs that wrote
+        batches (a leadership that wrote nothing, e.g. during the clean stops, is only in
+        the cache of the broker that held it)."""
+        assert not self.running(), "stop every broker first"
+        replicas = list(self.brokers.values())
+        for p in range(partitions):
+            logs = {b.name: self.replica_log(b, topic, p) for b in replicas}
+            sizes = {name: len(data) for name, data in logs.items()}
+            assert len(set(logs.values())) == 1, f"{topic}-{p}: replica logs differ: {sizes}"
+            assert next(iter(logs.values())), f"{topic}-{p}: nothing was written"
+            snapshots = {
+                b.name: [
+                    (f.name, f.read_bytes())
+                    for f in sorted(self.partition_dir(b, topic, p).glob("*.snapshot"))
+                ][-1:]
+                for b in replicas
+            }
+            names = {n: [f for f, _ in v] for n, v in snapshots.items()}
+            assert all(snapshots.values()), f"{topic}-{p}: a replica has no snapshot: {names}"
+            assert len({tuple(v) for v in snapshots.values()}) == 1, (
+                f"{topic}-{p}: producer state differs: {names}"
+            )
+            end = self.batches(replicas[0], topic, p)[-1][0] + 1
+            epochs = {b.name: _epochs_below(self.partition_dir(b, topic, p), end) for b in replicas}
+            assert len({tuple(v) for v in epochs.values()}) == 1, f"{topic}-{p}: epochs {epochs}"
+
     def batches(self, broker: BrokerProcess, topic: str, partition: int) -> list[tuple[int, int]]:
         """(base offset, leader epoch) of every batch of the replica, each checked (CRC,
         contiguous): a stopped broker's whole log, or a running one's at a batch boundary."""
@@ -191,6 +220,21 @@ class ReplicatedCluster:
             (b.header.base_offset, b.header.leader_epoch)
             for b in parse_fetched(raw, first, NO_LEADER_EPOCH, name)
         ]
+
+
+def _epochs_below(directory: Path, end: int) -> list[tuple[int, int]]:
+    """The (epoch, start offset) entries of a replica's epoch cache that wrote a batch
+    below ``end`` (an epoch followed at once by another, or starting at the end, wrote
+    nothing); a log without a cache file counts as [(0, 0)]."""
+    cache = LeaderEpochCache.load(directory)
+    assert cache is not None, f"{directory}: unreadable leader-epoch-checkpoint"
+    entries = cache.entries
+    wrote = [
+        (e.epoch, e.start_offset)
+        for e, after in zip(entries, [*entries[1:], None], strict=False)
+        if e.start_offset < (end if after is None else min(after.start_offset, end))
+    ]
+    return wrote or [(0, 0)]
 
 
 @pytest.fixture

@@ -55,7 +55,6 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
-from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.protocol.wire import Action
 from broker_core.record.batch import decode_header, verify_crc
 from spark_sink.producer import Producer, SendResult
@@ -587,47 +586,11 @@ def _first_difference(reference: list[Batch], mine: list[Batch]) -> str:
 
 
 def compare_stopped_replicas(cluster: ReplicatedCluster, topic: str, partitions: int) -> None:
-    """Stop every broker cleanly, then check that each partition's replicas hold the same
-    log bytes, the same newest producer-state snapshot and the same epochs that wrote
-    batches (as ``_stop_all_and_compare`` in tests/broker/test_replication.py)."""
+    """Stop every broker cleanly, then check that each partition's replicas came out
+    identical (``ReplicatedCluster.assert_stopped_replicas_identical``)."""
     for broker in cluster.running():
         clean_stop(broker)
-    replicas = list(cluster.brokers.values())
-    for p in range(partitions):
-        logs = {b.name: cluster.replica_log(b, topic, p) for b in replicas}
-        sizes = {name: len(data) for name, data in logs.items()}
-        assert len(set(logs.values())) == 1, f"{topic}-{p}: replica logs differ: {sizes}"
-        assert next(iter(logs.values())), f"{topic}-{p}: nothing was written"
-        snapshots = {
-            b.name: [
-                (f.name, f.read_bytes())
-                for f in sorted(cluster.partition_dir(b, topic, p).glob("*.snapshot"))
-            ][-1:]
-            for b in replicas
-        }
-        names = {n: [f for f, _ in v] for n, v in snapshots.items()}
-        assert all(snapshots.values()), f"{topic}-{p}: a replica has no snapshot: {names}"
-        assert len({tuple(v) for v in snapshots.values()}) == 1, (
-            f"{topic}-{p}: producer state differs: {names}"
-        )
-        end = cluster.batches(replicas[0], topic, p)[-1][0] + 1
-        epochs = {b.name: _epochs_below(cluster.partition_dir(b, topic, p), end) for b in replicas}
-        assert len({tuple(v) for v in epochs.values()}) == 1, f"{topic}-{p}: epochs {epochs}"
-
-
-def _epochs_below(directory: Path, end: int) -> list[tuple[int, int]]:
-    """The (epoch, start offset) entries of the epoch cache that wrote a batch below
-    ``end`` (a leadership that wrote nothing is only in the cache of the broker that held
-    it); a log without a cache file counts as [(0, 0)]."""
-    cache = LeaderEpochCache.load(directory)
-    assert cache is not None, f"{directory}: unreadable leader-epoch-checkpoint"
-    entries = cache.entries
-    wrote = [
-        (e.epoch, e.start_offset)
-        for e, after in zip(entries, [*entries[1:], None], strict=False)
-        if e.start_offset < (end if after is None else min(after.start_offset, end))
-    ]
-    return wrote or [(0, 0)]
+    cluster.assert_stopped_replicas_identical(topic, partitions)
 
 
 # -- faults -------------------------------------------------------------------------------
