@@ -47,12 +47,8 @@ from broker_core.protocol.txn_inputs import (
 )
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
-from broker_core.txn.core import (
-    Claims,
-    CoordinatorCore,
-    CoordinatorStatus,
-    ProducerIdSource,
-)
+from broker_core.txn.claims import Claims, CoordinatorStatus
+from broker_core.txn.core import CoordinatorCore, ProducerIdSource
 from broker_core.txn.marker_sender import MAX_MARKER_BACKOFF_S, MarkerSender
 from broker_core.txn.markers import LocalMarkerWriter, MarkerWriter
 from broker_core.txn.state import (
@@ -62,6 +58,7 @@ from broker_core.txn.state import (
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
+    merge_ranges,
 )
 from broker_core.txn.state_store import TxnStateStore
 from broker_core.txn.visibility import LsoSource, VisibilityTracker
@@ -482,10 +479,12 @@ class TransactionCoordinator:
                 meta = self._core.settled(claims, tid)
                 self._check_committable(meta, sid, bid, run)
                 ranges.extend(meta.sink_ranges)
-            unsettled = self._visibility.unsettled_of(sid)
-            if ranges:
-                unsettled.append((bid, sorted(ranges)))
-            prepared = SinkCommitRecord(sid, bid, SinkCommitState.PREPARE, list(txns), unsettled)
+            # The sink's record names this batch only: a batch of the sink readers may still
+            # see in part gets a record of its own first (docs/design.md §7).
+            self._core.keep_unsettled(sid, bid)
+            prepared = SinkCommitRecord(
+                sid, bid, SinkCommitState.PREPARE, list(txns), merge_ranges(ranges)
+            )
             self._core.persist_sink(prepared)
             self._core.finish_sink(claims, prepared)
             self._core.count("sink_batches_committed")

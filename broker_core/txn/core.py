@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from enum import Enum
 from typing import Any, Protocol
 
 from broker_core.errors import (
@@ -30,10 +29,12 @@ from broker_core.errors import (
     NotCoordinatorError,
     ProducerFencedError,
 )
+from broker_core.txn.claims import _STATUS_TRANSITIONS, Claims, CoordinatorStatus
 from broker_core.txn.marker_sender import MarkerSender
 from broker_core.txn.state import (
     MAX_CLIENT_EPOCH,
     NO_SINK,
+    SinkBatchRecord,
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
@@ -45,58 +46,11 @@ from broker_core.txn.visibility import VisibilityTracker
 log = logging.getLogger("idemlog.txn")
 
 _S = TransactionState
+_TXN = "transactional id"
 
 
 class ProducerIdSource(Protocol):
     def generate_producer_id(self) -> int: ...
-
-
-class CoordinatorStatus(Enum):
-    LOADING = "loading"  # constructed; start() has not loaded the state yet
-    RUNNING = "running"
-    CLOSED = "closed"
-
-
-_STATUS_TRANSITIONS = {
-    CoordinatorStatus.LOADING: frozenset({CoordinatorStatus.RUNNING, CoordinatorStatus.CLOSED}),
-    CoordinatorStatus.RUNNING: frozenset({CoordinatorStatus.CLOSED}),
-    CoordinatorStatus.CLOSED: frozenset(),
-}
-
-_TXN = "transactional id"
-_SINK = "sink"
-
-
-class Claims:
-    """The ids one request holds exclusively; all released together when it ends."""
-
-    def __init__(self, lock: threading.Lock, busy: set[tuple[str, str]]) -> None:
-        self._lock = lock
-        self._busy = busy
-        self._held: set[tuple[str, str]] = set()
-
-    def txn(self, transactional_id: str) -> None:
-        self._take((_TXN, transactional_id))
-
-    def sink(self, sink_id: str) -> None:
-        self._take((_SINK, sink_id))
-
-    def _take(self, key: tuple[str, str]) -> None:
-        if key in self._held:
-            return
-        with self._lock:
-            if key in self._busy:
-                raise ConcurrentTransactionsError(
-                    f"{key[0]} {key[1]!r} is being changed by another request (a state "
-                    "change or marker write is in progress); retry"
-                )
-            self._busy.add(key)
-        self._held.add(key)
-
-    def release(self) -> None:
-        with self._lock:
-            self._busy.difference_update(self._held)
-        self._held.clear()
 
 
 class CoordinatorCore:
@@ -129,6 +83,9 @@ class CoordinatorCore:
         self._txns: dict[str, TransactionMetadata] = {}
         self._sinks: dict[str, SinkCommitRecord] = {}
         self._busy: set[tuple[str, str]] = set()
+        # Settled batches whose record's delete failed: retried after the next markers.
+        # Bound: the tracked batches' bound (VisibilityTracker).
+        self._unforgotten: set[tuple[str, int]] = set()
         # Sink runs: the run each sink was last seen in (a new one retires the others'
         # leftovers), and when each (sink, run) last showed life; in memory only: after a
         # restart every sink transaction gets a full timeout from the load (_loaded_ms).
@@ -181,7 +138,11 @@ class CoordinatorCore:
             # from now, rather than being aborted for the time this coordinator was away.
             self._loaded_ms = self._clock()
         for record in sinks.values():
-            self._visibility.track(record)
+            self._visibility.track_record(record)
+        for batch in self._store.load_sink_batches():
+            # Tracked until an LSO shows it settled: over-tracking a batch that is below
+            # every end already changes no cut.
+            self._visibility.track((batch.sink_id, batch.batch_id), batch.ranges, recorded=True)
         self._set_status(CoordinatorStatus.RUNNING)
         pending_sinks = [r for r in sinks.values() if r.is_pending]
         prepared = [m.transactional_id for m in txns.values() if m.state.is_prepare]
@@ -279,10 +240,20 @@ class CoordinatorCore:
             self._txns[meta.transactional_id] = meta
         return meta
 
+    def persist_all(self, metas: list[TransactionMetadata]) -> None:
+        """:meth:`persist` for many, in one write of the store where it can."""
+        with self._fenced_closes():
+            self._store.put_transactions(metas, coordinator_epoch=self.coordinator_epoch)
+        with self._lock:
+            for meta in metas:
+                self._txns[meta.transactional_id] = meta
+
     def persist_sink(self, record: SinkCommitRecord) -> None:
         # Tracked before it is durable: a reader's cut must know a batch before any of
         # its markers can be written, and a record that failed to store is only extra.
-        self._visibility.track(record)
+        # (Not again on COMPLETE: its markers may have settled it already.)
+        if record.is_pending:
+            self._visibility.track_record(record)
         with self._fenced_closes():
             self._store.put_sink(record, coordinator_epoch=self.coordinator_epoch)
         with self._lock:
@@ -466,19 +437,54 @@ class CoordinatorCore:
     def complete(self, meta: TransactionMetadata) -> TransactionMetadata:
         """PREPARE_x -> markers -> COMPLETE_x; on failure it stays PREPARE_x and raises."""
         commit = meta.state is _S.PREPARE_COMMIT
-        self._send_markers(meta, commit)
+        self._send_markers([meta], commit)
         done = self.persist(
             self._transitioned(meta, _S.COMPLETE_COMMIT if commit else _S.COMPLETE_ABORT)
         )
         self.count("transactions_committed" if commit else "transactions_aborted")
         return done
 
-    def _send_markers(self, meta: TransactionMetadata, commit: bool) -> None:
+    def _send_markers(self, metas: list[TransactionMetadata], commit: bool) -> None:
         with self._fenced_closes():
-            lsos = self._sender.send(meta, commit)
-        # The LSO each partition reports after its marker: batches wholly below it no
-        # longer need tracking for the readers' cut.
-        self._visibility.settled_by(lsos)
+            lsos = self._sender.send_all(metas, commit)
+        # The LSO each partition reports after its markers: batches wholly below it no
+        # longer need tracking for the readers' cut, nor their own records.
+        self._forget_batches(self._visibility.settled_by(lsos))
+
+    def keep_unsettled(self, sink_id: str, batch_id: int) -> None:
+        """Give every batch of the sink still tracked, but ``batch_id``, a record of its
+        own, before the sink's record is overwritten by ``batch_id``'s (docs/design.md §7):
+        in steady state at most the previous batch, so O(one batch) per commit."""
+        for other, ranges in self._visibility.unrecorded_of(sink_id, keep=batch_id):
+            with self._fenced_closes():
+                self._store.put_sink_batch(
+                    SinkBatchRecord(sink_id, other, ranges),
+                    coordinator_epoch=self.coordinator_epoch,
+                )
+            if not self._visibility.mark_recorded((sink_id, other)):
+                self._forget_batches([(sink_id, other)])  # settled meanwhile
+
+    def _forget_batches(self, keys: list[tuple[str, int]]) -> None:
+        """Delete the records of settled batches. A failed delete only over-tracks (the
+        batch is below every end): logged, and retried after the next markers."""
+        with self._lock:
+            keys = sorted(set(keys) | self._unforgotten)
+            self._unforgotten.clear()
+        for i, (sink_id, batch_id) in enumerate(keys):
+            try:
+                self._store.delete_sink_batch(
+                    sink_id, batch_id, coordinator_epoch=self.coordinator_epoch
+                )
+            except IdemlogError as exc:
+                log.warning(
+                    "sink %r: could not delete the record of settled batch %d yet: %s",
+                    sink_id,
+                    batch_id,
+                    exc,
+                )
+                with self._lock:
+                    self._unforgotten.update(keys[i:])
+                return
 
     def pending_sink_holding(self, meta: TransactionMetadata) -> SinkCommitRecord | None:
         """The pending sink record that names this transaction, if any: it must commit."""
@@ -521,18 +527,29 @@ class CoordinatorCore:
         # Every transaction is checked before any is committed: a broken one leaves the
         # whole batch uncommitted (and the record PREPARE), never part of it.
         metas = [self._decided_member(record, *txn) for txn in record.transactions]
-        for meta in metas:
-            if meta.state is _S.ONGOING:
-                self.end(meta, commit=True)
-            elif meta.state is _S.PREPARE_COMMIT:
-                self.complete(meta)
+        ending = [m for m in metas if m.state in (_S.ONGOING, _S.PREPARE_COMMIT)]
+        if ending:
+            # The sink record's PREPARE is the durable decision for all of them: no
+            # PREPARE_COMMIT of their own; every partition gets all its markers in one
+            # append, then every COMPLETE_COMMIT goes in one write of the store.
+            self._send_markers(ending, commit=True)
+            now = self._clock()
+            done = []
+            for meta in ending:
+                new = meta.copy()
+                if new.state is _S.ONGOING:
+                    new.transition(_S.PREPARE_COMMIT, now)
+                new.transition(_S.COMPLETE_COMMIT, now)
+                done.append(new)
+            self.persist_all(done)
+            self.count("transactions_committed", len(done))
         self.persist_sink(
             SinkCommitRecord(
                 record.sink_id,
                 record.batch_id,
                 SinkCommitState.COMPLETE,
                 record.transactions,
-                self._visibility.unsettled_of(record.sink_id),
+                record.ranges,
             )
         )
 

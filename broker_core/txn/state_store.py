@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -42,7 +42,7 @@ from broker_core.errors import (
 )
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
 from broker_core.log.store import LogStore
-from broker_core.txn.state import SinkCommitRecord, TransactionMetadata
+from broker_core.txn.state import SinkBatchRecord, SinkCommitRecord, TransactionMetadata
 from broker_core.zookeeper import ZkSession, ZkUnavailable
 
 log = logging.getLogger("idemlog.txn")
@@ -58,6 +58,21 @@ class TxnStateStore(Protocol):
 
     def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         """Durable before it returns; ``coordinator_epoch`` is the writing coordinator's."""
+
+    def put_transactions(
+        self, metas: Sequence[TransactionMetadata], *, coordinator_epoch: int = 0
+    ) -> None:
+        """Every record durable before it returns (in as few writes as the store allows);
+        on an error some may be stored, each whole."""
+
+    def put_sink_batch(self, record: SinkBatchRecord, *, coordinator_epoch: int = 0) -> None:
+        """Durable before it returns; writing the same batch again is a no-op."""
+
+    def delete_sink_batch(self, sink_id: str, batch_id: int, *, coordinator_epoch: int = 0) -> None:
+        """The batch's record gone (durably) before it returns; absent is fine."""
+
+    def load_sink_batches(self) -> list[SinkBatchRecord]:
+        """Every stored SinkBatchRecord not deleted."""
 
 
 class CoordinatorEpochFencedError(ConcurrentTransactionsError):
@@ -83,6 +98,13 @@ TXN_STATE_SCHEMA = pa.schema(
 )
 KIND_TRANSACTION = "transaction"
 KIND_SINK = "sink"
+# A sink batch's own visibility record, and its removal (a distinct kind rather than a
+# null value: the topic's schema stays as it is).
+KIND_SINK_BATCH = "sink_batch"
+KIND_SINK_BATCH_SETTLED = "sink_batch_settled"
+_SINK_BATCH_KINDS = frozenset({KIND_SINK_BATCH, KIND_SINK_BATCH_SETTLED})
+# Rows of one append of put_transactions (one fsync for all): under max.message.bytes.
+_MAX_APPEND_BYTES = 512 * 1024
 # Retention must never delete coordinator state (the topic is not compacted either).
 _TOPIC_CONFIG: dict[str, object] = {"retention.ms": -1, "retention.bytes": -1}
 _LOAD_READ_BYTES = 4 * 1024 * 1024
@@ -113,12 +135,30 @@ class LogTxnStateStore:
         return self._store.partition(TXN_STATE_TOPIC, 0)
 
     def _append(self, kind: str, key: str, value: bytes) -> None:
-        batch = pa.record_batch(
-            [pa.array([kind]), pa.array([key]), pa.array([value], pa.binary())],
-            schema=TXN_STATE_SCHEMA,
-        )
+        self._append_rows([(kind, key, value)])
+
+    def _append_rows(self, rows: Sequence[tuple[str, str, bytes]]) -> None:
+        """Rows in appends of at most _MAX_APPEND_BYTES, then one fsync."""
         partition = self._log()
-        partition.append(batch)
+        start = 0
+        while start < len(rows):
+            end, size = start, 0
+            while end < len(rows) and (
+                end == start or size + len(rows[end][2]) <= _MAX_APPEND_BYTES
+            ):
+                size += len(rows[end][2])
+                end += 1
+            chunk = rows[start:end]
+            batch = pa.record_batch(
+                [
+                    pa.array([r[0] for r in chunk]),
+                    pa.array([r[1] for r in chunk]),
+                    pa.array([r[2] for r in chunk], pa.binary()),
+                ],
+                schema=TXN_STATE_SCHEMA,
+            )
+            partition.append(batch)
+            start = end
         partition.flush()
 
     # One broker, one coordinator at a time: no older coordinator can write here.
@@ -127,6 +167,46 @@ class LogTxnStateStore:
 
     def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         self._append(KIND_SINK, record.sink_id, record.to_json())
+
+    def put_transactions(
+        self, metas: Sequence[TransactionMetadata], *, coordinator_epoch: int = 0
+    ) -> None:
+        """One append (a few past _MAX_APPEND_BYTES) and one fsync for all of them."""
+        self._append_rows([(KIND_TRANSACTION, m.transactional_id, m.to_json()) for m in metas])
+
+    def put_sink_batch(self, record: SinkBatchRecord, *, coordinator_epoch: int = 0) -> None:
+        self._append(KIND_SINK_BATCH, record.key, record.to_json())
+
+    def delete_sink_batch(self, sink_id: str, batch_id: int, *, coordinator_epoch: int = 0) -> None:
+        gone = SinkBatchRecord(sink_id, batch_id, [])
+        self._append(KIND_SINK_BATCH_SETTLED, gone.key, gone.to_json())
+
+    def load_sink_batches(self) -> list[SinkBatchRecord]:
+        found: dict[str, SinkBatchRecord] = {}
+        for kind, key, value, where in self._replay():
+            if kind == KIND_SINK_BATCH:
+                record = SinkBatchRecord.from_json(value, where)
+                _check_key(record.key, key, where)
+                found[key] = record
+            elif kind == KIND_SINK_BATCH_SETTLED:
+                found.pop(key, None)
+        return list(found.values())
+
+    def _replay(self) -> Iterator[tuple[str, str, bytes, str]]:
+        """Every row of the topic, oldest first, with where it is for error messages."""
+        partition = self._log()
+        offset = partition.log_start_offset
+        while True:
+            result = partition.read(
+                offset, isolation=IsolationLevel.READ_UNCOMMITTED, max_bytes=_LOAD_READ_BYTES
+            )
+            for batch in result.batches:
+                columns = [batch.records.column(n).to_pylist() for n in ("kind", "key", "value")]
+                for i, (kind, key, value) in enumerate(zip(*columns, strict=True)):
+                    yield kind, key, value, f"{partition.name} offset {batch.base_offset + i}"
+            if result.next_offset == offset:
+                return
+            offset = result.next_offset
 
     def load(self) -> TxnState:
         txns: dict[str, TransactionMetadata] = {}
@@ -149,6 +229,8 @@ class LogTxnStateStore:
                         record = SinkCommitRecord.from_json(value, where)
                         _check_key(record.sink_id, key, where)
                         sinks[key] = record
+                    elif kind in _SINK_BATCH_KINDS:
+                        continue  # load_sink_batches reads those
                     else:
                         raise CorruptRecordError(f"{where}: unknown record kind {kind!r}")
             if result.next_offset == offset:
@@ -239,6 +321,7 @@ class ZkTxnStateStore:
         self._client = client
         self.transactions_path = f"{root}/transactions"
         self.sinks_path = f"{root}/sinks"
+        self.sink_batches_path = f"{root}/sink_batches"
         self._retry_deadline_s = retry_deadline_s
         self._versions_lock = threading.Lock()
         # znode path -> the version this store last saw and the coordinator epoch that wrote it
@@ -254,6 +337,62 @@ class ZkTxnStateStore:
 
     def sink_path(self, sink_id: str) -> str:
         return f"{self.sinks_path}/{znode_name(sink_id)}"
+
+    def sink_batch_path(self, sink_id: str, batch_id: int) -> str:
+        return f"{self.sink_batches_path}/{znode_name(sink_id)}/{batch_id}"
+
+    # -- sink batches' visibility records (docs/design.md §7) -----------------------------
+    # Create-once and delete-once: a batch's ranges never change, so a node that exists
+    # already is this very record, and no version is kept. Not fenced by the coordinator
+    # epoch, and need not be: an older coordinator's record only makes readers' cut
+    # track a batch longer (it is below the LSOs: it changes no cut), and a batch is
+    # deleted only once markers showed every partition's LSO past it, which stays so.
+    def put_transactions(
+        self, metas: Sequence[TransactionMetadata], *, coordinator_epoch: int = 0
+    ) -> None:
+        """One conditional write per record (each fenced as ``put_transaction``)."""
+        for meta in metas:
+            self.put_transaction(meta, coordinator_epoch=coordinator_epoch)
+
+    def put_sink_batch(self, record: SinkBatchRecord, *, coordinator_epoch: int = 0) -> None:
+        path = self.sink_batch_path(record.sink_id, record.batch_id)
+        data = stamp_coordinator_epoch(record.to_json(), coordinator_epoch)
+        if len(data) > MAX_ZNODE_BYTES:
+            raise InvalidRequestError(
+                f"sink {record.sink_id!r} batch {record.batch_id}: its ranges are {len(data)} "
+                f"bytes, over the {MAX_ZNODE_BYTES} bytes a ZooKeeper node may hold"
+            )
+
+        def create(deadline: float) -> None:
+            with contextlib.suppress(NodeExistsError):
+                self._call(lambda: self._client.create_async(path, data, makepath=True), deadline)
+
+        self._retrying(create, f"sink {record.sink_id!r} batch {record.batch_id}")
+
+    def delete_sink_batch(self, sink_id: str, batch_id: int, *, coordinator_epoch: int = 0) -> None:
+        path = self.sink_batch_path(sink_id, batch_id)
+
+        def delete(deadline: float) -> None:
+            with contextlib.suppress(NoNodeError):
+                self._call(lambda: self._client.delete_async(path), deadline)
+
+        self._retrying(delete, f"sink {sink_id!r} batch {batch_id}")
+
+    def load_sink_batches(self) -> list[SinkBatchRecord]:
+        def load(deadline: float) -> list[SinkBatchRecord]:
+            found = []
+            for sink, sink_path, _, _ in self._children(self.sink_batches_path, deadline):
+                for name, path, data, _ in self._children(sink_path, deadline):
+                    where = f"ZooKeeper node {path}"
+                    record = SinkBatchRecord.from_json(data, where)
+                    _check_key(
+                        f"{znode_name(record.sink_id)}/{record.batch_id}", f"{sink}/{name}", where
+                    )
+                    found.append(record)
+            return found
+
+        result: list[SinkBatchRecord] = self._retrying(load, "the sink batches' records")
+        return result
 
     # -- writes ------------------------------------------------------------------------
     def put_transaction(self, meta: TransactionMetadata, *, coordinator_epoch: int = 0) -> None:

@@ -14,7 +14,7 @@ from broker_core.errors import ConcurrentTransactionsError, UnknownServerError
 from broker_core.log.store import LogStore
 from broker_core.protocol.wire import SinkAttempt
 from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
-from broker_core.txn.markers import StableOffsets
+from broker_core.txn.markers import ProducerMarkers, StableOffsets, by_partition, restricted
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
 from broker_core.txn.state import (
     SinkCommitRecord,
@@ -138,20 +138,12 @@ class CrashingMarkers:
         self.crashing = True
 
     def write_markers(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
+        self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
         if not self.crashing:
-            return self.inner.write_markers(
-                producer_id, producer_epoch, commit, coordinator_epoch, partitions
-            )
-        self.inner.write_markers(
-            producer_id, producer_epoch, commit, coordinator_epoch, partitions[:1]
-        )
+            return self.inner.write_markers(producers, commit, coordinator_epoch)
+        first = sorted(by_partition(producers))[:1]
+        self.inner.write_markers(restricted(producers, first), commit, coordinator_epoch)
         raise UnknownServerError("simulated coordinator death while writing markers")
 
 
