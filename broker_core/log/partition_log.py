@@ -71,7 +71,7 @@ from broker_core.record.batch import (
     ControlType,
     EncodedBatch,
     decode_rows,
-    encode_control,
+    encode_controls,
     encode_data,
     increment_sequence,
     ipc_pieces,
@@ -126,8 +126,7 @@ class PartitionLog:
         self._unflushed = 0
         self._last_flush_ms = self._clock()
         self._flushers: list[threading.Thread] = []
-        # Marker appends (each one write and one fsync, whatever its markers): a metric.
-        self.marker_appends = 0
+        self.marker_appends = 0  # appends of markers (one write + fsync each): a metric
         self._fsync_failed: str | None = None  # the first failed fsync, kept (see write_marker)
         self._closed = False
         directory.mkdir(parents=True, exist_ok=True)
@@ -254,60 +253,41 @@ class PartitionLog:
         control_type: ControlType,
         coordinator_epoch: int = 0,
     ) -> MarkerResult:
-        """Append a COMMIT/ABORT marker ending the open transaction of each (producer id,
-        epoch), all in one write and one fsync (docs/design.md §10), durably.
-
-        Returns the first marker's offset and the last stable offset just after the last.
-        Checked per marker before anything is written, and refused whole (nothing written)
-        when one is at an older producer epoch, or from an older coordinator epoch than
-        that producer's last marker (TRANSACTION_COORDINATOR_FENCED). A failed fsync
-        raises StorageError (retriable), and so does every later marker of this log until
-        it is reopened: the coordinator keeps the transaction PREPARE_x meanwhile.
-        """
+        """Append a COMMIT/ABORT marker ending each (producer id, epoch)'s open transaction,
+        all in one write and one fsync, durably (docs/design.md §10); returns the first
+        marker's offset and the LSO after the last. Refused whole (nothing written) if one
+        is at an older producer epoch, or from an older coordinator epoch than its
+        producer's last marker (TRANSACTION_COORDINATOR_FENCED). A failed fsync raises
+        StorageError (retriable), and so does every later marker until a reopen."""
         if not producers:
             raise InvalidRecordError(f"{self.name}: a marker append needs a producer")
         with self._lock:
             self._check_open()
             for producer_id, producer_epoch in producers:
                 self.state.check_marker(producer_id, producer_epoch, coordinator_epoch)
-            now = self._clock()
-            encoded = [
-                encode_control(
-                    control_type,
-                    producer_id=producer_id,
-                    producer_epoch=producer_epoch,
-                    coordinator_epoch=coordinator_epoch,
-                    timestamp=now,
-                    leader_epoch=self.leader_epoch,
-                )
-                for producer_id, producer_epoch in producers
-            ]
+            now, end, epoch = self._clock(), self.log_end_offset, self.leader_epoch
+            # At the log end, which a roll keeps.
+            encoded = encode_controls(control_type, producers, coordinator_epoch, end, now, epoch)
             if self._should_roll(sum(e.size for e in encoded), now):
                 self.roll()
             self.epochs.assign(self.leader_epoch, self.log_end_offset)
-            for i, batch in enumerate(encoded):
-                batch.set_base_offset(self.log_end_offset + i)
             headers = self.active.append_many(encoded, self.config.index_interval_bytes)
             self._unflushed += len(headers)
             self.marker_appends += 1
             for header in headers:
                 self.apply_marker(header, control_type, coordinator_epoch, self.active)
             lso = self.last_stable_offset
-            # fsync now, whatever flush.messages / flush.ms say: the coordinator records
-            # the transactions COMPLETE once this returns and never sends these markers
-            # again (docs/design.md §10). The segment's fsync also covers the data before
-            # the markers in it; a roll's background flush of older segments is waited
-            # for too, or recovery could cut the log at a torn batch there.
+            # fsync now, whatever flush.* say: the transactions are recorded COMPLETE next
+            # (docs/design.md §10). Also wait for a roll's background flush of older
+            # segments, or recovery could cut the log at a torn batch there.
             self._join_flushers()
             self.flush()
             if self._fsync_failed is not None:
-                # After a failed fsync the kernel may have dropped the dirty pages and
-                # marked them clean: no marker of this log is acknowledged until a
-                # restart recovers it from what is really on disk.
+                # The kernel may have dropped dirty pages: only a restart's recovery knows.
                 raise StorageError(
                     f"{self.name}: markers at offset {headers[0].base_offset} are not known "
-                    f"to be durable: an fsync of this log failed earlier "
-                    f"({self._fsync_failed}); the partition needs a broker restart"
+                    f"durable: an fsync of this log failed earlier ({self._fsync_failed}); "
+                    "the partition needs a broker restart"
                 )
             return MarkerResult(headers[0].base_offset, lso)
 

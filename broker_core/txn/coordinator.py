@@ -481,7 +481,7 @@ class TransactionCoordinator:
                 ranges.extend(meta.sink_ranges)
             # The sink's record names this batch only: a batch of the sink readers may still
             # see in part gets a record of its own first (docs/design.md §7).
-            self._core.keep_unsettled(sid, bid)
+            self._core.batches.keep(sid, bid)
             prepared = SinkCommitRecord(
                 sid, bid, SinkCommitState.PREPARE, list(txns), merge_ranges(ranges)
             )

@@ -31,10 +31,10 @@ from broker_core.errors import (
 )
 from broker_core.txn.claims import _STATUS_TRANSITIONS, Claims, CoordinatorStatus
 from broker_core.txn.marker_sender import MarkerSender
+from broker_core.txn.sink_batches import UnsettledBatches
 from broker_core.txn.state import (
     MAX_CLIENT_EPOCH,
     NO_SINK,
-    SinkBatchRecord,
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
@@ -83,9 +83,7 @@ class CoordinatorCore:
         self._txns: dict[str, TransactionMetadata] = {}
         self._sinks: dict[str, SinkCommitRecord] = {}
         self._busy: set[tuple[str, str]] = set()
-        # Settled batches whose record's delete failed: retried after the next markers.
-        # Bound: the tracked batches' bound (VisibilityTracker).
-        self._unforgotten: set[tuple[str, int]] = set()
+        self.batches = UnsettledBatches(store, visibility, coordinator_epoch)
         # Sink runs: the run each sink was last seen in (a new one retires the others'
         # leftovers), and when each (sink, run) last showed life; in memory only: after a
         # restart every sink transaction gets a full timeout from the load (_loaded_ms).
@@ -139,10 +137,7 @@ class CoordinatorCore:
             self._loaded_ms = self._clock()
         for record in sinks.values():
             self._visibility.track_record(record)
-        for batch in self._store.load_sink_batches():
-            # Tracked until an LSO shows it settled: over-tracking a batch that is below
-            # every end already changes no cut.
-            self._visibility.track((batch.sink_id, batch.batch_id), batch.ranges, recorded=True)
+        self.batches.load()
         self._set_status(CoordinatorStatus.RUNNING)
         pending_sinks = [r for r in sinks.values() if r.is_pending]
         prepared = [m.transactional_id for m in txns.values() if m.state.is_prepare]
@@ -449,42 +444,7 @@ class CoordinatorCore:
             lsos = self._sender.send_all(metas, commit)
         # The LSO each partition reports after its markers: batches wholly below it no
         # longer need tracking for the readers' cut, nor their own records.
-        self._forget_batches(self._visibility.settled_by(lsos))
-
-    def keep_unsettled(self, sink_id: str, batch_id: int) -> None:
-        """Give every batch of the sink still tracked, but ``batch_id``, a record of its
-        own, before the sink's record is overwritten by ``batch_id``'s (docs/design.md §7):
-        in steady state at most the previous batch, so O(one batch) per commit."""
-        for other, ranges in self._visibility.unrecorded_of(sink_id, keep=batch_id):
-            with self._fenced_closes():
-                self._store.put_sink_batch(
-                    SinkBatchRecord(sink_id, other, ranges),
-                    coordinator_epoch=self.coordinator_epoch,
-                )
-            if not self._visibility.mark_recorded((sink_id, other)):
-                self._forget_batches([(sink_id, other)])  # settled meanwhile
-
-    def _forget_batches(self, keys: list[tuple[str, int]]) -> None:
-        """Delete the records of settled batches. A failed delete only over-tracks (the
-        batch is below every end): logged, and retried after the next markers."""
-        with self._lock:
-            keys = sorted(set(keys) | self._unforgotten)
-            self._unforgotten.clear()
-        for i, (sink_id, batch_id) in enumerate(keys):
-            try:
-                self._store.delete_sink_batch(
-                    sink_id, batch_id, coordinator_epoch=self.coordinator_epoch
-                )
-            except IdemlogError as exc:
-                log.warning(
-                    "sink %r: could not delete the record of settled batch %d yet: %s",
-                    sink_id,
-                    batch_id,
-                    exc,
-                )
-                with self._lock:
-                    self._unforgotten.update(keys[i:])
-                return
+        self.batches.forget(self._visibility.settled_by(lsos))
 
     def pending_sink_holding(self, meta: TransactionMetadata) -> SinkCommitRecord | None:
         """The pending sink record that names this transaction, if any: it must commit."""
