@@ -79,6 +79,9 @@ class PartitionGauges:
     last_stable_offset: int
     producers: int
     open_transactions: int
+    # Appends of transaction markers since the log was opened: one per partition per
+    # sink commit, whatever its number of tasks (docs/design.md §10).
+    marker_appends: int = 0
 
 
 def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -433,6 +433,7 @@ class Broker:
                 last_stable_offset=log_.last_stable_offset,
                 producers=len(log_.state),
                 open_transactions=len(log_.state.ongoing_transactions()),
+                marker_appends=log_.marker_appends,
             )
         coordinator = self._running_coordinator()
         transactions = coordinator.describe() if coordinator is not None else None
