@@ -108,11 +108,18 @@ class RoutingMarkerWriter:
                 log.warning("no markers on %s-%d: %s", topic, partition, exc.message)
                 continue
             by_leader.setdefault(leader, set()).add((topic, partition))
+        if os.environ.get(FAILPOINT_ENV) == "after_first_marker" and by_leader:
+            # The test hook: the first leader's first partition alone, then the SIGKILL.
+            first = min(by_leader)
+            self._write_to(
+                first, restricted(producers, [min(by_leader[first])]), commit, coordinator_epoch
+            )
+            _failpoint("after_first_marker")
+        # One call per leader, all at once (this broker's own partitions on this thread).
         local = by_leader.pop(self._broker_id, set())
-        # One call per other leader, all at once; this broker's partitions meanwhile.
         futures = {
             leader: self._pool.submit(
-                self._write_remote, leader, restricted(producers, tps), commit, coordinator_epoch
+                self._write_to, leader, restricted(producers, tps), commit, coordinator_epoch
             )
             for leader, tps in sorted(by_leader.items())
         }
@@ -120,7 +127,9 @@ class RoutingMarkerWriter:
         errors: list[IdemlogError] = []
         try:
             if local:
-                stable.update(self._write_led(producers, local, commit, coordinator_epoch))
+                stable.update(
+                    self.write_local(restricted(producers, local), commit, coordinator_epoch)
+                )
         except IdemlogError as exc:
             errors.append(exc)
         for leader in sorted(futures):
@@ -133,24 +142,14 @@ class RoutingMarkerWriter:
             # are written, and the whole call is retried (a marker written twice is a
             # no-op) once this raises; a non-retriable error is the one raised.
             raise next((e for e in errors if not e.retriable), errors[0])
-        if not local and futures:
-            _failpoint("after_first_marker")
         return stable
 
-    def _write_led(
-        self,
-        producers: Sequence[ProducerMarkers],
-        tps: set[tuple[str, int]],
-        commit: bool,
-        coordinator_epoch: int,
+    def _write_to(
+        self, leader: int, producers: Sequence[ProducerMarkers], commit: bool, epoch: int
     ) -> StableOffsets:
-        ordered = sorted(tps)
-        if os.environ.get(FAILPOINT_ENV) != "after_first_marker":
-            return self.write_local(restricted(producers, ordered), commit, coordinator_epoch)
-        # The test hook stops this broker after the first partition's markers.
-        self.write_local(restricted(producers, ordered[:1]), commit, coordinator_epoch)
-        _failpoint("after_first_marker")
-        return self.write_local(restricted(producers, ordered), commit, coordinator_epoch)
+        if leader == self._broker_id:
+            return self.write_local(producers, commit, epoch)
+        return self._write_remote(leader, producers, commit, epoch)
 
     def write_local(
         self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
