@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -247,6 +248,8 @@ def _check_key(stored: str, key: str, where: str) -> None:
 
 # ZooKeeper's default jute.maxbuffer is 1 MiB per request; stay clear of it.
 MAX_ZNODE_BYTES = 1_000_000
+# Writes of one put_transactions in flight at once (a sink commit's COMPLETE_COMMITs).
+_PARALLEL_PUTS = 8
 _CONFLICT = (BadVersionError, NodeExistsError, NoNodeError)
 
 
@@ -327,9 +330,12 @@ class ZkTxnStateStore:
         # znode path -> the version this store last saw and the coordinator epoch that wrote it
         self._versions: dict[str, _Seen] = {}
         self._session = ZkSession(client, request_timeout_s=request_timeout_s)
+        # put_transactions' writes in flight at once; threads start on first use.
+        self._pool = ThreadPoolExecutor(_PARALLEL_PUTS, thread_name_prefix="zk-txn-puts")
 
     def close(self) -> None:
         """Detach from the client (which belongs to the caller and stays open)."""
+        self._pool.shutdown(wait=True)
         self._session.close()
 
     def transaction_path(self, transactional_id: str) -> str:
@@ -350,9 +356,20 @@ class ZkTxnStateStore:
     def put_transactions(
         self, metas: Sequence[TransactionMetadata], *, coordinator_epoch: int = 0
     ) -> None:
-        """One conditional write per record (each fenced as ``put_transaction``)."""
-        for meta in metas:
-            self.put_transaction(meta, coordinator_epoch=coordinator_epoch)
+        """One conditional write per record, each fenced as ``put_transaction``, up to
+        _PARALLEL_PUTS at once (their round trips overlap); every write is waited for,
+        then the first error is raised."""
+        if len(metas) <= 1:
+            for meta in metas:
+                self.put_transaction(meta, coordinator_epoch=coordinator_epoch)
+            return
+        futures = [
+            self._pool.submit(self.put_transaction, meta, coordinator_epoch=coordinator_epoch)
+            for meta in metas
+        ]
+        wait(futures)
+        for future in futures:
+            future.result()
 
     def put_sink_batch(self, record: SinkBatchRecord, *, coordinator_epoch: int = 0) -> None:
         path = self.sink_batch_path(record.sink_id, record.batch_id)
