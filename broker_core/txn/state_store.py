@@ -40,6 +40,7 @@ from broker_core.errors import (
     ConcurrentTransactionsError,
     CorruptRecordError,
     InvalidRequestError,
+    NotCoordinatorError,
     RequestTimedOutError,
     TopicAlreadyExistsError,
 )
@@ -287,13 +288,17 @@ class ZkTxnStateStore:
         # Parents created so far: a multi cannot create missing parents (no makepath).
         self._parents: set[str] = set()
         self._session = ZkSession(client, request_timeout_s=request_timeout_s)
+        self._closed = False
 
     @property
     def fence(self) -> ZkEpochFence | None:
         return self._fence
 
     def close(self) -> None:
-        """Detach from the client (which belongs to the caller and stays open)."""
+        """Detach from the client (which belongs to the caller and stays open). A write
+        still retrying fails with NotCoordinatorError at its next attempt instead of
+        waiting out ``retry_deadline_s`` (one already sent is up to the fence)."""
+        self._closed = True
         self._session.close()
 
     def transaction_path(self, transactional_id: str) -> str:
@@ -357,6 +362,11 @@ class ZkTxnStateStore:
     ) -> int:
         """Create the node (``expected is None``) or set it if still at ``expected``; with
         a fence, in one multi that first checks the epoch node."""
+        if self._closed:
+            raise NotCoordinatorError(
+                f"state of {what} not written: the coordinator's state store was closed "
+                "(it lost its controllership or stopped)"
+            )
         try:
             if self._fence is not None:
                 return self._multi_once(self._fence, path, data, expected, what, deadline)

@@ -334,6 +334,11 @@ def test_a_fenced_store_writes_only_at_its_epoch(zk_chroot: ZooKeeperHarness) ->
     for bad in ({"path": "x"}, {"version": -1}, {"coordinator_epoch": True}):
         with pytest.raises(InvalidRequestError, match="epoch fence"):
             ZkEpochFence(**{"path": "/e", "version": 0, "coordinator_epoch": 1, **bad})
+    # Closed (its controllership lost): a write stops at once, sent or not.
+    unfenced = ZkTxnStateStore(client, ROOT)
+    unfenced.close()
+    with pytest.raises(NotCoordinatorError, match="state store was closed"):
+        unfenced.put_sink(_record(3))
     store.close()
 
 
