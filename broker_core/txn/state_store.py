@@ -288,6 +288,8 @@ class ZkTxnStateStore:
         # Parents created so far: a multi cannot create missing parents (no makepath).
         self._parents: set[str] = set()
         self._session = ZkSession(client, request_timeout_s=request_timeout_s)
+        # Held while a request is queued: close() waits for it (see _call).
+        self._send_lock = threading.Lock()
         self._closed = False
 
     @property
@@ -298,7 +300,8 @@ class ZkTxnStateStore:
         """Detach from the client (which belongs to the caller and stays open). A write
         still retrying fails with NotCoordinatorError at its next attempt instead of
         waiting out ``retry_deadline_s`` (one already sent is up to the fence)."""
-        self._closed = True
+        with self._send_lock:
+            self._closed = True
         self._session.close()
 
     def transaction_path(self, transactional_id: str) -> str:
@@ -362,11 +365,6 @@ class ZkTxnStateStore:
     ) -> int:
         """Create the node (``expected is None``) or set it if still at ``expected``; with
         a fence, in one multi that first checks the epoch node."""
-        if self._closed:
-            raise NotCoordinatorError(
-                f"state of {what} not written: the coordinator's state store was closed "
-                "(it lost its controllership or stopped)"
-            )
         try:
             if self._fence is not None:
                 return self._multi_once(self._fence, path, data, expected, what, deadline)
@@ -515,4 +513,19 @@ class ZkTxnStateStore:
 
     def _call(self, request: Callable[[], Any], deadline: float) -> Any:
         # Never queued into a disconnected client: ZkUnavailable instead (retried above).
-        return self._session.call(request, deadline=deadline)
+        return self._session.call(lambda: self._queue(request), deadline=deadline)
+
+    def _queue(self, request: Callable[[], Any]) -> Any:
+        """``request()`` (queueing it in kazoo) unless this store is closed, atomically
+        with :meth:`close`. ZooKeeper runs one session's requests in order, so a write
+        queued before close() returned precedes every request a store opened afterwards
+        on the same client sends (the next coordinator's load, when this broker regains
+        control in the same session, at the same epoch, which the fence cannot tell
+        apart); after close() nothing more is queued."""
+        with self._send_lock:
+            if self._closed:
+                raise NotCoordinatorError(
+                    "the coordinator's ZooKeeper state store was closed (it lost its "
+                    "controllership or stopped): nothing more is read or written through it"
+                )
+            return request()

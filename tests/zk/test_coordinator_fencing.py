@@ -344,3 +344,35 @@ def test_a_fenced_store_writes_only_at_its_epoch(zk_chroot: ZooKeeperHarness) ->
 
 def _record(batch: int) -> SinkCommitRecord:
     return SinkCommitRecord(SINK, batch, SinkCommitState.COMPLETE, [])
+
+
+def test_a_write_queued_before_close_precedes_the_next_stores_load_at_the_same_epoch(
+    zk_chroot: ZooKeeperHarness,
+) -> None:
+    # A broker that loses control and regains it in the same session keeps its epoch and
+    # fence: the old store's last write must be ordered before the new store's load.
+    client = zk_chroot.client()
+    client.create(f"{ROOT}/controller_epoch", b'{"controller_epoch":1}', makepath=True)
+    fence = ZkEpochFence(f"{ROOT}/controller_epoch", 0, 1)
+    holding = HoldingClient(client)
+    old = ZkTxnStateStore(holding, ROOT, fence=fence)
+    old.put_sink(_record(1), coordinator_epoch=1)
+    holding.armed.set()
+    writer = threading.Thread(
+        target=old.put_sink, args=(_record(2),), kwargs={"coordinator_epoch": 1}
+    )
+    writer.start()
+    assert holding.held.wait(HOLD_S)
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (old.close(), closed.set()))
+    closer.start()
+    assert not closed.wait(0.5)  # close() waits for the write being queued
+    holding.release.set()
+    writer.join(HOLD_S)
+    closer.join(HOLD_S)
+    assert closed.is_set() and len(holding.sent) == 1
+    new = ZkTxnStateStore(client, ROOT, fence=fence)
+    assert new.load()[1][SINK].batch_id == 2  # the old store's write is seen
+    with pytest.raises(NotCoordinatorError, match="state store was closed"):
+        old.put_sink(_record(3), coordinator_epoch=1)
+    new.close()
