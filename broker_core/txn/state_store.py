@@ -11,7 +11,7 @@ Two stores implement :class:`TxnStateStore`:
   multi that checks that version: once a newer controller has bumped the epoch, a
   deposed coordinator's write fails atomically in ZooKeeper
   (:class:`CoordinatorEpochFencedError`), whatever it believes and however long it was
-  paused (docs/failure-model.md, "Controller paused or cut off"). Every write is also
+  paused (docs/failure-model.md, the row "controller paused"). Every write is also
   conditional on the znode version this store last saw, and each znode names the
   coordinator epoch that wrote it: a lower epoch never overwrites a higher one's state.
 """

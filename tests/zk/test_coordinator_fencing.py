@@ -1,5 +1,5 @@
-"""A deposed coordinator's writes fail inside ZooKeeper (docs/failure-model.md, "Controller
-paused or cut off"): two coordinators, each on its own broker's ZooKeeper session and
+"""A deposed coordinator's writes fail inside ZooKeeper (docs/failure-model.md, the row
+"controller paused"): two coordinators, each on its own broker's ZooKeeper session and
 controllership (the real election, ``ZkCluster``), over real logs.
 
 The hook that holds a write in flight is :class:`HoldingClient`, a wrapper of the old
