@@ -292,10 +292,6 @@ class ZkTxnStateStore:
         self._send_lock = threading.Lock()
         self._closed = False
 
-    @property
-    def fence(self) -> ZkEpochFence | None:
-        return self._fence
-
     def close(self) -> None:
         """Detach from the client (which belongs to the caller and stays open). A write
         still retrying fails with NotCoordinatorError at its next attempt instead of
@@ -392,8 +388,9 @@ class ZkTxnStateStore:
             self._remember(path, current)
             seen = "absent" if expected is None else f"at version {expected}"
             raise ConcurrentTransactionsError(
-                f"state of {what} in ZooKeeper node {path} was changed by another writer "
-                f"(this one saw it {seen}); not overwriting it, retry ({type(exc).__name__})"
+                f"state of {what} in ZooKeeper node {path} was changed by another coordinator "
+                f"(this one saw it {seen}); not overwriting it; a retry goes on from the "
+                f"node as it is now ({type(exc).__name__})"
             ) from exc
 
     def _multi_once(

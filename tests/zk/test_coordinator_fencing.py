@@ -306,7 +306,7 @@ def test_a_newer_coordinator_that_lost_a_version_race_to_an_older_writer_recover
     unfenced.put_transaction(meta, coordinator_epoch=old_epoch)
 
     # B's write loses the race once (retriable, B keeps serving) and re-reads the node...
-    with pytest.raises(ConcurrentTransactionsError, match="changed by another writer") as lost:
+    with pytest.raises(ConcurrentTransactionsError, match="a retry goes on from the node") as lost:
         b.end_txn("app", pid, epoch, commit=True)
     assert not isinstance(lost.value, CoordinatorEpochFencedError) and lost.value.retriable
     assert b.status is CoordinatorStatus.RUNNING
