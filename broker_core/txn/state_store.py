@@ -6,12 +6,14 @@ Two stores implement :class:`TxnStateStore`:
   ``__transaction_state`` of the broker's own LogStore, one partition, rows
   ``(kind, key, value)``; the last record per key wins when the topic is replayed.
 * :class:`ZkTxnStateStore` (cluster mode): one znode per transactional id and per sink, so
-  a new controller can take over. Every write is conditional on the znode version this
-  store last saw: a coordinator that lost a race (a newer controller wrote meanwhile)
-  fails with :class:`ConcurrentTransactionsError` instead of overwriting. Each znode also
-  names the coordinator epoch that wrote it, and a coordinator of a lower epoch never
-  overwrites it (:class:`CoordinatorEpochFencedError`), even through a store instance
-  that saw the newer write.
+  a new controller can take over. Given a :class:`ZkEpochFence` (the controller epoch
+  node at the version this controllership's bump left it), every write is one ZooKeeper
+  multi that checks that version: once a newer controller has bumped the epoch, a
+  deposed coordinator's write fails atomically in ZooKeeper
+  (:class:`CoordinatorEpochFencedError`), whatever it believes and however long it was
+  paused (docs/failure-model.md, the row "controller paused"). Every write is also
+  conditional on the znode version this store last saw, and each znode names the
+  coordinator epoch that wrote it: a lower epoch never overwrites a higher one's state.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from kazoo.exceptions import (
     BadVersionError,
     NodeExistsError,
     NoNodeError,
+    RolledBackError,
 )
 
 from broker_core.errors import (
     ConcurrentTransactionsError,
     CorruptRecordError,
     InvalidRequestError,
+    NotCoordinatorError,
     RequestTimedOutError,
     TopicAlreadyExistsError,
 )
@@ -177,6 +181,27 @@ class _Seen:
     coordinator_epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class ZkEpochFence:
+    """What fences a coordinator's writes inside ZooKeeper: the node ``path`` that keeps
+    the epoch (the controller epoch), at ``version`` as the bump that made
+    ``coordinator_epoch`` left it. The cluster layer's controllership hands it over
+    (``server/roles.py``); the store never reads or writes that node itself, except to
+    check it in the same multi as each of its writes."""
+
+    path: str
+    version: int
+    coordinator_epoch: int
+
+    def __post_init__(self) -> None:
+        if not self.path.startswith("/"):
+            raise InvalidRequestError(f"epoch fence path {self.path!r} must start with '/'")
+        for name in ("version", "coordinator_epoch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequestError(f"epoch fence {name}={value!r} must be an int >= 0")
+
+
 def stamp_coordinator_epoch(record: bytes, coordinator_epoch: int) -> bytes:
     """The record's JSON with the writer's coordinator epoch added.
 
@@ -210,6 +235,14 @@ def _fenced(what: str, path: str, writer: int, mine: int) -> CoordinatorEpochFen
     )
 
 
+def _epoch_moved(what: str, fence: ZkEpochFence, exc: Exception) -> CoordinatorEpochFencedError:
+    return CoordinatorEpochFencedError(
+        f"state of {what} not written: the epoch node {fence.path} is no longer at version "
+        f"{fence.version} (coordinator epoch {fence.coordinator_epoch}): a newer controller "
+        f"has taken over and this coordinator was replaced (fenced) ({type(exc).__name__})"
+    )
+
+
 def znode_name(key: str) -> str:
     """``key`` as one znode name: URL-quoted, '.' too, so '/', '.' and '..' cannot occur."""
     return quote(key, safe="").replace(".", "%2E")
@@ -221,8 +254,14 @@ class ZkTxnStateStore:
         <root>/transactions/<quoted transactional id>
         <root>/sinks/<quoted sink id>
 
+    With ``fence`` every write is a multi that checks the epoch node at the fence's
+    version, and only the fence's coordinator epoch may write through this store; without
+    one (tools, tests of the layout) only the znodes' own versions are checked.
+
     While ZooKeeper is unreachable a request is retried (reconnects end the wait early)
     until ``retry_deadline_s``, then :class:`RequestTimedOutError` (retriable) is raised.
+    The version cache holds one entry per znode loaded or written: bounded by the number
+    of transactional ids and sinks, the same as the coordinator's own maps.
     """
 
     def __init__(
@@ -230,6 +269,7 @@ class ZkTxnStateStore:
         client: Any,
         root: str = "/idemlog",
         *,
+        fence: ZkEpochFence | None = None,
         retry_deadline_s: float = 15.0,
         request_timeout_s: float = 5.0,
     ) -> None:
@@ -237,16 +277,27 @@ class ZkTxnStateStore:
             raise InvalidRequestError(f"ZooKeeper root {root!r} must start with '/'")
         root = root.rstrip("/")
         self._client = client
+        self._root = root or "/"
+        self._fence = fence
         self.transactions_path = f"{root}/transactions"
         self.sinks_path = f"{root}/sinks"
         self._retry_deadline_s = retry_deadline_s
         self._versions_lock = threading.Lock()
         # znode path -> the version this store last saw and the coordinator epoch that wrote it
         self._versions: dict[str, _Seen] = {}
+        # Parents created so far: a multi cannot create missing parents (no makepath).
+        self._parents: set[str] = set()
         self._session = ZkSession(client, request_timeout_s=request_timeout_s)
+        # Held while a request is queued: close() waits for it (see _call).
+        self._send_lock = threading.Lock()
+        self._closed = False
 
     def close(self) -> None:
-        """Detach from the client (which belongs to the caller and stays open)."""
+        """Detach from the client (which belongs to the caller and stays open). A write
+        still retrying fails with NotCoordinatorError at its next attempt instead of
+        waiting out ``retry_deadline_s`` (one already sent is up to the fence)."""
+        with self._send_lock:
+            self._closed = True
         self._session.close()
 
     def transaction_path(self, transactional_id: str) -> str:
@@ -270,6 +321,12 @@ class ZkTxnStateStore:
             raise InvalidRequestError(f"coordinator_epoch={coordinator_epoch!r} is not an int")
         if coordinator_epoch < 0:
             raise InvalidRequestError(f"coordinator_epoch={coordinator_epoch} must be >= 0")
+        fence = self._fence
+        if fence is not None and coordinator_epoch != fence.coordinator_epoch:
+            raise InvalidRequestError(
+                f"coordinator_epoch={coordinator_epoch} writing through a store fenced at "
+                f"coordinator epoch {fence.coordinator_epoch}"
+            )
         data = stamp_coordinator_epoch(record, coordinator_epoch)
         if len(data) > MAX_ZNODE_BYTES:
             raise InvalidRequestError(
@@ -302,8 +359,11 @@ class ZkTxnStateStore:
         coordinator_epoch: int,
         deadline: float,
     ) -> int:
-        """Create the node (``expected is None``) or set it if still at ``expected``."""
+        """Create the node (``expected is None``) or set it if still at ``expected``; with
+        a fence, in one multi that first checks the epoch node."""
         try:
+            if self._fence is not None:
+                return self._multi_once(self._fence, path, data, expected, what, deadline)
             if expected is None:
                 self._call(lambda: self._client.create_async(path, data, makepath=True), deadline)
                 return 0
@@ -321,14 +381,66 @@ class ZkTxnStateStore:
                 writer = coordinator_epoch_of(current[0])
                 if writer > coordinator_epoch:
                     raise _fenced(what, path, writer, coordinator_epoch) from exc
+            # Not newer: an earlier write of this epoch applied after its reply was lost
+            # (a timed-out request still queued), or a writer without the fence. Remember
+            # what is there now, so the next request for this id goes on from it instead
+            # of failing on a stale version for good.
+            self._remember(path, current)
             seen = "absent" if expected is None else f"at version {expected}"
             raise ConcurrentTransactionsError(
                 f"state of {what} in ZooKeeper node {path} was changed by another coordinator "
-                f"(this one saw it {seen}); not overwriting it ({type(exc).__name__})"
+                f"(this one saw it {seen}); not overwriting it; a retry goes on from the "
+                f"node as it is now ({type(exc).__name__})"
             ) from exc
+
+    def _multi_once(
+        self,
+        fence: ZkEpochFence,
+        path: str,
+        data: bytes,
+        expected: int | None,
+        what: str,
+        deadline: float,
+    ) -> int:
+        """One multi: check the epoch node at the fence's version, then create or set the
+        node. Raises CoordinatorEpochFencedError when the check failed, the node's own
+        conflict (for :meth:`_write_once`) when that failed."""
+        if expected is None:
+            self._ensure_parent(path.rsplit("/", 1)[0], deadline)
+        transaction = self._client.transaction()
+        transaction.check(fence.path, fence.version)
+        if expected is None:
+            transaction.create(path, data)
+        else:
+            transaction.set_data(path, data, version=expected)
+        checked, written = self._call(transaction.commit_async, deadline)
+        # A failed multi reports the ops before the failing one as RolledBackError: only
+        # the check's own failure means the epoch moved (BadVersion; NoNode: deleted).
+        if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):
+            raise _epoch_moved(what, fence, checked)
+        if isinstance(written, Exception):
+            raise written
+        return 0 if expected is None else int(written.version)
+
+    def _ensure_parent(self, parent: str, deadline: float) -> None:
+        if parent in self._parents:
+            return
+        self._call(lambda: self._client.ensure_path_async(parent), deadline)
+        self._parents.add(parent)
+
+    def _remember(self, path: str, current: tuple[bytes, int] | None) -> None:
+        with self._versions_lock:
+            if current is None:
+                self._versions.pop(path, None)
+            else:
+                self._versions[path] = _Seen(current[1], coordinator_epoch_of(current[0], path))
 
     # -- reads -------------------------------------------------------------------------
     def load(self) -> TxnState:
+        """Every transactional id's and sink's state, read after a ``sync``: the server
+        answering is at least as recent as the leader was when the load began, so a
+        coordinator loading after its controllership's epoch bump sees every write that
+        an older coordinator got through its fence."""
         txns, sinks, versions = self._retrying(self._load_once, "the transaction state")
         with self._versions_lock:
             self._versions = versions
@@ -340,6 +452,7 @@ class ZkTxnStateStore:
         txns: dict[str, TransactionMetadata] = {}
         sinks: dict[str, SinkCommitRecord] = {}
         versions: dict[str, _Seen] = {}
+        self._call(lambda: self._client.sync_async(self._root), deadline)
         for child, path, data, version in self._children(self.transactions_path, deadline):
             meta = TransactionMetadata.from_json(data, f"ZooKeeper node {path}")
             _check_key(znode_name(meta.transactional_id), child, f"ZooKeeper node {path}")
@@ -397,4 +510,19 @@ class ZkTxnStateStore:
 
     def _call(self, request: Callable[[], Any], deadline: float) -> Any:
         # Never queued into a disconnected client: ZkUnavailable instead (retried above).
-        return self._session.call(request, deadline=deadline)
+        return self._session.call(lambda: self._queue(request), deadline=deadline)
+
+    def _queue(self, request: Callable[[], Any]) -> Any:
+        """``request()`` (queueing it in kazoo) unless this store is closed, atomically
+        with :meth:`close`. ZooKeeper runs one session's requests in order, so a write
+        queued before close() returned precedes every request a store opened afterwards
+        on the same client sends (the next coordinator's load, when this broker regains
+        control in the same session, at the same epoch, which the fence cannot tell
+        apart); after close() nothing more is queued."""
+        with self._send_lock:
+            if self._closed:
+                raise NotCoordinatorError(
+                    "the coordinator's ZooKeeper state store was closed (it lost its "
+                    "controllership or stopped): nothing more is read or written through it"
+                )
+            return request()
