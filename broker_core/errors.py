@@ -64,6 +64,7 @@ class ErrorCode(Enum):
     SCHEMA_MISMATCH = (10001, False, "batch schema differs from the topic's schema")
     PRODUCER_ID_ALLOCATION_FAILED = (10002, True, "could not lease a producer id block")
     PRODUCER_ID_SPACE_EXHAUSTED = (10003, False, "producer id space exhausted")
+    LOG_DIR_LOCKED = (10004, False, "the data directory is held by another process")
 
     @classmethod
     def from_code(cls, code: int) -> ErrorCode:
@@ -261,6 +262,13 @@ class ProducerIdAllocationError(IdemlogError):
 
 class ProducerIdSpaceExhaustedError(IdemlogError):
     error_code = ErrorCode.PRODUCER_ID_SPACE_EXHAUSTED
+
+
+class LogDirLockedError(IdemlogError):
+    """A broker's ``log.dir`` is locked by another live process (``<log.dir>/.lock``,
+    docs/storage.md): two processes must never recover, append to or delete one log."""
+
+    error_code = ErrorCode.LOG_DIR_LOCKED
 
 
 _CLASS_BY_CODE: dict[ErrorCode, type[IdemlogError]] = {}
