@@ -2,12 +2,13 @@
 
 ``Broker(config).start()`` opens, in order: the data-directory lock (``<log.dir>/.lock``,
 held until the end of ``close()``; a second process on the same ``log.dir`` is refused
-with LogDirLockedError before it reads or writes a file there), the producer-id block source (ZooKeeper, or
-the embedded file ``<log.dir>/__producer_id_block``), the :class:`LogStore`, the Flight
-server (bound, so the real port is known), the cluster metadata (registering this
-broker), the local partitions it leads (recovering each), the transaction coordinator if
-this broker is the controller, and the background tasks. Requests that arrive before
-the start finished wait for it (a restart on a fixed port may be hit at once).
+with LogDirLockedError before it reads or writes a file there), the producer-id block
+source (ZooKeeper, or the embedded file ``<log.dir>/__producer_id_block``), the
+:class:`LogStore`, the Flight server (bound, so the real port is known), the cluster
+metadata (registering this broker), the local partitions it leads (recovering each), the
+transaction coordinator if this broker is the controller, and the background tasks.
+Requests that arrive before the start finished wait for it (a restart on a fixed port may
+be hit at once).
 
 ``close()`` (also on SIGTERM/SIGINT through the CLI) stops accepting requests, stops the
 tasks and the coordinator, closes the store (snapshots and the clean-shutdown marker in
