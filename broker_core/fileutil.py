@@ -151,8 +151,8 @@ def directory_lock_holder(directory: Path) -> int | None:
     """
     try:
         fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no lock file, or no directory: nothing holds it
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
