@@ -42,7 +42,7 @@ class ErrorCode(Enum):
     INVALID_TIMESTAMP = (32, False, "timestamp outside the accepted range")
     TOPIC_ALREADY_EXISTS = (36, False, "topic already exists")
     INVALID_PARTITIONS = (37, False, "invalid number of partitions")
-    INVALID_REPLICATION_FACTOR = (38, False, "replication factor not possible or not served")
+    INVALID_REPLICATION_FACTOR = (38, False, "replication factor not possible")
     INVALID_CONFIG = (40, False, "invalid configuration")
     INVALID_REQUEST = (42, False, "malformed request")
     OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False, "sequence number out of order")
@@ -183,8 +183,8 @@ class InvalidConfigError(IdemlogError):
 
 
 class InvalidReplicationFactorError(InvalidConfigError):
-    """A replication factor larger than the live brokers, or one the brokers do not serve
-    yet (only 1 is, docs/replication.md). A config error, so it is caught as one."""
+    """A replication factor below 1, not an integer, or larger than the live brokers
+    (docs/replication.md). A config error, so it is caught as one."""
 
     error_code = ErrorCode.INVALID_REPLICATION_FACTOR
 
