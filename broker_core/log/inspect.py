@@ -132,10 +132,12 @@ def open_partition(directory: Path, config: LogConfig, *, name: str = "") -> Par
 
 
 def _open_segments(directory: Path, name: str, problems: list[str]) -> list[ReadOnlySegment]:
-    if not directory.is_dir():
-        return []
+    try:
+        entries = list(directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []  # never opened (a store would create it), or deleted with its topic
     bases = []
-    for path in directory.iterdir():
+    for path in entries:
         stem, _, suffix = path.name.partition(".")
         if f".{suffix}" == LOG_SUFFIX:
             if len(stem) == 20 and stem.isdigit():

@@ -22,8 +22,14 @@ from pathlib import Path
 
 from broker_core.errors import CorruptRecordError, StorageError
 from broker_core.log.indexes import AbortedTxn, OffsetIndex, TxnIndex
-from broker_core.log.segment import INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, StoredBatch
-from broker_core.log.segment import segment_name as _name
+from broker_core.log.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    LogSegment,
+    StoredBatch,
+    segment_name,
+)
 from broker_core.record.batch import (
     HEADER_SIZE,
     NO_TIMESTAMP,
@@ -68,6 +74,12 @@ class MemoryTxnIndex(TxnIndex):
     """The aborted-transaction index as the file holds it (a torn last entry dropped),
     then changed in memory only: the replay re-creates entries as recovery would."""
 
+    def __init__(self, path: Path) -> None:
+        try:
+            super().__init__(path)  # reads the file; a torn one is "rewritten" (a no-op)
+        except FileNotFoundError:  # deleted with its segment since the check for it
+            self.path, self.entries, self._fd = path, [], None
+
     def _rewrite(self) -> None:
         pass  # the file keeps what it holds
 
@@ -88,16 +100,13 @@ class ReadOnlySegment(LogSegment):
     def __init__(self, directory: Path, base_offset: int) -> None:  # no super(): O_RDWR|O_CREAT
         self.directory = directory
         self.base_offset = base_offset
-        self.log_path = directory / _name(base_offset, ".log")
+        self.log_path = directory / segment_name(base_offset, LOG_SUFFIX)
         self._fd = os.open(self.log_path, os.O_RDONLY)
         self.size = os.fstat(self._fd).st_size
         self.file_size = self.size  # as opened; ``size`` shrinks to the valid prefix
-        self.index = MemoryOffsetIndex(directory / _name(base_offset, INDEX_SUFFIX), base_offset)
-        txn_path = directory / _name(base_offset, TXN_INDEX_SUFFIX)
-        try:
-            self.txn_index = MemoryTxnIndex(txn_path)
-        except FileNotFoundError:  # deleted with its segment after the check for it
-            self.txn_index = MemoryTxnIndex(directory / _name(base_offset, ".absent"))
+        index_path = directory / segment_name(base_offset, INDEX_SUFFIX)
+        self.index = MemoryOffsetIndex(index_path, base_offset)
+        self.txn_index = MemoryTxnIndex(directory / segment_name(base_offset, TXN_INDEX_SUFFIX))
         self.next_offset = base_offset
         self.first_timestamp = NO_TIMESTAMP
         self.max_timestamp = NO_TIMESTAMP

@@ -136,3 +136,16 @@ def test_store_view_creates_no_partition_directory_and_no_lock_file(tmp_path: Pa
     assert not (tmp_path / "orders" / "0").exists()
     assert not (tmp_path / ".lock").exists()
     assert changed_files(tmp_path, before, digest_tree(tmp_path)) == []
+
+
+def test_torn_transaction_index_is_read_without_being_rewritten(tmp_path: Path) -> None:
+    directory = tmp_path / "p"
+    _busy_log(directory).abandon()
+    (txn_index,) = [p for p in directory.glob("*.txnindex") if p.stat().st_size]  # the abort
+    with open(txn_index, "ab") as f:
+        f.write(b"\x01\x02\x03")  # a torn last entry: recovery rewrites the file without it
+    before = digest_tree(directory)
+    view = open_partition(directory, LogConfig.from_mapping(CONFIG))
+    _assert_same_as_recovered(view, directory, tmp_path)  # the abort is still skipped
+    view.close()
+    assert changed_files(directory, before, digest_tree(directory)) == []
