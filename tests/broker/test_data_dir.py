@@ -21,13 +21,14 @@ from broker_core.fileutil import LOCK_FILE
 from broker_core.log.inspect import LIVE_NOTE
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import REPO, BrokerFactory, BrokerProcess
-from tests.harness.files import changed_files, digest_tree
+from tests.harness.files import FileDigest, changed_files, digest_tree
 from tests.harness.waiting import wait_until
 
 ClientFor = Callable[..., BrokerClient]
 SEGMENT_BYTES = 16 << 20
 FILL_ROWS = 2000  # rows per batch while filling: ~160 KB, under max.request.bytes
-WRITER_CAP = 5000  # 10-row batches: ~4 MB, a quarter of the active segment's room
+WRITER_CAP = 12_000  # 10-row batches of ~800 bytes: < 10 MB, within the active segment's room
+WRITER_PACE_S = 0.002  # between writes: a steady stream that outlasts both inspections
 
 
 def _produce(
@@ -132,29 +133,48 @@ def test_describe_and_dump_of_a_live_directory_write_nothing(
 
     acked: list[int] = []
     stop = threading.Event()
+    # The digests are taken between two writes (an append in progress may show its batch
+    # half written: the header goes last); the inspections run while writes go on.
+    pause, paused, resume = threading.Event(), threading.Event(), threading.Event()
 
     def write() -> None:
         with client.produce_stream("live", 0) as stream:
             first = written
             while not stop.is_set() and len(acked) < WRITER_CAP:
+                if pause.is_set():
+                    paused.set()
+                    resume.wait(60)
+                    resume.clear()
                 handle = stream.send(
                     rows(10, first), producer_id=pid, producer_epoch=0, base_sequence=first
                 )
-                acked.append(handle.offsets(30)[1])
+                acked.append(handle.offsets(30)[1])  # one at a time: acked means written
                 first += 10
+                stop.wait(WRITER_PACE_S)  # pacing the load, not waiting for anything
+
+    def digest_between_writes() -> dict[str, FileDigest]:
+        paused.clear()
+        pause.set()
+        assert paused.wait(60), f"the writer did not pause ({len(acked)} writes acked)"
+        try:
+            return digest_tree(broker.log_dir)
+        finally:
+            pause.clear()
+            resume.set()
 
     writer = threading.Thread(target=write, name="live-writer")
     writer.start()
     try:
         wait_until(lambda: len(acked) >= 20, "the writer's first acks")
-        before = digest_tree(broker.log_dir)
+        before = digest_between_writes()
         acked_before = len(acked)
         describe = _inspect(broker.log_dir, "describe", "--json")
         dump = _inspect(broker.log_dir, "dump", "--topic", "live")
         acked_after = len(acked)
-        after = digest_tree(broker.log_dir)
+        after = digest_between_writes()
     finally:
         stop.set()
+        resume.set()
         writer.join(60)
     assert acked_after > acked_before, "no write happened while the inspection ran"
     assert acked_after < WRITER_CAP, "the writer stopped before the inspection ended"
