@@ -29,6 +29,8 @@ from broker_core.server.config import BROKER_CONFIG, render_properties
 
 # A broker's own files in its data directory (``__producer_id_block``, ``__cluster.json``).
 _BROKER_FILE_PREFIX = "__"
+# What one read of ``log dump`` holds at most (or one batch, if larger): it prints as it goes.
+_DUMP_READ_BYTES = 1 << 20
 
 
 def _open_store(data_dir: str) -> StoreView:
@@ -117,7 +119,9 @@ def _dump(args: argparse.Namespace) -> int:
         offset = log.log_start_offset if args.offset is None else args.offset
         rows = 0
         while True:
-            result = log.read(offset, isolation=IsolationLevel.parse(args.isolation))
+            result = log.read(
+                offset, isolation=IsolationLevel.parse(args.isolation), max_bytes=_DUMP_READ_BYTES
+            )
             for b in result.batches:
                 rows += b.records.num_rows
                 print(
