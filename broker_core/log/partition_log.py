@@ -466,7 +466,7 @@ class PartitionLog:
         with self._lock:
             return read_control(self.segments, offset)
 
-    # -- replication (dormant: nothing in the server calls these yet) -------------------
+    # -- replication (called by broker_core/server: partition.py, replica_fetcher.py) --
     def become_leader(self, epoch: int) -> None:
         """Lead at ``epoch`` from the log end on: later appends and markers carry it, and
         the epoch cache records (durably) that it starts here. Raises InvalidRequestError
