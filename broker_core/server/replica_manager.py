@@ -47,6 +47,7 @@ from broker_core.protocol.replica import (
     ReplicaLogStartRequest,
     ReplicaLogStartResponse,
 )
+from broker_core.server.config import ack_timeout_ms
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
 
@@ -68,9 +69,8 @@ class ReplicationConfig:
 
     @property
     def ack_timeout_s(self) -> float:
-        """How long an acks=all answer waits: past a lagging follower's removal from the
-        ISR (which lets the high watermark move) with room to spare."""
-        return 2.0 * self.lag_time_max_ms / 1000.0 + 5.0
+        """How long an acks=all answer waits (``server.config.ack_timeout_ms``)."""
+        return ack_timeout_ms(self.lag_time_max_ms) / 1000.0
 
 
 class ReplicaManager:

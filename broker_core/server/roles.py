@@ -86,6 +86,7 @@ class CoordinatorRole:
         markers: MarkerWriter,
         offsets: ClusterStableOffsets,
         max_timeout_ms: int,
+        marker_retry_deadline_s: float,
     ) -> None:
         self._broker_id = broker_id
         self._cluster = cluster
@@ -94,6 +95,7 @@ class CoordinatorRole:
         self._pids = pids
         self._markers = markers
         self._max_timeout_ms = max_timeout_ms
+        self._marker_retry_deadline_s = marker_retry_deadline_s
         self._cond = threading.Condition()
         self._wanted = False
         self._dirty = False
@@ -167,6 +169,7 @@ class CoordinatorRole:
             self._pids,
             self._markers,
             max_timeout_ms=self._max_timeout_ms,
+            marker_retry_deadline_s=self._marker_retry_deadline_s,
             coordinator_epoch=epoch,
             stable_offsets=self._offsets,
         )
