@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.requests import ACKS_ALL
@@ -61,9 +62,12 @@ def _segments(cluster: ReplicatedCluster, broker: BrokerProcess) -> tuple[str, .
     return tuple(sorted(p.name for p in cluster.partition_dir(broker, TOPIC, 0).glob("*.log")))
 
 
-def test_a_wiped_follower_after_retention_resets_rejoins_and_leads_with_the_producer_state(
-    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+@pytest.mark.parametrize("wiped", [True, False], ids=["disk-wiped", "away-past-retention"])
+def test_a_follower_below_the_log_start_resets_rejoins_and_leads_with_the_producer_state(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, wiped: bool
 ) -> None:
+    """The follower's disk is wiped, or it keeps its log that now ends below the leader's
+    start (a replica away longer than retention): either way it resets and rejoins."""
     cluster = ReplicatedCluster(
         zk_chroot, broker_factory, extra={"log.retention.check.interval.ms": 200}
     )
@@ -102,8 +106,9 @@ def test_a_wiped_follower_after_retention_resets_rejoins_and_leads_with_the_prod
         follower.kill(signal.SIGKILL)
         old_end = cluster.offsets(leader, TOPIC, 0)["log_end_offset"]
         cluster.wait_state(TOPIC, 0, lambda s: fid not in s.isr, f"broker {fid} out of the ISR")
-        shutil.rmtree(follower.log_dir)  # its disk is replaced by an empty one
-        follower.log_dir.mkdir()
+        if wiped:
+            shutil.rmtree(follower.log_dir)  # its disk is replaced by an empty one
+            follower.log_dir.mkdir()
 
         with Producer(cluster.bootstrap, **{"linger.ms": 2, "batch.size": 16 * 1024}) as producer:
             start = 0
@@ -126,7 +131,7 @@ def test_a_wiped_follower_after_retention_resets_rejoins_and_leads_with_the_prod
             TOPIC, 0, lambda s: fid in s.isr, f"broker {fid} back in the ISR", REJOIN_BOUND_S
         )
         rejoin_s = time.monotonic() - restarted
-        print(f"rejoin_s={rejoin_s:.2f} log_start={before['log_start_offset']}")
+        print(f"wiped={wiped} rejoin_s={rejoin_s:.2f} log_start={before['log_start_offset']}")
         follower.wait_for_log("reset to start at")
         assert rejoin_s < REJOIN_BOUND_S
         cluster.wait_in_sync(TOPIC, 0)
