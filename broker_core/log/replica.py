@@ -29,7 +29,6 @@ from broker_core.log.snapshot import (
     encode_snapshot,
     list_snapshots,
     snapshot_path,
-    write_snapshot,
 )
 from broker_core.record.batch import (
     HEADER_SIZE,
@@ -173,9 +172,9 @@ def log_start_state(
     The offset is the log start: a roll snapshots the state at every segment's base and
     retention keeps the snapshot at the new start, so it is normally there. When it is
     not (lost in a crash right after a roll, or unreadable), the first readable snapshot
-    above it within the log; with none, the log end, snapshotted now from
-    ``entries_now`` (the follower then copies nothing older, which is still a consistent
-    log). The snapshot bytes are the file's, CRC-protected (``broker_core.log.snapshot``).
+    above it within the log; with none, the log end, snapshotted now from ``state``
+    (the follower then copies nothing older, which is still a consistent log). The
+    snapshot bytes are the file's, CRC-protected (``broker_core.log.snapshot``).
     """
     start, end = segments[0].base_offset, segments[-1].next_offset
     for offset, path in list_snapshots(directory):
@@ -189,7 +188,7 @@ def log_start_state(
             continue
         return offset, epochs.epoch_at(offset), data
     data = encode_snapshot(end, state.entries())
-    write_snapshot(directory, end, state.entries())
+    atomic_write(snapshot_path(directory, end), data)  # the leader's own, for its recovery
     return end, epochs.epoch_at(end), data
 
 
@@ -210,12 +209,13 @@ def reset_log(
     Returns the new segments (one, empty) and epoch cache; ``state`` is loaded with the
     snapshot's entries and ``high_watermark`` saved at ``offset``.
     Crash-safe by order, so a crash anywhere leaves a log that recovery opens and the
-    fetcher resumes from: (1) the old segments are deleted newest first, then the old
-    snapshots (a crash leaves a prefix of the old log, still below the leader's start:
-    the fetcher resets again); (2) the snapshot at ``offset`` is written durably, then the
-    epoch checkpoint (with no segment at ``offset`` yet, recovery ignores both: a snapshot
-    past the log end is deleted, epoch entries past it dropped); (3) the empty segment at
-    ``offset`` is created and the directory fsynced: from then on recovery opens the reset
+    fetcher resumes from: (1) the old segments are deleted newest first, each unlink
+    fsynced, then the old snapshots (a crash leaves a prefix of the old log, still below
+    the leader's start: the fetcher resets again); (2) the snapshot at ``offset`` is
+    written durably, then the epoch checkpoint (with no segment at ``offset`` yet,
+    recovery ignores both: a directory without segments drops its snapshots, epoch
+    entries past the log end are dropped); (3) the empty segment at ``offset`` is created
+    and the directory fsynced: from then on recovery opens the reset
     log with the leader's producer state. Raises CorruptRecordError for a snapshot that is
     unreadable or not at ``offset``, and InvalidRequestError for an ``offset`` not past
     the log end (a reset never drops a batch the leader still has), both before anything
@@ -230,7 +230,7 @@ def reset_log(
     for seg in reversed(segments):
         log.warning("%s: reset to %d deletes segment %s", name, offset, seg.log_path.name)
         seg.delete()
-    fsync_directory(directory)
+        fsync_directory(directory)  # one at a time: never a gap, whatever the file system
     for _at, path in list_snapshots(directory):
         path.unlink(missing_ok=True)
     atomic_write(snapshot_path(directory, offset), snapshot)
