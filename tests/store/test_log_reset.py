@@ -202,3 +202,32 @@ def test_a_crash_anywhere_in_a_reset_leaves_a_log_that_opens_and_copying_resumes
     assert producer_states(recovered) == producer_states(leader)
     assert read_ids(recovered, "read_uncommitted") == read_ids(leader, "read_uncommitted")
     assert any(recovered.directory.glob(f"*{SNAPSHOT_SUFFIX}"))
+
+
+def test_without_a_snapshot_at_its_start_the_leader_offers_a_later_one(tmp_path: Path) -> None:
+    """The snapshot at the log start lost (a crash right after a roll): the leader offers
+    the next one within its log, and with none the log end, snapshotted then; either way
+    the follower ends with the leader's producer state."""
+    clock = ManualClock()
+    leader, _at = leader_past_retention(tmp_path / "a", clock)
+    start = leader.log_start_offset
+    snapshots = dict(list_snapshots(leader.directory))
+    snapshots[start].unlink()
+    later = min(o for o in snapshots if o > start)
+    _start, offered, _epoch, _snapshot = leader.log_start_state()
+    assert (_start, offered) == (start, later)
+    follower = open_log(tmp_path / "b", clock, **RETAINED)
+    follower.reset_to(*leader.log_start_state()[1:])
+    replicate(leader, follower)
+    assert follower.log_start_offset == later
+    assert producer_states(follower) == producer_states(leader)
+
+    for _o, path in list_snapshots(leader.directory):
+        path.unlink()
+    _start, offered, _epoch, _snapshot = leader.log_start_state()
+    assert offered == leader.log_end_offset  # snapshotted now, for the follower and itself
+    assert [o for o, _p in list_snapshots(leader.directory)] == [offered]
+    wiped = open_log(tmp_path / "c", clock, **RETAINED)
+    wiped.reset_to(*leader.log_start_state()[1:])
+    assert wiped.log_end_offset == leader.log_end_offset
+    assert producer_states(wiped) == producer_states(leader)
