@@ -297,7 +297,7 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """On the driver: commit every task's transaction, all or none. Retriable broker
-        errors are retried for up to 120 s; then, or on any other error, it raises
+        errors are retried for up to 360 s; then, or on any other error, it raises
         (RuntimeError for a task without a message) and the job's rows are either all
         committed (a lost answer) or none."""
         commit_batch(self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages)
@@ -328,7 +328,7 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """On the driver: commit micro-batch ``batchId`` once; a batch committed before
         (a restarted query replaying it) is left as it is. Retriable broker errors are
-        retried for up to 120 s; then, or on any other error, it raises, and the batch's
+        retried for up to 360 s; then, or on any other error, it raises, and the batch's
         rows are either all committed (a lost answer; a rerun of the batch finds it
         committed) or none."""
         run_id = run_of(messages, batchId)

@@ -81,6 +81,7 @@ class Action(StrEnum):
     # Broker to broker (replication, protocol.replica): a follower's fetch answers binary.
     REPLICA_FETCH = "replica_fetch"  # {topic, partition, replica_id, ..} -> header + batches
     OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"  # {.., epoch} -> {epoch, end_offset}
+    REPLICA_LOG_START = "replica_log_start"  # {topic, partition, ..} -> header + snapshot
     ELECT_LEADERS = "elect_leaders"  # {topics?: [..]} -> {moved: {topic: {partition: id}}}
 
 

@@ -273,6 +273,7 @@ class Broker:
                 LocalMarkerWriter(self.store),
                 cluster.brokers,
                 replicated=self.replicas.wait_replicated,
+                call_timeout_s=cfg.marker_call_timeout_s,
             )
             cluster.register(self.info)
             topics.sync()
@@ -286,6 +287,7 @@ class Broker:
                 markers=self.markers,
                 offsets=ClusterStableOffsets(self.broker_id, topics, cluster.brokers),
                 max_timeout_ms=cfg.transaction_max_timeout_ms,
+                marker_retry_deadline_s=cfg.transaction_marker_retry_deadline_ms / 1000.0,
             )
             role.start(synchronous=cfg.embedded)
             self._add_tasks(self.store, role)

@@ -45,6 +45,9 @@ replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch
                        broker, protocol.replica)
 offsets_for_leader_    {topic, partition, leader_epoch, epoch} -> {epoch, end_offset}
 epoch                  (broker to broker, KIP-279)
+replica_log_start      {topic, partition, replica_id, leader_epoch} -> binary: header
+                       {log_start_offset, offset, epoch} + producer-state snapshot (broker
+                       to broker: a follower below the leader's log start)
 elect_leaders          {topics?: [..]} -> {moved: {topic: {partition: leader}}} (the
                        preferred-leader rebalance; on the controller)
 ping                   {} -> {broker_id, version}
@@ -82,6 +85,7 @@ from broker_core.protocol.replica import (
     ElectLeadersRequest,
     OffsetsForLeaderEpochRequest,
     ReplicaFetchRequest,
+    ReplicaLogStartRequest,
 )
 from broker_core.protocol.requests import (
     AbortSinkBatchRequest,
@@ -184,6 +188,7 @@ class ActionHandlers:
         # Answers that are not JSON (a follower's fetch carries the batches' bytes).
         self.binary: dict[Action, Callable[[dict[str, Any]], bytes]] = {
             Action.REPLICA_FETCH: self.replica_fetch,
+            Action.REPLICA_LOG_START: self.replica_log_start,
         }
         self.table: dict[Action, Handler] = {
             Action.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
@@ -413,6 +418,9 @@ class ActionHandlers:
 
     def replica_fetch(self, body: dict[str, Any]) -> bytes:
         return self._replica_manager().replica_fetch(ReplicaFetchRequest.from_doc(body))
+
+    def replica_log_start(self, body: dict[str, Any]) -> bytes:
+        return self._replica_manager().replica_log_start(ReplicaLogStartRequest.from_doc(body))
 
     def offsets_for_leader_epoch(self, body: dict[str, Any]) -> dict[str, Any]:
         request = OffsetsForLeaderEpochRequest.from_doc(body)

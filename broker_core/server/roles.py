@@ -92,6 +92,7 @@ class CoordinatorRole:
         markers: MarkerWriter,
         offsets: ClusterStableOffsets,
         max_timeout_ms: int,
+        marker_retry_deadline_s: float,
     ) -> None:
         self._broker_id = broker_id
         self._cluster = cluster
@@ -100,6 +101,7 @@ class CoordinatorRole:
         self._pids = pids
         self._markers = markers
         self._max_timeout_ms = max_timeout_ms
+        self._marker_retry_deadline_s = marker_retry_deadline_s
         self._cond = threading.Condition()
         self._wanted = False
         self._dirty = False
@@ -189,6 +191,7 @@ class CoordinatorRole:
             self._pids,
             self._markers,
             max_timeout_ms=self._max_timeout_ms,
+            marker_retry_deadline_s=self._marker_retry_deadline_s,
             coordinator_epoch=epoch,
             stable_offsets=self._offsets,
         )
