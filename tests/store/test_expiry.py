@@ -233,3 +233,24 @@ def test_a_crash_between_dead_and_the_tombstone_is_finished_later(tmp_path: Path
     b.clock.advance(EXPIRY_MS + 1)
     assert b.coordinator.expire_idle().transactional_ids == ["back"]
     assert b.state.load()[0] == {}
+
+
+def test_a_task_whose_id_expired_mid_run_fails_and_its_retry_writes_once(
+    broker: Broker,
+) -> None:
+    """A task took its id, then stalled past the expiry without writing or beating (its
+    run silent): the id expires. Its first request is refused (the task fails); Spark's
+    retry of the task initialises the id again and writes the rows once."""
+    c = broker.coordinator
+    stalled = Producer(broker, "q/0").init_sink(0, "run-1")
+    broker.clock.advance(EXPIRY_MS + 1)
+    assert c.expire_idle().transactional_ids == ["q/0"]
+    with pytest.raises(InvalidProducerIdMappingError, match=r"transactional\.id\.expiration\.ms"):
+        stalled.send(P0, range(5))
+    assert broker.uncommitted(P0) == []  # refused before any row was appended
+    retry = Producer(broker, "q/0").init_sink(0, "run-1")
+    assert retry.status is SinkTxnStatus.NEW and retry.producer_id != stalled.producer_id
+    retry.send(P0, range(5))
+    retry.prepare()
+    assert c.commit_sink_batch("q", 0, [retry.txn], "run-1") is True
+    assert broker.committed(P0) == list(range(5)) and broker.stable(P0)
