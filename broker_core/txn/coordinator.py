@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker_core.errors import (
-    ConcurrentTransactionsError,
-    IdemlogError,
     InvalidConfigError,
     InvalidProducerIdMappingError,
     InvalidRequestError,
@@ -51,6 +49,7 @@ from broker_core.retry import RetryPolicy
 from broker_core.txn.claims import Claims
 from broker_core.txn.core import CoordinatorCore
 from broker_core.txn.expiry import NEVER, ExpiryPolicy, ExpiryResult, expire
+from broker_core.txn.housekeeping import abort_timed_out, list_transactions
 from broker_core.txn.leftovers import fence, fence_sink_leftovers
 from broker_core.txn.marker_sender import MAX_MARKER_BACKOFF_S, MarkerSender
 from broker_core.txn.markers import LocalMarkerWriter, MarkerWriter
@@ -596,43 +595,7 @@ class TransactionCoordinator:
         ``every_id``: every transactional id the coordinator keeps, in any state, by id,
         with its state and last update (``--all``: expired ids disappear from it)."""
         self._core.check_running()
-        now = self._core.now()
-        if every_id:
-            return [
-                {
-                    "transactional_id": m.transactional_id,
-                    "state": m.state.name,
-                    "producer_id": m.producer_id,
-                    "producer_epoch": m.producer_epoch,
-                    "last_update_ms": m.last_update_ms,
-                    "idle_ms": now - m.last_update_ms,
-                    "sink_id": m.sink_id,
-                }
-                for m in self._core.every_id()
-            ]
-        metas = self._core.ongoing()
-        rows = []
-        for m in sorted(metas, key=lambda m: m.txn_start_ms):
-            age = now - m.txn_start_ms
-            if age < min_age_ms:
-                continue
-            idle = now - self._core.alive_since(m)
-            rows.append(
-                {
-                    "transactional_id": m.transactional_id,
-                    "producer_id": m.producer_id,
-                    "producer_epoch": m.producer_epoch,
-                    "age_ms": age,
-                    "idle_ms": idle,
-                    "timeout_ms": m.timeout_ms,
-                    "partitions": [[t, p] for t, p in m.sorted_partitions()],
-                    "sink_id": m.sink_id,
-                    "sink_run": m.sink_run,
-                    "sink_batch": m.sink_batch,
-                    "sink_prepared": m.sink_prepared,
-                }
-            )
-        return rows
+        return list_transactions(self._core, min_age_ms, every_id=every_id)
 
     def abort_sink_batch(
         self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
@@ -655,7 +618,7 @@ class TransactionCoordinator:
         record = self._core.sink_record(check_sink_id(sink_id))
         return None if record is None else record.batch_id
 
-    # -- timeouts --------------------------------------------------------------------------
+    # -- timeouts and expiry ----------------------------------------------------------------
     def abort_timed_out(self, now_ms: int | None = None) -> list[str]:
         """Abort (with an epoch bump, fencing the holder) transactions open past their timeout.
 
@@ -663,64 +626,7 @@ class TransactionCoordinator:
         """
         self._core.check_running()
         now = self._core.now() if now_ms is None else now_ms
-        self._core.forget_runs_older_than(now - self.max_timeout_ms)
-        candidates = self._core.ongoing()
-        expired = [
-            m.transactional_id for m in candidates if now - self._core.alive_since(m) > m.timeout_ms
-        ]
-        stuck_sinks, stuck = self._core.unfinished()
-        aborted = []
-        for tid in expired:
-            try:
-                with self._core.claims() as claims:
-                    claims.txn(tid)
-                    if self._abort_expired(claims, tid, now):
-                        aborted.append(tid)
-            except ConcurrentTransactionsError:
-                continue  # another request is on it right now
-            except IdemlogError as exc:
-                log.warning("could not abort timed-out %s %r yet: %s", _TXN, tid, exc)
-        for record in stuck_sinks:
-            self._core.recover_sink(record)
-        for tid in stuck:
-            self._core.recover_txn(tid)
-        return aborted
-
-    def _abort_expired(self, claims: Claims, tid: str, now: int) -> bool:
-        meta = self._core.meta(tid)
-        if (
-            meta is None
-            or meta.state is not _S.ONGOING
-            or now - self._core.alive_since(meta) <= meta.timeout_ms
-        ):
-            return False  # changed since the scan
-        if self._core.pending_sink_holding(meta) is not None:
-            self._core.settle(claims, tid)  # its sink batch is committed: finish that instead
-            return False
-        idle = now - self._core.alive_since(meta)
-        if meta.sink_id != NO_SINK:
-            reason = (
-                f"aborted by the coordinator: no task of sink {meta.sink_id!r} run "
-                f"{meta.sink_run!r} wrote or sent a heartbeat for {idle} ms, over "
-                f"transaction.timeout.ms={meta.timeout_ms} (a driver or executors lost, or "
-                "a commit later than that: raise the sink option transaction.timeout.ms)"
-            )
-        else:
-            reason = (
-                f"aborted by the coordinator: open {idle} ms, over its "
-                f"transaction.timeout.ms={meta.timeout_ms}"
-            )
-        log.info(
-            "%s %r: transaction of producer id %d epoch %d %s",
-            _TXN,
-            tid,
-            meta.producer_id,
-            meta.producer_epoch,
-            reason,
-        )
-        self._core.end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
-        self._core.count("transactions_timed_out")
-        return True
+        return abort_timed_out(self._core, self.max_timeout_ms, now)
 
     def expire_idle(self, now_ms: int | None = None) -> ExpiryResult:
         """Remove the transactional ids and sink records idle past their expiry

@@ -3,9 +3,10 @@
 Without them every sink commit walked every transactional id and sink the coordinator
 ever knew (``attempts``, ``pending_sink_holding``): with 100,000 idle ids a commit took
 about 20 ms of CPU more (benchmarks/bench_coordinator_scan.py, docs/design.md §6). With
-them a commit costs O(the sink's own ids). Each index is derived from the maps it covers, updated in the same
-critical section as they are (the caller holds the coordinator's lock), and holds one
-entry per id or per transaction a pending sink record names: bounded by the maps.
+them a commit costs O(the sink's own ids). Each index is derived from the maps it covers,
+updated in the same critical section as they are (the caller holds the coordinator's
+lock), and holds one entry per id or per transaction a pending sink record names:
+bounded by the maps.
 """
 
 from __future__ import annotations
