@@ -202,7 +202,7 @@ class CoordinatorCore:
                 "by_state": by_state,
                 "open_transactions": by_state[_S.ONGOING.name],
                 "sinks": len(self._sinks),
-                "sinks_pending": sum(1 for r in self._sinks.values() if r.is_pending),
+                "sinks_pending": len(self._index.pending_sinks()),
                 "sink_batches_tracked": self._visibility.count(),
                 "sink_runs_alive": len(self._run_alive_ms),
                 "transactional_ids_dead": len(self._dead),
