@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.errors import IdemlogError, InvalidProducerIdMappingError, StorageError
+from broker_core.errors import (
+    IdemlogError,
+    InvalidConfigError,
+    InvalidProducerIdMappingError,
+    StorageError,
+)
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkTxnStatus
+from broker_core.server.config import BrokerConfig
 from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.state import SinkCommitState, TransactionState
 from broker_core.txn.state_store import TXN_STATE_TOPIC, LogTxnStateStore
@@ -254,3 +260,20 @@ def test_a_task_whose_id_expired_mid_run_fails_and_its_retry_writes_once(
     retry.prepare()
     assert c.commit_sink_batch("q", 0, [retry.txn], "run-1") is True
     assert broker.committed(P0) == list(range(5)) and broker.stable(P0)
+
+
+def test_bad_expiry_settings_are_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfigError, match=r"sink\.stream\.expiration\.ms"):
+        BrokerConfig.from_mapping({"sink.stream.expiration.ms": "-2"})
+    with pytest.raises(InvalidConfigError, match=r"transactional\.id\.expiration\.ms"):
+        BrokerConfig.from_mapping({"transactional.id.expiration.ms": "0"})
+    config = BrokerConfig.from_mapping(
+        {"transactional.id.expiration.ms": "5000", "sink.stream.expiration.ms": "9000"}
+    )
+    assert (config.transactional_id_expiration_ms, config.sink_stream_expiration_ms) == (
+        5000,
+        9000,
+    )
+    assert config.expired_transaction_cleanup_interval_ms == 3_600_000  # Kafka's default
+    with pytest.raises(InvalidConfigError, match=r"transactional\.id\.expiration\.ms=0"):
+        start_broker(tmp_path, expiry=ExpiryPolicy(id_expiration_ms=0))
