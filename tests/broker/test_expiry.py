@@ -18,7 +18,7 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.protocol.txn_inputs import batch_job_sink_id
-from broker_core.protocol.wire import SinkAttempt
+from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from spark_sink.producer.producer import Producer
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
@@ -129,5 +129,39 @@ def test_idle_ids_and_a_finished_jobs_sink_expire_and_stay_gone(
         assert 200 not in ids(client, TOPIC, 0, "read_uncommitted") + ids(
             client, TOPIC, 1, "read_uncommitted"
         )
+    finally:
+        client.close()
+
+
+def test_a_stream_slower_than_the_expiry_goes_on_and_its_record_stays(
+    broker_factory: BrokerFactory,
+) -> None:
+    """A query whose trigger is slower than transactional.id.expiration.ms: between its
+    batches its ids expire, the next batch initialises them again (new producer ids) and
+    commits; its sink record stays, so after a restart the re-run of its last batch is
+    recognised as committed and nothing is written twice."""
+    broker = broker_factory(CONFIG)
+    client = BrokerClient(broker.address, timeout_s=20.0)
+    try:
+        client.create_topic(TOPIC, 2, schema=rows(1).schema)
+        query = str(uuid.uuid4())
+        first = SinkAttempt(query, "run-1", 0)
+        txns = [prepared_attempt(client, first, 0, TOPIC, {0: [range(0, 5)]})]
+        assert client.commit_sink_batch(query, 0, txns, "run-1") is True
+        wait_until(lambda: listed(broker) == {}, "the idle query's id expired", timeout=60)
+        assert coordinator_metrics(client)["sinks"] == 1  # its record is kept
+        second = SinkAttempt(query, "run-1", 1)
+        txns2 = [prepared_attempt(client, second, 0, TOPIC, {0: [range(5, 10)]})]
+        assert txns2[0][1] != txns[0][1]  # a new producer id for the expired id
+        assert client.commit_sink_batch(query, 1, txns2, "run-1") is True
+        client.close()
+        broker.stop()
+        broker.restart()
+        client = BrokerClient(broker.address, timeout_s=20.0)
+        # The driver died before its checkpoint recorded batch 1: the restarted query
+        # (a new run) re-runs it. The record says it is committed: nothing is written.
+        _, _, status = client.init_sink_producer(f"{query}/0", None, SinkAttempt(query, "run-2", 1))
+        assert status is SinkTxnStatus.COMMITTED
+        assert ids(client, TOPIC, 0) == list(range(10))
     finally:
         client.close()
