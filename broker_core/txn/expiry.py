@@ -30,6 +30,7 @@ from functools import partial
 from broker_core.errors import ConcurrentTransactionsError, IdemlogError
 from broker_core.txn.core import CoordinatorCore
 from broker_core.txn.state import NO_SINK, SinkCommitRecord, TransactionMetadata, TransactionState
+from broker_core.txn.status import CoordinatorStatus
 
 log = logging.getLogger("idemlog.txn")
 
@@ -59,12 +60,16 @@ def expire(core: CoordinatorCore, policy: ExpiryPolicy, now_ms: int) -> ExpiryRe
     result = ExpiryResult()
     metas, _ = core.expiry_candidates(now_ms - policy.id_expiration_ms)
     for meta in sorted(metas, key=lambda m: m.transactional_id):
+        if core.status is not CoordinatorStatus.RUNNING:
+            return result  # closed or replaced meanwhile: the next coordinator's pass
         tid = meta.transactional_id
         if _attempt(partial(_expire_id, core, policy, tid, now_ms), f"transactional id {tid!r}"):
             result.transactional_ids.append(tid)
     # After the ids: a job's record goes in the same pass as its last id.
     _, sinks = core.expiry_candidates(now_ms - policy.id_expiration_ms)
     for record in sorted(sinks, key=lambda r: r.sink_id):
+        if core.status is not CoordinatorStatus.RUNNING:
+            return result
         sid = record.sink_id
         if _attempt(partial(_expire_sink, core, policy, sid, now_ms), f"sink {sid!r}"):
             result.sinks.append(sid)

@@ -316,3 +316,41 @@ def test_expired_ids_znodes_are_deleted_and_stay_gone_for_the_next_coordinator(
     b = coordinator(2)  # the next controller loads what is left
     assert [r["transactional_id"] for r in b.list_transactions(every_id=True)] == ["kept"]
     assert b.describe()["transactional_ids"] == 1 and b.describe()["sinks"] == 0
+
+
+def test_a_replaced_coordinators_expiry_pass_removes_nothing_and_stops(
+    zk_chroot: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """Coordinator a (epoch 1) was replaced by b (epoch 2), which used id "a-0". a's
+    pass reaches "a-0" first: its DEAD write is refused as fenced, a stands down and its
+    pass stops; none of the ids b keeps is removed."""
+    store = LogStore(tmp_path / "data")
+    reader = zk_chroot.client()
+    now = [1_000_000]
+    policy = ExpiryPolicy(id_expiration_ms=60_000)
+
+    def coordinator(epoch: int) -> TransactionCoordinator:
+        client = zk_chroot.client()
+        c = TransactionCoordinator(
+            ZkTxnStateStore(client, ROOT),
+            ProducerIdManager(epoch, ZkProducerIdBlockSource(client)),
+            LocalMarkerWriter(store),
+            coordinator_epoch=epoch,
+            clock=lambda: now[0],
+            expiry=policy,
+        )
+        c.start()
+        return c
+
+    a = coordinator(1)
+    for tid in ("a-0", "a-1", "a-2"):
+        a.init_producer_id(tid)
+    b = coordinator(2)
+    now[0] += 60_001
+    b.init_producer_id("a-0")  # b's write, at epoch 2 (a still holds version 0)
+    assert a.expire_idle().transactional_ids == []
+    assert a.status.name == "CLOSED"
+    assert sorted(reader.get_children(f"{ROOT}/transactions")) == ["a-0", "a-1", "a-2"]
+    assert stored(reader, f"{ROOT}/transactions/a-0")[0]["state"] == "EMPTY"
+    assert b.expire_idle().transactional_ids == ["a-1", "a-2"]  # b's own pass does
+    assert reader.get_children(f"{ROOT}/transactions") == ["a-0"]
