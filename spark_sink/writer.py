@@ -39,6 +39,7 @@ from pyspark.sql.datasource import (
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
+from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from spark_sink import failpoints, trace
 from spark_sink.commit import (
@@ -287,7 +288,8 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         # Created once on the driver; Spark pickles this writer to the tasks and to the
         # commit process, so all of them agree on them.
         self.run_id = new_run_id()
-        self.sink_id = f"batch-{self.run_id}"
+        # The coordinator knows a job's sink by this form: its record expires with its ids.
+        self.sink_id = batch_job_sink_id(self.run_id)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
         """In a task: the partition's rows as one prepared transaction, readable only once

@@ -50,6 +50,7 @@ from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.tasks import TaskGroup
 from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.pid_block import ProducerIdBlock
 from broker_core.txn.pid_file import FileProducerIdBlockSource
 from broker_core.txn.pid_manager import ProducerIdManager
@@ -288,6 +289,9 @@ class Broker:
                 offsets=ClusterStableOffsets(self.broker_id, topics, cluster.brokers),
                 max_timeout_ms=cfg.transaction_max_timeout_ms,
                 marker_retry_deadline_s=cfg.transaction_marker_retry_deadline_ms / 1000.0,
+                expiry=ExpiryPolicy(
+                    cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms
+                ),
             )
             role.start(synchronous=cfg.embedded)
             self._add_tasks(self.store, role)
@@ -364,6 +368,11 @@ class Broker:
             "transaction-timeouts",
             cfg.transaction_cleanup_interval_ms,
             role.abort_timed_out,
+        )
+        self._tasks.add(
+            "transactional-id-expiry",
+            cfg.expired_transaction_cleanup_interval_ms,
+            role.expire_idle,
         )
 
     # -- local partitions ----------------------------------------------------------------

@@ -119,6 +119,41 @@ _BROKER_KEYS = [
         min=1,
     ),
     ConfigKey(
+        "transactional.id.expiration.ms",
+        int,
+        604_800_000,
+        "How long the coordinator keeps a transactional id no producer used (state EMPTY or "
+        "COMPLETE_*, no pending sink commit naming it, no task of its run alive): then it "
+        "goes DEAD and its record is removed (a tombstone in __transaction_state, a deleted "
+        "znode). A producer still holding it gets INVALID_PRODUCER_ID_MAPPING and must "
+        "initialise again (a new producer id). A df.write job's sink record goes with its "
+        "last id. Kafka's key and default (7 days).",
+        min=1,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "transaction.remove.expired.transaction.cleanup.interval.ms",
+        int,
+        3_600_000,
+        "How often the coordinator removes transactional ids and sink records past their "
+        "expiry (transactional.id.expiration.ms, sink.stream.expiration.ms). Kafka's key and "
+        "default (1 hour).",
+        min=1,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "sink.stream.expiration.ms",
+        int,
+        -1,
+        "How long a streaming query's sink record (its last committed batch id) is kept "
+        "once the query's transactional ids expired and it committed nothing. -1: forever "
+        "(one small record per query ever run). A query restarted from its checkpoint "
+        "after its record expired may write its last batch twice (docs/failure-model.md, "
+        "'Expiry'): set it only longer than any query stays stopped.",
+        min=-1,
+        max=LONG_MAX,
+    ),
+    ConfigKey(
         "producer.id.expiration.check.interval.ms",
         int,
         600_000,
@@ -289,6 +324,9 @@ class BrokerConfig:
     max_request_bytes: int
     transaction_max_timeout_ms: int
     transaction_cleanup_interval_ms: int
+    transactional_id_expiration_ms: int
+    expired_transaction_cleanup_interval_ms: int
+    sink_stream_expiration_ms: int  # -1: a stream's sink record never expires
     producer_id_expiration_check_interval_ms: int
     log_retention_check_interval_ms: int
     log_flush_scheduler_interval_ms: int
@@ -360,6 +398,11 @@ class BrokerConfig:
             transaction_cleanup_interval_ms=int(
                 parsed["transaction.abort.timed.out.transaction.cleanup.interval.ms"]
             ),
+            transactional_id_expiration_ms=int(parsed["transactional.id.expiration.ms"]),
+            expired_transaction_cleanup_interval_ms=int(
+                parsed["transaction.remove.expired.transaction.cleanup.interval.ms"]
+            ),
+            sink_stream_expiration_ms=int(parsed["sink.stream.expiration.ms"]),
             producer_id_expiration_check_interval_ms=int(
                 parsed["producer.id.expiration.check.interval.ms"]
             ),

@@ -37,7 +37,7 @@ abort_sink_run         {run_id? | sink_id?, batch_id} -> {aborted: [transactiona
 sink_heartbeat         {sink_id, run_id} -> {}
 stable_ends            {topic} -> {ends: {partition: offset}} (read_committed ends that
                        hold every sink batch whole or not at all)
-list_transactions      {min_age_ms?} -> {transactions: [{transactional_id, age_ms, ..}]}
+list_transactions      {min_age_ms?, all?} -> {transactions: [{transactional_id, ..}]}
 abort_transaction      {transactional_id} -> {aborted}
 metrics                {} -> the metrics document (broker_core.server.metrics)
 replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch,
@@ -362,8 +362,9 @@ class ActionHandlers:
         return StableEndsResponse(dict(self._coordinator().stable_ends(topic))).to_doc()
 
     def list_transactions(self, body: dict[str, Any]) -> dict[str, Any]:
-        min_age_ms = ListTransactionsRequest.from_doc(body).min_age_ms
-        return {"transactions": self._coordinator().list_transactions(min_age_ms)}
+        request = ListTransactionsRequest.from_doc(body)
+        rows = self._coordinator().list_transactions(request.min_age_ms, every_id=request.every_id)
+        return {"transactions": rows}
 
     def abort_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
         txn_id = AbortTransactionRequest.from_doc(body).transactional_id

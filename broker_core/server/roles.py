@@ -22,6 +22,7 @@ from broker_core.log.store import LogStore
 from broker_core.server.config import ZK_ROOT
 from broker_core.server.marker_client import LedPartitions
 from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
+from broker_core.txn.expiry import ExpiryPolicy, ExpiryResult
 from broker_core.txn.state_store import (
     LogTxnStateStore,
     TxnStateStore,
@@ -79,7 +80,8 @@ class CoordinatorRole:
     """Runs a :class:`TransactionCoordinator` on broker ``broker_id`` while ``cluster``
     says it is the controller, built of ``pids``, ``markers`` and ``offsets``; its state
     is kept in ZooKeeper under ``ZK_ROOT`` when ``zookeeper`` (a started KazooClient) is
-    given, else in ``store``'s ``__transaction_state`` topic (embedded mode)."""
+    given, else in ``store``'s ``__transaction_state`` topic (embedded mode); ids and
+    sinks expire by ``expiry``."""
 
     def __init__(
         self,
@@ -93,6 +95,7 @@ class CoordinatorRole:
         offsets: ClusterStableOffsets,
         max_timeout_ms: int,
         marker_retry_deadline_s: float,
+        expiry: ExpiryPolicy,
     ) -> None:
         self._broker_id = broker_id
         self._cluster = cluster
@@ -102,6 +105,7 @@ class CoordinatorRole:
         self._markers = markers
         self._max_timeout_ms = max_timeout_ms
         self._marker_retry_deadline_s = marker_retry_deadline_s
+        self._expiry = expiry
         self._cond = threading.Condition()
         self._wanted = False
         self._dirty = False
@@ -194,6 +198,7 @@ class CoordinatorRole:
             marker_retry_deadline_s=self._marker_retry_deadline_s,
             coordinator_epoch=epoch,
             stable_offsets=self._offsets,
+            expiry=self._expiry,
         )
         try:
             coordinator.start()
@@ -216,6 +221,12 @@ class CoordinatorRole:
         if aborted:
             log.info("aborted transactions open past their timeout: %s", aborted)
         return aborted
+
+    def expire_idle(self) -> ExpiryResult | None:
+        """Remove the running coordinator's transactional ids and sink records idle past
+        their expiry (nothing while no coordinator runs)."""
+        coordinator = self._coordinator
+        return None if coordinator is None else coordinator.expire_idle()
 
     def _close_coordinator(self) -> None:
         self._offsets.close()

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
-import pyarrow as pa
 from kazoo.exceptions import (
     BadVersionError,
     NodeExistsError,
@@ -44,9 +43,17 @@ from broker_core.errors import (
     RequestTimedOutError,
     TopicAlreadyExistsError,
 )
-from broker_core.log.partition_log import IsolationLevel, PartitionLog
+from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.txn.state import SinkCommitRecord, TransactionMetadata
+from broker_core.txn.state_topic import (
+    TOPIC_CONFIG,
+    append_rows,
+    migrate_state_topic,
+    read_rows,
+)
+from broker_core.txn.state_topic import TXN_STATE_SCHEMA as TXN_STATE_SCHEMA
+from broker_core.txn.state_topic import TXN_STATE_TOPIC as TXN_STATE_TOPIC
 from broker_core.zookeeper import ZkSession, ZkUnavailable
 
 log = logging.getLogger("idemlog.txn")
@@ -63,6 +70,12 @@ class TxnStateStore(Protocol):
     def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         """Durable before it returns; ``coordinator_epoch`` is the writing coordinator's."""
 
+    def delete_transaction(self, transactional_id: str, *, coordinator_epoch: int = 0) -> None:
+        """Remove the id's record (an expired id), durably; a later load lacks it."""
+
+    def delete_sink(self, sink_id: str, *, coordinator_epoch: int = 0) -> None:
+        """Remove the sink's record (an expired sink), durably; a later load lacks it."""
+
 
 class CoordinatorEpochFencedError(ConcurrentTransactionsError):
     """A coordinator of a higher epoch has taken over: it wrote the state this one was
@@ -77,33 +90,24 @@ class CoordinatorEpochFencedError(ConcurrentTransactionsError):
 
 # -- embedded: the internal topic ----------------------------------------------------------
 
-TXN_STATE_TOPIC = "__transaction_state"
-TXN_STATE_SCHEMA = pa.schema(
-    [
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("value", pa.binary(), nullable=False),
-    ]
-)
 KIND_TRANSACTION = "transaction"
 KIND_SINK = "sink"
-# Retention must never delete coordinator state (the topic is not compacted either).
-_TOPIC_CONFIG: dict[str, object] = {"retention.ms": -1, "retention.bytes": -1}
-_LOAD_READ_BYTES = 4 * 1024 * 1024
 
 
 class LogTxnStateStore:
     """State records in the internal topic ``__transaction_state`` of ``store``.
 
-    Each put appends one row and fsyncs the partition before returning. A torn or corrupt
-    tail after a crash is cut by the log's own recovery, so :meth:`load` sees every record
-    whose put returned.
+    Each put appends one row and fsyncs the partition before returning; a delete appends
+    a tombstone (a null value) the same way. A torn or corrupt tail after a crash is cut
+    by the log's own recovery, so :meth:`load` sees every record whose put returned. A
+    topic of schema version 1 is upgraded on construction (``txn.state_topic``).
     """
 
     def __init__(self, store: LogStore) -> None:
         self._store = store
+        migrate_state_topic(store)
         with contextlib.suppress(TopicAlreadyExistsError):
-            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=_TOPIC_CONFIG)
+            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=TOPIC_CONFIG)
         topic = store.topic(TXN_STATE_TOPIC)
         if topic.partitions != 1 or (
             topic.schema is not None and not topic.schema.equals(TXN_STATE_SCHEMA)
@@ -116,14 +120,8 @@ class LogTxnStateStore:
     def _log(self) -> PartitionLog:
         return self._store.partition(TXN_STATE_TOPIC, 0)
 
-    def _append(self, kind: str, key: str, value: bytes) -> None:
-        batch = pa.record_batch(
-            [pa.array([kind]), pa.array([key]), pa.array([value], pa.binary())],
-            schema=TXN_STATE_SCHEMA,
-        )
-        partition = self._log()
-        partition.append(batch)
-        partition.flush()
+    def _append(self, kind: str, key: str, value: bytes | None) -> None:
+        append_rows(self._log(), [(kind, key, value)], TXN_STATE_SCHEMA)
 
     # One broker, one coordinator at a time: no older coordinator can write here.
     def put_transaction(self, meta: TransactionMetadata, *, coordinator_epoch: int = 0) -> None:
@@ -132,32 +130,36 @@ class LogTxnStateStore:
     def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         self._append(KIND_SINK, record.sink_id, record.to_json())
 
+    def delete_transaction(self, transactional_id: str, *, coordinator_epoch: int = 0) -> None:
+        self._append(KIND_TRANSACTION, transactional_id, None)
+
+    def delete_sink(self, sink_id: str, *, coordinator_epoch: int = 0) -> None:
+        self._append(KIND_SINK, sink_id, None)
+
     def load(self) -> TxnState:
+        """The newest record per key; a key whose newest row is a tombstone is absent."""
         txns: dict[str, TransactionMetadata] = {}
         sinks: dict[str, SinkCommitRecord] = {}
         partition = self._log()
-        offset = partition.log_start_offset
-        while True:
-            result = partition.read(
-                offset, isolation=IsolationLevel.READ_UNCOMMITTED, max_bytes=_LOAD_READ_BYTES
-            )
-            for batch in result.batches:
-                columns = [batch.records.column(n).to_pylist() for n in ("kind", "key", "value")]
-                for i, (kind, key, value) in enumerate(zip(*columns, strict=True)):
-                    where = f"{partition.name} offset {batch.base_offset + i} (key {key!r})"
-                    if kind == KIND_TRANSACTION:
-                        meta = TransactionMetadata.from_json(value, where)
-                        _check_key(meta.transactional_id, key, where)
-                        txns[key] = meta
-                    elif kind == KIND_SINK:
-                        record = SinkCommitRecord.from_json(value, where)
-                        _check_key(record.sink_id, key, where)
-                        sinks[key] = record
-                    else:
-                        raise CorruptRecordError(f"{where}: unknown record kind {kind!r}")
-            if result.next_offset == offset:
-                return txns, sinks
-            offset = result.next_offset
+        for offset, (kind, key, value) in read_rows(partition):
+            where = f"{partition.name} offset {offset} (key {key!r})"
+            if kind == KIND_TRANSACTION:
+                if value is None:
+                    txns.pop(key, None)
+                    continue
+                meta = TransactionMetadata.from_json(value, where)
+                _check_key(meta.transactional_id, key, where)
+                txns[key] = meta
+            elif kind == KIND_SINK:
+                if value is None:
+                    sinks.pop(key, None)
+                    continue
+                record = SinkCommitRecord.from_json(value, where)
+                _check_key(record.sink_id, key, where)
+                sinks[key] = record
+            else:
+                raise CorruptRecordError(f"{where}: unknown record kind {kind!r}")
+        return txns, sinks
 
 
 def _check_key(stored: str, key: str, where: str) -> None:
@@ -434,6 +436,77 @@ class ZkTxnStateStore:
                 self._versions.pop(path, None)
             else:
                 self._versions[path] = _Seen(current[1], coordinator_epoch_of(current[0], path))
+
+    # -- deletes (expiry) --------------------------------------------------------------
+    # Kept apart from _write/_write_once: a delete is conditional on the version this
+    # store saw, as a write is, and is fenced the same way by the coordinator epoch.
+    def delete_transaction(self, transactional_id: str, *, coordinator_epoch: int = 0) -> None:
+        what = f"transactional id {transactional_id!r}"
+        self._delete(self.transaction_path(transactional_id), what, coordinator_epoch)
+
+    def delete_sink(self, sink_id: str, *, coordinator_epoch: int = 0) -> None:
+        self._delete(self.sink_path(sink_id), f"sink {sink_id!r}", coordinator_epoch)
+
+    def _delete(self, path: str, what: str, coordinator_epoch: int) -> None:
+        """Delete ``path`` if it is still at the version this store saw.
+
+        Raises ConcurrentTransactionsError when this store never saw the node or another
+        coordinator changed it since (BadVersion), and CoordinatorEpochFencedError when
+        that coordinator's epoch is newer. A node already gone counts as deleted (an
+        earlier attempt applied unseen before a lost connection)."""
+        with self._versions_lock:
+            seen = self._versions.get(path)
+        if seen is None:
+            raise ConcurrentTransactionsError(
+                f"state of {what} in ZooKeeper node {path}: this coordinator never saw the "
+                "node, so it cannot delete it conditionally; not deleting it"
+            )
+        if seen.coordinator_epoch > coordinator_epoch:
+            raise _fenced(what, path, seen.coordinator_epoch, coordinator_epoch)
+        self._retrying(
+            lambda deadline: self._delete_once(
+                path, seen.version, what, coordinator_epoch, deadline
+            ),
+            what,
+        )
+        with self._versions_lock:
+            if self._versions.get(path) == seen:
+                del self._versions[path]
+
+    def _delete_once(
+        self, path: str, expected: int, what: str, coordinator_epoch: int, deadline: float
+    ) -> None:
+        try:
+            if self._fence is not None:
+                self._delete_multi_once(self._fence, path, expected, what, deadline)
+            else:
+                self._call(lambda: self._client.delete_async(path, version=expected), deadline)
+        except NoNodeError:
+            log.info("ZooKeeper node %s of %s was already deleted", path, what)
+        except BadVersionError as exc:
+            current = self._read(path, deadline)
+            if current is not None and coordinator_epoch_of(current[0]) > coordinator_epoch:
+                raise _fenced(
+                    what, path, coordinator_epoch_of(current[0]), coordinator_epoch
+                ) from exc
+            raise ConcurrentTransactionsError(
+                f"state of {what} in ZooKeeper node {path} was changed by another coordinator "
+                f"(this one saw version {expected}); not deleting it"
+            ) from exc
+
+    def _delete_multi_once(
+        self, fence: ZkEpochFence, path: str, expected: int, what: str, deadline: float
+    ) -> None:
+        """One multi: check the epoch node at the fence's version, then delete the node at
+        ``expected``, so a deposed coordinator's delete fails in ZooKeeper as its writes do."""
+        transaction = self._client.transaction()
+        transaction.check(fence.path, fence.version)
+        transaction.delete(path, version=expected)
+        checked, deleted = self._call(transaction.commit_async, deadline)
+        if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):
+            raise _epoch_moved(what, fence, checked)
+        if isinstance(deleted, Exception):
+            raise deleted
 
     # -- reads -------------------------------------------------------------------------
     def load(self) -> TxnState:
