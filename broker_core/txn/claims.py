@@ -1,31 +1,13 @@
-"""What serialises the transaction coordinator's requests: its lifecycle and the claims.
-
-:class:`CoordinatorStatus` is the coordinator's lifecycle with its transition table;
-:class:`Claims` are the ids one request holds exclusively (``txn.core``).
-"""
+"""Claims: the ids one coordinator request holds exclusively (``txn.core``)."""
 
 from __future__ import annotations
 
 import threading
-from enum import Enum
 
 from broker_core.errors import ConcurrentTransactionsError
 
 _TXN = "transactional id"
 _SINK = "sink"
-
-
-class CoordinatorStatus(Enum):
-    LOADING = "loading"  # constructed; start() has not loaded the state yet
-    RUNNING = "running"
-    CLOSED = "closed"
-
-
-_STATUS_TRANSITIONS = {
-    CoordinatorStatus.LOADING: frozenset({CoordinatorStatus.RUNNING, CoordinatorStatus.CLOSED}),
-    CoordinatorStatus.RUNNING: frozenset({CoordinatorStatus.CLOSED}),
-    CoordinatorStatus.CLOSED: frozenset(),
-}
 
 
 class Claims:

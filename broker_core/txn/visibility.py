@@ -135,6 +135,15 @@ class VisibilityTracker:
         with self._lock:
             return len(self._tracked)
 
+    def unsettled_of(self, sink_id: str) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
+        """(batch id, ranges) of the sink's batches still tracked, by batch id."""
+        with self._lock:
+            return sorted(
+                (batch_id, list(t.ranges))
+                for (sid, batch_id), t in self._tracked.items()
+                if sid == sink_id
+            )
+
     def unrecorded_of(
         self, sink_id: str, keep: int
     ) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
