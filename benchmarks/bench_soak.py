@@ -61,6 +61,8 @@ GOAL_GROWTH = 1.2
 TENTHS = 10
 # Short enough that finished jobs' ids expire several times over in a run of minutes.
 DEFAULT_BROKER_CONFIG = {
+    "transactional.id.expiration.ms": "20000",
+    "transaction.remove.expired.transaction.cleanup.interval.ms": "2000",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
 }
 

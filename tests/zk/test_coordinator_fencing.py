@@ -27,6 +27,7 @@ from broker_core.log.store import LogStore
 from broker_core.protocol.wire import SinkAttempt
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.txn.coordinator import CoordinatorStatus, LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
 from broker_core.txn.state import SinkCommitRecord, SinkCommitState, TransactionState
 from broker_core.txn.state_store import (
@@ -392,6 +393,8 @@ def test_the_controllers_role_runs_its_coordinator_on_a_store_fenced_by_its_epoc
         markers=LocalMarkerWriter(logs),
         offsets=ClusterStableOffsets(1, None, old.cluster.brokers),  # type: ignore[arg-type]
         max_timeout_ms=60_000,
+        marker_retry_deadline_s=90.0,
+        expiry=ExpiryPolicy(),
     )
     role.start(synchronous=True)
     try:
