@@ -538,7 +538,7 @@ class CoordinatorCore:
             claims.txn(tid)
         # Every transaction is checked before any is committed: a broken one leaves the
         # whole batch uncommitted (and the record PREPARE), never part of it.
-        metas = [self._decided_member(record, *txn) for txn in record.transactions]
+        metas = [record.decided_member(*txn, self.meta(txn[0])) for txn in record.transactions]
         ending = [m for m in metas if m.state in (_S.ONGOING, _S.PREPARE_COMMIT)]
         if ending:
             # The sink record's PREPARE is the decision for all of them (no PREPARE_COMMIT
@@ -563,33 +563,6 @@ class CoordinatorCore:
                 batch_job=record.batch_job,
             )
         )
-
-    def _decided_member(
-        self, record: SinkCommitRecord, tid: str, pid: int, epoch: int
-    ) -> TransactionMetadata:
-        """A transaction of a decided sink commit, still where the decision left it."""
-        meta = self.meta(tid)
-        found = "unknown" if meta is None else None
-        if meta is not None and (meta.producer_id, meta.producer_epoch) != (pid, epoch):
-            found = f"at producer id {meta.producer_id} epoch {meta.producer_epoch}"
-        elif meta is not None and meta.state not in (
-            _S.ONGOING,
-            _S.PREPARE_COMMIT,
-            _S.COMPLETE_COMMIT,
-            _S.EMPTY,
-        ):
-            found = meta.state.name
-        if meta is None or found is not None:
-            # Cannot happen while the invariant holds (a transaction named in a decided
-            # commit is never fenced): completing the record anyway would report rows
-            # committed that are not, so the sink stops here, loudly.
-            raise InvalidTxnStateError(
-                f"sink {record.sink_id!r} batch {record.batch_id}: the commit is decided "
-                f"but {_TXN} {tid!r} (producer id {pid} epoch {epoch}) is now {found}; "
-                "the commit cannot be completed and none of the batch's rows is committed. "
-                "This is a bug: keep the broker's logs and data directory"
-            )
-        return meta
 
     def abort_if_open(self, claims: Claims, tid: str, producer_id: int, epoch: int) -> None:
         """Abort the transaction if it is still open at exactly (producer_id, epoch)."""

@@ -185,6 +185,9 @@ class SinkCommitState(StrEnum):
 
 
 _SINK_STATES = frozenset(s.value for s in SinkCommitState)
+# Where a transaction of a decided sink commit may be: not yet, being or already committed
+# (EMPTY: a task whose transaction wrote nothing).
+_DECIDED_MEMBER_STATES = frozenset({_S.ONGOING, _S.PREPARE_COMMIT, _S.COMPLETE_COMMIT, _S.EMPTY})
 
 
 @dataclass
@@ -277,6 +280,28 @@ class SinkCommitRecord:
                 doc, "batch_job", bool, where, sink_id.startswith(BATCH_JOB_SINK_PREFIX)
             ),
         )
+
+    def decided_member(
+        self, tid: str, pid: int, epoch: int, meta: TransactionMetadata | None
+    ) -> TransactionMetadata:
+        """``meta``, the state of transaction ``(tid, pid, epoch)`` this decided commit
+        names, if still where the decision left it; else InvalidTxnStateError."""
+        found = "unknown" if meta is None else None
+        if meta is not None and (meta.producer_id, meta.producer_epoch) != (pid, epoch):
+            found = f"at producer id {meta.producer_id} epoch {meta.producer_epoch}"
+        elif meta is not None and meta.state not in _DECIDED_MEMBER_STATES:
+            found = meta.state.name
+        if meta is None or found is not None:
+            # Cannot happen while the invariant holds (a transaction named in a decided
+            # commit is never fenced): completing the record anyway would report rows
+            # committed that are not, so the sink stops here, loudly.
+            raise InvalidTxnStateError(
+                f"sink {self.sink_id!r} batch {self.batch_id}: the commit is decided "
+                f"but transactional id {tid!r} (producer id {pid} epoch {epoch}) is now "
+                f"{found}; the commit cannot be completed and none of the batch's rows is "
+                "committed. This is a bug: keep the broker's logs and data directory"
+            )
+        return meta
 
     def batches(self) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
         """(batch id, ranges) of every batch this record names: its own, and those of an

@@ -402,7 +402,13 @@ class ZkTxnStateStore:
 
     def delete_sink_batch(self, sink_id: str, batch_id: int, *, coordinator_epoch: int = 0) -> None:
         what = f"sink {sink_id!r} batch {batch_id}"
-        self._delete(self.sink_batch_path(sink_id, batch_id), what, coordinator_epoch)
+        path = self.sink_batch_path(sink_id, batch_id)
+        with self._versions_lock:
+            seen = path in self._versions
+        # The coordinator deletes only records it wrote or loaded: one it never saw here
+        # is one this store deleted already.
+        if seen:
+            self._delete(path, what, coordinator_epoch)
 
     def load_sink_batches(self) -> list[SinkBatchRecord]:
         def load(deadline: float) -> tuple[list[SinkBatchRecord], dict[str, _Seen]]:
