@@ -12,7 +12,9 @@ Kafka's cleaner rules, adapted to Arrow batches (docs/storage.md, Compaction):
 * offsets never change: a batch that loses rows is split into runs of consecutive kept
   rows, each its own batch with the run's base offset and base sequence;
 * the batches the producer state caches (each producer's last ones) are kept whole, so a
-  retry is still answered as a duplicate with its original offsets, even after a replay;
+  retry is still answered as a duplicate with its original offsets, even after a replay,
+  and so is the last batch of the cleanable range (a log ends where its last batch does);
+  a tombstone stays while a superseded row of its key is kept in such a batch;
 * a cleaned segment is built in ``.cleaning/`` and swapped in (``swap.py``).
 
 The pass runs under the partition's lock (``PartitionLog.clean``): appends to that
@@ -282,14 +284,15 @@ class PartitionCleaner:
         key_columns = cfg.key_columns
         newest = self._offset_map(cleanable, aborted, key_columns)
         plans: list[_SegmentPlan] = []
-        txn_has_data: dict[int, bool] = {}
+        txn_has_data: dict[int, bool] = {}  # producer id -> data of its open txn kept
+        stale: set[Hashable] = set()  # keys with a superseded row kept (in a whole batch)
         last = (len(cleanable) - 1, max(b.position for b in cleanable[-1].batches()))
         for i, seg in enumerate(cleanable):
             plan = _SegmentPlan(seg)
             for stored in seg.batches():
                 is_last = (i, stored.position) == last
                 self._plan_batch(
-                    plan, stored, newest, aborted, protected, txn_has_data, now_ms, is_last
+                    plan, stored, newest, aborted, protected, txn_has_data, stale, now_ms, is_last
                 )
             plans.append(plan)
         removed_markers = set().union(*(p.removed_markers for p in plans))
@@ -356,6 +359,7 @@ class PartitionCleaner:
         aborted: dict[int, list[tuple[int, int]]],
         protected: set[tuple[int, int]],
         txn_has_data: dict[int, bool],
+        stale_keys: set[Hashable],
         now_ms: int,
         is_last: bool,
     ) -> None:
@@ -376,10 +380,16 @@ class PartitionCleaner:
         # The last batch of the range stays whole: a log whose active segment is still
         # empty then ends where its last batch does, on leaders and followers alike.
         keep_whole = is_last or (h.has_producer_id and (h.producer_id, h.base_offset) in protected)
+        aborted_batch = _is_aborted(aborted, h)
         if keep_whole:
             kept = h.record_count
             plan.out.append(_whole(stored))
-        elif _is_aborted(aborted, h):
+            if not aborted_batch:
+                # Its superseded rows stay readable: their keys' tombstones must stay too,
+                # or removing one would bring an old value back.
+                keys = row_keys(decode_rows(h, stored.data), self.config.key_columns)
+                stale_keys.update(k for i, k in enumerate(keys) if newest[k] != h.base_offset + i)
+        elif aborted_batch:
             kept = 0
         else:
             rows = decode_rows(h, stored.data)
@@ -388,7 +398,9 @@ class PartitionCleaner:
             keep = [
                 newest.get(key) == h.base_offset + i
                 and not (
-                    dead[i] and self.checkpoint.removable(h.base_offset + i, now_ms, retention)
+                    dead[i]
+                    and key not in stale_keys
+                    and self.checkpoint.removable(h.base_offset + i, now_ms, retention)
                 )
                 for i, key in enumerate(keys)
             ]
