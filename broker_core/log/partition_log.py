@@ -295,10 +295,10 @@ class PartitionLog:
                 )
             return MarkerResult(header.base_offset, lso)
 
-    def _write(self, encoded: EncodedBatch, now: int) -> BatchHeader:
+    def _write(self, encoded: EncodedBatch, now: int, base: int | None = None) -> BatchHeader:
         if should_roll(self.active, self.config, encoded.size, now):
             self.roll()
-        encoded.set_base_offset(self.log_end_offset)
+        encoded.set_base_offset(self.log_end_offset if base is None else base)  # base: a gap
         header = self.active.append(encoded, self.config.index_interval_bytes)
         self._unflushed += 1
         return header
@@ -510,7 +510,7 @@ class PartitionLog:
             now = self._clock()
             for stored in fetched:
                 self.epochs.assign(stored.header.leader_epoch, stored.header.base_offset)
-                self._write(as_encoded(stored), now)
+                self._write(as_encoded(stored), now, stored.header.base_offset)
                 apply_batch(self.state, self.active, stored)
             self._maybe_flush(now)
             return self.log_end_offset
