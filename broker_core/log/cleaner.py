@@ -120,6 +120,18 @@ class CleanerCheckpoint:
         """A young pass's tombstones and markers may now be removed: worth a pass."""
         return any(p.time_ms + retention_ms <= now_ms for p in self.young)
 
+    def truncate(self, log_end: int) -> None:
+        """Forget what passes reached at or above ``log_end`` (in memory; every pass calls
+        it first, and the next :meth:`record` saves it)."""
+        self.expired_end = min(self.expired_end, log_end)
+        young, below = [], self.expired_end
+        for p in self.young:
+            end = min(p.end_offset, log_end)
+            if end > below:  # a pass cut to nothing new says nothing
+                young.append(CleanPass(end, p.time_ms))
+                below = end
+        self.young = young
+
     def record(self, end_offset: int, now_ms: int, retention_ms: int) -> None:
         """Remember a pass that cleaned below ``end_offset`` at ``now_ms``; durable."""
         for p in [p for p in self.young if p.time_ms + retention_ms <= now_ms]:
@@ -272,6 +284,8 @@ class PartitionCleaner:
         cfg = self.config
         if not cfg.policy.compacts:
             return None
+        # A log cut back below a pass's end (a diverged follower) holds new rows there.
+        self.checkpoint.truncate(segments[-1].next_offset)
         count = self.cleanable(segments, upper, now_ms)
         if count == 0 or not (force or self.due(segments, upper, now_ms)):
             return None
@@ -286,7 +300,8 @@ class PartitionCleaner:
         plans: list[_SegmentPlan] = []
         txn_has_data: dict[int, bool] = {}  # producer id -> data of its open txn kept
         stale: set[Hashable] = set()  # keys with a superseded row kept (in a whole batch)
-        last = (len(cleanable) - 1, max(b.position for b in cleanable[-1].batches()))
+        # (an empty first segment, left by an earlier pass, has no last batch)
+        last = (len(cleanable) - 1, max((b.position for b in cleanable[-1].batches()), default=-1))
         for i, seg in enumerate(cleanable):
             plan = _SegmentPlan(seg)
             for stored in seg.batches():

@@ -409,6 +409,10 @@ class PartitionLog:
 
     def clean(self, now_ms: int | None = None, *, force: bool = False) -> CleanResult | None:
         """A compaction pass when due or ``force``d (``log/cleaner.py``); None if none ran."""
+        if not self.config.policy.compacts:
+            return None
+        for flusher in list(self._flushers):  # the long fsyncs of rolls: outside the lock
+            flusher.join()
         with self._lock:
             self._check_open()
             self._join_flushers()  # rolled segments are durable before they are rewritten

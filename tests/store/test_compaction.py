@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from broker_core.errors import InvalidConfigError, OffsetOutOfRangeError
+from broker_core.log.cleaner import CHECKPOINT_FILE, MAX_YOUNG_PASSES, CleanerCheckpoint
 from broker_core.log.config import LogConfig
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
@@ -223,3 +224,30 @@ def test_a_log_that_is_not_compacted_still_refuses_a_gap(tmp_path: Path) -> None
     follower = store.partition("t", 0)
     with pytest.raises(OffsetOutOfRangeError, match="start at offset 2, but this log ends at 0"):
         follower.append_as_follower(leader.read_raw(0, 1))
+
+
+# -- the cleaner checkpoint ---------------------------------------------------------------
+def test_the_checkpoint_is_bounded_and_only_ever_delays_a_removal(tmp_path: Path) -> None:
+    checkpoint = CleanerCheckpoint(tmp_path)
+    for i in range(1, 101):
+        checkpoint.record(i * 10, i, retention_ms=1000)
+    assert len(checkpoint.young) == MAX_YOUNG_PASSES
+    # Offset 5 was reached at time 1; merging says later, never earlier.
+    assert not checkpoint.removable(5, 1 + 1000, 1000)
+    assert checkpoint.removable(5, 100 + 1000, 1000)
+    checkpoint.record(1010, 5000, retention_ms=1000)  # every earlier pass is old now
+    assert checkpoint.expired_end == 1000 and len(checkpoint.young) == 1
+    assert checkpoint.removable(999, 5000, 1000) and not checkpoint.removable(1000, 5000, 1000)
+    reloaded = CleanerCheckpoint(tmp_path)
+    assert (reloaded.expired_end, reloaded.young) == (checkpoint.expired_end, checkpoint.young)
+    # A log cut back below a pass's end: offsets from the cut on are reached anew.
+    reloaded.truncate(500)
+    assert reloaded.expired_end == 500 and reloaded.young == []
+    assert not reloaded.removable(600, 10**9, 1000)
+
+
+def test_an_unreadable_checkpoint_is_dropped_and_keeps_tombstones_longer(tmp_path: Path) -> None:
+    (tmp_path / CHECKPOINT_FILE).write_text("0\n12\nthree\n")
+    checkpoint = CleanerCheckpoint(tmp_path)
+    assert (checkpoint.expired_end, checkpoint.young) == (0, [])
+    assert not checkpoint.removable(5, 10**9, 1000)  # reached now, not long ago
