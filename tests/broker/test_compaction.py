@@ -5,11 +5,16 @@ refused at creation with the topic, key and column named."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidConfigError
+from spark_sink.options import OFFSET_COLUMN, Scope, parse_options
+from spark_sink.reader import IdemlogBatchReader, IdemlogStreamReader
+from spark_sink.topics import require
 from tests.harness.broker import BrokerFactory
 from tests.harness.waiting import wait_until
 
@@ -29,6 +34,15 @@ def rows_of(client: BrokerClient, topic: str, start: int = 0) -> list[tuple[int,
     for meta, batch in client.fetch(topic, 0, start):
         for i, row in enumerate(batch.to_pylist()):
             out.append((meta.base_offset + i, row["user"], row["score"]))
+    return out
+
+
+def spark_rows(reader: Any, parts: list[Any]) -> list[tuple[int, str, object]]:
+    out = []
+    for part in parts:
+        for batch in reader.read(part):
+            for row in batch.to_pylist():
+                out.append((row[OFFSET_COLUMN], row["user"], row["score"]))
     return out
 
 
@@ -79,6 +93,32 @@ def test_a_compacted_topic_is_cleaned_by_the_broker_and_read_newest_per_key(
             ]
         offsets = client.list_offsets("scores", 0)
         assert offsets["log_start_offset"] == 0 and offsets["log_end_offset"] == 32
+        # The Spark source's readers (driven as Spark drives them, without a JVM): a batch
+        # read, and a stream of micro-batches of at most 3 offsets, most of them gaps.
+        opts = parse_options(
+            {"topic": "scores", "brokers": broker.address, "includeMetadata": "true"},
+            Scope.READ,
+        )
+        batch_reader = IdemlogBatchReader(opts, require(client, opts))
+        parts = batch_reader.partitions()
+        assert [(p.start, p.end) for p in parts] == [(0, 32)]
+        assert spark_rows(batch_reader, parts) == [(o, u, s) for o, u, s in read]
+        stream_opts = parse_options(
+            {
+                "topic": "scores",
+                "brokers": broker.address,
+                "includeMetadata": "true",
+                "maxOffsetsPerTrigger": "3",
+            },
+            Scope.READ,
+        )
+        stream = IdemlogStreamReader(stream_opts, require(client, stream_opts))
+        start, streamed, triggers = stream.initialOffset(), [], 0
+        while (end := stream.latestOffset()) != start:
+            streamed += spark_rows(stream, stream.partitions(start, end))
+            stream.commit(end)
+            start, triggers = end, triggers + 1
+        assert triggers >= 10 and streamed == [(o, u, s) for o, u, s in read]
 
 
 @pytest.mark.parametrize(
