@@ -5,6 +5,7 @@ refused at creation with the topic, key and column named."""
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import pyarrow as pa
@@ -12,11 +13,16 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidConfigError
+from broker_core.log.store import LogStore
+from broker_core.protocol.requests import ACKS_LEADER
+from broker_core.protocol.wire import Action
 from spark_sink.options import OFFSET_COLUMN, Scope, parse_options
 from spark_sink.reader import IdemlogBatchReader, IdemlogStreamReader
 from spark_sink.topics import require
 from tests.harness.broker import BrokerFactory
+from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
+from tests.harness.zookeeper import ZooKeeperHarness
 
 SCHEMA = pa.schema([("user", pa.string()), ("score", pa.int64())])
 TOPIC_CONFIG = {
@@ -139,3 +145,61 @@ def test_bad_compaction_config_is_refused_at_creation(
         with pytest.raises(InvalidConfigError, match=message):
             client.create_topic("bad", 1, schema=SCHEMA, config=config)
         assert client.describe_topics() == []  # nothing partial
+
+
+def test_a_follower_copies_a_cleaned_leader_and_every_replica_agrees(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    """Three brokers on ZooKeeper: a follower killed while the leader takes writes and
+    cleans them comes back, fetches across the leader's gaps, rejoins the ISR; stopped,
+    every replica (each cleaned by its own broker) reads back the same rows."""
+    cluster = ReplicatedCluster(zk_chroot, broker_factory, extra={"log.cleaner.backoff.ms": 200})
+    config = {k.replace(".", "_"): v for k, v in TOPIC_CONFIG.items()}
+    cluster.create_topic("kv", 1, replication_factor=3, **config)
+    state = cluster.state("kv", 0)
+    leader = cluster.brokers[state.leader]
+    fid = next(b for b in state.replicas if b != state.leader)
+    follower = cluster.brokers[fid]
+    follower.kill(signal.SIGKILL)
+    written: dict[int, tuple[str, int | None]] = {}
+    with cluster.client.produce_stream("kv", 0, SCHEMA, acks=ACKS_LEADER) as stream:
+        for i in range(30):
+            rows = pa.RecordBatch.from_pylist(
+                [{"user": USERS[i % len(USERS)], "score": i}], schema=SCHEMA
+            )
+            first, _last = stream.send(rows).offsets(30)
+            written[first] = (USERS[i % len(USERS)], i)
+
+    def leader_cleaned() -> bool:
+        doc = cluster.client.action(leader.address, Action.METRICS, {})
+        row = next((r for r in doc["partitions"] if r["topic"] == "kv"), None)
+        return row is not None and row["cleaner_removed_rows"] >= 20
+
+    wait_until(leader_cleaned, "the leader's cleaner removed the superseded rows")
+    follower.restart()
+    cluster.wait_state("kv", 0, lambda s: fid in s.isr, f"broker {fid} back in the ISR")
+    cluster.wait_in_sync("kv", 0)
+    read = rows_of(cluster.client, "kv")
+    assert len(read) < 30  # the leader serves a cleaned log
+    for broker in cluster.brokers.values():
+        broker.stop()
+    for broker in cluster.brokers.values():
+        with LogStore(broker.log_dir) as store:
+            replica = store.partition("kv", 0)
+            rows = []
+            offset = replica.log_start_offset
+            while True:
+                result = replica.read(offset)
+                for b in result.batches:
+                    rows += [
+                        (b.base_offset + i, r["user"], r["score"])
+                        for i, r in enumerate(b.records.to_pylist())
+                    ]
+                if result.next_offset == offset:
+                    break
+                offset = result.next_offset
+            for o, user, score in rows:
+                assert written[o] == (user, score), f"broker {broker.name}: row at {o} changed"
+            newest = {user: (o, score) for o, user, score in rows}
+            assert newest == {u: (o, s) for o, u, s in read}, broker.name
+            assert replica.log_end_offset == 30
