@@ -18,8 +18,11 @@ Kafka's cleaner rules, adapted to Arrow batches (docs/storage.md, Compaction):
 * a cleaned segment is built in ``.cleaning/`` and swapped in (``swap.py``).
 
 The pass runs under the partition's lock (``PartitionLog.clean``): appends to that
-partition wait for it. Its memory is one offset-map entry per distinct key in the
-cleanable range plus one segment's rows at a time.
+partition wait for it. Its memory: the offset map, one entry per distinct key in the
+cleanable range (a compacted log holds about one row per live key there, plus what was
+written since the last pass; unlike Kafka's dedupe buffer it has no fixed cap: the map is
+built from the log start, so a pass cut short at a cap would never get past it), one
+batch's rows at a time, and the planned batches of the segments.
 """
 
 from __future__ import annotations
