@@ -162,9 +162,8 @@ class CleanerStats:
 
 @dataclass(frozen=True, slots=True)
 class CleanResult:
-    """What one pass did; ``segments`` is the log's new segment list."""
+    """What one pass did (the log's segment list was updated in place)."""
 
-    segments: list[LogSegment]
     clean_end: int
     rewritten: int  # segments rewritten or deleted
     bytes_before: int
@@ -273,10 +272,11 @@ class PartitionCleaner:
         return dirty > 0 and dirty >= self.config.min_cleanable_dirty_ratio * total
 
     def clean(
-        self, segments: Sequence[LogSegment], upper: int, now_ms: int, *, force: bool = False
+        self, segments: list[LogSegment], upper: int, now_ms: int, *, force: bool = False
     ) -> CleanResult | None:
-        """One pass (rules in the module docstring); None when the topic is not compacted
-        or nothing is due (``force``: run whenever a segment is cleanable).
+        """One pass (rules in the module docstring) over the log's ``segments``, which it
+        updates in place; None when the topic is not compacted or nothing is due
+        (``force``: run whenever a segment is cleanable).
 
         Crash safety: each rewritten segment is swapped in whole (``swap.py``). Before a
         marker is removed a snapshot is written at the log end and the snapshots at or
@@ -316,20 +316,26 @@ class PartitionCleaner:
         removed_markers = set().union(*(p.removed_markers for p in plans))
         if removed_markers:
             self._forget_snapshots_below(max(removed_markers))
-        result_segments: list[LogSegment | None] = list(segments)
-        rewritten, before, after, rows = 0, 0, 0, 0
-        for i, plan in enumerate(plans):
-            rows += plan.removed_rows
-            if not plan.changed:
-                continue
-            rewritten += 1
-            before += int(plan.segment.size)
-            new = self._rewrite(plan, first=i == 0)
-            result_segments[i] = new
-            after += int(new.size) if new is not None else 0
-        final = [s for s in result_segments if s is not None]
-        if rewritten:
-            fsync_directory(self.directory)
+        rewritten, before, after = 0, 0, 0
+        rows = sum(p.removed_rows for p in plans)
+        try:
+            for plan in plans:
+                if not plan.changed:
+                    continue
+                rewritten += 1
+                before += int(plan.segment.size)
+                # In place, one segment at a time: if a later one fails, the list still
+                # matches the files (the swapped segments new, the others old).
+                i = segments.index(plan.segment)
+                new = self._rewrite(plan, first=i == 0)
+                if new is None:
+                    del segments[i]
+                else:
+                    segments[i] = new
+                    after += int(new.size)
+        finally:
+            if rewritten:
+                fsync_directory(self.directory)
         self.checkpoint.record(end, now_ms, cfg.delete_retention_ms)
         self.stats.passes += 1
         self.stats.cleaned_bytes += before
@@ -348,7 +354,7 @@ class PartitionCleaner:
                 rows,
                 len(removed_markers),
             )
-        return CleanResult(final, end, rewritten, before, after, rows, len(removed_markers))
+        return CleanResult(end, rewritten, before, after, rows, len(removed_markers))
 
     # -- the pass's parts ----------------------------------------------------------------
     def _offset_map(

@@ -418,9 +418,7 @@ class PartitionLog:
             self._join_flushers()  # rolled segments are durable before they are rewritten
             now = self._clock() if now_ms is None else now_ms
             upper = min(self.last_stable_offset, self.high_watermark)
-            result = self.cleaner.clean(self.segments, upper, now, force=force)
-            self.segments = self.segments if result is None else result.segments
-            return result
+            return self.cleaner.clean(self.segments, upper, now, force=force)
 
     # -- reads -------------------------------------------------------------------------
     def read(

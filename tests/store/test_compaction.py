@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from broker_core.errors import InvalidConfigError, OffsetOutOfRangeError
+from broker_core.log import swap
 from broker_core.log.cleaner import CHECKPOINT_FILE, MAX_YOUNG_PASSES, CleanerCheckpoint
 from broker_core.log.config import LogConfig
 from broker_core.log.partition_log import PartitionLog
@@ -251,3 +252,34 @@ def test_an_unreadable_checkpoint_is_dropped_and_keeps_tombstones_longer(tmp_pat
     checkpoint = CleanerCheckpoint(tmp_path)
     assert (checkpoint.expired_end, checkpoint.young) == (0, [])
     assert not checkpoint.removable(5, 10**9, 1000)  # reached now, not long ago
+
+
+def test_a_pass_failing_half_way_leaves_a_readable_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock()
+    log = gappy_log(tmp_path / "done", clock)  # what a whole pass leaves
+    expected = offsets_and_values(log)
+    log = compacted_log(tmp_path / "failing", clock)
+    for i in range(6):
+        log.append(batch(("a", 1, i), ("a", 2, i), (f"k{i}", 0, i)))
+        log.roll()
+    log.append(batch(("end", 0, 0)))
+    before = offsets_and_values(log)
+    real_install, calls = swap.install, []
+
+    def failing_install(directory: Path, base_offset: int) -> None:
+        calls.append(base_offset)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real_install(directory, base_offset)
+
+    monkeypatch.setattr(swap, "install", failing_install)
+    with pytest.raises(OSError, match="No space left"):
+        log.clean(force=True)
+    # Two segments swapped, the rest old: every row read is one that was written there.
+    half = offsets_and_values(log)
+    assert set(expected) <= set(half) <= set(before) and half != before
+    monkeypatch.setattr(swap, "install", real_install)
+    assert log.clean(force=True) is not None
+    assert offsets_and_values(log) == expected
