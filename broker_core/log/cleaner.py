@@ -10,7 +10,9 @@ Kafka's cleaner rules, adapted to Arrow batches (docs/storage.md, Compaction):
   first reached them, and so do transaction markers once no data of their transaction is
   left before them;
 * offsets never change: a batch that loses rows is split into runs of consecutive kept
-  rows, each its own batch with the run's base offset and base sequence;
+  rows, each its own batch with the run's base offset and base sequence, unless the runs
+  would take more bytes than the batch (then it stays whole, for a later pass): a pass
+  never grows the log;
 * the batches the producer state caches (each producer's last ones) are kept whole, so a
   retry is still answered as a duplicate with its original offsets, even after a replay,
   and so is the last batch of the cleanable range (a log ends where its last batch does);
@@ -429,10 +431,15 @@ class PartitionCleaner:
                 for i, key in enumerate(keys)
             ]
             kept = sum(keep)
-            if kept == h.record_count:
+            runs = [_run_batch(h, rows, s, n) for s, n in _runs(keep)] if kept else []
+            if kept and (kept == h.record_count or sum(r.size for r in runs) >= h.size):
+                # Split, the kept rows would take more room than the whole batch (one
+                # schema message per run): keep it whole, so a pass never grows the log.
+                kept = h.record_count
                 plan.out.append(_whole(stored))
+                stale_keys.update(k for i, k in enumerate(keys) if newest[k] != h.base_offset + i)
             else:
-                plan.out.extend(_run_batch(h, rows, s, n) for s, n in _runs(keep))
+                plan.out.extend(runs)
         if kept < h.record_count:
             plan.removed_rows += h.record_count - kept
             plan.changed = True
