@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch clean
+.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch bench-soak chaos clean
 
 setup: $(STAMP) $(ZK_SERVER) jars
 
@@ -113,6 +113,15 @@ bench-microbatch: setup
 # idemlog vs Spark's Kafka and Delta sinks and Kafka's own producer, on a real local Kafka.
 bench-peers: setup kafka-jars
 	$(PY) -m benchmarks.bench_peers $(BENCH_ARGS)
+
+# A compressed month of a stream: is the coordinator's state bounded by what is alive?
+bench-soak: setup
+	$(PY) -m benchmarks.bench_soak $(BENCH_ARGS)
+
+# A campaign of seeded fault schedules outside the suite; ends with `chaos seeds=N failed=F ...`.
+SEEDS ?= 10
+chaos: setup
+	$(PY) -m tests.chaos --seeds $(SEEDS) $(CHAOS_ARGS)
 
 # The same batch write on the cluster (tests/cluster/stack.py) with 1 and with 2 workers.
 bench-cluster: setup

@@ -42,7 +42,7 @@ class ErrorCode(Enum):
     INVALID_TIMESTAMP = (32, False, "timestamp outside the accepted range")
     TOPIC_ALREADY_EXISTS = (36, False, "topic already exists")
     INVALID_PARTITIONS = (37, False, "invalid number of partitions")
-    INVALID_REPLICATION_FACTOR = (38, False, "replication factor not possible or not served")
+    INVALID_REPLICATION_FACTOR = (38, False, "replication factor not possible")
     INVALID_CONFIG = (40, False, "invalid configuration")
     INVALID_REQUEST = (42, False, "malformed request")
     OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False, "sequence number out of order")
@@ -64,6 +64,7 @@ class ErrorCode(Enum):
     SCHEMA_MISMATCH = (10001, False, "batch schema differs from the topic's schema")
     PRODUCER_ID_ALLOCATION_FAILED = (10002, True, "could not lease a producer id block")
     PRODUCER_ID_SPACE_EXHAUSTED = (10003, False, "producer id space exhausted")
+    LOG_DIR_LOCKED = (10004, False, "the data directory is held by another process")
 
     @classmethod
     def from_code(cls, code: int) -> ErrorCode:
@@ -182,8 +183,8 @@ class InvalidConfigError(IdemlogError):
 
 
 class InvalidReplicationFactorError(InvalidConfigError):
-    """A replication factor larger than the live brokers, or one the brokers do not serve
-    yet (only 1 is, docs/replication.md). A config error, so it is caught as one."""
+    """A replication factor below 1, not an integer, or larger than the live brokers
+    (docs/replication.md). A config error, so it is caught as one."""
 
     error_code = ErrorCode.INVALID_REPLICATION_FACTOR
 
@@ -261,6 +262,13 @@ class ProducerIdAllocationError(IdemlogError):
 
 class ProducerIdSpaceExhaustedError(IdemlogError):
     error_code = ErrorCode.PRODUCER_ID_SPACE_EXHAUSTED
+
+
+class LogDirLockedError(IdemlogError):
+    """A broker's ``log.dir`` is locked by another live process (``<log.dir>/.lock``,
+    docs/storage.md): two processes must never recover, append to or delete one log."""
+
+    error_code = ErrorCode.LOG_DIR_LOCKED
 
 
 _CLASS_BY_CODE: dict[ErrorCode, type[IdemlogError]] = {}

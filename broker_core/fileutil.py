@@ -1,7 +1,10 @@
-"""Small filesystem helpers shared by the log, the snapshots and the topic metadata."""
+"""Small filesystem helpers shared by the log, the snapshots and the topic metadata, and
+the data-directory lock (``DirectoryLock``: one process per data directory)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -69,3 +72,101 @@ def fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# -- the data-directory lock -------------------------------------------------------------------
+LOCK_FILE = ".lock"
+"""Kafka's name: the file in a data directory that its owning process holds an OS lock on."""
+
+_PID_BYTES = 32  # a pid and a newline, with room; the lock file holds nothing else
+
+
+class DirectoryLockedError(OSError):
+    """Another open file description holds ``<directory>/.lock``; ``holder`` is the pid
+    written into the file by the process that holds it (None if it wrote none yet)."""
+
+    def __init__(self, directory: Path, holder: int | None) -> None:
+        who = f"process {holder}" if holder is not None else "another process"
+        super().__init__(errno.EAGAIN, f"data directory {directory} is locked by {who}")
+        self.directory = directory
+        self.holder = holder
+
+
+class DirectoryLock:
+    """An exclusive ``flock`` on ``<directory>/.lock``, held until :meth:`release` or the
+    process's end.
+
+    ``flock`` belongs to the open file description, so the kernel drops it when its holder
+    dies however it dies: a lock file left by a killed process never blocks (only a live
+    holder does), and no stale-lock cleanup exists. The descriptor is not inherited
+    (``os.open`` gives O_CLOEXEC), so a child process never keeps the lock. A second
+    ``DirectoryLock`` of the same directory conflicts even within one process.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock without waiting and write this process's pid into the file.
+
+        Raises DirectoryLockedError naming the holder's pid if another holds it, OSError
+        if the file cannot be created or opened.
+        """
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise DirectoryLockedError(self.directory, holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # Written after the lock is taken: whoever reads a pid while the lock is held
+        # reads the holder's (a reader may see the file empty for an instant).
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Drop the lock (closing the descriptor); the file stays, as Kafka's does. Idempotent."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+def directory_lock_holder(directory: Path) -> int | None:
+    """Whether a live process holds ``<directory>/.lock``: its pid (or -1 when it wrote
+    none), else None. Creates nothing: a directory without the file is unlocked.
+
+    The check takes a shared lock for an instant and drops it at once, so a broker that
+    starts during that instant finds the directory locked (by its previous holder's pid,
+    or none) and refuses; it never waits on it.
+    """
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no lock file, or no directory: nothing holds it
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            return -1 if holder is None else holder
+        return None
+    finally:
+        os.close(fd)  # drops the shared lock, if taken
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, _PID_BYTES, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None

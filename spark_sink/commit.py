@@ -31,10 +31,15 @@ from spark_sink.options import IdemlogOptions
 
 log = logging.getLogger("idemlog.sink")
 
-# The driver retries a commit or abort that failed retriably for this long, then fails
-# the batch; each request may take _REQUEST_TIMEOUT_S.
-_COMMIT_TIMEOUT_S = 120.0
-_REQUEST_TIMEOUT_S = 60.0
+# Each commit or abort request may take _REQUEST_TIMEOUT_S: longer than the coordinator's
+# worst case with the broker's defaults, a marker retry started just before its deadline
+# (transaction.marker.retry.deadline.ms, 90 s) that then runs a whole marker call (70 s),
+# so the driver never gives up on a commit the coordinator is still completing. The
+# driver retries one that failed retriably for _COMMIT_TIMEOUT_S (at least one retry of a
+# request that timed out), then fails the batch. docs/failure-model.md, "Timeouts on the
+# commit path".
+_REQUEST_TIMEOUT_S = 180.0
+_COMMIT_TIMEOUT_S = 2 * _REQUEST_TIMEOUT_S
 # Backing off before asking a recovering broker again: 0.1 s doubling up to 2 s.
 _COMMIT_RETRY = RetryPolicy(
     deadline_s=_COMMIT_TIMEOUT_S, backoff_s=0.1, max_backoff_s=2.0, jitter=0.0

@@ -17,7 +17,13 @@ through files under ``path`` (the sink option ``path``, default :data:`DEFAULT_P
   (not a zombie) with the recorded create time and the broker's command line, so a pid
   reused by another process is never signalled;
 * ``broker.properties``: the configuration written for each start;
-* ``broker.log``: the broker's stdout and stderr, appended; quoted in errors.
+* ``broker.log``: the broker's stdout and stderr, appended; quoted in errors;
+* ``data/.lock``: the broker's own data-directory lock (docs/storage.md), held by the
+  broker process for its life. It is the last word on which process owns the data: a
+  broker running there that ``broker.json`` does not name (the file lost or rewritten, a
+  broker started by hand on this config) is found through it and adopted, never joined
+  by a second one; a second broker started anyway exits at once (status 2) and its
+  starter adopts the holder instead of failing the job.
 
 The broker runs in its own session (``start_new_session``) so it outlives the worker or
 driver that happened to start it and is not killed with that process group. Readiness is
@@ -39,12 +45,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import psutil
 
 import broker_core
 from broker_core.client.broker_client import BrokerClient
+from broker_core.fileutil import directory_lock_holder
 from spark_sink.errors import EmbeddedBrokerError
 
 DEFAULT_PATH: str = os.path.expanduser("~/.idemlog/embedded")
@@ -111,7 +119,8 @@ def ensure_broker(path: str, *, start_timeout_s: float = 60.0) -> str:
                 # Alive but not answering (hung, or never got to serve): it holds the data
                 # directory, so it must be gone before another broker opens it.
                 _terminate(proc, _TERM_GRACE_S)
-        address, proc = _start(path, previous_port, start_timeout_s)
+        adopted = _adopt_lock_holder(path, config_path, start_timeout_s)
+        address, proc = adopted or _start(path, previous_port, start_timeout_s)
         _remember(path, address, proc, BrokerClient(address, timeout_s=_PING_TIMEOUT_S))
         return address
 
@@ -343,6 +352,9 @@ def _start(path: str, previous_port: int | None, timeout_s: float) -> tuple[str,
     """Start a broker (on ``previous_port`` if given, so old addresses stay valid; on a
     free port if that fails) and return its address and process. Called with the lock held."""
     started = _launch(path, previous_port or 0, timeout_s)
+    if started is None:
+        # Refused because a broker holds the data directory (it exits 2 at once)? Use it.
+        started = _adopt_lock_holder(path, os.path.join(path, CONFIG_FILE), timeout_s)
     if started is None and previous_port:
         started = _launch(path, 0, timeout_s)  # the old port may be taken by now
     if started is None:
@@ -421,6 +433,84 @@ def _launch(path: str, port: int, timeout_s: float) -> tuple[str, psutil.Process
     bound_port = int(address.rpartition(":")[2])
     _write_state(path, state._replace(address=address, port=bound_port))
     return address, broker
+
+
+def _adopt_lock_holder(
+    path: str, config_path: str, timeout_s: float
+) -> tuple[str, psutil.Process] | None:
+    """The broker holding ``<path>/data``'s lock, recorded in ``broker.json``, if one does
+    and answers within ``timeout_s`` (it may still be recovering); None if none holds it.
+
+    Called with ``broker.lock`` held, when ``broker.json`` names no live broker: the data
+    directory's lock still says whether one runs there. A holder that is this path's
+    broker but never answers is terminated (as a hung recorded one is) and None is
+    returned; a holder that is not this path's broker raises EmbeddedBrokerError naming
+    it, since no broker can open the directory while it lives.
+    """
+    data_dir = os.path.join(path, DATA_DIR)
+    holder = _lock_holder_once_exited(Path(data_dir))
+    if holder is None:
+        return None
+    proc = None
+    if holder > 0:
+        with contextlib.suppress(psutil.Error):
+            candidate = psutil.Process(holder)
+            state = _State(None, holder, None, candidate.create_time())
+            proc = _broker_process(state, config_path)
+    if proc is None:
+        raise EmbeddedBrokerError(
+            f"the embedded broker's data directory {data_dir} is locked by "
+            f"{f'process {holder}' if holder > 0 else 'an unknown process'}, which is not "
+            f"the broker of {config_path}; stop it, then retry"
+        )
+    deadline = time.monotonic() + timeout_s
+    while _running(proc):
+        for address in _listening_addresses(proc):
+            client = _answering_client(address)
+            if client is not None:
+                client.close()
+                port = int(address.rpartition(":")[2])
+                _write_state(path, _State(address, proc.pid, port, proc.create_time()))
+                return address, proc
+        if time.monotonic() >= deadline:
+            _terminate(proc, _TERM_GRACE_S)  # holds the data but never serves: as a hung one
+            return None
+        time.sleep(_POLL_S * 10)  # another process's start: no event to wait on
+    return None
+
+
+def _lock_holder_once_exited(data_dir: Path) -> int | None:
+    """The data directory's lock holder (``directory_lock_holder``), waiting up to
+    ``_KILL_WAIT_S`` for one that has exited but not yet let go: a killed multi-threaded
+    broker's main thread is a zombie (gone, for ``_running``) while its other threads
+    still tear down and hold its files, the lock among them."""
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while True:
+        holder = directory_lock_holder(data_dir)
+        if holder is None or holder <= 0:
+            return holder
+        try:
+            exiting = not _running(psutil.Process(holder))
+        except psutil.Error:
+            exiting = True
+        if not exiting or time.monotonic() >= deadline:
+            return holder
+        time.sleep(_POLL_S)  # the kernel's teardown signals nothing we can wait on
+
+
+def _listening_addresses(proc: psutil.Process) -> list[str]:
+    """``127.0.0.1:port`` of every TCP port ``proc`` listens on (the broker binds one)."""
+    try:
+        connections = proc.net_connections(kind="tcp")
+    except psutil.Error:
+        return []
+    return sorted(
+        {
+            f"127.0.0.1:{c.laddr.port}"
+            for c in connections
+            if c.status == psutil.CONN_LISTEN and c.laddr
+        }
+    )
 
 
 def _read_until_eof(fd: int, timeout_s: float) -> str | None:

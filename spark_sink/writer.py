@@ -39,6 +39,7 @@ from pyspark.sql.datasource import (
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
+from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from spark_sink import failpoints, trace
 from spark_sink.commit import (
@@ -287,7 +288,8 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         # Created once on the driver; Spark pickles this writer to the tasks and to the
         # commit process, so all of them agree on them.
         self.run_id = new_run_id()
-        self.sink_id = f"batch-{self.run_id}"
+        # The coordinator knows a job's sink by this form: its record expires with its ids.
+        self.sink_id = batch_job_sink_id(self.run_id)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
         """In a task: the partition's rows as one prepared transaction, readable only once
@@ -297,7 +299,7 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """On the driver: commit every task's transaction, all or none. Retriable broker
-        errors are retried for up to 120 s; then, or on any other error, it raises
+        errors are retried for up to 360 s; then, or on any other error, it raises
         (RuntimeError for a task without a message) and the job's rows are either all
         committed (a lost answer) or none."""
         commit_batch(self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages)
@@ -328,7 +330,7 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """On the driver: commit micro-batch ``batchId`` once; a batch committed before
         (a restarted query replaying it) is left as it is. Retriable broker errors are
-        retried for up to 120 s; then, or on any other error, it raises, and the batch's
+        retried for up to 360 s; then, or on any other error, it raises, and the batch's
         rows are either all committed (a lost answer; a rerun of the batch finds it
         committed) or none."""
         run_id = run_of(messages, batchId)

@@ -177,10 +177,12 @@ def transactions_list(args: argparse.Namespace) -> int:
     ``kafka-transactions.sh --find-hanging``: an old one holds its partitions' readers
     back at its first offset."""
     with BrokerClient(args.bootstrap) as client:
-        rows = client.list_transactions(args.min_age_ms)
+        rows = client.list_transactions(args.min_age_ms, every_id=args.all)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    if args.all:
+        return _print_every_id(rows)
     if not rows:
         print(f"no open transaction older than {args.min_age_ms} ms")
         return 0
@@ -196,6 +198,21 @@ def transactions_list(args: argparse.Namespace) -> int:
         print(
             f"{t['transactional_id']:<40} {t['producer_id']:>8} {t['producer_epoch']:>5} "
             f"{t['age_ms'] / 1000:>8.1f} {t['idle_ms'] / 1000:>8.1f}  {writer}  [{parts}]"
+        )
+    return 0
+
+
+def _print_every_id(rows: list[dict[str, object]]) -> int:
+    """``transactions list --all``: every id the coordinator keeps, with its state and
+    last update; ids idle past transactional.id.expiration.ms disappear from it."""
+    print(f"{len(rows)} transactional ids")
+    if rows:
+        print(f"{'transactional id':<40} {'state':<16} {'pid':>8} {'epoch':>5} {'idle s':>10}")
+    for t in rows:
+        idle_s = int(str(t["idle_ms"])) / 1000
+        print(
+            f"{t['transactional_id']!s:<40} {t['state']!s:<16} {t['producer_id']!s:>8} "
+            f"{t['producer_epoch']!s:>5} {idle_s:>10.1f}"
         )
     return 0
 
@@ -335,6 +352,12 @@ def add_commands(sub: Any) -> None:
     tlist.add_argument("--bootstrap", required=True)
     tlist.add_argument(
         "--min-age-ms", type=int, default=0, help="only those open at least this long"
+    )
+    tlist.add_argument(
+        "--all",
+        action="store_true",
+        help="every transactional id the coordinator keeps, in any state, with its last "
+        "update (ids idle past transactional.id.expiration.ms disappear)",
     )
     tlist.add_argument("--json", action="store_true")
     tlist.set_defaults(func=transactions_list)

@@ -1,7 +1,8 @@
 """The ``idemlog`` command line.
 
-Local data directories: ``idemlog log describe`` lists topics, partitions, offsets and
-producers; ``idemlog log dump`` prints a partition's batches. Configuration: ``idemlog
+Local data directories, read-only (never a file written, even on a running broker's
+directory): ``idemlog log describe`` lists topics, partitions, offsets and producers;
+``idemlog log dump`` prints a partition's batches. Configuration: ``idemlog
 config topic|broker`` lists the keys with defaults and docs (``--properties``: the
 commented default file). A broker and its clients (``broker_core.cli.broker_cmd``): ``idemlog
 broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
@@ -20,19 +21,24 @@ from typing import Any
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.log.config import LOG_CONFIG
-from broker_core.log.partition_log import IsolationLevel
-from broker_core.log.store import TOPIC_FILE, LogStore
+from broker_core.log.dir_lock import LOCK_FILE
+from broker_core.log.inspect import LIVE_NOTE, PartitionView, StoreView
+from broker_core.log.results import IsolationLevel
+from broker_core.log.store import TOPIC_FILE
 from broker_core.server.config import BROKER_CONFIG, render_properties
 
 # A broker's own files in its data directory (``__producer_id_block``, ``__cluster.json``).
 _BROKER_FILE_PREFIX = "__"
+# What one read of ``log dump`` holds at most (or one batch, if larger): it prints as it goes.
+_DUMP_READ_BYTES = 1 << 20
 
 
-def _open_store(data_dir: str) -> LogStore:
-    """The store of an existing data directory. ``LogStore`` creates a missing one, which
-    an inspection must not: a mistyped path would read as an empty store. Raises
-    InvalidConfigError naming the directory if it is missing, not a directory, or holds
-    files but no topic and no broker file (not an idemlog data directory)."""
+def _open_store(data_dir: str) -> StoreView:
+    """A read-only view of an existing data directory (``broker_core.log.inspect``):
+    nothing in it is written, created or deleted, even while a broker runs on it (then a
+    note says so on stderr). Raises InvalidConfigError naming the directory if it is
+    missing, not a directory, or holds files but no topic and no broker file (not an
+    idemlog data directory: a mistyped path must not read as an empty store)."""
     path = Path(data_dir)
     if not path.exists():
         raise InvalidConfigError(f"--data-dir {data_dir}: no such directory")
@@ -40,14 +46,25 @@ def _open_store(data_dir: str) -> LogStore:
         raise InvalidConfigError(f"--data-dir {data_dir}: not a directory")
     entries = list(path.iterdir())
     ours = any(
-        e.name.startswith(_BROKER_FILE_PREFIX) or (e / TOPIC_FILE).is_file() for e in entries
+        e.name.startswith(_BROKER_FILE_PREFIX) or e.name == LOCK_FILE or (e / TOPIC_FILE).is_file()
+        for e in entries
     )
     if entries and not ours:
         raise InvalidConfigError(
             f"--data-dir {data_dir}: not an idemlog data directory (no topic with a "
             f"{TOPIC_FILE} and no broker file in it)"
         )
-    return LogStore(path)
+    store = StoreView(path)
+    if store.live:
+        holder = f"process {store.holder}" if store.holder and store.holder > 0 else "a process"
+        print(f"idemlog: {LIVE_NOTE} ({holder} holds {path / LOCK_FILE})", file=sys.stderr)
+    return store
+
+
+def _report_problems(view: PartitionView) -> None:
+    """What recovery would repair, said, never done (see broker_core.log.inspect)."""
+    for problem in view.problems:
+        print(f"idemlog: {problem}", file=sys.stderr)
 
 
 def _describe(args: argparse.Namespace) -> int:
@@ -59,6 +76,7 @@ def _describe(args: argparse.Namespace) -> int:
             parts = []
             for p in range(topic.partitions):
                 log = store.partition(name, p)
+                _report_problems(log)
                 parts.append(
                     {
                         "partition": p,
@@ -71,6 +89,7 @@ def _describe(args: argparse.Namespace) -> int:
                         "open_transactions": len(log.state.ongoing_transactions()),
                     }
                 )
+                log.close()
             report.append(
                 {
                     "topic": name,
@@ -96,10 +115,13 @@ def _describe(args: argparse.Namespace) -> int:
 def _dump(args: argparse.Namespace) -> int:
     with _open_store(args.data_dir) as store:
         log = store.partition(args.topic, args.partition)
+        _report_problems(log)
         offset = log.log_start_offset if args.offset is None else args.offset
         rows = 0
         while True:
-            result = log.read(offset, isolation=IsolationLevel.parse(args.isolation))
+            result = log.read(
+                offset, isolation=IsolationLevel.parse(args.isolation), max_bytes=_DUMP_READ_BYTES
+            )
             for b in result.batches:
                 rows += b.records.num_rows
                 print(

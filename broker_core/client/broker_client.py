@@ -583,9 +583,12 @@ class BrokerClient:
                 doc["last_stable_offset"] = cut[p]
         return offsets
 
-    def list_transactions(self, min_age_ms: int = 0) -> list[dict[str, Any]]:
-        """Open transactions, oldest first (``idemlog transactions list``)."""
-        doc = self._coordinator_action(ListTransactionsRequest(min_age_ms))
+    def list_transactions(
+        self, min_age_ms: int = 0, *, every_id: bool = False
+    ) -> list[dict[str, Any]]:
+        """Open transactions, oldest first (``idemlog transactions list``); ``every_id``:
+        every transactional id the coordinator keeps, with its state (``--all``)."""
+        doc = self._coordinator_action(ListTransactionsRequest(min_age_ms, every_id))
         return list(doc["transactions"])
 
     def abort_transaction(self, transactional_id: str) -> bool:

@@ -37,6 +37,7 @@ from broker_core.cluster.metadata import (
     BrokerInfo,
     CallbackNotifier,
     ClusterMetadata,
+    ControllerFence,
     PartitionState,
     TopicAssignment,
     TopicView,
@@ -116,6 +117,11 @@ class EmbeddedCluster(TopicView):
         """This run's epoch once registered; the previous run's before."""
         with self._lock:
             return self._controller_epoch
+
+    def controller_fence(self) -> ControllerFence | None:
+        """None: one broker, no other controller to fence (its coordinator's state is in
+        its own log)."""
+        return None
 
     def on_controller_change(self, callback: Callable[[bool], None]) -> None:
         """``callback(True)`` on registration, ``callback(False)`` on close. Added while

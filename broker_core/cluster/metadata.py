@@ -83,6 +83,17 @@ MAX_BROKER_ID = 2**31 - 1  # Kafka's broker.id is an int32
 
 
 @dataclass(frozen=True)
+class ControllerFence:
+    """A controllership's fence in ZooKeeper: ``epoch`` and the ``path`` of the node that
+    keeps it, at the ``version`` this controllership's bump left it. A write made in one
+    multi with a ``check`` of ``path`` at ``version`` fails once a newer controller bumped."""
+
+    epoch: int
+    path: str
+    version: int
+
+
+@dataclass(frozen=True)
 class BrokerInfo:
     """A broker's id and the address its Flight server listens on."""
 
@@ -319,6 +330,10 @@ class ClusterMetadata(Protocol):
     def is_controller(self) -> bool: ...
     def controller_epoch(self) -> int:
         """Grows with every controllership; the coordinator it runs fences older ones."""
+        ...
+
+    def controller_fence(self) -> ControllerFence | None:
+        """While this broker is the controller of a ZooKeeper cluster, its fence; else None."""
         ...
 
     def on_controller_change(self, callback: Callable[[bool], None]) -> None: ...

@@ -23,18 +23,13 @@ What survives what:
   live in-sync replica; with none, a partition stays unavailable until one returns
   (or, with ``unclean.leader.election.enable``, an out-of-sync live replica leads).
 
-Every instance sees every change: a children watch on ``topics`` (topics created and
-deleted) and a data watch per topic (its partitions' state). Each cached topic keeps its
-node's zxids, so a read older than the cache never replaces it.
+Every instance sees every change (a children watch on ``topics``, a data watch per topic);
+each cached topic keeps its node's zxids, so a read older than the cache never replaces it.
 
-Threads: kazoo runs state listeners on its connection thread and watch callbacks on its
-event thread, and neither may block, so both only record what happened and wake the
-worker thread. The worker does the background requests (register, elect, refresh the
-caches), each bounded by a timeout and retried with backoff while ZooKeeper is away.
-The session handling, the worker, the registration and the election live in the
-:class:`~broker_core.cluster.zk_control.ZkControl` component that ZkCluster holds, the
-requests in :mod:`broker_core.cluster.zk_requests` (over the one ZooKeeper session helper,
-:class:`broker_core.zookeeper.ZkSession`).
+Threads: kazoo's listeners and watch callbacks must not block, so they only wake the
+worker, which does the background requests (bounded, retried while ZooKeeper is away).
+Session, worker, registration and election: :mod:`~broker_core.cluster.zk_control`;
+requests: :mod:`broker_core.cluster.zk_requests` (over ``broker_core.zookeeper``).
 """
 
 from __future__ import annotations
@@ -54,6 +49,7 @@ from broker_core.cluster.metadata import (
     BrokerInfo,
     CallbackNotifier,
     ClusterMetadata,
+    ControllerFence,
     PartitionState,
     TopicAssignment,
     TopicView,
@@ -184,9 +180,14 @@ class ZkCluster(TopicView):
         return self._control.is_controller()
 
     def controller_epoch(self) -> int:
-        """The epoch of the current controllership: this broker's own while it is the
-        controller (set before it was reported), else the last value read."""
+        """This broker's controllership's epoch while it is the controller (set before it
+        was reported), else the last value read."""
         return self._control.controller_epoch()
+
+    def controller_fence(self) -> ControllerFence | None:
+        """While controller: the ``controller_epoch`` node at the version its bump left."""
+        fence = self._control.controller_fence()
+        return None if fence is None else ControllerFence(fence[0], self._epoch_path, fence[1])
 
     def on_controller_change(self, callback: Callable[[bool], None]) -> None:
         """``callback(is_controller)`` on every gain and loss, on the notifier thread.

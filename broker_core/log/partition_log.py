@@ -44,9 +44,11 @@ from broker_core.log.recovery import (
 from broker_core.log.replica import (
     HighWatermarkCheckpoint,
     as_encoded,
+    log_start_state,
     open_epoch_cache,
     parse_fetched,
     read_raw,
+    reset_log,
     truncate_segments,
 )
 from broker_core.log.results import (
@@ -78,18 +80,10 @@ from broker_core.record.batch import (
     ipc_pieces,
 )
 
-__all__ = [
-    "AppendResult",
-    "FetchResult",
-    "FetchedBatch",
-    "IsolationLevel",
-    "MarkerResult",
-    "PartitionLog",
-    "SchemaCheck",
-]
+__all__ = ["AppendResult", "FetchResult", "FetchedBatch", "IsolationLevel", "MarkerResult"]
+__all__ += ["PartitionLog", "SchemaCheck"]
 
 log = logging.getLogger("idemlog.log")
-
 
 SchemaCheck = Callable[[pa.Schema], None]
 
@@ -465,11 +459,10 @@ class PartitionLog:
         with self._lock:
             return read_control(self.segments, offset)
 
-    # -- replication (dormant: nothing in the server calls these yet) -------------------
+    # -- replication (called by broker_core/server: partition.py, replica_fetcher.py) --
     def become_leader(self, epoch: int) -> None:
-        """Lead at ``epoch`` from the log end on: later appends and markers carry it, and
-        the epoch cache records (durably) that it starts here. Raises InvalidRequestError
-        for an epoch older than the newest this log holds, or outside [0, 2^31 - 1]."""
+        """Lead at ``epoch`` from the log end on (later batches carry it; the epoch cache
+        records it, durably). InvalidRequestError for an older epoch or one out of range."""
         with self._lock:
             self._check_open()
             self.epochs.assign(epoch, self.log_end_offset)
@@ -491,13 +484,9 @@ class PartitionLog:
 
     def append_as_follower(self, raw: bytes | memoryview) -> int:
         """Append batches exactly as the leader's log holds them; returns the new log end.
-
-        No validator: producer state, txn index and epoch cache follow from the batches as
-        recovery rebuilds them. Everything is checked before anything is written (see
-        ``replica.parse_fetched``): OffsetOutOfRangeError unless the first batch starts at
-        the log end, CorruptRecordError for a torn, corrupt or non-contiguous batch,
-        InvalidRecordError for a leader epoch going back. StorageError on a write failure.
-        """
+        No validator: state, txn index and epoch cache follow from the batches as recovery
+        rebuilds them. All checked before any is written (``replica.parse_fetched``, whose
+        errors it raises); StorageError on a write failure."""
         with self._lock:
             self._check_open()
             gaps, epoch = self.config.policy.compacts, self.epochs.latest_epoch
@@ -518,15 +507,10 @@ class PartitionLog:
             return self.log_end_offset
 
     def truncate_to(self, offset: int) -> int:
-        """Cut the log back to ``offset`` (a diverged tail); returns the new log end.
-
-        The end is ``offset``, or the base of the batch holding it if it falls inside one;
-        nothing changes when ``offset`` >= the log end. Segments, offset and txn indexes,
-        epoch-cache entries and snapshots past the end are dropped, and the producer state
-        is rebuilt as recovery does (newest snapshot at or below the end, then a replay).
-        Raises OffsetOutOfRangeError below the log start. Rows a reader still holds from
-        the cut range point into a shrunk memory map: the caller keeps readers off it.
-        """
+        """Cut a diverged tail at ``offset`` (``replica.truncate_segments``), drop epochs and
+        snapshots past the new end (returned), rebuild the state as recovery does. Raises
+        OffsetOutOfRangeError below the log start. Rows a reader holds from the cut range
+        point into a shrunk memory map: the caller keeps readers off it."""
         with self._lock:
             self._check_open()
             if offset >= self.log_end_offset:
@@ -534,10 +518,8 @@ class PartitionLog:
             if offset < self.log_start_offset:
                 raise OffsetOutOfRangeError(f"{self.name}: truncation to {offset}, below start")
             self._join_flushers()
-            interval = self.config.index_interval_bytes
-            self.segments = truncate_segments(
-                self.directory, self.name, self.segments, offset, interval
-            )
+            args = (self.directory, self.name, self.segments, offset)
+            self.segments = truncate_segments(*args, self.config.index_interval_bytes)
             end = self.log_end_offset
             self.epochs.truncate_from_end(end)  # after the log, never before: see replica.py
             rebuild_state(self.directory, self.segments, self.state)
@@ -546,10 +528,30 @@ class PartitionLog:
                 self._hw_checkpoint.save(self._high_watermark, sync=True)
             return end
 
+    def log_start_state(self) -> tuple[int, int, int, bytes]:
+        """(log start, then ``replica.log_start_state``) for a follower below the start."""
+        with self._lock:
+            self._check_open()
+            args = (self.directory, self.segments, self.epochs, self.state)
+            return (self.log_start_offset, *log_start_state(*args))
+
+    def reset_to(self, offset: int, epoch: int, snapshot: bytes) -> None:
+        """An empty log at ``offset`` with the leader's state there (``replica.reset_log``;
+        an OSError, once it deletes, closes the log: a restart recovers it)."""
+        with self._lock:
+            self._check_open()
+            self._join_flushers()
+            args = (self.directory, self.name, self.segments, offset, epoch, snapshot)
+            try:
+                self.segments, self.epochs = reset_log(*args, self.state, self._hw_checkpoint)
+            except OSError:
+                self._closed = True
+                raise
+            self._high_watermark = offset
+
     def update_high_watermark(self, offset: int) -> int:
-        """Set the high watermark (replicas only; until then it is the log end) and return
-        it. It never moves back: a lower offset is ignored (truncate_to cuts it with the
-        log). Raises OffsetOutOfRangeError outside [log start, log end]."""
+        """Set the high watermark (replicas only; else the log end), never back (truncate_to
+        and reset_to set it), and return it. OffsetOutOfRangeError outside the log."""
         with self._lock:
             if not self.log_start_offset <= offset <= self.log_end_offset:
                 raise OffsetOutOfRangeError(f"{self.name}: high watermark {offset} outside log")

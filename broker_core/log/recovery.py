@@ -144,7 +144,8 @@ def recover_partition(
 
     ``state`` must be empty; on return it holds the producers as of the recovered log end.
     Files are changed only to repair the directory: a torn tail is truncated, segments
-    after it and orphan indexes are deleted, snapshots below the log start are deleted,
+    after it and orphan indexes are deleted, snapshots below the log start (all of them
+    when there is no segment) are deleted,
     and the clean-shutdown marker is consumed. Raises CorruptRecordError for a file name
     that is not a segment or index name, and OSError when the directory cannot be read.
     """
@@ -155,6 +156,8 @@ def recover_partition(
     offsets = _segment_offsets(directory)
     if not offsets:
         marker.unlink(missing_ok=True)
+        for _at, path in list_snapshots(directory):
+            path.unlink()  # no log, no state: a reset interrupted before its segment
         return RecoveredLog([], clean, 0, 0, None, 0, len(state))
     segments = [LogSegment(directory, base) for base in offsets]
     snapshots = list_snapshots(directory)

@@ -1,9 +1,10 @@
-"""The log side of replication: a follower's append, truncation, raw reads, the epoch cache.
+"""The log side of replication: a follower's append, truncation, raw reads, the epoch cache,
+and the reset of a follower whose log ends below its leader's log start.
 
 Functions over a partition's segments that ``PartitionLog`` calls under its lock
-(``append_as_follower``, ``truncate_to``, ``read_raw``, ``become_leader``); nothing in the
-server uses them yet (see docs/replication.md). Kept apart so ``partition_log`` stays
-small; this module never imports ``partition_log``.
+(``append_as_follower``, ``truncate_to``, ``read_raw``, ``become_leader``,
+``log_start_state``, ``reset_to``; docs/replication.md). Kept apart so ``partition_log``
+stays small; this module never imports ``partition_log``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,23 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker_core.errors import CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError
+from broker_core.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+)
 from broker_core.fileutil import atomic_write, fsync_directory
 from broker_core.log.leader_epoch import LeaderEpochCache
+from broker_core.log.producer_state import ProducerStateManager
 from broker_core.log.recovery import batches_from
 from broker_core.log.segment import LogSegment, StoredBatch
+from broker_core.log.snapshot import (
+    decode_snapshot,
+    encode_snapshot,
+    list_snapshots,
+    snapshot_path,
+)
 from broker_core.record.batch import (
     HEADER_SIZE,
     INITIAL_LEADER_EPOCH,
@@ -152,6 +165,88 @@ def open_epoch_cache(directory: Path, segments: Sequence[LogSegment]) -> LeaderE
         cache.truncate_from_end(segments[-1].next_offset)
         cache.truncate_from_start(segments[0].base_offset)
     return cache
+
+
+def log_start_state(
+    directory: Path,
+    segments: Sequence[LogSegment],
+    epochs: LeaderEpochCache,
+    state: ProducerStateManager,
+) -> tuple[int, int, bytes]:
+    """Where a follower whose log ends below this log's start starts its own instead:
+    (offset, the leader epoch of the batch there, the producer-state snapshot there).
+
+    The offset is the log start: a roll snapshots the state at every segment's base and
+    retention keeps the snapshot at the new start, so it is normally there. When it is
+    not (lost in a crash right after a roll, or unreadable), the first readable snapshot
+    above it within the log; with none, the log end, snapshotted now from ``state``
+    (the follower then copies nothing older, which is still a consistent log). The
+    snapshot bytes are the file's, CRC-protected (``broker_core.log.snapshot``).
+    """
+    start, end = segments[0].base_offset, segments[-1].next_offset
+    for offset, path in list_snapshots(directory):
+        if not start <= offset <= end:
+            continue
+        try:
+            data = path.read_bytes()
+            decode_snapshot(data, window=state.window, name=str(path))
+        except (OSError, CorruptRecordError) as exc:
+            log.warning("%s: not offered to a follower below the log start: %s", path, exc)
+            continue
+        return offset, epochs.epoch_at(offset), data
+    data = encode_snapshot(end, state.entries())
+    atomic_write(snapshot_path(directory, end), data)  # the leader's own, for its recovery
+    return end, epochs.epoch_at(end), data
+
+
+def reset_log(
+    directory: Path,
+    name: str,
+    segments: Sequence[LogSegment],
+    offset: int,
+    epoch: int,
+    snapshot: bytes,
+    state: ProducerStateManager,
+    high_watermark: HighWatermarkCheckpoint,
+) -> tuple[list[LogSegment], LeaderEpochCache]:
+    """Replace the whole log by an empty one at ``offset`` with the leader's producer state
+    there (``snapshot``) and an epoch cache that starts with ``epoch`` there (none when it
+    is NO_LEADER_EPOCH): a follower whose log ends below its leader's log start.
+
+    Returns the new segments (one, empty) and epoch cache; ``state`` is loaded with the
+    snapshot's entries and ``high_watermark`` saved at ``offset``.
+    Crash-safe by order, so a crash anywhere leaves a log that recovery opens and the
+    fetcher resumes from: (1) the old segments are deleted newest first, each unlink
+    fsynced, then the old snapshots (a crash leaves a prefix of the old log, still below
+    the leader's start: the fetcher resets again); (2) the snapshot at ``offset`` is
+    written durably, then the epoch checkpoint (with no segment at ``offset`` yet,
+    recovery ignores both: a directory without segments drops its snapshots, epoch
+    entries past the log end are dropped); (3) the empty segment at ``offset`` is created
+    and the directory fsynced: from then on recovery opens the reset
+    log with the leader's producer state. Raises CorruptRecordError for a snapshot that is
+    unreadable or not at ``offset``, and InvalidRequestError for an ``offset`` not past
+    the log end (a reset never drops a batch the leader still has), both before anything
+    is deleted.
+    """
+    end = segments[-1].next_offset if segments else 0
+    if offset <= end:
+        raise InvalidRequestError(f"{name}: reset to {offset}, not past the log end {end}")
+    at, entries = decode_snapshot(snapshot, window=state.window, name=f"{name}: leader's snapshot")
+    if at != offset:
+        raise CorruptRecordError(f"{name}: leader's snapshot is at {at}, not at {offset}")
+    for seg in reversed(segments):
+        log.warning("%s: reset to %d deletes segment %s", name, offset, seg.log_path.name)
+        seg.delete()
+        fsync_directory(directory)  # one at a time: never a gap, whatever the file system
+    for _at, path in list_snapshots(directory):
+        path.unlink(missing_ok=True)
+    atomic_write(snapshot_path(directory, offset), snapshot)
+    cache = LeaderEpochCache.rebuild(directory, [(epoch, offset)] if epoch >= 0 else [])
+    segment = LogSegment(directory, offset)
+    fsync_directory(directory)
+    state.load(entries)
+    high_watermark.save(offset, sync=True)
+    return [segment], cache
 
 
 HIGH_WATERMARK_FILE = "high-watermark-checkpoint"

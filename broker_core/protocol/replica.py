@@ -12,6 +12,17 @@ A follower copies its leader's log with two ``DoAction`` calls:
   ``fetch_offset`` is also the follower's log end, which is how the leader learns how far
   each follower has copied (high watermark, in-sync replicas).
 
+A follower whose log ends below the leader's log start (a wiped disk, or away longer than
+retention) cannot fetch (``OFFSET_OUT_OF_RANGE``); it asks a third call:
+
+* ``replica_log_start`` ({topic, partition, replica_id, leader_epoch}): binary like a
+  fetch's answer; its JSON header is {log_start_offset, offset, epoch} and the bytes
+  after it are the leader's producer-state snapshot at ``offset`` (normally its log
+  start), in the snapshot file format (docs/storage.md), CRC-protected. The follower
+  starts an empty log at ``offset`` with that state and ``epoch`` (the leader epoch of the
+  batch there; -1: none) and fetches from there (docs/replication.md, "A follower below
+  the leader's log start").
+
 ``leader_epoch`` is the epoch the follower believes current: the leader answers
 ``FENCED_LEADER_EPOCH`` for an older one and ``UNKNOWN_LEADER_EPOCH`` for a newer one
 (KIP-320), so a fetch never crosses an election unnoticed.
@@ -102,19 +113,85 @@ class ReplicaFetchResponse:
     @classmethod
     def decode(cls, data: bytes) -> ReplicaFetchResponse:
         what = "replica_fetch answer"
-        if len(data) < _HEADER_LEN.size:
-            raise InvalidRequestError(f"{what}: {len(data)} bytes, no header")
-        (length,) = _HEADER_LEN.unpack_from(data)
-        end = _HEADER_LEN.size + length
-        if end > len(data):
-            raise InvalidRequestError(f"{what}: header of {length} bytes, {len(data)} in all")
-        doc = decode_json(data[_HEADER_LEN.size : end], what)
+        doc, records = _split_binary(data, what)
         return cls(
             _non_negative(doc, "high_watermark", what),
             _non_negative(doc, "log_start_offset", what),
             _non_negative(doc, "log_end_offset", what),
-            data[end:],
+            records,
         )
+
+
+def _split_binary(data: bytes, what: str) -> tuple[Doc, bytes]:
+    """A binary answer's JSON header and the bytes after it."""
+    if len(data) < _HEADER_LEN.size:
+        raise InvalidRequestError(f"{what}: {len(data)} bytes, no header")
+    (length,) = _HEADER_LEN.unpack_from(data)
+    end = _HEADER_LEN.size + length
+    if end > len(data):
+        raise InvalidRequestError(f"{what}: header of {length} bytes, {len(data)} in all")
+    return decode_json(data[_HEADER_LEN.size : end], what), data[end:]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLogStartRequest:
+    """A follower below the leader's log start asks where to start its log instead, at
+    ``leader_epoch`` (fenced like a fetch)."""
+
+    ACTION: ClassVar[Action] = Action.REPLICA_LOG_START
+    topic: str
+    partition: int
+    replica_id: int
+    leader_epoch: int
+
+    def to_doc(self) -> Doc:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "replica_id": self.replica_id,
+            "leader_epoch": self.leader_epoch,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> ReplicaLogStartRequest:
+        what = "replica_log_start"
+        return cls(
+            _field(doc, "topic", str, what),
+            _non_negative(doc, "partition", what),
+            _non_negative(doc, "replica_id", what),
+            _non_negative(doc, "leader_epoch", what),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLogStartResponse:
+    """The leader's log start, and where a follower below it starts instead: ``offset``
+    (at or above the log start), the leader epoch of the batch there (-1: none) and the
+    leader's producer-state snapshot there (snapshot file bytes, decoded by the log)."""
+
+    log_start_offset: int
+    offset: int
+    epoch: int
+    snapshot: bytes
+
+    def encode(self) -> bytes:
+        doc = {"log_start_offset": self.log_start_offset, "offset": self.offset}
+        header = encode_json({**doc, "epoch": self.epoch})
+        return _HEADER_LEN.pack(len(header)) + header + self.snapshot
+
+    @classmethod
+    def decode(cls, data: bytes) -> ReplicaLogStartResponse:
+        what = "replica_log_start answer"
+        doc, snapshot = _split_binary(data, what)
+        answer = cls(
+            _non_negative(doc, "log_start_offset", what),
+            _non_negative(doc, "offset", what),
+            _field(doc, "epoch", int, what),
+            snapshot,
+        )
+        if answer.offset < answer.log_start_offset or answer.epoch < -1 or not snapshot:
+            raise InvalidRequestError(f"{what}: inconsistent {doc} with {len(snapshot)} bytes")
+        return answer
 
 
 @dataclass(frozen=True, slots=True)

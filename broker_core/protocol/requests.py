@@ -681,13 +681,15 @@ class StableEndsResponse:
 class ListTransactionsRequest:
     ACTION: ClassVar[Action] = Action.LIST_TRANSACTIONS
     min_age_ms: int = 0
+    every_id: bool = False  # every transactional id with its state, not the open ones
 
     def to_doc(self) -> Doc:
-        return {"min_age_ms": self.min_age_ms}
+        return {"min_age_ms": self.min_age_ms, "all": self.every_id}
 
     @classmethod
     def from_doc(cls, doc: Doc) -> ListTransactionsRequest:
-        return cls(_field(doc, "min_age_ms", int, cls.ACTION.value, 0))
+        what = cls.ACTION.value
+        return cls(_field(doc, "min_age_ms", int, what, 0), _field(doc, "all", bool, what, False))
 
 
 @dataclass(frozen=True, slots=True)

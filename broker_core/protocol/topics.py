@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from broker_core.errors import InvalidTopicError
+from broker_core.fileutil import LOCK_FILE
 
 MAX_TOPIC_NAME_LENGTH = 249  # Kafka's limit, so names move between the two unchanged
 MAX_PARTITIONS = 10_000
@@ -16,6 +17,8 @@ def validate_topic_name(name: object) -> str:
         raise InvalidTopicError(f"topic name {name!r} must be a non-empty string")
     if name in (".", ".."):
         raise InvalidTopicError(f"topic name {name!r} is not allowed")
+    if name == LOCK_FILE:  # a topic is a directory of log.dir, where this is the lock file
+        raise InvalidTopicError(f"topic name {name!r} is reserved (the data-directory lock)")
     if len(name) > MAX_TOPIC_NAME_LENGTH:
         raise InvalidTopicError(
             f"topic name {name[:40]!r}... is {len(name)} characters, over the limit of "

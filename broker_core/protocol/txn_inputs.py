@@ -44,6 +44,19 @@ def check_sink_id(value: object) -> str:
 
 
 MAX_RUN_ID_LENGTH = 200
+# A df.write job's sink id is this prefix and its run id (spark_sink/writer.py): a sink
+# committed once, by that run. A stream's sink id is its query id, which never has it.
+BATCH_JOB_SINK_PREFIX = "batch-"
+
+
+def batch_job_sink_id(run_id: str) -> str:
+    """The sink id of the df.write job of run ``run_id``."""
+    return BATCH_JOB_SINK_PREFIX + run_id
+
+
+def is_batch_job(sink_id: str, run_id: str | None) -> bool:
+    """``sink_id`` is the df.write job of ``run_id`` (not a streaming query)."""
+    return run_id is not None and sink_id == batch_job_sink_id(run_id)
 
 
 def check_run_id(value: object) -> str:

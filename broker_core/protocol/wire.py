@@ -74,13 +74,14 @@ class Action(StrEnum):
     ABORT_SINK_RUN = "abort_sink_run"  # {run_id, batch_id} -> {aborted: [ids]}
     SINK_HEARTBEAT = "sink_heartbeat"  # {sink_id, run_id} -> {}
     STABLE_ENDS = "stable_ends"  # {topic} -> {ends: {partition: offset}}
-    LIST_TRANSACTIONS = "list_transactions"  # {min_age_ms?} -> {transactions: [..]}
+    LIST_TRANSACTIONS = "list_transactions"  # {min_age_ms?, all?} -> {transactions: [..]}
     ABORT_TRANSACTION = "abort_transaction"  # {transactional_id} -> {aborted: bool}
     METRICS = "metrics"  # {} -> metrics document
     PING = "ping"  # {} -> {broker_id, version}
     # Broker to broker (replication, protocol.replica): a follower's fetch answers binary.
     REPLICA_FETCH = "replica_fetch"  # {topic, partition, replica_id, ..} -> header + batches
     OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"  # {.., epoch} -> {epoch, end_offset}
+    REPLICA_LOG_START = "replica_log_start"  # {topic, partition, ..} -> header + snapshot
     ELECT_LEADERS = "elect_leaders"  # {topics?: [..]} -> {moved: {topic: {partition: id}}}
 
 

@@ -1,15 +1,18 @@
 """The broker: one process serving a LogStore over Arrow Flight, wired into the cluster.
 
-``Broker(config).start()`` opens, in order: the producer-id block source (ZooKeeper, or
-the embedded file ``<log.dir>/__producer_id_block``), the :class:`LogStore`, the Flight
-server (bound, so the real port is known), the cluster metadata (registering this
-broker), the local partitions it leads (recovering each), the transaction coordinator if
-this broker is the controller, and the background tasks. Requests that arrive before
-the start finished wait for it (a restart on a fixed port may be hit at once).
+``Broker(config).start()`` opens, in order: the data-directory lock (``<log.dir>/.lock``,
+held until the end of ``close()``; a second process on the same ``log.dir`` is refused
+with LogDirLockedError before it reads or writes a file there), the producer-id block
+source (ZooKeeper, or the embedded file ``<log.dir>/__producer_id_block``), the
+:class:`LogStore`, the Flight server (bound, so the real port is known), the cluster
+metadata (registering this broker), the local partitions it leads (recovering each), the
+transaction coordinator if this broker is the controller, and the background tasks.
+Requests that arrive before the start finished wait for it (a restart on a fixed port may
+be hit at once).
 
 ``close()`` (also on SIGTERM/SIGINT through the CLI) stops accepting requests, stops the
 tasks and the coordinator, closes the store (snapshots and the clean-shutdown marker in
-every partition) and deregisters.
+every partition), deregisters and, last, drops the data-directory lock.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from broker_core.errors import (
     CoordinatorNotAvailableError,
     IdemlogError,
     InvalidConfigError,
+    LogDirLockedError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
 )
+from broker_core.fileutil import DirectoryLock
+from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import PartitionGauges
@@ -44,6 +50,7 @@ from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.tasks import TaskGroup
 from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.pid_block import ProducerIdBlock
 from broker_core.txn.pid_file import FileProducerIdBlockSource
 from broker_core.txn.pid_manager import ProducerIdManager
@@ -137,6 +144,7 @@ class Broker:
         self._state = BrokerState.CREATED
         self._state_lock = threading.Lock()
         self._ready = threading.Event()
+        self._dir_lock: DirectoryLock | None = None
         self._zk: Any = None
         self._pid_source: FileProducerIdBlockSource | ZkProducerIdBlockSource | None = None
         self.pids: ProducerIdManager | None = None
@@ -185,9 +193,10 @@ class Broker:
         When it returns, the store is open and recovered, the broker is registered in the
         cluster, its partitions are open and, if it is the controller in embedded mode,
         the transaction coordinator runs; requests are answered from then on. Raises
-        RuntimeError if called twice, and what opening a part raises (InvalidConfigError,
-        StorageError, DuplicateBrokerRegistrationError, a ZooKeeper timeout...): the
-        parts already open are released first and the broker is STOPPED.
+        RuntimeError if called twice, and what opening a part raises (LogDirLockedError
+        when another live process holds ``log.dir``, InvalidConfigError, StorageError,
+        DuplicateBrokerRegistrationError, a ZooKeeper timeout...): the parts already open
+        are released first and the broker is STOPPED.
         """
         from broker_core.server.flight_server import IdemlogFlightServer
         from broker_core.server.handlers import ActionHandlers
@@ -196,6 +205,8 @@ class Broker:
         cfg = self.config
         try:
             cfg.log_dir.mkdir(parents=True, exist_ok=True)
+            # Before anything in the directory is read or written: recovery may truncate.
+            self._dir_lock = lock_data_dir(cfg.log_dir)
             if cfg.embedded:
                 self._pid_source = FileProducerIdBlockSource(cfg.log_dir / PID_BLOCK_FILE)
             else:
@@ -263,6 +274,7 @@ class Broker:
                 LocalMarkerWriter(self.store),
                 cluster.brokers,
                 replicated=self.replicas.wait_replicated,
+                call_timeout_s=cfg.marker_call_timeout_s,
             )
             cluster.register(self.info)
             topics.sync()
@@ -276,10 +288,19 @@ class Broker:
                 markers=self.markers,
                 offsets=ClusterStableOffsets(self.broker_id, topics, cluster.brokers),
                 max_timeout_ms=cfg.transaction_max_timeout_ms,
+                marker_retry_deadline_s=cfg.transaction_marker_retry_deadline_ms / 1000.0,
+                expiry=ExpiryPolicy(
+                    cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms
+                ),
             )
             role.start(synchronous=cfg.embedded)
             self._add_tasks(self.store, role)
             self._tasks.start()
+        except LogDirLockedError:
+            # An operator's mistake, said in one line by the CLI: no traceback.
+            self._transition(BrokerState.STOPPING)
+            self._release()
+            raise
         except BaseException:
             log.exception("broker %d failed to start", self.broker_id)
             self._transition(BrokerState.STOPPING)
@@ -351,6 +372,11 @@ class Broker:
             "transaction-timeouts",
             cfg.transaction_cleanup_interval_ms,
             role.abort_timed_out,
+        )
+        self._tasks.add(
+            "transactional-id-expiry",
+            cfg.expired_transaction_cleanup_interval_ms,
+            role.expire_idle,
         )
 
     # -- local partitions ----------------------------------------------------------------
@@ -519,6 +545,8 @@ class Broker:
                 self._zk.close()
             except Exception:
                 log.exception("broker %d: closing the ZooKeeper client failed", self.broker_id)
+        if self._dir_lock is not None:
+            self._dir_lock.release()  # last: nothing of this broker touches the directory now
         with self._state_lock:
             self._state = BrokerState.STOPPED
         log.info("broker %d is stopped", self.broker_id)

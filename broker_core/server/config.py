@@ -119,6 +119,41 @@ _BROKER_KEYS = [
         min=1,
     ),
     ConfigKey(
+        "transactional.id.expiration.ms",
+        int,
+        604_800_000,
+        "How long the coordinator keeps a transactional id no producer used (state EMPTY or "
+        "COMPLETE_*, no pending sink commit naming it, no task of its run alive): then it "
+        "goes DEAD and its record is removed (a tombstone in __transaction_state, a deleted "
+        "znode). A producer still holding it gets INVALID_PRODUCER_ID_MAPPING and must "
+        "initialise again (a new producer id). A df.write job's sink record goes with its "
+        "last id. Kafka's key and default (7 days).",
+        min=1,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "transaction.remove.expired.transaction.cleanup.interval.ms",
+        int,
+        3_600_000,
+        "How often the coordinator removes transactional ids and sink records past their "
+        "expiry (transactional.id.expiration.ms, sink.stream.expiration.ms). Kafka's key and "
+        "default (1 hour).",
+        min=1,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "sink.stream.expiration.ms",
+        int,
+        -1,
+        "How long a streaming query's sink record (its last committed batch id) is kept "
+        "once the query's transactional ids expired and it committed nothing. -1: forever "
+        "(one small record per query ever run). A query restarted from its checkpoint "
+        "after its record expired may write its last batch twice (docs/failure-model.md, "
+        "'Expiry'): set it only longer than any query stays stopped.",
+        min=-1,
+        max=LONG_MAX,
+    ),
+    ConfigKey(
         "producer.id.expiration.check.interval.ms",
         int,
         600_000,
@@ -168,6 +203,18 @@ _BROKER_KEYS = [
         "once it catches up.",
         min=1,
         max=LONG_MAX,
+    ),
+    ConfigKey(
+        "transaction.marker.retry.deadline.ms",
+        int,
+        90_000,
+        "How long the coordinator retries a transaction's markers that failed retriably "
+        "(a leader down or being replaced) before it gives up the call (the transaction "
+        "stays PREPARE_x and is finished by its cleanup pass). Must exceed the marker "
+        "call's timeout, 2 x replica.lag.time.max.ms + 10 s, and "
+        "zookeeper.session.timeout.ms (docs/failure-model.md, the commit path's timeouts).",
+        min=1,
+        max=INT_MAX,
     ),
     ConfigKey(
         "replica.fetch.wait.max.ms",
@@ -229,6 +276,55 @@ _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 BROKER_CONFIG = ConfigDef(_BROKER_KEYS + _topic_default_keys(), what="broker")
 
 
+# The commit path's timeouts, each longer than the one it waits for (docs/failure-model.md,
+# "Timeouts on the commit path"). The margins cover an ISR check (at most 1 s), a ZooKeeper
+# write and the answer's way back.
+ACK_WAIT_MARGIN_MS = 5_000
+MARKER_CALL_MARGIN_MS = 5_000
+
+
+def ack_timeout_ms(replica_lag_time_max_ms: int) -> int:
+    """How long an acks=all answer (a marker's too) waits for the in-sync replicas: past a
+    stuck follower's removal from the ISR (``replica.lag.time.max.ms`` after it last
+    caught up, then an ISR check and a ZooKeeper write), with room to spare."""
+    return 2 * replica_lag_time_max_ms + ACK_WAIT_MARGIN_MS
+
+
+def marker_call_timeout_ms(replica_lag_time_max_ms: int) -> int:
+    """A remote ``write_txn_markers`` call's timeout: longer than the acks=all wait at the
+    leader it waits for, so a stuck follower makes the call slow, never time out and be
+    retried (a retry appends the marker again)."""
+    return ack_timeout_ms(replica_lag_time_max_ms) + MARKER_CALL_MARGIN_MS
+
+
+def check_timeouts(parsed: Mapping[str, ConfigValue]) -> None:
+    """Refuse timeouts that contradict each other (InvalidConfigError naming both keys and
+    their values): the commit path's (docs/failure-model.md), and a follower's long poll
+    that would count as lag."""
+    lag = int(parsed["replica.lag.time.max.ms"])
+    deadline = int(parsed["transaction.marker.retry.deadline.ms"])
+    session = int(parsed["zookeeper.session.timeout.ms"])
+    wait = int(parsed["replica.fetch.wait.max.ms"])
+    if deadline <= marker_call_timeout_ms(lag):
+        raise InvalidConfigError(
+            f"transaction.marker.retry.deadline.ms={deadline} must be longer than the marker "
+            f"call's timeout, 2 x replica.lag.time.max.ms + 10 s = {marker_call_timeout_ms(lag)} "
+            f"ms (replica.lag.time.max.ms={lag}): markers held up by a stuck follower would "
+            "be given up before it leaves the ISR"
+        )
+    if deadline <= session:
+        raise InvalidConfigError(
+            f"transaction.marker.retry.deadline.ms={deadline} must be longer than "
+            f"zookeeper.session.timeout.ms={session}: a leader lost during a commit is "
+            "replaced only once its session expired, and its markers must be retried past that"
+        )
+    if wait >= lag:
+        raise InvalidConfigError(
+            f"replica.fetch.wait.max.ms={wait} must be shorter than replica.lag.time.max.ms="
+            f"{lag}: a follower's long poll would drop it from the ISR"
+        )
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     broker_id: int
@@ -244,6 +340,9 @@ class BrokerConfig:
     max_request_bytes: int
     transaction_max_timeout_ms: int
     transaction_cleanup_interval_ms: int
+    transactional_id_expiration_ms: int
+    expired_transaction_cleanup_interval_ms: int
+    sink_stream_expiration_ms: int  # -1: a stream's sink record never expires
     producer_id_expiration_check_interval_ms: int
     log_retention_check_interval_ms: int
     log_flush_scheduler_interval_ms: int
@@ -251,6 +350,7 @@ class BrokerConfig:
     log_cleaner_backoff_ms: int
     default_replication_factor: int  # -1: min(3, live brokers) with ZooKeeper, 1 embedded
     replica_lag_time_max_ms: int
+    transaction_marker_retry_deadline_ms: int
     replica_fetch_wait_max_ms: int
     replica_fetch_max_bytes: int
     replica_fetch_backoff_ms: int
@@ -260,6 +360,14 @@ class BrokerConfig:
     @property
     def embedded(self) -> bool:
         return not self.zookeeper_connect
+
+    @property
+    def ack_timeout_s(self) -> float:
+        return ack_timeout_ms(self.replica_lag_time_max_ms) / 1000.0
+
+    @property
+    def marker_call_timeout_s(self) -> float:
+        return marker_call_timeout_ms(self.replica_lag_time_max_ms) / 1000.0
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object] | None = None) -> BrokerConfig:
@@ -275,6 +383,7 @@ class BrokerConfig:
             # The topic-level check names topic keys; say which broker keys they came from.
             # Same type: a refused log.replication.factor stays INVALID_REPLICATION_FACTOR.
             raise type(exc)(f"broker topic defaults (log.*): {exc.message}") from exc
+        check_timeouts(parsed)
         if parsed["default.replication.factor"] == 0:
             raise InvalidConfigError(
                 "default.replication.factor=0: a topic needs at least one replica (-1 lets "
@@ -307,6 +416,11 @@ class BrokerConfig:
             transaction_cleanup_interval_ms=int(
                 parsed["transaction.abort.timed.out.transaction.cleanup.interval.ms"]
             ),
+            transactional_id_expiration_ms=int(parsed["transactional.id.expiration.ms"]),
+            expired_transaction_cleanup_interval_ms=int(
+                parsed["transaction.remove.expired.transaction.cleanup.interval.ms"]
+            ),
+            sink_stream_expiration_ms=int(parsed["sink.stream.expiration.ms"]),
             producer_id_expiration_check_interval_ms=int(
                 parsed["producer.id.expiration.check.interval.ms"]
             ),
@@ -316,6 +430,9 @@ class BrokerConfig:
             log_cleaner_backoff_ms=int(parsed["log.cleaner.backoff.ms"]),
             default_replication_factor=int(parsed["default.replication.factor"]),
             replica_lag_time_max_ms=int(parsed["replica.lag.time.max.ms"]),
+            transaction_marker_retry_deadline_ms=int(
+                parsed["transaction.marker.retry.deadline.ms"]
+            ),
             replica_fetch_wait_max_ms=int(parsed["replica.fetch.wait.max.ms"]),
             replica_fetch_max_bytes=int(parsed["replica.fetch.max.bytes"]),
             replica_fetch_backoff_ms=int(parsed["replica.fetch.backoff.ms"]),

@@ -380,5 +380,6 @@ _ACTION_DOCS: dict[Action, str] = {
     Action.PING: "liveness: {broker_id, version}",
     Action.REPLICA_FETCH: "broker to broker: a follower's fetch (binary answer)",
     Action.OFFSETS_FOR_LEADER_EPOCH: "broker to broker: where an epoch ended (KIP-279)",
+    Action.REPLICA_LOG_START: "broker to broker: a follower below the log start (binary)",
     Action.ELECT_LEADERS: "preferred-leader rebalance, on the controller: {topics?}",
 }

@@ -37,7 +37,7 @@ abort_sink_run         {run_id? | sink_id?, batch_id} -> {aborted: [transactiona
 sink_heartbeat         {sink_id, run_id} -> {}
 stable_ends            {topic} -> {ends: {partition: offset}} (read_committed ends that
                        hold every sink batch whole or not at all)
-list_transactions      {min_age_ms?} -> {transactions: [{transactional_id, age_ms, ..}]}
+list_transactions      {min_age_ms?, all?} -> {transactions: [{transactional_id, ..}]}
 abort_transaction      {transactional_id} -> {aborted}
 metrics                {} -> the metrics document (broker_core.server.metrics)
 replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch,
@@ -45,6 +45,9 @@ replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch
                        broker, protocol.replica)
 offsets_for_leader_    {topic, partition, leader_epoch, epoch} -> {epoch, end_offset}
 epoch                  (broker to broker, KIP-279)
+replica_log_start      {topic, partition, replica_id, leader_epoch} -> binary: header
+                       {log_start_offset, offset, epoch} + producer-state snapshot (broker
+                       to broker: a follower below the leader's log start)
 elect_leaders          {topics?: [..]} -> {moved: {topic: {partition: leader}}} (the
                        preferred-leader rebalance; on the controller)
 ping                   {} -> {broker_id, version}
@@ -85,6 +88,7 @@ from broker_core.protocol.replica import (
     ElectLeadersRequest,
     OffsetsForLeaderEpochRequest,
     ReplicaFetchRequest,
+    ReplicaLogStartRequest,
 )
 from broker_core.protocol.requests import (
     AbortSinkBatchRequest,
@@ -187,6 +191,7 @@ class ActionHandlers:
         # Answers that are not JSON (a follower's fetch carries the batches' bytes).
         self.binary: dict[Action, Callable[[dict[str, Any]], bytes]] = {
             Action.REPLICA_FETCH: self.replica_fetch,
+            Action.REPLICA_LOG_START: self.replica_log_start,
         }
         self.table: dict[Action, Handler] = {
             Action.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
@@ -364,8 +369,9 @@ class ActionHandlers:
         return StableEndsResponse(dict(self._coordinator().stable_ends(topic))).to_doc()
 
     def list_transactions(self, body: dict[str, Any]) -> dict[str, Any]:
-        min_age_ms = ListTransactionsRequest.from_doc(body).min_age_ms
-        return {"transactions": self._coordinator().list_transactions(min_age_ms)}
+        request = ListTransactionsRequest.from_doc(body)
+        rows = self._coordinator().list_transactions(request.min_age_ms, every_id=request.every_id)
+        return {"transactions": rows}
 
     def abort_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
         txn_id = AbortTransactionRequest.from_doc(body).transactional_id
@@ -420,6 +426,9 @@ class ActionHandlers:
 
     def replica_fetch(self, body: dict[str, Any]) -> bytes:
         return self._replica_manager().replica_fetch(ReplicaFetchRequest.from_doc(body))
+
+    def replica_log_start(self, body: dict[str, Any]) -> bytes:
+        return self._replica_manager().replica_log_start(ReplicaLogStartRequest.from_doc(body))
 
     def offsets_for_leader_epoch(self, body: dict[str, Any]) -> dict[str, Any]:
         request = OffsetsForLeaderEpochRequest.from_doc(body)

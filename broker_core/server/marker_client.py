@@ -41,7 +41,9 @@ from broker_core.txn.markers import MarkerWriter, StableOffsets
 log = logging.getLogger("idemlog.markers")
 
 FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
-MARKER_TIMEOUT_S = 10.0
+# A remote marker call's timeout when none is given: the broker passes one longer than the
+# acks=all wait at the leader (server.config.marker_call_timeout_ms, 70 s by default).
+MARKER_TIMEOUT_S = 70.0
 
 
 def _failpoint(stage: str) -> None:
@@ -65,7 +67,9 @@ class RoutingMarkerWriter:
 
     A local marker counts as written once ``replicated(topic, partition, end)`` returns:
     every in-sync replica has it (acks=all), so a leader lost right after cannot take a
-    transaction the coordinator records as ended with it.
+    transaction the coordinator records as ended with it. A remote call waits up to
+    ``call_timeout_s``: longer than that acks=all wait at the leader, so a slow follower
+    never makes the call time out and be retried, which would append the marker again.
     """
 
     def __init__(
@@ -76,12 +80,14 @@ class RoutingMarkerWriter:
         brokers: Callable[[], Sequence[BrokerInfo]],
         *,
         replicated: Callable[[str, int, int], None] | None = None,
+        call_timeout_s: float = MARKER_TIMEOUT_S,
     ) -> None:
         self._broker_id = broker_id
         self._topics = topics
         self._local = local
         self._brokers = brokers
         self._replicated = replicated
+        self._call_timeout_s = call_timeout_s
         self._connections = FlightConnections()
 
     def write_markers(
@@ -179,7 +185,7 @@ class RoutingMarkerWriter:
             self._address(leader),
             Action.WRITE_TXN_MARKERS.value,
             encode_json(request.to_doc()),
-            MARKER_TIMEOUT_S,
+            self._call_timeout_s,
             f"{kind} markers for producer_id={producer_id} to broker {leader}",
         )
         what = f"{Action.WRITE_TXN_MARKERS.value} answer of broker {leader}"

@@ -14,8 +14,11 @@ stopped when that changes (a new fetcher is started for the next epoch). Each ru
 
 Errors are retried after ``replica.fetch.backoff.ms``: a fenced or unknown epoch and a
 leader that no longer leads wait for the metadata to catch up (the fetcher is replaced
-when it does); an offset out of range means the logs diverged again, so the next run
-truncates first. Nothing here decides leadership.
+when it does). An offset out of range means either that this log ends below the
+leader's log start (a wiped disk, or a replica away longer than retention): the next run
+**resets** the log to start where the leader's does, with the leader's producer state
+and leader epoch there (``replica_log_start``, ``PartitionLog.reset_to``); or that the
+logs diverged again: the next run truncates first. Nothing here decides leadership.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from broker_core.protocol.replica import (
     OffsetsForLeaderEpochRequest,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    ReplicaLogStartRequest,
+    ReplicaLogStartResponse,
 )
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import NO_LEADER_EPOCH
@@ -81,6 +86,8 @@ class ReplicaFetcher:
         # Held while the log is changed (truncated, appended to): stop() waits for it.
         self._applying = threading.Lock()
         self._truncated = False
+        self._out_of_range = False  # the last fetch was refused: below the leader's start?
+        self.resets = 0  # resets to the leader's log start (tests and logs)
         self.fetches = 0  # answered fetches (tests and metrics)
         self.appended_batches_bytes = 0
         self._thread = threading.Thread(
@@ -111,15 +118,22 @@ class ReplicaFetcher:
         name = self.partition.name
         while not self._stop.is_set():
             try:
+                if self._out_of_range:
+                    self._reset_if_below_start()
+                    self._out_of_range = False
                 if not self._truncated:
                     self._truncate()
                     self._truncated = True
                 self._fetch_once()
             except OffsetOutOfRangeError as exc:
                 log.warning(
-                    "%s: fetch from broker %d: %s; truncating again", name, self.leader_id, exc
+                    "%s: fetch from broker %d: %s; checking its log start, truncating again",
+                    name,
+                    self.leader_id,
+                    exc,
                 )
                 self._truncated = False
+                self._out_of_range = True
                 self._stop.wait(self._config.backoff_s)
             except IdemlogError as exc:
                 level = logging.DEBUG if exc.retriable else logging.WARNING
@@ -192,6 +206,38 @@ class ReplicaFetcher:
                 latest,
                 end,
             )
+
+    def _reset_if_below_start(self) -> None:
+        """If this log ends below the leader's log start, start it again where the leader
+        says, with the leader's producer state there (``PartitionLog.reset_to``: durable,
+        crash-safe). Nothing to do otherwise: the logs diverged, truncation handles it."""
+        partition, log_ = self.partition, self.partition.log
+        request = ReplicaLogStartRequest(
+            partition.topic, partition.partition, self.broker_id, self.leader_epoch
+        )
+        answer = ReplicaLogStartResponse.decode(
+            self._call(
+                Action.REPLICA_LOG_START, encode_json(request.to_doc()), FETCH_TIMEOUT_MARGIN_S
+            )
+        )
+        with self._applying:
+            before = (log_.log_start_offset, log_.log_end_offset)
+            if self._stop.is_set() or before[1] >= answer.log_start_offset:
+                return  # replaced meanwhile, or not below the leader's start
+            log_.reset_to(answer.offset, answer.epoch, answer.snapshot)
+            self.resets += 1
+        log.warning(
+            "%s: log [%d, %d) ends below broker %d's log start %d: reset to start at %d with "
+            "its producer state there (%d producers, leader epoch %d)",
+            partition.name,
+            before[0],
+            before[1],
+            self.leader_id,
+            answer.log_start_offset,
+            answer.offset,
+            len(log_.state),
+            answer.epoch,
+        )
 
     def _fetch_once(self) -> None:
         partition, log_ = self.partition, self.partition.log

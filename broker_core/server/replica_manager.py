@@ -11,7 +11,8 @@ partition this broker is a replica of, and follows the cluster metadata
   answered NOT_LEADER_OR_FOLLOWER), then a :class:`ReplicaFetcher` for that leader and
   epoch is started; it truncates by epoch before it fetches.
 
-As leader it answers its followers (:meth:`replica_fetch`, :meth:`offsets_for_leader_epoch`)
+As leader it answers its followers (:meth:`replica_fetch`, :meth:`offsets_for_leader_epoch`,
+:meth:`replica_log_start`)
 and keeps the ISR in ZooKeeper through ``ClusterMetadata.alter_partition``, only while it
 still leads at the epoch it knows: a follower that has not caught up within
 ``replica.lag.time.max.ms`` is dropped (checked every half of it), one that caught up with
@@ -43,7 +44,10 @@ from broker_core.protocol.replica import (
     OffsetsForLeaderEpochRequest,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    ReplicaLogStartRequest,
+    ReplicaLogStartResponse,
 )
+from broker_core.server.config import ack_timeout_ms
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
 
@@ -65,9 +69,8 @@ class ReplicationConfig:
 
     @property
     def ack_timeout_s(self) -> float:
-        """How long an acks=all answer waits: past a lagging follower's removal from the
-        ISR (which lets the high watermark move) with room to spare."""
-        return 2.0 * self.lag_time_max_ms / 1000.0 + 5.0
+        """How long an acks=all answer waits (``server.config.ack_timeout_ms``)."""
+        return ack_timeout_ms(self.lag_time_max_ms) / 1000.0
 
 
 class ReplicaManager:
@@ -204,6 +207,21 @@ class ReplicaManager:
         return ReplicaFetchResponse(
             log_.high_watermark, log_.log_start_offset, log_.log_end_offset, records
         ).encode()
+
+    def replica_log_start(self, request: ReplicaLogStartRequest) -> bytes:
+        """Where a follower below this leader's log start starts its log instead, with the
+        producer state and leader epoch there (ReplicaLogStartResponse.encode())."""
+        partition = self.partition(request.topic, request.partition)
+        partition.check_epoch(request.leader_epoch)
+        start, offset, epoch, snapshot = partition.log.log_start_state()
+        log.info(
+            "%s: broker %d is below the log start %d: offered the producer state at %d",
+            partition.name,
+            request.replica_id,
+            start,
+            offset,
+        )
+        return ReplicaLogStartResponse(start, offset, epoch, snapshot).encode()
 
     def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> dict[str, Any]:
         """Where ``request.epoch`` ended in this leader's log (KIP-279)."""

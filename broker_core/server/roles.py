@@ -17,11 +17,18 @@ from typing import Any
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
+from broker_core.errors import NotCoordinatorError
 from broker_core.log.store import LogStore
 from broker_core.server.config import ZK_ROOT
 from broker_core.server.marker_client import LedPartitions
 from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
-from broker_core.txn.state_store import LogTxnStateStore, TxnStateStore, ZkTxnStateStore
+from broker_core.txn.expiry import ExpiryPolicy, ExpiryResult
+from broker_core.txn.state_store import (
+    LogTxnStateStore,
+    TxnStateStore,
+    ZkEpochFence,
+    ZkTxnStateStore,
+)
 
 log = logging.getLogger("idemlog.broker")
 
@@ -73,7 +80,8 @@ class CoordinatorRole:
     """Runs a :class:`TransactionCoordinator` on broker ``broker_id`` while ``cluster``
     says it is the controller, built of ``pids``, ``markers`` and ``offsets``; its state
     is kept in ZooKeeper under ``ZK_ROOT`` when ``zookeeper`` (a started KazooClient) is
-    given, else in ``store``'s ``__transaction_state`` topic (embedded mode)."""
+    given, else in ``store``'s ``__transaction_state`` topic (embedded mode); ids and
+    sinks expire by ``expiry``."""
 
     def __init__(
         self,
@@ -86,6 +94,8 @@ class CoordinatorRole:
         markers: MarkerWriter,
         offsets: ClusterStableOffsets,
         max_timeout_ms: int,
+        marker_retry_deadline_s: float,
+        expiry: ExpiryPolicy,
     ) -> None:
         self._broker_id = broker_id
         self._cluster = cluster
@@ -94,6 +104,8 @@ class CoordinatorRole:
         self._pids = pids
         self._markers = markers
         self._max_timeout_ms = max_timeout_ms
+        self._marker_retry_deadline_s = marker_retry_deadline_s
+        self._expiry = expiry
         self._cond = threading.Condition()
         self._wanted = False
         self._dirty = False
@@ -153,22 +165,40 @@ class CoordinatorRole:
                 self._close_coordinator()
 
     def _build_and_start(self) -> TransactionCoordinator:
+        """A coordinator at this controllership's epoch, started (its state loaded).
+
+        With ZooKeeper its store is fenced by the controller epoch node at the version
+        this controllership's bump left it: every state write is a multi that checks it,
+        so once another broker is elected (and bumps it) nothing this coordinator still
+        has in flight can land. Raises NotCoordinatorError when this broker is no longer
+        the controller, and what the coordinator's start raises."""
         state_store: TxnStateStore
         zk_store: ZkTxnStateStore | None = None
         if self._zookeeper is None:
             state_store = LogTxnStateStore(self._store)
+            # Read after the controllership was reported: this controllership's epoch.
+            epoch = self._cluster.controller_epoch()
         else:
-            state_store = zk_store = ZkTxnStateStore(self._zookeeper, ZK_ROOT)
-        # Read after the controllership was reported: the epoch is this controllership's,
-        # higher than that of every coordinator before, whose writes it thereby fences.
-        epoch = self._cluster.controller_epoch()
+            # Epoch and version read together, after the controllership was reported:
+            # higher than every coordinator's before, whose writes the version fences.
+            cluster_fence = self._cluster.controller_fence()
+            if cluster_fence is None:
+                raise NotCoordinatorError(
+                    f"broker {self._broker_id} is no longer the controller: not starting "
+                    "the transaction coordinator"
+                )
+            epoch = cluster_fence.epoch
+            fence = ZkEpochFence(cluster_fence.path, cluster_fence.version, epoch)
+            state_store = zk_store = ZkTxnStateStore(self._zookeeper, ZK_ROOT, fence=fence)
         coordinator = TransactionCoordinator(
             state_store,
             self._pids,
             self._markers,
             max_timeout_ms=self._max_timeout_ms,
+            marker_retry_deadline_s=self._marker_retry_deadline_s,
             coordinator_epoch=epoch,
             stable_offsets=self._offsets,
+            expiry=self._expiry,
         )
         try:
             coordinator.start()
@@ -191,6 +221,12 @@ class CoordinatorRole:
         if aborted:
             log.info("aborted transactions open past their timeout: %s", aborted)
         return aborted
+
+    def expire_idle(self) -> ExpiryResult | None:
+        """Remove the running coordinator's transactional ids and sink records idle past
+        their expiry (nothing while no coordinator runs)."""
+        coordinator = self._coordinator
+        return None if coordinator is None else coordinator.expire_idle()
 
     def _close_coordinator(self) -> None:
         self._offsets.close()

@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker_core.errors import (
-    ConcurrentTransactionsError,
-    IdemlogError,
     InvalidConfigError,
     InvalidProducerIdMappingError,
     InvalidRequestError,
@@ -44,15 +42,15 @@ from broker_core.protocol.txn_inputs import (
     check_timeout,
     check_transactional_id,
     check_transactions,
+    is_batch_job,
 )
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
-from broker_core.txn.core import (
-    Claims,
-    CoordinatorCore,
-    CoordinatorStatus,
-    ProducerIdSource,
-)
+from broker_core.txn.claims import Claims
+from broker_core.txn.core import CoordinatorCore
+from broker_core.txn.expiry import NEVER, ExpiryPolicy, ExpiryResult, expire
+from broker_core.txn.housekeeping import abort_timed_out, list_transactions
+from broker_core.txn.leftovers import fence, fence_sink_leftovers
 from broker_core.txn.marker_sender import MAX_MARKER_BACKOFF_S, MarkerSender
 from broker_core.txn.markers import LocalMarkerWriter, MarkerWriter
 from broker_core.txn.state import (
@@ -64,6 +62,7 @@ from broker_core.txn.state import (
     TransactionState,
 )
 from broker_core.txn.state_store import TxnStateStore
+from broker_core.txn.status import CoordinatorStatus, ProducerIdSource
 from broker_core.txn.visibility import LsoSource, VisibilityTracker
 
 __all__ = [
@@ -113,6 +112,7 @@ class TransactionCoordinator:
         marker_retry_deadline_s: float = 30.0,
         marker_retry_backoff_s: float = 0.05,
         stable_offsets: LsoSource | None = None,
+        expiry: ExpiryPolicy | None = None,
     ) -> None:
         if max_timeout_ms < 1 or default_timeout_ms < 1:
             raise InvalidConfigError(
@@ -121,6 +121,12 @@ class TransactionCoordinator:
             )
         if coordinator_epoch < 0:
             raise InvalidConfigError(f"coordinator_epoch={coordinator_epoch} must be >= 0")
+        self.expiry = expiry or ExpiryPolicy()
+        if self.expiry.id_expiration_ms < 1 or self.expiry.stream_sink_expiration_ms < NEVER:
+            raise InvalidConfigError(
+                f"transactional.id.expiration.ms={self.expiry.id_expiration_ms} must be >= 1 "
+                f"and sink.stream.expiration.ms={self.expiry.stream_sink_expiration_ms} >= -1"
+            )
         self.max_timeout_ms = max_timeout_ms
         # A configured maximum below the default lowers the default with it, rather than
         # refusing every InitProducerId that asks for no timeout in particular.
@@ -140,6 +146,7 @@ class TransactionCoordinator:
             self._visibility,
             coordinator_epoch=coordinator_epoch,
             clock=clock,
+            id_expiration_ms=self.expiry.id_expiration_ms,
         )
 
     @property
@@ -242,7 +249,8 @@ class TransactionCoordinator:
             if record is not None and record.is_pending:
                 self._core.finish_sink(claims, record)
             if self._core.current_run(sid) != run:
-                self._core.fence_sink_leftovers(
+                fence_sink_leftovers(
+                    self._core,
                     claims,
                     sid,
                     keep=lambda m: m.sink_run == run,
@@ -469,8 +477,8 @@ class TransactionCoordinator:
                 )
                 for txn in txns:
                     self._core.abort_if_open(claims, *txn)
-                self._core.fence_sink_leftovers(
-                    claims, sid, leftover_kept, f"batch {bid} was committed before"
+                fence_sink_leftovers(
+                    self._core, claims, sid, leftover_kept, f"batch {bid} was committed before"
                 )
                 self._core.count("sink_batches_repeated")
                 return False
@@ -485,12 +493,23 @@ class TransactionCoordinator:
             unsettled = self._visibility.unsettled_of(sid)
             if ranges:
                 unsettled.append((bid, sorted(ranges)))
-            prepared = SinkCommitRecord(sid, bid, SinkCommitState.PREPARE, list(txns), unsettled)
+            prepared = SinkCommitRecord(
+                sid,
+                bid,
+                SinkCommitState.PREPARE,
+                list(txns),
+                unsettled,
+                batch_job=is_batch_job(sid, run),
+            )
             self._core.persist_sink(prepared)
             self._core.finish_sink(claims, prepared)
             self._core.count("sink_batches_committed")
-            self._core.fence_sink_leftovers(
-                claims, sid, leftover_kept, f"batch {bid} of the sink was committed without it"
+            fence_sink_leftovers(
+                self._core,
+                claims,
+                sid,
+                leftover_kept,
+                f"batch {bid} of the sink was committed without it",
             )
             return True
 
@@ -539,9 +558,9 @@ class TransactionCoordinator:
         who = f"run {run!r}" if run is not None else f"sink {sid!r}"
         reason = f"batch {bid} of {who} was aborted by the Spark driver"
         aborted = []
-        for meta in self._core.attempts(target):
+        for meta in self._core.attempts(target, sink_id=sid, run_id=run):
             with self._core.claims() as claims:
-                if self._core.fence(claims, meta.transactional_id, target, reason):
+                if fence(self._core, claims, meta.transactional_id, target, reason):
                     aborted.append(meta.transactional_id)
         return aborted
 
@@ -568,34 +587,15 @@ class TransactionCoordinator:
             self._core.count("transactions_aborted_by_operator")
             return True
 
-    def list_transactions(self, min_age_ms: int = 0) -> list[dict[str, Any]]:
+    def list_transactions(
+        self, min_age_ms: int = 0, *, every_id: bool = False
+    ) -> list[dict[str, Any]]:
         """Open transactions (ONGOING) open at least ``min_age_ms``, oldest first, with
-        their writer and what holds readers back (``idemlog transactions list``)."""
+        their writer and what holds readers back (``idemlog transactions list``).
+        ``every_id``: every transactional id the coordinator keeps, in any state, by id,
+        with its state and last update (``--all``: expired ids disappear from it)."""
         self._core.check_running()
-        now = self._core.now()
-        metas = self._core.ongoing()
-        rows = []
-        for m in sorted(metas, key=lambda m: m.txn_start_ms):
-            age = now - m.txn_start_ms
-            if age < min_age_ms:
-                continue
-            idle = now - self._core.alive_since(m)
-            rows.append(
-                {
-                    "transactional_id": m.transactional_id,
-                    "producer_id": m.producer_id,
-                    "producer_epoch": m.producer_epoch,
-                    "age_ms": age,
-                    "idle_ms": idle,
-                    "timeout_ms": m.timeout_ms,
-                    "partitions": [[t, p] for t, p in m.sorted_partitions()],
-                    "sink_id": m.sink_id,
-                    "sink_run": m.sink_run,
-                    "sink_batch": m.sink_batch,
-                    "sink_prepared": m.sink_prepared,
-                }
-            )
-        return rows
+        return list_transactions(self._core, min_age_ms, every_id=every_id)
 
     def abort_sink_batch(
         self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
@@ -618,7 +618,7 @@ class TransactionCoordinator:
         record = self._core.sink_record(check_sink_id(sink_id))
         return None if record is None else record.batch_id
 
-    # -- timeouts --------------------------------------------------------------------------
+    # -- timeouts and expiry ----------------------------------------------------------------
     def abort_timed_out(self, now_ms: int | None = None) -> list[str]:
         """Abort (with an epoch bump, fencing the holder) transactions open past their timeout.
 
@@ -626,64 +626,14 @@ class TransactionCoordinator:
         """
         self._core.check_running()
         now = self._core.now() if now_ms is None else now_ms
-        self._core.forget_runs_older_than(now - self.max_timeout_ms)
-        candidates = self._core.ongoing()
-        expired = [
-            m.transactional_id for m in candidates if now - self._core.alive_since(m) > m.timeout_ms
-        ]
-        stuck_sinks, stuck = self._core.unfinished()
-        aborted = []
-        for tid in expired:
-            try:
-                with self._core.claims() as claims:
-                    claims.txn(tid)
-                    if self._abort_expired(claims, tid, now):
-                        aborted.append(tid)
-            except ConcurrentTransactionsError:
-                continue  # another request is on it right now
-            except IdemlogError as exc:
-                log.warning("could not abort timed-out %s %r yet: %s", _TXN, tid, exc)
-        for record in stuck_sinks:
-            self._core.recover_sink(record)
-        for tid in stuck:
-            self._core.recover_txn(tid)
-        return aborted
+        return abort_timed_out(self._core, self.max_timeout_ms, now)
 
-    def _abort_expired(self, claims: Claims, tid: str, now: int) -> bool:
-        meta = self._core.meta(tid)
-        if (
-            meta is None
-            or meta.state is not _S.ONGOING
-            or now - self._core.alive_since(meta) <= meta.timeout_ms
-        ):
-            return False  # changed since the scan
-        if self._core.pending_sink_holding(meta) is not None:
-            self._core.settle(claims, tid)  # its sink batch is committed: finish that instead
-            return False
-        idle = now - self._core.alive_since(meta)
-        if meta.sink_id != NO_SINK:
-            reason = (
-                f"aborted by the coordinator: no task of sink {meta.sink_id!r} run "
-                f"{meta.sink_run!r} wrote or sent a heartbeat for {idle} ms, over "
-                f"transaction.timeout.ms={meta.timeout_ms} (a driver or executors lost, or "
-                "a commit later than that: raise the sink option transaction.timeout.ms)"
-            )
-        else:
-            reason = (
-                f"aborted by the coordinator: open {idle} ms, over its "
-                f"transaction.timeout.ms={meta.timeout_ms}"
-            )
-        log.info(
-            "%s %r: transaction of producer id %d epoch %d %s",
-            _TXN,
-            tid,
-            meta.producer_id,
-            meta.producer_epoch,
-            reason,
-        )
-        self._core.end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
-        self._core.count("transactions_timed_out")
-        return True
+    def expire_idle(self, now_ms: int | None = None) -> ExpiryResult:
+        """Remove the transactional ids and sink records idle past their expiry
+        (``txn.expiry``); returns what was removed. Failures are logged and retried on
+        the next call."""
+        self._core.check_running()
+        return expire(self._core, self.expiry, self._core.now() if now_ms is None else now_ms)
 
     # -- metrics ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

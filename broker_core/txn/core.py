@@ -18,8 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from broker_core.errors import (
     ConcurrentTransactionsError,
@@ -30,6 +29,8 @@ from broker_core.errors import (
     NotCoordinatorError,
     ProducerFencedError,
 )
+from broker_core.txn.claims import Claims
+from broker_core.txn.index import StateIndex
 from broker_core.txn.marker_sender import MarkerSender
 from broker_core.txn.state import (
     MAX_CLIENT_EPOCH,
@@ -40,6 +41,12 @@ from broker_core.txn.state import (
     TransactionState,
 )
 from broker_core.txn.state_store import CoordinatorEpochFencedError, TxnStateStore
+from broker_core.txn.status import (
+    COUNTERS,
+    STATUS_TRANSITIONS,
+    CoordinatorStatus,
+    ProducerIdSource,
+)
 from broker_core.txn.visibility import VisibilityTracker
 
 log = logging.getLogger("idemlog.txn")
@@ -47,56 +54,7 @@ log = logging.getLogger("idemlog.txn")
 _S = TransactionState
 
 
-class ProducerIdSource(Protocol):
-    def generate_producer_id(self) -> int: ...
-
-
-class CoordinatorStatus(Enum):
-    LOADING = "loading"  # constructed; start() has not loaded the state yet
-    RUNNING = "running"
-    CLOSED = "closed"
-
-
-_STATUS_TRANSITIONS = {
-    CoordinatorStatus.LOADING: frozenset({CoordinatorStatus.RUNNING, CoordinatorStatus.CLOSED}),
-    CoordinatorStatus.RUNNING: frozenset({CoordinatorStatus.CLOSED}),
-    CoordinatorStatus.CLOSED: frozenset(),
-}
-
 _TXN = "transactional id"
-_SINK = "sink"
-
-
-class Claims:
-    """The ids one request holds exclusively; all released together when it ends."""
-
-    def __init__(self, lock: threading.Lock, busy: set[tuple[str, str]]) -> None:
-        self._lock = lock
-        self._busy = busy
-        self._held: set[tuple[str, str]] = set()
-
-    def txn(self, transactional_id: str) -> None:
-        self._take((_TXN, transactional_id))
-
-    def sink(self, sink_id: str) -> None:
-        self._take((_SINK, sink_id))
-
-    def _take(self, key: tuple[str, str]) -> None:
-        if key in self._held:
-            return
-        with self._lock:
-            if key in self._busy:
-                raise ConcurrentTransactionsError(
-                    f"{key[0]} {key[1]!r} is being changed by another request (a state "
-                    "change or marker write is in progress); retry"
-                )
-            self._busy.add(key)
-        self._held.add(key)
-
-    def release(self) -> None:
-        with self._lock:
-            self._busy.difference_update(self._held)
-        self._held.clear()
 
 
 class CoordinatorCore:
@@ -117,6 +75,7 @@ class CoordinatorCore:
         *,
         coordinator_epoch: int,
         clock: Callable[[], int] | None = None,
+        id_expiration_ms: int = 604_800_000,
     ) -> None:
         self._store = store
         self._pids = pids
@@ -128,6 +87,11 @@ class CoordinatorCore:
         self._status = CoordinatorStatus.LOADING
         self._txns: dict[str, TransactionMetadata] = {}
         self._sinks: dict[str, SinkCommitRecord] = {}
+        self._index = StateIndex()
+        # Ids durably DEAD whose record's removal has not succeeded yet (retried by the
+        # expiry pass; a new init of the id replaces it): at most the ids of failed passes.
+        self._dead: dict[str, TransactionMetadata] = {}
+        self.id_expiration_ms = id_expiration_ms
         self._busy: set[tuple[str, str]] = set()
         # Sink runs: the run each sink was last seen in (a new one retires the others'
         # leftovers), and when each (sink, run) last showed life; in memory only: after a
@@ -135,28 +99,14 @@ class CoordinatorCore:
         self._sink_runs: dict[str, str] = {}
         self._run_alive_ms: dict[tuple[str, str], int] = {}
         self._loaded_ms = 0
-        self._counters: dict[str, int] = dict.fromkeys(
-            (
-                "transactions_committed",
-                "transactions_aborted",
-                "transactions_fenced",
-                "transactions_timed_out",
-                "producer_id_rotations",
-                "sink_batches_committed",
-                "sink_batches_repeated",
-                "sink_attempts_reused",
-                "sink_leftovers_aborted",
-                "transactions_aborted_by_operator",
-            ),
-            0,
-        )
+        self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
     # -- lifecycle ---------------------------------------------------------------------
     def _set_status(self, new: CoordinatorStatus, *, idempotent: bool = False) -> None:
         with self._lock:
             if idempotent and new is self._status:
                 return
-            if new not in _STATUS_TRANSITIONS[self._status]:
+            if new not in STATUS_TRANSITIONS[self._status]:
                 raise InvalidTxnStateError(
                     f"coordinator cannot go from {self._status.name} to {new.name}"
                 )
@@ -175,17 +125,23 @@ class CoordinatorCore:
             raise InvalidTxnStateError(f"start() on a coordinator that is {self._status.name}")
         txns, sinks = self._store.load()
         with self._lock:
-            self._txns = dict(txns)
+            # A crash between an id's DEAD record and its removal: removed by the next
+            # expiry pass, absent to requests meanwhile.
+            self._dead = {t: m for t, m in txns.items() if m.state is _S.DEAD}
+            self._txns = {t: m for t, m in txns.items() if m.state is not _S.DEAD}
             self._sinks = dict(sinks)
+            self._index = StateIndex()
+            for meta in self._txns.values():
+                self._index.replace_txn(None, meta)
+            for record in self._sinks.values():
+                self._index.replace_sink(None, record)
             # Sink runs beat in memory only: every sink transaction gets a full timeout
             # from now, rather than being aborted for the time this coordinator was away.
             self._loaded_ms = self._clock()
         for record in sinks.values():
             self._visibility.track(record)
         self._set_status(CoordinatorStatus.RUNNING)
-        pending_sinks = [r for r in sinks.values() if r.is_pending]
-        prepared = [m.transactional_id for m in txns.values() if m.state.is_prepare]
-        return pending_sinks, prepared
+        return self.unfinished()
 
     def close(self) -> None:
         """CLOSED from now on (NOT_COORDINATOR) and marker retries cut short. Idempotent."""
@@ -212,14 +168,18 @@ class CoordinatorCore:
     def ongoing(self) -> list[TransactionMetadata]:
         """Copies of the transactions ONGOING now."""
         with self._lock:
-            return [m.copy() for m in self._txns.values() if m.state is _S.ONGOING]
+            return [self._txns[tid].copy() for tid in self._index.ongoing()]
+
+    def every_id(self) -> list[TransactionMetadata]:
+        """Copies of every transactional id's state, by id (an operator's full list)."""
+        with self._lock:
+            return [self._txns[tid].copy() for tid in sorted(self._txns)]
 
     def unfinished(self) -> tuple[list[SinkCommitRecord], list[str]]:
         """Pending sink records and the ids in a PREPARE state (left by failed markers)."""
         with self._lock:
-            stuck_sinks = [r for r in self._sinks.values() if r.is_pending]
-            stuck = [m.transactional_id for m in self._txns.values() if m.state.is_prepare]
-        return stuck_sinks, stuck
+            stuck_sinks = [self._sinks[sid] for sid in self._index.pending_sinks()]
+            return stuck_sinks, self._index.prepared()
 
     def current_run(self, sink_id: str) -> str | None:
         with self._lock:
@@ -242,9 +202,10 @@ class CoordinatorCore:
                 "by_state": by_state,
                 "open_transactions": by_state[_S.ONGOING.name],
                 "sinks": len(self._sinks),
-                "sinks_pending": sum(1 for r in self._sinks.values() if r.is_pending),
+                "sinks_pending": len(self._index.pending_sinks()),
                 "sink_batches_tracked": self._visibility.count(),
                 "sink_runs_alive": len(self._run_alive_ms),
+                "transactional_ids_dead": len(self._dead),
                 **self._counters,
                 "marker_retries": self._sender.retries,
             }
@@ -276,17 +237,85 @@ class CoordinatorCore:
         with self._fenced_closes():
             self._store.put_transaction(meta, coordinator_epoch=self.coordinator_epoch)
         with self._lock:
+            self._index.replace_txn(self._txns.get(meta.transactional_id), meta)
             self._txns[meta.transactional_id] = meta
+            self._dead.pop(meta.transactional_id, None)
         return meta
 
     def persist_sink(self, record: SinkCommitRecord) -> None:
         # Tracked before it is durable: a reader's cut must know a batch before any of
         # its markers can be written, and a record that failed to store is only extra.
         self._visibility.track(record)
+        record.last_update_ms = self._clock()  # the sink's idleness, for its expiry
         with self._fenced_closes():
             self._store.put_sink(record, coordinator_epoch=self.coordinator_epoch)
         with self._lock:
+            self._index.replace_sink(self._sinks.get(record.sink_id), record)
             self._sinks[record.sink_id] = record
+
+    # -- expiry (decided by txn.expiry; callers hold the claims) ---------------------------
+    def expiry_candidates(
+        self, before_ms: int
+    ) -> tuple[list[TransactionMetadata], list[SinkCommitRecord]]:
+        """Ids last changed before ``before_ms`` in a state that may expire (EMPTY,
+        COMPLETE_*) or left DEAD, and the complete sink records none of whose ids remain.
+        O(all ids): run once per expiry pass, never per request."""
+        idle = (_S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT)
+        with self._lock:
+            metas = [m for m in self._txns.values() if m.state in idle]
+            metas = [m for m in metas if m.last_update_ms < before_ms]
+            metas.extend(self._dead.values())
+            sinks = [r for r in self._sinks.values() if not r.is_pending]
+            sinks = [r for r in sinks if not self._index.has_ids(r.sink_id)]
+        return metas, sinks
+
+    def held_by_pending_sink(self, tid: str) -> bool:
+        with self._lock:
+            return self._index.held(tid)
+
+    def sink_has_ids(self, sid: str) -> bool:
+        with self._lock:
+            return self._index.has_ids(sid)
+
+    def sink_tracked(self, record: SinkCommitRecord) -> bool:
+        """A committed batch of the sink is still tracked for the readers' cut."""
+        return bool(self._visibility.unsettled_of(record.sink_id))
+
+    def dead(self, tid: str) -> TransactionMetadata | None:
+        """The id's DEAD state if its removal is still to be done."""
+        with self._lock:
+            return self._dead.get(tid)
+
+    def remove(self, meta: TransactionMetadata) -> None:
+        """The id goes DEAD (durably), then its record is removed from the store and from
+        memory. A failed removal leaves it DEAD: absent to requests, retried next pass."""
+        tid = meta.transactional_id
+        if meta.state is not _S.DEAD:
+            dead = self._transitioned(meta, _S.DEAD)
+            with self._fenced_closes():
+                self._store.put_transaction(dead, coordinator_epoch=self.coordinator_epoch)
+            with self._lock:
+                self._index.replace_txn(self._txns.pop(tid, None), None)
+                self._dead[tid] = dead
+                self._counters["transactional_ids_expired"] += 1
+        with self._fenced_closes():
+            self._store.delete_transaction(tid, coordinator_epoch=self.coordinator_epoch)
+        with self._lock:
+            self._dead.pop(tid, None)
+
+    def remove_sink(self, record: SinkCommitRecord) -> None:
+        """The sink's record is removed from the store, then from memory."""
+        with self._fenced_closes():
+            self._store.delete_sink(record.sink_id, coordinator_epoch=self.coordinator_epoch)
+        with self._lock:
+            self._index.replace_sink(self._sinks.pop(record.sink_id, None), None)
+            self._sink_runs.pop(record.sink_id, None)
+            self._counters["sinks_expired"] += 1
+
+    def run_beat(self, meta: TransactionMetadata) -> int:
+        """When a task of the run holding ``meta`` last wrote or beat (0: unknown)."""
+        with self._lock:
+            return self._run_alive_ms.get((meta.sink_id, meta.sink_run), 0)
 
     # -- sink runs -----------------------------------------------------------------------
     def touch_run(self, sink_id: str, run_id: str, now_ms: int) -> None:
@@ -316,32 +345,6 @@ class CoordinatorCore:
             beat = self._run_alive_ms.get((meta.sink_id, meta.sink_run), 0)
         return max(meta.txn_start_ms, beat, self._loaded_ms)
 
-    def fence(
-        self,
-        claims: Claims,
-        tid: str,
-        target: Callable[[TransactionMetadata], bool],
-        reason: str,
-    ) -> bool:
-        """Take an attempt's id away from it: abort what it has open and bump the epoch,
-        so its next append or request is refused as fenced, naming ``reason``.
-
-        ``target`` is checked again once the id is claimed and settled: between the scan
-        that chose it and now, a newer attempt (of the run that is meant to survive) may
-        have taken the id, or a decided commit may have committed it; both are kept.
-        """
-        claims.txn(tid)
-        meta = self.settle(claims, tid)
-        if meta is None or not meta.holds_attempt or not target(meta):
-            return False
-        if meta.state is _S.ONGOING:
-            self.end(meta, commit=False, epoch=meta.producer_epoch + 1, reason=reason)
-        else:
-            self.persist(self.bumped(meta, reason))
-        self.count("sink_leftovers_aborted")
-        log.info("%s %r: %s", _TXN, tid, reason)
-        return True
-
     def bumped(
         self, meta: TransactionMetadata, reason: str = "", *, bump: bool = True
     ) -> TransactionMetadata:
@@ -369,27 +372,25 @@ class CoordinatorCore:
             new.producer_epoch = epoch
         return new
 
-    def fence_sink_leftovers(
-        self, claims: Claims, sink_id: str, keep: Callable[[TransactionMetadata], bool], why: str
-    ) -> int:
-        """Fence every attempt of ``sink_id`` holding an id, except those ``keep`` keeps."""
-
-        def target(m: TransactionMetadata) -> bool:
-            return m.sink_id == sink_id and not keep(m)
-
-        fenced = 0
-        for meta in self.attempts(target):
-            what = f"attempt of sink {sink_id!r} run {meta.sink_run!r} batch {meta.sink_batch}"
-            fenced += self.fence(
-                claims, meta.transactional_id, target, f"{what} fenced and aborted: {why}"
-            )
-        return fenced
-
-    def attempts(self, target: Callable[[TransactionMetadata], bool]) -> list[TransactionMetadata]:
-        """Sink attempts still holding an id that ``target`` selects, by transactional id."""
+    def attempts(
+        self,
+        target: Callable[[TransactionMetadata], bool],
+        *,
+        sink_id: str | None = None,
+        run_id: str | None = None,
+    ) -> list[TransactionMetadata]:
+        """Sink attempts still holding an id that ``target`` selects, by transactional id,
+        among the ids of ``sink_id`` or those ``run_id`` holds (one of them is needed:
+        the scan is O(those ids), not O(all ids))."""
         with self._lock:
-            found = [m for m in self._txns.values() if m.holds_attempt and target(m)]
-        return sorted(found, key=lambda m: m.transactional_id)
+            if sink_id is not None:
+                tids = self._index.ids_of_sink(sink_id)
+            elif run_id is not None:
+                tids = self._index.ids_of_run(run_id)
+            else:
+                raise InvalidTxnStateError("attempts() needs a sink_id or a run_id")
+            metas = [self._txns[tid] for tid in tids]
+        return [m for m in metas if m.holds_attempt and target(m)]
 
     @contextlib.contextmanager
     def _fenced_closes(self) -> Iterator[None]:
@@ -417,7 +418,11 @@ class CoordinatorCore:
         meta = self.meta(tid)
         if meta is None:
             raise InvalidProducerIdMappingError(
-                f"{_TXN} {tid!r} is unknown to the coordinator: call init_producer_id first"
+                f"{_TXN} {tid!r} is unknown to the coordinator: it was never initialised, or "
+                f"it expired after transactional.id.expiration.ms={self.id_expiration_ms} "
+                "without use; producer id "
+                f"{producer_id} is no longer valid: initialise the producer again "
+                "(init_transactions) for a new producer id"
             )
         if producer_id != meta.producer_id:
             if producer_id == meta.previous_producer_id:
@@ -484,10 +489,8 @@ class CoordinatorCore:
         """The pending sink record that names this transaction, if any: it must commit."""
         key = (meta.transactional_id, meta.producer_id, meta.producer_epoch)
         with self._lock:
-            for record in self._sinks.values():
-                if record.is_pending and key in record.transactions:
-                    return record
-        return None
+            sink_id = self._index.holder(key)
+            return None if sink_id is None else self._sinks[sink_id]
 
     def settle(self, claims: Claims, tid: str) -> TransactionMetadata | None:
         """Finish what earlier requests left half done for ``tid``, and return its state."""
@@ -497,7 +500,7 @@ class CoordinatorCore:
         record = self.pending_sink_holding(meta)
         if record is not None:
             self.finish_sink(claims, record)
-            meta = self.meta(tid) or meta  # ids are never removed: always found
+            meta = self.meta(tid) or meta  # held by a pending record: never expired
         if meta.state.is_prepare:
             meta = self.complete(meta)
         return meta
@@ -533,6 +536,7 @@ class CoordinatorCore:
                 SinkCommitState.COMPLETE,
                 record.transactions,
                 self._visibility.unsettled_of(record.sink_id),
+                batch_job=record.batch_job,
             )
         )
 

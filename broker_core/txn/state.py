@@ -16,6 +16,7 @@ from enum import Enum, StrEnum
 from typing import Any
 
 from broker_core.errors import CorruptRecordError, InvalidTxnStateError
+from broker_core.protocol.txn_inputs import BATCH_JOB_SINK_PREFIX
 from broker_core.record.batch import MAX_PRODUCER_EPOCH, NO_PRODUCER_ID
 
 RECORD_VERSION = 1
@@ -199,6 +200,13 @@ class SinkCommitRecord:
     unsettled: list[tuple[int, list[tuple[str, int, int, int]]]] = dataclasses.field(
         default_factory=list
     )
+    # When the coordinator last wrote this record (0 in records written before it was
+    # kept): the sink's idleness, for its expiry (docs/design.md, "Expiry").
+    last_update_ms: int = 0
+    # The sink is one df.write job (sink id ``batch-<run id>``, committed once by that
+    # run), not a streaming query that a restart from its checkpoint commits again: its
+    # record expires with its transactional ids (docs/failure-model.md, "Expiry").
+    batch_job: bool = False
 
     def __post_init__(self) -> None:
         if self.state not in _SINK_STATES:
@@ -219,6 +227,8 @@ class SinkCommitRecord:
             "state": str(self.state),
             "transactions": [list(t) for t in self.transactions],
             "unsettled": [[b, [list(r) for r in ranges]] for b, ranges in self.unsettled],
+            "last_update_ms": self.last_update_ms,
+            "batch_job": self.batch_job,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -250,12 +260,18 @@ class SinkCommitRecord:
             ):
                 raise CorruptRecordError(f"{where}: unsettled {item!r} is not [batch, ranges]")
             unsettled.append((item[0], _ranges(item[1], where)))
+        sink_id = _get(doc, "sink_id", str, where)
         return cls(
-            sink_id=_get(doc, "sink_id", str, where),
+            sink_id=sink_id,
             batch_id=_get(doc, "batch_id", int, where),
             state=state,
             transactions=transactions,
             unsettled=unsettled,
+            # Absent in records written before sinks expired.
+            last_update_ms=_optional(doc, "last_update_ms", int, where, 0),
+            batch_job=_optional(
+                doc, "batch_job", bool, where, sink_id.startswith(BATCH_JOB_SINK_PREFIX)
+            ),
         )
 
 

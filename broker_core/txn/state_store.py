@@ -6,12 +6,14 @@ Two stores implement :class:`TxnStateStore`:
   ``__transaction_state`` of the broker's own LogStore, one partition, rows
   ``(kind, key, value)``; the last record per key wins when the topic is replayed.
 * :class:`ZkTxnStateStore` (cluster mode): one znode per transactional id and per sink, so
-  a new controller can take over. Every write is conditional on the znode version this
-  store last saw: a coordinator that lost a race (a newer controller wrote meanwhile)
-  fails with :class:`ConcurrentTransactionsError` instead of overwriting. Each znode also
-  names the coordinator epoch that wrote it, and a coordinator of a lower epoch never
-  overwrites it (:class:`CoordinatorEpochFencedError`), even through a store instance
-  that saw the newer write.
+  a new controller can take over. Given a :class:`ZkEpochFence` (the controller epoch
+  node at the version this controllership's bump left it), every write is one ZooKeeper
+  multi that checks that version: once a newer controller has bumped the epoch, a
+  deposed coordinator's write fails atomically in ZooKeeper
+  (:class:`CoordinatorEpochFencedError`), whatever it believes and however long it was
+  paused (docs/failure-model.md, the row "controller paused"). Every write is also
+  conditional on the znode version this store last saw, and each znode names the
+  coordinator epoch that wrote it: a lower epoch never overwrites a higher one's state.
 """
 
 from __future__ import annotations
@@ -26,23 +28,32 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
-import pyarrow as pa
 from kazoo.exceptions import (
     BadVersionError,
     NodeExistsError,
     NoNodeError,
+    RolledBackError,
 )
 
 from broker_core.errors import (
     ConcurrentTransactionsError,
     CorruptRecordError,
     InvalidRequestError,
+    NotCoordinatorError,
     RequestTimedOutError,
     TopicAlreadyExistsError,
 )
-from broker_core.log.partition_log import IsolationLevel, PartitionLog
+from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.txn.state import SinkCommitRecord, TransactionMetadata
+from broker_core.txn.state_topic import (
+    TOPIC_CONFIG,
+    append_rows,
+    migrate_state_topic,
+    read_rows,
+)
+from broker_core.txn.state_topic import TXN_STATE_SCHEMA as TXN_STATE_SCHEMA
+from broker_core.txn.state_topic import TXN_STATE_TOPIC as TXN_STATE_TOPIC
 from broker_core.zookeeper import ZkSession, ZkUnavailable
 
 log = logging.getLogger("idemlog.txn")
@@ -59,6 +70,12 @@ class TxnStateStore(Protocol):
     def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         """Durable before it returns; ``coordinator_epoch`` is the writing coordinator's."""
 
+    def delete_transaction(self, transactional_id: str, *, coordinator_epoch: int = 0) -> None:
+        """Remove the id's record (an expired id), durably; a later load lacks it."""
+
+    def delete_sink(self, sink_id: str, *, coordinator_epoch: int = 0) -> None:
+        """Remove the sink's record (an expired sink), durably; a later load lacks it."""
+
 
 class CoordinatorEpochFencedError(ConcurrentTransactionsError):
     """A coordinator of a higher epoch has taken over: it wrote the state this one was
@@ -73,33 +90,24 @@ class CoordinatorEpochFencedError(ConcurrentTransactionsError):
 
 # -- embedded: the internal topic ----------------------------------------------------------
 
-TXN_STATE_TOPIC = "__transaction_state"
-TXN_STATE_SCHEMA = pa.schema(
-    [
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("value", pa.binary(), nullable=False),
-    ]
-)
 KIND_TRANSACTION = "transaction"
 KIND_SINK = "sink"
-# Retention must never delete coordinator state (the topic is not compacted either).
-_TOPIC_CONFIG: dict[str, object] = {"retention.ms": -1, "retention.bytes": -1}
-_LOAD_READ_BYTES = 4 * 1024 * 1024
 
 
 class LogTxnStateStore:
     """State records in the internal topic ``__transaction_state`` of ``store``.
 
-    Each put appends one row and fsyncs the partition before returning. A torn or corrupt
-    tail after a crash is cut by the log's own recovery, so :meth:`load` sees every record
-    whose put returned.
+    Each put appends one row and fsyncs the partition before returning; a delete appends
+    a tombstone (a null value) the same way. A torn or corrupt tail after a crash is cut
+    by the log's own recovery, so :meth:`load` sees every record whose put returned. A
+    topic of schema version 1 is upgraded on construction (``txn.state_topic``).
     """
 
     def __init__(self, store: LogStore) -> None:
         self._store = store
+        migrate_state_topic(store)
         with contextlib.suppress(TopicAlreadyExistsError):
-            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=_TOPIC_CONFIG)
+            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=TOPIC_CONFIG)
         topic = store.topic(TXN_STATE_TOPIC)
         if topic.partitions != 1 or (
             topic.schema is not None and not topic.schema.equals(TXN_STATE_SCHEMA)
@@ -112,14 +120,8 @@ class LogTxnStateStore:
     def _log(self) -> PartitionLog:
         return self._store.partition(TXN_STATE_TOPIC, 0)
 
-    def _append(self, kind: str, key: str, value: bytes) -> None:
-        batch = pa.record_batch(
-            [pa.array([kind]), pa.array([key]), pa.array([value], pa.binary())],
-            schema=TXN_STATE_SCHEMA,
-        )
-        partition = self._log()
-        partition.append(batch)
-        partition.flush()
+    def _append(self, kind: str, key: str, value: bytes | None) -> None:
+        append_rows(self._log(), [(kind, key, value)], TXN_STATE_SCHEMA)
 
     # One broker, one coordinator at a time: no older coordinator can write here.
     def put_transaction(self, meta: TransactionMetadata, *, coordinator_epoch: int = 0) -> None:
@@ -128,32 +130,36 @@ class LogTxnStateStore:
     def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         self._append(KIND_SINK, record.sink_id, record.to_json())
 
+    def delete_transaction(self, transactional_id: str, *, coordinator_epoch: int = 0) -> None:
+        self._append(KIND_TRANSACTION, transactional_id, None)
+
+    def delete_sink(self, sink_id: str, *, coordinator_epoch: int = 0) -> None:
+        self._append(KIND_SINK, sink_id, None)
+
     def load(self) -> TxnState:
+        """The newest record per key; a key whose newest row is a tombstone is absent."""
         txns: dict[str, TransactionMetadata] = {}
         sinks: dict[str, SinkCommitRecord] = {}
         partition = self._log()
-        offset = partition.log_start_offset
-        while True:
-            result = partition.read(
-                offset, isolation=IsolationLevel.READ_UNCOMMITTED, max_bytes=_LOAD_READ_BYTES
-            )
-            for batch in result.batches:
-                columns = [batch.records.column(n).to_pylist() for n in ("kind", "key", "value")]
-                for i, (kind, key, value) in enumerate(zip(*columns, strict=True)):
-                    where = f"{partition.name} offset {batch.base_offset + i} (key {key!r})"
-                    if kind == KIND_TRANSACTION:
-                        meta = TransactionMetadata.from_json(value, where)
-                        _check_key(meta.transactional_id, key, where)
-                        txns[key] = meta
-                    elif kind == KIND_SINK:
-                        record = SinkCommitRecord.from_json(value, where)
-                        _check_key(record.sink_id, key, where)
-                        sinks[key] = record
-                    else:
-                        raise CorruptRecordError(f"{where}: unknown record kind {kind!r}")
-            if result.next_offset == offset:
-                return txns, sinks
-            offset = result.next_offset
+        for offset, (kind, key, value) in read_rows(partition):
+            where = f"{partition.name} offset {offset} (key {key!r})"
+            if kind == KIND_TRANSACTION:
+                if value is None:
+                    txns.pop(key, None)
+                    continue
+                meta = TransactionMetadata.from_json(value, where)
+                _check_key(meta.transactional_id, key, where)
+                txns[key] = meta
+            elif kind == KIND_SINK:
+                if value is None:
+                    sinks.pop(key, None)
+                    continue
+                record = SinkCommitRecord.from_json(value, where)
+                _check_key(record.sink_id, key, where)
+                sinks[key] = record
+            else:
+                raise CorruptRecordError(f"{where}: unknown record kind {kind!r}")
+        return txns, sinks
 
 
 def _check_key(stored: str, key: str, where: str) -> None:
@@ -175,6 +181,27 @@ COORDINATOR_EPOCH_FIELD = "coordinator_epoch"
 class _Seen:
     version: int
     coordinator_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ZkEpochFence:
+    """What fences a coordinator's writes inside ZooKeeper: the node ``path`` that keeps
+    the epoch (the controller epoch), at ``version`` as the bump that made
+    ``coordinator_epoch`` left it. The cluster layer's controllership hands it over
+    (``server/roles.py``); the store never reads or writes that node itself, except to
+    check it in the same multi as each of its writes."""
+
+    path: str
+    version: int
+    coordinator_epoch: int
+
+    def __post_init__(self) -> None:
+        if not self.path.startswith("/"):
+            raise InvalidRequestError(f"epoch fence path {self.path!r} must start with '/'")
+        for name in ("version", "coordinator_epoch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequestError(f"epoch fence {name}={value!r} must be an int >= 0")
 
 
 def stamp_coordinator_epoch(record: bytes, coordinator_epoch: int) -> bytes:
@@ -210,6 +237,14 @@ def _fenced(what: str, path: str, writer: int, mine: int) -> CoordinatorEpochFen
     )
 
 
+def _epoch_moved(what: str, fence: ZkEpochFence, exc: Exception) -> CoordinatorEpochFencedError:
+    return CoordinatorEpochFencedError(
+        f"state of {what} not written: the epoch node {fence.path} is no longer at version "
+        f"{fence.version} (coordinator epoch {fence.coordinator_epoch}): a newer controller "
+        f"has taken over and this coordinator was replaced (fenced) ({type(exc).__name__})"
+    )
+
+
 def znode_name(key: str) -> str:
     """``key`` as one znode name: URL-quoted, '.' too, so '/', '.' and '..' cannot occur."""
     return quote(key, safe="").replace(".", "%2E")
@@ -221,8 +256,14 @@ class ZkTxnStateStore:
         <root>/transactions/<quoted transactional id>
         <root>/sinks/<quoted sink id>
 
+    With ``fence`` every write is a multi that checks the epoch node at the fence's
+    version, and only the fence's coordinator epoch may write through this store; without
+    one (tools, tests of the layout) only the znodes' own versions are checked.
+
     While ZooKeeper is unreachable a request is retried (reconnects end the wait early)
     until ``retry_deadline_s``, then :class:`RequestTimedOutError` (retriable) is raised.
+    The version cache holds one entry per znode loaded or written: bounded by the number
+    of transactional ids and sinks, the same as the coordinator's own maps.
     """
 
     def __init__(
@@ -230,6 +271,7 @@ class ZkTxnStateStore:
         client: Any,
         root: str = "/idemlog",
         *,
+        fence: ZkEpochFence | None = None,
         retry_deadline_s: float = 15.0,
         request_timeout_s: float = 5.0,
     ) -> None:
@@ -237,16 +279,27 @@ class ZkTxnStateStore:
             raise InvalidRequestError(f"ZooKeeper root {root!r} must start with '/'")
         root = root.rstrip("/")
         self._client = client
+        self._root = root or "/"
+        self._fence = fence
         self.transactions_path = f"{root}/transactions"
         self.sinks_path = f"{root}/sinks"
         self._retry_deadline_s = retry_deadline_s
         self._versions_lock = threading.Lock()
         # znode path -> the version this store last saw and the coordinator epoch that wrote it
         self._versions: dict[str, _Seen] = {}
+        # Parents created so far: a multi cannot create missing parents (no makepath).
+        self._parents: set[str] = set()
         self._session = ZkSession(client, request_timeout_s=request_timeout_s)
+        # Held while a request is queued: close() waits for it (see _call).
+        self._send_lock = threading.Lock()
+        self._closed = False
 
     def close(self) -> None:
-        """Detach from the client (which belongs to the caller and stays open)."""
+        """Detach from the client (which belongs to the caller and stays open). A write
+        still retrying fails with NotCoordinatorError at its next attempt instead of
+        waiting out ``retry_deadline_s`` (one already sent is up to the fence)."""
+        with self._send_lock:
+            self._closed = True
         self._session.close()
 
     def transaction_path(self, transactional_id: str) -> str:
@@ -270,6 +323,12 @@ class ZkTxnStateStore:
             raise InvalidRequestError(f"coordinator_epoch={coordinator_epoch!r} is not an int")
         if coordinator_epoch < 0:
             raise InvalidRequestError(f"coordinator_epoch={coordinator_epoch} must be >= 0")
+        fence = self._fence
+        if fence is not None and coordinator_epoch != fence.coordinator_epoch:
+            raise InvalidRequestError(
+                f"coordinator_epoch={coordinator_epoch} writing through a store fenced at "
+                f"coordinator epoch {fence.coordinator_epoch}"
+            )
         data = stamp_coordinator_epoch(record, coordinator_epoch)
         if len(data) > MAX_ZNODE_BYTES:
             raise InvalidRequestError(
@@ -302,8 +361,11 @@ class ZkTxnStateStore:
         coordinator_epoch: int,
         deadline: float,
     ) -> int:
-        """Create the node (``expected is None``) or set it if still at ``expected``."""
+        """Create the node (``expected is None``) or set it if still at ``expected``; with
+        a fence, in one multi that first checks the epoch node."""
         try:
+            if self._fence is not None:
+                return self._multi_once(self._fence, path, data, expected, what, deadline)
             if expected is None:
                 self._call(lambda: self._client.create_async(path, data, makepath=True), deadline)
                 return 0
@@ -321,14 +383,137 @@ class ZkTxnStateStore:
                 writer = coordinator_epoch_of(current[0])
                 if writer > coordinator_epoch:
                     raise _fenced(what, path, writer, coordinator_epoch) from exc
+            # Not newer: an earlier write of this epoch applied after its reply was lost
+            # (a timed-out request still queued), or a writer without the fence. Remember
+            # what is there now, so the next request for this id goes on from it instead
+            # of failing on a stale version for good.
+            self._remember(path, current)
             seen = "absent" if expected is None else f"at version {expected}"
             raise ConcurrentTransactionsError(
                 f"state of {what} in ZooKeeper node {path} was changed by another coordinator "
-                f"(this one saw it {seen}); not overwriting it ({type(exc).__name__})"
+                f"(this one saw it {seen}); not overwriting it; a retry goes on from the "
+                f"node as it is now ({type(exc).__name__})"
             ) from exc
+
+    def _multi_once(
+        self,
+        fence: ZkEpochFence,
+        path: str,
+        data: bytes,
+        expected: int | None,
+        what: str,
+        deadline: float,
+    ) -> int:
+        """One multi: check the epoch node at the fence's version, then create or set the
+        node. Raises CoordinatorEpochFencedError when the check failed, the node's own
+        conflict (for :meth:`_write_once`) when that failed."""
+        if expected is None:
+            self._ensure_parent(path.rsplit("/", 1)[0], deadline)
+        transaction = self._client.transaction()
+        transaction.check(fence.path, fence.version)
+        if expected is None:
+            transaction.create(path, data)
+        else:
+            transaction.set_data(path, data, version=expected)
+        checked, written = self._call(transaction.commit_async, deadline)
+        # A failed multi reports the ops before the failing one as RolledBackError: only
+        # the check's own failure means the epoch moved (BadVersion; NoNode: deleted).
+        if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):
+            raise _epoch_moved(what, fence, checked)
+        if isinstance(written, Exception):
+            raise written
+        return 0 if expected is None else int(written.version)
+
+    def _ensure_parent(self, parent: str, deadline: float) -> None:
+        if parent in self._parents:
+            return
+        self._call(lambda: self._client.ensure_path_async(parent), deadline)
+        self._parents.add(parent)
+
+    def _remember(self, path: str, current: tuple[bytes, int] | None) -> None:
+        with self._versions_lock:
+            if current is None:
+                self._versions.pop(path, None)
+            else:
+                self._versions[path] = _Seen(current[1], coordinator_epoch_of(current[0], path))
+
+    # -- deletes (expiry) --------------------------------------------------------------
+    # Kept apart from _write/_write_once: a delete is conditional on the version this
+    # store saw, as a write is, and is fenced the same way by the coordinator epoch.
+    def delete_transaction(self, transactional_id: str, *, coordinator_epoch: int = 0) -> None:
+        what = f"transactional id {transactional_id!r}"
+        self._delete(self.transaction_path(transactional_id), what, coordinator_epoch)
+
+    def delete_sink(self, sink_id: str, *, coordinator_epoch: int = 0) -> None:
+        self._delete(self.sink_path(sink_id), f"sink {sink_id!r}", coordinator_epoch)
+
+    def _delete(self, path: str, what: str, coordinator_epoch: int) -> None:
+        """Delete ``path`` if it is still at the version this store saw.
+
+        Raises ConcurrentTransactionsError when this store never saw the node or another
+        coordinator changed it since (BadVersion), and CoordinatorEpochFencedError when
+        that coordinator's epoch is newer. A node already gone counts as deleted (an
+        earlier attempt applied unseen before a lost connection)."""
+        with self._versions_lock:
+            seen = self._versions.get(path)
+        if seen is None:
+            raise ConcurrentTransactionsError(
+                f"state of {what} in ZooKeeper node {path}: this coordinator never saw the "
+                "node, so it cannot delete it conditionally; not deleting it"
+            )
+        if seen.coordinator_epoch > coordinator_epoch:
+            raise _fenced(what, path, seen.coordinator_epoch, coordinator_epoch)
+        self._retrying(
+            lambda deadline: self._delete_once(
+                path, seen.version, what, coordinator_epoch, deadline
+            ),
+            what,
+        )
+        with self._versions_lock:
+            if self._versions.get(path) == seen:
+                del self._versions[path]
+
+    def _delete_once(
+        self, path: str, expected: int, what: str, coordinator_epoch: int, deadline: float
+    ) -> None:
+        try:
+            if self._fence is not None:
+                self._delete_multi_once(self._fence, path, expected, what, deadline)
+            else:
+                self._call(lambda: self._client.delete_async(path, version=expected), deadline)
+        except NoNodeError:
+            log.info("ZooKeeper node %s of %s was already deleted", path, what)
+        except BadVersionError as exc:
+            current = self._read(path, deadline)
+            if current is not None and coordinator_epoch_of(current[0]) > coordinator_epoch:
+                raise _fenced(
+                    what, path, coordinator_epoch_of(current[0]), coordinator_epoch
+                ) from exc
+            raise ConcurrentTransactionsError(
+                f"state of {what} in ZooKeeper node {path} was changed by another coordinator "
+                f"(this one saw version {expected}); not deleting it"
+            ) from exc
+
+    def _delete_multi_once(
+        self, fence: ZkEpochFence, path: str, expected: int, what: str, deadline: float
+    ) -> None:
+        """One multi: check the epoch node at the fence's version, then delete the node at
+        ``expected``, so a deposed coordinator's delete fails in ZooKeeper as its writes do."""
+        transaction = self._client.transaction()
+        transaction.check(fence.path, fence.version)
+        transaction.delete(path, version=expected)
+        checked, deleted = self._call(transaction.commit_async, deadline)
+        if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):
+            raise _epoch_moved(what, fence, checked)
+        if isinstance(deleted, Exception):
+            raise deleted
 
     # -- reads -------------------------------------------------------------------------
     def load(self) -> TxnState:
+        """Every transactional id's and sink's state, read after a ``sync``: the server
+        answering is at least as recent as the leader was when the load began, so a
+        coordinator loading after its controllership's epoch bump sees every write that
+        an older coordinator got through its fence."""
         txns, sinks, versions = self._retrying(self._load_once, "the transaction state")
         with self._versions_lock:
             self._versions = versions
@@ -340,6 +525,7 @@ class ZkTxnStateStore:
         txns: dict[str, TransactionMetadata] = {}
         sinks: dict[str, SinkCommitRecord] = {}
         versions: dict[str, _Seen] = {}
+        self._call(lambda: self._client.sync_async(self._root), deadline)
         for child, path, data, version in self._children(self.transactions_path, deadline):
             meta = TransactionMetadata.from_json(data, f"ZooKeeper node {path}")
             _check_key(znode_name(meta.transactional_id), child, f"ZooKeeper node {path}")
@@ -397,4 +583,19 @@ class ZkTxnStateStore:
 
     def _call(self, request: Callable[[], Any], deadline: float) -> Any:
         # Never queued into a disconnected client: ZkUnavailable instead (retried above).
-        return self._session.call(request, deadline=deadline)
+        return self._session.call(lambda: self._queue(request), deadline=deadline)
+
+    def _queue(self, request: Callable[[], Any]) -> Any:
+        """``request()`` (queueing it in kazoo) unless this store is closed, atomically
+        with :meth:`close`. ZooKeeper runs one session's requests in order, so a write
+        queued before close() returned precedes every request a store opened afterwards
+        on the same client sends (the next coordinator's load, when this broker regains
+        control in the same session, at the same epoch, which the fence cannot tell
+        apart); after close() nothing more is queued."""
+        with self._send_lock:
+            if self._closed:
+                raise NotCoordinatorError(
+                    "the coordinator's ZooKeeper state store was closed (it lost its "
+                    "controllership or stopped): nothing more is read or written through it"
+                )
+            return request()

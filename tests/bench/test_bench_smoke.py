@@ -54,6 +54,15 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
             "idemlog_broker_vs_kafka_broker",
         ],
     ),
+    "bench-soak": (
+        ["BENCH_ARGS=--batches 40 --jobs 4"],
+        [
+            "soak_state_bytes_growth",
+            "soak_load_s_growth",
+            "soak_rss_growth",
+            "soak_commit_p50_growth",
+        ],
+    ),
     "bench-cluster": (
         ["BENCH_ARGS=--rows 40000 --files 4 --repeats 1"],
         ["cluster_1_worker_rows_per_s", "cluster_2_workers_rows_per_s"],
@@ -93,6 +102,17 @@ def test_benchmark_target_runs_at_smoke_size(target: str, tmp_path: Path) -> Non
     missing = [name for name in lines if name not in values]
     assert not missing, f"make {target} printed no {missing}:\n{tail}"
     assert all(values[name] > 0 for name in lines), {n: values[n] for n in lines}
+
+
+@pytest.mark.slow
+def test_chaos_target_runs_one_seed(tmp_path: Path) -> None:
+    """``make chaos`` runs its seeds outside the suite and ends with its one summary line."""
+    result = _make("chaos", ["SEEDS=1", f"CHAOS_ARGS=--steps 2 --dir {tmp_path}"], tmp_path)
+    tail = (result.stdout[-3000:] + "\n--- stderr ---\n" + result.stderr[-3000:]).strip()
+    assert result.returncode == 0, f"make chaos failed:\n{tail}"
+    last = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"chaos seeds=1 failed=0 passed=1 seconds=\d+ failed_seeds=-", last), tail
+    assert (tmp_path / "seed-1.log").read_text().count(" passed") == 1, tail
 
 
 @pytest.mark.slow

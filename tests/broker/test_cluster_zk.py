@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -22,8 +23,10 @@ from broker_core.errors import IdemlogError, InvalidReplicationFactorError, Inva
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
 from broker_core.server.config import ZK_ROOT
+from broker_core.txn.state_store import znode_name
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.schedule import paused
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness, ZooKeeperServer
 
@@ -408,6 +411,70 @@ def test_sink_commit_repeated_after_controller_failover_is_not_committed_twice(
     assert client.commit_sink_batch("query-7", 6, batch(900)) is True
     for p in parts:
         assert ids(client, "sinkfo", p) == _expected(p, range(2)) + _expected(p, range(2), 900)
+
+
+def _sink_nodes(
+    zk: ZooKeeperHarness, sink: str, txns: list[tuple[str, int, int]]
+) -> dict[str, tuple[bytes, int]]:
+    """The sink's and its transactions' znodes: (data, version) each."""
+    reader = zk.client()
+    paths = [f"{ZK_ROOT}/sinks/{sink}"]
+    paths += [f"{ZK_ROOT}/transactions/{znode_name(tid)}" for tid, _, _ in txns]
+    found = {}
+    for path in paths:
+        data, stat = reader.get(path)
+        found[path] = (bytes(data), stat.version)
+    return found
+
+
+def test_controller_paused_past_its_session_resumes_fenced_and_changes_nothing(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for)
+    leaders = _create_everywhere(probe, brokers, "paused", 3)
+    parts = [p for p in range(3) if leaders[p] != 1]  # led by brokers that stay up
+    client = client_for(brokers[1])
+    timeout_ms = 8000  # the new coordinator gets the commit well within it
+
+    def batch(bid: int) -> list[tuple[str, int, int]]:
+        attempt = SinkAttempt("query-9", "run-1", bid)
+        spans = {p: [range(p * 1000 + bid * ROWS, p * 1000 + (bid + 1) * ROWS)] for p in parts}
+        return [
+            prepared_attempt(client, attempt, p, "paused", {p: spans[p]}, timeout_ms=timeout_ms)
+            for p in parts
+        ]
+
+    first = batch(0)
+    prepared_at = time.monotonic()
+    with paused(brokers[0]):  # the controller, its batch prepared, frozen past its session
+        assert _new_controller(client, brokers[1], old=1) in (2, 3)
+        # The driver's commit, through a client that knows the new controller (the first
+        # one's request to the frozen broker would wait out its whole timeout).
+        driver = client_for(brokers[1])
+        assert _retry_until(lambda: driver.commit_sink_batch("query-9", 0, first), "commit")
+        decided = _sink_nodes(zk_chroot, "query-9", first)
+        # The fault's duration, not a synchronisation: by the frozen coordinator's clock the
+        # batch is past its timeout when it resumes, so its timeout pass tries to abort it.
+        time.sleep(max(0.0, prepared_at + timeout_ms / 1000 + 1 - time.monotonic()))
+    fenced = "was replaced by a newer one"  # its write refused by the controller epoch check
+    closed = "idemlog.broker: broker 1 is no longer the controller"
+    wait_until(
+        lambda: fenced in brokers[0].log_text() or closed in brokers[0].log_text(),
+        "the resumed controller to stand down",
+    )
+    wait_until(lambda: len(_metadata(client, brokers[1])["brokers"]) == 3, "broker 1 back")
+    assert _sink_nodes(zk_chroot, "query-9", first) == decided  # unchanged by broker 1
+    epoch = json.loads(zk_chroot.client().get(f"{ZK_ROOT}/controller_epoch")[0])
+    assert {json.loads(d)["coordinator_epoch"] for d, _ in decided.values()} == {
+        epoch["controller_epoch"]
+    }
+    for p in parts:
+        wait_until(functools.partial(_stable, client, "paused", p), f"paused-{p} stable")
+        assert ids(client, "paused", p) == _expected(p, range(1))  # once and whole
+    assert client.commit_sink_batch("query-9", 1, batch(1)) is True
+    for p in parts:
+        assert ids(client, "paused", p) == _expected(p, range(2))
+        assert _stable(client, "paused", p)
 
 
 # -- 5. ZooKeeper down -------------------------------------------------------------------

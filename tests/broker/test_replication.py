@@ -195,7 +195,9 @@ def test_a_diverged_follower_truncates_by_epoch_and_converges(
     higher epoch and takes other writes. The old leader comes back, cuts its diverged tail
     by leader epoch (KIP-101/279) and ends byte-identical with the others."""
     cluster = ReplicatedCluster(
-        zk_chroot, broker_factory, extra={"replica.lag.time.max.ms": 120_000}
+        zk_chroot,
+        broker_factory,
+        extra={"replica.lag.time.max.ms": 120_000, "transaction.marker.retry.deadline.ms": 300_000},
     )
     try:
         cluster.create_topic("diverged", 1, replication_factor=3)

@@ -299,3 +299,48 @@ def test_recorded_zombie_counts_as_gone(path: str) -> None:
         assert stop_broker(path) is False
     finally:
         child.wait()
+
+
+def test_lost_state_racing_callers_adopt_the_broker_holding_the_data(path: str) -> None:
+    # broker.json gone while its broker runs: only the data directory's lock still says
+    # who owns the data. Two processes racing to start the broker must both end on it.
+    address = ensure_broker(path)
+    pid = broker_pid(path)
+    assert pid is not None
+    embedded._forget(path)
+    os.unlink(os.path.join(path, embedded.STATE_FILE))
+    assert broker_pid(path) is None  # the recorded state no longer names it
+    procs = [ensure_subprocess(path) for _ in range(2)]
+    assert [result_of(p) for p in procs] == [(address, pid)] * 2
+    assert brokers_serving(path) == [pid]
+    assert broker_pid(path) == pid  # adopted: recorded again
+    assert Path(path, LOG_FILE).read_text().count("embedded broker starting") == 1
+
+
+def test_second_broker_refused_by_the_data_lock_makes_its_starter_adopt_the_holder(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check before a start can race a broker that takes the lock just after it; the
+    # broker then started exits 2 on the lock, and its starter must use the holder, not
+    # fail the job. The race is forced: the first check finds nothing.
+    address = ensure_broker(path)
+    pid = broker_pid(path)
+    assert pid is not None
+    embedded._forget(path)
+    os.unlink(os.path.join(path, embedded.STATE_FILE))
+    real = embedded._adopt_lock_holder
+    calls: list[bool] = []
+
+    def first_check_misses(*args: object) -> object:
+        calls.append(True)
+        return None if len(calls) == 1 else real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(embedded, "_adopt_lock_holder", first_check_misses)
+    assert ensure_broker(path) == address
+    assert len(calls) == 2
+    log = Path(path, LOG_FILE).read_text()
+    assert log.count("embedded broker starting") == 2  # the second one was started...
+    assert f"LOG_DIR_LOCKED (10004): log.dir {os.path.join(path, DATA_DIR)}" in log
+    assert f"locked by process {pid}" in log  # ...and refused, naming the holder
+    assert brokers_serving(path) == [pid]
+    assert broker_pid(path) == pid

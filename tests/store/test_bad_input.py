@@ -67,6 +67,7 @@ def store(tmp_path: Path) -> LogStore:
         ("a/b", "'a/b'"),
         ("..", "'..'"),
         (".", "'.'"),
+        (".lock", "'.lock' is reserved"),
         ("", "''"),
         ("x" * 250, "250 characters"),
         ("sp ace", "' '"),

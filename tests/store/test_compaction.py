@@ -12,6 +12,7 @@ from broker_core.errors import InvalidConfigError, OffsetOutOfRangeError
 from broker_core.log import swap
 from broker_core.log.cleaner import CHECKPOINT_FILE, MAX_YOUNG_PASSES, CleanerCheckpoint
 from broker_core.log.config import LogConfig
+from broker_core.log.inspect import StoreView
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.record.batch import ControlType
@@ -283,3 +284,28 @@ def test_a_pass_failing_half_way_leaves_a_readable_log(
     monkeypatch.setattr(swap, "install", real_install)
     assert log.clean(force=True) is not None
     assert offsets_and_values(log) == expected
+
+
+def test_the_read_only_view_reads_a_cleaned_log_without_reporting_its_gaps(
+    tmp_path: Path,
+) -> None:
+    log = gappy_log(tmp_path, ManualClock())
+    expected = offsets_and_values(log)
+    log.close()
+    with StoreView(tmp_path) as view:  # what `idemlog log describe|dump` read
+        partition = view.partition("t", 0)
+        assert partition.problems == []
+        assert partition.log_end_offset == 19
+        rows = []
+        offset = 0
+        while True:
+            result = partition.read(offset, max_bytes=1)
+            rows += [
+                (b.base_offset + i, v.as_py())
+                for b in result.batches
+                for i, v in enumerate(b.records.column("value"))
+            ]
+            if result.next_offset == offset:
+                break
+            offset = result.next_offset
+        assert rows == expected

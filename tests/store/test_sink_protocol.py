@@ -211,8 +211,11 @@ def test_an_attempt_that_takes_the_id_after_the_scan_is_not_fenced(
 
     def scan_then_a_new_attempt(
         target: Callable[[TransactionMetadata], bool],
+        *,
+        sink_id: str | None = None,
+        run_id: str | None = None,
     ) -> list[TransactionMetadata]:
-        found = scan(target)
+        found = scan(target, sink_id=sink_id, run_id=run_id)
         newer.append(Producer(broker, "q/0").init_sink(3, "run"))
         return found
 

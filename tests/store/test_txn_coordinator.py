@@ -34,6 +34,7 @@ from broker_core.log.store import LogStore
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.record.batch import MAX_PRODUCER_EPOCH, ControlType
 from broker_core.txn.coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
+from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.markers import StableOffsets
 from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
 from broker_core.txn.state import (
@@ -118,6 +119,7 @@ def start_broker(
     coordinator_epoch: int = 0,
     wrap_state: Callable[[LogTxnStateStore], TxnStateStore] | None = None,
     marker_retry_deadline_s: float = 30.0,
+    expiry: ExpiryPolicy | None = None,
 ) -> Broker:
     clock = clock or ManualClock()
     store = open_data(path)
@@ -132,6 +134,7 @@ def start_broker(
         marker_retry_deadline_s=marker_retry_deadline_s,
         marker_retry_backoff_s=0.001,
         stable_offsets=StoreStableOffsets(store),
+        expiry=expiry,
     )
     coordinator.start()
     return Broker(path, clock, store, state, coordinator)
@@ -587,6 +590,14 @@ class FailingPuts:
     def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         self._maybe_fail()
         self.inner.put_sink(record, coordinator_epoch=coordinator_epoch)
+
+    def delete_transaction(self, transactional_id: str, *, coordinator_epoch: int = 0) -> None:
+        self._maybe_fail()
+        self.inner.delete_transaction(transactional_id, coordinator_epoch=coordinator_epoch)
+
+    def delete_sink(self, sink_id: str, *, coordinator_epoch: int = 0) -> None:
+        self._maybe_fail()
+        self.inner.delete_sink(sink_id, coordinator_epoch=coordinator_epoch)
 
 
 def test_a_pending_sink_commit_is_never_aborted(tmp_path: Path) -> None:

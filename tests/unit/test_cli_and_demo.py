@@ -100,3 +100,26 @@ def test_empty_data_dir_says_it_has_no_topics(
     assert capsys.readouterr().out == f"no topics in {tmp_path}\n"
     assert main(["log", "describe", "--data-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_log_commands_report_a_torn_tail_and_leave_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = open_store(tmp_path)
+    store.create_topic("orders", 1)
+    store.partition("orders", 0).append(rows(10))
+    store.close()
+    segment = tmp_path / "orders" / "0" / f"{0:020d}.log"
+    whole = segment.read_bytes()
+    segment.write_bytes(whole + b"\x00" * 24)  # a torn append after a clean close
+    files = sorted(p.name for p in (tmp_path / "orders" / "0").iterdir())
+    assert main(["log", "describe", "--data-dir", str(tmp_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)[0]["partitions"][0]["log_end_offset"] == 10
+    assert f"{segment.name} ends in a torn or unreadable tail at byte {len(whole)}" in err
+    assert "recovery would truncate it there" in err
+    assert main(["log", "dump", "--data-dir", str(tmp_path), "--topic", "orders"]) == 0
+    assert "10 rows (read_committed)" in capsys.readouterr().out
+    assert segment.read_bytes() == whole + b"\x00" * 24  # reported, not repaired
+    assert sorted(p.name for p in (tmp_path / "orders" / "0").iterdir()) == files
+    assert not (tmp_path / ".lock").exists()

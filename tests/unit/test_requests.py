@@ -45,6 +45,7 @@ ROUND_TRIP: list[Any] = [
     rq.ProduceDescriptor("t", 1, rq.ACKS_LEADER),
     rp.ReplicaFetchRequest("t", 1, 2, 100, 3, 1024, 500),
     rp.OffsetsForLeaderEpochRequest("t", 1, 3, 2),
+    rp.ReplicaLogStartRequest("t", 1, 2, 3),
     rp.ElectLeadersRequest(("t",)),
     rp.ElectLeadersRequest(),
 ]
@@ -140,5 +141,14 @@ def test_a_replica_fetch_answer_round_trips_and_a_short_one_is_named() -> None:
         rp.ReplicaFetchRequest.from_doc(
             {**rp.ReplicaFetchRequest("t", 0, 1, 0, 0, 1, 0).to_doc(), "fetch_offset": -1}
         )
+    start = rp.ReplicaLogStartResponse(100, 120, -1, b"IDPS snapshot")
+    assert rp.ReplicaLogStartResponse.decode(start.encode()) == start
+    for bad in (
+        rp.ReplicaLogStartResponse(100, 99, 0, b"s"),  # below the log start
+        rp.ReplicaLogStartResponse(100, 100, -2, b"s"),
+        rp.ReplicaLogStartResponse(100, 100, 0, b""),  # no snapshot
+    ):
+        with pytest.raises(InvalidRequestError, match="replica_log_start answer"):
+            rp.ReplicaLogStartResponse.decode(bad.encode())
     with pytest.raises(InvalidRequiredAcksError, match="acks=2"):
         rq.ProduceDescriptor.from_doc({"op": "produce", "topic": "t", "partition": 0, "acks": 2})

@@ -14,6 +14,7 @@ from broker_core.errors import ConcurrentTransactionsError, UnknownServerError
 from broker_core.log.store import LogStore
 from broker_core.protocol.wire import SinkAttempt
 from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.markers import StableOffsets
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
 from broker_core.txn.state import (
@@ -22,7 +23,7 @@ from broker_core.txn.state import (
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import ZkTxnStateStore, znode_name
+from broker_core.txn.state_store import CoordinatorEpochFencedError, ZkTxnStateStore, znode_name
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA, read_ids, rows
@@ -235,3 +236,121 @@ def test_coordinator_failover_finishes_prepared_work(
     with pytest.raises(ConcurrentTransactionsError, match="changed by another coordinator"):
         a.end_txn(*etl, commit=True)
     assert stored(reader, etl_path) == before
+
+
+# -- expiry: deletes (docs/design.md §5, "Expiry") ---------------------------------------
+
+
+def test_a_delete_removes_the_node_only_at_the_version_this_store_saw(
+    zk_chroot: ZooKeeperHarness,
+) -> None:
+    reader = zk_chroot.client()
+    a = ZkTxnStateStore(zk_chroot.client(), ROOT)
+    b = ZkTxnStateStore(zk_chroot.client(), ROOT)
+    a.put_transaction(meta("gone", 1))
+    a.put_transaction(meta("raced", 1))
+    a.put_sink(SinkCommitRecord("s", 1, "COMPLETE", []))
+    a.delete_transaction("gone")
+    a.delete_sink("s")
+    assert reader.get_children(f"{ROOT}/transactions") == ["raced"]
+    assert reader.get_children(f"{ROOT}/sinks") == []
+    assert a.load() == ({"raced": meta("raced", 1)}, {})
+
+    # Another coordinator changed "raced" since a saw it: a's delete is refused.
+    b.load()
+    b.put_transaction(meta("raced", 2))
+    with pytest.raises(ConcurrentTransactionsError, match="saw version 0") as refused:
+        a.delete_transaction("raced")
+    assert refused.value.retriable and f"{ROOT}/transactions/raced" in refused.value.message
+    assert stored(reader, f"{ROOT}/transactions/raced")[0]["producer_epoch"] == 2
+    # A store that never saw a node does not delete it blindly.
+    with pytest.raises(ConcurrentTransactionsError, match="never saw the node"):
+        ZkTxnStateStore(zk_chroot.client(), ROOT).delete_transaction("raced")
+    # A newer coordinator's node is refused as fenced, naming both epochs.
+    b.put_transaction(meta("raced", 3), coordinator_epoch=5)
+    with pytest.raises(CoordinatorEpochFencedError, match="coordinator epoch 5"):
+        b.delete_transaction("raced", coordinator_epoch=4)
+    b.delete_transaction("raced", coordinator_epoch=5)
+    assert reader.get_children(f"{ROOT}/transactions") == []
+
+
+def test_expired_ids_znodes_are_deleted_and_stay_gone_for_the_next_coordinator(
+    zk_chroot: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    store = LogStore(tmp_path / "data")
+    store.create_topic("payments", 2, schema=SCHEMA)
+    client = zk_chroot.client()
+    reader = zk_chroot.client()
+    now = [1_000_000]
+    policy = ExpiryPolicy(id_expiration_ms=60_000)
+
+    def coordinator(epoch: int) -> TransactionCoordinator:
+        c = TransactionCoordinator(
+            ZkTxnStateStore(client, ROOT),
+            ProducerIdManager(epoch, ZkProducerIdBlockSource(client)),
+            LocalMarkerWriter(store),
+            coordinator_epoch=epoch,
+            clock=lambda: now[0],
+            expiry=policy,
+        )
+        c.start()
+        return c
+
+    a = coordinator(1)
+    job = "batch-00112233445566778899aabbccddeeff"
+    txns = []
+    for tid in (f"{job}/0", f"{job}/1"):
+        pid, epoch, _ = a.init_sink_producer(tid, None, SinkAttempt(job, job[6:], 0))
+        a.prepare_sink_txn(tid, pid, epoch, 0, [])
+        txns.append((tid, pid, epoch))
+    assert a.commit_sink_batch(job, 0, txns, job[6:]) is True
+    a.init_producer_id("kept")
+    now[0] += 30_000
+    a.init_producer_id("kept")  # used since: stays
+    now[0] += 30_001
+    result = a.expire_idle()
+    assert result.transactional_ids == [f"{job}/0", f"{job}/1"] and result.sinks == [job]
+    assert reader.get_children(f"{ROOT}/transactions") == ["kept"]
+    assert reader.get_children(f"{ROOT}/sinks") == []
+    a.close()
+    b = coordinator(2)  # the next controller loads what is left
+    assert [r["transactional_id"] for r in b.list_transactions(every_id=True)] == ["kept"]
+    assert b.describe()["transactional_ids"] == 1 and b.describe()["sinks"] == 0
+
+
+def test_a_replaced_coordinators_expiry_pass_removes_nothing_and_stops(
+    zk_chroot: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """Coordinator a (epoch 1) was replaced by b (epoch 2), which used id "a-0". a's
+    pass reaches "a-0" first: its DEAD write is refused as fenced, a stands down and its
+    pass stops; none of the ids b keeps is removed."""
+    store = LogStore(tmp_path / "data")
+    reader = zk_chroot.client()
+    now = [1_000_000]
+    policy = ExpiryPolicy(id_expiration_ms=60_000)
+
+    def coordinator(epoch: int) -> TransactionCoordinator:
+        client = zk_chroot.client()
+        c = TransactionCoordinator(
+            ZkTxnStateStore(client, ROOT),
+            ProducerIdManager(epoch, ZkProducerIdBlockSource(client)),
+            LocalMarkerWriter(store),
+            coordinator_epoch=epoch,
+            clock=lambda: now[0],
+            expiry=policy,
+        )
+        c.start()
+        return c
+
+    a = coordinator(1)
+    for tid in ("a-0", "a-1", "a-2"):
+        a.init_producer_id(tid)
+    b = coordinator(2)
+    now[0] += 60_001
+    b.init_producer_id("a-0")  # b's write, at epoch 2 (a still holds version 0)
+    assert a.expire_idle().transactional_ids == []
+    assert a.status.name == "CLOSED"
+    assert sorted(reader.get_children(f"{ROOT}/transactions")) == ["a-0", "a-1", "a-2"]
+    assert stored(reader, f"{ROOT}/transactions/a-0")[0]["state"] == "EMPTY"
+    assert b.expire_idle().transactional_ids == ["a-1", "a-2"]  # b's own pass does
+    assert reader.get_children(f"{ROOT}/transactions") == ["a-0"]

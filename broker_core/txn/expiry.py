@@ -1,0 +1,151 @@
+"""Transactional ids and sink records expire (docs/design.md §5, "Expiry").
+
+One pass (:func:`expire`, run by the broker every
+``transaction.remove.expired.transaction.cleanup.interval.ms``) removes:
+
+* every transactional id idle longer than ``transactional.id.expiration.ms``: EMPTY or
+  COMPLETE_COMMIT/COMPLETE_ABORT (never ONGOING or PREPARE_x), not named by a pending
+  sink record, not changed since and, for a sink task's id, no task of its run wrote or
+  beat since. Kafka's way: the id goes DEAD (durable), then its record is removed (a
+  tombstone in ``__transaction_state``, a conditional delete in ZooKeeper), then it is
+  dropped from memory. A producer still using it is told so
+  (INVALID_PRODUCER_ID_MAPPING, naming the setting); a new init gets a new producer id.
+* a sink's record once none of its ids remains, it is complete, no committed batch of it
+  is still tracked for the readers' cut, and it is idle longer than its expiry: a
+  df.write job's (``batch_job``) after ``transactional.id.expiration.ms``, as nobody
+  commits that sink again; a streaming query's after ``sink.stream.expiration.ms``
+  (-1: never), since a restart from its checkpoint needs it (docs/failure-model.md).
+
+Every removal happens under the claims of what it removes, with its condition checked
+again once claimed, so it never races a request that revives the id or the sink.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from broker_core.errors import ConcurrentTransactionsError, IdemlogError
+from broker_core.txn.core import CoordinatorCore
+from broker_core.txn.state import NO_SINK, SinkCommitRecord, TransactionMetadata, TransactionState
+from broker_core.txn.status import CoordinatorStatus
+
+log = logging.getLogger("idemlog.txn")
+
+_S = TransactionState
+_IDLE = frozenset({_S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT, _S.DEAD})
+NEVER = -1  # sink.stream.expiration.ms: a stream's record never expires
+
+
+@dataclass(frozen=True)
+class ExpiryPolicy:
+    """``id_expiration_ms``: transactional.id.expiration.ms (also a df.write job's record);
+    ``stream_sink_expiration_ms``: sink.stream.expiration.ms, :data:`NEVER` or >= 1."""
+
+    id_expiration_ms: int = 604_800_000
+    stream_sink_expiration_ms: int = NEVER
+
+
+@dataclass
+class ExpiryResult:
+    transactional_ids: list[str] = field(default_factory=list)
+    sinks: list[str] = field(default_factory=list)
+
+
+def expire(core: CoordinatorCore, policy: ExpiryPolicy, now_ms: int) -> ExpiryResult:
+    """One expiry pass at ``now_ms``; returns what it removed. A removal that fails (the
+    store unavailable, a claim held by a request) is logged and left for the next pass."""
+    result = ExpiryResult()
+    metas, _ = core.expiry_candidates(now_ms - policy.id_expiration_ms)
+    for meta in sorted(metas, key=lambda m: m.transactional_id):
+        if core.status is not CoordinatorStatus.RUNNING:
+            return result  # closed or replaced meanwhile: the next coordinator's pass
+        tid = meta.transactional_id
+        if _attempt(partial(_expire_id, core, policy, tid, now_ms), f"transactional id {tid!r}"):
+            result.transactional_ids.append(tid)
+    # After the ids: a job's record goes in the same pass as its last id.
+    _, sinks = core.expiry_candidates(now_ms - policy.id_expiration_ms)
+    for record in sorted(sinks, key=lambda r: r.sink_id):
+        if core.status is not CoordinatorStatus.RUNNING:
+            return result
+        sid = record.sink_id
+        if _attempt(partial(_expire_sink, core, policy, sid, now_ms), f"sink {sid!r}"):
+            result.sinks.append(sid)
+    if result.transactional_ids or result.sinks:
+        log.info(
+            "expired %d transactional ids and %d sink records idle past their expiry",
+            len(result.transactional_ids),
+            len(result.sinks),
+        )
+    return result
+
+
+def _attempt(removal: Callable[[], bool], what: str) -> bool:
+    try:
+        return removal()
+    except ConcurrentTransactionsError:
+        return False  # a request holds it right now: it is not idle
+    except IdemlogError as exc:
+        log.warning("could not expire %s yet: %s", what, exc)
+        return False
+
+
+def id_expires(
+    core: CoordinatorCore, policy: ExpiryPolicy, meta: TransactionMetadata, now: int
+) -> bool:
+    """Whether ``meta`` may expire at ``now`` (see the module's rules)."""
+    if meta.state not in _IDLE or core.held_by_pending_sink(meta.transactional_id):
+        return False
+    if meta.state is _S.DEAD:
+        return True  # decided by an earlier pass; only its removal is left
+    last = meta.last_update_ms
+    if meta.sink_id != NO_SINK:
+        last = max(last, core.run_beat(meta))
+    return now - last > policy.id_expiration_ms
+
+
+def _expire_id(core: CoordinatorCore, policy: ExpiryPolicy, tid: str, now: int) -> bool:
+    with core.claims() as claims:
+        claims.txn(tid)
+        meta = core.meta(tid) or core.dead(tid)
+        if meta is None or not id_expires(core, policy, meta, now):
+            return False
+        core.remove(meta)
+        log.info(
+            "transactional id %r (producer id %d) expired: idle since %d, over "
+            "transactional.id.expiration.ms=%d",
+            tid,
+            meta.producer_id,
+            meta.last_update_ms,
+            policy.id_expiration_ms,
+        )
+        return True
+
+
+def sink_expires(
+    core: CoordinatorCore, policy: ExpiryPolicy, record: SinkCommitRecord, now: int
+) -> bool:
+    """Whether the sink's record may expire at ``now`` (see the module's rules)."""
+    if record.is_pending or core.sink_has_ids(record.sink_id) or core.sink_tracked(record):
+        return False
+    limit = policy.id_expiration_ms if record.batch_job else policy.stream_sink_expiration_ms
+    return limit != NEVER and now - record.last_update_ms > limit
+
+
+def _expire_sink(core: CoordinatorCore, policy: ExpiryPolicy, sid: str, now: int) -> bool:
+    with core.claims() as claims:
+        claims.sink(sid)
+        record = core.sink_record(sid)
+        if record is None or not sink_expires(core, policy, record, now):
+            return False
+        core.remove_sink(record)
+        log.info(
+            "sink %r (%s, last batch %d) expired: idle since %d",
+            sid,
+            "df.write job" if record.batch_job else "streaming query",
+            record.batch_id,
+            record.last_update_ms,
+        )
+        return True
