@@ -16,6 +16,7 @@ from broker_core.log.inspect import StoreView
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.record.batch import ControlType
+from broker_core.txn.state_topic import TXN_STATE_SCHEMA, append_rows, read_rows
 from tests.store.helpers import ManualClock
 
 SCHEMA = pa.schema([("kind", pa.string()), ("key", pa.int32()), ("value", pa.int64())])
@@ -309,3 +310,30 @@ def test_the_read_only_view_reads_a_cleaned_log_without_reporting_its_gaps(
                 break
             offset = result.next_offset
         assert rows == expected
+
+
+def test_the_transaction_state_topic_schema_compacts_to_its_newest_rows(tmp_path: Path) -> None:
+    """What the lead wires in: ``__transaction_state``'s schema (kind, key, nullable value)
+    with ``compaction.key.columns=kind,key``, written and read by its own helpers."""
+    clock = ManualClock()
+    store = LogStore(tmp_path, clock=clock)
+    config = {**COMPACT, "delete.retention.ms": 0}
+    store.create_topic("txn-state", 1, schema=TXN_STATE_SCHEMA, config=config)
+    log = store.partition("txn-state", 0)
+    newest: dict[tuple[str, str], bytes | None] = {}
+    for i in range(60):
+        row = ("txn", f"id-{i % 6}", None if i % 13 == 12 else f"state {i}".encode())
+        append_rows(log, [row], TXN_STATE_SCHEMA)
+        newest[(row[0], row[1])] = row[2]
+        if i % 7 == 6:
+            log.roll()
+    log.roll()
+    append_rows(log, [("sink", "job", b"record")], TXN_STATE_SCHEMA)
+    newest[("sink", "job")] = b"record"
+    before = log.size_bytes
+    assert log.clean(force=True) is not None
+    assert log.size_bytes < before / 4
+    rows = list(read_rows(log))
+    live = {k: v for k, v in newest.items() if v is not None}
+    assert {(kind, key): value for _o, (kind, key, value) in rows if value is not None} == live
+    assert len(rows) <= len(newest) + 1  # one row per key, at most the last batch's extra
