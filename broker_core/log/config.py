@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from enum import Enum
 
 from broker_core.config import INT_MAX, LONG_MAX, ConfigDef, ConfigKey
 from broker_core.errors import InvalidConfigError
@@ -119,9 +120,88 @@ LOG_CONFIG = ConfigDef(
             "not in sync rather than wait for one. Availability at a price: the acknowledged "
             "batches it lacks are lost, and the returning replicas truncate them.",
         ),
+        ConfigKey(
+            "cleanup.policy",
+            str,
+            "delete",
+            "What happens to old segments: delete (retention.ms / retention.bytes delete "
+            "whole segments), compact (the log cleaner keeps the newest row of each key; "
+            "retention deletes nothing) or compact,delete (both). See docs/storage.md, "
+            "Compaction.",
+            choices=("delete", "compact", "compact,delete", "delete,compact"),
+        ),
+        ConfigKey(
+            "compaction.key.columns",
+            str,
+            "key",
+            "Comma-separated columns whose values together are a row's key in a compacted "
+            "topic; the topic's schema must have every one of them. A row whose other "
+            "columns are all null is a tombstone (it deletes its key).",
+        ),
+        ConfigKey(
+            "delete.retention.ms",
+            int,
+            DAY_MS,
+            "How long a tombstone, or a transaction marker with no data left before it, is "
+            "kept after the log cleaner first reached it (readers have this long to see it).",
+            min=0,
+        ),
+        ConfigKey(
+            "min.cleanable.dirty.ratio",
+            float,
+            0.5,
+            "Clean a compacted partition once the bytes written since its last clean are at "
+            "least this share of its cleanable bytes.",
+            min=0.0,
+            max=1.0,
+        ),
+        ConfigKey(
+            "min.compaction.lag.ms",
+            int,
+            0,
+            "A segment is cleaned only once its newest batch is at least this old.",
+            min=0,
+        ),
     ],
     what="topic",
 )
+
+
+class CleanupPolicy(Enum):
+    """``cleanup.policy``: which of retention and compaction apply to a topic."""
+
+    DELETE = "delete"
+    COMPACT = "compact"
+    COMPACT_DELETE = "compact,delete"
+
+    @classmethod
+    def parse(cls, text: str) -> CleanupPolicy:
+        names = sorted(part.strip() for part in text.split(","))
+        return cls.COMPACT_DELETE if names == ["compact", "delete"] else cls(",".join(names))
+
+    @property
+    def compacts(self) -> bool:
+        return self is not CleanupPolicy.DELETE
+
+    @property
+    def deletes(self) -> bool:
+        return self is not CleanupPolicy.COMPACT
+
+
+def parse_key_columns(text: str) -> tuple[str, ...]:
+    """``compaction.key.columns`` as names; InvalidConfigError for an empty or repeated one."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise InvalidConfigError(
+            f"compaction.key.columns={text!r}: a column name is empty (expected names "
+            "separated by commas)"
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InvalidConfigError(
+            f"compaction.key.columns={text!r} names {', '.join(repeated)} more than once"
+        )
+    return names
 
 
 @dataclass(frozen=True)
@@ -139,6 +219,11 @@ class LogConfig:
     replication_factor: int
     min_insync_replicas: int
     unclean_leader_election_enable: bool
+    cleanup_policy: str
+    compaction_key_columns: str
+    delete_retention_ms: int
+    min_cleanable_dirty_ratio: float
+    min_compaction_lag_ms: int
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object] | None = None) -> LogConfig:
@@ -150,9 +235,18 @@ class LogConfig:
                 f"max.message.bytes={config.max_message_bytes} is larger than "
                 f"segment.bytes={config.segment_bytes}: a batch must fit in one segment"
             )
+        parse_key_columns(config.compaction_key_columns)
         return config
 
-    def to_mapping(self) -> dict[str, int | bool]:
+    @property
+    def policy(self) -> CleanupPolicy:
+        return CleanupPolicy.parse(self.cleanup_policy)
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return parse_key_columns(self.compaction_key_columns)
+
+    def to_mapping(self) -> dict[str, int | bool | str | float]:
         return {f.name.replace("_", "."): getattr(self, f.name) for f in fields(self)}
 
     def overlaid(self, overrides: Mapping[str, object] | None) -> LogConfig:

@@ -112,7 +112,7 @@ def open_partition(directory: Path, config: LogConfig, *, name: str = "") -> Par
     name = name or directory.name
     problems: list[str] = []
     segments = _open_segments(directory, name, problems)
-    _scan(name, segments, config.index_interval_bytes, problems)
+    _scan(name, segments, config.index_interval_bytes, problems, config.policy.compacts)
     state = ProducerStateManager(
         window=config.producer_state_batch_window,
         expiration_ms=config.producer_id_expiration_ms,
@@ -153,18 +153,21 @@ def _open_segments(directory: Path, name: str, problems: list[str]) -> list[Read
     return segments
 
 
-def _scan(name: str, segments: list[ReadOnlySegment], interval: int, problems: list[str]) -> None:
-    """CRC-check every segment, ending the view at the first bad batch (in memory)."""
+def _scan(
+    name: str, segments: list[ReadOnlySegment], interval: int, problems: list[str], gaps: bool
+) -> None:
+    """CRC-check every segment, ending the view at the first bad batch (in memory); with
+    ``gaps`` (a compacted log) offsets may jump forward, as recovery allows."""
     expected = segments[0].base_offset if segments else 0
     for i, seg in enumerate(segments):
-        if seg.base_offset != expected:
+        if seg.base_offset < expected or (seg.base_offset != expected and not gaps):
             problems.append(
                 f"{name}: segment {seg.log_path.name} does not follow on (expected offset "
                 f"{expected}); it and {len(segments) - i - 1} later segments are not read"
             )
             _drop_from(segments, i)
             return
-        batches = seg.scan(0, expected)  # bound to the size as opened
+        batches = seg.scan(0, expected, gaps=gaps)  # bound to the size as opened
         seg.restore_position_state(0)
         for stored in batches:
             seg.account_recovered(stored, interval)

@@ -28,6 +28,7 @@ from broker_core.errors import (
     StorageError,
 )
 from broker_core.fileutil import fsync_directory, fsync_file
+from broker_core.log.cleaner import CleanResult, PartitionCleaner
 from broker_core.log.config import LogConfig
 from broker_core.log.leader_epoch import EpochEndOffset
 from broker_core.log.producer_state import AppendOrigin, ProducerStateManager
@@ -58,7 +59,7 @@ from broker_core.log.results import (
     MarkerResult,
 )
 from broker_core.log.retention import as_record_batch as _as_record_batch
-from broker_core.log.retention import past_retention
+from broker_core.log.retention import past_retention, should_roll
 from broker_core.log.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.log.snapshot import delete_snapshots_below, write_snapshot
 from broker_core.log.validator import ProducerBatch
@@ -135,6 +136,9 @@ class PartitionLog:
         self._hw_checkpoint = HighWatermarkCheckpoint(directory)
         self.checkpointed_high_watermark = self._hw_checkpoint.load()
         self._follower_schema_known = False
+        self.cleaner = PartitionCleaner(
+            directory, self.name, config, self.state, self.take_snapshot
+        )
 
     # -- offsets -----------------------------------------------------------------------
     @property
@@ -262,14 +266,14 @@ class PartitionLog:
             now, end, epoch = self._clock(), self.log_end_offset, self.leader_epoch
             # At the log end, which a roll keeps.
             encoded = encode_controls(control_type, producers, coordinator_epoch, end, now, epoch)
-            if self._should_roll(sum(e.size for e in encoded), now):
+            if should_roll(self.active, self.config, sum(e.size for e in encoded), now):
                 self.roll()
             self.epochs.assign(self.leader_epoch, self.log_end_offset)
             headers = self.active.append_many(encoded, self.config.index_interval_bytes)
             self._unflushed += len(headers)
             self.marker_appends += 1
             for header in headers:
-                self.apply_marker(header, control_type, coordinator_epoch, self.active)
+                apply_marker(self.state, header, control_type, coordinator_epoch, self.active)
             lso = self.last_stable_offset
             # fsync now, whatever flush.* say: the transactions are recorded COMPLETE next
             # (docs/design.md §10). Also wait for a roll's background flush of older
@@ -285,31 +289,13 @@ class PartitionLog:
                 )
             return MarkerResult(headers[0].base_offset, lso)
 
-    def apply_marker(
-        self,
-        header: BatchHeader,
-        control_type: ControlType,
-        coordinator_epoch: int,
-        segment: LogSegment,
-    ) -> None:
-        """Producer-state and txn-index effects of a marker (append and recovery share it)."""
-        apply_marker(self.state, header, control_type, coordinator_epoch, segment)
-
-    def _write(self, encoded: EncodedBatch, now: int) -> BatchHeader:
-        if self._should_roll(encoded.size, now):
+    def _write(self, encoded: EncodedBatch, now: int, base: int | None = None) -> BatchHeader:
+        if should_roll(self.active, self.config, encoded.size, now):
             self.roll()
-        encoded.set_base_offset(self.log_end_offset)
+        encoded.set_base_offset(self.log_end_offset if base is None else base)  # base: a gap
         header = self.active.append(encoded, self.config.index_interval_bytes)
         self._unflushed += 1
         return header
-
-    def _should_roll(self, batch_size: int, now: int) -> bool:
-        active = self.active
-        if active.size == 0:
-            return False
-        too_big = active.size + batch_size > self.config.segment_bytes
-        too_old = now - active.first_timestamp >= self.config.segment_ms
-        return too_big or too_old
 
     # -- durability ----------------------------------------------------------------------
     def _maybe_flush(self, now: int) -> None:
@@ -415,6 +401,19 @@ class PartitionLog:
             delete_snapshots_below(self.directory, self.log_start_offset)
             return len(deletable)
 
+    def clean(self, now_ms: int | None = None, *, force: bool = False) -> CleanResult | None:
+        """A compaction pass when due or ``force``d (``log/cleaner.py``); None if none ran."""
+        if not self.config.policy.compacts:
+            return None
+        for flusher in list(self._flushers):  # the long fsyncs of rolls: outside the lock
+            flusher.join()
+        with self._lock:
+            self._check_open()
+            self._join_flushers()  # rolled segments are durable before they are rewritten
+            now = self._clock() if now_ms is None else now_ms
+            upper = min(self.last_stable_offset, self.high_watermark)
+            return self.cleaner.clean(self.segments, upper, now, force=force)
+
     # -- reads -------------------------------------------------------------------------
     def read(
         self,
@@ -490,7 +489,8 @@ class PartitionLog:
         errors it raises); StorageError on a write failure."""
         with self._lock:
             self._check_open()
-            fetched = parse_fetched(raw, self.log_end_offset, self.epochs.latest_epoch, self.name)
+            gaps, epoch = self.config.policy.compacts, self.epochs.latest_epoch
+            fetched = parse_fetched(raw, self.log_end_offset, epoch, self.name, gaps=gaps)
             if self._schema_check is not None and not self._follower_schema_known:
                 # A topic created without a schema takes its first batch's, on a follower
                 # as on the leader, so it can serve reads once it leads.
@@ -501,7 +501,7 @@ class PartitionLog:
             now = self._clock()
             for stored in fetched:
                 self.epochs.assign(stored.header.leader_epoch, stored.header.base_offset)
-                self._write(as_encoded(stored), now)
+                self._write(as_encoded(stored), now, stored.header.base_offset)
                 apply_batch(self.state, self.active, stored)
             self._maybe_flush(now)
             return self.log_end_offset

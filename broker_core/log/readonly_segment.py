@@ -152,20 +152,26 @@ class ReadOnlySegment(LogSegment):
             )
         return StoredBatch(position, header, memoryview(data))
 
-    def scan(self, start_position: int, expected_offset: int) -> Iterator[StoredBatch]:
-        """CRC-checked batches while they are whole and contiguous (``LogSegment.scan``),
-        bound to the current ``size``; ``scan_error`` says why it stopped early."""
+    def scan(
+        self, start_position: int, expected_offset: int, *, gaps: bool = False
+    ) -> Iterator[StoredBatch]:
+        """CRC-checked batches while they are whole and contiguous (``LogSegment.scan``;
+        ``gaps``: a compacted log's), bound to the current ``size``; ``scan_error`` says
+        why it stopped early."""
         self.scan_error = None
-        return self._scan_pread(start_position, self.size, expected_offset)
+        return self._scan_pread(start_position, self.size, expected_offset, gaps)
 
-    def _scan_pread(self, position: int, limit: int, expected: int) -> Iterator[StoredBatch]:
+    def _scan_pread(
+        self, position: int, limit: int, expected: int, gaps: bool
+    ) -> Iterator[StoredBatch]:
         while position < limit:
             try:
                 stored = self._batch_at(position, limit)
-                if stored.header.base_offset != expected:
+                offset = stored.header.base_offset
+                if offset < expected or (offset != expected and not gaps):
                     raise CorruptRecordError(
-                        f"batch at byte {position} has offset {stored.header.base_offset}, "
-                        f"expected {expected}"
+                        f"batch at byte {position} has offset {offset}, expected {expected}"
+                        + (" or more" if gaps else "")
                     )
                 verify_crc(stored.header, stored.data)
             except CorruptRecordError as exc:

@@ -31,7 +31,9 @@ def collect(
 ) -> int:
     """Append to ``out`` the readable batches in [offset, upper), whole or sliced, at
     least one when any is readable and then none past ``max_bytes``; aborted data is
-    skipped for read_committed. Returns where the next read continues. Raises
+    skipped for read_committed. Offsets may have gaps (a compacted log): a batch starts
+    at its first row's offset, and the next read never starts inside a gap. Returns
+    where the next read continues. Raises
     CorruptRecordError for a batch that fails its CRC or does not decode."""
     aborted: dict[int, list[tuple[int, int]]] = {}
     if level is IsolationLevel.READ_COMMITTED:
@@ -42,7 +44,11 @@ def collect(
     next_offset, size = offset, 0
     for seg, stored in batches_from(segments, offset):
         h = stored.header
-        if h.base_offset >= upper or (out and size + h.size > max_bytes):
+        if h.base_offset >= upper:
+            # Nothing is left below ``upper``: offsets up to it are read or absent (a gap
+            # the cleaner left), so the next read starts there, not inside the gap.
+            return upper
+        if out and size + h.size > max_bytes:
             return next_offset
         next_offset = min(h.next_offset, upper)
         if h.is_control or _is_aborted(aborted, h):
@@ -71,7 +77,7 @@ def collect(
             )
         )
         size += h.size
-    return next_offset
+    return upper  # every batch below ``upper`` was read (the log may end in a gap)
 
 
 def _is_aborted(aborted: dict[int, list[tuple[int, int]]], h: BatchHeader) -> bool:

@@ -40,6 +40,7 @@ from broker_core.log.segment import (
     StoredBatch,
 )
 from broker_core.log.snapshot import delete_snapshots_below, list_snapshots, load_newest_valid
+from broker_core.log.swap import finish_swaps
 from broker_core.record.batch import BatchHeader, ControlType, decode_control
 
 log = logging.getLogger("idemlog.recovery")
@@ -149,6 +150,7 @@ def recover_partition(
     that is not a segment or index name, and OSError when the directory cannot be read.
     """
     name = name or directory.name
+    finish_swaps(directory)  # a cleaner's swap cut short: the old segment or the new one
     marker = directory / CLEAN_SHUTDOWN_FILE
     clean = marker.exists()
     offsets = _segment_offsets(directory)
@@ -167,7 +169,8 @@ def recover_partition(
         first_scanned = max(i for i, base in enumerate(offsets) if base <= newest or i == 0)
         for seg in segments[:first_scanned]:
             seg.load_summary(config.index_interval_bytes)
-        _scan_tail(directory, name, segments, first_scanned, config.index_interval_bytes)
+        gaps = config.policy.compacts  # only a compacted log may have offset gaps
+        _scan_tail(directory, name, segments, first_scanned, config.index_interval_bytes, gaps)
 
     start, end = segments[0].base_offset, segments[-1].next_offset
     snapshot_offset = load_state(directory, segments, state)
@@ -192,20 +195,20 @@ def recover_partition(
 
 
 def _scan_tail(
-    directory: Path, name: str, segments: list[LogSegment], first: int, interval: int
+    directory: Path, name: str, segments: list[LogSegment], first: int, interval: int, gaps: bool
 ) -> None:
     """CRC-check segments[first:], truncating at the first bad batch (in place)."""
     expected = segments[first].base_offset
     for i in range(first, len(segments)):
         seg = segments[i]
-        if seg.base_offset != expected:
+        if seg.base_offset < expected or (seg.base_offset != expected and not gaps):
             why = f"segment {seg.log_path.name} does not follow on"
             _truncate_after(directory, name, segments, i - 1, why)
             return
         seg.index.truncate_from_position(0)
         seg.first_timestamp = seg.max_timestamp = -1
         file_size = seg.size
-        batches = seg.scan(0, expected)  # bound to the file size before re-accounting
+        batches = seg.scan(0, expected, gaps=gaps)  # bound to the file size before re-accounting
         seg.restore_position_state(0)
         valid = 0
         for stored in batches:

@@ -42,15 +42,22 @@ log = logging.getLogger("idemlog.replica")
 
 
 def parse_fetched(
-    raw: bytes | memoryview, log_end_offset: int, latest_epoch: int, name: str
+    raw: bytes | memoryview,
+    log_end_offset: int,
+    latest_epoch: int,
+    name: str,
+    *,
+    gaps: bool = False,
 ) -> list[StoredBatch]:
     """The batches in ``raw`` (as a leader's log holds them), all checked, none written.
 
     Each batch must be whole, pass its CRC, follow on from the previous one (the first at
-    ``log_end_offset``) and carry a leader epoch no older than the one before it (the first
-    no older than ``latest_epoch``, the follower's). Raises OffsetOutOfRangeError when the
-    first batch does not start at ``log_end_offset``, CorruptRecordError for a torn,
-    corrupt or non-contiguous batch, InvalidRecordError for a leader epoch going back.
+    ``log_end_offset``; with ``gaps``, a compacted log's, at or after it: the leader's
+    cleaner leaves gaps, see docs/storage.md, Compaction) and carry a leader epoch no older
+    than the one before it (the first no older than ``latest_epoch``, the follower's).
+    Raises OffsetOutOfRangeError when the first batch does not start there,
+    CorruptRecordError for a torn, corrupt or misplaced batch, InvalidRecordError for a
+    leader epoch going back.
     ``StoredBatch.position`` is the batch's position in ``raw``.
     """
     view = memoryview(raw).cast("B")
@@ -66,7 +73,7 @@ def parse_fetched(
             )
         data = view[position:end]
         verify_crc(header, data)
-        if header.base_offset != expected:
+        if header.base_offset < expected or (header.base_offset != expected and not gaps):
             if not out:
                 raise OffsetOutOfRangeError(
                     f"{name}: fetched batches start at offset {header.base_offset}, "

@@ -1,5 +1,5 @@
-"""Small pure pieces of ``PartitionLog``: which segments retention deletes, and the one
-record-batch form appends take."""
+"""Small pure pieces of ``PartitionLog``: which segments retention deletes, when a segment
+rolls, and the one record-batch form appends take."""
 
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ def past_retention(
     """The oldest sealed segments past ``retention.bytes`` / ``retention.ms``, in order.
 
     Never the active segment, and never one holding offsets at or above the high
-    watermark: a follower may still need them (Kafka deletes only below it too).
+    watermark: a follower may still need them (Kafka deletes only below it too). Nothing
+    under ``cleanup.policy=compact`` alone: there the cleaner bounds the log instead.
     """
+    if not config.policy.deletes:
+        return []
     deletable: list[LogSegment] = []
     size = sum(int(s.size) for s in segments)
     for seg in segments[:-1]:
@@ -30,6 +33,16 @@ def past_retention(
         deletable.append(seg)
         size -= seg.size
     return deletable
+
+
+def should_roll(active: LogSegment, config: LogConfig, batch_size: int, now_ms: int) -> bool:
+    """Whether a batch of ``batch_size`` bytes goes into a new segment: the active one is
+    not empty and would pass ``segment.bytes``, or is ``segment.ms`` old."""
+    if active.size == 0:
+        return False
+    too_big = active.size + batch_size > config.segment_bytes
+    too_old = now_ms - active.first_timestamp >= config.segment_ms
+    return too_big or too_old
 
 
 def as_record_batch(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:

@@ -181,24 +181,36 @@ class LogSegment:
         return last
 
     # -- recovery ----------------------------------------------------------------------
-    def scan(self, start_position: int, expected_offset: int) -> Iterator[StoredBatch]:
-        """CRC-checked batches from ``start_position`` while they are whole and contiguous.
+    def scan(
+        self, start_position: int, expected_offset: int, *, gaps: bool = False
+    ) -> Iterator[StoredBatch]:
+        """CRC-checked batches from ``start_position`` while they are whole and contiguous
+        (with ``gaps``, a compacted log's: each at or after the previous one's end).
 
         Stops at the first torn, corrupt or misplaced batch; ``scan_error`` says why.
         The range is bound now, so callers may re-account the size while iterating.
         """
         self.scan_error = None
-        return self._scan(self.view(), start_position, expected_offset)
+        return self._scan(self.view(), start_position, expected_offset, gaps)
 
-    def _scan(self, view: memoryview, position: int, expected_offset: int) -> Iterator[StoredBatch]:
+    def _scan(
+        self, view: memoryview, position: int, expected_offset: int, gaps: bool
+    ) -> Iterator[StoredBatch]:
         limit = len(view)
         while position < limit:
             try:
                 header = decode_header(view, position)
-                if header.base_offset != expected_offset:
+                # In a compacted log, above the expected offset is a gap the cleaner left
+                # (docs/storage.md, Compaction); elsewhere any other offset is misplaced.
+                misplaced = (
+                    header.base_offset < expected_offset
+                    if gaps
+                    else header.base_offset != expected_offset
+                )
+                if misplaced:
                     raise CorruptRecordError(
                         f"batch at byte {position} has offset {header.base_offset}, "
-                        f"expected {expected_offset}"
+                        f"expected {expected_offset}{' or more' if gaps else ''}"
                     )
                 end = position + header.size
                 if end > limit:

@@ -27,6 +27,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.fileutil import atomic_write, fsync_directory
+from broker_core.log.compaction import check_key_columns
 from broker_core.log.config import LogConfig
 from broker_core.log.partition_log import PartitionLog
 from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_name
@@ -76,6 +77,8 @@ class Topic:
             return
         with self.lock:
             if self.schema is None:
+                # Before the schema is fixed: a compacted topic refuses one without its key.
+                check_key_columns(self.name, self.config, schema)
                 self.schema = schema.remove_metadata()
                 self.save()
         self.check_schema(schema)
@@ -154,6 +157,8 @@ class LogStore:
             )
         overrides = dict(config or {})
         log_config = self.defaults.overlaid(overrides)  # validates the overrides
+        if schema is not None:
+            check_key_columns(name, log_config, schema)
         with self._lock:
             if name in self._topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
@@ -225,6 +230,20 @@ class LogStore:
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         return sum(log.enforce_retention(now_ms) for log in self.open_logs())
+
+    def clean(self, now_ms: int | None = None) -> int:
+        """A compaction pass on every open log that is due one (``PartitionLog.clean``);
+        returns how many passes ran. A log failing its pass does not stop the others:
+        the first error is raised after all were tried."""
+        passes, first_error = 0, None
+        for log in self.open_logs():
+            try:
+                passes += log.clean(now_ms) is not None
+            except Exception as exc:  # re-raised below, after the others had their pass
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return passes
 
     def expire_producers(self, now_ms: int | None = None) -> int:
         return sum(len(log.expire_producers(now_ms)) for log in self.open_logs())

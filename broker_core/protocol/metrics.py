@@ -79,6 +79,12 @@ class PartitionGauges:
     last_stable_offset: int
     producers: int
     open_transactions: int
+    # The log cleaner, since the log was opened (docs/storage.md, Compaction).
+    cleaner_passes: int = 0
+    cleaner_cleaned_bytes: int = 0  # bytes of the segments it rewrote, before cleaning
+    cleaner_removed_rows: int = 0
+    cleaner_removed_markers: int = 0
+    cleaner_last_clean_ms: int = -1  # -1: no pass yet
     # Appends of transaction markers since the log was opened: one per partition per
     # sink commit, whatever its number of tasks (docs/design.md §10).
     marker_appends: int = 0

@@ -364,6 +364,10 @@ class Broker:
             "producer-expiry", cfg.producer_id_expiration_check_interval_ms, self.expire_producers
         )
         self._tasks.add("log-flush", cfg.log_flush_scheduler_interval_ms, self.flush_idle_logs)
+        if cfg.log_cleaner_enable:
+            # Every open log, leader or follower, internal topics too (Kafka cleans each
+            # replica on its own); logs not compacted return at once.
+            self._tasks.add("log-cleaner", cfg.log_cleaner_backoff_ms, store.clean)
         self._tasks.add(
             "transaction-timeouts",
             cfg.transaction_cleanup_interval_ms,
@@ -459,6 +463,11 @@ class Broker:
                 last_stable_offset=log_.last_stable_offset,
                 producers=len(log_.state),
                 open_transactions=len(log_.state.ongoing_transactions()),
+                cleaner_passes=log_.cleaner.stats.passes,
+                cleaner_cleaned_bytes=log_.cleaner.stats.cleaned_bytes,
+                cleaner_removed_rows=log_.cleaner.stats.removed_rows,
+                cleaner_removed_markers=log_.cleaner.stats.removed_markers,
+                cleaner_last_clean_ms=log_.cleaner.stats.last_clean_ms,
                 marker_appends=log_.marker_appends,
             )
         coordinator = self._running_coordinator()

@@ -169,6 +169,22 @@ _BROKER_KEYS = [
         min=1,
     ),
     ConfigKey(
+        "log.cleaner.enable",
+        bool,
+        True,
+        "Run the log cleaner: compact the partitions of topics whose cleanup.policy "
+        "includes compact (docs/storage.md, Compaction). Off: they are never compacted.",
+    ),
+    ConfigKey(
+        "log.cleaner.backoff.ms",
+        int,
+        15_000,
+        "How often the log cleaner looks for partitions due a pass (dirty ratio, "
+        "delete.retention.ms).",
+        min=1,
+        max=LONG_MAX,
+    ),
+    ConfigKey(
         "default.replication.factor",
         int,
         -1,
@@ -330,6 +346,8 @@ class BrokerConfig:
     producer_id_expiration_check_interval_ms: int
     log_retention_check_interval_ms: int
     log_flush_scheduler_interval_ms: int
+    log_cleaner_enable: bool
+    log_cleaner_backoff_ms: int
     default_replication_factor: int  # -1: min(3, live brokers) with ZooKeeper, 1 embedded
     replica_lag_time_max_ms: int
     transaction_marker_retry_deadline_ms: int
@@ -408,6 +426,8 @@ class BrokerConfig:
             ),
             log_retention_check_interval_ms=int(parsed["log.retention.check.interval.ms"]),
             log_flush_scheduler_interval_ms=int(parsed["log.flush.scheduler.interval.ms"]),
+            log_cleaner_enable=bool(parsed["log.cleaner.enable"]),
+            log_cleaner_backoff_ms=int(parsed["log.cleaner.backoff.ms"]),
             default_replication_factor=int(parsed["default.replication.factor"]),
             replica_lag_time_max_ms=int(parsed["replica.lag.time.max.ms"]),
             transaction_marker_retry_deadline_ms=int(

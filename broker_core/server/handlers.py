@@ -66,6 +66,8 @@ import base64
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 from broker_core.cluster.metadata import (
     BrokerInfo,
     ClusterMetadata,
@@ -81,6 +83,7 @@ from broker_core.errors import (
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.log.compaction import check_key_columns
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.replica import (
@@ -239,7 +242,11 @@ class ActionHandlers:
         name, partitions, schema, overrides = validate_new_topic(
             request.name, request.partitions, request.schema, dict(request.config)
         )
-        self._config.log_defaults.overlaid(overrides)  # e.g. max.message.bytes > segment
+        # Checked here too, before the cluster records the topic: e.g. max.message.bytes
+        # over segment.bytes, or a compacted topic whose schema lacks a key column.
+        log_config = self._config.log_defaults.overlaid(overrides)
+        if schema is not None:
+            check_key_columns(name, log_config, pa.ipc.read_schema(pa.py_buffer(schema)))
         assignment = self._cluster().create_topic(name, partitions, schema, overrides)
         if assignment.replicas_of(self._broker_id):
             self._topics.ensure(assignment)

@@ -1,4 +1,5 @@
-"""The broker's background tasks: retention, producer expiry, flush.ms, transaction timeouts.
+"""The broker's background tasks: retention, the log cleaner, producer expiry, flush.ms,
+transaction timeouts.
 
 Each runs on its own daemon thread and waits on an ``Event`` between runs, so ``stop()``
 ends it at once instead of after a sleep. A failing run is logged with its traceback and
