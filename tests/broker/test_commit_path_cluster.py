@@ -16,7 +16,7 @@ from collections.abc import Callable
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkAttempt
 from broker_core.server.config import ZK_ROOT
-from broker_core.txn.state_store import znode_name
+from broker_core.txn.state_store_zk import znode_name
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until

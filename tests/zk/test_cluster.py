@@ -38,7 +38,8 @@ from broker_core.txn.coordinator import (
 )
 from broker_core.txn.markers import ProducerMarkers
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
-from broker_core.txn.state_store import CoordinatorEpochFencedError, ZkTxnStateStore
+from broker_core.txn.state_store import CoordinatorEpochFencedError
+from broker_core.txn.state_store_zk import ZkTxnStateStore
 from tests.harness.waiting import Recorder, wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA as STORE_SCHEMA

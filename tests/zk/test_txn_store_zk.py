@@ -24,7 +24,8 @@ from broker_core.txn.state import (
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import CoordinatorEpochFencedError, ZkTxnStateStore, znode_name
+from broker_core.txn.state_store import CoordinatorEpochFencedError
+from broker_core.txn.state_store_zk import ZkTxnStateStore, znode_name
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA, read_ids, rows
