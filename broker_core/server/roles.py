@@ -94,6 +94,7 @@ class CoordinatorRole:
         markers: MarkerWriter,
         offsets: ClusterStableOffsets,
         max_timeout_ms: int,
+        state_segment_bytes: int | None = None,
         marker_retry_deadline_s: float,
         expiry: ExpiryPolicy,
     ) -> None:
@@ -104,6 +105,7 @@ class CoordinatorRole:
         self._pids = pids
         self._markers = markers
         self._max_timeout_ms = max_timeout_ms
+        self._state_segment_bytes = state_segment_bytes
         self._marker_retry_deadline_s = marker_retry_deadline_s
         self._expiry = expiry
         self._cond = threading.Condition()
@@ -175,7 +177,7 @@ class CoordinatorRole:
         state_store: TxnStateStore
         zk_store: ZkTxnStateStore | None = None
         if self._zookeeper is None:
-            state_store = LogTxnStateStore(self._store)
+            state_store = LogTxnStateStore(self._store, segment_bytes=self._state_segment_bytes)
             # Read after the controllership was reported: this controllership's epoch.
             epoch = self._cluster.controller_epoch()
         else:

@@ -103,11 +103,16 @@ class LogTxnStateStore:
     topic of schema version 1 is upgraded on construction (``txn.state_topic``).
     """
 
-    def __init__(self, store: LogStore) -> None:
+    def __init__(self, store: LogStore, *, segment_bytes: int | None = None) -> None:
         self._store = store
-        migrate_state_topic(store)
+        config = dict(TOPIC_CONFIG)
+        if segment_bytes is not None:  # transaction.state.log.segment.bytes
+            config["segment.bytes"] = segment_bytes
+            # A record must fit in one segment; state records are a few KB.
+            config["max.message.bytes"] = min(segment_bytes, 64 * 1024**2)
+        migrate_state_topic(store, config)
         with contextlib.suppress(TopicAlreadyExistsError):
-            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=TOPIC_CONFIG)
+            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=config)
         topic = store.topic(TXN_STATE_TOPIC)
         if topic.partitions != 1 or (
             topic.schema is not None and not topic.schema.equals(TXN_STATE_SCHEMA)
