@@ -131,6 +131,16 @@ _BROKER_KEYS = [
         max=INT_MAX,
     ),
     ConfigKey(
+        "transaction.state.log.delete.retention.ms",
+        int,
+        86_400_000,
+        "How long a tombstone of an expired transactional id or sink stays in "
+        "__transaction_state after the log cleaner first reached it (the topic's "
+        "delete.retention.ms, set when it is created). A replica that was away longer may "
+        "keep a removed id's last record (Kafka's rule for compacted topics).",
+        min=1,
+    ),
+    ConfigKey(
         "transactional.id.expiration.ms",
         int,
         604_800_000,
@@ -354,6 +364,7 @@ class BrokerConfig:
     transaction_cleanup_interval_ms: int
     transactional_id_expiration_ms: int
     transaction_state_log_segment_bytes: int
+    transaction_state_log_delete_retention_ms: int
     expired_transaction_cleanup_interval_ms: int
     sink_stream_expiration_ms: int  # -1: a stream's sink record never expires
     producer_id_expiration_check_interval_ms: int
@@ -431,6 +442,9 @@ class BrokerConfig:
             ),
             transactional_id_expiration_ms=int(parsed["transactional.id.expiration.ms"]),
             transaction_state_log_segment_bytes=int(parsed["transaction.state.log.segment.bytes"]),
+            transaction_state_log_delete_retention_ms=int(
+                parsed["transaction.state.log.delete.retention.ms"]
+            ),
             expired_transaction_cleanup_interval_ms=int(
                 parsed["transaction.remove.expired.transaction.cleanup.interval.ms"]
             ),

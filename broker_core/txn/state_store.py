@@ -46,14 +46,14 @@ from broker_core.errors import (
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.txn.state import SinkCommitRecord, TransactionMetadata
+from broker_core.txn.state_topic import TXN_STATE_SCHEMA as TXN_STATE_SCHEMA
+from broker_core.txn.state_topic import TXN_STATE_TOPIC as TXN_STATE_TOPIC
 from broker_core.txn.state_topic import (
-    TOPIC_CONFIG,
     append_rows,
     migrate_state_topic,
     read_rows,
+    state_topic_config,
 )
-from broker_core.txn.state_topic import TXN_STATE_SCHEMA as TXN_STATE_SCHEMA
-from broker_core.txn.state_topic import TXN_STATE_TOPIC as TXN_STATE_TOPIC
 from broker_core.zookeeper import ZkSession, ZkUnavailable
 
 log = logging.getLogger("idemlog.txn")
@@ -103,13 +103,15 @@ class LogTxnStateStore:
     topic of schema version 1 is upgraded on construction (``txn.state_topic``).
     """
 
-    def __init__(self, store: LogStore, *, segment_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        *,
+        segment_bytes: int | None = None,
+        delete_retention_ms: int | None = None,
+    ) -> None:
         self._store = store
-        config = dict(TOPIC_CONFIG)
-        if segment_bytes is not None:  # transaction.state.log.segment.bytes
-            config["segment.bytes"] = segment_bytes
-            # A record must fit in one segment; state records are a few KB.
-            config["max.message.bytes"] = min(segment_bytes, 64 * 1024**2)
+        config = state_topic_config(segment_bytes, delete_retention_ms)
         migrate_state_topic(store, config)
         with contextlib.suppress(TopicAlreadyExistsError):
             store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=config)

@@ -63,6 +63,23 @@ TOPIC_CONFIG: dict[str, object] = {
     "compaction.key.columns": "kind,key",
     "segment.bytes": 100 * 1024 * 1024,
 }
+
+
+def state_topic_config(
+    segment_bytes: int | None = None, delete_retention_ms: int | None = None
+) -> dict[str, object]:
+    """:data:`TOPIC_CONFIG` with the broker's transaction.state.log.segment.bytes and
+    transaction.state.log.delete.retention.ms, for a topic created now."""
+    config = dict(TOPIC_CONFIG)
+    if segment_bytes is not None:
+        config["segment.bytes"] = segment_bytes
+        # A record must fit in one segment; state records are a few KB.
+        config["max.message.bytes"] = min(segment_bytes, 64 * 1024**2)
+    if delete_retention_ms is not None:
+        config["delete.retention.ms"] = delete_retention_ms
+    return config
+
+
 # The last row of a complete .migrating topic; never a kind of the state itself.
 _DONE_KIND = "migration"
 _DONE_KEY = "complete"
