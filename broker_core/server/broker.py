@@ -288,6 +288,8 @@ class Broker:
                 markers=self.markers,
                 offsets=ClusterStableOffsets(self.broker_id, topics, cluster.brokers),
                 max_timeout_ms=cfg.transaction_max_timeout_ms,
+                state_segment_bytes=cfg.transaction_state_log_segment_bytes,
+                state_delete_retention_ms=cfg.transaction_state_log_delete_retention_ms,
                 marker_retry_deadline_s=cfg.transaction_marker_retry_deadline_ms / 1000.0,
                 expiry=ExpiryPolicy(
                     cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms

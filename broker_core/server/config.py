@@ -119,6 +119,28 @@ _BROKER_KEYS = [
         min=1,
     ),
     ConfigKey(
+        "transaction.state.log.segment.bytes",
+        int,
+        100 * 1024 * 1024,
+        "Segment size of the internal topic __transaction_state, set when the topic is "
+        "created (an existing topic keeps its own). The topic is compacted: the log cleaner "
+        "keeps the newest record per transactional id and sink, and only closed segments are "
+        "cleaned, so this bounds the state on disk above what is alive. Kafka's key and "
+        "default (100 MiB); at least 1 MiB, since a record must fit in one segment.",
+        min=1024 * 1024,
+        max=INT_MAX,
+    ),
+    ConfigKey(
+        "transaction.state.log.delete.retention.ms",
+        int,
+        86_400_000,
+        "How long a tombstone of an expired transactional id or sink stays in "
+        "__transaction_state after the log cleaner first reached it (the topic's "
+        "delete.retention.ms, set when it is created). A replica that was away longer may "
+        "keep a removed id's last record (Kafka's rule for compacted topics).",
+        min=1,
+    ),
+    ConfigKey(
         "transactional.id.expiration.ms",
         int,
         604_800_000,
@@ -341,6 +363,8 @@ class BrokerConfig:
     transaction_max_timeout_ms: int
     transaction_cleanup_interval_ms: int
     transactional_id_expiration_ms: int
+    transaction_state_log_segment_bytes: int
+    transaction_state_log_delete_retention_ms: int
     expired_transaction_cleanup_interval_ms: int
     sink_stream_expiration_ms: int  # -1: a stream's sink record never expires
     producer_id_expiration_check_interval_ms: int
@@ -417,6 +441,10 @@ class BrokerConfig:
                 parsed["transaction.abort.timed.out.transaction.cleanup.interval.ms"]
             ),
             transactional_id_expiration_ms=int(parsed["transactional.id.expiration.ms"]),
+            transaction_state_log_segment_bytes=int(parsed["transaction.state.log.segment.bytes"]),
+            transaction_state_log_delete_retention_ms=int(
+                parsed["transaction.state.log.delete.retention.ms"]
+            ),
             expired_transaction_cleanup_interval_ms=int(
                 parsed["transaction.remove.expired.transaction.cleanup.interval.ms"]
             ),

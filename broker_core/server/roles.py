@@ -90,6 +90,8 @@ class CoordinatorRole:
         markers: MarkerWriter,
         offsets: ClusterStableOffsets,
         max_timeout_ms: int,
+        state_segment_bytes: int | None = None,
+        state_delete_retention_ms: int | None = None,
         marker_retry_deadline_s: float,
         expiry: ExpiryPolicy,
     ) -> None:
@@ -100,6 +102,8 @@ class CoordinatorRole:
         self._pids = pids
         self._markers = markers
         self._max_timeout_ms = max_timeout_ms
+        self._state_segment_bytes = state_segment_bytes
+        self._state_delete_retention_ms = state_delete_retention_ms
         self._marker_retry_deadline_s = marker_retry_deadline_s
         self._expiry = expiry
         self._cond = threading.Condition()
@@ -171,7 +175,11 @@ class CoordinatorRole:
         state_store: TxnStateStore
         zk_store: ZkTxnStateStore | None = None
         if self._zookeeper is None:
-            state_store = LogTxnStateStore(self._store)
+            state_store = LogTxnStateStore(
+                self._store,
+                segment_bytes=self._state_segment_bytes,
+                delete_retention_ms=self._state_delete_retention_ms,
+            )
             # Read after the controllership was reported: this controllership's epoch.
             epoch = self._cluster.controller_epoch()
         else:

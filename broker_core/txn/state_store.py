@@ -25,14 +25,14 @@ from broker_core.errors import (
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.txn.state import SinkBatchRecord, SinkCommitRecord, TransactionMetadata
+from broker_core.txn.state_topic import TXN_STATE_SCHEMA as TXN_STATE_SCHEMA
+from broker_core.txn.state_topic import TXN_STATE_TOPIC as TXN_STATE_TOPIC
 from broker_core.txn.state_topic import (
-    TOPIC_CONFIG,
     append_rows,
     migrate_state_topic,
     read_rows,
+    state_topic_config,
 )
-from broker_core.txn.state_topic import TXN_STATE_SCHEMA as TXN_STATE_SCHEMA
-from broker_core.txn.state_topic import TXN_STATE_TOPIC as TXN_STATE_TOPIC
 
 log = logging.getLogger("idemlog.txn")
 
@@ -100,11 +100,18 @@ class LogTxnStateStore:
     topic of schema version 1 is upgraded on construction (``txn.state_topic``).
     """
 
-    def __init__(self, store: LogStore) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        *,
+        segment_bytes: int | None = None,
+        delete_retention_ms: int | None = None,
+    ) -> None:
         self._store = store
-        migrate_state_topic(store)
+        config = state_topic_config(segment_bytes, delete_retention_ms)
+        migrate_state_topic(store, config)
         with contextlib.suppress(TopicAlreadyExistsError):
-            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=TOPIC_CONFIG)
+            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=config)
         topic = store.topic(TXN_STATE_TOPIC)
         if topic.partitions != 1 or (
             topic.schema is not None and not topic.schema.equals(TXN_STATE_SCHEMA)

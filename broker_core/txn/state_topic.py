@@ -52,8 +52,34 @@ TXN_STATE_SCHEMA = pa.schema(
         pa.field("value", pa.binary(), nullable=True),
     ]
 )
-# Retention must never delete coordinator state.
-TOPIC_CONFIG: dict[str, object] = {"retention.ms": -1, "retention.bytes": -1}
+# Retention never deletes coordinator state; compaction bounds it instead: the newest row
+# per (kind, key) is kept, a tombstone (an expired id or sink) removes its key after
+# delete.retention.ms (docs/storage.md, "Compaction"). Segments of Kafka's
+# transaction.state.log.segment.bytes (100 MiB), so that closed segments get cleaned.
+TOPIC_CONFIG: dict[str, object] = {
+    "retention.ms": -1,
+    "retention.bytes": -1,
+    "cleanup.policy": "compact",
+    "compaction.key.columns": "kind,key",
+    "segment.bytes": 100 * 1024 * 1024,
+}
+
+
+def state_topic_config(
+    segment_bytes: int | None = None, delete_retention_ms: int | None = None
+) -> dict[str, object]:
+    """:data:`TOPIC_CONFIG` with the broker's transaction.state.log.segment.bytes and
+    transaction.state.log.delete.retention.ms, for a topic created now."""
+    config = dict(TOPIC_CONFIG)
+    if segment_bytes is not None:
+        config["segment.bytes"] = segment_bytes
+        # A record must fit in one segment; state records are a few KB.
+        config["max.message.bytes"] = min(segment_bytes, 64 * 1024**2)
+    if delete_retention_ms is not None:
+        config["delete.retention.ms"] = delete_retention_ms
+    return config
+
+
 # The last row of a complete .migrating topic; never a kind of the state itself.
 _DONE_KIND = "migration"
 _DONE_KEY = "complete"
@@ -112,8 +138,9 @@ def _schema(store: LogStore, name: str) -> pa.Schema | None:
     return store.topic(name).schema if name in store.topics() else None
 
 
-def migrate_state_topic(store: LogStore) -> bool:
+def migrate_state_topic(store: LogStore, config: dict[str, object] | None = None) -> bool:
     """Upgrade (or finish upgrading) a version-1 ``__transaction_state``; True if it did.
+    The upgraded topic is created with ``config`` (default :data:`TOPIC_CONFIG`).
 
     Raises CorruptRecordError for a topic of neither version, and the store's errors (the
     upgrade then resumes on the next open)."""
@@ -145,7 +172,7 @@ def migrate_state_topic(store: LogStore) -> bool:
     else:
         log.info("resuming the upgrade of %s from %s", TXN_STATE_TOPIC, MIGRATION_TOPIC)
     _drop(store, TXN_STATE_TOPIC)  # step 2
-    store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=TOPIC_CONFIG)
+    store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=config or TOPIC_CONFIG)
     append_rows(store.partition(TXN_STATE_TOPIC, 0), migrating, TXN_STATE_SCHEMA)  # step 3
     _drop(store, MIGRATION_TOPIC)  # step 4
     log.info("upgraded %s to schema version 2", TXN_STATE_TOPIC)

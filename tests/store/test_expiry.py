@@ -5,6 +5,7 @@ restart sees, and what a producer holding an expired id is told.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,47 @@ def test_bad_expiry_settings_are_refused_by_name(tmp_path: Path) -> None:
     assert config.expired_transaction_cleanup_interval_ms == 3_600_000  # Kafka's default
     with pytest.raises(InvalidConfigError, match=r"transactional\.id\.expiration\.ms=0"):
         start_broker(tmp_path, expiry=ExpiryPolicy(id_expiration_ms=0))
+
+
+def test_expired_jobs_are_compacted_out_of_the_state_topic(tmp_path: Path) -> None:
+    """__transaction_state is compacted (docs/storage.md): once finished jobs' ids and sink
+    records expired, cleaning leaves the live keys only, and a restart loads the same."""
+    b = start_broker(tmp_path, expiry=POLICY, state_segment_bytes=16 * 1024)
+    stream = "stream-q"
+    for batch in range(3):
+        txns = attempt(b, stream, batch * 10, batch, "run-1")
+        assert b.coordinator.commit_sink_batch(stream, batch, txns, "run-1")
+    b.clock.advance(EXPIRY_MS + 1)
+    for n in range(40):
+        run = f"{n:032x}"
+        job = batch_job_sink_id(run)
+        assert b.coordinator.commit_sink_batch(job, 0, attempt(b, job, 100 + n * 10, 0, run), run)
+    b.clock.advance(EXPIRY_MS + 1)
+    # The stream's record stays (streams never expire by default); its ids are idle too.
+    txns = attempt(b, stream, 30, 3, "run-1")
+    assert b.coordinator.commit_sink_batch(stream, 3, txns, "run-1")
+    expired = b.coordinator.expire_idle()
+    assert len(expired.sinks) == 40 and len(expired.transactional_ids) == 80
+    live = b.state.load()
+    state = b.store.partition(TXN_STATE_TOPIC, 0)
+
+    def size() -> int:
+        return sum(seg.size for seg in state.segments)
+
+    before = size()
+    assert len(state.segments) > 3  # rolled: closed segments to clean
+    first = state.clean(force=True)
+    assert first is not None and size() < before
+    # Tombstones go delete.retention.ms (one day) after the cleaner first reached them.
+    state.roll()
+    # The partition's own clock stamps its batches (wall time), not the coordinator's.
+    second = state.clean(now_ms=int(time.time() * 1000) + 86_400_001, force=True)
+    assert second is not None
+    after = size()
+    assert after * 4 < before, (before, after)
+    assert b.state.load() == live
+    rows = [row for _, row in read_rows(state)]
+    assert not any(key.startswith("batch-") for _, key, _ in rows[:-10])
+    again = restart(b)
+    assert again.state.load() == live
+    assert again.committed(P0)[-5:] == b.committed(P0)[-5:]

@@ -121,10 +121,11 @@ def start_broker(
     wrap_state: Callable[[LogTxnStateStore], TxnStateStore] | None = None,
     marker_retry_deadline_s: float = 30.0,
     expiry: ExpiryPolicy | None = None,
+    state_segment_bytes: int | None = None,
 ) -> Broker:
     clock = clock or ManualClock()
     store = open_data(path)
-    state = LogTxnStateStore(store)
+    state = LogTxnStateStore(store, segment_bytes=state_segment_bytes)
     pids = ProducerIdManager(0, FileProducerIdBlockSource(path / "producer_id_block.json"))
     coordinator = TransactionCoordinator(
         state if wrap_state is None else wrap_state(state),
