@@ -21,6 +21,7 @@ from broker_core.errors import NotCoordinatorError
 from broker_core.log.store import LogStore
 from broker_core.server.config import ZK_ROOT
 from broker_core.server.marker_client import LedPartitions
+from broker_core.server.state_partition import embedded_state_partition
 from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
 from broker_core.txn.expiry import ExpiryPolicy, ExpiryResult
 from broker_core.txn.state_store import LogTxnStateStore, TxnStateStore
@@ -175,13 +176,18 @@ class CoordinatorRole:
         state_store: TxnStateStore
         zk_store: ZkTxnStateStore | None = None
         if self._zookeeper is None:
-            state_store = LogTxnStateStore(
+            # Read after the controllership was reported: this run's epoch, higher than
+            # every earlier run's; the state partition is led at it, so it fences the
+            # writes as a replicated state partition's leader epoch does.
+            epoch = self._cluster.controller_epoch()
+            partition = embedded_state_partition(
                 self._store,
+                self._broker_id,
+                epoch,
                 segment_bytes=self._state_segment_bytes,
                 delete_retention_ms=self._state_delete_retention_ms,
             )
-            # Read after the controllership was reported: this controllership's epoch.
-            epoch = self._cluster.controller_epoch()
+            state_store = LogTxnStateStore(partition, leader_epoch=epoch)
         else:
             # Epoch and version read together, after the controllership was reported:
             # higher than every coordinator's before, whose writes the version fences.
