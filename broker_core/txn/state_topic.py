@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
@@ -273,3 +274,10 @@ def open_state_log(
             f"schema {topic.schema}; expected 1 partition of {TXN_STATE_SCHEMA}"
         )
     return store.partition(TXN_STATE_TOPIC, 0)
+
+
+def state_partition_of(key: str, partitions: int) -> int:
+    """The ``__transaction_state`` partition whose leader coordinates ``key``: crc32 of
+    the part before the first '/' (a sink task's id ``<sink>/<n>`` lands with its sink),
+    mod ``partitions``. Stable across processes and versions (never Python's ``hash``)."""
+    return zlib.crc32(key.split("/", 1)[0].encode("utf-8")) % partitions
