@@ -2,10 +2,12 @@
 
 It bootstraps from any broker (``"host:port[,host:port]"``), learns the live brokers, the
 controller and every partition's leader from the METADATA action, and routes each request:
-partition requests to the leader, transactional ones to the coordinator (the controller),
-admin ones to any broker. A request refused with a retriable routing error
-(``NOT_LEADER_OR_FOLLOWER``, ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``) or a
-broken connection is retried after a metadata refresh, a few times with backoff.
+partition requests to the leader, transactional ones to the coordinator FIND_COORDINATOR
+names (the leader of the ``__transaction_state`` partition; cached), admin ones to any
+broker. A request refused with a retriable routing error (``NOT_LEADER_OR_FOLLOWER``,
+``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``) or a
+broken connection is retried after a metadata refresh (and a new FIND_COORDINATOR), a few
+times with backoff.
 Produce streams are raw: no retries (see ``broker_core.client.produce_stream``).
 
 Errors come back as the typed ``IdemlogError`` the broker raised (``retriable`` intact);
@@ -26,6 +28,7 @@ import pyarrow.flight as flight
 from broker_core.client.connections import FlightConnections
 from broker_core.client.produce_stream import ProduceStream, typed_flight_error
 from broker_core.errors import (
+    CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     IdemlogError,
     InvalidConfigError,
@@ -50,6 +53,7 @@ from broker_core.protocol.requests import (
     DescribeTopicsRequest,
     EndTxnRequest,
     FetchRequest,
+    FindCoordinatorRequest,
     InitProducerIdRequest,
     InitProducerIdResponse,
     ListOffsetsRequest,
@@ -81,6 +85,7 @@ _ROUTING_ERRORS = (
     NotLeaderOrFollowerError,
     NotCoordinatorError,
     CoordinatorNotAvailableError,
+    CoordinatorLoadInProgressError,
     NetworkError,
 )
 
@@ -166,6 +171,7 @@ class BrokerClient:
         self._owns_connections = connections is None
         self._connections = FlightConnections() if connections is None else connections
         self._view: ClusterView | None = None
+        self._coordinator: str | None = None  # FIND_COORDINATOR's last answer
 
     # -- connections ---------------------------------------------------------------------
     def _connection(self, address: str) -> flight.FlightClient:
@@ -275,10 +281,16 @@ class BrokerClient:
         return broker
 
     def _coordinator_address(self, refresh: bool) -> str:
-        view = self.metadata(refresh)
-        if view.controller is None or view.controller not in view.brokers:
-            raise CoordinatorNotAvailableError("the cluster has no controller right now")
-        return view.brokers[view.controller].address
+        """The transaction coordinator's address as FIND_COORDINATOR last named it (asked
+        of any broker, and again when ``refresh``: an earlier attempt failed, e.g.
+        NOT_COORDINATOR after its state partition's leadership moved)."""
+        cached = self._coordinator
+        if cached is not None and not refresh:
+            return cached
+        doc = self._any_broker(FindCoordinatorRequest())
+        address = BrokerAddress(int(doc["broker_id"]), doc["host"], int(doc["port"])).address
+        self._coordinator = address
+        return address
 
     def _routed(
         self,
@@ -354,7 +366,7 @@ class BrokerClient:
 
     def _coordinator_action(self, request: Request) -> dict[str, Any]:
         return self._routed(
-            lambda _retry: self._coordinator_address(False),
+            self._coordinator_address,
             lambda address: self._send(address, request),
         )
 

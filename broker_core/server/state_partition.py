@@ -77,7 +77,17 @@ class LeaderStatePartition:
         )
 
     def rows(self) -> Iterator[tuple[int, Row]]:
-        return read_rows(self._partition.log)
+        """The partition's rows up to its log end as of the call, once every in-sync
+        replica has them (a new leader's log end may be above its high watermark, and
+        reads stop there): CoordinatorEpochFencedError if the leadership ends first,
+        RequestTimedOutError (the load is retried) if they do not catch up in time."""
+        partition = self._partition
+        epoch = partition.leader_epoch
+        try:
+            partition.wait_replicated(partition.log.log_end_offset, self._ack_timeout_s, epoch)
+        except NotLeaderOrFollowerError as exc:
+            raise self._fenced(epoch, exc.message) from exc
+        return read_rows(partition.log)
 
 
 def embedded_state_partition(

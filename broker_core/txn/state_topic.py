@@ -98,8 +98,12 @@ def read_rows(partition: PartitionLog) -> Iterator[tuple[int, Row]]:
     """Every row of ``partition`` with its offset, in offset order, read a chunk at a time."""
     offset = partition.log_start_offset
     while True:
+        # To the high watermark: a leader's load first waits until every in-sync replica
+        # has its log end (server.state_partition), so that is the whole state.
         result = partition.read(
-            offset, isolation=IsolationLevel.READ_UNCOMMITTED, max_bytes=_READ_BYTES
+            offset,
+            isolation=IsolationLevel.READ_UNCOMMITTED,
+            max_bytes=_READ_BYTES,
         )
         for batch in result.batches:
             columns = [batch.records.column(n).to_pylist() for n in ("kind", "key", "value")]
