@@ -364,6 +364,19 @@ class BrokerClient:
             (topic, partition),
         )
 
+    def _controller_action(self, request: Request) -> dict[str, Any]:
+        """``request`` to the controller (from the metadata), retried on routing errors."""
+        return self._routed(
+            lambda retry: self._controller_address(retry),
+            lambda address: self._send(address, request),
+        )
+
+    def _controller_address(self, refresh: bool) -> str:
+        view = self.metadata(refresh)
+        if view.controller is None or view.controller not in view.brokers:
+            raise CoordinatorNotAvailableError("the cluster has no controller right now")
+        return view.brokers[view.controller].address
+
     def _coordinator_action(self, request: Request) -> dict[str, Any]:
         return self._routed(
             self._coordinator_address,
@@ -613,7 +626,7 @@ class BrokerClient:
         elect-leaders``): every partition whose first replica is live and in sync but not
         leading gets it back as leader. Returns {topic: {partition: new leader}}."""
         request = ElectLeadersRequest(None if topics is None else tuple(topics))
-        doc = self._coordinator_action(request)
+        doc = self._controller_action(request)
         return {t: {int(p): int(b) for p, b in m.items()} for t, m in doc["moved"].items()}
 
     def add_partitions_to_txn(

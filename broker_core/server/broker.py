@@ -307,6 +307,8 @@ class Broker:
                     marker_retry_deadline_s=retry_deadline_s,
                     expiry=expiry,
                     ack_timeout_s=replication.ack_timeout_s,
+                    cluster=cluster,
+                    zookeeper=self._zk,
                 )
             self._coordinator_role = role
             role.start(synchronous=cfg.embedded)

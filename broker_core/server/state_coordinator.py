@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
 from broker_core.errors import (
@@ -27,9 +28,11 @@ from broker_core.errors import (
     IdemlogError,
     NotCoordinatorError,
 )
+from broker_core.server.config import ZK_ROOT
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_manager import ReplicaManager
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
+from broker_core.server.state_migration import migrate_zookeeper_state, raise_to_floor
 from broker_core.server.state_partition import LeaderStatePartition
 from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
 from broker_core.txn.expiry import ExpiryPolicy, ExpiryResult
@@ -47,7 +50,8 @@ class StateLeaderCoordinatorRole:
     """Runs a :class:`TransactionCoordinator` on broker ``broker_id`` while it leads
     ``__transaction_state-0`` in ``replicas``, at that leadership's epoch; built of
     ``pids``, ``markers`` and ``offsets``; its acks=all state appends wait up to
-    ``ack_timeout_s``."""
+    ``ack_timeout_s``. Before its first load the previous format's state is upgraded
+    from ``zookeeper`` (``server.state_migration``, at most once per cluster)."""
 
     def __init__(
         self,
@@ -61,8 +65,12 @@ class StateLeaderCoordinatorRole:
         marker_retry_deadline_s: float,
         expiry: ExpiryPolicy,
         ack_timeout_s: float,
+        cluster: ClusterMetadata,
+        zookeeper: Any,
     ) -> None:
         self._broker_id = broker_id
+        self._cluster = cluster
+        self._zookeeper = zookeeper
         self._replicas = replicas
         self._pids = pids
         self._markers = markers
@@ -142,6 +150,10 @@ class StateLeaderCoordinatorRole:
                 partition, epoch = self._wanted
             try:
                 coordinator = self._build_and_load(partition, epoch)
+            except CoordinatorLoadInProgressError as exc:
+                log.info("broker %d: %s", self._broker_id, exc.message)  # epoch raised
+                self._wait_for_change(partition, epoch)
+                continue
             except Exception:
                 log.exception(
                     "broker %d: loading %s at leader epoch %d failed; retrying in %.0fs",
@@ -150,8 +162,7 @@ class StateLeaderCoordinatorRole:
                     epoch,
                     LOAD_RETRY_S,
                 )
-                with self._cond:
-                    self._cond.wait_for(lambda: self._stopped, LOAD_RETRY_S)
+                self._wait_for_change(partition, epoch)
                 continue
             with self._cond:
                 if self._stopped or self._wanted != (partition, epoch):
@@ -165,10 +176,21 @@ class StateLeaderCoordinatorRole:
                 epoch,
             )
 
+    def _wait_for_change(self, partition: Partition, epoch: int) -> None:
+        """Up to LOAD_RETRY_S, ended early by a stop or another leadership."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._stopped or self._wanted != (partition, epoch), LOAD_RETRY_S
+            )
+
     def _build_and_load(self, partition: Partition, epoch: int) -> TransactionCoordinator:
-        state = LogTxnStateStore(
-            LeaderStatePartition(partition, self._ack_timeout_s), leader_epoch=epoch
-        )
+        """Upgrade the previous format if not done (raising the leader epoch to the floor
+        first: CoordinatorLoadInProgressError), then a coordinator of ``epoch``, loaded."""
+        writer = LeaderStatePartition(partition, self._ack_timeout_s)
+        floor = migrate_zookeeper_state(self._zookeeper, ZK_ROOT, writer, epoch)
+        if epoch < floor:
+            raise_to_floor(self._cluster, self._broker_id, STATE_PARTITION, epoch, floor)
+        state = LogTxnStateStore(writer, leader_epoch=epoch)
         coordinator = TransactionCoordinator(
             state,
             self._pids,

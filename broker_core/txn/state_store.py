@@ -82,6 +82,9 @@ KIND_TRANSACTION = "transaction"
 KIND_SINK = "sink"
 # A held-back sink batch's own record (docs/design.md §7); a tombstone removes it.
 KIND_SINK_BATCH = "sink_batch"
+# The record of an upgrade from the previous format (server.state_migration): one row,
+# key "zookeeper"; the load skips it.
+KIND_MIGRATION = "migration"
 # Rows of one append of put_transactions: well under max.message.bytes.
 _MAX_APPEND_BYTES = 512 * 1024
 
@@ -201,8 +204,8 @@ class LogTxnStateStore:
                 record = SinkCommitRecord.from_json(value, where)
                 check_key(record.sink_id, key, where)
                 sinks[key] = record
-            elif kind == KIND_SINK_BATCH:
-                continue  # load_sink_batches reads those
+            elif kind in (KIND_SINK_BATCH, KIND_MIGRATION):
+                continue  # load_sink_batches reads those; the upgrade's record
             else:
                 raise CorruptRecordError(f"{where}: unknown record kind {kind!r}")
         return txns, sinks
