@@ -202,7 +202,9 @@ class StateLeaderCoordinatorRole:
             expiry=self._expiry,
         )
         try:
-            coordinator.start()
+            # Served once loaded; its leftovers finish on workers of their own, so one
+            # partition stuck offline delays only the transactions that touch it.
+            coordinator.start(finish_in_background=True)
         except BaseException:
             coordinator.close()
             raise
