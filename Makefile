@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch bench-soak chaos clean
+.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch bench-soak chaos bench-commit clean
 
 setup: $(STAMP) $(ZK_SERVER) jars
 
@@ -109,6 +109,10 @@ bench-spark: setup
 # Where a streaming micro-batch's time goes, idemlog's parts against the discard writer's.
 bench-microbatch: setup
 	$(PY) -m benchmarks.bench_microbatch $(BENCH_ARGS)
+
+# What one sink commit costs (commit_sink_batch p50/p95) for tasks x partitions.
+bench-commit: setup
+	$(PY) -m benchmarks.bench_commit $(BENCH_ARGS)
 
 # idemlog vs Spark's Kafka and Delta sinks and Kafka's own producer, on a real local Kafka.
 bench-peers: setup kafka-jars

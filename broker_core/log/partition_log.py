@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -74,7 +74,7 @@ from broker_core.record.batch import (
     ControlType,
     EncodedBatch,
     decode_rows,
-    encode_control,
+    encode_controls,
     encode_data,
     increment_sequence,
     ipc_pieces,
@@ -121,6 +121,7 @@ class PartitionLog:
         self._unflushed = 0
         self._last_flush_ms = self._clock()
         self._flushers: list[threading.Thread] = []
+        self.marker_appends = 0  # appends of markers (one write + fsync each): a metric
         self._fsync_failed: str | None = None  # the first failed fsync, kept (see write_marker)
         self._closed = False
         directory.mkdir(parents=True, exist_ok=True)
@@ -241,53 +242,52 @@ class PartitionLog:
         control_type: ControlType,
         coordinator_epoch: int = 0,
     ) -> MarkerResult:
-        """Append a COMMIT/ABORT marker ending the producer's open transaction, durably.
+        """:meth:`write_markers` for one producer."""
+        return self.write_markers([(producer_id, producer_epoch)], control_type, coordinator_epoch)
 
-        Returns the marker's offset and the last stable offset just after it. Refused
-        (nothing written) at an older producer epoch, or from an older coordinator epoch
-        than the producer's last marker (TRANSACTION_COORDINATOR_FENCED). A failed fsync
-        raises StorageError (retriable), and so does every later marker of this log until
-        it is reopened: the coordinator keeps the transaction PREPARE_x meanwhile.
-        """
+    def write_markers(
+        self,
+        producers: Sequence[tuple[int, int]],
+        control_type: ControlType,
+        coordinator_epoch: int = 0,
+    ) -> MarkerResult:
+        """Append a COMMIT/ABORT marker ending each (producer id, epoch)'s open transaction,
+        all in one write and one fsync, durably (docs/design.md §10); returns the first
+        marker's offset and the LSO after the last. Refused whole (nothing written) if one
+        is at an older producer epoch, or from an older coordinator epoch than its
+        producer's last marker (TRANSACTION_COORDINATOR_FENCED). A failed fsync raises
+        StorageError (retriable), and so does every later marker until a reopen."""
+        if not producers:
+            raise InvalidRecordError(f"{self.name}: a marker append needs a producer")
         with self._lock:
             self._check_open()
-            self.state.check_marker(producer_id, producer_epoch, coordinator_epoch)
-            now = self._clock()
-            encoded = encode_control(
-                control_type,
-                producer_id=producer_id,
-                producer_epoch=producer_epoch,
-                coordinator_epoch=coordinator_epoch,
-                timestamp=now,
-                leader_epoch=self.leader_epoch,
-            )
+            for producer_id, producer_epoch in producers:
+                self.state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            now, end, epoch = self._clock(), self.log_end_offset, self.leader_epoch
+            # At the log end, which a roll keeps.
+            encoded = encode_controls(control_type, producers, coordinator_epoch, end, now, epoch)
+            if should_roll(self.active, self.config, sum(e.size for e in encoded), now):
+                self.roll()
             self.epochs.assign(self.leader_epoch, self.log_end_offset)
-            header = self._write(encoded, now)
-            apply_marker(self.state, header, control_type, coordinator_epoch, self.active)
+            headers = self.active.append_many(encoded, self.config.index_interval_bytes)
+            self._unflushed += len(headers)
+            self.marker_appends += 1
+            for header in headers:
+                apply_marker(self.state, header, control_type, coordinator_epoch, self.active)
             lso = self.last_stable_offset
-            # fsync now, whatever flush.messages / flush.ms say: the coordinator records
-            # the transaction COMPLETE once this returns and never sends the marker again,
-            # so a marker lost in a power failure would leave the transaction open in this
-            # log for good (its rows unreadable read_committed, the LSO stuck at its first
-            # offset). The segment's fsync also covers the data before the marker in it.
-            # Data in earlier segments: a roll (this one or a recent one) flushes the rolled
-            # segment and then its snapshot on a background thread; wait for those too, or
-            # recovery could cut the log at a torn batch there and drop every later
-            # segment, this marker's with them.
+            # fsync now, whatever flush.* say: the transactions are recorded COMPLETE next
+            # (docs/design.md §10). Also wait for a roll's background flush of older
+            # segments, or recovery could cut the log at a torn batch there.
             self._join_flushers()
             self.flush()
             if self._fsync_failed is not None:
-                # After a failed fsync the kernel may have dropped the dirty pages and
-                # marked them clean, so a later fsync that succeeds proves nothing: no
-                # marker of this log is acknowledged until a restart recovers it from what
-                # is really on disk (the coordinator keeps the transaction PREPARE_x and
-                # finishes it then).
+                # The kernel may have dropped dirty pages: only a restart's recovery knows.
                 raise StorageError(
-                    f"{self.name}: marker at offset {header.base_offset} is not known to be "
+                    f"{self.name}: markers at offset {headers[0].base_offset} are not known "
                     f"durable: an fsync of this log failed earlier ({self._fsync_failed}); "
-                    f"the partition needs a broker restart"
+                    "the partition needs a broker restart"
                 )
-            return MarkerResult(header.base_offset, lso)
+            return MarkerResult(headers[0].base_offset, lso)
 
     def _write(self, encoded: EncodedBatch, now: int, base: int | None = None) -> BatchHeader:
         if should_roll(self.active, self.config, encoded.size, now):

@@ -78,6 +78,22 @@ class LogSegment:
         self._account(position, header, index_interval)
         return header
 
+    def append_many(self, batches: list[EncodedBatch], index_interval: int) -> list[BatchHeader]:
+        """Write encoded batches (base offsets already set, consecutive) back to back with
+        one pwritev; returns their headers. All or nothing."""
+        position = self.size
+        pieces = [piece for batch in batches for piece in batch.iovecs()]
+        try:
+            pwrite_all(self._fd, pieces, position)
+        except OSError as exc:
+            self._rollback(position)
+            raise StorageError(f"writing {self.log_path} failed: {exc}") from exc
+        headers = [batch.decode_header() for batch in batches]
+        for header in headers:
+            self._account(position, header, index_interval)
+            position += header.size
+        return headers
+
     def _account(self, position: int, header: BatchHeader, index_interval: int) -> None:
         self.size = position + header.size
         self.next_offset = header.next_offset

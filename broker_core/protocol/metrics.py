@@ -85,6 +85,9 @@ class PartitionGauges:
     cleaner_removed_rows: int = 0
     cleaner_removed_markers: int = 0
     cleaner_last_clean_ms: int = -1  # -1: no pass yet
+    # Appends of transaction markers since the log was opened: one per partition per
+    # sink commit, whatever its number of tasks (docs/design.md §10).
+    marker_appends: int = 0
 
 
 def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ Doc = dict[str, Any]
 Partitions = tuple[tuple[str, int], ...]
 Transactions = tuple[tuple[str, int, int], ...]
 OffsetRanges = tuple[tuple[str, int, int, int], ...]
+MarkerGroup = tuple[int, int, Partitions]  # (producer id, producer epoch, partitions)
 StableOffsetsMap = dict[tuple[str, int], int]
 
 STABLE_OFFSETS_FIELD = "last_stable_offsets"
@@ -478,31 +479,47 @@ class PrepareSinkTxnRequest:
 
 @dataclass(frozen=True, slots=True)
 class WriteTxnMarkersRequest:
-    """Broker to broker: markers for partitions the receiver leads."""
+    """Broker to broker: markers for partitions the receiver leads, for one producer or
+    several (a sink batch's transactions: each partition gets its markers in one append).
+
+    On the wire one producer keeps the single-producer fields (``producer_id``,
+    ``producer_epoch``, ``partitions``); several go in ``producers``, a list of objects
+    with those three fields."""
 
     ACTION: ClassVar[Action] = Action.WRITE_TXN_MARKERS
-    producer_id: int
-    producer_epoch: int
+    producers: tuple[MarkerGroup, ...]  # (producer id, epoch, its partitions)
     commit: bool
     coordinator_epoch: int
-    partitions: Partitions
 
     def to_doc(self) -> Doc:
-        return {
-            "producer_id": self.producer_id,
-            "producer_epoch": self.producer_epoch,
-            "commit": self.commit,
-            "coordinator_epoch": self.coordinator_epoch,
-            "partitions": [[t, p] for t, p in self.partitions],
-        }
+        doc: Doc = {"commit": self.commit, "coordinator_epoch": self.coordinator_epoch}
+        groups = [
+            {"producer_id": pid, "producer_epoch": epoch, "partitions": [[t, p] for t, p in tps]}
+            for pid, epoch, tps in self.producers
+        ]
+        if len(groups) == 1:
+            doc.update(groups[0])
+        else:
+            doc["producers"] = groups
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Doc) -> WriteTxnMarkersRequest:
         what = cls.ACTION.value
-        pid, epoch = _producer(doc, what)
         commit = _field(doc, "commit", bool, what)
         coordinator_epoch = _field(doc, "coordinator_epoch", int, what, 0)
-        return cls(pid, epoch, commit, coordinator_epoch, _partitions(doc, what))
+        raw = _field(doc, "producers", list, what, None)
+        items: list[Doc] = [doc] if raw is None else raw
+        if not items:
+            raise InvalidRequestError(f"{what}: field 'producers' must not be empty")
+        producers: list[MarkerGroup] = []
+        for i, item in enumerate(items):
+            where = what if raw is None else f"{what}: producers[{i}]"
+            if not isinstance(item, dict):
+                raise InvalidRequestError(f"{where} must be an object, got {item!r}")
+            pid, epoch = _producer(item, where)
+            producers.append((pid, epoch, _partitions(item, where)))
+        return cls(tuple(producers), commit, coordinator_epoch)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ with their CRC unchanged, so MAGIC stays 1. The last sequence of a batch is
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, TypeAlias
@@ -387,6 +388,30 @@ def encode_control(
         max_timestamp=timestamp,
         leader_epoch=leader_epoch,
     )
+
+
+def encode_controls(
+    control_type: ControlType,
+    producers: Sequence[tuple[int, int]],
+    coordinator_epoch: int,
+    base_offset: int,
+    timestamp: int,
+    leader_epoch: int,
+) -> list[EncodedBatch]:
+    """One marker per (producer id, epoch) of ``producers``, at consecutive offsets from
+    ``base_offset``: written back to back in one append (a sink commit's markers)."""
+    return [
+        encode_control(
+            control_type,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            coordinator_epoch=coordinator_epoch,
+            base_offset=base_offset + i,
+            timestamp=timestamp,
+            leader_epoch=leader_epoch,
+        )
+        for i, (producer_id, producer_epoch) in enumerate(producers)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

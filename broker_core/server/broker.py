@@ -470,6 +470,7 @@ class Broker:
                 cleaner_removed_rows=log_.cleaner.stats.removed_rows,
                 cleaner_removed_markers=log_.cleaner.stats.removed_markers,
                 cleaner_last_clean_ms=log_.cleaner.stats.last_clean_ms,
+                marker_appends=log_.marker_appends,
             )
         coordinator = self._running_coordinator()
         transactions = coordinator.describe() if coordinator is not None else None

@@ -27,9 +27,11 @@ add_partitions_to_txn  {transactional_id, producer_id, producer_epoch, partition
                        [[topic, partition], ..]} -> {}
 end_txn                {transactional_id, producer_id, producer_epoch, commit} -> {}
 write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
-                       partitions: [[topic, partition], ..]} -> {last_stable_offsets:
+                       partitions: [[topic, partition], ..]}, or for several producers
+                       {commit, coordinator_epoch?, producers: [{producer_id,
+                       producer_epoch, partitions}, ..]} -> {last_stable_offsets:
                        [{topic, partition, lso}, ..]}  (broker to broker; lso: just after
-                       the marker, which is fsynced)
+                       the partition's markers, one append, fsynced)
 commit_sink_batch      {sink_id, batch_id, transactions: [[transactional_id, producer_id,
                        producer_epoch], ..], run_id?} -> {committed, last_committed_batch}
 abort_sink_batch       same body -> {last_committed_batch}
@@ -119,7 +121,7 @@ from broker_core.protocol.wire import Action
 from broker_core.server.config import BrokerConfig
 from broker_core.server.replica_manager import ReplicaManager
 from broker_core.txn.coordinator import TransactionCoordinator
-from broker_core.txn.markers import StableOffsets
+from broker_core.txn.markers import ProducerMarkers, StableOffsets
 from broker_core.txn.pid_manager import ProducerIdManager
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -141,12 +143,7 @@ class LocalMarkers(Protocol):
     """Writes markers into partitions this broker leads (``RoutingMarkerWriter``)."""
 
     def write_local(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
+        self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets: ...
 
 
@@ -395,9 +392,8 @@ class ActionHandlers:
         r = WriteTxnMarkersRequest.from_doc(body)
         markers = self._markers()
         assert markers is not None
-        stable = markers.write_local(
-            r.producer_id, r.producer_epoch, r.commit, r.coordinator_epoch, list(r.partitions)
-        )
+        producers = [ProducerMarkers(pid, epoch, tps) for pid, epoch, tps in r.producers]
+        stable = markers.write_local(producers, r.commit, r.coordinator_epoch)
         # The coordinator's RoutingMarkerWriter reads this back (WriteTxnMarkersResponse).
         return WriteTxnMarkersResponse(dict(stable)).to_doc()
 

@@ -1,8 +1,9 @@
 """The coordinator's MarkerWriter on a broker: markers go to each partition's leader.
 
-Partitions this broker leads get their marker through ``LocalMarkerWriter`` (the local
+Partitions this broker leads get their markers through ``LocalMarkerWriter`` (the local
 topic is created first if no batch has reached it yet); the others get one
-``WRITE_TXN_MARKERS`` action per leader over Flight. Errors come back typed, so the
+``WRITE_TXN_MARKERS`` action per leader over Flight, carrying every producer's markers
+for that leader's partitions, the calls to different leaders at once. Errors come back typed, so the
 coordinator retries the retriable ones (a leader that is down: ``NETWORK_EXCEPTION``).
 Each leader answers the last stable offset of every partition it wrote a marker to
 (``protocol.requests.WriteTxnMarkersResponse``); :meth:`write_markers`
@@ -21,6 +22,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from broker_core.client.connections import FlightConnections
@@ -36,7 +38,13 @@ from broker_core.log.partition_log import PartitionLog
 from broker_core.protocol.requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
-from broker_core.txn.markers import MarkerWriter, StableOffsets
+from broker_core.txn.markers import (
+    MarkerWriter,
+    ProducerMarkers,
+    StableOffsets,
+    by_partition,
+    restricted,
+)
 
 log = logging.getLogger("idemlog.markers")
 
@@ -44,6 +52,7 @@ FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
 # A remote marker call's timeout when none is given: the broker passes one longer than the
 # acks=all wait at the leader (server.config.marker_call_timeout_ms, 70 s by default).
 MARKER_TIMEOUT_S = 70.0
+MARKER_CALL_THREADS = 8
 
 
 def _failpoint(stage: str) -> None:
@@ -89,79 +98,76 @@ class RoutingMarkerWriter:
         self._replicated = replicated
         self._call_timeout_s = call_timeout_s
         self._connections = FlightConnections()
+        # Remote leaders' calls, side by side (a few brokers: a few threads).
+        self._pool = ThreadPoolExecutor(MARKER_CALL_THREADS, thread_name_prefix="marker-calls")
 
     def write_markers(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
+        self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
         _failpoint("after_prepare")
-        stable: StableOffsets = {}
-        by_leader: dict[int, list[tuple[str, int]]] = {}
-        for topic, partition in partitions:
+        by_leader: dict[int, set[tuple[str, int]]] = {}
+        for topic, partition in sorted(by_partition(producers)):
             try:
                 leader = self._topics.assignment(topic).leader(partition)
             except UnknownTopicOrPartitionError as exc:
                 # Deleted with its topic: there is no log left to end the transaction in.
-                log.warning(
-                    "no marker for producer id %d on %s-%d: %s",
-                    producer_id,
-                    topic,
-                    partition,
-                    exc.message,
-                )
+                log.warning("no markers on %s-%d: %s", topic, partition, exc.message)
                 continue
-            by_leader.setdefault(leader, []).append((topic, partition))
-        first = True
-        unreachable: IdemlogError | None = None
-        for leader in sorted(by_leader):
-            group = sorted(by_leader[leader])
-            # One partition at a time locally, so the failpoint can stop between two.
-            steps = [[tp] for tp in group] if leader == self._broker_id else [group]
+            by_leader.setdefault(leader, set()).add((topic, partition))
+        if os.environ.get(FAILPOINT_ENV) == "after_first_marker" and by_leader:
+            # The test hook: the first leader's first partition alone, then the SIGKILL.
+            first = min(by_leader)
+            self._write_to(
+                first, restricted(producers, [min(by_leader[first])]), commit, coordinator_epoch
+            )
+            _failpoint("after_first_marker")
+        # One call per leader, all at once (this broker's own partitions on this thread).
+        local = by_leader.pop(self._broker_id, set())
+        futures = {
+            leader: self._pool.submit(
+                self._write_to, leader, restricted(producers, tps), commit, coordinator_epoch
+            )
+            for leader, tps in sorted(by_leader.items())
+        }
+        stable: StableOffsets = {}
+        errors: list[IdemlogError] = []
+        try:
+            if local:
+                stable.update(
+                    self.write_local(restricted(producers, local), commit, coordinator_epoch)
+                )
+        except IdemlogError as exc:
+            errors.append(exc)
+        for leader in sorted(futures):
             try:
-                for step in steps:
-                    if leader == self._broker_id:
-                        written = self.write_local(
-                            producer_id, producer_epoch, commit, coordinator_epoch, step
-                        )
-                    else:
-                        written = self._write_remote(
-                            leader, producer_id, producer_epoch, commit, coordinator_epoch, step
-                        )
-                    stable.update(written)
-                    if first:
-                        first = False
-                        _failpoint("after_first_marker")
+                stable.update(futures[leader].result())
             except IdemlogError as exc:
-                if not exc.retriable:
-                    raise
-                # A leader that is down must not hold back the others' readers: their
-                # markers are written now, and the whole call is retried (a marker
-                # written twice is a no-op) once this error is raised below.
-                unreachable = unreachable or exc
-        if unreachable is not None:
-            raise unreachable
+                errors.append(exc)
+        if errors:
+            # A leader that is down did not hold back the others' readers: their markers
+            # are written, and the whole call is retried (a marker written twice is a
+            # no-op) once this raises; a non-retriable error is the one raised.
+            raise next((e for e in errors if not e.retriable), errors[0])
         return stable
 
+    def _write_to(
+        self, leader: int, producers: Sequence[ProducerMarkers], commit: bool, epoch: int
+    ) -> StableOffsets:
+        if leader == self._broker_id:
+            return self.write_local(producers, commit, epoch)
+        return self._write_remote(leader, producers, commit, epoch)
+
     def write_local(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
+        self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
         """Markers into partitions this broker leads (also WRITE_TXN_MARKERS from a peer),
-        returned once every in-sync replica has them, with the last stable offsets then."""
-        logs = {tp: self._topics.leader_log(*tp) for tp in partitions}  # leader check
-        stable = self._local.write_markers(
-            producer_id, producer_epoch, commit, coordinator_epoch, partitions
-        )
+        one append per partition, returned once every in-sync replica has them, with the
+        last stable offsets then."""
+        logs = {tp: self._topics.leader_log(*tp) for tp in by_partition(producers)}
+        stable = self._local.write_markers(producers, commit, coordinator_epoch)
         if self._replicated is None:
             return stable
+        # The followers fetch every partition meanwhile: the waits overlap.
         for (topic, partition), log_ in logs.items():
             if (topic, partition) in stable:
                 self._replicated(topic, partition, log_.log_end_offset)
@@ -171,22 +177,24 @@ class RoutingMarkerWriter:
     def _write_remote(
         self,
         leader: int,
-        producer_id: int,
-        producer_epoch: int,
+        producers: Sequence[ProducerMarkers],
         commit: bool,
         coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
     ) -> StableOffsets:
         request = WriteTxnMarkersRequest(
-            producer_id, producer_epoch, commit, coordinator_epoch, tuple(partitions)
+            tuple((m.producer_id, m.producer_epoch, m.partitions) for m in producers),
+            commit,
+            coordinator_epoch,
         )
         kind = ControlType.COMMIT.name if commit else ControlType.ABORT.name
+        pids = [m.producer_id for m in producers]
         answer = self._connections.action(
             self._address(leader),
             Action.WRITE_TXN_MARKERS.value,
             encode_json(request.to_doc()),
             self._call_timeout_s,
-            f"{kind} markers for producer_id={producer_id} to broker {leader}",
+            f"{kind} markers for producer ids {pids[:5]}{'...' if len(pids) > 5 else ''} "
+            f"to broker {leader}",
         )
         what = f"{Action.WRITE_TXN_MARKERS.value} answer of broker {leader}"
         try:
@@ -196,7 +204,7 @@ class RoutingMarkerWriter:
             # The markers are written but the answer is not ours to read (a broker of
             # another version?): a server error, not the coordinator's bad request.
             raise UnknownServerError(exc.message) from exc
-        asked = set(partitions)
+        asked = set(by_partition(producers))
         extra = sorted(set(stable) - asked)
         if extra:
             raise UnknownServerError(f"{what}: offsets of partitions not asked for: {extra}")
@@ -210,4 +218,5 @@ class RoutingMarkerWriter:
         return f"{info.host}:{info.port}"
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True)
         self._connections.close()

@@ -23,12 +23,8 @@ from broker_core.server.config import ZK_ROOT
 from broker_core.server.marker_client import LedPartitions
 from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
 from broker_core.txn.expiry import ExpiryPolicy, ExpiryResult
-from broker_core.txn.state_store import (
-    LogTxnStateStore,
-    TxnStateStore,
-    ZkEpochFence,
-    ZkTxnStateStore,
-)
+from broker_core.txn.state_store import LogTxnStateStore, TxnStateStore
+from broker_core.txn.state_store_zk import ZkEpochFence, ZkTxnStateStore
 
 log = logging.getLogger("idemlog.broker")
 

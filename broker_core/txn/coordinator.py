@@ -60,6 +60,7 @@ from broker_core.txn.state import (
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
+    merge_ranges,
 )
 from broker_core.txn.state_store import TxnStateStore
 from broker_core.txn.status import CoordinatorStatus, ProducerIdSource
@@ -490,15 +491,15 @@ class TransactionCoordinator:
                 meta = self._core.settled(claims, tid)
                 self._check_committable(meta, sid, bid, run)
                 ranges.extend(meta.sink_ranges)
-            unsettled = self._visibility.unsettled_of(sid)
-            if ranges:
-                unsettled.append((bid, sorted(ranges)))
+            # The sink's record names this batch only: a batch of the sink readers may still
+            # see in part gets a record of its own first (docs/design.md §7).
+            self._core.batches.keep(sid, bid)
             prepared = SinkCommitRecord(
                 sid,
                 bid,
                 SinkCommitState.PREPARE,
                 list(txns),
-                unsettled,
+                merge_ranges(ranges),
                 batch_job=is_batch_job(sid, run),
             )
             self._core.persist_sink(prepared)

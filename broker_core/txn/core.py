@@ -32,6 +32,7 @@ from broker_core.errors import (
 from broker_core.txn.claims import Claims
 from broker_core.txn.index import StateIndex
 from broker_core.txn.marker_sender import MarkerSender
+from broker_core.txn.sink_batches import UnsettledBatches
 from broker_core.txn.state import (
     MAX_CLIENT_EPOCH,
     NO_SINK,
@@ -93,6 +94,7 @@ class CoordinatorCore:
         self._dead: dict[str, TransactionMetadata] = {}
         self.id_expiration_ms = id_expiration_ms
         self._busy: set[tuple[str, str]] = set()
+        self.batches = UnsettledBatches(store, visibility, coordinator_epoch)
         # Sink runs: the run each sink was last seen in (a new one retires the others'
         # leftovers), and when each (sink, run) last showed life; in memory only: after a
         # restart every sink transaction gets a full timeout from the load (_loaded_ms).
@@ -139,7 +141,8 @@ class CoordinatorCore:
             # from now, rather than being aborted for the time this coordinator was away.
             self._loaded_ms = self._clock()
         for record in sinks.values():
-            self._visibility.track(record)
+            self._visibility.track_record(record)
+        self.batches.load()
         self._set_status(CoordinatorStatus.RUNNING)
         return self.unfinished()
 
@@ -242,10 +245,22 @@ class CoordinatorCore:
             self._dead.pop(meta.transactional_id, None)
         return meta
 
+    def persist_all(self, metas: list[TransactionMetadata]) -> None:
+        """:meth:`persist` for many, in one write of the store where it can."""
+        with self._fenced_closes():
+            self._store.put_transactions(metas, coordinator_epoch=self.coordinator_epoch)
+        with self._lock:
+            for meta in metas:
+                self._index.replace_txn(self._txns.get(meta.transactional_id), meta)
+                self._txns[meta.transactional_id] = meta
+                self._dead.pop(meta.transactional_id, None)
+
     def persist_sink(self, record: SinkCommitRecord) -> None:
         # Tracked before it is durable: a reader's cut must know a batch before any of
         # its markers can be written, and a record that failed to store is only extra.
-        self._visibility.track(record)
+        # (Not again on COMPLETE: its markers may have settled it already.)
+        if record.is_pending:
+            self._visibility.track_record(record)
         record.last_update_ms = self._clock()  # the sink's idleness, for its expiry
         with self._fenced_closes():
             self._store.put_sink(record, coordinator_epoch=self.coordinator_epoch)
@@ -471,19 +486,19 @@ class CoordinatorCore:
     def complete(self, meta: TransactionMetadata) -> TransactionMetadata:
         """PREPARE_x -> markers -> COMPLETE_x; on failure it stays PREPARE_x and raises."""
         commit = meta.state is _S.PREPARE_COMMIT
-        self._send_markers(meta, commit)
+        self._send_markers([meta], commit)
         done = self.persist(
             self._transitioned(meta, _S.COMPLETE_COMMIT if commit else _S.COMPLETE_ABORT)
         )
         self.count("transactions_committed" if commit else "transactions_aborted")
         return done
 
-    def _send_markers(self, meta: TransactionMetadata, commit: bool) -> None:
+    def _send_markers(self, metas: list[TransactionMetadata], commit: bool) -> None:
         with self._fenced_closes():
-            lsos = self._sender.send(meta, commit)
-        # The LSO each partition reports after its marker: batches wholly below it no
-        # longer need tracking for the readers' cut.
-        self._visibility.settled_by(lsos)
+            lsos = self._sender.send_all(metas, commit)
+        # The LSO each partition reports after its markers: batches wholly below it no
+        # longer need tracking for the readers' cut, nor their own records.
+        self.batches.forget(self._visibility.settled_by(lsos))
 
     def pending_sink_holding(self, meta: TransactionMetadata) -> SinkCommitRecord | None:
         """The pending sink record that names this transaction, if any: it must commit."""
@@ -523,49 +538,31 @@ class CoordinatorCore:
             claims.txn(tid)
         # Every transaction is checked before any is committed: a broken one leaves the
         # whole batch uncommitted (and the record PREPARE), never part of it.
-        metas = [self._decided_member(record, *txn) for txn in record.transactions]
-        for meta in metas:
-            if meta.state is _S.ONGOING:
-                self.end(meta, commit=True)
-            elif meta.state is _S.PREPARE_COMMIT:
-                self.complete(meta)
+        metas = [record.decided_member(*txn, self.meta(txn[0])) for txn in record.transactions]
+        ending = [m for m in metas if m.state in (_S.ONGOING, _S.PREPARE_COMMIT)]
+        if ending:
+            # The sink record's PREPARE is the decision for all of them (no PREPARE_COMMIT
+            # of their own): every partition gets all its markers in one append, then
+            # every COMPLETE_COMMIT goes in one write of the store.
+            self._send_markers(ending, commit=True)
+            now = self._clock()
+            done = [m.copy() for m in ending]
+            for new in done:
+                if new.state is _S.ONGOING:
+                    new.transition(_S.PREPARE_COMMIT, now)
+                new.transition(_S.COMPLETE_COMMIT, now)
+            self.persist_all(done)
+            self.count("transactions_committed", len(done))
         self.persist_sink(
             SinkCommitRecord(
                 record.sink_id,
                 record.batch_id,
                 SinkCommitState.COMPLETE,
                 record.transactions,
-                self._visibility.unsettled_of(record.sink_id),
+                record.ranges,
                 batch_job=record.batch_job,
             )
         )
-
-    def _decided_member(
-        self, record: SinkCommitRecord, tid: str, pid: int, epoch: int
-    ) -> TransactionMetadata:
-        """A transaction of a decided sink commit, still where the decision left it."""
-        meta = self.meta(tid)
-        found = "unknown" if meta is None else None
-        if meta is not None and (meta.producer_id, meta.producer_epoch) != (pid, epoch):
-            found = f"at producer id {meta.producer_id} epoch {meta.producer_epoch}"
-        elif meta is not None and meta.state not in (
-            _S.ONGOING,
-            _S.PREPARE_COMMIT,
-            _S.COMPLETE_COMMIT,
-            _S.EMPTY,
-        ):
-            found = meta.state.name
-        if meta is None or found is not None:
-            # Cannot happen while the invariant holds (a transaction named in a decided
-            # commit is never fenced): completing the record anyway would report rows
-            # committed that are not, so the sink stops here, loudly.
-            raise InvalidTxnStateError(
-                f"sink {record.sink_id!r} batch {record.batch_id}: the commit is decided "
-                f"but {_TXN} {tid!r} (producer id {pid} epoch {epoch}) is now {found}; "
-                "the commit cannot be completed and none of the batch's rows is committed. "
-                "This is a bug: keep the broker's logs and data directory"
-            )
-        return meta
 
     def abort_if_open(self, claims: Claims, tid: str, producer_id: int, epoch: int) -> None:
         """Abort the transaction if it is still open at exactly (producer_id, epoch)."""

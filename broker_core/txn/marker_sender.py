@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
 from broker_core.errors import IdemlogError, TransactionCoordinatorFencedError
 from broker_core.retry import RetryPolicy
-from broker_core.txn.markers import MarkerWriter, StableOffsets
+from broker_core.txn.markers import MarkerWriter, ProducerMarkers, StableOffsets
 from broker_core.txn.state import TransactionMetadata
 from broker_core.txn.state_store import CoordinatorEpochFencedError
 
@@ -44,42 +45,39 @@ class MarkerSender:
         self._stop.set()
 
     def send(self, meta: TransactionMetadata, commit: bool) -> StableOffsets:
-        """The COMMIT/ABORT markers of ``meta``'s partitions, durable when it returns;
-        returns each partition's LSO after its marker.
+        """:meth:`send_all` for one transaction."""
+        return self.send_all([meta], commit)
+
+    def send_all(self, metas: Sequence[TransactionMetadata], commit: bool) -> StableOffsets:
+        """The COMMIT/ABORT markers of every transaction of ``metas`` on its partitions,
+        in one write per partition, durable when it returns; returns each partition's LSO
+        after its markers.
 
         Raises CoordinatorEpochFencedError when a partition has seen a newer coordinator's
         marker; otherwise the last error once the policy is spent, a non-retriable one at
-        once (logged; the transaction stays in its PREPARE state for a later retry)."""
-        partitions = meta.sorted_partitions()
-        if not partitions:
+        once (logged; the transactions stay where they are durably for a later retry)."""
+        producers = [
+            ProducerMarkers(m.producer_id, m.producer_epoch, tuple(m.sorted_partitions()))
+            for m in metas
+            if m.partitions
+        ]
+        if not producers:
             return {}
-        what = f"{'COMMIT' if commit else 'ABORT'} markers for {_TXN} {meta.transactional_id!r}"
+        ids = ", ".join(repr(m.transactional_id) for m in metas[:3])
+        more = f" and {len(metas) - 3} more" if len(metas) > 3 else ""
+        what = f"{'COMMIT' if commit else 'ABORT'} markers for {_TXN} {ids}{more}"
 
         attempts = 0
 
         def write() -> StableOffsets:
             nonlocal attempts
             attempts += 1
-            return self._markers.write_markers(
-                meta.producer_id, meta.producer_epoch, commit, self._coordinator_epoch, partitions
-            )
+            return self._markers.write_markers(producers, commit, self._coordinator_epoch)
 
         def before_retry(exc: BaseException, tries: int) -> None:
             with self._lock:
                 self._retries += 1
             log.warning("%s failed (%s), retrying (attempt %d)", what, exc, tries + 1)
-
-        def failed(exc: BaseException, tries: int) -> None:
-            log.error(
-                "%s (producer id %d epoch %d) failed after %d attempts; it stays %s until "
-                "retried: %s",
-                what,
-                meta.producer_id,
-                meta.producer_epoch,
-                tries,
-                meta.state.name,
-                exc,
-            )
 
         try:
             return self._policy.call(write, before_retry=before_retry, stop=self._stop)
@@ -87,13 +85,19 @@ class MarkerSender:
             # A partition has seen a newer coordinator's marker: same as a newer
             # coordinator's state in the store (and the same error for the client).
             raise CoordinatorEpochFencedError(
-                f"{_TXN} {meta.transactional_id!r}: the partitions refused the markers of "
-                f"coordinator epoch {self._coordinator_epoch}: the transaction was changed "
-                f"by another coordinator of a newer epoch; this coordinator was replaced "
-                f"(fenced) ({exc.message})"
+                f"{what}: the partitions refused the markers of coordinator epoch "
+                f"{self._coordinator_epoch}: the transaction was changed by another "
+                f"coordinator of a newer epoch; this coordinator was replaced (fenced) "
+                f"({exc.message})"
             ) from exc
         except IdemlogError as exc:
             # Not retriable, or retried until the policy was spent or the sender stopped:
-            # the transaction stays in its PREPARE state for a later retry.
-            failed(exc, attempts)
+            # the transactions stay where they are durably for a later retry.
+            log.error(
+                "%s failed after %d attempts; they stay %s until retried: %s",
+                what,
+                attempts,
+                sorted({m.state.name for m in metas}),
+                exc,
+            )
             raise

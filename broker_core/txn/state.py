@@ -185,6 +185,9 @@ class SinkCommitState(StrEnum):
 
 
 _SINK_STATES = frozenset(s.value for s in SinkCommitState)
+# Where a transaction of a decided sink commit may be: not yet, being or already committed
+# (EMPTY: a task whose transaction wrote nothing).
+_DECIDED_MEMBER_STATES = frozenset({_S.ONGOING, _S.PREPARE_COMMIT, _S.COMPLETE_COMMIT, _S.EMPTY})
 
 
 @dataclass
@@ -193,10 +196,13 @@ class SinkCommitRecord:
     batch_id: int
     state: str  # a SinkCommitState value
     transactions: list[tuple[str, int, int]]  # (transactional_id, producer_id, producer_epoch)
-    # Committed batches of this sink (this one included) that a read_committed reader may
-    # still see in part, with the offsets of their rows: (batch id, [(topic, partition,
-    # first, last)]). A range leaves once a marker reports the partition's last stable
-    # offset past it; readers cut their ends so each batch is all in or all out.
+    # Where this batch's rows are, one (topic, partition, first, last) per partition: the
+    # readers' cut keeps the batch whole (docs/design.md §7). O(partitions): never the
+    # other batches' (a batch still unsettled when a later one commits gets a
+    # SinkBatchRecord of its own).
+    ranges: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
+    # Read from records written before SinkBatchRecords existed (every committed batch of
+    # the sink readers might still see in part): tracked on load, never written again.
     unsettled: list[tuple[int, list[tuple[str, int, int, int]]]] = dataclasses.field(
         default_factory=list
     )
@@ -226,7 +232,7 @@ class SinkCommitRecord:
             "batch_id": self.batch_id,
             "state": str(self.state),
             "transactions": [list(t) for t in self.transactions],
-            "unsettled": [[b, [list(r) for r in ranges]] for b, ranges in self.unsettled],
+            "ranges": [list(r) for r in self.ranges],
             "last_update_ms": self.last_update_ms,
             "batch_job": self.batch_job,
         }
@@ -266,6 +272,7 @@ class SinkCommitRecord:
             batch_id=_get(doc, "batch_id", int, where),
             state=state,
             transactions=transactions,
+            ranges=_ranges(_optional(doc, "ranges", list, where, []), where),
             unsettled=unsettled,
             # Absent in records written before sinks expired.
             last_update_ms=_optional(doc, "last_update_ms", int, where, 0),
@@ -273,6 +280,88 @@ class SinkCommitRecord:
                 doc, "batch_job", bool, where, sink_id.startswith(BATCH_JOB_SINK_PREFIX)
             ),
         )
+
+    def decided_member(
+        self, tid: str, pid: int, epoch: int, meta: TransactionMetadata | None
+    ) -> TransactionMetadata:
+        """``meta``, the state of transaction ``(tid, pid, epoch)`` this decided commit
+        names, if still where the decision left it; else InvalidTxnStateError."""
+        found = "unknown" if meta is None else None
+        if meta is not None and (meta.producer_id, meta.producer_epoch) != (pid, epoch):
+            found = f"at producer id {meta.producer_id} epoch {meta.producer_epoch}"
+        elif meta is not None and meta.state not in _DECIDED_MEMBER_STATES:
+            found = meta.state.name
+        if meta is None or found is not None:
+            # Cannot happen while the invariant holds (a transaction named in a decided
+            # commit is never fenced): completing the record anyway would report rows
+            # committed that are not, so the sink stops here, loudly.
+            raise InvalidTxnStateError(
+                f"sink {self.sink_id!r} batch {self.batch_id}: the commit is decided "
+                f"but transactional id {tid!r} (producer id {pid} epoch {epoch}) is now "
+                f"{found}; the commit cannot be completed and none of the batch's rows is "
+                "committed. This is a bug: keep the broker's logs and data directory"
+            )
+        return meta
+
+    def batches(self) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
+        """(batch id, ranges) of every batch this record names: its own, and those of an
+        old record's ``unsettled``."""
+        found = {b: ranges for b, ranges in self.unsettled}
+        if self.ranges:
+            found[self.batch_id] = self.ranges
+        return sorted(found.items())
+
+
+@dataclass(frozen=True)
+class SinkBatchRecord:
+    """A committed sink batch readers may still see in part, recorded on its own once a
+    later batch of the sink commits (the sink's record then names only the later one).
+
+    Removed once markers report every partition's LSO past its ranges. Bound: one per
+    batch committed while some partition of the sink's topics had its LSO held back (by
+    an open transaction: at most transaction.max.timeout.ms of batches)."""
+
+    sink_id: str
+    batch_id: int
+    ranges: list[tuple[str, int, int, int]]
+
+    @property
+    def key(self) -> str:
+        """The record's key in the log store: ``<batch id>/<sink id>`` (a sink id may hold
+        any character; the batch id never holds '/')."""
+        return f"{self.batch_id}/{self.sink_id}"
+
+    def to_json(self) -> bytes:
+        doc = {
+            "version": RECORD_VERSION,
+            "sink_id": self.sink_id,
+            "batch_id": self.batch_id,
+            "ranges": [list(r) for r in self.ranges],
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> SinkBatchRecord:
+        doc = _decode(data, where)
+        return cls(
+            _get(doc, "sink_id", str, where),
+            _get(doc, "batch_id", int, where),
+            _ranges(_get(doc, "ranges", list, where), where),
+        )
+
+
+def merge_ranges(ranges: Iterable[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
+    """One (topic, partition, first, last) per partition, spanning all of ``ranges`` there.
+
+    Keeps a sink record O(partitions) whatever the number of tasks, and changes no cut: a
+    batch is below an end iff every last offset is, above iff every first offset is."""
+    spans: dict[tuple[str, int], tuple[int, int]] = {}
+    for topic, partition, first, last in ranges:
+        old = spans.get((topic, partition))
+        spans[(topic, partition)] = (
+            (first, last) if old is None else (min(old[0], first), max(old[1], last))
+        )
+    return [(t, p, first, last) for (t, p), (first, last) in sorted(spans.items())]
 
 
 def _is_int(value: object) -> bool:

@@ -66,37 +66,59 @@ class LsoSource(Protocol):
 class _Tracked:
     """A committed sink batch readers may still see in part (see ``visibility``)."""
 
-    __slots__ = ("pending", "ranges")
+    __slots__ = ("pending", "ranges", "recorded")
 
-    def __init__(self, ranges: list[tuple[str, int, int, int]]) -> None:
+    def __init__(self, ranges: list[tuple[str, int, int, int]], recorded: bool) -> None:
         self.ranges = ranges
         # Partitions whose LSO has not yet been reported past the batch's rows.
         self.pending = {(t, p) for t, p, _, _ in ranges}
+        # A SinkBatchRecord of its own holds it durably (else its sink's record does).
+        self.recorded = recorded
+
+
+SinkBatchKey = tuple[str, int]  # (sink id, batch id)
 
 
 class VisibilityTracker:
     """Committed sink batches readers may still see in part, and the cut that keeps them
-    whole (``broker_core.txn.visibility``); partitions' LSOs are read from ``source``."""
+    whole (``broker_core.txn.visibility``); partitions' LSOs are read from ``source``.
+
+    Bound: one entry per committed batch not yet reported settled -- the batches committed
+    while some partition's LSO was held back (at most a transaction timeout's worth) --
+    each O(its partitions)."""
 
     def __init__(self, source: LsoSource | None) -> None:
         self._source = source
         # (sink id, batch id) -> a committed batch readers may still see in part. Changed
         # and read under _lock, which stable_ends holds across its LSO reads.
         self._lock = threading.Lock()
-        self._tracked: dict[tuple[str, int], _Tracked] = {}
+        self._tracked: dict[SinkBatchKey, _Tracked] = {}
 
-    def track(self, record: SinkCommitRecord) -> None:
-        """Track the record's unsettled batches (those not tracked yet)."""
-        with self._lock:
-            for batch_id, ranges in record.unsettled:
-                key = (record.sink_id, batch_id)
-                if key not in self._tracked and ranges:
-                    self._tracked[key] = _Tracked(list(ranges))
-
-    def settled_by(self, lsos: StableOffsets) -> None:
-        """Forget the ranges that markers report below their partition's LSO."""
-        if not lsos:
+    def track(
+        self, key: SinkBatchKey, ranges: Sequence[tuple[str, int, int, int]], recorded: bool
+    ) -> None:
+        """Track a batch (once: a batch tracked already keeps its entry, and becomes
+        recorded if ``recorded``)."""
+        if not ranges:
             return
+        with self._lock:
+            tracked = self._tracked.get(key)
+            if tracked is None:
+                self._tracked[key] = _Tracked(list(ranges), recorded)
+            elif recorded:
+                tracked.recorded = True
+
+    def track_record(self, record: SinkCommitRecord) -> None:
+        """Track the batches a sink record names (its own; an old record's unsettled)."""
+        for batch_id, ranges in record.batches():
+            self.track((record.sink_id, batch_id), ranges, recorded=False)
+
+    def settled_by(self, lsos: StableOffsets) -> list[SinkBatchKey]:
+        """Forget the ranges that markers report below their partition's LSO; returns the
+        batches now wholly settled whose own SinkBatchRecord can go."""
+        if not lsos:
+            return []
+        gone: list[SinkBatchKey] = []
         with self._lock:
             for key, tracked in list(self._tracked.items()):
                 for topic, partition, _first, last in tracked.ranges:
@@ -105,6 +127,9 @@ class VisibilityTracker:
                         tracked.pending.discard((topic, partition))
                 if not tracked.pending:
                     del self._tracked[key]
+                    if tracked.recorded:
+                        gone.append(key)
+        return gone
 
     def count(self) -> int:
         with self._lock:
@@ -118,6 +143,27 @@ class VisibilityTracker:
                 for (sid, batch_id), t in self._tracked.items()
                 if sid == sink_id
             )
+
+    def unrecorded_of(
+        self, sink_id: str, keep: int
+    ) -> list[tuple[int, list[tuple[str, int, int, int]]]]:
+        """(batch id, ranges) of the sink's tracked batches, but ``keep``, that no record
+        of their own holds yet, by batch id."""
+        with self._lock:
+            return sorted(
+                (batch_id, list(t.ranges))
+                for (sid, batch_id), t in self._tracked.items()
+                if sid == sink_id and batch_id != keep and not t.recorded
+            )
+
+    def mark_recorded(self, key: SinkBatchKey) -> bool:
+        """The batch's own record is stored: False if it settled meanwhile (the record
+        then only over-tracks, and can go)."""
+        with self._lock:
+            tracked = self._tracked.get(key)
+            if tracked is not None:
+                tracked.recorded = True
+            return tracked is not None
 
     def stable_ends(self, topic: str) -> dict[int, int]:
         """Per partition of ``topic``, where a read_committed reader may stop so that it

@@ -23,7 +23,7 @@ from broker_core.errors import IdemlogError, InvalidReplicationFactorError, Inva
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
 from broker_core.server.config import ZK_ROOT
-from broker_core.txn.state_store import znode_name
+from broker_core.txn.state_store_zk import znode_name
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.schedule import paused

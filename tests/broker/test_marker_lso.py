@@ -16,7 +16,7 @@ from broker_core.errors import InvalidRequestError, UnknownServerError
 from broker_core.protocol.requests import WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action
 from broker_core.server.marker_client import LedPartitions, RoutingMarkerWriter
-from broker_core.txn.markers import MarkerWriter
+from broker_core.txn.markers import MarkerWriter, ProducerMarkers
 from tests.broker.helpers import ids, rows
 from tests.harness.broker import BrokerProcess
 
@@ -63,9 +63,8 @@ def test_markers_over_the_wire_report_the_lso_after_the_marker(
     # open transaction, lso-1 is stable up to its end.
     writer = _remote_writer(shared_broker)
     try:
-        stable = writer.write_markers(
-            b_pid, b_epoch, True, coordinator_epoch, [("lso", 0), ("lso", 1)]
-        )
+        b_markers = ProducerMarkers(b_pid, b_epoch, (("lso", 0), ("lso", 1)))
+        stable = writer.write_markers([b_markers], True, coordinator_epoch)
     finally:
         writer.close()
     assert stable == {("lso", 0): 0, ("lso", 1): 3}
@@ -141,5 +140,5 @@ def test_a_remote_answer_without_the_offsets_is_a_server_error(
     writer = _remote_writer(shared_broker)
     monkeypatch.setattr(writer._connections, "get", lambda address: _AnsweringClient(body))
     with pytest.raises(UnknownServerError, match=message) as info:
-        writer.write_markers(5, 0, True, 0, [("lso", 0)])
+        writer.write_markers([ProducerMarkers(5, 0, (("lso", 0),))], True, 0)
     assert not info.value.retriable

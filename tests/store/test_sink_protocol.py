@@ -12,16 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.errors import InvalidTxnStateError, ProducerFencedError, StorageError
+from broker_core.errors import (
+    InvalidTxnStateError,
+    ProducerFencedError,
+    UnknownServerError,
+)
 from broker_core.protocol.wire import SinkTxnStatus
 from broker_core.txn.state import SinkCommitState, TransactionMetadata, TransactionState
-from broker_core.txn.state_store import LogTxnStateStore
 from broker_core.txn.visibility import consistent_cut
 from tests.store.test_txn_coordinator import (
     P0,
     P1,
     Broker,
-    FailingPuts,
+    CrashingMarkers,
     Producer,
     start_broker,
 )
@@ -107,21 +110,15 @@ def test_commit_refuses_messages_of_another_batch_or_run(broker: Broker) -> None
 def test_a_decided_commit_whose_transaction_no_longer_matches_fails_loudly(
     tmp_path: Path,
 ) -> None:
-    """The commit of batch 1 is decided (its PREPARE record stored) when the store fails;
-    meanwhile one of its transactions moved to another epoch -- which the protocol never
-    does. Finishing the commit must fail, naming the transaction, and leave the record
-    PREPARE, instead of recording COMPLETE for rows that are not committed."""
-    failing: list[FailingPuts] = []
-
-    def wrap(state: LogTxnStateStore) -> FailingPuts:
-        failing.append(FailingPuts(state))
-        return failing[0]
-
-    b = start_broker(tmp_path, wrap_state=wrap)
+    """The commit of batch 1 is decided (its PREPARE record stored) when its markers fail
+    before any is written; meanwhile one of its transactions moved to another epoch --
+    which the protocol never does. Finishing the commit must fail, naming the transaction,
+    and leave the record PREPARE, instead of recording COMPLETE for rows that are not
+    committed."""
+    b = start_broker(tmp_path, lambda s: CrashingMarkers(s, partitions_before_crash=0))
     c = b.coordinator
     plan = [task(b, "q", i, 1, "run", range(i * 10, i * 10 + 10)) for i in range(2)]
-    failing[0].arm(succeed=1)  # the sink PREPARE record lands, the next put fails
-    with pytest.raises(StorageError):
+    with pytest.raises(UnknownServerError):
         c.commit_sink_batch("q", 1, [p.txn for p in plan], "run")
     assert b.state.load()[1]["q"].state == SinkCommitState.PREPARE
     broken = c._core.meta("q/1")

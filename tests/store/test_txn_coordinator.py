@@ -35,10 +35,11 @@ from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.record.batch import MAX_PRODUCER_EPOCH, ControlType
 from broker_core.txn.coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
 from broker_core.txn.expiry import ExpiryPolicy
-from broker_core.txn.markers import StableOffsets
+from broker_core.txn.markers import ProducerMarkers, StableOffsets, by_partition, restricted
 from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
 from broker_core.txn.state import (
     MAX_CLIENT_EPOCH,
+    SinkBatchRecord,
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
@@ -225,20 +226,13 @@ class CrashingMarkers:
         self.calls = 0
 
     def write_markers(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
+        self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
         self.calls += 1
         if self.calls != self.crash_on_call:
-            return self.inner.write_markers(
-                producer_id, producer_epoch, commit, coordinator_epoch, partitions
-            )
-        done = list(partitions)[: self.partitions_before_crash]
-        self.inner.write_markers(producer_id, producer_epoch, commit, coordinator_epoch, done)
+            return self.inner.write_markers(producers, commit, coordinator_epoch)
+        done = sorted(by_partition(producers))[: self.partitions_before_crash]
+        self.inner.write_markers(restricted(producers, done), commit, coordinator_epoch)
         raise UnknownServerError("simulated coordinator crash while writing markers")
 
 
@@ -250,19 +244,12 @@ class FlakyMarkers:
         self.failures_left = failures
 
     def write_markers(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
+        self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
         if self.failures_left > 0:
             self.failures_left -= 1
             raise StorageError("simulated disk hiccup")
-        return self.inner.write_markers(
-            producer_id, producer_epoch, commit, coordinator_epoch, partitions
-        )
+        return self.inner.write_markers(producers, commit, coordinator_epoch)
 
 
 # -- docs/design.md §9 scenario 12 ----------------------------------------------------------
@@ -525,8 +512,9 @@ def test_failed_markers_stay_prepared_until_a_later_call_finishes(tmp_path: Path
 
 
 def test_crash_midway_through_a_sink_commit_is_finished_on_start(tmp_path: Path) -> None:
-    # Task 0's transaction commits, task 1's markers die half-way, task 2's never start.
-    a = start_broker(tmp_path, lambda s: CrashingMarkers(s, crash_on_call=2))
+    # One marker call for the whole batch (docs/design.md §6): it dies after the first
+    # partition's markers, of every task, were appended.
+    a = start_broker(tmp_path, lambda s: CrashingMarkers(s, crash_on_call=1))
     txns = []
     for task, tp in enumerate(ALL):
         producer = Producer(a, f"q/{task}").init_sink(3)
@@ -537,7 +525,9 @@ def test_crash_midway_through_a_sink_commit_is_finished_on_start(tmp_path: Path)
     with pytest.raises(UnknownServerError):
         a.coordinator.commit_sink_batch("q", 3, txns)
     states = {tid: a.stored(tid).state for tid, _, _ in txns}
-    assert states == {"q/0": S.COMPLETE_COMMIT, "q/1": S.PREPARE_COMMIT, "q/2": S.ONGOING}
+    # The sink record's PREPARE is the decision: no PREPARE_COMMIT of their own.
+    assert states == dict.fromkeys(states, S.ONGOING)
+    assert a.stable(sorted(ALL)[0]) and not a.stable(sorted(ALL)[-1])
     assert a.state.load()[1]["q"].state == SinkCommitState.PREPARE
     assert a.coordinator.last_committed_batch("q") == 3  # decided, if not yet visible
     a.crash()
@@ -591,6 +581,23 @@ class FailingPuts:
     def put_sink(self, record: SinkCommitRecord, *, coordinator_epoch: int = 0) -> None:
         self._maybe_fail()
         self.inner.put_sink(record, coordinator_epoch=coordinator_epoch)
+
+    def put_transactions(
+        self, metas: Sequence[TransactionMetadata], *, coordinator_epoch: int = 0
+    ) -> None:
+        self._maybe_fail()  # one write for all of them
+        self.inner.put_transactions(metas, coordinator_epoch=coordinator_epoch)
+
+    def put_sink_batch(self, record: SinkBatchRecord, *, coordinator_epoch: int = 0) -> None:
+        self._maybe_fail()
+        self.inner.put_sink_batch(record, coordinator_epoch=coordinator_epoch)
+
+    def delete_sink_batch(self, sink_id: str, batch_id: int, *, coordinator_epoch: int = 0) -> None:
+        self._maybe_fail()
+        self.inner.delete_sink_batch(sink_id, batch_id, coordinator_epoch=coordinator_epoch)
+
+    def load_sink_batches(self) -> list[SinkBatchRecord]:
+        return self.inner.load_sink_batches()
 
     def delete_transaction(self, transactional_id: str, *, coordinator_epoch: int = 0) -> None:
         self._maybe_fail()
@@ -701,18 +708,11 @@ class BlockingMarkers:
         self.release = threading.Event()
 
     def write_markers(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
+        self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
         self.entered.set()
         assert self.release.wait(10), "test never released the marker write"
-        return self.inner.write_markers(
-            producer_id, producer_epoch, commit, coordinator_epoch, partitions
-        )
+        return self.inner.write_markers(producers, commit, coordinator_epoch)
 
 
 def test_requests_during_a_marker_write_get_concurrent_transactions(tmp_path: Path) -> None:

@@ -29,7 +29,8 @@ ROUND_TRIP: list[Any] = [
     rq.AddPartitionsToTxnRequest("tx", 7, 1, (("t", 0), ("u", 3))),
     rq.EndTxnRequest("tx", 7, 1, True),
     rq.PrepareSinkTxnRequest("s/0", 7, 1, 4, (("t", 0, 10, 19),)),
-    rq.WriteTxnMarkersRequest(7, 1, False, 3, (("t", 0),)),
+    rq.WriteTxnMarkersRequest(((7, 1, (("t", 0),)),), False, 3),
+    rq.WriteTxnMarkersRequest(((7, 1, (("t", 0),)), (8, 0, (("t", 0), ("u", 2)))), True, 3),
     rq.CommitSinkBatchRequest("s", 4, (("s/0", 7, 1),), "run-1"),
     rq.CommitSinkBatchRequest("s", 4, ()),
     rq.AbortSinkBatchRequest("s", 4, (("s/0", 7, 1),)),
@@ -71,7 +72,7 @@ def test_wire_field_names_stay_as_they_were() -> None:
         "sink_run_id": "r",
         "transaction_timeout_ms": 9,
     }
-    assert rq.WriteTxnMarkersRequest(7, 1, True, 0, (("t", 0),)).to_doc() == {
+    assert rq.WriteTxnMarkersRequest(((7, 1, (("t", 0),)),), True, 0).to_doc() == {
         "producer_id": 7,
         "producer_epoch": 1,
         "commit": True,

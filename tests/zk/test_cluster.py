@@ -36,8 +36,10 @@ from broker_core.txn.coordinator import (
     LocalMarkerWriter,
     TransactionCoordinator,
 )
+from broker_core.txn.markers import ProducerMarkers
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
-from broker_core.txn.state_store import CoordinatorEpochFencedError, ZkTxnStateStore
+from broker_core.txn.state_store import CoordinatorEpochFencedError
+from broker_core.txn.state_store_zk import ZkTxnStateStore
 from tests.harness.waiting import Recorder, wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA as STORE_SCHEMA
@@ -639,7 +641,8 @@ def test_replaced_coordinator_is_fenced_by_the_state_store_and_the_partitions(
     # A marker from A's epoch afterwards (a zombie's retry) is refused by the partition.
     ends = [store.partition(*tp).log_end_offset for tp in parts]
     with pytest.raises(TransactionCoordinatorFencedError) as zombie:
-        LocalMarkerWriter(store).write_markers(pid, epoch, False, a.coordinator_epoch, parts)
+        zombie_markers = [ProducerMarkers(pid, epoch, tuple(parts))]
+        LocalMarkerWriter(store).write_markers(zombie_markers, False, a.coordinator_epoch)
     assert zombie.value.code == 52 and not zombie.value.retriable
     assert [store.partition(*tp).log_end_offset for tp in parts] == ends
     assert [read_ids(store.partition(*tp)) for tp in parts] == [[100, 101], [110, 111]]

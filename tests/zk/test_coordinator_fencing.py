@@ -30,12 +30,8 @@ from broker_core.txn.coordinator import CoordinatorStatus, LocalMarkerWriter, Tr
 from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
 from broker_core.txn.state import SinkCommitRecord, SinkCommitState, TransactionState
-from broker_core.txn.state_store import (
-    CoordinatorEpochFencedError,
-    ZkEpochFence,
-    ZkTxnStateStore,
-    znode_name,
-)
+from broker_core.txn.state_store import CoordinatorEpochFencedError
+from broker_core.txn.state_store_zk import ZkEpochFence, ZkTxnStateStore, znode_name
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA, read_ids, rows

@@ -15,15 +15,17 @@ from broker_core.log.store import LogStore
 from broker_core.protocol.wire import SinkAttempt
 from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
 from broker_core.txn.expiry import ExpiryPolicy
-from broker_core.txn.markers import StableOffsets
+from broker_core.txn.markers import ProducerMarkers, StableOffsets, by_partition, restricted
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
 from broker_core.txn.state import (
+    SinkBatchRecord,
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import CoordinatorEpochFencedError, ZkTxnStateStore, znode_name
+from broker_core.txn.state_store import CoordinatorEpochFencedError
+from broker_core.txn.state_store_zk import ZkTxnStateStore, znode_name
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 from tests.store.helpers import SCHEMA, read_ids, rows
@@ -139,20 +141,12 @@ class CrashingMarkers:
         self.crashing = True
 
     def write_markers(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        partitions: Sequence[tuple[str, int]],
+        self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
         if not self.crashing:
-            return self.inner.write_markers(
-                producer_id, producer_epoch, commit, coordinator_epoch, partitions
-            )
-        self.inner.write_markers(
-            producer_id, producer_epoch, commit, coordinator_epoch, partitions[:1]
-        )
+            return self.inner.write_markers(producers, commit, coordinator_epoch)
+        first = sorted(by_partition(producers))[:1]
+        self.inner.write_markers(restricted(producers, first), commit, coordinator_epoch)
         raise UnknownServerError("simulated coordinator death while writing markers")
 
 
@@ -236,6 +230,32 @@ def test_coordinator_failover_finishes_prepared_work(
     with pytest.raises(ConcurrentTransactionsError, match="changed by another coordinator"):
         a.end_txn(*etl, commit=True)
     assert stored(reader, etl_path) == before
+
+
+def test_many_transactions_and_the_sink_batches_records(zk_chroot: ZooKeeperHarness) -> None:
+    """put_transactions stores every record (writes side by side, each fenced as
+    put_transaction); a held-back sink batch's record is created once, loaded, deleted."""
+    a = ZkTxnStateStore(zk_chroot.client(), ROOT)
+    metas = [meta(f"q/{i}", epoch=1) for i in range(12)]
+    a.put_transactions(metas, coordinator_epoch=3)
+    b = ZkTxnStateStore(zk_chroot.client(), ROOT)
+    assert b.load()[0] == {m.transactional_id: m for m in metas}
+    # A store that saw epoch 3's writes refuses an older coordinator's, none written.
+    with pytest.raises(CoordinatorEpochFencedError):
+        b.put_transactions([meta(f"q/{i}", epoch=2) for i in range(12)], coordinator_epoch=2)
+    assert ZkTxnStateStore(zk_chroot.client(), ROOT).load()[0]["q/0"].producer_epoch == 1
+
+    batch = SinkBatchRecord("q/x", 7, [("payments", 0, 10, 19), ("payments", 1, 3, 8)])
+    a.put_sink_batch(batch, coordinator_epoch=3)
+    a.put_sink_batch(batch, coordinator_epoch=3)  # again: a no-op
+    reader = zk_chroot.client()
+    assert reader.get_children(f"{ROOT}/sink_batches/{znode_name('q/x')}") == ["7"]
+    assert ZkTxnStateStore(zk_chroot.client(), ROOT).load_sink_batches() == [batch]
+    a.delete_sink_batch("q/x", 7, coordinator_epoch=3)
+    a.delete_sink_batch("q/x", 7, coordinator_epoch=3)  # gone already: fine
+    assert ZkTxnStateStore(zk_chroot.client(), ROOT).load_sink_batches() == []
+    a.close()
+    b.close()
 
 
 # -- expiry: deletes (docs/design.md §5, "Expiry") ---------------------------------------
