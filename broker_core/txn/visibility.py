@@ -8,8 +8,11 @@ batch the coordinator still tracks is wholly below them or wholly at or above th
 (docs/design.md, "Readers see whole sink batches").
 
 The coordinator tracks a batch from before its first marker until every one of its
-ranges is below its partition's LSO; the LSOs and the tracked batches are read under
-one lock of the coordinator, so no batch can slip between the two reads.
+ranges is below its partition's LSO (settled) *and* no cut can still pull an end into its
+rows: a batch's range spans its transactions' rows, which interleave with other writers'
+-- another sink's batch too -- so a still-unsettled batch can lower a partition's end
+inside a settled one's range (:func:`still_reachable`). The LSOs and the tracked batches
+are read under one lock of the coordinator, so no batch can slip between the two reads.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from broker_core.errors import CoordinatorNotAvailableError
 from broker_core.txn.markers import StableOffsets
@@ -27,6 +30,7 @@ log = logging.getLogger("idemlog.txn")
 
 # (partition, first offset, last offset) of one batch's rows in one partition of a topic.
 Range = tuple[int, int, int]
+K = TypeVar("K")
 
 
 def consistent_cut(ends: Mapping[int, int], batches: Iterable[Sequence[Range]]) -> dict[int, int]:
@@ -57,6 +61,49 @@ def consistent_cut(ends: Mapping[int, int], batches: Iterable[Sequence[Range]]) 
     return cut
 
 
+TopicPartition = tuple[str, int]
+# (topic, partition, first offset, last offset): one batch's rows in one partition.
+FullRange = tuple[str, int, int, int]
+
+
+def still_reachable(
+    unsettled: Iterable[Sequence[FullRange]], settled: Mapping[K, Sequence[FullRange]]
+) -> set[K]:
+    """The settled batches some reader's cut could still hold in part.
+
+    A cut lowers an end only to the first offset of a batch it would cut otherwise
+    (:func:`consistent_cut`), and a settled batch is below every LSO, so only an
+    unsettled batch starts a lowering: at worst each pulls its partitions' ends to its
+    first offsets, a settled batch with a row at or above such a floor is then cut and
+    pulls its own partitions down to its firsts, and so on to a fixed point. The batches
+    this never reaches stay wholly below every future cut: any batch with a row below a
+    settled batch's last offset on a partition was decided (so tracked) before that
+    partition's LSO passed it, so no batch tracked later can start a new chain to it.
+    O(settled x unsettled ranges) per pass, at most one pass per settled batch.
+    """
+    floor: dict[TopicPartition, int] = {}
+
+    def lower(ranges: Sequence[FullRange]) -> None:
+        for topic, partition, first, _ in ranges:
+            tp = (topic, partition)
+            floor[tp] = min(first, floor.get(tp, first))
+
+    for ranges in unsettled:
+        lower(ranges)
+    reached: set[K] = set()
+    left = dict(settled)
+    changed = bool(floor)
+    while changed:
+        changed = False
+        for key, ranges in list(left.items()):
+            if any(last >= floor.get((t, p), last + 1) for t, p, _, last in ranges):
+                reached.add(key)
+                del left[key]
+                lower(ranges)
+                changed = True
+    return reached
+
+
 class LsoSource(Protocol):
     """Each partition's last stable offset of a topic, as its leader has it now."""
 
@@ -85,7 +132,11 @@ class VisibilityTracker:
 
     Bound: one entry per committed batch not yet reported settled -- the batches committed
     while some partition's LSO was held back (at most a transaction timeout's worth) --
-    each O(its partitions)."""
+    plus the settled ones an unsettled batch could still cut (:func:`still_reachable`):
+    those have rows above the unsettled batch's first row on a shared partition, so they
+    were committed while it stayed unsettled -- again at most
+    ``transaction.max.timeout.ms`` behind a foreign transaction, or as long as its own
+    markers fail. Each entry is O(its partitions)."""
 
     def __init__(self, source: LsoSource | None) -> None:
         self._source = source
@@ -114,22 +165,27 @@ class VisibilityTracker:
             self.track((record.sink_id, batch_id), ranges, recorded=False)
 
     def settled_by(self, lsos: StableOffsets) -> list[SinkBatchKey]:
-        """Forget the ranges that markers report below their partition's LSO; returns the
-        batches now wholly settled whose own SinkBatchRecord can go."""
+        """Forget the ranges that markers report below their partition's LSO; drop the
+        batches wholly settled that no cut can reach any more (:func:`still_reachable`;
+        the others stay tracked, and so keep their records); returns the dropped batches
+        whose own SinkBatchRecord can go."""
         if not lsos:
             return []
         gone: list[SinkBatchKey] = []
         with self._lock:
-            for key, tracked in list(self._tracked.items()):
+            for tracked in self._tracked.values():
                 for topic, partition, _first, last in tracked.ranges:
                     lso = lsos.get((topic, partition))
                     if lso is not None and lso > last:
                         tracked.pending.discard((topic, partition))
-                if not tracked.pending:
-                    del self._tracked[key]
-                    if tracked.recorded:
-                        gone.append(key)
-        return gone
+            settled = {k: t.ranges for k, t in self._tracked.items() if not t.pending}
+            unsettled = [t.ranges for t in self._tracked.values() if t.pending]
+            kept = still_reachable(unsettled, settled)
+            for key in settled.keys() - kept:
+                tracked = self._tracked.pop(key)
+                if tracked.recorded:
+                    gone.append(key)
+        return sorted(gone)
 
     def count(self) -> int:
         with self._lock:
