@@ -42,7 +42,7 @@ __all__ = ["Range", "VisibilityTracker", "consistent_cut", "still_reachable"]
 K = TypeVar("K")
 # Batches dropped that the ring keeps for readers' second question (docs/design.md §7,
 # "Several coordinators"): O(this x a batch's partitions) in memory.
-DROPPED_RING = 1024
+DROPPED_RING = 256
 
 
 TopicPartition = tuple[str, int]
