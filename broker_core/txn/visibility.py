@@ -11,8 +11,11 @@ The coordinator tracks a batch from before its first marker until every one of i
 ranges is below its partition's LSO (settled) *and* no cut can still pull an end into its
 rows: a batch's range spans its transactions' rows, which interleave with other writers'
 -- another sink's batch too -- so a still-unsettled batch can lower a partition's end
-inside a settled one's range (:func:`still_reachable`). The LSOs and the tracked batches
-are read under one lock of the coordinator, so no batch can slip between the two reads.
+inside a settled one's range (:func:`still_reachable`). No lock spans the LSO reads and
+the tracked batches: a reader asks for the tracked batches (and the recently dropped ones)
+before and after reading the LSOs and cuts with the union, with one coordinator as with
+several (``broker_core.protocol.stable_cut``, whose docstring proves no batch slips
+between the reads).
 """
 
 from __future__ import annotations
@@ -120,7 +123,10 @@ class VisibilityTracker:
     those have rows above the unsettled batch's first row on a shared partition, so they
     were committed while it stayed unsettled -- again at most
     ``transaction.max.timeout.ms`` behind a foreign transaction, or as long as its own
-    markers fail. Each entry is O(its partitions)."""
+    markers fail. Each entry is O(its partitions). Plus the ring: the last DROPPED_RING
+    dropped batches, and one offset per partition ever tracked. ``settled_by`` is
+    O(tracked batches x their partitions) per call, as it was before retention (the
+    fixed point usually ends after one pass: commit order follows offsets)."""
 
     def __init__(self, source: LsoSource | None, ring_size: int = DROPPED_RING) -> None:
         self._source = source
