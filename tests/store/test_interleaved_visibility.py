@@ -54,6 +54,8 @@ def test_a_settled_batch_interleaved_with_an_unsettled_one_is_seen_whole(
     # The bad moment happened: B is below every LSO (settled), X is not.
     assert all(last < lso[p] for p, _, last in rb)
     assert not all(last < lso[p] for p, _, last in rx)
+    # B stays tracked (retained), not only in the ring of dropped batches.
+    assert b.coordinator.describe()["sink_batches_tracked"] == 2
     ends = b.coordinator.stable_ends("payments")
     assert ends[0] <= sink_x.offsets[P0][0]  # X pulls P0 below its rows there...
     assert whole_or_absent(ends, rx)
