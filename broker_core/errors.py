@@ -70,6 +70,11 @@ class ErrorCode(Enum):
     PRODUCER_ID_ALLOCATION_FAILED = (10002, True, "could not lease a producer id block")
     PRODUCER_ID_SPACE_EXHAUSTED = (10003, False, "producer id space exhausted")
     LOG_DIR_LOCKED = (10004, False, "the data directory is held by another process")
+    STALE_TRACKED_BATCHES = (
+        10005,
+        True,
+        "a coordinator's tracked sink batches moved past what the reader's cut can use: ask again",
+    )
 
     @classmethod
     def from_code(cls, code: int) -> ErrorCode:
@@ -281,6 +286,14 @@ class LogDirLockedError(IdemlogError):
     docs/storage.md): two processes must never recover, append to or delete one log."""
 
     error_code = ErrorCode.LOG_DIR_LOCKED
+
+
+class StaleTrackedBatchesError(IdemlogError):
+    """A reader's cut across coordinators cannot account for every sink batch (a
+    coordinator restarted, or dropped more batches than its ring holds, between the
+    reader's questions): start the cut over (docs/design.md §7)."""
+
+    error_code = ErrorCode.STALE_TRACKED_BATCHES
 
 
 _CLASS_BY_CODE: dict[ErrorCode, type[IdemlogError]] = {}

@@ -68,6 +68,12 @@ from broker_core.protocol.requests import (
     StableEndsRequest,
     StableEndsResponse,
 )
+from broker_core.protocol.stable_cut import (
+    CUT_ATTEMPTS,
+    TrackedBatches,
+    TrackedBatchesRequest,
+    cut_across,
+)
 from broker_core.protocol.wire import (
     DEFAULT_FETCH_MAX_BYTES,
     Action,
@@ -596,6 +602,33 @@ class BrokerClient:
         """Where a read_committed reader of ``topic`` stops: at most each partition's last
         stable offset, lowered so that every sink batch is read whole or not at all."""
         return StableEndsResponse.from_doc(self._coordinator_action(StableEndsRequest(topic))).ends
+
+    def stable_ends_across(
+        self, topic: str, coordinators: Sequence[str], *, attempts: int = CUT_ATTEMPTS
+    ) -> dict[int, int]:
+        """Where a read_committed reader of ``topic`` stops so that it holds every sink
+        batch of every coordinator in ``coordinators`` (addresses, which must name every
+        coordinator that may track a batch written to ``topic``) whole or not at all
+        (``protocol.stable_cut.cut_across``; its module proves no batch slips through).
+
+        Raises UnknownTopicOrPartitionError, InvalidRequestError for no coordinators,
+        StaleTrackedBatchesError when every one of ``attempts`` tries had to start over,
+        and what a coordinator or a leader answers (NotCoordinatorError: the list is out
+        of date)."""
+        leaders = self.metadata().topics.get(topic) or self.metadata(True).topics.get(topic)
+        if leaders is None:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+
+        def ask(address: str, since: int) -> TrackedBatches:
+            doc = self._send(address, TrackedBatchesRequest(topic, since))
+            return TrackedBatches.from_doc(doc)
+
+        def read_lsos() -> dict[int, int]:
+            return {
+                p: self.list_offsets(topic, p)["last_stable_offset"] for p in range(len(leaders))
+            }
+
+        return cut_across(coordinators, ask, read_lsos, attempts)
 
     def readable_offsets(self, topic: str, partitions: int) -> dict[int, dict[str, int]]:
         """Each partition's ``list_offsets``, its ``last_stable_offset`` replaced by the

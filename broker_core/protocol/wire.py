@@ -74,6 +74,7 @@ class Action(StrEnum):
     ABORT_SINK_RUN = "abort_sink_run"  # {run_id, batch_id} -> {aborted: [ids]}
     SINK_HEARTBEAT = "sink_heartbeat"  # {sink_id, run_id} -> {}
     STABLE_ENDS = "stable_ends"  # {topic} -> {ends: {partition: offset}}
+    TRACKED_BATCHES = "tracked_batches"  # {topic, since} -> protocol.stable_cut.TrackedBatches
     LIST_TRANSACTIONS = "list_transactions"  # {min_age_ms?, all?} -> {transactions: [..]}
     ABORT_TRANSACTION = "abort_transaction"  # {transactional_id} -> {aborted: bool}
     METRICS = "metrics"  # {} -> metrics document

@@ -39,6 +39,9 @@ abort_sink_run         {run_id? | sink_id?, batch_id} -> {aborted: [transactiona
 sink_heartbeat         {sink_id, run_id} -> {}
 stable_ends            {topic} -> {ends: {partition: offset}} (read_committed ends that
                        hold every sink batch whole or not at all)
+tracked_batches        {topic, since} -> {incarnation, generation, evicted_through,
+                       evicted_high, batches} (one coordinator's part of a cut across
+                       coordinators: broker_core.protocol.stable_cut)
 list_transactions      {min_age_ms?, all?} -> {transactions: [{transactional_id, ..}]}
 abort_transaction      {transactional_id} -> {aborted}
 metrics                {} -> the metrics document (broker_core.server.metrics)
@@ -117,6 +120,7 @@ from broker_core.protocol.requests import (
     WriteTxnMarkersRequest,
     WriteTxnMarkersResponse,
 )
+from broker_core.protocol.stable_cut import TrackedBatchesRequest
 from broker_core.protocol.wire import Action
 from broker_core.server.config import BrokerConfig
 from broker_core.server.replica_manager import ReplicaManager
@@ -211,6 +215,7 @@ class ActionHandlers:
             Action.ABORT_SINK_RUN: self.abort_sink_run,
             Action.SINK_HEARTBEAT: self.sink_heartbeat,
             Action.STABLE_ENDS: self.stable_ends,
+            Action.TRACKED_BATCHES: self.tracked_batches,
             Action.LIST_TRANSACTIONS: self.list_transactions,
             Action.ABORT_TRANSACTION: self.abort_transaction,
             Action.METRICS: self.metrics,
@@ -381,6 +386,10 @@ class ActionHandlers:
     def stable_ends(self, body: dict[str, Any]) -> dict[str, Any]:
         topic = StableEndsRequest.from_doc(body).topic
         return StableEndsResponse(dict(self._coordinator().stable_ends(topic))).to_doc()
+
+    def tracked_batches(self, body: dict[str, Any]) -> dict[str, Any]:
+        request = TrackedBatchesRequest.from_doc(body)
+        return self._coordinator().tracked_batches(request.topic, request.since).to_doc()
 
     def list_transactions(self, body: dict[str, Any]) -> dict[str, Any]:
         request = ListTransactionsRequest.from_doc(body)

@@ -32,6 +32,7 @@ from broker_core.errors import (
     InvalidRequestError,
     InvalidTxnStateError,
 )
+from broker_core.protocol.stable_cut import TrackedBatches
 from broker_core.protocol.txn_inputs import (
     check_batch_id,
     check_offset_ranges,
@@ -193,6 +194,13 @@ class TransactionCoordinator:
         what reading the partitions' LSOs raises."""
         self._core.check_running()
         return self._visibility.stable_ends(topic)
+
+    def tracked_batches(self, topic: str, since: int) -> TrackedBatches:
+        """This coordinator's part of a reader's cut across coordinators
+        (``protocol.stable_cut``). Raises NotCoordinatorError / CoordinatorNotAvailableError
+        unless RUNNING."""
+        self._core.check_running()
+        return self._visibility.tracked_batches(topic, since)
 
     # -- producer ids ------------------------------------------------------------------
     def init_producer_id(

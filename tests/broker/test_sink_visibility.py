@@ -225,3 +225,111 @@ def test_transactions_cli_lists_and_aborts_a_hanging_transaction(
     assert "nothing aborted" in cli("abort", "--transactional-id", "q/0")
     offsets = client.list_offsets(TOPIC, 1)
     assert offsets["last_stable_offset"] == offsets["log_end_offset"]
+
+
+def _send(
+    client: BrokerClient, p: int, ids: range, pid: int, epoch: int, seq: int
+) -> tuple[int, int]:
+    with client.produce_stream(TOPIC, p) as stream:
+        acked = stream.send(
+            rows(len(ids), start=ids.start), producer_id=pid, producer_epoch=epoch,
+            base_sequence=seq, transactional=True,
+        ).offsets(10)  # fmt: skip
+    return acked[0], acked[1]
+
+
+def test_interleaved_sink_batches_are_read_whole(
+    broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    """Issue 23, bug 1, through a broker process: sinks B and X commit batch after batch
+    whose transactions interleave on partition 0 (B's rows before and after X's), while
+    another writer holds partition 1 between B's rows and X's there until a reader has
+    looked. Then B is settled and X is not, and X's cut on partition 0 falls inside B's
+    range. Three readers read at the coordinator's cut, through ``stable_ends`` and
+    through ``stable_ends_across`` with this one coordinator: no read holds part of B or
+    X; by the LSO alone some reads do."""
+    broker = broker_factory(TEST_BROKER_CONFIG)
+    writer = client_for(broker)
+    writer.create_topic(TOPIC, 2, schema=rows(1).schema)
+    rounds = 40
+    expected: dict[int, int] = {}
+    done = threading.Event()
+    progress = threading.Condition()
+    reads = Counter[str]()
+    partial: list[str] = []
+    errors: list[BaseException] = []
+
+    def attempt(sink: str, batch: int) -> tuple[str, int, int]:
+        tid = f"{sink}/0"
+        pid, epoch, _ = writer.init_sink_producer(tid, 60_000, SinkAttempt(sink, "run", batch))
+        writer.add_partitions_to_txn(tid, pid, epoch, [(TOPIC, 0), (TOPIC, 1)])
+        return tid, pid, epoch
+
+    def sinks() -> None:
+        try:
+            for n in range(1, rounds + 1):
+                b, x = n * 100, (5000 + n) * 100  # row id // 100 names the batch
+                tb, pb, eb = attempt("b", n)
+                tx, px, ex = attempt("x", n)
+                b0, _ = _send(writer, 0, range(b, b + 2), pb, eb, 0)
+                x0 = _send(writer, 0, range(x, x + 2), px, ex, 0)
+                _, b0_last = _send(writer, 0, range(b + 2, b + 4), pb, eb, 2)
+                b1 = _send(writer, 1, range(b + 4, b + 6), pb, eb, 0)
+                pid, epoch = writer.init_producer_id("other")
+                writer.add_partitions_to_txn("other", pid, epoch, [(TOPIC, 1)])
+                _send(writer, 1, range(900_000 + n, 900_001 + n), pid, epoch, 0)
+                x1 = _send(writer, 1, range(x + 2, x + 4), px, ex, 0)
+                writer.prepare_sink_txn(tb, pb, eb, n, [(TOPIC, 0, b0, b0_last), (TOPIC, 1, *b1)])
+                writer.prepare_sink_txn(tx, px, ex, n, [(TOPIC, 0, *x0), (TOPIC, 1, *x1)])
+                assert writer.commit_sink_batch("b", n, [(tb, pb, eb)], "run")
+                assert writer.commit_sink_batch("x", n, [(tx, px, ex)], "run")
+                expected[n], expected[5000 + n] = 6, 4
+                with progress:  # the bad moment: B settled, X held at partition 1
+                    wanted = reads["naive"] + 2
+                    assert progress.wait_for(
+                        lambda wanted=wanted: reads["naive"] >= wanted, timeout=60
+                    )
+                writer.end_txn("other", pid, epoch, commit=True)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    def reader(index: int) -> None:
+        client = client_for(broker)
+        previous: dict[str, dict[int, int]] = {"naive": {}, "cut": {}, "across": {}}
+        try:
+            while not done.is_set():
+                naive = {p: client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+                ends = {
+                    "naive": naive,
+                    "cut": client.stable_ends(TOPIC),
+                    "across": client.stable_ends_across(TOPIC, [broker.address]),
+                }
+                for name, end in ends.items():
+                    window = read_batches(client, end, previous[name])
+                    for batch, n in window.items():
+                        want = 6 if batch < 5000 else 4
+                        if batch < 9000 and n != want:
+                            partial.append(f"{name}: batch {batch} read with {n} rows")
+                    previous[name] = end
+                    with progress:
+                        reads[name] += 1
+                        progress.notify_all()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sinks)]
+    threads += [threading.Thread(target=reader, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors
+    naive_partial = [p for p in partial if p.startswith("naive")]
+    print(f"reads {dict(reads)}; naive partial reads {len(naive_partial)}")
+    assert not [p for p in partial if not p.startswith("naive")], partial[:5]
+    assert naive_partial, "no read by LSO alone saw part of a batch: nothing was tested"
+    assert reads["cut"] >= 2 * rounds
+    final = read_batches(writer, writer.stable_ends(TOPIC))
+    assert {b: n for b, n in final.items() if b < 9000} == expected

@@ -12,6 +12,7 @@ from broker_core.errors import InvalidRequestError, InvalidRequiredAcksError
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol import replica as rp
 from broker_core.protocol import requests as rq
+from broker_core.protocol import stable_cut as sc
 from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
 
 ROUND_TRIP: list[Any] = [
@@ -38,6 +39,8 @@ ROUND_TRIP: list[Any] = [
     rq.AbortSinkRunRequest(4, None, "s"),
     rq.SinkHeartbeatRequest("s", "run-1"),
     rq.StableEndsRequest("t"),
+    sc.TrackedBatchesRequest("t"),
+    sc.TrackedBatchesRequest("t", 12),
     rq.ListTransactionsRequest(500),
     rq.AbortTransactionRequest("tx"),
     rq.ProduceDescriptor("t", 1),
@@ -113,6 +116,12 @@ def test_fetch_isolation_levels_are_the_logs() -> None:
                            "isolation": "dirty"}, "fetch ticket: field 'isolation' must be one of"),
         (rq.FetchRequest, {"op": "fetch", "topic": "t", "partition": 0, "offset": 0,
                            "max_bytes": 0}, "fetch ticket: field 'max_bytes' must be in 1.."),
+        (sc.TrackedBatchesRequest, {"topic": "t", "since": -2},
+         "tracked_batches: field 'since' must be >= -1, got -2"),
+        (sc.TrackedBatchesRequest, {"topic": "t"}, "tracked_batches: missing field 'since'"),
+        (sc.TrackedBatches, {"incarnation": "i", "generation": 0, "evicted_through": 0,
+                             "evicted_high": {}, "batches": [[[0, 1]]]},
+         "tracked_batches answer: malformed 'batches' or 'evicted_high'"),
     ],
 )  # fmt: skip
 def test_a_bad_body_names_the_action_and_the_field(cls: Any, doc: Any, message: str) -> None:
@@ -126,6 +135,8 @@ def test_responses_round_trip() -> None:
     assert rq.InitProducerIdResponse.from_doc(answer.to_doc()) == answer
     ends = rq.StableEndsResponse({0: 5, 1: 0})
     assert rq.StableEndsResponse.from_doc(json.loads(json.dumps(ends.to_doc()))) == ends
+    tracked = sc.TrackedBatches("inc", 9, 3, {0: 41, 2: 7}, [[(0, 1, 5), (1, 2, 2)], [(2, 0, 0)]])
+    assert sc.TrackedBatches.from_doc(json.loads(json.dumps(tracked.to_doc()))) == tracked
     batch = rq.SinkBatchResponse(None, False)
     assert rq.SinkBatchResponse.from_doc(batch.to_doc()) == batch
     with pytest.raises(InvalidRequestError, match="field 'sink_status' is 'maybe'"):
