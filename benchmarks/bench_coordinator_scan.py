@@ -47,7 +47,7 @@ CHUNK = 10_000
 
 def write_idle_ids(store: LogStore, count: int) -> None:
     """``count`` ids of finished jobs (two per job) and their sink records, as rows."""
-    LogTxnStateStore(store)  # creates the topic
+    LogTxnStateStore.open_local(store)  # creates the topic
     partition = store.partition(TXN_STATE_TOPIC, 0)
     rows: list[tuple[str, str, bytes]] = []
     for n in range(count):
@@ -82,7 +82,7 @@ def run(
         write_idle_ids(store, idle)
     started = time.perf_counter()
     coordinator = TransactionCoordinator(
-        LogTxnStateStore(store),
+        LogTxnStateStore.open_local(store),
         ProducerIdManager(0, FileProducerIdBlockSource(directory / "pid.json")),
         LocalMarkerWriter(store),
     )

@@ -29,6 +29,11 @@ class ErrorCode(Enum):
     BROKER_NOT_AVAILABLE = (8, True, "no live broker to serve the request")
     MESSAGE_TOO_LARGE = (10, False, "record batch larger than max.message.bytes")
     NETWORK_EXCEPTION = (13, True, "the connection to the broker failed")
+    COORDINATOR_LOAD_IN_PROGRESS = (
+        14,
+        True,
+        "the transaction coordinator is still loading its state partition",
+    )
     NOT_ENOUGH_REPLICAS = (19, True, "fewer in-sync replicas than min.insync.replicas")
     NOT_ENOUGH_REPLICAS_AFTER_APPEND = (
         20,
@@ -145,6 +150,13 @@ class UnknownLeaderEpochError(IdemlogError):
 
 class CoordinatorNotAvailableError(IdemlogError):
     error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+class CoordinatorLoadInProgressError(IdemlogError):
+    """This broker leads the key's state partition and is loading it (in the
+    background): ask again shortly (docs/design.md §10)."""
+
+    error_code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
 
 
 class NotCoordinatorError(IdemlogError):

@@ -2,10 +2,12 @@
 
 It bootstraps from any broker (``"host:port[,host:port]"``), learns the live brokers, the
 controller and every partition's leader from the METADATA action, and routes each request:
-partition requests to the leader, transactional ones to the coordinator (the controller),
-admin ones to any broker. A request refused with a retriable routing error
-(``NOT_LEADER_OR_FOLLOWER``, ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``) or a
-broken connection is retried after a metadata refresh, a few times with backoff.
+partition requests to the leader, transactional ones to the coordinator FIND_COORDINATOR
+names (the leader of the ``__transaction_state`` partition; cached), admin ones to any
+broker. A request refused with a retriable routing error (``NOT_LEADER_OR_FOLLOWER``,
+``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``) or a
+broken connection is retried after a metadata refresh (and a new FIND_COORDINATOR), a few
+times with backoff.
 Produce streams are raw: no retries (see ``broker_core.client.produce_stream``).
 
 Errors come back as the typed ``IdemlogError`` the broker raised (``retriable`` intact);
@@ -26,6 +28,7 @@ import pyarrow.flight as flight
 from broker_core.client.connections import FlightConnections
 from broker_core.client.produce_stream import ProduceStream, typed_flight_error
 from broker_core.errors import (
+    CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     IdemlogError,
     InvalidConfigError,
@@ -50,6 +53,7 @@ from broker_core.protocol.requests import (
     DescribeTopicsRequest,
     EndTxnRequest,
     FetchRequest,
+    FindCoordinatorRequest,
     InitProducerIdRequest,
     InitProducerIdResponse,
     ListOffsetsRequest,
@@ -87,6 +91,7 @@ _ROUTING_ERRORS = (
     NotLeaderOrFollowerError,
     NotCoordinatorError,
     CoordinatorNotAvailableError,
+    CoordinatorLoadInProgressError,
     NetworkError,
 )
 
@@ -172,6 +177,7 @@ class BrokerClient:
         self._owns_connections = connections is None
         self._connections = FlightConnections() if connections is None else connections
         self._view: ClusterView | None = None
+        self._coordinator: str | None = None  # FIND_COORDINATOR's last answer
 
     # -- connections ---------------------------------------------------------------------
     def _connection(self, address: str) -> flight.FlightClient:
@@ -281,10 +287,16 @@ class BrokerClient:
         return broker
 
     def _coordinator_address(self, refresh: bool) -> str:
-        view = self.metadata(refresh)
-        if view.controller is None or view.controller not in view.brokers:
-            raise CoordinatorNotAvailableError("the cluster has no controller right now")
-        return view.brokers[view.controller].address
+        """The transaction coordinator's address as FIND_COORDINATOR last named it (asked
+        of any broker, and again when ``refresh``: an earlier attempt failed, e.g.
+        NOT_COORDINATOR after its state partition's leadership moved)."""
+        cached = self._coordinator
+        if cached is not None and not refresh:
+            return cached
+        doc = self._any_broker(FindCoordinatorRequest())
+        address = BrokerAddress(int(doc["broker_id"]), doc["host"], int(doc["port"])).address
+        self._coordinator = address
+        return address
 
     def _routed(
         self,
@@ -358,9 +370,22 @@ class BrokerClient:
             (topic, partition),
         )
 
+    def _controller_action(self, request: Request) -> dict[str, Any]:
+        """``request`` to the controller (from the metadata), retried on routing errors."""
+        return self._routed(
+            lambda retry: self._controller_address(retry),
+            lambda address: self._send(address, request),
+        )
+
+    def _controller_address(self, refresh: bool) -> str:
+        view = self.metadata(refresh)
+        if view.controller is None or view.controller not in view.brokers:
+            raise CoordinatorNotAvailableError("the cluster has no controller right now")
+        return view.brokers[view.controller].address
+
     def _coordinator_action(self, request: Request) -> dict[str, Any]:
         return self._routed(
-            lambda _retry: self._coordinator_address(False),
+            self._coordinator_address,
             lambda address: self._send(address, request),
         )
 
@@ -634,7 +659,7 @@ class BrokerClient:
         elect-leaders``): every partition whose first replica is live and in sync but not
         leading gets it back as leader. Returns {topic: {partition: new leader}}."""
         request = ElectLeadersRequest(None if topics is None else tuple(topics))
-        doc = self._coordinator_action(request)
+        doc = self._controller_action(request)
         return {t: {int(p): int(b) for p, b in m.items()} for t, m in doc["moved"].items()}
 
     def add_partitions_to_txn(

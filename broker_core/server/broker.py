@@ -27,11 +27,9 @@ from broker_core.cluster.embedded import EmbeddedCluster
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
-    CoordinatorNotAvailableError,
     IdemlogError,
     InvalidConfigError,
     LogDirLockedError,
-    NotCoordinatorError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
 )
@@ -48,6 +46,7 @@ from broker_core.server.partition import Partition
 from broker_core.server.replica_fetcher import FetcherConfig
 from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
+from broker_core.server.state_coordinator import StateLeaderCoordinatorRole, not_coordinator_error
 from broker_core.server.tasks import TaskGroup
 from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
 from broker_core.txn.expiry import ExpiryPolicy
@@ -157,7 +156,7 @@ class Broker:
         # Built by start() once the store and the cluster they are made of are open.
         self._topics: LocalTopics | None = None
         self.replicas: ReplicaManager | None = None
-        self._coordinator_role: CoordinatorRole | None = None
+        self._coordinator_role: CoordinatorRole | StateLeaderCoordinatorRole | None = None
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -279,22 +278,39 @@ class Broker:
             cluster.register(self.info)
             topics.sync()
             cluster.on_topics_change(topics.sync)
-            role = self._coordinator_role = CoordinatorRole(
-                self.broker_id,
-                cluster,
-                store=self.store,
-                zookeeper=self._zk,
-                pids=self.pids,
-                markers=self.markers,
-                offsets=ClusterStableOffsets(self.broker_id, topics, cluster.brokers),
-                max_timeout_ms=cfg.transaction_max_timeout_ms,
-                state_segment_bytes=cfg.transaction_state_log_segment_bytes,
-                state_delete_retention_ms=cfg.transaction_state_log_delete_retention_ms,
-                marker_retry_deadline_s=cfg.transaction_marker_retry_deadline_ms / 1000.0,
-                expiry=ExpiryPolicy(
-                    cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms
-                ),
-            )
+            offsets = ClusterStableOffsets(self.broker_id, topics, cluster.brokers)
+            expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
+            retry_deadline_s = cfg.transaction_marker_retry_deadline_ms / 1000.0
+            role: CoordinatorRole | StateLeaderCoordinatorRole
+            if cfg.embedded:
+                role = CoordinatorRole(
+                    self.broker_id,
+                    cluster,
+                    store=self.store,
+                    pids=self.pids,
+                    markers=self.markers,
+                    offsets=offsets,
+                    max_timeout_ms=cfg.transaction_max_timeout_ms,
+                    state_segment_bytes=cfg.transaction_state_log_segment_bytes,
+                    state_delete_retention_ms=cfg.transaction_state_log_delete_retention_ms,
+                    marker_retry_deadline_s=retry_deadline_s,
+                    expiry=expiry,
+                )
+            else:
+                role = StateLeaderCoordinatorRole(
+                    self.broker_id,
+                    self.replicas,
+                    pids=self.pids,
+                    markers=self.markers,
+                    offsets=offsets,
+                    max_timeout_ms=cfg.transaction_max_timeout_ms,
+                    marker_retry_deadline_s=retry_deadline_s,
+                    expiry=expiry,
+                    ack_timeout_s=replication.ack_timeout_s,
+                    cluster=cluster,
+                    zookeeper=self._zk,
+                )
+            self._coordinator_role = role
             role.start(synchronous=cfg.embedded)
             self._add_tasks(self.store, role)
             self._tasks.start()
@@ -357,7 +373,9 @@ class Broker:
             raise InvalidConfigError(f"broker {self.broker_id} runs without zookeeper.connect")
         return self._zk
 
-    def _add_tasks(self, store: LogStore, role: CoordinatorRole) -> None:
+    def _add_tasks(
+        self, store: LogStore, role: CoordinatorRole | StateLeaderCoordinatorRole
+    ) -> None:
         cfg = self.config
         self._tasks.add(
             "log-retention", cfg.log_retention_check_interval_ms, store.enforce_retention
@@ -420,22 +438,15 @@ class Broker:
     def coordinator(self) -> TransactionCoordinator:
         """The transaction coordinator running on this broker.
 
-        Raises NotCoordinatorError naming the controller when another broker runs it, and
-        CoordinatorNotAvailableError while none runs here yet (both retriable);
-        NotLeaderOrFollowerError before the broker joined the cluster.
+        Raises NotCoordinatorError naming the broker that coordinates (the controller
+        embedded, the state partition's leader with ZooKeeper), COORDINATOR_LOAD_IN_PROGRESS
+        while this broker loads its state partition, CoordinatorNotAvailableError while
+        none runs (all retriable); NotLeaderOrFollowerError before it joined the cluster.
         """
         coordinator = self._running_coordinator()
         if coordinator is not None:
             return coordinator
-        controller = self.require_cluster().controller()
-        if controller is not None and controller.broker_id != self.broker_id:
-            raise NotCoordinatorError(
-                f"broker {self.broker_id} is not the transaction coordinator: broker "
-                f"{controller.broker_id} at {controller.address} is"
-            )
-        raise CoordinatorNotAvailableError(
-            f"the transaction coordinator on broker {self.broker_id} is not running yet"
-        )
+        raise not_coordinator_error(self.broker_id, self.require_cluster(), self._coordinator_role)
 
     # -- background work -----------------------------------------------------------------
     def expire_producers(self) -> int:

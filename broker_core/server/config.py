@@ -131,6 +131,37 @@ _BROKER_KEYS = [
         max=INT_MAX,
     ),
     ConfigKey(
+        "transaction.state.log.num.partitions",
+        int,
+        1,
+        "Partitions of the internal topic __transaction_state (ZooKeeper mode), set when "
+        "the cluster first needs it: a transactional id's coordinator is the leader of "
+        "partition hash(id) mod this. 1 until readers can combine several coordinators' "
+        "held-back sink batches into one consistent cut (docs/design.md §7); above 1 is "
+        "refused until then. Kafka's key (its default, 50, spreads coordination).",
+        min=1,
+        max=1,
+    ),
+    ConfigKey(
+        "transaction.state.log.replication.factor",
+        int,
+        -1,
+        "Replicas of each __transaction_state partition, set when the topic is created. "
+        "-1: min(3, live brokers). More than the live brokers is refused at creation "
+        "(INVALID_REPLICATION_FACTOR). Kafka's key.",
+        min=-1,
+        max=32767,
+    ),
+    ConfigKey(
+        "transaction.state.log.min.isr",
+        int,
+        2,
+        "min.insync.replicas of __transaction_state (capped at its replication factor): "
+        "a coordinator's state change is an acks=all append, refused while fewer replicas "
+        "are in sync. Kafka's key and default.",
+        min=1,
+    ),
+    ConfigKey(
         "transaction.state.log.delete.retention.ms",
         int,
         86_400_000,
@@ -365,6 +396,9 @@ class BrokerConfig:
     transactional_id_expiration_ms: int
     transaction_state_log_segment_bytes: int
     transaction_state_log_delete_retention_ms: int
+    transaction_state_log_num_partitions: int
+    transaction_state_log_replication_factor: int  # -1: min(3, live brokers)
+    transaction_state_log_min_isr: int
     expired_transaction_cleanup_interval_ms: int
     sink_stream_expiration_ms: int  # -1: a stream's sink record never expires
     producer_id_expiration_check_interval_ms: int
@@ -445,6 +479,13 @@ class BrokerConfig:
             transaction_state_log_delete_retention_ms=int(
                 parsed["transaction.state.log.delete.retention.ms"]
             ),
+            transaction_state_log_num_partitions=int(
+                parsed["transaction.state.log.num.partitions"]
+            ),
+            transaction_state_log_replication_factor=int(
+                parsed["transaction.state.log.replication.factor"]
+            ),
+            transaction_state_log_min_isr=int(parsed["transaction.state.log.min.isr"]),
             expired_transaction_cleanup_interval_ms=int(
                 parsed["transaction.remove.expired.transaction.cleanup.interval.ms"]
             ),

@@ -124,9 +124,11 @@ from broker_core.protocol.stable_cut import TrackedBatchesRequest
 from broker_core.protocol.wire import Action
 from broker_core.server.config import BrokerConfig
 from broker_core.server.replica_manager import ReplicaManager
+from broker_core.server.txn_state_topic import ensure_state_topic
 from broker_core.txn.coordinator import TransactionCoordinator
 from broker_core.txn.markers import ProducerMarkers, StableOffsets
 from broker_core.txn.pid_manager import ProducerIdManager
+from broker_core.txn.state_topic import TXN_STATE_TOPIC, state_partition_of
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -326,11 +328,26 @@ class ActionHandlers:
         }
 
     def find_coordinator(self, body: dict[str, Any]) -> dict[str, Any]:
-        FindCoordinatorRequest.from_doc(body)
-        controller = self._cluster().controller()
-        if controller is None:
-            raise CoordinatorNotAvailableError("no controller is elected right now")
-        return _broker_doc(controller)
+        """The coordinator of the request's key: with ZooKeeper the leader of its
+        ``__transaction_state`` partition (the topic created now if the cluster has none,
+        as Kafka does), embedded the one broker. COORDINATOR_NOT_AVAILABLE (retriable)
+        while the partition has no live leader."""
+        request = FindCoordinatorRequest.from_doc(body)
+        cluster = self._cluster()
+        if self._config.embedded:
+            controller = cluster.controller()
+            if controller is None:
+                raise CoordinatorNotAvailableError("no controller is elected right now")
+            return _broker_doc(controller)
+        topic = ensure_state_topic(cluster, self._config)
+        partition = state_partition_of(request.transactional_id or "", len(topic.partitions))
+        leader = topic.leader(partition)
+        found = next((b for b in cluster.brokers() if b.broker_id == leader), None)
+        if found is None:
+            raise CoordinatorNotAvailableError(
+                f"{TXN_STATE_TOPIC}-{partition} has no live leader (broker {leader})"
+            )
+        return _broker_doc(found)
 
     # -- producers and transactions ------------------------------------------------------
     def init_producer_id(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -96,8 +96,25 @@ class ReplicaManager:
         self._closed = False
         self.isr_shrinks = 0
         self.isr_expands = 0
+        # Told of every role change (a new role or epoch) and of a replica forgotten
+        # (role None), on the metadata callback's thread with _lock held: listeners
+        # only record what changed (the coordinator role follows its state partitions).
+        self._role_listeners: list[Callable[[Partition, Role | None], None]] = []
         self._thread = threading.Thread(target=self._isr_loop, name="idemlog-isr", daemon=True)
         self._thread.start()
+
+    def on_role_change(self, listener: Callable[[Partition, Role | None], None]) -> None:
+        """Call ``listener(partition, role)`` after each change of a replica's role or
+        leader epoch, and with role None when the replica is forgotten; it must not block."""
+        with self._lock:
+            self._role_listeners.append(listener)
+
+    def _tell(self, partition: Partition, role: Role | None) -> None:
+        for listener in self._role_listeners:
+            try:
+                listener(partition, role)
+            except Exception:
+                log.exception("%s: a role listener failed", partition.name)
 
     # -- following the metadata ----------------------------------------------------------
     def apply(self, assignments: Mapping[str, TopicAssignment]) -> None:
@@ -137,7 +154,9 @@ class ReplicaManager:
             del self._fetchers[tp]
         if state.leader_epoch < partition.leader_epoch:
             return  # a late, older view
-        partition.apply(state)
+        changed = partition.apply(state)
+        if changed is not None:
+            self._tell(partition, changed)
         if partition.role is Role.FOLLOWER and tp not in self._fetchers:
             leader = state.leader
             fetcher = ReplicaFetcher(
@@ -159,6 +178,7 @@ class ReplicaManager:
         partition = self._partitions.pop(tp, None)
         if partition is not None:
             partition.notify()
+            self._tell(partition, None)
 
     def _address(self, broker_id: int) -> str | None:
         info: BrokerInfo | None = next(

@@ -1,11 +1,10 @@
-"""The controller's extra role: running the transaction coordinator while it is controller.
+"""The embedded broker's transaction coordinator, and the reader cuts' LSO source.
 
 In embedded mode the single broker is always the controller and the coordinator starts
 before the broker serves (``start(synchronous=True)``), so its first request finds it
-ready. With ZooKeeper, controllership comes and goes with the ``/controller`` znode; the
-callbacks only record what is wanted and one thread makes it so, because a coordinator's
-start finishes interrupted commits by sending markers to other brokers, which must not
-block ZooKeeper's event thread.
+ready; its state partition is the local ``__transaction_state`` led at the run's
+controller epoch (``server.state_partition``). With ZooKeeper the coordinator is the
+leader of the state partition instead (``server.state_coordinator``).
 """
 
 from __future__ import annotations
@@ -13,18 +12,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
-from broker_core.errors import NotCoordinatorError
 from broker_core.log.store import LogStore
-from broker_core.server.config import ZK_ROOT
 from broker_core.server.marker_client import LedPartitions
+from broker_core.server.state_partition import embedded_state_partition
 from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
 from broker_core.txn.expiry import ExpiryPolicy, ExpiryResult
-from broker_core.txn.state_store import LogTxnStateStore, TxnStateStore
-from broker_core.txn.state_store_zk import ZkEpochFence, ZkTxnStateStore
+from broker_core.txn.state_store import LogTxnStateStore
 
 log = logging.getLogger("idemlog.broker")
 
@@ -73,11 +69,10 @@ class ClusterStableOffsets:
 
 
 class CoordinatorRole:
-    """Runs a :class:`TransactionCoordinator` on broker ``broker_id`` while ``cluster``
-    says it is the controller, built of ``pids``, ``markers`` and ``offsets``; its state
-    is kept in ZooKeeper under ``ZK_ROOT`` when ``zookeeper`` (a started KazooClient) is
-    given, else in ``store``'s ``__transaction_state`` topic (embedded mode); ids and
-    sinks expire by ``expiry``."""
+    """Runs a :class:`TransactionCoordinator` on the embedded broker ``broker_id`` while
+    ``cluster`` says it is the controller (always, once registered), built of ``pids``,
+    ``markers`` and ``offsets``; its state is ``store``'s ``__transaction_state``; ids
+    and sinks expire by ``expiry``."""
 
     def __init__(
         self,
@@ -85,7 +80,6 @@ class CoordinatorRole:
         cluster: ClusterMetadata,
         *,
         store: LogStore,
-        zookeeper: Any | None,
         pids: ProducerIdSource,
         markers: MarkerWriter,
         offsets: ClusterStableOffsets,
@@ -98,7 +92,6 @@ class CoordinatorRole:
         self._broker_id = broker_id
         self._cluster = cluster
         self._store = store
-        self._zookeeper = zookeeper
         self._pids = pids
         self._markers = markers
         self._max_timeout_ms = max_timeout_ms
@@ -111,9 +104,6 @@ class CoordinatorRole:
         self._dirty = False
         self._stopped = False
         self._coordinator: TransactionCoordinator | None = None
-        # The coordinator's ZooKeeper state store: its connection listener is removed when
-        # the coordinator stops, or every controllership would leave one behind.
-        self._zk_store: ZkTxnStateStore | None = None
         self._offsets = offsets
         self._thread: threading.Thread | None = None
 
@@ -165,37 +155,21 @@ class CoordinatorRole:
                 self._close_coordinator()
 
     def _build_and_start(self) -> TransactionCoordinator:
-        """A coordinator at this controllership's epoch, started (its state loaded).
-
-        With ZooKeeper its store is fenced by the controller epoch node at the version
-        this controllership's bump left it: every state write is a multi that checks it,
-        so once another broker is elected (and bumps it) nothing this coordinator still
-        has in flight can land. Raises NotCoordinatorError when this broker is no longer
-        the controller, and what the coordinator's start raises."""
-        state_store: TxnStateStore
-        zk_store: ZkTxnStateStore | None = None
-        if self._zookeeper is None:
-            state_store = LogTxnStateStore(
-                self._store,
-                segment_bytes=self._state_segment_bytes,
-                delete_retention_ms=self._state_delete_retention_ms,
-            )
-            # Read after the controllership was reported: this controllership's epoch.
-            epoch = self._cluster.controller_epoch()
-        else:
-            # Epoch and version read together, after the controllership was reported:
-            # higher than every coordinator's before, whose writes the version fences.
-            cluster_fence = self._cluster.controller_fence()
-            if cluster_fence is None:
-                raise NotCoordinatorError(
-                    f"broker {self._broker_id} is no longer the controller: not starting "
-                    "the transaction coordinator"
-                )
-            epoch = cluster_fence.epoch
-            fence = ZkEpochFence(cluster_fence.path, cluster_fence.version, epoch)
-            state_store = zk_store = ZkTxnStateStore(self._zookeeper, ZK_ROOT, fence=fence)
+        """A coordinator at this run's controller epoch, started (its state loaded): its
+        state partition is led by this broker at that epoch, which fences its writes
+        (``server.state_partition``). Raises what the coordinator's start raises."""
+        # Read after the controllership was reported: this run's epoch, higher than every
+        # earlier run's.
+        epoch = self._cluster.controller_epoch()
+        partition = embedded_state_partition(
+            self._store,
+            self._broker_id,
+            epoch,
+            segment_bytes=self._state_segment_bytes,
+            delete_retention_ms=self._state_delete_retention_ms,
+        )
         coordinator = TransactionCoordinator(
-            state_store,
+            LogTxnStateStore(partition, leader_epoch=epoch),
             self._pids,
             self._markers,
             max_timeout_ms=self._max_timeout_ms,
@@ -208,10 +182,7 @@ class CoordinatorRole:
             coordinator.start()
         except BaseException:
             coordinator.close()
-            if zk_store is not None:
-                zk_store.close()
             raise
-        self._zk_store = zk_store
         log.info("broker %d runs the transaction coordinator (epoch %d)", self._broker_id, epoch)
         return coordinator
 
@@ -235,14 +206,11 @@ class CoordinatorRole:
     def _close_coordinator(self) -> None:
         self._offsets.close()
         coordinator, self._coordinator = self._coordinator, None
-        zk_store, self._zk_store = self._zk_store, None
         if coordinator is not None:
             try:
                 coordinator.close()
             except Exception:
                 log.exception("broker %d: closing the coordinator failed", self._broker_id)
-        if zk_store is not None:
-            zk_store.close()
 
     def stop(self) -> None:
         """Stop following controllership and close the coordinator if one runs."""

@@ -52,6 +52,7 @@ from broker_core.txn.core import CoordinatorCore
 from broker_core.txn.expiry import NEVER, ExpiryPolicy, ExpiryResult, expire
 from broker_core.txn.housekeeping import abort_timed_out, list_transactions
 from broker_core.txn.leftovers import fence, fence_sink_leftovers
+from broker_core.txn.load_recovery import BackgroundRecovery
 from broker_core.txn.marker_sender import MAX_MARKER_BACKOFF_S, MarkerSender
 from broker_core.txn.markers import LocalMarkerWriter, MarkerWriter
 from broker_core.txn.state import (
@@ -141,6 +142,7 @@ class TransactionCoordinator:
             jitter=0.0,  # one coordinator retries: nothing to spread out
         )
         self._visibility = VisibilityTracker(stable_offsets)
+        self._recovery = BackgroundRecovery()
         self._core = CoordinatorCore(
             state_store,
             pids,
@@ -156,8 +158,10 @@ class TransactionCoordinator:
         """LOADING until :meth:`start`, RUNNING, then CLOSED for good."""
         return self._core.status
 
-    def start(self) -> None:
-        """Load the state and finish what a previous coordinator left half done.
+    def start(self, *, finish_in_background: bool = False) -> None:
+        """Load the state and finish what a previous coordinator left half done: before
+        returning, or with ``finish_in_background`` serving at once while each leftover
+        is finished on a worker of its own (``txn.load_recovery``).
 
         Raises InvalidTxnStateError unless it is LOADING, and what the state store's load
         raises: a failed load leaves the coordinator LOADING, so start() may be called
@@ -175,15 +179,12 @@ class TransactionCoordinator:
             len(prepared),
             len(pending_sinks),
         )
-        # Sinks first: a pending sink record may hold transactions still ONGOING.
-        for record in pending_sinks:
-            self._core.recover_sink(record)
-        for transactional_id in prepared:
-            self._core.recover_txn(transactional_id)
+        self._recovery.finish(self._core, pending_sinks, prepared, finish_in_background)
 
     def close(self) -> None:
         """Refuse new requests (NOT_COORDINATOR) and cut marker retries short. Idempotent."""
         self._core.close()
+        self._recovery.stop()
 
     def stable_ends(self, topic: str) -> dict[int, int]:
         """Per partition of ``topic``, where a read_committed reader may stop so that it

@@ -2,9 +2,10 @@
 
 Two stores implement :class:`TxnStateStore`:
 
-* :class:`LogTxnStateStore` (embedded mode): records appended to the internal topic
-  ``__transaction_state`` of the broker's own LogStore, one partition, rows
-  ``(kind, key, value)``; the last record per key wins when the topic is replayed.
+* :class:`LogTxnStateStore`: records appended to a partition of the internal topic
+  ``__transaction_state`` through its leader at the coordinator's leader epoch
+  (``StatePartition``), rows ``(kind, key, value)``; the last record per key wins when
+  the partition is replayed.
 * ``ZkTxnStateStore`` (cluster mode, ``txn.state_store_zk``): one znode per
   transactional id and per sink, every write fenced by the controller epoch inside the
   write itself.
@@ -12,26 +13,20 @@ Two stores implement :class:`TxnStateStore`:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from broker_core.errors import (
-    ConcurrentTransactionsError,
-    CorruptRecordError,
-    TopicAlreadyExistsError,
-)
-from broker_core.log.partition_log import PartitionLog
+from broker_core.errors import ConcurrentTransactionsError, CorruptRecordError
 from broker_core.log.store import LogStore
 from broker_core.txn.state import SinkBatchRecord, SinkCommitRecord, TransactionMetadata
 from broker_core.txn.state_topic import TXN_STATE_SCHEMA as TXN_STATE_SCHEMA
 from broker_core.txn.state_topic import TXN_STATE_TOPIC as TXN_STATE_TOPIC
 from broker_core.txn.state_topic import (
-    append_rows,
-    migrate_state_topic,
-    read_rows,
-    state_topic_config,
+    LocalStatePartition,
+    Row,
+    StatePartition,
+    open_state_log,
 )
 
 log = logging.getLogger("idemlog.txn")
@@ -81,53 +76,63 @@ class CoordinatorEpochFencedError(ConcurrentTransactionsError):
     """
 
 
-# -- embedded: the internal topic ----------------------------------------------------------
+# -- the internal topic ----------------------------------------------------------
 
 KIND_TRANSACTION = "transaction"
 KIND_SINK = "sink"
 # A held-back sink batch's own record (docs/design.md §7); a tombstone removes it.
 KIND_SINK_BATCH = "sink_batch"
+# The record of an upgrade from the previous format (server.state_migration): one row,
+# key "zookeeper"; the load skips it.
+KIND_MIGRATION = "migration"
 # Rows of one append of put_transactions: well under max.message.bytes.
 _MAX_APPEND_BYTES = 512 * 1024
 
 
 class LogTxnStateStore:
-    """State records in the internal topic ``__transaction_state`` of ``store``.
+    """State records in one partition of ``__transaction_state``, written at the
+    coordinator's ``leader_epoch`` (its coordinator epoch).
 
-    Each put appends one row and fsyncs the partition before returning; a delete appends
-    a tombstone (a null value) the same way. A torn or corrupt tail after a crash is cut
-    by the log's own recovery, so :meth:`load` sees every record whose put returned. A
-    topic of schema version 1 is upgraded on construction (``txn.state_topic``).
+    Each put appends through ``partition`` (:class:`StatePartition`: acks=all, refused
+    atomically unless the partition is still led at ``leader_epoch``) and returns once the
+    rows are durable on every in-sync replica; a delete appends a tombstone (a null value)
+    the same way. A refused append raises CoordinatorEpochFencedError, on which the
+    coordinator stands down without applying the change (docs/design.md §5). A torn or
+    corrupt tail after a crash is cut by the log's own recovery, so :meth:`load` sees
+    every record whose put returned.
     """
 
-    def __init__(
-        self,
+    def __init__(self, partition: StatePartition, *, leader_epoch: int) -> None:
+        self._partition = partition
+        self._leader_epoch = leader_epoch
+
+    @classmethod
+    def open_local(
+        cls,
         store: LogStore,
         *,
         segment_bytes: int | None = None,
         delete_retention_ms: int | None = None,
-    ) -> None:
-        self._store = store
-        config = state_topic_config(segment_bytes, delete_retention_ms)
-        migrate_state_topic(store, config)
-        with contextlib.suppress(TopicAlreadyExistsError):
-            store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=config)
-        topic = store.topic(TXN_STATE_TOPIC)
-        if topic.partitions != 1 or (
-            topic.schema is not None and not topic.schema.equals(TXN_STATE_SCHEMA)
-        ):
-            raise CorruptRecordError(
-                f"internal topic {TXN_STATE_TOPIC!r} has {topic.partitions} partitions and "
-                f"schema {topic.schema}; expected 1 partition of {TXN_STATE_SCHEMA}"
-            )
+    ) -> LogTxnStateStore:
+        """A store over ``store``'s own ``__transaction_state`` (created, or upgraded from
+        schema version 1, by ``open_state_log``) for a process that is its only writer
+        (:class:`LocalStatePartition`); a broker builds its store over its replica."""
+        log_ = open_state_log(store, segment_bytes, delete_retention_ms)
+        return cls(LocalStatePartition(log_), leader_epoch=0)
 
-    def _log(self) -> PartitionLog:
-        return self._store.partition(TXN_STATE_TOPIC, 0)
+    @property
+    def leader_epoch(self) -> int:
+        """The state partition's leader epoch this store writes at."""
+        return self._leader_epoch
+
+    def _append_rows(self, rows: Sequence[Row]) -> None:
+        self._partition.append(rows, self._leader_epoch)
 
     def _append(self, kind: str, key: str, value: bytes | None) -> None:
-        append_rows(self._log(), [(kind, key, value)], TXN_STATE_SCHEMA)
+        self._append_rows([(kind, key, value)])
 
-    # One broker, one coordinator at a time: no older coordinator can write here.
+    # The partition's leader epoch fences every write; the coordinator_epoch arguments are
+    # the same number (the coordinator's epoch is its state partition's leader epoch).
     def put_transaction(self, meta: TransactionMetadata, *, coordinator_epoch: int = 0) -> None:
         self._append(KIND_TRANSACTION, meta.transactional_id, meta.to_json())
 
@@ -140,17 +145,19 @@ class LogTxnStateStore:
     def put_transactions(
         self, metas: Sequence[TransactionMetadata], *, coordinator_epoch: int = 0
     ) -> None:
-        """One append and one fsync for all of them (a few past _MAX_APPEND_BYTES)."""
-        rows: list[tuple[str, str, bytes | None]] = []
+        """One append (one fsync, one replication round) for all of them (a few past
+        _MAX_APPEND_BYTES)."""
+        rows: list[Row] = []
         size = 0
         for meta in metas:
             value = meta.to_json()
             if rows and size + len(value) > _MAX_APPEND_BYTES:
-                append_rows(self._log(), rows, TXN_STATE_SCHEMA)
+                self._append_rows(rows)
                 rows, size = [], 0
             rows.append((KIND_TRANSACTION, meta.transactional_id, value))
             size += len(value)
-        append_rows(self._log(), rows, TXN_STATE_SCHEMA)
+        if rows:
+            self._append_rows(rows)
 
     def put_sink_batch(self, record: SinkBatchRecord, *, coordinator_epoch: int = 0) -> None:
         self._append(KIND_SINK_BATCH, record.key, record.to_json())
@@ -160,8 +167,8 @@ class LogTxnStateStore:
 
     def load_sink_batches(self) -> list[SinkBatchRecord]:
         found: dict[str, SinkBatchRecord] = {}
-        partition = self._log()
-        for offset, (kind, key, value) in read_rows(partition):
+        partition = self._partition
+        for offset, (kind, key, value) in partition.rows():
             if kind != KIND_SINK_BATCH:
                 continue
             if value is None:
@@ -180,8 +187,8 @@ class LogTxnStateStore:
         """The newest record per key; a key whose newest row is a tombstone is absent."""
         txns: dict[str, TransactionMetadata] = {}
         sinks: dict[str, SinkCommitRecord] = {}
-        partition = self._log()
-        for offset, (kind, key, value) in read_rows(partition):
+        partition = self._partition
+        for offset, (kind, key, value) in partition.rows():
             where = f"{partition.name} offset {offset} (key {key!r})"
             if kind == KIND_TRANSACTION:
                 if value is None:
@@ -197,8 +204,8 @@ class LogTxnStateStore:
                 record = SinkCommitRecord.from_json(value, where)
                 check_key(record.sink_id, key, where)
                 sinks[key] = record
-            elif kind == KIND_SINK_BATCH:
-                continue  # load_sink_batches reads those
+            elif kind in (KIND_SINK_BATCH, KIND_MIGRATION):
+                continue  # load_sink_batches reads those; the upgrade's record
             else:
                 raise CorruptRecordError(f"{where}: unknown record kind {kind!r}")
         return txns, sinks

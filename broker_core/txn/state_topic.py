@@ -24,11 +24,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 import pyarrow as pa
 
-from broker_core.errors import CorruptRecordError, UnknownTopicOrPartitionError
+from broker_core.errors import (
+    CorruptRecordError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 from broker_core.fileutil import fsync_directory
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
 from broker_core.log.store import LogStore
@@ -92,8 +98,12 @@ def read_rows(partition: PartitionLog) -> Iterator[tuple[int, Row]]:
     """Every row of ``partition`` with its offset, in offset order, read a chunk at a time."""
     offset = partition.log_start_offset
     while True:
+        # To the high watermark: a leader's load first waits until every in-sync replica
+        # has its log end (server.state_partition), so that is the whole state.
         result = partition.read(
-            offset, isolation=IsolationLevel.READ_UNCOMMITTED, max_bytes=_READ_BYTES
+            offset,
+            isolation=IsolationLevel.READ_UNCOMMITTED,
+            max_bytes=_READ_BYTES,
         )
         for batch in result.batches:
             columns = [batch.records.column(n).to_pylist() for n in ("kind", "key", "value")]
@@ -104,7 +114,7 @@ def read_rows(partition: PartitionLog) -> Iterator[tuple[int, Row]]:
         offset = result.next_offset
 
 
-def append_rows(partition: PartitionLog, rows: list[Row], schema: pa.Schema) -> None:
+def append_rows(partition: PartitionLog, rows: Sequence[Row], schema: pa.Schema) -> None:
     """Append ``rows`` as one batch (nothing if empty) and fsync the partition."""
     if rows:
         kinds, keys, values = zip(*rows, strict=True)
@@ -195,3 +205,83 @@ def _complete_migration_rows(store: LogStore) -> list[Row] | None:
         return rows[:-1]
     _drop(store, MIGRATION_TOPIC)
     return None
+
+
+# -- one partition of the state, as the coordinator writes and loads it --------------------
+
+
+class StatePartition(Protocol):
+    """One partition of ``__transaction_state`` as its coordinator sees it.
+
+    The broker's implementation (``server.state_partition``) appends through the leader's
+    replica: an append is refused, atomically with the write, unless the partition is
+    still led at the writer's leader epoch, and returns only once every in-sync replica
+    has the rows (acks=all). This module only knows the Protocol (txn never imports
+    server), like ``MarkerWriter``.
+    """
+
+    @property
+    def name(self) -> str:
+        """``__transaction_state-<n>``, for messages."""
+
+    def append(self, rows: Sequence[Row], leader_epoch: int) -> None:
+        """``rows`` as one batch, durable on every in-sync replica before it returns.
+
+        Raises CoordinatorEpochFencedError (``txn.state_store``) when the partition is no
+        longer led at ``leader_epoch``, whether before the write or while waiting for the
+        replicas (the rows may then be cut by the new leader: never acknowledged), and the
+        retriable NOT_ENOUGH_REPLICAS / REQUEST_TIMED_OUT errors of an acks=all produce.
+        """
+
+    def rows(self) -> Iterator[tuple[int, Row]]:
+        """Every row of the partition with its offset, in offset order (its load)."""
+
+
+class LocalStatePartition:
+    """A :class:`StatePartition` over a local log with no replication and no leader epoch
+    check: for a process that is the only writer of ``log_`` by construction (the store
+    tier's tests, the offline benchmarks, the ``idemlog`` tools). A broker never uses it."""
+
+    def __init__(self, log_: PartitionLog) -> None:
+        self._log = log_
+
+    @property
+    def name(self) -> str:
+        return self._log.name
+
+    def append(self, rows: Sequence[Row], leader_epoch: int) -> None:
+        append_rows(self._log, rows, TXN_STATE_SCHEMA)
+
+    def rows(self) -> Iterator[tuple[int, Row]]:
+        return read_rows(self._log)
+
+
+def open_state_log(
+    store: LogStore,
+    segment_bytes: int | None = None,
+    delete_retention_ms: int | None = None,
+) -> PartitionLog:
+    """The local log of the one-partition ``__transaction_state`` of ``store``, created
+    (with :func:`state_topic_config`) if absent, upgraded from schema version 1 first.
+
+    Raises CorruptRecordError for a topic of another shape or schema."""
+    config = state_topic_config(segment_bytes, delete_retention_ms)
+    migrate_state_topic(store, config)
+    with contextlib.suppress(TopicAlreadyExistsError):
+        store.create_topic(TXN_STATE_TOPIC, 1, schema=TXN_STATE_SCHEMA, config=config)
+    topic = store.topic(TXN_STATE_TOPIC)
+    if topic.partitions != 1 or (
+        topic.schema is not None and not topic.schema.equals(TXN_STATE_SCHEMA)
+    ):
+        raise CorruptRecordError(
+            f"internal topic {TXN_STATE_TOPIC!r} has {topic.partitions} partitions and "
+            f"schema {topic.schema}; expected 1 partition of {TXN_STATE_SCHEMA}"
+        )
+    return store.partition(TXN_STATE_TOPIC, 0)
+
+
+def state_partition_of(key: str, partitions: int) -> int:
+    """The ``__transaction_state`` partition whose leader coordinates ``key``: crc32 of
+    the part before the first '/' (a sink task's id ``<sink>/<n>`` lands with its sink),
+    mod ``partitions``. Stable across processes and versions (never Python's ``hash``)."""
+    return zlib.crc32(key.split("/", 1)[0].encode("utf-8")) % partitions

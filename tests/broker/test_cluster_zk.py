@@ -19,11 +19,10 @@ import pytest
 from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerAddress, BrokerClient
 from broker_core.client.produce_stream import ProduceStream
-from broker_core.errors import IdemlogError, InvalidReplicationFactorError, InvalidTxnStateError
+from broker_core.errors import IdemlogError, InvalidReplicationFactorError
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
 from broker_core.server.config import ZK_ROOT
-from broker_core.txn.state_store_zk import znode_name
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.schedule import paused
@@ -60,12 +59,17 @@ def _start_cluster(
     factory: BrokerFactory,
     client_for: ClientFor,
     count: int = 3,
-    controller_env: Mapping[str, str] | None = None,
+    env: Mapping[int, Mapping[str, str]] | None = None,
     session_ms: int = SESSION_MS,
 ) -> tuple[list[BrokerProcess], BrokerClient]:
-    """Brokers 1..count; broker 1 starts alone first, so it wins the controller election."""
-    brokers = [factory(_config(zk, 1, session_ms), name="zk1", env=controller_env)]
-    brokers += [factory(_config(zk, i, session_ms), name=f"zk{i}") for i in range(2, count + 1)]
+    """Brokers 1..count (``env``: extra environment by broker id); broker 1 starts alone
+    first, so it wins the controller election."""
+    env = env or {}
+    brokers = [factory(_config(zk, 1, session_ms), name="zk1", env=env.get(1))]
+    brokers += [
+        factory(_config(zk, i, session_ms), name=f"zk{i}", env=env.get(i))
+        for i in range(2, count + 1)
+    ]
     probe = client_for(brokers[-1])
 
     def everyone_sees_everyone() -> bool:
@@ -147,6 +151,30 @@ def _new_controller(client: BrokerClient, survivor: BrokerProcess, old: int) -> 
         return True
 
     wait_until(elected, f"a controller other than broker {old}", timeout=FAILOVER_S)
+    return found[-1]
+
+
+def _coordinator(client: BrokerClient, brokers: list[BrokerProcess], old: int | None = None) -> int:
+    """The broker FIND_COORDINATOR names (every live broker agreeing), once it is not
+    ``old``; __transaction_state is created by the first ask."""
+    found: list[int] = []
+
+    def named() -> bool:
+        answers = set()
+        for broker in brokers:
+            if not broker.running:
+                continue
+            try:
+                answers.add(client.action(broker.address, Action.FIND_COORDINATOR, {})["broker_id"])
+            except IdemlogError as exc:
+                assert exc.retriable, exc
+                return False
+        if len(answers) != 1 or old in answers:
+            return False
+        found.append(answers.pop())
+        return True
+
+    wait_until(named, f"one coordinator other than broker {old}", timeout=FAILOVER_S)
     return found[-1]
 
 
@@ -301,27 +329,32 @@ def test_sigkilled_broker_partitions_fail_retriably_then_return_exactly_once(
         assert got == _expected(p, range(6 if p in mine else 5)), p
 
 
-# -- 3. controller failover in the middle of end_txn ---------------------------------------
+# -- 3. coordinator failover in the middle of end_txn --------------------------------------
+
+# __transaction_state-0 of brokers [1, 2, 3]: its replicas start at a stable hash of the
+# name (cluster.metadata.assign_partitions), so its first leader is always broker 2.
+COORDINATOR = 2
 
 
-def test_new_controller_finishes_a_commit_its_predecessor_died_in(
+def test_new_coordinator_finishes_a_commit_its_predecessor_died_in(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
 ) -> None:
     brokers, probe = _start_cluster(
         zk_chroot,
         broker_factory,
         client_for,
-        controller_env={"IDEMLOG_TEST_FAILPOINT": "after_first_marker"},
-        # The half-done state below lasts until the dead controller's session expires and
+        env={COORDINATOR: {"IDEMLOG_TEST_FAILPOINT": "after_first_marker"}},
+        # The half-done state below lasts until the dead coordinator's session expires and
         # its successor finishes the commit: give the checks a window a loaded machine
         # cannot miss (a CI run took over 2 s between the kill and the check).
         session_ms=3 * SESSION_MS,
     )
+    assert _coordinator(probe, brokers) == COORDINATOR
     leaders = _create_everywhere(probe, brokers, "failover", 3)
-    # The transaction spans the partitions of brokers 2 and 3, which outlive the controller.
-    parts = sorted(p for p in range(3) if leaders[p] != 1)
-    assert sorted(leaders[p] for p in parts) == [2, 3]
-    client = client_for(brokers[1])
+    # The transaction spans the partitions of brokers 1 and 3, which outlive the coordinator.
+    parts = sorted(p for p in range(3) if leaders[p] != COORDINATOR)
+    assert sorted(leaders[p] for p in parts) == [1, 3]
+    client = client_for(brokers[2])
     pid, epoch = client.init_producer_id("failover-app")
     client.add_partitions_to_txn("failover-app", pid, epoch, [("failover", p) for p in parts])
     for p in parts:
@@ -329,21 +362,22 @@ def test_new_controller_finishes_a_commit_its_predecessor_died_in(
             for i in range(2):
                 assert _send(stream, pid, epoch, p, i, transactional=True).ok
 
-    # Broker 1 stores PREPARE_COMMIT, writes broker 2's marker and SIGKILLs itself.
+    # Broker 2 stores PREPARE_COMMIT (acks=all: on brokers 1 and 3 too), writes the first
+    # leader's (broker 1's) marker and SIGKILLs itself.
     with pytest.raises(IdemlogError) as died:
         client.end_txn("failover-app", pid, epoch, commit=True)
     assert died.value.retriable, died.value
-    assert brokers[0].wait_exit(10) == -9
-    assert "test failpoint after_first_marker" in brokers[0].log_text()
-    first = parts[0] if leaders[parts[0]] == 2 else parts[1]
+    assert brokers[1].wait_exit(10) == -9
+    assert "test failpoint after_first_marker" in brokers[1].log_text()
+    first = parts[0] if leaders[parts[0]] == 1 else parts[1]
     second = parts[1] if first == parts[0] else parts[0]
     # Half done: the first partition is committed, the second still open.
     assert ids(client, "failover", first) == _expected(first, range(2))
     assert ids(client, "failover", second) == []
 
-    controller = _new_controller(client, brokers[1], old=1)
-    assert controller in (2, 3)
-    # The new coordinator finishes the PREPARE_COMMIT from ZooKeeper on its own.
+    live = [brokers[0], brokers[2]]
+    assert _coordinator(client, live, old=COORDINATOR) in (1, 3)
+    # The new leader of __transaction_state-0 loads the PREPARE_COMMIT and finishes it.
     for p in parts:
         stable = functools.partial(_stable, client, "failover", p)
         wait_until(stable, f"failover-{p} stable", timeout=FAILOVER_S)
@@ -357,16 +391,17 @@ def test_new_controller_finishes_a_commit_its_predecessor_died_in(
     assert client.init_producer_id("failover-app") == (pid, epoch + 1)
 
 
-# -- 4. a sink commit repeated across a controller failover ------------------------------
+# -- 4. a sink commit repeated across a coordinator failover -----------------------------
 
 
-def test_sink_commit_repeated_after_controller_failover_is_not_committed_twice(
+def test_sink_commit_repeated_after_coordinator_failover_is_not_committed_twice(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
 ) -> None:
     brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for)
+    assert _coordinator(probe, brokers) == COORDINATOR
     leaders = _create_everywhere(probe, brokers, "sinkfo", 3)
-    parts = [p for p in range(3) if leaders[p] != 1]  # led by brokers that stay up
-    client = client_for(brokers[1])
+    parts = [p for p in range(3) if leaders[p] != COORDINATOR]  # led by brokers that stay up
+    client = client_for(brokers[2])
 
     def batch(id_base: int) -> list[tuple[str, int, int]]:
         """One Spark batch attempt: a transaction per partition (fencing older attempts)."""
@@ -390,9 +425,8 @@ def test_sink_commit_repeated_after_controller_failover_is_not_committed_twice(
     # Sequences restart at 0 with each epoch; the ids tell the attempts apart.
     first = batch(0)
     assert client.commit_sink_batch("query-7", 5, first) is True
-    assert brokers[0].kill() == -9  # the controller, right after the commit
-    controller = _new_controller(client, brokers[1], old=1)
-    assert controller in (2, 3)
+    assert brokers[1].kill() == -9  # the coordinator, right after the commit
+    assert _coordinator(client, [brokers[0], brokers[2]], old=COORDINATOR) in (1, 3)
 
     # The driver re-runs batch 5 (new attempts fence the old epochs) and commits it again.
     again = _retry_until(lambda: batch(500), "the replayed batch's transactions")
@@ -403,37 +437,25 @@ def test_sink_commit_repeated_after_controller_failover_is_not_committed_twice(
     for p in parts:
         wait_until(functools.partial(_stable, client, "sinkfo", p), f"sinkfo-{p} stable")
         assert ids(client, "sinkfo", p) == _expected(p, range(2))  # the first attempt only
-    # The old controller comes back as an ordinary broker; the record is still there.
-    brokers[0].restart(same_port=False)  # see the SIGKILL test for why a new port
-    wait_until(lambda: len(_metadata(client, brokers[1])["brokers"]) == 3, "broker 1 back")
-    assert _metadata(client, brokers[0])["controller"] == controller
+    # The old coordinator comes back as an ordinary broker; the record is still there.
+    brokers[1].restart(same_port=False)  # see the SIGKILL test for why a new port
+    wait_until(lambda: len(_metadata(client, brokers[0])["brokers"]) == 3, "broker 2 back")
     assert client.commit_sink_batch("query-7", 5, again) is False
     assert client.commit_sink_batch("query-7", 6, batch(900)) is True
     for p in parts:
         assert ids(client, "sinkfo", p) == _expected(p, range(2)) + _expected(p, range(2), 900)
 
 
-def _sink_nodes(
-    zk: ZooKeeperHarness, sink: str, txns: list[tuple[str, int, int]]
-) -> dict[str, tuple[bytes, int]]:
-    """The sink's and its transactions' znodes: (data, version) each."""
-    reader = zk.client()
-    paths = [f"{ZK_ROOT}/sinks/{sink}"]
-    paths += [f"{ZK_ROOT}/transactions/{znode_name(tid)}" for tid, _, _ in txns]
-    found = {}
-    for path in paths:
-        data, stat = reader.get(path)
-        found[path] = (bytes(data), stat.version)
-    return found
-
-
-def test_controller_paused_past_its_session_resumes_fenced_and_changes_nothing(
+def test_coordinator_paused_past_its_session_resumes_fenced_and_changes_nothing(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
 ) -> None:
+    """Issue 23, test 1: a deposed coordinator still running (frozen past its session,
+    resumed) can neither record a decision nor time a transaction out."""
     brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for)
+    assert _coordinator(probe, brokers) == COORDINATOR
     leaders = _create_everywhere(probe, brokers, "paused", 3)
-    parts = [p for p in range(3) if leaders[p] != 1]  # led by brokers that stay up
-    client = client_for(brokers[1])
+    parts = [p for p in range(3) if leaders[p] != COORDINATOR]  # led by brokers that stay up
+    client = client_for(brokers[2])
     timeout_ms = 8000  # the new coordinator gets the commit well within it
 
     def batch(bid: int) -> list[tuple[str, int, int]]:
@@ -446,32 +468,28 @@ def test_controller_paused_past_its_session_resumes_fenced_and_changes_nothing(
 
     first = batch(0)
     prepared_at = time.monotonic()
-    with paused(brokers[0]):  # the controller, its batch prepared, frozen past its session
-        assert _new_controller(client, brokers[1], old=1) in (2, 3)
-        # The driver's commit, through a client that knows the new controller (the first
+    with paused(brokers[1]):  # the coordinator, its batch prepared, frozen past its session
+        new = _coordinator(client, [brokers[0], brokers[2]], old=COORDINATOR)
+        assert new in (1, 3)
+        # The driver's commit, through a client that knows the new coordinator (the first
         # one's request to the frozen broker would wait out its whole timeout).
-        driver = client_for(brokers[1])
+        driver = client_for(brokers[new - 1])
         assert _retry_until(lambda: driver.commit_sink_batch("query-9", 0, first), "commit")
-        decided = _sink_nodes(zk_chroot, "query-9", first)
         # The fault's duration, not a synchronisation: by the frozen coordinator's clock the
         # batch is past its timeout when it resumes, so its timeout pass tries to abort it.
         time.sleep(max(0.0, prepared_at + timeout_ms / 1000 + 1 - time.monotonic()))
-    fenced = "was replaced by a newer one"  # its write refused by the controller epoch check
-    closed = "idemlog.broker: broker 1 is no longer the controller"
+    fenced = "was replaced by a newer one"  # an append refused for its leader epoch
+    deposed = "coordinator of epoch 0 deposed"  # the leadership change seen first
     wait_until(
-        lambda: fenced in brokers[0].log_text() or closed in brokers[0].log_text(),
-        "the resumed controller to stand down",
+        lambda: fenced in brokers[1].log_text() or deposed in brokers[1].log_text(),
+        "the resumed coordinator to stand down",
     )
-    wait_until(lambda: len(_metadata(client, brokers[1])["brokers"]) == 3, "broker 1 back")
-    assert _sink_nodes(zk_chroot, "query-9", first) == decided  # unchanged by broker 1
-    epoch = json.loads(zk_chroot.client().get(f"{ZK_ROOT}/controller_epoch")[0])
-    assert {json.loads(d)["coordinator_epoch"] for d, _ in decided.values()} == {
-        epoch["controller_epoch"]
-    }
+    wait_until(lambda: len(_metadata(client, brokers[0])["brokers"]) == 3, "broker 2 back")
+    assert "aborted transactions open past their timeout" not in brokers[1].log_text()
     for p in parts:
         wait_until(functools.partial(_stable, client, "paused", p), f"paused-{p} stable")
         assert ids(client, "paused", p) == _expected(p, range(1))  # once and whole
-    assert client.commit_sink_batch("query-9", 1, batch(1)) is True
+    assert driver.commit_sink_batch("query-9", 1, batch(1)) is True
     for p in parts:
         assert ids(client, "paused", p) == _expected(p, range(2))
         assert _stable(client, "paused", p)
@@ -480,10 +498,14 @@ def test_controller_paused_past_its_session_resumes_fenced_and_changes_nothing(
 # -- 5. ZooKeeper down -------------------------------------------------------------------
 
 
-def test_zookeeper_down_leaders_keep_serving_while_metadata_changes_wait(
+def test_zookeeper_down_leaders_and_the_coordinator_keep_serving_while_metadata_waits(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
 ) -> None:
+    """ZooKeeper is off the commit path: without it, leaders serve from their cached
+    metadata and the coordinator (the leader of __transaction_state-0, whose replicas stay
+    in sync) commits transactions; only metadata changes wait."""
     brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for, count=2)
+    _coordinator(probe, brokers)  # creates __transaction_state before the outage
     leaders = _create_everywhere(probe, brokers, "nozk", 2)
     client = client_for(brokers[1], retries=0)
     pid, epoch = client.init_producer_id()  # broker 2 leases its block now
@@ -491,42 +513,47 @@ def test_zookeeper_down_leaders_keep_serving_while_metadata_changes_wait(
         _produce(client, "nozk", p, pid, epoch, range(2))
     txn_pid, txn_epoch = client.init_producer_id("nozk-app")
 
-    def coordinator_refuses() -> bool:
-        # end_txn with nothing open changes nothing: INVALID_TXN_STATE while it serves.
-        try:
-            client.end_txn("nozk-app", txn_pid, txn_epoch, commit=True)
-        except InvalidTxnStateError:
-            return False
-        except IdemlogError as exc:
-            assert exc.retriable, exc
-            return True
-        raise AssertionError("end_txn with no open transaction succeeded")
-
     zk_chroot.stop_server()
     try:
-        # The controller resigns once the connection has been gone a while: a session it
-        # cannot see may have expired and another broker taken over.
-        wait_until(coordinator_refuses, "the coordinator to stand down without ZooKeeper")
         # Existing leaders serve produce and fetch from their cached metadata.
         for p in range(2):
             _produce(client, "nozk", p, pid, epoch, range(2, 4))
             assert ids(client, "nozk", p) == _expected(p, range(4))
         assert client.refresh_metadata().topics["nozk"] == leaders
+        # A transaction commits through the coordinator meanwhile (an epoch bump needs no
+        # producer-id block).
+        txn_pid, txn_epoch = client.init_producer_id("nozk-app")
+        client.add_partitions_to_txn("nozk-app", txn_pid, txn_epoch, [("nozk", 0)])
+        with client.produce_stream("nozk", 0) as stream:
+            sent = rows(ROWS, start=5000)
+            handle = stream.send(
+                sent,
+                producer_id=txn_pid,
+                producer_epoch=txn_epoch,
+                base_sequence=0,
+                transactional=True,
+            )
+            assert handle.result(10).ok
+        client.end_txn("nozk-app", txn_pid, txn_epoch, commit=True)
+        wait_until(functools.partial(_stable, client, "nozk", 0), "nozk-0 stable")
+        assert ids(client, "nozk", 0) == _expected(0, range(4)) + list(range(5000, 5000 + ROWS))
         # A producer id from the block broker 2 already holds needs no ZooKeeper.
         second = client.action(brokers[1].address, Action.INIT_PRODUCER_ID, {})
-        assert second == {"producer_id": pid + 1, "producer_epoch": 0}
+        # (The coordinator may be broker 2 too and have taken ids from it meanwhile.)
+        assert pid < second["producer_id"] < pid + 1000 and second["producer_epoch"] == 0
         with pytest.raises(IdemlogError, match="ZooKeeper unavailable while creating") as err:
             client.create_topic("later", 1)
         assert err.value.retriable, err.value
     finally:
         zk_chroot.start_server()
-    # Back in the same sessions: the controller and its coordinator return.
+    # Back in the same sessions: the controller returns, metadata changes go on.
     wait_until(lambda: _metadata(probe, brokers[0])["controller"] == 1, "broker 1 controller again")
     assert _retry_until(lambda: client.init_producer_id("nozk-app"), "init") == (
         txn_pid,
         txn_epoch + 1,
     )
-    assert client.create_topic("later", 1)
+    # The client asked may not be back in its session yet (the coordinator never left).
+    assert _retry_until(lambda: client.create_topic("later", 1), "create")
 
 
 # -- 6. a chroot several levels deep -------------------------------------------------------

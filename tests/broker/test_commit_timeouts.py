@@ -39,17 +39,17 @@ def _control_batches(cluster: ReplicatedCluster, broker: BrokerProcess, topic: s
 
 
 def _pick_topic(cluster: ReplicatedCluster, client: BrokerClient) -> tuple[str, int]:
-    """A topic whose leader is not the controller (whose coordinator then sends the markers
-    over the wire), and the third broker, a follower: the one to stall."""
-    controller = client.action(cluster.brokers[1].address, Action.METADATA, {})["controller"]
+    """A topic whose leader is not the coordinator (which then sends the markers over the
+    wire), and the third broker, a follower: the one to stall."""
+    coordinator = cluster.coordinator()
     for attempt in range(12):
         topic = f"stall{attempt}"
         cluster.create_topic(topic, PARTITIONS, replication_factor=3)
         leaders = {cluster.state(topic, p).leader for p in range(PARTITIONS)}
-        if controller not in leaders:
-            (stalled,) = set(cluster.brokers) - leaders - {controller}
+        if coordinator not in leaders:
+            (stalled,) = set(cluster.brokers) - leaders - {coordinator}
             return topic, stalled
-    raise AssertionError("every topic was led by the controller")
+    raise AssertionError("every topic was led by the coordinator")
 
 
 def _batch(client: BrokerClient, topic: str, batch_id: int) -> list[tuple[str, int, int]]:

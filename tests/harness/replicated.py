@@ -93,6 +93,22 @@ class ReplicatedCluster:
         for p in range(partitions):
             self.wait_state(name, p, lambda s: True, "the topic's metadata")
 
+    def coordinator(self) -> int:
+        """The transaction coordinator's broker id (the leader of __transaction_state-0,
+        as FIND_COORDINATOR names it; the first ask creates the topic)."""
+        answer: dict[str, Any] = wait_until(
+            lambda: self._find_coordinator(), "a broker to name the coordinator"
+        )
+        return int(answer["broker_id"])
+
+    def _find_coordinator(self) -> dict[str, Any] | None:
+        for broker in self.running():
+            try:
+                return self.client.action(broker.address, Action.FIND_COORDINATOR, {})
+            except IdemlogError:
+                continue
+        return None
+
     def state(self, topic: str, partition: int, via: BrokerProcess | None = None) -> PartitionState:
         """The partition's state as ``via`` (else any broker) describes it."""
         if via is None:

@@ -333,6 +333,17 @@ class ZooKeeperServer:
         """SIGTERM, then SIGKILL if the JVM has not exited within ``stop_timeout``."""
         self._terminate()
 
+    def kill(self) -> int:
+        """SIGKILL at once (a crash: nothing flushed beyond what ZooKeeper fsynced);
+        returns the exit status. ``start()`` brings it back on its data."""
+        process = self._process
+        assert process is not None and process.poll() is None, "the server is not running"
+        process.kill()
+        code = process.wait(timeout=self.stop_timeout)
+        self._process = None
+        self._close_log()
+        return code
+
     def _terminate(self) -> None:
         process = self._process
         if process is None:
@@ -594,6 +605,10 @@ class ZooKeeperHarness:
     def stop_server(self) -> None:
         """Stop the shared server: every client goes SUSPENDED and keeps retrying."""
         self.server.stop()
+
+    def kill_server(self) -> int:
+        """SIGKILL the shared server (see ``ZooKeeperServer.kill``); its exit status."""
+        return self.server.kill()
 
     def start_server(self) -> None:
         """Start it again on the same port and data dir; sessions within their timeout live on."""

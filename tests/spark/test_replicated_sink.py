@@ -61,7 +61,7 @@ def _stream(
 def test_stream_goes_on_when_a_leader_is_sigkilled(
     tmp_path: Path, replicated_cluster: ReplicatedCluster, launcher: DriverLauncher
 ) -> None:
-    """A partition leader (not the controller, whose coordinator the commits need) is
+    """A partition leader (not the coordinator, which the commits need) is
     SIGKILLed while the query writes; its partitions fail over to in-sync followers and
     the query runs to its end: every row once."""
     files = 12
@@ -69,7 +69,8 @@ def test_stream_goes_on_when_a_leader_is_sigkilled(
     run = launcher.start(spec)
     run.wait_for_line("PROGRESS", lambda line: line.startswith("PROGRESS batch=2 "))
     states = {p: replicated_cluster.state("replicated_kill", p) for p in range(TOPIC_PARTITIONS)}
-    victim_id = next(s.leader for s in states.values() if s.leader != 1)
+    coordinator = replicated_cluster.coordinator()
+    victim_id = next(s.leader for s in states.values() if s.leader != coordinator)
     victim = replicated_cluster.brokers[victim_id]
     victim.kill(signal.SIGKILL)
     for p, before in states.items():

@@ -152,5 +152,5 @@ def test_a_topic_of_an_unknown_schema_is_refused_by_name(tmp_path: Path) -> None
     odd = TXN_STATE_SCHEMA_V1.append(TXN_STATE_SCHEMA_V1.field("key").with_name("extra"))
     store.create_topic(TXN_STATE_TOPIC, 1, schema=odd, config=TOPIC_CONFIG)
     with pytest.raises(CorruptRecordError, match="neither version 1") as refused:
-        LogTxnStateStore(store)
+        LogTxnStateStore.open_local(store)
     assert TXN_STATE_TOPIC in refused.value.message

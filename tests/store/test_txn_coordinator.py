@@ -125,7 +125,7 @@ def start_broker(
 ) -> Broker:
     clock = clock or ManualClock()
     store = open_data(path)
-    state = LogTxnStateStore(store, segment_bytes=state_segment_bytes)
+    state = LogTxnStateStore.open_local(store, segment_bytes=state_segment_bytes)
     pids = ProducerIdManager(0, FileProducerIdBlockSource(path / "producer_id_block.json"))
     coordinator = TransactionCoordinator(
         state if wrap_state is None else wrap_state(state),
@@ -848,7 +848,7 @@ def test_epoch_exhaustion_gives_a_new_producer_id(tmp_path: Path) -> None:
 
 def test_log_state_store_survives_close_crash_and_a_torn_tail(tmp_path: Path) -> None:
     store = open_data(tmp_path)
-    state = LogTxnStateStore(store)
+    state = LogTxnStateStore.open_local(store)
     m = TransactionMetadata("a/0", 7, 0, 1000, S.EMPTY, set(), -1, 1)
     state.put_transaction(m)
     m2 = m.copy()
@@ -863,11 +863,11 @@ def test_log_state_store_survives_close_crash_and_a_torn_tail(tmp_path: Path) ->
     store.close()
 
     store = open_data(tmp_path)
-    assert LogTxnStateStore(store).load() == expected
+    assert LogTxnStateStore.open_local(store).load() == expected
     for log in store.open_logs():
         log.abandon()  # a crash: no flush, no snapshot, no clean-shutdown marker
     store = open_data(tmp_path)
-    state = LogTxnStateStore(store)
+    state = LogTxnStateStore.open_local(store)
     assert state.load() == expected
     segment = store.partition(TXN_STATE_TOPIC, 0).segment_files()[-1]
     for log in store.open_logs():
@@ -875,7 +875,7 @@ def test_log_state_store_survives_close_crash_and_a_torn_tail(tmp_path: Path) ->
     with segment.open("ab") as f:
         f.write(b"\x00\x00\x00\x00\x00\x00\x00\x09torn-batch")  # a half-written put
     store = open_data(tmp_path)
-    assert LogTxnStateStore(store).load() == expected
+    assert LogTxnStateStore.open_local(store).load() == expected
     assert store.topic(TXN_STATE_TOPIC).config.retention_ms == -1  # never deleted by age
 
 

@@ -25,9 +25,7 @@ from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import ConcurrentTransactionsError, InvalidRequestError, NotCoordinatorError
 from broker_core.log.store import LogStore
 from broker_core.protocol.wire import SinkAttempt
-from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.txn.coordinator import CoordinatorStatus, LocalMarkerWriter, TransactionCoordinator
-from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
 from broker_core.txn.state import SinkCommitRecord, SinkCommitState, TransactionState
 from broker_core.txn.state_store import CoordinatorEpochFencedError
@@ -374,40 +372,3 @@ def test_a_write_queued_before_close_precedes_the_next_stores_load_at_the_same_e
     with pytest.raises(NotCoordinatorError, match="state store was closed"):
         old.put_sink(_record(3), coordinator_epoch=1)
     new.close()
-
-
-def test_the_controllers_role_runs_its_coordinator_on_a_store_fenced_by_its_epoch(
-    zk_chroot: ZooKeeperHarness, controllers: tuple[Controller, Controller], logs: LogStore
-) -> None:
-    old, _ = controllers
-    role = CoordinatorRole(
-        1,
-        old.cluster,
-        store=logs,
-        zookeeper=old.client,
-        pids=ProducerIdManager(1, ZkProducerIdBlockSource(old.client)),
-        markers=LocalMarkerWriter(logs),
-        offsets=ClusterStableOffsets(1, None, old.cluster.brokers),  # type: ignore[arg-type]
-        max_timeout_ms=60_000,
-        marker_retry_deadline_s=90.0,
-        expiry=ExpiryPolicy(),
-    )
-    role.start(synchronous=True)
-    try:
-        coordinator = role.current()
-        assert coordinator is not None and coordinator.status is CoordinatorStatus.RUNNING
-        assert coordinator.coordinator_epoch == old.cluster.controller_epoch()
-        coordinator.init_producer_id("app")
-        # Another broker's election bumps the epoch; this broker has not noticed (its
-        # session is fine): its coordinator's next write is refused by ZooKeeper itself.
-        rival = ZkCluster(zk_chroot.client(), ROOT)
-        rival._control.bump_controller_epoch()
-        rival.close()
-        assert old.cluster.is_controller()
-        before = zk_chroot.client().get(f"{ROOT}/transactions/app")[0]
-        with pytest.raises(CoordinatorEpochFencedError, match="controller_epoch is no longer"):
-            coordinator.init_producer_id("app")
-        assert coordinator.status is CoordinatorStatus.CLOSED
-        assert zk_chroot.client().get(f"{ROOT}/transactions/app")[0] == before
-    finally:
-        role.stop()

@@ -1,0 +1,154 @@
+"""The coordinator's state partition fences it (docs/design.md §5): every state change is
+an acks=all append through the leader's replica (``server.state_partition``) at the
+coordinator's leader epoch, refused atomically once the partition is led at another
+epoch, and a change takes effect in memory only after its append was answered.
+
+Real parts: the ``Partition`` a broker leads, its log, the coordinator. The leadership
+changes as the cluster metadata delivers them (``Partition.apply``); the held write is an
+acks=all append waiting for a follower that never fetches, so it is deterministically in
+flight when the leadership moves.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker_core.cluster.metadata import PartitionState
+from broker_core.errors import NotCoordinatorError
+from broker_core.record.batch import ControlType
+from broker_core.server.partition import Partition
+from broker_core.server.state_partition import LeaderStatePartition, embedded_state_partition
+from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
+from broker_core.txn.state import TransactionState as S
+from broker_core.txn.state_store import CoordinatorEpochFencedError, LogTxnStateStore
+from broker_core.txn.state_topic import TXN_STATE_TOPIC, open_state_log
+from broker_core.txn.status import CoordinatorStatus
+from tests.harness.waiting import wait_until
+from tests.store.helpers import ManualClock
+from tests.store.test_txn_coordinator import (
+    P0,
+    Broker,
+    Producer,
+    StoreStableOffsets,
+    open_data,
+)
+
+EPOCH = 7
+ACK_TIMEOUT_S = 30.0  # longer than the test: the held write ends by the election only
+
+
+def _broker(tmp_path: Path) -> tuple[Broker, Partition]:
+    """A coordinator over this broker's replica of __transaction_state-0 (replicas 1 and
+    2, led by 1 at EPOCH, 1 alone in the ISR so its appends are answered at once)."""
+    clock = ManualClock()
+    store = open_data(tmp_path)
+    partition = Partition(TXN_STATE_TOPIC, 0, open_state_log(store), broker_id=1)
+    partition.apply(PartitionState((1, 2), 1, EPOCH, (1,)))
+    state = LogTxnStateStore(LeaderStatePartition(partition, ACK_TIMEOUT_S), leader_epoch=EPOCH)
+    coordinator = TransactionCoordinator(
+        state,
+        ProducerIdManager(0, FileProducerIdBlockSource(tmp_path / "producer_id_block.json")),
+        LocalMarkerWriter(store),
+        clock=clock,
+        coordinator_epoch=EPOCH,
+        marker_retry_deadline_s=1.0,
+        marker_retry_backoff_s=0.001,
+        stable_offsets=StoreStableOffsets(store),
+    )
+    coordinator.start()
+    return Broker(tmp_path, clock, store, state, coordinator), partition
+
+
+def test_a_decision_in_flight_across_a_leadership_change_is_never_applied(
+    tmp_path: Path,
+) -> None:
+    b, partition = _broker(tmp_path)
+    p = Producer(b, "app").init()
+    p.send(P0, range(5))
+    # Follower 2 joins the ISR and never fetches: the next state append waits for it.
+    partition.apply(PartitionState((1, 2), 1, EPOCH, (1, 2)))
+    end_before = partition.log.log_end_offset
+    outcome: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            p.commit()
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=commit)
+    thread.start()
+    wait_until(
+        lambda: partition.log.log_end_offset > end_before, "the PREPARE_COMMIT row in flight"
+    )
+    assert thread.is_alive()  # the fault: the decision is written, not yet acknowledged
+    partition.apply(PartitionState((1, 2), 2, EPOCH + 1, (1, 2)))  # broker 2 elected
+    thread.join(ACK_TIMEOUT_S)
+    assert not thread.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], CoordinatorEpochFencedError)
+    # Stood down: no marker, the decision not in memory, nothing answered any more.
+    assert b.coordinator.status is CoordinatorStatus.CLOSED
+    assert not b.stable(P0) and b.committed(P0) == []
+    assert b.coordinator.describe()["open_transactions"] == 1
+    with pytest.raises(NotCoordinatorError):
+        b.coordinator.end_txn(*p.txn, commit=True)
+    with pytest.raises(NotCoordinatorError):
+        b.coordinator.abort_timed_out(b.clock.now + 10**9)
+
+
+def test_a_deposed_coordinator_cannot_time_a_transaction_out(tmp_path: Path) -> None:
+    """Re-elected leader at a newer epoch (its broker bounced): the coordinator of the old
+    epoch may not write, so its timeout sweep neither records an abort nor writes a
+    marker; the appends are refused before anything reaches the log."""
+    b, partition = _broker(tmp_path)
+    p = Producer(b, "app").init(timeout_ms=1_000)
+    p.send(P0, range(5))
+    partition.apply(PartitionState((1, 2), 1, EPOCH + 1, (1,)))
+    end_before = partition.log.log_end_offset
+    b.clock.advance(1_001)
+    assert b.coordinator.abort_timed_out() == []
+    assert partition.log.log_end_offset == end_before  # refused atomically: nothing written
+    assert b.coordinator.status is CoordinatorStatus.CLOSED
+    assert not b.stable(P0)  # no abort marker
+    assert b.stored("app").state is S.ONGOING
+
+
+def test_the_next_leaders_coordinator_loads_the_state_and_goes_on(tmp_path: Path) -> None:
+    """The epoch moves on (re-elected at EPOCH + 1): a coordinator of the new epoch loads
+    what the old one wrote and finishes the transaction."""
+    b, partition = _broker(tmp_path)
+    p = Producer(b, "app").init(timeout_ms=1_000)
+    p.send(P0, range(5))
+    partition.apply(PartitionState((1, 2), 1, EPOCH + 1, (1,)))
+    with pytest.raises(CoordinatorEpochFencedError):
+        p.commit()
+    state = LogTxnStateStore(LeaderStatePartition(partition, ACK_TIMEOUT_S), leader_epoch=EPOCH + 1)
+    new = TransactionCoordinator(
+        state,
+        ProducerIdManager(0, FileProducerIdBlockSource(tmp_path / "producer_id_block.json")),
+        LocalMarkerWriter(b.store),
+        clock=b.clock,
+        coordinator_epoch=EPOCH + 1,
+        stable_offsets=StoreStableOffsets(b.store),
+    )
+    new.start()
+    b2 = Broker(b.path, b.clock, b.store, state, new)
+    p.broker = b2
+    p.commit()
+    assert b2.committed(P0) == list(range(5))
+    assert b2.last_marker(P0) == (p.producer_id, p.epoch, ControlType.COMMIT)
+    assert b.coordinator.status is CoordinatorStatus.CLOSED
+
+
+def test_the_embedded_state_partition_is_led_at_the_given_epoch(tmp_path: Path) -> None:
+    store = open_data(tmp_path)
+    first = embedded_state_partition(store, 0, 3)
+    assert first.partition.leader_epoch == 3 and first.partition.log.leader_epoch == 3
+    with pytest.raises(CoordinatorEpochFencedError):
+        first.append([("transaction", "x", None)], 2)
+    first.append([("transaction", "x", None)], 3)
+    assert [row for _, row in first.rows()] == [("transaction", "x", None)]
