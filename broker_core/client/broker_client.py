@@ -39,40 +39,41 @@ from broker_core.errors import (
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol.metrics import merge_documents
-from broker_core.protocol.replica import ElectLeadersRequest
-from broker_core.protocol.requests import (
-    ACKS_ALL,
-    AbortSinkBatchRequest,
-    AbortSinkRunRequest,
+from broker_core.protocol.admin_requests import (
     AbortTransactionRequest,
-    AddPartitionsToTxnRequest,
-    CommitSinkBatchRequest,
     CreateTopicRequest,
     DeleteTopicRequest,
     DescribeTopicsRequest,
-    EndTxnRequest,
-    FetchRequest,
     FindCoordinatorRequest,
-    InitProducerIdRequest,
-    InitProducerIdResponse,
     ListOffsetsRequest,
     ListTransactionsRequest,
     MetadataRequest,
     MetricsRequest,
     PingRequest,
-    PrepareSinkTxnRequest,
-    Request,
-    SinkBatchResponse,
-    SinkHeartbeatRequest,
-    StableEndsRequest,
-    StableEndsResponse,
 )
+from broker_core.protocol.data_requests import FetchRequest
+from broker_core.protocol.metrics import merge_documents
+from broker_core.protocol.replica import ElectLeadersRequest
+from broker_core.protocol.requests import ACKS_ALL, Request
 from broker_core.protocol.stable_cut import (
     CUT_ATTEMPTS,
     TrackedBatches,
     TrackedBatchesRequest,
     cut_across,
+)
+from broker_core.protocol.txn_requests import (
+    AbortSinkBatchRequest,
+    AbortSinkRunRequest,
+    AddPartitionsToTxnRequest,
+    CommitSinkBatchRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    PrepareSinkTxnRequest,
+    SinkBatchResponse,
+    SinkHeartbeatRequest,
+    StableEndsRequest,
+    StableEndsResponse,
 )
 from broker_core.protocol.wire import (
     DEFAULT_FETCH_MAX_BYTES,

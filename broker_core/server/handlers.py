@@ -89,29 +89,32 @@ from broker_core.errors import (
 from broker_core.log.compaction import check_key_columns
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
+from broker_core.protocol.admin_requests import (
+    AbortTransactionRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicsRequest,
+    FindCoordinatorRequest,
+    ListOffsetsRequest,
+    ListTransactionsRequest,
+    MetadataRequest,
+    PingResponse,
+)
 from broker_core.protocol.replica import (
     ElectLeadersRequest,
     OffsetsForLeaderEpochRequest,
     ReplicaFetchRequest,
     ReplicaLogStartRequest,
 )
-from broker_core.protocol.requests import (
+from broker_core.protocol.stable_cut import TrackedBatchesRequest
+from broker_core.protocol.txn_requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
-    AbortTransactionRequest,
     AddPartitionsToTxnRequest,
     CommitSinkBatchRequest,
-    CreateTopicRequest,
-    DeleteTopicRequest,
-    DescribeTopicsRequest,
     EndTxnRequest,
-    FindCoordinatorRequest,
     InitProducerIdRequest,
     InitProducerIdResponse,
-    ListOffsetsRequest,
-    ListTransactionsRequest,
-    MetadataRequest,
-    PingResponse,
     PrepareSinkTxnRequest,
     SinkBatchResponse,
     SinkHeartbeatRequest,
@@ -120,7 +123,6 @@ from broker_core.protocol.requests import (
     WriteTxnMarkersRequest,
     WriteTxnMarkersResponse,
 )
-from broker_core.protocol.stable_cut import TrackedBatchesRequest
 from broker_core.protocol.wire import Action
 from broker_core.server.config import BrokerConfig
 from broker_core.server.replica_manager import ReplicaManager

@@ -35,7 +35,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.partition_log import PartitionLog
-from broker_core.protocol.requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+from broker_core.protocol.txn_requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
 from broker_core.txn.markers import (
