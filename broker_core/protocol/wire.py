@@ -55,7 +55,7 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
 
 class Action(StrEnum):
-    """``DoAction`` types. Bodies and results are JSON objects (``protocol.requests``),
+    """``DoAction`` types. Bodies and results are JSON objects (``protocol.*_requests``),
     except ``replica_fetch``'s result (``protocol.replica``)."""
 
     CREATE_TOPIC = "create_topic"  # {name, partitions, schema?: b64 IPC, config?: {}}

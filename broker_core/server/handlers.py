@@ -1,6 +1,6 @@
 """DoAction handlers: one function per ``protocol.Action``, JSON body in, JSON document out.
 
-Every body is decoded by its typed request in ``broker_core.protocol.requests``, so a
+Every body is decoded by its typed request (``broker_core.protocol.*_requests``), so a
 missing or mistyped field is an ``INVALID_REQUEST`` naming the action and the field.
 Bodies (``?`` marks an optional field):
 

@@ -6,7 +6,7 @@ topic is created first if no batch has reached it yet); the others get one
 for that leader's partitions, the calls to different leaders at once. Errors come back typed, so the
 coordinator retries the retriable ones (a leader that is down: ``NETWORK_EXCEPTION``).
 Each leader answers the last stable offset of every partition it wrote a marker to
-(``protocol.requests.WriteTxnMarkersResponse``); :meth:`write_markers`
+(``protocol.txn_requests.WriteTxnMarkersResponse``); :meth:`write_markers`
 returns them all in one map, like ``LocalMarkerWriter``.
 
 Test hook: ``IDEMLOG_TEST_FAILPOINT`` (read on every call, so only a process started with
