@@ -9,6 +9,8 @@ broker. A request refused with a retriable routing error (``NOT_LEADER_OR_FOLLOW
 broken connection is retried after a metadata refresh (and a new FIND_COORDINATOR), a few
 times with backoff.
 Produce streams are raw: no retries (see ``broker_core.client.produce_stream``).
+This module holds the connections, the routing and the produce and fetch calls; the topic
+and operators' calls are ``client.admin_calls``, the coordinator's ``client.txn_calls``.
 
 Errors come back as the typed ``IdemlogError`` the broker raised (``retriable`` intact);
 a connection that fails is ``NetworkError`` (``NETWORK_EXCEPTION``, retriable).
@@ -18,15 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from broker_core.client.admin_calls import AdminCalls
 from broker_core.client.connections import FlightConnections
 from broker_core.client.produce_stream import ProduceStream, typed_flight_error
+from broker_core.client.routes import BrokerAddress, ClusterView
+from broker_core.client.txn_calls import TransactionCalls
 from broker_core.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
@@ -39,48 +44,17 @@ from broker_core.errors import (
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol.metrics import merge_documents
-from broker_core.protocol.replica import ElectLeadersRequest
-from broker_core.protocol.requests import (
-    ACKS_ALL,
-    AbortSinkBatchRequest,
-    AbortSinkRunRequest,
-    AbortTransactionRequest,
-    AddPartitionsToTxnRequest,
-    CommitSinkBatchRequest,
-    CreateTopicRequest,
-    DeleteTopicRequest,
-    DescribeTopicsRequest,
-    EndTxnRequest,
-    FetchRequest,
+from broker_core.protocol.admin_requests import (
     FindCoordinatorRequest,
-    InitProducerIdRequest,
-    InitProducerIdResponse,
-    ListOffsetsRequest,
-    ListTransactionsRequest,
     MetadataRequest,
-    MetricsRequest,
-    PingRequest,
-    PrepareSinkTxnRequest,
-    Request,
-    SinkBatchResponse,
-    SinkHeartbeatRequest,
-    StableEndsRequest,
-    StableEndsResponse,
 )
-from broker_core.protocol.stable_cut import (
-    CUT_ATTEMPTS,
-    TrackedBatches,
-    TrackedBatchesRequest,
-    cut_across,
-)
+from broker_core.protocol.data_requests import FetchRequest
+from broker_core.protocol.requests import ACKS_ALL, Request
 from broker_core.protocol.wire import (
     DEFAULT_FETCH_MAX_BYTES,
     Action,
     FetchBatchMeta,
     FetchTrailer,
-    SinkAttempt,
-    SinkTxnStatus,
     decode_fetch_meta,
     encode_json,
 )
@@ -94,24 +68,6 @@ _ROUTING_ERRORS = (
     CoordinatorLoadInProgressError,
     NetworkError,
 )
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    broker_id: int
-    host: str
-    port: int
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class ClusterView:
-    brokers: dict[int, BrokerAddress]
-    controller: int | None
-    topics: dict[str, list[int]]  # topic -> leader broker id per partition
 
 
 @dataclass(frozen=True)
@@ -136,7 +92,7 @@ def parse_bootstrap(bootstrap: str) -> list[str]:
     return addresses
 
 
-class BrokerClient:
+class BrokerClient(AdminCalls, TransactionCalls):
     """A thread-safe client of an idemlog cluster (see the module docstring).
 
     ``timeout_s`` bounds each Flight call; a request refused by a routing error or a broken
@@ -389,62 +345,6 @@ class BrokerClient:
             lambda address: self._send(address, request),
         )
 
-    # -- admin ---------------------------------------------------------------------------
-    def create_topic(
-        self,
-        name: str,
-        partitions: int = 1,
-        *,
-        schema: pa.Schema | None = None,
-        config: dict[str, Any] | None = None,
-    ) -> list[int]:
-        """Create a topic; returns the leader broker id of each partition.
-
-        Raises ``TopicAlreadyExistsError``, ``InvalidTopicError`` (bad or reserved name),
-        ``InvalidPartitionsError``, ``InvalidConfigError`` (a bad ``config`` entry), or the
-        routing error left after the retries."""
-        ipc = None if schema is None else schema.serialize().to_pybytes()
-        doc = self._any_broker(CreateTopicRequest(name, partitions, ipc, config or {}))
-        self._view = None  # the new topic's leaders are in the next metadata
-        return [int(b) for b in doc["partitions"]]
-
-    def delete_topic(self, name: str) -> None:
-        """Delete a topic and its data on every broker. Raises
-        ``UnknownTopicOrPartitionError`` if it does not exist."""
-        self._any_broker(DeleteTopicRequest(name))
-        self._view = None
-
-    def describe_topics(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Each topic's partitions ``{partition, leader, replicas, isr, leader_epoch}``, schema
-        (base64 Arrow IPC or None) and config, sorted by name; all topics without ``names``.
-        Raises ``UnknownTopicOrPartitionError`` for a name that does not exist."""
-        request = DescribeTopicsRequest(None if names is None else tuple(names))
-        topics: list[dict[str, Any]] = self._any_broker(request)["topics"]
-        return topics
-
-    def list_offsets(self, topic: str, partition: int) -> dict[str, int]:
-        """The partition's ``partition``, ``log_start_offset``, ``log_end_offset``,
-        ``high_watermark`` and ``last_stable_offset``, from its leader. Raises
-        ``UnknownTopicOrPartitionError`` if the partition does not exist."""
-        doc = self._leader_action(topic, partition, ListOffsetsRequest(topic, partition))
-        return {k: int(v) for k, v in doc.items() if k not in ("topic",)}
-
-    def ping(self, address: str | None = None) -> dict[str, Any]:
-        """``{broker_id, version}`` of the broker at ``address`` (default: the first
-        bootstrap address); no retry. Raises ``NetworkError`` if it does not answer."""
-        return self._send(address or self._bootstrap[0], PingRequest())
-
-    def metrics_per_broker(self) -> list[dict[str, Any]]:
-        """Every live broker's metrics document (no retry: a broker that went away raises
-        ``NetworkError``)."""
-        view = self.refresh_metadata()
-        return [self._send(b.address, MetricsRequest()) for b in view.brokers.values()]
-
-    def metrics(self) -> dict[str, Any]:
-        """The cluster's metrics: every live broker's document merged; raises as
-        :meth:`metrics_per_broker`."""
-        return merge_documents(self.metrics_per_broker())
-
     # -- produce and fetch ---------------------------------------------------------------
     def produce_stream(
         self,
@@ -533,184 +433,6 @@ class BrokerClient:
         :meth:`fetch_once`."""
         batches = [b for _m, b in self.fetch(topic, partition, isolation=isolation)]
         return pa.Table.from_batches(batches) if batches else None
-
-    # -- producers and transactions ------------------------------------------------------
-    def init_producer_id(
-        self, transactional_id: str | None = None, transaction_timeout_ms: int | None = None
-    ) -> tuple[int, int]:
-        """A producer id and epoch. Without ``transactional_id``: a fresh idempotent
-        producer from any broker. With one: from the coordinator, which fences the id's
-        earlier holder (its epoch is bumped) and aborts its open transaction. Raises
-        ``InvalidTransactionTimeoutError``, ``InvalidRequestError``, or the routing error
-        left after the retries."""
-        request = InitProducerIdRequest(transactional_id, transaction_timeout_ms)
-        if transactional_id is None:
-            doc = self._any_broker(request)
-        else:
-            doc = self._coordinator_action(request)
-        answer = InitProducerIdResponse.from_doc(doc)
-        return answer.producer_id, answer.producer_epoch
-
-    def init_sink_producer(
-        self, transactional_id: str, transaction_timeout_ms: int | None, attempt: SinkAttempt
-    ) -> tuple[int, int, SinkTxnStatus]:
-        """InitProducerId for an attempt of a Spark task (docs/design.md): (producer id,
-        epoch, whether an earlier attempt's transaction of the batch is reused). Raises
-        as :meth:`init_producer_id`, and ``InvalidRequestError`` for a bad attempt."""
-        request = InitProducerIdRequest(transactional_id, transaction_timeout_ms, attempt)
-        answer = InitProducerIdResponse.from_doc(self._coordinator_action(request))
-        if answer.sink_status is None:
-            raise UnknownServerError(
-                f"init_producer_id of {transactional_id!r} answered no sink_status"
-            )
-        return answer.producer_id, answer.producer_epoch, answer.sink_status
-
-    def prepare_sink_txn(
-        self,
-        transactional_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        batch_id: int,
-        ranges: Sequence[tuple[str, int, int, int]] = (),
-    ) -> None:
-        """The open transaction holds all of a task's rows of ``batch_id``, at ``ranges``
-        ((topic, partition, first offset, last offset) for each partition written): once
-        this returns, a later attempt of the task reuses it instead of writing again.
-        Raises ``ProducerFencedError`` if the producer lost its epoch, and the coordinator's
-        ``InvalidRequestError`` for bad ranges."""
-        self._coordinator_action(
-            PrepareSinkTxnRequest(
-                transactional_id, producer_id, producer_epoch, batch_id, tuple(ranges)
-            )
-        )
-
-    def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
-        """A task of this run is alive: the coordinator keeps its transactions open.
-        Raises ``InvalidRequestError`` for a bad id, or the routing error left after the
-        retries."""
-        self._coordinator_action(SinkHeartbeatRequest(sink_id, run_id))
-
-    def abort_sink_run(
-        self, run_id: str | None, batch_id: int, *, sink_id: str | None = None
-    ) -> list[str]:
-        """Fence and abort every attempt of ``run_id`` (or, without one, of any run of
-        ``sink_id``) at ``batch_id`` or before; their transactional ids."""
-        doc = self._coordinator_action(AbortSinkRunRequest(batch_id, run_id, sink_id))
-        return [str(t) for t in doc["aborted"]]
-
-    def stable_ends(self, topic: str) -> dict[int, int]:
-        """Where a read_committed reader of ``topic`` stops: at most each partition's last
-        stable offset, lowered so that every sink batch is read whole or not at all."""
-        return StableEndsResponse.from_doc(self._coordinator_action(StableEndsRequest(topic))).ends
-
-    def stable_ends_across(
-        self, topic: str, coordinators: Sequence[str], *, attempts: int = CUT_ATTEMPTS
-    ) -> dict[int, int]:
-        """Where a read_committed reader of ``topic`` stops so that it holds every sink
-        batch of every coordinator in ``coordinators`` (addresses, which must name every
-        coordinator that may track a batch written to ``topic``) whole or not at all
-        (``protocol.stable_cut.cut_across``; its module proves no batch slips through).
-
-        Raises UnknownTopicOrPartitionError, InvalidRequestError for no coordinators,
-        StaleTrackedBatchesError when every one of ``attempts`` tries had to start over,
-        and what a coordinator or a leader answers (NotCoordinatorError: the list is out
-        of date)."""
-        leaders = self.metadata().topics.get(topic) or self.metadata(True).topics.get(topic)
-        if leaders is None:
-            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
-
-        def ask(address: str, since: int) -> TrackedBatches:
-            doc = self._send(address, TrackedBatchesRequest(topic, since))
-            return TrackedBatches.from_doc(doc)
-
-        def read_lsos() -> dict[int, int]:
-            return {
-                p: self.list_offsets(topic, p)["last_stable_offset"] for p in range(len(leaders))
-            }
-
-        return cut_across(coordinators, ask, read_lsos, attempts)
-
-    def readable_offsets(self, topic: str, partitions: int) -> dict[int, dict[str, int]]:
-        """Each partition's ``list_offsets``, its ``last_stable_offset`` replaced by the
-        coordinator's cut (:meth:`stable_ends`): ends at which a read_committed reader
-        holds every committed sink batch whole or not at all."""
-        offsets = {p: self.list_offsets(topic, p) for p in range(partitions)}
-        cut = self.stable_ends(topic)
-        for p, doc in offsets.items():
-            if p in cut:
-                doc["last_stable_offset"] = cut[p]
-        return offsets
-
-    def list_transactions(
-        self, min_age_ms: int = 0, *, every_id: bool = False
-    ) -> list[dict[str, Any]]:
-        """Open transactions, oldest first (``idemlog transactions list``); ``every_id``:
-        every transactional id the coordinator keeps, with its state (``--all``)."""
-        doc = self._coordinator_action(ListTransactionsRequest(min_age_ms, every_id))
-        return list(doc["transactions"])
-
-    def abort_transaction(self, transactional_id: str) -> bool:
-        """Fence the id's holder and abort its open transaction; False if none was open."""
-        doc = self._coordinator_action(AbortTransactionRequest(transactional_id))
-        return bool(doc["aborted"])
-
-    def elect_leaders(self, topics: Sequence[str] | None = None) -> dict[str, dict[int, int]]:
-        """The preferred-leader rebalance on the controller (``idemlog topics
-        elect-leaders``): every partition whose first replica is live and in sync but not
-        leading gets it back as leader. Returns {topic: {partition: new leader}}."""
-        request = ElectLeadersRequest(None if topics is None else tuple(topics))
-        doc = self._controller_action(request)
-        return {t: {int(p): int(b) for p, b in m.items()} for t, m in doc["moved"].items()}
-
-    def add_partitions_to_txn(
-        self,
-        transactional_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        partitions: Sequence[tuple[str, int]],
-    ) -> None:
-        """Add partitions to the id's open transaction (beginning one if none is open):
-        the coordinator will write their markers when it ends. Raises
-        ``UnknownTopicOrPartitionError`` for a partition that does not exist,
-        ``ProducerFencedError`` for a stale epoch, ``ConcurrentTransactionsError``
-        (retriable, not retried here) while the previous transaction is still ending."""
-        self._coordinator_action(
-            AddPartitionsToTxnRequest(
-                transactional_id, producer_id, producer_epoch, tuple(partitions)
-            )
-        )
-
-    def end_txn(
-        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
-    ) -> None:
-        """Commit or abort the id's open transaction; when this returns, its markers are
-        written (read_committed readers see it, or never will). Raises
-        ``ProducerFencedError`` for a stale epoch, ``InvalidTxnStateError`` if the
-        transaction cannot end that way, ``ConcurrentTransactionsError`` (retriable, not
-        retried here)."""
-        self._coordinator_action(
-            EndTxnRequest(transactional_id, producer_id, producer_epoch, commit)
-        )
-
-    def commit_sink_batch(
-        self,
-        sink_id: str,
-        batch_id: int,
-        transactions: Sequence[tuple[str, int, int]],
-        run_id: str | None = None,
-    ) -> bool:
-        """True: committed now; False: the batch was committed before, so these
-        transactions were aborted instead (idempotent commit). ``run_id``: every
-        transaction must have been written by that run of the sink."""
-        request = CommitSinkBatchRequest(sink_id, batch_id, tuple(transactions), run_id)
-        return bool(SinkBatchResponse.from_doc(self._coordinator_action(request)).committed)
-
-    def abort_sink_batch(
-        self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
-    ) -> None:
-        """Abort these transactions of the sink's batch (a batch the driver gives up);
-        raises the coordinator's error if one of them cannot be aborted."""
-        self._coordinator_action(AbortSinkBatchRequest(sink_id, batch_id, tuple(transactions)))
 
 
 def _read_fetch(reader: flight.FlightStreamReader, what: str) -> FetchResponse:

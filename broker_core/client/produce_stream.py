@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
-from broker_core.protocol.requests import ACKS_ALL, ProduceDescriptor
+from broker_core.protocol.data_requests import ProduceDescriptor
+from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.wire import (
     ProduceRequestMeta,
     ProduceResponse,

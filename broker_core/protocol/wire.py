@@ -22,7 +22,7 @@ Fetch — ``DoGet``
 
 Everything else — ``DoAction`` with an ``Action`` type below and a JSON body; the one
 result is a JSON document. Each body (and the produce descriptor and fetch ticket) is a
-typed request of ``broker_core.protocol.requests``, encoded and checked there.
+typed request of ``broker_core.protocol.*_requests``, encoded and checked there.
 
 Errors — a request that fails as a whole raises ``FlightServerError`` whose message
 starts with ``IDEMLOG_ERROR <code> <NAME>:``; ``raise_for_flight_error`` turns it back into
@@ -55,7 +55,7 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
 
 class Action(StrEnum):
-    """``DoAction`` types. Bodies and results are JSON objects (``protocol.requests``),
+    """``DoAction`` types. Bodies and results are JSON objects (``protocol.*_requests``),
     except ``replica_fetch``'s result (``protocol.replica``)."""
 
     CREATE_TOPIC = "create_topic"  # {name, partitions, schema?: b64 IPC, config?: {}}

@@ -29,8 +29,9 @@ from broker_core.errors import (
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
 from broker_core.log.results import AppendResult
 from broker_core.log.store import LogStore, describe_schema_difference
+from broker_core.protocol.data_requests import FetchRequest, ProduceDescriptor
 from broker_core.protocol.metrics import AppendOutcome
-from broker_core.protocol.requests import ACKS_ALL, FetchRequest, ProduceDescriptor
+from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.wire import (
     Action,
     FetchBatchMeta,

@@ -1,6 +1,6 @@
 """DoAction handlers: one function per ``protocol.Action``, JSON body in, JSON document out.
 
-Every body is decoded by its typed request in ``broker_core.protocol.requests``, so a
+Every body is decoded by its typed request (``broker_core.protocol.*_requests``), so a
 missing or mistyped field is an ``INVALID_REQUEST`` naming the action and the field.
 Bodies (``?`` marks an optional field):
 
@@ -89,29 +89,32 @@ from broker_core.errors import (
 from broker_core.log.compaction import check_key_columns
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
+from broker_core.protocol.admin_requests import (
+    AbortTransactionRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicsRequest,
+    FindCoordinatorRequest,
+    ListOffsetsRequest,
+    ListTransactionsRequest,
+    MetadataRequest,
+    PingResponse,
+)
 from broker_core.protocol.replica import (
     ElectLeadersRequest,
     OffsetsForLeaderEpochRequest,
     ReplicaFetchRequest,
     ReplicaLogStartRequest,
 )
-from broker_core.protocol.requests import (
+from broker_core.protocol.stable_cut import TrackedBatchesRequest
+from broker_core.protocol.txn_requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
-    AbortTransactionRequest,
     AddPartitionsToTxnRequest,
     CommitSinkBatchRequest,
-    CreateTopicRequest,
-    DeleteTopicRequest,
-    DescribeTopicsRequest,
     EndTxnRequest,
-    FindCoordinatorRequest,
     InitProducerIdRequest,
     InitProducerIdResponse,
-    ListOffsetsRequest,
-    ListTransactionsRequest,
-    MetadataRequest,
-    PingResponse,
     PrepareSinkTxnRequest,
     SinkBatchResponse,
     SinkHeartbeatRequest,
@@ -120,7 +123,6 @@ from broker_core.protocol.requests import (
     WriteTxnMarkersRequest,
     WriteTxnMarkersResponse,
 )
-from broker_core.protocol.stable_cut import TrackedBatchesRequest
 from broker_core.protocol.wire import Action
 from broker_core.server.config import BrokerConfig
 from broker_core.server.replica_manager import ReplicaManager

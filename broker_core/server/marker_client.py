@@ -6,7 +6,7 @@ topic is created first if no batch has reached it yet); the others get one
 for that leader's partitions, the calls to different leaders at once. Errors come back typed, so the
 coordinator retries the retriable ones (a leader that is down: ``NETWORK_EXCEPTION``).
 Each leader answers the last stable offset of every partition it wrote a marker to
-(``protocol.requests.WriteTxnMarkersResponse``); :meth:`write_markers`
+(``protocol.txn_requests.WriteTxnMarkersResponse``); :meth:`write_markers`
 returns them all in one map, like ``LocalMarkerWriter``.
 
 Test hook: ``IDEMLOG_TEST_FAILPOINT`` (read on every call, so only a process started with
@@ -35,7 +35,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.partition_log import PartitionLog
-from broker_core.protocol.requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+from broker_core.protocol.txn_requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
 from broker_core.txn.markers import (

@@ -29,21 +29,17 @@ from typing import Any
 from broker_core.errors import (
     InvalidConfigError,
     InvalidProducerIdMappingError,
-    InvalidRequestError,
     InvalidTxnStateError,
 )
 from broker_core.protocol.stable_cut import TrackedBatches
 from broker_core.protocol.txn_inputs import (
     check_batch_id,
-    check_offset_ranges,
     check_partitions,
     check_producer,
     check_run_id,
     check_sink_id,
     check_timeout,
     check_transactional_id,
-    check_transactions,
-    is_batch_job,
 )
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
@@ -51,18 +47,15 @@ from broker_core.txn.claims import Claims
 from broker_core.txn.core import CoordinatorCore
 from broker_core.txn.expiry import NEVER, ExpiryPolicy, ExpiryResult, expire
 from broker_core.txn.housekeeping import abort_timed_out, list_transactions
-from broker_core.txn.leftovers import fence, fence_sink_leftovers
+from broker_core.txn.leftovers import fence_sink_leftovers
 from broker_core.txn.load_recovery import BackgroundRecovery
 from broker_core.txn.marker_sender import MAX_MARKER_BACKOFF_S, MarkerSender
 from broker_core.txn.markers import LocalMarkerWriter, MarkerWriter
+from broker_core.txn.sink_ops import SinkOperations
 from broker_core.txn.state import (
-    NO_SINK,
     NO_TXN_START,
-    SinkCommitRecord,
-    SinkCommitState,
     TransactionMetadata,
     TransactionState,
-    merge_ranges,
 )
 from broker_core.txn.state_store import TxnStateStore
 from broker_core.txn.status import CoordinatorStatus, ProducerIdSource
@@ -83,7 +76,7 @@ _S = TransactionState
 _TXN = "transactional id"
 
 
-class TransactionCoordinator:
+class TransactionCoordinator(SinkOperations):
     """Transactional ids -> (producer id, epoch), transactions and sink commits.
 
     Decisions are stored in ``state_store`` (at ``coordinator_epoch``, which fences older
@@ -382,198 +375,6 @@ class TransactionCoordinator:
                     f"{_TXN} {tid!r}: cannot {decision}, the transaction is {state.name}"
                 )
 
-    def prepare_sink_txn(
-        self,
-        transactional_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        batch_id: int,
-        ranges: Sequence[tuple[str, int, int, int]] = (),
-    ) -> None:
-        """Mark the producer's transaction as holding all of a task's rows of ``batch_id``,
-        at ``ranges`` ((topic, partition, first offset, last offset) per partition).
-
-        Called by the task after its last batch was acknowledged; from then on another
-        attempt of the same task of the same run reuses the transaction
-        (:meth:`init_sink_producer`). Raises InvalidTxnStateError when the transaction is
-        not open for ``batch_id`` or a range's partition was not added to it, and the
-        fencing errors of :meth:`add_partitions`.
-        """
-        self._core.check_running()
-        tid = check_transactional_id(transactional_id)
-        check_producer(producer_id, producer_epoch)
-        bid = check_batch_id(batch_id)
-        spans = check_offset_ranges(ranges)
-        with self._core.claims() as claims:
-            claims.txn(tid)
-            self._core.require(tid, producer_id, producer_epoch)
-            meta = self._core.settled(claims, tid)
-            if meta.state not in (_S.ONGOING, _S.EMPTY):
-                raise InvalidTxnStateError(
-                    f"{_TXN} {tid!r}: cannot prepare batch {bid}, the transaction is "
-                    f"{meta.state.name}"
-                )
-            if meta.sink_id == NO_SINK or meta.sink_batch != bid:
-                raise InvalidTxnStateError(
-                    f"{_TXN} {tid!r}: cannot prepare batch {bid}: its producer was "
-                    f"initialised for batch {meta.sink_batch} of sink {meta.sink_id!r}"
-                )
-            unadded = {(t, p) for t, p, _, _ in spans} - meta.partitions
-            if unadded:
-                raise InvalidTxnStateError(
-                    f"{_TXN} {tid!r}: cannot prepare batch {bid}: rows at {sorted(unadded)} "
-                    "are not in its transaction"
-                )
-            self._core.touch_run(meta.sink_id, meta.sink_run, self._core.now())
-            if meta.sink_prepared:
-                return  # a retried request
-            new = meta.copy()
-            new.sink_prepared = True
-            new.sink_ranges = spans
-            new.last_update_ms = self._core.now()
-            self._core.persist(new)
-
-    def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
-        """A task of this run is alive: its run's transactions are not timed out."""
-        self._core.check_running()
-        self._core.touch_run(check_sink_id(sink_id), check_run_id(run_id), self._core.now())
-
-    # -- sinks (docs/design.md §6) --------------------------------------------------------
-    def commit_sink_batch(
-        self,
-        sink_id: str,
-        batch_id: int,
-        transactions: Sequence[tuple[str, int, int]],
-        run_id: str | None = None,
-    ) -> bool:
-        """Commit a Spark batch's transactions once; False if the batch was committed before.
-
-        Every named transaction must be a prepared attempt of this sink's ``batch_id``
-        (and of ``run_id`` when given), else nothing is recorded and the error says which.
-        Afterwards every other attempt of the sink at this batch or an earlier one is
-        fenced and aborted: a re-planned run's unused transactions never hold readers back.
-
-        When it returns True the batch is committed in every partition; once the commit
-        record is stored (even if this call then raises) the commit is decided and is
-        finished by whoever touches the sink or its transactions next. Raises
-        InvalidTxnStateError naming the transaction that is not committable, and the
-        fencing errors of :meth:`add_partitions`.
-        """
-        self._core.check_running()
-        sid = check_sink_id(sink_id)
-        bid = check_batch_id(batch_id)
-        txns = check_transactions(transactions)
-        run = None if run_id is None else check_run_id(run_id)
-        named = {tid for tid, _, _ in txns}
-
-        def leftover_kept(m: TransactionMetadata) -> bool:
-            return m.transactional_id in named or m.sink_batch > bid
-
-        with self._core.claims() as claims:
-            claims.sink(sid)
-            for tid, _, _ in txns:
-                claims.txn(tid)
-            record = self._core.sink_record(sid)
-            if record is not None and record.is_pending:
-                self._core.finish_sink(claims, record)
-            if record is not None and bid <= record.batch_id:
-                log.info(
-                    "sink %r: batch %d repeats committed batch %d; aborting its %d "
-                    "transactions instead",
-                    sid,
-                    bid,
-                    record.batch_id,
-                    len(txns),
-                )
-                for txn in txns:
-                    self._core.abort_if_open(claims, *txn)
-                fence_sink_leftovers(
-                    self._core, claims, sid, leftover_kept, f"batch {bid} was committed before"
-                )
-                self._core.count("sink_batches_repeated")
-                return False
-            # Everything is checked before anything is recorded: nothing partial.
-            for tid, pid, epoch in txns:
-                self._core.require(tid, pid, epoch)
-            ranges: list[tuple[str, int, int, int]] = []
-            for tid, _, _ in txns:
-                meta = self._core.settled(claims, tid)
-                self._check_committable(meta, sid, bid, run)
-                ranges.extend(meta.sink_ranges)
-            # The sink's record names this batch only: a batch of the sink readers may still
-            # see in part gets a record of its own first (docs/design.md §7).
-            self._core.batches.keep(sid, bid)
-            prepared = SinkCommitRecord(
-                sid,
-                bid,
-                SinkCommitState.PREPARE,
-                list(txns),
-                merge_ranges(ranges),
-                batch_job=is_batch_job(sid, run),
-            )
-            self._core.persist_sink(prepared)
-            self._core.finish_sink(claims, prepared)
-            self._core.count("sink_batches_committed")
-            fence_sink_leftovers(
-                self._core,
-                claims,
-                sid,
-                leftover_kept,
-                f"batch {bid} of the sink was committed without it",
-            )
-            return True
-
-    @staticmethod
-    def _check_committable(meta: TransactionMetadata, sid: str, bid: int, run: str | None) -> None:
-        tid = meta.transactional_id
-        where = f"sink {sid!r} batch {bid}: {_TXN} {tid!r}"
-        if meta.state not in (_S.ONGOING, _S.EMPTY):
-            raise InvalidTxnStateError(f"{where} is {meta.state.name} and cannot be committed")
-        if (meta.sink_id, meta.sink_batch) != (sid, bid) or not meta.sink_prepared:
-            held = (
-                f"a prepared attempt of batch {meta.sink_batch} of sink {meta.sink_id!r}"
-                if meta.sink_prepared
-                else f"an unprepared attempt of batch {meta.sink_batch} of sink {meta.sink_id!r}"
-            )
-            raise InvalidTxnStateError(
-                f"{where} holds {held}, not this batch's rows: the commit message belongs "
-                "to another batch or attempt"
-            )
-        if run is not None and meta.sink_run != run:
-            raise InvalidTxnStateError(
-                f"{where} was written by run {meta.sink_run!r}, not by run {run!r} that commits it"
-            )
-
-    def abort_sink_run(
-        self, run_id: str | None, batch_id: int, *, sink_id: str | None = None
-    ) -> list[str]:
-        """Fence every attempt of ``run_id`` -- or, without one, of any run of ``sink_id``
-        -- at ``batch_id`` or earlier that still holds an id (the driver aborts the
-        batch); returns their transactional ids.
-
-        Needs no message from any task: a batch whose tasks all failed is aborted too.
-        Raises InvalidRequestError when neither ``run_id`` nor ``sink_id`` is given.
-        """
-        self._core.check_running()
-        run = None if run_id is None else check_run_id(run_id)
-        sid = None if sink_id is None else check_sink_id(sink_id)
-        if run is None and sid is None:
-            raise InvalidRequestError("abort_sink_run needs a run_id or a sink_id")
-        bid = check_batch_id(batch_id)
-
-        def target(m: TransactionMetadata) -> bool:
-            owner = m.sink_run == run if run is not None else m.sink_id == sid
-            return owner and m.sink_batch <= bid
-
-        who = f"run {run!r}" if run is not None else f"sink {sid!r}"
-        reason = f"batch {bid} of {who} was aborted by the Spark driver"
-        aborted = []
-        for meta in self._core.attempts(target, sink_id=sid, run_id=run):
-            with self._core.claims() as claims:
-                if fence(self._core, claims, meta.transactional_id, target, reason):
-                    aborted.append(meta.transactional_id)
-        return aborted
-
     def abort_transaction(self, transactional_id: str) -> bool:
         """An operator's abort (``idemlog transactions abort``): fence the id's holder and
         abort its open transaction. False if nothing was open. A transaction a decided
@@ -606,27 +407,6 @@ class TransactionCoordinator:
         with its state and last update (``--all``: expired ids disappear from it)."""
         self._core.check_running()
         return list_transactions(self._core, min_age_ms, every_id=every_id)
-
-    def abort_sink_batch(
-        self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
-    ) -> None:
-        """Abort the batch's transactions still open (a batch already committed stays so)."""
-        self._core.check_running()
-        sid = check_sink_id(sink_id)
-        check_batch_id(batch_id)
-        txns = check_transactions(transactions)
-        with self._core.claims() as claims:
-            claims.sink(sid)
-            for tid, _, _ in txns:
-                claims.txn(tid)
-            for txn in txns:
-                self._core.abort_if_open(claims, *txn)
-
-    def last_committed_batch(self, sink_id: str) -> int | None:
-        """The sink's last committed batch id (a PREPARE record counts: it is decided)."""
-        self._core.check_running()
-        record = self._core.sink_record(check_sink_id(sink_id))
-        return None if record is None else record.batch_id
 
     # -- timeouts and expiry ----------------------------------------------------------------
     def abort_timed_out(self, now_ms: int | None = None) -> list[str]:

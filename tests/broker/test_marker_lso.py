@@ -13,7 +13,7 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo
 from broker_core.errors import InvalidRequestError, UnknownServerError
-from broker_core.protocol.requests import WriteTxnMarkersResponse
+from broker_core.protocol.txn_requests import WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action
 from broker_core.server.marker_client import LedPartitions, RoutingMarkerWriter
 from broker_core.txn.markers import MarkerWriter, ProducerMarkers

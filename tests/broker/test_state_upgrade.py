@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.protocol.requests import WriteTxnMarkersRequest
+from broker_core.protocol.txn_requests import WriteTxnMarkersRequest
 from broker_core.protocol.wire import Action
 from broker_core.server.config import ZK_ROOT
 from broker_core.txn.state import TransactionMetadata, TransactionState

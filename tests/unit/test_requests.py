@@ -11,42 +11,74 @@ import pytest
 from broker_core.errors import InvalidRequestError, InvalidRequiredAcksError
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol import replica as rp
-from broker_core.protocol import requests as rq
 from broker_core.protocol import stable_cut as sc
+from broker_core.protocol.admin_requests import (
+    AbortTransactionRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicsRequest,
+    FindCoordinatorRequest,
+    ListOffsetsRequest,
+    ListTransactionsRequest,
+    MetadataRequest,
+    MetricsRequest,
+    PingRequest,
+)
+from broker_core.protocol.data_requests import (
+    FETCH_ISOLATION_LEVELS,
+    FetchRequest,
+    ProduceDescriptor,
+)
+from broker_core.protocol.requests import ACKS_LEADER
+from broker_core.protocol.txn_requests import (
+    AbortSinkBatchRequest,
+    AbortSinkRunRequest,
+    AddPartitionsToTxnRequest,
+    CommitSinkBatchRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    PrepareSinkTxnRequest,
+    SinkBatchResponse,
+    SinkHeartbeatRequest,
+    StableEndsRequest,
+    StableEndsResponse,
+    WriteTxnMarkersRequest,
+)
 from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
 
 ROUND_TRIP: list[Any] = [
-    rq.CreateTopicRequest("t", 3, b"\x00ipc", {"retention.ms": 5}),
-    rq.CreateTopicRequest("t", 1),
-    rq.DeleteTopicRequest("t"),
-    rq.DescribeTopicsRequest(("a", "b")),
-    rq.DescribeTopicsRequest(),
-    rq.ListOffsetsRequest("t", 2),
-    rq.MetadataRequest(("t",)),
-    rq.FindCoordinatorRequest("tx"),
-    rq.InitProducerIdRequest(),
-    rq.InitProducerIdRequest("tx", 1000),
-    rq.InitProducerIdRequest("s/0", None, SinkAttempt("s", "run-1", 4)),
-    rq.AddPartitionsToTxnRequest("tx", 7, 1, (("t", 0), ("u", 3))),
-    rq.EndTxnRequest("tx", 7, 1, True),
-    rq.PrepareSinkTxnRequest("s/0", 7, 1, 4, (("t", 0, 10, 19),)),
-    rq.WriteTxnMarkersRequest(((7, 1, (("t", 0),)),), False, 3),
-    rq.WriteTxnMarkersRequest(((7, 1, (("t", 0),)), (8, 0, (("t", 0), ("u", 2)))), True, 3),
-    rq.CommitSinkBatchRequest("s", 4, (("s/0", 7, 1),), "run-1"),
-    rq.CommitSinkBatchRequest("s", 4, ()),
-    rq.AbortSinkBatchRequest("s", 4, (("s/0", 7, 1),)),
-    rq.AbortSinkRunRequest(4, "run-1"),
-    rq.AbortSinkRunRequest(4, None, "s"),
-    rq.SinkHeartbeatRequest("s", "run-1"),
-    rq.StableEndsRequest("t"),
+    CreateTopicRequest("t", 3, b"\x00ipc", {"retention.ms": 5}),
+    CreateTopicRequest("t", 1),
+    DeleteTopicRequest("t"),
+    DescribeTopicsRequest(("a", "b")),
+    DescribeTopicsRequest(),
+    ListOffsetsRequest("t", 2),
+    MetadataRequest(("t",)),
+    FindCoordinatorRequest("tx"),
+    InitProducerIdRequest(),
+    InitProducerIdRequest("tx", 1000),
+    InitProducerIdRequest("s/0", None, SinkAttempt("s", "run-1", 4)),
+    AddPartitionsToTxnRequest("tx", 7, 1, (("t", 0), ("u", 3))),
+    EndTxnRequest("tx", 7, 1, True),
+    PrepareSinkTxnRequest("s/0", 7, 1, 4, (("t", 0, 10, 19),)),
+    WriteTxnMarkersRequest(((7, 1, (("t", 0),)),), False, 3),
+    WriteTxnMarkersRequest(((7, 1, (("t", 0),)), (8, 0, (("t", 0), ("u", 2)))), True, 3),
+    CommitSinkBatchRequest("s", 4, (("s/0", 7, 1),), "run-1"),
+    CommitSinkBatchRequest("s", 4, ()),
+    AbortSinkBatchRequest("s", 4, (("s/0", 7, 1),)),
+    AbortSinkRunRequest(4, "run-1"),
+    AbortSinkRunRequest(4, None, "s"),
+    SinkHeartbeatRequest("s", "run-1"),
+    StableEndsRequest("t"),
     sc.TrackedBatchesRequest("t"),
     sc.TrackedBatchesRequest("t", 12),
-    rq.ListTransactionsRequest(500),
-    rq.AbortTransactionRequest("tx"),
-    rq.ProduceDescriptor("t", 1),
-    rq.FetchRequest("t", 1, 5, 1024, "read_uncommitted", 9),
-    rq.FetchRequest("t", 1, 5),
-    rq.ProduceDescriptor("t", 1, rq.ACKS_LEADER),
+    ListTransactionsRequest(500),
+    AbortTransactionRequest("tx"),
+    ProduceDescriptor("t", 1),
+    FetchRequest("t", 1, 5, 1024, "read_uncommitted", 9),
+    FetchRequest("t", 1, 5),
+    ProduceDescriptor("t", 1, ACKS_LEADER),
     rp.ReplicaFetchRequest("t", 1, 2, 100, 3, 1024, 500),
     rp.OffsetsForLeaderEpochRequest("t", 1, 3, 2),
     rp.ReplicaLogStartRequest("t", 1, 2, 3),
@@ -63,58 +95,58 @@ def test_round_trip_through_json(request_: Any) -> None:
 
 def test_every_action_has_a_request() -> None:
     actions = {r.ACTION for r in ROUND_TRIP if hasattr(r, "ACTION")}
-    actions |= {rq.MetricsRequest.ACTION, rq.PingRequest.ACTION}
+    actions |= {MetricsRequest.ACTION, PingRequest.ACTION}
     assert actions == set(Action)
 
 
 def test_wire_field_names_stay_as_they_were() -> None:
-    assert rq.InitProducerIdRequest("s/0", 9, SinkAttempt("s", "r", 2)).to_doc() == {
+    assert InitProducerIdRequest("s/0", 9, SinkAttempt("s", "r", 2)).to_doc() == {
         "transactional_id": "s/0",
         "sink_batch_id": 2,
         "sink_id": "s",
         "sink_run_id": "r",
         "transaction_timeout_ms": 9,
     }
-    assert rq.WriteTxnMarkersRequest(((7, 1, (("t", 0),)),), True, 0).to_doc() == {
+    assert WriteTxnMarkersRequest(((7, 1, (("t", 0),)),), True, 0).to_doc() == {
         "producer_id": 7,
         "producer_epoch": 1,
         "commit": True,
         "coordinator_epoch": 0,
         "partitions": [["t", 0]],
     }
-    assert rq.FetchRequest("t", 0, 3).to_doc()["op"] == "fetch"
+    assert FetchRequest("t", 0, 3).to_doc()["op"] == "fetch"
 
 
 def test_fetch_isolation_levels_are_the_logs() -> None:
-    assert set(rq.FETCH_ISOLATION_LEVELS) == {level.value for level in IsolationLevel}
+    assert set(FETCH_ISOLATION_LEVELS) == {level.value for level in IsolationLevel}
 
 
 @pytest.mark.parametrize(
     ("cls", "doc", "message"),
     [
-        (rq.EndTxnRequest, {"transactional_id": "a", "producer_id": 1, "producer_epoch": 0},
+        (EndTxnRequest, {"transactional_id": "a", "producer_id": 1, "producer_epoch": 0},
          "end_txn: missing field 'commit'"),
-        (rq.EndTxnRequest, {"transactional_id": "a", "producer_id": 1, "producer_epoch": 40000,
+        (EndTxnRequest, {"transactional_id": "a", "producer_id": 1, "producer_epoch": 40000,
                             "commit": True}, "end_txn: field 'producer_epoch' must be in 0.."),
-        (rq.AddPartitionsToTxnRequest, {"transactional_id": "a", "producer_id": 1,
+        (AddPartitionsToTxnRequest, {"transactional_id": "a", "producer_id": 1,
                                         "producer_epoch": 0, "partitions": [["t", True]]},
          "add_partitions_to_txn: field 'partitions[0]' must be [topic: str, partition: int]"),
-        (rq.PrepareSinkTxnRequest, {"transactional_id": "a", "producer_id": 1,
+        (PrepareSinkTxnRequest, {"transactional_id": "a", "producer_id": 1,
                                     "producer_epoch": 0, "batch_id": 0, "ranges": [["t", 0, 1]]},
          "prepare_sink_txn: field 'ranges[0]' must be [topic: str, partition: int"),
-        (rq.AbortSinkBatchRequest, {"sink_id": "", "batch_id": 0, "transactions": []},
+        (AbortSinkBatchRequest, {"sink_id": "", "batch_id": 0, "transactions": []},
          "abort_sink_batch: field 'sink_id' must not be empty"),
-        (rq.InitProducerIdRequest, {"sink_batch_id": 1}, "field 'sink_batch_id' needs a"),
-        (rq.InitProducerIdRequest, {"transactional_id": "s/0", "sink_batch_id": 1,
+        (InitProducerIdRequest, {"sink_batch_id": 1}, "field 'sink_batch_id' needs a"),
+        (InitProducerIdRequest, {"transactional_id": "s/0", "sink_batch_id": 1,
                                     "sink_id": "s"},
          "init_producer_id: missing field 'sink_run_id'"),
-        (rq.CreateTopicRequest, {"name": "t", "partitions": 1, "schema": "%%"},
+        (CreateTopicRequest, {"name": "t", "partitions": 1, "schema": "%%"},
          "create_topic: field 'schema' is not base64"),
-        (rq.MetadataRequest, {"topics": ["a", 1]}, "metadata: field 'topics[1]' must be str"),
-        (rq.ProduceDescriptor, {"op": "fetch"}, "produce descriptor: field 'op' must be 'produce'"),
-        (rq.FetchRequest, {"op": "fetch", "topic": "t", "partition": 0, "offset": 0,
+        (MetadataRequest, {"topics": ["a", 1]}, "metadata: field 'topics[1]' must be str"),
+        (ProduceDescriptor, {"op": "fetch"}, "produce descriptor: field 'op' must be 'produce'"),
+        (FetchRequest, {"op": "fetch", "topic": "t", "partition": 0, "offset": 0,
                            "isolation": "dirty"}, "fetch ticket: field 'isolation' must be one of"),
-        (rq.FetchRequest, {"op": "fetch", "topic": "t", "partition": 0, "offset": 0,
+        (FetchRequest, {"op": "fetch", "topic": "t", "partition": 0, "offset": 0,
                            "max_bytes": 0}, "fetch ticket: field 'max_bytes' must be in 1.."),
         (sc.TrackedBatchesRequest, {"topic": "t", "since": -2},
          "tracked_batches: field 'since' must be >= -1, got -2"),
@@ -131,16 +163,16 @@ def test_a_bad_body_names_the_action_and_the_field(cls: Any, doc: Any, message: 
 
 
 def test_responses_round_trip() -> None:
-    answer = rq.InitProducerIdResponse(7, 2, SinkTxnStatus.PREPARED)
-    assert rq.InitProducerIdResponse.from_doc(answer.to_doc()) == answer
-    ends = rq.StableEndsResponse({0: 5, 1: 0})
-    assert rq.StableEndsResponse.from_doc(json.loads(json.dumps(ends.to_doc()))) == ends
+    answer = InitProducerIdResponse(7, 2, SinkTxnStatus.PREPARED)
+    assert InitProducerIdResponse.from_doc(answer.to_doc()) == answer
+    ends = StableEndsResponse({0: 5, 1: 0})
+    assert StableEndsResponse.from_doc(json.loads(json.dumps(ends.to_doc()))) == ends
     tracked = sc.TrackedBatches("inc", 9, 3, {0: 41, 2: 7}, [[(0, 1, 5), (1, 2, 2)], [(2, 0, 0)]])
     assert sc.TrackedBatches.from_doc(json.loads(json.dumps(tracked.to_doc()))) == tracked
-    batch = rq.SinkBatchResponse(None, False)
-    assert rq.SinkBatchResponse.from_doc(batch.to_doc()) == batch
+    batch = SinkBatchResponse(None, False)
+    assert SinkBatchResponse.from_doc(batch.to_doc()) == batch
     with pytest.raises(InvalidRequestError, match="field 'sink_status' is 'maybe'"):
-        rq.InitProducerIdResponse.from_doc({"producer_id": 1, "producer_epoch": 0,
+        InitProducerIdResponse.from_doc({"producer_id": 1, "producer_epoch": 0,
                                             "sink_status": "maybe"})  # fmt: skip
 
 
@@ -163,4 +195,4 @@ def test_a_replica_fetch_answer_round_trips_and_a_short_one_is_named() -> None:
         with pytest.raises(InvalidRequestError, match="replica_log_start answer"):
             rp.ReplicaLogStartResponse.decode(bad.encode())
     with pytest.raises(InvalidRequiredAcksError, match="acks=2"):
-        rq.ProduceDescriptor.from_doc({"op": "produce", "topic": "t", "partition": 0, "acks": 2})
+        ProduceDescriptor.from_doc({"op": "produce", "topic": "t", "partition": 0, "acks": 2})

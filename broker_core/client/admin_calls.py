@@ -1,0 +1,93 @@
+"""``BrokerClient``'s topic and operators' calls: create, delete and describe topics,
+offsets, ping, metrics and the preferred-leader election (the routing they use:
+``client.routes``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from broker_core.client.routes import ClusterView, Routes
+from broker_core.protocol.admin_requests import (
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicsRequest,
+    ListOffsetsRequest,
+    MetricsRequest,
+    PingRequest,
+)
+from broker_core.protocol.metrics import merge_documents
+from broker_core.protocol.replica import ElectLeadersRequest
+
+
+class AdminCalls:
+    """Topic and cluster calls, mixed into ``BrokerClient`` (their routing: ``Routes``)."""
+
+    _view: ClusterView | None  # set by BrokerClient; forgotten when topics change
+
+    def create_topic(
+        self: Routes,
+        name: str,
+        partitions: int = 1,
+        *,
+        schema: pa.Schema | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Create a topic; returns the leader broker id of each partition.
+
+        Raises ``TopicAlreadyExistsError``, ``InvalidTopicError`` (bad or reserved name),
+        ``InvalidPartitionsError``, ``InvalidConfigError`` (a bad ``config`` entry), or the
+        routing error left after the retries."""
+        ipc = None if schema is None else schema.serialize().to_pybytes()
+        doc = self._any_broker(CreateTopicRequest(name, partitions, ipc, config or {}))
+        self._view = None  # the new topic's leaders are in the next metadata
+        return [int(b) for b in doc["partitions"]]
+
+    def delete_topic(self: Routes, name: str) -> None:
+        """Delete a topic and its data on every broker. Raises
+        ``UnknownTopicOrPartitionError`` if it does not exist."""
+        self._any_broker(DeleteTopicRequest(name))
+        self._view = None
+
+    def describe_topics(self: Routes, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Each topic's partitions ``{partition, leader, replicas, isr, leader_epoch}``, schema
+        (base64 Arrow IPC or None) and config, sorted by name; all topics without ``names``.
+        Raises ``UnknownTopicOrPartitionError`` for a name that does not exist."""
+        request = DescribeTopicsRequest(None if names is None else tuple(names))
+        topics: list[dict[str, Any]] = self._any_broker(request)["topics"]
+        return topics
+
+    def list_offsets(self: Routes, topic: str, partition: int) -> dict[str, int]:
+        """The partition's ``partition``, ``log_start_offset``, ``log_end_offset``,
+        ``high_watermark`` and ``last_stable_offset``, from its leader. Raises
+        ``UnknownTopicOrPartitionError`` if the partition does not exist."""
+        doc = self._leader_action(topic, partition, ListOffsetsRequest(topic, partition))
+        return {k: int(v) for k, v in doc.items() if k not in ("topic",)}
+
+    def ping(self: Routes, address: str | None = None) -> dict[str, Any]:
+        """``{broker_id, version}`` of the broker at ``address`` (default: the first
+        bootstrap address); no retry. Raises ``NetworkError`` if it does not answer."""
+        return self._send(address or self._bootstrap[0], PingRequest())
+
+    def metrics_per_broker(self: Routes) -> list[dict[str, Any]]:
+        """Every live broker's metrics document (no retry: a broker that went away raises
+        ``NetworkError``)."""
+        view = self.refresh_metadata()
+        return [self._send(b.address, MetricsRequest()) for b in view.brokers.values()]
+
+    def metrics(self: Routes) -> dict[str, Any]:
+        """The cluster's metrics: every live broker's document merged; raises as
+        :meth:`metrics_per_broker`."""
+        return merge_documents(self.metrics_per_broker())
+
+    def elect_leaders(
+        self: Routes, topics: Sequence[str] | None = None
+    ) -> dict[str, dict[int, int]]:
+        """The preferred-leader rebalance on the controller (``idemlog topics
+        elect-leaders``): every partition whose first replica is live and in sync but not
+        leading gets it back as leader. Returns {topic: {partition: new leader}}."""
+        request = ElectLeadersRequest(None if topics is None else tuple(topics))
+        doc = self._controller_action(request)
+        return {t: {int(p): int(b) for p, b in m.items()} for t, m in doc["moved"].items()}

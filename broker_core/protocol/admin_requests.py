@@ -1,0 +1,178 @@
+"""Topic, metadata and operators' requests: create, delete, describe, offsets, metadata,
+find-coordinator, the transaction listing and abort, metrics and ping (the shared field
+readers and the request shape: ``protocol.requests``)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from broker_core.errors import InvalidRequestError
+from broker_core.protocol.requests import (
+    Doc,
+    _names,
+)
+from broker_core.protocol.wire import (
+    PROTOCOL_VERSION,
+    Action,
+)
+from broker_core.protocol.wire import field as _field
+
+
+# -- topics --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CreateTopicRequest:
+    ACTION: ClassVar[Action] = Action.CREATE_TOPIC
+    name: str
+    partitions: int
+    schema: bytes | None = None  # Arrow IPC
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_doc(self) -> Doc:
+        doc: Doc = {"name": self.name, "partitions": self.partitions, "config": dict(self.config)}
+        if self.schema is not None:
+            doc["schema"] = base64.b64encode(self.schema).decode()
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> CreateTopicRequest:
+        what = cls.ACTION.value
+        name = _field(doc, "name", str, what)
+        partitions = _field(doc, "partitions", int, what)
+        config = _field(doc, "config", dict, what, {})
+        raw_schema = _field(doc, "schema", str, what, None)
+        schema: bytes | None = None
+        if raw_schema is not None:
+            try:
+                schema = base64.b64decode(raw_schema, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise InvalidRequestError(f"{what}: field 'schema' is not base64 ({exc})") from exc
+        return cls(name, partitions, schema, config)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicRequest:
+    ACTION: ClassVar[Action] = Action.DELETE_TOPIC
+    name: str
+
+    def to_doc(self) -> Doc:
+        return {"name": self.name}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> DeleteTopicRequest:
+        return cls(_field(doc, "name", str, cls.ACTION.value))
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTopicsRequest:
+    ACTION: ClassVar[Action] = Action.DESCRIBE_TOPICS
+    names: tuple[str, ...] | None = None  # None: every topic
+
+    def to_doc(self) -> Doc:
+        return {} if self.names is None else {"names": list(self.names)}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> DescribeTopicsRequest:
+        return cls(_names(doc, "names", cls.ACTION.value))
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsRequest:
+    ACTION: ClassVar[Action] = Action.LIST_OFFSETS
+    topic: str
+    partition: int
+
+    def to_doc(self) -> Doc:
+        return {"topic": self.topic, "partition": self.partition}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> ListOffsetsRequest:
+        what = cls.ACTION.value
+        return cls(_field(doc, "topic", str, what), _field(doc, "partition", int, what))
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequest:
+    ACTION: ClassVar[Action] = Action.METADATA
+    topics: tuple[str, ...] | None = None  # None: every topic
+
+    def to_doc(self) -> Doc:
+        return {} if self.topics is None else {"topics": list(self.topics)}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> MetadataRequest:
+        return cls(_names(doc, "topics", cls.ACTION.value))
+
+
+@dataclass(frozen=True, slots=True)
+class FindCoordinatorRequest:
+    ACTION: ClassVar[Action] = Action.FIND_COORDINATOR
+    transactional_id: str | None = None
+
+    def to_doc(self) -> Doc:
+        return {} if self.transactional_id is None else {"transactional_id": self.transactional_id}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> FindCoordinatorRequest:
+        return cls(_field(doc, "transactional_id", str, cls.ACTION.value, None))
+
+
+# -- operations ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ListTransactionsRequest:
+    ACTION: ClassVar[Action] = Action.LIST_TRANSACTIONS
+    min_age_ms: int = 0
+    every_id: bool = False  # every transactional id with its state, not the open ones
+
+    def to_doc(self) -> Doc:
+        return {"min_age_ms": self.min_age_ms, "all": self.every_id}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> ListTransactionsRequest:
+        what = cls.ACTION.value
+        return cls(_field(doc, "min_age_ms", int, what, 0), _field(doc, "all", bool, what, False))
+
+
+@dataclass(frozen=True, slots=True)
+class AbortTransactionRequest:
+    ACTION: ClassVar[Action] = Action.ABORT_TRANSACTION
+    transactional_id: str
+
+    def to_doc(self) -> Doc:
+        return {"transactional_id": self.transactional_id}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> AbortTransactionRequest:
+        return cls(_field(doc, "transactional_id", str, cls.ACTION.value))
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRequest:
+    """No fields (extra ones are ignored, as for every action)."""
+
+    ACTION: ClassVar[Action] = Action.METRICS
+
+    def to_doc(self) -> Doc:
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class PingRequest:
+    """No fields (extra ones are ignored, as for every action)."""
+
+    ACTION: ClassVar[Action] = Action.PING
+
+    def to_doc(self) -> Doc:
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class PingResponse:
+    broker_id: int
+    version: int = PROTOCOL_VERSION
+
+    def to_doc(self) -> Doc:
+        return {"broker_id": self.broker_id, "version": self.version}
