@@ -63,6 +63,15 @@ TENTHS = 10
 # Short enough that finished jobs' ids expire several times over in a run of minutes.
 # Every duration is compressed alike: 7 days of id expiry become 20 s, a day of tombstone
 # retention 3 s, 100 MiB state segments 1 MiB.
+# The stream's own topic is bounded as a month-long stream's would be, by retention, and
+# its producers' state expires like the coordinator's ids: what the figures then show is
+# what the broker keeps beyond that.
+TOPIC_CONFIG: dict[str, object] = {
+    "segment.bytes": 4 * 1024 * 1024,
+    "max.message.bytes": 1024 * 1024,
+    "retention.bytes": 16 * 1024 * 1024,
+    "producer.id.expiration.ms": 20_000,
+}
 DEFAULT_BROKER_CONFIG = {
     "transactional.id.expiration.ms": "20000",
     "transaction.state.log.delete.retention.ms": "3000",
@@ -223,7 +232,7 @@ def run(args: argparse.Namespace, directory: Path) -> list[Tenth]:
     broker = Broker(directory, config)
     broker.start()
     with BrokerClient(broker.address) as admin:
-        admin.create_topic(TOPIC, args.partitions, schema=SCHEMA)
+        admin.create_topic(TOPIC, args.partitions, schema=SCHEMA, config=TOPIC_CONFIG)
     jobs_every = max(1, args.batches // max(1, args.jobs)) if args.jobs else 0
     per_tenth = max(1, args.batches // TENTHS)
     tenths: list[Tenth] = []
