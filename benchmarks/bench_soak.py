@@ -231,48 +231,50 @@ def run(args: argparse.Namespace, directory: Path) -> list[Tenth]:
     config.update(dict(kv.split("=", 1) for kv in args.broker_config))
     broker = Broker(directory, config)
     broker.start()
-    with BrokerClient(broker.address) as admin:
-        admin.create_topic(TOPIC, args.partitions, schema=SCHEMA, config=TOPIC_CONFIG)
-    jobs_every = max(1, args.batches // max(1, args.jobs)) if args.jobs else 0
-    per_tenth = max(1, args.batches // TENTHS)
-    tenths: list[Tenth] = []
-    batch = jobs = 0
-    print(
-        f"{'tenth':>5} {'batches':>8} {'jobs':>6} {'state MB':>9} {'load s':>7} "
-        f"{'RSS MB':>7} {'commit p50 ms':>13} {'p95 ms':>7} {'txn ids':>8}",
-        flush=True,
-    )
-    for tenth in range(TENTHS):
-        client = BrokerClient(broker.address)
-        driver = SinkDriver(client, args.tasks, args.partitions)
-        current = Tenth(0, 0, 0, 0.0, 0.0)
-        try:
-            for _ in range(per_tenth):
-                current.commit_ms.append(driver.batch("soak-stream", "run-1", batch))
-                batch += 1
-                if jobs_every and batch % jobs_every == 0 and jobs < args.jobs:
-                    driver.batch(f"soak-job-{jobs}", f"job-run-{jobs}", 0)
-                    jobs += 1
-            current.transactional_ids = int(
-                (client.metrics().get("transactions") or {}).get("transactional_ids", -1)
-            )
-        finally:
-            driver.close()
-            client.close()
-        current.batches, current.jobs = batch, jobs
-        current.rss_mb = broker.rss_mb()
-        broker.stop(signal.SIGKILL if tenth % 2 else signal.SIGTERM)
-        current.state_bytes = state_bytes(directory)
-        current.load_s = broker.start()
-        tenths.append(current)
+    try:
+        with BrokerClient(broker.address) as admin:
+            admin.create_topic(TOPIC, args.partitions, schema=SCHEMA, config=TOPIC_CONFIG)
+        jobs_every = max(1, args.batches // max(1, args.jobs)) if args.jobs else 0
+        per_tenth = max(1, args.batches // TENTHS)
+        tenths: list[Tenth] = []
+        batch = jobs = 0
         print(
-            f"{tenth + 1:>5} {current.batches:>8} {current.jobs:>6} "
-            f"{current.state_bytes / 2**20:>9.2f} {current.load_s:>7.2f} "
-            f"{current.rss_mb:>7.0f} {current.p50:>13.2f} {current.p95:>7.2f} "
-            f"{current.transactional_ids:>8}",
+            f"{'tenth':>5} {'batches':>8} {'jobs':>6} {'state MB':>9} {'load s':>7} "
+            f"{'RSS MB':>7} {'commit p50 ms':>13} {'p95 ms':>7} {'txn ids':>8}",
             flush=True,
         )
-    broker.stop(signal.SIGTERM)
+        for tenth in range(TENTHS):
+            client = BrokerClient(broker.address)
+            driver = SinkDriver(client, args.tasks, args.partitions)
+            current = Tenth(0, 0, 0, 0.0, 0.0)
+            try:
+                for _ in range(per_tenth):
+                    current.commit_ms.append(driver.batch("soak-stream", "run-1", batch))
+                    batch += 1
+                    if jobs_every and batch % jobs_every == 0 and jobs < args.jobs:
+                        driver.batch(f"soak-job-{jobs}", f"job-run-{jobs}", 0)
+                        jobs += 1
+                current.transactional_ids = int(
+                    (client.metrics().get("transactions") or {}).get("transactional_ids", -1)
+                )
+            finally:
+                driver.close()
+                client.close()
+            current.batches, current.jobs = batch, jobs
+            current.rss_mb = broker.rss_mb()
+            broker.stop(signal.SIGKILL if tenth % 2 else signal.SIGTERM)
+            current.state_bytes = state_bytes(directory)
+            current.load_s = broker.start()
+            tenths.append(current)
+            print(
+                f"{tenth + 1:>5} {current.batches:>8} {current.jobs:>6} "
+                f"{current.state_bytes / 2**20:>9.2f} {current.load_s:>7.2f} "
+                f"{current.rss_mb:>7.0f} {current.p50:>13.2f} {current.p95:>7.2f} "
+                f"{current.transactional_ids:>8}",
+                flush=True,
+            )
+    finally:
+        broker.stop(signal.SIGTERM)  # also when a step failed: never leave it running
     return tenths
 
 
