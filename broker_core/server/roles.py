@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
@@ -92,19 +93,17 @@ class CoordinatorRole:
         self._broker_id = broker_id
         self._cluster = cluster
         self._store = store
-        self._pids = pids
-        self._markers = markers
-        self._max_timeout_ms = max_timeout_ms
         self._state_segment_bytes = state_segment_bytes
         self._state_delete_retention_ms = state_delete_retention_ms
-        self._marker_retry_deadline_s = marker_retry_deadline_s
-        self._expiry = expiry
         self._cond = threading.Condition()
         self._wanted = False
         self._dirty = False
         self._stopped = False
         self._coordinator: TransactionCoordinator | None = None
         self._offsets = offsets
+        self._parts = CoordinatorParts(
+            pids, markers, offsets, max_timeout_ms, marker_retry_deadline_s, expiry
+        )
         self._thread: threading.Thread | None = None
 
     def current(self) -> TransactionCoordinator | None:
@@ -168,40 +167,17 @@ class CoordinatorRole:
             segment_bytes=self._state_segment_bytes,
             delete_retention_ms=self._state_delete_retention_ms,
         )
-        coordinator = TransactionCoordinator(
-            LogTxnStateStore(partition, leader_epoch=epoch),
-            self._pids,
-            self._markers,
-            max_timeout_ms=self._max_timeout_ms,
-            marker_retry_deadline_s=self._marker_retry_deadline_s,
-            coordinator_epoch=epoch,
-            stable_offsets=self._offsets,
-            expiry=self._expiry,
-        )
-        try:
-            coordinator.start()
-        except BaseException:
-            coordinator.close()
-            raise
+        coordinator = self._parts.start(LogTxnStateStore(partition, leader_epoch=epoch), epoch)
         log.info("broker %d runs the transaction coordinator (epoch %d)", self._broker_id, epoch)
         return coordinator
 
     def abort_timed_out(self) -> list[str]:
-        """Abort the running coordinator's transactions open past their timeout (none
-        while no coordinator runs); returns their transactional ids."""
-        coordinator = self._coordinator
-        if coordinator is None:
-            return []
-        aborted = coordinator.abort_timed_out()
-        if aborted:
-            log.info("aborted transactions open past their timeout: %s", aborted)
-        return aborted
+        """Abort the running coordinator's transactions open past their timeout."""
+        return abort_timed_out_of(self._coordinator)
 
     def expire_idle(self) -> ExpiryResult | None:
-        """Remove the running coordinator's transactional ids and sink records idle past
-        their expiry (nothing while no coordinator runs)."""
-        coordinator = self._coordinator
-        return None if coordinator is None else coordinator.expire_idle()
+        """Remove the running coordinator's ids and sink records idle past their expiry."""
+        return expire_idle_of(self._coordinator)
 
     def _close_coordinator(self) -> None:
         self._offsets.close()
@@ -220,3 +196,55 @@ class CoordinatorRole:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10.0)
         self._close_coordinator()
+
+
+@dataclass(frozen=True)
+class CoordinatorParts:
+    """What every coordinator a broker runs is built of, the embedded broker's and a
+    cluster's state-partition leader's alike."""
+
+    pids: ProducerIdSource
+    markers: MarkerWriter
+    offsets: ClusterStableOffsets
+    max_timeout_ms: int
+    marker_retry_deadline_s: float
+    expiry: ExpiryPolicy
+
+    def start(
+        self, state: LogTxnStateStore, epoch: int, *, finish_in_background: bool = False
+    ) -> TransactionCoordinator:
+        """A coordinator of ``epoch`` on ``state``, started; closed again if its start
+        raises (and the error raised)."""
+        coordinator = TransactionCoordinator(
+            state,
+            self.pids,
+            self.markers,
+            max_timeout_ms=self.max_timeout_ms,
+            marker_retry_deadline_s=self.marker_retry_deadline_s,
+            coordinator_epoch=epoch,
+            stable_offsets=self.offsets,
+            expiry=self.expiry,
+        )
+        try:
+            coordinator.start(finish_in_background=finish_in_background)
+        except BaseException:
+            coordinator.close()
+            raise
+        return coordinator
+
+
+def abort_timed_out_of(coordinator: TransactionCoordinator | None) -> list[str]:
+    """Abort ``coordinator``'s transactions open past their timeout (none while no
+    coordinator runs); returns their transactional ids."""
+    if coordinator is None:
+        return []
+    aborted = coordinator.abort_timed_out()
+    if aborted:
+        log.info("aborted transactions open past their timeout: %s", aborted)
+    return aborted
+
+
+def expire_idle_of(coordinator: TransactionCoordinator | None) -> ExpiryResult | None:
+    """Remove ``coordinator``'s ids and sink records idle past their expiry (nothing while
+    no coordinator runs)."""
+    return None if coordinator is None else coordinator.expire_idle()

@@ -31,7 +31,13 @@ from broker_core.errors import (
 from broker_core.server.config import ZK_ROOT
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_manager import ReplicaManager
-from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
+from broker_core.server.roles import (
+    ClusterStableOffsets,
+    CoordinatorParts,
+    CoordinatorRole,
+    abort_timed_out_of,
+    expire_idle_of,
+)
 from broker_core.server.state_migration import migrate_zookeeper_state, raise_to_floor
 from broker_core.server.state_partition import LeaderStatePartition
 from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
@@ -72,12 +78,10 @@ class StateLeaderCoordinatorRole:
         self._cluster = cluster
         self._zookeeper = zookeeper
         self._replicas = replicas
-        self._pids = pids
-        self._markers = markers
         self._offsets = offsets
-        self._max_timeout_ms = max_timeout_ms
-        self._marker_retry_deadline_s = marker_retry_deadline_s
-        self._expiry = expiry
+        self._parts = CoordinatorParts(
+            pids, markers, offsets, max_timeout_ms, marker_retry_deadline_s, expiry
+        )
         self._ack_timeout_s = ack_timeout_s
         self._cond = threading.Condition()
         # The leadership to serve: (replica, its leader epoch), None while not leader.
@@ -191,40 +195,18 @@ class StateLeaderCoordinatorRole:
         if epoch < floor:
             raise_to_floor(self._cluster, self._broker_id, STATE_PARTITION, epoch, floor)
         state = LogTxnStateStore(writer, leader_epoch=epoch)
-        coordinator = TransactionCoordinator(
-            state,
-            self._pids,
-            self._markers,
-            max_timeout_ms=self._max_timeout_ms,
-            marker_retry_deadline_s=self._marker_retry_deadline_s,
-            coordinator_epoch=epoch,
-            stable_offsets=self._offsets,
-            expiry=self._expiry,
-        )
-        try:
-            # Served once loaded; its leftovers finish on workers of their own, so one
-            # partition stuck offline delays only the transactions that touch it.
-            coordinator.start(finish_in_background=True)
-        except BaseException:
-            coordinator.close()
-            raise
-        return coordinator
+        # Served once loaded; its leftovers finish on workers of their own, so one
+        # partition stuck offline delays only the transactions that touch it.
+        return self._parts.start(state, epoch, finish_in_background=True)
 
     # -- periodic work -------------------------------------------------------------------
     def abort_timed_out(self) -> list[str]:
-        """Abort the running coordinator's transactions open past their timeout (none
-        while none runs); returns their transactional ids."""
-        coordinator = self.current()
-        if coordinator is None:
-            return []
-        aborted = coordinator.abort_timed_out()
-        if aborted:
-            log.info("aborted transactions open past their timeout: %s", aborted)
-        return aborted
+        """Abort the running coordinator's transactions open past their timeout."""
+        return abort_timed_out_of(self.current())
 
     def expire_idle(self) -> ExpiryResult | None:
-        coordinator = self.current()
-        return None if coordinator is None else coordinator.expire_idle()
+        """Remove the running coordinator's ids and sink records idle past their expiry."""
+        return expire_idle_of(self.current())
 
     def stop(self) -> None:
         """Stop following the leadership and close the coordinator if one runs."""
