@@ -157,7 +157,8 @@ def _new_controller(client: BrokerClient, survivor: BrokerProcess, old: int) -> 
 
 def _coordinator(client: BrokerClient, brokers: list[BrokerProcess], old: int | None = None) -> int:
     """The broker FIND_COORDINATOR names (every live broker agreeing), once it is not
-    ``old``; __transaction_state is created by the first ask."""
+    ``old`` and has loaded its state partition; __transaction_state is created by the
+    first ask."""
     found: list[int] = []
 
     def named() -> bool:
@@ -166,16 +167,25 @@ def _coordinator(client: BrokerClient, brokers: list[BrokerProcess], old: int | 
             if not broker.running:
                 continue
             try:
-                answers.add(client.action(broker.address, Action.FIND_COORDINATOR, {})["broker_id"])
+                doc = client.action(broker.address, Action.FIND_COORDINATOR, {})
+                answers.add((doc["broker_id"], f"{doc['host']}:{doc['port']}"))
             except IdemlogError as exc:
                 assert exc.retriable, exc
                 return False
-        if len(answers) != 1 or old in answers:
+        if len(answers) != 1:
             return False
-        found.append(answers.pop())
+        leader, address = answers.pop()
+        if leader == old:
+            return False
+        try:  # named is not loaded: the state partition loads in the background
+            client.action(address, Action.LIST_TRANSACTIONS, {})
+        except IdemlogError as exc:
+            assert exc.retriable, exc
+            return False
+        found.append(leader)
         return True
 
-    wait_until(named, f"one coordinator other than broker {old}", timeout=FAILOVER_S)
+    wait_until(named, f"one loaded coordinator other than broker {old}", timeout=FAILOVER_S)
     return found[-1]
 
 
