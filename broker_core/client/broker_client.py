@@ -59,6 +59,7 @@ from broker_core.protocol.wire import (
     encode_json,
 )
 from broker_core.retry import RetryPolicy
+from broker_core.security.flight_auth import SaslCredentials
 
 T = TypeVar("T")
 _ROUTING_ERRORS = (
@@ -102,7 +103,9 @@ class BrokerClient(AdminCalls, TransactionCalls):
     nothing connects before the first request. Use it as a context manager or call
     :meth:`close`. ``connections``: a connection cache shared with other clients (one per
     process in the Spark sink, so a reused Python worker keeps its channels from batch to
-    batch); :meth:`close` then leaves it open, for its owner to close.
+    batch); :meth:`close` then leaves it open, for its owner to close. ``sasl``: the
+    credentials of a SASL listener (docs/security.md); every connection authenticates
+    first, and a refusal is ``SaslAuthenticationFailedError`` (not retried).
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         retries: int = 5,
         retry_backoff_s: float = 0.05,
         connections: FlightConnections | None = None,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self._bootstrap = parse_bootstrap(bootstrap)
         if retries < 0 or retry_backoff_s < 0:
@@ -131,7 +135,13 @@ class BrokerClient(AdminCalls, TransactionCalls):
             max_backoff_s=retry_backoff_s * 2 ** max(retries - 1, 0),
         )
         self._owns_connections = connections is None
-        self._connections = FlightConnections() if connections is None else connections
+        if connections is None:
+            connections = FlightConnections(sasl=sasl)
+        elif sasl is not None and connections.sasl != sasl:
+            raise InvalidConfigError(
+                "BrokerClient: the shared connections authenticate with other credentials"
+            )
+        self._connections = connections
         self._view: ClusterView | None = None
         self._coordinator: str | None = None  # FIND_COORDINATOR's last answer
 

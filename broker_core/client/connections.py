@@ -3,17 +3,30 @@
 A Flight client is a gRPC channel: opening one per request would pay a connection setup
 each time, so callers keep one per broker. The broker client and the coordinator's marker
 writer both use :class:`FlightConnections`.
+
+Given SASL credentials, each new channel first runs the SCRAM handshake
+(``broker_core.security.flight_auth``) and carries its session token on every call; a
+channel is replaced by a freshly authenticated one once half its session's lifetime has
+passed, so calls never meet an expired token (docs/security.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import pyarrow.flight as flight
 
 from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
 from broker_core.protocol.wire import parse_error_message
+from broker_core.security.flight_auth import SaslCredentials, ScramClientAuth
+
+HANDSHAKE_TIMEOUT_S = 10.0
+# A channel is re-authenticated after this share of its session's lifetime: a call
+# started then still has the other half before its token expires.
+REFRESH_SHARE = 0.5
+_NEVER = float("inf")  # a channel without a session never needs a new handshake
 
 
 class FlightConnections:
@@ -24,19 +37,48 @@ class FlightConnections:
     so the next :meth:`get` opens a fresh channel instead of waiting out the broken one's
     reconnect backoff. :meth:`close` closes them all (no call may be in flight then); the
     cache stays usable.
+
+    ``sasl``: the credentials every channel authenticates with; then :meth:`get` runs
+    the handshake and raises ``SaslAuthenticationFailedError`` if the broker refuses it,
+    ``NetworkError`` if it cannot be reached.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, sasl: SaslCredentials | None = None) -> None:
         self._lock = threading.Lock()
+        self._sasl = sasl
         self._clients: dict[str, flight.FlightClient] = {}
+        self._refresh_at: dict[str, float] = {}  # address -> when its channel re-authenticates
+
+    @property
+    def sasl(self) -> SaslCredentials | None:
+        return self._sasl
 
     def get(self, address: str) -> flight.FlightClient:
         with self._lock:
             client = self._clients.get(address)
-            if client is None:
-                client = flight.connect(f"grpc://{address}")
-                self._clients[address] = client
-            return client
+            if client is not None and time.monotonic() < self._refresh_at[address]:
+                return client
+        # The handshake is a call to the broker: made outside the lock.
+        client, refresh_at = self._open(address)
+        with self._lock:
+            self._clients[address] = client
+            self._refresh_at[address] = refresh_at
+        return client
+
+    def _open(self, address: str) -> tuple[flight.FlightClient, float]:
+        client = flight.connect(f"grpc://{address}")
+        if self._sasl is None:
+            return client, _NEVER
+        auth = ScramClientAuth(self._sasl)
+        try:
+            client.authenticate(auth, flight.FlightCallOptions(timeout=HANDSHAKE_TIMEOUT_S))
+        except flight.FlightError as exc:
+            _close_quietly(client)
+            typed = parse_error_message(str(exc))
+            if typed is not None:
+                raise typed from None
+            raise NetworkError(f"SASL handshake with {address} failed: {exc}") from None
+        return client, time.monotonic() + auth.lifetime_s * REFRESH_SHARE
 
     def reset(self, address: str) -> None:
         """Forget the client of ``address``: the next :meth:`get` opens a fresh channel.
@@ -47,10 +89,12 @@ class FlightConnections:
         """
         with self._lock:
             self._clients.pop(address, None)
+            self._refresh_at.pop(address, None)
 
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+            self._refresh_at = {}
         for client in clients:
             _close_quietly(client)
 

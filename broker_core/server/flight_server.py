@@ -87,8 +87,11 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         metrics: Metrics,
         max_request_bytes: int,
         ack_timeout_s: float = 60.0,
+        auth_handler: flight.ServerAuthHandler | None = None,
     ) -> None:
-        super().__init__(f"grpc://{host}:{port}")
+        # auth_handler (SASL, broker_core.server.authentication): every call but the
+        # handshake carries a valid session token, or Flight refuses it before any handler.
+        super().__init__(f"grpc://{host}:{port}", auth_handler=auth_handler)
         self._actions = actions
         self._gate = gate
         self._topics = topics

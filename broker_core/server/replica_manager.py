@@ -47,6 +47,7 @@ from broker_core.protocol.replica import (
     ReplicaLogStartRequest,
     ReplicaLogStartResponse,
 )
+from broker_core.security.flight_auth import SaslCredentials
 from broker_core.server.config import ack_timeout_ms
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
@@ -82,6 +83,8 @@ class ReplicaManager:
         store: LogStore,
         cluster: ClusterMetadata,
         config: ReplicationConfig,
+        *,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self.broker_id = broker_id
         self._store = store
@@ -90,7 +93,7 @@ class ReplicaManager:
         self._lock = threading.RLock()  # the maps below; taken by the cluster callback
         self._partitions: dict[TopicPartition, Partition] = {}
         self._fetchers: dict[TopicPartition, ReplicaFetcher] = {}
-        self._connections = FlightConnections()
+        self._connections = FlightConnections(sasl=sasl)  # sasl: the broker's own principal
         self._expand: set[tuple[str, int, int]] = set()  # (topic, partition, broker) to add
         self._wake = threading.Condition()
         self._closed = False

@@ -1,0 +1,1 @@
+"""Authentication: SCRAM over Flight's handshake, the credential stores, principals."""
