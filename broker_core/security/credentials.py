@@ -113,6 +113,10 @@ class FileCredentialStore:
     def users(self) -> dict[str, UserRecord]:
         return dict(self._current())
 
+    def refresh(self) -> None:
+        """Re-read the file if it changed (one ``stat`` otherwise), telling ``on_change``."""
+        self._current()
+
     def _current(self) -> dict[str, UserRecord]:
         with self._mutex:
             try:

@@ -64,6 +64,8 @@ class ScramServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
     ``sessions`` holds the tokens; ``mechanisms`` are those ``sasl.enabled.mechanisms``
     allows. A failed handshake raises (Flight answers UNAUTHENTICATED with the typed
     error); so does a call whose token is missing, unknown, revoked or expired.
+    ``on_call`` runs before each call's token is checked (the file store's look for a
+    changed file, so that a removed user's sessions end before its next call is served).
     """
 
     def __init__(
@@ -71,8 +73,11 @@ class ScramServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
         credentials: CredentialLookup,
         sessions: SessionTable,
         mechanisms: Collection[Mechanism],
+        *,
+        on_call: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
+        self._on_call = on_call
         self._credentials = credentials
         self._sessions = sessions
         self._mechanisms = frozenset(mechanisms)
@@ -124,6 +129,8 @@ class ScramServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
 
     def is_valid(self, token: bytes) -> str:
         try:
+            if self._on_call is not None:
+                self._on_call()
             return str(self._sessions.validate(bytes.fromhex(bytes(token).decode("ascii"))))
         except (ValueError, UnicodeDecodeError):
             raise _refusal(SaslAuthenticationFailedError("malformed SASL session token")) from None

@@ -36,11 +36,11 @@ def server_auth(cfg: BrokerConfig, zk: Any) -> ScramServerAuth | None:
             log.info("User:%s changed or removed: %d sessions ended", user, ended)
 
     if cfg.embedded:
-        store: FileCredentialStore | ZkCredentialStore = FileCredentialStore(
-            cfg.log_dir, on_change=revoke
-        )
-    else:
-        store = ZkCredentialStore(zk, ZK_ROOT, watch=True, on_change=revoke)
-        if not store.wait_loaded(cfg.zookeeper_session_timeout_ms / 1000.0):
-            raise BrokerNotAvailableError(f"the SCRAM users under {store.path} did not load")
+        # Checked before every call (a stat): a removal ends the user's sessions at once.
+        users = FileCredentialStore(cfg.log_dir, on_change=revoke)
+        return ScramServerAuth(users.lookup, sessions, security.mechanisms, on_call=users.refresh)
+    # Watched: a removal ends the sessions when the watch fires, well within a second.
+    store = ZkCredentialStore(zk, ZK_ROOT, watch=True, on_change=revoke)
+    if not store.wait_loaded(cfg.zookeeper_session_timeout_ms / 1000.0):
+        raise BrokerNotAvailableError(f"the SCRAM users under {store.path} did not load")
     return ScramServerAuth(store.lookup, sessions, security.mechanisms)
