@@ -23,6 +23,8 @@ from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL
+from broker_core.security.client_config import CLIENT_SECURITY_KEYS, sasl_credentials
+from broker_core.security.flight_auth import SaslCredentials
 from spark_sink.embedded import DEFAULT_PATH
 from spark_sink.producer.config import ProducerConfig, parse_acks
 
@@ -152,6 +154,8 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
         ),
         Scope.READ,
     ),
+    # The client's security keys, declared once in broker_core.security.client_config.
+    *((key, Scope.BOTH) for key in CLIENT_SECURITY_KEYS),
 ]
 
 OPTIONS = ConfigDef([k for k, _ in _KEYS], what="idemlog option")
@@ -175,6 +179,9 @@ class IdemlogOptions:
     max_offsets_per_trigger: int
     include_metadata: bool
     producer: dict[str, Any]
+    # The credentials of every client the job builds (None: PLAINTEXT); its repr hides
+    # the password, which no message, log line or checkpoint file of the sink holds.
+    sasl: SaslCredentials | None
     # Spark's own option, kept for the driver's abort: the checkpoint's metadata file
     # names the streaming query (the sink id) when no task reported.
     checkpoint_location: str = ""
@@ -250,8 +257,15 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             ProducerConfig.from_mapping(producer)
         except IdemlogError as exc:
             raise InvalidConfigError(f"option {PRODUCER_PREFIX}*: {exc.message}") from None
+    sasl = sasl_credentials({k: v for k, v in parsed.items() if k in values})
+    if sasl is not None and not brokers:
+        raise InvalidConfigError(
+            "option 'security.protocol'=SASL_PLAINTEXT needs 'brokers': the embedded "
+            "default broker listens on loopback without authentication"
+        )
     return IdemlogOptions(
         topic=topic,
+        sasl=sasl,
         brokers=brokers,
         path=str(parsed["path"]),
         key=str(parsed["key"]) or None,

@@ -106,7 +106,7 @@ class _Heartbeat:
 
     def _run(self) -> None:
         interval = heartbeat_interval_s(self._options)
-        with sink_client(self._bootstrap) as client:
+        with sink_client(self._bootstrap, sasl=self._options.sasl) as client:
             while not self._stop.wait(interval):
                 try:
                     client.sink_heartbeat(self._sink_id, self._run_id)
@@ -156,10 +156,12 @@ def _write_task(
 
         producer = Producer(
             bootstrap,
-            connections=shared_connections(),
+            connections=shared_connections(options.sasl),
             transport=None
             if lost_ack is None
-            else failpoints.losing_acks(lost_ack, FlightTransport(BrokerClient(bootstrap))),
+            else failpoints.losing_acks(
+                lost_ack, FlightTransport(BrokerClient(bootstrap, sasl=options.sasl))
+            ),
             **{
                 "transactional.id": tid,
                 "transaction.timeout.ms": options.transaction_timeout_ms,
