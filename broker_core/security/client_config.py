@@ -48,18 +48,24 @@ CLIENT_SECURITY_CONFIG = ConfigDef(CLIENT_SECURITY_KEYS, what="client security")
 CLIENT_SECURITY_KEY_NAMES = frozenset(k.name for k in CLIENT_SECURITY_KEYS)
 
 
+def uses_sasl(protocol: str) -> bool:
+    """Whether ``security.protocol`` asks for SASL (SASL_PLAINTEXT, and SASL_SSL once TLS
+    is there): by its prefix, as Kafka names them."""
+    return protocol.startswith("SASL_")
+
+
 def sasl_credentials(options: Mapping[str, object]) -> SaslCredentials | None:
     """The credentials the security keys in ``options`` ask for (other keys ignored):
     None with PLAINTEXT. Raises InvalidConfigError naming the key that is wrong or
     missing (never a password's value)."""
     chosen = {k: v for k, v in options.items() if k in CLIENT_SECURITY_KEY_NAMES}
     parsed = CLIENT_SECURITY_CONFIG.parse(chosen)
-    if parsed["security.protocol"] == PLAINTEXT:
+    if not uses_sasl(str(parsed["security.protocol"])):
         given = sorted(k for k in chosen if k.startswith("sasl."))
         if given:
             raise InvalidConfigError(
-                f"{', '.join(given)} set but security.protocol=PLAINTEXT: set "
-                "security.protocol=SASL_PLAINTEXT to authenticate"
+                f"{', '.join(given)} set but security.protocol={parsed['security.protocol']}: "
+                "set security.protocol=SASL_PLAINTEXT to authenticate"
             )
         return None
     return SaslCredentials.from_options(

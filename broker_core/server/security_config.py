@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from broker_core.config import INT_MAX, ConfigKey, ConfigValue
 from broker_core.errors import InvalidConfigError
-from broker_core.security.client_config import PLAINTEXT, SASL_PLAINTEXT, SECURITY_PROTOCOLS
+from broker_core.security.client_config import PLAINTEXT, SECURITY_PROTOCOLS, uses_sasl
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import MECHANISM_NAMES, Mechanism
 
@@ -85,7 +85,7 @@ class SecurityConfig:
 
     @property
     def sasl(self) -> bool:
-        return self.protocol == SASL_PLAINTEXT
+        return uses_sasl(self.protocol)
 
     @classmethod
     def from_parsed(cls, parsed: Mapping[str, ConfigValue], *, embedded: bool) -> SecurityConfig:
@@ -101,7 +101,7 @@ class SecurityConfig:
         username = str(parsed["sasl.inter.broker.username"])
         password = str(parsed["sasl.inter.broker.password"])
         inter_broker = None
-        if protocol == SASL_PLAINTEXT and (username or password or not embedded):
+        if uses_sasl(protocol) and (username or password or not embedded):
             mechanism = str(parsed["sasl.mechanism.inter.broker.protocol"])
             if Mechanism.parse(mechanism) not in mechanisms:
                 raise InvalidConfigError(
