@@ -8,6 +8,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,44 @@ def test_embedded_default_is_unchanged_plaintext_on_loopback(broker: BrokerProce
         assert [t["name"] for t in client.describe_topics()] == ["open"]
     assert not (broker.log_dir / "__users.json").exists()
     assert os.path.basename(str(broker.log_dir)).endswith("-data")
+
+
+def test_cli_authenticates_with_command_config(sasl_broker: BrokerProcess, tmp_path: Path) -> None:
+    config = tmp_path / "client.properties"
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+        f"sasl.username=alice\nsasl.password={PASSWORD}\n"
+    )
+    bootstrap = ["--bootstrap", sasl_broker.address]
+    created = idemlog(
+        "topics", "create", *bootstrap, "--topic", "cli", "--command-config", str(config)
+    )
+    assert created.returncode == 0, created.stderr
+    refused = idemlog("topics", "describe", *bootstrap)
+    assert refused.returncode == 2
+    assert "SASL_AUTHENTICATION_FAILED (58): no SASL session" in refused.stderr
+
+
+def test_clients_authenticate_again_before_their_session_expires(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    data = tmp_path / "short"
+    data.mkdir()
+    add_user(["--data-dir", str(data)], "alice", PASSWORD)
+    broker = broker_factory(
+        {
+            "log.dir": str(data),
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.session.lifetime.ms": 1000,  # the minimum
+        },
+        name="short",
+    )
+    alice = SaslCredentials(SHA512, "alice", PASSWORD)
+    with BrokerClient(broker.address, sasl=alice, retries=0) as client:
+        calls, started = 0, time.monotonic()
+        # Three session lifetimes of calls, none retried: each is served, as the client
+        # replaces its connection at half the lifetime.
+        while time.monotonic() - started < 3.0:
+            client.describe_topics()
+            calls += 1
+    assert calls > 10
