@@ -23,7 +23,11 @@ from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL
-from broker_core.security.client_config import CLIENT_SECURITY_KEYS, sasl_credentials
+from broker_core.security.client_config import (
+    CLIENT_SECURITY_KEY_NAMES,
+    CLIENT_SECURITY_KEYS,
+    sasl_credentials,
+)
 from broker_core.security.flight_auth import SaslCredentials
 from spark_sink.embedded import DEFAULT_PATH
 from spark_sink.producer.config import ProducerConfig, parse_acks
@@ -38,6 +42,7 @@ class Scope(StrEnum):
 # Producer keys the sink sets itself: a user value would break the protocol.
 _SINK_OWNED_PRODUCER_KEYS = frozenset(
     {"bootstrap.servers", "transactional.id", "enable.idempotence", "key.column", "partitioner"}
+    | CLIENT_SECURITY_KEY_NAMES  # the sink's own security options apply to every client
 )
 PRODUCER_PREFIX = "producer."
 # Set by Spark on every streaming writer; not ours to validate, but kept: the driver's

@@ -61,7 +61,13 @@ def sasl_credentials(options: Mapping[str, object]) -> SaslCredentials | None:
     chosen = {k: v for k, v in options.items() if k in CLIENT_SECURITY_KEY_NAMES}
     parsed = CLIENT_SECURITY_CONFIG.parse(chosen)
     if not uses_sasl(str(parsed["security.protocol"])):
-        given = sorted(k for k in chosen if k.startswith("sasl."))
+        # A default written out (conf/producer.properties lists every key) is no mistake;
+        # a user name or password with PLAINTEXT is: it would silently not be used.
+        given = sorted(
+            k
+            for k in chosen
+            if k.startswith("sasl.") and parsed[k] != CLIENT_SECURITY_CONFIG.key(k).default
+        )
         if given:
             raise InvalidConfigError(
                 f"{', '.join(given)} set but security.protocol={parsed['security.protocol']}: "

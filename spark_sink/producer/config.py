@@ -14,6 +14,8 @@ from broker_core.config import INT_MAX, ConfigDef, ConfigKey
 from broker_core.errors import InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
+from broker_core.security.client_config import CLIENT_SECURITY_KEYS, sasl_credentials
+from broker_core.security.flight_auth import SaslCredentials
 
 # The broker caches the last ``producer.state.batch.window`` batches per producer and
 # partition; a retried batch older than that cannot be answered with its offsets, so an
@@ -154,6 +156,8 @@ PRODUCER_CONFIG = ConfigDef(
             "",
             "Default key column of send() when none is given; empty: no key.",
         ),
+        # security.protocol and sasl.*: declared once, in broker_core.security.client_config.
+        *CLIENT_SECURITY_KEYS,
     ],
     what="producer",
 )
@@ -177,6 +181,7 @@ class ProducerConfig:
     transaction_timeout_ms: int
     partitioner: str
     key_column: str | None
+    sasl: SaslCredentials | None  # every connection's credentials; None: PLAINTEXT
 
     @classmethod
     def from_mapping(
@@ -201,6 +206,7 @@ class ProducerConfig:
             transaction_timeout_ms=int(v["transaction.timeout.ms"]),
             partitioner=str(v["partitioner"]),
             key_column=str(v["key.column"]) or None,
+            sasl=sasl_credentials(v if values is None else {k: v[k] for k in values}),
         )
         config._check(broker_window)
         return config

@@ -117,7 +117,10 @@ class Producer:
             timeout_s = self.config.request_timeout_ms / 1000
             transport = FlightTransport(
                 BrokerClient(
-                    self.config.bootstrap_servers, timeout_s=timeout_s, connections=connections
+                    self.config.bootstrap_servers,
+                    timeout_s=timeout_s,
+                    connections=connections,
+                    sasl=self.config.sasl,
                 ),
                 acks=self.config.acks,
             )

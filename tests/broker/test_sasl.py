@@ -168,3 +168,16 @@ def test_clients_authenticate_again_before_their_session_expires(
             client.describe_topics()
             calls += 1
     assert calls > 10
+
+
+def test_standalone_producer_takes_the_security_keys(sasl_broker: BrokerProcess) -> None:
+    from spark_sink.producer.producer import Producer
+
+    keys = {"security.protocol": "SASL_PLAINTEXT", "sasl.username": "alice"}
+    with BrokerClient(sasl_broker.address, sasl=SaslCredentials(SHA512, "alice", PASSWORD)) as c:
+        c.create_topic("p", 1, schema=SCHEMA)
+        with Producer(sasl_broker.address, **keys, **{"sasl.password": PASSWORD}) as producer:
+            producer.send("p", rows(4)).result(30)
+        assert ids(c, "p") == [0, 1, 2, 3]
+    with pytest.raises(SaslAuthenticationFailedError, match="User:alice with SCRAM-SHA-512"):
+        Producer(sasl_broker.address, **keys, **{"sasl.password": "wrong"}).send("p", rows(1))
