@@ -48,6 +48,8 @@ class FlightConnections:
         self._sasl = sasl
         self._clients: dict[str, flight.FlightClient] = {}
         self._refresh_at: dict[str, float] = {}  # address -> when its channel re-authenticates
+        # address -> the lock of opening its channel: one per broker address ever used.
+        self._opening: dict[str, threading.Lock] = {}
 
     @property
     def sasl(self) -> SaslCredentials | None:
@@ -55,15 +57,28 @@ class FlightConnections:
 
     def get(self, address: str) -> flight.FlightClient:
         with self._lock:
-            client = self._clients.get(address)
-            if client is not None and time.monotonic() < self._refresh_at[address]:
+            client = self._fresh(address)
+            if client is not None:
                 return client
-        # The handshake is a call to the broker: made outside the lock.
-        client, refresh_at = self._open(address)
-        with self._lock:
-            self._clients[address] = client
-            self._refresh_at[address] = refresh_at
-        return client
+            opening = self._opening.setdefault(address, threading.Lock())
+        # One opening per address at a time, so concurrent callers share one channel; the
+        # handshake is a call to the broker, made outside the cache's lock.
+        with opening:
+            with self._lock:
+                client = self._fresh(address)  # another caller may have opened it
+            if client is None:
+                client, refresh_at = self._open(address)
+                with self._lock:
+                    self._clients[address] = client
+                    self._refresh_at[address] = refresh_at
+            return client
+
+    def _fresh(self, address: str) -> flight.FlightClient | None:
+        """The cached client of ``address`` unless it is due to re-authenticate (lock held)."""
+        client = self._clients.get(address)
+        if client is not None and time.monotonic() < self._refresh_at[address]:
+            return client
+        return None
 
     def _open(self, address: str) -> tuple[flight.FlightClient, float]:
         client = flight.connect(f"grpc://{address}")
