@@ -68,6 +68,7 @@ ROWS = 10  # rows per partition per batch; partition p, batch b holds ids p*1000
 TIMEOUT_MS = 8000
 FAILOVER_S = 30.0  # session expiry + an election + a load, on a loaded 2-core machine
 DEPOSED = re.compile(r"coordinator of epoch \d+ deposed|was replaced by a newer one")
+REFUSED = "timeout pass stopped: the abort of timed-out"  # its in-flight abort, fenced
 TIMED_OUT = f"aborted by the coordinator: no task of sink {SINK!r}"
 ABORTED = "aborted transactions open past their timeout"  # logged once an abort is done
 
@@ -274,6 +275,9 @@ def test_coordinator_cut_off_mid_batch_times_nothing_out_and_its_successor_commi
         "the old coordinator to stand down after the heal",
         timeout=FAILOVER_S,
     )
+    # Its abort, in flight since before the heal, was refused for its epoch.
+    victim.wait_for_log(REFUSED, timeout=FAILOVER_S)
+    assert REFUSED in victim.log_text()[healed_log:]
     pattern = re.compile(
         rf"{TXN_STATE_TOPIC}-{state_p}: truncated from (\d+) to (\d+) to follow broker {new_id}"
     )
