@@ -223,9 +223,14 @@ def test_coordinator_cut_off_mid_batch_times_nothing_out_and_its_successor_commi
 
     # 1. The batch prepared on the other brokers' partitions; the commit not yet sent.
     first = _batch(client, 0, parts)
+
     # Its prepare was an acks=all append: every follower has the state log's end.
-    lag = client.action(victim.address, Action.METRICS, {})["replication"]["follower_lag"]
-    assert set(lag[f"{TXN_STATE_TOPIC}-{state_p}"].values()) == {0}, lag
+    def followers_caught_up() -> bool:
+        doc = client.action(victim.address, Action.METRICS, {})["replication"]
+        lag = doc["follower_lag"].get(f"{TXN_STATE_TOPIC}-{state_p}", {})
+        return len(lag) == 2 and set(lag.values()) == {0}
+
+    wait_until(followers_caught_up, "the state partition's followers caught up", timeout=10)
     at_cut = _state_log_end(victim, state_p)
 
     # 2. The coordinator's host cut off.
