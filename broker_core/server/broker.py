@@ -38,6 +38,7 @@ from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import PartitionGauges
+from broker_core.security.tls import Side, warn_if_exposed
 from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
@@ -203,6 +204,10 @@ class Broker:
         self._transition(BrokerState.STARTING)
         cfg = self.config
         try:
+            # The broker's own files first: a bad one refuses the start before anything
+            # is opened. The same material serves its links to other brokers.
+            tls = cfg.tls.load(Side.SERVER)
+            warn_if_exposed(cfg.listener_host, cfg.tls)
             cfg.log_dir.mkdir(parents=True, exist_ok=True)
             # Before anything in the directory is read or written: recovery may truncate.
             self._dir_lock = lock_data_dir(cfg.log_dir)
@@ -241,6 +246,7 @@ class Broker:
             self._server = IdemlogFlightServer(
                 cfg.listener_host,
                 cfg.listener_port,
+                tls=tls,
                 actions=actions,
                 gate=self.gate,
                 topics=started_topics,
@@ -257,7 +263,9 @@ class Broker:
                 cfg.advertised_port or int(self._server.port),
             )
             self.cluster = cluster = self._open_cluster(self.info)
-            self.replicas = ReplicaManager(self.broker_id, self.store, cluster, replication)
+            self.replicas = ReplicaManager(
+                self.broker_id, self.store, cluster, replication, tls=tls
+            )
             topics = self._topics = LocalTopics(
                 self.broker_id,
                 self.store,
@@ -274,11 +282,12 @@ class Broker:
                 cluster.brokers,
                 replicated=self.replicas.wait_replicated,
                 call_timeout_s=cfg.marker_call_timeout_s,
+                tls=tls,
             )
             cluster.register(self.info)
             topics.sync()
             cluster.on_topics_change(topics.sync)
-            offsets = ClusterStableOffsets(self.broker_id, topics, cluster.brokers)
+            offsets = ClusterStableOffsets(self.broker_id, topics, cluster.brokers, tls)
             expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
             retry_deadline_s = cfg.transaction_marker_retry_deadline_ms / 1000.0
             role: CoordinatorRole | StateLeaderCoordinatorRole
