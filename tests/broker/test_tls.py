@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import pyarrow.flight as flight
 import pytest
 
+from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import SslHandshakeError
 from broker_core.security.tls import (
@@ -237,3 +239,21 @@ def test_sasl_protocols_are_refused_at_start_as_not_built_yet(
     broker.spawn()
     assert broker.wait_exit() != 0
     assert "security.protocol=SASL_SSL: SASL authentication is not built yet" in (broker.log_text())
+
+
+def test_the_cli_reaches_a_tls_broker_with_command_config(
+    tls_broker: BrokerProcess,
+    tls_certs: TlsCerts,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = tmp_path / "client.properties"
+    config.write_text("".join(f"{k}={v}\n" for k, v in tls_certs.client_keys().items()))
+    base = ["topics", "create", "--bootstrap", tls_broker.address, "--topic", "cli-tls"]
+    assert cli_main([*base, "--partitions", "1", "--command-config", str(config)]) == 0
+    assert "created topic cli-tls" in capsys.readouterr().out
+    assert cli_main([*base, "--partitions", "1"]) == 2  # no --command-config: plaintext
+    assert "SSL_HANDSHAKE_FAILED" in capsys.readouterr().err
+    config.write_text("security.protocol=SSL\nssl.typo=1\n")
+    assert cli_main([*base, "--command-config", str(config)]) == 2
+    assert "ssl.typo" in capsys.readouterr().err
