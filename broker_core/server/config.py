@@ -25,7 +25,8 @@ from broker_core.config import (
 )
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
-from broker_core.security.tls import TLS_KEYS, TlsSettings
+from broker_core.security.tls import TlsSettings
+from broker_core.security.zk_tls import SECURITY_KEYS
 
 LOG_PREFIX = "log."
 # The znode under which a ZooKeeper cluster keeps its metadata and the coordinator its state.
@@ -327,7 +328,7 @@ def _topic_default_keys() -> list[ConfigKey]:
 # Bind addresses that mean "every interface": never an address to hand to a client.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
-BROKER_CONFIG = ConfigDef([*_BROKER_KEYS, *TLS_KEYS, *_topic_default_keys()], what="broker")
+BROKER_CONFIG = ConfigDef([*_BROKER_KEYS, *SECURITY_KEYS, *_topic_default_keys()], what="broker")
 
 
 # The commit path's timeouts, each longer than the one it waits for (docs/failure-model.md,

@@ -11,6 +11,8 @@
 * ``wrong_host``: a broker certificate signed by ``ca`` for ``elsewhere.invalid`` only;
 * ``encrypted_key``: ``broker``'s key encrypted with :data:`KEY_PASSWORD`.
 
+:class:`SecureZooKeeperServer` is a real ZooKeeper serving TLS with these certificates.
+
 Keys are EC P-256: generating them costs milliseconds, where RSA would cost a second each.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.harness.zookeeper import ZooKeeperServer, free_loopback_port
 
 KEY_PASSWORD = "broker-key-secret"
 
@@ -167,3 +172,58 @@ def make_certs(directory: Path) -> TlsCerts:
 def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCerts]:
     """The session's certificates (see the module docstring)."""
     yield make_certs(tmp_path_factory.mktemp("tls"))
+
+
+# -- ZooKeeper with TLS ------------------------------------------------------------------
+# The Netty jars ZooKeeper's secure port needs beyond the Debian manifest's Class-Path.
+_NETTY_JARS = (
+    "netty-codec",
+    "netty-handler",
+    "netty-buffer",
+    "netty-common",
+    "netty-transport",
+    "netty-resolver",
+    "netty-transport-native-epoll",
+    "netty-transport-native-unix-common",
+)
+
+
+class SecureZooKeeperServer(ZooKeeperServer):
+    """A ZooKeeper server that also serves TLS on ``secure_port`` (Netty, PEM files,
+    ``ssl.clientAuth=need``: a client must show a certificate of ``certs.ca``). The plain
+    port stays open for the harness's readiness probe only."""
+
+    def __init__(self, base_dir: Path, certs: TlsCerts) -> None:
+        super().__init__(base_dir)
+        self.certs = certs
+        self.secure_port = free_loopback_port()
+
+    @property
+    def secure_address(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
+
+    def command(self) -> list[str]:
+        command = super().command()
+        at = command.index("-cp") + 1
+        extra = [f"/usr/share/java/{name}.jar" for name in _NETTY_JARS]
+        command[at] = os.pathsep.join([command[at], *(j for j in extra if Path(j).exists())])
+        return command
+
+    def _write_config(self) -> None:
+        super()._write_config()
+        keystore = self.base_dir / "zk-keystore.pem"  # ZooKeeper's PEM store: key then cert
+        server = self.certs.broker
+        keystore.write_bytes(server.key.read_bytes() + server.cert.read_bytes())
+        keystore.chmod(0o600)
+        lines = [
+            f"secureClientPort={self.secure_port}",
+            "secureClientPortAddress=127.0.0.1",
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={keystore}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.certs.ca}",
+            "ssl.trustStore.type=PEM",
+            "ssl.clientAuth=need",
+        ]
+        with self.config_path.open("a", encoding="utf-8") as config:
+            config.write("\n".join(lines) + "\n")
