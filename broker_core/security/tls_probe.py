@@ -33,7 +33,9 @@ _GRPC_TLS_FAILURE = re.compile(
 )
 # The words of a connection the other side closed at once: what a TLS listener does to
 # plaintext and what a broker that requires client certificates does without a good one.
-_CLOSED = ("Socket closed", "Connection reset", "failed to connect")
+# Not gRPC's general "failed to connect", which a host cut off (a timeout) also gives: the
+# probe would then wait out its own timeout on every failed call.
+_CLOSED = ("Socket closed", "Connection reset")
 # HTTP/2's client preface and an empty SETTINGS frame: what a gRPC client sends first.
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
