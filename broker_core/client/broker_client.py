@@ -29,7 +29,7 @@ import pyarrow.flight as flight
 
 from broker_core.client.admin_calls import AdminCalls
 from broker_core.client.connections import FlightConnections
-from broker_core.client.produce_stream import ProduceStream, typed_flight_error
+from broker_core.client.produce_stream import ProduceStream
 from broker_core.client.routes import BrokerAddress, ClusterView
 from broker_core.client.txn_calls import TransactionCalls
 from broker_core.errors import (
@@ -59,6 +59,7 @@ from broker_core.protocol.wire import (
     encode_json,
 )
 from broker_core.retry import RetryPolicy
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 
 T = TypeVar("T")
 _ROUTING_ERRORS = (
@@ -102,7 +103,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
     nothing connects before the first request. Use it as a context manager or call
     :meth:`close`. ``connections``: a connection cache shared with other clients (one per
     process in the Spark sink, so a reused Python worker keeps its channels from batch to
-    batch); :meth:`close` then leaves it open, for its owner to close.
+    batch); :meth:`close` then leaves it open, for its owner to close. ``tls``: the
+    protocol and files of a connection cache of its own (a shared one has its own).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         retries: int = 5,
         retry_backoff_s: float = 0.05,
         connections: FlightConnections | None = None,
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
     ) -> None:
         self._bootstrap = parse_bootstrap(bootstrap)
         if retries < 0 or retry_backoff_s < 0:
@@ -131,7 +134,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
             max_backoff_s=retry_backoff_s * 2 ** max(retries - 1, 0),
         )
         self._owns_connections = connections is None
-        self._connections = FlightConnections() if connections is None else connections
+        self._connections = FlightConnections(tls) if connections is None else connections
         self._view: ClusterView | None = None
         self._coordinator: str | None = None  # FIND_COORDINATOR's last answer
 
@@ -166,10 +169,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         try:
             results = list(client.do_action(flight.Action(action_type, body), self._options()))
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
-            error = typed_flight_error(exc, f"action {action_type} at {address}")
-            if isinstance(error, NetworkError):
-                self._connections.reset(address)
-            raise error from exc
+            raise self._connections.failure(address, exc, f"action {action_type}") from exc
         if len(results) != 1:
             raise UnknownServerError(
                 f"action {action_type} at {address} returned {len(results)} results, not 1"
@@ -395,10 +395,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
                 )
                 return _read_fetch(reader, what)
             except (flight.FlightError, pa.ArrowException, OSError) as exc:
-                error = typed_flight_error(exc, what)
-                if isinstance(error, NetworkError):
-                    self._connections.reset(address)
-                raise error from exc
+                raise self._connections.failure(address, exc, what) from exc
 
         return self._routed(
             lambda _retry: self.leader(topic, partition).address, call, (topic, partition)

@@ -38,6 +38,8 @@ from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import PartitionGauges
+from broker_core.security.tls import Side, warn_if_exposed
+from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
@@ -203,6 +205,9 @@ class Broker:
         self._transition(BrokerState.STARTING)
         cfg = self.config
         try:
+            # Its own files first (a bad one refuses the start); they serve its links too.
+            tls = cfg.tls.load(Side.SERVER)
+            warn_if_exposed(cfg.listener_host, cfg.tls)
             cfg.log_dir.mkdir(parents=True, exist_ok=True)
             # Before anything in the directory is read or written: recovery may truncate.
             self._dir_lock = lock_data_dir(cfg.log_dir)
@@ -241,6 +246,7 @@ class Broker:
             self._server = IdemlogFlightServer(
                 cfg.listener_host,
                 cfg.listener_port,
+                tls=tls,
                 actions=actions,
                 gate=self.gate,
                 topics=started_topics,
@@ -257,7 +263,7 @@ class Broker:
                 cfg.advertised_port or int(self._server.port),
             )
             self.cluster = cluster = self._open_cluster(self.info)
-            self.replicas = ReplicaManager(self.broker_id, self.store, cluster, replication)
+            self.replicas = ReplicaManager(self.broker_id, self.store, cluster, replication, tls)
             topics = self._topics = LocalTopics(
                 self.broker_id,
                 self.store,
@@ -274,11 +280,12 @@ class Broker:
                 cluster.brokers,
                 replicated=self.replicas.wait_replicated,
                 call_timeout_s=cfg.marker_call_timeout_s,
+                tls=tls,
             )
             cluster.register(self.info)
             topics.sync()
             cluster.on_topics_change(topics.sync)
-            offsets = ClusterStableOffsets(self.broker_id, topics, cluster.brokers)
+            offsets = ClusterStableOffsets(self.broker_id, topics, cluster.brokers, tls)
             expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
             retry_deadline_s = cfg.transaction_marker_retry_deadline_ms / 1000.0
             role: CoordinatorRole | StateLeaderCoordinatorRole
@@ -336,6 +343,7 @@ class Broker:
         # Reconnect for as long as it takes, quickly: a broker without ZooKeeper
         # keeps serving its partitions and waits for the connection to come back.
         retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0}
+        secure = ZkTlsSettings.from_values(cfg.values).kazoo_arguments()  # files checked
         if cfg.zookeeper_chroot:
             # Create the chroot first, every missing level of it, as Kafka does on first
             # start. A client on the chroot cannot: kazoo's ensure_path climbs up to the
@@ -347,6 +355,7 @@ class Broker:
                 timeout=timeout_s,
                 connection_retry=retry,
                 command_retry={**retry, "deadline": timeout_s},
+                **secure,
             )
             admin.start(timeout=timeout_s)
             try:
@@ -354,7 +363,9 @@ class Broker:
             finally:
                 admin.stop()
                 admin.close()
-        client = KazooClient(hosts=cfg.zookeeper_connect, timeout=timeout_s, connection_retry=retry)
+        client = KazooClient(
+            hosts=cfg.zookeeper_connect, timeout=timeout_s, connection_retry=retry, **secure
+        )
         client.start(timeout=timeout_s)
         return client
 

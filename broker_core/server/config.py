@@ -25,6 +25,8 @@ from broker_core.config import (
 )
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
+from broker_core.security.tls import TlsSettings
+from broker_core.security.zk_tls import SECURITY_KEYS
 
 LOG_PREFIX = "log."
 # The znode under which a ZooKeeper cluster keeps its metadata and the coordinator its state.
@@ -326,7 +328,7 @@ def _topic_default_keys() -> list[ConfigKey]:
 # Bind addresses that mean "every interface": never an address to hand to a client.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
-BROKER_CONFIG = ConfigDef(_BROKER_KEYS + _topic_default_keys(), what="broker")
+BROKER_CONFIG = ConfigDef([*_BROKER_KEYS, *SECURITY_KEYS, *_topic_default_keys()], what="broker")
 
 
 # The commit path's timeouts, each longer than the one it waits for (docs/failure-model.md,
@@ -413,6 +415,7 @@ class BrokerConfig:
     replica_fetch_max_bytes: int
     replica_fetch_backoff_ms: int
     log_defaults: LogConfig  # the log.<key> values, as a topic's base config
+    tls: TlsSettings  # security.protocol and ssl.*: the listener's and the broker's links
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -506,6 +509,7 @@ class BrokerConfig:
             replica_fetch_max_bytes=int(parsed["replica.fetch.max.bytes"]),
             replica_fetch_backoff_ms=int(parsed["replica.fetch.backoff.ms"]),
             log_defaults=log_defaults,
+            tls=TlsSettings.from_values(parsed),
             values=parsed,
         )
 
