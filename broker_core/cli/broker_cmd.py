@@ -39,6 +39,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 _KEEP_FREED_BYTES = 32 * 1024 * 1024
+_STOP_POLL_S = 1.0  # how late a stop signal another thread took is seen at most
 
 
 def keep_large_buffers() -> bool:
@@ -66,11 +67,16 @@ def broker_start(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     keep_large_buffers()
     config = BrokerConfig.load(args.config, args.override)
-    # Blocked before any thread exists, so every thread (kazoo's, gRPC's) inherits the
-    # mask and the signals stay pending for sigwait below. With a Python handler instead,
-    # a SIGTERM the kernel delivered to another thread only ran once the main thread woke
-    # on its own: a clean stop once went unheard for 30 s (the seeded fault schedule).
+    # Blocked before the broker's threads exist, so they (kazoo's, gRPC's) inherit the mask
+    # and the signals stay pending for the wait below. A Python handler alone once left a
+    # clean stop unheard for 30 s: one delivered to another thread ran only when the main
+    # thread woke on its own. A thread started at import keeps an empty mask, though, and
+    # the kernel may hand it the signal: the handler notes it (the default action killed
+    # the process, exit -15, no snapshots) and the wait polls for the note.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
+    received: list[int] = []
+    for stop in stop_signals:
+        signal.signal(stop, lambda number, _frame: received.append(number))
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     broker = Broker(config)
     info = broker.start()
@@ -81,9 +87,12 @@ def broker_start(args: argparse.Namespace) -> int:
         # broker died before serving (no output parsing, no polling).
         os.write(args.ready_fd, f"{info.host}:{info.port}\n".encode())
         os.close(args.ready_fd)
-    signum = signal.sigwait(stop_signals)  # one sent during the start is pending: at once
+    while not received:  # one sent during the start is pending: at once
+        taken = signal.sigtimedwait(stop_signals, _STOP_POLL_S)
+        if taken is not None:
+            received.append(taken.si_signo)
     logging.getLogger("idemlog.broker").info(
-        "received %s, shutting down", signal.Signals(signum).name
+        "received %s, shutting down", signal.Signals(received[0]).name
     )
     broker.close()
     print("STOPPED", flush=True)
