@@ -6,8 +6,8 @@ different brokers commit concurrently; one coordinator's broker is SIGKILLed: on
 partitions' ids wait for the failover while the other coordinator's sink keeps
 committing; afterwards every batch is read exactly once and whole through the readers'
 cut across every state partition's coordinator, and ``idemlog transactions list`` shows
-both sinks' ids. A restart of the cluster with another ``num.partitions`` keeps the
-topic's own count and routes every id as before.
+both sinks' ids. A restart of every broker with other ``num.partitions`` settings keeps
+the topic's own count and routes every id to the partition that holds its state.
 """
 
 from __future__ import annotations
@@ -255,3 +255,48 @@ def _cut(client: BrokerClient) -> dict[int, int] | None:
     except IdemlogError:
         pass
     return None
+
+
+def test_a_restart_with_another_partition_count_keeps_the_topics_and_routes_as_before(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    # The count is fixed when the topic is created (Kafka's rule): brokers restarted with
+    # other settings keep 6 partitions, so every id is still where its state is.
+    cluster = ReplicatedCluster(zk_chroot, broker_factory, extra=EXTRA)
+    leaders = _leaders(cluster)
+    cluster.create_topic(TOPIC, PARTITIONS, replication_factor=3)
+    # A sink per state partition (an identity "leader" map finds the key of each).
+    sinks = {p: _key_led_by("s", {q: q for q in leaders}, p) for p in range(STATE_PARTITIONS)}
+    client = BrokerClient(cluster.bootstrap, retries=10)
+    spans = {p: [range(p * 10, p * 10 + 2)] for p in range(PARTITIONS)}
+    for sink in sinks.values():
+        attempt = SinkAttempt(sink, "run-1", 0)
+        txn = prepared_attempt(client, attempt, 0, TOPIC, spans, timeout_ms=120_000)
+        assert client.commit_sink_batch(sink, 0, [txn], "run-1") is True
+    client.close()
+
+    for broker in cluster.brokers.values():
+        broker.stop()
+    for broker, setting in zip(cluster.brokers.values(), (2, 8, 1), strict=True):
+        broker.config["transaction.state.log.num.partitions"] = setting
+        broker.restart()
+
+    fresh = BrokerClient(cluster.bootstrap, retries=10)
+    wait_until(lambda: _listed(fresh), "every state partition's coordinator loaded again")
+    assert fresh.state_partition_count() == STATE_PARTITIONS
+    listed = {r["transactional_id"]: r["state_partition"] for r in _listed(fresh) or []}
+    for p, sink in sinks.items():
+        assert listed[f"{sink}/0"] == p  # its state found in its own partition
+        # Its coordinator knows batch 0 is committed: a repeated commit is not a new one.
+        attempt = SinkAttempt(sink, "run-2", 0)
+        again = prepared_attempt(fresh, attempt, 1, TOPIC, spans, timeout_ms=120_000)
+        assert fresh.commit_sink_batch(sink, 0, [again], "run-2") is False
+    fresh.close()
+    cluster.close()
+
+
+def _listed(client: BrokerClient) -> list[dict[str, object]] | None:
+    try:
+        return client.list_transactions(every_id=True)
+    except IdemlogError:
+        return None
