@@ -159,7 +159,10 @@ class TransactionCalls:
         coordinator that may track a batch written to ``topic``) whole or not at all
         (``protocol.stable_cut.cut_across``; its module proves no batch slips through).
 
-        Raises UnknownTopicOrPartitionError, InvalidRequestError for no coordinators,
+        Each address is asked without a state partition, so this serves a cluster of one
+        state partition (or single coordinators in tests); with several, :meth:`stable_ends`
+        asks every partition's coordinator. Raises UnknownTopicOrPartitionError,
+        InvalidRequestError for no coordinators,
         StaleTrackedBatchesError when every one of ``attempts`` tries had to start over,
         and what a coordinator or a leader answers (NotCoordinatorError: the list is out
         of date)."""
