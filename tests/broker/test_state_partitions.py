@@ -19,9 +19,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import pytest
+
 from broker_core.client.broker_client import BrokerClient
-from broker_core.errors import IdemlogError
-from broker_core.protocol.coordinator_keys import state_partition_of
+from broker_core.errors import IdemlogError, InvalidRequestError, NotCoordinatorError
+from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, state_partition_of
+from broker_core.protocol.txn_requests import CommitSinkBatchRequest
 from broker_core.protocol.wire import Action, SinkAttempt
 from tests.broker.helpers import ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory
@@ -164,6 +167,7 @@ def test_two_coordinators_commit_concurrently_and_a_failover_stalls_only_its_own
     sink_a = _key_led_by("sinkA", leaders, victim)  # its coordinator is killed
     sink_b = _key_led_by("sinkB", leaders, survivor)
     plain = _key_led_by("plain", leaders, survivor)
+    _misrouted_calls_are_refused(cluster, sink_a, sink_b, victim, survivor)
     data_leaders = {p: cluster.state(TOPIC, p).leader for p in range(PARTITIONS)}
     away = [p for p, b in data_leaders.items() if b != victim]  # untouched by the kill
     assert away, data_leaders
@@ -242,6 +246,24 @@ def test_two_coordinators_commit_concurrently_and_a_failover_stalls_only_its_own
     for c in (a.client, b.client, pclient, reader):
         c.close()
     cluster.close()
+
+
+def _misrouted_calls_are_refused(
+    cluster: ReplicatedCluster, sink_a: str, sink_b: str, victim: int, survivor: int
+) -> None:
+    """A keyed call at a broker that does not lead its key's state partition is refused
+    with NOT_COORDINATOR naming that partition (even though that broker runs other
+    partitions' coordinators); a sink commit naming an id of another partition is
+    refused as invalid."""
+    client = cluster.client
+    home = state_partition_of(sink_a, STATE_PARTITIONS)
+    wrong = cluster.brokers[survivor].address
+    with pytest.raises(NotCoordinatorError, match=f"{TXN_STATE_TOPIC}-{home}:") as info:
+        client.action(wrong, Action.SINK_HEARTBEAT, {"sink_id": sink_a, "run_id": "r"})
+    assert info.value.retriable and f"broker {victim}" in info.value.message
+    commit = CommitSinkBatchRequest(sink_b, 0, ((f"{sink_a}/0", 1, 0),))
+    with pytest.raises(InvalidRequestError, match=f"'{sink_a}/0' is coordinated by"):
+        client.action(wrong, Action.COMMIT_SINK_BATCH, commit.to_doc())
 
 
 def _cut(client: BrokerClient) -> dict[int, int] | None:
