@@ -353,7 +353,7 @@ class ActionHandlers:
         if self._config.embedded:
             count = EMBEDDED_STATE_PARTITIONS
             leader = cluster.controller()
-            partition = self._asked_partition(request, count)
+            self._asked_partition(request, count)  # a partition other than 0: refused
             if leader is None:
                 raise CoordinatorNotAvailableError("no controller is elected right now")
             return CoordinatorAddress(leader.broker_id, leader.host, leader.port, 0, 1).to_doc()
