@@ -115,16 +115,20 @@ class Coordinators:
 
     def answering(self, state_partition: int | None) -> dict[int, TransactionCoordinator]:
         """The coordinators a key-less request is answered by: the one of
-        ``state_partition``, or (None) every one running here. Raises as
-        :meth:`for_partition`, and its error for partition 0's coordinator when none runs."""
+        ``state_partition``, or (None) every one of the partitions this broker leads,
+        which must all be loaded (COORDINATOR_LOAD_IN_PROGRESS naming one still loading:
+        an answer that left it out would look whole). Raises as :meth:`for_partition`,
+        and its error for partition 0 when this broker leads none."""
         if state_partition is not None:
             return {state_partition: self.for_partition(state_partition)}
         role = self._role()
+        loading = [] if role is None else role.loading_partitions()
+        if loading:
+            raise self._not_coordinator(role, loading[0])
         running = {} if role is None else role.running()
         if running:
             return running
-        loading = [] if role is None else role.loading_partitions()
-        raise self._not_coordinator(role, loading[0] if loading else 0)
+        raise self._not_coordinator(role, 0)
 
     def describe(self) -> dict[str, Any] | None:
         """The running coordinators' state for the metrics (None when none runs here):
