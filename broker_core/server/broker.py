@@ -41,6 +41,7 @@ from broker_core.protocol.metrics import PartitionGauges
 from broker_core.security.tls import Side, warn_if_exposed
 from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import ZK_ROOT, BrokerConfig
+from broker_core.server.coordinators import Coordinators
 from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics
@@ -48,9 +49,9 @@ from broker_core.server.partition import Partition
 from broker_core.server.replica_fetcher import FetcherConfig
 from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
-from broker_core.server.state_coordinator import StateLeaderCoordinatorRole, not_coordinator_error
+from broker_core.server.state_coordinator import StateLeaderCoordinatorRole
 from broker_core.server.tasks import TaskGroup
-from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.coordinator import LocalMarkerWriter
 from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.pid_block import ProducerIdBlock
 from broker_core.txn.pid_file import FileProducerIdBlockSource
@@ -159,6 +160,13 @@ class Broker:
         self._topics: LocalTopics | None = None
         self.replicas: ReplicaManager | None = None
         self._coordinator_role: CoordinatorRole | StateLeaderCoordinatorRole | None = None
+        # The handlers' routing to the coordinator of a key's state partition.
+        self.coordinators = Coordinators(
+            config.broker_id,
+            lambda: self._coordinator_role,
+            self.require_cluster,
+            embedded=config.embedded,
+        )
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -237,7 +245,7 @@ class Broker:
                 topics=started_topics,
                 store=lambda: self.store,
                 cluster=self.require_cluster,
-                coordinator=self.coordinator,
+                coordinators=self.coordinators,
                 pids=lambda: self.pids,
                 markers=lambda: self.markers,
                 metrics_document=self.metrics_document,
@@ -442,23 +450,6 @@ class Broker:
         """Starting or running: local topics may still be opened."""
         return self._state in (BrokerState.STARTING, BrokerState.RUNNING)
 
-    def _running_coordinator(self) -> TransactionCoordinator | None:
-        role = self._coordinator_role
-        return None if role is None else role.current()
-
-    def coordinator(self) -> TransactionCoordinator:
-        """The transaction coordinator running on this broker.
-
-        Raises NotCoordinatorError naming the broker that coordinates (the controller
-        embedded, the state partition's leader with ZooKeeper), COORDINATOR_LOAD_IN_PROGRESS
-        while this broker loads its state partition, CoordinatorNotAvailableError while
-        none runs (all retriable); NotLeaderOrFollowerError before it joined the cluster.
-        """
-        coordinator = self._running_coordinator()
-        if coordinator is not None:
-            return coordinator
-        raise not_coordinator_error(self.broker_id, self.require_cluster(), self._coordinator_role)
-
     # -- background work -----------------------------------------------------------------
     def expire_producers(self) -> int:
         """Forget producers idle past ``producer.id.expiration.ms`` in every local partition
@@ -494,8 +485,7 @@ class Broker:
                 cleaner_last_clean_ms=log_.cleaner.stats.last_clean_ms,
                 marker_appends=log_.marker_appends,
             )
-        coordinator = self._running_coordinator()
-        transactions = coordinator.describe() if coordinator is not None else None
+        transactions = self.coordinators.describe()
         document = self.metrics.document(self.broker_id, gauges, transactions)
         if self.replicas is not None:
             document["replication"] = self.replicas.describe()

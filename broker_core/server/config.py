@@ -135,14 +135,17 @@ _BROKER_KEYS = [
     ConfigKey(
         "transaction.state.log.num.partitions",
         int,
-        1,
-        "Partitions of the internal topic __transaction_state (ZooKeeper mode), set when "
-        "the cluster first needs it: a transactional id's coordinator is the leader of "
-        "partition hash(id) mod this. 1 until readers can combine several coordinators' "
-        "held-back sink batches into one consistent cut (docs/design.md §7); above 1 is "
-        "refused until then. Kafka's key (its default, 50, spreads coordination).",
+        8,
+        "Partitions of __transaction_state (ZooKeeper mode), fixed when the cluster first "
+        "needs it: an id's coordinator is the leader of partition crc32(id's part before the "
+        "first '/') mod this, so coordination is spread over the brokers and a failover "
+        "stalls only its partitions' ids. An existing topic keeps its count whatever this "
+        "says (a change would move ids between coordinators, as in Kafka). Default 8: spread "
+        "over up to 8 brokers at the cost of a load, a thread and a reader's question per "
+        "partition (Kafka's 50 serves far larger clusters); at most 1000. The embedded "
+        "broker always has 1 (one process: nothing to spread).",
         min=1,
-        max=1,
+        max=1000,
     ),
     ConfigKey(
         "transaction.state.log.replication.factor",
