@@ -51,7 +51,7 @@ log = logging.getLogger("idemlog.markers")
 
 FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
 # A remote marker call's timeout when none is given: the broker passes one longer than the
-# acks=all wait at the leader (server.config.marker_call_timeout_ms, 70 s by default).
+# acks=all wait at the leader (server.timeouts.marker_call_timeout_ms, 70 s by default).
 MARKER_TIMEOUT_S = 70.0
 MARKER_CALL_THREADS = 8
 

@@ -48,9 +48,9 @@ from broker_core.protocol.replica import (
     ReplicaLogStartResponse,
 )
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
-from broker_core.server.config import ack_timeout_ms
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
+from broker_core.server.timeouts import ack_timeout_ms
 
 log = logging.getLogger("idemlog.replica")
 
@@ -70,7 +70,7 @@ class ReplicationConfig:
 
     @property
     def ack_timeout_s(self) -> float:
-        """How long an acks=all answer waits (``server.config.ack_timeout_ms``)."""
+        """How long an acks=all answer waits (``server.timeouts.ack_timeout_ms``)."""
         return ack_timeout_ms(self.lag_time_max_ms) / 1000.0
 
 
