@@ -25,6 +25,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkTxnStatus
 from broker_core.retry import RetryPolicy
+from broker_core.security.tls import Side
 from spark_sink import failpoints, progress, trace
 from spark_sink.connections import sink_client
 from spark_sink.options import IdemlogOptions
@@ -81,7 +82,7 @@ def retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient], 
         # A new client each time (on the process's shared connections): the broker may be
         # a new process on a new address.
         with sink_client(
-            options.bootstrap(), sasl=options.sasl, timeout_s=_REQUEST_TIMEOUT_S
+            options.bootstrap(), options.tls, sasl=options.sasl, timeout_s=_REQUEST_TIMEOUT_S
         ) as client:
             return call(client)
 
@@ -164,7 +165,9 @@ def _commit(
     if inside is not None:
         # The request leaves, and the driver dies while it is in flight: the broker may
         # or may not have recorded the commit.
-        client = BrokerClient(options.bootstrap(), sasl=options.sasl)
+        client = BrokerClient(
+            options.bootstrap(), tls=options.tls.load(Side.CLIENT), sasl=options.sasl
+        )
         sender = threading.Thread(
             target=client.commit_sink_batch, args=(sid, batch_id, txns, run_id), daemon=True
         )

@@ -56,7 +56,7 @@ class IdemlogDataSource(DataSource):
     # -- reading ---------------------------------------------------------------------------
     def _read_side(self) -> tuple[IdemlogOptions, topics.TopicInfo]:
         options = parse_options(self.options, Scope.READ)
-        with sink_client(options.bootstrap(), sasl=options.sasl) as client:
+        with sink_client(options.bootstrap(), options.tls, sasl=options.sasl) as client:
             return options, topics.require(client, options)
 
     def schema(self) -> StructType:
@@ -87,7 +87,7 @@ class IdemlogDataSource(DataSource):
             check_key(arrow, options.key)
             with (
                 trace.span("topic_check"),
-                sink_client(options.bootstrap(), sasl=options.sasl) as client,
+                sink_client(options.bootstrap(), options.tls, sasl=options.sasl) as client,
             ):
                 topics.ensure_for_write(client, options, arrow)
             return options, arrow

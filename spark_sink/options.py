@@ -24,11 +24,12 @@ from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL
 from broker_core.security.client_config import (
-    CLIENT_SECURITY_KEY_NAMES,
-    CLIENT_SECURITY_KEYS,
+    CLIENT_SASL_KEY_NAMES,
+    CLIENT_SASL_KEYS,
     sasl_credentials,
 )
 from broker_core.security.flight_auth import SaslCredentials
+from broker_core.security.tls import PLAINTEXT, TLS_KEY_NAMES, TLS_KEYS, TlsSettings
 from spark_sink.embedded import DEFAULT_PATH
 from spark_sink.producer.config import ProducerConfig, parse_acks
 
@@ -42,7 +43,8 @@ class Scope(StrEnum):
 # Producer keys the sink sets itself: a user value would break the protocol.
 _SINK_OWNED_PRODUCER_KEYS = frozenset(
     {"bootstrap.servers", "transactional.id", "enable.idempotence", "key.column", "partitioner"}
-    | CLIENT_SECURITY_KEY_NAMES  # the sink's own security options apply to every client
+    | TLS_KEY_NAMES  # the sink's own options of the same names apply to every link
+    | CLIENT_SASL_KEY_NAMES
 )
 PRODUCER_PREFIX = "producer."
 # Set by Spark on every streaming writer; not ours to validate, but kept: the driver's
@@ -159,9 +161,12 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
         ),
         Scope.READ,
     ),
-    # The client's security keys, declared once in broker_core.security.client_config.
-    *((key, Scope.BOTH) for key in CLIENT_SECURITY_KEYS),
 ]
+
+# security.protocol and ssl.*: declared once (broker_core/security/tls.py), sasl.* too
+# (broker_core/security/client_config.py); every link of the sink and the source, the
+# driver's and each task's, uses them (docs/security.md).
+_KEYS += [(key, Scope.BOTH) for key in (*TLS_KEYS, *CLIENT_SASL_KEYS)]
 
 OPTIONS = ConfigDef([k for k, _ in _KEYS], what="idemlog option")
 SCOPES: dict[str, Scope] = {k.name: s for k, s in _KEYS}
@@ -184,12 +189,13 @@ class IdemlogOptions:
     max_offsets_per_trigger: int
     include_metadata: bool
     producer: dict[str, Any]
-    # The credentials of every client the job builds (None: PLAINTEXT); its repr hides
+    # The credentials of every client the job builds (None: no SASL); its repr hides
     # the password, which no message, log line or checkpoint file of the sink holds.
     sasl: SaslCredentials | None
     # Spark's own option, kept for the driver's abort: the checkpoint's metadata file
     # names the streaming query (the sink id) when no task reported.
     checkpoint_location: str = ""
+    tls: TlsSettings = PLAINTEXT  # the options security.protocol and ssl.*
 
     @property
     def embedded(self) -> bool:
@@ -253,6 +259,12 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             parse_bootstrap(brokers)
         except IdemlogError as exc:
             raise InvalidConfigError(f"option 'brokers'={brokers!r}: {exc.message}") from None
+    tls = TlsSettings.from_values(parsed)
+    if tls.encrypted and not brokers:
+        raise InvalidConfigError(
+            f"option 'security.protocol'={tls.protocol.value} needs option 'brokers': the "
+            "embedded broker listens on loopback in plaintext (docs/security.md)"
+        )
     if "acks" in producer:
         # Before the producer's own rules: those would ask for enable.idempotence=false,
         # a key the sink sets itself, which would leave the user nothing to do.
@@ -265,7 +277,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
     sasl = sasl_credentials({k: v for k, v in parsed.items() if k in values})
     if sasl is not None and not brokers:
         raise InvalidConfigError(
-            "option 'security.protocol'=SASL_PLAINTEXT needs 'brokers': the embedded "
+            f"option 'security.protocol'={tls.protocol.value} needs 'brokers': the embedded "
             "default broker listens on loopback without authentication"
         )
     return IdemlogOptions(
@@ -282,6 +294,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         include_metadata=bool(parsed["includeMetadata"]),
         checkpoint_location=checkpoint,
         producer=producer,
+        tls=tls,
     )
 
 

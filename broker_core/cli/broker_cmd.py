@@ -4,6 +4,9 @@ idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginning]
 idemlog metrics --bootstrap host:port [--json]
+
+Every command that takes ``--bootstrap`` also takes ``--command-config FILE``: the client's
+security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) as Kafka's tools take them.
 """
 
 from __future__ import annotations
@@ -21,34 +24,21 @@ from typing import Any
 import pyarrow as pa
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.config import load_properties
+from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol.metrics import render_table
-from broker_core.security.client_config import CLIENT_SECURITY_KEY_NAMES, sasl_credentials
+from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
 from broker_core.server.config import BrokerConfig, parse_overrides
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-COMMAND_CONFIG_HELP = (
-    "a .properties file of client security keys (security.protocol, sasl.mechanism, "
-    "sasl.username, sasl.password; docs/security.md)"
-)
-
-
-def _client(args: argparse.Namespace) -> BrokerClient:
-    """A client of ``--bootstrap``, authenticated as ``--command-config`` says."""
-    options = load_properties(args.command_config) if args.command_config else {}
-    unknown = sorted(set(options) - CLIENT_SECURITY_KEY_NAMES)
-    if unknown:
-        raise InvalidConfigError(f"--command-config {args.command_config}: unknown keys {unknown}")
-    return BrokerClient(args.bootstrap, sasl=sasl_credentials(options))
-
-
 # -- broker start ----------------------------------------------------------------------------
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 _KEEP_FREED_BYTES = 32 * 1024 * 1024
+_STOP_POLL_S = 1.0  # how late a stop signal another thread took is seen at most
 
 
 def keep_large_buffers() -> bool:
@@ -76,11 +66,16 @@ def broker_start(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     keep_large_buffers()
     config = BrokerConfig.load(args.config, args.override)
-    # Blocked before any thread exists, so every thread (kazoo's, gRPC's) inherits the
-    # mask and the signals stay pending for sigwait below. With a Python handler instead,
-    # a SIGTERM the kernel delivered to another thread only ran once the main thread woke
-    # on its own: a clean stop once went unheard for 30 s (the seeded fault schedule).
+    # Blocked before the broker's threads exist, so they (kazoo's, gRPC's) inherit the mask
+    # and the signals stay pending for the wait below. A Python handler alone once left a
+    # clean stop unheard for 30 s: one delivered to another thread ran only when the main
+    # thread woke on its own. A thread started at import keeps an empty mask, though, and
+    # the kernel may hand it the signal: the handler notes it (the default action killed
+    # the process, exit -15, no snapshots) and the wait polls for the note.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
+    received: list[int] = []
+    for stop in stop_signals:
+        signal.signal(stop, lambda number, _frame: received.append(number))
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     broker = Broker(config)
     info = broker.start()
@@ -91,9 +86,12 @@ def broker_start(args: argparse.Namespace) -> int:
         # broker died before serving (no output parsing, no polling).
         os.write(args.ready_fd, f"{info.host}:{info.port}\n".encode())
         os.close(args.ready_fd)
-    signum = signal.sigwait(stop_signals)  # one sent during the start is pending: at once
+    while not received:  # one sent during the start is pending: at once
+        taken = signal.sigtimedwait(stop_signals, _STOP_POLL_S)
+        if taken is not None:
+            received.append(taken.si_signo)
     logging.getLogger("idemlog.broker").info(
-        "received %s, shutting down", signal.Signals(signum).name
+        "received %s, shutting down", signal.Signals(received[0]).name
     )
     broker.close()
     print("STOPPED", flush=True)
@@ -117,6 +115,37 @@ def parse_schema(spec: str) -> pa.Schema:
         except ValueError as exc:
             raise InvalidRequestError(f"--schema entry {item!r}: {exc}") from exc
     return pa.schema(fields)
+
+
+COMMAND_CONFIG_HELP = (
+    "a .properties file of the client's security keys (security.protocol, ssl.*, sasl.*), "
+    "as Kafka's tools take it (docs/security.md)"
+)
+COMMAND_CONFIG = ConfigDef([*TLS_KEYS, *CLIENT_SASL_KEYS], what="--command-config key")
+
+
+def _command_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--command-config", metavar="FILE", help=COMMAND_CONFIG_HELP)
+
+
+def _client(args: argparse.Namespace) -> BrokerClient:
+    """The client of ``--bootstrap`` under ``--command-config``'s keys: its TLS settings
+    and, with SASL, its credentials (plaintext and unauthenticated without one). Raises
+    InvalidConfigError naming an unknown key, a bad value or an unreadable file of the
+    command config (never a password's value)."""
+    tls = PLAINTEXT_MATERIAL
+    sasl = None
+    if getattr(args, "command_config", None):
+        try:
+            raw = load_properties(args.command_config)
+        except OSError as exc:
+            raise InvalidConfigError(
+                f"--command-config {args.command_config!r}: cannot read it: {exc.strerror}"
+            ) from None
+        values = COMMAND_CONFIG.parse(raw)
+        tls = TlsSettings.from_values(values).load(Side.CLIENT)
+        sasl = sasl_credentials(raw)
+    return BrokerClient(args.bootstrap, tls=tls, sasl=sasl)
 
 
 def topics_create(args: argparse.Namespace) -> int:
@@ -322,7 +351,7 @@ def add_commands(sub: Any) -> None:
     topics_sub = topics.add_subparsers(dest="action", required=True)
     create = topics_sub.add_parser("create")
     create.add_argument("--bootstrap", required=True, help="host:port[,host:port]")
-    create.add_argument("--command-config", help=COMMAND_CONFIG_HELP)
+    _command_config_argument(create)
     create.add_argument("--topic", required=True)
     create.add_argument("--partitions", type=int, default=1)
     create.add_argument("--schema", help='Arrow schema as "name:type,..." (e.g. id:int64)')
@@ -332,7 +361,7 @@ def add_commands(sub: Any) -> None:
     create.set_defaults(func=topics_create)
     describe = topics_sub.add_parser("describe")
     describe.add_argument("--bootstrap", required=True)
-    describe.add_argument("--command-config", help=COMMAND_CONFIG_HELP)
+    _command_config_argument(describe)
     describe.add_argument("--topic", help="only this topic")
     describe.add_argument("--json", action="store_true")
     describe.set_defaults(func=topics_describe)
@@ -340,19 +369,19 @@ def add_commands(sub: Any) -> None:
         "elect-leaders", help="give each partition back to its preferred (first) replica"
     )
     elect.add_argument("--bootstrap", required=True)
-    elect.add_argument("--command-config", help=COMMAND_CONFIG_HELP)
+    _command_config_argument(elect)
     elect.add_argument("--topic", help="only this topic")
     elect.add_argument("--json", action="store_true")
     elect.set_defaults(func=topics_elect_leaders)
     delete = topics_sub.add_parser("delete")
     delete.add_argument("--bootstrap", required=True)
-    delete.add_argument("--command-config", help=COMMAND_CONFIG_HELP)
+    _command_config_argument(delete)
     delete.add_argument("--topic", required=True)
     delete.set_defaults(func=topics_delete)
 
     cons = sub.add_parser("consume", help="read a topic's rows (JSON lines) or count them")
     cons.add_argument("--bootstrap", required=True)
-    cons.add_argument("--command-config", help=COMMAND_CONFIG_HELP)
+    _command_config_argument(cons)
     cons.add_argument("--topic", required=True)
     cons.add_argument("--partition", type=int, help="only this partition (default: all)")
     where = cons.add_mutually_exclusive_group()
@@ -370,7 +399,7 @@ def add_commands(sub: Any) -> None:
     txns_sub = txns.add_subparsers(dest="action", required=True)
     tlist = txns_sub.add_parser("list", help="open transactions, oldest first")
     tlist.add_argument("--bootstrap", required=True)
-    tlist.add_argument("--command-config", help=COMMAND_CONFIG_HELP)
+    _command_config_argument(tlist)
     tlist.add_argument(
         "--min-age-ms", type=int, default=0, help="only those open at least this long"
     )
@@ -384,12 +413,12 @@ def add_commands(sub: Any) -> None:
     tlist.set_defaults(func=transactions_list)
     tabort = txns_sub.add_parser("abort", help="fence an id's holder, abort what it has open")
     tabort.add_argument("--bootstrap", required=True)
-    tabort.add_argument("--command-config", help=COMMAND_CONFIG_HELP)
+    _command_config_argument(tabort)
     tabort.add_argument("--transactional-id", required=True)
     tabort.set_defaults(func=transactions_abort)
 
     met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
     met.add_argument("--bootstrap", required=True)
-    met.add_argument("--command-config", help=COMMAND_CONFIG_HELP)
+    _command_config_argument(met)
     met.add_argument("--json", action="store_true")
     met.set_defaults(func=metrics)

@@ -1,13 +1,16 @@
 """One cache of Arrow Flight clients, keyed by ``host:port``, shared by every caller.
 
 A Flight client is a gRPC channel: opening one per request would pay a connection setup
-each time, so callers keep one per broker. The broker client and the coordinator's marker
-writer both use :class:`FlightConnections`.
+each time, so callers keep one per broker. Every Flight client of idemlog is opened here
+(through ``broker_core.security.tls.open_flight_client``, under the cache's TLS
+material): the broker client, the replica fetchers, the coordinator's marker writer, the
+Spark sink's producer and readers and the CLI.
 
 Given SASL credentials, each new channel first runs the SCRAM handshake
-(``broker_core.security.flight_auth``) and carries its session token on every call; a
-channel is replaced by a freshly authenticated one once half its session's lifetime has
-passed, so calls never meet an expired token (docs/security.md).
+(``broker_core.security.flight_auth``, through the same ``open_flight_client``) and
+carries its session token on every call; a channel is replaced by a freshly
+authenticated one once half its session's lifetime has passed, so calls never meet an
+expired token (docs/security.md).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import pyarrow.flight as flight
 from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
 from broker_core.protocol.wire import parse_error_message
 from broker_core.security.flight_auth import SaslCredentials, ScramClientAuth
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
+from broker_core.security.tls_probe import diagnose, peer_hostname
 
 HANDSHAKE_TIMEOUT_S = 10.0
 # A channel is re-authenticated after this share of its session's lifetime: a call
@@ -36,20 +41,25 @@ class FlightConnections:
     broker: a dead address fails at the first call, not here). :meth:`reset` forgets one,
     so the next :meth:`get` opens a fresh channel instead of waiting out the broken one's
     reconnect backoff. :meth:`close` closes them all (no call may be in flight then); the
-    cache stays usable.
+    cache stays usable. ``tls``: the protocol and checked PEM files of every link
+    (``TlsSettings.load(Side.CLIENT)``); plaintext by default.
 
     ``sasl``: the credentials every channel authenticates with; then :meth:`get` runs
     the handshake and raises ``SaslAuthenticationFailedError`` if the broker refuses it,
-    ``NetworkError`` if it cannot be reached.
+    ``SslHandshakeError`` if TLS refuses the link, ``NetworkError`` if the broker cannot
+    be reached.
     """
 
-    def __init__(self, *, sasl: SaslCredentials | None = None) -> None:
+    def __init__(
+        self, tls: TlsMaterial = PLAINTEXT_MATERIAL, *, sasl: SaslCredentials | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._sasl = sasl
         self._clients: dict[str, flight.FlightClient] = {}
         self._refresh_at: dict[str, float] = {}  # address -> when its channel re-authenticates
         # address -> the lock of opening its channel: one per broker address ever used.
         self._opening: dict[str, threading.Lock] = {}
+        self.tls = tls
 
     @property
     def sasl(self) -> SaslCredentials | None:
@@ -62,7 +72,7 @@ class FlightConnections:
                 return client
             opening = self._opening.setdefault(address, threading.Lock())
         # One opening per address at a time, so concurrent callers share one channel; the
-        # handshake is a call to the broker, made outside the cache's lock.
+        # handshakes (a host-name probe, SASL's) contact the broker, outside the cache's lock.
         with opening:
             with self._lock:
                 client = self._fresh(address)  # another caller may have opened it
@@ -73,6 +83,23 @@ class FlightConnections:
                     self._refresh_at[address] = refresh_at
             return client
 
+    def failure(self, address: str, exc: BaseException, what: str) -> IdemlogError:
+        """The typed error of a call to ``address`` that raised ``exc``: the broker's own
+        error as it is; a refused TLS handshake as a non-retriable ``SslHandshakeError``
+        naming the cause; anything else a ``NetworkError`` naming ``what``, after which
+        the channel is reset (the next call opens a fresh one)."""
+        if isinstance(exc, IdemlogError):
+            return exc
+        text = str(exc)
+        typed = parse_error_message(text)
+        if typed is not None:
+            return typed
+        self.reset(address)
+        refused = diagnose(address, self.tls, text)
+        if refused is not None:
+            return refused
+        return NetworkError(f"{what} to {address} failed: {type(exc).__name__}: {exc}")
+
     def _fresh(self, address: str) -> flight.FlightClient | None:
         """The cached client of ``address`` unless it is due to re-authenticate (lock held)."""
         client = self._clients.get(address)
@@ -81,18 +108,22 @@ class FlightConnections:
         return None
 
     def _open(self, address: str) -> tuple[flight.FlightClient, float]:
-        client = flight.connect(f"grpc://{address}")
+        override = None
+        if self.tls.settings.encrypted and not self.tls.settings.check_hostname:
+            override = peer_hostname(address, self.tls)  # contacts the broker (this mode only)
         if self._sasl is None:
-            return client, _NEVER
+            return open_flight_client(address, self.tls, override_hostname=override), _NEVER
         auth = ScramClientAuth(self._sasl)
         try:
-            client.authenticate(auth, flight.FlightCallOptions(timeout=HANDSHAKE_TIMEOUT_S))
+            client = open_flight_client(
+                address,
+                self.tls,
+                override_hostname=override,
+                auth=auth,
+                auth_timeout_s=HANDSHAKE_TIMEOUT_S,
+            )
         except flight.FlightError as exc:
-            _close_quietly(client)
-            typed = parse_error_message(str(exc))
-            if typed is not None:
-                raise typed from None
-            raise NetworkError(f"SASL handshake with {address} failed: {exc}") from None
+            raise self.failure(address, exc, "SASL handshake") from None
         return client, time.monotonic() + auth.lifetime_s * REFRESH_SHARE
 
     def reset(self, address: str) -> None:
@@ -125,11 +156,7 @@ class FlightConnections:
         try:
             results = list(client.do_action(flight.Action(action, body), options))
         except flight.FlightError as exc:
-            self.reset(address)
-            typed: IdemlogError | None = parse_error_message(str(exc))
-            if typed is not None:
-                raise typed from exc
-            raise NetworkError(f"{what} to {address} failed: {exc}") from exc
+            raise self.failure(address, exc, what) from exc
         if len(results) != 1:
             raise InvalidRequestError(f"{what}: {len(results)} results from {address}, not 1")
         return bytes(results[0].body.to_pybytes())

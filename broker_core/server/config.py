@@ -25,7 +25,10 @@ from broker_core.config import (
 )
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
-from broker_core.server.security_config import SECURITY_KEYS, SecurityConfig
+from broker_core.security.tls import TlsSettings
+from broker_core.security.zk_tls import SECURITY_KEYS
+from broker_core.server.security_config import SASL_KEYS, SecurityConfig
+from broker_core.server.timeouts import ack_timeout_ms, check_timeouts, marker_call_timeout_ms
 
 LOG_PREFIX = "log."
 # The znode under which a ZooKeeper cluster keeps its metadata and the coordinator its state.
@@ -134,14 +137,17 @@ _BROKER_KEYS = [
     ConfigKey(
         "transaction.state.log.num.partitions",
         int,
-        1,
-        "Partitions of the internal topic __transaction_state (ZooKeeper mode), set when "
-        "the cluster first needs it: a transactional id's coordinator is the leader of "
-        "partition hash(id) mod this. 1 until readers can combine several coordinators' "
-        "held-back sink batches into one consistent cut (docs/design.md §7); above 1 is "
-        "refused until then. Kafka's key (its default, 50, spreads coordination).",
+        8,
+        "Partitions of __transaction_state (ZooKeeper mode), fixed when the cluster first "
+        "needs it: an id's coordinator is the leader of partition crc32(id's part before the "
+        "first '/') mod this, so coordination is spread over the brokers and a failover "
+        "stalls only its partitions' ids. An existing topic keeps its count whatever this "
+        "says (a change would move ids between coordinators, as in Kafka). Default 8: spread "
+        "over up to 8 brokers at the cost of a load, a thread and a reader's question per "
+        "partition (Kafka's 50 serves far larger clusters); at most 1000. The embedded "
+        "broker always has 1 (one process: nothing to spread).",
         min=1,
-        max=1,
+        max=1000,
     ),
     ConfigKey(
         "transaction.state.log.replication.factor",
@@ -327,56 +333,9 @@ def _topic_default_keys() -> list[ConfigKey]:
 # Bind addresses that mean "every interface": never an address to hand to a client.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
-BROKER_CONFIG = ConfigDef(_BROKER_KEYS + SECURITY_KEYS + _topic_default_keys(), what="broker")
-
-
-# The commit path's timeouts, each longer than the one it waits for (docs/failure-model.md,
-# "Timeouts on the commit path"). The margins cover an ISR check (at most 1 s), a ZooKeeper
-# write and the answer's way back.
-ACK_WAIT_MARGIN_MS = 5_000
-MARKER_CALL_MARGIN_MS = 5_000
-
-
-def ack_timeout_ms(replica_lag_time_max_ms: int) -> int:
-    """How long an acks=all answer (a marker's too) waits for the in-sync replicas: past a
-    stuck follower's removal from the ISR (``replica.lag.time.max.ms`` after it last
-    caught up, then an ISR check and a ZooKeeper write), with room to spare."""
-    return 2 * replica_lag_time_max_ms + ACK_WAIT_MARGIN_MS
-
-
-def marker_call_timeout_ms(replica_lag_time_max_ms: int) -> int:
-    """A remote ``write_txn_markers`` call's timeout: longer than the acks=all wait at the
-    leader it waits for, so a stuck follower makes the call slow, never time out and be
-    retried (a retry appends the marker again)."""
-    return ack_timeout_ms(replica_lag_time_max_ms) + MARKER_CALL_MARGIN_MS
-
-
-def check_timeouts(parsed: Mapping[str, ConfigValue]) -> None:
-    """Refuse timeouts that contradict each other (InvalidConfigError naming both keys and
-    their values): the commit path's (docs/failure-model.md), and a follower's long poll
-    that would count as lag."""
-    lag = int(parsed["replica.lag.time.max.ms"])
-    deadline = int(parsed["transaction.marker.retry.deadline.ms"])
-    session = int(parsed["zookeeper.session.timeout.ms"])
-    wait = int(parsed["replica.fetch.wait.max.ms"])
-    if deadline <= marker_call_timeout_ms(lag):
-        raise InvalidConfigError(
-            f"transaction.marker.retry.deadline.ms={deadline} must be longer than the marker "
-            f"call's timeout, 2 x replica.lag.time.max.ms + 10 s = {marker_call_timeout_ms(lag)} "
-            f"ms (replica.lag.time.max.ms={lag}): markers held up by a stuck follower would "
-            "be given up before it leaves the ISR"
-        )
-    if deadline <= session:
-        raise InvalidConfigError(
-            f"transaction.marker.retry.deadline.ms={deadline} must be longer than "
-            f"zookeeper.session.timeout.ms={session}: a leader lost during a commit is "
-            "replaced only once its session expired, and its markers must be retried past that"
-        )
-    if wait >= lag:
-        raise InvalidConfigError(
-            f"replica.fetch.wait.max.ms={wait} must be shorter than replica.lag.time.max.ms="
-            f"{lag}: a follower's long poll would drop it from the ISR"
-        )
+BROKER_CONFIG = ConfigDef(
+    [*_BROKER_KEYS, *SECURITY_KEYS, *SASL_KEYS, *_topic_default_keys()], what="broker"
+)
 
 
 @dataclass(frozen=True)
@@ -414,7 +373,8 @@ class BrokerConfig:
     replica_fetch_max_bytes: int
     replica_fetch_backoff_ms: int
     log_defaults: LogConfig  # the log.<key> values, as a topic's base config
-    security: SecurityConfig
+    tls: TlsSettings  # security.protocol and ssl.*: the listener's and the broker's links
+    security: SecurityConfig  # sasl.*: the listener's authentication, the broker's principal
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -508,6 +468,7 @@ class BrokerConfig:
             replica_fetch_max_bytes=int(parsed["replica.fetch.max.bytes"]),
             replica_fetch_backoff_ms=int(parsed["replica.fetch.backoff.ms"]),
             log_defaults=log_defaults,
+            tls=TlsSettings.from_values(parsed),
             security=SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect),
             values=parsed,
         )

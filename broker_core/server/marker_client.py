@@ -39,6 +39,7 @@ from broker_core.protocol.txn_requests import WriteTxnMarkersRequest, WriteTxnMa
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
 from broker_core.security.flight_auth import SaslCredentials
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from broker_core.txn.markers import (
     MarkerWriter,
     ProducerMarkers,
@@ -51,7 +52,7 @@ log = logging.getLogger("idemlog.markers")
 
 FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
 # A remote marker call's timeout when none is given: the broker passes one longer than the
-# acks=all wait at the leader (server.config.marker_call_timeout_ms, 70 s by default).
+# acks=all wait at the leader (server.timeouts.marker_call_timeout_ms, 70 s by default).
 MARKER_TIMEOUT_S = 70.0
 MARKER_CALL_THREADS = 8
 
@@ -91,6 +92,7 @@ class RoutingMarkerWriter:
         *,
         replicated: Callable[[str, int, int], None] | None = None,
         call_timeout_s: float = MARKER_TIMEOUT_S,
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
         sasl: SaslCredentials | None = None,
     ) -> None:
         self._broker_id = broker_id
@@ -99,7 +101,8 @@ class RoutingMarkerWriter:
         self._brokers = brokers
         self._replicated = replicated
         self._call_timeout_s = call_timeout_s
-        self._connections = FlightConnections(sasl=sasl)  # sasl: the broker's own principal
+        # To the leaders: the broker's own TLS and, on a SASL cluster, its own principal.
+        self._connections = FlightConnections(tls, sasl=sasl)
         # Remote leaders' calls, side by side (a few brokers: a few threads).
         self._pool = ThreadPoolExecutor(MARKER_CALL_THREADS, thread_name_prefix="marker-calls")
 

@@ -48,9 +48,10 @@ from broker_core.protocol.replica import (
     ReplicaLogStartResponse,
 )
 from broker_core.security.flight_auth import SaslCredentials
-from broker_core.server.config import ack_timeout_ms
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
+from broker_core.server.timeouts import ack_timeout_ms
 
 log = logging.getLogger("idemlog.replica")
 
@@ -70,7 +71,7 @@ class ReplicationConfig:
 
     @property
     def ack_timeout_s(self) -> float:
-        """How long an acks=all answer waits (``server.config.ack_timeout_ms``)."""
+        """How long an acks=all answer waits (``server.timeouts.ack_timeout_ms``)."""
         return ack_timeout_ms(self.lag_time_max_ms) / 1000.0
 
 
@@ -83,6 +84,7 @@ class ReplicaManager:
         store: LogStore,
         cluster: ClusterMetadata,
         config: ReplicationConfig,
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
         *,
         sasl: SaslCredentials | None = None,
     ) -> None:
@@ -93,7 +95,8 @@ class ReplicaManager:
         self._lock = threading.RLock()  # the maps below; taken by the cluster callback
         self._partitions: dict[TopicPartition, Partition] = {}
         self._fetchers: dict[TopicPartition, ReplicaFetcher] = {}
-        self._connections = FlightConnections(sasl=sasl)  # sasl: the broker's own principal
+        # To the leaders: the broker's own TLS and, on a SASL cluster, its own principal.
+        self._connections = FlightConnections(tls, sasl=sasl)
         self._expand: set[tuple[str, int, int]] = set()  # (topic, partition, broker) to add
         self._wake = threading.Condition()
         self._closed = False

@@ -1,5 +1,6 @@
 """The broker's authentication keys (declared here, beside ``config.py``, which lists them
-with the others): whether the listener requires SASL, the mechanisms it offers, the
+with the others): the mechanisms a SASL listener offers (``security.protocol``, declared
+in ``broker_core.security.tls``, says whether it requires SASL), the
 sessions' lifetime and bound, and the credentials this broker authenticates with to the
 others (its inter-broker principal). docs/security.md says how they fit together.
 """
@@ -11,26 +12,19 @@ from dataclasses import dataclass
 
 from broker_core.config import INT_MAX, ConfigKey, ConfigValue
 from broker_core.errors import InvalidConfigError
-from broker_core.security.client_config import PLAINTEXT, SECURITY_PROTOCOLS, uses_sasl
+from broker_core.security.client_config import uses_sasl
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import MECHANISM_NAMES, Mechanism
+from broker_core.security.tls import SECURITY_PROTOCOL
 
-SECURITY_KEYS = [
-    ConfigKey(
-        "security.protocol",
-        str,
-        PLAINTEXT,
-        "PLAINTEXT: the listener serves every call unauthenticated (principal "
-        "User:ANONYMOUS). SASL_PLAINTEXT: a client must pass a SCRAM handshake and carry "
-        "its session token on every call; others are refused with SASL_AUTHENTICATION_FAILED. "
-        "Also what this broker uses towards the other brokers.",
-        choices=SECURITY_PROTOCOLS,
-    ),
+# security.protocol itself is tls.py's key (one declaration; SASL_PLAINTEXT or SASL_SSL
+# turns these on, read by uses_sasl).
+SASL_KEYS = [
     ConfigKey(
         "sasl.enabled.mechanisms",
         str,
         ",".join(MECHANISM_NAMES),
-        "SASL mechanisms a SASL_PLAINTEXT listener accepts, comma-separated.",
+        "SASL mechanisms a SASL_PLAINTEXT or SASL_SSL listener accepts, comma-separated.",
     ),
     ConfigKey(
         "sasl.session.lifetime.ms",
@@ -97,7 +91,7 @@ class SecurityConfig:
                 mechanisms.add(Mechanism.parse(name))
             except ValueError as exc:
                 raise InvalidConfigError(f"sasl.enabled.mechanisms: {exc}") from None
-        protocol = str(parsed["security.protocol"])
+        protocol = str(parsed[SECURITY_PROTOCOL])
         username = str(parsed["sasl.inter.broker.username"])
         password = str(parsed["sasl.inter.broker.password"])
         inter_broker = None
@@ -110,7 +104,7 @@ class SecurityConfig:
                 )
             if not username or not password:
                 raise InvalidConfigError(
-                    "security.protocol=SASL_PLAINTEXT on a cluster needs "
+                    f"{SECURITY_PROTOCOL}={protocol} on a cluster needs "
                     "sasl.inter.broker.username and sasl.inter.broker.password: the brokers "
                     "authenticate to each other"
                 )
