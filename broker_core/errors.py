@@ -44,7 +44,6 @@ class ErrorCode(Enum):
     NOT_COORDINATOR = (16, True, "this broker is not the transaction coordinator")
     INVALID_TOPIC_EXCEPTION = (17, False, "topic name is not legal")
     INVALID_REQUIRED_ACKS = (21, False, "invalid acks value")
-    INVALID_TIMESTAMP = (32, False, "timestamp outside the accepted range")
     TOPIC_ALREADY_EXISTS = (36, False, "topic already exists")
     INVALID_PARTITIONS = (37, False, "invalid number of partitions")
     INVALID_REPLICATION_FACTOR = (38, False, "replication factor not possible")
@@ -189,10 +188,6 @@ class InvalidTopicError(IdemlogError):
 
 class InvalidRequiredAcksError(IdemlogError):
     error_code = ErrorCode.INVALID_REQUIRED_ACKS
-
-
-class InvalidTimestampError(IdemlogError):
-    error_code = ErrorCode.INVALID_TIMESTAMP
 
 
 class TopicAlreadyExistsError(IdemlogError):

@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from broker_core.errors import IdemlogError
-
 from .errors import BufferExhaustedError
 from .futures import SendCollector
 from .producer_batch import ProducerBatch, TopicPartition
@@ -124,11 +122,6 @@ class MessageAccumulator:
                     ready.append(tp)
         return ready, wait
 
-    def peek(self, tp: TopicPartition) -> ProducerBatch | None:
-        with self.cond:
-            queue = self._queues.get(tp)
-            return queue[0] if queue else None
-
     def drain(self, tp: TopicPartition) -> ProducerBatch | None:
         with self.cond:
             queue = self._queues.get(tp)
@@ -179,14 +172,6 @@ class MessageAccumulator:
                 taken.extend(b for b in queue if predicate(b))
                 self._queues[tp] = keep
         return taken
-
-    def fail_all(self, error: IdemlogError) -> int:
-        """Fail every queued batch (abort, close): their futures get ``error``."""
-        batches = self.remove_all(lambda _b: True)
-        for batch in batches:
-            batch.fail(error)
-            self.deallocate(batch)
-        return len(batches)
 
     # -- flush and close -----------------------------------------------------------------
     def begin_flush(self) -> None:

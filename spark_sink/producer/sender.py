@@ -430,6 +430,3 @@ class Sender:
     def fail_pending(self, error: IdemlogError) -> None:
         """After stop(): fail every batch in flight or queued."""
         self._fail_everything(error)
-
-    def in_flight_count(self) -> int:
-        return sum(len(v) for v in self.in_flight.values())

@@ -340,11 +340,16 @@ def test_commit_across_a_broker_cut_off_past_its_session(cluster: BrokerCluster)
     topic = "cuttxn"
     client = cluster.client()
     leaders = _create_topic(cluster, client, topic)
-    victim_id = 2  # not the controller, which runs the coordinator
-    cut_parts = {p for p in range(PARTITIONS) if leaders[p] == victim_id}
     keys = _keys_by_partition()
     producer = Producer(cluster.bootstrap, **PRODUCER_CONFIG, **{"transactional.id": "cut-app"})
     producer.init_transactions()
+    # Neither the controller (broker 1) nor the transaction's coordinator (the leader of
+    # its __transaction_state partition): the scenario is a data partition's broker cut.
+    found = client.action(
+        cluster.brokers[0].address, Action.FIND_COORDINATOR, {"transactional_id": "cut-app"}
+    )
+    victim_id = 3 if found["broker_id"] == 2 else 2
+    cut_parts = {p for p in range(PARTITIONS) if leaders[p] == victim_id}
     per_txn = PARTITIONS * ROWS
     committed: list[int] = []
 
@@ -388,7 +393,7 @@ def test_commit_across_a_broker_cut_off_past_its_session(cluster: BrokerCluster)
             "the live brokers' partitions committed during the cut",
             timeout=30,
         )
-        assert not outcome, "the commit cannot be complete while broker 2 is cut off"
+        assert not outcome, f"the commit cannot be complete while broker {victim_id} is cut off"
     committer.join(60)
     assert outcome == [None], outcome
     # The coordinator writes every marker before EndTxn succeeds: the commit waited for
