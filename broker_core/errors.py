@@ -58,6 +58,7 @@ class ErrorCode(Enum):
     CONCURRENT_TRANSACTIONS = (51, True, "transaction state is being changed concurrently")
     TRANSACTION_COORDINATOR_FENCED = (52, False, "a newer transaction coordinator has taken over")
     KAFKA_STORAGE_ERROR = (56, True, "disk error while accessing the log")
+    SASL_AUTHENTICATION_FAILED = (58, False, "SASL authentication failed")
     UNKNOWN_PRODUCER_ID = (59, False, "producer id was never issued by this cluster")
     FENCED_LEADER_EPOCH = (74, True, "the request's leader epoch is older than the broker's")
     UNKNOWN_LEADER_EPOCH = (75, True, "the request's leader epoch is newer than the broker's")
@@ -253,6 +254,13 @@ class TransactionCoordinatorFencedError(IdemlogError):
 
 class StorageError(IdemlogError):
     error_code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class SaslAuthenticationFailedError(IdemlogError):
+    """No valid session on a SASL listener, or a handshake that failed: the message names
+    the principal and mechanism, never the password."""
+
+    error_code = ErrorCode.SASL_AUTHENTICATION_FAILED
 
 
 class UnknownProducerIdError(IdemlogError):

@@ -270,7 +270,9 @@ def _log_offsets(source: Source, partition_by: str) -> tuple[Offsets, Offsets]:
     """(log start, last stable offset) per partition; checks the topic and the column."""
     try:
         options = parse_options(source.reader_options(), Scope.READ)
-        with BrokerClient(options.bootstrap(), tls=options.tls.load(Side.CLIENT)) as client:
+        with BrokerClient(
+            options.bootstrap(), tls=options.tls.load(Side.CLIENT), sasl=options.sasl
+        ) as client:
             info = describe(client, source.topic)
             if info is None:
                 raise ExportError(

@@ -81,7 +81,9 @@ def retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient], 
     def attempt() -> T:
         # A new client each time (on the process's shared connections): the broker may be
         # a new process on a new address.
-        with sink_client(options.bootstrap(), options.tls, timeout_s=_REQUEST_TIMEOUT_S) as client:
+        with sink_client(
+            options.bootstrap(), options.tls, sasl=options.sasl, timeout_s=_REQUEST_TIMEOUT_S
+        ) as client:
             return call(client)
 
     def log_retry(exc: BaseException, attempts: int) -> None:
@@ -163,7 +165,9 @@ def _commit(
     if inside is not None:
         # The request leaves, and the driver dies while it is in flight: the broker may
         # or may not have recorded the commit.
-        client = BrokerClient(options.bootstrap(), tls=options.tls.load(Side.CLIENT))
+        client = BrokerClient(
+            options.bootstrap(), tls=options.tls.load(Side.CLIENT), sasl=options.sasl
+        )
         sender = threading.Thread(
             target=client.commit_sink_batch, args=(sid, batch_id, txns, run_id), daemon=True
         )

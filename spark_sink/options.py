@@ -23,6 +23,12 @@ from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL
+from broker_core.security.client_config import (
+    CLIENT_SASL_KEY_NAMES,
+    CLIENT_SASL_KEYS,
+    sasl_credentials,
+)
+from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT, TLS_KEY_NAMES, TLS_KEYS, TlsSettings
 from spark_sink.embedded import DEFAULT_PATH
 from spark_sink.producer.config import ProducerConfig, parse_acks
@@ -38,6 +44,7 @@ class Scope(StrEnum):
 _SINK_OWNED_PRODUCER_KEYS = frozenset(
     {"bootstrap.servers", "transactional.id", "enable.idempotence", "key.column", "partitioner"}
     | TLS_KEY_NAMES  # the sink's own options of the same names apply to every link
+    | CLIENT_SASL_KEY_NAMES
 )
 PRODUCER_PREFIX = "producer."
 # Set by Spark on every streaming writer; not ours to validate, but kept: the driver's
@@ -156,9 +163,10 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
     ),
 ]
 
-# security.protocol and ssl.*: declared once (broker_core/security/tls.py); every link of the
-# sink and the source, the driver's and each task's, uses them (docs/security.md).
-_KEYS += [(key, Scope.BOTH) for key in TLS_KEYS]
+# security.protocol and ssl.*: declared once (broker_core/security/tls.py), sasl.* too
+# (broker_core/security/client_config.py); every link of the sink and the source, the
+# driver's and each task's, uses them (docs/security.md).
+_KEYS += [(key, Scope.BOTH) for key in (*TLS_KEYS, *CLIENT_SASL_KEYS)]
 
 OPTIONS = ConfigDef([k for k, _ in _KEYS], what="idemlog option")
 SCOPES: dict[str, Scope] = {k.name: s for k, s in _KEYS}
@@ -181,6 +189,9 @@ class IdemlogOptions:
     max_offsets_per_trigger: int
     include_metadata: bool
     producer: dict[str, Any]
+    # The credentials of every client the job builds (None: no SASL); its repr hides
+    # the password, which no message, log line or checkpoint file of the sink holds.
+    sasl: SaslCredentials | None
     # Spark's own option, kept for the driver's abort: the checkpoint's metadata file
     # names the streaming query (the sink id) when no task reported.
     checkpoint_location: str = ""
@@ -263,8 +274,15 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             ProducerConfig.from_mapping(producer)
         except IdemlogError as exc:
             raise InvalidConfigError(f"option {PRODUCER_PREFIX}*: {exc.message}") from None
+    sasl = sasl_credentials({k: v for k, v in parsed.items() if k in values})
+    if sasl is not None and not brokers:
+        raise InvalidConfigError(
+            f"option 'security.protocol'={tls.protocol.value} needs 'brokers': the embedded "
+            "default broker listens on loopback without authentication"
+        )
     return IdemlogOptions(
         topic=topic,
+        sasl=sasl,
         brokers=brokers,
         path=str(parsed["path"]),
         key=str(parsed["key"]) or None,

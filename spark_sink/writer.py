@@ -107,7 +107,7 @@ class _Heartbeat:
 
     def _run(self) -> None:
         interval = heartbeat_interval_s(self._options)
-        with sink_client(self._bootstrap, self._options.tls) as client:
+        with sink_client(self._bootstrap, self._options.tls, sasl=self._options.sasl) as client:
             while not self._stop.wait(interval):
                 try:
                     client.sink_heartbeat(self._sink_id, self._run_id)
@@ -157,12 +157,14 @@ def _write_task(
 
         producer = Producer(
             bootstrap,
-            connections=shared_connections(options.tls),
+            connections=shared_connections(options.tls, options.sasl),
             transport=None
             if lost_ack is None
             else failpoints.losing_acks(
                 lost_ack,
-                FlightTransport(BrokerClient(bootstrap, tls=options.tls.load(Side.CLIENT))),
+                FlightTransport(
+                    BrokerClient(bootstrap, tls=options.tls.load(Side.CLIENT), sasl=options.sasl)
+                ),
             ),
             **{
                 "transactional.id": tid,

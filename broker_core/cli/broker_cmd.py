@@ -6,7 +6,7 @@ idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginnin
 idemlog metrics --bootstrap host:port [--json]
 
 Every command that takes ``--bootstrap`` also takes ``--command-config FILE``: the client's
-security keys (``security.protocol``, ``ssl.*``) as Kafka's tools take them.
+security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) as Kafka's tools take them.
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol.metrics import render_table
+from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
 from broker_core.server.config import BrokerConfig, parse_overrides
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
 # -- broker start ----------------------------------------------------------------------------
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -119,10 +118,10 @@ def parse_schema(spec: str) -> pa.Schema:
 
 
 COMMAND_CONFIG_HELP = (
-    "a .properties file of the client's security keys (security.protocol, ssl.*), as "
-    "Kafka's tools take it (docs/security.md)"
+    "a .properties file of the client's security keys (security.protocol, ssl.*, sasl.*), "
+    "as Kafka's tools take it (docs/security.md)"
 )
-COMMAND_CONFIG = ConfigDef(TLS_KEYS, what="--command-config key")
+COMMAND_CONFIG = ConfigDef([*TLS_KEYS, *CLIENT_SASL_KEYS], what="--command-config key")
 
 
 def _command_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -130,10 +129,12 @@ def _command_config_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace) -> BrokerClient:
-    """The client of ``--bootstrap`` under ``--command-config``'s keys (plaintext without
-    one). Raises InvalidConfigError naming an unknown key, a bad value or an unreadable
-    file of the command config."""
+    """The client of ``--bootstrap`` under ``--command-config``'s keys: its TLS settings
+    and, with SASL, its credentials (plaintext and unauthenticated without one). Raises
+    InvalidConfigError naming an unknown key, a bad value or an unreadable file of the
+    command config (never a password's value)."""
     tls = PLAINTEXT_MATERIAL
+    sasl = None
     if getattr(args, "command_config", None):
         try:
             raw = load_properties(args.command_config)
@@ -143,7 +144,8 @@ def _client(args: argparse.Namespace) -> BrokerClient:
             ) from None
         values = COMMAND_CONFIG.parse(raw)
         tls = TlsSettings.from_values(values).load(Side.CLIENT)
-    return BrokerClient(args.bootstrap, tls=tls)
+        sasl = sasl_credentials(raw)
+    return BrokerClient(args.bootstrap, tls=tls, sasl=sasl)
 
 
 def topics_create(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ directory): ``idemlog log describe`` lists topics, partitions, offsets and produ
 config topic|broker`` lists the keys with defaults and docs (``--properties``: the
 commented default file). A broker and its clients (``broker_core.cli.broker_cmd``): ``idemlog
 broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
-metrics``.
+metrics``. SCRAM users (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_core.cli.broker_cmd import add_commands
+from broker_core.cli.users_cmd import add_users_command
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.set_defaults(func=_config)
     add_commands(sub)
+    add_users_command(sub)
     return parser
 
 

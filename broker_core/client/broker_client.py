@@ -63,6 +63,7 @@ from broker_core.protocol.wire import (
     encode_json,
 )
 from broker_core.retry import RetryPolicy
+from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 
 T = TypeVar("T")
@@ -107,8 +108,11 @@ class BrokerClient(AdminCalls, TransactionCalls):
     nothing connects before the first request. Use it as a context manager or call
     :meth:`close`. ``connections``: a connection cache shared with other clients (one per
     process in the Spark sink, so a reused Python worker keeps its channels from batch to
-    batch); :meth:`close` then leaves it open, for its owner to close. ``tls``: the
-    protocol and files of a connection cache of its own (a shared one has its own).
+    batch); :meth:`close` then leaves it open, for its owner to close. ``tls`` and
+    ``sasl``: the protocol and files, and the credentials of a SASL listener
+    (docs/security.md), of a connection cache of its own (a shared one has its own); with
+    ``sasl`` every connection authenticates first, and a refusal is
+    ``SaslAuthenticationFailedError`` (not retried).
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         retry_backoff_s: float = 0.05,
         connections: FlightConnections | None = None,
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self._bootstrap = parse_bootstrap(bootstrap)
         if retries < 0 or retry_backoff_s < 0:
@@ -138,7 +143,13 @@ class BrokerClient(AdminCalls, TransactionCalls):
             max_backoff_s=retry_backoff_s * 2 ** max(retries - 1, 0),
         )
         self._owns_connections = connections is None
-        self._connections = FlightConnections(tls) if connections is None else connections
+        if connections is None:
+            connections = FlightConnections(tls, sasl=sasl)
+        elif sasl is not None and connections.sasl != sasl:
+            raise InvalidConfigError(
+                "BrokerClient: the shared connections authenticate with other credentials"
+            )
+        self._connections = connections
         self._view: ClusterView | None = None
         self.coordinators = CoordinatorCache()  # FIND_COORDINATOR's answers
 

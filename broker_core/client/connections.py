@@ -5,19 +5,33 @@ each time, so callers keep one per broker. Every Flight client of idemlog is ope
 (through ``broker_core.security.tls.open_flight_client``, under the cache's TLS
 material): the broker client, the replica fetchers, the coordinator's marker writer, the
 Spark sink's producer and readers and the CLI.
+
+Given SASL credentials, each new channel first runs the SCRAM handshake
+(``broker_core.security.flight_auth``, through the same ``open_flight_client``) and
+carries its session token on every call; a channel is replaced by a freshly
+authenticated one once half its session's lifetime has passed, so calls never meet an
+expired token (docs/security.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import pyarrow.flight as flight
 
 from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
 from broker_core.protocol.wire import parse_error_message
+from broker_core.security.flight_auth import SaslCredentials, ScramClientAuth
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
 from broker_core.security.tls_probe import diagnose, peer_hostname
+
+HANDSHAKE_TIMEOUT_S = 10.0
+# A channel is re-authenticated after this share of its session's lifetime: a call
+# started then still has the other half before its token expires.
+REFRESH_SHARE = 0.5
+_NEVER = float("inf")  # a channel without a session never needs a new handshake
 
 
 class FlightConnections:
@@ -29,28 +43,45 @@ class FlightConnections:
     reconnect backoff. :meth:`close` closes them all (no call may be in flight then); the
     cache stays usable. ``tls``: the protocol and checked PEM files of every link
     (``TlsSettings.load(Side.CLIENT)``); plaintext by default.
+
+    ``sasl``: the credentials every channel authenticates with; then :meth:`get` runs
+    the handshake and raises ``SaslAuthenticationFailedError`` if the broker refuses it,
+    ``SslHandshakeError`` if TLS refuses the link, ``NetworkError`` if the broker cannot
+    be reached.
     """
 
-    def __init__(self, tls: TlsMaterial = PLAINTEXT_MATERIAL) -> None:
+    def __init__(
+        self, tls: TlsMaterial = PLAINTEXT_MATERIAL, *, sasl: SaslCredentials | None = None
+    ) -> None:
         self._lock = threading.Lock()
+        self._sasl = sasl
         self._clients: dict[str, flight.FlightClient] = {}
+        self._refresh_at: dict[str, float] = {}  # address -> when its channel re-authenticates
+        # address -> the lock of opening its channel: one per broker address ever used.
+        self._opening: dict[str, threading.Lock] = {}
         self.tls = tls
+
+    @property
+    def sasl(self) -> SaslCredentials | None:
+        return self._sasl
 
     def get(self, address: str) -> flight.FlightClient:
         with self._lock:
-            client = self._clients.get(address)
+            client = self._fresh(address)
             if client is not None:
                 return client
-        override = None
-        if self.tls.settings.encrypted and not self.tls.settings.check_hostname:
-            # Outside the lock: it contacts the broker (only in this mode).
-            override = peer_hostname(address, self.tls)
-        opened = open_flight_client(address, self.tls, override_hostname=override)
-        with self._lock:
-            client = self._clients.setdefault(address, opened)
-        if client is not opened:
-            _close_quietly(opened)  # another thread opened one first
-        return client
+            opening = self._opening.setdefault(address, threading.Lock())
+        # One opening per address at a time, so concurrent callers share one channel; the
+        # handshakes (a host-name probe, SASL's) contact the broker, outside the cache's lock.
+        with opening:
+            with self._lock:
+                client = self._fresh(address)  # another caller may have opened it
+            if client is None:
+                client, refresh_at = self._open(address)
+                with self._lock:
+                    self._clients[address] = client
+                    self._refresh_at[address] = refresh_at
+            return client
 
     def failure(self, address: str, exc: BaseException, what: str) -> IdemlogError:
         """The typed error of a call to ``address`` that raised ``exc``: the broker's own
@@ -69,6 +100,32 @@ class FlightConnections:
             return refused
         return NetworkError(f"{what} to {address} failed: {type(exc).__name__}: {exc}")
 
+    def _fresh(self, address: str) -> flight.FlightClient | None:
+        """The cached client of ``address`` unless it is due to re-authenticate (lock held)."""
+        client = self._clients.get(address)
+        if client is not None and time.monotonic() < self._refresh_at[address]:
+            return client
+        return None
+
+    def _open(self, address: str) -> tuple[flight.FlightClient, float]:
+        override = None
+        if self.tls.settings.encrypted and not self.tls.settings.check_hostname:
+            override = peer_hostname(address, self.tls)  # contacts the broker (this mode only)
+        if self._sasl is None:
+            return open_flight_client(address, self.tls, override_hostname=override), _NEVER
+        auth = ScramClientAuth(self._sasl)
+        try:
+            client = open_flight_client(
+                address,
+                self.tls,
+                override_hostname=override,
+                auth=auth,
+                auth_timeout_s=HANDSHAKE_TIMEOUT_S,
+            )
+        except flight.FlightError as exc:
+            raise self.failure(address, exc, "SASL handshake") from None
+        return client, time.monotonic() + auth.lifetime_s * REFRESH_SHARE
+
     def reset(self, address: str) -> None:
         """Forget the client of ``address``: the next :meth:`get` opens a fresh channel.
 
@@ -78,10 +135,12 @@ class FlightConnections:
         """
         with self._lock:
             self._clients.pop(address, None)
+            self._refresh_at.pop(address, None)
 
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+            self._refresh_at = {}
         for client in clients:
             _close_quietly(client)
 

@@ -17,6 +17,7 @@ listens or connects (an ``InvalidConfigError``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import logging
@@ -36,8 +37,8 @@ log = logging.getLogger("idemlog.security")
 
 
 class SecurityProtocol(StrEnum):
-    """Kafka's ``security.protocol`` values. The SASL ones are accepted by the key and
-    refused at start until SASL authentication is built (docs/security.md)."""
+    """Kafka's ``security.protocol`` values: TLS or not, SASL (SCRAM, ``flight_auth.py``)
+    or not (docs/security.md)."""
 
     PLAINTEXT = "PLAINTEXT"
     SSL = "SSL"
@@ -67,9 +68,10 @@ TLS_KEYS: tuple[ConfigKey, ...] = (
         SECURITY_PROTOCOL,
         str,
         SecurityProtocol.PLAINTEXT.value,
-        "Protocol of every Flight link: PLAINTEXT or SSL (TLS). SASL_PLAINTEXT and "
-        "SASL_SSL are reserved for SASL authentication and refused until it is built. A "
-        "broker uses the same value for its links to other brokers (docs/security.md).",
+        "Protocol of every Flight link: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT (a SCRAM "
+        "handshake on each connection, then a session token on each call; sasl.*) or "
+        "SASL_SSL (both). A broker's listener serves only clients of its protocol and uses "
+        "the same value for its links to other brokers (docs/security.md).",
         choices=tuple(p.value for p in SecurityProtocol),
     ),
     ConfigKey(
@@ -156,18 +158,14 @@ class TlsSettings:
     def from_values(cls, values: Mapping[str, object]) -> TlsSettings:
         """Settings from the typed values of :data:`TLS_KEYS` (missing keys: defaults).
 
-        Raises InvalidConfigError for a SASL protocol (not built yet), a certificate
-        without its key or a key without its certificate."""
+        The SASL part of a SASL protocol is read by ``client_config``/``security_config``
+        (the ``sasl.*`` keys). Raises InvalidConfigError for a certificate without its key
+        or a key without its certificate."""
 
         def text(name: str) -> str:
             return str(values.get(name, "") or "").strip()
 
         protocol = SecurityProtocol(text(SECURITY_PROTOCOL) or SecurityProtocol.PLAINTEXT)
-        if protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL):
-            raise InvalidConfigError(
-                f"{SECURITY_PROTOCOL}={protocol.value}: SASL authentication is not built yet; "
-                "use PLAINTEXT or SSL (docs/security.md)"
-            )
         settings = cls(
             protocol=protocol,
             ca_location=text(SSL_CA_LOCATION),
@@ -246,14 +244,23 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def open_flight_client(
-    address: str, material: TlsMaterial, *, override_hostname: str | None = None
+    address: str,
+    material: TlsMaterial,
+    *,
+    override_hostname: str | None = None,
+    auth: flight.ClientAuthHandler | None = None,
+    auth_timeout_s: float = 10.0,
 ) -> flight.FlightClient:
     """The Flight client of ``address`` (``host:port``) under ``material``'s protocol.
 
-    Opening does not contact the broker: a refused handshake fails the first call (see
-    ``broker_core.security.tls_probe.diagnose``). ``override_hostname``: the name the
-    broker's certificate is checked against instead of the host (given when
-    ssl.endpoint.identification.algorithm is empty)."""
+    Without ``auth``, opening does not contact the broker: a refused TLS handshake fails
+    the first call (see ``broker_core.security.tls_probe.diagnose``). With ``auth`` (SASL:
+    ``broker_core.security.flight_auth.ScramClientAuth``), its handshake runs on the new
+    channel within ``auth_timeout_s`` before the client is returned, and every later call
+    carries its token; a refused or failed handshake raises its ``FlightError`` (the
+    channel closed), which the caller types (``FlightConnections.failure``).
+    ``override_hostname``: the name the broker's certificate is checked against instead of
+    the host (given when ssl.endpoint.identification.algorithm is empty)."""
     settings = material.settings
     kwargs: dict[str, Any] = {}
     if settings.encrypted:
@@ -264,20 +271,37 @@ def open_flight_client(
             kwargs["private_key"] = material.key
         if override_hostname:
             kwargs["override_hostname"] = override_hostname
-    return flight.connect(f"{settings.scheme}://{address}", **kwargs)
+    client = flight.connect(f"{settings.scheme}://{address}", **kwargs)
+    if auth is not None:
+        try:
+            client.authenticate(auth, flight.FlightCallOptions(timeout=auth_timeout_s))
+        except BaseException:
+            with contextlib.suppress(Exception):  # a channel that never served a call
+                client.close()
+            raise
+    return client
 
 
-def server_arguments(host: str, port: int, material: TlsMaterial) -> tuple[str, dict[str, Any]]:
+def server_arguments(
+    host: str,
+    port: int,
+    material: TlsMaterial,
+    *,
+    auth_handler: flight.ServerAuthHandler | None = None,
+) -> tuple[str, dict[str, Any]]:
     """The location and keyword arguments of a ``FlightServerBase`` listening on
     ``host:port`` under ``material``'s protocol (mutual TLS if it requires clients'
-    certificates)."""
+    certificates). ``auth_handler`` (SASL: ``flight_auth.ScramServerAuth``): every call
+    but the handshake must then carry a valid session token, or Flight refuses it before
+    any handler runs."""
     settings = material.settings
     location = f"{settings.scheme}://{host}:{port}"
+    kwargs: dict[str, Any] = {}
+    if auth_handler is not None:
+        kwargs["auth_handler"] = auth_handler
     if not settings.encrypted:
-        return location, {}
-    kwargs: dict[str, Any] = {
-        "tls_certificates": [flight.CertKeyPair(material.cert, material.key)],
-    }
+        return location, kwargs
+    kwargs["tls_certificates"] = [flight.CertKeyPair(material.cert, material.key)]
     if settings.client_auth is ClientAuth.REQUIRED:
         kwargs["verify_client"] = True
         kwargs["root_certificates"] = material.ca
@@ -296,17 +320,22 @@ def is_loopback(host: str) -> bool:
 
 def warn_if_exposed(host: str, settings: TlsSettings) -> bool:
     """Log a warning (and return True) when a listener bound to ``host`` can be reached
-    from other machines without TLS: anyone on the network could then read and write
-    every topic (docs/security.md)."""
+    from other machines without TLS: anyone on the network could then read every topic,
+    and write them too without SASL (docs/security.md)."""
     if settings.encrypted or is_loopback(host):
         return False
+    sasl = settings.protocol is SecurityProtocol.SASL_PLAINTEXT
     log.warning(
         "listener.host=%s is reachable from other machines and %s=%s: every link is "
-        "plaintext and unauthenticated; set %s=SSL (docs/security.md)",
+        "plaintext%s; set %s=%s (docs/security.md)",
         host,
         SECURITY_PROTOCOL,
         settings.protocol.value,
+        " (authenticated, but anyone on the network can read the data)"
+        if sasl
+        else " and unauthenticated",
         SECURITY_PROTOCOL,
+        SecurityProtocol.SASL_SSL.value if sasl else SecurityProtocol.SSL.value,
     )
     return True
 

@@ -207,6 +207,7 @@ class Broker:
         DuplicateBrokerRegistrationError, a ZooKeeper timeout...): the parts already open
         are released first and the broker is STOPPED.
         """
+        from broker_core.server.authentication import server_auth
         from broker_core.server.flight_server import IdemlogFlightServer
         from broker_core.server.handlers import ActionHandlers
 
@@ -238,6 +239,7 @@ class Broker:
                     cfg.replica_fetch_backoff_ms / 1000.0,
                 ),
             )
+            inter_broker = cfg.security.inter_broker  # this broker's own credentials, or None
             started_topics = _StartedTopics(lambda: self.topics)
             actions = ActionHandlers(
                 broker_id=self.broker_id,
@@ -262,6 +264,7 @@ class Broker:
                 metrics=self.metrics,
                 max_request_bytes=cfg.max_request_bytes,
                 ack_timeout_s=replication.ack_timeout_s,
+                auth_handler=server_auth(cfg, self._zk),
             )
             # What clients and other brokers are told, which may differ from what is bound
             # (NAT, a proxy, a container): listener.advertised.*.
@@ -271,7 +274,9 @@ class Broker:
                 cfg.advertised_port or int(self._server.port),
             )
             self.cluster = cluster = self._open_cluster(self.info)
-            self.replicas = ReplicaManager(self.broker_id, self.store, cluster, replication, tls)
+            self.replicas = ReplicaManager(
+                self.broker_id, self.store, cluster, replication, tls, sasl=inter_broker
+            )
             topics = self._topics = LocalTopics(
                 self.broker_id,
                 self.store,
@@ -289,11 +294,14 @@ class Broker:
                 replicated=self.replicas.wait_replicated,
                 call_timeout_s=cfg.marker_call_timeout_s,
                 tls=tls,
+                sasl=inter_broker,
             )
             cluster.register(self.info)
             topics.sync()
             cluster.on_topics_change(topics.sync)
-            offsets = ClusterStableOffsets(self.broker_id, topics, cluster.brokers, tls)
+            offsets = ClusterStableOffsets(
+                self.broker_id, topics, cluster.brokers, tls, inter_broker
+            )
             expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
             retry_deadline_s = cfg.transaction_marker_retry_deadline_ms / 1000.0
             role: CoordinatorRole | StateLeaderCoordinatorRole

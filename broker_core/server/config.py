@@ -27,6 +27,7 @@ from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
 from broker_core.security.tls import TlsSettings
 from broker_core.security.zk_tls import SECURITY_KEYS
+from broker_core.server.security_config import SASL_KEYS, SecurityConfig
 from broker_core.server.timeouts import ack_timeout_ms, check_timeouts, marker_call_timeout_ms
 
 LOG_PREFIX = "log."
@@ -332,7 +333,9 @@ def _topic_default_keys() -> list[ConfigKey]:
 # Bind addresses that mean "every interface": never an address to hand to a client.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
-BROKER_CONFIG = ConfigDef([*_BROKER_KEYS, *SECURITY_KEYS, *_topic_default_keys()], what="broker")
+BROKER_CONFIG = ConfigDef(
+    [*_BROKER_KEYS, *SECURITY_KEYS, *SASL_KEYS, *_topic_default_keys()], what="broker"
+)
 
 
 @dataclass(frozen=True)
@@ -371,6 +374,7 @@ class BrokerConfig:
     replica_fetch_backoff_ms: int
     log_defaults: LogConfig  # the log.<key> values, as a topic's base config
     tls: TlsSettings  # security.protocol and ssl.*: the listener's and the broker's links
+    security: SecurityConfig  # sasl.*: the listener's authentication, the broker's principal
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -465,6 +469,7 @@ class BrokerConfig:
             replica_fetch_backoff_ms=int(parsed["replica.fetch.backoff.ms"]),
             log_defaults=log_defaults,
             tls=TlsSettings.from_values(parsed),
+            security=SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect),
             values=parsed,
         )
 

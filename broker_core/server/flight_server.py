@@ -74,7 +74,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     of a partition (raising the routing error otherwise); ``store()`` is the broker's
     store, None before it is open (then topics have no schema); ``max_request_bytes``
     bounds a produced batch and an action body; ``tls``: the listener's protocol and
-    checked files (``broker_core.security.tls.server_arguments``), plaintext by default.
+    checked files (``broker_core.security.tls.server_arguments``), plaintext by default;
+    ``auth_handler``: SASL's (``broker_core.server.authentication``), None without SASL.
     """
 
     def __init__(
@@ -90,9 +91,12 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         metrics: Metrics,
         max_request_bytes: int,
         ack_timeout_s: float = 60.0,
+        auth_handler: flight.ServerAuthHandler | None = None,
     ) -> None:
-        location, tls_arguments = server_arguments(host, port, tls)
-        super().__init__(location, **tls_arguments)
+        # auth_handler (SASL, broker_core.server.authentication): every call but the
+        # handshake carries a valid session token, or Flight refuses it before any handler.
+        location, arguments = server_arguments(host, port, tls, auth_handler=auth_handler)
+        super().__init__(location, **arguments)
         self._actions = actions
         self._gate = gate
         self._topics = topics

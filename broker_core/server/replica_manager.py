@@ -47,6 +47,7 @@ from broker_core.protocol.replica import (
     ReplicaLogStartRequest,
     ReplicaLogStartResponse,
 )
+from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
@@ -84,6 +85,8 @@ class ReplicaManager:
         cluster: ClusterMetadata,
         config: ReplicationConfig,
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
+        *,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self.broker_id = broker_id
         self._store = store
@@ -92,7 +95,8 @@ class ReplicaManager:
         self._lock = threading.RLock()  # the maps below; taken by the cluster callback
         self._partitions: dict[TopicPartition, Partition] = {}
         self._fetchers: dict[TopicPartition, ReplicaFetcher] = {}
-        self._connections = FlightConnections(tls)  # to the leaders: the broker's own TLS
+        # To the leaders: the broker's own TLS and, on a SASL cluster, its own principal.
+        self._connections = FlightConnections(tls, sasl=sasl)
         self._expand: set[tuple[str, int, int]] = set()  # (topic, partition, broker) to add
         self._wake = threading.Condition()
         self._closed = False

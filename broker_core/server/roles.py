@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
 from broker_core.log.store import LogStore
+from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from broker_core.server.marker_client import LedPartitions
 from broker_core.server.state_partition import embedded_state_partition
@@ -42,11 +43,13 @@ class ClusterStableOffsets:
         topics: LedPartitions,
         brokers: Callable[[], Sequence[BrokerInfo]],
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self._broker_id = broker_id
         self._topics = topics
         self._brokers = brokers
         self._tls = tls  # the broker's own protocol and files (docs/security.md)
+        self._sasl = sasl  # the broker's own principal on a SASL cluster
         self._lock = threading.Lock()
         self._client: BrokerClient | None = None
 
@@ -65,7 +68,7 @@ class ClusterStableOffsets:
         with self._lock:
             if self._client is None:
                 bootstrap = ",".join(f"{b.host}:{b.port}" for b in self._brokers())
-                self._client = BrokerClient(bootstrap, tls=self._tls)
+                self._client = BrokerClient(bootstrap, tls=self._tls, sasl=self._sasl)
             return self._client
 
     def close(self) -> None:

@@ -14,6 +14,8 @@ from broker_core.config import INT_MAX, ConfigDef, ConfigKey
 from broker_core.errors import InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
+from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
+from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT, TLS_KEYS, TlsSettings
 
 # The broker caches the last ``producer.state.batch.window`` batches per producer and
@@ -155,8 +157,10 @@ PRODUCER_CONFIG = ConfigDef(
             "",
             "Default key column of send() when none is given; empty: no key.",
         ),
-        # security.protocol and ssl.*: declared once in broker_core/security/tls.py.
+        # security.protocol and ssl.*: declared once in broker_core/security/tls.py; sasl.*
+        # in broker_core/security/client_config.py.
         *TLS_KEYS,
+        *CLIENT_SASL_KEYS,
     ],
     what="producer",
 )
@@ -181,6 +185,7 @@ class ProducerConfig:
     partitioner: str
     key_column: str | None
     tls: TlsSettings = PLAINTEXT  # its links' protocol and files (docs/security.md)
+    sasl: SaslCredentials | None = None  # every connection's credentials; None: no SASL
 
     @classmethod
     def from_mapping(
@@ -206,6 +211,7 @@ class ProducerConfig:
             partitioner=str(v["partitioner"]),
             key_column=str(v["key.column"]) or None,
             tls=TlsSettings.from_values(v),
+            sasl=sasl_credentials(v if values is None else {k: v[k] for k in values}),
         )
         config._check(broker_window)
         return config

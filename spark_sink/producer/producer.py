@@ -124,6 +124,7 @@ class Producer:
                     connections=connections,
                     # Read and checked here: a bad file fails the constructor, naming it.
                     tls=self.config.tls.load(Side.CLIENT),
+                    sasl=self.config.sasl,
                 ),
                 acks=self.config.acks,
             )

@@ -230,17 +230,6 @@ def test_a_plaintext_broker_on_every_interface_warns_and_a_loopback_one_does_not
     assert "reachable from other machines" not in loopback.log_text()
 
 
-def test_sasl_protocols_are_refused_at_start_as_not_built_yet(
-    broker_factory: BrokerFactory,
-) -> None:
-    broker = broker_factory(
-        {**TEST_BROKER_CONFIG, "security.protocol": "SASL_SSL"}, name="sasl", start=False
-    )
-    broker.spawn()
-    assert broker.wait_exit() != 0
-    assert "security.protocol=SASL_SSL: SASL authentication is not built yet" in (broker.log_text())
-
-
 def test_the_cli_reaches_a_tls_broker_with_command_config(
     tls_broker: BrokerProcess,
     tls_certs: TlsCerts,

@@ -31,6 +31,7 @@ from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched
 from broker_core.protocol.wire import Action
 from broker_core.record.batch import NO_LEADER_EPOCH, decode_header
+from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory, BrokerProcess
@@ -45,7 +46,8 @@ ELECTION_S = 30.0  # the longest a test waits for an election
 class ReplicatedCluster:
     """Brokers ``1..count`` on ``zk``'s chroot, made by ``factory`` (which kills them at
     teardown); ``extra`` broker keys for every broker; ``tls``: the test's client's files
-    when ``extra`` sets security.protocol=SSL."""
+    when ``extra`` sets security.protocol=SSL or SASL_SSL; ``sasl``: the credentials of
+    its client on a SASL cluster."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class ReplicatedCluster:
         count: int = 3,
         extra: Mapping[str, object] | None = None,
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self.zk = zk
         self.factory = factory
@@ -72,7 +75,8 @@ class ReplicatedCluster:
                 {**self.config, "broker.id": broker_id}, name=f"b{broker_id}"
             )
         self.bootstrap = ",".join(b.address for b in self.brokers.values())
-        self.client = BrokerClient(self.bootstrap, tls=tls)  # the brokers' protocol
+        # The brokers' protocol, and the client's credentials on a SASL cluster.
+        self.client = BrokerClient(self.bootstrap, tls=tls, sasl=sasl)
         wait_until(
             lambda: all(self._live_count(b) == count for b in self.brokers.values()),
             f"all {count} brokers registered",

@@ -8,9 +8,10 @@ which must not be the pytest process. One JSON argument says what to run:
 ``{"mode": "stream" | "batch" | "read" | "read_stream", "src", "store", "topic",
 "checkpoint", "conf": {...}, "trigger": "availableNow" | "processingTime", "files": K,
 "spark_partitions": 4, "bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N,
-"sink_options": {...}, "stop_on_file": path (processingTime: query.stop() once it
-exists), "steps": [{...}, ...] (jobs run in turn in one session, each step's keys over
-the outer spec's), "out": path (read modes: the rows read, as parquet), "master": "spark://host:port"
+"sink_options": {...}, "progress_out": path (stream: each progress's JSON appended),
+"stop_on_file": path (processingTime: query.stop() once it exists), "steps": [{...}, ...]
+(jobs run in turn in one session, each step's keys over the outer spec's), "out": path
+(read modes: the rows read, as parquet), "master": "spark://host:port"
 and "driver_host": address (a standalone cluster, ``tests/harness/cluster.py``; default:
 local mode)}``. Without "store" the sink gets no ``path`` (a broker cluster named by
 ``sink_options["brokers"]``).
@@ -141,6 +142,9 @@ def run_stream(spark: Any, spec: dict[str, Any]) -> int:
                 f"PROGRESS batch={progress.batchId} rows={progress.numInputRows} end={end} "
                 f"ms={json.dumps(progress.durationMs, separators=(',', ':'))}"
             )
+            if spec.get("progress_out"):  # every progress, whole, as lastProgress shows it
+                with open(spec["progress_out"], "a", encoding="utf-8") as out:
+                    out.write(progress.json + "\n")
             if end >= last_file:
                 reached_end.set()
 

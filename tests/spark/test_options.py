@@ -116,5 +116,15 @@ def test_security_options_reach_every_link_and_ssl_needs_brokers() -> None:
         InvalidConfigError, match=re.escape("the sink sets producer key 'ssl.ca.location'")
     ):
         parse_options({"topic": "t", "producer.ssl.ca.location": "/x"}, Scope.WRITE)
-    with pytest.raises(InvalidConfigError, match="not built yet"):
+    # SASL_SSL: the TLS settings and the credentials from the same options.
+    both = parse_options(
+        {**keys, "security.protocol": "SASL_SSL", "sasl.username": "u", "sasl.password": "pw"},
+        Scope.READ,
+    )
+    assert both.tls.encrypted and both.sasl is not None and both.sasl.username == "u"
+    with pytest.raises(InvalidConfigError, match=re.escape("sasl.username is empty")):
         parse_options({"topic": "t", "brokers": "h:1", "security.protocol": "SASL_SSL"}, Scope.READ)
+    with pytest.raises(
+        InvalidConfigError, match=re.escape("the sink sets producer key 'sasl.password'")
+    ):
+        parse_options({"topic": "t", "producer.sasl.password": "x"}, Scope.WRITE)

@@ -20,11 +20,14 @@ from broker_core.security.tls_probe import diagnose
 from broker_core.security.zk_tls import ZkTlsSettings
 
 
-def test_a_certificate_needs_its_key_and_sasl_is_not_built_yet() -> None:
+def test_a_certificate_needs_its_key_and_sasl_ssl_is_tls() -> None:
     with pytest.raises(InvalidConfigError, match="set both or neither"):
         TlsSettings.from_values({"security.protocol": "SSL", "ssl.certificate.location": "/c"})
-    with pytest.raises(InvalidConfigError, match="SASL authentication is not built yet"):
-        TlsSettings.from_values({"security.protocol": "SASL_PLAINTEXT"})
+    # The SASL protocols are accepted; only SASL_SSL encrypts (the sasl.* keys are read
+    # by broker_core.security.client_config / server.security_config).
+    assert not TlsSettings.from_values({"security.protocol": "SASL_PLAINTEXT"}).encrypted
+    sasl_ssl = TlsSettings.from_values({"security.protocol": "SASL_SSL", "ssl.ca.location": "/ca"})
+    assert sasl_ssl.encrypted and sasl_ssl.scheme == "grpc+tls"
     settings = TlsSettings.from_values(
         {"security.protocol": "SSL", "ssl.key.password": "s3cret", "ssl.ca.location": "/ca"}
     )
@@ -50,7 +53,13 @@ def test_only_a_plaintext_listener_off_loopback_is_warned_about(
         assert not warn_if_exposed("127.0.0.1", TlsSettings())
         assert not warn_if_exposed("0.0.0.0", TlsSettings(protocol=SecurityProtocol.SSL))
         assert warn_if_exposed("0.0.0.0", TlsSettings())
-    assert [r.getMessage() for r in caplog.records if "reachable" in r.getMessage()]
+        assert not warn_if_exposed("0.0.0.0", TlsSettings(protocol=SecurityProtocol.SASL_SSL))
+        assert warn_if_exposed("0.0.0.0", TlsSettings(protocol=SecurityProtocol.SASL_PLAINTEXT))
+    warnings = [r.getMessage() for r in caplog.records if "reachable" in r.getMessage()]
+    assert len(warnings) == 2 and "unauthenticated; set security.protocol=SSL" in warnings[0]
+    assert "authenticated, but anyone" in warnings[1] and warnings[1].endswith(
+        "set security.protocol=SASL_SSL (docs/security.md)"
+    )
 
 
 def test_an_unreachable_host_is_not_probed() -> None:

@@ -1,0 +1,338 @@
+"""Where SCRAM credentials live: ZooKeeper on a cluster, a file in the data directory embedded.
+
+Each user has one record: its credential per mechanism in Kafka's stored form
+(``{"version": 1, "config": {"SCRAM-SHA-256": "salt=..,stored_key=..,server_key=..,
+iterations=4096"}}``), never the password. On a cluster the record is the znode
+``<root>/config/users/<name>`` (``root`` is ``/idemlog`` under the chroot); every broker
+watches the users' node and each user's, so an added user, a new password or a removal
+reaches every broker without a restart. Embedded, the records are one JSON file,
+``<log.dir>/__users.json``, mode 0600, replaced atomically; the broker re-reads it when
+its size, inode or modification time changed, at the next handshake.
+
+Bounds: one cached record per user (a few hundred bytes) and, on ZooKeeper, one watch
+per user; both as many as the users an operator added.
+
+Writes (``idemlog users``) are conditional: ZooKeeper's on the node's version, the
+file's under an exclusive ``flock`` of ``__users.json.lock``; two operators at once
+never lose one's change.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from broker_core.errors import InvalidConfigError
+from broker_core.fileutil import fsync_directory, write_all
+from broker_core.security.scram import Mechanism, ScramCredential
+
+log = logging.getLogger("idemlog.security")
+
+USERS_FILE = "__users.json"
+USERS_ZNODE = "config/users"  # under the cluster's root znode
+RECORD_VERSION = 1
+MAX_USERNAME_LENGTH = 256
+
+# One user's credentials, by mechanism.
+UserRecord = dict[Mechanism, ScramCredential]
+# Told the name of a user whose record changed or went: its sessions end.
+ChangeListener = Callable[[str], None]
+
+
+def check_username(name: str) -> str:
+    """``name`` if it can be a user (and a znode) name; InvalidConfigError naming it."""
+    if not name or len(name) > MAX_USERNAME_LENGTH or name in (".", ".."):
+        raise InvalidConfigError(f"user name {name!r}: 1 to {MAX_USERNAME_LENGTH} characters")
+    if "/" in name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise InvalidConfigError(f"user name {name!r} holds '/' or a control character")
+    return name
+
+
+def encode_record(record: Mapping[Mechanism, ScramCredential]) -> dict[str, Any]:
+    return {
+        "version": RECORD_VERSION,
+        "config": {m.sasl_name: c.to_text() for m, c in sorted(record.items(), key=_by_name)},
+    }
+
+
+def _by_name(item: tuple[Mechanism, ScramCredential]) -> str:
+    return item[0].sasl_name
+
+
+def decode_record(doc: Any, what: str) -> UserRecord:
+    """A record from its JSON document; InvalidConfigError naming ``what`` if malformed."""
+    try:
+        if doc["version"] != RECORD_VERSION:
+            raise ValueError(f"version {doc['version']!r}")
+        return {
+            Mechanism.parse(name): ScramCredential.from_text(text)
+            for name, text in doc["config"].items()
+        }
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise InvalidConfigError(f"{what}: malformed SCRAM record ({exc})") from None
+
+
+class CredentialStore(Protocol):
+    """What a broker asks of a store, and what ``idemlog users`` changes."""
+
+    def lookup(self, user: str, mechanism: Mechanism) -> ScramCredential | None: ...
+
+    def users(self) -> dict[str, UserRecord]: ...
+
+    def upsert(self, user: str, record: UserRecord) -> None: ...
+
+    def remove(self, user: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class FileCredentialStore:
+    """The embedded broker's store: ``<log.dir>/__users.json`` (mode 0600).
+
+    ``on_change`` is told each user whose record changed or went since the last read.
+    """
+
+    def __init__(self, log_dir: Path, *, on_change: ChangeListener | None = None) -> None:
+        self.path = log_dir / USERS_FILE
+        self._lock_path = log_dir / (USERS_FILE + ".lock")
+        self._on_change = on_change
+        self._mutex = threading.Lock()
+        self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns)
+        self._records: dict[str, UserRecord] = {}
+
+    def lookup(self, user: str, mechanism: Mechanism) -> ScramCredential | None:
+        return self._current().get(user, {}).get(mechanism)
+
+    def users(self) -> dict[str, UserRecord]:
+        return dict(self._current())
+
+    def refresh(self) -> None:
+        """Re-read the file if it changed (one ``stat`` otherwise), telling ``on_change``."""
+        self._current()
+
+    def _current(self) -> dict[str, UserRecord]:
+        with self._mutex:
+            try:
+                st = self.path.stat()
+                seen: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except FileNotFoundError:
+                seen = None
+            if seen != self._seen:
+                records = self._read() if seen is not None else {}
+                changed = [
+                    u
+                    for u in set(records) | set(self._records)
+                    if records.get(u) != self._records.get(u)
+                ]
+                self._records, self._seen = records, seen
+                for user in changed:
+                    if self._on_change is not None:
+                        self._on_change(user)
+            return self._records
+
+    def _read(self) -> dict[str, UserRecord]:
+        doc = json.loads(self.path.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict):
+            raise InvalidConfigError(f"{self.path}: not a JSON object")
+        return {
+            check_username(name): decode_record(value, f"{self.path}: user {name!r}")
+            for name, value in doc.items()
+        }
+
+    @contextmanager
+    def _locked(self) -> Iterator[dict[str, UserRecord]]:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            records = self._read() if self.path.exists() else {}
+            yield records
+            self._write(records)
+        finally:
+            os.close(fd)  # releases the flock
+
+    def _write(self, records: Mapping[str, UserRecord]) -> None:
+        data = json.dumps(
+            {u: encode_record(r) for u, r in sorted(records.items())}, indent=1
+        ).encode()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        # 0600 from the start: the file never exists readable by others, not even briefly.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # an old .tmp left behind keeps its mode otherwise
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        fsync_directory(self.path.parent)
+
+    def upsert(self, user: str, record: UserRecord) -> None:
+        """Set ``user``'s credentials for the mechanisms in ``record`` (others kept)."""
+        with self._locked() as records:
+            records[check_username(user)] = {**records.get(user, {}), **record}
+
+    def remove(self, user: str) -> bool:
+        """Drop ``user``; False if there was none."""
+        with self._locked() as records:
+            return records.pop(user, None) is not None
+
+    def close(self) -> None:
+        pass
+
+
+class ZkCredentialStore:
+    """A cluster's store: ``<root>/config/users/<name>`` on ``client`` (a started kazoo
+    client on the chroot, which stays the caller's).
+
+    ``watch=True`` (a broker) keeps a cache fed by watches and tells ``on_change`` each
+    user whose record changed or went; ``watch=False`` (``idemlog users``) reads directly.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        root: str,
+        *,
+        watch: bool,
+        on_change: ChangeListener | None = None,
+    ) -> None:
+        self._client = client
+        self.path = f"{root}/{USERS_ZNODE}"
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._records: dict[str, UserRecord] = {}
+        self._watched: set[str] = set()
+        self._closed = False
+        self._watch = watch
+        self._loaded = threading.Event()  # every user there at the start is cached
+        client.ensure_path(self.path)
+        if watch:
+            from kazoo.recipe.watchers import ChildrenWatch
+
+            ChildrenWatch(client, self.path, self._on_children)
+
+    # -- the broker's cache --------------------------------------------------------------
+    def _on_children(self, names: list[str]) -> bool:
+        """kazoo's thread, must not block: forget users gone; watch new ones elsewhere."""
+        with self._lock:
+            if self._closed:
+                return False
+            gone = [u for u in self._records if u not in names]
+            for user in gone:
+                del self._records[user]
+            new = [n for n in names if n not in self._watched]
+            self._watched.update(new)
+            self._watched.intersection_update(names)
+        for user in gone:
+            self._changed(user)
+        if not new:
+            self._loaded.set()
+        else:
+            # A DataWatch reads its node at once: on a thread of its own (docs: zk.py's).
+            self._client.handler.spawn(self._watch_users, new)
+        return True
+
+    def _watch_users(self, names: list[str]) -> None:
+        from kazoo.recipe.watchers import DataWatch
+
+        for name in names:
+            try:
+                DataWatch(self._client, f"{self.path}/{name}", self._data_callback(name))
+            except Exception as exc:
+                log.warning("could not watch user %s: %r", name, exc)
+                with self._lock:
+                    self._watched.discard(name)
+        self._loaded.set()
+
+    def wait_loaded(self, timeout_s: float) -> bool:
+        """Whether the users present when the watch started are cached, waiting up to
+        ``timeout_s`` (a broker waits before it serves: its first handshakes would fail)."""
+        return self._loaded.wait(timeout_s)
+
+    def _data_callback(self, name: str) -> Callable[..., bool]:
+        def on_data(data: bytes | None, stat: Any, *_: Any) -> bool:
+            record: UserRecord | None = None
+            if data is not None:
+                try:
+                    record = decode_record(json.loads(data), f"{self.path}/{name}")
+                except (InvalidConfigError, ValueError) as exc:
+                    log.error("user %s: %s (the user cannot authenticate)", name, exc)
+            with self._lock:
+                if self._closed:
+                    return False
+                before = self._records.get(name)
+                if record is None:
+                    self._records.pop(name, None)
+                else:
+                    self._records[name] = record
+                if data is None:
+                    self._watched.discard(name)
+            if before is not None and before != record:
+                self._changed(name)
+            return data is not None
+
+        return on_data
+
+    def _changed(self, user: str) -> None:
+        if self._on_change is not None:
+            self._on_change(user)
+
+    def lookup(self, user: str, mechanism: Mechanism) -> ScramCredential | None:
+        if self._watch:
+            with self._lock:
+                return self._records.get(user, {}).get(mechanism)
+        return self._read(user)[0].get(mechanism)
+
+    # -- direct reads and conditional writes ----------------------------------------------
+    def _read(self, user: str) -> tuple[UserRecord, int]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, stat = self._client.get(f"{self.path}/{user}")
+        except NoNodeError:
+            return {}, -1
+        return decode_record(json.loads(data), f"{self.path}/{user}"), int(stat.version)
+
+    def users(self) -> dict[str, UserRecord]:
+        if self._watch:
+            with self._lock:
+                return dict(self._records)
+        return {name: self._read(name)[0] for name in sorted(self._client.get_children(self.path))}
+
+    def upsert(self, user: str, record: UserRecord) -> None:
+        """Set ``user``'s credentials for the mechanisms in ``record`` (others kept), by a
+        write conditional on the version read (a concurrent change makes it try again)."""
+        from kazoo.exceptions import BadVersionError, NodeExistsError
+
+        path = f"{self.path}/{check_username(user)}"
+        while True:
+            current, version = self._read(user)
+            data = json.dumps(encode_record({**current, **record})).encode()
+            try:
+                if version < 0:
+                    self._client.create(path, data)
+                else:
+                    self._client.set(path, data, version=version)
+                return
+            except (BadVersionError, NodeExistsError):
+                continue  # changed under us: read again
+
+    def remove(self, user: str) -> bool:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            self._client.delete(f"{self.path}/{check_username(user)}")
+        except NoNodeError:
+            return False
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True

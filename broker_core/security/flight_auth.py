@@ -1,0 +1,206 @@
+"""SCRAM over Arrow Flight's handshake, and the session token each later call carries.
+
+The handshake (``FlightClient.authenticate`` / ``ServerAuthHandler.authenticate``) is
+five messages: the mechanism's name, then RFC 5802's client-first, server-first,
+client-final and server-final (``broker_core.security.scram``), then the session
+(``{"token": .., "lifetime_ms": ..}``, JSON) once the client's proof verified. Flight then
+sends the token with every call and the server's :meth:`ScramServerAuth.is_valid` turns
+it into the call's principal (``principal.principal_of``), or refuses the call with
+``SASL_AUTHENTICATION_FAILED``. The client verifies the server's signature before it
+takes the token: a server without the user's credential cannot pass for the broker.
+
+Refusals name the principal and the mechanism, never the password; an unknown user and a
+wrong password get the same answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.flight as flight
+
+from broker_core.errors import IdemlogError, SaslAuthenticationFailedError
+from broker_core.protocol.wire import error_message
+from broker_core.security.principal import Principal
+from broker_core.security.scram import (
+    MECHANISM_NAMES,
+    Mechanism,
+    ScramClient,
+    ScramCredential,
+    ScramError,
+    ScramServer,
+)
+from broker_core.security.sessions import SessionTable
+
+log = logging.getLogger("idemlog.security")
+
+# A user's credential for one mechanism, as the broker's store holds it; None if unknown.
+CredentialLookup = Callable[[str, Mechanism], ScramCredential | None]
+MAX_HANDSHAKE_MESSAGE = 4096  # longer than any SCRAM message with a sane username
+
+
+def _refusal(error: IdemlogError) -> flight.FlightUnauthenticatedError:
+    return flight.FlightUnauthenticatedError(error_message(error))
+
+
+def _text(raw: bytes, what: str) -> str:
+    if len(raw) > MAX_HANDSHAKE_MESSAGE:
+        raise ScramError(f"{what} longer than {MAX_HANDSHAKE_MESSAGE} bytes")
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ScramError(f"{what} is not UTF-8") from None
+
+
+class ScramServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
+    """The broker's side: a handshake per client connection, a token check per call.
+
+    ``credentials`` looks users up (the store, ``broker_core.security.credentials``);
+    ``sessions`` holds the tokens; ``mechanisms`` are those ``sasl.enabled.mechanisms``
+    allows. A failed handshake raises (Flight answers UNAUTHENTICATED with the typed
+    error); so does a call whose token is missing, unknown, revoked or expired.
+    ``on_call`` runs before each call's token is checked (the file store's look for a
+    changed file, so that a removed user's sessions end before its next call is served).
+    """
+
+    def __init__(
+        self,
+        credentials: CredentialLookup,
+        sessions: SessionTable,
+        mechanisms: Collection[Mechanism],
+        *,
+        on_call: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._on_call = on_call
+        self._credentials = credentials
+        self._sessions = sessions
+        self._mechanisms = frozenset(mechanisms)
+        # Salts of unknown users are derived from it: stable for one broker's life.
+        self._secret = secrets.token_bytes(32)
+
+    def authenticate(self, outgoing: Any, incoming: Any) -> None:
+        name = "?"
+        mechanism_name = "?"
+        try:
+            mechanism_name = _text(incoming.read(), "the mechanism")
+            mechanism = self._mechanism(mechanism_name)
+            server = ScramServer(
+                mechanism,
+                lambda user: self._credentials(user, mechanism),
+                secret=self._secret,
+            )
+            outgoing.write(server.first(_text(incoming.read(), "the client-first message")))
+            name = server.username or "?"
+            final = server.final(_text(incoming.read(), "the client-final message"))
+            principal = Principal.user(name)
+            token = self._sessions.issue(principal, mechanism.sasl_name)
+            outgoing.write(final)
+            lifetime_ms = int(self._sessions.lifetime_s * 1000)
+            outgoing.write(json.dumps({"token": token.hex(), "lifetime_ms": lifetime_ms}))
+        except ScramError as exc:
+            log.info("SCRAM handshake of User:%s (%s) refused: %s", name, mechanism_name, exc)
+            raise _refusal(
+                SaslAuthenticationFailedError(
+                    f"authentication of User:{name} with {mechanism_name} failed: invalid "
+                    "credentials (unknown user or wrong password)"
+                )
+            ) from None
+        except IdemlogError as exc:
+            raise _refusal(exc) from None
+
+    def _mechanism(self, name: str) -> Mechanism:
+        try:
+            mechanism = Mechanism.parse(name)
+        except ValueError:
+            mechanism = None
+        if mechanism is None or mechanism not in self._mechanisms:
+            enabled = ", ".join(sorted(m.sasl_name for m in self._mechanisms))
+            raise SaslAuthenticationFailedError(
+                f"mechanism {name!r} is not enabled on this broker (sasl.enabled.mechanisms="
+                f"{enabled})"
+            )
+        return mechanism
+
+    def is_valid(self, token: bytes) -> str:
+        try:
+            if self._on_call is not None:
+                self._on_call()
+            return str(self._sessions.validate(bytes.fromhex(bytes(token).decode("ascii"))))
+        except (ValueError, UnicodeDecodeError):
+            raise _refusal(SaslAuthenticationFailedError("malformed SASL session token")) from None
+        except IdemlogError as exc:
+            raise _refusal(exc) from None
+
+
+@dataclass(frozen=True)
+class SaslCredentials:
+    """What a client authenticates with. ``repr`` hides the password (it may be logged)."""
+
+    mechanism: Mechanism
+    username: str
+    password: str
+
+    def __repr__(self) -> str:
+        return f"SaslCredentials({self.mechanism.sasl_name}, User:{self.username}, password=***)"
+
+    @classmethod
+    def from_options(cls, mechanism: str, username: str, password: str) -> SaslCredentials:
+        """From ``sasl.mechanism``/``sasl.username``/``sasl.password`` values.
+        Raises InvalidConfigError naming the option (never the password's value)."""
+        from broker_core.errors import InvalidConfigError
+
+        try:
+            parsed = Mechanism.parse(mechanism)
+        except ValueError:
+            raise InvalidConfigError(
+                f"sasl.mechanism={mechanism!r} is not one of {', '.join(MECHANISM_NAMES)}"
+            ) from None
+        if not username:
+            raise InvalidConfigError("sasl.username is empty: SASL needs a user name")
+        if not password:
+            raise InvalidConfigError(f"sasl.password is empty for sasl.username={username!r}")
+        return cls(parsed, username, password)
+
+
+class ScramClientAuth(flight.ClientAuthHandler):  # type: ignore[misc]
+    """The client's side of one handshake; its token goes with every later call.
+    ``lifetime_s`` is the session's lifetime the broker announced."""
+
+    def __init__(self, credentials: SaslCredentials) -> None:
+        super().__init__()
+        self._credentials = credentials
+        self._token = b""
+        self.lifetime_s = 0.0
+
+    def authenticate(self, outgoing: Any, incoming: Any) -> None:
+        c = self._credentials
+        scram = ScramClient(c.mechanism, c.username, c.password)
+        outgoing.write(c.mechanism.sasl_name)
+        outgoing.write(scram.first())
+        try:
+            outgoing.write(scram.final(bytes(incoming.read()).decode("utf-8")))
+            scram.verify(bytes(incoming.read()).decode("utf-8"))
+            session = json.loads(bytes(incoming.read()))
+            self._token = str(session["token"]).encode("ascii")
+            self.lifetime_s = int(session["lifetime_ms"]) / 1000.0
+        except (
+            ScramError,
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as exc:  # not FlightError: the broker's refusal goes up as it is
+            raise _refusal(
+                SaslAuthenticationFailedError(
+                    f"User:{c.username} ({c.mechanism.sasl_name}): the broker did not prove "
+                    f"it holds the user's credential ({exc})"
+                )
+            ) from None
+
+    def get_token(self) -> bytes:
+        return self._token
