@@ -437,12 +437,6 @@ class Broker:
             raise NotLeaderOrFollowerError(f"broker {self.broker_id} has no open store")
         return self._topics
 
-    def require_store(self) -> LogStore:
-        """The open store; NotLeaderOrFollowerError (retriable) before :meth:`start`."""
-        if self.store is None:
-            raise NotLeaderOrFollowerError(f"broker {self.broker_id} has no open store")
-        return self.store
-
     def require_cluster(self) -> ClusterMetadata:
         """The cluster metadata; NotLeaderOrFollowerError (retriable) before it is open."""
         if self.cluster is None:
