@@ -39,7 +39,14 @@ import pytest
 
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
-from tests.harness.schedule import LEADER, TAKES_A_LEADER_AWAY, ScheduleRun, plan
+from tests.harness.schedule import (
+    COORDINATOR,
+    COORDINATOR_KINDS,
+    LEADER,
+    TAKES_A_LEADER_AWAY,
+    ScheduleRun,
+    plan,
+)
 from tests.harness.zookeeper import ZooKeeperHarness
 
 DEFAULT_SEEDS = (1, 2, 3)
@@ -77,10 +84,16 @@ def test_randomized_fault_schedule_keeps_the_invariants(
 
 
 def test_a_seed_names_one_schedule() -> None:
-    """The plan is a function of the seed alone (a failing seed replays), and every plan
-    takes a leader away at least once."""
+    """The plan is a function of the seed alone (a failing seed replays), every plan
+    takes a leader away at least once and kills, freezes or cuts off the coordinator at
+    least once; over the seeds, each of those three hits the coordinator."""
+    kinds = set()
     for seed in range(50):
         faults = plan(seed, DEFAULT_STEPS, 2)
         assert faults == plan(seed, DEFAULT_STEPS, 2)
         assert any(f.role == LEADER and f.kind in TAKES_A_LEADER_AWAY for f in faults)
+        aimed = [f.kind for f in faults if f.role == COORDINATOR]
+        assert set(aimed) & set(COORDINATOR_KINDS), (seed, faults)
+        kinds |= set(aimed)
+    assert set(COORDINATOR_KINDS) <= kinds, kinds
     assert plan(1, DEFAULT_STEPS, 2) != plan(2, DEFAULT_STEPS, 2)

@@ -57,9 +57,22 @@ from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
 from broker_core.record.batch import decode_header, verify_crc
+from broker_core.txn.state_topic import TXN_STATE_TOPIC
 from spark_sink.producer import Producer, SendResult
 from tests.harness.broker import BrokerProcess
 from tests.harness.replicated import SESSION_MS, ReplicatedCluster
+from tests.harness.sink_chaos import (
+    RETRY_DEADLINE_S,
+    SINK_ID,
+    Coordinator,
+    SinkCheck,
+    SteadySink,
+    SteadyTransactions,
+    check_sink_invariants,
+    coordinator_of,
+    state_partitions,
+    wait_stable,
+)
 from tests.harness.tcp_proxy import TcpProxy
 from tests.harness.waiting import WaitTimeout, wait_until
 
@@ -87,13 +100,21 @@ LEADER = "leader"
 FOLLOWER = "follower"
 SEGMENT_BYTES = 512 * 1024
 CONTROLLER = "controller"  # the controller broker (it may also lead or follow)
+# The coordinator of the sink's ids: the leader of their __transaction_state partition,
+# found with find_coordinator(key) when the step runs (sink_chaos.coordinator_of). Any
+# kind may hit it; a CUT cuts every client's link to it (the sink's, the transactional
+# and the idempotent producer's), never the brokers' links to each other.
+COORDINATOR = "coordinator"
 TAKES_A_LEADER_AWAY = (KILL, STOP, LONG_PAUSE, CRASH_LOOP)
+# Every plan has one of these aimed at the coordinator: killed, frozen past its session
+# (deposed, then resumed), or cut off from its clients.
+COORDINATOR_KINDS = (KILL, LONG_PAUSE, CUT)
 
 
 @dataclass(frozen=True)
 class PlannedFault:
     kind: str
-    role: str  # LEADER or FOLLOWER of `partition`, or CONTROLLER
+    role: str  # LEADER or FOLLOWER of `partition`, or CONTROLLER, or COORDINATOR
     partition: int
     follower_index: int  # which follower (0 or 1, in replica order) when role is FOLLOWER
     duration_s: float  # down or paused for this long
@@ -103,6 +124,8 @@ class PlannedFault:
     def describe(self) -> str:
         if self.role == CONTROLLER:
             who = "the controller"
+        elif self.role == COORDINATOR:
+            who = "the sink's coordinator"
         else:
             who = self.role if self.role == LEADER else f"follower#{self.follower_index}"
             who = f"{who} of p{self.partition}"
@@ -112,15 +135,24 @@ class PlannedFault:
 
 def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
     """The schedule of ``seed``: ``steps`` faults, at least one of which takes a leader
-    away (a kill, a clean stop or a long pause of a leader), so every run elects."""
+    away (a kill, a clean stop or a long pause of a leader), so every run elects, and
+    (with two steps or more) another that kills, freezes or cuts off the coordinator."""
     rng = random.Random(seed)
     faults: list[PlannedFault] = []
     for _ in range(steps):
         kind = rng.choices(KINDS, _WEIGHTS)[0]
         draw = rng.random()
-        role = LEADER if draw < 0.45 else FOLLOWER if draw < 0.85 else CONTROLLER
-        if kind == CUT:
-            role = LEADER  # the producer talks to leaders only
+        role = (
+            LEADER
+            if draw < 0.35
+            else FOLLOWER
+            if draw < 0.65
+            else CONTROLLER
+            if draw < 0.75
+            else COORDINATOR
+        )
+        if kind == CUT and role != COORDINATOR:
+            role = LEADER  # the producers talk to leaders (and to the coordinator) only
         low, high = {
             KILL: _DOWN_S,
             STOP: _DOWN_S,
@@ -145,6 +177,19 @@ def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
         faults[i] = PlannedFault(
             KILL, LEADER, faults[i].partition, 0, faults[i].duration_s, faults[i].gap_s
         )
+    if steps > 1 and not any(f.role == COORDINATOR and f.kind in COORDINATOR_KINDS for f in faults):
+        # Never the step that guarantees an election of a data partition's leader.
+        free = [
+            i
+            for i, f in enumerate(faults)
+            if not (f.role == LEADER and f.kind in TAKES_A_LEADER_AWAY)
+        ] or list(range(1, steps))
+        i = rng.choice(free)
+        kind = rng.choice(COORDINATOR_KINDS)
+        low, high = {KILL: _DOWN_S, LONG_PAUSE: _LONG_PAUSE_S, CUT: _CUT_S}[kind]
+        faults[i] = PlannedFault(
+            kind, COORDINATOR, 0, 0, round(rng.uniform(low, high), 3), faults[i].gap_s
+        )
     return faults
 
 
@@ -164,6 +209,8 @@ class StepRecord:
     after: dict[int, PartitionState] = field(default_factory=dict)
     controller_before: int | None = None
     controller_after: int | None = None
+    coordinator_before: Coordinator | None = None  # of the sink's key
+    coordinator_after: Coordinator | None = None
     changes: list[str] = field(default_factory=list)  # from the StateMonitor
     notes: list[str] = field(default_factory=list)
 
@@ -187,6 +234,12 @@ class StepRecord:
         lines += [f"    election {e}" for e in self.elections()] or ["    no election"]
         if self.controller_after != self.controller_before:
             lines.append(f"    controller {self.controller_before} -> {self.controller_after}")
+        old, new = self.coordinator_before, self.coordinator_after
+        if old is not None and new is not None and old != new:
+            lines.append(
+                f"    coordinator ({TXN_STATE_TOPIC}-{new.partition}) broker "
+                f"{old.broker}@{old.leader_epoch} -> {new.broker}@{new.leader_epoch}"
+            )
         lines += [f"    seen {c}" for c in self.changes]
         lines += [f"    note {n}" for n in self.notes]
         return "\n".join(lines)
@@ -684,10 +737,12 @@ class ScheduleRun:
         steps: int,
         topic: str = "chaos",
         partitions: int = 2,
+        sink_topic: str = "chaossink",
     ) -> None:
         self.cluster = cluster
         self.seed = seed
         self.topic = topic
+        self.sink_topic = sink_topic  # the sink's and the transactional producer's
         self.partitions = partitions
         self.faults = plan(seed, steps, partitions)
         self.records: list[StepRecord] = []
@@ -699,6 +754,10 @@ class ScheduleRun:
         self.producer: SteadyProducer | None = None
         self._monitor: StateMonitor | None = None
         self._links: ProxiedConnections | None = None
+        self.sink: SteadySink | None = None
+        self.txns: SteadyTransactions | None = None
+        self.sink_check: SinkCheck | None = None
+        self._zk = cluster.zk.client()  # reads __transaction_state's partition states
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -715,6 +774,22 @@ class ScheduleRun:
             lines.append(
                 f"acknowledged runs answered as duplicates: {self.duplicates[0]} with the "
                 f"original offsets (checked), {self.duplicates[1]} without offsets"
+            )
+        if self.sink is not None:
+            lines.append(
+                f"sink: {len(self.sink.outcomes)} batches, {self.sink.committed} committed, "
+                f"{self.sink.runs} run(s), {self.sink.reused} task attempts reused, "
+                f"{len(self.sink.errors)} errors retried (newest 200 kept)"
+            )
+            lines += [f"  failed commit of batch {b} ({r}): {e}" for b, r, e in self.sink.failures]
+        if self.txns is not None:
+            counts = Counter(str(o) for o in self.txns.outcomes.values())
+            lines.append(f"transactional producer: {dict(counts)}")
+        if self.sink_check is not None:
+            c = self.sink_check
+            lines.append(
+                f"sink check: {c.visible} of {c.batches} batches whole and once, "
+                f"{c.rows} rows read back, transactions {dict(c.transactions)}"
             )
         compared = sum(len(s.compared) for s in self.samples)
         lines.append(f"replica agreement: {len(self.samples)} samples, {compared} comparisons")
@@ -736,6 +811,9 @@ class ScheduleRun:
             if self.producer is not None:
                 with contextlib.suppress(Exception):
                     self.producer.producer.close(0)
+            for work in (self.sink, self.txns):
+                if work is not None:
+                    work.stop_now()
             if self._monitor is not None:
                 self._monitor.close()
             if self._links is not None:
@@ -751,13 +829,24 @@ class ScheduleRun:
             segment_bytes=SEGMENT_BYTES,
             max_message_bytes=SEGMENT_BYTES // 2,
         )
+        cluster.create_topic(self.sink_topic, self.partitions, replication_factor=3)
+        coordinator_of(cluster, self._zk, SINK_ID)  # the first ask creates __transaction_state
         self._monitor = StateMonitor(cluster.bootstrap, topic, self.partitions, self.t0)
         self._links = ProxiedConnections([b.address for b in cluster.brokers.values()])
         self.producer = producer = SteadyProducer(cluster.bootstrap, topic, connections=self._links)
+        self.sink = sink = SteadySink(
+            cluster.bootstrap, self.sink_topic, self.partitions, self._links
+        )
+        self.txns = txns = SteadyTransactions(
+            cluster.bootstrap, self.sink_topic, self.partitions, self._links, self.seed
+        )
         producer.wait_progress(2_000, "the producer to get going")
+        self._wait_transactions(5, "the sink and the transactional producer to get going")
         for index, fault in enumerate(self.faults):
             self._step(index, fault)
-        # Quiescence: every send answered, every replica in sync.
+        # Quiescence: every send answered, every batch and transaction decided.
+        sink.join(RETRY_DEADLINE_S * 3)
+        txns.join(RETRY_DEADLINE_S * 3)
         producer.stop()
         # The producer leaves its (shared) connections open: closing the proxies ends its
         # streams, so the clean stops below need not wait out the brokers' shutdown grace.
@@ -778,6 +867,15 @@ class ScheduleRun:
         self.duplicates = (final.duplicates, final.blind_duplicates)
         ids = read_ids(cluster.client, topic, self.partitions)
         assert len(ids) == len(set(ids)) and set(ids) == sent, "not every id exactly once"
+        # The sink's invariants: nothing left holding readers back, then the read-back.
+        wait_stable(cluster.client, self.sink_topic, self.partitions)
+        self.sink_check = check_sink_invariants(
+            read_rows(cluster.client, self.sink_topic, self.partitions),
+            self.partitions,
+            sink,
+            txns,
+        )
+        assert self.sink_check.visible > 0, "the sink committed nothing"
         for p in range(self.partitions):
             sample = check_replicas_agree(cluster, topic, p)
             assert sample is not None and len(sample.compared) == 2, sample
@@ -785,7 +883,29 @@ class ScheduleRun:
         self.notes.append(f"quiescence at {self.now():.2f}s: {len(ids)} ids read back once")
         self._assert_faults_happened()
         compare_stopped_replicas(cluster, topic, self.partitions)
+        cluster.assert_stopped_replicas_identical(self.sink_topic, self.partitions)
         self.notes.append(f"replicas identical after a clean stop at {self.now():.2f}s")
+
+    def _wait_transactions(self, more: int, what: str, timeout: float = 60.0) -> None:
+        """Wait until the sink committed ``more`` batches and the transactional producer
+        ended ``more`` transactions beyond those of now (both alive meanwhile)."""
+        sink, txns = self.sink, self.txns
+        assert sink is not None and txns is not None
+        target = (sink.committed + more, len(txns.outcomes) + more)
+
+        def progressed() -> bool:
+            sink.check_alive()
+            txns.check_alive()
+            return sink.committed >= target[0] and len(txns.outcomes) >= target[1]
+
+        wait_until(
+            progressed,
+            lambda: (
+                f"{what}: sink {sink.committed} batches committed, transactional "
+                f"producer {len(txns.outcomes)} ended (targets {target})"
+            ),
+            timeout=timeout,
+        )
 
     def _assert_faults_happened(self) -> None:
         elections = [e for r in self.records for e in r.elections()]
@@ -807,6 +927,18 @@ class ScheduleRun:
                     f"step {record.index}: {fault.kind} of controller {record.broker}: "
                     f"the controller is {record.controller_after} after it"
                 )
+            if fault.role == COORDINATOR and fault.kind in TAKES_A_LEADER_AWAY:
+                old, new = record.coordinator_before, record.coordinator_after
+                assert old is not None and new is not None
+                assert new.partition == old.partition and new.leader_epoch > old.leader_epoch, (
+                    f"step {record.index}: {fault.kind} of coordinator {record.broker} "
+                    f"elected no new coordinator: {old} -> {new}"
+                )
+        if len(self.faults) > 1:
+            assert any(
+                r.fault.role == COORDINATOR and r.fault.kind in COORDINATOR_KINDS
+                for r in self.records
+            ), "no coordinator fault ran"
 
     # -- one step ------------------------------------------------------------------------
     def _states(self) -> dict[int, PartitionState]:
@@ -829,10 +961,13 @@ class ScheduleRun:
         self.records.append(record)
         record.before = self._states()
         record.controller_before = self._controller()
+        record.coordinator_before = coordinator_of(cluster, self._zk, SINK_ID)
         state = record.before[fault.partition]
         if fault.role == CONTROLLER:
             assert record.controller_before is not None, "no controller"
             record.broker = record.controller_before
+        elif fault.role == COORDINATOR:
+            record.broker = record.coordinator_before.broker
         elif fault.role == LEADER:
             record.broker = state.leader
         else:
@@ -858,7 +993,7 @@ class ScheduleRun:
         elif fault.kind == CUT:
             assert self._links is not None
             old = self._links.cut(broker.address)
-            assert old.bytes_to_target > 0, f"no producer traffic went to {broker.name}"
+            assert old.bytes_to_target > 0, f"no client traffic went to {broker.name}"
             until = time.monotonic() + fault.duration_s
             self._sample(record, "while cut")
             time.sleep(max(0.0, until - time.monotonic()))  # the rest of the cut
@@ -881,10 +1016,14 @@ class ScheduleRun:
         record.ended_s = self.now()
         record.after = self._states()
         record.controller_after = self._controller()
+        record.coordinator_after = coordinator_of(cluster, self._zk, SINK_ID)
         assert self._monitor is not None
         record.changes = self._monitor.since(record.started_s)
         producer.check_alive()
         producer.wait_progress(1_000, f"acknowledgements after step {index}")
+        # The next batches commit, and no transaction holds a partition back for good.
+        self._wait_transactions(2, f"sink commits and transactions after step {index}")
+        wait_stable(cluster.client, self.sink_topic, self.partitions)
         check = check_acknowledged(
             cluster.client,
             self.topic,
@@ -924,6 +1063,15 @@ class ScheduleRun:
         it and the leader's high watermark passed its log end of now (so the faulted
         broker has fetched since it came back): the next fault may take any broker."""
         cluster, topic = self.cluster, self.topic
+        # The coordinator's state partitions too (as ZooKeeper holds them: internal topic).
+        wait_until(
+            lambda: all(set(s.isr) == set(s.replicas) for s in state_partitions(self._zk).values()),
+            lambda: (
+                f"{TXN_STATE_TOPIC}: every replica back in the ISR after step "
+                f"{record.index}: {state_partitions(self._zk)}"
+            ),
+            timeout=60,
+        )
         for p in range(self.partitions):
             state = cluster.wait_state(
                 topic,
