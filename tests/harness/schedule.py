@@ -958,6 +958,7 @@ class ScheduleRun:
         assert producer is not None
         time.sleep(fault.gap_s)  # steady producing between faults: a duration, not a wait
         record = StepRecord(index, fault, started_s=self.now())
+        began = time.monotonic()
         self.records.append(record)
         record.before = self._states()
         record.controller_before = self._controller()
@@ -1024,6 +1025,14 @@ class ScheduleRun:
         # The next batches commit, and no transaction holds a partition back for good.
         self._wait_transactions(2, f"sink commits and transactions after step {index}")
         wait_stable(cluster.client, self.sink_topic, self.partitions)
+        sink, txns = self.sink, self.txns
+        assert sink is not None and txns is not None
+        record.notes.append(
+            f"sink at batch {len(sink.outcomes)} ({sink.committed} committed, "
+            f"{len(sink.failures)} failed commits so far), {sink.errors_since(began)} errors "
+            f"retried since the fault; transactional producer at {len(txns.outcomes)} "
+            f"({txns.errors_since(began)} errors); {self.sink_topic} stable to its log end"
+        )
         check = check_acknowledged(
             cluster.client,
             self.topic,
