@@ -10,7 +10,14 @@ The faults: SIGKILL and a restart after a random downtime; a clean stop (SIGTERM
 leadership moved away first) and a restart; a crash loop (SIGKILL, restart, SIGKILL again
 while it truncates and catches up, restart); SIGSTOP for less than the ZooKeeper session
 (the ISR may shrink); SIGSTOP for longer (a frozen leader is replaced and wakes up as a
-zombie); the producer's link to a leader cut through a TCP proxy. At most one broker is
+zombie); the producer's link to a leader cut through a TCP proxy. Each fault hits a
+partition's leader or follower, the controller, or the sink's transaction coordinator (the
+leader of its ``__transaction_state`` partition, found with ``find_coordinator`` and the
+sink's key); every plan kills, freezes (past the session: deposed, then resumed) or cuts
+off the coordinator (every client's link to it) at least once, while a sink
+(``tests/harness/sink_chaos.py``: each task's InitProducerId, rows and prepare, then the
+driver's ``commit_sink_batch``, a commit failed for good re-run by a new run) and a
+plain transactional producer (commits and aborts) write a second topic. At most one broker is
 down at a time and each fault waits until every replica is back in the ISR, so a
 partition always has a live in-sync replica to elect (unclean elections are out of
 scope).
@@ -20,7 +27,13 @@ Checked after every step and at quiescence: (1) every acknowledged id read back
 acknowledgement gave, no id twice, none never sent; (2) the in-sync replicas' batches below
 the leader's high watermark identical to the leader's (segment files of running brokers);
 (3) after a clean stop of all, the same log bytes, newest producer-state snapshot and
-epochs on every replica. Each run asserts its faults happened: an election for every
+epochs on every replica (both topics); (4) after every step the next sink batches and
+transactions commit and the sink topic's last stable offsets reach their log end, and
+at the end (read_committed) every sink batch whose commit returned is whole and once, no
+batch is in part or twice, a failed batch's rows appear only as its re-run's, every
+committed transaction is whole and no transaction never asked to commit shows. Each run
+asserts its faults happened: a new coordinator at a higher leader epoch of its state
+partition for every kill, stop or long pause of the coordinator, an election for every
 fault that took a leader away, a new controller for every one that took the controller
 away, every killed or stopped broker restarted and back in the ISR, producer traffic
 through a cut link before the cut and after it healed, at least one leader change.
@@ -74,9 +87,11 @@ def cluster(
 def test_randomized_fault_schedule_keeps_the_invariants(
     cluster: ReplicatedCluster, seed: int
 ) -> None:
-    """One seeded schedule of faults under a steady acks=all idempotent producer: no
-    acknowledged id lost or doubled, in-sync replicas equal below the high watermark, and
-    equal logs and producer state on every replica at quiescence."""
+    """One seeded schedule of faults under a steady acks=all idempotent producer, a sink
+    and a transactional producer: no acknowledged id lost or doubled, in-sync replicas
+    equal below the high watermark, every committed sink batch and transaction whole and
+    once and nothing else visible, no partition held back, and equal logs and producer
+    state on every replica at quiescence."""
     steps = int(os.environ.get("IDEMLOG_SCHEDULE_STEPS", DEFAULT_STEPS))
     run = ScheduleRun(cluster, seed, steps)
     run.run()

@@ -2,11 +2,16 @@
 invariant checks run over it (issue 15, required test 5).
 
 * :func:`plan` turns a seed into a list of :class:`PlannedFault` (what to do -- kill,
-  clean stop, crash loop, short or long pause, cut of the producer's link -- to which
-  role: a partition's leader or follower, or the controller; for how long, and the gap
-  before it): everything random is drawn here, from ``random.Random(seed)``, so a seed
-  names one schedule. Only *which* broker holds a role is resolved when the step runs
-  (it depends on earlier elections).
+  clean stop, crash loop, short or long pause, cut of the clients' links -- to which
+  role: a partition's leader or follower, the controller, or the sink's transaction
+  coordinator; for how long, and the gap before it): everything random is drawn here,
+  from ``random.Random(seed)``, so a seed names one schedule. Only *which* broker holds a
+  role is resolved when the step runs (it depends on earlier elections; the
+  coordinator's is ``find_coordinator`` of the sink's key: ``sink_chaos.coordinator_of``).
+* beside the producer, a steady sink and a plain transactional producer
+  (``tests/harness/sink_chaos.py``) write a second topic through the same proxied links;
+  their invariants (every committed batch and transaction whole and once, nothing else
+  visible, no partition held back) are checked after each step and at the end.
 * :class:`SteadyProducer`: an idempotent ``acks=all`` producer sending a steady stream of
   id ranges from a thread, recording which ids each acknowledged (or failed) send
   carried; its connections (:class:`ProxiedConnections`) go through a :class:`TcpProxy`
