@@ -980,6 +980,15 @@ class ScheduleRun:
             followers = [b for b in state.replicas if b != state.leader]
             record.broker = followers[fault.follower_index]
         broker = cluster.brokers[record.broker]
+        if fault.role == COORDINATOR:
+            assert self.sink is not None
+            # The fault lands while the driver's commit is asked (an event the sink sets;
+            # the commit may still finish before the signal arrives: noted, not assumed).
+            in_flight = self.sink.committing.wait(10)
+            record.notes.append(
+                f"sink commit of batch {self.sink.current} "
+                f"{'in flight' if in_flight else 'NOT in flight'} as the fault began"
+            )
         if fault.kind in (KILL, STOP, CRASH_LOOP):
             if fault.kind == STOP:
                 clean_stop(broker)

@@ -265,6 +265,10 @@ class SteadySink(_Workload):
         self.failures: list[tuple[int, str, str]] = []  # (batch, run, error) failed commits
         self.reused = 0  # task attempts that found their batch prepared or committed
         self.runs = 1
+        # Set while the driver's commit is asked (retries included): a fault aimed at the
+        # coordinator waits for it, so the commit is in flight when the fault lands.
+        self.committing = threading.Event()
+        self.current = 0  # the batch being committed (or last committed)
         self.start(self._run)
 
     @property
@@ -278,11 +282,16 @@ class SteadySink(_Workload):
             run = f"run-{self.runs}"
             try:
                 txns = [self._task(run, batch, task) for task in range(TASKS)]
-                committed = _retrying(
-                    self,
-                    functools.partial(self.client.commit_sink_batch, SINK_ID, batch, txns, run),
-                    f"commit of batch {batch}",
-                )
+                self.current = batch
+                self.committing.set()
+                try:
+                    committed = _retrying(
+                        self,
+                        functools.partial(self.client.commit_sink_batch, SINK_ID, batch, txns, run),
+                        f"commit of batch {batch}",
+                    )
+                finally:
+                    self.committing.clear()
             except _RETRYABLE as exc:
                 # The driver's commit failed for good: the query dies and restarts, and
                 # the new run re-plans the same batch (same rows).
