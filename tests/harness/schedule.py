@@ -73,6 +73,7 @@ from tests.harness.sink_chaos import (
     SinkCheck,
     SteadySink,
     SteadyTransactions,
+    check_cut,
     check_sink_invariants,
     coordinator_of,
     state_partitions,
@@ -891,6 +892,23 @@ class ScheduleRun:
         cluster.assert_stopped_replicas_identical(self.sink_topic, self.partitions)
         self.notes.append(f"replicas identical after a clean stop at {self.now():.2f}s")
 
+    def _check_cut(self) -> int:
+        """:func:`sink_chaos.check_cut` now, with the sink and the faults going on: the
+        readable ends first, then the read-back (which may only go further)."""
+
+        def ends() -> dict[int, int] | None:
+            try:
+                offsets = self.cluster.client.readable_offsets(self.sink_topic, self.partitions)
+            except IdemlogError as exc:
+                if not exc.retriable:
+                    raise
+                return None  # the coordinator or a leader moving: asked again
+            return {p: o["last_stable_offset"] for p, o in offsets.items()}
+
+        cut = wait_until(ends, f"the readable ends of {self.sink_topic}", timeout=30)
+        rows_at = read_rows(self.cluster.client, self.sink_topic, self.partitions)
+        return check_cut(cut, rows_at, self.partitions)
+
     def _wait_transactions(self, more: int, what: str, timeout: float = 60.0) -> None:
         """Wait until the sink committed ``more`` batches and the transactional producer
         ended ``more`` transactions beyond those of now (both alive meanwhile)."""
@@ -1027,6 +1045,10 @@ class ScheduleRun:
             with paused(broker):
                 time.sleep(fault.duration_s)  # the fault's duration
             record.notes.append(f"{broker.name} resumed at {self.now():.2f}s")
+        # Right after the fault's end (a coordinator may just have loaded, markers may
+        # still be under way): readers already see every sink batch whole or not at all.
+        whole = self._check_cut()
+        record.notes.append(f"{whole} sink batches whole below the readers' cut as it ended")
         self._settle(record)
         record.ended_s = self.now()
         record.after = self._states()
@@ -1039,8 +1061,10 @@ class ScheduleRun:
         # The next batches commit, and no transaction holds a partition back for good.
         self._wait_transactions(2, f"sink commits and transactions after step {index}")
         wait_stable(cluster.client, self.sink_topic, self.partitions)
+        whole = self._check_cut()
         sink, txns = self.sink, self.txns
         assert sink is not None and txns is not None
+        record.notes.append(f"{whole} sink batches whole below the readers' cut, none in part")
         record.notes.append(
             f"sink at batch {len(sink.outcomes)} ({sink.committed} committed, "
             f"{len(sink.failures)} failed commits so far), {sink.errors_since(began)} errors "

@@ -459,6 +459,22 @@ def wait_stable(client: BrokerClient, topic: str, partitions: int, timeout: floa
     )
 
 
+def check_cut(ends: dict[int, int], rows_at: dict[tuple[int, int], int], partitions: int) -> int:
+    """Readers' whole-batch visibility while the sink runs: of a read_committed
+    read-back taken after ``ends`` (``readable_offsets``: each partition's last stable
+    offset lowered by the coordinator's cut), the rows below those ends hold every sink
+    batch whole or not at all. Returns the number of whole batches below the cut."""
+    below = [id_ for (p, offset), id_ in rows_at.items() if offset < ends[p]]
+    seen = Counter(sink_batch_of(i, partitions) for i in below if i < TXN_BASE)
+    whole = TASKS * partitions * ROWS
+    partial = {b: n for b, n in seen.items() if n != whole}
+    assert not partial, (
+        f"below the readable ends {ends}, sink batches visible in part "
+        f"(batch: rows of {whole}): {dict(sorted(partial.items())[:5])}"
+    )
+    return len(seen)
+
+
 @dataclass
 class SinkCheck:
     batches: int  # sink batches decided
