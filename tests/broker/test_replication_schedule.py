@@ -27,8 +27,10 @@ Checked after every step and at quiescence: (1) every acknowledged id read back
 acknowledgement gave, no id twice, none never sent; (2) the in-sync replicas' batches below
 the leader's high watermark identical to the leader's (segment files of running brokers);
 (3) after a clean stop of all, the same log bytes, newest producer-state snapshot and
-epochs on every replica (both topics); (4) after every step the next sink batches and
-transactions commit and the sink topic's last stable offsets reach their log end, and
+epochs on every replica (both topics); (4) right after each fault ends and after each
+step, read_committed below the readers' cut (``readable_offsets``) holds every sink batch
+whole or not at all; after every step the next sink batches and transactions commit and
+the sink topic's last stable offsets reach their log end, and
 at the end (read_committed) every sink batch whose commit returned is whole and once, no
 batch is in part or twice, a failed batch's rows appear only as its re-run's, every
 committed transaction is whole and no transaction never asked to commit shows. Each run
