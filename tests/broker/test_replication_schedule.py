@@ -16,7 +16,8 @@ leader of its ``__transaction_state`` partition, found with ``find_coordinator``
 sink's key); every plan kills, freezes (past the session: deposed, then resumed) or cuts
 off the coordinator (every client's link to it) at least once, while a sink
 (``tests/harness/sink_chaos.py``: each task's InitProducerId, rows and prepare, then the
-driver's ``commit_sink_batch``, a commit failed for good re-run by a new run) and a
+driver's ``commit_sink_batch``, a commit failed for good re-run by a new run, a seeded
+5 % of the drivers dying right after sending their commit) and a
 plain transactional producer (commits and aborts) write a second topic. At most one broker is
 down at a time and each fault waits until every replica is back in the ISR, so a
 partition always has a live in-sync replica to elect (unclean elections are out of
@@ -59,9 +60,9 @@ from tests.harness.schedule import (
     COORDINATOR_KINDS,
     LEADER,
     TAKES_A_LEADER_AWAY,
-    ScheduleRun,
     plan,
 )
+from tests.harness.schedule_run import ScheduleRun
 from tests.harness.zookeeper import ZooKeeperHarness
 
 DEFAULT_SEEDS = (1, 2, 3)

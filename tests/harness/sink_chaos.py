@@ -14,6 +14,8 @@ invariants checked at the end of each seed.
   ``commit_sink_batch``, asked again while it fails retriably; a commit that fails for
   good (non-retriable, or past its deadline) makes the "query" restart: a new run
   re-plans the same batch with the same rows, as Spark re-runs a batch after a restart.
+  The driver of a seeded :data:`DRIVER_DIES_P` of the batches dies right after sending
+  its commit (the answer never awaited), and the new run re-runs the batch.
 * :class:`SteadyTransactions`: a plain transactional producer committing (mostly) and
   aborting transactions over the same topic, recording each transaction's outcome:
   committed (``end_txn(commit)`` returned), aborted (never asked to commit) or unknown
@@ -67,6 +69,9 @@ TXN_BASE = 10**9  # the plain producer's ids start here; the sink's stay below
 # election), so no transaction times out because of one: a timeout abort is not what the
 # schedule tests, and a prepared batch aborted by it would fail its commit for good.
 TXN_TIMEOUT_MS = 120_000
+# A batch whose driver dies right after sending its commit (``random.Random(seed)``): the
+# restarted query re-runs it, finding it committed or re-preparing it.
+DRIVER_DIES_P = 0.05
 # A commit (or a task, or end_txn) retried this long before the batch counts as failed.
 RETRY_DEADLINE_S = 45.0
 _BACKOFF_S = 0.1  # between retries of a failed call: a retry's backoff, not a wait
@@ -253,6 +258,7 @@ class SteadySink(_Workload):
         topic: str,
         partitions: int,
         connections: FlightConnections,
+        seed: int,
         interval_s: float = 0.05,
     ) -> None:
         super().__init__("steady-sink")
@@ -261,9 +267,15 @@ class SteadySink(_Workload):
         self.interval_s = interval_s
         # A short request timeout: a frozen coordinator's calls fail and are asked again.
         self.client = BrokerClient(bootstrap, timeout_s=5.0, retries=3, connections=connections)
+        # The driver that dies right after sending its commit: the request leaves, its
+        # answer is never awaited (a 20 ms deadline, no retry).
+        self._hasty = BrokerClient(bootstrap, timeout_s=0.02, retries=0, connections=connections)
+        self.rng = random.Random(seed)  # which batches' drivers die mid-commit
+        self.died_mid_commit = 0
         self.outcomes: dict[int, Outcome] = {}  # batch -> its final outcome
         self.failures: list[tuple[int, str, str]] = []  # (batch, run, error) failed commits
-        self.reused = 0  # task attempts that found their batch prepared or committed
+        # Task attempts that found their batch prepared (reused) or committed already.
+        self.reused: Counter[str] = Counter()
         self.runs = 1
         # Set while the driver's commit is asked (retries included): a fault aimed at the
         # coordinator waits for it, so the commit is in flight when the fault lands.
@@ -283,6 +295,9 @@ class SteadySink(_Workload):
             try:
                 txns = [self._task(run, batch, task) for task in range(TASKS)]
                 self.current = batch
+                if self.rng.random() < DRIVER_DIES_P:
+                    self._die_mid_commit(run, batch, txns)
+                    continue  # the restarted query's new run re-plans the batch
                 self.committing.set()
                 try:
                     committed = _retrying(
@@ -307,6 +322,17 @@ class SteadySink(_Workload):
             batch += 1
             self._stop.wait(self.interval_s)
 
+    def _die_mid_commit(self, run: str, batch: int, txns: list[tuple[str, int, int]]) -> None:
+        """The driver sends the batch's commit and dies before the answer: the commit may
+        or may not be recorded; the query restarts with a new run."""
+        with contextlib.suppress(*_RETRYABLE):
+            self._hasty.commit_sink_batch(SINK_ID, batch, txns, run)
+        with self._lock:
+            self.died_mid_commit += 1
+            self.outcomes[batch] = Outcome.FAILED
+            self.failures.append((batch, run, "the driver died with its commit in flight"))
+        self.runs += 1
+
     def _task(self, run: str, batch: int, task: int) -> tuple[str, int, int]:
         """One task's attempts until one has prepared (or found prepared or committed)
         the batch's rows; its (transactional id, pid, epoch) for the commit."""
@@ -316,7 +342,7 @@ class SteadySink(_Workload):
         def once() -> tuple[str, int, int]:
             pid, epoch, status = self.client.init_sink_producer(tid, TXN_TIMEOUT_MS, attempt)
             if status is not SinkTxnStatus.NEW:
-                self.reused += 1
+                self.reused[str(status)] += 1
                 return tid, pid, epoch
             parts = range(self.partitions)
             self.client.add_partitions_to_txn(tid, pid, epoch, [(self.topic, p) for p in parts])
@@ -342,6 +368,7 @@ class SteadySink(_Workload):
 
     def close(self) -> None:
         self.client.close()
+        self._hasty.close()
 
 
 # -- the plain transactional producer ------------------------------------------------------
