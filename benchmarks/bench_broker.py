@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_broker [--mb 1500] [--producers 1,4,16] [--repeat 3]
                                       [--init-seconds 2] [--rf-producers 3] [--failovers 5]
-                                      [--parts broker,replication,failover] [--dir DIR]
+                                      [--parts broker,tls,replication,failover] [--dir DIR]
 
 What it measures (MB = 10^6 bytes of Arrow buffers, as ``RecordBatch.nbytes``):
 
@@ -28,6 +28,9 @@ writeback, scheduling), so the median of the runs counts; best and worst are pri
 The summary lines take, for each server, its best producer count. Both servers run
 with the broker's allocator setting (``cli_broker.keep_large_buffers``): the same
 transport underneath, tuned the same way.
+
+The ``tls`` part (``bench_tls.py``) runs the same producers against a TLS broker and a
+plaintext one side by side and prints ``tls_vs_plaintext_ratio`` (docs/security.md).
 
 Two more parts run on a 3-broker cluster on a real ZooKeeper (``zk_cluster.py``), after
 this one: the cost of replication (``bench_replication.py``: ``replication.factor=3``
@@ -71,6 +74,7 @@ from broker_core.cli.broker_cmd import keep_large_buffers
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle, ProduceStream
 from broker_core.protocol.wire import ProduceRequestMeta, ProduceResponse
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS_PER_BATCH = 10_000
@@ -82,6 +86,7 @@ TOPIC = "bench"
 MB = 1e6
 GB = 1e9
 TARGET_RATIO = 0.7
+DISCARD = "flight_discard"
 
 
 def build_batches() -> list[pa.RecordBatch]:
@@ -128,6 +133,7 @@ class Server:
     name: str
     process: subprocess.Popen[str]
     address: str
+    tls: TlsMaterial = PLAINTEXT_MATERIAL  # what clients connect with
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -152,9 +158,11 @@ def spawn(name: str, command: list[str], log_path: Path) -> Server:
     return Server(name, process, line.split()[1])
 
 
-def start_broker(directory: Path) -> Server:
+def start_broker(directory: Path, name: str = "broker", extra: str = "") -> Server:
+    """A broker process (``extra``: more properties lines, e.g. its TLS keys)."""
+    directory.mkdir(parents=True, exist_ok=True)
     config = directory / "broker.properties"
-    config.write_text(f"listener.port=0\nlog.dir={directory / 'data'}\n")
+    config.write_text(f"listener.port=0\nlog.dir={directory / 'data'}\n{extra}")
     command = [
         sys.executable,
         "-m",
@@ -164,12 +172,12 @@ def start_broker(directory: Path) -> Server:
         "--config",
         str(config),
     ]
-    return spawn("broker", command, directory / "broker.log")
+    return spawn(name, command, directory / "broker.log")
 
 
 def start_discard(directory: Path) -> Server:
     command = [sys.executable, "-m", "benchmarks.bench_broker", "--discard-server"]
-    return spawn("flight_discard", command, directory / "discard.log")
+    return spawn(DISCARD, command, directory / "discard.log")
 
 
 # -- producers -----------------------------------------------------------------------------
@@ -228,14 +236,16 @@ def run_producers(
     """One run of ``producers`` threads: what they sent, in what time, at what CPU."""
     batch_bytes = batches[0].nbytes
     per_producer = max(IN_FLIGHT, round(total_mb * MB / batch_bytes / producers))
-    with BrokerClient(server.address) as admin:
-        if server.name == "broker":
+    stores = server.name != DISCARD
+    with BrokerClient(server.address, tls=server.tls) as admin:
+        if stores:
             admin.create_topic(TOPIC, producers, schema=SCHEMA)
             pids = [admin.init_producer_id()[0] for _ in range(producers)]
         else:
             pids = list(range(producers))
     connections = [
-        flight.connect(f"grpc://{server.address}") for _ in range(min(producers, MAX_CONNECTIONS))
+        open_flight_client(server.address, server.tls)
+        for _ in range(min(producers, MAX_CONNECTIONS))
     ]
     errors: list[BaseException] = []
     threads = [
@@ -258,8 +268,8 @@ def run_producers(
         c.close()
     if errors:
         raise SystemExit(f"{server.name} with {producers} producers failed: {errors[0]!r}")
-    if server.name == "broker":
-        with BrokerClient(server.address) as admin:
+    if stores:
+        with BrokerClient(server.address, tls=server.tls) as admin:
             ends = [admin.list_offsets(TOPIC, p)["log_end_offset"] for p in range(producers)]
             assert ends == [per_producer * ROWS_PER_BATCH] * producers, ends
             admin.delete_topic(TOPIC)  # frees the disk for the next run
@@ -274,7 +284,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def init_rate(server: Server, seconds: float, transactional: bool) -> float:
-    with BrokerClient(server.address) as client:
+    with BrokerClient(server.address, tls=server.tls) as client:
         calls = 0
         start = time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:
@@ -292,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--init-seconds", type=float, default=2.0)
     parser.add_argument("--rf-producers", type=int, default=3, help="replication part")
     parser.add_argument("--failovers", type=int, default=5, help="failover rounds")
-    parser.add_argument("--parts", default="broker,replication,failover", help="parts to run")
+    parser.add_argument("--parts", default="broker,tls,replication,failover", help="parts to run")
     parser.add_argument("--dir", type=Path, default=REPO, help="parent of the temporary dir")
     parser.add_argument("--discard-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -302,6 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = build_batches()
     if "broker" in parts:
         broker_part(args, batches)
+    if "tls" in parts:
+        from benchmarks.bench_tls import tls_part
+
+        tls_part(args, batches)
     if parts & {"replication", "failover"}:
         replicated_parts(args, batches, parts)
     return 0

@@ -75,6 +75,13 @@ class ErrorCode(Enum):
         True,
         "a coordinator's tracked sink batches moved past what the reader's cut can use: ask again",
     )
+    # Security: 10100 and up (Kafka reports a failed TLS handshake on the client only,
+    # as SslAuthenticationException, with no wire code).
+    SSL_HANDSHAKE_FAILED = (
+        10101,
+        False,
+        "the TLS handshake with the broker failed: protocol, CA, certificate or host name",
+    )
 
     @classmethod
     def from_code(cls, code: int) -> ErrorCode:
@@ -294,6 +301,15 @@ class StaleTrackedBatchesError(IdemlogError):
     reader's questions): start the cut over (docs/design.md §7)."""
 
     error_code = ErrorCode.STALE_TRACKED_BATCHES
+
+
+class SslHandshakeError(IdemlogError):
+    """A link could not be set up: plaintext against a TLS listener, a certificate of
+    another CA, an expired one, a host name it does not name, or a client certificate
+    the broker refused. Not retriable: the same files give the same answer
+    (docs/security.md)."""
+
+    error_code = ErrorCode.SSL_HANDSHAKE_FAILED
 
 
 _CLASS_BY_CODE: dict[ErrorCode, type[IdemlogError]] = {}

@@ -46,6 +46,7 @@ from pyspark.sql import functions as F
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
+from broker_core.security.tls import Side
 from spark_sink.embedded import DEFAULT_PATH
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, Scope, parse_options
 from spark_sink.session import local_session
@@ -269,7 +270,7 @@ def _log_offsets(source: Source, partition_by: str) -> tuple[Offsets, Offsets]:
     """(log start, last stable offset) per partition; checks the topic and the column."""
     try:
         options = parse_options(source.reader_options(), Scope.READ)
-        with BrokerClient(options.bootstrap()) as client:
+        with BrokerClient(options.bootstrap(), tls=options.tls.load(Side.CLIENT)) as client:
             info = describe(client, source.topic)
             if info is None:
                 raise ExportError(

@@ -25,6 +25,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkTxnStatus
 from broker_core.retry import RetryPolicy
+from broker_core.security.tls import Side
 from spark_sink import failpoints, progress, trace
 from spark_sink.connections import sink_client
 from spark_sink.options import IdemlogOptions
@@ -80,7 +81,7 @@ def retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient], 
     def attempt() -> T:
         # A new client each time (on the process's shared connections): the broker may be
         # a new process on a new address.
-        with sink_client(options.bootstrap(), timeout_s=_REQUEST_TIMEOUT_S) as client:
+        with sink_client(options.bootstrap(), options.tls, timeout_s=_REQUEST_TIMEOUT_S) as client:
             return call(client)
 
     def log_retry(exc: BaseException, attempts: int) -> None:
@@ -162,7 +163,7 @@ def _commit(
     if inside is not None:
         # The request leaves, and the driver dies while it is in flight: the broker may
         # or may not have recorded the commit.
-        client = BrokerClient(options.bootstrap())
+        client = BrokerClient(options.bootstrap(), tls=options.tls.load(Side.CLIENT))
         sender = threading.Thread(
             target=client.commit_sink_batch, args=(sid, batch_id, txns, run_id), daemon=True
         )

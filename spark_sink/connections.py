@@ -17,21 +17,29 @@ from typing import Any
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
+from broker_core.security.tls import PLAINTEXT, Side, TlsSettings
 
 _lock = threading.Lock()
-_cache: tuple[int, FlightConnections] | None = None
+# One cache per TLS settings (a query's options; a process runs few queries' tasks): the
+# owning pid, and the caches by settings.
+_cache: tuple[int, dict[TlsSettings, FlightConnections]] | None = None
 
 
-def shared_connections() -> FlightConnections:
-    """This process's connection cache."""
+def shared_connections(tls: TlsSettings = PLAINTEXT) -> FlightConnections:
+    """This process's connection cache for links under ``tls`` (its files are read and
+    checked when the cache is made: a bad one raises InvalidConfigError naming it)."""
     global _cache
     with _lock:
         if _cache is None or _cache[0] != os.getpid():
-            _cache = (os.getpid(), FlightConnections())
-        return _cache[1]
+            _cache = (os.getpid(), {})
+        caches = _cache[1]
+        if tls not in caches:
+            caches[tls] = FlightConnections(tls.load(Side.CLIENT))
+        return caches[tls]
 
 
-def sink_client(bootstrap: str, **options: Any) -> BrokerClient:
+def sink_client(bootstrap: str, tls: TlsSettings = PLAINTEXT, **options: Any) -> BrokerClient:
     """A :class:`BrokerClient` of ``bootstrap`` on this process's shared connections
-    (``options``: BrokerClient's keyword arguments). Closing it leaves them open."""
-    return BrokerClient(bootstrap, connections=shared_connections(), **options)
+    under ``tls`` (``options``: BrokerClient's keyword arguments). Closing it leaves
+    them open."""
+    return BrokerClient(bootstrap, connections=shared_connections(tls), **options)

@@ -56,7 +56,7 @@ class IdemlogDataSource(DataSource):
     # -- reading ---------------------------------------------------------------------------
     def _read_side(self) -> tuple[IdemlogOptions, topics.TopicInfo]:
         options = parse_options(self.options, Scope.READ)
-        with sink_client(options.bootstrap()) as client:
+        with sink_client(options.bootstrap(), options.tls) as client:
             return options, topics.require(client, options)
 
     def schema(self) -> StructType:
@@ -85,7 +85,7 @@ class IdemlogDataSource(DataSource):
             options = parse_options(self.options, Scope.WRITE)
             arrow = arrow_schema_for(schema)
             check_key(arrow, options.key)
-            with trace.span("topic_check"), sink_client(options.bootstrap()) as client:
+            with trace.span("topic_check"), sink_client(options.bootstrap(), options.tls) as client:
                 topics.ensure_for_write(client, options, arrow)
             return options, arrow
 

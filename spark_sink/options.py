@@ -23,6 +23,7 @@ from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL
+from broker_core.security.tls import PLAINTEXT, TLS_KEY_NAMES, TLS_KEYS, TlsSettings
 from spark_sink.embedded import DEFAULT_PATH
 from spark_sink.producer.config import ProducerConfig, parse_acks
 
@@ -36,6 +37,7 @@ class Scope(StrEnum):
 # Producer keys the sink sets itself: a user value would break the protocol.
 _SINK_OWNED_PRODUCER_KEYS = frozenset(
     {"bootstrap.servers", "transactional.id", "enable.idempotence", "key.column", "partitioner"}
+    | TLS_KEY_NAMES  # the sink's own options of the same names apply to every link
 )
 PRODUCER_PREFIX = "producer."
 # Set by Spark on every streaming writer; not ours to validate, but kept: the driver's
@@ -154,6 +156,10 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
     ),
 ]
 
+# security.protocol and ssl.*: declared once (broker_core/security/tls.py); every link of the
+# sink and the source, the driver's and each task's, uses them (docs/security.md).
+_KEYS += [(key, Scope.BOTH) for key in TLS_KEYS]
+
 OPTIONS = ConfigDef([k for k, _ in _KEYS], what="idemlog option")
 SCOPES: dict[str, Scope] = {k.name: s for k, s in _KEYS}
 _BY_LOWER: dict[str, str] = {k.name.lower(): k.name for k, _ in _KEYS}
@@ -178,6 +184,7 @@ class IdemlogOptions:
     # Spark's own option, kept for the driver's abort: the checkpoint's metadata file
     # names the streaming query (the sink id) when no task reported.
     checkpoint_location: str = ""
+    tls: TlsSettings = PLAINTEXT  # the options security.protocol and ssl.*
 
     @property
     def embedded(self) -> bool:
@@ -241,6 +248,12 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             parse_bootstrap(brokers)
         except IdemlogError as exc:
             raise InvalidConfigError(f"option 'brokers'={brokers!r}: {exc.message}") from None
+    tls = TlsSettings.from_values(parsed)
+    if tls.encrypted and not brokers:
+        raise InvalidConfigError(
+            f"option 'security.protocol'={tls.protocol.value} needs option 'brokers': the "
+            "embedded broker listens on loopback in plaintext (docs/security.md)"
+        )
     if "acks" in producer:
         # Before the producer's own rules: those would ask for enable.idempotence=false,
         # a key the sink sets itself, which would leave the user nothing to do.
@@ -263,6 +276,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         include_metadata=bool(parsed["includeMetadata"]),
         checkpoint_location=checkpoint,
         producer=producer,
+        tls=tls,
     )
 
 

@@ -192,7 +192,7 @@ def read_range(
     """Every readable row of ``part`` once, in offset order, as batches of ``schema``."""
     if part.start >= part.end:
         return
-    client = sink_client(options.bootstrap())
+    client = sink_client(options.bootstrap(), options.tls)
     try:
         offset = part.start
         position = part.start  # the next offset not yet yielded: no row twice
@@ -239,7 +239,7 @@ class IdemlogBatchReader(DataSourceReader):
     def partitions(self) -> list[OffsetRangePartition]:
         """On the driver: per log partition ``[log start, LSO or HW)`` as of now."""
         ranges = []
-        with sink_client(self.options.bootstrap()) as client:
+        with sink_client(self.options.bootstrap(), self.options.tls) as client:
             found = client.readable_offsets(self.topic.name, self.topic.partitions)
             for p, offsets in found.items():
                 start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
@@ -315,7 +315,7 @@ class IdemlogStreamReader(DataSourceStreamReader):
         self._guessed_base: dict[str, int] | None = None
 
     def _client(self) -> BrokerClient:
-        return sink_client(self.options.bootstrap())
+        return sink_client(self.options.bootstrap(), self.options.tls)
 
     def _partition_count(self, client: BrokerClient) -> int:
         # Partitions may be added to a running topic: each trigger looks again.

@@ -41,6 +41,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
+from broker_core.security.tls import Side
 from spark_sink import failpoints, trace
 from spark_sink.commit import (
     IdemlogCommitMessage,
@@ -106,7 +107,7 @@ class _Heartbeat:
 
     def _run(self) -> None:
         interval = heartbeat_interval_s(self._options)
-        with sink_client(self._bootstrap) as client:
+        with sink_client(self._bootstrap, self._options.tls) as client:
             while not self._stop.wait(interval):
                 try:
                     client.sink_heartbeat(self._sink_id, self._run_id)
@@ -156,10 +157,13 @@ def _write_task(
 
         producer = Producer(
             bootstrap,
-            connections=shared_connections(),
+            connections=shared_connections(options.tls),
             transport=None
             if lost_ack is None
-            else failpoints.losing_acks(lost_ack, FlightTransport(BrokerClient(bootstrap))),
+            else failpoints.losing_acks(
+                lost_ack,
+                FlightTransport(BrokerClient(bootstrap, tls=options.tls.load(Side.CLIENT))),
+            ),
             **{
                 "transactional.id": tid,
                 "transaction.timeout.ms": options.transaction_timeout_ms,

@@ -10,7 +10,9 @@ Fixtures used by more than one test package are registered here, once, through
 * ``tests.harness.netns``: ``testbed`` (hosts of their own in network namespaces,
   removed at teardown);
 * ``tests.harness.replicated``: ``replicated_cluster`` (three brokers on a ZooKeeper
-  chroot, for the replication tests).
+  chroot, for the replication tests);
+* ``tests.harness.tls``: ``tls_certs`` (a CA, broker and client certificates, one of
+  another CA, an expired one, generated per session).
 
 Markers (declared in pyproject.toml, ``--strict-markers``) are applied here, by where a
 test lives and what it uses, so a new test cannot forget its tier:
@@ -34,6 +36,7 @@ pytest_plugins = [
     "tests.harness.broker",
     "tests.harness.netns",
     "tests.harness.replicated",
+    "tests.harness.tls",
 ]
 
 SPARK_DIR = Path(__file__).parent / "spark"

@@ -4,6 +4,9 @@ idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginning]
 idemlog metrics --bootstrap host:port [--json]
+
+Every command that takes ``--bootstrap`` also takes ``--command-config FILE``: the client's
+security keys (``security.protocol``, ``ssl.*``) as Kafka's tools take them.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any
 import pyarrow as pa
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.errors import IdemlogError, InvalidRequestError
+from broker_core.config import ConfigDef, load_properties
+from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol.metrics import render_table
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
 from broker_core.server.config import BrokerConfig, parse_overrides
 
@@ -34,6 +39,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 _KEEP_FREED_BYTES = 32 * 1024 * 1024
+_STOP_POLL_S = 1.0  # how late a stop signal another thread took is seen at most
 
 
 def keep_large_buffers() -> bool:
@@ -61,11 +67,16 @@ def broker_start(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     keep_large_buffers()
     config = BrokerConfig.load(args.config, args.override)
-    # Blocked before any thread exists, so every thread (kazoo's, gRPC's) inherits the
-    # mask and the signals stay pending for sigwait below. With a Python handler instead,
-    # a SIGTERM the kernel delivered to another thread only ran once the main thread woke
-    # on its own: a clean stop once went unheard for 30 s (the seeded fault schedule).
+    # Blocked before the broker's threads exist, so they (kazoo's, gRPC's) inherit the mask
+    # and the signals stay pending for the wait below. A Python handler alone once left a
+    # clean stop unheard for 30 s: one delivered to another thread ran only when the main
+    # thread woke on its own. A thread started at import keeps an empty mask, though, and
+    # the kernel may hand it the signal: the handler notes it (the default action killed
+    # the process, exit -15, no snapshots) and the wait polls for the note.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
+    received: list[int] = []
+    for stop in stop_signals:
+        signal.signal(stop, lambda number, _frame: received.append(number))
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     broker = Broker(config)
     info = broker.start()
@@ -76,9 +87,12 @@ def broker_start(args: argparse.Namespace) -> int:
         # broker died before serving (no output parsing, no polling).
         os.write(args.ready_fd, f"{info.host}:{info.port}\n".encode())
         os.close(args.ready_fd)
-    signum = signal.sigwait(stop_signals)  # one sent during the start is pending: at once
+    while not received:  # one sent during the start is pending: at once
+        taken = signal.sigtimedwait(stop_signals, _STOP_POLL_S)
+        if taken is not None:
+            received.append(taken.si_signo)
     logging.getLogger("idemlog.broker").info(
-        "received %s, shutting down", signal.Signals(signum).name
+        "received %s, shutting down", signal.Signals(received[0]).name
     )
     broker.close()
     print("STOPPED", flush=True)
@@ -104,9 +118,37 @@ def parse_schema(spec: str) -> pa.Schema:
     return pa.schema(fields)
 
 
+COMMAND_CONFIG_HELP = (
+    "a .properties file of the client's security keys (security.protocol, ssl.*), as "
+    "Kafka's tools take it (docs/security.md)"
+)
+COMMAND_CONFIG = ConfigDef(TLS_KEYS, what="--command-config key")
+
+
+def _command_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--command-config", metavar="FILE", help=COMMAND_CONFIG_HELP)
+
+
+def _client(args: argparse.Namespace) -> BrokerClient:
+    """The client of ``--bootstrap`` under ``--command-config``'s keys (plaintext without
+    one). Raises InvalidConfigError naming an unknown key, a bad value or an unreadable
+    file of the command config."""
+    tls = PLAINTEXT_MATERIAL
+    if getattr(args, "command_config", None):
+        try:
+            raw = load_properties(args.command_config)
+        except OSError as exc:
+            raise InvalidConfigError(
+                f"--command-config {args.command_config!r}: cannot read it: {exc.strerror}"
+            ) from None
+        values = COMMAND_CONFIG.parse(raw)
+        tls = TlsSettings.from_values(values).load(Side.CLIENT)
+    return BrokerClient(args.bootstrap, tls=tls)
+
+
 def topics_create(args: argparse.Namespace) -> int:
     schema = parse_schema(args.schema) if args.schema else None
-    with BrokerClient(args.bootstrap) as client:
+    with _client(args) as client:
         leaders = client.create_topic(
             args.topic, args.partitions, schema=schema, config=parse_overrides(args.config)
         )
@@ -120,7 +162,7 @@ def _ids(broker_ids: list[int]) -> str:
 
 
 def topics_describe(args: argparse.Namespace) -> int:
-    with BrokerClient(args.bootstrap) as client:
+    with _client(args) as client:
         topics = client.describe_topics([args.topic] if args.topic else None)
         if args.json:
             print(json.dumps(topics, indent=2))
@@ -159,7 +201,7 @@ def topics_describe(args: argparse.Namespace) -> int:
 def topics_elect_leaders(args: argparse.Namespace) -> int:
     """The preferred-leader rebalance (``kafka-leader-election.sh --election-type
     preferred``): each partition whose first replica is live and in sync leads there."""
-    with BrokerClient(args.bootstrap) as client:
+    with _client(args) as client:
         moved = client.elect_leaders([args.topic] if args.topic else None)
     if args.json:
         print(json.dumps({t: {str(p): b for p, b in m.items()} for t, m in moved.items()}))
@@ -176,7 +218,7 @@ def transactions_list(args: argparse.Namespace) -> int:
     """Open transactions, oldest first: who writes them, how old, how long idle. Like
     ``kafka-transactions.sh --find-hanging``: an old one holds its partitions' readers
     back at its first offset."""
-    with BrokerClient(args.bootstrap) as client:
+    with _client(args) as client:
         rows = client.list_transactions(args.min_age_ms, every_id=args.all)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -218,7 +260,7 @@ def _print_every_id(rows: list[dict[str, object]]) -> int:
 
 
 def transactions_abort(args: argparse.Namespace) -> int:
-    with BrokerClient(args.bootstrap) as client:
+    with _client(args) as client:
         aborted = client.abort_transaction(args.transactional_id)
     print(
         f"aborted the open transaction of {args.transactional_id}; its holder is fenced"
@@ -229,7 +271,7 @@ def transactions_abort(args: argparse.Namespace) -> int:
 
 
 def topics_delete(args: argparse.Namespace) -> int:
-    with BrokerClient(args.bootstrap) as client:
+    with _client(args) as client:
         client.delete_topic(args.topic)
     print(f"deleted topic {args.topic}")
     return 0
@@ -237,7 +279,7 @@ def topics_delete(args: argparse.Namespace) -> int:
 
 # -- consume ---------------------------------------------------------------------------------
 def consume(args: argparse.Namespace) -> int:
-    with BrokerClient(args.bootstrap) as client:
+    with _client(args) as client:
         described = client.describe_topics([args.topic])[0]
         partitions = (
             [args.partition]
@@ -274,7 +316,7 @@ def consume(args: argparse.Namespace) -> int:
 
 # -- metrics ---------------------------------------------------------------------------------
 def metrics(args: argparse.Namespace) -> int:
-    with BrokerClient(args.bootstrap) as client:
+    with _client(args) as client:
         doc = client.metrics()
     print(json.dumps(doc, indent=2) if args.json else render_table(doc))
     return 0
@@ -307,6 +349,7 @@ def add_commands(sub: Any) -> None:
     topics_sub = topics.add_subparsers(dest="action", required=True)
     create = topics_sub.add_parser("create")
     create.add_argument("--bootstrap", required=True, help="host:port[,host:port]")
+    _command_config_argument(create)
     create.add_argument("--topic", required=True)
     create.add_argument("--partitions", type=int, default=1)
     create.add_argument("--schema", help='Arrow schema as "name:type,..." (e.g. id:int64)')
@@ -316,6 +359,7 @@ def add_commands(sub: Any) -> None:
     create.set_defaults(func=topics_create)
     describe = topics_sub.add_parser("describe")
     describe.add_argument("--bootstrap", required=True)
+    _command_config_argument(describe)
     describe.add_argument("--topic", help="only this topic")
     describe.add_argument("--json", action="store_true")
     describe.set_defaults(func=topics_describe)
@@ -323,16 +367,19 @@ def add_commands(sub: Any) -> None:
         "elect-leaders", help="give each partition back to its preferred (first) replica"
     )
     elect.add_argument("--bootstrap", required=True)
+    _command_config_argument(elect)
     elect.add_argument("--topic", help="only this topic")
     elect.add_argument("--json", action="store_true")
     elect.set_defaults(func=topics_elect_leaders)
     delete = topics_sub.add_parser("delete")
     delete.add_argument("--bootstrap", required=True)
+    _command_config_argument(delete)
     delete.add_argument("--topic", required=True)
     delete.set_defaults(func=topics_delete)
 
     cons = sub.add_parser("consume", help="read a topic's rows (JSON lines) or count them")
     cons.add_argument("--bootstrap", required=True)
+    _command_config_argument(cons)
     cons.add_argument("--topic", required=True)
     cons.add_argument("--partition", type=int, help="only this partition (default: all)")
     where = cons.add_mutually_exclusive_group()
@@ -350,6 +397,7 @@ def add_commands(sub: Any) -> None:
     txns_sub = txns.add_subparsers(dest="action", required=True)
     tlist = txns_sub.add_parser("list", help="open transactions, oldest first")
     tlist.add_argument("--bootstrap", required=True)
+    _command_config_argument(tlist)
     tlist.add_argument(
         "--min-age-ms", type=int, default=0, help="only those open at least this long"
     )
@@ -363,10 +411,12 @@ def add_commands(sub: Any) -> None:
     tlist.set_defaults(func=transactions_list)
     tabort = txns_sub.add_parser("abort", help="fence an id's holder, abort what it has open")
     tabort.add_argument("--bootstrap", required=True)
+    _command_config_argument(tabort)
     tabort.add_argument("--transactional-id", required=True)
     tabort.set_defaults(func=transactions_abort)
 
     met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
     met.add_argument("--bootstrap", required=True)
+    _command_config_argument(met)
     met.add_argument("--json", action="store_true")
     met.set_defaults(func=metrics)

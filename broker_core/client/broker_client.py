@@ -2,12 +2,15 @@
 
 It bootstraps from any broker (``"host:port[,host:port]"``), learns the live brokers, the
 controller and every partition's leader from the METADATA action, and routes each request:
-partition requests to the leader, transactional ones to the coordinator FIND_COORDINATOR
-names (the leader of the ``__transaction_state`` partition; cached), admin ones to any
-broker. A request refused with a retriable routing error (``NOT_LEADER_OR_FOLLOWER``,
-``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``) or a
-broken connection is retried after a metadata refresh (and a new FIND_COORDINATOR), a few
-times with backoff.
+partition requests to the leader, transactional ones to the coordinator of their key
+(a transactional or sink id) that FIND_COORDINATOR names (the leader of the key's
+``__transaction_state`` partition; cached per partition, ``routes.CoordinatorCache``),
+key-less ones (the transaction listing, a run's abort, a reader's cut) to the coordinator
+of every state partition, admin ones to any broker. A request refused with a retriable
+routing error (``NOT_LEADER_OR_FOLLOWER``, ``NOT_COORDINATOR``,
+``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``) or a broken connection
+is retried after a metadata refresh (and a new FIND_COORDINATOR for that partition only),
+a few times with backoff.
 Produce streams are raw: no retries (see ``broker_core.client.produce_stream``).
 This module holds the connections, the routing and the produce and fetch calls; the topic
 and operators' calls are ``client.admin_calls``, the coordinator's ``client.txn_calls``.
@@ -29,8 +32,8 @@ import pyarrow.flight as flight
 
 from broker_core.client.admin_calls import AdminCalls
 from broker_core.client.connections import FlightConnections
-from broker_core.client.produce_stream import ProduceStream, typed_flight_error
-from broker_core.client.routes import BrokerAddress, ClusterView
+from broker_core.client.produce_stream import ProduceStream
+from broker_core.client.routes import BrokerAddress, ClusterView, CoordinatorCache
 from broker_core.client.txn_calls import TransactionCalls
 from broker_core.errors import (
     CoordinatorLoadInProgressError,
@@ -48,6 +51,7 @@ from broker_core.protocol.admin_requests import (
     FindCoordinatorRequest,
     MetadataRequest,
 )
+from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, CoordinatorAddress
 from broker_core.protocol.data_requests import FetchRequest
 from broker_core.protocol.requests import ACKS_ALL, Request
 from broker_core.protocol.wire import (
@@ -59,6 +63,7 @@ from broker_core.protocol.wire import (
     encode_json,
 )
 from broker_core.retry import RetryPolicy
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 
 T = TypeVar("T")
 _ROUTING_ERRORS = (
@@ -102,7 +107,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
     nothing connects before the first request. Use it as a context manager or call
     :meth:`close`. ``connections``: a connection cache shared with other clients (one per
     process in the Spark sink, so a reused Python worker keeps its channels from batch to
-    batch); :meth:`close` then leaves it open, for its owner to close.
+    batch); :meth:`close` then leaves it open, for its owner to close. ``tls``: the
+    protocol and files of a connection cache of its own (a shared one has its own).
     """
 
     def __init__(
@@ -113,6 +119,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         retries: int = 5,
         retry_backoff_s: float = 0.05,
         connections: FlightConnections | None = None,
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
     ) -> None:
         self._bootstrap = parse_bootstrap(bootstrap)
         if retries < 0 or retry_backoff_s < 0:
@@ -131,9 +138,9 @@ class BrokerClient(AdminCalls, TransactionCalls):
             max_backoff_s=retry_backoff_s * 2 ** max(retries - 1, 0),
         )
         self._owns_connections = connections is None
-        self._connections = FlightConnections() if connections is None else connections
+        self._connections = FlightConnections(tls) if connections is None else connections
         self._view: ClusterView | None = None
-        self._coordinator: str | None = None  # FIND_COORDINATOR's last answer
+        self.coordinators = CoordinatorCache()  # FIND_COORDINATOR's answers
 
     # -- connections ---------------------------------------------------------------------
     def _connection(self, address: str) -> flight.FlightClient:
@@ -166,10 +173,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         try:
             results = list(client.do_action(flight.Action(action_type, body), self._options()))
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
-            error = typed_flight_error(exc, f"action {action_type} at {address}")
-            if isinstance(error, NetworkError):
-                self._connections.reset(address)
-            raise error from exc
+            raise self._connections.failure(address, exc, f"action {action_type}") from exc
         if len(results) != 1:
             raise UnknownServerError(
                 f"action {action_type} at {address} returned {len(results)} results, not 1"
@@ -242,17 +246,39 @@ class BrokerClient(AdminCalls, TransactionCalls):
             raise NetworkError(f"leader {leaders[partition]} of {topic}-{partition} is not alive")
         return broker
 
-    def _coordinator_address(self, refresh: bool) -> str:
-        """The transaction coordinator's address as FIND_COORDINATOR last named it (asked
-        of any broker, and again when ``refresh``: an earlier attempt failed, e.g.
-        NOT_COORDINATOR after its state partition's leadership moved)."""
-        cached = self._coordinator
+    def _find_coordinator(self, request: FindCoordinatorRequest) -> str:
+        """Ask any broker for a coordinator (of a key, or of a state partition) and cache
+        the answer in its partition's entry; the address."""
+        answer = CoordinatorAddress.from_doc(self._any_broker(request))
+        self.coordinators.learn(answer)
+        return answer.address
+
+    def _key_coordinator(self, key: str, refresh: bool) -> str:
+        """The coordinator of ``key``'s state partition, from the cache unless ``refresh``
+        (an earlier attempt failed, e.g. NOT_COORDINATOR after that partition's leadership
+        moved: only that partition's entry is asked again)."""
+        partition = self.coordinators.partition_of(key)
+        cached = None if partition is None else self.coordinators.address(partition)
         if cached is not None and not refresh:
             return cached
-        doc = self._any_broker(FindCoordinatorRequest())
-        address = BrokerAddress(int(doc["broker_id"]), doc["host"], int(doc["port"])).address
-        self._coordinator = address
-        return address
+        return self._find_coordinator(FindCoordinatorRequest(key))
+
+    def _partition_coordinator(self, state_partition: int, refresh: bool) -> str:
+        """The coordinator of ``state_partition``, from the cache unless ``refresh``."""
+        cached = self.coordinators.address(state_partition)
+        if cached is not None and not refresh:
+            return cached
+        return self._find_coordinator(FindCoordinatorRequest(state_partition=state_partition))
+
+    def state_partition_count(self) -> int:
+        """``__transaction_state``'s partition count (asked once, then cached; 1 for an
+        embedded broker or a broker older than several state partitions)."""
+        count = self.coordinators.partition_count
+        if count is None:
+            self._find_coordinator(FindCoordinatorRequest())
+            count = self.coordinators.partition_count
+            assert count is not None
+        return count
 
     def _routed(
         self,
@@ -339,11 +365,38 @@ class BrokerClient(AdminCalls, TransactionCalls):
             raise CoordinatorNotAvailableError("the cluster has no controller right now")
         return view.brokers[view.controller].address
 
-    def _coordinator_action(self, request: Request) -> dict[str, Any]:
+    def _coordinator_action(self, request: Request, key: str) -> dict[str, Any]:
+        """``request`` to the coordinator of ``key`` (a transactional or sink id)."""
         return self._routed(
-            self._coordinator_address,
+            lambda retry: self._key_coordinator(key, retry),
             lambda address: self._send(address, request),
         )
+
+    def _state_partition_action(self, state_partition: int, request: Request) -> dict[str, Any]:
+        """``request`` to the coordinator of ``state_partition``."""
+        return self._routed(
+            lambda retry: self._partition_coordinator(state_partition, retry),
+            lambda address: self._send(address, request),
+        )
+
+    def _fan_out(self, request_of: Callable[[int], Request]) -> dict[int, dict[str, Any]]:
+        """A key-less call: ``request_of(p)`` to the coordinator of every state partition
+        ``p``, each retried on its own; every answer, by partition. A partition whose
+        coordinator stays unavailable fails the whole call, retriably and naming the
+        partition (an answer from a subset of coordinators, e.g. a reader's cut, would be
+        wrong); a non-retriable error is raised as it is."""
+        answers: dict[int, dict[str, Any]] = {}
+        for partition in range(self.state_partition_count()):
+            try:
+                answers[partition] = self._state_partition_action(partition, request_of(partition))
+            except IdemlogError as exc:
+                if not exc.retriable:
+                    raise
+                raise CoordinatorNotAvailableError(
+                    f"the coordinator of {TXN_STATE_TOPIC}-{partition} did not answer: "
+                    f"{exc.message}"
+                ) from exc
+        return answers
 
     # -- produce and fetch ---------------------------------------------------------------
     def produce_stream(
@@ -395,10 +448,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
                 )
                 return _read_fetch(reader, what)
             except (flight.FlightError, pa.ArrowException, OSError) as exc:
-                error = typed_flight_error(exc, what)
-                if isinstance(error, NetworkError):
-                    self._connections.reset(address)
-                raise error from exc
+                raise self._connections.failure(address, exc, what) from exc
 
         return self._routed(
             lambda _retry: self.leader(topic, partition).address, call, (topic, partition)

@@ -1,8 +1,10 @@
 """One cache of Arrow Flight clients, keyed by ``host:port``, shared by every caller.
 
 A Flight client is a gRPC channel: opening one per request would pay a connection setup
-each time, so callers keep one per broker. The broker client and the coordinator's marker
-writer both use :class:`FlightConnections`.
+each time, so callers keep one per broker. Every Flight client of idemlog is opened here
+(through ``broker_core.security.tls.open_flight_client``, under the cache's TLS
+material): the broker client, the replica fetchers, the coordinator's marker writer, the
+Spark sink's producer and readers and the CLI.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import pyarrow.flight as flight
 
 from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
 from broker_core.protocol.wire import parse_error_message
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
+from broker_core.security.tls_probe import diagnose, peer_hostname
 
 
 class FlightConnections:
@@ -23,20 +27,47 @@ class FlightConnections:
     broker: a dead address fails at the first call, not here). :meth:`reset` forgets one,
     so the next :meth:`get` opens a fresh channel instead of waiting out the broken one's
     reconnect backoff. :meth:`close` closes them all (no call may be in flight then); the
-    cache stays usable.
+    cache stays usable. ``tls``: the protocol and checked PEM files of every link
+    (``TlsSettings.load(Side.CLIENT)``); plaintext by default.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tls: TlsMaterial = PLAINTEXT_MATERIAL) -> None:
         self._lock = threading.Lock()
         self._clients: dict[str, flight.FlightClient] = {}
+        self.tls = tls
 
     def get(self, address: str) -> flight.FlightClient:
         with self._lock:
             client = self._clients.get(address)
-            if client is None:
-                client = flight.connect(f"grpc://{address}")
-                self._clients[address] = client
-            return client
+            if client is not None:
+                return client
+        override = None
+        if self.tls.settings.encrypted and not self.tls.settings.check_hostname:
+            # Outside the lock: it contacts the broker (only in this mode).
+            override = peer_hostname(address, self.tls)
+        opened = open_flight_client(address, self.tls, override_hostname=override)
+        with self._lock:
+            client = self._clients.setdefault(address, opened)
+        if client is not opened:
+            _close_quietly(opened)  # another thread opened one first
+        return client
+
+    def failure(self, address: str, exc: BaseException, what: str) -> IdemlogError:
+        """The typed error of a call to ``address`` that raised ``exc``: the broker's own
+        error as it is; a refused TLS handshake as a non-retriable ``SslHandshakeError``
+        naming the cause; anything else a ``NetworkError`` naming ``what``, after which
+        the channel is reset (the next call opens a fresh one)."""
+        if isinstance(exc, IdemlogError):
+            return exc
+        text = str(exc)
+        typed = parse_error_message(text)
+        if typed is not None:
+            return typed
+        self.reset(address)
+        refused = diagnose(address, self.tls, text)
+        if refused is not None:
+            return refused
+        return NetworkError(f"{what} to {address} failed: {type(exc).__name__}: {exc}")
 
     def reset(self, address: str) -> None:
         """Forget the client of ``address``: the next :meth:`get` opens a fresh channel.
@@ -66,11 +97,7 @@ class FlightConnections:
         try:
             results = list(client.do_action(flight.Action(action, body), options))
         except flight.FlightError as exc:
-            self.reset(address)
-            typed: IdemlogError | None = parse_error_message(str(exc))
-            if typed is not None:
-                raise typed from exc
-            raise NetworkError(f"{what} to {address} failed: {exc}") from exc
+            raise self.failure(address, exc, what) from exc
         if len(results) != 1:
             raise InvalidRequestError(f"{what}: {len(results)} results from {address}, not 1")
         return bytes(results[0].body.to_pybytes())

@@ -1,7 +1,8 @@
-"""``BrokerClient``'s transaction and sink calls, all routed to the transaction
-coordinator: producer ids, a transaction's partitions and end, a sink's prepare,
-heartbeat, batch commit and aborts, the operators' listing and abort, and the readers'
-cut (the routing they use: ``client.routes``)."""
+"""``BrokerClient``'s transaction and sink calls, routed to the transaction coordinator
+of their key's state partition: producer ids, a transaction's partitions and end, a
+sink's prepare, heartbeat, batch commit and aborts, the operators' abort; and the
+key-less ones fanned out to every state partition's coordinator: the operators' listing,
+a run's abort, the readers' cut (the routing they use: ``client.routes``)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ from typing import Any
 
 from broker_core.client.routes import Routes
 from broker_core.errors import (
+    CoordinatorNotAvailableError,
+    IdemlogError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.admin_requests import (
     AbortTransactionRequest,
     ListTransactionsRequest,
+    merge_listings,
 )
+from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC
 from broker_core.protocol.stable_cut import (
     CUT_ATTEMPTS,
     TrackedBatches,
@@ -58,7 +63,7 @@ class TransactionCalls:
         if transactional_id is None:
             doc = self._any_broker(request)
         else:
-            doc = self._coordinator_action(request)
+            doc = self._coordinator_action(request, transactional_id)
         answer = InitProducerIdResponse.from_doc(doc)
         return answer.producer_id, answer.producer_epoch
 
@@ -72,7 +77,8 @@ class TransactionCalls:
         epoch, whether an earlier attempt's transaction of the batch is reused). Raises
         as :meth:`init_producer_id`, and ``InvalidRequestError`` for a bad attempt."""
         request = InitProducerIdRequest(transactional_id, transaction_timeout_ms, attempt)
-        answer = InitProducerIdResponse.from_doc(self._coordinator_action(request))
+        doc = self._coordinator_action(request, transactional_id)
+        answer = InitProducerIdResponse.from_doc(doc)
         if answer.sink_status is None:
             raise UnknownServerError(
                 f"init_producer_id of {transactional_id!r} answered no sink_status"
@@ -95,27 +101,55 @@ class TransactionCalls:
         self._coordinator_action(
             PrepareSinkTxnRequest(
                 transactional_id, producer_id, producer_epoch, batch_id, tuple(ranges)
-            )
+            ),
+            transactional_id,
         )
 
     def sink_heartbeat(self: Routes, sink_id: str, run_id: str) -> None:
         """A task of this run is alive: the coordinator keeps its transactions open.
         Raises ``InvalidRequestError`` for a bad id, or the routing error left after the
         retries."""
-        self._coordinator_action(SinkHeartbeatRequest(sink_id, run_id))
+        self._coordinator_action(SinkHeartbeatRequest(sink_id, run_id), sink_id)
 
     def abort_sink_run(
         self: Routes, run_id: str | None, batch_id: int, *, sink_id: str | None = None
     ) -> list[str]:
         """Fence and abort every attempt of ``run_id`` (or, without one, of any run of
-        ``sink_id``) at ``batch_id`` or before; their transactional ids."""
-        doc = self._coordinator_action(AbortSinkRunRequest(batch_id, run_id, sink_id))
-        return [str(t) for t in doc["aborted"]]
+        ``sink_id``) at ``batch_id`` or before; their transactional ids. With ``sink_id``
+        it goes to the sink's coordinator; by run alone to every state partition's (a
+        run's ids are its sink's, but the run id does not name the sink)."""
+        if sink_id is not None:
+            doc = self._coordinator_action(AbortSinkRunRequest(batch_id, run_id, sink_id), sink_id)
+            return [str(t) for t in doc["aborted"]]
+        answers = self._fan_out(lambda p: AbortSinkRunRequest(batch_id, run_id, None, p))
+        return [str(t) for p in sorted(answers) for t in answers[p]["aborted"]]
 
     def stable_ends(self: Routes, topic: str) -> dict[int, int]:
         """Where a read_committed reader of ``topic`` stops: at most each partition's last
-        stable offset, lowered so that every sink batch is read whole or not at all."""
-        return StableEndsResponse.from_doc(self._coordinator_action(StableEndsRequest(topic))).ends
+        stable offset, lowered so that every sink batch is read whole or not at all. With
+        one state partition its coordinator cuts; with several the reader combines every
+        one's tracked batches (``protocol.stable_cut.cut_across``), never a subset's
+        (a partition's coordinator unavailable: a retriable error naming it)."""
+        count = self.state_partition_count()
+        if count == 1:
+            doc = self._state_partition_action(0, StableEndsRequest(topic, 0))
+            return StableEndsResponse.from_doc(doc).ends
+
+        def ask(partition: str, since: int) -> TrackedBatches:
+            p = int(partition)
+            try:
+                doc = self._state_partition_action(p, TrackedBatchesRequest(topic, since, p))
+            except IdemlogError as exc:
+                if not exc.retriable:
+                    raise
+                raise CoordinatorNotAvailableError(
+                    f"the coordinator of {TXN_STATE_TOPIC}-{p} did not answer: {exc.message}"
+                ) from exc
+            return TrackedBatches.from_doc(doc)
+
+        return cut_across(
+            [str(p) for p in range(count)], ask, lambda: _last_stable_offsets(self, topic)
+        )
 
     def stable_ends_across(
         self: Routes, topic: str, coordinators: Sequence[str], *, attempts: int = CUT_ATTEMPTS
@@ -125,7 +159,10 @@ class TransactionCalls:
         coordinator that may track a batch written to ``topic``) whole or not at all
         (``protocol.stable_cut.cut_across``; its module proves no batch slips through).
 
-        Raises UnknownTopicOrPartitionError, InvalidRequestError for no coordinators,
+        Each address is asked without a state partition, so this serves a cluster of one
+        state partition (or single coordinators in tests); with several, :meth:`stable_ends`
+        asks every partition's coordinator. Raises UnknownTopicOrPartitionError,
+        InvalidRequestError for no coordinators,
         StaleTrackedBatchesError when every one of ``attempts`` tries had to start over,
         and what a coordinator or a leader answers (NotCoordinatorError: the list is out
         of date)."""
@@ -159,13 +196,14 @@ class TransactionCalls:
         self: Routes, min_age_ms: int = 0, *, every_id: bool = False
     ) -> list[dict[str, Any]]:
         """Open transactions, oldest first (``idemlog transactions list``); ``every_id``:
-        every transactional id the coordinator keeps, with its state (``--all``)."""
-        doc = self._coordinator_action(ListTransactionsRequest(min_age_ms, every_id))
-        return list(doc["transactions"])
+        every transactional id the coordinators keep, with its state (``--all``). Every
+        state partition's coordinator is asked; each row names its ``state_partition``."""
+        answers = self._fan_out(lambda p: ListTransactionsRequest(min_age_ms, every_id, p))
+        return merge_listings({p: list(d["transactions"]) for p, d in answers.items()}, every_id)
 
     def abort_transaction(self: Routes, transactional_id: str) -> bool:
         """Fence the id's holder and abort its open transaction; False if none was open."""
-        doc = self._coordinator_action(AbortTransactionRequest(transactional_id))
+        doc = self._coordinator_action(AbortTransactionRequest(transactional_id), transactional_id)
         return bool(doc["aborted"])
 
     def add_partitions_to_txn(
@@ -183,7 +221,8 @@ class TransactionCalls:
         self._coordinator_action(
             AddPartitionsToTxnRequest(
                 transactional_id, producer_id, producer_epoch, tuple(partitions)
-            )
+            ),
+            transactional_id,
         )
 
     def end_txn(
@@ -195,7 +234,7 @@ class TransactionCalls:
         transaction cannot end that way, ``ConcurrentTransactionsError`` (retriable, not
         retried here)."""
         self._coordinator_action(
-            EndTxnRequest(transactional_id, producer_id, producer_epoch, commit)
+            EndTxnRequest(transactional_id, producer_id, producer_epoch, commit), transactional_id
         )
 
     def commit_sink_batch(
@@ -209,11 +248,21 @@ class TransactionCalls:
         transactions were aborted instead (idempotent commit). ``run_id``: every
         transaction must have been written by that run of the sink."""
         request = CommitSinkBatchRequest(sink_id, batch_id, tuple(transactions), run_id)
-        return bool(SinkBatchResponse.from_doc(self._coordinator_action(request)).committed)
+        doc = self._coordinator_action(request, sink_id)
+        return bool(SinkBatchResponse.from_doc(doc).committed)
 
     def abort_sink_batch(
         self: Routes, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
     ) -> None:
         """Abort these transactions of the sink's batch (a batch the driver gives up);
         raises the coordinator's error if one of them cannot be aborted."""
-        self._coordinator_action(AbortSinkBatchRequest(sink_id, batch_id, tuple(transactions)))
+        request = AbortSinkBatchRequest(sink_id, batch_id, tuple(transactions))
+        self._coordinator_action(request, sink_id)
+
+
+def _last_stable_offsets(client: Routes, topic: str) -> dict[int, int]:
+    """Each partition's last stable offset now (step 2 of ``protocol.stable_cut``)."""
+    leaders = client.metadata().topics.get(topic) or client.metadata(True).topics.get(topic)
+    if leaders is None:
+        raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+    return {p: client.list_offsets(topic, p)["last_stable_offset"] for p in range(len(leaders))}

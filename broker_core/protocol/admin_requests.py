@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from broker_core.errors import InvalidRequestError
+from broker_core.protocol.coordinator_keys import (
+    ALL_LED,
+    state_partition_field,
+    with_state_partition,
+)
 from broker_core.protocol.requests import (
     Doc,
     _names,
@@ -109,31 +114,68 @@ class MetadataRequest:
 
 @dataclass(frozen=True, slots=True)
 class FindCoordinatorRequest:
+    """The coordinator of ``transactional_id`` (a transactional or sink id), or of state
+    partition ``state_partition`` (a client fanning a key-less call out); neither: the
+    coordinator of the empty key."""
+
     ACTION: ClassVar[Action] = Action.FIND_COORDINATOR
     transactional_id: str | None = None
+    state_partition: int | None = None
 
     def to_doc(self) -> Doc:
-        return {} if self.transactional_id is None else {"transactional_id": self.transactional_id}
+        doc: Doc = (
+            {} if self.transactional_id is None else {"transactional_id": self.transactional_id}
+        )
+        return with_state_partition(doc, self.state_partition)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> FindCoordinatorRequest:
-        return cls(_field(doc, "transactional_id", str, cls.ACTION.value, None))
+        what = cls.ACTION.value
+        request = cls(
+            _field(doc, "transactional_id", str, what, None), state_partition_field(doc, what)
+        )
+        if request.transactional_id is not None and request.state_partition is not None:
+            raise InvalidRequestError(
+                f"{what}: give 'transactional_id' or 'state_partition', not both"
+            )
+        return request
 
 
 # -- operations ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ListTransactionsRequest:
+    """Open transactions (or every id) of state partition ``state_partition``, or of
+    every state partition the broker leads (``ALL_LED``)."""
+
     ACTION: ClassVar[Action] = Action.LIST_TRANSACTIONS
     min_age_ms: int = 0
     every_id: bool = False  # every transactional id with its state, not the open ones
+    state_partition: int | None = ALL_LED
 
     def to_doc(self) -> Doc:
-        return {"min_age_ms": self.min_age_ms, "all": self.every_id}
+        doc: Doc = {"min_age_ms": self.min_age_ms, "all": self.every_id}
+        return with_state_partition(doc, self.state_partition)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> ListTransactionsRequest:
         what = cls.ACTION.value
-        return cls(_field(doc, "min_age_ms", int, what, 0), _field(doc, "all", bool, what, False))
+        return cls(
+            _field(doc, "min_age_ms", int, what, 0),
+            _field(doc, "all", bool, what, False),
+            state_partition_field(doc, what),
+        )
+
+
+def merge_listings(
+    by_partition: Mapping[int, list[dict[str, Any]]], every_id: bool
+) -> list[dict[str, Any]]:
+    """Several coordinators' ``list_transactions`` rows as one listing, each row naming
+    its ``state_partition``: by id with ``every_id``, else oldest first (as one
+    coordinator orders them)."""
+    rows = [{**row, "state_partition": p} for p, part in by_partition.items() for row in part]
+    if every_id:
+        return sorted(rows, key=lambda r: str(r["transactional_id"]))
+    return sorted(rows, key=lambda r: (-int(r["age_ms"]), str(r["transactional_id"])))
 
 
 @dataclass(frozen=True, slots=True)

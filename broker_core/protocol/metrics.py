@@ -92,7 +92,8 @@ class PartitionGauges:
 
 def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """One cluster-wide document from each broker's: partitions are disjoint (one leader
-    each), producer counters and totals add up, transactions come from the coordinator."""
+    each), producer counters and totals add up, the coordinators' transactions are merged
+    (:func:`merge_transactions`: one per state partition, spread over the brokers)."""
     totals = AppendCounters()
     producers: dict[int, AppendCounters] = {}
     partitions: list[dict[str, Any]] = []
@@ -105,7 +106,7 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         for row in doc["producers"]:
             producers.setdefault(int(row["producer_id"]), AppendCounters()).merge(row)
         if doc.get("transactions") is not None:
-            transactions = dict(doc["transactions"])
+            transactions = _merge_two(transactions, dict(doc["transactions"]))
     return {
         "version": METRICS_VERSION,
         "brokers": sorted(brokers),
@@ -178,3 +179,41 @@ def render_table(doc: Mapping[str, Any]) -> str:
         "INVALID_TXN_STATE, expired = producers expired, lag = log end - last stable offset"
     )
     return "\n".join(lines)
+
+
+def merge_transactions(by_partition: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Several coordinators' descriptions (by state partition) as one: counts added,
+    ``status`` kept when all agree (else ``mixed``), each ``coordinator_epoch`` under
+    ``coordinator_epochs`` by partition (one coordinator: its ``coordinator_epoch`` too),
+    and ``state_partitions``, the partitions covered."""
+    merged: dict[str, Any] | None = None
+    for partition in sorted(by_partition):
+        doc = dict(by_partition[partition])
+        doc["state_partitions"] = [partition]
+        doc["coordinator_epochs"] = {str(partition): doc.get("coordinator_epoch")}
+        merged = _merge_two(merged, doc)
+    assert merged is not None, "merge_transactions needs at least one coordinator"
+    return merged
+
+
+def _merge_two(one: dict[str, Any] | None, two: dict[str, Any]) -> dict[str, Any]:
+    if one is None:
+        return two
+    merged: dict[str, Any] = dict(one)
+    for key, value in two.items():
+        mine = merged.get(key)
+        if key == "state_partitions":
+            merged[key] = sorted({*(mine or []), *value})
+        elif key == "coordinator_epochs":
+            merged[key] = {**(mine or {}), **value}
+        elif key == "coordinator_epoch":
+            merged.pop(key, None)  # one per partition: coordinator_epochs
+        elif key == "status":
+            merged[key] = value if mine in (None, value) else "mixed"
+        elif isinstance(value, dict) and isinstance(mine, dict):
+            merged[key] = {k: mine.get(k, 0) + value.get(k, 0) for k in {*mine, *value}}
+        elif isinstance(value, int) and isinstance(mine, int):
+            merged[key] = mine + value
+        else:
+            merged[key] = value
+    return merged

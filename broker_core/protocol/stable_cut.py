@@ -41,6 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from broker_core.errors import InvalidRequestError, StaleTrackedBatchesError
+from broker_core.protocol.coordinator_keys import (
+    ALL_LED,
+    state_partition_field,
+    with_state_partition,
+)
 from broker_core.protocol.wire import Action
 from broker_core.protocol.wire import field as _field
 
@@ -83,14 +88,17 @@ def consistent_cut(ends: Mapping[int, int], batches: Iterable[Sequence[Range]]) 
 @dataclass(frozen=True, slots=True)
 class TrackedBatchesRequest:
     """A coordinator's batches of ``topic`` readers may have to keep whole, ``since`` a
-    generation it answered before (or :data:`EVERYTHING`)."""
+    generation it answered before (or :data:`EVERYTHING`); the coordinator of
+    ``state_partition`` (``ALL_LED``: the broker's only one)."""
 
     ACTION: ClassVar[Action] = Action.TRACKED_BATCHES
     topic: str
     since: int = EVERYTHING
+    state_partition: int | None = ALL_LED
 
     def to_doc(self) -> dict[str, Any]:
-        return {"topic": self.topic, "since": self.since}
+        doc = {"topic": self.topic, "since": self.since}
+        return with_state_partition(doc, self.state_partition)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> TrackedBatchesRequest:
@@ -98,7 +106,7 @@ class TrackedBatchesRequest:
         since: int = _field(doc, "since", int, what)
         if since < EVERYTHING:
             raise InvalidRequestError(f"{what}: field 'since' must be >= -1, got {since}")
-        return cls(_field(doc, "topic", str, what), since)
+        return cls(_field(doc, "topic", str, what), since, state_partition_field(doc, what))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from broker_core.errors import InvalidRequestError
+from broker_core.protocol.coordinator_keys import (
+    ALL_LED,
+    state_partition_field,
+    with_state_partition,
+)
 from broker_core.protocol.requests import (
     STABLE_OFFSETS_FIELD,
     Doc,
@@ -331,12 +336,14 @@ class SinkBatchResponse:
 @dataclass(frozen=True, slots=True)
 class AbortSinkRunRequest:
     """Every attempt of ``run_id`` (or, without one, of any run of ``sink_id``) at
-    ``batch_id`` or before."""
+    ``batch_id`` or before; by run alone it names no key, so it goes to every state
+    partition (``state_partition``: one of them; ``ALL_LED``: every one the broker leads)."""
 
     ACTION: ClassVar[Action] = Action.ABORT_SINK_RUN
     batch_id: int
     run_id: str | None = None
     sink_id: str | None = None
+    state_partition: int | None = ALL_LED
 
     def to_doc(self) -> Doc:
         doc: Doc = {"batch_id": self.batch_id}
@@ -344,7 +351,7 @@ class AbortSinkRunRequest:
             doc["run_id"] = self.run_id
         if self.sink_id is not None:
             doc["sink_id"] = self.sink_id
-        return doc
+        return with_state_partition(doc, self.state_partition)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> AbortSinkRunRequest:
@@ -353,6 +360,7 @@ class AbortSinkRunRequest:
             _field(doc, "batch_id", int, what),
             _field(doc, "run_id", str, what, None),
             _field(doc, "sink_id", str, what, None),
+            state_partition_field(doc, what),
         )
 
 
@@ -373,15 +381,20 @@ class SinkHeartbeatRequest:
 
 @dataclass(frozen=True, slots=True)
 class StableEndsRequest:
+    """The cut of ``topic`` by the coordinator of ``state_partition`` (``ALL_LED``: the
+    broker's only one; refused when it leads several, whose cut is the reader's)."""
+
     ACTION: ClassVar[Action] = Action.STABLE_ENDS
     topic: str
+    state_partition: int | None = ALL_LED
 
     def to_doc(self) -> Doc:
-        return {"topic": self.topic}
+        return with_state_partition({"topic": self.topic}, self.state_partition)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> StableEndsRequest:
-        return cls(_field(doc, "topic", str, cls.ACTION.value))
+        what = cls.ACTION.value
+        return cls(_field(doc, "topic", str, what), state_partition_field(doc, what))
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,10 @@ from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import PartitionGauges
+from broker_core.security.tls import Side, warn_if_exposed
+from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import ZK_ROOT, BrokerConfig
+from broker_core.server.coordinators import Coordinators
 from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics
@@ -46,9 +49,9 @@ from broker_core.server.partition import Partition
 from broker_core.server.replica_fetcher import FetcherConfig
 from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
-from broker_core.server.state_coordinator import StateLeaderCoordinatorRole, not_coordinator_error
+from broker_core.server.state_coordinator import StateLeaderCoordinatorRole
 from broker_core.server.tasks import TaskGroup
-from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.coordinator import LocalMarkerWriter
 from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.pid_block import ProducerIdBlock
 from broker_core.txn.pid_file import FileProducerIdBlockSource
@@ -157,6 +160,13 @@ class Broker:
         self._topics: LocalTopics | None = None
         self.replicas: ReplicaManager | None = None
         self._coordinator_role: CoordinatorRole | StateLeaderCoordinatorRole | None = None
+        # The handlers' routing to the coordinator of a key's state partition.
+        self.coordinators = Coordinators(
+            config.broker_id,
+            lambda: self._coordinator_role,
+            self.require_cluster,
+            embedded=config.embedded,
+        )
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -203,6 +213,9 @@ class Broker:
         self._transition(BrokerState.STARTING)
         cfg = self.config
         try:
+            # Its own files first (a bad one refuses the start); they serve its links too.
+            tls = cfg.tls.load(Side.SERVER)
+            warn_if_exposed(cfg.listener_host, cfg.tls)
             cfg.log_dir.mkdir(parents=True, exist_ok=True)
             # Before anything in the directory is read or written: recovery may truncate.
             self._dir_lock = lock_data_dir(cfg.log_dir)
@@ -232,7 +245,7 @@ class Broker:
                 topics=started_topics,
                 store=lambda: self.store,
                 cluster=self.require_cluster,
-                coordinator=self.coordinator,
+                coordinators=self.coordinators,
                 pids=lambda: self.pids,
                 markers=lambda: self.markers,
                 metrics_document=self.metrics_document,
@@ -241,6 +254,7 @@ class Broker:
             self._server = IdemlogFlightServer(
                 cfg.listener_host,
                 cfg.listener_port,
+                tls=tls,
                 actions=actions,
                 gate=self.gate,
                 topics=started_topics,
@@ -257,7 +271,7 @@ class Broker:
                 cfg.advertised_port or int(self._server.port),
             )
             self.cluster = cluster = self._open_cluster(self.info)
-            self.replicas = ReplicaManager(self.broker_id, self.store, cluster, replication)
+            self.replicas = ReplicaManager(self.broker_id, self.store, cluster, replication, tls)
             topics = self._topics = LocalTopics(
                 self.broker_id,
                 self.store,
@@ -274,11 +288,12 @@ class Broker:
                 cluster.brokers,
                 replicated=self.replicas.wait_replicated,
                 call_timeout_s=cfg.marker_call_timeout_s,
+                tls=tls,
             )
             cluster.register(self.info)
             topics.sync()
             cluster.on_topics_change(topics.sync)
-            offsets = ClusterStableOffsets(self.broker_id, topics, cluster.brokers)
+            offsets = ClusterStableOffsets(self.broker_id, topics, cluster.brokers, tls)
             expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
             retry_deadline_s = cfg.transaction_marker_retry_deadline_ms / 1000.0
             role: CoordinatorRole | StateLeaderCoordinatorRole
@@ -336,6 +351,7 @@ class Broker:
         # Reconnect for as long as it takes, quickly: a broker without ZooKeeper
         # keeps serving its partitions and waits for the connection to come back.
         retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0}
+        secure = ZkTlsSettings.from_values(cfg.values).kazoo_arguments()  # files checked
         if cfg.zookeeper_chroot:
             # Create the chroot first, every missing level of it, as Kafka does on first
             # start. A client on the chroot cannot: kazoo's ensure_path climbs up to the
@@ -347,6 +363,7 @@ class Broker:
                 timeout=timeout_s,
                 connection_retry=retry,
                 command_retry={**retry, "deadline": timeout_s},
+                **secure,
             )
             admin.start(timeout=timeout_s)
             try:
@@ -354,7 +371,9 @@ class Broker:
             finally:
                 admin.stop()
                 admin.close()
-        client = KazooClient(hosts=cfg.zookeeper_connect, timeout=timeout_s, connection_retry=retry)
+        client = KazooClient(
+            hosts=cfg.zookeeper_connect, timeout=timeout_s, connection_retry=retry, **secure
+        )
         client.start(timeout=timeout_s)
         return client
 
@@ -431,23 +450,6 @@ class Broker:
         """Starting or running: local topics may still be opened."""
         return self._state in (BrokerState.STARTING, BrokerState.RUNNING)
 
-    def _running_coordinator(self) -> TransactionCoordinator | None:
-        role = self._coordinator_role
-        return None if role is None else role.current()
-
-    def coordinator(self) -> TransactionCoordinator:
-        """The transaction coordinator running on this broker.
-
-        Raises NotCoordinatorError naming the broker that coordinates (the controller
-        embedded, the state partition's leader with ZooKeeper), COORDINATOR_LOAD_IN_PROGRESS
-        while this broker loads its state partition, CoordinatorNotAvailableError while
-        none runs (all retriable); NotLeaderOrFollowerError before it joined the cluster.
-        """
-        coordinator = self._running_coordinator()
-        if coordinator is not None:
-            return coordinator
-        raise not_coordinator_error(self.broker_id, self.require_cluster(), self._coordinator_role)
-
     # -- background work -----------------------------------------------------------------
     def expire_producers(self) -> int:
         """Forget producers idle past ``producer.id.expiration.ms`` in every local partition
@@ -483,8 +485,7 @@ class Broker:
                 cleaner_last_clean_ms=log_.cleaner.stats.last_clean_ms,
                 marker_appends=log_.marker_appends,
             )
-        coordinator = self._running_coordinator()
-        transactions = coordinator.describe() if coordinator is not None else None
+        transactions = self.coordinators.describe()
         document = self.metrics.document(self.broker_id, gauges, transactions)
         if self.replicas is not None:
             document["replication"] = self.replicas.describe()

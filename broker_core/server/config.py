@@ -25,6 +25,8 @@ from broker_core.config import (
 )
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
+from broker_core.security.tls import TlsSettings
+from broker_core.security.zk_tls import SECURITY_KEYS
 
 LOG_PREFIX = "log."
 # The znode under which a ZooKeeper cluster keeps its metadata and the coordinator its state.
@@ -133,14 +135,17 @@ _BROKER_KEYS = [
     ConfigKey(
         "transaction.state.log.num.partitions",
         int,
-        1,
-        "Partitions of the internal topic __transaction_state (ZooKeeper mode), set when "
-        "the cluster first needs it: a transactional id's coordinator is the leader of "
-        "partition hash(id) mod this. 1 until readers can combine several coordinators' "
-        "held-back sink batches into one consistent cut (docs/design.md §7); above 1 is "
-        "refused until then. Kafka's key (its default, 50, spreads coordination).",
+        8,
+        "Partitions of __transaction_state (ZooKeeper mode), fixed when the cluster first "
+        "needs it: an id's coordinator is the leader of partition crc32(id's part before the "
+        "first '/') mod this, so coordination is spread over the brokers and a failover "
+        "stalls only its partitions' ids. An existing topic keeps its count whatever this "
+        "says (a change would move ids between coordinators, as in Kafka). Default 8: spread "
+        "over up to 8 brokers at the cost of a load, a thread and a reader's question per "
+        "partition (Kafka's 50 serves far larger clusters); at most 1000. The embedded "
+        "broker always has 1 (one process: nothing to spread).",
         min=1,
-        max=1,
+        max=1000,
     ),
     ConfigKey(
         "transaction.state.log.replication.factor",
@@ -326,7 +331,7 @@ def _topic_default_keys() -> list[ConfigKey]:
 # Bind addresses that mean "every interface": never an address to hand to a client.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
-BROKER_CONFIG = ConfigDef(_BROKER_KEYS + _topic_default_keys(), what="broker")
+BROKER_CONFIG = ConfigDef([*_BROKER_KEYS, *SECURITY_KEYS, *_topic_default_keys()], what="broker")
 
 
 # The commit path's timeouts, each longer than the one it waits for (docs/failure-model.md,
@@ -413,6 +418,7 @@ class BrokerConfig:
     replica_fetch_max_bytes: int
     replica_fetch_backoff_ms: int
     log_defaults: LogConfig  # the log.<key> values, as a topic's base config
+    tls: TlsSettings  # security.protocol and ssl.*: the listener's and the broker's links
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -506,6 +512,7 @@ class BrokerConfig:
             replica_fetch_max_bytes=int(parsed["replica.fetch.max.bytes"]),
             replica_fetch_backoff_ms=int(parsed["replica.fetch.backoff.ms"]),
             log_defaults=log_defaults,
+            tls=TlsSettings.from_values(parsed),
             values=parsed,
         )
 

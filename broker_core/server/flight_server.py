@@ -42,6 +42,7 @@ from broker_core.protocol.wire import (
     encode_json,
     error_message,
 )
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, server_arguments
 from broker_core.server.handlers import ActionHandlers
 from broker_core.server.metrics import Metrics, outcome_of
 from broker_core.server.partition import Partition
@@ -72,7 +73,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     refuse the request); ``actions`` answers DoAction; ``topics`` gives the leader's log
     of a partition (raising the routing error otherwise); ``store()`` is the broker's
     store, None before it is open (then topics have no schema); ``max_request_bytes``
-    bounds a produced batch and an action body.
+    bounds a produced batch and an action body; ``tls``: the listener's protocol and
+    checked files (``broker_core.security.tls.server_arguments``), plaintext by default.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         host: str,
         port: int,
         *,
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
         actions: ActionHandlers,
         gate: Callable[[], None],
         topics: LeaderLogs,
@@ -88,7 +91,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         max_request_bytes: int,
         ack_timeout_s: float = 60.0,
     ) -> None:
-        super().__init__(f"grpc://{host}:{port}")
+        location, tls_arguments = server_arguments(host, port, tls)
+        super().__init__(location, **tls_arguments)
         self._actions = actions
         self._gate = gate
         self._topics = topics

@@ -16,7 +16,9 @@ list_offsets           {topic, partition} -> {log_start_offset, log_end_offset,
                        high_watermark, last_stable_offset}
 metadata               {topics?: [..]} -> {brokers: [{broker_id, host, port}],
                        controller: id|null, topics: {name: [leader per partition]}}
-find_coordinator       {transactional_id?} -> {broker_id, host, port}
+find_coordinator       {transactional_id? | state_partition?} -> {broker_id, host, port,
+                       state_partition, state_partitions} (the leader of the key's, or the
+                       named, __transaction_state partition, and the partition count)
 init_producer_id       {transactional_id?, transaction_timeout_ms?, sink_batch_id?,
                        sink_id?, sink_run_id?} -> {producer_id, producer_epoch,
                        sink_status?: new|prepared|committed} (sink_*: an attempt of a
@@ -35,14 +37,21 @@ write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
 commit_sink_batch      {sink_id, batch_id, transactions: [[transactional_id, producer_id,
                        producer_epoch], ..], run_id?} -> {committed, last_committed_batch}
 abort_sink_batch       same body -> {last_committed_batch}
-abort_sink_run         {run_id? | sink_id?, batch_id} -> {aborted: [transactional_id, ..]}
+abort_sink_run         {run_id? | sink_id?, batch_id, state_partition?} -> {aborted:
+                       [transactional_id, ..], state_partitions: [..]} (by run alone: the
+                       named state partition's coordinator, or every one led here)
 sink_heartbeat         {sink_id, run_id} -> {}
-stable_ends            {topic} -> {ends: {partition: offset}} (read_committed ends that
-                       hold every sink batch whole or not at all)
-tracked_batches        {topic, since} -> {incarnation, generation, evicted_through,
+stable_ends            {topic, state_partition?} -> {ends: {partition: offset}}
+                       (read_committed ends that hold every sink batch whole or not at all;
+                       refused without state_partition when __transaction_state has
+                       several partitions: the reader combines them, tracked_batches)
+tracked_batches        {topic, since, state_partition?} -> {incarnation, generation,
+                       evicted_through,
                        evicted_high, batches} (one coordinator's part of a cut across
                        coordinators: broker_core.protocol.stable_cut)
-list_transactions      {min_age_ms?, all?} -> {transactions: [{transactional_id, ..}]}
+list_transactions      {min_age_ms?, all?, state_partition?} -> {transactions:
+                       [{transactional_id, state_partition, ..}], state_partitions: [..]}
+                       (the named state partition, or every one this broker leads)
 abort_transaction      {transactional_id} -> {aborted}
 metrics                {} -> the metrics document (broker_core.server.metrics)
 replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch,
@@ -59,8 +68,9 @@ ping                   {} -> {broker_id, version}
 =====================  ===================================================================
 
 Without a transactional id, InitProducerId is served by any broker from its own leased
-producer-id block (as Kafka does); everything transactional goes to the coordinator,
-which runs on the controller (``NOT_COORDINATOR`` elsewhere, retriable).
+producer-id block (as Kafka does); everything transactional goes to the coordinator of
+its key's ``__transaction_state`` partition, the partition's leader (``NOT_COORDINATOR``
+elsewhere, retriable; ``server.coordinators``).
 """
 
 from __future__ import annotations
@@ -99,7 +109,9 @@ from broker_core.protocol.admin_requests import (
     ListTransactionsRequest,
     MetadataRequest,
     PingResponse,
+    merge_listings,
 )
+from broker_core.protocol.coordinator_keys import CoordinatorAddress
 from broker_core.protocol.replica import (
     ElectLeadersRequest,
     OffsetsForLeaderEpochRequest,
@@ -125,6 +137,7 @@ from broker_core.protocol.txn_requests import (
 )
 from broker_core.protocol.wire import Action
 from broker_core.server.config import BrokerConfig
+from broker_core.server.coordinators import EMBEDDED_STATE_PARTITIONS, Coordinators
 from broker_core.server.replica_manager import ReplicaManager
 from broker_core.server.txn_state_topic import ensure_state_topic
 from broker_core.txn.coordinator import TransactionCoordinator
@@ -177,7 +190,7 @@ class ActionHandlers:
         topics: Topics,
         store: Callable[[], LogStore | None],
         cluster: Callable[[], ClusterMetadata],
-        coordinator: Callable[[], TransactionCoordinator],
+        coordinators: Coordinators,
         pids: Callable[[], ProducerIdManager | None],
         markers: Callable[[], LocalMarkers | None],
         metrics_document: Callable[[], dict[str, Any]],
@@ -188,7 +201,7 @@ class ActionHandlers:
         self._topics = topics
         self._store = store
         self._cluster = cluster
-        self._coordinator = coordinator
+        self._coordinators = coordinators
         self._pids = pids
         self._markers = markers
         self._metrics_document = metrics_document
@@ -330,26 +343,43 @@ class ActionHandlers:
         }
 
     def find_coordinator(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The coordinator of the request's key: with ZooKeeper the leader of its
-        ``__transaction_state`` partition (the topic created now if the cluster has none,
-        as Kafka does), embedded the one broker. COORDINATOR_NOT_AVAILABLE (retriable)
-        while the partition has no live leader."""
+        """The coordinator of the request's key or named state partition: with ZooKeeper
+        the leader of that ``__transaction_state`` partition (the topic created now if the
+        cluster has none, as Kafka does), embedded the one broker (one state partition).
+        COORDINATOR_NOT_AVAILABLE (retriable) while the partition has no live leader;
+        INVALID_REQUEST for a partition the topic does not have."""
         request = FindCoordinatorRequest.from_doc(body)
         cluster = self._cluster()
         if self._config.embedded:
-            controller = cluster.controller()
-            if controller is None:
+            count = EMBEDDED_STATE_PARTITIONS
+            leader = cluster.controller()
+            self._asked_partition(request, count)  # a partition other than 0: refused
+            if leader is None:
                 raise CoordinatorNotAvailableError("no controller is elected right now")
-            return _broker_doc(controller)
+            return CoordinatorAddress(leader.broker_id, leader.host, leader.port, 0, 1).to_doc()
         topic = ensure_state_topic(cluster, self._config)
-        partition = state_partition_of(request.transactional_id or "", len(topic.partitions))
-        leader = topic.leader(partition)
-        found = next((b for b in cluster.brokers() if b.broker_id == leader), None)
+        count = len(topic.partitions)
+        partition = self._asked_partition(request, count)
+        leader_id = topic.leader(partition)
+        found = next((b for b in cluster.brokers() if b.broker_id == leader_id), None)
         if found is None:
             raise CoordinatorNotAvailableError(
-                f"{TXN_STATE_TOPIC}-{partition} has no live leader (broker {leader})"
+                f"{TXN_STATE_TOPIC}-{partition} has no live leader (broker {leader_id})"
             )
-        return _broker_doc(found)
+        return CoordinatorAddress(
+            found.broker_id, found.host, found.port, partition, count
+        ).to_doc()
+
+    @staticmethod
+    def _asked_partition(request: FindCoordinatorRequest, count: int) -> int:
+        if request.state_partition is None:
+            return state_partition_of(request.transactional_id or "", count)
+        if request.state_partition >= count:
+            raise InvalidRequestError(
+                f"find_coordinator: state_partition {request.state_partition}: "
+                f"{TXN_STATE_TOPIC} has {count} partitions"
+            )
+        return request.state_partition
 
     # -- producers and transactions ------------------------------------------------------
     def init_producer_id(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -359,7 +389,7 @@ class ActionHandlers:
             pids = self._pids()
             assert pids is not None
             return InitProducerIdResponse(pids.generate_producer_id(), 0).to_doc()
-        coordinator = self._coordinator()
+        coordinator = self._coordinators.for_key(txn_id)
         if request.sink is not None:
             pid, epoch, status = coordinator.init_sink_producer(txn_id, timeout_ms, request.sink)
             return InitProducerIdResponse(pid, epoch, status).to_doc()
@@ -368,52 +398,82 @@ class ActionHandlers:
 
     def prepare_sink_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = PrepareSinkTxnRequest.from_doc(body)
-        self._coordinator().prepare_sink_txn(
+        self._coordinators.for_key(r.transactional_id).prepare_sink_txn(
             r.transactional_id, r.producer_id, r.producer_epoch, r.batch_id, list(r.ranges)
         )
         return {}
 
     def sink_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
         request = SinkHeartbeatRequest.from_doc(body)
-        self._coordinator().sink_heartbeat(request.sink_id, request.run_id)
+        self._coordinators.for_key(request.sink_id).sink_heartbeat(request.sink_id, request.run_id)
         return {}
 
     def abort_sink_run(self, body: dict[str, Any]) -> dict[str, Any]:
-        request = AbortSinkRunRequest.from_doc(body)
-        aborted = self._coordinator().abort_sink_run(
-            request.run_id, request.batch_id, sink_id=request.sink_id
-        )
-        return {"aborted": aborted}
+        r = AbortSinkRunRequest.from_doc(body)
+        if r.sink_id is not None:
+            partition = self._coordinators.partition_of(r.sink_id)
+            answering = {partition: self._coordinators.for_partition(partition)}
+        else:  # by run alone: no key, every coordinator asked holds some of the run
+            answering = self._coordinators.answering(r.state_partition)
+        aborted = [
+            t
+            for c in answering.values()
+            for t in c.abort_sink_run(r.run_id, r.batch_id, sink_id=r.sink_id)
+        ]
+        return {"aborted": aborted, "state_partitions": sorted(answering)}
+
+    def _one_cut_coordinator(
+        self, state_partition: int | None, what: str
+    ) -> TransactionCoordinator:
+        """The coordinator whose cut a reader asked for: a named state partition's, or
+        the only one there is; a cut from one of several would miss the others' batches."""
+        if state_partition is None and self._coordinators.partition_count() > 1:
+            raise InvalidRequestError(
+                f"{what}: {TXN_STATE_TOPIC} has {self._coordinators.partition_count()} "
+                "partitions, each with its own coordinator: name a state_partition and "
+                "combine every one's tracked_batches (BrokerClient.stable_ends)"
+            )
+        return self._coordinators.for_partition(state_partition or 0)
 
     def stable_ends(self, body: dict[str, Any]) -> dict[str, Any]:
-        topic = StableEndsRequest.from_doc(body).topic
-        return StableEndsResponse(dict(self._coordinator().stable_ends(topic))).to_doc()
+        r = StableEndsRequest.from_doc(body)
+        coordinator = self._one_cut_coordinator(r.state_partition, "stable_ends")
+        return StableEndsResponse(dict(coordinator.stable_ends(r.topic))).to_doc()
 
     def tracked_batches(self, body: dict[str, Any]) -> dict[str, Any]:
-        request = TrackedBatchesRequest.from_doc(body)
-        return self._coordinator().tracked_batches(request.topic, request.since).to_doc()
+        r = TrackedBatchesRequest.from_doc(body)
+        coordinator = self._one_cut_coordinator(r.state_partition, "tracked_batches")
+        return coordinator.tracked_batches(r.topic, r.since).to_doc()
 
     def list_transactions(self, body: dict[str, Any]) -> dict[str, Any]:
-        request = ListTransactionsRequest.from_doc(body)
-        rows = self._coordinator().list_transactions(request.min_age_ms, every_id=request.every_id)
-        return {"transactions": rows}
+        r = ListTransactionsRequest.from_doc(body)
+        answering = self._coordinators.answering(r.state_partition)
+        parts = {
+            p: c.list_transactions(r.min_age_ms, every_id=r.every_id) for p, c in answering.items()
+        }
+        return {
+            "transactions": merge_listings(parts, r.every_id),
+            "state_partitions": sorted(answering),
+        }
 
     def abort_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
         txn_id = AbortTransactionRequest.from_doc(body).transactional_id
-        return {"aborted": self._coordinator().abort_transaction(txn_id)}
+        return {"aborted": self._coordinators.for_key(txn_id).abort_transaction(txn_id)}
 
     def add_partitions_to_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = AddPartitionsToTxnRequest.from_doc(body)
         for topic, partition in r.partitions:
             self._topics.assignment(topic).leader(partition)  # exists?
-        self._coordinator().add_partitions(
+        self._coordinators.for_key(r.transactional_id).add_partitions(
             r.transactional_id, r.producer_id, r.producer_epoch, list(r.partitions)
         )
         return {}
 
     def end_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = EndTxnRequest.from_doc(body)
-        self._coordinator().end_txn(r.transactional_id, r.producer_id, r.producer_epoch, r.commit)
+        self._coordinators.for_key(r.transactional_id).end_txn(
+            r.transactional_id, r.producer_id, r.producer_epoch, r.commit
+        )
         return {}
 
     def write_txn_markers(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -425,9 +485,15 @@ class ActionHandlers:
         # The coordinator's RoutingMarkerWriter reads this back (WriteTxnMarkersResponse).
         return WriteTxnMarkersResponse(dict(stable)).to_doc()
 
+    def _sink_coordinator(
+        self, sink_id: str, transactions: Sequence[tuple[str, int, int]], what: str
+    ) -> TransactionCoordinator:
+        """The sink's coordinator, which must coordinate every transaction it names too."""
+        return self._coordinators.for_keys([sink_id, *(t for t, _, _ in transactions)], what)
+
     def commit_sink_batch(self, body: dict[str, Any]) -> dict[str, Any]:
         r = CommitSinkBatchRequest.from_doc(body)
-        coordinator = self._coordinator()
+        coordinator = self._sink_coordinator(r.sink_id, r.transactions, "commit_sink_batch")
         committed = coordinator.commit_sink_batch(
             r.sink_id, r.batch_id, list(r.transactions), r.run_id
         )
@@ -437,7 +503,7 @@ class ActionHandlers:
 
     def abort_sink_batch(self, body: dict[str, Any]) -> dict[str, Any]:
         r = AbortSinkBatchRequest.from_doc(body)
-        coordinator = self._coordinator()
+        coordinator = self._sink_coordinator(r.sink_id, r.transactions, "abort_sink_batch")
         coordinator.abort_sink_batch(r.sink_id, r.batch_id, list(r.transactions))
         return SinkBatchResponse(coordinator.last_committed_batch(r.sink_id)).to_doc()
 

@@ -38,6 +38,7 @@ from broker_core.log.partition_log import PartitionLog
 from broker_core.protocol.txn_requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from broker_core.txn.markers import (
     MarkerWriter,
     ProducerMarkers,
@@ -90,6 +91,7 @@ class RoutingMarkerWriter:
         *,
         replicated: Callable[[str, int, int], None] | None = None,
         call_timeout_s: float = MARKER_TIMEOUT_S,
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
     ) -> None:
         self._broker_id = broker_id
         self._topics = topics
@@ -97,7 +99,7 @@ class RoutingMarkerWriter:
         self._brokers = brokers
         self._replicated = replicated
         self._call_timeout_s = call_timeout_s
-        self._connections = FlightConnections()
+        self._connections = FlightConnections(tls)  # to the leaders: the broker's own TLS
         # Remote leaders' calls, side by side (a few brokers: a few threads).
         self._pool = ThreadPoolExecutor(MARKER_CALL_THREADS, thread_name_prefix="marker-calls")
 

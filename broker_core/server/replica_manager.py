@@ -47,6 +47,7 @@ from broker_core.protocol.replica import (
     ReplicaLogStartRequest,
     ReplicaLogStartResponse,
 )
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from broker_core.server.config import ack_timeout_ms
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
@@ -82,6 +83,7 @@ class ReplicaManager:
         store: LogStore,
         cluster: ClusterMetadata,
         config: ReplicationConfig,
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
     ) -> None:
         self.broker_id = broker_id
         self._store = store
@@ -90,7 +92,7 @@ class ReplicaManager:
         self._lock = threading.RLock()  # the maps below; taken by the cluster callback
         self._partitions: dict[TopicPartition, Partition] = {}
         self._fetchers: dict[TopicPartition, ReplicaFetcher] = {}
-        self._connections = FlightConnections()
+        self._connections = FlightConnections(tls)  # to the leaders: the broker's own TLS
         self._expand: set[tuple[str, int, int]] = set()  # (topic, partition, broker) to add
         self._wake = threading.Condition()
         self._closed = False

@@ -3,8 +3,11 @@
 In embedded mode the single broker is always the controller and the coordinator starts
 before the broker serves (``start(synchronous=True)``), so its first request finds it
 ready; its state partition is the local ``__transaction_state`` led at the run's
-controller epoch (``server.state_partition``). With ZooKeeper the coordinator is the
-leader of the state partition instead (``server.state_coordinator``).
+controller epoch (``server.state_partition``). The embedded broker keeps **one** state
+partition whatever ``transaction.state.log.num.partitions`` says: one process leads
+every partition, so more would spread nothing and only cost a load, a thread and a cut
+per partition (docs/design.md §10). With ZooKeeper each state partition's leader runs
+that partition's coordinator instead (``server.state_coordinator``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
 from broker_core.log.store import LogStore
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from broker_core.server.marker_client import LedPartitions
 from broker_core.server.state_partition import embedded_state_partition
 from broker_core.txn.coordinator import MarkerWriter, ProducerIdSource, TransactionCoordinator
@@ -37,10 +41,12 @@ class ClusterStableOffsets:
         broker_id: int,
         topics: LedPartitions,
         brokers: Callable[[], Sequence[BrokerInfo]],
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
     ) -> None:
         self._broker_id = broker_id
         self._topics = topics
         self._brokers = brokers
+        self._tls = tls  # the broker's own protocol and files (docs/security.md)
         self._lock = threading.Lock()
         self._client: BrokerClient | None = None
 
@@ -59,7 +65,7 @@ class ClusterStableOffsets:
         with self._lock:
             if self._client is None:
                 bootstrap = ",".join(f"{b.host}:{b.port}" for b in self._brokers())
-                self._client = BrokerClient(bootstrap)
+                self._client = BrokerClient(bootstrap, tls=self._tls)
             return self._client
 
     def close(self) -> None:
@@ -106,9 +112,23 @@ class CoordinatorRole:
         )
         self._thread: threading.Thread | None = None
 
-    def current(self) -> TransactionCoordinator | None:
-        """The running coordinator, or None while this broker is not (yet) running one."""
-        return self._coordinator
+    def current(self, state_partition: int = 0) -> TransactionCoordinator | None:
+        """The running coordinator (of the one state partition, 0), or None while this
+        broker is not (yet) running one."""
+        return self._coordinator if state_partition == 0 else None
+
+    def loading(self, state_partition: int) -> bool:
+        """Never: the embedded coordinator loads before the broker serves."""
+        return False
+
+    def running(self) -> dict[int, TransactionCoordinator]:
+        """The running coordinator by state partition: {0: it}, or {} while none runs."""
+        coordinator = self._coordinator
+        return {} if coordinator is None else {0: coordinator}
+
+    def loading_partitions(self) -> list[int]:
+        """None: see :meth:`loading`."""
+        return []
 
     def start(self, *, synchronous: bool) -> None:
         """Follow controllership from now on; ``synchronous``: if this broker is the

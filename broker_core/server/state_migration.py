@@ -3,8 +3,9 @@
 Before issue 23 the controller ran the coordinator and kept its state in znodes
 (``/idemlog/transactions``, ``/idemlog/sinks``, ``/idemlog/sink_batches``: idemlog 0.1,
 ``txn.state_store_zk``), fenced by the controller epoch, which it also stamped on markers.
-The first coordinator to load ``__transaction_state-0`` (:func:`migrate_zookeeper_state`,
-before it serves):
+The first coordinator to load each ``__transaction_state`` partition
+(:func:`migrate_zookeeper_state`, before it serves) does, for that partition's share of
+the ids (the ones whose key maps to it, so each lands with its own coordinator):
 
 1. if the partition holds the upgrade's record (kind ``migration``, key ``zookeeper``),
    nothing is read from ZooKeeper: the log is the state;
@@ -37,7 +38,7 @@ from broker_core.txn.state_store import (
     KIND_TRANSACTION,
 )
 from broker_core.txn.state_store_zk import ZkTxnStateStore
-from broker_core.txn.state_topic import TXN_STATE_TOPIC, Row, StatePartition
+from broker_core.txn.state_topic import TXN_STATE_TOPIC, Row, StatePartition, state_partition_of
 
 log = logging.getLogger("idemlog.broker")
 
@@ -63,10 +64,17 @@ def migration_floor(partition: StatePartition) -> int | None:
 
 
 def migrate_zookeeper_state(
-    zookeeper: Any, root: str, partition: StatePartition, leader_epoch: int
+    zookeeper: Any,
+    root: str,
+    partition: StatePartition,
+    leader_epoch: int,
+    shard: tuple[int, int] = (0, 1),
 ) -> int:
     """Copy the previous format's znodes under ``root`` into ``partition`` (at
-    ``leader_epoch``) unless done before; returns the epoch floor. Raises the store's
+    ``leader_epoch``) unless done before; returns the epoch floor. ``shard``: (this
+    partition's number, the topic's partition count): only the ids, sinks and sink
+    batches whose key maps to this partition (``state_partition_of``; a sink batch by
+    its sink id) are copied, so each lands with its own coordinator. Raises the store's
     and the appends' errors (the load is retried and copies again)."""
     floor = migration_floor(partition)
     if floor is not None:
@@ -77,10 +85,21 @@ def migrate_zookeeper_state(
         batches = legacy.load_sink_batches()
     finally:
         legacy.close()
+    legacy_rows = bool(txns or sinks or batches)
+    number, count = shard
+
+    def ours(key: str) -> bool:
+        return state_partition_of(key, count) == number
+
+    txns = {t: m for t, m in txns.items() if ours(t)}
+    sinks = {s: r for s, r in sinks.items() if ours(s)}
+    batches = [b for b in batches if ours(b.sink_id)]
     rows: list[Row] = [(KIND_TRANSACTION, t, m.to_json()) for t, m in sorted(txns.items())]
     rows += [(KIND_SINK, s, r.to_json()) for s, r in sorted(sinks.items())]
     rows += [(KIND_SINK_BATCH, b.key, b.to_json()) for b in batches]
-    floor = _controller_epoch(zookeeper, root) + 1 if rows else 0
+    # The floor is the cluster's (the controller epoch), whichever ids this shard holds:
+    # any partition's markers of the old coordinator carried it.
+    floor = _controller_epoch(zookeeper, root) + 1 if legacy_rows else 0
     chunk: list[Row] = []
     size = 0
     for row in rows:

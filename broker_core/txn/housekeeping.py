@@ -16,6 +16,7 @@ from broker_core.errors import ConcurrentTransactionsError, IdemlogError
 from broker_core.txn.claims import Claims
 from broker_core.txn.core import CoordinatorCore
 from broker_core.txn.state import NO_SINK, TransactionState
+from broker_core.txn.state_store import CoordinatorEpochFencedError
 
 log = logging.getLogger("idemlog.txn")
 
@@ -27,6 +28,8 @@ def abort_timed_out(core: CoordinatorCore, max_timeout_ms: int, now: int) -> lis
     """Abort (with an epoch bump, fencing the holder) transactions open past their timeout.
 
     Also retries leftovers whose marker writes failed earlier. Returns the aborted ids.
+    An abort refused for the coordinator's epoch (CoordinatorEpochFencedError: it was
+    deposed, and stood down) ends the pass, logged, with nothing more tried.
     """
     core.forget_runs_older_than(now - max_timeout_ms)
     candidates = core.ongoing()
@@ -39,6 +42,17 @@ def abort_timed_out(core: CoordinatorCore, max_timeout_ms: int, now: int) -> lis
                 claims.txn(tid)
                 if _abort_expired(core, claims, tid, now):
                     aborted.append(tid)
+        except CoordinatorEpochFencedError as exc:
+            # Not a request racing this one (its base class's meaning below): a newer
+            # coordinator took over and this one stood down, so the pass ends here rather
+            # than try, and log, an abort of every other id it had found expired.
+            log.warning(
+                "timeout pass stopped: the abort of timed-out %s %r was refused: %s",
+                _TXN,
+                tid,
+                exc.message,
+            )
+            return aborted
         except ConcurrentTransactionsError:
             continue  # another request is on it right now
         except IdemlogError as exc:

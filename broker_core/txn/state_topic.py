@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
@@ -38,10 +37,11 @@ from broker_core.errors import (
 from broker_core.fileutil import fsync_directory
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
 from broker_core.log.store import LogStore
+from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC as TXN_STATE_TOPIC
+from broker_core.protocol.coordinator_keys import state_partition_of as state_partition_of
 
 log = logging.getLogger("idemlog.txn")
 
-TXN_STATE_TOPIC = "__transaction_state"
 MIGRATION_TOPIC = TXN_STATE_TOPIC + ".migrating"
 TXN_STATE_SCHEMA_V1 = pa.schema(
     [
@@ -278,10 +278,3 @@ def open_state_log(
             f"schema {topic.schema}; expected 1 partition of {TXN_STATE_SCHEMA}"
         )
     return store.partition(TXN_STATE_TOPIC, 0)
-
-
-def state_partition_of(key: str, partitions: int) -> int:
-    """The ``__transaction_state`` partition whose leader coordinates ``key``: crc32 of
-    the part before the first '/' (a sink task's id ``<sink>/<n>`` lands with its sink),
-    mod ``partitions``. Stable across processes and versions (never Python's ``hash``)."""
-    return zlib.crc32(key.split("/", 1)[0].encode("utf-8")) % partitions

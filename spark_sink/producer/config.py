@@ -14,6 +14,7 @@ from broker_core.config import INT_MAX, ConfigDef, ConfigKey
 from broker_core.errors import InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import DEFAULT_BATCH_WINDOW
+from broker_core.security.tls import PLAINTEXT, TLS_KEYS, TlsSettings
 
 # The broker caches the last ``producer.state.batch.window`` batches per producer and
 # partition; a retried batch older than that cannot be answered with its offsets, so an
@@ -154,6 +155,8 @@ PRODUCER_CONFIG = ConfigDef(
             "",
             "Default key column of send() when none is given; empty: no key.",
         ),
+        # security.protocol and ssl.*: declared once in broker_core/security/tls.py.
+        *TLS_KEYS,
     ],
     what="producer",
 )
@@ -177,6 +180,7 @@ class ProducerConfig:
     transaction_timeout_ms: int
     partitioner: str
     key_column: str | None
+    tls: TlsSettings = PLAINTEXT  # its links' protocol and files (docs/security.md)
 
     @classmethod
     def from_mapping(
@@ -201,6 +205,7 @@ class ProducerConfig:
             transaction_timeout_ms=int(v["transaction.timeout.ms"]),
             partitioner=str(v["partitioner"]),
             key_column=str(v["key.column"]) or None,
+            tls=TlsSettings.from_values(v),
         )
         config._check(broker_window)
         return config

@@ -35,6 +35,7 @@ from broker_core.errors import (
 )
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
+from broker_core.security.tls import Side
 
 from .config import ProducerConfig
 from .errors import (
@@ -99,7 +100,8 @@ class Producer:
         config) with the config keys given as keyword arguments; ``transport``: a
         transport instead of the Flight connection (tests; it sends with its own acks,
         not the acks key's); ``connections``: a Flight connection cache to share (the
-        Spark sink's, one per process), left open by :meth:`close`. An idempotent
+        Spark sink's, one per process, whose TLS files then apply instead of the
+        security keys'), left open by :meth:`close`. An idempotent
         producer without a transactional id gets its producer id here (blocking up to
         max.block.ms), and the background sender starts.
 
@@ -117,7 +119,11 @@ class Producer:
             timeout_s = self.config.request_timeout_ms / 1000
             transport = FlightTransport(
                 BrokerClient(
-                    self.config.bootstrap_servers, timeout_s=timeout_s, connections=connections
+                    self.config.bootstrap_servers,
+                    timeout_s=timeout_s,
+                    connections=connections,
+                    # Read and checked here: a bad file fails the constructor, naming it.
+                    tls=self.config.tls.load(Side.CLIENT),
                 ),
                 acks=self.config.acks,
             )

@@ -29,6 +29,7 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         ["BENCH_ARGS=--mb 20 --repeat 1 --producers 1,4 --failovers 2"],
         [
             "broker_vs_transport_ratio",
+            "tls_vs_plaintext_ratio",
             "init_producer_id_per_s",
             "replicated_rf3_vs_rf1_ratio",
             "replicated_rf3_ack_p99_ms",

@@ -13,6 +13,9 @@ __all__ = ["SCHEMA", "TEST_BROKER_CONFIG", "ids", "prepared_attempt", "rows"]
 TEST_BROKER_CONFIG: dict[str, object] = {
     "max.request.bytes": 256 * 1024,
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": 100,
+    # The cluster tests written around one coordinator (they read __transaction_state-0,
+    # kill "the" coordinator) keep one state partition; several: test_state_partitions.
+    "transaction.state.log.num.partitions": 1,
 }
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import pytest
+
 from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, state_partition_of
 from broker_core.protocol.txn_requests import WriteTxnMarkersRequest
 from broker_core.protocol.wire import Action
 from broker_core.server.config import ZK_ROOT
@@ -27,9 +30,14 @@ OLD_CONTROLLER_EPOCH = 5  # what the previous format's coordinator stamped on ma
 PID, EPOCH = 7, 3  # the legacy id's producer
 
 
+@pytest.mark.parametrize("state_partitions", [1, 4])
 def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
-    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+    zk_chroot: ZooKeeperHarness,
+    broker_factory: BrokerFactory,
+    client_for: ClientFor,
+    state_partitions: int,
 ) -> None:
+    # With several state partitions each copies its share: the id lands in its own.
     zk = zk_chroot.client()
     zk.create(
         f"{ZK_ROOT}/controller_epoch",
@@ -43,7 +51,11 @@ def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
     legacy.put_transaction(meta, coordinator_epoch=OLD_CONTROLLER_EPOCH)
     legacy.close()
 
-    config = {**TEST_BROKER_CONFIG, "zookeeper.connect": zk_chroot.hosts}
+    config = {
+        **TEST_BROKER_CONFIG,
+        "zookeeper.connect": zk_chroot.hosts,
+        "transaction.state.log.num.partitions": state_partitions,
+    }
     brokers = [broker_factory({**config, "broker.id": i}, name=f"u{i}") for i in (1, 2, 3)]
     client = client_for(brokers[0])
     wait_until(lambda: len(client.refresh_metadata().brokers) == 3, "3 brokers registered")
@@ -76,12 +88,18 @@ def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
     offsets = client.list_offsets("up", 0)
     assert offsets["last_stable_offset"] == offsets["log_end_offset"]
     assert ids(client, "up", 0) == [0, 1, 10, 11]
-    coordinator = client.action(client.refresh_address(), Action.FIND_COORDINATOR, {})
+    find = {"transactional_id": "legacy-app"}
+    coordinator = client.action(client.refresh_address(), Action.FIND_COORDINATOR, find)
+    assert coordinator["state_partitions"] == state_partitions
+    home = state_partition_of("legacy-app", state_partitions)
+    assert coordinator["state_partition"] == home
     address = f"{coordinator['host']}:{coordinator['port']}"
     metrics = client.action(address, Action.METRICS, {})
-    assert metrics["transactions"]["coordinator_epoch"] > OLD_CONTROLLER_EPOCH
+    assert metrics["transactions"]["coordinator_epochs"][str(home)] > OLD_CONTROLLER_EPOCH
     logs = "".join(b.log_text() for b in brokers)
-    assert "upgraded the coordinator state of idemlog 0.1" in logs
+    upgraded = "upgraded the coordinator state of idemlog 0.1"
+    assert logs.count(upgraded) == 1  # only the id's own partition held a share
+    assert f"into {TXN_STATE_TOPIC}-{home}:" in logs
 
 
 def _port(client: BrokerClient, broker_id: int) -> int:

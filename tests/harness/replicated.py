@@ -31,6 +31,7 @@ from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched
 from broker_core.protocol.wire import Action
 from broker_core.record.batch import NO_LEADER_EPOCH, decode_header
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
@@ -43,7 +44,8 @@ ELECTION_S = 30.0  # the longest a test waits for an election
 
 class ReplicatedCluster:
     """Brokers ``1..count`` on ``zk``'s chroot, made by ``factory`` (which kills them at
-    teardown); ``extra`` broker keys for every broker."""
+    teardown); ``extra`` broker keys for every broker; ``tls``: the test's client's files
+    when ``extra`` sets security.protocol=SSL."""
 
     def __init__(
         self,
@@ -51,6 +53,7 @@ class ReplicatedCluster:
         factory: BrokerFactory,
         count: int = 3,
         extra: Mapping[str, object] | None = None,
+        tls: TlsMaterial = PLAINTEXT_MATERIAL,
     ) -> None:
         self.zk = zk
         self.factory = factory
@@ -69,7 +72,7 @@ class ReplicatedCluster:
                 {**self.config, "broker.id": broker_id}, name=f"b{broker_id}"
             )
         self.bootstrap = ",".join(b.address for b in self.brokers.values())
-        self.client = BrokerClient(self.bootstrap)
+        self.client = BrokerClient(self.bootstrap, tls=tls)  # the brokers' protocol
         wait_until(
             lambda: all(self._live_count(b) == count for b in self.brokers.values()),
             f"all {count} brokers registered",

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from spark_sink.embedded import ensure_broker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,11 +90,16 @@ class ReadBack:
 
 
 def read_back(
-    store: str, topic: str, *, isolation: str = "read_committed", brokers: str | None = None
+    store: str,
+    topic: str,
+    *,
+    isolation: str = "read_committed",
+    brokers: str | None = None,
+    tls: TlsMaterial = PLAINTEXT_MATERIAL,
 ) -> ReadBack:
     """The topic as the embedded broker of ``store`` serves it, or the cluster at
-    ``brokers`` (a bootstrap list)."""
-    with BrokerClient(brokers or ensure_broker(store), timeout_s=60.0) as client:
+    ``brokers`` (a bootstrap list, reached under ``tls``)."""
+    with BrokerClient(brokers or ensure_broker(store), timeout_s=60.0, tls=tls) as client:
         (doc,) = client.describe_topics([topic])
         count = len(doc["partitions"])
         tables = {p: client.read_table(topic, p, isolation=isolation) for p in range(count)}
@@ -109,12 +115,17 @@ def transaction_metrics(store: str) -> dict[str, Any]:
 
 
 def assert_one_copy(
-    store: str, topic: str, expected_ids: Sequence[int], *, brokers: str | None = None
+    store: str,
+    topic: str,
+    expected_ids: Sequence[int],
+    *,
+    brokers: str | None = None,
+    tls: TlsMaterial = PLAINTEXT_MATERIAL,
 ) -> ReadBack:
     """Every expected id exactly once, nothing else; each key in one partition with its
     ids increasing in offset order; the last stable offset not stuck behind the log end.
     Read from the embedded broker of ``store``, or the cluster at ``brokers``."""
-    back = read_back(store, topic, brokers=brokers)
+    back = read_back(store, topic, brokers=brokers, tls=tls)
     ids = back.column("id")
     counts: dict[int, int] = defaultdict(int)
     for i in ids:

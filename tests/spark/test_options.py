@@ -95,3 +95,26 @@ def test_failpoints_need_a_marker_directory(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv(failpoints.ENV_DIR, raising=False)
     with pytest.raises(InvalidConfigError, match=failpoints.ENV_DIR):
         failpoints.hit("mid_write", 1, 0)
+
+
+def test_security_options_reach_every_link_and_ssl_needs_brokers() -> None:
+    keys = {
+        "topic": "t",
+        "brokers": "h:1",
+        "security.protocol": "SSL",
+        "ssl.ca.location": "/ca.pem",
+        "ssl.key.password": "pw-secret",
+    }
+    options = parse_options(keys, Scope.WRITE)
+    assert options.tls.encrypted and options.tls.ca_location == "/ca.pem"
+    assert "pw-secret" not in repr(options)  # kept out of logs that print the options
+    with pytest.raises(
+        InvalidConfigError, match=re.escape("'security.protocol'=SSL needs option 'brokers'")
+    ):
+        parse_options({"topic": "t", "security.protocol": "SSL"}, Scope.READ)
+    with pytest.raises(
+        InvalidConfigError, match=re.escape("the sink sets producer key 'ssl.ca.location'")
+    ):
+        parse_options({"topic": "t", "producer.ssl.ca.location": "/x"}, Scope.WRITE)
+    with pytest.raises(InvalidConfigError, match="not built yet"):
+        parse_options({"topic": "t", "brokers": "h:1", "security.protocol": "SASL_SSL"}, Scope.READ)

@@ -11,6 +11,7 @@ flight when the leadership moves.
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -115,6 +116,31 @@ def test_a_deposed_coordinator_cannot_time_a_transaction_out(tmp_path: Path) -> 
     assert b.coordinator.status is CoordinatorStatus.CLOSED
     assert not b.stable(P0)  # no abort marker
     assert b.stored("app").state is S.ONGOING
+
+
+def test_a_deposed_coordinators_timeout_pass_stops_at_its_first_refused_abort(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two ids past their timeout when the epoch has moved on: the first abort is refused
+    for the epoch and the pass ends there, saying so, instead of trying (and logging as
+    aborted) every other id on a coordinator that stood down (the host-cut variant of
+    issue 23's test 1, ``tests/cluster/test_coordinator_cut.py``, reads this line)."""
+    b, partition = _broker(tmp_path)
+    producers = [Producer(b, name).init(timeout_ms=1_000) for name in ("app-a", "app-b")]
+    for p in producers:
+        p.send(P0, range(5))
+    partition.apply(PartitionState((1, 2), 1, EPOCH + 1, (1,)))
+    end_before = partition.log.log_end_offset
+    b.clock.advance(1_001)
+    with caplog.at_level(logging.INFO, logger="idemlog.txn"):
+        assert b.coordinator.abort_timed_out() == []
+    tried = [r for r in caplog.records if "aborted by the coordinator" in r.getMessage()]
+    stopped = [r for r in caplog.records if "timeout pass stopped" in r.getMessage()]
+    assert len(tried) == 1 and len(stopped) == 1, caplog.text
+    assert "was refused" in stopped[0].getMessage() and stopped[0].levelno == logging.WARNING
+    assert partition.log.log_end_offset == end_before
+    assert b.coordinator.status is CoordinatorStatus.CLOSED
+    assert [b.stored(n).state for n in ("app-a", "app-b")] == [S.ONGOING, S.ONGOING]
 
 
 def test_the_next_leaders_coordinator_loads_the_state_and_goes_on(tmp_path: Path) -> None:

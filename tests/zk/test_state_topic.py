@@ -58,7 +58,7 @@ def test_created_once_replicated_and_compacted(brokers: Callable[..., SimBroker]
     assert len(made) == 4  # every racer got the one topic
     assert all(a == made[0] for a in made)
     topic = made[0]
-    assert list(topic.partitions) == [0]  # transaction.state.log.num.partitions default
+    assert list(topic.partitions) == list(range(8))  # transaction.state.log.num.partitions default
     state = topic.states[0]
     assert len(state.replicas) == 3 and state.leader in state.replicas  # min(3, brokers)
     assert topic.config["min.insync.replicas"] == "2"
@@ -69,9 +69,9 @@ def test_created_once_replicated_and_compacted(brokers: Callable[..., SimBroker]
     assert group[0].client.get_children(f"{ROOT}/topics") == [TXN_STATE_TOPIC]
 
 
-def _ensure_or_none(member: SimBroker) -> TopicAssignment | None:
+def _ensure_or_none(member: SimBroker, config: BrokerConfig = CONFIG) -> TopicAssignment | None:
     try:
-        return ensure_state_topic(member.cluster, CONFIG)
+        return ensure_state_topic(member.cluster, config)
     except CoordinatorNotAvailableError:
         return None
 
@@ -93,9 +93,26 @@ def test_a_replication_factor_above_the_live_brokers_is_refused(
     assert only.client.get_children(f"{ROOT}/topics") == []  # nothing partial
 
 
-def test_more_than_one_state_partition_is_refused_naming_the_key() -> None:
-    with pytest.raises(InvalidConfigError, match=r"transaction\.state\.log\.num\.partitions=2"):
-        BrokerConfig.from_mapping({"transaction.state.log.num.partitions": 2})
+def test_an_existing_state_topic_keeps_its_partition_count(
+    brokers: Callable[..., SimBroker],
+) -> None:
+    # Fixed at creation, like Kafka's: a broker started later with another setting finds
+    # the topic and keeps its count, so no id moves to another coordinator.
+    group = [brokers(i) for i in (1, 2, 3)]
+    wait_until(lambda: all(len(b.cluster.brokers()) == 3 for b in group), "3 brokers registered")
+    four = BrokerConfig.from_mapping({"transaction.state.log.num.partitions": 4})
+    created = ensure_state_topic(group[0].cluster, four)
+    assert len(created.partitions) == 4
+    for setting in (1, 8, 50):
+        other = BrokerConfig.from_mapping({"transaction.state.log.num.partitions": setting})
+        again = wait_until(lambda c=other: _ensure_or_none(group[2], c), "the state topic visible")
+        assert len(again.partitions) == 4
+        assert all(
+            state_partition_of(k, len(again.partitions)) == state_partition_of(k, 4)
+            for k in ("orders", "s-1/3", "app-7")
+        )
+    with pytest.raises(InvalidConfigError, match=r"transaction\.state\.log\.num\.partitions"):
+        BrokerConfig.from_mapping({"transaction.state.log.num.partitions": 1001})
 
 
 def test_a_sink_tasks_id_maps_to_its_sinks_partition() -> None:

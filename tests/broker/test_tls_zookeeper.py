@@ -1,0 +1,88 @@
+"""A broker's ZooKeeper session over TLS: a real ZooKeeper serving its secureClientPort
+with ``ssl.clientAuth=need`` (``tests.harness.tls.SecureZooKeeperServer``), brokers with
+``zookeeper.ssl.*`` (docs/security.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from broker_core.client.broker_client import BrokerClient
+from tests.broker.helpers import TEST_BROKER_CONFIG
+from tests.harness.broker import BrokerFactory
+from tests.harness.tls import SecureZooKeeperServer, TlsCerts
+
+pytestmark = pytest.mark.zookeeper  # a real ZooKeeper, without the zk_server fixture
+
+
+@pytest.fixture
+def secure_zk(tmp_path: Path, tls_certs: TlsCerts) -> Iterator[SecureZooKeeperServer]:
+    server = SecureZooKeeperServer(tmp_path / "zk", tls_certs)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _config(zk: SecureZooKeeperServer, certs: TlsCerts, **extra: object) -> dict[str, object]:
+    return {
+        **TEST_BROKER_CONFIG,
+        "broker.id": 1,
+        "zookeeper.connect": f"{zk.secure_address}/tls",
+        "zookeeper.session.timeout.ms": 4000,
+        "zookeeper.ssl.client.enable": "true",
+        "zookeeper.ssl.ca.location": str(certs.ca),
+        "zookeeper.ssl.certificate.location": str(certs.broker.cert),
+        "zookeeper.ssl.key.location": str(certs.broker.key),
+        **extra,
+    }
+
+
+def test_a_broker_registers_and_serves_over_a_tls_zookeeper_session(
+    secure_zk: SecureZooKeeperServer, broker_factory: BrokerFactory, tls_certs: TlsCerts
+) -> None:
+    broker = broker_factory(_config(secure_zk, tls_certs), name="zk-tls")
+    with BrokerClient(broker.address) as client:
+        assert client.create_topic("over-tls", 1) == [1]
+    # What it wrote is in ZooKeeper, read back over TLS with a client certificate.
+    reader = KazooClient(
+        hosts=f"{secure_zk.secure_address}/tls",
+        use_ssl=True,
+        ca=str(tls_certs.ca),
+        certfile=str(tls_certs.client.cert),
+        keyfile=str(tls_certs.client.key),
+        check_hostname=True,
+    )
+    reader.start(timeout=10)
+    try:
+        assert reader.get_children("/idemlog/brokers/ids") == ["1"]
+        assert "over-tls" in reader.get_children("/idemlog/topics")
+    finally:
+        reader.stop()
+        reader.close()
+
+
+def test_a_plaintext_session_to_the_secure_port_and_a_missing_key_are_refused(
+    secure_zk: SecureZooKeeperServer, broker_factory: BrokerFactory, tls_certs: TlsCerts
+) -> None:
+    plain = broker_factory(
+        _config(secure_zk, tls_certs, **{"zookeeper.ssl.client.enable": "false"}),
+        name="zk-plain",
+        start=False,
+    )
+    plain.spawn()
+    assert plain.wait_exit(timeout=60) != 0
+    assert "LISTENING" not in plain.log_text()
+    missing = tls_certs.ca.parent / "absent.key"
+    broken = broker_factory(
+        _config(secure_zk, tls_certs, **{"zookeeper.ssl.key.location": str(missing)}),
+        name="zk-missing",
+        start=False,
+    )
+    broken.spawn()
+    assert broken.wait_exit() != 0
+    assert f"zookeeper.ssl.key.location={str(missing)!r}: cannot read it" in broken.log_text()
