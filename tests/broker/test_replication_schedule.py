@@ -67,6 +67,7 @@ from tests.harness.zookeeper import ZooKeeperHarness
 
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_STEPS = 8
+STATE_PARTITIONS = 4
 
 
 def _seeds() -> list[int]:
@@ -78,7 +79,10 @@ def _seeds() -> list[int]:
 def cluster(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
 ) -> Iterator[ReplicatedCluster]:
-    cluster = ReplicatedCluster(zk_chroot, broker_factory)
+    # Several state partitions: the sink's coordinator is the leader of its key's one
+    # (found by key), the transactional producer's may be another broker's.
+    extra = {"transaction.state.log.num.partitions": STATE_PARTITIONS}
+    cluster = ReplicatedCluster(zk_chroot, broker_factory, extra=extra)
     try:
         yield cluster
     finally:
