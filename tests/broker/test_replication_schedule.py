@@ -13,8 +13,9 @@ while it truncates and catches up, restart); SIGSTOP for less than the ZooKeeper
 zombie); the producer's link to a leader cut through a TCP proxy. Each fault hits a
 partition's leader or follower, the controller, or the sink's transaction coordinator (the
 leader of its ``__transaction_state`` partition -- four of them here -- found with
-``find_coordinator`` and the sink's key); every plan kills, freezes (past the session: deposed, then resumed) or cuts
-off the coordinator (every client's link to it) at least once, while a sink
+``find_coordinator`` and the sink's key); every plan kills, freezes (past the session:
+deposed, then resumed) or cuts off the coordinator (every client's link to it) at least
+once, while a sink
 (``tests/harness/sink_chaos.py``: each task's InitProducerId, rows and prepare, then the
 driver's ``commit_sink_batch``, a commit failed for good re-run by a new run, a seeded
 5 % of the drivers dying right after sending their commit) and a
