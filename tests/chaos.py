@@ -3,9 +3,12 @@
     python -m tests.chaos --seeds 100 [--first 1] [--steps 8]
 
 Runs the seeded schedule of ``tests/broker/test_replication_schedule.py`` (kills, clean
-stops, pauses shorter and longer than the session, cut links, over three replicating
-brokers and a real ZooKeeper) for seeds ``first .. first + seeds - 1``, one pytest run per
-seed so that one seed's failure never hides the next, and ends with one line::
+stops, pauses shorter and longer than the session, cut links, aimed at data partitions'
+leaders and followers, the controller and the sink's transaction coordinator, over three
+replicating brokers and a real ZooKeeper, with an idempotent producer, a sink and a
+plain transactional producer writing; the sink's invariants checked too) for seeds
+``first .. first + seeds - 1``, one pytest run per seed so that one seed's failure never
+hides the next, and ends with one line::
 
     chaos seeds=N failed=F passed=P seconds=S failed_seeds=a,b,...
 

@@ -88,7 +88,12 @@ def broker_start(args: argparse.Namespace) -> int:
         os.close(args.ready_fd)
     while not received:  # one sent during the start is pending: at once
         taken = signal.sigtimedwait(stop_signals, _STOP_POLL_S)
-        if taken is not None:
+        # Only a stop signal counts: CPython (3.11) returns an unfilled siginfo, not None,
+        # when the wait is interrupted (EINTR) after its deadline -- as the SIGCONT that
+        # resumes a broker stopped across the deadline does -- and its garbage number
+        # once ended a resumed broker's main thread (ValueError) while its other threads
+        # went on serving.
+        if taken is not None and taken.si_signo in stop_signals:
             received.append(taken.si_signo)
     logging.getLogger("idemlog.broker").info(
         "received %s, shutting down", signal.Signals(received[0]).name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,7 @@ from broker_core.client.produce_stream import ProduceHandle
 from broker_core.errors import IdemlogError, NetworkError, ProducerFencedError
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.schedule import paused
 from tests.harness.waiting import wait_until
 
 ClientFor = Callable[..., BrokerClient]
@@ -206,3 +208,26 @@ def test_sigterm_writes_snapshots_and_restart_replays_nothing(
     broker.restart()
     assert "snap-0: opened after a crash" in _log_of_start(broker, 3)
     assert ids(client, "snap", 0) == list(range(20))
+
+
+def test_a_broker_stopped_across_its_signal_wait_resumes_and_still_stops_cleanly(
+    broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    """SIGSTOP for longer than the main thread's 1 s wait for a stop signal, then SIGCONT:
+    the wait returns interrupted past its deadline, for which CPython hands back an
+    unfilled siginfo (found by the seeded schedule: a resumed broker's main thread died
+    on a garbage signal number while its other threads went on). The broker goes on
+    serving, and a SIGTERM afterwards still stops it cleanly."""
+    broker = broker_factory(TEST_BROKER_CONFIG)
+    client = client_for(broker)
+    client.create_topic("resumed", 1)
+    for i in range(3):  # each resume lands anywhere in a wait: three chances to hit one
+        with paused(broker):
+            time.sleep(1.5)  # the fault's duration: past the wait's 1 s deadline
+        with client.produce_stream("resumed", 0) as stream:
+            assert stream.send(rows(5, start=5 * i)).result(10).ok
+    assert ids(client, "resumed", isolation="read_uncommitted") == list(range(15))
+    assert broker.running
+    assert "Traceback" not in broker.log_text(), broker.log_tail(30)
+    assert broker.stop(timeout=20) == 0
+    assert "received SIGTERM, shutting down" in broker.log_text()

@@ -10,7 +10,16 @@ The faults: SIGKILL and a restart after a random downtime; a clean stop (SIGTERM
 leadership moved away first) and a restart; a crash loop (SIGKILL, restart, SIGKILL again
 while it truncates and catches up, restart); SIGSTOP for less than the ZooKeeper session
 (the ISR may shrink); SIGSTOP for longer (a frozen leader is replaced and wakes up as a
-zombie); the producer's link to a leader cut through a TCP proxy. At most one broker is
+zombie); the producer's link to a leader cut through a TCP proxy. Each fault hits a
+partition's leader or follower, the controller, or the sink's transaction coordinator (the
+leader of its ``__transaction_state`` partition -- four of them here -- found with
+``find_coordinator`` and the sink's key); every plan kills, freezes (past the session:
+deposed, then resumed) or cuts off the coordinator (every client's link to it) at least
+once, while a sink
+(``tests/harness/sink_chaos.py``: each task's InitProducerId, rows and prepare, then the
+driver's ``commit_sink_batch``, a commit failed for good re-run by a new run, a seeded
+5 % of the drivers dying right after sending their commit) and a
+plain transactional producer (commits and aborts) write a second topic. At most one broker is
 down at a time and each fault waits until every replica is back in the ISR, so a
 partition always has a live in-sync replica to elect (unclean elections are out of
 scope).
@@ -20,7 +29,15 @@ Checked after every step and at quiescence: (1) every acknowledged id read back
 acknowledgement gave, no id twice, none never sent; (2) the in-sync replicas' batches below
 the leader's high watermark identical to the leader's (segment files of running brokers);
 (3) after a clean stop of all, the same log bytes, newest producer-state snapshot and
-epochs on every replica. Each run asserts its faults happened: an election for every
+epochs on every replica (both topics); (4) right after each fault ends and after each
+step, read_committed below the readers' cut (``readable_offsets``) holds every sink batch
+whole or not at all; after every step the next sink batches and transactions commit and
+the sink topic's last stable offsets reach their log end, and
+at the end (read_committed) every sink batch whose commit returned is whole and once, no
+batch is in part or twice, a failed batch's rows appear only as its re-run's, every
+committed transaction is whole and no transaction never asked to commit shows. Each run
+asserts its faults happened: a new coordinator at a higher leader epoch of its state
+partition for every kill, stop or long pause of the coordinator, an election for every
 fault that took a leader away, a new controller for every one that took the controller
 away, every killed or stopped broker restarted and back in the ISR, producer traffic
 through a cut link before the cut and after it healed, at least one leader change.
@@ -39,11 +56,19 @@ import pytest
 
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
-from tests.harness.schedule import LEADER, TAKES_A_LEADER_AWAY, ScheduleRun, plan
+from tests.harness.schedule import (
+    COORDINATOR,
+    COORDINATOR_KINDS,
+    LEADER,
+    TAKES_A_LEADER_AWAY,
+    plan,
+)
+from tests.harness.schedule_run import ScheduleRun
 from tests.harness.zookeeper import ZooKeeperHarness
 
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_STEPS = 8
+STATE_PARTITIONS = 4
 
 
 def _seeds() -> list[int]:
@@ -55,7 +80,10 @@ def _seeds() -> list[int]:
 def cluster(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
 ) -> Iterator[ReplicatedCluster]:
-    cluster = ReplicatedCluster(zk_chroot, broker_factory)
+    # Several state partitions: the sink's coordinator is the leader of its key's one
+    # (found by key), the transactional producer's may be another broker's.
+    extra = {"transaction.state.log.num.partitions": STATE_PARTITIONS}
+    cluster = ReplicatedCluster(zk_chroot, broker_factory, extra=extra)
     try:
         yield cluster
     finally:
@@ -67,9 +95,11 @@ def cluster(
 def test_randomized_fault_schedule_keeps_the_invariants(
     cluster: ReplicatedCluster, seed: int
 ) -> None:
-    """One seeded schedule of faults under a steady acks=all idempotent producer: no
-    acknowledged id lost or doubled, in-sync replicas equal below the high watermark, and
-    equal logs and producer state on every replica at quiescence."""
+    """One seeded schedule of faults under a steady acks=all idempotent producer, a sink
+    and a transactional producer: no acknowledged id lost or doubled, in-sync replicas
+    equal below the high watermark, every committed sink batch and transaction whole and
+    once and nothing else visible, no partition held back, and equal logs and producer
+    state on every replica at quiescence."""
     steps = int(os.environ.get("IDEMLOG_SCHEDULE_STEPS", DEFAULT_STEPS))
     run = ScheduleRun(cluster, seed, steps)
     run.run()
@@ -77,10 +107,16 @@ def test_randomized_fault_schedule_keeps_the_invariants(
 
 
 def test_a_seed_names_one_schedule() -> None:
-    """The plan is a function of the seed alone (a failing seed replays), and every plan
-    takes a leader away at least once."""
+    """The plan is a function of the seed alone (a failing seed replays), every plan
+    takes a leader away at least once and kills, freezes or cuts off the coordinator at
+    least once; over the seeds, each of those three hits the coordinator."""
+    kinds = set()
     for seed in range(50):
         faults = plan(seed, DEFAULT_STEPS, 2)
         assert faults == plan(seed, DEFAULT_STEPS, 2)
         assert any(f.role == LEADER and f.kind in TAKES_A_LEADER_AWAY for f in faults)
+        aimed = [f.kind for f in faults if f.role == COORDINATOR]
+        assert set(aimed) & set(COORDINATOR_KINDS), (seed, faults)
+        kinds |= set(aimed)
+    assert set(COORDINATOR_KINDS) <= kinds, kinds
     assert plan(1, DEFAULT_STEPS, 2) != plan(2, DEFAULT_STEPS, 2)

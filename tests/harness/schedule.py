@@ -2,15 +2,19 @@
 invariant checks run over it (issue 15, required test 5).
 
 * :func:`plan` turns a seed into a list of :class:`PlannedFault` (what to do -- kill,
-  clean stop, crash loop, short or long pause, cut of the producer's link -- to which
-  role: a partition's leader or follower, or the controller; for how long, and the gap
-  before it): everything random is drawn here, from ``random.Random(seed)``, so a seed
-  names one schedule. Only *which* broker holds a role is resolved when the step runs
-  (it depends on earlier elections).
-* :class:`SteadyProducer`: an idempotent ``acks=all`` producer sending a steady stream of
-  id ranges from a thread, recording which ids each acknowledged (or failed) send
-  carried; its connections (:class:`ProxiedConnections`) go through a :class:`TcpProxy`
-  per broker, so a fault can cut its link to one broker.
+  clean stop, crash loop, short or long pause, cut of the clients' links -- to which
+  role: a partition's leader or follower, the controller, or the sink's transaction
+  coordinator; for how long, and the gap before it): everything random is drawn here,
+  from ``random.Random(seed)``, so a seed names one schedule. Only *which* broker holds a
+  role is resolved when the step runs (it depends on earlier elections; the
+  coordinator's is ``find_coordinator`` of the sink's key: ``sink_chaos.coordinator_of``).
+* beside the producer, a steady sink and a plain transactional producer
+  (``tests/harness/sink_chaos.py``) write a second topic through the same proxied links;
+  their invariants (every committed batch and transaction whole and once, nothing else
+  visible, no partition held back) are checked after each step and at the end.
+* ``tests/harness/schedule_checks.py``: the steady idempotent producer, its proxied
+  links (a fault can cut them), and invariants 1-3 (below).
+* ``tests/harness/schedule_run.py``: :class:`ScheduleRun`, the run of one seed.
 * :class:`StateMonitor`: a thread polling the partition states, recording every change of
   leader, epoch or ISR with its time, so the report says which elections each step caused.
 * Invariant checks:
@@ -34,34 +38,26 @@ live ISR member to elect; unclean elections are out of scope.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import random
 import signal
 import subprocess
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.flight as flight
-
 from broker_core.client.broker_client import BrokerClient
-from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
-from broker_core.protocol.wire import Action
-from broker_core.record.batch import decode_header, verify_crc
-from spark_sink.producer import Producer, SendResult
+from broker_core.txn.state_topic import TXN_STATE_TOPIC
 from tests.harness.broker import BrokerProcess
-from tests.harness.replicated import SESSION_MS, ReplicatedCluster
-from tests.harness.tcp_proxy import TcpProxy
-from tests.harness.waiting import WaitTimeout, wait_until
+from tests.harness.replicated import SESSION_MS
+from tests.harness.sink_chaos import (
+    Coordinator,
+)
+from tests.harness.waiting import wait_until
 
 # -- the plan ------------------------------------------------------------------------------
 
@@ -87,13 +83,21 @@ LEADER = "leader"
 FOLLOWER = "follower"
 SEGMENT_BYTES = 512 * 1024
 CONTROLLER = "controller"  # the controller broker (it may also lead or follow)
+# The coordinator of the sink's ids: the leader of their __transaction_state partition,
+# found with find_coordinator(key) when the step runs (sink_chaos.coordinator_of). Any
+# kind may hit it; a CUT cuts every client's link to it (the sink's, the transactional
+# and the idempotent producer's), never the brokers' links to each other.
+COORDINATOR = "coordinator"
 TAKES_A_LEADER_AWAY = (KILL, STOP, LONG_PAUSE, CRASH_LOOP)
+# Every plan has one of these aimed at the coordinator: killed, frozen past its session
+# (deposed, then resumed), or cut off from its clients.
+COORDINATOR_KINDS = (KILL, LONG_PAUSE, CUT)
 
 
 @dataclass(frozen=True)
 class PlannedFault:
     kind: str
-    role: str  # LEADER or FOLLOWER of `partition`, or CONTROLLER
+    role: str  # LEADER or FOLLOWER of `partition`, or CONTROLLER, or COORDINATOR
     partition: int
     follower_index: int  # which follower (0 or 1, in replica order) when role is FOLLOWER
     duration_s: float  # down or paused for this long
@@ -103,6 +107,8 @@ class PlannedFault:
     def describe(self) -> str:
         if self.role == CONTROLLER:
             who = "the controller"
+        elif self.role == COORDINATOR:
+            who = "the sink's coordinator"
         else:
             who = self.role if self.role == LEADER else f"follower#{self.follower_index}"
             who = f"{who} of p{self.partition}"
@@ -112,15 +118,24 @@ class PlannedFault:
 
 def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
     """The schedule of ``seed``: ``steps`` faults, at least one of which takes a leader
-    away (a kill, a clean stop or a long pause of a leader), so every run elects."""
+    away (a kill, a clean stop or a long pause of a leader), so every run elects, and
+    (with two steps or more) another that kills, freezes or cuts off the coordinator."""
     rng = random.Random(seed)
     faults: list[PlannedFault] = []
     for _ in range(steps):
         kind = rng.choices(KINDS, _WEIGHTS)[0]
         draw = rng.random()
-        role = LEADER if draw < 0.45 else FOLLOWER if draw < 0.85 else CONTROLLER
-        if kind == CUT:
-            role = LEADER  # the producer talks to leaders only
+        role = (
+            LEADER
+            if draw < 0.35
+            else FOLLOWER
+            if draw < 0.65
+            else CONTROLLER
+            if draw < 0.75
+            else COORDINATOR
+        )
+        if kind == CUT and role != COORDINATOR:
+            role = LEADER  # the producers talk to leaders (and to the coordinator) only
         low, high = {
             KILL: _DOWN_S,
             STOP: _DOWN_S,
@@ -145,6 +160,19 @@ def plan(seed: int, steps: int, partitions: int) -> list[PlannedFault]:
         faults[i] = PlannedFault(
             KILL, LEADER, faults[i].partition, 0, faults[i].duration_s, faults[i].gap_s
         )
+    if steps > 1 and not any(f.role == COORDINATOR and f.kind in COORDINATOR_KINDS for f in faults):
+        # Never the step that guarantees an election of a data partition's leader.
+        free = [
+            i
+            for i, f in enumerate(faults)
+            if not (f.role == LEADER and f.kind in TAKES_A_LEADER_AWAY)
+        ] or list(range(1, steps))
+        i = rng.choice(free)
+        kind = rng.choice(COORDINATOR_KINDS)
+        low, high = {KILL: _DOWN_S, LONG_PAUSE: _LONG_PAUSE_S, CUT: _CUT_S}[kind]
+        faults[i] = PlannedFault(
+            kind, COORDINATOR, 0, 0, round(rng.uniform(low, high), 3), faults[i].gap_s
+        )
     return faults
 
 
@@ -164,6 +192,8 @@ class StepRecord:
     after: dict[int, PartitionState] = field(default_factory=dict)
     controller_before: int | None = None
     controller_after: int | None = None
+    coordinator_before: Coordinator | None = None  # of the sink's key
+    coordinator_after: Coordinator | None = None
     changes: list[str] = field(default_factory=list)  # from the StateMonitor
     notes: list[str] = field(default_factory=list)
 
@@ -187,6 +217,12 @@ class StepRecord:
         lines += [f"    election {e}" for e in self.elections()] or ["    no election"]
         if self.controller_after != self.controller_before:
             lines.append(f"    controller {self.controller_before} -> {self.controller_after}")
+        old, new = self.coordinator_before, self.coordinator_after
+        if old is not None and new is not None and old != new:
+            lines.append(
+                f"    coordinator ({TXN_STATE_TOPIC}-{new.partition}) broker "
+                f"{old.broker}@{old.leader_epoch} -> {new.broker}@{new.leader_epoch}"
+            )
         lines += [f"    seen {c}" for c in self.changes]
         lines += [f"    note {n}" for n in self.notes]
         return "\n".join(lines)
@@ -241,356 +277,6 @@ class StateMonitor:
         self._stop.set()
         self._thread.join(5)
         self._client.close()
-
-
-# -- the producer -------------------------------------------------------------------------
-
-
-class ProxiedConnections(FlightConnections):
-    """The producer's connection cache, with a :class:`TcpProxy` in front of each broker:
-    every connection to a broker's address goes through its proxy, so :meth:`cut` can
-    sever the producer's link to one broker (the proxy closed: open connections reset,
-    new ones refused) while the brokers and the test's own client still reach it, and
-    :meth:`heal` puts a new proxy in its place."""
-
-    def __init__(self, targets: list[str]) -> None:
-        super().__init__()
-        self._map_lock = threading.Lock()
-        self.proxies = {t: TcpProxy(t) for t in targets}
-        self.cut_links: dict[str, TcpProxy] = {}  # the closed proxy of each cut link
-
-    def get(self, address: str) -> flight.FlightClient:
-        with self._map_lock:
-            proxy = self.proxies[address].address
-        with self._lock:
-            client = self._clients.get(address)
-            if client is None:
-                client = flight.connect(f"grpc://{proxy}")
-                self._clients[address] = client
-            return client
-
-    def cut(self, address: str) -> TcpProxy:
-        """Close ``address``'s proxy; returns it (its counters say what went through)."""
-        with self._map_lock:
-            proxy = self.proxies[address]
-            self.cut_links[address] = proxy
-        proxy.close()
-        return proxy
-
-    def heal(self, address: str) -> TcpProxy:
-        """A new proxy for ``address``; the cached channel to the old one is dropped."""
-        with self._map_lock:
-            proxy = self.proxies[address] = TcpProxy(address)
-            self.cut_links.pop(address, None)
-        self.reset(address)
-        return proxy
-
-    def close(self) -> None:
-        super().close()
-        with self._map_lock:
-            proxies = list(self.proxies.values())
-        for proxy in proxies:
-            proxy.close()
-
-
-def id_table(start: int, n: int) -> pa.Table:
-    ids = np.arange(start, start + n, dtype=np.int64)
-    return pa.table({"id": ids, "key": ids % 97, "value": ids.astype(np.float64)})
-
-
-class SteadyProducer:
-    """An idempotent acks=all producer sending ``rows`` ids every ``interval_s`` (a
-    steady stream, not a flood) from a thread, split over the partitions by key; records
-    which ids each acknowledged send carried, and each failed send."""
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        rows: int = 100,
-        interval_s: float = 0.01,
-        connections: FlightConnections | None = None,
-    ) -> None:
-        self.topic = topic
-        self.rows = rows
-        self.interval_s = interval_s
-        self.producer = Producer(
-            bootstrap,
-            acks="all",
-            linger_ms=10,
-            batch_size=64 * 1024,  # the test brokers' max.request.bytes is 256 KiB
-            retry_backoff_ms=20,
-            # Above the broker's acks=all wait (2 x replica.lag.time.max.ms + 5 s).
-            request_timeout_ms=15_000,
-            delivery_timeout_ms=300_000,
-            connections=connections,
-        )
-        self._lock = threading.Lock()
-        self._acked: dict[int, SendResult] = {}  # first id of an acknowledged send -> result
-        self.failed: list[tuple[int, BaseException]] = []
-        self.sent = 0  # ids 0..sent-1 were (or are being) handed to send()
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="steady-producer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                start = self.sent
-                # Counted before send(): its ids may be read back before it returns.
-                self.sent = start + self.rows
-                future = self.producer.send(self.topic, id_table(start, self.rows), key="key")
-                future.add_done_callback(functools.partial(self._done, start))
-                self._stop.wait(self.interval_s)
-        except BaseException as exc:  # reported by stop()
-            self._error = exc
-
-    def _done(self, start: int, future: Future[SendResult]) -> None:
-        error = future.exception()
-        with self._lock:
-            if error is None:
-                self._acked[start] = future.result()
-            else:
-                self.failed.append((start, error))
-
-    @property
-    def acked_count(self) -> int:
-        with self._lock:
-            return len(self._acked) * self.rows
-
-    def acked_results(self) -> dict[int, SendResult]:
-        """First id of each acknowledged send -> its result (the offsets per partition)."""
-        with self._lock:
-            return dict(self._acked)
-
-    def acked_ids(self) -> set[int]:
-        with self._lock:
-            starts = list(self._acked)
-        return {i for s in starts for i in range(s, s + self.rows)}
-
-    def wait_progress(self, more: int, what: str, timeout: float = 30.0) -> None:
-        """Wait until ``more`` ids beyond those acknowledged now are acknowledged."""
-        target = self.acked_count + more
-        self.check_alive()
-        wait_until(lambda: self.acked_count >= target, what, timeout=timeout)
-
-    def check_alive(self) -> None:
-        if self._error is not None:
-            raise AssertionError(f"the producer thread died: {self._error!r}")
-        assert not self.failed, f"sends failed: {self.failed[:3]}"
-
-    def stop(self) -> None:
-        """Stop sending, flush (every send then acknowledged or failed) and close."""
-        self._stop.set()
-        self._thread.join(30)
-        try:
-            self.producer.flush(120)
-        finally:
-            self.producer.close()
-        self.check_alive()
-
-
-# -- invariant 1: acknowledged => present once ---------------------------------------------
-
-
-def read_rows(
-    client: BrokerClient, topic: str, partitions: int, timeout: float = 30.0
-) -> dict[tuple[int, int], int]:
-    """Every committed row of the topic as the current leaders serve it (read_committed):
-    (partition, offset) -> id. A leader change during the read refreshes the metadata and
-    reads again, for up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            rows: dict[tuple[int, int], int] = {}
-            for p in range(partitions):
-                for meta, batch in client.fetch(topic, p, isolation="read_committed"):
-                    for i, id_ in enumerate(batch.column("id").to_pylist()):
-                        rows[(p, meta.base_offset + i)] = id_
-            return rows
-        except IdemlogError:
-            if time.monotonic() > deadline:
-                raise
-            with contextlib.suppress(IdemlogError):
-                client.refresh_metadata()
-            time.sleep(0.1)  # a retry's backoff: the election signals nothing here
-
-
-def read_ids(client: BrokerClient, topic: str, partitions: int) -> list[int]:
-    """Every committed id of the topic, partition by partition, in offset order."""
-    return list(read_rows(client, topic, partitions).values())
-
-
-@dataclass
-class AckCheck:
-    ids: int  # ids read back
-    reads: int  # reads it took until every acknowledged id was there
-    duplicates: int  # acknowledged runs answered as duplicates, with the original offsets
-    blind_duplicates: int  # ... answered as duplicates without offsets (nothing to check)
-
-
-def check_acknowledged(
-    client: BrokerClient,
-    topic: str,
-    partitions: int,
-    acked: Mapping[int, SendResult],
-    rows: int,
-    sent: Callable[[], int],
-    timeout: float = 20.0,
-) -> AckCheck:
-    """Invariant 1 over the read-back: no id twice and none never sent (at once), and
-    every id of ``acked`` (send's first id -> its result, acknowledged before this call;
-    each send carried ``rows`` ids) present, waiting up to ``timeout`` for a new leader's
-    high watermark; then each acknowledged run of offsets holds ids of its own send
-    (the offsets a retry answered as a duplicate are the original ones). ``sent()``: how
-    many ids were handed to the producer."""
-    reads = [0]
-    seen: list[dict[tuple[int, int], int]] = [{}]
-    expected = {i for start in acked for i in range(start, start + rows)}
-
-    def complete() -> bool:
-        at = read_rows(client, topic, partitions)
-        bound = sent()  # after the read: every id read had been handed to send() by then
-        reads[0] += 1
-        seen[0] = at
-        ids = list(at.values())
-        twice = [i for i, n in Counter(ids).items() if n > 1]
-        assert not twice, f"{len(twice)} ids read more than once, e.g. {sorted(twice)[:5]}"
-        stray = [i for i in ids if not 0 <= i < bound]
-        assert not stray, f"ids never sent read back: {stray[:5]}"
-        return not expected - set(ids)
-
-    def what() -> str:
-        missing = sorted(expected - set(seen[0].values()))
-        return (
-            f"all {len(expected)} acknowledged ids in the read-back: {len(missing)} missing, "
-            f"e.g. {missing[:5]}"
-        )
-
-    wait_until(complete, what, timeout=timeout, interval=0.2)
-    at, duplicates, blind = seen[0], 0, 0
-    for start, result in acked.items():
-        assert sum(m.num_rows for m in result) == rows, f"send {start}: {result}"
-        for m in result:
-            if m.base_offset < 0:  # DUPLICATE_SEQUENCE: written before, offsets unknown
-                assert m.duplicate, f"send {start}: {m}"
-                blind += 1
-                continue
-            duplicates += m.duplicate  # a retry answered with the original offsets: checked
-            assert m.last_offset - m.base_offset + 1 == m.num_rows, f"send {start}: {m}"
-            for offset in range(m.base_offset, m.last_offset + 1):
-                got = at.get((m.partition, offset))
-                assert got is not None and start <= got < start + rows, (
-                    f"the send of ids {start}..{start + rows - 1} was acknowledged at "
-                    f"{topic}-{m.partition} offsets {m.base_offset}..{m.last_offset}, but "
-                    f"offset {offset} holds id {got}"
-                )
-    return AckCheck(len(at), reads[0], duplicates, blind)
-
-
-# -- invariant 2: replicas agree below the high watermark ----------------------------------
-
-Batch = tuple[int, int, bytes]  # base offset, leader epoch, the batch's bytes
-
-
-def whole_batches_below(raw: bytes, bound: int) -> list[Batch]:
-    """The whole batches of a replica's segment bytes that end below ``bound`` (offsets),
-    CRC-checked; a running broker's torn or unwritten tail is not read."""
-    out: list[Batch] = []
-    position = 0
-    while position < len(raw):
-        try:
-            header = decode_header(raw, position)
-        except IdemlogError:
-            break  # a header still being written
-        end = position + header.size
-        if end > len(raw) or header.last_offset >= bound:
-            break
-        data = raw[position:end]
-        verify_crc(header, data)
-        out.append((header.base_offset, header.leader_epoch, data))
-        position = end
-    return out
-
-
-def _segments(directory: Path) -> bytes:
-    chunks = []
-    for path in sorted(directory.glob("*.log")):
-        with contextlib.suppress(FileNotFoundError):  # a truncation deleted it meanwhile
-            chunks.append(path.read_bytes())
-    return b"".join(chunks)
-
-
-@dataclass
-class AgreementSample:
-    partition: int
-    leader: int
-    epoch: int
-    high_watermark: int
-    compared: list[int]  # the in-sync brokers compared with the leader
-    batches: int
-
-
-def check_replicas_agree(
-    cluster: ReplicatedCluster, topic: str, partition: int
-) -> AgreementSample | None:
-    """Invariant 2, one sample: the leader's high watermark h, then the ISR as the leader
-    describes it (a follower still in it was in sync when h was read, or caught up with a
-    later, higher watermark); the whole batches below h of each running in-sync replica
-    must be the leader's. None when the leadership moved or a broker did not answer
-    during the sample (the caller samples again later)."""
-    try:
-        first = cluster.state(topic, partition)
-        leader = cluster.brokers[first.leader]
-        if not leader.running:
-            return None
-        hw = cluster.offsets(leader, topic, partition)["high_watermark"]
-        state = cluster.state(topic, partition, via=leader)
-    except (IdemlogError, KeyError):
-        return None
-    if state.leader != first.leader or state.leader_epoch != first.leader_epoch:
-        return None
-    reference = whole_batches_below(_segments(cluster.partition_dir(leader, topic, partition)), hw)
-    expected_end = reference[-1][0] if reference else -1
-    compared = []
-    for broker_id in state.isr:
-        broker = cluster.brokers[broker_id]
-        if broker_id == state.leader or not broker.running:
-            continue
-        mine = whole_batches_below(_segments(cluster.partition_dir(broker, topic, partition)), hw)
-        if mine != reference:
-            diff = _first_difference(reference, mine)
-            raise AssertionError(
-                f"{topic}-{partition}: in-sync replica {broker_id} differs from leader "
-                f"{state.leader} (epoch {state.leader_epoch}) below the high watermark {hw} "
-                f"(leader's last whole batch at {expected_end}): {diff}"
-            )
-        compared.append(broker_id)
-    return AgreementSample(
-        partition, state.leader, state.leader_epoch, hw, compared, len(reference)
-    )
-
-
-def _first_difference(reference: list[Batch], mine: list[Batch]) -> str:
-    for i, (a, b) in enumerate(zip(reference, mine, strict=False)):
-        if a != b:
-            return (
-                f"batch #{i}: leader has (offset {a[0]}, epoch {a[1]}, {len(a[2])} bytes), "
-                f"follower (offset {b[0]}, epoch {b[1]}, {len(b[2])} bytes)"
-            )
-    return f"leader has {len(reference)} whole batches below it, follower {len(mine)}"
-
-
-# -- invariant 3: at quiescence, after a clean stop ----------------------------------------
-
-
-def compare_stopped_replicas(cluster: ReplicatedCluster, topic: str, partitions: int) -> None:
-    """Stop every broker cleanly, then check that each partition's replicas came out
-    identical (``ReplicatedCluster.assert_stopped_replicas_identical``)."""
-    for broker in cluster.running():
-        clean_stop(broker)
-    cluster.assert_stopped_replicas_identical(topic, partitions)
 
 
 # -- faults -------------------------------------------------------------------------------
@@ -665,291 +351,3 @@ def paused(broker: BrokerProcess) -> Iterator[None]:
         yield
     finally:
         os.kill(broker.pid, signal.SIGCONT)
-
-
-# -- the run ------------------------------------------------------------------------------
-
-
-class ScheduleRun:
-    """Runs ``plan(seed, steps, partitions)`` over ``cluster`` with a
-    :class:`SteadyProducer` into a new topic (``replication.factor=3``), checking the
-    invariants after every step and at quiescence. :meth:`report` says what was done when
-    and what the cluster did; a failure carries it with the seed (``run`` raises an
-    AssertionError naming both)."""
-
-    def __init__(
-        self,
-        cluster: ReplicatedCluster,
-        seed: int,
-        steps: int,
-        topic: str = "chaos",
-        partitions: int = 2,
-    ) -> None:
-        self.cluster = cluster
-        self.seed = seed
-        self.topic = topic
-        self.partitions = partitions
-        self.faults = plan(seed, steps, partitions)
-        self.records: list[StepRecord] = []
-        self.samples: list[AgreementSample] = []
-        self.notes: list[str] = []
-        # Acknowledged runs answered as duplicates, with and without offsets, at the end.
-        self.duplicates = (0, 0)
-        self.t0 = time.monotonic()
-        self.producer: SteadyProducer | None = None
-        self._monitor: StateMonitor | None = None
-        self._links: ProxiedConnections | None = None
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def report(self) -> str:
-        lines = [f"schedule seed {self.seed}: {len(self.faults)} faults"]
-        lines += [f"  planned {i}: {f.describe()}" for i, f in enumerate(self.faults)]
-        lines += [r.describe() for r in self.records]
-        if self.producer is not None:
-            lines.append(
-                f"producer: {self.producer.sent} ids sent, {self.producer.acked_count} "
-                f"acknowledged, {len(self.producer.failed)} failed sends"
-            )
-            lines.append(
-                f"acknowledged runs answered as duplicates: {self.duplicates[0]} with the "
-                f"original offsets (checked), {self.duplicates[1]} without offsets"
-            )
-        compared = sum(len(s.compared) for s in self.samples)
-        lines.append(f"replica agreement: {len(self.samples)} samples, {compared} comparisons")
-        lines += [f"note {n}" for n in self.notes]
-        lines.append(
-            f"replay: IDEMLOG_SCHEDULE_SEEDS={self.seed} "
-            "pytest tests/broker/test_replication_schedule.py"
-        )
-        return "\n".join(lines)
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            raise AssertionError(
-                f"seed {self.seed} failed at {self.now():.2f}s: {exc!r}\n{self.report()}"
-            ) from exc
-        finally:
-            if self.producer is not None:
-                with contextlib.suppress(Exception):
-                    self.producer.producer.close(0)
-            if self._monitor is not None:
-                self._monitor.close()
-            if self._links is not None:
-                self._links.close()
-
-    def _run(self) -> None:
-        cluster, topic = self.cluster, self.topic
-        # Small segments: rolls, snapshots and truncations across segment files.
-        cluster.create_topic(
-            topic,
-            self.partitions,
-            replication_factor=3,
-            segment_bytes=SEGMENT_BYTES,
-            max_message_bytes=SEGMENT_BYTES // 2,
-        )
-        self._monitor = StateMonitor(cluster.bootstrap, topic, self.partitions, self.t0)
-        self._links = ProxiedConnections([b.address for b in cluster.brokers.values()])
-        self.producer = producer = SteadyProducer(cluster.bootstrap, topic, connections=self._links)
-        producer.wait_progress(2_000, "the producer to get going")
-        for index, fault in enumerate(self.faults):
-            self._step(index, fault)
-        # Quiescence: every send answered, every replica in sync.
-        producer.stop()
-        # The producer leaves its (shared) connections open: closing the proxies ends its
-        # streams, so the clean stops below need not wait out the brokers' shutdown grace.
-        assert self._links is not None
-        self._links.close()
-        for p in range(self.partitions):
-            cluster.wait_in_sync(topic, p)
-        sent = set(range(producer.sent))
-        assert producer.acked_ids() == sent, "a send neither failed nor was acknowledged"
-        final = check_acknowledged(
-            cluster.client,
-            topic,
-            self.partitions,
-            producer.acked_results(),
-            producer.rows,
-            lambda: producer.sent,
-        )
-        self.duplicates = (final.duplicates, final.blind_duplicates)
-        ids = read_ids(cluster.client, topic, self.partitions)
-        assert len(ids) == len(set(ids)) and set(ids) == sent, "not every id exactly once"
-        for p in range(self.partitions):
-            sample = check_replicas_agree(cluster, topic, p)
-            assert sample is not None and len(sample.compared) == 2, sample
-            self.samples.append(sample)
-        self.notes.append(f"quiescence at {self.now():.2f}s: {len(ids)} ids read back once")
-        self._assert_faults_happened()
-        compare_stopped_replicas(cluster, topic, self.partitions)
-        self.notes.append(f"replicas identical after a clean stop at {self.now():.2f}s")
-
-    def _assert_faults_happened(self) -> None:
-        elections = [e for r in self.records for e in r.elections()]
-        assert elections, "no leader changed over the whole run"
-        for record in self.records:
-            fault = record.fault
-            if fault.role == LEADER and fault.kind in TAKES_A_LEADER_AWAY:
-                old = record.before[fault.partition]
-                new = record.after[fault.partition]
-                assert new.leader_epoch > old.leader_epoch, (
-                    f"step {record.index}: {fault.kind} of leader {record.broker} of "
-                    f"p{fault.partition} elected no one: {old} -> {new}"
-                )
-            if fault.kind in (KILL, STOP, CRASH_LOOP):
-                starts = self.cluster.brokers[record.broker].starts
-                assert starts >= (3 if fault.kind == CRASH_LOOP else 2), starts
-            if fault.role == CONTROLLER and fault.kind in TAKES_A_LEADER_AWAY:
-                assert record.controller_after not in (None, record.broker), (
-                    f"step {record.index}: {fault.kind} of controller {record.broker}: "
-                    f"the controller is {record.controller_after} after it"
-                )
-
-    # -- one step ------------------------------------------------------------------------
-    def _states(self) -> dict[int, PartitionState]:
-        return {p: self.cluster.state(self.topic, p) for p in range(self.partitions)}
-
-    def _controller(self) -> int | None:
-        """The controller's id as a running broker describes it (None if none answers)."""
-        for broker in self.cluster.running():
-            with contextlib.suppress(IdemlogError):
-                doc = self.cluster.client.action(broker.address, Action.METADATA, {})
-                if doc.get("controller") is not None:
-                    return int(doc["controller"])
-        return None
-
-    def _step(self, index: int, fault: PlannedFault) -> None:
-        cluster, producer = self.cluster, self.producer
-        assert producer is not None
-        time.sleep(fault.gap_s)  # steady producing between faults: a duration, not a wait
-        record = StepRecord(index, fault, started_s=self.now())
-        self.records.append(record)
-        record.before = self._states()
-        record.controller_before = self._controller()
-        state = record.before[fault.partition]
-        if fault.role == CONTROLLER:
-            assert record.controller_before is not None, "no controller"
-            record.broker = record.controller_before
-        elif fault.role == LEADER:
-            record.broker = state.leader
-        else:
-            followers = [b for b in state.replicas if b != state.leader]
-            record.broker = followers[fault.follower_index]
-        broker = cluster.brokers[record.broker]
-        if fault.kind in (KILL, STOP, CRASH_LOOP):
-            if fault.kind == STOP:
-                clean_stop(broker)
-            else:
-                broker.kill(signal.SIGKILL)
-            until = time.monotonic() + fault.duration_s
-            self._sample(record, "while down")
-            time.sleep(max(0.0, until - time.monotonic()))  # the rest of the downtime
-            broker.restart()
-            record.notes.append(f"{broker.name} restarted at {self.now():.2f}s")
-            if fault.kind == CRASH_LOOP:
-                time.sleep(fault.again_s)  # up this long: fetching, truncating, catching up
-                broker.kill(signal.SIGKILL)
-                record.notes.append(f"{broker.name} SIGKILLed again at {self.now():.2f}s")
-                broker.restart()
-                record.notes.append(f"{broker.name} restarted again at {self.now():.2f}s")
-        elif fault.kind == CUT:
-            assert self._links is not None
-            old = self._links.cut(broker.address)
-            assert old.bytes_to_target > 0, f"no producer traffic went to {broker.name}"
-            until = time.monotonic() + fault.duration_s
-            self._sample(record, "while cut")
-            time.sleep(max(0.0, until - time.monotonic()))  # the rest of the cut
-            new = self._links.heal(broker.address)
-            record.notes.append(
-                f"producer link to {broker.name} healed at {self.now():.2f}s "
-                f"({old.connections} connection(s), {old.bytes_to_target} bytes before the cut)"
-            )
-            wait_until(
-                lambda: new.bytes_to_target > 0,
-                f"the producer back on its link to {broker.name}",
-                timeout=30,
-            )
-        else:
-            # No request to any broker while one is frozen: it would wait for it.
-            with paused(broker):
-                time.sleep(fault.duration_s)  # the fault's duration
-            record.notes.append(f"{broker.name} resumed at {self.now():.2f}s")
-        self._settle(record)
-        record.ended_s = self.now()
-        record.after = self._states()
-        record.controller_after = self._controller()
-        assert self._monitor is not None
-        record.changes = self._monitor.since(record.started_s)
-        producer.check_alive()
-        producer.wait_progress(1_000, f"acknowledgements after step {index}")
-        check = check_acknowledged(
-            cluster.client,
-            self.topic,
-            self.partitions,
-            producer.acked_results(),
-            producer.rows,
-            lambda: producer.sent,
-        )
-        record.notes.append(
-            f"{check.ids} ids read back once, every acknowledged one at its offsets "
-            f"({check.reads} read(s); duplicate answers: {check.duplicates} with offsets, "
-            f"{check.blind_duplicates} without)"
-        )
-        self._sample(record, "settled")
-
-    def _sample(self, record: StepRecord, when: str) -> None:
-        for p in range(self.partitions):
-            try:  # a poll: a broker down or an election under way answers nothing for a bit
-                sample = wait_until(
-                    functools.partial(check_replicas_agree, self.cluster, self.topic, p),
-                    "a sample",
-                    timeout=2.0,
-                    interval=0.1,
-                )
-            except WaitTimeout:
-                record.notes.append(f"p{p} agreement {when}: no sample (leadership moving)")
-                continue
-            assert sample is not None  # wait_until returns only a truthy value
-            self.samples.append(sample)
-            record.notes.append(
-                f"p{p} agreement {when}: leader {sample.leader}@{sample.epoch} hw "
-                f"{sample.high_watermark}, {sample.batches} batches equal on {sample.compared}"
-            )
-
-    def _settle(self, record: StepRecord) -> None:
-        """Wait until every replica of every partition is in the ISR as its leader sees
-        it and the leader's high watermark passed its log end of now (so the faulted
-        broker has fetched since it came back): the next fault may take any broker."""
-        cluster, topic = self.cluster, self.topic
-        for p in range(self.partitions):
-            state = cluster.wait_state(
-                topic,
-                p,
-                lambda s: set(s.isr) == set(s.replicas),
-                f"every replica back in the ISR after step {record.index}",
-                timeout=60,
-            )
-            target: list[int] = []
-
-            def caught_up(p: int = p, target: list[int] = target) -> bool:
-                try:
-                    leader = cluster.leader_of(topic, p)
-                    offsets = cluster.offsets(leader, topic, p)
-                    full = cluster.state(topic, p, via=leader)
-                except (IdemlogError, KeyError):
-                    return False
-                if not target:
-                    target.append(offsets["log_end_offset"])
-                return (
-                    set(full.isr) == set(full.replicas) and offsets["high_watermark"] >= target[0]
-                )
-
-            wait_until(
-                caught_up,
-                f"p{p}: the ISR full and the high watermark past the log end "
-                f"after step {record.index} (state {state})",
-                timeout=60,
-            )
