@@ -2,33 +2,42 @@
 
     python -m benchmarks.bench_soak [--batches 100000] [--jobs 10000] [--tasks 4]
                                     [--partitions 4] [--broker-config KEY=VALUE ...]
+                                    [--profile DIR]
 
 (``make bench-soak``.) One real broker process (embedded mode, the default of a Spark
 job) and the sink protocol driven through the broker client exactly as Spark's tasks
 and driver drive it (``spark_sink.writer`` / ``commit``), without Spark, so that a
-month of micro-batches fits in an hour:
+month of micro-batches fits in an hour or a few:
 
 - a **streaming sink** (one query id, one run) commits ``--batches`` micro-batches, each
   of ``--tasks`` tasks writing one small Arrow batch into each of ``--partitions``
   partitions: InitProducerId for its attempt, AddPartitions, the rows, prepare; then the
   driver's commit;
-- every ``batches / jobs`` micro-batches, a **``df.write`` job** (a new sink id of its
-  own, batch 0, the same tasks): ``--jobs`` of them, each leaving ``--tasks``
-  transactional ids and a sink record behind;
+- every ``batches / jobs`` micro-batches, a **``df.write`` job** (sink id
+  ``batch-<run id>``, as ``spark_sink.writer`` names a job's, batch 0, the same tasks):
+  ``--jobs`` of them, each leaving ``--tasks`` transactional ids, a sink record and
+  ``tasks x partitions`` producer states in the stream's topic behind, all to expire;
 - at every tenth of the run the broker is **restarted** (SIGTERM and SIGKILL in turn),
   and the time from its start to its coordinator's first answer is the **load time**.
 
-At each tenth it prints: ``__transaction_state`` bytes on disk, the coordinator's load
-time, the broker's RSS, the commit p50/p95 of that tenth and the coordinator's count of
-transactional ids. The goal (docs/design.md, the coordinator's state): flat — every
-figure of the last three tenths at most 1.2 x that of tenths 2-4 (the first pays warm-up).
-Expiry must be short enough for the ids of finished jobs to expire during the run
-(``--broker-config transactional.id.expiration.ms=...``; the defaults below set it).
+At each tenth it prints (one row, flushed as the tenth ends): ``__transaction_state``
+bytes on disk after the stop, and the smallest and largest of 20 samples taken during
+the tenth; the load time; the broker's RSS and, of it, the mapped files' pages (its
+libraries and segment maps); with ``--profile`` the bytes ``tracemalloc`` traced (the
+broker then runs under ``benchmarks.soak_profile``, several times slower, and dumps a
+snapshot and object counts per type at each tenth's end and after each restart); the
+commit p50/p95 of that tenth, the coordinator's count of transactional ids and the
+producer states the stream's topic holds (over its partitions). The goal
+(docs/design.md, the coordinator's state): flat -- every figure of the last three
+tenths at most 1.2 x that of tenths 2-4 (the first pays warm-up). Expiry must be short
+enough for the ids of finished jobs to expire during the run (the defaults below set it).
 
-Last lines (``name=value``): ``soak_state_bytes_growth``, ``soak_load_s_growth``,
-``soak_rss_growth``, ``soak_commit_p50_growth`` (each the last three tenths' mean over
-that of tenths 2-4),
-``soak_transactional_ids_last``, ``soak_flat`` (1 when every growth is <= 1.2).
+Last lines (``name=value``): ``soak_state_bytes_growth``, ``soak_state_max_growth``,
+``soak_load_s_growth``, ``soak_rss_growth``, ``soak_commit_p50_growth`` (each the last
+three tenths' mean over that of tenths 2-4), ``soak_transactional_ids_last``,
+``soak_state_segment_mb`` (``transaction.state.log.segment.bytes``: the active segment
+the cleaner never touches, what the state holds beyond its live and dirty records),
+``soak_flat`` (1 when every growth is <= 1.2).
 """
 
 from __future__ import annotations
@@ -177,6 +186,7 @@ COLUMNS = [
     ("commit p50 ms", 13, ".2f"),
     ("p95 ms", 6, ".2f"),
     ("txn ids", 7, ""),
+    ("producers", 9, ""),
 ]
 STATE_SAMPLES = 20
 
@@ -191,6 +201,8 @@ class Tenth:
     file_mb: float = float("nan")
     commit_ms: list[float] = field(default_factory=list)
     transactional_ids: int = 0
+    # Producer states in the stream topic's partitions at the tenth's end (all partitions).
+    producers: int = 0
     # With --profile: the bytes tracemalloc traced in the broker at the tenth's end.
     traced_mb: float = float("nan")
     # __transaction_state bytes on disk, sampled STATE_SAMPLES times during the tenth.
@@ -219,6 +231,7 @@ class Tenth:
             "commit p50 ms": self.p50,
             "p95 ms": self.p95,
             "txn ids": self.transactional_ids,
+            "producers": self.producers,
         }
         return " ".join(f"{values[name]:>{width}{spec}}" for name, width, spec in COLUMNS)
 
@@ -342,8 +355,12 @@ def run(args: argparse.Namespace, directory: Path) -> list[Tenth]:
                         run_id = f"soak-job-{jobs}"
                         driver.batch(batch_job_sink_id(run_id), run_id, 0)
                         jobs += 1
+                metrics = client.metrics()
                 current.transactional_ids = int(
-                    (client.metrics().get("transactions") or {}).get("transactional_ids", -1)
+                    (metrics.get("transactions") or {}).get("transactional_ids", -1)
+                )
+                current.producers = sum(
+                    int(p["producers"]) for p in metrics["partitions"] if p["topic"] == TOPIC
                 )
             finally:
                 driver.close()
