@@ -188,15 +188,17 @@ def recover_partition(
         marker.unlink()
         fsync_directory(directory)
     log.info(
-        "%s: opened %s (%d segments, offsets %d..%d, %d producers, %d expired, replayed from %d)",
+        "%s: opened %s (%d segments, offsets %d..%d, %d producers, replayed from %d)%s",
         name,
         "after a clean shutdown" if clean else "after a crash",
         len(segments),
         start,
         end,
         len(state),
-        len(expired),
         replay_from,
+        f"; dropped {len(expired)} producers idle past producer.id.expiration.ms"
+        if expired
+        else "",
     )
     return RecoveredLog(segments, clean, start, end, snapshot_offset, replay_from, len(state))
 

@@ -72,4 +72,4 @@ def test_a_restart_forgets_producers_idle_past_their_expiration(
     broker.restart()
     with BrokerClient(broker.address, timeout_s=20.0) as client:
         assert _partition(client)["producers"] == 1
-    assert f"{FINISHED} expired" in broker.log_text()
+    assert f"dropped {FINISHED} producers idle past" in broker.log_text()
