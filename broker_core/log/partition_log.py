@@ -125,9 +125,9 @@ class PartitionLog:
         self._fsync_failed: str | None = None  # the first failed fsync, kept (see write_marker)
         self._closed = False
         directory.mkdir(parents=True, exist_ok=True)
-        # Only the segments are kept: the rest of what recovery found (offsets, producer
-        # count) goes stale with the first append and is read from the log itself.
-        recovered = recover_partition(directory, config, self.state, name=self.name)
+        # Expired producers go at once (restarts must not defer expiry); segments are kept.
+        now = self._clock()
+        recovered = recover_partition(directory, config, self.state, name=self.name, now_ms=now)
         self.segments: list[LogSegment] = list(recovered.segments) or [LogSegment(directory, 0)]
         self.epochs = open_epoch_cache(directory, self.segments)
         # The epoch stamped on appends; replication sets it with become_leader.

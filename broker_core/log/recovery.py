@@ -139,10 +139,15 @@ def recover_partition(
     state: ProducerStateManager,
     *,
     name: str = "",
+    now_ms: int | None = None,
 ) -> RecoveredLog:
     """Open the segments of ``directory``, cut a torn tail, and rebuild ``state``.
 
-    ``state`` must be empty; on return it holds the producers as of the recovered log end.
+    ``state`` must be empty; on return it holds the producers as of the recovered log end,
+    less those idle past ``producer.id.expiration.ms`` at ``now_ms`` (when given) without
+    an open transaction: as Kafka drops expired producers when it loads a snapshot, so
+    that restarts more frequent than ``producer.id.expiration.check.interval.ms`` cannot
+    keep a finished producer's state for ever (docs/storage.md, producer state).
     Files are changed only to repair the directory: a torn tail is truncated, segments
     after it and orphan indexes are deleted, snapshots below the log start (all of them
     when there is no segment) are deleted,
@@ -177,12 +182,13 @@ def recover_partition(
     replay_from = start if snapshot_offset is None else snapshot_offset
     if not clean or replay_from != end:
         replay(segments, state, replay_from)
+    expired = [] if now_ms is None else state.remove_expired(now_ms)
     delete_snapshots_below(directory, start)
     if clean:
         marker.unlink()
         fsync_directory(directory)
     log.info(
-        "%s: opened %s (%d segments, offsets %d..%d, %d producers, replayed from %d)",
+        "%s: opened %s (%d segments, offsets %d..%d, %d producers, replayed from %d)%s",
         name,
         "after a clean shutdown" if clean else "after a crash",
         len(segments),
@@ -190,6 +196,9 @@ def recover_partition(
         end,
         len(state),
         replay_from,
+        f"; dropped {len(expired)} producers idle past producer.id.expiration.ms"
+        if expired
+        else "",
     )
     return RecoveredLog(segments, clean, start, end, snapshot_offset, replay_from, len(state))
 

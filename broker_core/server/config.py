@@ -218,7 +218,7 @@ _BROKER_KEYS = [
         int,
         600_000,
         "How often producers idle past producer.id.expiration.ms are dropped from the "
-        "partitions' state.",
+        "partitions' state (opening a partition, as at a restart, drops them too).",
         min=1,
     ),
     ConfigKey(

@@ -172,7 +172,9 @@ def test_the_last_batch_of_a_producer_stays_whole_for_its_retry(tmp_path: Path) 
     assert [o for o, _v in offsets_and_values(log)] == [0, 1, 2, 3, 4, 5, 6]  # all kept
     store_dir = log.directory
     log.abandon()  # a crash: the state is rebuilt from the log
-    reopened = LogStore(store_dir.parent.parent).partition("t", 0)
+    # The same clock: with the wall clock the producer (written at the ManualClock's
+    # 1970 time) would be past producer.id.expiration.ms and dropped at the reopen.
+    reopened = LogStore(store_dir.parent.parent, clock=clock).partition("t", 0)
     retry = reopened.append(rows, producer_id=5, producer_epoch=0, base_sequence=0)
     assert retry.duplicate and (retry.base_offset, retry.last_offset) == (
         result.base_offset,
