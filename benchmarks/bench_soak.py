@@ -34,7 +34,8 @@ enough for the ids of finished jobs to expire during the run (the defaults below
 
 Last lines (``name=value``): ``soak_state_bytes_growth``, ``soak_state_max_growth``,
 ``soak_load_s_growth``, ``soak_rss_growth``, ``soak_commit_p50_growth`` (each the last
-three tenths' mean over that of tenths 2-4), ``soak_transactional_ids_last``,
+three tenths' mean over that of tenths 2-4; ``soak_<figure>_last_over_second``, one sample
+each, for comparison), ``soak_transactional_ids_last``,
 ``soak_state_segment_mb`` (``transaction.state.log.segment.bytes``: the active segment
 the cleaner never touches, what the state holds beyond its live and dirty records),
 ``soak_flat`` (1 when every growth is <= 1.2).
@@ -319,6 +320,13 @@ def growth(tenths: Sequence[Tenth], figure: str) -> float:
     return late / early if early else float("inf")
 
 
+def last_over_second(tenths: Sequence[Tenth], figure: str) -> float:
+    """The last tenth's figure over the second's: one sample each, so it moves with the
+    cleaner's phase and the machine's noise (``growth`` averages three)."""
+    second = float(getattr(tenths[1], figure))
+    return float(getattr(tenths[-1], figure)) / second if second else float("inf")
+
+
 def args_config(args: argparse.Namespace) -> dict[str, str]:
     """The broker's configuration: the defaults above, then ``--broker-config``."""
     config = dict(DEFAULT_BROKER_CONFIG)
@@ -427,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     for name, value in figures.items():
         print(f"{name}={value:.2f}")
+    # The issue's own measure, one sample each: the last tenth over the second.
+    for name in ("state_bytes", "load_s", "rss_mb", "p50"):
+        print(f"soak_{name}_last_over_second={last_over_second(tenths, name):.2f}")
     print(f"soak_transactional_ids_last={tenths[-1].transactional_ids}")
     segment = int(args_config(args)["transaction.state.log.segment.bytes"])
     # What the state may hold beyond its live records: the active segment, which the
