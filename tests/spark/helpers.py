@@ -329,6 +329,9 @@ class DriverLauncher:
             failpoints_dir.mkdir(parents=True, exist_ok=True)
             env["IDEMLOG_SPARK_FAILPOINTS"] = entries
             env["IDEMLOG_SPARK_FAILPOINTS_DIR"] = str(failpoints_dir)
+            # The job's opt-in to the variable (docs/security.md, Test hooks): without it
+            # the sink ignores the failpoints and the test's check that they fired fails.
+            spec = {**spec, "test_hooks": True}
         log_path = self.workdir / f"driver-{len(self.runs):02d}.log"
         with open(log_path, "wb") as log:
             argv = [sys.executable, str(DRIVER_CHILD), json.dumps(dict(spec))]
