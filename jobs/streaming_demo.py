@@ -113,6 +113,8 @@ def run_driver(work: Path) -> int:
         .option("key", KEY)
         .option("path", store)
         .option("checkpointLocation", str(work / "checkpoint"))
+        # The demo injects failures (IDEMLOG_SPARK_FAILPOINTS): a job must opt in to them.
+        .option("testHooks", "true")
         .trigger(availableNow=True)
         .start()
     )

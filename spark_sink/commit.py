@@ -158,10 +158,10 @@ def _commit(
     ours: list[IdemlogCommitMessage],
     report: bool,
 ) -> bool:
-    failpoints.hit("before_commit", batch_id)
+    failpoints.hit("before_commit", batch_id, enabled=options.test_hooks)
     txns = [m.transaction for m in ours if m.status != SinkTxnStatus.COMMITTED]
     sid = sink_id
-    inside = failpoints.claim("inside_commit", batch_id)
+    inside = failpoints.claim("inside_commit", batch_id, enabled=options.test_hooks)
     if inside is not None:
         # The request leaves, and the driver dies while it is in flight: the broker may
         # or may not have recorded the commit.
@@ -182,7 +182,7 @@ def _commit(
         )
     if report:
         _report(sid, batch_id, ours, committed, (time.perf_counter() - started) * 1000)
-    failpoints.hit("after_commit", batch_id)
+    failpoints.hit("after_commit", batch_id, enabled=options.test_hooks)
     log.info(
         "sink %s batch %d: %s (%d transactions, %d rows)",
         sink_id,

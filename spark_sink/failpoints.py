@@ -1,7 +1,10 @@
 """Failure injection at named points of the sink protocol, for the fault tests and the demo.
 
-Off unless ``IDEMLOG_SPARK_FAILPOINTS`` is set in the environment Spark's Python
-processes inherit (the driver's, in local mode). Its value is a ``;``-separated list of
+Off unless the write was started for it with the sink option ``testHooks=true`` AND
+``IDEMLOG_SPARK_FAILPOINTS`` is set in the environment Spark's Python processes inherit
+(the driver's, in local mode). Without the option the variable is ignored, and logged once
+per process as a warning naming it: an inherited environment alone never injects a fault
+(docs/security.md, Test hooks). Its value is a ``;``-separated list of
 ``<point>@<batch id>[/<spark partition>]=<action>``, e.g.
 ``mid_write@3/1=kill_worker;inside_commit@5=kill_driver``.
 
@@ -29,6 +32,7 @@ text and the pid of the process that fired it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import signal
@@ -49,7 +53,10 @@ if TYPE_CHECKING:
     from .producer.producer_batch import TopicPartition
     from .producer.transport import SendHandle, Transport
 
+log = logging.getLogger("idemlog.failpoints")
+
 ENV = "IDEMLOG_SPARK_FAILPOINTS"
+OPTION = "testHooks"
 ENV_DIR = "IDEMLOG_SPARK_FAILPOINTS_DIR"
 ENV_DRIVER_PGID = "IDEMLOG_DRIVER_PGID"
 POINTS = (
@@ -100,10 +107,29 @@ def parse(spec: str) -> list[Failpoint]:
     return result
 
 
-def claim(point: str, batch_id: int, partition: int | None = None) -> Failpoint | None:
-    """The armed entry for this point, marked as fired; None when nothing is armed."""
+# Whether this process already warned of an ignored variable: one warning, not one a task.
+_warned = threading.Event()
+
+
+def claim(
+    point: str, batch_id: int, partition: int | None = None, *, enabled: bool
+) -> Failpoint | None:
+    """The armed entry for this point, marked as fired; None when nothing is armed.
+
+    ``enabled`` is the write's ``testHooks`` option: False ignores the variable (one
+    warning per process names it). Raises InvalidConfigError for a malformed variable."""
     spec = os.environ.get(ENV)
     if not spec:
+        return None
+    if not enabled:
+        if not _warned.is_set():
+            _warned.set()
+            log.warning(
+                "%s is set but ignored: this write was not started with the option %s=true "
+                "(test hooks are for the fault tests only, docs/security.md)",
+                ENV,
+                OPTION,
+            )
         return None
     for entry in parse(spec):
         if entry.matches(point, batch_id, partition) and _first_claim(entry):
@@ -111,9 +137,9 @@ def claim(point: str, batch_id: int, partition: int | None = None) -> Failpoint 
     return None
 
 
-def hit(point: str, batch_id: int, partition: int | None = None) -> None:
-    """Act on the armed entry for this point, if any."""
-    entry = claim(point, batch_id, partition)
+def hit(point: str, batch_id: int, partition: int | None = None, *, enabled: bool) -> None:
+    """Act on the armed entry for this point, if any (``enabled``: as for :func:`claim`)."""
+    entry = claim(point, batch_id, partition, enabled=enabled)
     if entry is not None:
         act(entry)
 

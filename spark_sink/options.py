@@ -161,6 +161,18 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
         ),
         Scope.READ,
     ),
+    (
+        ConfigKey(
+            "testHooks",
+            bool,
+            False,
+            "Never in production. Lets the environment variable IDEMLOG_SPARK_FAILPOINTS "
+            "inject failures into this write (the fault tests and the demo; "
+            "docs/security.md, Test hooks). Off: the variable is ignored, with one warning "
+            "naming it per process.",
+        ),
+        Scope.WRITE,
+    ),
 ]
 
 # security.protocol and ssl.*: declared once (broker_core/security/tls.py), sasl.* too
@@ -196,6 +208,7 @@ class IdemlogOptions:
     # names the streaming query (the sink id) when no task reported.
     checkpoint_location: str = ""
     tls: TlsSettings = PLAINTEXT  # the options security.protocol and ssl.*
+    test_hooks: bool = False  # the job was started for the fault tests (spark_sink.failpoints)
 
     @property
     def embedded(self) -> bool:
@@ -292,6 +305,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         starting_offsets=str(parsed["startingOffsets"]),
         max_offsets_per_trigger=int(parsed["maxOffsetsPerTrigger"]),
         include_metadata=bool(parsed["includeMetadata"]),
+        test_hooks=bool(parsed["testHooks"]),
         checkpoint_location=checkpoint,
         producer=producer,
         tls=tls,

@@ -144,9 +144,9 @@ def _write_task(
 ) -> IdemlogCommitMessage:
     batch_id = attempt.batch_id
     started = time.perf_counter()
-    failpoints.hit("before_write", batch_id, partition_id)
+    failpoints.hit("before_write", batch_id, partition_id, enabled=options.test_hooks)
     tid = transactional_id(attempt.sink_id, partition_id)
-    lost_ack = failpoints.claim("lost_ack", batch_id, partition_id)
+    lost_ack = failpoints.claim("lost_ack", batch_id, partition_id, enabled=options.test_hooks)
     # Once per task: for the embedded broker each call checks that it answers.
     bootstrap = options.bootstrap()
     with trace.span("open_producer", batch=batch_id):
@@ -250,7 +250,7 @@ def _write_rows(
     ranges = _offset_ranges(options.topic, [f.result(timeout=0) for f in sends])
     with trace.span("prepare", batch=batch_id):
         producer.prepare_sink_transaction(batch_id, ranges)
-    failpoints.hit("after_prepare", batch_id, partition_id)
+    failpoints.hit("after_prepare", batch_id, partition_id, enabled=options.test_hooks)
     return rows
 
 
@@ -279,7 +279,9 @@ def _send(
     first: bool,
 ) -> Future[SendResult]:
     sent = producer.send(options.topic, pa.Table.from_batches(batches), key=options.key)
-    if first and (entry := failpoints.claim("mid_write", batch_id, partition_id)):
+    if first and (
+        entry := failpoints.claim("mid_write", batch_id, partition_id, enabled=options.test_hooks)
+    ):
         producer.flush()  # some rows really are in the log when it fires
         failpoints.act(entry)
     return sent

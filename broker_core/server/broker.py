@@ -42,6 +42,7 @@ from broker_core.security.tls import Side, warn_if_exposed
 from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.coordinators import Coordinators
+from broker_core.server.failpoints import from_start as failpoints_from_start
 from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics
@@ -217,6 +218,8 @@ class Broker:
             # Its own files first (a bad one refuses the start); they serve its links too.
             tls = cfg.tls.load(Side.SERVER)
             warn_if_exposed(cfg.listener_host, cfg.tls)
+            # Decided here, once: an inherited variable alone never arms a hook.
+            failpoints = failpoints_from_start(cfg.test_hooks_enable)
             cfg.log_dir.mkdir(parents=True, exist_ok=True)
             # Before anything in the directory is read or written: recovery may truncate.
             self._dir_lock = lock_data_dir(cfg.log_dir)
@@ -275,7 +278,13 @@ class Broker:
             )
             self.cluster = cluster = self._open_cluster(self.info)
             self.replicas = ReplicaManager(
-                self.broker_id, self.store, cluster, replication, tls, sasl=inter_broker
+                self.broker_id,
+                self.store,
+                cluster,
+                replication,
+                tls,
+                sasl=inter_broker,
+                failpoints=failpoints,
             )
             topics = self._topics = LocalTopics(
                 self.broker_id,
@@ -295,6 +304,7 @@ class Broker:
                 call_timeout_s=cfg.marker_call_timeout_s,
                 tls=tls,
                 sasl=inter_broker,
+                failpoints=failpoints,
             )
             cluster.register(self.info)
             topics.sync()

@@ -309,6 +309,14 @@ _BROKER_KEYS = [
         min=1,
         max=LONG_MAX,
     ),
+    ConfigKey(
+        "test.hooks.enable",
+        bool,
+        False,
+        "Never in production. Lets IDEMLOG_TEST_FAILPOINT kill or stall this broker at a "
+        "named point (the fault tests, docs/security.md, Test hooks). Off: the variable is "
+        "ignored, with one warning naming it.",
+    ),
 ]
 
 
@@ -366,6 +374,7 @@ class BrokerConfig:
     log_flush_scheduler_interval_ms: int
     log_cleaner_enable: bool
     log_cleaner_backoff_ms: int
+    test_hooks_enable: bool  # the process was started for the fault tests
     default_replication_factor: int  # -1: min(3, live brokers) with ZooKeeper, 1 embedded
     replica_lag_time_max_ms: int
     transaction_marker_retry_deadline_ms: int
@@ -459,6 +468,7 @@ class BrokerConfig:
             log_flush_scheduler_interval_ms=int(parsed["log.flush.scheduler.interval.ms"]),
             log_cleaner_enable=bool(parsed["log.cleaner.enable"]),
             log_cleaner_backoff_ms=int(parsed["log.cleaner.backoff.ms"]),
+            test_hooks_enable=bool(parsed["test.hooks.enable"]),
             default_replication_factor=int(parsed["default.replication.factor"]),
             replica_lag_time_max_ms=int(parsed["replica.lag.time.max.ms"]),
             transaction_marker_retry_deadline_ms=int(

@@ -9,18 +9,16 @@ Each leader answers the last stable offset of every partition it wrote a marker 
 (``protocol.txn_requests.WriteTxnMarkersResponse``); :meth:`write_markers`
 returns them all in one map, like ``LocalMarkerWriter``.
 
-Test hook: ``IDEMLOG_TEST_FAILPOINT`` (read on every call, so only a process started with
-it is affected) makes the broker SIGKILL itself inside :meth:`write_markers`:
-``after_prepare`` before the first marker (the PREPARE_* state is already durable),
-``after_first_marker`` after the first partition's marker. The kill tests use it to stop
-a broker in the middle of ending a transaction; nothing else reads it.
+Test hooks (``server.failpoints``, armed only in a broker started with
+``test.hooks.enable=true``): ``after_prepare`` SIGKILLs the broker inside
+:meth:`write_markers` before the first marker (the PREPARE_* state is already durable),
+``after_first_marker`` after the first partition's marker. The kill tests use them to stop
+a broker in the middle of ending a transaction.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -40,6 +38,12 @@ from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
+from broker_core.server.failpoints import (
+    AFTER_FIRST_MARKER,
+    AFTER_PREPARE,
+    NO_FAILPOINTS,
+    BrokerFailpoints,
+)
 from broker_core.txn.markers import (
     MarkerWriter,
     ProducerMarkers,
@@ -50,17 +54,10 @@ from broker_core.txn.markers import (
 
 log = logging.getLogger("idemlog.markers")
 
-FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
 # A remote marker call's timeout when none is given: the broker passes one longer than the
 # acks=all wait at the leader (server.timeouts.marker_call_timeout_ms, 70 s by default).
 MARKER_TIMEOUT_S = 70.0
 MARKER_CALL_THREADS = 8
-
-
-def _failpoint(stage: str) -> None:
-    if os.environ.get(FAILPOINT_ENV) == stage:
-        log.warning("test failpoint %s: killing this broker (SIGKILL)", stage)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LedPartitions(Protocol):
@@ -94,8 +91,10 @@ class RoutingMarkerWriter:
         call_timeout_s: float = MARKER_TIMEOUT_S,
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
         sasl: SaslCredentials | None = None,
+        failpoints: BrokerFailpoints = NO_FAILPOINTS,
     ) -> None:
         self._broker_id = broker_id
+        self._failpoints = failpoints  # test hooks: none unless started for them
         self._topics = topics
         self._local = local
         self._brokers = brokers
@@ -109,7 +108,7 @@ class RoutingMarkerWriter:
     def write_markers(
         self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
-        _failpoint("after_prepare")
+        self._failpoints.kill_at(AFTER_PREPARE)
         by_leader: dict[int, set[tuple[str, int]]] = {}
         for topic, partition in sorted(by_partition(producers)):
             try:
@@ -119,13 +118,13 @@ class RoutingMarkerWriter:
                 log.warning("no markers on %s-%d: %s", topic, partition, exc.message)
                 continue
             by_leader.setdefault(leader, set()).add((topic, partition))
-        if os.environ.get(FAILPOINT_ENV) == "after_first_marker" and by_leader:
+        if self._failpoints.is_armed(AFTER_FIRST_MARKER) and by_leader:
             # The test hook: the first leader's first partition alone, then the SIGKILL.
             first = min(by_leader)
             self._write_to(
                 first, restricted(producers, [min(by_leader[first])]), commit, coordinator_epoch
             )
-            _failpoint("after_first_marker")
+            self._failpoints.kill_at(AFTER_FIRST_MARKER)
         # One call per leader, all at once (this broker's own partitions on this thread).
         local = by_leader.pop(self._broker_id, set())
         futures = {

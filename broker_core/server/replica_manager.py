@@ -24,7 +24,6 @@ callback delivers it, like every other change, so an older view never lands afte
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -49,6 +48,11 @@ from broker_core.protocol.replica import (
 )
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
+from broker_core.server.failpoints import (
+    NO_FAILPOINTS,
+    WITHHOLD_REPLICA_FETCH,
+    BrokerFailpoints,
+)
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
 from broker_core.server.timeouts import ack_timeout_ms
@@ -56,10 +60,6 @@ from broker_core.server.timeouts import ack_timeout_ms
 log = logging.getLogger("idemlog.replica")
 
 TopicPartition = tuple[str, int]
-# Test hook (like marker_client's): a broker started with IDEMLOG_TEST_FAILPOINT set to
-# this answers its followers' fetches with no batches. Nothing else reads it.
-FAILPOINT_ENV = "IDEMLOG_TEST_FAILPOINT"
-WITHHOLD_FAILPOINT = "withhold_replica_fetch"
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,10 @@ class ReplicaManager:
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
         *,
         sasl: SaslCredentials | None = None,
+        failpoints: BrokerFailpoints = NO_FAILPOINTS,
     ) -> None:
         self.broker_id = broker_id
+        self._failpoints = failpoints  # test hooks: none unless started for them
         self._store = store
         self._cluster = cluster
         self.config = config
@@ -228,7 +230,7 @@ class ReplicaManager:
             partition.wait_for_data(request.fetch_offset, request.max_wait_ms / 1000.0)
             partition.check_epoch(request.leader_epoch)  # an election while it waited
         records = log_.read_raw(request.fetch_offset, request.max_bytes)
-        if os.environ.get(FAILPOINT_ENV) == WITHHOLD_FAILPOINT:
+        if self._failpoints.is_armed(WITHHOLD_REPLICA_FETCH):
             records = b""  # test hook: followers fall behind, and its tail diverges
         return ReplicaFetchResponse(
             log_.high_watermark, log_.log_start_offset, log_.log_end_offset, records

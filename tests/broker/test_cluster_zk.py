@@ -25,7 +25,7 @@ from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
 from broker_core.server.config import ZK_ROOT
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
-from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerProcess
 from tests.harness.schedule import paused
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness, ZooKeeperServer
@@ -63,14 +63,16 @@ def _start_cluster(
     env: Mapping[int, Mapping[str, str]] | None = None,
     session_ms: int = SESSION_MS,
 ) -> tuple[list[BrokerProcess], BrokerClient]:
-    """Brokers 1..count (``env``: extra environment by broker id); broker 1 starts alone
-    first, so it wins the controller election."""
+    """Brokers 1..count (``env``: extra environment by broker id, a failpoint, and then
+    that broker is started with the test hooks on); broker 1 starts alone first, so it
+    wins the controller election."""
     env = env or {}
-    brokers = [factory(_config(zk, 1, session_ms), name="zk1", env=env.get(1))]
-    brokers += [
-        factory(_config(zk, i, session_ms), name=f"zk{i}", env=env.get(i))
-        for i in range(2, count + 1)
-    ]
+
+    def config(i: int) -> dict[str, object]:
+        return {**_config(zk, i, session_ms), **(TEST_HOOKS if i in env else {})}
+
+    brokers = [factory(config(1), name="zk1", env=env.get(1))]
+    brokers += [factory(config(i), name=f"zk{i}", env=env.get(i)) for i in range(2, count + 1)]
     probe = client_for(brokers[-1])
 
     def everyone_sees_everyone() -> bool:

@@ -13,9 +13,9 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import NetworkError
 from broker_core.protocol.wire import SinkAttempt
-from broker_core.server.marker_client import FAILPOINT_ENV
+from broker_core.server.failpoints import ENV as FAILPOINT_ENV
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt
-from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
 
 ClientFor = Callable[..., BrokerClient]
@@ -77,7 +77,7 @@ def _log_of_start(broker: BrokerProcess, start: int) -> str:
 def test_sigkill_between_the_sink_prepare_and_its_markers_is_finished_on_restart(
     broker_factory: BrokerFactory, client_for: ClientFor, failpoint: str
 ) -> None:
-    broker = broker_factory(TEST_BROKER_CONFIG, env={FAILPOINT_ENV: failpoint})
+    broker = broker_factory({**TEST_BROKER_CONFIG, **TEST_HOOKS}, env={FAILPOINT_ENV: failpoint})
     client = client_for(broker, retries=0)
     client.create_topic(TOPIC, PARTITIONS)
     txns, written = _batch(client, 0)

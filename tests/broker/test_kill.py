@@ -15,7 +15,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle
 from broker_core.errors import IdemlogError, NetworkError, ProducerFencedError
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
-from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerProcess
 from tests.harness.schedule import paused
 from tests.harness.waiting import wait_until
 
@@ -126,7 +126,9 @@ def _write_txn(
 def test_sigkill_during_end_txn_completes_after_restart(
     broker_factory: BrokerFactory, client_for: ClientFor, failpoint: str
 ) -> None:
-    broker = broker_factory(TEST_BROKER_CONFIG, env={"IDEMLOG_TEST_FAILPOINT": failpoint})
+    broker = broker_factory(
+        {**TEST_BROKER_CONFIG, **TEST_HOOKS}, env={"IDEMLOG_TEST_FAILPOINT": failpoint}
+    )
     client = client_for(broker, retries=0)
     client.create_topic("ledger", 2)
     plain_pid, _ = client.init_producer_id()

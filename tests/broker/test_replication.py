@@ -23,7 +23,7 @@ from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import ProduceResponse
-from broker_core.server.replica_manager import FAILPOINT_ENV, WITHHOLD_FAILPOINT
+from broker_core.server.failpoints import ENABLE_KEY, ENV, WITHHOLD_REPLICA_FETCH
 from spark_sink.producer import Producer, SendResult
 from tests.broker.helpers import rows
 from tests.harness.broker import BrokerFactory
@@ -210,7 +210,8 @@ def test_a_diverged_follower_truncates_by_epoch_and_converges(
         cluster.wait_in_sync("diverged", 0)
         victim.stop()  # a clean shutdown hands the leadership over first
         moved = cluster.wait_leader_change("diverged", 0, preferred)
-        victim.restart(env={FAILPOINT_ENV: WITHHOLD_FAILPOINT})
+        victim.config[ENABLE_KEY] = True  # started for the test hook, explicitly
+        victim.restart(env={ENV: WITHHOLD_REPLICA_FETCH})
         cluster.wait_in_sync("diverged", 0)
         args = ["topics", "elect-leaders", "--bootstrap", cluster.bootstrap, "--topic", "diverged"]
         assert cli_main(args) == 0  # the preferred-leader election, from the command line

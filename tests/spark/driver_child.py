@@ -8,7 +8,8 @@ which must not be the pytest process. One JSON argument says what to run:
 ``{"mode": "stream" | "batch" | "read" | "read_stream", "src", "store", "topic",
 "checkpoint", "conf": {...}, "trigger": "availableNow" | "processingTime", "files": K,
 "spark_partitions": 4, "bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N,
-"sink_options": {...}, "progress_out": path (stream: each progress's JSON appended),
+"sink_options": {...}, "test_hooks": true (the launcher armed failpoints: the writes get
+the option testHooks=true), "progress_out": path (stream: each progress's JSON appended),
 "stop_on_file": path (processingTime: query.stop() once it exists), "steps": [{...}, ...]
 (jobs run in turn in one session, each step's keys over the outer spec's), "out": path
 (read modes: the rows read, as parquet), "master": "spark://host:port"
@@ -66,6 +67,13 @@ def stop_when_present(query: Any, path: str, timeout_s: float = 180.0) -> None:
 def sink_options(spec: dict[str, Any]) -> dict[str, str]:
     store = {"path": spec["store"]} if spec.get("store") else {}
     return {**store, **spec.get("sink_options", {})}
+
+
+def write_options(spec: dict[str, Any]) -> dict[str, str]:
+    """The sink's options, with the opt-in to the failpoints when the launcher armed some
+    (``"test_hooks": true``; docs/security.md, Test hooks)."""
+    hooks = {"testHooks": "true"} if spec.get("test_hooks") else {}
+    return {**sink_options(spec), **hooks}
 
 
 def run_read(spark: Any, spec: dict[str, Any]) -> int:
@@ -165,7 +173,7 @@ def run_stream(spark: Any, spec: dict[str, Any]) -> int:
         frame.writeStream.format("idemlog")
         .option("topic", spec["topic"])
         .option("key", "account")
-        .options(**sink_options(spec))
+        .options(**write_options(spec))
         .option("checkpointLocation", spec["checkpoint"])
     )
     if spec.get("trigger", "availableNow") == "availableNow":
@@ -222,7 +230,7 @@ def run_batch(spark: Any, spec: dict[str, Any]) -> int:
         .mode("append")
         .option("topic", spec["topic"])
         .option("key", "account")
-        .options(**sink_options(spec))
+        .options(**write_options(spec))
         .save()
     )
     say(f"TIMED write_s={time.perf_counter() - started:.3f}")

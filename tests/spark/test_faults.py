@@ -116,6 +116,29 @@ def test_task_exception_before_and_mid_write_is_retried_once(
     assert txns["sink_batches_committed"] == FILES, txns
 
 
+def test_failpoints_without_the_testhooks_option_do_not_fire(
+    tmp_path: Path, store: str, drivers: DriverLauncher
+) -> None:
+    # The same variables as the test above, inherited by every Spark process, but the job
+    # did not opt in: nothing fires, and the sink says why (docs/security.md, Test hooks).
+    ids = make_input(tmp_path / "src", FILES, ROWS)
+    marks = tmp_path / "failpoints"
+    entries = ["before_write@1/2=raise", "mid_write@2/1=raise"]
+    run = drivers.run(
+        stream_spec(tmp_path / "src", store, "t_no_hooks", tmp_path / "ck", FILES),
+        failpoints=entries,
+        failpoints_dir=marks,
+        test_hooks=False,
+    )
+    assert_succeeded(run)
+    assert fired(marks) == set()
+    assert_one_copy(store, "t_no_hooks", ids)
+    assert "IDEMLOG_SPARK_FAILPOINTS is set but ignored" in run.log_path.read_text(), run.describe()
+    txns = transaction_metrics(store)
+    assert txns["transactions_fenced"] == 0, txns  # no task failed and was retried
+    assert txns["sink_batches_committed"] == FILES, txns
+
+
 def test_slow_task_with_speculation_enabled_commits_one_copy(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,10 +83,10 @@ def test_failpoints_parse_match_and_fire_once(
     ]
     monkeypatch.setenv(failpoints.ENV, spec)
     monkeypatch.setenv(failpoints.ENV_DIR, str(tmp_path))
-    failpoints.hit("mid_write", 3, 0)  # another partition: nothing
+    failpoints.hit("mid_write", 3, 0, enabled=True)  # another partition: nothing
     with pytest.raises(Exception, match="failpoint mid_write@3/1=raise fired"):
-        failpoints.hit("mid_write", 3, 1)
-    failpoints.hit("mid_write", 3, 1)  # fired once already: passes now
+        failpoints.hit("mid_write", 3, 1, enabled=True)
+    failpoints.hit("mid_write", 3, 1, enabled=True)  # fired once already: passes now
     with pytest.raises(InvalidConfigError, match="is not <point>@<batch>"):
         failpoints.parse("during_lunch@1=raise")
 
@@ -94,7 +95,27 @@ def test_failpoints_need_a_marker_directory(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(failpoints.ENV, "mid_write@1=raise")
     monkeypatch.delenv(failpoints.ENV_DIR, raising=False)
     with pytest.raises(InvalidConfigError, match=failpoints.ENV_DIR):
-        failpoints.hit("mid_write", 1, 0)
+        failpoints.hit("mid_write", 1, 0, enabled=True)
+
+
+def test_failpoints_without_the_testhooks_option_are_ignored_and_logged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(failpoints.ENV, "mid_write@1=raise;before_commit@1=raise")
+    monkeypatch.setenv(failpoints.ENV_DIR, str(tmp_path))
+    monkeypatch.setattr(failpoints, "_warned", threading.Event())  # a fresh process
+    assert not parse_options({"topic": "t"}, Scope.WRITE).test_hooks  # off by default
+    with caplog.at_level("WARNING", logger="idemlog.failpoints"):
+        failpoints.hit("mid_write", 1, 0, enabled=False)
+        failpoints.hit("before_commit", 1, enabled=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{failpoints.ENV} is set but ignored: this write was not started with the option "
+        "testHooks=true (test hooks are for the fault tests only, docs/security.md)"
+    ]
+    assert list(tmp_path.iterdir()) == []  # nothing claimed
+    assert parse_options({"topic": "t", "testhooks": "true"}, Scope.WRITE).test_hooks
+    with pytest.raises(Exception, match="failpoint mid_write@1=raise fired"):
+        failpoints.hit("mid_write", 1, 0, enabled=True)
 
 
 def test_security_options_reach_every_link_and_ssl_needs_brokers() -> None:
