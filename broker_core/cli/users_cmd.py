@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from broker_core.cli.failures import Unreachable
 from broker_core.errors import InvalidConfigError
 from broker_core.security.credentials import (
     CredentialStore,
@@ -43,8 +44,18 @@ def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
 
     hosts, chroot = split_zookeeper_connect(args.zookeeper.strip())
     # Without the chroot, so that every missing level of it is created (as a broker does).
+    from kazoo.handlers.threading import KazooTimeoutError
+
     client: Any = KazooClient(hosts=hosts, timeout=ZK_TIMEOUT_S)
-    client.start(timeout=ZK_TIMEOUT_S)
+    try:
+        client.start(timeout=ZK_TIMEOUT_S)
+    except KazooTimeoutError:
+        client.stop()  # its connection thread retries until stopped
+        client.close()
+        raise Unreachable(
+            f"--zookeeper {args.zookeeper}: no ZooKeeper server answered within "
+            f"{ZK_TIMEOUT_S:g} s; start ZooKeeper or correct --zookeeper"
+        ) from None
     try:
         yield ZkCredentialStore(client, chroot + ZK_ROOT, watch=False)
     finally:
@@ -127,7 +138,12 @@ def add_users_command(sub: Any) -> None:
                 choices=MECHANISM_NAMES,
                 help="repeatable; default: both",
             )
-            cmd.add_argument("--iterations", type=int, default=MIN_ITERATIONS)
+            cmd.add_argument(
+                "--iterations",
+                type=int,
+                default=MIN_ITERATIONS,
+                help=f"SCRAM's hash iterations (default and minimum: {MIN_ITERATIONS})",
+            )
             cmd.add_argument(
                 "--password-file",
                 help="read the password from this file's first line ('-': stdin) "
