@@ -104,9 +104,10 @@ def config_file_error(
     """A configuration file that cannot be read, as a usage error naming the flag, the
     file and the cause (missing, a directory, unreadable, not UTF-8)."""
     if isinstance(exc, UnicodeDecodeError):
+        line = exc.object[: exc.start].count(b"\n") + 1
         cause = (
-            f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not UTF-8; "
-            "save the file as UTF-8"
+            f"line {line}: byte 0x{exc.object[exc.start]:02x} (offset {exc.start}) is not "
+            "UTF-8; save the file as UTF-8"
         )
     elif isinstance(exc, IsADirectoryError):
         cause = "is a directory; name a .properties file"

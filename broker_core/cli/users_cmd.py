@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,12 +42,15 @@ def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
         yield FileCredentialStore(path)
         return
     from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
 
     hosts, chroot = split_zookeeper_connect(args.zookeeper.strip())
     # Without the chroot, so that every missing level of it is created (as a broker does).
-    from kazoo.handlers.threading import KazooTimeoutError
-
     client: Any = KazooClient(hosts=hosts, timeout=ZK_TIMEOUT_S)
+    # Its reconnect warnings, one per retry, would bury the one line said below.
+    kazoo_log = logging.getLogger("kazoo.client")
+    level = kazoo_log.level
+    kazoo_log.setLevel(logging.ERROR)
     try:
         client.start(timeout=ZK_TIMEOUT_S)
     except KazooTimeoutError:
@@ -56,6 +60,8 @@ def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
             f"--zookeeper {args.zookeeper}: no ZooKeeper server answered within "
             f"{ZK_TIMEOUT_S:g} s; start ZooKeeper or correct --zookeeper"
         ) from None
+    finally:
+        kazoo_log.setLevel(level)
     try:
         yield ZkCredentialStore(client, chroot + ZK_ROOT, watch=False)
     finally:
