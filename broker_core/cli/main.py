@@ -23,7 +23,7 @@ from typing import Any
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.users_cmd import add_users_command
-from broker_core.errors import InvalidConfigError
+from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
 from broker_core.log.inspect import LIVE_NOTE, PartitionView, StoreView
@@ -76,7 +76,10 @@ def _describe(args: argparse.Namespace) -> int:
         names = [args.topic] if args.topic else store.topics()
         report: list[dict[str, Any]] = []
         for name in names:
-            topic = store.topic(name)
+            try:
+                topic = store.topic(name)
+            except UnknownTopicOrPartitionError as exc:
+                raise InvalidConfigError(f"--topic {name}: {exc.message}") from exc
             parts = []
             for p in range(topic.partitions):
                 log = store.partition(name, p)
@@ -118,7 +121,11 @@ def _describe(args: argparse.Namespace) -> int:
 
 def _dump(args: argparse.Namespace) -> int:
     with _open_store(args.data_dir) as store:
-        log = store.partition(args.topic, args.partition)
+        try:
+            log = store.partition(args.topic, args.partition)
+        except UnknownTopicOrPartitionError as exc:
+            # A flag naming nothing in the directory: a usage error, no broker answered.
+            raise InvalidConfigError(f"--topic {args.topic}: {exc.message}") from exc
         _report_problems(log)
         offset = log.log_start_offset if args.offset is None else args.offset
         rows = 0
