@@ -19,11 +19,15 @@ import logging
 import os
 import signal
 import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from broker_core.cli.failures import DEBUG_ENV, Unreachable, config_file_error, port_in_use
 from broker_core.client.broker_client import BrokerClient
+from broker_core.cluster.metadata import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
@@ -39,6 +43,8 @@ _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 _KEEP_FREED_BYTES = 32 * 1024 * 1024
 _STOP_POLL_S = 1.0  # how late a stop signal another thread took is seen at most
+# How late the end of a start is seen: the start thread cannot wake sigtimedwait.
+_START_POLL_S = 0.05
 
 
 def keep_large_buffers() -> bool:
@@ -61,11 +67,107 @@ def keep_large_buffers() -> bool:
     )
 
 
+def _load_config(args: argparse.Namespace) -> BrokerConfig:
+    """``--config`` and ``--override``; raises InvalidConfigError naming ``--config`` and
+    the file when it is missing, a directory, unreadable or not UTF-8."""
+    try:
+        return BrokerConfig.load(args.config, args.override)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise config_file_error("--config", args.config, exc) from exc
+
+
+def _on_log_dir_path(log_dir: Path, filename: object) -> bool:
+    """Whether ``filename`` is ``log.dir``, one of its parents or a file inside it."""
+    if not isinstance(filename, str | os.PathLike):
+        return False
+    path = Path(filename).absolute()
+    target = log_dir.absolute()
+    return path == target or path in target.parents or target in path.parents
+
+
+def _start_failure(config: BrokerConfig, exc: BaseException) -> BaseException:
+    """What a failed ``Broker.start`` means for the operator: the key, the address or the
+    directory at fault, and what to do. Errors already naming theirs pass unchanged."""
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    if isinstance(exc, KazooTimeoutError):
+        return Unreachable(
+            f"zookeeper.connect={config.zookeeper_connect}: no ZooKeeper server answered "
+            f"within zookeeper.session.timeout.ms={config.zookeeper_session_timeout_ms}; "
+            "start ZooKeeper or correct zookeeper.connect"
+        )
+    if isinstance(exc, pa.ArrowException) and port_in_use(
+        config.listener_host, config.listener_port
+    ):
+        return InvalidConfigError(
+            f"listener.port={config.listener_port}: {config.listener_host}:"
+            f"{config.listener_port} is already in use; stop the process holding it or "
+            "choose another listener.port (0: any free port)"
+        )
+    if isinstance(exc, OSError) and _on_log_dir_path(config.log_dir, exc.filename):
+        return InvalidConfigError(
+            f"log.dir={config.log_dir}: cannot create or open {exc.filename}: "
+            f"{exc.strerror}; choose a directory this user can write"
+        )
+    return exc
+
+
+def _start_interruptibly(
+    broker: Broker, stop_signals: set[signal.Signals], received: list[int]
+) -> BrokerInfo | None:
+    """``broker.start()`` in a thread while this (main) thread waits for a stop signal:
+    the start may wait long (recovery, a ZooKeeper nobody answers, up to its session
+    timeout) and must not hold Ctrl-C or SIGTERM back. Returns the started broker's info,
+    or None if a stop signal came first (its number appended to ``received``); re-raises
+    what the start raised. The signals stay blocked (the caller blocked them): the start
+    thread inherits the mask, so only this thread's wait takes them."""
+    outcome: list[BrokerInfo] = []
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(broker.start())
+        except BaseException as exc:  # handed to the main thread, raised there
+            failure.append(exc)
+        finally:
+            done.set()
+
+    # Quiet kazoo's reconnect warnings while the first session is sought (one per retry,
+    # every few ms against a closed port): an unreachable ZooKeeper is reported once,
+    # below, naming the key. Its warnings after the start are shown again.
+    kazoo_log = logging.getLogger("kazoo.client")
+    level = kazoo_log.level
+    kazoo_log.setLevel(logging.ERROR)
+    starter = threading.Thread(target=run, name="broker-start", daemon=True)
+    starter.start()
+    try:
+        while not done.is_set() and not received:
+            taken = signal.sigtimedwait(stop_signals, _START_POLL_S)
+            if taken is not None and taken.si_signo in stop_signals:
+                received.append(taken.si_signo)
+    finally:
+        kazoo_log.setLevel(level)
+    if received:
+        return None
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
 def broker_start(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT, then shut down cleanly (snapshots, clean marker)."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    """Serve until SIGTERM/SIGINT, then shut down cleanly (snapshots, clean marker).
+
+    A stop signal during the start ends the process at once with 130 (SIGINT) or 143
+    (SIGTERM) and one line: nothing was served, and what the start had written is what a
+    crash leaves, recovered at the next start (docs/failure-model.md). A start that fails
+    raises an error naming the key at fault (``_start_failure``)."""
+    debug = args.debug or os.environ.get(DEBUG_ENV) == "1"
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO, format=LOG_FORMAT, stream=sys.stderr
+    )
     keep_large_buffers()
-    config = BrokerConfig.load(args.config, args.override)
+    config = _load_config(args)
     # Blocked before the broker's threads exist, so they (kazoo's, gRPC's) inherit the mask
     # and the signals stay pending for the wait below. A Python handler alone once left a
     # clean stop unheard for 30 s: one delivered to another thread ran only when the main
@@ -78,7 +180,24 @@ def broker_start(args: argparse.Namespace) -> int:
         signal.signal(stop, lambda number, _frame: received.append(number))
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     broker = Broker(config)
-    info = broker.start()
+    try:
+        info = _start_interruptibly(broker, stop_signals, received)
+    except Exception as exc:
+        failure = _start_failure(config, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+    if info is None:
+        name = signal.Signals(received[0]).name
+        print(
+            f"idemlog: broker start interrupted by {name}; nothing was served",
+            file=sys.stderr,
+            flush=True,
+        )
+        logging.shutdown()
+        # The start thread may be inside recovery or a ZooKeeper wait that cannot be
+        # cancelled: leave now, as a crash would (the data directory is built for that).
+        os._exit(128 + received[0])
     # The line a supervisor (or the test harness) waits for: the address actually bound.
     print(f"LISTENING {info.host}:{info.port}", flush=True)
     if args.ready_fd is not None:
@@ -126,6 +245,8 @@ COMMAND_CONFIG_HELP = (
     "a .properties file of the client's security keys (security.protocol, ssl.*, sasl.*), "
     "as Kafka's tools take it (docs/security.md)"
 )
+BOOTSTRAP_HELP = "a broker's address, host:port[,host:port...]"
+JSON_HELP = "print JSON instead of text"
 COMMAND_CONFIG = ConfigDef([*TLS_KEYS, *CLIENT_SASL_KEYS], what="--command-config key")
 
 
@@ -354,40 +475,44 @@ def add_commands(sub: Any) -> None:
 
     topics = sub.add_parser("topics", help="create, describe, delete topics on a cluster")
     topics_sub = topics.add_subparsers(dest="action", required=True)
-    create = topics_sub.add_parser("create")
-    create.add_argument("--bootstrap", required=True, help="host:port[,host:port]")
+    create = topics_sub.add_parser("create", help="create a topic")
+    create.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(create)
-    create.add_argument("--topic", required=True)
-    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--topic", required=True, help="the new topic's name")
+    create.add_argument(
+        "--partitions", type=int, default=1, help="how many partitions (default: 1)"
+    )
     create.add_argument("--schema", help='Arrow schema as "name:type,..." (e.g. id:int64)')
     create.add_argument(
         "--config", action="append", default=[], metavar="KEY=VALUE", help="topic override"
     )
     create.set_defaults(func=topics_create)
-    describe = topics_sub.add_parser("describe")
-    describe.add_argument("--bootstrap", required=True)
+    describe = topics_sub.add_parser(
+        "describe", help="topics' partitions, replicas, ISR and offsets"
+    )
+    describe.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(describe)
     describe.add_argument("--topic", help="only this topic")
-    describe.add_argument("--json", action="store_true")
+    describe.add_argument("--json", action="store_true", help=JSON_HELP)
     describe.set_defaults(func=topics_describe)
     elect = topics_sub.add_parser(
         "elect-leaders", help="give each partition back to its preferred (first) replica"
     )
-    elect.add_argument("--bootstrap", required=True)
+    elect.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(elect)
     elect.add_argument("--topic", help="only this topic")
-    elect.add_argument("--json", action="store_true")
+    elect.add_argument("--json", action="store_true", help=JSON_HELP)
     elect.set_defaults(func=topics_elect_leaders)
-    delete = topics_sub.add_parser("delete")
-    delete.add_argument("--bootstrap", required=True)
+    delete = topics_sub.add_parser("delete", help="delete a topic and its data")
+    delete.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(delete)
-    delete.add_argument("--topic", required=True)
+    delete.add_argument("--topic", required=True, help="the topic to delete")
     delete.set_defaults(func=topics_delete)
 
     cons = sub.add_parser("consume", help="read a topic's rows (JSON lines) or count them")
-    cons.add_argument("--bootstrap", required=True)
+    cons.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(cons)
-    cons.add_argument("--topic", required=True)
+    cons.add_argument("--topic", required=True, help="the topic to read")
     cons.add_argument("--partition", type=int, help="only this partition (default: all)")
     where = cons.add_mutually_exclusive_group()
     where.add_argument("--from-beginning", action="store_true", help="start at the log start")
@@ -396,6 +521,7 @@ def add_commands(sub: Any) -> None:
         "--isolation",
         choices=[level.value for level in IsolationLevel],
         default=IsolationLevel.READ_COMMITTED.value,
+        help="read_committed (default): committed rows only; read_uncommitted: every row",
     )
     cons.add_argument("--count-only", action="store_true", help="print row counts only")
     cons.set_defaults(func=consume)
@@ -403,7 +529,7 @@ def add_commands(sub: Any) -> None:
     txns = sub.add_parser("transactions", help="list or abort open (hanging) transactions")
     txns_sub = txns.add_subparsers(dest="action", required=True)
     tlist = txns_sub.add_parser("list", help="open transactions, oldest first")
-    tlist.add_argument("--bootstrap", required=True)
+    tlist.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(tlist)
     tlist.add_argument(
         "--min-age-ms", type=int, default=0, help="only those open at least this long"
@@ -414,16 +540,18 @@ def add_commands(sub: Any) -> None:
         help="every transactional id the coordinator keeps, in any state, with its last "
         "update (ids idle past transactional.id.expiration.ms disappear)",
     )
-    tlist.add_argument("--json", action="store_true")
+    tlist.add_argument("--json", action="store_true", help=JSON_HELP)
     tlist.set_defaults(func=transactions_list)
     tabort = txns_sub.add_parser("abort", help="fence an id's holder, abort what it has open")
-    tabort.add_argument("--bootstrap", required=True)
+    tabort.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(tabort)
-    tabort.add_argument("--transactional-id", required=True)
+    tabort.add_argument(
+        "--transactional-id", required=True, help="the id whose transaction to abort"
+    )
     tabort.set_defaults(func=transactions_abort)
 
     met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
-    met.add_argument("--bootstrap", required=True)
+    met.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(met)
-    met.add_argument("--json", action="store_true")
+    met.add_argument("--json", action="store_true", help=JSON_HELP)
     met.set_defaults(func=metrics)

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from broker_core.cli.broker_cmd import add_commands
+from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.users_cmd import add_users_command
-from broker_core.errors import IdemlogError, InvalidConfigError
+from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
 from broker_core.log.inspect import LIVE_NOTE, PartitionView, StoreView
@@ -73,7 +76,10 @@ def _describe(args: argparse.Namespace) -> int:
         names = [args.topic] if args.topic else store.topics()
         report: list[dict[str, Any]] = []
         for name in names:
-            topic = store.topic(name)
+            try:
+                topic = store.topic(name)
+            except UnknownTopicOrPartitionError as exc:
+                raise InvalidConfigError(f"--topic {name}: {exc.message}") from exc
             parts = []
             for p in range(topic.partitions):
                 log = store.partition(name, p)
@@ -115,7 +121,11 @@ def _describe(args: argparse.Namespace) -> int:
 
 def _dump(args: argparse.Namespace) -> int:
     with _open_store(args.data_dir) as store:
-        log = store.partition(args.topic, args.partition)
+        try:
+            log = store.partition(args.topic, args.partition)
+        except UnknownTopicOrPartitionError as exc:
+            # A flag naming nothing in the directory: a usage error, no broker answered.
+            raise InvalidConfigError(f"--topic {args.topic}: {exc.message}") from exc
         _report_problems(log)
         offset = log.log_start_offset if args.offset is None else args.offset
         rows = 0
@@ -140,11 +150,9 @@ def _dump(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     if args.properties:
         if args.scope != "broker":
-            print(
-                "idemlog: --properties is for `config broker` (see conf/topic.properties)",
-                file=sys.stderr,
+            raise InvalidConfigError(
+                "--properties is for `config broker`; the topic keys' file is conf/topic.properties"
             )
-            return 2
         print(render_properties(), end="")
         return 0
     config_def = BROKER_CONFIG if args.scope == "broker" else LOG_CONFIG
@@ -154,7 +162,15 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="idemlog", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="idemlog", description=__doc__.splitlines()[0], epilog=EPILOG
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"after a failure's one line, print its traceback (as {DEBUG_ENV}=1 does)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     log_cmd = sub.add_parser("log", help="inspect a local data directory")
@@ -165,19 +181,20 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("--json", action="store_true", help="print JSON instead of a table")
     describe.set_defaults(func=_describe)
     dump = log_sub.add_parser("dump", help="print a partition's batches")
-    dump.add_argument("--data-dir", required=True)
-    dump.add_argument("--topic", required=True)
-    dump.add_argument("--partition", type=int, default=0)
+    dump.add_argument("--data-dir", required=True, help="the store's data directory")
+    dump.add_argument("--topic", required=True, help="the topic to print")
+    dump.add_argument("--partition", type=int, default=0, help="its partition (default: 0)")
     dump.add_argument("--offset", type=int, help="start offset (default: log start)")
     dump.add_argument(
         "--isolation",
         choices=[level.value for level in IsolationLevel],
         default=IsolationLevel.READ_COMMITTED.value,
+        help="read_committed (default): committed rows only; read_uncommitted: every row",
     )
     dump.set_defaults(func=_dump)
 
     config = sub.add_parser("config", help="list configuration keys")
-    config.add_argument("scope", choices=["topic", "broker"])
+    config.add_argument("scope", choices=["topic", "broker"], help="which keys to list")
     config.add_argument(
         "--properties", action="store_true", help="print the commented default broker file"
     )
@@ -187,13 +204,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed package's version, or a note when run from a checkout that is not
+    installed (the version lives in the package metadata, nowhere else)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("idemlog")
+    except PackageNotFoundError:
+        return "(not installed: run from a source checkout)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code (``failures.ExitCode``). Every failure is
+    one line on stderr (``failures.classify``), its traceback only with ``--debug`` or
+    IDEMLOG_DEBUG=1; argparse exits 2 by itself on a bad flag."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except IdemlogError as exc:
-        print(f"idemlog: {exc}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt) as exc:
+        line, code = classify(exc)
+        print(f"idemlog: {line}", file=sys.stderr, flush=True)
+        if args.debug or os.environ.get(DEBUG_ENV) == "1":
+            traceback.print_exc()
+        return int(code)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from broker_core.cli.failures import Unreachable
 from broker_core.errors import InvalidConfigError
 from broker_core.security.credentials import (
     CredentialStore,
@@ -40,11 +42,26 @@ def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
         yield FileCredentialStore(path)
         return
     from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
 
     hosts, chroot = split_zookeeper_connect(args.zookeeper.strip())
     # Without the chroot, so that every missing level of it is created (as a broker does).
     client: Any = KazooClient(hosts=hosts, timeout=ZK_TIMEOUT_S)
-    client.start(timeout=ZK_TIMEOUT_S)
+    # Its reconnect warnings, one per retry, would bury the one line said below.
+    kazoo_log = logging.getLogger("kazoo.client")
+    level = kazoo_log.level
+    kazoo_log.setLevel(logging.ERROR)
+    try:
+        client.start(timeout=ZK_TIMEOUT_S)
+    except KazooTimeoutError:
+        client.stop()  # its connection thread retries until stopped
+        client.close()
+        raise Unreachable(
+            f"--zookeeper {args.zookeeper}: no ZooKeeper server answered within "
+            f"{ZK_TIMEOUT_S:g} s; start ZooKeeper or correct --zookeeper"
+        ) from None
+    finally:
+        kazoo_log.setLevel(level)
     try:
         yield ZkCredentialStore(client, chroot + ZK_ROOT, watch=False)
     finally:
@@ -127,7 +144,12 @@ def add_users_command(sub: Any) -> None:
                 choices=MECHANISM_NAMES,
                 help="repeatable; default: both",
             )
-            cmd.add_argument("--iterations", type=int, default=MIN_ITERATIONS)
+            cmd.add_argument(
+                "--iterations",
+                type=int,
+                default=MIN_ITERATIONS,
+                help=f"SCRAM's hash iterations (default and minimum: {MIN_ITERATIONS})",
+            )
             cmd.add_argument(
                 "--password-file",
                 help="read the password from this file's first line ('-': stdin) "

@@ -352,8 +352,15 @@ class Broker:
             self._transition(BrokerState.STOPPING)
             self._release()
             raise
-        except BaseException:
-            log.exception("broker %d failed to start", self.broker_id)
+        except BaseException as exc:
+            # The exception goes on to the caller, who reports it (the CLI in one line):
+            # its traceback here only when debugging, not twice in every log.
+            log.error(
+                "broker %d failed to start: %s",
+                self.broker_id,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
             self._transition(BrokerState.STOPPING)
             self._release()
             raise

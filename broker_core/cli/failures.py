@@ -1,0 +1,132 @@
+"""How an ``idemlog`` command fails: one line on stderr and a documented exit code.
+
+Every failure a command meets ends in ``main.run``'s one handler, which prints
+``idemlog: <what>: <cause>; <what to do>`` (no traceback unless ``--debug`` or
+``IDEMLOG_DEBUG=1`` asks for it) and exits with an ``ExitCode`` (docs/broker.md, "Exit
+codes"). A usage or configuration error never shows a wire error code: it was not
+answered by a broker, the operator fixes a flag or a file.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+from enum import IntEnum
+
+from broker_core.errors import (
+    BrokerNotAvailableError,
+    IdemlogError,
+    InvalidConfigError,
+    InvalidRequestError,
+    LogDirLockedError,
+    NetworkError,
+    SaslAuthenticationFailedError,
+    SslHandshakeError,
+)
+
+DEBUG_ENV = "IDEMLOG_DEBUG"  # "1": print the traceback after the line (for developers)
+
+
+class ExitCode(IntEnum):
+    """The CLI's exit codes (``idemlog --help`` lists them, docs/broker.md explains them)."""
+
+    OK = 0
+    FAILURE = 1  # the command ran and failed: a refused request, a data error
+    USAGE = 2  # a bad flag, file, key or value (argparse's own code), credentials refused
+    UNREACHABLE = 3  # no broker or ZooKeeper answered at the configured address
+    INTERRUPTED = 128 + signal.SIGINT  # 130, Ctrl-C
+    TERMINATED = 128 + signal.SIGTERM  # 143
+
+
+EPILOG = (
+    "exit codes: 0 ok; 1 the command failed (a refused request, a data error); 2 usage or "
+    "configuration error (a flag, a file, a key, a value, credentials, a log.dir in use); "
+    "3 unreachable (no broker at --bootstrap, no ZooKeeper at zookeeper.connect); "
+    "130 interrupted (SIGINT), 143 terminated (SIGTERM). A failure is one line "
+    f"'idemlog: ...' on stderr; --debug or {DEBUG_ENV}=1 adds the traceback."
+)
+
+# Refused before any request reached a broker: fixed by the operator, so no wire code.
+_USAGE_ERRORS: tuple[type[IdemlogError], ...] = (InvalidConfigError, InvalidRequestError)
+# Answered, but what the operator configured is wrong: the credentials, the directory.
+_CONFIG_ERRORS: tuple[type[IdemlogError], ...] = (
+    LogDirLockedError,
+    SaslAuthenticationFailedError,
+    SslHandshakeError,
+)
+_UNREACHABLE_ERRORS: tuple[type[IdemlogError], ...] = (NetworkError, BrokerNotAvailableError)
+
+
+class Unreachable(IdemlogError):
+    """A server the command needs did not answer at its configured address (exit 3);
+    its message names the key or flag and the address. Never sent on the wire."""
+
+    error_code = NetworkError.error_code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def classify(exc: BaseException) -> tuple[str, ExitCode]:
+    """The one line (without the ``idemlog: `` prefix) and the exit code for ``exc``.
+
+    Typed errors keep their message; usage errors lose the wire code; an OSError names
+    its file. Anything else is a bug of idemlog's and says so (exit 1)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (SIGINT)", ExitCode.INTERRUPTED
+    if isinstance(exc, Unreachable):
+        return exc.message, ExitCode.UNREACHABLE
+    if isinstance(exc, _USAGE_ERRORS):
+        return exc.message, ExitCode.USAGE
+    if isinstance(exc, _CONFIG_ERRORS):
+        return str(exc), ExitCode.USAGE
+    if isinstance(exc, _UNREACHABLE_ERRORS):
+        return (
+            f"{exc}; check that the broker runs and the address is right",
+            ExitCode.UNREACHABLE,
+        )
+    if isinstance(exc, IdemlogError):
+        return str(exc), ExitCode.FAILURE
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}", ExitCode.FAILURE
+    return (
+        f"unexpected {type(exc).__name__}: {exc}; this is a bug, rerun with --debug "
+        "and report the traceback",
+        ExitCode.FAILURE,
+    )
+
+
+def config_file_error(
+    flag: str, path: str, exc: OSError | UnicodeDecodeError
+) -> InvalidConfigError:
+    """A configuration file that cannot be read, as a usage error naming the flag, the
+    file and the cause (missing, a directory, unreadable, not UTF-8)."""
+    if isinstance(exc, UnicodeDecodeError):
+        line = exc.object[: exc.start].count(b"\n") + 1
+        cause = (
+            f"line {line}: byte 0x{exc.object[exc.start]:02x} (offset {exc.start}) is not "
+            "UTF-8; save the file as UTF-8"
+        )
+    elif isinstance(exc, IsADirectoryError):
+        cause = "is a directory; name a .properties file"
+    elif isinstance(exc, FileNotFoundError):
+        cause = "no such file; check the path"
+    else:
+        cause = f"cannot read it: {exc.strerror}"
+    return InvalidConfigError(f"{flag} {path}: {cause}")
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether ``host:port`` is taken now: used only to explain a listener that failed
+    to start (gRPC says "Server did not start properly" and nothing more)."""
+    if port == 0:
+        return False
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
