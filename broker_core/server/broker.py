@@ -54,7 +54,7 @@ from broker_core.server.state_coordinator import StateLeaderCoordinatorRole
 from broker_core.server.tasks import TaskGroup
 from broker_core.txn.coordinator import LocalMarkerWriter
 from broker_core.txn.expiry import ExpiryPolicy
-from broker_core.txn.pid_block import ProducerIdBlock
+from broker_core.txn.pid_block import IssuedProducerIds
 from broker_core.txn.pid_file import FileProducerIdBlockSource
 from broker_core.txn.pid_manager import ProducerIdManager
 from broker_core.txn.pid_zk import ZkProducerIdBlockSource
@@ -107,29 +107,6 @@ _TRANSITIONS: dict[BrokerState, frozenset[BrokerState]] = {
     BrokerState.STOPPING: frozenset({BrokerState.STOPPED}),
     BrokerState.STOPPED: frozenset(),
 }
-
-
-class IssuedProducerIds:
-    """``producer_id_known`` for the store: was this id ever handed out by the cluster?
-
-    True for every id up to the end of the newest leased block. The bound is cached and
-    re-read from the block record only on a miss, so a valid producer costs nothing and a
-    forged id costs one small read.
-    """
-
-    def __init__(self, read_latest: Callable[[], ProducerIdBlock | None]) -> None:
-        self._read_latest = read_latest
-        self._lock = threading.Lock()
-        self._highest = -1
-
-    def __call__(self, producer_id: int) -> bool:
-        if producer_id <= self._highest:
-            return True
-        latest = self._read_latest()
-        with self._lock:
-            if latest is not None and latest.end > self._highest:
-                self._highest = latest.end
-            return producer_id <= self._highest
 
 
 class Broker:

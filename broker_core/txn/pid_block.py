@@ -20,6 +20,8 @@ Like Kafka, no block may end at ``2**63 - 1``: the last block that can be leased
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -132,3 +134,26 @@ class ProducerIdBlockSource(Protocol):
 
 
 # How a kazoo connection state reads in the "ZooKeeper unavailable (...)" log line.
+
+
+class IssuedProducerIds:
+    """``producer_id_known`` for the store: was this id ever handed out by the cluster?
+
+    True for every id up to the end of the newest leased block. The bound is cached and
+    re-read from the block record only on a miss, so a valid producer costs nothing and a
+    forged id costs one small read.
+    """
+
+    def __init__(self, read_latest: Callable[[], ProducerIdBlock | None]) -> None:
+        self._read_latest = read_latest
+        self._lock = threading.Lock()
+        self._highest = -1
+
+    def __call__(self, producer_id: int) -> bool:
+        if producer_id <= self._highest:
+            return True
+        latest = self._read_latest()
+        with self._lock:
+            if latest is not None and latest.end > self._highest:
+                self._highest = latest.end
+            return producer_id <= self._highest
