@@ -71,14 +71,17 @@ class Unreachable(IdemlogError):
 def classify(exc: BaseException) -> tuple[str, ExitCode]:
     """The one line (without the ``idemlog: `` prefix) and the exit code for ``exc``.
 
-    Typed errors keep their message; usage errors lose the wire code; an OSError names
-    its file. Anything else is a bug of idemlog's and says so (exit 1)."""
+    Typed errors keep their message; usage errors lose the wire code (a subclass with a
+    code of its own, such as a broker's INVALID_REPLICATION_FACTOR, keeps it); an OSError
+    names its file. Anything else is a bug of idemlog's and says so (exit 1)."""
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (SIGINT)", ExitCode.INTERRUPTED
     if isinstance(exc, Unreachable):
         return exc.message, ExitCode.UNREACHABLE
     if isinstance(exc, _USAGE_ERRORS):
-        return exc.message, ExitCode.USAGE
+        if type(exc) in _USAGE_ERRORS:
+            return exc.message, ExitCode.USAGE
+        return str(exc), ExitCode.USAGE  # a broker's refusal of a value, with its own code
     if isinstance(exc, _CONFIG_ERRORS):
         return str(exc), ExitCode.USAGE
     if isinstance(exc, _UNREACHABLE_ERRORS):
