@@ -203,7 +203,8 @@ def test_broker_that_cannot_start_raises_with_path_and_log(path: str) -> None:
     message = str(info.value)
     assert path in message
     assert LOG_FILE in message
-    assert "FileExistsError" in message  # the traceback's end, quoted from broker.log
+    # The broker's own one-line failure, quoted from broker.log, names the key and cause.
+    assert "log.dir=" in message and "File exists" in message
     assert info.value.retriable
     assert broker_pid(path) is None
 
