@@ -3,7 +3,7 @@
 idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginning]
-idemlog metrics --bootstrap host:port [--json]
+idemlog metrics --bootstrap host:port [--top N | --producers [--page-size N]] [--json]
 
 Every command that takes ``--bootstrap`` also takes ``--command-config FILE``: the client's
 security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) as Kafka's tools take them.
@@ -31,7 +31,14 @@ from broker_core.cluster.metadata import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
-from broker_core.protocol.metrics import render_table
+from broker_core.protocol.metrics import (
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_TOP,
+    DETAIL_PRODUCERS,
+    MAX_PAGE_SIZE,
+    MAX_TOP,
+    render_table,
+)
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
@@ -444,8 +451,14 @@ def consume(args: argparse.Namespace) -> int:
 
 # -- metrics ---------------------------------------------------------------------------------
 def metrics(args: argparse.Namespace) -> int:
+    """The bounded document (aggregates and the top producers), or with ``--producers``
+    every producer's counters, fetched page by page from each broker."""
     with _client(args) as client:
-        doc = client.metrics()
+        if args.producers:
+            rows = client.producer_metrics(args.page_size)
+            doc: dict[str, Any] = {"detail": DETAIL_PRODUCERS, "producers": rows}
+        else:
+            doc = client.metrics(args.top)
     print(json.dumps(doc, indent=2) if args.json else render_table(doc))
     return 0
 
@@ -554,4 +567,22 @@ def add_commands(sub: Any) -> None:
     met.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(met)
     met.add_argument("--json", action="store_true", help=JSON_HELP)
+    met.add_argument(
+        "--top",
+        type=int,
+        default=DEFAULT_TOP,
+        help=f"producers listed by duplicates answered, 0..{MAX_TOP} (default {DEFAULT_TOP})",
+    )
+    met.add_argument(
+        "--producers",
+        action="store_true",
+        help="every producer's counters instead (paged from each broker; large)",
+    )
+    met.add_argument(
+        "--page-size",
+        type=int,
+        default=DEFAULT_PAGE_SIZE,
+        help=f"with --producers: rows per request, 1..{MAX_PAGE_SIZE} "
+        f"(default {DEFAULT_PAGE_SIZE})",
+    )
     met.set_defaults(func=metrics)

@@ -37,7 +37,7 @@ from broker_core.fileutil import DirectoryLock
 from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
-from broker_core.protocol.metrics import PartitionGauges
+from broker_core.protocol.metrics import MetricsRequest, PartitionGauges
 from broker_core.security.tls import Side, warn_if_exposed
 from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import ZK_ROOT, BrokerConfig
@@ -47,6 +47,7 @@ from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics
 from broker_core.server.partition import Partition
+from broker_core.server.prometheus import MetricsEndpoint
 from broker_core.server.replica_fetcher import FetcherConfig
 from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
@@ -121,6 +122,7 @@ class Broker:
         self.config = config
         self.broker_id = config.broker_id
         self.metrics = Metrics()
+        self.metrics_endpoint: MetricsEndpoint | None = None  # metrics.port's, when set
         self._state = BrokerState.CREATED
         self._state_lock = threading.Lock()
         self._ready = threading.Event()
@@ -197,6 +199,10 @@ class Broker:
             warn_if_exposed(cfg.listener_host, cfg.tls)
             # Decided here, once: an inherited variable alone never arms a hook.
             failpoints = failpoints_from_start(cfg.test_hooks_enable)
+            # Before the directory is touched: a taken metrics.port refuses the start at once.
+            if cfg.metrics.enabled:
+                self.metrics_endpoint = MetricsEndpoint(cfg.metrics, self.metrics_document)
+                self.metrics_endpoint.start()
             cfg.log_dir.mkdir(parents=True, exist_ok=True)
             # Before anything in the directory is read or written: recovery may truncate.
             self._dir_lock = lock_data_dir(cfg.log_dir)
@@ -463,9 +469,15 @@ class Broker:
         """fsync every local partition whose ``flush.ms`` is due; returns how many were."""
         return sum(1 for _t, _p, log_ in self._local_logs() if log_.flush_if_due())
 
-    def metrics_document(self) -> dict[str, Any]:
-        """This broker's metrics: request counters, per-partition offsets and producers,
-        and the coordinator's state if it runs here (``transactions``, else None)."""
+    def metrics_document(self, request: MetricsRequest | None = None) -> dict[str, Any]:
+        """This broker's answer to a METRICS request (default: ``MetricsRequest()``): the
+        bounded document (request counters, per-partition offsets and producer counts, the
+        top producers by duplicates, replication, the coordinator's state if it runs here,
+        else ``transactions`` None), or one page of the per-producer detail."""
+        request = request or MetricsRequest()
+        if request.detail is not None:
+            page = self.metrics.producer_page(self.broker_id, request.after(), request.page_size)
+            return page.to_doc()
         gauges: dict[tuple[str, int], PartitionGauges] = {}
         for topic, partition, log_ in self._local_logs():
             gauges[(topic, partition)] = PartitionGauges(
@@ -482,7 +494,7 @@ class Broker:
                 marker_appends=log_.marker_appends,
             )
         transactions = self.coordinators.describe()
-        document = self.metrics.document(self.broker_id, gauges, transactions)
+        document = self.metrics.document(self.broker_id, gauges, transactions, request.top)
         if self.replicas is not None:
             document["replication"] = self.replicas.describe()
         return document
@@ -526,6 +538,8 @@ class Broker:
 
     def _release(self) -> None:
         self._tasks.stop()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.stop()
         if self._server is not None:
             self._shutdown_server()
         if self._coordinator_role is not None:
