@@ -1,0 +1,144 @@
+"""``make bench-metrics``: what one default metrics document costs with 10 idempotent
+producers and with many (issue 26: 280 B and 29 us per producer when it listed them all).
+
+One broker process; producers are made for real (InitProducerId, then one batch each
+through a pipelined produce stream; the first 10 and a tenth of the others answered a
+duplicate too, so the top 10 is full at both counts) until
+``--producers`` exist or ``--create-seconds`` have passed, whichever comes first (the
+table says how many). At 10 producers and at the final count, the default document
+(aggregates and the top 10 producers, ``idemlog metrics``) is fetched ``--repeat`` times:
+its bytes as JSON and the median time of the call. ``default_doc_size_ratio`` and
+``default_doc_time_ratio`` are the large count's over the small one's (goal: about 1). The
+per-producer detail (every page, ``idemlog metrics --producers``) is timed once at the
+large count, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+
+from benchmarks.bench_broker import Server, start_broker
+from broker_core.client.broker_client import BrokerClient
+from broker_core.client.produce_stream import ProduceHandle
+
+TOPIC = "bench-metrics"
+PARTITIONS = 4
+SMALL = 10
+WINDOW = 256  # batches in flight on one stream
+BATCH = pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64())})
+
+
+def add_producers(client: BrokerClient, count: int, deadline: float, every: int) -> int:
+    """``count`` more idempotent producers with one batch each (every ``every``-th answered
+    a duplicate too), stopping early at ``deadline``; how many were made."""
+    made = 0
+    streams = [client.produce_stream(TOPIC, p) for p in range(PARTITIONS)]
+    window: deque[ProduceHandle] = deque()
+    try:
+        while made < count and time.monotonic() < deadline:
+            pid, epoch = client.init_producer_id()
+            stream = streams[made % PARTITIONS]
+            sends = 2 if made % every == 0 else 1  # the second: a duplicate, answered as one
+            for _ in range(sends):
+                window.append(
+                    stream.send(BATCH, producer_id=pid, producer_epoch=epoch, base_sequence=0)
+                )
+            while len(window) > WINDOW:
+                check(window.popleft())
+            made += 1
+        while window:
+            check(window.popleft())
+    finally:
+        for stream in streams:
+            stream.close()
+    return made
+
+
+def check(handle: ProduceHandle) -> None:
+    error = handle.result(120).error()
+    if error is not None:
+        raise error
+
+
+def measure(client: BrokerClient, repeat: int) -> tuple[int, float, int]:
+    """The default document's JSON bytes, the median ms of fetching it, its producers."""
+    times = []
+    doc: dict[str, object] = {}
+    for _ in range(repeat):
+        start = time.perf_counter()
+        (doc,) = client.metrics_per_broker()
+        times.append((time.perf_counter() - start) * 1000)
+    size = len(json.dumps(doc, separators=(",", ":")).encode())
+    tracked = doc["producers_tracked"]
+    assert isinstance(tracked, int)
+    return size, statistics.median(times), tracked
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--producers", type=int, default=300_000, help="the large count")
+    parser.add_argument(
+        "--create-seconds", type=float, default=120.0, help="most time to make producers"
+    )
+    parser.add_argument("--repeat", type=int, default=21, help="document fetches per count")
+    parser.add_argument("--dir", default=None, help="where the broker's directory goes")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix=".bench-metrics-", dir=args.dir))
+    server: Server | None = None
+    try:
+        server = start_broker(workdir / "broker")
+        with BrokerClient(server.address) as client:
+            client.create_topic(TOPIC, PARTITIONS)
+            add_producers(client, SMALL, float("inf"), 1)  # a full top 10 at both counts
+            small = measure(client, args.repeat)
+            started = time.monotonic()
+            more = add_producers(client, args.producers - SMALL, started + args.create_seconds, 10)
+            create_s = time.monotonic() - started
+            large = measure(client, args.repeat)
+            start = time.perf_counter()
+            detail = client.producer_metrics(page_size=1000)
+            detail_s = time.perf_counter() - start
+        detail_bytes = len(json.dumps(detail, separators=(",", ":")).encode())
+        print()
+        print(
+            f"default metrics document (aggregates + top 10 producers), one broker, "
+            f"{args.repeat} fetches each (median); {SMALL + more} producers made in "
+            f"{create_s:.0f} s ({more / create_s:.0f}/s)"
+        )
+        print(f"{'producers':>9}  {'doc bytes':>9}  {'doc ms':>7}")
+        for size, ms, tracked in (small, large):
+            print(f"{tracked:>9}  {size:>9}  {ms:>7.2f}")
+        print(
+            f"every producer, paged by 1000 (--producers): {len(detail)} rows, "
+            f"{detail_bytes / 1e6:.1f} MB, {detail_s:.2f} s"
+        )
+        print()
+        print(f"producers_small={small[2]}")
+        print(f"producers_large={large[2]}")
+        print(f"default_doc_bytes_small={small[0]}")
+        print(f"default_doc_bytes_large={large[0]}")
+        print(f"default_doc_ms_small={small[1]:.2f}")
+        print(f"default_doc_ms_large={large[1]:.2f}")
+        print(f"default_doc_size_ratio={large[0] / small[0]:.2f}")
+        print(f"default_doc_time_ratio={large[1] / small[1]:.2f}")
+        print(f"detail_s={detail_s:.2f}")
+        print(f"detail_rows={len(detail)}")
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
