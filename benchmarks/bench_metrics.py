@@ -1,16 +1,16 @@
 """``make bench-metrics``: what one default metrics document costs with 10 idempotent
 producers and with many (issue 26: 280 B and 29 us per producer when it listed them all).
 
-One broker process; producers are made for real (InitProducerId, then one batch each
-through a pipelined produce stream; the first 10 and a tenth of the others answered a
-duplicate too, so the top 10 is full at both counts) until
-``--producers`` exist or ``--create-seconds`` have passed, whichever comes first (the
-table says how many). At 10 producers and at the final count, the default document
-(aggregates and the top 10 producers, ``idemlog metrics``) is fetched ``--repeat`` times:
-its bytes as JSON and the median time of the call. ``default_doc_size_ratio`` and
-``default_doc_time_ratio`` are the large count's over the small one's (goal: about 1). The
-per-producer detail (every page, ``idemlog metrics --producers``) is timed once at the
-large count, for scale.
+Two broker processes, one kept at 10 producers; on the other, producers are made for
+real (InitProducerId, then one batch each through a pipelined produce stream; the first
+10 and a tenth of the others answered a duplicate too, so the top 10 is full on both)
+until ``--producers`` exist or ``--create-seconds`` have passed, whichever comes first
+(the table says how many). Then the default document (aggregates and the top 10
+producers, ``idemlog metrics``) is fetched ``--repeat`` times from each broker in turn,
+so the machine's load falls on both alike: its bytes as JSON and the median time of the
+call. ``default_doc_size_ratio`` and ``default_doc_time_ratio`` are the large count's
+over the small one's (goal: about 1). The per-producer detail (every page, ``idemlog
+metrics --producers``) is timed once at the large count, for scale.
 """
 
 from __future__ import annotations
@@ -70,18 +70,29 @@ def check(handle: ProduceHandle) -> None:
         raise error
 
 
-def measure(client: BrokerClient, repeat: int) -> tuple[int, float, int]:
-    """The default document's JSON bytes, the median ms of fetching it, its producers."""
-    times = []
-    doc: dict[str, object] = {}
+def fetch_ms(client: BrokerClient) -> tuple[float, dict[str, object]]:
+    """One default document from the client's broker: the ms it took, and the document."""
+    start = time.perf_counter()
+    (doc,) = client.metrics_per_broker()
+    return (time.perf_counter() - start) * 1000, doc
+
+
+def measure(clients: Sequence[BrokerClient], repeat: int) -> list[tuple[int, float, int]]:
+    """Per broker: the default document's JSON bytes, the median ms of fetching it, its
+    producers. The brokers are asked in turn, so the machine's load falls on each alike."""
+    times: list[list[float]] = [[] for _ in clients]
+    docs: list[dict[str, object]] = [{} for _ in clients]
     for _ in range(repeat):
-        start = time.perf_counter()
-        (doc,) = client.metrics_per_broker()
-        times.append((time.perf_counter() - start) * 1000)
-    size = len(json.dumps(doc, separators=(",", ":")).encode())
-    tracked = doc["producers_tracked"]
-    assert isinstance(tracked, int)
-    return size, statistics.median(times), tracked
+        for i, client in enumerate(clients):
+            ms, docs[i] = fetch_ms(client)
+            times[i].append(ms)
+    result = []
+    for doc, ms_list in zip(docs, times, strict=True):
+        tracked = doc["producers_tracked"]
+        assert isinstance(tracked, int)
+        size = len(json.dumps(doc, separators=(",", ":")).encode())
+        result.append((size, statistics.median(ms_list), tracked))
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,34 +101,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--create-seconds", type=float, default=120.0, help="most time to make producers"
     )
-    parser.add_argument("--repeat", type=int, default=21, help="document fetches per count")
-    parser.add_argument("--dir", default=None, help="where the broker's directory goes")
+    parser.add_argument("--repeat", type=int, default=51, help="document fetches per broker")
+    parser.add_argument("--dir", default=None, help="where the brokers' directories go")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix=".bench-metrics-", dir=args.dir))
-    server: Server | None = None
+    servers: list[Server] = []
     try:
-        server = start_broker(workdir / "broker")
-        with BrokerClient(server.address) as client:
-            client.create_topic(TOPIC, PARTITIONS)
-            add_producers(client, SMALL, float("inf"), 1)  # a full top 10 at both counts
-            small = measure(client, args.repeat)
+        servers.append(start_broker(workdir / "small", "small"))
+        servers.append(start_broker(workdir / "large", "large"))
+        with BrokerClient(servers[0].address) as few, BrokerClient(servers[1].address) as many:
+            for client in (few, many):
+                client.create_topic(TOPIC, PARTITIONS)
+                add_producers(client, SMALL, float("inf"), 1)  # a full top 10 on both
             started = time.monotonic()
-            more = add_producers(client, args.producers - SMALL, started + args.create_seconds, 10)
+            more = add_producers(many, args.producers - SMALL, started + args.create_seconds, 10)
             create_s = time.monotonic() - started
-            large = measure(client, args.repeat)
+            small, large = measure([few, many], args.repeat)
             start = time.perf_counter()
-            detail = client.producer_metrics(page_size=1000)
+            detail = many.producer_metrics(page_size=1000)
             detail_s = time.perf_counter() - start
         detail_bytes = len(json.dumps(detail, separators=(",", ":")).encode())
         print()
         print(
-            f"default metrics document (aggregates + top 10 producers), one broker, "
-            f"{args.repeat} fetches each (median); {SMALL + more} producers made in "
-            f"{create_s:.0f} s ({more / create_s:.0f}/s)"
+            f"default metrics document (aggregates + top 10 producers): two brokers, one "
+            f"with {SMALL} producers, one with {SMALL + more} (made in {create_s:.0f} s, "
+            f"{more / create_s:.0f}/s); {args.repeat} fetches each, in turn (median)"
         )
         print(f"{'producers':>9}  {'doc bytes':>9}  {'doc ms':>7}")
         for size, ms, tracked in (small, large):
             print(f"{tracked:>9}  {size:>9}  {ms:>7.2f}")
+        print(f"{'ratio':>9}  {large[0] / small[0]:>9.2f}  {large[1] / small[1]:>7.2f}")
         print(
             f"every producer, paged by 1000 (--producers): {len(detail)} rows, "
             f"{detail_bytes / 1e6:.1f} MB, {detail_s:.2f} s"
@@ -134,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"detail_s={detail_s:.2f}")
         print(f"detail_rows={len(detail)}")
     finally:
-        if server is not None:
+        for server in servers:
             server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -463,6 +464,21 @@ def metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in low..high, else the flag's usage error (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
 def add_commands(sub: Any) -> None:
     """Register the broker-facing subcommands on the ``idemlog`` parser."""
     broker = sub.add_parser("broker", help="run a broker")
@@ -569,7 +585,7 @@ def add_commands(sub: Any) -> None:
     met.add_argument("--json", action="store_true", help=JSON_HELP)
     met.add_argument(
         "--top",
-        type=int,
+        type=_int_in(0, MAX_TOP),
         default=DEFAULT_TOP,
         help=f"producers listed by duplicates answered, 0..{MAX_TOP} (default {DEFAULT_TOP})",
     )
@@ -580,7 +596,7 @@ def add_commands(sub: Any) -> None:
     )
     met.add_argument(
         "--page-size",
-        type=int,
+        type=_int_in(1, MAX_PAGE_SIZE),
         default=DEFAULT_PAGE_SIZE,
         help=f"with --producers: rows per request, 1..{MAX_PAGE_SIZE} "
         f"(default {DEFAULT_PAGE_SIZE})",

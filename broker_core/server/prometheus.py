@@ -229,7 +229,7 @@ class DocumentCollector(Collector):
             value=float(txns.get("open_transactions", 0)),
         )
         by_state = GaugeMetricFamily(
-            f"{TXN}_transactional_ids", "Transactional ids by state", labels=["state"]
+            f"{TXN}_transactional_ids_by_state", "Transactional ids by state", labels=["state"]
         )
         for state, n in sorted((txns.get("by_state") or {}).items()):
             by_state.add_metric([state], float(n))

@@ -125,3 +125,18 @@ def test_merged_documents_rank_the_brokers_top_producers_again() -> None:
     assert merged["requests"]["produce"]["count"] == 0
     ranked = top_producers(merged["producers"], 3)
     assert merged["producers"] == ranked and duplicates_of(ranked[0]) == 2 * 3
+
+
+def test_the_cli_refuses_a_top_or_page_size_outside_its_bounds_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from broker_core.cli.main import main as cli_main
+
+    for flags, message in (
+        (["--top", "101"], "argument --top: 101 is not in 0..100"),
+        (["--producers", "--page-size", "0"], "argument --page-size: 0 is not in 1..1000"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            cli_main(["metrics", "--bootstrap", "127.0.0.1:1", *flags])
+        assert exited.value.code == 2
+        assert message in capsys.readouterr().err
