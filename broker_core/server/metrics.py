@@ -40,6 +40,7 @@ from broker_core.protocol.metrics import (
     AppendOutcome,
     PartitionGauges,
     ProducerPage,
+    counters_row,
 )
 from broker_core.record.batch import NO_PRODUCER_ID
 
@@ -194,7 +195,7 @@ class Metrics:
                     self._rank(pid, dups)
             self._top_stale = False
         ranked = sorted(self._top, key=lambda pid: (-self._top[pid], pid))[:top]
-        return [{"producer_id": pid, **asdict(self._producers[pid])} for pid in ranked]
+        return [counters_row(pid, self._producers[pid]) for pid in ranked]
 
     def document(
         self,
@@ -241,7 +242,7 @@ class Metrics:
         with self._lock:
             start = bisect.bisect_right(self._order, after)
             ids = self._order[start : start + size]
-            rows = tuple({"producer_id": pid, **asdict(self._producers[pid])} for pid in ids)
+            rows = tuple(counters_row(pid, self._producers[pid]) for pid in ids)
             more = start + size < len(self._order)
             tracked = len(self._producers)
         token = str(ids[-1]) if more and ids else None
