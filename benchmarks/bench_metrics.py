@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from benchmarks.bench_broker import Server, start_broker
+from benchmarks.bench_broker import Server, cpu_seconds, start_broker
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle
 
@@ -35,6 +35,7 @@ TOPIC = "bench-metrics"
 PARTITIONS = 4
 SMALL = 10
 WINDOW = 256  # batches in flight on one stream
+TICK_MS = 10.0  # /proc's CPU time granularity: no ratio over less than one tick
 BATCH = pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64())})
 
 
@@ -77,21 +78,30 @@ def fetch_ms(client: BrokerClient) -> tuple[float, dict[str, object]]:
     return (time.perf_counter() - start) * 1000, doc
 
 
-def measure(clients: Sequence[BrokerClient], repeat: int) -> list[tuple[int, float, int]]:
-    """Per broker: the default document's JSON bytes, the median ms of fetching it, its
-    producers. The brokers are asked in turn, so the machine's load falls on each alike."""
+Figures = tuple[int, float, float, int]  # doc bytes, median ms, broker CPU ms, producers
+
+
+def measure(
+    servers: Sequence[Server], clients: Sequence[BrokerClient], repeat: int
+) -> list[Figures]:
+    """Per broker: the default document's JSON bytes, the median ms of fetching it, the
+    broker's CPU ms per fetch (less sensitive to the machine's load than wall time; the
+    brokers do nothing else meanwhile), its producers. The brokers are asked in turn, so
+    the load falls on each alike."""
     times: list[list[float]] = [[] for _ in clients]
     docs: list[dict[str, object]] = [{} for _ in clients]
+    cpu_before = [cpu_seconds(s.process.pid) for s in servers]
     for _ in range(repeat):
         for i, client in enumerate(clients):
             ms, docs[i] = fetch_ms(client)
             times[i].append(ms)
+    cpu = [cpu_seconds(s.process.pid) - b for s, b in zip(servers, cpu_before, strict=True)]
     result = []
-    for doc, ms_list in zip(docs, times, strict=True):
+    for doc, ms_list, cpu_s in zip(docs, times, cpu, strict=True):
         tracked = doc["producers_tracked"]
         assert isinstance(tracked, int)
         size = len(json.dumps(doc, separators=(",", ":")).encode())
-        result.append((size, statistics.median(ms_list), tracked))
+        result.append((size, statistics.median(ms_list), cpu_s * 1000 / repeat, tracked))
     return result
 
 
@@ -101,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--create-seconds", type=float, default=120.0, help="most time to make producers"
     )
-    parser.add_argument("--repeat", type=int, default=51, help="document fetches per broker")
+    parser.add_argument("--repeat", type=int, default=201, help="document fetches per broker")
     parser.add_argument("--dir", default=None, help="where the brokers' directories go")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix=".bench-metrics-", dir=args.dir))
@@ -116,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = time.monotonic()
             more = add_producers(many, args.producers - SMALL, started + args.create_seconds, 10)
             create_s = time.monotonic() - started
-            small, large = measure([few, many], args.repeat)
+            small, large = measure(servers, [few, many], args.repeat)
             start = time.perf_counter()
             detail = many.producer_metrics(page_size=1000)
             detail_s = time.perf_counter() - start
@@ -127,23 +137,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"with {SMALL} producers, one with {SMALL + more} (made in {create_s:.0f} s, "
             f"{more / create_s:.0f}/s); {args.repeat} fetches each, in turn (median)"
         )
-        print(f"{'producers':>9}  {'doc bytes':>9}  {'doc ms':>7}")
-        for size, ms, tracked in (small, large):
-            print(f"{tracked:>9}  {size:>9}  {ms:>7.2f}")
-        print(f"{'ratio':>9}  {large[0] / small[0]:>9.2f}  {large[1] / small[1]:>7.2f}")
+        print(f"{'producers':>9}  {'doc bytes':>9}  {'doc ms':>7}  {'broker CPU ms':>13}")
+        for size, ms, cpu_ms, tracked in (small, large):
+            print(f"{tracked:>9}  {size:>9}  {ms:>7.2f}  {cpu_ms:>13.2f}")
+        print(
+            f"{'ratio':>9}  {large[0] / small[0]:>9.2f}  {large[1] / small[1]:>7.2f}  "
+            f"{large[2] / max(small[2], TICK_MS):>13.2f}"
+        )
         print(
             f"every producer, paged by 1000 (--producers): {len(detail)} rows, "
             f"{detail_bytes / 1e6:.1f} MB, {detail_s:.2f} s"
         )
         print()
-        print(f"producers_small={small[2]}")
-        print(f"producers_large={large[2]}")
+        print(f"producers_small={small[3]}")
+        print(f"producers_large={large[3]}")
         print(f"default_doc_bytes_small={small[0]}")
         print(f"default_doc_bytes_large={large[0]}")
         print(f"default_doc_ms_small={small[1]:.2f}")
         print(f"default_doc_ms_large={large[1]:.2f}")
         print(f"default_doc_size_ratio={large[0] / small[0]:.2f}")
         print(f"default_doc_time_ratio={large[1] / small[1]:.2f}")
+        print(f"default_doc_broker_cpu_ms_small={small[2]:.2f}")
+        print(f"default_doc_broker_cpu_ms_large={large[2]:.2f}")
+        print(f"default_doc_broker_cpu_ratio={large[2] / max(small[2], TICK_MS):.2f}")
         print(f"detail_s={detail_s:.2f}")
         print(f"detail_rows={len(detail)}")
     finally:
