@@ -39,7 +39,7 @@ from broker_core.protocol.metrics import COUNTER_NAMES
 from broker_core.server.metrics_config import MetricsEndpointConfig
 from broker_core.txn.status import COUNTERS as TXN_COUNTERS
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("idemlog.metrics")
 
 PREFIX = "idemlog"
 TOPIC = f"{PREFIX}_server_brokertopicmetrics"
@@ -207,7 +207,8 @@ class DocumentCollector(Collector):
         for name in ("isr_shrinks", "isr_expands"):
             family = CounterMetricFamily(
                 f"{REPLICA}_{name.replace('_', '')}",
-                f"ISR {name.split('_')[1]} of partitions this broker leads",
+                f"ISR {name.split('_')[1]} this broker made as leader (a lagging follower "
+                "dropped, a caught-up one added; a dead broker's removal is the controller's)",
                 created=created,
             )
             family.add_metric([], float(rep[name]), created=created)

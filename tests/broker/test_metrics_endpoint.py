@@ -20,6 +20,9 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, InvalidProducerEpochError
 from tests.broker.helpers import rows
 from tests.harness.broker import BrokerFactory, BrokerHarnessError, BrokerProcess
+from tests.harness.replicated import ReplicatedCluster
+from tests.harness.waiting import wait_until
+from tests.harness.zookeeper import ZooKeeperHarness
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 ENDPOINT = re.compile(r"metrics endpoint: http://127\.0\.0\.1:(\d+)/metrics")
@@ -209,3 +212,53 @@ def test_a_taken_metrics_port_refuses_the_start_in_one_line(broker_factory: Brok
             broker.start()
     assert f"metrics.port={taken}: 127.0.0.1:{taken} is already in use" in broker.log_text()
     assert "Traceback" not in broker.log_text()
+
+
+def test_a_replicated_clusters_endpoint_shows_a_follower_lost_and_back(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    cluster = ReplicatedCluster(zk_chroot, broker_factory, count=2, extra={"metrics.port": 0})
+    try:
+        cluster.create_topic("rep", 1)
+        cluster.wait_in_sync("rep", 0)
+        leader = cluster.leader_of("rep", 0)
+        (follower,) = [b for b in cluster.running() if b is not leader]
+        port = endpoint_port(leader)
+        replica = "idemlog_server_replicamanager"
+        before = scrape(port)
+        assert value(before, f"{replica}_underreplicatedpartitions") == 0
+        shrinks = value(before, f"{replica}_isrshrinks_total")
+
+        # A real SIGKILL: the controller drops the dead follower from the ISR (its session
+        # expired), which is no shrink of the leader's (Kafka's IsrShrinks counts those of a
+        # lagging follower); the under-replicated gauge shows it, and the expand on return.
+        follower.kill()
+        wait_until(
+            lambda: value(scrape(port), f"{replica}_underreplicatedpartitions") == 1,
+            "the leader to report rep-0 under-replicated",
+            timeout=30,
+        )
+        doc = cluster.replication(leader)
+        shrunk = scrape(port)
+        assert doc["under_replicated_partitions"] == ["rep-0"]  # the fault took effect
+        assert value(shrunk, f"{replica}_isrshrinks_total") == doc["isr_shrinks"] == shrinks
+        assert value(shrunk, f"{replica}_leadercount") == doc["leader_partitions"]
+
+        follower.restart()
+        cluster.wait_in_sync("rep", 0)
+        doc = cluster.replication(leader)
+        healed = scrape(port)
+        assert value(healed, f"{replica}_underreplicatedpartitions") == 0
+        assert value(healed, f"{replica}_isrexpands_total") == doc["isr_expands"] >= 1
+        lag = doc["follower_lag"]["rep-0"][str(follower_id(cluster, follower))]
+        assert value(
+            healed, f"{replica}_follower_lag", topic_partition="rep-0",
+            follower=str(follower_id(cluster, follower)),
+        ) == lag  # fmt: skip
+    finally:
+        cluster.close()
+
+
+def follower_id(cluster: ReplicatedCluster, broker: BrokerProcess) -> int:
+    (broker_id,) = [i for i, b in cluster.brokers.items() if b is broker]
+    return broker_id
