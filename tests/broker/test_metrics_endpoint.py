@@ -18,8 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, InvalidProducerEpochError
+from broker_core.protocol.requests import ACKS_LEADER
+from broker_core.server.failpoints import ENV, WITHHOLD_REPLICA_FETCH
 from tests.broker.helpers import rows
-from tests.harness.broker import BrokerFactory, BrokerHarnessError, BrokerProcess
+from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerHarnessError, BrokerProcess
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
@@ -262,3 +264,43 @@ def test_a_replicated_clusters_endpoint_shows_a_follower_lost_and_back(
 def follower_id(cluster: ReplicatedCluster, broker: BrokerProcess) -> int:
     (broker_id,) = [i for i, b in cluster.brokers.items() if b is broker]
     return broker_id
+
+
+def test_a_lagging_follower_is_the_leaders_isr_shrink_on_the_endpoint(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    """The preferred leader is restarted with the hook that withholds its followers'
+    batches, made leader again, and takes a batch alone: its follower lags past
+    replica.lag.time.max.ms and the leader drops it from the ISR, one isrshrinks."""
+    cluster = ReplicatedCluster(zk_chroot, broker_factory, count=2, extra={"metrics.port": 0})
+    try:
+        cluster.create_topic("lag", 1)
+        cluster.wait_in_sync("lag", 0)
+        preferred = cluster.state("lag", 0).replicas[0]
+        victim = cluster.brokers[preferred]
+        victim.stop()  # a clean shutdown hands the leadership over first
+        cluster.wait_leader_change("lag", 0, preferred)
+        victim.config.update(TEST_HOOKS)  # started for the test hook, explicitly
+        victim.restart(env={ENV: WITHHOLD_REPLICA_FETCH})
+        cluster.wait_in_sync("lag", 0)
+        cluster.client.elect_leaders(["lag"])
+        cluster.wait_state("lag", 0, lambda s: s.leader == preferred, "the preferred leader back")
+        port = endpoint_port(victim)  # its new start's endpoint
+        replica = "idemlog_server_replicamanager"
+        assert value(scrape(port), f"{replica}_isrshrinks_total") == 0
+        pid, epoch = cluster.client.init_producer_id()
+        cluster.client.refresh_metadata()  # the client routes to the leader of now
+        with cluster.client.produce_stream("lag", 0, acks=ACKS_LEADER) as stream:
+            stream.send(rows(3), producer_id=pid, producer_epoch=epoch, base_sequence=0).offsets(10)
+        wait_until(
+            lambda: value(scrape(port), f"{replica}_isrshrinks_total") == 1,
+            "the leader to drop its lagging follower",
+            timeout=30,
+        )
+        doc = cluster.replication(victim)
+        samples = scrape(port)
+        assert doc["isr_shrinks"] == 1 and doc["under_replicated_partitions"] == ["lag-0"]
+        assert value(samples, f"{replica}_underreplicatedpartitions") == 1
+        assert cluster.state("lag", 0).isr == (preferred,)  # the fault took effect
+    finally:
+        cluster.close()
