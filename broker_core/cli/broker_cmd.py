@@ -3,7 +3,6 @@
 idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginning]
-idemlog metrics --bootstrap host:port [--top N | --producers [--page-size N]] [--json]
 
 Every command that takes ``--bootstrap`` also takes ``--command-config FILE``: the client's
 security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) as Kafka's tools take them.
@@ -20,7 +19,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +30,6 @@ from broker_core.cluster.metadata import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
-from broker_core.protocol.metrics import (
-    DEFAULT_PAGE_SIZE,
-    DEFAULT_TOP,
-    DETAIL_PRODUCERS,
-    MAX_PAGE_SIZE,
-    MAX_TOP,
-    render_table,
-)
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
@@ -450,35 +440,6 @@ def consume(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- metrics ---------------------------------------------------------------------------------
-def metrics(args: argparse.Namespace) -> int:
-    """The bounded document (aggregates and the top producers), or with ``--producers``
-    every producer's counters, fetched page by page from each broker."""
-    with _client(args) as client:
-        if args.producers:
-            rows = client.producer_metrics(args.page_size)
-            doc: dict[str, Any] = {"detail": DETAIL_PRODUCERS, "producers": rows}
-        else:
-            doc = client.metrics(args.top)
-    print(json.dumps(doc, indent=2) if args.json else render_table(doc))
-    return 0
-
-
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in low..high, else the flag's usage error (exit 2)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
-        return value
-
-    return parse
-
-
 def add_commands(sub: Any) -> None:
     """Register the broker-facing subcommands on the ``idemlog`` parser."""
     broker = sub.add_parser("broker", help="run a broker")
@@ -578,27 +539,3 @@ def add_commands(sub: Any) -> None:
         "--transactional-id", required=True, help="the id whose transaction to abort"
     )
     tabort.set_defaults(func=transactions_abort)
-
-    met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
-    met.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(met)
-    met.add_argument("--json", action="store_true", help=JSON_HELP)
-    met.add_argument(
-        "--top",
-        type=_int_in(0, MAX_TOP),
-        default=DEFAULT_TOP,
-        help=f"producers listed by duplicates answered, 0..{MAX_TOP} (default {DEFAULT_TOP})",
-    )
-    met.add_argument(
-        "--producers",
-        action="store_true",
-        help="every producer's counters instead (paged from each broker; large)",
-    )
-    met.add_argument(
-        "--page-size",
-        type=_int_in(1, MAX_PAGE_SIZE),
-        default=DEFAULT_PAGE_SIZE,
-        help=f"with --producers: rows per request, 1..{MAX_PAGE_SIZE} "
-        f"(default {DEFAULT_PAGE_SIZE})",
-    )
-    met.set_defaults(func=metrics)
