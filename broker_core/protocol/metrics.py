@@ -233,19 +233,26 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """One cluster-wide document from each broker's default one: partitions are disjoint
     (one leader each), totals, request counts and active producers add up, the top
     producers are merged by id and ranked again (a producer on no broker's top list is on
-    none here: the merged top is each broker's top, not an exact cluster-wide ranking), and
-    the coordinators' transactions are merged (:func:`merge_transactions`: one per state
-    partition, spread over the brokers)."""
+    none here: the merged top is each broker's top, not an exact cluster-wide ranking),
+    replication and start times are kept by broker id, and the coordinators' transactions
+    are merged (:func:`merge_transactions`: one per state partition, spread over the
+    brokers)."""
     totals = AppendCounters()
     producers: dict[int, AppendCounters] = {}
     partitions: list[dict[str, Any]] = []
     transactions: dict[str, Any] | None = None
     requests: dict[str, Any] = {}
+    replication: dict[str, Any] = {}  # by broker id: each leads its own partitions
+    started_at: dict[str, Any] = {}
     brokers: list[int] = []
     active = tracked = 0
     top = 0
     for doc in docs:
         brokers.append(int(doc["broker_id"]))
+        if doc.get("replication") is not None:
+            replication[str(doc["broker_id"])] = doc["replication"]
+        if doc.get("started_at") is not None:
+            started_at[str(doc["broker_id"])] = doc["started_at"]
         totals.merge(doc["totals"])
         partitions.extend(doc["partitions"])
         active += int(doc.get("producers_active", 0))
@@ -261,6 +268,7 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "version": METRICS_VERSION,
         "brokers": sorted(brokers),
+        "started_at": started_at,
         "totals": asdict(totals),
         "producers_active": active,
         "producers_tracked": tracked,
@@ -269,6 +277,7 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "top": top,
         "producers": top_producers(rows, top),
         "transactions": transactions,
+        "replication": replication,
     }
 
 
@@ -355,6 +364,16 @@ def render_table(doc: Mapping[str, Any]) -> str:
     lines.append("")
     if doc.get("detail") == DETAIL_PRODUCERS:
         return "\n".join(lines)
+    by_broker = doc.get("replication") or {}
+    if "broker_id" in doc and by_broker:  # one broker's own document: its section alone
+        by_broker = {str(doc["broker_id"]): by_broker}
+    for broker, rep in sorted(by_broker.items()):
+        lines.append(
+            f"replication, broker {broker}: leads {rep['leader_partitions']}, follows "
+            f"{rep['follower_partitions']}, under-replicated "
+            f"{rep['under_replicated_partitions'] or 'none'}, ISR shrinks "
+            f"{rep['isr_shrinks']}, expands {rep['isr_expands']}"
+        )
     txns = doc.get("transactions")
     if txns:
         lines.append("transactions")

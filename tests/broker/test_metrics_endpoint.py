@@ -243,6 +243,8 @@ def test_a_replicated_clusters_endpoint_shows_a_follower_lost_and_back(
         doc = cluster.replication(leader)
         shrunk = scrape(port)
         assert doc["under_replicated_partitions"] == ["rep-0"]  # the fault took effect
+        merged = cluster.client.metrics()  # idemlog metrics: replication by broker id
+        assert merged["replication"][str(follower_id(cluster, leader))] == doc
         assert value(shrunk, f"{replica}_isrshrinks_total") == doc["isr_shrinks"] == shrinks
         assert value(shrunk, f"{replica}_leadercount") == doc["leader_partitions"]
 
