@@ -34,7 +34,7 @@ from broker_core.security.zk_acl import ZkAuth
 from broker_core.server.config import BROKER_CONFIG, ZK_ROOT, split_zookeeper_connect
 
 ZK_TIMEOUT_S = 15.0
-PROGRESS_EVERY = 100  # nodes between two progress lines of set-acl
+PROGRESS_EVERY = 100  # default nodes between two progress lines of set-acl
 
 
 def command_auth(config: str | None) -> ZkAuth:
@@ -105,7 +105,9 @@ class AclWalk:
     gone: int = 0
 
 
-def set_acls(client: Any, top: str, *, progress: Any = print) -> AclWalk:
+def set_acls(
+    client: Any, top: str, *, progress: Any = print, every: int = PROGRESS_EVERY
+) -> AclWalk:
     """Set :func:`zk_acl.acl_for` on ``top`` and every node below it, parents first.
 
     Each set is conditional on the ACL version just read (BadVersion: read again); a node
@@ -142,7 +144,7 @@ def set_acls(client: Any, top: str, *, progress: Any = print) -> AclWalk:
                 "identity that owns it"
             ) from None
         result.walked += 1
-        if result.walked % PROGRESS_EVERY == 0:
+        if result.walked % every == 0:
             progress(f"set-acl: {result.walked} nodes, {result.changed} changed")
         stack.extend(f"{path.rstrip('/')}/{child}" for child in sorted(children, reverse=True))
     return result
@@ -162,12 +164,21 @@ def zookeeper_set_acl(args: argparse.Namespace) -> int:
             raise InvalidConfigError(f"--zookeeper {args.zookeeper}: no node {top} to walk")
         mode = "secure" if secure else "unsecure"
         print(f"set-acl: walking {top} ({mode}, as {auth.username or 'nobody'})", flush=True)
-        result = set_acls(client, top, progress=lambda line: print(line, flush=True))
+        result = set_acls(
+            client, top, progress=lambda line: print(line, flush=True), every=args.progress_every
+        )
     print(
         f"{mode}d {result.walked} nodes under {top}: {result.changed} changed, "
         f"{result.unchanged} already so, {result.gone} gone meanwhile"
     )
     return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return value
 
 
 def add_zookeeper_command(sub: Any) -> None:
@@ -182,6 +193,12 @@ def add_zookeeper_command(sub: Any) -> None:
     cmd.add_argument(
         "--config",
         help="broker properties whose zookeeper.auth.digest.* identity owns the nodes",
+    )
+    cmd.add_argument(
+        "--progress-every",
+        type=_positive,
+        default=PROGRESS_EVERY,
+        help=f"print a progress line every N nodes (default {PROGRESS_EVERY})",
     )
     mode = cmd.add_mutually_exclusive_group(required=True)
     mode.add_argument(
