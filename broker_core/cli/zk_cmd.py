@@ -9,7 +9,8 @@ authenticates as the brokers' identity, and creates its nodes with the brokers' 
 
 ``idemlog zookeeper set-acl --secure|--unsecure`` is Kafka's
 ``zookeeper-security-migration.sh --zookeeper.acl secure|unsecure``: it walks the
-cluster's tree (the whole chroot, or ``/idemlog`` without one) and sets every node's ACL
+cluster's tree (the whole chroot; without one ``/idemlog`` and
+``/latest_producer_id_block``) and sets every node's ACL
 to what a broker with ``zookeeper.set.acl=true`` (``--secure``) or ``false``
 (``--unsecure``) would create it with. Each change is conditional on the ACL version read
 (a concurrent change is read again); a node already right is left alone, so a second run
@@ -32,6 +33,7 @@ from broker_core.errors import InvalidConfigError
 from broker_core.security import zk_acl
 from broker_core.security.zk_acl import ZkAuth
 from broker_core.server.config import BROKER_CONFIG, ZK_ROOT, split_zookeeper_connect
+from broker_core.txn.pid_block import LATEST_PRODUCER_ID_BLOCK_PATH
 
 ZK_TIMEOUT_S = 15.0
 PROGRESS_EVERY = 100  # default nodes between two progress lines of set-acl
@@ -106,7 +108,12 @@ class AclWalk:
 
 
 def set_acls(
-    client: Any, top: str, *, progress: Any = print, every: int = PROGRESS_EVERY
+    client: Any,
+    top: str,
+    *,
+    progress: Any = print,
+    every: int = PROGRESS_EVERY,
+    result: AclWalk | None = None,
 ) -> AclWalk:
     """Set :func:`zk_acl.acl_for` on ``top`` and every node below it, parents first.
 
@@ -116,7 +123,7 @@ def set_acls(
     """
     from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 
-    result = AclWalk()
+    result = AclWalk() if result is None else result  # counts go on across several tops
     stack = [top]
     while stack:
         path = stack.pop()
@@ -159,16 +166,26 @@ def zookeeper_set_acl(args: argparse.Namespace) -> int:
             f"{zk_acl.ZK_DIGEST_USERNAME} and {zk_acl.ZK_DIGEST_PASSWORD}"
         )
     with open_zookeeper(args.zookeeper, auth, set_acl=secure) as (client, chroot):
-        top = chroot or ZK_ROOT  # the chroot is the cluster's; without one, only /idemlog
-        if client.exists(top) is None:
-            raise InvalidConfigError(f"--zookeeper {args.zookeeper}: no node {top} to walk")
+        # The chroot is the cluster's; without one, only idemlog's two top nodes (never
+        # ZooKeeper's own /zookeeper or another application's nodes).
+        tops = [chroot] if chroot else [ZK_ROOT, LATEST_PRODUCER_ID_BLOCK_PATH]
+        tops = [top for top in tops if client.exists(top) is not None]
+        if not tops:
+            raise InvalidConfigError(f"--zookeeper {args.zookeeper}: no idemlog node to walk")
+        where = ", ".join(tops)
         mode = "secure" if secure else "unsecure"
-        print(f"set-acl: walking {top} ({mode}, as {auth.username or 'nobody'})", flush=True)
-        result = set_acls(
-            client, top, progress=lambda line: print(line, flush=True), every=args.progress_every
-        )
+        print(f"set-acl: walking {where} ({mode}, as {auth.username or 'nobody'})", flush=True)
+        result = AclWalk()
+        for top in tops:
+            set_acls(
+                client,
+                top,
+                progress=lambda line: print(line, flush=True),
+                every=args.progress_every,
+                result=result,
+            )
     print(
-        f"{mode}d {result.walked} nodes under {top}: {result.changed} changed, "
+        f"{mode}d {result.walked} nodes under {where}: {result.changed} changed, "
         f"{result.unchanged} already so, {result.gone} gone meanwhile"
     )
     return 0
