@@ -1,7 +1,7 @@
 """``idemlog users add|remove|list``: the SCRAM users a SASL listener accepts.
 
 The store is ZooKeeper's on a cluster (``--zookeeper host:port[/chroot]``, the brokers'
-``zookeeper.connect``, with ``--config`` the brokers' ZooKeeper identity and ACLs:
+``zookeeper.connect``, with ``--config`` the brokers' ZooKeeper identity, ACLs and TLS:
 ``broker_core.cli.zk_cmd``) or the embedded broker's file (``--data-dir``, its ``log.dir``);
 brokers pick a change up without a restart (docs/security.md). The password comes from
 a prompt (not echoed, asked twice) or the first line of ``--password-file`` (``-``: stdin),
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from broker_core.cli.zk_cmd import command_auth, open_zookeeper
+from broker_core.cli.zk_cmd import command_zk, open_zookeeper
 from broker_core.errors import InvalidConfigError
 from broker_core.security.credentials import (
     CredentialStore,
@@ -42,7 +42,7 @@ def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
         yield FileCredentialStore(path)
         return
     # The brokers' identity and ACLs from --config (broker_core.cli.zk_cmd).
-    with open_zookeeper(args.zookeeper, command_auth(args.config)) as (client, chroot):
+    with open_zookeeper(args.zookeeper, command_zk(args.config)) as (client, chroot):
         yield ZkCredentialStore(client, chroot + ZK_ROOT, watch=False)
 
 
@@ -114,8 +114,8 @@ def add_users_command(sub: Any) -> None:
         where.add_argument("--data-dir", help="the embedded broker's log.dir")
         cmd.add_argument(
             "--config",
-            help="with --zookeeper: broker properties whose zookeeper.set.acl and "
-            "zookeeper.auth.digest.* the command uses (docs/security.md)",
+            help="with --zookeeper: broker properties whose zookeeper.set.acl, "
+            "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
         )
         if name != "list":
             cmd.add_argument("user", help="the user name (principal User:<name>)")

@@ -3,8 +3,8 @@
 Every command that writes to ZooKeeper (``idemlog users``; ``idemlog acls`` to come)
 opens its client with :func:`open_zookeeper`: ``--zookeeper`` is the brokers'
 ``zookeeper.connect`` and ``--config`` a broker properties file whose
-``zookeeper.set.acl`` and ``zookeeper.auth.digest.*`` the command uses as a broker
-would (the same file the brokers start with, or one holding only those keys): it
+``zookeeper.set.acl``, ``zookeeper.auth.digest.*`` and ``zookeeper.ssl.*`` the command uses
+as a broker would (the same file the brokers start with, or one holding only those keys): it
 authenticates as the brokers' identity, and creates its nodes with the brokers' ACL.
 
 ``idemlog zookeeper set-acl --secure|--unsecure`` is Kafka's
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from broker_core.config import load_properties
 from broker_core.errors import InvalidConfigError
 from broker_core.security import zk_acl
 from broker_core.security.zk_acl import ZkAuth
+from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import BROKER_CONFIG, ZK_ROOT, split_zookeeper_connect
 from broker_core.txn.pid_block import LATEST_PRODUCER_ID_BLOCK_PATH
 
@@ -39,32 +40,50 @@ ZK_TIMEOUT_S = 15.0
 PROGRESS_EVERY = 100  # default nodes between two progress lines of set-acl
 
 
-def command_auth(config: str | None) -> ZkAuth:
-    """The ZooKeeper identity and ACL policy of ``--config`` (none: anonymous, open);
-    the file's keys are checked as a broker checks them."""
+@dataclass(frozen=True)
+class CommandZk:
+    """What a command's ZooKeeper client takes from ``--config``: the identity and ACL
+    policy (``zookeeper.set.acl``, ``zookeeper.auth.digest.*``) and the TLS arguments
+    (``zookeeper.ssl.*``, files checked)."""
+
+    auth: ZkAuth = field(default_factory=ZkAuth)
+    tls: Mapping[str, Any] = field(default_factory=dict)
+
+
+def command_zk(config: str | None) -> CommandZk:
+    """The ``zookeeper.*`` settings of ``--config`` (none: anonymous, open, plaintext);
+    the file's keys are checked as a broker checks them (InvalidConfigError naming one)."""
     if config is None:
-        return ZkAuth()
+        return CommandZk()
     path = Path(config)
     if not path.is_file():
         raise InvalidConfigError(f"--config {config}: no such file; name the brokers' properties")
-    return ZkAuth.from_values(BROKER_CONFIG.parse(load_properties(path)))
+    values = BROKER_CONFIG.parse(load_properties(path))
+    return CommandZk(
+        ZkAuth.from_values(values), ZkTlsSettings.from_values(values).kazoo_arguments()
+    )
 
 
 @contextmanager
 def open_zookeeper(
-    zookeeper: str, auth: ZkAuth, *, set_acl: bool | None = None
+    zookeeper: str, settings: CommandZk, *, set_acl: bool | None = None
 ) -> Iterator[tuple[Any, str]]:
     """A started kazoo client on ``zookeeper``'s hosts *without* its chroot (so a command
     can create every missing level of it, as a broker does), and the chroot ("" for none).
-    It authenticates as ``auth`` and creates nodes with its ACL (``set_acl``: instead of
-    ``zookeeper.set.acl``). Raises :class:`Unreachable` naming ``--zookeeper`` when no
-    server answers within ``ZK_TIMEOUT_S``."""
+    It connects as ``settings`` say (TLS), authenticates as ``settings.auth`` and creates
+    nodes with its ACL (``set_acl``: instead of ``zookeeper.set.acl``). Raises
+    :class:`Unreachable` naming ``--zookeeper`` when no server answers within
+    ``ZK_TIMEOUT_S``."""
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
 
+    auth = settings.auth
     hosts, chroot = split_zookeeper_connect(zookeeper.strip())
     client: Any = KazooClient(
-        hosts=hosts, timeout=ZK_TIMEOUT_S, **auth.kazoo_arguments(set_acl=set_acl)
+        hosts=hosts,
+        timeout=ZK_TIMEOUT_S,
+        **settings.tls,
+        **auth.kazoo_arguments(set_acl=set_acl),
     )
     # Its reconnect warnings, one per retry, would bury the one line said below.
     kazoo_log = logging.getLogger("kazoo.client")
@@ -159,13 +178,14 @@ def set_acls(
 
 def zookeeper_set_acl(args: argparse.Namespace) -> int:
     secure = bool(args.secure)
-    auth = command_auth(args.config)
+    settings = command_zk(args.config)
+    auth = settings.auth
     if secure and not auth.username:
         raise InvalidConfigError(
             f"--secure needs the brokers' identity: --config must set "
             f"{zk_acl.ZK_DIGEST_USERNAME} and {zk_acl.ZK_DIGEST_PASSWORD}"
         )
-    with open_zookeeper(args.zookeeper, auth, set_acl=secure) as (client, chroot):
+    with open_zookeeper(args.zookeeper, settings, set_acl=secure) as (client, chroot):
         # The chroot is the cluster's; without one, only idemlog's two top nodes (never
         # ZooKeeper's own /zookeeper or another application's nodes).
         tops = [chroot] if chroot else [ZK_ROOT, LATEST_PRODUCER_ID_BLOCK_PATH]
