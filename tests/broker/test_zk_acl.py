@@ -192,6 +192,8 @@ def test_secured_cluster_works_and_no_outsider_can_change_any_node(
         assert "zookeeper.auth.digest.username" in errors[0], errors
         assert "Traceback" not in log and "LISTENING" not in log
         assert not owner.exists("/secure/idemlog/brokers/ids/4")
+        for b in [*cluster.brokers.values(), stranger]:  # the secret never reaches a log
+            assert ZK_PASSWORD not in b.log_text(), b.name
     finally:
         cluster.close()
 
