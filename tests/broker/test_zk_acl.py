@@ -192,6 +192,13 @@ def test_secured_cluster_works_and_no_outsider_can_change_any_node(
         assert "zookeeper.auth.digest.username" in errors[0], errors
         assert "Traceback" not in log and "LISTENING" not in log
         assert not owner.exists("/secure/idemlog/brokers/ids/4")
+        # The users command without the brokers' file: refused, one line naming the keys.
+        for args in (["list"], ["add", "mallory", "--password-file", "-"]):
+            refused = idemlog("users", *args, "--zookeeper", connect, stdin="pw-mallory\n")
+            assert refused.returncode == 2, refused
+            assert "Traceback" not in refused.stderr and "NoAuth" in refused.stderr
+            assert "zookeeper.auth.digest.username" in refused.stderr, refused.stderr
+        assert not owner.exists("/secure/idemlog/config/users/mallory")
         for b in [*cluster.brokers.values(), stranger]:  # the secret never reaches a log
             assert ZK_PASSWORD not in b.log_text(), b.name
     finally:
