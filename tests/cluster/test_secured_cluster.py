@@ -144,12 +144,18 @@ def kill_a_partition_leader(stack: Stack, topic: str) -> BrokerProcess:
         victims = sorted({leader for leader, _ in before.values()} - coordinators)
         assert victims, f"every partition led by the coordinator: {before} {coordinators}"
         victim = stack.brokers.brokers[victims[0] - 1]
+        killed_at = time.monotonic()
         victim.kill(signal.SIGKILL)
         wait_until(
             lambda: leader_moved(admin, topic, before, victims[0]),
             f"{topic}: broker {victims[0]}'s partitions led by another at a higher epoch",
             timeout=60,
         )
+        moved = partition_leaders(admin, topic)
+    print(
+        f"SIGKILLed {victim.name} (coordinators {sorted(coordinators)}); leaders {before} -> "
+        f"{moved} within {time.monotonic() - killed_at:.1f} s"
+    )
     return victim
 
 
