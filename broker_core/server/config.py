@@ -26,6 +26,7 @@ from broker_core.config import (
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
 from broker_core.security.tls import TlsSettings
+from broker_core.security.zk_acl import ZK_ACL_KEYS, ZkAuth
 from broker_core.security.zk_tls import SECURITY_KEYS
 from broker_core.server.metrics_config import METRICS_KEYS, MetricsEndpointConfig
 from broker_core.server.security_config import SASL_KEYS, SecurityConfig
@@ -343,7 +344,14 @@ def _topic_default_keys() -> list[ConfigKey]:
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 BROKER_CONFIG = ConfigDef(
-    [*_BROKER_KEYS, *SECURITY_KEYS, *SASL_KEYS, *METRICS_KEYS, *_topic_default_keys()],
+    [
+        *_BROKER_KEYS,
+        *SECURITY_KEYS,
+        *SASL_KEYS,
+        *ZK_ACL_KEYS,  # zookeeper.set.acl, zookeeper.auth.digest.*: security/zk_acl.py
+        *METRICS_KEYS,  # metrics.port, metrics.host: server/metrics_config.py
+        *_topic_default_keys(),
+    ],
     what="broker",
 )
 
@@ -431,6 +439,7 @@ class BrokerConfig:
         if not str(parsed["log.dir"]).strip():
             raise InvalidConfigError(f"log.dir={parsed['log.dir']!r} must name a directory")
         zookeeper_connect = str(parsed["zookeeper.connect"]).strip()
+        ZkAuth.from_values(parsed)  # checked at load; the broker's ZooKeeper clients use it
         zookeeper_hosts, zookeeper_chroot = split_zookeeper_connect(zookeeper_connect)
         return cls(
             broker_id=int(parsed["broker.id"]),
