@@ -37,7 +37,7 @@ from broker_core.fileutil import DirectoryLock
 from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
-from broker_core.protocol.metrics import MetricsRequest, PartitionGauges
+from broker_core.protocol.metrics import MetricsRequest
 from broker_core.security import zk_acl
 from broker_core.security.tls import Side, warn_if_exposed
 from broker_core.security.zk_acl import ZkAuth
@@ -47,7 +47,7 @@ from broker_core.server.coordinators import Coordinators
 from broker_core.server.failpoints import from_start as failpoints_from_start
 from broker_core.server.local_topics import LocalTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
-from broker_core.server.metrics import Metrics
+from broker_core.server.metrics import Metrics, partition_gauges
 from broker_core.server.partition import Partition
 from broker_core.server.prometheus import MetricsEndpoint
 from broker_core.server.replica_fetcher import FetcherConfig
@@ -488,21 +488,7 @@ class Broker:
         if request.detail is not None:
             page = self.metrics.producer_page(self.broker_id, request.after(), request.page_size)
             return page.to_doc()
-        gauges: dict[tuple[str, int], PartitionGauges] = {}
-        for topic, partition, log_ in self._local_logs():
-            gauges[(topic, partition)] = PartitionGauges(
-                log_start_offset=log_.log_start_offset,
-                log_end_offset=log_.log_end_offset,
-                last_stable_offset=log_.last_stable_offset,
-                producers=len(log_.state),
-                open_transactions=len(log_.state.ongoing_transactions()),
-                cleaner_passes=log_.cleaner.stats.passes,
-                cleaner_cleaned_bytes=log_.cleaner.stats.cleaned_bytes,
-                cleaner_removed_rows=log_.cleaner.stats.removed_rows,
-                cleaner_removed_markers=log_.cleaner.stats.removed_markers,
-                cleaner_last_clean_ms=log_.cleaner.stats.last_clean_ms,
-                marker_appends=log_.marker_appends,
-            )
+        gauges = partition_gauges(self._local_logs())
         transactions = self.coordinators.describe()
         document = self.metrics.document(self.broker_id, gauges, transactions, request.top)
         if self.replicas is not None:

@@ -32,6 +32,7 @@ from broker_core.errors import (
     OutOfOrderSequenceError,
     UnknownProducerIdError,
 )
+from broker_core.log.partition_log import PartitionLog
 from broker_core.protocol.metrics import (
     DEFAULT_TOP,
     MAX_TOP,
@@ -247,3 +248,27 @@ class Metrics:
             tracked = len(self._producers)
         token = str(ids[-1]) if more and ids else None
         return ProducerPage(broker_id, rows, token, tracked)
+
+
+def partition_gauges(
+    logs: Iterable[tuple[str, int, PartitionLog]],
+) -> dict[tuple[str, int], PartitionGauges]:
+    """What each local partition's log knows now: offsets, producer entries, open
+    transactions, the cleaner's figures, marker appends (O(partitions))."""
+    gauges: dict[tuple[str, int], PartitionGauges] = {}
+    for topic, partition, log_ in logs:
+        stats = log_.cleaner.stats
+        gauges[(topic, partition)] = PartitionGauges(
+            log_start_offset=log_.log_start_offset,
+            log_end_offset=log_.log_end_offset,
+            last_stable_offset=log_.last_stable_offset,
+            producers=len(log_.state),
+            open_transactions=len(log_.state.ongoing_transactions()),
+            cleaner_passes=stats.passes,
+            cleaner_cleaned_bytes=stats.cleaned_bytes,
+            cleaner_removed_rows=stats.removed_rows,
+            cleaner_removed_markers=stats.removed_markers,
+            cleaner_last_clean_ms=stats.last_clean_ms,
+            marker_appends=log_.marker_appends,
+        )
+    return gauges
