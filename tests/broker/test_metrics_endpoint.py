@@ -212,6 +212,7 @@ def test_a_taken_metrics_port_refuses_the_start_in_one_line(broker_factory: Brok
         broker = broker_factory({"metrics.port": taken}, start=False)
         with pytest.raises(BrokerHarnessError):
             broker.start()
+    assert broker.process is not None and broker.process.returncode == 2  # a config error
     assert f"metrics.port={taken}: 127.0.0.1:{taken} is already in use" in broker.log_text()
     assert "Traceback" not in broker.log_text()
 
