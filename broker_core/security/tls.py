@@ -28,6 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from broker_core.config import ConfigKey
@@ -61,6 +62,8 @@ SSL_KEY_LOCATION = "ssl.key.location"
 SSL_KEY_PASSWORD = "ssl.key.password"  # matches Spark's spark.redaction.regex ("password")
 SSL_CLIENT_AUTH = "ssl.client.auth"
 SSL_ENDPOINT_IDENTIFICATION = "ssl.endpoint.identification.algorithm"
+# Flight's answer to a handshake on a server without an auth handler.
+_NO_AUTH_HANDLER = "does not have an authentication mechanism enabled"
 HOSTNAME_CHECK = "https"  # Kafka's value for "check the host name"; "" turns it off
 
 TLS_KEYS: tuple[ConfigKey, ...] = (
@@ -250,6 +253,7 @@ def open_flight_client(
     override_hostname: str | None = None,
     auth: flight.ClientAuthHandler | None = None,
     auth_timeout_s: float = 10.0,
+    auth_optional: bool = False,
 ) -> flight.FlightClient:
     """The Flight client of ``address`` (``host:port``) under ``material``'s protocol.
 
@@ -259,6 +263,9 @@ def open_flight_client(
     channel within ``auth_timeout_s`` before the client is returned, and every later call
     carries its token; a refused or failed handshake raises its ``FlightError`` (the
     channel closed), which the caller types (``FlightConnections.failure``).
+    ``auth_optional`` (the certificate handshake, ``cert_auth.py``): a broker without an
+    auth handler (``ssl.client.auth=none``) answers that it has no mechanism, and the
+    client is returned as it is (its calls carry no token, and need none).
     ``override_hostname``: the name the broker's certificate is checked against instead of
     the host (given when ssl.endpoint.identification.algorithm is empty)."""
     settings = material.settings
@@ -275,6 +282,12 @@ def open_flight_client(
     if auth is not None:
         try:
             client.authenticate(auth, flight.FlightCallOptions(timeout=auth_timeout_s))
+        except pa.ArrowNotImplementedError as exc:
+            if auth_optional and _NO_AUTH_HANDLER in str(exc):
+                return client
+            with contextlib.suppress(Exception):
+                client.close()
+            raise
         except BaseException:
             with contextlib.suppress(Exception):  # a channel that never served a call
                 client.close()
@@ -291,7 +304,7 @@ def server_arguments(
 ) -> tuple[str, dict[str, Any]]:
     """The location and keyword arguments of a ``FlightServerBase`` listening on
     ``host:port`` under ``material``'s protocol (mutual TLS if it requires clients'
-    certificates). ``auth_handler`` (SASL: ``flight_auth.ScramServerAuth``): every call
+    certificates). ``auth_handler`` (SASL or mutual TLS: ``flight_auth.ServerAuth``): every call
     but the handshake must then carry a valid session token, or Flight refuses it before
     any handler runs."""
     settings = material.settings

@@ -244,7 +244,7 @@ class Broker:
                 metrics=self.metrics,
                 max_request_bytes=cfg.max_request_bytes,
                 ack_timeout_s=replication.ack_timeout_s,
-                auth_handler=server_auth(cfg, self._zk),
+                auth_handler=server_auth(cfg, self._zk, tls),
             )
             # What clients and other brokers are told, which may differ from what is bound
             # (NAT, a proxy, a container): listener.advertised.*.

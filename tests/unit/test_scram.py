@@ -13,7 +13,7 @@ import pytest
 from broker_core.client.connections import FlightConnections
 from broker_core.errors import InvalidConfigError, SaslAuthenticationFailedError
 from broker_core.security.client_config import sasl_credentials
-from broker_core.security.flight_auth import SaslCredentials, ScramServerAuth
+from broker_core.security.flight_auth import SaslCredentials, ServerAuth, scram_mechanisms
 from broker_core.security.principal import ANONYMOUS, Principal, principal_of
 from broker_core.security.scram import (
     Mechanism,
@@ -178,7 +178,7 @@ def _principal(connections: FlightConnections, address: str) -> str:
 def test_handshake_over_flight_gives_each_call_its_principal() -> None:
     users = {"alice": ScramCredential.derive(SHA512, "pw")}
     sessions = SessionTable(lifetime_s=60, max_sessions=10)
-    auth = ScramServerAuth(lambda u, m: users.get(u), sessions, [SHA512])
+    auth = ServerAuth(sessions, scram_mechanisms(lambda u, m: users.get(u), [SHA512]))
     server = _Echo("grpc://127.0.0.1:0", auth_handler=auth)
     plain = _Echo("grpc://127.0.0.1:0")
     address = f"127.0.0.1:{server.port}"
