@@ -33,6 +33,7 @@ import pyarrow.flight as flight
 
 from broker_core.config import ConfigKey
 from broker_core.errors import InvalidConfigError
+from broker_core.security.local_token import TokenClientMiddlewareFactory, token_file_for
 
 log = logging.getLogger("idemlog.security")
 
@@ -257,10 +258,12 @@ def open_flight_client(
 ) -> flight.FlightClient:
     """The Flight client of ``address`` (``host:port``) under ``material``'s protocol.
 
-    Without ``auth``, opening does not contact the broker: a refused TLS handshake fails
-    the first call (see ``broker_core.security.tls_probe.diagnose``). With ``auth`` (SASL:
-    ``broker_core.security.flight_auth.ScramClientAuth``), its handshake runs on the new
-    channel within ``auth_timeout_s`` before the client is returned, and every later call
+    An address registered by ``local_token.register`` (an embedded broker) gets its
+    token on every call. Without ``auth``, opening does not contact the broker: a refused
+    TLS handshake fails the first call (see ``broker_core.security.tls_probe.diagnose``).
+    With ``auth`` (SASL: ``broker_core.security.flight_auth.ScramClientAuth``; a client
+    certificate: ``cert_auth.CertificateClientAuth``), its handshake runs on the new channel
+    within ``auth_timeout_s`` before the client is returned, and every later call
     carries its token; a refused or failed handshake raises its ``FlightError`` (the
     channel closed), which the caller types (``FlightConnections.failure``).
     ``auth_optional`` (the certificate handshake, ``cert_auth.py``): a broker without an
@@ -278,6 +281,9 @@ def open_flight_client(
             kwargs["private_key"] = material.key
         if override_hostname:
             kwargs["override_hostname"] = override_hostname
+    token_file = token_file_for(address)
+    if token_file is not None:  # an embedded broker: its owner's token on every call
+        kwargs["middleware"] = [TokenClientMiddlewareFactory(token_file)]
     client = flight.connect(f"{settings.scheme}://{address}", **kwargs)
     if auth is not None:
         try:
@@ -301,17 +307,21 @@ def server_arguments(
     material: TlsMaterial,
     *,
     auth_handler: flight.ServerAuthHandler | None = None,
+    middleware: Mapping[str, flight.ServerMiddlewareFactory] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The location and keyword arguments of a ``FlightServerBase`` listening on
     ``host:port`` under ``material``'s protocol (mutual TLS if it requires clients'
     certificates). ``auth_handler`` (SASL or mutual TLS: ``flight_auth.ServerAuth``): every call
     but the handshake must then carry a valid session token, or Flight refuses it before
-    any handler runs."""
+    any handler runs. ``middleware`` (the embedded broker's token, ``local_token.py``)
+    runs before every call and may refuse it."""
     settings = material.settings
     location = f"{settings.scheme}://{host}:{port}"
     kwargs: dict[str, Any] = {}
     if auth_handler is not None:
         kwargs["auth_handler"] = auth_handler
+    if middleware:
+        kwargs["middleware"] = dict(middleware)
     if not settings.encrypted:
         return location, kwargs
     kwargs["tls_certificates"] = [flight.CertKeyPair(material.cert, material.key)]

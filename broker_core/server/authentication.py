@@ -10,13 +10,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from broker_core.errors import BrokerNotAvailableError
+from broker_core.errors import BrokerNotAvailableError, InvalidConfigError
 from broker_core.security.cert_auth import CertificateMechanism
 from broker_core.security.credentials import FileCredentialStore, ZkCredentialStore
 from broker_core.security.flight_auth import ServerAuth, scram_mechanisms
+from broker_core.security.local_token import (
+    TOKEN_FILE_KEY,
+    TokenServerMiddlewareFactory,
+    write_token_file,
+)
 from broker_core.security.principal import Principal
 from broker_core.security.sessions import SessionTable
-from broker_core.security.tls import ClientAuth, SecurityProtocol, TlsMaterial
+from broker_core.security.tls import ClientAuth, SecurityProtocol, TlsMaterial, is_loopback
 from broker_core.server.config import ZK_ROOT, BrokerConfig
 
 log = logging.getLogger("idemlog.security")
@@ -61,3 +66,27 @@ def server_auth(cfg: BrokerConfig, zk: Any, tls: TlsMaterial) -> ServerAuth | No
     if not store.wait_loaded(cfg.zookeeper_session_timeout_ms / 1000.0):
         raise BrokerNotAvailableError(f"the SCRAM users under {store.path} did not load")
     return ServerAuth(sessions, scram_mechanisms(store.lookup, security.mechanisms))
+
+
+def local_token_middleware(cfg: BrokerConfig) -> dict[str, TokenServerMiddlewareFactory]:
+    """The per-start token check of ``listener.token.file`` ({} when unset): writes a fresh
+    token there (mode 0600) before the listener exists. Raises InvalidConfigError naming
+    the key when the listener is not on loopback (a token file guards local users; other
+    machines are kept out by the loopback address alone) or the file cannot be written."""
+    path = cfg.security.token_file
+    if not path:
+        return {}
+    if not is_loopback(cfg.listener_host):
+        raise InvalidConfigError(
+            f"{TOKEN_FILE_KEY}={path} needs a loopback listener.host (127.0.0.1), not "
+            f"listener.host={cfg.listener_host}: the token keeps out other local users, "
+            "only the loopback address keeps out other machines"
+        )
+    try:
+        token = write_token_file(path)
+    except OSError as exc:
+        raise InvalidConfigError(
+            f"{TOKEN_FILE_KEY}={path}: cannot write it: {exc.strerror or exc}"
+        ) from None
+    log.info("calls must carry the token of %s (%s), rewritten at this start", path, TOKEN_FILE_KEY)
+    return {"local-token": TokenServerMiddlewareFactory(token, path)}

@@ -14,6 +14,7 @@ from broker_core.config import INT_MAX, ConfigKey, ConfigValue
 from broker_core.errors import InvalidConfigError
 from broker_core.security.client_config import uses_sasl
 from broker_core.security.flight_auth import SaslCredentials
+from broker_core.security.local_token import TOKEN_FILE_KEY
 from broker_core.security.principal_mapping import (
     DEFAULT_RULES,
     PRINCIPAL_MAPPING_RULES,
@@ -79,6 +80,15 @@ SASL_KEYS = [
         "name, Kafka's rules: comma-separated RULE:pattern/replacement/[LU] tried in order, "
         "DEFAULT the subject as it is; no rule applying refuses the client.",
     ),
+    # The embedded broker's owner-only access (broker_core/security/local_token.py).
+    ConfigKey(
+        TOKEN_FILE_KEY,
+        str,
+        "",
+        "A file the broker writes a fresh random token to at each start (mode 0600) and "
+        "that every call must present: only its owner's processes can call it. Set by "
+        "the embedded broker (spark_sink/embedded.py); requires a loopback listener.host.",
+    ),
 ]
 
 
@@ -92,6 +102,7 @@ class SecurityConfig:
     session_max_count: int
     inter_broker: SaslCredentials | None
     principal_mapper: PrincipalMapper  # ssl.principal.mapping.rules, parsed
+    token_file: str  # listener.token.file; "": no token required
 
     @property
     def sasl(self) -> bool:
@@ -133,4 +144,5 @@ class SecurityConfig:
             session_max_count=int(parsed["sasl.session.max.count"]),
             inter_broker=inter_broker,
             principal_mapper=PrincipalMapper.parse(str(parsed[PRINCIPAL_MAPPING_RULES])),
+            token_file=str(parsed[TOKEN_FILE_KEY]).strip(),
         )
