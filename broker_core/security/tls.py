@@ -342,23 +342,43 @@ def is_loopback(host: str) -> bool:
 
 
 def warn_if_exposed(host: str, settings: TlsSettings) -> bool:
-    """Log a warning (and return True) when a listener bound to ``host`` can be reached
-    from other machines without TLS: anyone on the network could then read every topic,
-    and write them too without SASL (docs/security.md)."""
-    if settings.encrypted or is_loopback(host):
+    """Log one warning (and return True) when a listener bound to ``host`` can be reached
+    from other machines without TLS, or without authentication: anyone on the network
+    could then read every topic (plaintext), or write them (no SASL nor client
+    certificates). Authenticated and encrypted (``SASL_SSL``, or ``SSL`` with
+    ``ssl.client.auth=required``) and loopback listeners are not warned about
+    (docs/security.md)."""
+    if is_loopback(host):
         return False
-    sasl = settings.protocol is SecurityProtocol.SASL_PLAINTEXT
+    protocol = settings.protocol
+    if protocol is SecurityProtocol.SASL_SSL or (
+        protocol is SecurityProtocol.SSL and settings.client_auth is ClientAuth.REQUIRED
+    ):
+        return False
+    if protocol is SecurityProtocol.SSL:
+        problem = (
+            "every link is encrypted but unauthenticated (anyone who reaches it can produce, "
+            "read and delete topics)"
+        )
+        fix = (
+            f"{SSL_CLIENT_AUTH}=required, or {SECURITY_PROTOCOL}={SecurityProtocol.SASL_SSL.value}"
+        )
+    elif protocol is SecurityProtocol.SASL_PLAINTEXT:
+        problem = (
+            "every link is plaintext (authenticated, but anyone on the network can read the data)"
+        )
+        fix = f"{SECURITY_PROTOCOL}={SecurityProtocol.SASL_SSL.value}"
+    else:
+        problem = "every link is plaintext and unauthenticated"
+        fix = f"{SECURITY_PROTOCOL}={SecurityProtocol.SSL.value}"
     log.warning(
-        "listener.host=%s is reachable from other machines and %s=%s: every link is "
-        "plaintext%s; set %s=%s (docs/security.md)",
+        "listener.host=%s is reachable from other machines and %s=%s: %s; set %s "
+        "(docs/security.md)",
         host,
         SECURITY_PROTOCOL,
-        settings.protocol.value,
-        " (authenticated, but anyone on the network can read the data)"
-        if sasl
-        else " and unauthenticated",
-        SECURITY_PROTOCOL,
-        SecurityProtocol.SASL_SSL.value if sasl else SecurityProtocol.SSL.value,
+        protocol.value,
+        problem,
+        fix,
     )
     return True
 

@@ -1,5 +1,7 @@
-"""The embedded broker's per-start token on real broker processes (docs/security.md, The
-embedded default): only its owner's processes are served.
+"""Who can reach a broker on this machine, on real broker processes (docs/security.md, The
+embedded default): the embedded broker's per-start token (only its owner's processes are
+served) and the warning of a listener reachable from other machines without TLS or
+authentication.
 
 The broker is started as the Spark sink starts it (``spark_sink.embedded.ensure_broker``,
 no Spark needed); "another local user" is a real one (``nobody``), shown unable to read the
@@ -26,6 +28,7 @@ from broker_core.security.local_token import TOKEN_HEADER, register
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker, token_file
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory
+from tests.harness.tls import TlsCerts
 from tests.harness.waiting import wait_until
 
 REFUSAL_S = 5.0  # a refusal is immediate; a retried error would take the backoffs
@@ -156,3 +159,39 @@ def test_a_token_file_on_a_listener_reachable_from_other_machines_refuses_the_st
         broker.log_text()
     )
     assert not token.exists()
+
+
+@pytest.mark.parametrize(
+    ("security", "fix"),
+    [
+        ({}, "set security.protocol=SSL"),
+        ({"security.protocol": "SSL"}, "set ssl.client.auth=required, or"),
+        ({"security.protocol": "SSL", "ssl.client.auth": "required"}, None),
+    ],
+)
+def test_a_listener_reachable_from_other_machines_without_tls_or_authentication_warns_once(
+    broker_factory: BrokerFactory,
+    tls_certs: TlsCerts,
+    security: dict[str, str],
+    fix: str | None,
+) -> None:
+    keys = {**tls_certs.broker_keys(), **security} if security else {}
+    broker = broker_factory(
+        {
+            **TEST_BROKER_CONFIG,
+            **keys,
+            "listener.host": "0.0.0.0",
+            "listener.advertised.host": "127.0.0.1",
+        },
+        name="exposed",
+    )
+    broker.wait_for_log("is running")
+    warnings = [
+        line for line in broker.log_text().splitlines() if "reachable from other machines" in line
+    ]
+    if fix is None:  # mutual TLS: encrypted and authenticated
+        assert warnings == []
+        return
+    assert len(warnings) == 1, warnings
+    assert " WARNING " in warnings[0] and "listener.host=0.0.0.0" in warnings[0]
+    assert fix in warnings[0] and "(docs/security.md)" in warnings[0]
