@@ -58,17 +58,23 @@ import psutil
 import broker_core
 from broker_core.client.broker_client import BrokerClient
 from broker_core.fileutil import directory_lock_holder
-from broker_core.security.local_token import TOKEN_FILE_KEY, register
+from broker_core.security.local_token import (
+    DEFAULT_EMBEDDED_DIR,
+    EMBEDDED_STATE_FILE,
+    EMBEDDED_TOKEN_FILE,
+    TOKEN_FILE_KEY,
+    register,
+)
 from spark_sink.errors import EmbeddedBrokerError
 
-DEFAULT_PATH: str = os.path.expanduser("~/.idemlog/embedded")
+DEFAULT_PATH: str = DEFAULT_EMBEDDED_DIR
 """Default of the sink option ``path``: where the embedded broker keeps its files."""
 
 LOCK_FILE = "broker.lock"
-STATE_FILE = "broker.json"
+STATE_FILE = EMBEDDED_STATE_FILE
 CONFIG_FILE = "broker.properties"
 LOG_FILE = "broker.log"
-TOKEN_FILE = "broker.token"  # rewritten at each start, mode 0600 (local_token.py)
+TOKEN_FILE = EMBEDDED_TOKEN_FILE  # rewritten at each start, mode 0600 (local_token.py)
 DATA_DIR = "data"
 
 BROKER_MODULE = "broker_core.cli.main"

@@ -18,6 +18,7 @@ must go on. It decides who may connect; the principal stays ``User:ANONYMOUS``.
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import secrets
 import threading
@@ -29,6 +30,11 @@ from broker_core.errors import SaslAuthenticationFailedError
 from broker_core.protocol.wire import error_message
 
 TOKEN_HEADER = "idemlog-local-token"
+# The embedded broker's files (spark_sink/embedded.py writes them; declared here, below
+# it, so that the CLI finds the default embedded broker's token too: discover_embedded).
+DEFAULT_EMBEDDED_DIR = os.path.expanduser("~/.idemlog/embedded")
+EMBEDDED_STATE_FILE = "broker.json"  # {"address", "pid", "port", "create_time"}
+EMBEDDED_TOKEN_FILE = "broker.token"
 TOKEN_BYTES = 32
 TOKEN_FILE_KEY = "listener.token.file"
 # Registered addresses: one per embedded broker a process used (a handful), never pruned.
@@ -58,6 +64,23 @@ def register(address: str, token_file: str) -> None:
     ``token_file`` (read at each call's start, so a restart's new token is used)."""
     with _registry_lock:
         _registry[address] = token_file
+
+
+def discover_embedded(bootstrap: str, directory: str = DEFAULT_EMBEDDED_DIR) -> list[str]:
+    """Register the token of the embedded broker of ``directory`` for each address of
+    ``bootstrap`` (``host:port,...``) that its state file names as the broker's: a client
+    outside Spark (the CLI) pointed at the embedded broker sends its token, and no other
+    broker is ever sent it. Returns the addresses registered; a missing or unreadable
+    state file registers none."""
+    try:
+        with open(os.path.join(directory, EMBEDDED_STATE_FILE), encoding="utf-8") as f:
+            recorded = json.load(f).get("address")
+    except (OSError, ValueError, AttributeError):
+        return []
+    found = [a.strip() for a in bootstrap.split(",") if recorded and a.strip() == recorded]
+    for address in found:
+        register(address, os.path.join(directory, EMBEDDED_TOKEN_FILE))
+    return found
 
 
 def token_file_for(address: str) -> str | None:

@@ -15,6 +15,7 @@ import pwd
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,3 +196,32 @@ def test_a_listener_reachable_from_other_machines_without_tls_or_authentication_
     assert len(warnings) == 1, warnings
     assert " WARNING " in warnings[0] and "listener.host=0.0.0.0" in warnings[0]
     assert fix in warnings[0] and "(docs/security.md)" in warnings[0]
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``idemlog`` in a process of its own whose home is ``home`` (so its default embedded
+    directory is ``home/.idemlog/embedded``)."""
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": os.getcwd()}
+    return subprocess.run(
+        [sys.executable, "-m", "broker_core.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_cli_finds_the_default_embedded_brokers_token(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    path = str(home / ".idemlog" / "embedded")
+    address = ensure_broker(path)
+    try:
+        served = _cli(home, "topics", "describe", "--bootstrap", address, "--json")
+        assert served.returncode == 0, served.stderr
+        # Another home: no state file naming the address, so no token is sent.
+        refused = _cli(tmp_path / "elsewhere", "topics", "describe", "--bootstrap", address)
+        assert refused.returncode != 0
+        assert "SASL_AUTHENTICATION_FAILED" in refused.stderr, refused.stderr
+        assert "this broker serves its owner only" in refused.stderr
+    finally:
+        stop_broker(path)
