@@ -24,10 +24,16 @@ import time
 
 import pyarrow.flight as flight
 
-from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
+from broker_core.errors import (
+    IdemlogError,
+    InvalidRequestError,
+    NetworkError,
+    SaslAuthenticationFailedError,
+)
 from broker_core.protocol.wire import parse_error_message
 from broker_core.security.cert_auth import CertificateClientAuth, certificate_auth
 from broker_core.security.flight_auth import SaslCredentials, ScramClientAuth
+from broker_core.security.sessions import EARLIER_RUN
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
 from broker_core.security.tls_probe import diagnose, peer_hostname
 
@@ -89,13 +95,21 @@ class FlightConnections:
 
     def failure(self, address: str, exc: BaseException, what: str) -> IdemlogError:
         """The typed error of a call to ``address`` that raised ``exc``: the broker's own
-        error as it is; a refused TLS handshake as a non-retriable ``SslHandshakeError``
-        naming the cause; anything else a ``NetworkError`` naming ``what``, after which
-        the channel is reset (the next call opens a fresh one)."""
+        error as it is, but a session token of the broker's earlier run (it restarted under
+        this channel) is a retriable ``NetworkError`` after which the channel is reset, so
+        the retry authenticates again; a refused TLS handshake as a non-retriable
+        ``SslHandshakeError`` naming the cause; anything else a ``NetworkError`` naming
+        ``what``, after which the channel is reset (the next call opens a fresh one)."""
         if isinstance(exc, IdemlogError):
             return exc
         text = str(exc)
         typed = parse_error_message(text)
+        if isinstance(typed, SaslAuthenticationFailedError) and EARLIER_RUN in typed.message:
+            self.reset(address)
+            return NetworkError(
+                f"{what} to {address}: the broker restarted since this connection "
+                "authenticated; a new connection authenticates again"
+            )
         if typed is not None:
             return typed
         self.reset(address)

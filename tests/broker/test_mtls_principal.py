@@ -149,3 +149,29 @@ def test_certificates_the_tls_layer_refuses_never_reach_the_handshake(
             client.refresh_metadata()
         assert "refused the client certificate" in refused.value.message
     assert "authenticated as" not in broker.log_text()
+
+
+def test_a_client_goes_on_across_a_broker_restart_with_a_new_handshake(
+    broker_factory: BrokerFactory, tls_certs: TlsCerts
+) -> None:
+    """Sessions live in the broker's memory: after a restart the client's channel carries
+    a token of the earlier run, which the client takes for a broken connection (a new
+    channel, a new handshake), not for a refusal."""
+    broker = _broker(broker_factory, tls_certs, RULES)
+    with BrokerClient(
+        broker.address, tls=_material(tls_certs, _spark_job(tls_certs)), timeout_s=20.0
+    ) as client:
+        client.create_topic("restarted", 1)
+        with client.produce_stream("restarted", 0) as stream:
+            stream.send(rows(3)).offsets(10)
+        broker.kill()
+        broker.restart()
+        assert ids(client, "restarted") == list(range(3))  # served after the restart
+        with client.produce_stream("restarted", 0) as stream:
+            stream.send(rows(2, start=3)).offsets(10)
+        assert ids(client, "restarted") == list(range(5))
+    # The scenario happened: two runs, and the second authenticated the client anew.
+    runs = broker.log_text().split("=== start ")
+    assert len(runs) == 3, runs  # "", run 1, run 2
+    assert "authenticated as User:spark-job" in runs[1]
+    assert "authenticated as User:spark-job" in runs[2]
