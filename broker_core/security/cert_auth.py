@@ -24,6 +24,7 @@ import datetime
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.flight as flight
@@ -69,7 +70,8 @@ _RFC2253_KEYWORDS = {
 def _der_hex(attribute: x509.NameAttribute[Any]) -> str:
     """``#`` and the hex of the attribute value's DER encoding (RFC 2253, 2.4)."""
     raw = attribute.value if isinstance(attribute.value, bytes) else None
-    tag = attribute._type.value  # the ASN.1 string type: its universal tag
+    # The ASN.1 string type's universal tag (cryptography keeps it, unexposed, in _type).
+    tag = attribute._type.value
     if raw is None:
         text = str(attribute.value)
         raw = text.encode("utf-16-be") if tag == 30 else text.encode("utf-8")
@@ -146,7 +148,7 @@ class CertificateMechanism:
         ca_pem: bytes,
         mapper: PrincipalMapper,
         *,
-        now: Any = None,
+        now: Callable[[], datetime.datetime] | None = None,
     ) -> None:
         self._cas = x509.load_pem_x509_certificates(ca_pem)
         self._mapper = mapper
