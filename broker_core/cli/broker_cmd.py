@@ -31,6 +31,7 @@ from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
+from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
 from broker_core.server.config import BrokerConfig, parse_overrides
@@ -269,6 +270,7 @@ def _client(args: argparse.Namespace) -> BrokerClient:
         values = COMMAND_CONFIG.parse(raw)
         tls = TlsSettings.from_values(values).load(Side.CLIENT)
         sasl = sasl_credentials(raw)
+    discover_embedded(args.bootstrap)  # the default embedded broker's owner-only token
     return BrokerClient(args.bootstrap, tls=tls, sasl=sasl)
 
 

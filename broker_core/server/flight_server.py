@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar
 
 import pyarrow as pa
@@ -75,7 +75,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     store, None before it is open (then topics have no schema); ``max_request_bytes``
     bounds a produced batch and an action body; ``tls``: the listener's protocol and
     checked files (``broker_core.security.tls.server_arguments``), plaintext by default;
-    ``auth_handler``: SASL's (``broker_core.server.authentication``), None without SASL.
+    ``auth_handler``: SASL's or mutual TLS's (``broker_core.server.authentication``);
+    ``middleware``: checks before every call (the embedded broker's token).
     """
 
     def __init__(
@@ -92,10 +93,14 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         max_request_bytes: int,
         ack_timeout_s: float = 60.0,
         auth_handler: flight.ServerAuthHandler | None = None,
+        middleware: Mapping[str, flight.ServerMiddlewareFactory] | None = None,
     ) -> None:
         # auth_handler (SASL, broker_core.server.authentication): every call but the
         # handshake carries a valid session token, or Flight refuses it before any handler.
-        location, arguments = server_arguments(host, port, tls, auth_handler=auth_handler)
+        # middleware: the embedded broker's per-start token check (security/local_token.py).
+        location, arguments = server_arguments(
+            host, port, tls, auth_handler=auth_handler, middleware=middleware
+        )
         super().__init__(location, **arguments)
         self._actions = actions
         self._gate = gate
