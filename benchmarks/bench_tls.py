@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from benchmarks.bench_broker import MB, Run, Server, run_producers, start_broker
+from benchmarks.bench_broker import Run, Server, run_producers, start_broker
+from benchmarks.common import MB
 from broker_core.security.tls import Side, TlsSettings
 from tests.harness.tls import make_certs
 
