@@ -42,8 +42,8 @@ picks the parts to run.
 CPU seconds (user + system) per GB sent (GB = 10^9 bytes, the same measure as MB/s) are
 printed beside the throughput, for each side separately, over the produce phase only
 (from the first send to the last answer; no topic creation or deletion): the server
-process (``/proc/<pid>/stat`` of the broker or discard server child, in clock ticks of
-10 ms: coarse at smoke sizes, ~0.01 s/GB at 1 GB a run) and the client
+process (psutil, ``benchmarks/common.py``, of the broker or discard server child, in
+clock ticks of 10 ms: coarse at smoke sizes, ~0.01 s/GB at 1 GB a run) and the client
 process (``time.process_time()``: every thread of this process, so all producers and the
 Flight client's own threads). With the producers on the same 2 cores as the server,
 broker and client CPU together are what bounds the ratio once the machine is CPU-bound.

@@ -22,7 +22,7 @@ Per-batch ack latency is the time from ``send`` to the answer as seen by a threa
 waits on the batches in order: with 5 in flight it includes the wait behind earlier
 batches of the same stream (latency under load, not an idle round trip); p50/p99 over
 every batch of every counted round. CPU is user + system seconds per GB sent of all
-three broker processes together (``/proc/<pid>/stat``) and of this process (the
+three broker processes together (psutil, ``benchmarks/common.py``) and of this process (the
 producers), over the produce phase only. ``elections`` counts leader-epoch changes during
 a run and ``ISR shrinks`` the brokers' ``isr_shrinks``: both must be 0 for an rf=3 run to
 have measured three in-sync replicas.

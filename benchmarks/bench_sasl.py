@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.bench_broker import REPO, TOPIC, Server, build_batches, produce, spawn
-from benchmarks.common import MB
+from benchmarks.common import MB, print_table
 from benchmarks.data import SCHEMA
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
@@ -141,9 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sasl_vs_plaintext_produce_ratio": sm / pm,
             }
         )
-        print(f"{'':28} {'PLAINTEXT':>12} {'SASL_PLAINTEXT':>16}")
-        for name, a, b in rows:
-            print(f"{name:28} {a:>12} {b:>16}")
+        print_table(["", "PLAINTEXT", "SASL_PLAINTEXT"], rows)
         for name, value in figures.items():
             print(f"{name}={value:.3f}")
     finally:

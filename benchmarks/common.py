@@ -34,12 +34,15 @@ def verdict(ok: bool) -> str:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """Print rows under headers, each column right-aligned to its widest cell (floats as
-    given: format them before)."""
+    """Print rows under headers, each column as wide as its widest cell: the first (the
+    row's name) left-aligned, the figures right-aligned (format numbers before)."""
     cells = [[str(c) for c in headers], *[[str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for row in cells:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+        first, *rest = row
+        line = [first.ljust(widths[0])]
+        line += [cell.rjust(width) for cell, width in zip(rest, widths[1:], strict=True)]
+        print("  ".join(line).rstrip(), flush=True)
 
 
 def cpu_seconds(pid: int) -> float:

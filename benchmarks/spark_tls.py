@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from benchmarks.bench_broker import Server
 from benchmarks.bench_sasl import PASSWORD, USER, start
-from benchmarks.common import verdict
+from benchmarks.common import print_table, verdict
 from broker_core.client.broker_client import BrokerClient
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
@@ -111,10 +111,11 @@ def tls_part(spark: SparkSession, df: DataFrame, rows: int, repeats: int, scratc
         f"\nTLS 1.3 (EC P-256) + {MECHANISM} against plaintext, df.write of {rows} rows "
         f"through 'brokers', median of {repeats} interleaved runs"
     )
-    print(f"{'broker':<10} {'seconds':>8} {'rows/s':>12}  runs (s)")
-    for target, seconds in zip(targets, (plain_s, tls_s), strict=True):
-        runs = " ".join(f"{t:.2f}" for t in target.seconds)
-        print(f"{target.server.name:<10} {seconds:>8.2f} {rows / seconds:>12,.0f}  {runs}")
+    table = [
+        (t.server.name, f"{s:.2f}", f"{rows / s:,.0f}", " ".join(f"{x:.2f}" for x in t.seconds))
+        for t, s in zip(targets, (plain_s, tls_s), strict=True)
+    ]
+    print_table(["broker", "seconds", "rows/s", "runs (s)"], table)
     return ratio
 
 
