@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict, deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -95,15 +95,15 @@ class SinkProgressListener(StreamingQueryListener):
     """A ``StreamingQueryListener`` for the sink's figures: add it with
     ``spark.streams.addListener(SinkProgressListener())``. For each progress event of a
     batch the sink committed it calls :meth:`on_sink_progress` (by default: one log line
-    on ``idemlog.progress``) and keeps the figures, the last ``keep`` per query (the bound
-    of its memory: ``keep`` figures for each query id it has seen). Spark delivers events
-    on its listener thread, after ``lastProgress`` is updated."""
+    on ``idemlog.progress``) and keeps the figures: the last ``keep`` batches of each of
+    the last ``queries`` query ids it heard from (its memory's bound, ``keep * queries``
+    figures of about 300 bytes). Spark delivers events on its listener thread, after
+    ``lastProgress`` is updated."""
 
-    def __init__(self, keep: int = KEEP_BATCHES) -> None:
+    def __init__(self, keep: int = KEEP_BATCHES, queries: int = 100) -> None:
         self._changed = threading.Condition()
-        self._figures: defaultdict[str, deque[SinkProgress]] = defaultdict(
-            lambda: deque(maxlen=keep)
-        )
+        self._keep, self._queries = keep, queries
+        self._figures: OrderedDict[str, deque[SinkProgress]] = OrderedDict()
 
     def figures(self, query_id: str) -> list[SinkProgress]:
         """The figures kept for a query id, oldest first."""
@@ -115,7 +115,8 @@ class SinkProgressListener(StreamingQueryListener):
         when it has not within ``timeout`` seconds."""
 
         def found() -> SinkProgress | None:
-            return next((f for f in self._figures[query_id] if f.batch_id == batch_id), None)
+            kept = self._figures.get(query_id, ())
+            return next((f for f in kept if f.batch_id == batch_id), None)
 
         with self._changed:
             if not self._changed.wait_for(lambda: found() is not None, timeout):
@@ -148,7 +149,11 @@ class SinkProgressListener(StreamingQueryListener):
         if figures is None:
             return
         with self._changed:
-            self._figures[figures.query_id].append(figures)
+            kept = self._figures.pop(figures.query_id, None) or deque(maxlen=self._keep)
+            kept.append(figures)
+            self._figures[figures.query_id] = kept  # the most recent query last
+            while len(self._figures) > self._queries:
+                self._figures.popitem(last=False)
             self._changed.notify_all()
         self.on_sink_progress(event, figures)
 
