@@ -65,6 +65,15 @@ class ErrorCode(Enum):
     INVALID_RECORD = (87, False, "record batch is invalid for this topic")
     PRODUCER_FENCED = (90, False, "a newer producer with the same transactional id exists")
     DUPLICATE_BROKER_REGISTRATION = (101, False, "broker id is already in use")
+    # Authorization (docs/security.md): the principal lacks the ACL; asking again is
+    # refused again until an operator adds one.
+    TOPIC_AUTHORIZATION_FAILED = (29, False, "not authorized to access the topic")
+    CLUSTER_AUTHORIZATION_FAILED = (31, False, "not authorized for the cluster operation")
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (
+        53,
+        False,
+        "not authorized to use the transactional id",
+    )
     # idemlog-only codes (no Kafka equivalent).
     SCHEMA_MISMATCH = (10001, False, "batch schema differs from the topic's schema")
     PRODUCER_ID_ALLOCATION_FAILED = (10002, True, "could not lease a producer id block")
@@ -277,6 +286,24 @@ class ProducerFencedError(IdemlogError):
 
 class DuplicateBrokerRegistrationError(IdemlogError):
     error_code = ErrorCode.DUPLICATE_BROKER_REGISTRATION
+
+
+class AuthorizationError(IdemlogError):
+    """A request the principal's ACLs do not allow (docs/security.md, Authorization):
+    the message names the principal, host, operation and resource and the ``idemlog
+    acls add`` that would allow it. Never retriable. Subclasses carry Kafka's code."""
+
+
+class TopicAuthorizationFailedError(AuthorizationError):
+    error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class ClusterAuthorizationFailedError(AuthorizationError):
+    error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+class TransactionalIdAuthorizationFailedError(AuthorizationError):
+    error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 class SchemaMismatchError(IdemlogError):

@@ -7,6 +7,7 @@ config topic|broker`` lists the keys with defaults and docs (``--properties``: t
 commented default file). A broker and its clients (``broker_core.cli.broker_cmd``): ``idemlog
 broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
 metrics``. SCRAM users (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``.
+ACLs (``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from broker_core.cli.acls_cmd import add_acls_command
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.users_cmd import add_users_command
@@ -201,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(func=_config)
     add_commands(sub)
     add_users_command(sub)
+    # -- authorization --
+    add_acls_command(sub)
     return parser
 
 

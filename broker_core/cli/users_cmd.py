@@ -34,18 +34,14 @@ ZK_TIMEOUT_S = 15.0
 
 
 @contextmanager
-def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
-    if args.data_dir is not None:
-        path = Path(args.data_dir)
-        if not path.is_dir():
-            raise InvalidConfigError(f"--data-dir {args.data_dir}: no such directory")
-        yield FileCredentialStore(path)
-        return
+def zookeeper_client(connect: str) -> Iterator[tuple[Any, str]]:
+    """A started kazoo client on ``--zookeeper``'s hosts (without the chroot, so that
+    every missing level of it is created, as a broker does) and the chroot; stopped on
+    exit. Unreachable (one line) when no server answers within ``ZK_TIMEOUT_S``."""
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
 
-    hosts, chroot = split_zookeeper_connect(args.zookeeper.strip())
-    # Without the chroot, so that every missing level of it is created (as a broker does).
+    hosts, chroot = split_zookeeper_connect(connect.strip())
     client: Any = KazooClient(hosts=hosts, timeout=ZK_TIMEOUT_S)
     # Its reconnect warnings, one per retry, would bury the one line said below.
     kazoo_log = logging.getLogger("kazoo.client")
@@ -57,16 +53,28 @@ def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
         client.stop()  # its connection thread retries until stopped
         client.close()
         raise Unreachable(
-            f"--zookeeper {args.zookeeper}: no ZooKeeper server answered within "
+            f"--zookeeper {connect}: no ZooKeeper server answered within "
             f"{ZK_TIMEOUT_S:g} s; start ZooKeeper or correct --zookeeper"
         ) from None
     finally:
         kazoo_log.setLevel(level)
     try:
-        yield ZkCredentialStore(client, chroot + ZK_ROOT, watch=False)
+        yield client, chroot
     finally:
         client.stop()
         client.close()
+
+
+@contextmanager
+def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
+    if args.data_dir is not None:
+        path = Path(args.data_dir)
+        if not path.is_dir():
+            raise InvalidConfigError(f"--data-dir {args.data_dir}: no such directory")
+        yield FileCredentialStore(path)
+        return
+    with zookeeper_client(args.zookeeper) as (client, chroot):
+        yield ZkCredentialStore(client, chroot + ZK_ROOT, watch=False)
 
 
 def _password(args: argparse.Namespace) -> str:

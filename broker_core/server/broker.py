@@ -186,6 +186,7 @@ class Broker:
         are released first and the broker is STOPPED.
         """
         from broker_core.server.authentication import server_auth
+        from broker_core.server.authorization import request_authorizer
         from broker_core.server.flight_server import IdemlogFlightServer
         from broker_core.server.handlers import ActionHandlers
 
@@ -245,6 +246,7 @@ class Broker:
                 max_request_bytes=cfg.max_request_bytes,
                 ack_timeout_s=replication.ack_timeout_s,
                 auth_handler=server_auth(cfg, self._zk),
+                authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
             )
             # What clients and other brokers are told, which may differ from what is bound
             # (NAT, a proxy, a container): listener.advertised.*.

@@ -25,8 +25,10 @@ from broker_core.config import (
 )
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
+from broker_core.security.principal import Principal
 from broker_core.security.tls import TlsSettings
 from broker_core.security.zk_tls import SECURITY_KEYS
+from broker_core.server.acl_config import ACL_KEYS, AuthorizationConfig
 from broker_core.server.security_config import SASL_KEYS, SecurityConfig
 from broker_core.server.timeouts import ack_timeout_ms, check_timeouts, marker_call_timeout_ms
 
@@ -342,7 +344,8 @@ def _topic_default_keys() -> list[ConfigKey]:
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 BROKER_CONFIG = ConfigDef(
-    [*_BROKER_KEYS, *SECURITY_KEYS, *SASL_KEYS, *_topic_default_keys()], what="broker"
+    [*_BROKER_KEYS, *SECURITY_KEYS, *SASL_KEYS, *ACL_KEYS, *_topic_default_keys()],
+    what="broker",
 )
 
 
@@ -384,6 +387,7 @@ class BrokerConfig:
     log_defaults: LogConfig  # the log.<key> values, as a topic's base config
     tls: TlsSettings  # security.protocol and ssl.*: the listener's and the broker's links
     security: SecurityConfig  # sasl.*: the listener's authentication, the broker's principal
+    authorization: AuthorizationConfig  # authorizer.enable, super.users (acl_config.py)
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -429,6 +433,7 @@ class BrokerConfig:
             raise InvalidConfigError(f"log.dir={parsed['log.dir']!r} must name a directory")
         zookeeper_connect = str(parsed["zookeeper.connect"]).strip()
         zookeeper_hosts, zookeeper_chroot = split_zookeeper_connect(zookeeper_connect)
+        security = SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect)
         return cls(
             broker_id=int(parsed["broker.id"]),
             listener_host=str(parsed["listener.host"]),
@@ -479,7 +484,16 @@ class BrokerConfig:
             replica_fetch_backoff_ms=int(parsed["replica.fetch.backoff.ms"]),
             log_defaults=log_defaults,
             tls=TlsSettings.from_values(parsed),
-            security=SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect),
+            security=security,
+            authorization=AuthorizationConfig.from_parsed(
+                parsed,
+                embedded=not zookeeper_connect,
+                broker_principal=(
+                    None
+                    if security.inter_broker is None
+                    else Principal.user(security.inter_broker.username)
+                ),
+            ),
             values=parsed,
         )
 

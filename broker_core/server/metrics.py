@@ -16,6 +16,7 @@ from typing import Any
 
 from broker_core.errors import (
     DuplicateSequenceError,
+    ErrorCode,
     IdemlogError,
     InvalidProducerEpochError,
     InvalidTxnStateError,
@@ -54,6 +55,8 @@ class Metrics:
         self._partitions: dict[tuple[str, int], AppendCounters] = {}
         self._producers: dict[int, AppendCounters] = {}
         self._totals = AppendCounters()
+        # -- authorization: refusals by error code (bounded by the three codes) --
+        self._refusals: dict[str, int] = {}
 
     def record_append(
         self,
@@ -88,6 +91,11 @@ class Metrics:
             for pid in expired:
                 self._producers.pop(pid, None)
 
+    def record_refusal(self, code: ErrorCode) -> None:
+        """One request refused by the ACLs (docs/security.md, Authorization)."""
+        with self._lock:
+            self._refusals[code.name] = self._refusals.get(code.name, 0) + 1
+
     def forget_topic(self, topic: str) -> None:
         with self._lock:
             for key in [k for k in self._partitions if k[0] == topic]:
@@ -104,6 +112,7 @@ class Metrics:
             counters = {k: asdict(v) for k, v in self._partitions.items()}
             producers = {pid: asdict(v) for pid, v in self._producers.items()}
             totals = asdict(self._totals)
+            refusals = dict(sorted(self._refusals.items()))
         partitions = []
         for key in sorted(set(counters) | set(gauges)):
             row: dict[str, Any] = {"topic": key[0], "partition": key[1]}
@@ -120,4 +129,6 @@ class Metrics:
             "partitions": partitions,
             "producers": [{"producer_id": pid, **producers[pid]} for pid in sorted(producers)],
             "transactions": dict(transactions) if transactions is not None else None,
+            # Added field (older readers ignore it): {error name: count}.
+            "authorization_refusals": refusals,
         }
