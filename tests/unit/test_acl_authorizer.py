@@ -29,7 +29,7 @@ from broker_core.server.config import BrokerConfig
 ROOT = Path(__file__).resolve().parents[2]
 ALICE, BOB = Principal.user("alice"), Principal.user("bob")
 HOST = "10.0.0.1"
-O = Operation
+Op = Operation
 
 
 def topic(name: str, pattern: PatternType = PatternType.LITERAL) -> ResourcePattern:
@@ -60,50 +60,50 @@ def may(
 
 
 def test_no_acl_denies_and_super_users_need_none() -> None:
-    assert not may([], O.WRITE)
-    assert may([], O.WRITE, who=Principal.user("admin"))
-    assert may([], O.CLUSTER_ACTION, who=Principal.user("admin"), resource=CLUSTER)
+    assert not may([], Op.WRITE)
+    assert may([], Op.WRITE, who=Principal.user("admin"))
+    assert may([], Op.CLUSTER_ACTION, who=Principal.user("admin"), resource=CLUSTER)
 
 
 def test_allow_matches_principal_host_and_operation_only() -> None:
-    acl = [allow(topic("payments"), ALICE, O.WRITE, HOST)]
-    assert may(acl, O.WRITE)
-    assert not may(acl, O.WRITE, who=BOB)
-    assert not may(acl, O.WRITE, host="10.0.0.2")
-    assert not may(acl, O.READ)
-    assert not may(acl, O.WRITE, resource=Resource(ResourceType.TOPIC, "payments2"))
-    assert not may(acl, O.WRITE, resource=Resource(ResourceType.TRANSACTIONAL_ID, "payments"))
+    acl = [allow(topic("payments"), ALICE, Op.WRITE, HOST)]
+    assert may(acl, Op.WRITE)
+    assert not may(acl, Op.WRITE, who=BOB)
+    assert not may(acl, Op.WRITE, host="10.0.0.2")
+    assert not may(acl, Op.READ)
+    assert not may(acl, Op.WRITE, resource=Resource(ResourceType.TOPIC, "payments2"))
+    assert not may(acl, Op.WRITE, resource=Resource(ResourceType.TRANSACTIONAL_ID, "payments"))
 
 
 def test_implied_operations_are_kafkas() -> None:
-    for op in (O.READ, O.WRITE, O.DELETE, O.ALTER):
-        assert may([allow(topic("payments"), ALICE, op)], O.DESCRIBE), op
-    assert not may([allow(topic("payments"), ALICE, O.CREATE)], O.DESCRIBE)
-    assert not may([allow(topic("payments"), ALICE, O.DESCRIBE)], O.READ)
-    assert may([allow(topic("payments"), ALICE, O.ALTER_CONFIGS)], O.DESCRIBE_CONFIGS)
-    everything = [allow(topic("payments"), ALICE, O.ALL)]
-    assert all(may(everything, op) for op in (O.READ, O.WRITE, O.DELETE, O.DESCRIBE))
+    for op in (Op.READ, Op.WRITE, Op.DELETE, Op.ALTER):
+        assert may([allow(topic("payments"), ALICE, op)], Op.DESCRIBE), op
+    assert not may([allow(topic("payments"), ALICE, Op.CREATE)], Op.DESCRIBE)
+    assert not may([allow(topic("payments"), ALICE, Op.DESCRIBE)], Op.READ)
+    assert may([allow(topic("payments"), ALICE, Op.ALTER_CONFIGS)], Op.DESCRIBE_CONFIGS)
+    everything = [allow(topic("payments"), ALICE, Op.ALL)]
+    assert all(may(everything, op) for op in (Op.READ, Op.WRITE, Op.DELETE, Op.DESCRIBE))
     # A deny of Read does not deny Describe; a deny of All denies every operation.
-    acl = [allow(topic("payments"), ALICE, O.ALL), deny(topic("payments"), ALICE, O.READ)]
-    assert may(acl, O.DESCRIBE) and not may(acl, O.READ) and may(acl, O.WRITE)
-    acl = [allow(topic("payments"), ALICE, O.WRITE), deny(topic("payments"), ALICE, O.ALL)]
-    assert not may(acl, O.WRITE) and not may(acl, O.DESCRIBE)
+    acl = [allow(topic("payments"), ALICE, Op.ALL), deny(topic("payments"), ALICE, Op.READ)]
+    assert may(acl, Op.DESCRIBE) and not may(acl, Op.READ) and may(acl, Op.WRITE)
+    acl = [allow(topic("payments"), ALICE, Op.WRITE), deny(topic("payments"), ALICE, Op.ALL)]
+    assert not may(acl, Op.WRITE) and not may(acl, Op.DESCRIBE)
 
 
 def test_deny_wins_over_every_allow_and_wildcards() -> None:
     acl = [
-        allow(topic("*"), Principal.user("*"), O.ALL),
-        deny(topic("pay", PatternType.PREFIXED), ALICE, O.WRITE, HOST),
+        allow(topic("*"), Principal.user("*"), Op.ALL),
+        deny(topic("pay", PatternType.PREFIXED), ALICE, Op.WRITE, HOST),
     ]
-    assert not may(acl, O.WRITE)
-    assert may(acl, O.WRITE, host="10.0.0.2")  # the deny holds for its host only
-    assert may(acl, O.WRITE, who=BOB)
-    assert may(acl, O.READ)
+    assert not may(acl, Op.WRITE)
+    assert may(acl, Op.WRITE, host="10.0.0.2")  # the deny holds for its host only
+    assert may(acl, Op.WRITE, who=BOB)
+    assert may(acl, Op.READ)
 
 
 def test_prefixed_and_wildcard_patterns() -> None:
     sink = ResourcePattern(ResourceType.TRANSACTIONAL_ID, PatternType.PREFIXED, "job/")
-    acl = [allow(sink, ALICE, O.WRITE)]
+    acl = [allow(sink, ALICE, Op.WRITE)]
     for name, ok in (
         ("job/", True),
         ("job/0", True),
@@ -112,29 +112,31 @@ def test_prefixed_and_wildcard_patterns() -> None:
         ("jobs/0", False),
         ("other/0", False),
     ):
-        assert may(acl, O.WRITE, resource=Resource(ResourceType.TRANSACTIONAL_ID, name)) is ok, name
+        assert may(acl, Op.WRITE, resource=Resource(ResourceType.TRANSACTIONAL_ID, name)) is ok, (
+            name
+        )
     # A literal "*" is every name; a literal of another name only that one.
-    assert may([allow(topic("*"), ALICE, O.READ)], O.READ)
-    assert not may([allow(topic("pay"), ALICE, O.READ)], O.READ)
+    assert may([allow(topic("*"), ALICE, Op.READ)], Op.READ)
+    assert not may([allow(topic("pay"), ALICE, Op.READ)], Op.READ)
 
 
 def test_allow_everyone_if_no_acl_found_only_where_no_acl_names_the_resource() -> None:
     lax = Authorizer([], allow_if_no_acl=True)
-    assert may([], O.WRITE, auth=lax)
-    assert may([allow(topic("other"), BOB, O.READ)], O.WRITE, auth=lax)
-    assert not may([allow(topic("payments"), BOB, O.READ)], O.WRITE, auth=lax)
+    assert may([], Op.WRITE, auth=lax)
+    assert may([allow(topic("other"), BOB, Op.READ)], Op.WRITE, auth=lax)
+    assert not may([allow(topic("payments"), BOB, Op.READ)], Op.WRITE, auth=lax)
 
 
 def test_bindings_are_checked_when_built() -> None:
     txn = ResourcePattern(ResourceType.TRANSACTIONAL_ID, PatternType.LITERAL, "t")
     with pytest.raises(ValueError, match="Read does not apply to a TransactionalId"):
-        allow(txn, ALICE, O.READ)
+        allow(txn, ALICE, Op.READ)
     with pytest.raises(ValueError, match="PREFIXED pattern of"):
-        allow(topic("*", PatternType.PREFIXED), ALICE, O.READ)
+        allow(topic("*", PatternType.PREFIXED), ALICE, Op.READ)
     with pytest.raises(ValueError, match="kafka-cluster"):
-        allow(ResourcePattern(ResourceType.CLUSTER, PatternType.LITERAL, "c"), ALICE, O.ALTER)
-    assert Operation.parse("idempotent_write") is O.IDEMPOTENT_WRITE
-    assert Operation.parse("clusteraction") is O.CLUSTER_ACTION
+        allow(ResourcePattern(ResourceType.CLUSTER, PatternType.LITERAL, "c"), ALICE, Op.ALTER)
+    assert Operation.parse("idempotent_write") is Op.IDEMPOTENT_WRITE
+    assert Operation.parse("clusteraction") is Op.CLUSTER_ACTION
     with pytest.raises(ValueError, match="operation 'Fly'"):
         Operation.parse("Fly")
     assert parse_super_users("User:a; User:b;") == [Principal.user("a"), Principal.user("b")]
@@ -164,11 +166,11 @@ def _cluster(**extra: str) -> dict[str, str]:
 
 
 def test_a_cluster_broker_must_be_a_super_user() -> None:
-    with pytest.raises(InvalidConfigError, match="User:broker must be in super.users"):
+    with pytest.raises(InvalidConfigError, match=r"User:broker must be in super\.users"):
         BrokerConfig.from_mapping(_cluster())
-    with pytest.raises(InvalidConfigError, match="User:ANONYMOUS must be in super.users"):
+    with pytest.raises(InvalidConfigError, match=r"User:ANONYMOUS must be in super\.users"):
         BrokerConfig.from_mapping({"zookeeper.connect": "h:1", "authorizer.enable": "true"})
-    with pytest.raises(InvalidConfigError, match="super.users: principal 'broker'"):
+    with pytest.raises(InvalidConfigError, match=r"super\.users: principal 'broker'"):
         BrokerConfig.from_mapping(_cluster(**{"super.users": "broker"}))
     cfg = BrokerConfig.from_mapping(_cluster(**{"super.users": "User:admin;User:broker"}))
     assert cfg.authorization.enabled
