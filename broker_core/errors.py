@@ -288,21 +288,19 @@ class DuplicateBrokerRegistrationError(IdemlogError):
     error_code = ErrorCode.DUPLICATE_BROKER_REGISTRATION
 
 
-class AuthorizationError(IdemlogError):
-    """A request the principal's ACLs do not allow (docs/security.md, Authorization):
-    the message names the principal, host, operation and resource and the ``idemlog
-    acls add`` that would allow it. Never retriable. Subclasses carry Kafka's code."""
+class TopicAuthorizationFailedError(IdemlogError):
+    """A request the principal's ACLs do not allow on a topic (docs/security.md,
+    Authorization): the message names the principal, host, operation and resource and
+    the ``idemlog acls add`` that would allow it. So do the two below. Never retriable."""
 
-
-class TopicAuthorizationFailedError(AuthorizationError):
     error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
-class ClusterAuthorizationFailedError(AuthorizationError):
+class ClusterAuthorizationFailedError(IdemlogError):
     error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
-class TransactionalIdAuthorizationFailedError(AuthorizationError):
+class TransactionalIdAuthorizationFailedError(IdemlogError):
     error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
@@ -341,6 +339,13 @@ class SslHandshakeError(IdemlogError):
 
     error_code = ErrorCode.SSL_HANDSHAKE_FAILED
 
+
+# The refusals of the ACLs, to catch them together.
+AUTHORIZATION_ERRORS: tuple[type[IdemlogError], ...] = (
+    TopicAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
+)
 
 _CLASS_BY_CODE: dict[ErrorCode, type[IdemlogError]] = {}
 for _cls in list(globals().values()):

@@ -3,9 +3,9 @@
 :data:`RULES` maps each request (the produce stream, the fetch, every ``Action``) to the
 (operation, resource) Kafka checks for its counterpart; docs/security.md's table is
 :func:`render_rules_table` of it (a test keeps them equal). The Flight server asks
-:meth:`RequestAuthorizer.check` before a request touches any state; a refusal is a
-typed, non-retriable ``AuthorizationError`` with Kafka's code, naming the principal, its
-host, the operation, the resource and the ``idemlog acls add`` that would allow it, and
+:meth:`RequestAuthorizer.check` before a request touches any state; a refusal is one
+of ``errors.AUTHORIZATION_ERRORS``, non-retriable, with Kafka's code, naming the principal,
+its host, the operation, the resource and the ``idemlog acls add`` that would allow it, and
 is counted in the broker's metrics. Listings (topics without names, transactions) are
 filtered instead, as Kafka filters them; an abort of a run by run id alone fences only
 the ids the caller may write.
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker_core.errors import (
-    AuthorizationError,
     BrokerNotAvailableError,
     ClusterAuthorizationFailedError,
     ErrorCode,
+    IdemlogError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
 )
@@ -276,7 +276,7 @@ RULES: dict[str, Rule] = {
     Action.PING: Rule("none (liveness)", _none),
 }
 
-_ERROR_BY_TYPE: dict[ResourceType, type[AuthorizationError]] = {
+_ERROR_BY_TYPE: dict[ResourceType, type[IdemlogError]] = {
     ResourceType.TOPIC: TopicAuthorizationFailedError,
     ResourceType.TRANSACTIONAL_ID: TransactionalIdAuthorizationFailedError,
     ResourceType.CLUSTER: ClusterAuthorizationFailedError,
@@ -297,7 +297,7 @@ def render_rules_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def refusal(caller: Caller, need: Need, what: str) -> AuthorizationError:
+def refusal(caller: Caller, need: Need, what: str) -> IdemlogError:
     """The typed error of a refused ``need``: Kafka's code for the resource type."""
     r = need.resource
     flag = _CLI_FLAG[r.type] + ("" if r.type is ResourceType.CLUSTER else f" '{r.name}'")

@@ -14,9 +14,10 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
-    AuthorizationError,
+    AUTHORIZATION_ERRORS,
     ClusterAuthorizationFailedError,
     ErrorCode,
+    IdemlogError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
 )
@@ -70,7 +71,7 @@ def client_of(broker: BrokerProcess, user: str) -> BrokerClient:
 
 
 def check_refusal(
-    error: AuthorizationError, code: ErrorCode, principal: str, operation: str, resource: str
+    error: IdemlogError, code: ErrorCode, principal: str, operation: str, resource: str
 ) -> None:
     assert error.error_code is code and not error.retriable
     for part in (principal, operation, resource, "idemlog acls add"):
@@ -328,10 +329,10 @@ def test_acl_removed_mid_stream_refuses_the_next_batch(
             stream.send(rows(1, start=next(counter))).offsets(10)
         acls(acl_broker, "remove", *grant)
 
-        def refused() -> AuthorizationError | None:
+        def refused() -> IdemlogError | None:
             try:
                 stream.send(rows(1, start=next(counter))).offsets(10)
-            except AuthorizationError as exc:
+            except AUTHORIZATION_ERRORS as exc:
                 return exc
             return None
 
