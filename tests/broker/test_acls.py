@@ -18,15 +18,19 @@ from broker_core.errors import (
     ClusterAuthorizationFailedError,
     ErrorCode,
     IdemlogError,
+    NotLeaderOrFollowerError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
 )
+from broker_core.protocol.wire import Action
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 from tests.broker.helpers import SCHEMA, TEST_BROKER_CONFIG, ids, rows
 from tests.broker.test_sasl import add_user, idemlog
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
+from tests.harness.zookeeper import ZooKeeperHarness
 
 PASSWORDS = {"admin": "admin-Secret-11aa", "alice": "alice-Secret-22bb", "bob": "bob-Secret-33cc"}
 TOPIC = "payments"
@@ -422,3 +426,58 @@ def test_acls_command_errors_are_one_line(acl_broker: BrokerProcess) -> None:
     assert gone.returncode == 1 and "no such ACL" in gone.stderr
     listed = idemlog("acls", "list", *where)
     assert listed.returncode == 0 and listed.stdout.strip() == "no ACLs"
+
+
+def test_cluster_acl_change_reaches_every_broker_within_a_second(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    """On a 3-broker SASL cluster the ACLs live in ZooKeeper: an ACL added or removed with
+    ``idemlog acls --zookeeper`` holds at the next request on every broker, within a
+    second, without a restart; the brokers replicate as User:broker, a super user."""
+    where = ["--zookeeper", zk_chroot.hosts]
+    for user, password in {**PASSWORDS, "broker": "broker-Secret-44dd"}.items():
+        add_user(where, user, password)
+    cluster = ReplicatedCluster(
+        zk_chroot,
+        broker_factory,
+        extra={
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.inter.broker.username": "broker",
+            "sasl.inter.broker.password": "broker-Secret-44dd",
+            "authorizer.enable": "true",
+            "super.users": "User:broker;User:admin",
+            "default.replication.factor": 3,
+        },
+        sasl=creds("admin"),
+    )
+    try:
+        cluster.create_topic(TOPIC, 1)
+        produce_one(cluster.client)
+        cluster.wait_in_sync(TOPIC, 0)  # the followers fetched as User:broker
+        alice = BrokerClient(cluster.bootstrap, sasl=creds("alice"), retries=0)
+        body = {"topic": TOPIC, "partition": 0}
+        leader = cluster.client.leader(TOPIC, 0).address
+
+        def served(address: str) -> bool:
+            try:
+                alice.action(address, Action.LIST_OFFSETS, body)
+            except TopicAuthorizationFailedError:
+                return False
+            except NotLeaderOrFollowerError:
+                return True  # checked and passed: only the leader answers offsets
+            return True
+
+        assert not any(served(b.address) for b in cluster.brokers.values())
+        grant = ("--allow-principal", "User:alice", "--operation", "Describe", "--topic", TOPIC)
+        done = idemlog("acls", "add", *where, *grant)
+        assert done.returncode == 0, done.stderr
+        for b in cluster.brokers.values():
+            wait_until(lambda a=b.address: served(a), f"{b.name} allows alice", timeout=1.0)
+        assert alice.action(leader, Action.LIST_OFFSETS, body)["log_end_offset"] == 1
+        done = idemlog("acls", "remove", *where, *grant)
+        assert done.returncode == 0, done.stderr
+        for b in cluster.brokers.values():
+            wait_until(lambda a=b.address: not served(a), f"{b.name} refuses alice", timeout=1.0)
+        alice.close()
+    finally:
+        cluster.close()

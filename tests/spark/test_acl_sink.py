@@ -28,7 +28,7 @@ PASSWORDS = {
     "report": "report-Secret-d4",
     "rogue": "rogue-Secret-e5",
 }
-QUERY_ID = "5b7e61c2-3d0a-4f7e-9f15-acl000000001"  # fixed by the checkpoint's metadata
+QUERY_ID = "5b7e61c2-3d0a-4f7e-9f15-ac1000000001"  # fixed by the checkpoint's metadata
 FILES, ROWS, PARTITIONS = 2, 300, 3
 
 
