@@ -55,6 +55,7 @@ from broker_core.protocol.txn_requests import (
 from broker_core.protocol.wire import Action
 from broker_core.security.acl import (
     CLUSTER,
+    AclIndex,
     Authorizer,
     Operation,
     Resource,
@@ -322,10 +323,19 @@ class RequestAuthorizer:
         self._authorizer = authorizer
         self._bindings = bindings
         self._on_refusal = on_refusal
+        self._index = AclIndex(())  # of the last set the store gave (replaced whole)
+
+    def _current(self) -> AclIndex:
+        bindings = self._bindings()
+        index = self._index
+        if index.bindings is not bindings:
+            # A new set from the store: indexed once, then each check is a look-up.
+            index = self._index = AclIndex(bindings)
+        return index
 
     def may(self, caller: Caller, operation: Operation, resource: Resource) -> bool:
         return self._authorizer.authorize(
-            self._bindings(), caller.principal, caller.host, operation, resource
+            self._current(), caller.principal, caller.host, operation, resource
         )
 
     def check(self, caller: Caller, request: str, body: Body) -> Permit:

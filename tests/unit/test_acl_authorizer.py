@@ -13,6 +13,7 @@ from broker_core.protocol.wire import Action
 from broker_core.security.acl import (
     CLUSTER,
     AclBinding,
+    AclIndex,
     Authorizer,
     Operation,
     PatternType,
@@ -177,3 +178,31 @@ def test_a_cluster_broker_must_be_a_super_user() -> None:
     assert cfg.authorization.super_users == {Principal.user("admin"), Principal.user("broker")}
     # Embedded there are no other brokers to serve: nothing to require.
     assert BrokerConfig.from_mapping({"authorizer.enable": "true"}).authorization.enabled
+
+
+def test_the_index_decides_as_the_scan() -> None:
+    """``AclIndex`` (what a broker checks against) gives every decision the plain scan
+    gives, over literal, wildcard, prefixed and other-type bindings."""
+    txn = ResourceType.TRANSACTIONAL_ID
+    bindings = [
+        allow(topic("payments"), ALICE, Op.WRITE),
+        allow(topic("*"), BOB, Op.READ),
+        deny(topic("pay", PatternType.PREFIXED), BOB, Op.READ, HOST),
+        allow(topic("pa", PatternType.PREFIXED), Principal.user("*"), Op.DESCRIBE),
+        allow(ResourcePattern(txn, PatternType.PREFIXED, "job/"), ALICE, Op.WRITE),
+    ]
+    index = AclIndex(bindings)
+    lax = Authorizer([], allow_if_no_acl=True)
+    resources = (
+        [Resource(ResourceType.TOPIC, n) for n in ("payments", "pay", "other", "*", "p")]
+        + [Resource(txn, n) for n in ("job/1", "job", "x")]
+        + [CLUSTER]
+    )
+    for auth in (AUTH, lax):
+        for resource in resources:
+            for who in (ALICE, BOB, Principal.user("carol")):
+                for host in (HOST, "10.0.0.2"):
+                    for op in (Op.READ, Op.WRITE, Op.DESCRIBE, Op.CLUSTER_ACTION):
+                        plain = auth.authorize(bindings, who, host, op, resource)
+                        indexed = auth.authorize(index, who, host, op, resource)
+                        assert plain == indexed, (resource, who, host, op)
