@@ -7,6 +7,7 @@ Authorization). ACLs are written with the real ``idemlog acls`` command."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -481,3 +482,48 @@ def test_cluster_acl_change_reaches_every_broker_within_a_second(
         alice.close()
     finally:
         cluster.close()
+
+
+def test_producer_fails_at_once_on_a_refusal_and_writes_nothing(
+    acl_broker: BrokerProcess, admin: BrokerClient
+) -> None:
+    """The standalone producer treats the refusals as fatal: an idempotent producer
+    without IdempotentWrite fails at its start, one with it but without Write on the topic
+    fails its send well before its delivery timeout, never retrying into a write."""
+    from spark_sink.producer.producer import Producer
+
+    keys = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": "alice",
+        "sasl.password": PASSWORDS["alice"],
+        "delivery.timeout.ms": 60_000,
+    }
+    with pytest.raises(ClusterAuthorizationFailedError, match="IdempotentWrite"):
+        Producer(acl_broker.address, **keys)
+    acls(
+        acl_broker,
+        "add",
+        "--allow-principal",
+        "User:alice",
+        "--operation",
+        "IdempotentWrite",
+        "--cluster",
+    )
+    acls(
+        acl_broker,
+        "add",
+        "--allow-principal",
+        "User:alice",
+        "--operation",
+        "Describe",
+        "--topic",
+        TOPIC,
+    )
+    started = time.monotonic()
+    with Producer(acl_broker.address, **keys) as producer:
+        future = producer.send(TOPIC, rows(4))
+        with pytest.raises(TopicAuthorizationFailedError, match="Write on Topic:payments"):
+            future.result(30)
+    assert time.monotonic() - started < 30  # failed at the refusal, not at the timeout
+    assert ids(admin, TOPIC, isolation="read_uncommitted") == []
