@@ -4,7 +4,8 @@ Options as Kafka's ``kafka-acls.sh``: ``--allow-principal`` / ``--deny-principal
 (repeatable), ``--allow-host`` / ``--deny-host`` (default ``*``), ``--operation``
 (repeatable), one resource (``--topic``, ``--transactional-id`` or ``--cluster``) and
 ``--resource-pattern-type literal|prefixed``. The store is ZooKeeper's on a cluster
-(``--zookeeper host:port[/chroot]``, the brokers' ``zookeeper.connect``) or the embedded
+(``--zookeeper host:port[/chroot]``, the brokers' ``zookeeper.connect``, with ``--config``
+the brokers' ZooKeeper identity, node ACLs and TLS: ``broker_core.cli.zk_cmd``) or the embedded
 broker's file (``--data-dir``/``--log-dir``, its ``log.dir``); brokers pick a change up
 at their next request, without a restart (docs/security.md, Authorization).
 """
@@ -19,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from broker_core.cli.users_cmd import zookeeper_client
+from broker_core.cli.zk_cmd import command_zk, open_zookeeper
 from broker_core.errors import InvalidConfigError
 from broker_core.security.acl import (
     CLUSTER_NAME,
@@ -42,9 +43,12 @@ def _store(args: argparse.Namespace) -> Iterator[AclStore]:
         path = Path(args.data_dir)
         if not path.is_dir():
             raise InvalidConfigError(f"--data-dir {args.data_dir}: no such directory")
+        if args.config is not None:
+            raise InvalidConfigError("--config is for --zookeeper (the embedded file has no ACL)")
         yield FileAclStore(path)
         return
-    with zookeeper_client(args.zookeeper) as (client, chroot):
+    # The brokers' ZooKeeper identity and node ACLs from --config (broker_core.cli.zk_cmd).
+    with open_zookeeper(args.zookeeper, command_zk(args.config)) as (client, chroot):
         yield ZkAclStore(client, chroot + ZK_ROOT, watch=False)
 
 
@@ -156,6 +160,11 @@ def add_acls_command(sub: Any) -> None:
         where = cmd.add_mutually_exclusive_group(required=True)
         where.add_argument("--zookeeper", help="the cluster's zookeeper.connect")
         where.add_argument("--data-dir", "--log-dir", help="the embedded broker's log.dir")
+        cmd.add_argument(
+            "--config",
+            help="with --zookeeper: broker properties whose zookeeper.set.acl, "
+            "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
+        )
         cmd.add_argument("--topic", help="a topic name (literal: '*' is every topic)")
         cmd.add_argument("--transactional-id", help="a transactional id (or a prefix)")
         cmd.add_argument("--cluster", action="store_true", help="the Cluster resource")

@@ -7,6 +7,7 @@ config topic|broker`` lists the keys with defaults and docs (``--properties``: t
 commented default file). A broker and its clients (``broker_core.cli.broker_cmd``): ``idemlog
 broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
 metrics``. SCRAM users (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``.
+ZooKeeper node ACLs (``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``.
 ACLs (``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``.
 """
 
@@ -25,6 +26,7 @@ from broker_core.cli.acls_cmd import add_acls_command
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.users_cmd import add_users_command
+from broker_core.cli.zk_cmd import add_zookeeper_command
 from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
@@ -203,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(func=_config)
     add_commands(sub)
     add_users_command(sub)
+    add_zookeeper_command(sub)
     # -- authorization --
     add_acls_command(sub)
     return parser

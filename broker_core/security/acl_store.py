@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from broker_core.errors import InvalidConfigError
 from broker_core.fileutil import fsync_directory, write_all
+from broker_core.security import zk_acl
 from broker_core.security.acl import (
     AclBinding,
     AclEntry,
@@ -231,7 +232,7 @@ class ZkAclStore:
         self._snapshot: Bindings = ()
         self._closed = False
         self._loaded = threading.Event()
-        client.ensure_path(self.path)
+        zk_acl.ensure_path(client, self.path)  # with the tree's ACL (zookeeper.set.acl)
         if watch:
             from kazoo.recipe.watchers import ChildrenWatch
 
@@ -348,7 +349,7 @@ class ZkAclStore:
             ).encode()
             try:
                 if version < 0:
-                    self._client.create(path, data)
+                    zk_acl.create_async(self._client, path, data).get()
                 elif not updated:
                     self._client.delete(path, version=version)
                 else:

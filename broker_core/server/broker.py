@@ -38,7 +38,9 @@ from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import PartitionGauges
+from broker_core.security import zk_acl
 from broker_core.security.tls import Side, warn_if_exposed
+from broker_core.security.zk_acl import ZkAuth
 from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.coordinators import Coordinators
@@ -356,6 +358,8 @@ class Broker:
         # keeps serving its partitions and waits for the connection to come back.
         retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0}
         secure = ZkTlsSettings.from_values(cfg.values).kazoo_arguments()  # files checked
+        auth = ZkAuth.from_values(cfg.values)
+        secure.update(auth.kazoo_arguments())  # digest identity; ACLs with zookeeper.set.acl
         if cfg.zookeeper_chroot:
             # Create the chroot first, every missing level of it, as Kafka does on first
             # start. A client on the chroot cannot: kazoo's ensure_path climbs up to the
@@ -371,7 +375,7 @@ class Broker:
             )
             admin.start(timeout=timeout_s)
             try:
-                admin.retry(admin.ensure_path, cfg.zookeeper_chroot)
+                admin.retry(zk_acl.ensure_path, admin, cfg.zookeeper_chroot)
             finally:
                 admin.stop()
                 admin.close()
@@ -379,6 +383,12 @@ class Broker:
             hosts=cfg.zookeeper_connect, timeout=timeout_s, connection_retry=retry, **secure
         )
         client.start(timeout=timeout_s)
+        try:
+            zk_acl.check_access(client, ZK_ROOT, auth)
+        except BaseException:
+            client.stop()
+            client.close()
+            raise
         return client
 
     def _open_cluster(self, info: BrokerInfo) -> ClusterMetadata:

@@ -27,6 +27,7 @@ from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
 from broker_core.security.principal import Principal
 from broker_core.security.tls import TlsSettings
+from broker_core.security.zk_acl import ZK_ACL_KEYS, ZkAuth
 from broker_core.security.zk_tls import SECURITY_KEYS
 from broker_core.server.acl_config import ACL_KEYS, AuthorizationConfig
 from broker_core.server.security_config import SASL_KEYS, SecurityConfig
@@ -344,7 +345,14 @@ def _topic_default_keys() -> list[ConfigKey]:
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 BROKER_CONFIG = ConfigDef(
-    [*_BROKER_KEYS, *SECURITY_KEYS, *SASL_KEYS, *ACL_KEYS, *_topic_default_keys()],
+    [
+        *_BROKER_KEYS,
+        *SECURITY_KEYS,
+        *SASL_KEYS,
+        *ZK_ACL_KEYS,  # zookeeper.set.acl, zookeeper.auth.digest.*: security/zk_acl.py
+        *ACL_KEYS,  # authorizer.enable, super.users: server/acl_config.py
+        *_topic_default_keys(),
+    ],
     what="broker",
 )
 
@@ -432,6 +440,7 @@ class BrokerConfig:
         if not str(parsed["log.dir"]).strip():
             raise InvalidConfigError(f"log.dir={parsed['log.dir']!r} must name a directory")
         zookeeper_connect = str(parsed["zookeeper.connect"]).strip()
+        ZkAuth.from_values(parsed)  # checked at load; the broker's ZooKeeper clients use it
         zookeeper_hosts, zookeeper_chroot = split_zookeeper_connect(zookeeper_connect)
         security = SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect)
         return cls(
