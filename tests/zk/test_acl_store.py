@@ -100,3 +100,45 @@ def test_file_store_rewrites_atomically_and_is_reread_when_changed(tmp_path: Pat
     ]
     (tmp_path / "__acls.json").unlink()
     assert broker.bindings() == ()
+
+
+def test_acls_command_on_a_secured_tree_needs_the_brokers_identity(
+    zk_chroot: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """With ``zookeeper.set.acl`` the ACL records are created with the brokers' node ACL:
+    ``idemlog acls`` without the brokers' digest identity is refused in one line naming
+    the keys; with ``--config`` it writes, and others cannot change what it wrote."""
+    from kazoo.exceptions import NoAuthError
+    from kazoo.security import Permissions
+
+    from tests.broker.test_sasl import idemlog
+
+    config = tmp_path / "zk.properties"
+    config.write_text(
+        "zookeeper.set.acl=true\nzookeeper.auth.digest.username=idemlog-brokers\n"
+        "zookeeper.auth.digest.password=zk-Secret-77ab\n"
+    )
+    zk_chroot.admin_auth = [("digest", "idemlog-brokers:zk-Secret-77ab")]  # its teardown
+    where = ["--zookeeper", zk_chroot.hosts]
+    grant = ["--allow-principal", "User:etl", "--operation", "Write", "--topic", "payments"]
+    done = idemlog("acls", "add", *where, "--config", str(config), *grant)
+    assert done.returncode == 0, done.stderr
+    node = f"{ROOT}/acls/Topic:LITERAL:payments"
+    acl, _ = zk_chroot.client().get_acls(node)
+    assert {(a.id.scheme, a.perms) for a in acl} == {
+        ("digest", Permissions.ALL),
+        ("world", Permissions.READ),
+    }
+    refused = idemlog("acls", "add", *where, *grant[:4], "--topic", "other")
+    assert refused.returncode == 2, refused.stderr
+    assert "NoAuth" in refused.stderr and "zookeeper.auth.digest.username" in refused.stderr
+    anonymous = zk_chroot.client()
+    try:
+        anonymous.set(node, b"{}")
+        raise AssertionError("an anonymous client changed an ACL record")
+    except NoAuthError:
+        pass
+    listed = idemlog("acls", "list", *where)  # readable by all
+    assert (
+        listed.returncode == 0 and "Allow User:etl Write on Topic:LITERAL:payments" in listed.stdout
+    )
