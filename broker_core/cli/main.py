@@ -9,6 +9,7 @@ commented default file). A broker and its clients (``broker_core.cli.broker_cmd`
 the metrics (``broker_core.cli.metrics_cmd``): ``idemlog metrics``. SCRAM users
 (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``. ZooKeeper node ACLs
 (``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``.
+ACLs (``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from broker_core.cli.acls_cmd import add_acls_command
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.metrics_cmd import add_metrics_command
@@ -207,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_command(sub)
     add_users_command(sub)
     add_zookeeper_command(sub)
+    # -- authorization --
+    add_acls_command(sub)
     return parser
 
 

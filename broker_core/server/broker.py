@@ -190,6 +190,7 @@ class Broker:
         are released first and the broker is STOPPED.
         """
         from broker_core.server.authentication import local_token_middleware, server_auth
+        from broker_core.server.authorization import request_authorizer
         from broker_core.server.flight_server import IdemlogFlightServer
         from broker_core.server.handlers import ActionHandlers
 
@@ -254,6 +255,7 @@ class Broker:
                 ack_timeout_s=replication.ack_timeout_s,
                 auth_handler=server_auth(cfg, self._zk, tls),
                 middleware=local_token_middleware(cfg),
+                authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
             )
             # What clients and other brokers are told, which may differ from what is bound
             # (NAT, a proxy, a container): listener.advertised.*.
