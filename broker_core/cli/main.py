@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_core.cli.broker_cmd import add_commands
+from broker_core.cli.consume_cmd import add_consume_command
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.users_cmd import add_users_command
 from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.set_defaults(func=_config)
     add_commands(sub)
+    add_consume_command(sub)
     add_users_command(sub)
     return parser
 
