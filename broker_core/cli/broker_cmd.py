@@ -1,6 +1,7 @@
 """``idemlog`` commands that run a broker or talk to one (``broker_core.cli.main`` wires them).
 
 idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
+idemlog broker list|stop (broker_core.cli.hosted_cmd)
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog metrics --bootstrap host:port [--json]
 
@@ -23,7 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from broker_core.cli import registry
 from broker_core.cli.failures import DEBUG_ENV, Unreachable, config_file_error, port_in_use
+from broker_core.cli.hosted_cmd import add_hosted_commands
 from broker_core.client.answers import TransactionListing, schema_fields
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo
@@ -198,6 +201,22 @@ def broker_start(args: argparse.Namespace) -> int:
         os._exit(128 + received[0])
     # The line a supervisor (or the test harness) waits for: the address actually bound.
     print(f"LISTENING {info.host}:{info.port}", flush=True)
+    # Listed by `idemlog broker list` until the clean stop below removes it; a crash
+    # leaves it for the next listing to report as stale and remove (cli/registry.py).
+    entry: Path | None = None
+    try:
+        entry = registry.register(
+            address=f"{info.host}:{info.port}",
+            log_dir=config.log_dir,
+            zookeeper=bool(config.zookeeper_connect),
+            config=args.config,
+        )
+    except OSError as exc:  # the listing is advice: serving does not depend on it
+        logging.getLogger("idemlog.broker").warning(
+            "not listed by `idemlog broker list`: cannot write %s: %s",
+            registry.registry_dir(),
+            exc.strerror,
+        )
     if args.ready_fd is not None:
         # A launcher waiting on a pipe reads the address, then EOF; EOF alone means the
         # broker died before serving (no output parsing, no polling).
@@ -216,6 +235,8 @@ def broker_start(args: argparse.Namespace) -> int:
         "received %s, shutting down", signal.Signals(received[0]).name
     )
     broker.close()
+    if entry is not None:
+        registry.unregister(entry)
     print("STOPPED", flush=True)
     logging.shutdown()
     sys.stderr.flush()
@@ -431,6 +452,7 @@ def add_commands(sub: Any) -> None:
         "address means the broker died before serving",
     )
     start.set_defaults(func=broker_start)
+    add_hosted_commands(broker_sub)
 
     topics = sub.add_parser("topics", help="create, describe, delete topics on a cluster")
     topics_sub = topics.add_subparsers(dest="action", required=True)
