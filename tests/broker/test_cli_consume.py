@@ -163,7 +163,7 @@ def test_from_beginning_prints_what_is_there_and_timeout_ms_ends_it(
 
 @pytest.mark.parametrize(
     ("level", "expected"),
-    [("read_committed", list(range(5))), ("read_uncommitted", [*list(range(5)), 50, 51, 52])],
+    [("read_committed", list(range(5))), ("read_uncommitted", [*range(5), 50, 51, 52])],
 )
 def test_isolation_levels_with_an_open_transaction(
     broker: BrokerProcess, topic: str, consumers: list[Consumer], level: str, expected: list[int]
@@ -183,7 +183,7 @@ def test_isolation_levels_with_an_open_transaction(
     after = Consumer(broker.address, "--from-beginning", "--timeout-ms", "500")
     consumers.append(after)
     assert after.finish() == ExitCode.OK
-    assert sorted(after.ids()) == list(range(5)) + [50, 51, 52]  # committed: now visible
+    assert sorted(after.ids()) == [*range(5), 50, 51, 52]  # committed: now visible
 
 
 def test_ctrl_c_exits_130_after_printing_with_the_summary(
@@ -199,3 +199,46 @@ def test_ctrl_c_exits_130_after_printing_with_the_summary(
     assert sorted(consumer.ids()) == [0, 1, 2]
     assert consumer.summary() == "Processed a total of 3 messages"
     assert not [line for line in consumer.err.values if str(line).startswith("idemlog:")]
+
+
+def _idemlog(*args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "broker_core.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=EXIT_TIMEOUT_S,
+        check=False,
+    )
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    return done
+
+
+def test_describe_and_transactions_json_carry_what_the_text_shows(
+    broker: BrokerProcess, topic: str
+) -> None:
+    _commit(broker.address, range(5))
+    with Producer(broker.address, **{"transactional.id": "held"}) as open_txn:
+        open_txn.init_transactions()
+        open_txn.begin_transaction()
+        open_txn.send(TOPIC, pa.table({"id": pa.array([7], pa.int64())}))
+        open_txn.flush()
+        bootstrap = ["--bootstrap", broker.address]
+        described = _idemlog("topics", "describe", *bootstrap, "--topic", TOPIC, "--json")
+        assert described.returncode == 0, described.stderr
+        (doc,) = json.loads(described.stdout)
+        assert doc["schema"] == ["id: int64"]  # Arrow's text form, not base64 bytes
+        offsets = [p["offsets"] for p in doc["partitions"]]
+        held = [o for o in offsets if o["last_stable_offset"] < o["log_end_offset"]]
+        assert len(held) == 1  # the open transaction holds its partition's LSO back
+        text = _idemlog("topics", "describe", *bootstrap, "--topic", TOPIC).stdout
+        assert "schema [id: int64]" in text
+        for o in offsets:
+            assert f"end {o['log_end_offset']:>10}" in text
+            assert f"last stable {o['last_stable_offset']:>10}" in text
+        listed = _idemlog("transactions", "list", *bootstrap, "--json")
+        assert listed.returncode == 0, listed.stderr
+        (row,) = json.loads(listed.stdout)
+        assert row["transactional_id"] == "held" and row["state"] == "ONGOING"
+        assert row["partitions"] and row["age_ms"] is not None
+        assert "held" in _idemlog("transactions", "list", *bootstrap).stdout
+        open_txn.abort_transaction()
