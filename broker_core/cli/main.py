@@ -24,6 +24,7 @@ from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.consume_cmd import add_consume_command
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.users_cmd import add_users_command
+from broker_core.client.answers import schema_fields
 from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
@@ -101,7 +102,7 @@ def _describe(args: argparse.Namespace) -> int:
             report.append(
                 {
                     "topic": name,
-                    "schema": str(topic.schema) if topic.schema is not None else None,
+                    "schema": schema_fields(topic.schema),
                     "config_overrides": topic.overrides,
                     "partitions": parts,
                 }
@@ -112,7 +113,9 @@ def _describe(args: argparse.Namespace) -> int:
     if not report:
         print(f"no topics in {args.data_dir}")
     for t in report:
-        print(f"topic {t['topic']}")
+        # The same fields as --json: the schema (Arrow's text form) and the overrides too.
+        schema = ", ".join(t["schema"] or ["-"])
+        print(f"topic {t['topic']}  schema [{schema}]  config {t['config_overrides']}")
         cols = list(t["partitions"][0]) if t["partitions"] else []
         print("  " + " ".join(f"{c:>18}" for c in cols))
         for row in t["partitions"]:
