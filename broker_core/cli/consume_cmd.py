@@ -31,10 +31,12 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from broker_core.cli.broker_cmd import BOOTSTRAP_HELP, _client, _command_config_argument
 from broker_core.cli.failures import ExitCode
@@ -43,6 +45,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.partition_log import IsolationLevel
 
+T = TypeVar("T")
 _IDLE_MIN_S = 0.01  # the first wait after an empty round
 _IDLE_MAX_S = 0.2  # the longest: how late an idle consumer sees a new record at most
 # One fetch per partition per round at most this large (one batch at least, if larger).
@@ -82,13 +85,23 @@ def _text_cell(value: object) -> str:
     return json.dumps(value, default=str)
 
 
+class _Interrupted(BaseException):
+    """A stop signal while a call to the broker was under way (a BaseException, as
+    KeyboardInterrupt, so no ``except Exception`` on the way takes it)."""
+
+
 class _Stop:
     """The first SIGINT/SIGTERM while consuming: noted, and the idle wait woken at once
     through a wakeup pipe, so the loop ends after printing what it holds (no exception
-    raised in the middle of a line). The previous handlers come back on ``restore``."""
+    raised in the middle of a line). A call to the broker (``call``) runs on a daemon
+    thread while this (main) thread waits on that pipe and the call's own: a Python
+    signal handler cannot run while the main thread is inside a Flight call, which may
+    wait 30 s and retry against a broker that does not answer. The previous handlers
+    come back on ``restore``."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self._done_read, self._done_write = os.pipe()
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         os.set_blocking(self._read, False)
@@ -101,6 +114,32 @@ class _Stop:
         if self.signal is None:
             self.signal = number
 
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()``'s result, or what it raised; raises ``_Interrupted`` as soon as a stop
+        signal comes, leaving the call to its (daemon) thread."""
+        outcome: list[tuple[bool, Any]] = []
+
+        def run() -> None:
+            try:
+                outcome.append((True, fn()))
+            except BaseException as exc:  # handed to the main thread, raised there
+                outcome.append((False, exc))
+            finally:
+                os.write(self._done_write, b"x")
+
+        threading.Thread(target=run, name="consume-call", daemon=True).start()
+        while not outcome:
+            if self.signal is not None:
+                raise _Interrupted
+            select.select([self._read, self._done_read], [], [])
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._read, 512)
+        os.read(self._done_read, 1)
+        ok, value = outcome[0]
+        if ok:
+            return cast(T, value)
+        raise value
+
     def wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``; returns early when a signal arrives."""
         if self.signal is None and seconds > 0:
@@ -112,8 +151,8 @@ class _Stop:
         signal.set_wakeup_fd(self._previous_fd)
         for s, handler in self._previous.items():
             signal.signal(s, handler)
-        os.close(self._read)
-        os.close(self._write)
+        for fd in (self._read, self._write, self._done_read, self._done_write):
+            os.close(fd)
 
 
 def _start_offsets(
@@ -153,7 +192,7 @@ def consume(args: argparse.Namespace) -> int:
     try:
         with _client(args) as client:
             try:
-                (topic,) = client.describe_topics([args.topic])
+                (topic,) = stop.call(lambda: client.describe_topics([args.topic]))
             except UnknownTopicOrPartitionError as exc:
                 raise InvalidConfigError(f"--topic {args.topic}: {exc.message}") from exc
             every = [p.partition for p in topic.partitions]
@@ -164,7 +203,7 @@ def consume(args: argparse.Namespace) -> int:
                 )
             partitions = every if args.partition is None else [args.partition]
             counts = dict.fromkeys(partitions, 0)
-            positions = _start_offsets(client, args, partitions)
+            positions = stop.call(lambda: _start_offsets(client, args, partitions))
             # Where it starts, once, on stderr: an operator (or a test) knows from this
             # line on that whatever becomes readable is printed.
             starts = " ".join(f"{p}:{o}" for p, o in positions.items())
@@ -180,12 +219,14 @@ def consume(args: argparse.Namespace) -> int:
             ):
                 arrived = 0
                 for p in partitions:
-                    response = client.fetch_once(
-                        args.topic,
-                        p,
-                        positions[p],
-                        isolation=args.isolation,
-                        max_bytes=_FETCH_MAX_BYTES,
+                    response = stop.call(
+                        lambda p=p: client.fetch_once(  # type: ignore[misc]
+                            args.topic,
+                            p,
+                            positions[p],
+                            isolation=args.isolation,
+                            max_bytes=_FETCH_MAX_BYTES,
+                        )
                     )
                     for meta, batch in response.batches:
                         for i, row in enumerate(batch.to_pylist()):
@@ -222,6 +263,8 @@ def consume(args: argparse.Namespace) -> int:
                     wait_s = min(wait_s, left)
                 stop.wait(wait_s)
                 idle_s = min(idle_s * 2, _IDLE_MAX_S)
+    except _Interrupted:
+        pass  # stop.signal says which: the summary and the exit code follow
     finally:
         stop.restore()
         if progress is not None:

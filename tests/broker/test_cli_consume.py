@@ -20,7 +20,7 @@ from broker_core.cli.failures import ExitCode
 from broker_core.client.broker_client import BrokerClient
 from spark_sink.producer.producer import Producer
 from tests.harness.broker import BrokerProcess
-from tests.harness.waiting import Recorder
+from tests.harness.waiting import Recorder, wait_until
 
 SCHEMA = pa.schema([("id", pa.int64())])
 TOPIC = "payments"
@@ -242,3 +242,42 @@ def test_describe_and_transactions_json_carry_what_the_text_shows(
         assert row["partitions"] and row["age_ms"] is not None
         assert "held" in _idemlog("transactions", "list", *bootstrap).stdout
         open_txn.abort_transaction()
+
+
+def _fetch_waiting_in(port: int) -> bool:
+    """Whether bytes wait unread in an established connection to ``port``: a request
+    the (frozen) broker has not read (the kernel's own counter, /proc/net/tcp)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                local, state, queues = fields[1], fields[3], fields[4]
+                unread = int(queues.split(":")[1], 16)
+                if int(local.rsplit(":", 1)[1], 16) == port and state == "01" and unread:
+                    return True
+    return False
+
+
+def test_ctrl_c_during_a_fetch_the_frozen_broker_never_answers_exits_130_at_once(
+    broker: BrokerProcess, topic: str, consumers: list[Consumer]
+) -> None:
+    consumer = Consumer(broker.address)
+    consumers.append(consumer)
+    consumer.wait_positioned()
+    port = int(broker.address.rsplit(":", 1)[1])
+    process = broker.process
+    assert process is not None
+    process.send_signal(signal.SIGSTOP)
+    try:
+        # The consumer's next fetch reaches the frozen broker and waits there (up to the
+        # client's 30 s timeout, then retries): that is where Ctrl-C must land.
+        wait_until(lambda: _fetch_waiting_in(port), "a fetch waiting in the frozen broker")
+        consumer.process.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        assert consumer.finish() == ExitCode.INTERRUPTED
+        took = time.monotonic() - started
+    finally:
+        process.send_signal(signal.SIGCONT)
+    assert consumer.summary() == "Processed a total of 0 messages"
+    assert took < 10.0, took  # not the client's 30 s timeout and its retries
+    print(f"exit {took:.2f} s after SIGINT during a fetch to a frozen broker")
