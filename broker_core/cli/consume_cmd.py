@@ -265,6 +265,10 @@ def consume(args: argparse.Namespace) -> int:
                 idle_s = min(idle_s * 2, _IDLE_MAX_S)
     except _Interrupted:
         pass  # stop.signal says which: the summary and the exit code follow
+    except BrokenPipeError:
+        # Its reader left (`idemlog consume ... | head`): done, as that reader wanted.
+        # Further writes to stdout (the interpreter's flush at exit) go nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         stop.restore()
         if progress is not None:

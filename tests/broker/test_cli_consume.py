@@ -281,3 +281,20 @@ def test_ctrl_c_during_a_fetch_the_frozen_broker_never_answers_exits_130_at_once
     assert consumer.summary() == "Processed a total of 0 messages"
     assert took < 10.0, took  # not the client's 30 s timeout and its retries
     print(f"exit {took:.2f} s after SIGINT during a fetch to a frozen broker")
+
+
+def test_a_reader_that_leaves_ends_it_quietly(broker: BrokerProcess, topic: str) -> None:
+    # 20,000 lines, more than a pipe holds (64 KiB), so a write meets the closed pipe.
+    _commit(broker.address, range(20_000))
+    command = (
+        f"set -o pipefail; {sys.executable} -m broker_core.cli.main consume --bootstrap "
+        f"{broker.address} --topic {TOPIC} --from-beginning --timeout-ms 2000 | head -n 2"
+    )
+    done = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 2
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    (summary,) = [x for x in done.stderr.splitlines() if x.startswith("Processed a total")]
+    assert int(summary.split()[4]) < 20_000  # it stopped when its reader left
