@@ -5,8 +5,10 @@ directory): ``idemlog log describe`` lists topics, partitions, offsets and produ
 ``idemlog log dump`` prints a partition's batches. Configuration: ``idemlog
 config topic|broker`` lists the keys with defaults and docs (``--properties``: the
 commented default file). A broker and its clients (``broker_core.cli.broker_cmd``): ``idemlog
-broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
-metrics``. SCRAM users (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``.
+broker start``, ``idemlog topics create|describe|delete``, ``idemlog metrics``; ``idemlog
+broker list|stop``, the brokers on this host (``broker_core.cli.hosted_cmd``); ``idemlog
+consume``, which follows a topic (``broker_core.cli.consume_cmd``). SCRAM users
+(``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``.
 """
 
 from __future__ import annotations
