@@ -298,3 +298,19 @@ def test_a_reader_that_leaves_ends_it_quietly(broker: BrokerProcess, topic: str)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     (summary,) = [x for x in done.stderr.splitlines() if x.startswith("Processed a total")]
     assert int(summary.split()[4]) < 20_000  # it stopped when its reader left
+
+
+def test_a_bad_topic_partition_or_limit_is_one_usage_line(
+    broker: BrokerProcess, topic: str
+) -> None:
+    base = ["consume", "--bootstrap", broker.address, "--timeout-ms", "100"]
+    for flags, start in [
+        (["--topic", "nope"], "idemlog: --topic nope: topic 'nope' does not exist"),
+        (["--topic", TOPIC, "--partition", "9"], f"idemlog: --partition 9: topic {TOPIC} has"),
+        (["--topic", TOPIC, "--max-messages", "0"], "idemlog: --max-messages 0: must be"),
+    ]:
+        done = _idemlog(*base, *flags)
+        assert done.returncode == ExitCode.USAGE, done.stderr
+        errors = [x for x in done.stderr.splitlines() if x.startswith("idemlog:")]
+        assert len(errors) == 1 and errors[0].startswith(start), done.stderr
+        assert done.stdout == ""
