@@ -186,7 +186,7 @@ class Bench:
         """All ``rows`` are in the log and every transaction is decided. Markers take
         offsets too, one per transaction and partition it wrote to, hence the range."""
         with BrokerClient(ensure_broker(self.embedded)) as client:
-            partitions = len(client.describe_topics([topic])[0]["partitions"])
+            partitions = len(client.describe_topics([topic])[0].partitions)
             offsets = [client.list_offsets(topic, p) for p in range(partitions)]
         end = sum(o["log_end_offset"] for o in offsets)
         stable = sum(o["last_stable_offset"] for o in offsets)

@@ -56,7 +56,7 @@ class _Target:
         started = time.perf_counter()
         writer.save()
         elapsed = time.perf_counter() - started
-        partitions = len(self.client.describe_topics([topic])[0]["partitions"])
+        partitions = len(self.client.describe_topics([topic])[0].partitions)
         offsets = [self.client.list_offsets(topic, p) for p in range(partitions)]
         end = sum(o["log_end_offset"] for o in offsets)
         stable = sum(o["last_stable_offset"] for o in offsets)

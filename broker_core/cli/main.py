@@ -5,11 +5,13 @@ directory): ``idemlog log describe`` lists topics, partitions, offsets and produ
 ``idemlog log dump`` prints a partition's batches. Configuration: ``idemlog
 config topic|broker`` lists the keys with defaults and docs (``--properties``: the
 commented default file). A broker and its clients (``broker_core.cli.broker_cmd``):
-``idemlog broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``;
-the metrics (``broker_core.cli.metrics_cmd``): ``idemlog metrics``. SCRAM users
+``idemlog broker start``, ``idemlog topics create|describe|delete``; ``idemlog broker
+list|stop``, the brokers on this host (``broker_core.cli.hosted_cmd``); ``idemlog consume``,
+which follows a topic (``broker_core.cli.consume_cmd``); the metrics
+(``broker_core.cli.metrics_cmd``): ``idemlog metrics``. SCRAM users
 (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``. ZooKeeper node ACLs
-(``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``.
-ACLs (``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``.
+(``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``. ACLs
+(``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from typing import Any
 
 from broker_core.cli.acls_cmd import add_acls_command
 from broker_core.cli.broker_cmd import add_commands
+from broker_core.cli.consume_cmd import add_consume_command
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.metrics_cmd import add_metrics_command
 from broker_core.cli.users_cmd import add_users_command
 from broker_core.cli.zk_cmd import add_zookeeper_command
+from broker_core.client.answers import schema_fields
 from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
@@ -106,7 +110,7 @@ def _describe(args: argparse.Namespace) -> int:
             report.append(
                 {
                     "topic": name,
-                    "schema": str(topic.schema) if topic.schema is not None else None,
+                    "schema": schema_fields(topic.schema),
                     "config_overrides": topic.overrides,
                     "partitions": parts,
                 }
@@ -117,7 +121,9 @@ def _describe(args: argparse.Namespace) -> int:
     if not report:
         print(f"no topics in {args.data_dir}")
     for t in report:
-        print(f"topic {t['topic']}")
+        # The same fields as --json: the schema (Arrow's text form) and the overrides too.
+        schema = ", ".join(t["schema"] or ["-"])
+        print(f"topic {t['topic']}  schema [{schema}]  config {t['config_overrides']}")
         cols = list(t["partitions"][0]) if t["partitions"] else []
         print("  " + " ".join(f"{c:>18}" for c in cols))
         for row in t["partitions"]:
@@ -207,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(func=_config)
     add_commands(sub)
     add_metrics_command(sub)
+    add_consume_command(sub)
     add_users_command(sub)
     add_zookeeper_command(sub)
     # -- authorization --

@@ -152,7 +152,7 @@ def test_read_create_delete_without_acl_are_refused(
             "Describe",
             "Cluster:kafka-cluster",
         )
-    assert [t["name"] for t in admin.describe_topics()] == ["hidden", TOPIC]  # none deleted
+    assert [t.name for t in admin.describe_topics()] == ["hidden", TOPIC]  # none deleted
     assert ids(admin, TOPIC) == [0]
     acls(
         acl_broker,
@@ -182,7 +182,7 @@ def test_read_create_delete_without_acl_are_refused(
         assert ids(alice, TOPIC) == [0]
         alice.create_topic("alices", 1, schema=SCHEMA)
         # Describe is implied by Read and Delete: a listing shows her these, not "hidden".
-        assert [t["name"] for t in alice.describe_topics()] == ["alices", TOPIC]
+        assert [t.name for t in alice.describe_topics()] == ["alices", TOPIC]
         alice.delete_topic("alices")
 
 
@@ -229,8 +229,8 @@ def test_init_and_abort_of_anothers_transactional_id_are_refused_and_leave_it_op
         with pytest.raises(ClusterAuthorizationFailedError):
             bob.init_producer_id(None, None)  # idempotent: IdempotentWrite on the Cluster
         # The listing leaves out what he may not Describe: payroll is not his.
-        assert [t["transactional_id"] for t in bob.list_transactions()] == []
-    listed = [t["transactional_id"] for t in admin.list_transactions()]
+        assert [t.transactional_id for t in bob.list_transactions()] == []
+    listed = [t.transactional_id for t in admin.list_transactions()]
     assert listed == ["payroll"]  # still open: the refused abort touched nothing
     admin.end_txn("payroll", pid, epoch, True)
     assert ids(admin, TOPIC) == [0, 1, 2]

@@ -149,7 +149,7 @@ def test_minimal_acls_write_and_read_exactly_once_and_a_job_without_write_fails(
         assert sorted(pq.read_table(tmp_path / "read.parquet").column("id").to_pylist()) == ids
         # The scenario happened as documented: the stream's sink id is the fixed query id.
         listed = client.list_transactions(every_id=True)
-        assert any(t["transactional_id"].startswith(f"{QUERY_ID}/") for t in listed), listed
+        assert any(t.transactional_id.startswith(f"{QUERY_ID}/") for t in listed), listed
 
         refused = launcher.run(
             {

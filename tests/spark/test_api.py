@@ -57,7 +57,7 @@ def read(spark: SparkSession, store: str, topic: str, **options: str) -> pa.Tabl
 
 def end_offsets(store: str, topic: str) -> list[int]:
     with BrokerClient(ensure_broker(store)) as client:
-        parts = len(client.describe_topics([topic])[0]["partitions"])
+        parts = len(client.describe_topics([topic])[0].partitions)
         return [client.list_offsets(topic, p)["log_end_offset"] for p in range(parts)]
 
 
@@ -219,7 +219,7 @@ def test_bad_write_options_name_the_problem_and_write_nothing(
     with pytest.raises(Exception, match=_escaped(message)):
         writer.mode("append").save()
     with BrokerClient(ensure_broker(store)) as client:
-        assert "api_bad" not in {t["name"] for t in client.describe_topics()}
+        assert "api_bad" not in {t.name for t in client.describe_topics()}
 
 
 @pytest.mark.parametrize(
@@ -238,7 +238,7 @@ def test_unsupported_column_type_is_named(
     with pytest.raises(Exception, match=message):
         write(df, store, "api_types")
     with BrokerClient(ensure_broker(store)) as client:
-        assert "api_types" not in {t["name"] for t in client.describe_topics()}
+        assert "api_types" not in {t.name for t in client.describe_topics()}
 
 
 def test_schema_change_between_writes_is_refused_naming_columns(
