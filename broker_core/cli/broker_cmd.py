@@ -444,6 +444,8 @@ def consume(args: argparse.Namespace) -> int:
 
 # -- metrics ---------------------------------------------------------------------------------
 def metrics(args: argparse.Namespace) -> int:
+    if not args.bootstrap:  # optional in the parser only so that `metrics record` parses
+        raise InvalidConfigError("metrics: --bootstrap is required")
     with _client(args) as client:
         doc = client.metrics()
     print(json.dumps(doc, indent=2) if args.json else render_table(doc))
@@ -551,7 +553,7 @@ def add_commands(sub: Any) -> None:
     tabort.set_defaults(func=transactions_abort)
 
     met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
-    met.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
+    met.add_argument("--bootstrap", help=BOOTSTRAP_HELP + " (required)")
     _command_config_argument(met)
     met.add_argument("--json", action="store_true", help=JSON_HELP)
     met.set_defaults(func=metrics)

@@ -7,6 +7,8 @@ config topic|broker`` lists the keys with defaults and docs (``--properties``: t
 commented default file). A broker and its clients (``broker_core.cli.broker_cmd``): ``idemlog
 broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
 metrics``. SCRAM users (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``.
+The Spark side's jobs (``broker_core.cli.spark_cmd``, with ``idemlog[spark]``): ``idemlog
+export delta``, ``idemlog metrics record``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
+from broker_core.cli.spark_cmd import add_spark_commands
 from broker_core.cli.users_cmd import add_users_command
 from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
@@ -201,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(func=_config)
     add_commands(sub)
     add_users_command(sub)
+    # The Spark side's jobs (dist): after add_commands, whose `metrics` gets `record`.
+    add_spark_commands(sub)
     return parser
 
 
