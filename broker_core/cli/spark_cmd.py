@@ -14,6 +14,7 @@ The options are declared here once and shared with the ``python -m jobs.delta_ex
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -129,8 +130,6 @@ def run_record(args: argparse.Namespace, *, prefix: str = "metrics record") -> i
         if _is_spark_extra(exc):
             raise _needs_spark(prefix, exc) from None
         raise
-    import logging
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     recorder = metrics_recorder.run_recorder(
         args.table,
