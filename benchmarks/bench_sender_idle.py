@@ -1,6 +1,7 @@
-"""CPU time of an idle producer's sender while one batch waits for its answer.
+"""CPU time of an idle producer's sender while one batch waits for its answer, and the
+round trip of one small send at a time to a real broker.
 
-    python -m benchmarks.bench_sender_idle [--seconds 5] [--repeat 3]
+    python -m benchmarks.bench_sender_idle [--seconds 5] [--repeat 3] [--sends 300]
 
 A ``Sender`` thread over a transport that never answers (no broker: only the sender's own
 waiting is measured) sends one batch, then the process's CPU time is taken over
@@ -8,20 +9,31 @@ waiting is measured) sends one batch, then the process's CPU time is taken over
 every 2 ms while a batch was in flight; woken, it steps only at its ``IDLE_S`` bound (timeouts).
 Output: a table of runs, then ``sender_idle_cpu_ms_per_s=<median>`` and
 ``sender_idle_steps_per_s=<median>``.
+
+Then (``--sends`` > 0) a broker process (embedded mode) and a ``Producer`` with
+``linger.ms=0`` sending one 10-row batch at a time, each waited for before the next:
+``send_roundtrip_p50_ms`` / ``_p95_ms`` from ``send()`` to its future's result. A polling
+sender adds up to its poll period to each; a woken one adds nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
+from benchmarks.bench_broker import start_broker
+from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import ProduceResponse
+from spark_sink.producer import Producer
 from spark_sink.producer.config import ProducerConfig
 from spark_sink.producer.futures import SendCollector
 from spark_sink.producer.message_accumulator import MessageAccumulator
@@ -108,10 +120,32 @@ def measure(seconds: float) -> tuple[float, float]:
         sender.stop()
 
 
+def roundtrips(sends: int) -> list[float]:
+    """Milliseconds from ``send()`` to the result, one 10-row batch at a time."""
+    with tempfile.TemporaryDirectory(prefix="bench-sender-") as tmp:
+        server = start_broker(Path(tmp) / "broker")
+        try:
+            with BrokerClient(server.address) as admin:
+                admin.create_topic("roundtrip", 1)
+            batch = pa.table({"id": pa.array(range(10), pa.int64())})
+            times = []
+            config: dict[str, Any] = {"linger.ms": 0}
+            with Producer(server.address, **config) as producer:
+                for i in range(sends + 20):
+                    start = time.perf_counter()
+                    producer.send("roundtrip", batch).result(30)
+                    if i >= 20:  # the first ones warm the connection and the stream
+                        times.append((time.perf_counter() - start) * 1000)
+            return times
+        finally:
+            server.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=5.0, help="the window per run")
     parser.add_argument("--repeat", type=int, default=3, help="runs (the median counts)")
+    parser.add_argument("--sends", type=int, default=300, help="round trips measured (0: none)")
     args = parser.parse_args(argv)
     runs = [measure(args.seconds) for _ in range(args.repeat)]
     print(f"{'run':>4} {'cpu ms/s':>10} {'steps/s':>10}")
@@ -119,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{i:>4} {cpu:>10.2f} {steps:>10.1f}")
     print(f"sender_idle_cpu_ms_per_s={statistics.median(r[0] for r in runs):.2f}")
     print(f"sender_idle_steps_per_s={statistics.median(r[1] for r in runs):.1f}")
+    if args.sends > 0:
+        times = sorted(roundtrips(args.sends))
+        print(f"send_roundtrip_p50_ms={statistics.median(times):.2f}")
+        print(f"send_roundtrip_p95_ms={times[int(len(times) * 0.95) - 1]:.2f}")
     return 0
 
 
