@@ -131,6 +131,12 @@ bench-commit: setup
 bench-peers: setup kafka-jars
 	$(PY) -m benchmarks.bench_peers $(BENCH_ARGS)
 
+# What one default metrics document costs with 10 and with ~300,000 idempotent producers
+# (the producers made within --create-seconds, 120 by default).
+.PHONY: bench-metrics
+bench-metrics: setup
+	$(PY) -m benchmarks.bench_metrics $(BENCH_ARGS)
+
 # A compressed month of a stream: is the coordinator's state bounded by what is alive?
 bench-soak: setup
 	$(PY) -m benchmarks.bench_soak $(BENCH_ARGS)

@@ -3,7 +3,6 @@
 idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginning]
-idemlog metrics --bootstrap host:port [--json]
 
 Every command that takes ``--bootstrap`` also takes ``--command-config FILE``: the client's
 security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) as Kafka's tools take them.
@@ -31,7 +30,6 @@ from broker_core.cluster.metadata import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
 from broker_core.log.partition_log import IsolationLevel
-from broker_core.protocol.metrics import render_table
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
@@ -442,16 +440,6 @@ def consume(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- metrics ---------------------------------------------------------------------------------
-def metrics(args: argparse.Namespace) -> int:
-    if not args.bootstrap:  # optional in the parser only so that `metrics record` parses
-        raise InvalidConfigError("metrics: --bootstrap is required")
-    with _client(args) as client:
-        doc = client.metrics()
-    print(json.dumps(doc, indent=2) if args.json else render_table(doc))
-    return 0
-
-
 def add_commands(sub: Any) -> None:
     """Register the broker-facing subcommands on the ``idemlog`` parser."""
     broker = sub.add_parser("broker", help="run a broker")
@@ -551,9 +539,3 @@ def add_commands(sub: Any) -> None:
         "--transactional-id", required=True, help="the id whose transaction to abort"
     )
     tabort.set_defaults(func=transactions_abort)
-
-    met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
-    met.add_argument("--bootstrap", help=BOOTSTRAP_HELP + " (required)")
-    _command_config_argument(met)
-    met.add_argument("--json", action="store_true", help=JSON_HELP)
-    met.set_defaults(func=metrics)

@@ -4,11 +4,13 @@ Local data directories, read-only (never a file written, even on a running broke
 directory): ``idemlog log describe`` lists topics, partitions, offsets and producers;
 ``idemlog log dump`` prints a partition's batches. Configuration: ``idemlog
 config topic|broker`` lists the keys with defaults and docs (``--properties``: the
-commented default file). A broker and its clients (``broker_core.cli.broker_cmd``): ``idemlog
-broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``, ``idemlog
-metrics``. SCRAM users (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``.
-The Spark side's jobs (``broker_core.cli.spark_cmd``, with ``idemlog[spark]``): ``idemlog
-export delta``, ``idemlog metrics record``.
+commented default file). A broker and its clients (``broker_core.cli.broker_cmd``):
+``idemlog broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``;
+the metrics (``broker_core.cli.metrics_cmd``): ``idemlog metrics``. SCRAM users
+(``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``. ZooKeeper node ACLs
+(``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``. The Spark side's jobs
+(``broker_core.cli.spark_cmd``, with ``idemlog[spark]``): ``idemlog export delta``,
+``idemlog metrics record``.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any
 
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
+from broker_core.cli.metrics_cmd import add_metrics_command
 from broker_core.cli.spark_cmd import add_spark_commands
 from broker_core.cli.users_cmd import add_users_command
+from broker_core.cli.zk_cmd import add_zookeeper_command
 from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
@@ -203,8 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.set_defaults(func=_config)
     add_commands(sub)
+    add_metrics_command(sub)
     add_users_command(sub)
-    # The Spark side's jobs (dist): after add_commands, whose `metrics` gets `record`.
+    add_zookeeper_command(sub)
+    # The Spark side's jobs (dist): after add_metrics_command, whose `metrics` gets `record`.
     add_spark_commands(sub)
     return parser
 

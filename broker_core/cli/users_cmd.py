@@ -1,7 +1,8 @@
 """``idemlog users add|remove|list``: the SCRAM users a SASL listener accepts.
 
 The store is ZooKeeper's on a cluster (``--zookeeper host:port[/chroot]``, the brokers'
-``zookeeper.connect``) or the embedded broker's file (``--data-dir``, its ``log.dir``);
+``zookeeper.connect``, with ``--config`` the brokers' ZooKeeper identity, ACLs and TLS:
+``broker_core.cli.zk_cmd``) or the embedded broker's file (``--data-dir``, its ``log.dir``);
 brokers pick a change up without a restart (docs/security.md). The password comes from
 a prompt (not echoed, asked twice) or the first line of ``--password-file`` (``-``: stdin),
 never from the command line, where other users could read it in the process list. Only
@@ -12,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from broker_core.cli.failures import Unreachable
+from broker_core.cli.zk_cmd import command_zk, open_zookeeper
 from broker_core.errors import InvalidConfigError
 from broker_core.security.credentials import (
     CredentialStore,
@@ -28,9 +28,7 @@ from broker_core.security.credentials import (
     check_username,
 )
 from broker_core.security.scram import MECHANISM_NAMES, MIN_ITERATIONS, Mechanism, ScramCredential
-from broker_core.server.config import ZK_ROOT, split_zookeeper_connect
-
-ZK_TIMEOUT_S = 15.0
+from broker_core.server.config import ZK_ROOT
 
 
 @contextmanager
@@ -39,34 +37,13 @@ def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
         path = Path(args.data_dir)
         if not path.is_dir():
             raise InvalidConfigError(f"--data-dir {args.data_dir}: no such directory")
+        if args.config is not None:
+            raise InvalidConfigError("--config is for --zookeeper (the embedded file has no ACL)")
         yield FileCredentialStore(path)
         return
-    from kazoo.client import KazooClient
-    from kazoo.handlers.threading import KazooTimeoutError
-
-    hosts, chroot = split_zookeeper_connect(args.zookeeper.strip())
-    # Without the chroot, so that every missing level of it is created (as a broker does).
-    client: Any = KazooClient(hosts=hosts, timeout=ZK_TIMEOUT_S)
-    # Its reconnect warnings, one per retry, would bury the one line said below.
-    kazoo_log = logging.getLogger("kazoo.client")
-    level = kazoo_log.level
-    kazoo_log.setLevel(logging.ERROR)
-    try:
-        client.start(timeout=ZK_TIMEOUT_S)
-    except KazooTimeoutError:
-        client.stop()  # its connection thread retries until stopped
-        client.close()
-        raise Unreachable(
-            f"--zookeeper {args.zookeeper}: no ZooKeeper server answered within "
-            f"{ZK_TIMEOUT_S:g} s; start ZooKeeper or correct --zookeeper"
-        ) from None
-    finally:
-        kazoo_log.setLevel(level)
-    try:
+    # The brokers' identity and ACLs from --config (broker_core.cli.zk_cmd).
+    with open_zookeeper(args.zookeeper, command_zk(args.config)) as (client, chroot):
         yield ZkCredentialStore(client, chroot + ZK_ROOT, watch=False)
-    finally:
-        client.stop()
-        client.close()
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -135,6 +112,11 @@ def add_users_command(sub: Any) -> None:
         where = cmd.add_mutually_exclusive_group(required=True)
         where.add_argument("--zookeeper", help="the cluster's zookeeper.connect")
         where.add_argument("--data-dir", help="the embedded broker's log.dir")
+        cmd.add_argument(
+            "--config",
+            help="with --zookeeper: broker properties whose zookeeper.set.acl, "
+            "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
+        )
         if name != "list":
             cmd.add_argument("user", help="the user name (principal User:<name>)")
         if name == "add":

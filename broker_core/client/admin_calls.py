@@ -4,7 +4,7 @@ offsets, ping, metrics and the preferred-leader election (the routing they use:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -18,7 +18,14 @@ from broker_core.protocol.admin_requests import (
     MetricsRequest,
     PingRequest,
 )
-from broker_core.protocol.metrics import merge_documents
+from broker_core.protocol.metrics import (
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_TOP,
+    DETAIL_PRODUCERS,
+    ProducerPage,
+    merge_documents,
+    merge_producer_pages,
+)
 from broker_core.protocol.replica import ElectLeadersRequest
 
 
@@ -71,16 +78,40 @@ class AdminCalls:
         bootstrap address); no retry. Raises ``NetworkError`` if it does not answer."""
         return self._send(address or self._bootstrap[0], PingRequest())
 
-    def metrics_per_broker(self: Routes) -> list[dict[str, Any]]:
-        """Every live broker's metrics document (no retry: a broker that went away raises
-        ``NetworkError``)."""
+    def metrics_per_broker(self: Routes, top: int = DEFAULT_TOP) -> list[dict[str, Any]]:
+        """Every live broker's default metrics document with its ``top`` producers by
+        duplicates (no retry: a broker that went away raises ``NetworkError``)."""
         view = self.refresh_metadata()
-        return [self._send(b.address, MetricsRequest()) for b in view.brokers.values()]
+        request = MetricsRequest(top=top)
+        return [self._send(b.address, request) for b in view.brokers.values()]
 
-    def metrics(self: Routes) -> dict[str, Any]:
-        """The cluster's metrics: every live broker's document merged; raises as
+    def metrics(self: Routes, top: int = DEFAULT_TOP) -> dict[str, Any]:
+        """The cluster's metrics: every live broker's document merged (its size bounded by
+        the partitions and ``top``, whatever the number of producers); raises as
         :meth:`metrics_per_broker`."""
-        return merge_documents(self.metrics_per_broker())
+        return merge_documents(self.metrics_per_broker(top))
+
+    def producer_pages(self: Routes, page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[ProducerPage]:
+        """Every live broker's per-producer counters, page by page (``page_size`` rows at
+        most each, by producer id, broker after broker). Raises ``NetworkError`` if a
+        broker goes away during the walk, ``InvalidRequestError`` for a size outside
+        1..MAX_PAGE_SIZE."""
+        view = self.refresh_metadata()
+        for broker in view.brokers.values():
+            token: str | None = None
+            while True:
+                request = MetricsRequest(DETAIL_PRODUCERS, token, page_size)
+                page = ProducerPage.from_doc(self._send(broker.address, request))
+                yield page
+                token = page.next_page_token
+                if token is None:
+                    break
+
+    def producer_metrics(self: Routes, page_size: int = DEFAULT_PAGE_SIZE) -> list[dict[str, Any]]:
+        """Every producer's counters across the cluster, one row per producer id (all the
+        pages of :meth:`producer_pages`, merged); raises as it does."""
+        pages = AdminCalls.producer_pages(self, page_size)
+        return merge_producer_pages(p.to_doc() for p in pages)
 
     def elect_leaders(
         self: Routes, topics: Sequence[str] | None = None

@@ -25,7 +25,6 @@ What survives what:
 
 Every instance sees every change (a children watch on ``topics``, a data watch per topic);
 each cached topic keeps its node's zxids, so a read older than the cache never replaces it.
-
 Threads: kazoo's listeners and watch callbacks must not block, so they only wake the
 worker, which does the background requests (bounded, retried while ZooKeeper is away).
 Session, worker, registration and election: :mod:`~broker_core.cluster.zk_control`;
@@ -71,6 +70,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.topics import validate_topic_name
+from broker_core.security import zk_acl
 from broker_core.zookeeper import ZkSession
 
 log = logging.getLogger("idemlog.cluster")
@@ -134,7 +134,7 @@ class ZkCluster(TopicView):
         try:
             for path in (self._ids_path, self._topics_path):
                 self._requests.admin(
-                    "creating " + path, functools.partial(client.ensure_path_async, path)
+                    "creating " + path, functools.partial(zk_acl.ensure_path_async, client, path)
                 )
             self._refresh(ZkTask.BROKERS, "reading the live brokers")
             self._refresh(ZkTask.TOPICS, "reading the topics")
@@ -224,7 +224,7 @@ class ZkCluster(TopicView):
 
         self._write_once(
             f"creating topic {name!r}",
-            functools.partial(self._client.create_async, path, data, makepath=True),
+            functools.partial(zk_acl.create_async, self._client, path, data, makepath=True),
             NodeExistsError,
             ours_after_lost_reply,
             TopicAlreadyExistsError(f"topic {name!r} already exists"),

@@ -49,6 +49,7 @@ from broker_core.errors import (
     InvalidRequestError,
     RequestTimedOutError,
 )
+from broker_core.security import zk_acl
 
 log = logging.getLogger("idemlog.cluster")
 
@@ -378,7 +379,8 @@ class ZkControl:
                     return
                 doc = {"version": CONTROL_DOC_VERSION, "broker_id": broker.broker_id}
                 create = functools.partial(
-                    self._client.create_async,
+                    zk_acl.create_async,
+                    self._client,
                     self._controller_path,
                     json.dumps(doc, separators=(",", ":")).encode(),
                     ephemeral=True,
@@ -432,7 +434,9 @@ class ZkControl:
         path = f"{self._ids_path}/{broker.broker_id}"
         try:
             self._requests.call(
-                functools.partial(self._client.create_async, path, broker.to_json(), ephemeral=True)
+                functools.partial(
+                    zk_acl.create_async, self._client, path, broker.to_json(), ephemeral=True
+                )
             )
         except NodeExistsError:
             try:  # the watch re-runs this task when a rival's node goes away
@@ -521,7 +525,7 @@ class ZkControl:
             except NoNodeError:
                 first = NO_CONTROLLER_EPOCH + 1
                 create = functools.partial(
-                    client.create_async, self._epoch_path, _epoch_doc(first), makepath=True
+                    zk_acl.create_async, client, self._epoch_path, _epoch_doc(first), makepath=True
                 )
                 try:
                     self._requests.call(create)

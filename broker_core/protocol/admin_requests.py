@@ -16,6 +16,9 @@ from broker_core.protocol.coordinator_keys import (
     state_partition_field,
     with_state_partition,
 )
+
+# The METRICS request lives with its answers (protocol.metrics); named here with its family.
+from broker_core.protocol.metrics import MetricsRequest as MetricsRequest
 from broker_core.protocol.requests import (
     Doc,
     _names,
@@ -189,16 +192,6 @@ class AbortTransactionRequest:
     @classmethod
     def from_doc(cls, doc: Doc) -> AbortTransactionRequest:
         return cls(_field(doc, "transactional_id", str, cls.ACTION.value))
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsRequest:
-    """No fields (extra ones are ignored, as for every action)."""
-
-    ACTION: ClassVar[Action] = Action.METRICS
-
-    def to_doc(self) -> Doc:
-        return {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,13 @@
 A broker builds it (``broker_core.server.metrics``) and answers the METRICS action with it
 as JSON; the client merges every broker's (:func:`merge_documents`) and
 :func:`render_table` prints one for people (``idemlog metrics``).
+
+The default document is bounded by what an operator reads, never by the number of
+producers (docs/operations.md): aggregates per broker (``totals``, ``producers_active``,
+``requests``) and per partition, and the ``top`` producers by duplicates answered. The
+per-producer detail is a separate, paged answer (:class:`MetricsRequest` with
+``detail="producers"``, answered by a :class:`ProducerPage`), ordered by producer id with
+the last id of a page as the cursor of the next.
 """
 
 from __future__ import annotations
@@ -10,9 +17,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
-METRICS_VERSION = 1
+from broker_core.errors import InvalidRequestError
+from broker_core.protocol.wire import Action
+from broker_core.protocol.wire import field as _field
+
+# 2: the default document holds the top producers only; the detail is paged (issue 26).
+METRICS_VERSION = 2
+
+DETAIL_PRODUCERS = "producers"  # the one detail a METRICS request may ask for
+DEFAULT_TOP = 10  # producers in the default document, by duplicates answered
+MAX_TOP = 100  # the most a request may ask for (and what a broker ranks)
+DEFAULT_PAGE_SIZE = 500
+MAX_PAGE_SIZE = 1000  # a page's bound: ~280 bytes a producer, under 300 kB a page
 
 
 class AppendOutcome(Enum):
@@ -70,6 +88,127 @@ class AppendCounters:
 COUNTER_NAMES = tuple(f.name for f in fields(AppendCounters))
 
 
+def counters_row(producer_id: int, counters: AppendCounters) -> dict[str, Any]:
+    """One producer's row: its id and counters (``asdict`` costs 10x more, per row)."""
+    row: dict[str, Any] = {"producer_id": producer_id}
+    for name in COUNTER_NAMES:
+        row[name] = getattr(counters, name)
+    return row
+
+
+def duplicates_of(row: Mapping[str, Any]) -> int:
+    """What producers are ranked by: duplicates answered, in and beyond the window."""
+    return int(row.get("duplicates_in_window", 0)) + int(row.get("duplicates_beyond_window", 0))
+
+
+def _bounded(doc: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value: int = _field(doc, name, int, Action.METRICS.value, default)
+    if not low <= value <= high:
+        raise InvalidRequestError(
+            f"{Action.METRICS.value}: field {name!r} must be in {low}..{high}, got {value}"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRequest:
+    """``{}``: the default, bounded document with the ``top`` producers by duplicates.
+    ``{"detail": "producers", "page_token"?, "page_size"?}``: one page of every producer's
+    counters, by producer id, after the page token (the previous page's last id)."""
+
+    ACTION: ClassVar[Action] = Action.METRICS
+    detail: str | None = None
+    page_token: str | None = None
+    page_size: int = DEFAULT_PAGE_SIZE
+    top: int = DEFAULT_TOP
+
+    def __post_init__(self) -> None:
+        what = Action.METRICS.value
+        if self.detail not in (None, DETAIL_PRODUCERS):
+            raise InvalidRequestError(
+                f"{what}: field 'detail' must be {DETAIL_PRODUCERS!r} or absent, got "
+                f"{self.detail!r}"
+            )
+        if self.page_token is not None and self.detail is None:
+            raise InvalidRequestError(f"{what}: field 'page_token' needs detail='producers'")
+        self.after()  # the token's shape is checked here, once
+        _bounded({"page_size": self.page_size}, "page_size", 0, 1, MAX_PAGE_SIZE)
+        _bounded({"top": self.top}, "top", 0, 0, MAX_TOP)
+
+    def after(self) -> int:
+        """The producer id a page starts after (-1: from the first)."""
+        if self.page_token is None:
+            return -1
+        token = self.page_token
+        if not (token.isascii() and token.isdigit()) or len(token) > 20:
+            raise InvalidRequestError(
+                f"{Action.METRICS.value}: field 'page_token' must be a token from a previous "
+                f"page (a producer id), got {token!r}"
+            )
+        return int(token)
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"top": self.top}
+        if self.detail is not None:
+            doc.update(detail=self.detail, page_size=self.page_size)
+        if self.page_token is not None:
+            doc["page_token"] = self.page_token
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> MetricsRequest:
+        what = Action.METRICS.value
+        return cls(
+            detail=_field(doc, "detail", str, what, None),
+            page_token=_field(doc, "page_token", str, what, None),
+            page_size=_bounded(doc, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE),
+            top=_bounded(doc, "top", DEFAULT_TOP, 0, MAX_TOP),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerPage:
+    """One page of the per-producer detail of one broker: at most ``page_size`` rows
+    (``producer_id`` and the :class:`AppendCounters`), by producer id; ``next_page_token``
+    is None on the last page. A producer seen first after the cursor passed its id is on
+    no page of this walk (ids only grow, so that is a producer created during the walk);
+    one expired during the walk is left out from then on."""
+
+    broker_id: int
+    producers: tuple[dict[str, Any], ...]
+    next_page_token: str | None
+    producers_tracked: int  # every producer this broker has counters for, now
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "version": METRICS_VERSION,
+            "broker_id": self.broker_id,
+            "detail": DETAIL_PRODUCERS,
+            "producers": list(self.producers),
+            "next_page_token": self.next_page_token,
+            "producers_tracked": self.producers_tracked,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> ProducerPage:
+        token = doc.get("next_page_token")
+        return cls(
+            broker_id=int(doc["broker_id"]),
+            producers=tuple(dict(r) for r in doc["producers"]),
+            next_page_token=None if token is None else str(token),
+            producers_tracked=int(doc["producers_tracked"]),
+        )
+
+
+def top_producers(rows: Iterable[Mapping[str, Any]], top: int) -> list[dict[str, Any]]:
+    """The ``top`` rows with duplicates, most first (ties: lower producer id first)."""
+    ranked = sorted(
+        (dict(r) for r in rows if duplicates_of(r) > 0),
+        key=lambda r: (-duplicates_of(r), int(r["producer_id"])),
+    )
+    return ranked[:top]
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionGauges:
     """Read from the partition's log when the document is built."""
@@ -91,30 +230,81 @@ class PartitionGauges:
 
 
 def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """One cluster-wide document from each broker's: partitions are disjoint (one leader
-    each), producer counters and totals add up, the coordinators' transactions are merged
-    (:func:`merge_transactions`: one per state partition, spread over the brokers)."""
+    """One cluster-wide document from each broker's default one: partitions are disjoint
+    (one leader each), totals, request counts and active producers add up, the top
+    producers are merged by id and ranked again (a producer on no broker's top list is on
+    none here: the merged top is each broker's top, not an exact cluster-wide ranking),
+    replication and start times are kept by broker id, and the coordinators' transactions
+    are merged (:func:`merge_transactions`: one per state partition, spread over the
+    brokers)."""
     totals = AppendCounters()
     producers: dict[int, AppendCounters] = {}
     partitions: list[dict[str, Any]] = []
     transactions: dict[str, Any] | None = None
+    requests: dict[str, Any] = {}
+    replication: dict[str, Any] = {}  # by broker id: each leads its own partitions
+    started_at: dict[str, Any] = {}
     brokers: list[int] = []
+    active = tracked = 0
+    top = 0
     for doc in docs:
         brokers.append(int(doc["broker_id"]))
+        if doc.get("replication") is not None:
+            replication[str(doc["broker_id"])] = doc["replication"]
+        if doc.get("started_at") is not None:
+            started_at[str(doc["broker_id"])] = doc["started_at"]
         totals.merge(doc["totals"])
         partitions.extend(doc["partitions"])
+        active += int(doc.get("producers_active", 0))
+        tracked += int(doc.get("producers_tracked", 0))
+        top = max(top, int(doc.get("top", DEFAULT_TOP)))
         for row in doc["producers"]:
             producers.setdefault(int(row["producer_id"]), AppendCounters()).merge(row)
+        for name, figures in (doc.get("requests") or {}).items():
+            requests[name] = _add_figures(requests.get(name), figures)
         if doc.get("transactions") is not None:
             transactions = _merge_two(transactions, dict(doc["transactions"]))
+    rows = [{"producer_id": pid, **asdict(producers[pid])} for pid in sorted(producers)]
     return {
         "version": METRICS_VERSION,
         "brokers": sorted(brokers),
+        "started_at": started_at,
         "totals": asdict(totals),
+        "producers_active": active,
+        "producers_tracked": tracked,
+        "requests": requests,
         "partitions": sorted(partitions, key=lambda r: (r["topic"], r["partition"])),
-        "producers": [{"producer_id": pid, **asdict(producers[pid])} for pid in sorted(producers)],
+        "top": top,
+        "producers": top_producers(rows, top),
         "transactions": transactions,
+        "replication": replication,
     }
+
+
+def merge_producer_pages(pages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every broker's producer rows (all their pages) as one row per producer id, by id:
+    a producer writing to partitions led by several brokers has its counters added."""
+    merged: dict[int, dict[str, Any]] = {}
+    for page in pages:
+        for row in page["producers"]:
+            pid = int(row["producer_id"])
+            mine = merged.get(pid)
+            if mine is None:
+                merged[pid] = dict(row)
+            else:
+                for name in COUNTER_NAMES:
+                    mine[name] = int(mine.get(name, 0)) + int(row.get(name, 0))
+    return [merged[pid] for pid in sorted(merged)]
+
+
+def _add_figures(mine: Any, theirs: Any) -> Any:
+    """Request figures added key by key (counts, sums, histogram buckets)."""
+    if mine is None:
+        return theirs
+    if isinstance(theirs, dict):
+        keys = sorted({*mine, *theirs})
+        return {k: _add_figures(mine.get(k), theirs[k]) if k in theirs else mine[k] for k in keys}
+    return mine + theirs if isinstance(theirs, int | float) else theirs
 
 
 _SHORT = {
@@ -152,19 +342,38 @@ def render_table(doc: Mapping[str, Any]) -> str:
             str(r.get("last_stable_offset", "-")),
             str(r.get("lso_lag", "-")),
         ]
-        for r in doc["partitions"]
+        for r in doc.get("partitions", ())
     ]
-    lines.append("partitions")
-    lines.extend(_table(part_headers, part_rows) if part_rows else ["  (none)"])
+    if doc.get("detail") != DETAIL_PRODUCERS:
+        lines.append("partitions")
+        lines.extend(_table(part_headers, part_rows) if part_rows else ["  (none)"])
+        lines.append("")
     prod_rows = [
         [str(r["producer_id"]), *(str(r.get(c, 0)) for c in COUNTER_NAMES)]
         for r in doc["producers"]
     ]
-    lines.append("")
-    lines.append("producers")
+    if doc.get("detail") == DETAIL_PRODUCERS:
+        lines.append("producers")
+    else:
+        lines.append(
+            f"top {doc.get('top', DEFAULT_TOP)} producers by duplicates answered (of "
+            f"{doc.get('producers_active', '?')} active; every one: --producers)"
+        )
     prod_headers = ["producer_id", *(_SHORT[c] for c in COUNTER_NAMES)]
     lines.extend(_table(prod_headers, prod_rows) if prod_rows else ["  (none)"])
     lines.append("")
+    if doc.get("detail") == DETAIL_PRODUCERS:
+        return "\n".join(lines)
+    by_broker = doc.get("replication") or {}
+    if "broker_id" in doc and by_broker:  # one broker's own document: its section alone
+        by_broker = {str(doc["broker_id"]): by_broker}
+    for broker, rep in sorted(by_broker.items()):
+        lines.append(
+            f"replication, broker {broker}: leads {rep['leader_partitions']}, follows "
+            f"{rep['follower_partitions']}, under-replicated "
+            f"{rep['under_replicated_partitions'] or 'none'}, ISR shrinks "
+            f"{rep['isr_shrinks']}, expands {rep['isr_expands']}"
+        )
     txns = doc.get("transactions")
     if txns:
         lines.append("transactions")

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from broker_core.errors import InvalidConfigError
 from broker_core.fileutil import fsync_directory, write_all
+from broker_core.security import zk_acl
 from broker_core.security.scram import Mechanism, ScramCredential
 
 log = logging.getLogger("idemlog.security")
@@ -212,7 +213,7 @@ class ZkCredentialStore:
         self._closed = False
         self._watch = watch
         self._loaded = threading.Event()  # every user there at the start is cached
-        client.ensure_path(self.path)
+        zk_acl.ensure_path(client, self.path)
         if watch:
             from kazoo.recipe.watchers import ChildrenWatch
 
@@ -317,7 +318,7 @@ class ZkCredentialStore:
             data = json.dumps(encode_record({**current, **record})).encode()
             try:
                 if version < 0:
-                    self._client.create(path, data)
+                    zk_acl.create_async(self._client, path, data).get()
                 else:
                     self._client.set(path, data, version=version)
                 return

@@ -26,7 +26,9 @@ from broker_core.config import (
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
 from broker_core.security.tls import TlsSettings
+from broker_core.security.zk_acl import ZK_ACL_KEYS, ZkAuth
 from broker_core.security.zk_tls import SECURITY_KEYS
+from broker_core.server.metrics_config import METRICS_KEYS, MetricsEndpointConfig
 from broker_core.server.security_config import SASL_KEYS, SecurityConfig
 from broker_core.server.timeouts import ack_timeout_ms, check_timeouts, marker_call_timeout_ms
 
@@ -342,7 +344,15 @@ def _topic_default_keys() -> list[ConfigKey]:
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 BROKER_CONFIG = ConfigDef(
-    [*_BROKER_KEYS, *SECURITY_KEYS, *SASL_KEYS, *_topic_default_keys()], what="broker"
+    [
+        *_BROKER_KEYS,
+        *SECURITY_KEYS,
+        *SASL_KEYS,
+        *ZK_ACL_KEYS,  # zookeeper.set.acl, zookeeper.auth.digest.*: security/zk_acl.py
+        *METRICS_KEYS,  # metrics.port, metrics.host: server/metrics_config.py
+        *_topic_default_keys(),
+    ],
+    what="broker",
 )
 
 
@@ -384,6 +394,7 @@ class BrokerConfig:
     log_defaults: LogConfig  # the log.<key> values, as a topic's base config
     tls: TlsSettings  # security.protocol and ssl.*: the listener's and the broker's links
     security: SecurityConfig  # sasl.*: the listener's authentication, the broker's principal
+    metrics: MetricsEndpointConfig  # metrics.*: the Prometheus endpoint (off by default)
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -428,6 +439,7 @@ class BrokerConfig:
         if not str(parsed["log.dir"]).strip():
             raise InvalidConfigError(f"log.dir={parsed['log.dir']!r} must name a directory")
         zookeeper_connect = str(parsed["zookeeper.connect"]).strip()
+        ZkAuth.from_values(parsed)  # checked at load; the broker's ZooKeeper clients use it
         zookeeper_hosts, zookeeper_chroot = split_zookeeper_connect(zookeeper_connect)
         return cls(
             broker_id=int(parsed["broker.id"]),
@@ -480,6 +492,7 @@ class BrokerConfig:
             log_defaults=log_defaults,
             tls=TlsSettings.from_values(parsed),
             security=SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect),
+            metrics=MetricsEndpointConfig.from_parsed(parsed),
             values=parsed,
         )
 

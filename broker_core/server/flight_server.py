@@ -266,6 +266,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 transactional=meta.transactional,
             )
 
+        started = time.perf_counter()  # the produce latency metric: the leader's append
         try:
             if nbytes > limit:
                 raise MessageTooLargeError(
@@ -275,14 +276,17 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             result = replica.append_as_leader(write, acks_all)
         except IdemlogError as exc:
             metrics.record_append(topic, partition, meta.producer_id, outcome_of(exc))
+            metrics.record_request("produce", time.perf_counter() - started, False)
             return ProduceResponse.failure(meta.correlation_id, exc), None, epoch
         except Exception as exc:
             log.exception("produce to %s-%d failed unexpectedly", topic, partition)
             metrics.record_append(topic, partition, meta.producer_id, AppendOutcome.REJECTED)
+            metrics.record_request("produce", time.perf_counter() - started, False)
             error = UnknownServerError(f"produce: {type(exc).__name__}: {exc}")
             return ProduceResponse.failure(meta.correlation_id, error), None, epoch
         outcome = AppendOutcome.DUPLICATE if result.duplicate else AppendOutcome.APPENDED
         metrics.record_append(topic, partition, meta.producer_id, outcome, batch.num_rows, nbytes)
+        metrics.record_request("produce", time.perf_counter() - started, True)
         response = ProduceResponse(
             meta.correlation_id,
             0,
@@ -297,7 +301,17 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def do_get(
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
-        return self._guard("fetch", lambda: self._fetch(ticket))
+        return self._guard("fetch", lambda: self._timed_fetch(ticket))
+
+    def _timed_fetch(self, ticket: flight.Ticket) -> flight.FlightDataStream:
+        # The fetch latency metric: reading the batches, not sending them (the client's pace).
+        started, ok = time.perf_counter(), False
+        try:
+            answer = self._fetch(ticket)
+            ok = True
+            return answer
+        finally:
+            self._metrics.record_request("fetch", time.perf_counter() - started, ok)
 
     def _fetch(self, ticket: flight.Ticket) -> flight.FlightDataStream:
         request = FetchRequest.from_doc(decode_json(ticket.ticket, "fetch ticket"))

@@ -53,7 +53,9 @@ list_transactions      {min_age_ms?, all?, state_partition?} -> {transactions:
                        [{transactional_id, state_partition, ..}], state_partitions: [..]}
                        (the named state partition, or every one this broker leads)
 abort_transaction      {transactional_id} -> {aborted}
-metrics                {} -> the metrics document (broker_core.server.metrics)
+metrics                {top?} -> the bounded metrics document (broker_core.server.metrics);
+                       {detail: "producers", page_token?, page_size?} -> one page of
+                       the per-producer counters (protocol.metrics.ProducerPage)
 replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch,
                        max_bytes, max_wait_ms} -> binary: header + batches (broker to
                        broker, protocol.replica)
@@ -112,6 +114,7 @@ from broker_core.protocol.admin_requests import (
     merge_listings,
 )
 from broker_core.protocol.coordinator_keys import CoordinatorAddress
+from broker_core.protocol.metrics import MetricsRequest
 from broker_core.protocol.replica import (
     ElectLeadersRequest,
     OffsetsForLeaderEpochRequest,
@@ -193,7 +196,7 @@ class ActionHandlers:
         coordinators: Coordinators,
         pids: Callable[[], ProducerIdManager | None],
         markers: Callable[[], LocalMarkers | None],
-        metrics_document: Callable[[], dict[str, Any]],
+        metrics_document: Callable[[MetricsRequest], dict[str, Any]],
         replicas: Callable[[], ReplicaManager | None] = lambda: None,
     ) -> None:
         self._broker_id = broker_id
@@ -539,7 +542,7 @@ class ActionHandlers:
 
     # -- operations ----------------------------------------------------------------------
     def metrics(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._metrics_document()
+        return self._metrics_document(MetricsRequest.from_doc(body))
 
     def ping(self, body: dict[str, Any]) -> dict[str, Any]:
         return PingResponse(self._broker_id).to_doc()

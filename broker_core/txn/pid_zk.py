@@ -20,6 +20,7 @@ from kazoo.exceptions import (
 from broker_core.errors import (
     ProducerIdAllocationError,
 )
+from broker_core.security import zk_acl
 from broker_core.txn.pid_block import (
     LATEST_PRODUCER_ID_BLOCK_PATH,
     ProducerIdBlock,
@@ -194,7 +195,7 @@ class ZkProducerIdBlockSource:
         value = block.to_record()
         if version is None:
             self._session.call(
-                lambda: self._client.create_async(self._path, value, makepath=True),
+                lambda: zk_acl.create_async(self._client, self._path, value, makepath=True),
                 deadline=deadline,
             )
         else:

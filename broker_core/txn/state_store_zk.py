@@ -37,6 +37,7 @@ from broker_core.errors import (
     NotCoordinatorError,
     RequestTimedOutError,
 )
+from broker_core.security import zk_acl
 from broker_core.txn.state import SinkBatchRecord, SinkCommitRecord, TransactionMetadata
 from broker_core.txn.state_store import CoordinatorEpochFencedError, TxnState, check_key
 from broker_core.zookeeper import ZkSession, ZkUnavailable
@@ -306,7 +307,9 @@ class ZkTxnStateStore:
             if self._fence is not None:
                 return self._multi_once(self._fence, path, data, expected, what, deadline)
             if expected is None:
-                self._call(lambda: self._client.create_async(path, data, makepath=True), deadline)
+                self._call(
+                    lambda: zk_acl.create_async(self._client, path, data, makepath=True), deadline
+                )
                 return 0
             stat = self._call(
                 lambda: self._client.set_async(path, data, version=expected), deadline
@@ -351,7 +354,7 @@ class ZkTxnStateStore:
         transaction = self._client.transaction()
         transaction.check(fence.path, fence.version)
         if expected is None:
-            transaction.create(path, data)
+            zk_acl.transaction_create(self._client, transaction, path, data)
         else:
             transaction.set_data(path, data, version=expected)
         checked, written = self._call(transaction.commit_async, deadline)
@@ -366,7 +369,7 @@ class ZkTxnStateStore:
     def _ensure_parent(self, parent: str, deadline: float) -> None:
         if parent in self._parents:
             return
-        self._call(lambda: self._client.ensure_path_async(parent), deadline)
+        self._call(lambda: zk_acl.ensure_path_async(self._client, parent), deadline)
         self._parents.add(parent)
 
     def _remember(self, path: str, current: tuple[bytes, int] | None) -> None:

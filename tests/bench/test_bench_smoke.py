@@ -59,6 +59,10 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
             "idemlog_broker_vs_kafka_broker",
         ],
     ),
+    "bench-metrics": (
+        ["BENCH_ARGS=--producers 2000 --create-seconds 30 --repeat 3"],
+        ["default_doc_size_ratio", "default_doc_time_ratio", "producers_large"],
+    ),
     "bench-soak": (
         ["BENCH_ARGS=--batches 40 --jobs 4"],
         [

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import Permissions
 
 from broker_core.client.broker_client import BrokerClient
 from tests.broker.helpers import TEST_BROKER_CONFIG
+from tests.broker.test_sasl import add_user
 from tests.harness.broker import BrokerFactory
 from tests.harness.tls import SecureZooKeeperServer, TlsCerts
 
@@ -86,3 +89,55 @@ def test_a_plaintext_session_to_the_secure_port_and_a_missing_key_are_refused(
     broken.spawn()
     assert broken.wait_exit() != 0
     assert f"zookeeper.ssl.key.location={str(missing)!r}: cannot read it" in broken.log_text()
+
+
+def test_users_command_with_the_brokers_file_speaks_tls_and_secures_the_user_node(
+    secure_zk: SecureZooKeeperServer, tls_certs: TlsCerts, tmp_path: Path
+) -> None:
+    # The command reads the same zookeeper.* keys as a broker (broker_core/cli/zk_cmd.py).
+    keys = {
+        "zookeeper.ssl.client.enable": "true",
+        "zookeeper.ssl.ca.location": str(tls_certs.ca),
+        "zookeeper.ssl.certificate.location": str(tls_certs.client.cert),
+        "zookeeper.ssl.key.location": str(tls_certs.client.key),
+        "zookeeper.auth.digest.username": "idemlog-brokers",
+        "zookeeper.auth.digest.password": "zk-Secret-77",
+        "zookeeper.set.acl": "true",
+    }
+    config = tmp_path / "zk.properties"
+    config.write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
+    add_user(
+        ["--zookeeper", f"{secure_zk.secure_address}/tls", "--config", str(config)],
+        "alice",
+        "pw-alice-1",
+    )
+
+    def reader(auth: list[tuple[str, str]] | None) -> KazooClient:
+        client = KazooClient(
+            hosts=f"{secure_zk.secure_address}/tls",
+            use_ssl=True,
+            ca=str(tls_certs.ca),
+            certfile=str(tls_certs.client.cert),
+            keyfile=str(tls_certs.client.key),
+            check_hostname=True,
+            auth_data=auth,
+        )
+        client.start(timeout=10)
+        return client
+
+    owner = reader([("digest", "idemlog-brokers:zk-Secret-77")])
+    anonymous = reader(None)
+    try:
+        acl, _ = owner.get_acls("/idemlog/config/users/alice")
+        assert [(a.id.scheme, a.perms) for a in acl] == [("digest", Permissions.ALL)]
+        with pytest.raises(NoAuthError):
+            anonymous.get("/idemlog/config/users/alice")
+        acl, _ = anonymous.get_acls("/idemlog/config")  # world-readable, brokers-only writes
+        assert sorted((a.id.scheme, a.perms) for a in acl) == [
+            ("digest", Permissions.ALL),
+            ("world", Permissions.READ),
+        ]
+    finally:
+        for client in (owner, anonymous):
+            client.stop()
+            client.close()

@@ -15,6 +15,10 @@ option while the demo breaks things on purpose:
 Then every row is read back by the broker client (not Spark) and checked: the last lines
 are the same ``exactly_once=OK ...`` verdict as ``make demo`` and a table of the faults.
 Everything is removed at the end, also on failure or Ctrl-C.
+
+``--secured`` (``make demo-cluster DEMO_ARGS=--secured``) runs it on the secured stack of
+``tests/cluster/secured.py``: TLS with client certificates and SCRAM on every link,
+ZooKeeper over TLS, the job as user ``writer``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jobs.verify import verify_exactly_once
+from tests.cluster.secured import Security
 from tests.cluster.stack import Stack, executor_of, fired_by, host_of, running_stack
 from tests.harness.cluster import read_back, spark_events
 from tests.spark.helpers import DriverLauncher, DriverRun
@@ -147,13 +152,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=6, help="micro-batches (input files)")
     parser.add_argument("--rows", type=int, default=20_000, help="rows per micro-batch")
     parser.add_argument("--workdir", help="default: a new temporary directory, removed after")
+    parser.add_argument(
+        "--secured",
+        action="store_true",
+        help="SASL_SSL with client certificates on every link, ZooKeeper over TLS",
+    )
     args = parser.parse_args(argv)
     if args.files < 5:
         parser.error("--files must be at least 5 (the failures hit batches 1 to 4)")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="idemlog-cluster-demo-"))
     print("starting ZooKeeper, 3 brokers, a Spark master and 2 workers, each on a host of its own")
     try:
-        with running_stack(work) as stack:
+        security = Security.create(work / "security") if args.secured else None
+        if security is not None:
+            print("secured: SASL_SSL, client certificates required, ZooKeeper over TLS")
+        with running_stack(work, security=security) as stack:
             return run_demo(stack, work, args.files, args.rows)
     finally:
         if not args.workdir:

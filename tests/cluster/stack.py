@@ -1,7 +1,9 @@
 """The stack of the cluster scenarios, the cluster demo and the scaling benchmark:
 ZooKeeper and three brokers on hosts of their own, a Spark standalone master and two
 workers (one core each) on theirs, and a host for the drivers (``tests/harness/cluster.py``
-has the parts; docs/deployment.md the same layout for real machines).
+has the parts; docs/deployment.md the same layout for real machines). With a
+``Security`` (``tests/cluster/secured.py``) the same stack is secured: TLS with client
+certificates and SCRAM on every link, ZooKeeper over TLS, the Spark job's options set.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from typing import Any
 
 import psutil
 
+from broker_core.client.broker_client import BrokerClient
+from broker_core.errors import IdemlogError
+from broker_core.protocol.wire import Action
 from spark_sink import failpoints
+from tests.cluster.secured import Principal, SecuredZooKeeper, Security
 from tests.harness.cluster import BrokerCluster, SparkStandalone, code_zip
 from tests.harness.netns import Host, TestBed
 from tests.harness.waiting import wait_until
@@ -29,6 +35,21 @@ class Stack:
     spark: SparkStandalone
     driver: Host
     code: Path
+    security: Security | None = None  # None: plaintext, nobody authenticated
+
+    def sink_options(self, user: Principal | None = None) -> dict[str, str]:
+        """The ``brokers`` option and, on a secured stack, ``user``'s security options
+        (default: the writer's)."""
+        keys = {}
+        if self.security is not None:
+            keys = self.security.client_keys(user or self.security.writer)
+        return {"brokers": self.brokers.bootstrap, **keys}
+
+    def client(self, user: Principal | None = None) -> BrokerClient:
+        """A broker client (on a secured stack: as ``user``, default the admin)."""
+        if self.security is None or user is None:
+            return self.brokers.client()
+        return self.security.client(self.brokers.bootstrap, user)
 
     def spec(self, events: Path, *, cores: int = 2, **extra: Any) -> dict[str, Any]:
         """What every driver child on the cluster needs (``tests/spark/driver_child.py``):
@@ -45,7 +66,7 @@ class Stack:
             "spark.sql.shuffle.partitions": "4",
             **extra.pop("conf", {}),
         }
-        sink = {"brokers": self.brokers.bootstrap, **extra.pop("sink_options", {})}
+        sink = {**self.sink_options(), **extra.pop("sink_options", {})}
         return {
             "master": self.spark.url,
             "driver_host": self.driver.address,
@@ -116,16 +137,38 @@ class StreamRun:
 
 
 @contextlib.contextmanager
-def running_stack(workdir: Path, *, workers: int = 2) -> Iterator[Stack]:
-    """The whole stack started on a new test bed; everything removed on exit."""
+def running_stack(
+    workdir: Path, *, workers: int = 2, security: Security | None = None
+) -> Iterator[Stack]:
+    """The whole stack started on a new test bed, secured by ``security`` if given (its
+    users added before the brokers start, its ACLs granted once they serve); everything
+    removed on exit."""
     bed = TestBed(workdir / "bed")
-    brokers = BrokerCluster(bed, workdir, count=3)
+    if security is None:
+        brokers = BrokerCluster(bed, workdir, count=3)
+    else:
+        brokers = BrokerCluster(
+            bed,
+            workdir,
+            count=3,
+            zookeeper=security.zookeeper,
+            host_config=security.broker_config,
+            client_tls=security.tls(security.broker),
+            client_sasl=security.broker.credentials,
+        )
     try:
         spark = SparkStandalone(bed, workdir / "spark", workers=workers, cores=1)
         driver = bed.add_host("driver")
-        brokers.start()
+        brokers.zk.start()
+        if security is not None:
+            assert isinstance(brokers.zk, SecuredZooKeeper)
+            security.before_brokers(brokers.zk)
+        brokers.start_brokers()
         spark.start()
-        yield Stack(bed, brokers, spark, driver, code_zip(workdir))
+        stack = Stack(bed, brokers, spark, driver, code_zip(workdir), security)
+        if security is not None:
+            security.grant(stack)
+        yield stack
     finally:
         brokers.close()
         bed.close()
@@ -161,3 +204,42 @@ def executor_of(pid: int) -> psutil.Process:
         if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
     ]
     return executor
+
+
+def partition_leaders(client: BrokerClient, topic: str) -> dict[int, tuple[int, int]]:
+    """Each partition of ``topic``: (its leader's broker id, its leader epoch)."""
+    (doc,) = client.describe_topics([topic])
+    return {e["partition"]: (e["leader"], e["leader_epoch"]) for e in doc["partitions"]}
+
+
+def sink_coordinators(client: BrokerClient) -> set[int]:
+    """The brokers coordinating a sink's transactional ids (the leaders of the
+    ``__transaction_state`` partitions that hold them): empty before any sink wrote, or
+    while no broker answers."""
+    try:
+        rows = client.list_transactions(every_id=True)
+        homes = {int(r["state_partition"]) for r in rows if r.get("sink_id")}
+        address = client.refresh_address()
+        return {
+            int(
+                client.action(address, Action.FIND_COORDINATOR, {"state_partition": p})["broker_id"]
+            )
+            for p in homes
+        }
+    except IdemlogError:
+        return set()
+
+
+def leader_moved(
+    client: BrokerClient, topic: str, before: Mapping[int, tuple[int, int]], gone: int
+) -> bool:
+    """Whether every partition ``gone`` led has another leader at a higher epoch."""
+    try:
+        now = partition_leaders(client, topic)
+    except IdemlogError:
+        return False
+    return all(
+        now[p][0] != gone and now[p][1] > epoch
+        for p, (leader, epoch) in before.items()
+        if leader == gone
+    )

@@ -22,7 +22,7 @@ import functools
 import json
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ import pyarrow as pa
 import pyspark
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.security.flight_auth import SaslCredentials
+from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN
 from tests.harness.broker import BrokerProcess
 from tests.harness.netns import Host, TestBed
@@ -53,7 +55,12 @@ def _log_has(path: Path, text: str) -> bool:
 
 
 class BrokerCluster:
-    """ZooKeeper on host ``zk`` and brokers ``1..count`` on hosts ``broker<i>``."""
+    """ZooKeeper on host ``zk`` and brokers ``1..count`` on hosts ``broker<i>``.
+
+    A secured cluster (``tests/cluster/secured.py``) passes the rest: ``zookeeper`` makes
+    the server for its host (default: a plaintext one on ``ZK_PORT``), ``host_config``
+    gives each broker keys of its own host (its certificate), and ``client_tls`` /
+    ``client_sasl`` are what :meth:`client` connects with."""
 
     def __init__(
         self,
@@ -63,16 +70,25 @@ class BrokerCluster:
         count: int = 3,
         session_ms: int = 4000,
         config: Mapping[str, object] | None = None,
+        zookeeper: Callable[[Host, Path], ZooKeeperServer] | None = None,
+        host_config: Callable[[Host], Mapping[str, object]] | None = None,
+        client_tls: TlsMaterial = PLAINTEXT_MATERIAL,
+        client_sasl: SaslCredentials | None = None,
     ) -> None:
         self.bed = bed
         self.workdir = Path(workdir)
+        self.client_tls = client_tls
+        self.client_sasl = client_sasl
         self.zk_host = bed.add_host("zk")
-        self.zk = ZooKeeperServer(
-            self.workdir / "zookeeper",
-            host=self.zk_host.address,
-            port=ZK_PORT,
-            launcher=self.zk_host.command,
-        )
+        if zookeeper is not None:
+            self.zk = zookeeper(self.zk_host, self.workdir / "zookeeper")
+        else:
+            self.zk = ZooKeeperServer(
+                self.workdir / "zookeeper",
+                host=self.zk_host.address,
+                port=ZK_PORT,
+                launcher=self.zk_host.command,
+            )
         self.hosts: list[Host] = []
         self.brokers: list[BrokerProcess] = []
         for broker_id in range(1, count + 1):
@@ -85,6 +101,7 @@ class BrokerCluster:
                 "broker.id": broker_id,
                 "transaction.abort.timed.out.transaction.cleanup.interval.ms": 200,
                 **(config or {}),
+                **(host_config(host) if host_config is not None else {}),
             }
             self.hosts.append(host)
             self.brokers.append(
@@ -105,6 +122,11 @@ class BrokerCluster:
         """ZooKeeper, then broker 1 alone (it becomes the controller), then the others;
         returns once every broker sees every other."""
         self.zk.start()
+        self.start_brokers()
+
+    def start_brokers(self) -> None:
+        """:meth:`start` after ZooKeeper (started apart when something must be in it
+        before any broker starts, e.g. the SCRAM users)."""
         self.brokers[0].start()
         for broker in self.brokers[1:]:
             broker.spawn()
@@ -118,7 +140,7 @@ class BrokerCluster:
             )
 
     def client(self) -> BrokerClient:
-        return BrokerClient(self.bootstrap)
+        return BrokerClient(self.bootstrap, tls=self.client_tls, sasl=self.client_sasl)
 
     def close(self) -> None:
         for broker in self.brokers:

@@ -408,6 +408,9 @@ class ZooKeeperHarness:
         # Upper bound for every wait on a client event; generous, since a miss fails the test.
         self.event_timeout = event_timeout
         self._clients: list[KazooClient] = []
+        # kazoo auth_data of the set-up/tear-down client: a test whose brokers secured
+        # their nodes (zookeeper.set.acl) adds their identity, so the chroot is deleted.
+        self.admin_auth: list[tuple[str, str]] = []
 
     @property
     def hosts(self) -> str:
@@ -438,7 +441,7 @@ class ZooKeeperHarness:
     @contextlib.contextmanager
     def admin_client(self) -> Iterator[KazooClient]:
         """A short-lived client on the server root (no chroot), for set-up and inspection."""
-        client = _new_client(self.server.address)
+        client = _new_client(self.server.address, auth_data=list(self.admin_auth) or None)
         client.start(timeout=self.event_timeout)
         try:
             yield client

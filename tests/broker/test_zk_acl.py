@@ -1,0 +1,268 @@
+"""ZooKeeper ACLs (``zookeeper.set.acl``, docs/security.md): real brokers on a real
+ZooKeeper authenticate with the brokers' digest identity; every node they (and
+``idemlog users``) create is world-readable and changeable only by that identity, and the
+SCRAM users' nodes are not even readable by others. ``idemlog zookeeper set-acl`` secures a
+tree built without ACLs and ``--unsecure`` opens it again. A broker without the identity
+is refused at start, naming the keys.
+
+Each check walks the whole tree as the brokers' identity and tries, as a client without
+credentials and as clients with other credentials, to set, create under, delete and re-ACL
+every node: each attempt must be refused with NoAuth.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import OPEN_ACL_UNSAFE, Permissions
+
+from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.wire import SinkAttempt
+from broker_core.security.flight_auth import SaslCredentials
+from broker_core.security.scram import Mechanism
+from tests.broker.helpers import ids, prepared_attempt
+from tests.broker.test_sasl import add_user, idemlog
+from tests.harness.broker import BrokerFactory
+from tests.harness.replicated import ReplicatedCluster
+from tests.harness.zookeeper import ZooKeeperHarness
+
+ZK_USER = "idemlog-brokers"
+ZK_PASSWORD = "zk-Secret-4f1c"
+IDENTITY = {
+    "zookeeper.auth.digest.username": ZK_USER,
+    "zookeeper.auth.digest.password": ZK_PASSWORD,
+}
+SECURED = {**IDENTITY, "zookeeper.set.acl": "true"}
+BROKER_PASSWORD = "broker-Secret-91d2"
+ALICE_PASSWORD = "alice-Secret-5e8a"
+TOPIC = "payments"
+SINK = "job"
+# Clients that must not change anything: anonymous, another user, the right user with a
+# wrong password (a different digest).
+OUTSIDERS: list[list[tuple[str, str]] | None] = [
+    None,
+    [("digest", "intruder:guess")],
+    [("digest", f"{ZK_USER}:not-the-password")],
+]
+
+
+def _properties(path: Path, keys: dict[str, str]) -> str:
+    path.write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
+    path.chmod(0o600)
+    return str(path)
+
+
+def _walk(client: KazooClient, top: str) -> list[str]:
+    """Every node at and below ``top``, parents first (as the brokers' identity)."""
+    nodes, stack = [], [top]
+    while stack:
+        path = stack.pop()
+        nodes.append(path)
+        stack.extend(f"{path}/{c}" for c in sorted(client.get_children(path), reverse=True))
+    return nodes
+
+
+def _refusals(outsider: KazooClient, path: str, *, top: bool) -> dict[str, str]:
+    """Each change attempted on ``path``, mapped to what ZooKeeper answered."""
+    attempts: dict[str, Any] = {
+        "set": lambda: outsider.set(path, b"tampered"),
+        "create": lambda: outsider.create(f"{path}/intruder", b"x"),
+        "set_acls": lambda: outsider.set_acls(path, OPEN_ACL_UNSAFE),
+    }
+    if not top:  # the top's parent is the test's own open chroot, not an idemlog node
+        attempts["delete"] = lambda: outsider.delete(path, recursive=False)
+    answers = {}
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            answers[name] = "ALLOWED"
+        except NoAuthError:
+            answers[name] = "NoAuth"
+        except Exception as exc:  # anything but NoAuth is a failure of the guarantee
+            answers[name] = type(exc).__name__
+    return answers
+
+
+def _outsiders(zk: ZooKeeperHarness) -> Iterator[KazooClient]:
+    for auth in OUTSIDERS:
+        yield zk.client(auth_data=auth)
+
+
+def assert_secured(zk: ZooKeeperHarness, owner: KazooClient, top: str) -> list[str]:
+    """No outsider can change any node under ``top``, nor read the users' nodes; the
+    metadata stays world-readable. Returns the nodes walked."""
+    nodes = _walk(owner, top)
+    users = [n for n in nodes if "/config/users" in n]
+    assert users, nodes
+    for outsider in _outsiders(zk):
+        bad = {}
+        for path in nodes:
+            answers = _refusals(outsider, path, top=path == top)
+            if set(answers.values()) != {"NoAuth"}:
+                bad[path] = answers
+        assert not bad, bad
+        for path in users:  # salted credentials: the brokers' only
+            for read in (outsider.get, outsider.get_children):
+                try:
+                    read(path)
+                    raise AssertionError(f"{path} readable by an outsider")
+                except NoAuthError:
+                    pass
+        readable = [n for n in nodes if "/config/users" not in n]
+        for path in readable:  # what a metadata reader needs stays readable
+            outsider.get(path)
+    for path in nodes:  # the ACL itself: the brokers' digest ALL, world READ at most
+        acl, _ = owner.get_acls(path)
+        world = [a for a in acl if a.id.scheme == "world"]
+        assert [a.perms for a in world] in ([], [Permissions.READ]), (path, acl)
+        assert any(a.id.scheme == "digest" and a.id.id.startswith(ZK_USER + ":") for a in acl)
+    return nodes
+
+
+def _commit(client: BrokerClient, batch: int, spans: dict[int, list[range]]) -> None:
+    attempt = SinkAttempt(SINK, f"run-{batch}", batch)
+    txns = [prepared_attempt(client, attempt, 0, TOPIC, spans, timeout_ms=600_000)]
+    assert client.commit_sink_batch(SINK, batch, txns, f"run-{batch}") is True
+
+
+def test_secured_cluster_works_and_no_outsider_can_change_any_node(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    zk_chroot.admin_auth = [("digest", f"{ZK_USER}:{ZK_PASSWORD}")]  # its teardown's delete
+    connect = zk_chroot.hosts + "/secure"  # a chroot the brokers' side creates, secured
+    config = _properties(tmp_path / "zk.properties", SECURED)
+    where = ["--zookeeper", connect, "--config", config]
+    add_user(where, "broker", BROKER_PASSWORD)
+    add_user(where, "alice", ALICE_PASSWORD)
+    alice = SaslCredentials(Mechanism.SCRAM_SHA_256, "alice", ALICE_PASSWORD)
+    cluster = ReplicatedCluster(
+        zk_chroot,
+        broker_factory,
+        extra={
+            **SECURED,
+            "zookeeper.connect": connect,
+            "security.protocol": "SASL_PLAINTEXT",  # the brokers read the private users
+            "sasl.inter.broker.username": "broker",
+            "sasl.inter.broker.password": BROKER_PASSWORD,
+            "default.replication.factor": 3,
+        },
+        sasl=alice,
+    )
+    try:
+        cluster.create_topic(TOPIC, 1)
+        _commit(cluster.client, 0, {0: [range(0, 10)]})
+        # A leader killed: the controller (perhaps another broker) rewrites the topic node
+        # another broker created, and the registration of the dead broker goes.
+        old = cluster.state(TOPIC, 0)
+        leader = cluster.leader_of(TOPIC, 0)
+        assert leader.kill(signal.SIGKILL) == -signal.SIGKILL
+        new = cluster.wait_leader_change(TOPIC, 0, old.leader)
+        assert new.leader != old.leader and new.leader_epoch > old.leader_epoch
+        # A client that knows the live brokers only (the test helper does not re-route).
+        live = ",".join(b.address for b in cluster.running())
+        with BrokerClient(live, sasl=alice) as client:
+            _commit(client, 1, {0: [range(10, 20)]})
+            seen = collections.Counter(ids(client, TOPIC, 0))
+        assert seen == collections.Counter(range(20))
+
+        owner = zk_chroot.client(auth_data=zk_chroot.admin_auth)
+        nodes = assert_secured(zk_chroot, owner, "/secure")
+        kinds = {"/brokers/ids/", "/controller", f"/topics/{TOPIC}", "/config/users/alice"}
+        assert all(any(k in n for n in nodes) for k in kinds), nodes
+        ephemeral = [n for n in nodes if owner.exists(n).ephemeralOwner]
+        assert len(ephemeral) >= 3, nodes  # two registrations and the controller, at least
+
+        # A broker without the identity is refused at start, naming the keys.
+        stranger_keys = {
+            k: v for k, v in cluster.config.items() if not k.startswith("zookeeper.auth")
+        }
+        stranger_keys["zookeeper.set.acl"] = "false"
+        stranger = broker_factory({**stranger_keys, "broker.id": 4}, name="b4", start=False)
+        stranger.spawn()
+        assert stranger.wait_exit(60) == 2
+        log = stranger.log_text()
+        errors = [line for line in log.splitlines() if line.startswith("idemlog:")]
+        assert len(errors) == 1, log
+        assert "zookeeper.auth.digest.username" in errors[0], errors
+        assert "Traceback" not in log and "LISTENING" not in log
+        assert not owner.exists("/secure/idemlog/brokers/ids/4")
+        # The users command without the brokers' file: refused, one line naming the keys.
+        for args in (["list"], ["add", "mallory", "--password-file", "-"]):
+            refused = idemlog("users", *args, "--zookeeper", connect, stdin="pw-mallory\n")
+            assert refused.returncode == 2, refused
+            assert "Traceback" not in refused.stderr and "NoAuth" in refused.stderr
+            assert "zookeeper.auth.digest.username" in refused.stderr, refused.stderr
+        assert not owner.exists("/secure/idemlog/config/users/mallory")
+        for b in [*cluster.brokers.values(), stranger]:  # the secret never reaches a log
+            assert ZK_PASSWORD not in b.log_text(), b.name
+    finally:
+        cluster.close()
+
+
+def test_set_acl_secures_an_existing_tree_and_unsecure_opens_it_again(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    zk_chroot.admin_auth = [("digest", f"{ZK_USER}:{ZK_PASSWORD}")]
+    connect = zk_chroot.hosts + "/legacy"
+    # The brokers authenticate already but create open nodes (the step before securing).
+    config = _properties(tmp_path / "broker.properties", IDENTITY)
+    add_user(["--zookeeper", connect, "--config", config], "alice", ALICE_PASSWORD)
+    cluster = ReplicatedCluster(
+        zk_chroot,
+        broker_factory,
+        count=1,
+        extra={**IDENTITY, "zookeeper.connect": connect, "default.replication.factor": 1},
+    )
+    try:
+        cluster.create_topic(TOPIC, 2)
+        _commit(cluster.client, 0, {0: [range(0, 5)], 1: [range(5, 10)]})
+        owner = zk_chroot.client(auth_data=zk_chroot.admin_auth)
+        nodes = _walk(owner, "/legacy")
+        assert all(owner.get_acls(n)[0] == OPEN_ACL_UNSAFE for n in nodes)  # open before
+
+        secure = idemlog(
+            "zookeeper", "set-acl", "--zookeeper", connect, "--config", config, "--secure",
+            "--progress-every", "5",
+        )  # fmt: skip
+        assert secure.returncode == 0, secure.stderr
+        lines = secure.stdout.splitlines()
+        assert lines[0].startswith(f"set-acl: walking {zk_chroot.chroot}/legacy (secure"), lines
+        assert any(line.startswith("set-acl: 5 nodes") for line in lines), lines
+        assert lines[-1].startswith(f"secured {len(nodes)} nodes under "), lines
+        assert f": {len(nodes)} changed, 0 already so" in lines[-1], lines
+        assert ZK_PASSWORD not in secure.stdout + secure.stderr
+        assert_secured(zk_chroot, owner, "/legacy")
+
+        again = idemlog(
+            "zookeeper", "set-acl", "--zookeeper", connect, "--config", config, "--secure"
+        )
+        assert again.returncode == 0, again.stderr
+        assert f": 0 changed, {len(nodes)} already so" in again.stdout, again.stdout
+
+        # The broker (same identity) still changes its secured nodes.
+        cluster.create_topic("after", 1)
+        _commit(cluster.client, 1, {0: [range(10, 12)]})
+        assert sorted(ids(cluster.client, TOPIC, 0)) == [0, 1, 2, 3, 4, 10, 11]
+
+        # Without the identity the migration cannot undo it: one line naming the keys.
+        refused = idemlog("zookeeper", "set-acl", "--zookeeper", connect, "--unsecure")
+        assert refused.returncode == 2, refused
+        assert "Traceback" not in refused.stderr
+        assert "zookeeper.auth.digest.username" in refused.stderr, refused.stderr
+
+        unsecure = idemlog(
+            "zookeeper", "set-acl", "--zookeeper", connect, "--config", config, "--unsecure"
+        )
+        assert unsecure.returncode == 0, unsecure.stderr
+        anonymous = zk_chroot.client()
+        after = _walk(anonymous, "/legacy")  # the users' node is listable again
+        assert set(nodes) <= set(after)
+        assert all(anonymous.get_acls(n)[0] == OPEN_ACL_UNSAFE for n in after)
+    finally:
+        cluster.close()

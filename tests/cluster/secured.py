@@ -1,0 +1,271 @@
+"""The secured variant of the multi-host stack (``tests/cluster/stack.py``): issue 25's
+secured cluster, every security setting in one place, :class:`Security`.
+
+* a CA of the run and a certificate per host naming the host's private address (brokers'
+  and ZooKeeper's, usable as server and client certificates), a client certificate per
+  user (``CN=<user>``);
+* brokers with ``security.protocol=SASL_SSL`` and ``ssl.client.auth=required``: TLS with
+  client certificates on every link (clients to brokers, broker to broker), SCRAM on
+  every connection, the brokers authenticating to each other as ``User:broker``
+  (``sasl.inter.broker.*``);
+* ZooKeeper serving TLS only to the network (its ``secureClientPort``, ``ssl.clientAuth=
+  need``), the brokers connecting with ``zookeeper.ssl.*``; its plaintext port is on the
+  ZooKeeper host's loopback, for the readiness probe and the operator's ``idemlog users``
+  run on that host (:class:`SecuredZooKeeper`);
+* the SCRAM users ``broker``, ``writer`` (the Spark job's) and ``reader`` (``spark.read``
+  and the verifying reader) added before any broker starts;
+* the Spark job's options (:meth:`Security.client_keys`): the files are on the one
+  filesystem the hosts share, so the driver and every executor read the same paths.
+
+Extension points, for the pieces of issue 25 not built yet (docs/security.md, "A secured
+cluster, tested"): :attr:`Security.broker_extra` (broker keys: ``authorizer.enable``,
+``super.users``, ``zookeeper.set.acl``, ZooKeeper digest credentials),
+:meth:`Security.before_brokers` (anything ZooKeeper must hold before a broker starts) and
+:meth:`Security.grant` (the ACLs, with :meth:`Security.idemlog` as the admin).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from broker_core.client.broker_client import BrokerClient
+from broker_core.security.flight_auth import SaslCredentials
+from broker_core.security.scram import Mechanism
+from broker_core.security.tls import Side, TlsMaterial, TlsSettings
+from tests.harness.cluster import REPO, ZK_PORT
+from tests.harness.netns import Host
+from tests.harness.tls import _NETTY_JARS, CertFiles, _issue, _write
+from tests.harness.zookeeper import LOOPBACK, ZooKeeperServer
+
+if TYPE_CHECKING:
+    from tests.cluster.stack import Stack
+
+PROTOCOL = "SASL_SSL"
+MECHANISM = Mechanism.SCRAM_SHA_512
+# ZooKeeper's plaintext port, bound to the ZooKeeper host's loopback: no other host
+# reaches it (the network gets ZK_PORT, TLS only).
+ZK_LOOPBACK_PORT = 2182
+# The tests' topics start with it, so that ACLs can be granted on the prefix.
+TOPIC_PREFIX = "sec_"
+
+
+def idemlog_on(
+    host: Host | None, args: Sequence[str], *, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """The real ``idemlog`` command, as an operator runs it, on ``host`` (None: the test
+    process's own namespace, which reaches every host through the bridge)."""
+    argv = [sys.executable, "-m", "broker_core.cli.main", *args]
+    return subprocess.run(
+        host.command(argv) if host is not None else argv,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
+
+
+class SecuredZooKeeper(ZooKeeperServer):
+    """ZooKeeper on ``host``: TLS on ``host.address:ZK_PORT`` with a certificate naming
+    that address and client certificates required (``ssl.clientAuth=need``); plaintext
+    only on the host's loopback (``ZK_LOOPBACK_PORT``), probed from inside the host."""
+
+    def __init__(self, base_dir: Path, host: Host, cert: CertFiles, ca: Path) -> None:
+        super().__init__(base_dir, host=LOOPBACK, port=ZK_LOOPBACK_PORT, launcher=host.command)
+        self.bed_host = host
+        self.cert = cert
+        self.ca = ca
+
+    @property
+    def loopback_connect(self) -> str:
+        """``zookeeper.connect`` for a command run on the ZooKeeper host itself."""
+        return f"{LOOPBACK}:{ZK_LOOPBACK_PORT}"
+
+    def command(self) -> list[str]:
+        command = super().command()
+        at = command.index("-cp") + 1
+        extra = [f"/usr/share/java/{name}.jar" for name in _NETTY_JARS]
+        command[at] = os.pathsep.join([command[at], *(j for j in extra if Path(j).exists())])
+        return command
+
+    def _write_config(self) -> None:
+        super()._write_config()
+        keystore = self.base_dir / "zk-keystore.pem"  # ZooKeeper's PEM store: key then cert
+        keystore.write_bytes(self.cert.key.read_bytes() + self.cert.cert.read_bytes())
+        keystore.chmod(0o600)
+        lines = [
+            f"secureClientPort={ZK_PORT}",
+            f"secureClientPortAddress={self.bed_host.address}",
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={keystore}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.ca}",
+            "ssl.trustStore.type=PEM",
+            "ssl.clientAuth=need",
+        ]
+        with self.config_path.open("a", encoding="utf-8") as config:
+            config.write("\n".join(lines) + "\n")
+
+    def _serving(self) -> bool:
+        # The plaintext port is the host's loopback: ask from inside the host.
+        probe = f"exec 3<>/dev/tcp/{LOOPBACK}/{ZK_LOOPBACK_PORT} && printf srvr >&3 && cat <&3"
+        try:
+            reply = self.bed_host.run(["bash", "-c", probe], timeout=5).stdout
+        except subprocess.TimeoutExpired:
+            return False
+        return "Zookeeper version" in reply and "Mode:" in reply
+
+
+@dataclass(frozen=True)
+class Principal:
+    """A SCRAM user of the stack (``User:<name>``) with its client certificate."""
+
+    name: str
+    password: str = field(repr=False)
+    cert: CertFiles
+
+    @property
+    def credentials(self) -> SaslCredentials:
+        return SaslCredentials(MECHANISM, self.name, self.password)
+
+
+@dataclass
+class Security:
+    """Every security setting of the secured stack. Build with :meth:`create`; hand to
+    ``running_stack(..., security=...)``."""
+
+    directory: Path
+    ca: Path
+    broker: Principal  # sasl.inter.broker.*; also the tests' admin (super user to be)
+    writer: Principal  # the Spark job's stream and df.write
+    reader: Principal  # spark.read and the verifying broker client
+    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] = field(repr=False)
+    # EXTENSION POINT (issue 25): broker keys on top of the TLS, SASL and ZooKeeper TLS
+    # ones, e.g. authorizer.enable=true, super.users=User:broker, zookeeper.set.acl=true
+    # and the brokers' ZooKeeper digest credentials.
+    broker_extra: dict[str, str] = field(default_factory=dict)
+    host_certs: dict[str, CertFiles] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def create(cls, directory: Path) -> Security:
+        """A new CA, the users' certificates and random passwords, under ``directory``."""
+        directory.mkdir(parents=True, exist_ok=True)
+        ca_cert, ca_key = _issue("idemlog secured-stack CA", None, ca=True)
+        ca = directory / "ca.crt"
+        ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+        issuer = (ca_cert.subject, ca_key)
+
+        def user(name: str) -> Principal:
+            cert = _write(directory, f"user-{name}", *_issue(name, issuer, client=True))
+            return Principal(name, f"{name}-{secrets.token_urlsafe(12)}", cert)
+
+        return cls(directory, ca, user("broker"), user("writer"), user("reader"), issuer)
+
+    @property
+    def users(self) -> tuple[Principal, ...]:
+        return (self.broker, self.writer, self.reader)
+
+    # -- the servers -----------------------------------------------------------------------
+    def host_cert(self, host: Host) -> CertFiles:
+        """``host``'s certificate: ``CN=<host name>``, its address as the only SAN, for
+        server and client authentication (a broker shows it to other brokers)."""
+        if host.name not in self.host_certs:
+            issued = _issue(host.name, self.issuer, hosts=(host.address,))
+            self.host_certs[host.name] = _write(self.directory, f"host-{host.name}", *issued)
+        return self.host_certs[host.name]
+
+    def zookeeper(self, host: Host, workdir: Path) -> SecuredZooKeeper:
+        """The ZooKeeper server for ``BrokerCluster(zookeeper=...)``."""
+        return SecuredZooKeeper(workdir, host, self.host_cert(host), self.ca)
+
+    def broker_config(self, host: Host) -> dict[str, object]:
+        """A broker's keys on ``host``, for ``BrokerCluster(host_config=...)``."""
+        cert = self.host_cert(host)
+        return {
+            "security.protocol": PROTOCOL,
+            "ssl.ca.location": str(self.ca),
+            "ssl.certificate.location": str(cert.cert),
+            "ssl.key.location": str(cert.key),
+            "ssl.client.auth": "required",
+            "sasl.enabled.mechanisms": MECHANISM.sasl_name,
+            "sasl.mechanism.inter.broker.protocol": MECHANISM.sasl_name,
+            "sasl.inter.broker.username": self.broker.name,
+            "sasl.inter.broker.password": self.broker.password,
+            "zookeeper.ssl.client.enable": "true",
+            "zookeeper.ssl.ca.location": str(self.ca),
+            "zookeeper.ssl.certificate.location": str(cert.cert),
+            "zookeeper.ssl.key.location": str(cert.key),
+            **self.broker_extra,
+        }
+
+    def before_brokers(self, zk: SecuredZooKeeper) -> None:
+        """What ZooKeeper holds before the first broker starts: the SCRAM users, added
+        by an operator on the ZooKeeper host (``idemlog users add``, the password on
+        stdin). EXTENSION POINT (issue 25): ZooKeeper digest users and node ACLs."""
+        for user in self.users:
+            done = idemlog_on(
+                zk.bed_host,
+                [
+                    *("users", "add", user.name, "--zookeeper", zk.loopback_connect),
+                    *("--mechanism", MECHANISM.sasl_name, "--password-file", "-"),
+                ],
+                stdin=user.password + "\n",
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"idemlog users add {user.name}: {done.stderr}")
+
+    def grant(self, stack: Stack) -> None:
+        """The ACLs of the stack, once its brokers serve. EXTENSION POINT (issue 25): with
+        the authorizer on, the documented minimal ACLs go here, on the topics prefixed
+        :data:`TOPIC_PREFIX`, through ``self.idemlog(stack.brokers.bootstrap, "acls",
+        "add", ...)`` as ``User:broker`` (a super user): the writer's to create, describe
+        and write them with its sink's transactional ids; the reader's to describe and
+        read them. Nothing to grant while every authenticated principal may do all."""
+
+    # -- the clients -----------------------------------------------------------------------
+    def client_keys(self, user: Principal) -> dict[str, str]:
+        """The security options of ``user``'s clients: the Spark sink and source's
+        ``.option(...)``, the producer's keys, the CLI's ``--command-config`` file."""
+        return {
+            "security.protocol": PROTOCOL,
+            "ssl.ca.location": str(self.ca),
+            "ssl.certificate.location": str(user.cert.cert),
+            "ssl.key.location": str(user.cert.key),
+            "sasl.mechanism": MECHANISM.sasl_name,
+            "sasl.username": user.name,
+            "sasl.password": user.password,
+        }
+
+    def tls(self, user: Principal) -> TlsMaterial:
+        return TlsSettings.from_values(self.client_keys(user)).load(Side.CLIENT)
+
+    def client(self, bootstrap: str, user: Principal, *, retries: int = 5) -> BrokerClient:
+        """A broker client as ``user``."""
+        return BrokerClient(bootstrap, tls=self.tls(user), sasl=user.credentials, retries=retries)
+
+    def command_config(self, user: Principal) -> Path:
+        """``user``'s ``--command-config`` file (mode 0600: it holds a password)."""
+        path = self.directory / f"{user.name}.properties"
+        path.touch(mode=0o600)
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.client_keys(user).items()))
+        return path
+
+    def idemlog(
+        self, bootstrap: str, *args: str, user: Principal | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``idemlog <args> --bootstrap ... --command-config ...`` as ``user`` (default:
+        the admin, ``User:broker``), from the test's own namespace."""
+        config = self.command_config(user or self.broker)
+        return idemlog_on(None, [*args, "--bootstrap", bootstrap, "--command-config", str(config)])

@@ -1,0 +1,96 @@
+"""docs/operations.md, its Grafana dashboard and its alert rules name only metrics a
+broker exports: every ``idemlog_*`` / ``process_*`` name in them is found in a real
+broker's scrape (an embedded broker with ``metrics.port``), or, for a counter a broker
+adds to its document's ``counters`` section, in what the collector makes of such a
+section (the generic path, no code per counter)."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.metrics import AppendOutcome
+from broker_core.server.metrics import Metrics
+from broker_core.server.prometheus import DocumentCollector
+from tests.harness.broker import BrokerFactory
+from tests.store.helpers import rows
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = re.compile(r"\b((?:idemlog|process)_[a-z0-9_]+)\b")
+ENDPOINT = re.compile(r"metrics endpoint: http://127\.0\.0\.1:(\d+)/metrics")
+# Counters the alert rules expect from a document's counters section (the authorizer's).
+FROM_COUNTERS_SECTION = {"authorization_refusals": {"CLUSTER_AUTHORIZATION_FAILED": 2}}
+
+
+def _names(text: str) -> set[str]:
+    """Every sample's name and every family's (one without samples yet, as a single
+    broker's follower lag, is still described by the endpoint)."""
+    families = list(text_string_to_metric_families(text))
+    return {f.name for f in families} | {s.name for f in families for s in f.samples}
+
+
+def _exported(broker_factory: BrokerFactory) -> set[str]:
+    broker = broker_factory({"metrics.port": 0})
+    with BrokerClient(broker.address) as client:
+        client.create_topic("ops", 1)
+        pid, epoch = client.init_producer_id()
+        with client.produce_stream("ops", 0) as stream:
+            stream.send(rows(2), producer_id=pid, producer_epoch=epoch, base_sequence=0).offsets(10)
+        assert len(list(client.fetch("ops", 0, 0))) == 1  # a fetch, for its request metrics
+    (port,) = ENDPOINT.findall(broker.log_text())
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        names = _names(answer.read().decode())
+    metrics = Metrics()
+    metrics.record_append("t", 0, 1, AppendOutcome.APPENDED, 1, 1)
+    doc = metrics.document(0, {}, None)
+    doc["counters"] = FROM_COUNTERS_SECTION
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DocumentCollector(lambda: doc))
+    generic = _names(generate_latest(registry).decode())
+    assert "idemlog_broker_authorization_refusals_total" in generic
+    return names | generic
+
+
+def _dashboard_exprs() -> list[str]:
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "idemlog.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 10 and all(e.strip() for e in exprs)
+    return exprs
+
+
+def _alert_exprs() -> list[str]:
+    text = (ROOT / "docs" / "prometheus" / "alerts.yml").read_text()
+    assert text.startswith("#") and "\ngroups:\n" in text
+    alerts = re.findall(r"^      - alert: (\w+)$", text, re.MULTILINE)
+    exprs = re.findall(r"^        expr: (.+)$", text, re.MULTILINE)
+    assert len(alerts) == len(exprs) >= 5, (alerts, exprs)
+    return exprs
+
+
+def test_the_dashboard_alerts_and_names_table_use_exported_metrics(
+    broker_factory: BrokerFactory,
+) -> None:
+    exported = _exported(broker_factory)
+    assert "process_start_time_seconds" in exported
+    sources = {
+        "docs/grafana/idemlog.json": _dashboard_exprs(),
+        "docs/prometheus/alerts.yml": _alert_exprs(),
+        "docs/operations.md": [(ROOT / "docs" / "operations.md").read_text()],
+    }
+    for source, texts in sources.items():
+        # A name ending in "_" is a pattern in prose (idemlog_broker_<counter>_total).
+        named = {n for text in texts for n in NAME.findall(text) if not n.endswith("_")}
+        assert named, source
+        # A name may be given without its suffix in prose (a family): accept either.
+        unknown = {
+            n
+            for n in named
+            if n not in exported and not any(e.startswith(n + "_") for e in exported)
+        }
+        assert not unknown, f"{source} names metrics no broker exports: {sorted(unknown)}"
