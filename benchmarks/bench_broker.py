@@ -42,8 +42,8 @@ picks the parts to run.
 CPU seconds (user + system) per GB sent (GB = 10^9 bytes, the same measure as MB/s) are
 printed beside the throughput, for each side separately, over the produce phase only
 (from the first send to the last answer; no topic creation or deletion): the server
-process (``/proc/<pid>/stat`` of the broker or discard server child, in clock ticks of
-10 ms: coarse at smoke sizes, ~0.01 s/GB at 1 GB a run) and the client
+process (psutil, ``benchmarks/common.py``, of the broker or discard server child, in
+clock ticks of 10 ms: coarse at smoke sizes, ~0.01 s/GB at 1 GB a run) and the client
 process (``time.process_time()``: every thread of this process, so all producers and the
 Flight client's own threads). With the producers on the same 2 cores as the server,
 broker and client CPU together are what bounds the ratio once the machine is CPU-bound.
@@ -69,6 +69,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from benchmarks.common import MB, cpu_seconds
 from benchmarks.data import SCHEMA, distinct_batches
 from broker_core.cli.broker_cmd import keep_large_buffers
 from broker_core.client.broker_client import BrokerClient
@@ -83,7 +84,6 @@ DISTINCT_BATCHES = 8
 IN_FLIGHT = 5
 MAX_CONNECTIONS = 4
 TOPIC = "bench"
-MB = 1e6
 GB = 1e9
 TARGET_RATIO = 0.7
 DISCARD = "flight_discard"
@@ -274,13 +274,6 @@ def run_producers(
             assert ends == [per_producer * ROWS_PER_BATCH] * producers, ends
             admin.delete_topic(TOPIC)  # frees the disk for the next run
     return Run(per_producer * producers * batch_bytes / MB, elapsed, server_cpu, client_cpu)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def init_rate(server: Server, seconds: float, transactional: bool) -> float:

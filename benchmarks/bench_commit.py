@@ -34,6 +34,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from benchmarks.bench_broker import Server, start_broker
+from benchmarks.common import percentile
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkAttempt
 
@@ -105,11 +106,6 @@ def _measure(
     return seconds
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", default="1,4,16", help="task counts (default 1,4,16)")
@@ -143,12 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     for (tasks, partitions), seconds in results.items():
         print(
             f"{tasks:>6} {partitions:>10} {tasks * partitions:>7} "
-            f"{statistics.median(seconds) * 1e3:>6.1f} {_pct(seconds, 0.95) * 1e3:>6.1f} "
+            f"{statistics.median(seconds) * 1e3:>6.1f} {percentile(seconds, 95) * 1e3:>6.1f} "
             f"{max(seconds) * 1e3:>6.1f}"
         )
     for (tasks, partitions), seconds in results.items():
         print(f"commit_p50_ms_{tasks}x{partitions}={statistics.median(seconds) * 1e3:.2f}")
-        print(f"commit_p95_ms_{tasks}x{partitions}={_pct(seconds, 0.95) * 1e3:.2f}")
+        print(f"commit_p95_ms_{tasks}x{partitions}={percentile(seconds, 95) * 1e3:.2f}")
     return 0
 
 

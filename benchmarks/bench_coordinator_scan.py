@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from benchmarks.common import percentile
 from broker_core.log.store import LogStore
 from broker_core.protocol.wire import SinkAttempt
 from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
@@ -122,10 +123,6 @@ def run(
     return commit_ms, commit_cpu_ms, init_ms, load_s
 
 
-def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", default="0,100000", help="idle id counts, comma-separated")
@@ -143,8 +140,8 @@ def main() -> None:
             commit_ms, cpu_ms, init_ms, load_s = run(base / f"{i}-{idle}", idle, args.commits)
             print(
                 f"{idle:>9} {load_s:>7.2f} {statistics.median(commit_ms):>11.2f} "
-                f"{pct(commit_ms, 90):>11.2f} {statistics.median(cpu_ms):>8.2f} "
-                f"{statistics.median(init_ms):>9.2f} {pct(init_ms, 90):>9.2f}"
+                f"{percentile(commit_ms, 90):>11.2f} {statistics.median(cpu_ms):>8.2f} "
+                f"{statistics.median(init_ms):>9.2f} {percentile(init_ms, 90):>9.2f}"
             )
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from benchmarks.bench_replication import percentile
+from benchmarks.common import percentile
 from benchmarks.zk_cluster import LocalCluster, wait_until
 from broker_core.cluster.metadata import assign_partitions
 from broker_core.errors import IdemlogError

@@ -47,7 +47,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
@@ -57,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_spark import Bench, StreamResult, run_stream, write_stream_files
+from benchmarks.common import p50
 from benchmarks.discard_sink import DiscardDataSource
 from spark_sink import local_session, trace
 from spark_sink.embedded import stop_broker
@@ -256,8 +256,6 @@ def analyse(
 
 
 # -- output -------------------------------------------------------------------------------------
-def p50(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else 0.0
 
 
 def print_table(results: dict[str, list[Batch]], cold: Batch) -> dict[str, float]:

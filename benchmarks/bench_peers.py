@@ -119,7 +119,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-import numpy as np
 import pyspark
 
 # confluent_kafka.admin re-exports its classes without __all__, which mypy --strict takes
@@ -142,10 +141,11 @@ from benchmarks.bench_spark import (
     source,
     write_stream_files,
 )
+from benchmarks.common import percentile, verdict
 from benchmarks.discard_sink import DiscardDataSource
 from benchmarks.kafka_node import KafkaAdmin, fresh, kafka_node
 from benchmarks.peers_ingest import ingest_part
-from benchmarks.peers_report import Row, draw_chart, print_table, verdict, with_ratios
+from benchmarks.peers_report import Row, draw_chart, print_table, with_ratios
 from spark_sink import local_session
 from spark_sink.embedded import stop_broker
 from spark_sink.export.delta import delta_conf
@@ -180,10 +180,6 @@ def source_bytes(start: int, stop: int) -> int:
     of ``'value-' || id``."""
     rows = stop - start
     return rows * (8 + 4 + len("value-")) + digits_total(stop) - digits_total(start)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
 # -- part 1: Spark batch ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ Per-batch ack latency is the time from ``send`` to the answer as seen by a threa
 waits on the batches in order: with 5 in flight it includes the wait behind earlier
 batches of the same stream (latency under load, not an idle round trip); p50/p99 over
 every batch of every counted round. CPU is user + system seconds per GB sent of all
-three broker processes together (``/proc/<pid>/stat``) and of this process (the
+three broker processes together (psutil, ``benchmarks/common.py``) and of this process (the
 producers), over the produce phase only. ``elections`` counts leader-epoch changes during
 a run and ``ISR shrinks`` the brokers' ``isr_shrinks``: both must be 0 for an rf=3 run to
 have measured three in-sync replicas.
@@ -40,17 +40,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 
-from benchmarks.zk_cluster import LocalCluster, cpu_seconds
+from benchmarks.common import MB, cpu_seconds, percentile
+from benchmarks.zk_cluster import LocalCluster
 from broker_core.client.produce_stream import ProduceHandle, ProduceStream
 from broker_core.errors import IdemlogError
 from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.wire import Action
 
 IN_FLIGHT = 5
-MB = 1e6
 GB = 1e9
 FACTORS = (1, 3)
 
@@ -211,11 +210,6 @@ def measure(
             run = run_factor(cluster, f"rf{factor}-{r}", factor, producers, batches, per_producer)
             runs[factor].append(run)
     return runs
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (linear interpolation between the closest ranks)."""
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else float("nan")
 
 
 def report(runs: dict[int, list[RfRun]], producers: int, total_mb: float) -> None:

@@ -18,10 +18,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.bench_broker import MB, REPO, TOPIC, Server, build_batches, produce, spawn
+from benchmarks.bench_broker import REPO, TOPIC, Server, build_batches, produce, spawn
+from benchmarks.common import MB, print_table
 from benchmarks.data import SCHEMA
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
@@ -33,13 +34,18 @@ USER, PASSWORD = "bench", "bench-password"
 CLI = [sys.executable, "-m", "broker_core.cli.main"]
 
 
-def start(directory: Path, sasl: bool) -> Server:
+def start(directory: Path, sasl: bool, tls: Mapping[str, str] | None = None) -> Server:
+    """A broker on ``directory`` with user ``USER`` when ``sasl``; ``tls``: its TLS keys
+    (``tests/harness/tls.py``'s ``broker_keys()``), which make it SSL or SASL_SSL."""
     directory.mkdir(parents=True)
     data = directory / "data"
     data.mkdir()
     lines = ["listener.port=0", f"log.dir={data}"]
+    lines += [f"{k}={v}" for k, v in (tls or {}).items() if k != "security.protocol"]
+    protocol = {(False, False): "PLAINTEXT", (True, False): "SASL_PLAINTEXT"}
+    protocol.update({(False, True): "SSL", (True, True): "SASL_SSL"})
+    lines.append(f"security.protocol={protocol[(sasl, tls is not None)]}")
     if sasl:
-        lines.append("security.protocol=SASL_PLAINTEXT")
         subprocess.run(
             [*CLI, "users", "add", USER, "--data-dir", str(data), "--password-file", "-"],
             input=PASSWORD + "\n",
@@ -51,11 +57,7 @@ def start(directory: Path, sasl: bool) -> Server:
     config = directory / "broker.properties"
     config.write_text("\n".join(lines) + "\n")
     command = [*CLI, "broker", "start"]
-    return spawn(
-        "sasl" if sasl else "plaintext",
-        [*command, "--config", str(config)],
-        directory / "broker.log",
-    )
+    return spawn(directory.name, [*command, "--config", str(config)], directory / "broker.log")
 
 
 def handshake_ms(address: str, mechanism: Mechanism, count: int) -> list[float]:
@@ -139,9 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sasl_vs_plaintext_produce_ratio": sm / pm,
             }
         )
-        print(f"{'':28} {'PLAINTEXT':>12} {'SASL_PLAINTEXT':>16}")
-        for name, a, b in rows:
-            print(f"{name:28} {a:>12} {b:>16}")
+        print_table(["", "PLAINTEXT", "SASL_PLAINTEXT"], rows)
         for name, value in figures.items():
             print(f"{name}={value:.3f}")
     finally:

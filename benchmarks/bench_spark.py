@@ -40,7 +40,7 @@ interference from other processes only ever slows a run down.
 
 Wall time on a shared machine measures the CPU share a run gets as much as its cost (a
 sink with more runnable threads -- idemlog's sender threads and broker -- takes more of a
-contended CPU), so each run also counts **CPU seconds** (user + system from ``/proc``):
+contended CPU), so each run also counts **CPU seconds** (user + system, psutil):
 this process and all its descendants (the JVM, the Python daemon and workers) plus the
 embedded broker. The table shows each sink's cheapest run; ``*_cpu_s`` and
 ``idemlog_vs_discard_cpu_ratio`` (discard's CPU over idemlog's) are the load-independent
@@ -61,7 +61,11 @@ ratios that have a target; targets are printed, not asserted)::
     idemlog_vs_parquet_ratio, spark_idemlog_cpu_s, spark_discard_cpu_s,
     idemlog_vs_discard_cpu_ratio, microbatch_ms_idemlog_p50, microbatch_ms_discard_p50,
     microbatch_idemlog_vs_discard_ratio (target <= 1.1),
-    microbatch_trigger_idemlog_vs_discard_ratio
+    microbatch_trigger_idemlog_vs_discard_ratio, tls_vs_plaintext_ratio (target >= 0.8)
+
+**TLS.** The same batch DataFrame written to a broker with TLS and SCRAM against a
+plaintext one, interleaved (``benchmarks/spark_tls.py``): ``tls_vs_plaintext_ratio`` is
+plaintext's seconds over TLS's.
 """
 
 from __future__ import annotations
@@ -88,7 +92,9 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from benchmarks.common import tree_cpu_seconds, verdict
 from benchmarks.discard_sink import DiscardDataSource
+from benchmarks.spark_tls import TARGET_TLS_RATIO, tls_part
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import UnknownTopicOrPartitionError
 from spark_sink import local_session
@@ -180,7 +186,7 @@ class Bench:
         """All ``rows`` are in the log and every transaction is decided. Markers take
         offsets too, one per transaction and partition it wrote to, hence the range."""
         with BrokerClient(ensure_broker(self.embedded)) as client:
-            partitions = len(client.describe_topics([topic])[0]["partitions"])
+            partitions = len(client.describe_topics([topic])[0].partitions)
             offsets = [client.list_offsets(topic, p) for p in range(partitions)]
         end = sum(o["log_end_offset"] for o in offsets)
         stable = sum(o["last_stable_offset"] for o in offsets)
@@ -202,26 +208,9 @@ class Bench:
 # -- CPU accounting ---------------------------------------------------------------------------
 # On a shared machine wall time measures the CPU share a run gets as much as its cost (a
 # sink with more runnable threads gets more of a contended CPU), so every run also counts
-# the CPU seconds (user + system, Linux /proc) it used: this process and its descendants
-# (the JVM, its Python daemon and workers; reaped children count through their parent's
-# cutime/cstime) plus the embedded broker, which runs in its own session.
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _process_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds incl. reaped children) of every process."""
-    table: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        fields = stat.rpartition(")")[2].split()
-        ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-        table[int(entry)] = (int(fields[1]), ticks / _CLOCK_TICKS)
-    return table
+# the CPU seconds (user + system, psutil: benchmarks/common.py) it used: this process and
+# its descendants (the JVM, its Python daemon and workers; reaped children count through
+# their parent's children times) plus the embedded broker, which runs in its own session.
 
 
 @dataclass(frozen=True)
@@ -238,17 +227,11 @@ class Cpu:
 
     @classmethod
     def now(cls, embedded: str) -> Cpu:
-        table = _process_table()
-        children: dict[int, list[int]] = {}
-        for pid, (parent, _) in table.items():
-            children.setdefault(parent, []).append(pid)
-        spark, todo = 0.0, [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            spark += table[pid][1] if pid in table else 0.0
-            todo.extend(children.get(pid, []))
         broker = broker_pid(embedded)
-        return cls(spark=spark, broker=table[broker][1] if broker in table else 0.0)
+        return cls(
+            spark=tree_cpu_seconds(os.getpid()),
+            broker=tree_cpu_seconds(broker) if broker is not None else 0.0,
+        )
 
     def __sub__(self, before: Cpu) -> Cpu:
         # A worker that exited and was reaped in between moved its time into its
@@ -342,8 +325,6 @@ def run_stream(bench: Bench, sink: str, files: Path, batches: int, rows: int) ->
 
 
 # -- output -----------------------------------------------------------------------------------
-def verdict(ok: bool) -> str:
-    return "meets" if ok else "misses"
 
 
 def print_batch_table(bench: Bench, rows: int) -> tuple[dict[str, float], dict[str, Cpu]]:
@@ -407,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "and the broker's, of which (broker) is the broker's)"
         )
 
+        tls_ratio = tls_part(spark, df, args.rows, args.repeats, directory)
+
         files = directory / bench.fresh("stream-source")
         write_stream_files(files, args.stream_batches, args.stream_rows)
         streams = {
@@ -460,6 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"microbatch_idemlog_vs_discard_ratio <= {TARGET_MICROBATCH_RATIO}"
     )
     print(f"microbatch_trigger_idemlog_vs_discard_ratio={trigger_ratio:.3f}")
+    print(f"tls_vs_plaintext_ratio={tls_ratio:.2f}")
+    print(
+        f"# {verdict(tls_ratio >= TARGET_TLS_RATIO)} the target tls_vs_plaintext_ratio "
+        f">= {TARGET_TLS_RATIO}"
+    )
     sys.stdout.flush()
     return 0
 

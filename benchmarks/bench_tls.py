@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from benchmarks.bench_broker import MB, Run, Server, run_producers, start_broker
+from benchmarks.bench_broker import Run, Server, run_producers, start_broker
+from benchmarks.common import MB, print_table
 from broker_core.security.tls import Side, TlsSettings
 from tests.harness.tls import make_certs
 
@@ -67,21 +68,18 @@ def tls_part(args: argparse.Namespace, batches: Sequence[pa.RecordBatch]) -> flo
             return statistics.median(r.mbps for r in values)
         return statistics.median(r.per_gb(r.server_cpu) for r in values)
 
-    print(
-        f"{'producers':>9}  {'plain MB/s':>10}  {'TLS MB/s':>8}  {'ratio':>5}  "
-        f"{'plain srv s/GB':>14}  {'TLS srv s/GB':>12}"
-    )
     best = 0.0
+    table = []
     for producers in counts:
         plain_mbps = median("broker", producers, "mbps")
         tls_mbps = median("broker_tls", producers, "mbps")
         ratio = tls_mbps / plain_mbps
         best = max(best, ratio)
-        print(
-            f"{producers:>9}  {plain_mbps:>10.0f}  {tls_mbps:>8.0f}  {ratio:>5.2f}  "
-            f"{median('broker', producers, 'cpu'):>14.2f}  "
-            f"{median('broker_tls', producers, 'cpu'):>12.2f}"
-        )
+        cpu = [f"{median(n, producers, 'cpu'):.2f}" for n in ("broker", "broker_tls")]
+        table.append((str(producers), f"{plain_mbps:.0f}", f"{tls_mbps:.0f}", f"{ratio:.2f}", *cpu))
+    print_table(
+        ["producers", "plain MB/s", "TLS MB/s", "ratio", "plain srv s/GB", "TLS srv s/GB"], table
+    )
     verdict = "OK" if best >= TARGET_TLS_RATIO else "MISSED"
     print(f"target tls_vs_plaintext_ratio >= {TARGET_TLS_RATIO}: {verdict}")
     print(f"tls_vs_plaintext_ratio={best:.2f}")

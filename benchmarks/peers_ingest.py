@@ -165,7 +165,7 @@ def ingest_part(args: argparse.Namespace, directory: Path, kafka: KafkaAdmin) ->
         with BrokerClient(server.address) as admin:
             probe = fresh("probe")
             admin.create_topic(probe, PARTITIONS, schema=INGEST_SCHEMA, config=dict(FLUSH))
-            overrides = admin.describe_topics([probe])[0]["config"]
+            overrides = admin.describe_topics([probe])[0].config
             admin.delete_topic(probe)
         probe = fresh("probe")
         kafka.create(probe)

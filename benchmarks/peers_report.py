@@ -80,7 +80,3 @@ def draw_chart(rows: list[Row], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
-
-
-def verdict(ok: bool) -> str:
-    return "meets" if ok else "misses"

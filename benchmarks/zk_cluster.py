@@ -13,7 +13,6 @@ Every wait polls the brokers' own answers with a deadline, as the test harness d
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -45,16 +44,6 @@ def wait_until(condition: Callable[[], T], what: str, timeout: float = WAIT_S) -
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.02)  # another process's state: nothing to wait on but a poll
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc; 0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Node:

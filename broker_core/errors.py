@@ -65,6 +65,15 @@ class ErrorCode(Enum):
     INVALID_RECORD = (87, False, "record batch is invalid for this topic")
     PRODUCER_FENCED = (90, False, "a newer producer with the same transactional id exists")
     DUPLICATE_BROKER_REGISTRATION = (101, False, "broker id is already in use")
+    # Authorization (docs/security.md): the principal lacks the ACL; asking again is
+    # refused again until an operator adds one.
+    TOPIC_AUTHORIZATION_FAILED = (29, False, "not authorized to access the topic")
+    CLUSTER_AUTHORIZATION_FAILED = (31, False, "not authorized for the cluster operation")
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (
+        53,
+        False,
+        "not authorized to use the transactional id",
+    )
     # idemlog-only codes (no Kafka equivalent).
     SCHEMA_MISMATCH = (10001, False, "batch schema differs from the topic's schema")
     PRODUCER_ID_ALLOCATION_FAILED = (10002, True, "could not lease a producer id block")
@@ -279,6 +288,22 @@ class DuplicateBrokerRegistrationError(IdemlogError):
     error_code = ErrorCode.DUPLICATE_BROKER_REGISTRATION
 
 
+class TopicAuthorizationFailedError(IdemlogError):
+    """A request the principal's ACLs do not allow on a topic (docs/security.md,
+    Authorization): the message names the principal, host, operation and resource and
+    the ``idemlog acls add`` that would allow it. So do the two below. Never retriable."""
+
+    error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class ClusterAuthorizationFailedError(IdemlogError):
+    error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+class TransactionalIdAuthorizationFailedError(IdemlogError):
+    error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
 class SchemaMismatchError(IdemlogError):
     error_code = ErrorCode.SCHEMA_MISMATCH
 
@@ -314,6 +339,13 @@ class SslHandshakeError(IdemlogError):
 
     error_code = ErrorCode.SSL_HANDSHAKE_FAILED
 
+
+# The refusals of the ACLs, to catch them together.
+AUTHORIZATION_ERRORS: tuple[type[IdemlogError], ...] = (
+    TopicAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
+)
 
 _CLASS_BY_CODE: dict[ErrorCode, type[IdemlogError]] = {}
 for _cls in list(globals().values()):

@@ -69,10 +69,10 @@ def run_driver(work: Path) -> int:
     os.environ["IDEMLOG_DRIVER_PGID"] = str(os.getpgrp())  # kill_driver kills this group
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
-    from spark_sink import local_session, progress
+    from spark_sink import local_session, progress, progress_spool
 
     # The sink's per-batch figures stay with the demo's files (set before Spark starts).
-    os.environ.setdefault(progress.ENV_DIR, str(work / "progress"))
+    os.environ.setdefault(progress_spool.ENV_DIR, str(work / "progress"))
 
     spark = local_session("idemlog-demo", cores=2, max_failures=4)
 
@@ -82,7 +82,7 @@ def run_driver(work: Path) -> int:
 
         def onQueryProgress(self, event: Any) -> None:
             p = event.progress
-            sink = progress.read(str(p.id), p.batchId)  # what lastProgress shows as sink metrics
+            sink = progress(p)  # the sink's figures of this batch (docs/spark.md)
             figures = (
                 f" duplicates_acked={sink.duplicates_acked} tasks_reused={sink.tasks_reused} "
                 f"commit_ms={sink.commit_ms:.0f}"

@@ -5,7 +5,9 @@
     (df.writeStream.format("idemlog").option("topic", "payments")
        .option("checkpointLocation", ck).start())
 
-``local_session()`` builds a local SparkSession with it registered.
+``local_session()`` builds a local SparkSession with it registered. What the sink did
+for a micro-batch: ``progress(query)`` (the last batch), ``progress_history(query)``, or a
+``SinkProgressListener`` added with ``spark.streams.addListener`` (docs/spark.md).
 
 The names below load pyspark on first use, not on ``import spark_sink``: the producer
 (``spark_sink.producer``) works without pyspark installed.
@@ -26,15 +28,30 @@ _trace.imported_at(_IMPORTED)
 
 if TYPE_CHECKING:
     from spark_sink.datasource import FORMAT, IdemlogDataSource, register
+    from spark_sink.progress_spool import SinkProgress
+    from spark_sink.query_progress import SinkProgressListener, progress, progress_history
     from spark_sink.session import local_session
 
-__all__ = ["FORMAT", "IdemlogDataSource", "local_session", "register"]
+__all__ = [
+    "FORMAT",
+    "IdemlogDataSource",
+    "SinkProgress",
+    "SinkProgressListener",
+    "local_session",
+    "progress",
+    "progress_history",
+    "register",
+]
 
 _HOME = {
     "FORMAT": "spark_sink.datasource",
     "IdemlogDataSource": "spark_sink.datasource",
     "register": "spark_sink.datasource",
     "local_session": "spark_sink.session",
+    "SinkProgress": "spark_sink.progress_spool",
+    "SinkProgressListener": "spark_sink.query_progress",
+    "progress": "spark_sink.query_progress",
+    "progress_history": "spark_sink.query_progress",
 }
 
 

@@ -26,7 +26,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkTxnStatus
 from broker_core.retry import RetryPolicy
 from broker_core.security.tls import Side
-from spark_sink import failpoints, progress, trace
+from spark_sink import failpoints, progress_spool, trace
 from spark_sink.connections import sink_client
 from spark_sink.options import IdemlogOptions
 
@@ -201,7 +201,7 @@ def _report(
     committed: bool,
     commit_ms: float,
 ) -> None:
-    figures = progress.SinkBatchFigures(
+    figures = progress_spool.SinkProgress(
         query_id=sink_id,
         batch_id=batch_id,
         committed=committed,
@@ -216,7 +216,7 @@ def _report(
         committed_at_ms=int(time.time() * 1000),
     )
     try:
-        progress.record(figures)
+        progress_spool.record(figures)
     except OSError as exc:
         # The batch is committed; failing it now over a progress file would only make
         # Spark re-run it. The figures of this one batch are missing from its progress.

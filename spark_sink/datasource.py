@@ -20,7 +20,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from . import progress, topics, trace
+from . import topics, trace
 from .connections import sink_client
 from .errors import UnsupportedWriteError
 from .options import IdemlogOptions, Scope, parse_options
@@ -116,8 +116,17 @@ class IdemlogDataSource(DataSource):
         return IdemlogStreamWriter(options, arrow)
 
 
-def register(spark: SparkSession) -> None:
-    """Make ``format("idemlog")`` known to ``spark`` and show the sink's per-batch figures
-    in ``query.lastProgress`` (``spark_sink.progress``); a repeat is harmless."""
+def register(spark: SparkSession, *, patch_progress: bool = False) -> None:
+    """Make ``format("idemlog")`` known to ``spark``; a repeat is harmless.
+
+    By default nothing else changes, in this session or in the process: no listener is
+    added and no pyspark class is touched. The sink's per-batch figures are read with
+    ``spark_sink.progress(query)`` or a ``spark_sink.SinkProgressListener`` the caller adds
+    (docs/spark.md, "The sink's figures"). ``patch_progress=True`` opts in to the enriched
+    ``lastProgress``/``recentProgress`` (``progress["sink"]["metrics"]`` filled), which
+    replaces those two properties of ``StreamingQuery`` for every query of the process."""
     spark.dataSource.register(IdemlogDataSource)
-    progress.install(spark)
+    if patch_progress:
+        from .query_progress import enable_enriched_progress
+
+        enable_enriched_progress()

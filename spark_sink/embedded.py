@@ -18,6 +18,11 @@ through files under ``path`` (the sink option ``path``, default :data:`DEFAULT_P
   reused by another process is never signalled;
 * ``broker.properties``: the configuration written for each start;
 * ``broker.log``: the broker's stdout and stderr, appended; quoted in errors;
+* ``broker.token``: a random token the broker writes at each start, mode 0600, and
+  requires on every call (``listener.token.file``, ``broker_core.security.local_token``):
+  other local users, who cannot read it, are refused. Every process registers it for the
+  broker's address before its first call (:func:`ensure_broker`), so every client of this
+  process (the sink's tasks and driver, the readers) sends it;
 * ``data/.lock``: the broker's own data-directory lock (docs/storage.md), held by the
   broker process for its life. It is the last word on which process owns the data: a
   broker running there that ``broker.json`` does not name (the file lost or rewritten, a
@@ -53,15 +58,23 @@ import psutil
 import broker_core
 from broker_core.client.broker_client import BrokerClient
 from broker_core.fileutil import directory_lock_holder
+from broker_core.security.local_token import (
+    DEFAULT_EMBEDDED_DIR,
+    EMBEDDED_STATE_FILE,
+    EMBEDDED_TOKEN_FILE,
+    TOKEN_FILE_KEY,
+    register,
+)
 from spark_sink.errors import EmbeddedBrokerError
 
-DEFAULT_PATH: str = os.path.expanduser("~/.idemlog/embedded")
+DEFAULT_PATH: str = DEFAULT_EMBEDDED_DIR
 """Default of the sink option ``path``: where the embedded broker keeps its files."""
 
 LOCK_FILE = "broker.lock"
-STATE_FILE = "broker.json"
+STATE_FILE = EMBEDDED_STATE_FILE
 CONFIG_FILE = "broker.properties"
 LOG_FILE = "broker.log"
+TOKEN_FILE = EMBEDDED_TOKEN_FILE  # rewritten at each start, mode 0600 (local_token.py)
 DATA_DIR = "data"
 
 BROKER_MODULE = "broker_core.cli.main"
@@ -112,7 +125,7 @@ def ensure_broker(path: str, *, start_timeout_s: float = 60.0) -> str:
             recorded, previous_port = state.address, state.port
             proc = _broker_process(state, config_path)
             if proc is not None:
-                client = _answering_client(recorded) if recorded else None
+                client = _answering_client(recorded, path) if recorded else None
                 if recorded and client is not None:
                     _remember(path, recorded, proc, client)
                     return recorded
@@ -121,6 +134,7 @@ def ensure_broker(path: str, *, start_timeout_s: float = 60.0) -> str:
                 _terminate(proc, _TERM_GRACE_S)
         adopted = _adopt_lock_holder(path, config_path, start_timeout_s)
         address, proc = adopted or _start(path, previous_port, start_timeout_s)
+        register(address, token_file(path))
         _remember(path, address, proc, BrokerClient(address, timeout_s=_PING_TIMEOUT_S))
         return address
 
@@ -155,6 +169,11 @@ def broker_pid(path: str) -> int | None:
         return None
     proc = _broker_process(state, os.path.join(path, CONFIG_FILE))
     return None if proc is None else proc.pid
+
+
+def token_file(path: str) -> str:
+    """The token file of the embedded broker of ``path`` (the sink option)."""
+    return os.path.join(os.path.abspath(path), TOKEN_FILE)
 
 
 # -- in-process cache ------------------------------------------------------------------------
@@ -240,6 +259,8 @@ def _write_config(path: str, port: int) -> str:
         f"log.dir={os.path.join(path, DATA_DIR)}",
         "listener.host=127.0.0.1",
         f"listener.port={port}",
+        # Only this user's processes can read it, so only they can call the broker.
+        f"{TOKEN_FILE_KEY}={token_file(path)}",
     ]
     with open(config_path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -293,8 +314,10 @@ def _same_time(a: float, b: float) -> bool:
     return abs(a - b) < _CREATE_TIME_TOLERANCE_S
 
 
-def _answering_client(address: str) -> BrokerClient | None:
-    """A client of ``address`` if the broker there answers a ping; None otherwise."""
+def _answering_client(address: str, path: str) -> BrokerClient | None:
+    """A client of ``address`` if the broker there answers a ping; None otherwise. The
+    calls carry ``path``'s token from here on (registered first)."""
+    register(address, token_file(path))
     try:
         client = BrokerClient(address, timeout_s=_PING_TIMEOUT_S)
     except Exception:  # a malformed address in broker.json: no broker there
@@ -466,7 +489,7 @@ def _adopt_lock_holder(
     deadline = time.monotonic() + timeout_s
     while _running(proc):
         for address in _listening_addresses(proc):
-            client = _answering_client(address)
+            client = _answering_client(address, path)
             if client is not None:
                 client.close()
                 port = int(address.rpartition(":")[2])

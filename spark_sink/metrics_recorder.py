@@ -33,7 +33,7 @@ value          its value (counters are cumulative since the broker process start
 
 Counters restart from zero with a broker process (they live in its memory): take
 differences per broker run, not across a restart. ``sink_batch`` rows come from the
-progress spool of the Spark driver on this host (``spark_sink.progress``): each batch
+progress spool of the Spark driver on this host (``spark_sink.progress_spool``): each batch
 committed since the recorder started is recorded once.
 
 A poll that fails (a broker being restarted) is logged and skipped; the next one records.
@@ -64,7 +64,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.metrics import COUNTER_NAMES
-from spark_sink import progress
+from spark_sink import progress_spool
 from spark_sink.embedded import DEFAULT_PATH, ensure_broker
 
 __all__ = ["DEFAULT_PATH", "SCHEMA", "MetricsRecorder", "flatten", "read_metrics", "run_recorder"]
@@ -118,7 +118,7 @@ def _numbers(doc: Mapping[str, Any], names: Sequence[str]) -> Iterator[tuple[str
 def flatten(
     doc: Mapping[str, Any],
     at: dt.datetime,
-    sink_batches: Sequence[progress.SinkBatchFigures] = (),
+    sink_batches: Sequence[progress_spool.SinkProgress] = (),
 ) -> pa.Table:
     """One metrics document (and sink batch figures) as rows of :data:`SCHEMA`."""
     cols: dict[str, list[Any]] = {f.name: [] for f in SCHEMA}
@@ -188,13 +188,13 @@ class MetricsRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _new_sink_batches(self) -> list[progress.SinkBatchFigures]:
-        folder = self.progress_dir or progress.progress_dir()
+    def _new_sink_batches(self) -> list[progress_spool.SinkProgress]:
+        folder = self.progress_dir or progress_spool.progress_dir()
         if not folder.is_dir():
             return []
         found = []
         for query in folder.iterdir():
-            for figures in progress.history(query.name, folder):
+            for figures in progress_spool.history(query.name, folder):
                 key = (figures.query_id, figures.batch_id, figures.committed_at_ms)
                 if figures.committed_at_ms >= self._since_ms and key not in self._seen:
                     self._seen.add(key)

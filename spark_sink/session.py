@@ -31,9 +31,11 @@ def local_session(
     cores: int = 2,
     max_failures: int = 4,
     conf: Mapping[str, str] | None = None,
+    patch_progress: bool = False,
 ) -> SparkSession:
-    """A local session with ``format("idemlog")`` registered. ``conf`` overrides any
-    default; a session already running in this process is returned as is."""
+    """A local session with ``format("idemlog")`` registered (``register``, with its
+    ``patch_progress`` opt-in). ``conf`` overrides any default; a session already running
+    in this process is returned as is."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     settings = {
@@ -53,5 +55,5 @@ def local_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    register(spark, patch_progress=patch_progress)
     return spark

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -32,10 +31,7 @@ def describe(client: BrokerClient, topic: str) -> TopicInfo | None:
         return None
     if not docs:
         return None
-    doc = docs[0]
-    raw = doc.get("schema")
-    schema = None if raw is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(raw)))
-    return TopicInfo(topic, len(doc["partitions"]), schema)
+    return TopicInfo(topic, len(docs[0].partitions), docs[0].schema)
 
 
 def require(client: BrokerClient, options: IdemlogOptions) -> TopicInfo:

@@ -1,13 +1,13 @@
-"""A factory of the sink's per-batch figures (``spark_sink.progress``) for the tests."""
+"""A factory of the sink's per-batch figures (``spark_sink.progress_spool``) for the tests."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from spark_sink import progress
+from spark_sink import progress_spool
 
 
-def figures(batch_id: int, **changes: Any) -> progress.SinkBatchFigures:
+def figures(batch_id: int, **changes: Any) -> progress_spool.SinkProgress:
     values: dict[str, Any] = dict(
         query_id="q",
         batch_id=batch_id,
@@ -23,4 +23,4 @@ def figures(batch_id: int, **changes: Any) -> progress.SinkBatchFigures:
         committed_at_ms=1,
     )
     values.update(changes)
-    return progress.SinkBatchFigures(**values)
+    return progress_spool.SinkProgress(**values)

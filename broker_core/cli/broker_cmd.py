@@ -1,8 +1,8 @@
 """``idemlog`` commands that run a broker or talk to one (``broker_core.cli.main`` wires them).
 
 idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
+idemlog broker list|stop (broker_core.cli.hosted_cmd)
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
-idemlog consume --bootstrap host:port --topic T [--partition P] [--from-beginning]
 
 Every command that takes ``--bootstrap`` also takes ``--command-config FILE``: the client's
 security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) as Kafka's tools take them.
@@ -11,7 +11,6 @@ security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) as Kafka's tools ta
 from __future__ import annotations
 
 import argparse
-import base64
 import ctypes
 import json
 import logging
@@ -24,13 +23,16 @@ from typing import Any
 
 import pyarrow as pa
 
+from broker_core.cli import registry
 from broker_core.cli.failures import DEBUG_ENV, Unreachable, config_file_error, port_in_use
+from broker_core.cli.hosted_cmd import add_hosted_commands
+from broker_core.client.answers import TransactionListing, schema_fields
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
-from broker_core.errors import IdemlogError, InvalidConfigError, InvalidRequestError
-from broker_core.log.partition_log import IsolationLevel
+from broker_core.errors import InvalidConfigError, InvalidRequestError
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
+from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
 from broker_core.server.config import BrokerConfig, parse_overrides
@@ -198,6 +200,22 @@ def broker_start(args: argparse.Namespace) -> int:
         os._exit(128 + received[0])
     # The line a supervisor (or the test harness) waits for: the address actually bound.
     print(f"LISTENING {info.host}:{info.port}", flush=True)
+    # Listed by `idemlog broker list` until the clean stop below removes it; a crash
+    # leaves it for the next listing to report as stale and remove (cli/registry.py).
+    entry: Path | None = None
+    try:
+        entry = registry.register(
+            address=f"{info.host}:{info.port}",
+            log_dir=config.log_dir,
+            zookeeper=bool(config.zookeeper_connect),
+            config=args.config,
+        )
+    except OSError as exc:  # the listing is advice: serving does not depend on it
+        logging.getLogger("idemlog.broker").warning(
+            "not listed by `idemlog broker list`: cannot write %s: %s",
+            registry.registry_dir(),
+            exc.strerror,
+        )
     if args.ready_fd is not None:
         # A launcher waiting on a pipe reads the address, then EOF; EOF alone means the
         # broker died before serving (no output parsing, no polling).
@@ -216,6 +234,8 @@ def broker_start(args: argparse.Namespace) -> int:
         "received %s, shutting down", signal.Signals(received[0]).name
     )
     broker.close()
+    if entry is not None:
+        registry.unregister(entry)
     print("STOPPED", flush=True)
     logging.shutdown()
     sys.stderr.flush()
@@ -269,6 +289,7 @@ def _client(args: argparse.Namespace) -> BrokerClient:
         values = COMMAND_CONFIG.parse(raw)
         tls = TlsSettings.from_values(values).load(Side.CLIENT)
         sasl = sasl_credentials(raw)
+    discover_embedded(args.bootstrap)  # the default embedded broker's owner-only token
     return BrokerClient(args.bootstrap, tls=tls, sasl=sasl)
 
 
@@ -282,45 +303,36 @@ def topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ids(broker_ids: list[int]) -> str:
+def _ids(broker_ids: tuple[int, ...]) -> str:
     """Broker ids as ``1,2,3`` (Kafka's topics tool shows replicas and ISR so)."""
     return ",".join(map(str, broker_ids))
 
 
 def topics_describe(args: argparse.Namespace) -> int:
+    """Each topic's schema, config and partitions with their offsets; ``--json`` prints
+    the same ``TopicDescription`` objects (docs/broker.md, "JSON answers")."""
     with _client(args) as client:
-        topics = client.describe_topics([args.topic] if args.topic else None)
-        if args.json:
-            print(json.dumps(topics, indent=2))
-            return 0
-        for t in topics:
-            schema = "-"
-            if t["schema"]:
-                raw = base64.b64decode(t["schema"])
-                parsed = pa.ipc.read_schema(pa.py_buffer(raw))
-                schema = ", ".join(f"{f.name}: {f.type}" for f in parsed)
-            print(f"topic {t['name']}  schema [{schema}]  config {t['config'] or '{}'}")
-            for p in t["partitions"]:
-                line = (
-                    f"  partition {p['partition']:>4}  leader {p['leader']:>3}  "
-                    # A broker from before replica metadata sends neither: it serves one.
-                    f"replicas {_ids(p.get('replicas', [p['leader']])):<8}  "
-                    f"isr {_ids(p.get('isr', [p['leader']])):<8}  "
-                    f"leader epoch {p.get('leader_epoch', 0):>3}  "
-                )
-                try:
-                    offsets = client.list_offsets(t["name"], p["partition"])
-                except IdemlogError as exc:
-                    # Its leader is down (no in-sync replica left to elect): say so and
-                    # go on with the other partitions.
-                    print(f"{line}offline: {exc}")
-                    continue
-                print(
-                    f"{line}log start {offsets['log_start_offset']:>10}  "
-                    f"end {offsets['log_end_offset']:>10}  "
-                    f"high watermark {offsets['high_watermark']:>10}  "
-                    f"last stable {offsets['last_stable_offset']:>10}"
-                )
+        topics = client.describe_topics([args.topic] if args.topic else None, offsets=True)
+    if args.json:
+        print(json.dumps([t.to_json() for t in topics], indent=2))
+        return 0
+    for t in topics:
+        schema = ", ".join(schema_fields(t.schema) or ["-"])
+        print(f"topic {t.name}  schema [{schema}]  config {t.config or '{}'}")
+        for p in t.partitions:
+            line = (
+                f"  partition {p.partition:>4}  leader {p.leader:>3}  "
+                f"replicas {_ids(p.replicas):<8}  isr {_ids(p.isr):<8}  "
+                f"leader epoch {p.leader_epoch:>3}  "
+            )
+            if p.offsets is None:
+                print(f"{line}offline: {p.offline}")
+                continue
+            o = p.offsets
+            print(
+                f"{line}log start {o.log_start_offset:>10}  end {o.log_end_offset:>10}  "
+                f"high watermark {o.high_watermark:>10}  last stable {o.last_stable_offset:>10}"
+            )
     return 0
 
 
@@ -343,44 +355,51 @@ def topics_elect_leaders(args: argparse.Namespace) -> int:
 def transactions_list(args: argparse.Namespace) -> int:
     """Open transactions, oldest first: who writes them, how old, how long idle. Like
     ``kafka-transactions.sh --find-hanging``: an old one holds its partitions' readers
-    back at its first offset."""
+    back at its first offset. ``--json`` prints the same ``TransactionListing`` rows."""
     with _client(args) as client:
         rows = client.list_transactions(args.min_age_ms, every_id=args.all)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r.to_json() for r in rows], indent=2))
         return 0
     if args.all:
         return _print_every_id(rows)
     if not rows:
         print(f"no open transaction older than {args.min_age_ms} ms")
         return 0
-    print(f"{'transactional id':<40} {'pid':>8} {'epoch':>5} {'age s':>8} {'idle s':>8}  writer")
+    print(
+        f"{'transactional id':<40} {'part':>4} {'pid':>8} {'epoch':>5} {'age s':>8} "
+        f"{'idle s':>8} {'timeout s':>9}  writer"
+    )
     for t in rows:
         writer = (
-            f"sink {t['sink_id']} run {t['sink_run']} batch {t['sink_batch']}"
-            f"{' prepared' if t['sink_prepared'] else ''}"
-            if t["sink_id"]
+            f"sink {t.sink_id} run {t.sink_run} batch {t.sink_batch}"
+            f"{' prepared' if t.sink_prepared else ''}"
+            if t.sink_id
             else "producer"
         )
-        parts = ",".join(f"{topic}-{p}" for topic, p in t["partitions"])
+        parts = ",".join(f"{topic}-{p}" for topic, p in t.partitions)
         print(
-            f"{t['transactional_id']:<40} {t['producer_id']:>8} {t['producer_epoch']:>5} "
-            f"{t['age_ms'] / 1000:>8.1f} {t['idle_ms'] / 1000:>8.1f}  {writer}  [{parts}]"
+            f"{t.transactional_id:<40} {t.state_partition:>4} {t.producer_id:>8} "
+            f"{t.producer_epoch:>5} {(t.age_ms or 0) / 1000:>8.1f} {t.idle_ms / 1000:>8.1f} "
+            f"{(t.timeout_ms or 0) / 1000:>9.1f}  {writer}  [{parts}]"
         )
     return 0
 
 
-def _print_every_id(rows: list[dict[str, object]]) -> int:
+def _print_every_id(rows: list[TransactionListing]) -> int:
     """``transactions list --all``: every id the coordinator keeps, with its state and
     last update; ids idle past transactional.id.expiration.ms disappear from it."""
     print(f"{len(rows)} transactional ids")
     if rows:
-        print(f"{'transactional id':<40} {'state':<16} {'pid':>8} {'epoch':>5} {'idle s':>10}")
-    for t in rows:
-        idle_s = int(str(t["idle_ms"])) / 1000
         print(
-            f"{t['transactional_id']!s:<40} {t['state']!s:<16} {t['producer_id']!s:>8} "
-            f"{t['producer_epoch']!s:>5} {idle_s:>10.1f}"
+            f"{'transactional id':<40} {'state':<16} {'part':>4} {'pid':>8} {'epoch':>5} "
+            f"{'idle s':>10}  sink"
+        )
+    for t in rows:
+        print(
+            f"{t.transactional_id:<40} {t.state:<16} {t.state_partition:>4} "
+            f"{t.producer_id:>8} {t.producer_epoch:>5} {t.idle_ms / 1000:>10.1f}  "
+            f"{t.sink_id or '-'}"
         )
     return 0
 
@@ -400,43 +419,6 @@ def topics_delete(args: argparse.Namespace) -> int:
     with _client(args) as client:
         client.delete_topic(args.topic)
     print(f"deleted topic {args.topic}")
-    return 0
-
-
-# -- consume ---------------------------------------------------------------------------------
-def consume(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        described = client.describe_topics([args.topic])[0]
-        partitions = (
-            [args.partition]
-            if args.partition is not None
-            else [p["partition"] for p in described["partitions"]]
-        )
-        total = 0
-        for partition in partitions:
-            offsets = client.list_offsets(args.topic, partition)
-            if args.offset is not None:
-                start = args.offset
-            elif args.from_beginning:
-                start = offsets["log_start_offset"]
-            else:
-                start = offsets["log_end_offset"]  # like Kafka: only what comes next
-            rows = 0
-            for meta, batch in client.fetch(args.topic, partition, start, isolation=args.isolation):
-                rows += batch.num_rows
-                if not args.count_only:
-                    for i, row in enumerate(batch.to_pylist()):
-                        doc: dict[str, Any] = {
-                            "partition": partition,
-                            "offset": meta.base_offset + i,
-                            **row,
-                        }
-                        print(json.dumps(doc, default=str))
-            total += rows
-            if args.count_only:
-                print(f"partition={partition} rows={rows}")
-        if args.count_only:
-            print(f"total_rows={total} isolation={args.isolation}")
     return 0
 
 
@@ -462,6 +444,7 @@ def add_commands(sub: Any) -> None:
         "address means the broker died before serving",
     )
     start.set_defaults(func=broker_start)
+    add_hosted_commands(broker_sub)
 
     topics = sub.add_parser("topics", help="create, describe, delete topics on a cluster")
     topics_sub = topics.add_subparsers(dest="action", required=True)
@@ -498,23 +481,6 @@ def add_commands(sub: Any) -> None:
     _command_config_argument(delete)
     delete.add_argument("--topic", required=True, help="the topic to delete")
     delete.set_defaults(func=topics_delete)
-
-    cons = sub.add_parser("consume", help="read a topic's rows (JSON lines) or count them")
-    cons.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(cons)
-    cons.add_argument("--topic", required=True, help="the topic to read")
-    cons.add_argument("--partition", type=int, help="only this partition (default: all)")
-    where = cons.add_mutually_exclusive_group()
-    where.add_argument("--from-beginning", action="store_true", help="start at the log start")
-    where.add_argument("--offset", type=int, help="start at this offset")
-    cons.add_argument(
-        "--isolation",
-        choices=[level.value for level in IsolationLevel],
-        default=IsolationLevel.READ_COMMITTED.value,
-        help="read_committed (default): committed rows only; read_uncommitted: every row",
-    )
-    cons.add_argument("--count-only", action="store_true", help="print row counts only")
-    cons.set_defaults(func=consume)
 
     txns = sub.add_parser("transactions", help="list or abort open (hanging) transactions")
     txns_sub = txns.add_subparsers(dest="action", required=True)

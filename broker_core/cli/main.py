@@ -5,10 +5,13 @@ directory): ``idemlog log describe`` lists topics, partitions, offsets and produ
 ``idemlog log dump`` prints a partition's batches. Configuration: ``idemlog
 config topic|broker`` lists the keys with defaults and docs (``--properties``: the
 commented default file). A broker and its clients (``broker_core.cli.broker_cmd``):
-``idemlog broker start``, ``idemlog topics create|describe|delete``, ``idemlog consume``;
-the metrics (``broker_core.cli.metrics_cmd``): ``idemlog metrics``. SCRAM users
+``idemlog broker start``, ``idemlog topics create|describe|delete``; ``idemlog broker
+list|stop``, the brokers on this host (``broker_core.cli.hosted_cmd``); ``idemlog consume``,
+which follows a topic (``broker_core.cli.consume_cmd``); the metrics
+(``broker_core.cli.metrics_cmd``): ``idemlog metrics``. SCRAM users
 (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``. ZooKeeper node ACLs
-(``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``. The Spark side's jobs
+(``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``. ACLs
+(``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``. The Spark side's jobs
 (``broker_core.cli.spark_cmd``, with ``idemlog[spark]``): ``idemlog export delta``,
 ``idemlog metrics record``.
 """
@@ -24,12 +27,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from broker_core.cli.acls_cmd import add_acls_command
 from broker_core.cli.broker_cmd import add_commands
+from broker_core.cli.consume_cmd import add_consume_command
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.metrics_cmd import add_metrics_command
 from broker_core.cli.spark_cmd import add_spark_commands
 from broker_core.cli.users_cmd import add_users_command
 from broker_core.cli.zk_cmd import add_zookeeper_command
+from broker_core.client.answers import schema_fields
 from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
@@ -107,7 +113,7 @@ def _describe(args: argparse.Namespace) -> int:
             report.append(
                 {
                     "topic": name,
-                    "schema": str(topic.schema) if topic.schema is not None else None,
+                    "schema": schema_fields(topic.schema),
                     "config_overrides": topic.overrides,
                     "partitions": parts,
                 }
@@ -118,7 +124,9 @@ def _describe(args: argparse.Namespace) -> int:
     if not report:
         print(f"no topics in {args.data_dir}")
     for t in report:
-        print(f"topic {t['topic']}")
+        # The same fields as --json: the schema (Arrow's text form) and the overrides too.
+        schema = ", ".join(t["schema"] or ["-"])
+        print(f"topic {t['topic']}  schema [{schema}]  config {t['config_overrides']}")
         cols = list(t["partitions"][0]) if t["partitions"] else []
         print("  " + " ".join(f"{c:>18}" for c in cols))
         for row in t["partitions"]:
@@ -208,8 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(func=_config)
     add_commands(sub)
     add_metrics_command(sub)
+    add_consume_command(sub)
     add_users_command(sub)
     add_zookeeper_command(sub)
+    # -- authorization --
+    add_acls_command(sub)
     # The Spark side's jobs (dist): after add_metrics_command, whose `metrics` gets `record`.
     add_spark_commands(sub)
     return parser

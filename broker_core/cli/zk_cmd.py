@@ -1,6 +1,6 @@
 """The commands' ZooKeeper client, and ``idemlog zookeeper set-acl`` (the migration).
 
-Every command that writes to ZooKeeper (``idemlog users``; ``idemlog acls`` to come)
+Every command that writes to ZooKeeper (``idemlog users``, ``idemlog acls``)
 opens its client with :func:`open_zookeeper`: ``--zookeeper`` is the brokers'
 ``zookeeper.connect`` and ``--config`` a broker properties file whose
 ``zookeeper.set.acl``, ``zookeeper.auth.digest.*`` and ``zookeeper.ssl.*`` the command uses

@@ -5,11 +5,14 @@ offsets, ping, metrics and the preferred-leader election (the routing they use:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
 
+from broker_core.client.answers import PartitionInfo, PartitionOffsets, TopicDescription
 from broker_core.client.routes import ClusterView, Routes
+from broker_core.errors import IdemlogError
 from broker_core.protocol.admin_requests import (
     CreateTopicRequest,
     DeleteTopicRequest,
@@ -58,13 +61,25 @@ class AdminCalls:
         self._any_broker(DeleteTopicRequest(name))
         self._view = None
 
-    def describe_topics(self: Routes, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Each topic's partitions ``{partition, leader, replicas, isr, leader_epoch}``, schema
-        (base64 Arrow IPC or None) and config, sorted by name; all topics without ``names``.
-        Raises ``UnknownTopicOrPartitionError`` for a name that does not exist."""
+    def describe_topics(
+        self: Routes, names: Sequence[str] | None = None, *, offsets: bool = False
+    ) -> list[TopicDescription]:
+        """Each topic's partitions (leader, replicas, ISR, leader epoch), schema and
+        config, sorted by name; all topics without ``names``. ``offsets``: each
+        partition's offsets too, asked of its leader; a partition whose leader does not
+        answer gets ``offline`` (the error's text) instead, and the others are still
+        described. Raises ``UnknownTopicOrPartitionError`` for a name that does not exist."""
         request = DescribeTopicsRequest(None if names is None else tuple(names))
-        topics: list[dict[str, Any]] = self._any_broker(request)["topics"]
-        return topics
+        topics = [TopicDescription.from_doc(t) for t in self._any_broker(request)["topics"]]
+        if not offsets:
+            return topics
+        return [
+            replace(
+                t,
+                partitions=tuple(_with_offsets(self, t.name, p) for p in t.partitions),
+            )
+            for t in topics
+        ]
 
     def list_offsets(self: Routes, topic: str, partition: int) -> dict[str, int]:
         """The partition's ``partition``, ``log_start_offset``, ``log_end_offset``,
@@ -122,3 +137,15 @@ class AdminCalls:
         request = ElectLeadersRequest(None if topics is None else tuple(topics))
         doc = self._controller_action(request)
         return {t: {int(p): int(b) for p, b in m.items()} for t, m in doc["moved"].items()}
+
+
+def _with_offsets(client: Routes, topic: str, part: PartitionInfo) -> PartitionInfo:
+    """``part`` with its leader's offsets, or ``offline`` naming why its leader did not
+    answer (no in-sync replica left to elect: the other partitions are still served)."""
+    try:
+        doc = client._leader_action(
+            topic, part.partition, ListOffsetsRequest(topic, part.partition)
+        )
+    except IdemlogError as exc:
+        return replace(part, offline=str(exc))
+    return replace(part, offsets=PartitionOffsets.from_doc(doc))

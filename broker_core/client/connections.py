@@ -8,9 +8,12 @@ Spark sink's producer and readers and the CLI.
 
 Given SASL credentials, each new channel first runs the SCRAM handshake
 (``broker_core.security.flight_auth``, through the same ``open_flight_client``) and
-carries its session token on every call; a channel is replaced by a freshly
-authenticated one once half its session's lifetime has passed, so calls never meet an
-expired token (docs/security.md).
+carries its session token on every call; under ``SSL`` with a client certificate it runs
+the certificate handshake instead (``broker_core.security.cert_auth``: the principal of a
+broker with ``ssl.client.auth=required``; a broker that does not authenticate
+certificates answers that it has no mechanism, and the channel goes on without a token).
+A channel is replaced by a freshly authenticated one once half its session's lifetime
+has passed, so calls never meet an expired token (docs/security.md).
 """
 
 from __future__ import annotations
@@ -21,9 +24,16 @@ import time
 
 import pyarrow.flight as flight
 
-from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
+from broker_core.errors import (
+    IdemlogError,
+    InvalidRequestError,
+    NetworkError,
+    SaslAuthenticationFailedError,
+)
 from broker_core.protocol.wire import parse_error_message
+from broker_core.security.cert_auth import CertificateClientAuth, certificate_auth
 from broker_core.security.flight_auth import SaslCredentials, ScramClientAuth
+from broker_core.security.sessions import EARLIER_RUN
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
 from broker_core.security.tls_probe import diagnose, peer_hostname
 
@@ -85,13 +95,21 @@ class FlightConnections:
 
     def failure(self, address: str, exc: BaseException, what: str) -> IdemlogError:
         """The typed error of a call to ``address`` that raised ``exc``: the broker's own
-        error as it is; a refused TLS handshake as a non-retriable ``SslHandshakeError``
-        naming the cause; anything else a ``NetworkError`` naming ``what``, after which
-        the channel is reset (the next call opens a fresh one)."""
+        error as it is, but a session token of the broker's earlier run (it restarted under
+        this channel) is a retriable ``NetworkError`` after which the channel is reset, so
+        the retry authenticates again; a refused TLS handshake as a non-retriable
+        ``SslHandshakeError`` naming the cause; anything else a ``NetworkError`` naming
+        ``what``, after which the channel is reset (the next call opens a fresh one)."""
         if isinstance(exc, IdemlogError):
             return exc
         text = str(exc)
         typed = parse_error_message(text)
+        if isinstance(typed, SaslAuthenticationFailedError) and EARLIER_RUN in typed.message:
+            self.reset(address)
+            return NetworkError(
+                f"{what} to {address}: the broker restarted since this connection "
+                "authenticated; a new connection authenticates again"
+            )
         if typed is not None:
             return typed
         self.reset(address)
@@ -111,9 +129,13 @@ class FlightConnections:
         override = None
         if self.tls.settings.encrypted and not self.tls.settings.check_hostname:
             override = peer_hostname(address, self.tls)  # contacts the broker (this mode only)
-        if self._sasl is None:
+        # Under SSL a client with a certificate proves it holds the key (the broker's
+        # principal for it, with ssl.client.auth=required; cert_auth.py).
+        auth: ScramClientAuth | CertificateClientAuth | None = (
+            ScramClientAuth(self._sasl) if self._sasl is not None else certificate_auth(self.tls)
+        )
+        if auth is None:
             return open_flight_client(address, self.tls, override_hostname=override), _NEVER
-        auth = ScramClientAuth(self._sasl)
         try:
             client = open_flight_client(
                 address,
@@ -121,9 +143,12 @@ class FlightConnections:
                 override_hostname=override,
                 auth=auth,
                 auth_timeout_s=HANDSHAKE_TIMEOUT_S,
+                auth_optional=isinstance(auth, CertificateClientAuth),
             )
         except flight.FlightError as exc:
-            raise self.failure(address, exc, "SASL handshake") from None
+            raise self.failure(address, exc, f"{auth.mechanism_name} handshake") from None
+        if auth.lifetime_s <= 0:
+            return client, _NEVER  # the broker does not authenticate certificates
         return client, time.monotonic() + auth.lifetime_s * REFRESH_SHARE
 
     def reset(self, address: str) -> None:

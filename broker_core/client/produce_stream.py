@@ -22,7 +22,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from broker_core.errors import IdemlogError, InvalidRequestError, NetworkError
+from broker_core.errors import (
+    IdemlogError,
+    InvalidRequestError,
+    NetworkError,
+    SaslAuthenticationFailedError,
+)
 from broker_core.protocol.data_requests import ProduceDescriptor
 from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.wire import (
@@ -32,15 +37,20 @@ from broker_core.protocol.wire import (
     parse_error_message,
 )
 from broker_core.record.batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE
+from broker_core.security.sessions import EARLIER_RUN
 
 log = logging.getLogger("idemlog.client")
 
 
 def typed_flight_error(exc: BaseException, what: str) -> IdemlogError:
-    """The broker's typed error inside a Flight/Arrow exception, else a NETWORK_EXCEPTION."""
+    """The broker's typed error inside a Flight/Arrow exception, else a NETWORK_EXCEPTION.
+    A session token of the broker's earlier run (it restarted under the channel) is a
+    NETWORK_EXCEPTION too: the caller resets the channel, whose next handshake succeeds."""
     if isinstance(exc, IdemlogError):
         return exc
     typed = parse_error_message(str(exc))
+    if isinstance(typed, SaslAuthenticationFailedError) and EARLIER_RUN in typed.message:
+        return NetworkError(f"{what}: the broker restarted since this connection authenticated")
     if typed is not None:
         return typed
     return NetworkError(f"{what}: {type(exc).__name__}: {exc}")

@@ -7,8 +7,8 @@ a run's abort, the readers' cut (the routing they use: ``client.routes``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from broker_core.client.answers import TransactionListing
 from broker_core.client.routes import Routes
 from broker_core.errors import (
     CoordinatorNotAvailableError,
@@ -194,12 +194,13 @@ class TransactionCalls:
 
     def list_transactions(
         self: Routes, min_age_ms: int = 0, *, every_id: bool = False
-    ) -> list[dict[str, Any]]:
+    ) -> list[TransactionListing]:
         """Open transactions, oldest first (``idemlog transactions list``); ``every_id``:
         every transactional id the coordinators keep, with its state (``--all``). Every
         state partition's coordinator is asked; each row names its ``state_partition``."""
         answers = self._fan_out(lambda p: ListTransactionsRequest(min_age_ms, every_id, p))
-        return merge_listings({p: list(d["transactions"]) for p, d in answers.items()}, every_id)
+        rows = merge_listings({p: list(d["transactions"]) for p, d in answers.items()}, every_id)
+        return [TransactionListing.from_doc(row) for row in rows]
 
     def abort_transaction(self: Routes, transactional_id: str) -> bool:
         """Fence the id's holder and abort its open transaction; False if none was open."""

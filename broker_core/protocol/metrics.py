@@ -245,6 +245,7 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     replication: dict[str, Any] = {}  # by broker id: each leads its own partitions
     started_at: dict[str, Any] = {}
     brokers: list[int] = []
+    counters: dict[str, dict[str, int]] = {}  # the labelled counters, added up by label
     active = tracked = 0
     top = 0
     for doc in docs:
@@ -260,6 +261,10 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         top = max(top, int(doc.get("top", DEFAULT_TOP)))
         for row in doc["producers"]:
             producers.setdefault(int(row["producer_id"]), AppendCounters()).merge(row)
+        for name, by_label in (doc.get("counters") or {}).items():
+            mine = counters.setdefault(name, {})
+            for label, n in by_label.items():
+                mine[label] = mine.get(label, 0) + int(n)
         for name, figures in (doc.get("requests") or {}).items():
             requests[name] = _add_figures(requests.get(name), figures)
         if doc.get("transactions") is not None:
@@ -273,6 +278,7 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "producers_active": active,
         "producers_tracked": tracked,
         "requests": requests,
+        "counters": counters,
         "partitions": sorted(partitions, key=lambda r: (r["topic"], r["partition"])),
         "top": top,
         "producers": top_producers(rows, top),

@@ -1,10 +1,12 @@
 """SCRAM over Arrow Flight's handshake, and the session token each later call carries.
 
-The handshake (``FlightClient.authenticate`` / ``ServerAuthHandler.authenticate``) is
-five messages: the mechanism's name, then RFC 5802's client-first, server-first,
+The handshake (``FlightClient.authenticate`` / ``ServerAuthHandler.authenticate``) opens
+with the mechanism's name; :class:`ServerAuth` hands the rest to that mechanism and issues
+the session whatever it is (SCRAM here; a client certificate, ``cert_auth.py``). SCRAM's
+is five messages: the mechanism's name, then RFC 5802's client-first, server-first,
 client-final and server-final (``broker_core.security.scram``), then the session
 (``{"token": .., "lifetime_ms": ..}``, JSON) once the client's proof verified. Flight then
-sends the token with every call and the server's :meth:`ScramServerAuth.is_valid` turns
+sends the token with every call and the server's :meth:`ServerAuth.is_valid` turns
 it into the call's principal (``principal.principal_of``), or refuses the call with
 ``SASL_AUTHENTICATION_FAILED``. The client verifies the server's signature before it
 takes the token: a server without the user's credential cannot pass for the broker.
@@ -20,7 +22,7 @@ import logging
 import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow.flight as flight
 
@@ -57,75 +59,76 @@ def _text(raw: bytes, what: str) -> str:
         raise ScramError(f"{what} is not UTF-8") from None
 
 
-class ScramServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
+class HandshakeMechanism(Protocol):
+    """One way of proving who a client is inside Flight's handshake (SCRAM here, a
+    certificate in ``broker_core.security.cert_auth``). :meth:`run` reads and writes the
+    mechanism's messages after its name and returns the principal it proved and a last
+    message for the client (None: none), or raises an ``IdemlogError`` (typed refusal);
+    :class:`ServerAuth` then issues the session."""
+
+    name: str
+
+    def run(self, outgoing: Any, incoming: Any) -> tuple[Principal, str | None]: ...
+
+
+class ServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
     """The broker's side: a handshake per client connection, a token check per call.
 
-    ``credentials`` looks users up (the store, ``broker_core.security.credentials``);
-    ``sessions`` holds the tokens; ``mechanisms`` are those ``sasl.enabled.mechanisms``
-    allows. A failed handshake raises (Flight answers UNAUTHENTICATED with the typed
-    error); so does a call whose token is missing, unknown, revoked or expired.
+    The client's first message names the mechanism; ``mechanisms`` (by name) are those the
+    listener offers (SCRAM's under SASL, the certificate's under mutual TLS:
+    ``broker_core.server.authentication``). Whatever the mechanism, the proved principal
+    gets a token of ``sessions``, sent as ``{"token", "lifetime_ms"}`` (JSON), which every
+    later call carries. A failed handshake raises (Flight answers UNAUTHENTICATED with the
+    typed error); so does a call whose token is missing, unknown, revoked or expired.
     ``on_call`` runs before each call's token is checked (the file store's look for a
     changed file, so that a removed user's sessions end before its next call is served).
     """
 
     def __init__(
         self,
-        credentials: CredentialLookup,
         sessions: SessionTable,
-        mechanisms: Collection[Mechanism],
+        mechanisms: Collection[HandshakeMechanism],
         *,
         on_call: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self._on_call = on_call
-        self._credentials = credentials
         self._sessions = sessions
-        self._mechanisms = frozenset(mechanisms)
-        # Salts of unknown users are derived from it: stable for one broker's life.
-        self._secret = secrets.token_bytes(32)
+        self._mechanisms = {m.name: m for m in mechanisms}
+
+    @property
+    def mechanism_names(self) -> list[str]:
+        return sorted(self._mechanisms)
 
     def authenticate(self, outgoing: Any, incoming: Any) -> None:
-        name = "?"
-        mechanism_name = "?"
         try:
-            mechanism_name = _text(incoming.read(), "the mechanism")
-            mechanism = self._mechanism(mechanism_name)
-            server = ScramServer(
-                mechanism,
-                lambda user: self._credentials(user, mechanism),
-                secret=self._secret,
-            )
-            outgoing.write(server.first(_text(incoming.read(), "the client-first message")))
-            name = server.username or "?"
-            final = server.final(_text(incoming.read(), "the client-final message"))
-            principal = Principal.user(name)
-            token = self._sessions.issue(principal, mechanism.sasl_name)
-            outgoing.write(final)
+            try:
+                name = _text(incoming.read(), "the mechanism")
+            except ScramError as exc:
+                raise SaslAuthenticationFailedError(f"malformed handshake: {exc}") from None
+            mechanism = self._mechanisms.get(name)
+            if mechanism is None:
+                raise SaslAuthenticationFailedError(self._not_enabled(name))
+            principal, final = mechanism.run(outgoing, incoming)
+            token = self._sessions.issue(principal, name)
+            if final is not None:
+                outgoing.write(final)
             lifetime_ms = int(self._sessions.lifetime_s * 1000)
             outgoing.write(json.dumps({"token": token.hex(), "lifetime_ms": lifetime_ms}))
-        except ScramError as exc:
-            log.info("SCRAM handshake of User:%s (%s) refused: %s", name, mechanism_name, exc)
-            raise _refusal(
-                SaslAuthenticationFailedError(
-                    f"authentication of User:{name} with {mechanism_name} failed: invalid "
-                    "credentials (unknown user or wrong password)"
-                )
-            ) from None
         except IdemlogError as exc:
             raise _refusal(exc) from None
 
-    def _mechanism(self, name: str) -> Mechanism:
-        try:
-            mechanism = Mechanism.parse(name)
-        except ValueError:
-            mechanism = None
-        if mechanism is None or mechanism not in self._mechanisms:
-            enabled = ", ".join(sorted(m.sasl_name for m in self._mechanisms))
-            raise SaslAuthenticationFailedError(
+    def _not_enabled(self, name: str) -> str:
+        scram = [m for m in self._mechanisms if m.startswith("SCRAM-")]
+        if name.startswith("SCRAM-") and scram:
+            return (
                 f"mechanism {name!r} is not enabled on this broker (sasl.enabled.mechanisms="
-                f"{enabled})"
+                f"{', '.join(sorted(scram))})"
             )
-        return mechanism
+        return (
+            f"mechanism {name!r} is not offered by this listener (it offers "
+            f"{', '.join(self.mechanism_names)}; docs/security.md)"
+        )
 
     def is_valid(self, token: bytes) -> str:
         try:
@@ -136,6 +139,49 @@ class ScramServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
             raise _refusal(SaslAuthenticationFailedError("malformed SASL session token")) from None
         except IdemlogError as exc:
             raise _refusal(exc) from None
+
+
+class ScramMechanism:
+    """SCRAM-SHA-256 or -512 (RFC 5802) as a :class:`HandshakeMechanism`: client-first,
+    server-first, client-final; the server-final is the last message. ``credentials``
+    looks users up (the store, ``broker_core.security.credentials``); ``secret`` derives
+    unknown users' salts (stable for one broker's life), so a refusal does not tell which
+    users exist."""
+
+    def __init__(self, mechanism: Mechanism, credentials: CredentialLookup, secret: bytes) -> None:
+        self.name = mechanism.sasl_name
+        self._mechanism = mechanism
+        self._credentials = credentials
+        self._secret = secret
+
+    def run(self, outgoing: Any, incoming: Any) -> tuple[Principal, str | None]:
+        mechanism = self._mechanism
+        name = "?"
+        try:
+            server = ScramServer(
+                mechanism, lambda user: self._credentials(user, mechanism), secret=self._secret
+            )
+            outgoing.write(server.first(_text(incoming.read(), "the client-first message")))
+            name = server.username or "?"
+            final = server.final(_text(incoming.read(), "the client-final message"))
+        except ScramError as exc:
+            log.info("SCRAM handshake of User:%s (%s) refused: %s", name, self.name, exc)
+            raise SaslAuthenticationFailedError(
+                f"authentication of User:{name} with {self.name} failed: invalid "
+                "credentials (unknown user or wrong password)"
+            ) from None
+        return Principal.user(name), final
+
+
+def scram_mechanisms(
+    credentials: CredentialLookup, mechanisms: Collection[Mechanism]
+) -> list[ScramMechanism]:
+    """The SCRAM mechanisms ``sasl.enabled.mechanisms`` allows, sharing one secret."""
+    secret = secrets.token_bytes(32)
+    return [
+        ScramMechanism(m, credentials, secret)
+        for m in sorted(mechanisms, key=lambda m: m.sasl_name)
+    ]
 
 
 @dataclass(frozen=True)
@@ -174,6 +220,7 @@ class ScramClientAuth(flight.ClientAuthHandler):  # type: ignore[misc]
 
     def __init__(self, credentials: SaslCredentials) -> None:
         super().__init__()
+        self.mechanism_name = credentials.mechanism.sasl_name
         self._credentials = credentials
         self._token = b""
         self.lifetime_s = 0.0

@@ -1,7 +1,9 @@
 """Who made a call: a typed principal (Kafka's ``User:alice``) and how a handler gets it.
 
-On a SASL listener the Flight server's auth handler (``broker_core.security.flight_auth``)
-validates the session token of every call and hands Flight the principal's text as the
+On a SASL listener, and on a mutual-TLS one (``ssl.client.auth=required``, the principal
+then being the certificate's mapped subject, ``broker_core.security.cert_auth``), the
+Flight server's auth handler (``broker_core.security.flight_auth``) validates the session
+token of every call and hands Flight the principal's text as the
 call's *peer identity*; :func:`principal_of` reads it back from the call's context. On a
 listener without authentication the identity is empty and the principal is
 :data:`ANONYMOUS` (Kafka's ``User:ANONYMOUS``). An authorizer asks ``principal_of(context)``.

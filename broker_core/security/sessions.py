@@ -5,7 +5,10 @@ and only on the broker that issued it (the table is in memory: a restarted broke
 forgets every session, and its clients authenticate again). The table holds at most
 ``sasl.session.max.count`` sessions; expired ones are dropped when a handshake needs room,
 and a handshake that still finds the table full is refused. Removing a user (or changing
-its credential) revokes its sessions, so its next call is refused.
+its credential) revokes its sessions, so its next call is refused. A token opens with the
+table's run id (random per broker start), so a token of a broker's earlier run is told
+apart from a revoked one (:data:`EARLIER_RUN`): its client authenticates again on a new
+channel instead of failing.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from broker_core.errors import SaslAuthenticationFailedError
 from broker_core.security.principal import Principal
 
 TOKEN_BYTES = 32
+RUN_ID_BYTES = 8  # a token opens with its table's run id: a restarted broker's is new
+# In the refusal of a token of an earlier run: the client's channel outlived a broker
+# restart, which FlightConnections treats as a broken connection (a new handshake).
+EARLIER_RUN = "the session was issued by an earlier run of this broker"
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class SessionTable:
         self._clock = clock
         self._lock = threading.Lock()
         self._sessions: dict[bytes, Session] = {}
+        self._run_id = secrets.token_bytes(RUN_ID_BYTES)
 
     def issue(self, principal: Principal, mechanism: str) -> bytes:
         """A new token for ``principal``. Raises SaslAuthenticationFailedError if the
@@ -59,13 +67,14 @@ class SessionTable:
                     f"{principal} ({mechanism}): the broker holds its maximum of "
                     f"{self.max_sessions} sessions (sasl.session.max.count)"
                 )
-            token = secrets.token_bytes(TOKEN_BYTES)
+            token = self._run_id + secrets.token_bytes(TOKEN_BYTES - RUN_ID_BYTES)
             self._sessions[token] = Session(principal, mechanism, now + self.lifetime_s)
             return token
 
     def validate(self, token: bytes) -> Principal:
         """The principal of a live session. Raises SaslAuthenticationFailedError for no
-        token, an unknown or revoked one, or one past its lifetime (then dropped)."""
+        token, an unknown or revoked one, one of the broker's earlier run
+        (:data:`EARLIER_RUN`), or one past its lifetime (then dropped)."""
         if not token:
             raise SaslAuthenticationFailedError(
                 "no SASL session: this listener requires authentication (set "
@@ -80,10 +89,14 @@ class SessionTable:
                     f"{session.principal} ({session.mechanism}): the session expired "
                     f"(sasl.session.lifetime.ms={int(self.lifetime_s * 1000)}): authenticate again"
                 )
+        if session is None and token[:RUN_ID_BYTES] != self._run_id:
+            raise SaslAuthenticationFailedError(
+                f"{EARLIER_RUN} (it restarted since): authenticate again on a new connection"
+            )
         if session is None:
             raise SaslAuthenticationFailedError(
                 "unknown or revoked SASL session (the user was removed or its password "
-                "changed, or the broker restarted): authenticate again"
+                "changed): authenticate again"
             )
         return session.principal
 

@@ -28,10 +28,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from broker_core.config import ConfigKey
 from broker_core.errors import InvalidConfigError
+from broker_core.security.local_token import TokenClientMiddlewareFactory, token_file_for
 
 log = logging.getLogger("idemlog.security")
 
@@ -61,6 +63,8 @@ SSL_KEY_LOCATION = "ssl.key.location"
 SSL_KEY_PASSWORD = "ssl.key.password"  # matches Spark's spark.redaction.regex ("password")
 SSL_CLIENT_AUTH = "ssl.client.auth"
 SSL_ENDPOINT_IDENTIFICATION = "ssl.endpoint.identification.algorithm"
+# Flight's answer to a handshake on a server without an auth handler.
+_NO_AUTH_HANDLER = "does not have an authentication mechanism enabled"
 HOSTNAME_CHECK = "https"  # Kafka's value for "check the host name"; "" turns it off
 
 TLS_KEYS: tuple[ConfigKey, ...] = (
@@ -250,15 +254,21 @@ def open_flight_client(
     override_hostname: str | None = None,
     auth: flight.ClientAuthHandler | None = None,
     auth_timeout_s: float = 10.0,
+    auth_optional: bool = False,
 ) -> flight.FlightClient:
     """The Flight client of ``address`` (``host:port``) under ``material``'s protocol.
 
-    Without ``auth``, opening does not contact the broker: a refused TLS handshake fails
-    the first call (see ``broker_core.security.tls_probe.diagnose``). With ``auth`` (SASL:
-    ``broker_core.security.flight_auth.ScramClientAuth``), its handshake runs on the new
-    channel within ``auth_timeout_s`` before the client is returned, and every later call
+    An address registered by ``local_token.register`` (an embedded broker) gets its
+    token on every call. Without ``auth``, opening does not contact the broker: a refused
+    TLS handshake fails the first call (see ``broker_core.security.tls_probe.diagnose``).
+    With ``auth`` (SASL: ``broker_core.security.flight_auth.ScramClientAuth``; a client
+    certificate: ``cert_auth.CertificateClientAuth``), its handshake runs on the new channel
+    within ``auth_timeout_s`` before the client is returned, and every later call
     carries its token; a refused or failed handshake raises its ``FlightError`` (the
     channel closed), which the caller types (``FlightConnections.failure``).
+    ``auth_optional`` (the certificate handshake, ``cert_auth.py``): a broker without an
+    auth handler (``ssl.client.auth=none``) answers that it has no mechanism, and the
+    client is returned as it is (its calls carry no token, and need none).
     ``override_hostname``: the name the broker's certificate is checked against instead of
     the host (given when ssl.endpoint.identification.algorithm is empty)."""
     settings = material.settings
@@ -271,10 +281,19 @@ def open_flight_client(
             kwargs["private_key"] = material.key
         if override_hostname:
             kwargs["override_hostname"] = override_hostname
+    token_file = token_file_for(address)
+    if token_file is not None:  # an embedded broker: its owner's token on every call
+        kwargs["middleware"] = [TokenClientMiddlewareFactory(token_file)]
     client = flight.connect(f"{settings.scheme}://{address}", **kwargs)
     if auth is not None:
         try:
             client.authenticate(auth, flight.FlightCallOptions(timeout=auth_timeout_s))
+        except pa.ArrowNotImplementedError as exc:
+            if auth_optional and _NO_AUTH_HANDLER in str(exc):
+                return client
+            with contextlib.suppress(Exception):
+                client.close()
+            raise
         except BaseException:
             with contextlib.suppress(Exception):  # a channel that never served a call
                 client.close()
@@ -288,17 +307,21 @@ def server_arguments(
     material: TlsMaterial,
     *,
     auth_handler: flight.ServerAuthHandler | None = None,
+    middleware: Mapping[str, flight.ServerMiddlewareFactory] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The location and keyword arguments of a ``FlightServerBase`` listening on
     ``host:port`` under ``material``'s protocol (mutual TLS if it requires clients'
-    certificates). ``auth_handler`` (SASL: ``flight_auth.ScramServerAuth``): every call
+    certificates). ``auth_handler`` (SASL or mutual TLS: ``flight_auth.ServerAuth``): every call
     but the handshake must then carry a valid session token, or Flight refuses it before
-    any handler runs."""
+    any handler runs. ``middleware`` (the embedded broker's token, ``local_token.py``)
+    runs before every call and may refuse it."""
     settings = material.settings
     location = f"{settings.scheme}://{host}:{port}"
     kwargs: dict[str, Any] = {}
     if auth_handler is not None:
         kwargs["auth_handler"] = auth_handler
+    if middleware:
+        kwargs["middleware"] = dict(middleware)
     if not settings.encrypted:
         return location, kwargs
     kwargs["tls_certificates"] = [flight.CertKeyPair(material.cert, material.key)]
@@ -319,23 +342,43 @@ def is_loopback(host: str) -> bool:
 
 
 def warn_if_exposed(host: str, settings: TlsSettings) -> bool:
-    """Log a warning (and return True) when a listener bound to ``host`` can be reached
-    from other machines without TLS: anyone on the network could then read every topic,
-    and write them too without SASL (docs/security.md)."""
-    if settings.encrypted or is_loopback(host):
+    """Log one warning (and return True) when a listener bound to ``host`` can be reached
+    from other machines without TLS, or without authentication: anyone on the network
+    could then read every topic (plaintext), or write them (no SASL nor client
+    certificates). Authenticated and encrypted (``SASL_SSL``, or ``SSL`` with
+    ``ssl.client.auth=required``) and loopback listeners are not warned about
+    (docs/security.md)."""
+    if is_loopback(host):
         return False
-    sasl = settings.protocol is SecurityProtocol.SASL_PLAINTEXT
+    protocol = settings.protocol
+    if protocol is SecurityProtocol.SASL_SSL or (
+        protocol is SecurityProtocol.SSL and settings.client_auth is ClientAuth.REQUIRED
+    ):
+        return False
+    if protocol is SecurityProtocol.SSL:
+        problem = (
+            "every link is encrypted but unauthenticated (anyone who reaches it can produce, "
+            "read and delete topics)"
+        )
+        fix = (
+            f"{SSL_CLIENT_AUTH}=required, or {SECURITY_PROTOCOL}={SecurityProtocol.SASL_SSL.value}"
+        )
+    elif protocol is SecurityProtocol.SASL_PLAINTEXT:
+        problem = (
+            "every link is plaintext (authenticated, but anyone on the network can read the data)"
+        )
+        fix = f"{SECURITY_PROTOCOL}={SecurityProtocol.SASL_SSL.value}"
+    else:
+        problem = "every link is plaintext and unauthenticated"
+        fix = f"{SECURITY_PROTOCOL}={SecurityProtocol.SSL.value}"
     log.warning(
-        "listener.host=%s is reachable from other machines and %s=%s: every link is "
-        "plaintext%s; set %s=%s (docs/security.md)",
+        "listener.host=%s is reachable from other machines and %s=%s: %s; set %s "
+        "(docs/security.md)",
         host,
         SECURITY_PROTOCOL,
-        settings.protocol.value,
-        " (authenticated, but anyone on the network can read the data)"
-        if sasl
-        else " and unauthenticated",
-        SECURITY_PROTOCOL,
-        SecurityProtocol.SASL_SSL.value if sasl else SecurityProtocol.SSL.value,
+        protocol.value,
+        problem,
+        fix,
     )
     return True
 

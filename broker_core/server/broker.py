@@ -189,7 +189,8 @@ class Broker:
         DuplicateBrokerRegistrationError, a ZooKeeper timeout...): the parts already open
         are released first and the broker is STOPPED.
         """
-        from broker_core.server.authentication import server_auth
+        from broker_core.server.authentication import local_token_middleware, server_auth
+        from broker_core.server.authorization import request_authorizer
         from broker_core.server.flight_server import IdemlogFlightServer
         from broker_core.server.handlers import ActionHandlers
 
@@ -252,7 +253,9 @@ class Broker:
                 metrics=self.metrics,
                 max_request_bytes=cfg.max_request_bytes,
                 ack_timeout_s=replication.ack_timeout_s,
-                auth_handler=server_auth(cfg, self._zk),
+                auth_handler=server_auth(cfg, self._zk, tls),
+                middleware=local_token_middleware(cfg),
+                authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
             )
             # What clients and other brokers are told, which may differ from what is bound
             # (NAT, a proxy, a container): listener.advertised.*.

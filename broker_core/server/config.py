@@ -28,6 +28,7 @@ from broker_core.log.config import LOG_CONFIG, LogConfig
 from broker_core.security.tls import TlsSettings
 from broker_core.security.zk_acl import ZK_ACL_KEYS, ZkAuth
 from broker_core.security.zk_tls import SECURITY_KEYS
+from broker_core.server.acl_config import ACL_KEYS, AuthorizationConfig, brokers_principal
 from broker_core.server.metrics_config import METRICS_KEYS, MetricsEndpointConfig
 from broker_core.server.security_config import SASL_KEYS, SecurityConfig
 from broker_core.server.timeouts import ack_timeout_ms, check_timeouts, marker_call_timeout_ms
@@ -350,6 +351,7 @@ BROKER_CONFIG = ConfigDef(
         *SASL_KEYS,
         *ZK_ACL_KEYS,  # zookeeper.set.acl, zookeeper.auth.digest.*: security/zk_acl.py
         *METRICS_KEYS,  # metrics.port, metrics.host: server/metrics_config.py
+        *ACL_KEYS,  # authorizer.enable, super.users: server/acl_config.py
         *_topic_default_keys(),
     ],
     what="broker",
@@ -395,6 +397,7 @@ class BrokerConfig:
     tls: TlsSettings  # security.protocol and ssl.*: the listener's and the broker's links
     security: SecurityConfig  # sasl.*: the listener's authentication, the broker's principal
     metrics: MetricsEndpointConfig  # metrics.*: the Prometheus endpoint (off by default)
+    authorization: AuthorizationConfig  # authorizer.enable, super.users (acl_config.py)
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -441,6 +444,8 @@ class BrokerConfig:
         zookeeper_connect = str(parsed["zookeeper.connect"]).strip()
         ZkAuth.from_values(parsed)  # checked at load; the broker's ZooKeeper clients use it
         zookeeper_hosts, zookeeper_chroot = split_zookeeper_connect(zookeeper_connect)
+        security = SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect)
+        tls = TlsSettings.from_values(parsed)
         return cls(
             broker_id=int(parsed["broker.id"]),
             listener_host=str(parsed["listener.host"]),
@@ -490,9 +495,14 @@ class BrokerConfig:
             replica_fetch_max_bytes=int(parsed["replica.fetch.max.bytes"]),
             replica_fetch_backoff_ms=int(parsed["replica.fetch.backoff.ms"]),
             log_defaults=log_defaults,
-            tls=TlsSettings.from_values(parsed),
-            security=SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect),
+            tls=tls,
+            security=security,
             metrics=MetricsEndpointConfig.from_parsed(parsed),
+            authorization=AuthorizationConfig.from_parsed(
+                parsed,
+                embedded=not zookeeper_connect,
+                broker_principal=brokers_principal(parsed, security, tls),
+            ),
             values=parsed,
         )
 

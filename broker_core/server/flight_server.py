@@ -13,8 +13,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -42,7 +42,17 @@ from broker_core.protocol.wire import (
     encode_json,
     error_message,
 )
+from broker_core.security.principal import principal_of
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, server_arguments
+from broker_core.server.authorization import (
+    FETCH,
+    PRODUCE,
+    UNCHECKED,
+    Caller,
+    Permit,
+    RequestAuthorizer,
+    host_of_peer,
+)
 from broker_core.server.handlers import ActionHandlers
 from broker_core.server.metrics import Metrics, outcome_of
 from broker_core.server.partition import Partition
@@ -75,7 +85,10 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     store, None before it is open (then topics have no schema); ``max_request_bytes``
     bounds a produced batch and an action body; ``tls``: the listener's protocol and
     checked files (``broker_core.security.tls.server_arguments``), plaintext by default;
-    ``auth_handler``: SASL's (``broker_core.server.authentication``), None without SASL.
+    ``auth_handler``: SASL's or mutual TLS's (``broker_core.server.authentication``);
+    ``middleware``: checks before every call (the embedded broker's token);
+    ``authorizer``: the ACL check every request passes before it touches state
+    (``broker_core.server.authorization``), None with ``authorizer.enable=false``.
     """
 
     def __init__(
@@ -92,10 +105,15 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         max_request_bytes: int,
         ack_timeout_s: float = 60.0,
         auth_handler: flight.ServerAuthHandler | None = None,
+        middleware: Mapping[str, flight.ServerMiddlewareFactory] | None = None,
+        authorizer: RequestAuthorizer | None = None,
     ) -> None:
         # auth_handler (SASL, broker_core.server.authentication): every call but the
         # handshake carries a valid session token, or Flight refuses it before any handler.
-        location, arguments = server_arguments(host, port, tls, auth_handler=auth_handler)
+        # middleware: the embedded broker's per-start token check (security/local_token.py).
+        location, arguments = server_arguments(
+            host, port, tls, auth_handler=auth_handler, middleware=middleware
+        )
         super().__init__(location, **arguments)
         self._actions = actions
         self._gate = gate
@@ -104,8 +122,18 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self._metrics = metrics
         self._max_request_bytes = max_request_bytes
         self._ack_timeout_s = ack_timeout_s
+        self._authorizer = authorizer
 
     # -- common --------------------------------------------------------------------------
+    def _permit(
+        self, context: flight.ServerCallContext, request: str, doc: dict[str, Any]
+    ) -> Permit:
+        """The ACL check of one request (before it touches any state): raises its typed
+        refusal; :data:`UNCHECKED` without an authorizer."""
+        if self._authorizer is None:
+            return UNCHECKED
+        return self._authorizer.check(_caller(context), request, doc)
+
     def _guard(self, what: str, body: Callable[[], T]) -> T:
         """Run a request: typed errors to the wire, bugs logged and sent as unknown."""
         try:
@@ -128,10 +156,11 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         reader: flight.MetadataRecordBatchReader,
         writer: flight.FlightMetadataWriter,
     ) -> None:
-        self._guard("produce", lambda: self._produce(descriptor, reader, writer))
+        self._guard("produce", lambda: self._produce(context, descriptor, reader, writer))
 
     def _produce(
         self,
+        context: flight.ServerCallContext,
         descriptor: flight.FlightDescriptor,
         reader: flight.MetadataRecordBatchReader,
         writer: flight.FlightMetadataWriter,
@@ -139,7 +168,19 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         what = "produce descriptor"
         if descriptor.descriptor_type != flight.DescriptorType.CMD or not descriptor.command:
             raise InvalidRequestError(f"{what}: must be a command holding a JSON object")
-        request = ProduceDescriptor.from_doc(decode_json(descriptor.command, what))
+        doc = decode_json(descriptor.command, what)
+        request = ProduceDescriptor.from_doc(doc)
+        self._permit(context, PRODUCE, doc)
+        authorizer = self._authorizer
+        caller = None if authorizer is None else _caller(context)  # the stream's, once
+
+        def authorized() -> None:
+            # Asked again at each batch: a principal that loses its ACL mid-stream is
+            # refused from its next batch on (the cached, indexed ACLs: a look-up, no I/O
+            # on a cluster; one stat of the embedded file).
+            if authorizer is not None and caller is not None:
+                authorizer.check(caller, PRODUCE, doc)
+
         topic, partition = request.topic, request.partition
         self._topics.leader_log(topic, partition)  # routing errors before the stream starts
         replica = self._topics.partition(topic, partition)
@@ -157,11 +198,11 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             # watermark of a single replica).
             for meta, batch in chunks:
                 response, _end, _epoch = self._append(
-                    replica, topic, partition, meta, batch, acks_all
+                    replica, topic, partition, meta, batch, acks_all, authorized
                 )
                 writer.write(response.encode())
             return
-        self._produce_replicated(replica, topic, partition, chunks, writer)
+        self._produce_replicated(replica, topic, partition, chunks, writer, authorized)
 
     def _chunks(
         self, reader: flight.MetadataRecordBatchReader, topic: str, partition: int
@@ -190,6 +231,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         partition: int,
         chunks: Iterator[tuple[ProduceRequestMeta, pa.RecordBatch]],
         writer: flight.FlightMetadataWriter,
+        authorized: Callable[[], None],
     ) -> None:
         """acks=all on a replicated partition: batches are read and appended on one thread
         while this one answers each, in order, once the high watermark passed it; so a
@@ -200,7 +242,9 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         def read_and_append() -> None:
             try:
                 for meta, batch in chunks:
-                    appended = self._append(replica, topic, partition, meta, batch, True)
+                    appended = self._append(
+                        replica, topic, partition, meta, batch, True, authorized
+                    )
                     # The answer's deadline counts from the append, not from when the
                     # answering thread reaches it behind the batches before it.
                     answers.put((appended, time.monotonic() + self._ack_timeout_s))
@@ -246,6 +290,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         meta: ProduceRequestMeta,
         batch: pa.RecordBatch,
         acks_all: bool,
+        authorized: Callable[[], None],
     ) -> tuple[ProduceResponse, int | None, int]:
         """Append one batch while this broker leads; its answer, the offset the high
         watermark must reach before it is sent (None: an error, answered at once), and
@@ -268,6 +313,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
         started = time.perf_counter()  # the produce latency metric: the leader's append
         try:
+            authorized()  # a refusal is this batch's answer, and nothing is written
             if nbytes > limit:
                 raise MessageTooLargeError(
                     f"produce to {topic}-{partition}: batch of {batch.num_rows} rows is "
@@ -301,20 +347,26 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def do_get(
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
-        return self._guard("fetch", lambda: self._timed_fetch(ticket))
+        return self._guard("fetch", lambda: self._timed_fetch(context, ticket))
 
-    def _timed_fetch(self, ticket: flight.Ticket) -> flight.FlightDataStream:
+    def _timed_fetch(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
         # The fetch latency metric: reading the batches, not sending them (the client's pace).
         started, ok = time.perf_counter(), False
         try:
-            answer = self._fetch(ticket)
+            answer = self._fetch(context, ticket)
             ok = True
             return answer
         finally:
             self._metrics.record_request("fetch", time.perf_counter() - started, ok)
 
-    def _fetch(self, ticket: flight.Ticket) -> flight.FlightDataStream:
-        request = FetchRequest.from_doc(decode_json(ticket.ticket, "fetch ticket"))
+    def _fetch(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
+        doc = decode_json(ticket.ticket, "fetch ticket")
+        request = FetchRequest.from_doc(doc)
+        self._permit(context, FETCH, doc)
         topic, partition = request.topic, request.partition
         log_ = self._topics.leader_log(topic, partition)
         replica = self._topics.partition(topic, partition)
@@ -362,10 +414,10 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self, context: flight.ServerCallContext, action: flight.Action
     ) -> Iterator[bytes]:
         action_type = action.type
-        result = self._guard(f"action {action_type}", lambda: self._action(action))
+        result = self._guard(f"action {action_type}", lambda: self._action(context, action))
         return iter([result])
 
-    def _action(self, action: flight.Action) -> bytes:
+    def _action(self, context: flight.ServerCallContext, action: flight.Action) -> bytes:
         body_buf = action.body
         size = 0 if body_buf is None else body_buf.size
         limit = self._max_request_bytes
@@ -375,11 +427,20 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             )
         data = b"{}" if body_buf is None or size == 0 else body_buf.to_pybytes()
         body = decode_json(data, f"action {action.type}")
-        answer = self._actions.handle(action.type, body)
-        return answer if isinstance(answer, bytes) else encode_json(answer)
+        action_type = self._actions.known(action.type)
+        permit = self._permit(context, action_type, body)
+        answer = self._actions.handle(action_type, body, permit)
+        if isinstance(answer, bytes):
+            return answer
+        return encode_json(permit.filter_answer(action_type, answer))
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return [(a.value, _ACTION_DOCS.get(a, "")) for a in Action]
+
+
+def _caller(context: flight.ServerCallContext) -> Caller:
+    """Who made the call: its authenticated principal and the peer's IP address."""
+    return Caller(principal_of(context), host_of_peer(context.peer()))
 
 
 def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:

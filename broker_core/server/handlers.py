@@ -139,6 +139,7 @@ from broker_core.protocol.txn_requests import (
     WriteTxnMarkersResponse,
 )
 from broker_core.protocol.wire import Action
+from broker_core.server.authorization import UNCHECKED, Permit
 from broker_core.server.config import BrokerConfig
 from broker_core.server.coordinators import EMBEDDED_STATE_PARTITIONS, Coordinators
 from broker_core.server.replica_manager import ReplicaManager
@@ -240,17 +241,29 @@ class ActionHandlers:
             Action.PING: self.ping,
         }
 
-    def handle(self, action_type: str, body: dict[str, Any]) -> dict[str, Any] | bytes:
-        """The answer of one action (bytes for the binary ones, ``binary``);
-        ``InvalidRequestError`` for an unknown action or a malformed body, else whatever
-        the action raises (typed ``IdemlogError``)."""
+    @staticmethod
+    def known(action_type: str) -> Action:
+        """The action named ``action_type``; ``InvalidRequestError`` listing the known
+        ones otherwise."""
         try:
-            action = Action(action_type)
+            return Action(action_type)
         except ValueError:
             known = ", ".join(a.value for a in Action)
             raise InvalidRequestError(
                 f"unknown action {action_type!r}; known actions: {known}"
             ) from None
+
+    def handle(
+        self, action_type: str, body: dict[str, Any], permit: Permit = UNCHECKED
+    ) -> dict[str, Any] | bytes:
+        """The answer of one action (bytes for the binary ones, ``binary``);
+        ``InvalidRequestError`` for an unknown action or a malformed body, else whatever
+        the action raises (typed ``IdemlogError``). ``permit``: what the caller passed of
+        its ACL checks (``server.authorization``), for the actions that act only on what
+        it may (an abort of a run)."""
+        action = self.known(action_type)
+        if action is Action.ABORT_SINK_RUN:
+            return self.abort_sink_run(body, permit)
         binary = self.binary.get(action)
         if binary is not None:
             return binary(body)
@@ -411,7 +424,7 @@ class ActionHandlers:
         self._coordinators.for_key(request.sink_id).sink_heartbeat(request.sink_id, request.run_id)
         return {}
 
-    def abort_sink_run(self, body: dict[str, Any]) -> dict[str, Any]:
+    def abort_sink_run(self, body: dict[str, Any], permit: Permit = UNCHECKED) -> dict[str, Any]:
         r = AbortSinkRunRequest.from_doc(body)
         if r.sink_id is not None:
             partition = self._coordinators.partition_of(r.sink_id)
@@ -421,7 +434,9 @@ class ActionHandlers:
         aborted = [
             t
             for c in answering.values()
-            for t in c.abort_sink_run(r.run_id, r.batch_id, sink_id=r.sink_id)
+            for t in c.abort_sink_run(
+                r.run_id, r.batch_id, sink_id=r.sink_id, allowed=permit.may_write_txn
+            )
         ]
         return {"aborted": aborted, "state_partitions": sorted(answering)}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -33,6 +34,9 @@ from broker_core.server.partition import Partition
 from broker_core.server.replica_manager import ReplicaManager
 
 log = logging.getLogger("idemlog.broker")
+# A sync opening (and so recovering) partitions for longer than this logs its progress
+# at most this often, and its end: a long recovery at start is seen, a quick one is not.
+RECOVERY_REPORT_S = 5.0
 
 INTERNAL_TOPIC_PREFIX = "__"  # reserved: __transaction_state lives in the same store
 
@@ -154,6 +158,9 @@ class LocalTopics:
                         name,
                     )
             self._seen = set(assignments)
+            total = sum(len(a.replicas_of(self._id)) for a in assignments.values())
+            opened, started = 0, time.monotonic()
+            next_report = started + RECOVERY_REPORT_S
             for assignment in assignments.values():
                 mine = assignment.replicas_of(self._id)
                 if not mine:
@@ -162,8 +169,20 @@ class LocalTopics:
                     self.ensure(assignment)
                     for partition in mine:
                         store.partition(assignment.name, partition)  # recovers it now
+                        opened += 1
+                        now = time.monotonic()
+                        if now >= next_report:
+                            next_report = now + RECOVERY_REPORT_S
+                            log.info(
+                                "broker %d opening its partitions: %d/%d (%s-%d) after %.1f s",
+                                *(self._id, opened, total, assignment.name, partition),
+                                now - started,
+                            )
                 except IdemlogError as exc:
                     log.error("broker %d cannot open %s: %s", self._id, assignment.name, exc)
+            took = time.monotonic() - started
+            if took >= RECOVERY_REPORT_S:
+                log.info("broker %d opened its %d partitions in %.1f s", self._id, total, took)
             self._replicas.apply(assignments)
 
     def _adopt(self, topic: Topic) -> TopicAssignment:

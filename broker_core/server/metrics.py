@@ -26,6 +26,7 @@ from typing import Any
 
 from broker_core.errors import (
     DuplicateSequenceError,
+    ErrorCode,
     IdemlogError,
     InvalidProducerEpochError,
     InvalidTxnStateError,
@@ -121,6 +122,8 @@ class Metrics:
         self._top_stale = False
         self._totals = AppendCounters()
         self._requests = {kind: _RequestFigures() for kind in REQUEST_KINDS}
+        # -- authorization: refusals by error code (bounded by the three codes) --
+        self._refusals: dict[str, int] = {}
 
     def record_append(
         self,
@@ -182,6 +185,11 @@ class Metrics:
                 if self._top.pop(pid, None) is not None:
                     self._top_stale = True
 
+    def record_refusal(self, code: ErrorCode) -> None:
+        """One request refused by the ACLs (docs/security.md, Authorization)."""
+        with self._lock:
+            self._refusals[code.name] = self._refusals.get(code.name, 0) + 1
+
     def forget_topic(self, topic: str) -> None:
         with self._lock:
             for key in [k for k in self._partitions if k[0] == topic]:
@@ -214,6 +222,7 @@ class Metrics:
             totals = asdict(self._totals)
             tracked = len(self._producers)
             requests = {kind: f.to_doc() for kind, f in self._requests.items()}
+            refusals = dict(sorted(self._refusals.items()))
         partitions = []
         for key in sorted(set(counters) | set(gauges)):
             row: dict[str, Any] = {"topic": key[0], "partition": key[1]}
@@ -235,6 +244,9 @@ class Metrics:
             "top": top,
             "producers": producers,
             "transactions": dict(transactions) if transactions is not None else None,
+            # Counters by label, each {label value: count}; the Prometheus endpoint exports
+            # every one (broker_core/server/prometheus.py). Refusals by error name.
+            "counters": {"authorization_refusals": refusals},
         }
 
     def producer_page(self, broker_id: int, after: int, size: int) -> ProducerPage:

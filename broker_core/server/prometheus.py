@@ -43,6 +43,9 @@ log = logging.getLogger("idemlog.metrics")
 
 PREFIX = "idemlog"
 TOPIC = f"{PREFIX}_server_brokertopicmetrics"
+# The label of a labelled counter of the document's ``counters`` section ("key" otherwise).
+COUNTER_LABELS = {"authorization_refusals": "code"}
+
 # Per-partition append counters: Kafka's BrokerTopicMetrics names where Kafka has them.
 PARTITION_COUNTERS = {
     "batches_appended": f"{TOPIC}_batchesin",
@@ -126,7 +129,9 @@ class DocumentCollector(Collector):
                 family = CounterMetricFamily(
                     f"{PREFIX}_broker_{name}",
                     f"{name} on this broker since it started (the document's counters)",
-                    labels=["key"] if isinstance(value, Mapping) else None,
+                    labels=[COUNTER_LABELS.get(name, "key")]
+                    if isinstance(value, Mapping)
+                    else None,
                     created=created,
                 )
                 if isinstance(value, Mapping):

@@ -14,6 +14,12 @@ from broker_core.config import INT_MAX, ConfigKey, ConfigValue
 from broker_core.errors import InvalidConfigError
 from broker_core.security.client_config import uses_sasl
 from broker_core.security.flight_auth import SaslCredentials
+from broker_core.security.local_token import TOKEN_FILE_KEY
+from broker_core.security.principal_mapping import (
+    DEFAULT_RULES,
+    PRINCIPAL_MAPPING_RULES,
+    PrincipalMapper,
+)
 from broker_core.security.scram import MECHANISM_NAMES, Mechanism
 from broker_core.security.tls import SECURITY_PROTOCOL
 
@@ -64,6 +70,25 @@ SASL_KEYS = [
         "",
         "Password of sasl.inter.broker.username (secret: keep this file mode 0600).",
     ),
+    # Mutual TLS's principals (security.protocol=SSL, ssl.client.auth=required).
+    ConfigKey(
+        PRINCIPAL_MAPPING_RULES,
+        str,
+        DEFAULT_RULES,
+        "With security.protocol=SSL and ssl.client.auth=required: how a client "
+        "certificate's subject (RFC 2253, e.g. CN=spark-job,OU=data) becomes its principal's "
+        "name, Kafka's rules: comma-separated RULE:pattern/replacement/[LU] tried in order, "
+        "DEFAULT the subject as it is; no rule applying refuses the client.",
+    ),
+    # The embedded broker's owner-only access (broker_core/security/local_token.py).
+    ConfigKey(
+        TOKEN_FILE_KEY,
+        str,
+        "",
+        "A file the broker writes a fresh random token to at each start (mode 0600) and "
+        "that every call must present: only its owner's processes can call it. Set by "
+        "the embedded broker (spark_sink/embedded.py); requires a loopback listener.host.",
+    ),
 ]
 
 
@@ -76,6 +101,8 @@ class SecurityConfig:
     session_lifetime_ms: int
     session_max_count: int
     inter_broker: SaslCredentials | None
+    principal_mapper: PrincipalMapper  # ssl.principal.mapping.rules, parsed
+    token_file: str  # listener.token.file; "": no token required
 
     @property
     def sasl(self) -> bool:
@@ -83,8 +110,9 @@ class SecurityConfig:
 
     @classmethod
     def from_parsed(cls, parsed: Mapping[str, ConfigValue], *, embedded: bool) -> SecurityConfig:
-        """Raises InvalidConfigError naming the key: an unknown mechanism, or SASL on a
-        cluster without inter-broker credentials (the brokers could not reach each other)."""
+        """Raises InvalidConfigError naming the key: an unknown mechanism, SASL on a
+        cluster without inter-broker credentials (the brokers could not reach each other),
+        a rule of ssl.principal.mapping.rules that does not parse."""
         mechanisms: set[Mechanism] = set()
         for name in str(parsed["sasl.enabled.mechanisms"]).split(","):
             try:
@@ -115,4 +143,6 @@ class SecurityConfig:
             session_lifetime_ms=int(parsed["sasl.session.lifetime.ms"]),
             session_max_count=int(parsed["sasl.session.max.count"]),
             inter_broker=inter_broker,
+            principal_mapper=PrincipalMapper.parse(str(parsed[PRINCIPAL_MAPPING_RULES])),
+            token_file=str(parsed[TOKEN_FILE_KEY]).strip(),
         )

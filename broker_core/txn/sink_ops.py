@@ -11,7 +11,7 @@ the methods :class:`broker_core.txn.coordinator.TransactionCoordinator` inherits
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from broker_core.errors import InvalidRequestError, InvalidTxnStateError
 from broker_core.protocol.txn_inputs import (
@@ -39,6 +39,11 @@ log = logging.getLogger("idemlog.txn")
 
 _S = TransactionState
 _TXN = "transactional id"
+
+
+def _EVERY_ID(transactional_id: str) -> bool:
+    """``abort_sink_run``'s default: no ACLs asked, every id of the run is fenced."""
+    return True
 
 
 class SinkOperations:
@@ -213,13 +218,20 @@ class SinkOperations:
             )
 
     def abort_sink_run(
-        self, run_id: str | None, batch_id: int, *, sink_id: str | None = None
+        self,
+        run_id: str | None,
+        batch_id: int,
+        *,
+        sink_id: str | None = None,
+        allowed: Callable[[str], bool] = _EVERY_ID,
     ) -> list[str]:
         """Fence every attempt of ``run_id`` -- or, without one, of any run of ``sink_id``
         -- at ``batch_id`` or earlier that still holds an id (the driver aborts the
         batch); returns their transactional ids.
 
         Needs no message from any task: a batch whose tasks all failed is aborted too.
+        ``allowed``: only the ids it accepts are fenced (the caller's ACLs: Write on the
+        transactional id), decided before each is touched.
         Raises InvalidRequestError when neither ``run_id`` nor ``sink_id`` is given.
         """
         self._core.check_running()
@@ -231,7 +243,7 @@ class SinkOperations:
 
         def target(m: TransactionMetadata) -> bool:
             owner = m.sink_run == run if run is not None else m.sink_id == sid
-            return owner and m.sink_batch <= bid
+            return owner and m.sink_batch <= bid and allowed(m.transactional_id)
 
         who = f"run {run!r}" if run is not None else f"sink {sid!r}"
         reason = f"batch {bid} of {who} was aborted by the Spark driver"

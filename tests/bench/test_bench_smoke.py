@@ -40,7 +40,11 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
     "bench-producer": (["ROWS=100000"], ["producer_vs_bare_ratio"]),
     "bench-spark": (
         ["ROWS=100000", "BENCH_ARGS=--repeats 1 --stream-batches 2 --stream-rows 10000"],
-        ["idemlog_vs_discard_ratio", "microbatch_idemlog_vs_discard_ratio"],
+        [
+            "idemlog_vs_discard_ratio",
+            "microbatch_idemlog_vs_discard_ratio",
+            "tls_vs_plaintext_ratio",
+        ],
     ),
     "bench-microbatch": (
         ["BENCH_ARGS=--batches 3 --rows 10000"],

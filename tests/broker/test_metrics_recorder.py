@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, IdemlogError
 from jobs.metrics_recorder import main
-from spark_sink import progress
+from spark_sink import progress_spool
 from spark_sink.metrics_recorder import SCHEMA, MetricsRecorder, read_metrics
 from tests.broker.helpers import rows
 from tests.harness.broker import BrokerFactory
@@ -120,7 +120,7 @@ def test_sink_batches_from_the_progress_spool_are_recorded_once(
     spool = tmp_path / "progress"
     recorder = MetricsRecorder(tmp_path / "m", broker.address, interval_s=3600, progress_dir=spool)
     batch = figures(7, query_id="q1", commit_ms=3.25, committed_at_ms=recorder._since_ms + 1)
-    progress.record(batch, spool)
+    progress_spool.record(batch, spool)
     recorder.record_once()
     recorder.record_once()
     frame = read_metrics(tmp_path / "m")

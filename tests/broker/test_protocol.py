@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
 from broker_core.cli.main import main as cli_main
+from broker_core.client.answers import PartitionInfo
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     DuplicateSequenceError,
@@ -48,15 +47,14 @@ def test_create_describe_list_offsets(client: BrokerClient) -> None:
     )
     assert leaders == [0, 0, 0]
     (described,) = client.describe_topics(["orders"])
-    assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
-    assert {p["leader"] for p in described["partitions"]} == {0}
+    assert [p.partition for p in described.partitions] == [0, 1, 2]
+    assert {p.leader for p in described.partitions} == {0}
     # One replica each (replication is not served yet): the leader, in sync, epoch 0.
-    assert [(p["replicas"], p["isr"], p["leader_epoch"]) for p in described["partitions"]] == [
-        ([0], [0], 0)
+    assert [(p.replicas, p.isr, p.leader_epoch) for p in described.partitions] == [
+        ((0,), (0,), 0)
     ] * 3
-    assert described["config"] == {"retention.ms": "-1", "flush.messages": "1"}
-    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(described["schema"])))
-    assert schema.equals(SCHEMA)
+    assert described.config == {"retention.ms": "-1", "flush.messages": "1"}
+    assert described.schema is not None and described.schema.equals(SCHEMA)
     assert client.list_offsets("orders", 2) == {
         "partition": 2,
         "log_start_offset": 0,
@@ -301,10 +299,8 @@ def test_replication_factor_above_the_live_brokers_is_refused_over_the_wire(
         client.describe_topics(["replicated"])
     client.create_topic("replicated", 1, config={"replication.factor": 1})
     (described,) = client.describe_topics(["replicated"])
-    assert described["config"] == {"replication.factor": "1"}
-    assert described["partitions"] == [
-        {"partition": 0, "leader": 0, "replicas": [0], "isr": [0], "leader_epoch": 0}
-    ]
+    assert described.config == {"replication.factor": "1"}
+    assert described.partitions == (PartitionInfo(0, 0, (0,), (0,), 0),)
 
 
 def test_cli_topics_consume_and_metrics(
@@ -333,12 +329,14 @@ def test_cli_topics_consume_and_metrics(
             f"partition    {p}  leader   0  replicas 0         isr 0         leader epoch   0"
             in out
         )
-    assert cli_main(["consume", *bootstrap, "--topic", "cli", "--from-beginning"]) == 0
+    # Nothing arrives after the 7 rows: --timeout-ms ends the consumer (0) after them.
+    follow = ["consume", *bootstrap, "--topic", "cli", "--from-beginning", "--timeout-ms", "300"]
+    assert cli_main([*follow, "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["partition"], r["offset"], r["id"]) for r in lines] == [
+    assert [(r["partition"], r["offset"], r["value"]["id"]) for r in lines] == [
         (0, 0, 0), (0, 1, 1), (0, 2, 2), (1, 0, 10), (1, 1, 11), (1, 2, 12), (1, 3, 13),
     ]  # fmt: skip
-    args = ["consume", *bootstrap, "--topic", "cli", "--from-beginning", "--count-only"]
+    args = [*follow, "--count-only"]
     assert cli_main([*args, "--isolation", "read_committed"]) == 0
     assert "total_rows=7 isolation=read_committed" in capsys.readouterr().out
     assert cli_main(["metrics", *bootstrap, "--json"]) == 0
@@ -366,7 +364,7 @@ def test_store_written_directory_is_adopted_and_deleted_topics_leave_disk(
     broker = broker_factory({"log.dir": data})
     client = client_for(broker)
     (described,) = client.describe_topics(["legacy"])
-    assert len(described["partitions"]) == 2 and described["config"] == {"retention.ms": "-1"}
+    assert len(described.partitions) == 2 and described.config == {"retention.ms": "-1"}
     assert ids(client, "legacy", 1) == [0, 1, 2, 3]
     client.delete_topic("legacy")
     assert not (data / "legacy").exists()

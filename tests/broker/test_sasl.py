@@ -124,7 +124,7 @@ def test_embedded_default_is_unchanged_plaintext_on_loopback(broker: BrokerProce
     assert broker.host == "127.0.0.1"
     with BrokerClient(broker.address, retries=0) as client:
         client.create_topic("open", 1, schema=SCHEMA)
-        assert [t["name"] for t in client.describe_topics()] == ["open"]
+        assert [t.name for t in client.describe_topics()] == ["open"]
     assert not (broker.log_dir / "__users.json").exists()
     assert os.path.basename(str(broker.log_dir)).endswith("-data")
 

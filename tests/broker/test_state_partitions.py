@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from broker_core.client.answers import TransactionListing
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError, InvalidRequestError, NotCoordinatorError
 from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, state_partition_of
@@ -306,7 +307,7 @@ def test_a_restart_with_another_partition_count_keeps_the_topics_and_routes_as_b
     fresh = BrokerClient(cluster.bootstrap, retries=10)
     wait_until(lambda: _listed(fresh), "every state partition's coordinator loaded again")
     assert fresh.state_partition_count() == STATE_PARTITIONS
-    listed = {r["transactional_id"]: r["state_partition"] for r in _listed(fresh) or []}
+    listed = {r.transactional_id: r.state_partition for r in _listed(fresh) or []}
     for p, sink in sinks.items():
         assert listed[f"{sink}/0"] == p  # its state found in its own partition
         # Its coordinator knows batch 0 is committed: a repeated commit is not a new one.
@@ -317,7 +318,7 @@ def test_a_restart_with_another_partition_count_keeps_the_topics_and_routes_as_b
     cluster.close()
 
 
-def _listed(client: BrokerClient) -> list[dict[str, object]] | None:
+def _listed(client: BrokerClient) -> list[TransactionListing] | None:
     try:
         return client.list_transactions(every_id=True)
     except IdemlogError:

@@ -2,8 +2,9 @@
 clients', the replica fetchers', the markers' and the coordinator's (docs/security.md).
 
 The brokers require client certificates (``ssl.client.auth=required``) and present their
-own to each other, so replication, markers and the coordinator's calls only work if each
-of those links is built with the broker's files. Exactly once is checked as in the
+own to each other (their principal: the certificate's subject, ``User:CN=broker``), so
+replication, markers and the coordinator's calls only work if each of those links is
+built with the broker's files. Exactly once is checked as in the
 plaintext tests: a transactional producer and a sink commit (retried, and a replayed
 batch refused), read back once each, also after the leader is SIGKILLed; the replicas'
 logs come out byte-identical.
@@ -89,6 +90,12 @@ def test_replication_a_transaction_and_a_sink_commit_under_mutual_tls_are_exactl
     assert read_all() == expected
     for p in (0, 1):
         cluster.wait_in_sync(TOPIC, p)  # the fetchers copied it through mutual TLS
+    # Every link authenticated by its certificate (ssl.principal.mapping.rules=DEFAULT):
+    # the brokers' fetchers as the broker principal, the test's client as its own.
+    for p in (0, 1):
+        leader = cluster.leader_of(TOPIC, p)
+        leader.wait_for_log("certificate CN=broker authenticated as User:CN=broker")
+        leader.wait_for_log("certificate CN=client authenticated as User:CN=client")
 
     # The leader of partition 0 dies: its successor, elected among the TLS replicas,
     # serves the same rows once each.

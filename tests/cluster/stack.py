@@ -208,8 +208,8 @@ def executor_of(pid: int) -> psutil.Process:
 
 def partition_leaders(client: BrokerClient, topic: str) -> dict[int, tuple[int, int]]:
     """Each partition of ``topic``: (its leader's broker id, its leader epoch)."""
-    (doc,) = client.describe_topics([topic])
-    return {e["partition"]: (e["leader"], e["leader_epoch"]) for e in doc["partitions"]}
+    (described,) = client.describe_topics([topic])
+    return {e.partition: (e.leader, e.leader_epoch) for e in described.partitions}
 
 
 def sink_coordinators(client: BrokerClient) -> set[int]:
@@ -218,7 +218,7 @@ def sink_coordinators(client: BrokerClient) -> set[int]:
     while no broker answers."""
     try:
         rows = client.list_transactions(every_id=True)
-        homes = {int(r["state_partition"]) for r in rows if r.get("sink_id")}
+        homes = {r.state_partition for r in rows if r.sink_id}
         address = client.refresh_address()
         return {
             int(

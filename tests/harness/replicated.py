@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from broker_core.client.answers import TopicDescription
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
@@ -122,11 +123,10 @@ class ReplicatedCluster:
             (doc,) = self.client.describe_topics([topic])
         else:
             answer = self.client.action(via.address, Action.DESCRIBE_TOPICS, {"names": [topic]})
-            (doc,) = answer["topics"]
-        entry = doc["partitions"][partition]
-        return PartitionState(
-            tuple(entry["replicas"]), entry["leader"], entry["leader_epoch"], tuple(entry["isr"])
-        )
+            (raw,) = answer["topics"]
+            doc = TopicDescription.from_doc(raw)
+        entry = doc.partitions[partition]
+        return PartitionState(entry.replicas, entry.leader, entry.leader_epoch, entry.isr)
 
     def wait_state(
         self,

@@ -252,10 +252,8 @@ class StateMonitor:
                 continue
             now = time.monotonic() - self.t0
             for p in range(self.partitions):
-                e = doc["partitions"][p]
-                state = PartitionState(
-                    tuple(e["replicas"]), e["leader"], e["leader_epoch"], tuple(e["isr"])
-                )
+                e = doc.partitions[p]
+                state = PartitionState(e.replicas, e.leader, e.leader_epoch, e.isr)
                 with self._lock:
                     old = self._last.get(p)
                     if old != state:

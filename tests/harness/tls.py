@@ -9,7 +9,9 @@
 * ``other``: a CA and a broker certificate of its own (a certificate from another CA);
 * ``expired``: a broker certificate signed by ``ca`` whose validity ended yesterday;
 * ``wrong_host``: a broker certificate signed by ``ca`` for ``elsewhere.invalid`` only;
-* ``encrypted_key``: ``broker``'s key encrypted with :data:`KEY_PASSWORD`.
+* ``encrypted_key``: ``broker``'s key encrypted with :data:`KEY_PASSWORD`;
+* ``ca_key``: the CA's key, for :func:`issue_client` (client certificates with a subject
+  of the test's choosing, e.g. for ``ssl.principal.mapping.rules``).
 
 :class:`SecureZooKeeperServer` is a real ZooKeeper serving TLS with these certificates.
 
@@ -56,6 +58,7 @@ class TlsCerts:
     expired: CertFiles
     wrong_host: CertFiles
     encrypted_key: Path  # broker.key encrypted with KEY_PASSWORD
+    ca_key: Path
 
     def broker_keys(self, *, client_auth: str = "none") -> dict[str, str]:
         """A broker's TLS keys with the shared broker certificate (inter-broker TLS too)."""
@@ -76,7 +79,9 @@ class TlsCerts:
         return keys
 
 
-def _name(common_name: str) -> x509.Name:
+def _name(common_name: str | x509.Name) -> x509.Name:
+    if isinstance(common_name, x509.Name):
+        return common_name
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
@@ -93,7 +98,7 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey, password: str | None
 
 
 def _issue(
-    subject: str,
+    subject: str | x509.Name,
     issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
     *,
     ca: bool = False,
@@ -161,11 +166,25 @@ def make_certs(directory: Path) -> TlsCerts:
             directory, "wrong-host", *_issue("broker", ca, hosts=("elsewhere.invalid",))
         ),
         encrypted_key=directory / "broker-encrypted.key",
+        ca_key=directory / "ca.key",
     )
+    _write_key(certs.ca_key, ca_key)
     certs.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     certs.other_ca.write_bytes(other_cert.public_bytes(serialization.Encoding.PEM))
     _write_key(certs.encrypted_key, broker_key, KEY_PASSWORD)
     return certs
+
+
+def issue_client(
+    certs: TlsCerts, name: str, subject: x509.Name, *, days: tuple[int, int] = (-1, 365)
+) -> CertFiles:
+    """A client certificate for ``subject`` signed by ``certs.ca``, written beside it as
+    ``<name>.crt``/``<name>.key``; ``days``: its validity relative to today."""
+    ca_cert = x509.load_pem_x509_certificate(certs.ca.read_bytes())
+    ca_key = serialization.load_pem_private_key(certs.ca_key.read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    cert, key = _issue(subject, (ca_cert.subject, ca_key), client=True, days=days)
+    return _write(certs.ca.parent, name, cert, key)
 
 
 @pytest.fixture(scope="session")

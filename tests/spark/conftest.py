@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_sink import progress
+from spark_sink import progress_spool
 from spark_sink.embedded import ensure_broker, stop_broker
 from tests.spark.helpers import DriverLauncher
 
@@ -20,7 +20,7 @@ def progress_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     SparkSession starts, because Spark's processes inherit the environment at their start."""
     with pytest.MonkeyPatch.context() as mp:
         where = tmp_path_factory.mktemp("progress")
-        mp.setenv(progress.ENV_DIR, str(where))
+        mp.setenv(progress_spool.ENV_DIR, str(where))
         yield where
 
 

@@ -101,7 +101,7 @@ def read_back(
     ``brokers`` (a bootstrap list, reached under ``tls``)."""
     with BrokerClient(brokers or ensure_broker(store), timeout_s=60.0, tls=tls) as client:
         (doc,) = client.describe_topics([topic])
-        count = len(doc["partitions"])
+        count = len(doc.partitions)
         tables = {p: client.read_table(topic, p, isolation=isolation) for p in range(count)}
         offsets = {p: client.list_offsets(topic, p) for p in range(count)}
     return ReadBack(tables, offsets)

@@ -6,7 +6,6 @@ test uses its own topics. Fault injection lives in ``test_faults.py``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from pyspark.sql import functions as F
 
 from broker_core.client.broker_client import BrokerClient
 from jobs.verify import verify_exactly_once
-from spark_sink import local_session, progress
+from spark_sink import SinkProgressListener, local_session, progress, progress_history
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker
 
 
@@ -58,7 +57,7 @@ def read(spark: SparkSession, store: str, topic: str, **options: str) -> pa.Tabl
 
 def end_offsets(store: str, topic: str) -> list[int]:
     with BrokerClient(ensure_broker(store)) as client:
-        parts = len(client.describe_topics([topic])[0]["partitions"])
+        parts = len(client.describe_topics([topic])[0].partitions)
         return [client.list_offsets(topic, p)["log_end_offset"] for p in range(parts)]
 
 
@@ -110,6 +109,8 @@ def test_stream_from_idemlog_to_idemlog_is_exactly_once_end_to_end(
 ) -> None:
     source = payments(spark, 6000).repartition(3, "account").sortWithinPartitions("id")
     write(source, store, "api_src", key="account", partitions="3")  # keys in id order
+    listener = SinkProgressListener()  # the listener path: added by the user, per session
+    spark.streams.addListener(listener)
     query = (
         spark.readStream.format("idemlog")
         .option("topic", "api_src")
@@ -126,24 +127,27 @@ def test_stream_from_idemlog_to_idemlog_is_exactly_once_end_to_end(
     try:
         query.processAllAvailable()
         batches = len(query.recentProgress)
-        last = query.lastProgress
         recent = query.recentProgress
     finally:
         query.stop()
     assert batches >= 4  # maxOffsetsPerTrigger split the 6000 rows
-    # Each batch's sink figures are in its progress, as a JVM sink's metrics would be.
+    # Each batch's sink figures, through spark_sink.progress (Spark's own progress untouched).
     with_rows = [p for p in recent if p["numInputRows"] > 0]
     assert len(with_rows) >= 4
     for p in with_rows:
-        figures = p["sink"]["metrics"]
-        assert figures["committed"] == "true"
-        assert int(figures["rows"]) == p["numInputRows"] == p["sink"]["numOutputRows"]
-        assert int(figures["tasks"]) >= 1 and float(figures["commitMs"]) > 0
-    assert sum(int(p["sink"]["metrics"]["rows"]) for p in with_rows) == 6000
-    assert last is not None and json.loads(last.json)["sink"]["metrics"] == last["sink"]["metrics"]
-    listener = progress.install(spark)  # the one register() added
-    seen = listener.wait_for_batch(str(query.id), int(with_rows[-1]["batchId"]))
-    assert seen.rows == with_rows[-1]["numInputRows"]
+        figures = progress(p)
+        assert figures is not None and figures.committed and figures.batch_id == p["batchId"]
+        assert figures.rows == p["numInputRows"] == p["sink"]["numOutputRows"]
+        assert figures.tasks >= 1 and figures.commit_ms > 0
+        assert p["sink"]["metrics"] == {}  # register() without the opt-in patches nothing
+    # Every batch the sink committed; the last one's progress may not be reported yet
+    # (Spark reports it after its commit), so the history can run one batch ahead.
+    history = progress_history(query)
+    assert {p["batchId"] for p in with_rows} <= {f.batch_id for f in history}
+    assert sum(f.rows for f in history) == 6000
+    assert progress(query) == history[-1]
+    assert listener.wait_for_batch(str(query.id), history[-1].batch_id) == history[-1]
+    spark.streams.removeListener(listener)  # after its last event: they arrive asynchronously
     table = read(spark, store, "api_dst", includeMetadata="true")
     verdict = verify_exactly_once(
         table, id_column="id", key_column="account", expected_ids=range(6000)
@@ -215,7 +219,7 @@ def test_bad_write_options_name_the_problem_and_write_nothing(
     with pytest.raises(Exception, match=_escaped(message)):
         writer.mode("append").save()
     with BrokerClient(ensure_broker(store)) as client:
-        assert "api_bad" not in {t["name"] for t in client.describe_topics()}
+        assert "api_bad" not in {t.name for t in client.describe_topics()}
 
 
 @pytest.mark.parametrize(
@@ -234,7 +238,7 @@ def test_unsupported_column_type_is_named(
     with pytest.raises(Exception, match=message):
         write(df, store, "api_types")
     with BrokerClient(ensure_broker(store)) as client:
-        assert "api_types" not in {t["name"] for t in client.describe_topics()}
+        assert "api_types" not in {t.name for t in client.describe_topics()}
 
 
 def test_schema_change_between_writes_is_refused_naming_columns(

@@ -76,7 +76,7 @@ def append(df: DataFrame, store: str, topic: str) -> None:
 
 def stable_offsets(store: str, topic: str) -> dict[int, int]:
     with BrokerClient(ensure_broker(store)) as client:
-        parts = len(client.describe_topics([topic])[0]["partitions"])
+        parts = len(client.describe_topics([topic])[0].partitions)
         return {p: client.list_offsets(topic, p)["last_stable_offset"] for p in range(parts)}
 
 

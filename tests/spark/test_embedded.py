@@ -117,7 +117,7 @@ def test_first_call_starts_a_broker_that_later_calls_and_processes_reuse(
     with BrokerClient(address) as client:
         client.create_topic("events", 2)
         assert "broker_id" in client.ping()
-        assert [t["name"] for t in client.describe_topics(["events"])] == ["events"]
+        assert [t.name for t in client.describe_topics(["events"])] == ["events"]
     assert Path(path, DATA_DIR, "events", "topic.json").is_file()  # log.dir = <path>/data
     # Its own session (survives its starter's process group); no test hook inherited.
     assert os.getsid(pid) == pid
@@ -144,7 +144,7 @@ def test_broker_killed_is_replaced_on_the_same_port_with_its_data(path: str) -> 
     assert new_pid is not None and new_pid != pid
     with BrokerClient(address) as client:
         (topic,) = client.describe_topics(["survivor"])
-        assert len(topic["partitions"]) == 3
+        assert len(topic.partitions) == 3
 
 
 def test_hung_broker_is_replaced(path: str, monkeypatch: pytest.MonkeyPatch) -> None:

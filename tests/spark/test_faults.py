@@ -412,7 +412,7 @@ def visible_after_another_writer(store: str, topic: str, *, expect_held: bool = 
     address = ensure_broker(store)
     with BrokerClient(address, timeout_s=60.0) as client:
         (doc,) = client.describe_topics([topic])
-        partitions = len(doc["partitions"])
+        partitions = len(doc.partitions)
         if expect_held:
             offsets = [client.list_offsets(topic, p) for p in range(partitions)]
             held = [o for o in offsets if o["last_stable_offset"] < o["log_end_offset"]]

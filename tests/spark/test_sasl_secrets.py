@@ -103,7 +103,7 @@ def test_sasl_job_runs_exactly_once_and_leaks_no_password(
     with BrokerClient(broker.address, sasl=etl) as client:
         for topic in ("secured", "secured_batch"):
             got: collections.Counter[int] = collections.Counter()
-            for p in range(len(client.describe_topics([topic])[0]["partitions"])):
+            for p in range(len(client.describe_topics([topic])[0].partitions)):
                 for _meta, batch in client.fetch(topic, p):
                     got.update(batch.column("id").to_pylist())
             assert got == collections.Counter(ids), topic

@@ -56,7 +56,7 @@ def _sink_partition(cluster: ReplicatedCluster) -> int | None:
         rows = cluster.client.list_transactions(every_id=True)
     except IdemlogError:
         return None
-    found = {int(r["state_partition"]) for r in rows if r.get("sink_id")}
+    found = {r.state_partition for r in rows if r.sink_id}
     assert len(found) <= 1, f"one sink's ids in several state partitions: {rows}"
     return found.pop() if found else None
 

@@ -62,7 +62,15 @@ class Brokers:
         if address != f"h{self.leaders[p]}:1":
             raise NotCoordinatorError(f"{address} does not lead state partition {p}")
         if isinstance(request, ListTransactionsRequest):
-            rows = [{"transactional_id": f"id-{p}", "age_ms": 10 * p}]
+            rows = [
+                {
+                    "transactional_id": f"id-{p}",
+                    "producer_id": p,
+                    "producer_epoch": 0,
+                    "age_ms": 10 * p,
+                    "idle_ms": 0,
+                }
+            ]
             return {"transactions": rows, "state_partitions": [p]}
         if isinstance(request, TrackedBatchesRequest):
             return TrackedBatches("inc", 0, -1, {}, self.batches.get(p, [])).to_doc()
@@ -135,7 +143,7 @@ def test_a_key_less_listing_asks_every_partition_and_merges(
         (a, r.state_partition) for a, r in table.calls if isinstance(r, ListTransactionsRequest)
     )
     assert asked == [("h1:1", 0), ("h2:1", 1), ("h3:1", 2)]
-    assert [(r["transactional_id"], r["state_partition"]) for r in rows] == [
+    assert [(r.transactional_id, r.state_partition) for r in rows] == [
         ("id-2", 2),  # oldest first across partitions
         ("id-1", 1),
         ("id-0", 0),

@@ -1,6 +1,8 @@
-"""The sink's progress spool (``spark_sink.progress``) and the ``lost_ack`` failpoint, in
-isolation. Their end-to-end proofs run real Spark: ``tests/spark/test_api.py`` (figures in
-``lastProgress``) and ``tests/spark/test_notebook.py`` (lost acknowledgements deduplicated)."""
+"""The sink's progress spool (``spark_sink.progress_spool``), its reading
+(``spark_sink.query_progress``) and the ``lost_ack`` failpoint, in isolation. Their
+end-to-end proofs run real Spark: ``tests/spark/test_progress.py`` (``progress(query)``,
+the listener, the opt-in ``lastProgress``), ``tests/spark/test_api.py`` and
+``tests/spark/test_notebook.py`` (lost acknowledgements deduplicated)."""
 
 from __future__ import annotations
 
@@ -8,57 +10,97 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql.streaming.listener import StreamingQueryProgress
+from pyspark.sql.streaming.listener import QueryProgressEvent, StreamingQueryProgress
 
 from broker_core.errors import InvalidConfigError, NetworkError
-from spark_sink import failpoints, progress
+from spark_sink import failpoints, progress_spool, query_progress
+from spark_sink.progress_spool import SinkProgress
 from tests.sink_figures import figures
 
 
 def test_spool_keeps_the_last_batches_and_a_rerun_overwrites(tmp_path: Path) -> None:
-    for b in range(progress.KEEP_BATCHES + 5):
-        progress.record(figures(b), tmp_path)
-    kept = progress.history("q", tmp_path)
-    assert [f.batch_id for f in kept] == list(range(5, progress.KEEP_BATCHES + 5))
-    progress.record(figures(7, committed=False), tmp_path)  # Spark re-ran batch 7
-    assert progress.read("q", 7, tmp_path) == figures(7, committed=False)
-    assert progress.read("q", 0, tmp_path) is None
-    assert progress.read("other", 7, tmp_path) is None
+    spool = progress_spool
+    assert spool.latest("q", tmp_path) is None and spool.history("q", tmp_path) == []
+    for b in range(spool.KEEP_BATCHES + 5):
+        spool.record(figures(b), tmp_path)
+    kept = spool.history("q", tmp_path)
+    assert [f.batch_id for f in kept] == list(range(5, spool.KEEP_BATCHES + 5))
+    assert spool.latest("q", tmp_path) == figures(spool.KEEP_BATCHES + 4)
+    spool.record(figures(7, committed=False), tmp_path)  # Spark re-ran batch 7
+    assert spool.read("q", 7, tmp_path) == figures(7, committed=False)
+    assert spool.read("q", 0, tmp_path) is None
+    assert spool.read("other", 7, tmp_path) is None
     assert not list(tmp_path.rglob("*.tmp*"))
 
 
-def test_enrich_fills_the_sink_metrics_and_the_json(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(progress.ENV_DIR, str(tmp_path))
-    query_id = "0f8fad5b-d9cb-469f-a165-70867728950e"
-    progress.record(figures(3, rows=42, query_id=query_id), tmp_path)
-    doc = {
+def progress_doc(query_id: str, batch_id: int, rows: int = 42) -> dict[str, Any]:
+    """A StreamingQueryProgress document as Spark's JVM hands it to Python."""
+    return {
         "id": query_id,
         "runId": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
         "name": None,
         "timestamp": "2026-01-01T00:00:00.000Z",
-        "batchId": 3,
+        "batchId": batch_id,
         "batchDuration": 1,
         "durationMs": {},
         "eventTime": {},
         "stateOperators": [],
         "sources": [],
-        "sink": {"description": "PythonTable@1", "numOutputRows": 42, "metrics": {}},
-        "numInputRows": 42,
+        "sink": {"description": "PythonTable@1", "numOutputRows": rows, "metrics": {}},
+        "numInputRows": rows,
         "inputRowsPerSecond": 0.0,
         "processedRowsPerSecond": 0.0,
         "observedMetrics": {},
     }
-    p = progress.enrich(StreamingQueryProgress.fromJson(doc))
+
+
+def test_enrich_fills_the_sink_metrics_and_the_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(progress_spool.ENV_DIR, str(tmp_path))
+    query_id = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    progress_spool.record(figures(3, rows=42, query_id=query_id), tmp_path)
+    doc = progress_doc(query_id, 3)
+    p = query_progress.enrich(StreamingQueryProgress.fromJson(doc))
     assert p is not None
+    assert query_progress.progress(p) == figures(3, rows=42, query_id=query_id)
     assert p["sink"]["metrics"]["rows"] == "42"
     assert p["sink"]["metrics"]["committed"] == "true"
     assert '"rows": "42"' in p.json
     fresh = {"description": "PythonTable@1", "numOutputRows": 0, "metrics": {}}
     other = StreamingQueryProgress.fromJson({**doc, "batchId": 4, "sink": fresh})
-    assert progress.enrich(other)["sink"]["metrics"] == {}  # type: ignore[index]
-    assert progress.enrich(None) is None
+    assert query_progress.progress(other) is None
+    assert query_progress.enrich(other)["sink"]["metrics"] == {}  # type: ignore[index]
+    assert query_progress.enrich(None) is None
+
+
+def test_listener_keeps_the_last_batches_of_the_last_queries_and_hands_each_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(progress_spool.ENV_DIR, str(tmp_path))
+    ids = [f"0f8fad5b-d9cb-469f-a165-7086772895{n:02d}" for n in range(3)]
+    handed: list[tuple[int, int]] = []
+
+    class Forward(query_progress.SinkProgressListener):
+        def on_sink_progress(self, event: QueryProgressEvent, f: SinkProgress) -> None:
+            handed.append((ids.index(f.query_id), f.batch_id))
+
+    listener = Forward(keep=2, queries=2)
+    for q, query_id in enumerate(ids):
+        for b in range(3):
+            progress_spool.record(figures(b, query_id=query_id, rows=10 * q + b), tmp_path)
+            event = QueryProgressEvent(StreamingQueryProgress.fromJson(progress_doc(query_id, b)))
+            listener.onQueryProgress(event)
+    # A batch without figures (nothing written through idemlog) is neither kept nor handed on.
+    listener.onQueryProgress(
+        QueryProgressEvent(StreamingQueryProgress.fromJson(progress_doc(ids[2], 9)))
+    )
+    assert handed == [(q, b) for q in range(3) for b in range(3)]
+    assert listener.figures(ids[0]) == []  # the oldest query made room for the third
+    assert [f.batch_id for f in listener.figures(ids[1])] == [1, 2]
+    assert listener.wait_for_batch(ids[2], 2, timeout=0).rows == 22
+    with pytest.raises(TimeoutError, match="batch 0"):
+        listener.wait_for_batch(ids[2], 0, timeout=0)  # fell out of the last two
 
 
 def test_lost_ack_is_parsed_only_with_drop() -> None:

@@ -11,9 +11,11 @@ import pyarrow.flight as flight
 import pytest
 
 from broker_core.client.connections import FlightConnections
-from broker_core.errors import InvalidConfigError, SaslAuthenticationFailedError
+from broker_core.client.produce_stream import typed_flight_error
+from broker_core.errors import InvalidConfigError, NetworkError, SaslAuthenticationFailedError
+from broker_core.protocol.wire import error_message
 from broker_core.security.client_config import sasl_credentials
-from broker_core.security.flight_auth import SaslCredentials, ScramServerAuth
+from broker_core.security.flight_auth import SaslCredentials, ServerAuth, scram_mechanisms
 from broker_core.security.principal import ANONYMOUS, Principal, principal_of
 from broker_core.security.scram import (
     Mechanism,
@@ -24,7 +26,7 @@ from broker_core.security.scram import (
     escape_username,
     unescape_username,
 )
-from broker_core.security.sessions import SessionTable
+from broker_core.security.sessions import EARLIER_RUN, SessionTable
 from broker_core.server.config import BrokerConfig
 
 SHA256, SHA512 = Mechanism.SCRAM_SHA_256, Mechanism.SCRAM_SHA_512
@@ -178,7 +180,7 @@ def _principal(connections: FlightConnections, address: str) -> str:
 def test_handshake_over_flight_gives_each_call_its_principal() -> None:
     users = {"alice": ScramCredential.derive(SHA512, "pw")}
     sessions = SessionTable(lifetime_s=60, max_sessions=10)
-    auth = ScramServerAuth(lambda u, m: users.get(u), sessions, [SHA512])
+    auth = ServerAuth(sessions, scram_mechanisms(lambda u, m: users.get(u), [SHA512]))
     server = _Echo("grpc://127.0.0.1:0", auth_handler=auth)
     plain = _Echo("grpc://127.0.0.1:0")
     address = f"127.0.0.1:{server.port}"
@@ -202,3 +204,28 @@ def test_handshake_over_flight_gives_each_call_its_principal() -> None:
     finally:
         server.shutdown()
         plain.shutdown()
+
+
+def test_a_token_of_an_earlier_run_is_told_apart_from_a_revoked_one() -> None:
+    """A restarted broker has a new table: its refusal of the old run's token says so, and
+    the client takes it for a broken connection (a new handshake), not a refusal."""
+    before = SessionTable(lifetime_s=60, max_sessions=10)
+    after = SessionTable(lifetime_s=60, max_sessions=10)
+    alice = Principal.user("alice")
+    old = before.issue(alice, "SCRAM-SHA-512")
+    with pytest.raises(SaslAuthenticationFailedError) as earlier:
+        after.validate(old)
+    assert EARLIER_RUN in earlier.value.message
+    revoked = after.issue(alice, "SCRAM-SHA-512")
+    after.revoke(alice)
+    with pytest.raises(SaslAuthenticationFailedError, match="unknown or revoked") as gone:
+        after.validate(revoked)
+    assert EARLIER_RUN not in gone.value.message
+    # The client's reading of each refusal as it comes back from a call.
+    connections = FlightConnections()
+    as_sent = flight.FlightUnauthenticatedError(error_message(earlier.value))
+    assert isinstance(connections.failure("127.0.0.1:1", as_sent, "call"), NetworkError)
+    assert isinstance(typed_flight_error(as_sent, "produce"), NetworkError)
+    refused = flight.FlightUnauthenticatedError(error_message(gone.value))
+    assert isinstance(connections.failure("127.0.0.1:1", refused, "call"), type(gone.value))
+    assert isinstance(typed_flight_error(refused, "produce"), SaslAuthenticationFailedError)

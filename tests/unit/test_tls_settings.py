@@ -11,6 +11,7 @@ import pytest
 from broker_core.errors import InvalidConfigError
 from broker_core.security.tls import (
     PLAINTEXT_MATERIAL,
+    ClientAuth,
     SecurityProtocol,
     TlsSettings,
     is_loopback,
@@ -44,22 +45,27 @@ def test_zookeeper_errors_name_the_zookeeper_keys() -> None:
     assert ZkTlsSettings.from_values({}).kazoo_arguments() == {}
 
 
-def test_only_a_plaintext_listener_off_loopback_is_warned_about(
+def test_a_listener_off_loopback_without_tls_or_authentication_is_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("broker1.example.net")
     with caplog.at_level(logging.WARNING, logger="idemlog.security"):
         assert not warn_if_exposed("127.0.0.1", TlsSettings())
-        assert not warn_if_exposed("0.0.0.0", TlsSettings(protocol=SecurityProtocol.SSL))
+        mtls = TlsSettings(protocol=SecurityProtocol.SSL, client_auth=ClientAuth.REQUIRED)
+        assert not warn_if_exposed("0.0.0.0", mtls)
         assert warn_if_exposed("0.0.0.0", TlsSettings())
         assert not warn_if_exposed("0.0.0.0", TlsSettings(protocol=SecurityProtocol.SASL_SSL))
         assert warn_if_exposed("0.0.0.0", TlsSettings(protocol=SecurityProtocol.SASL_PLAINTEXT))
+        # TLS without client certificates: encrypted, but anyone may write.
+        assert warn_if_exposed("0.0.0.0", TlsSettings(protocol=SecurityProtocol.SSL))
     warnings = [r.getMessage() for r in caplog.records if "reachable" in r.getMessage()]
-    assert len(warnings) == 2 and "unauthenticated; set security.protocol=SSL" in warnings[0]
+    assert len(warnings) == 3 and "unauthenticated; set security.protocol=SSL" in warnings[0]
     assert "authenticated, but anyone" in warnings[1] and warnings[1].endswith(
         "set security.protocol=SASL_SSL (docs/security.md)"
     )
+    assert "encrypted but unauthenticated" in warnings[2]
+    assert "set ssl.client.auth=required, or security.protocol=SASL_SSL" in warnings[2]
 
 
 def test_an_unreachable_host_is_not_probed() -> None:

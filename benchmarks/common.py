@@ -1,0 +1,72 @@
+"""Helpers every benchmark shares: percentiles, verdicts, tables, CPU time of processes.
+
+CPU time comes from psutil (a dependency), not from reading ``/proc`` by hand: user +
+system seconds of a process, and of a process tree with its reaped children (their time
+moves into the parent's ``children_user``/``children_system`` when they are waited for),
+so the difference of two snapshots stays right while workers come and go.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+import psutil
+
+MB = 1e6
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100, linear interpolation between the closest ranks);
+    NaN for no values."""
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else float("nan")
+
+
+def p50(values: Sequence[float]) -> float:
+    """The median; 0 for no values (a part that did not run shows as 0 in a table)."""
+    return statistics.median(values) if values else 0.0
+
+
+def verdict(ok: bool) -> str:
+    """The word a table prints against a goal."""
+    return "meets" if ok else "misses"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print rows under headers, each column as wide as its widest cell: the first (the
+    row's name) left-aligned, the figures right-aligned (format numbers before)."""
+    cells = [[str(c) for c in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        first, *rest = row
+        line = [first.ljust(widths[0])]
+        line += [cell.rjust(width) for cell, width in zip(rest, widths[1:], strict=True)]
+        print("  ".join(line).rstrip(), flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far; 0 when it is gone."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return float(times.user + times.system)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process, its living descendants, and the children they reaped;
+    0 when it is gone."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for process in tree:
+        try:
+            t = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue  # exited meanwhile: its time is in its parent's children_* once reaped
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
