@@ -15,7 +15,8 @@ temporary directory, with ``PYTHONPATH`` unset, so nothing can be imported from 
 3. ``idemlog --version`` prints the wheel's version;
 4. ``idemlog broker start`` (embedded mode: a ``log.dir``, no ZooKeeper) until its
    ``LISTENING`` line; ``idemlog topics create``;
-5. rows produced with ``spark_sink.producer.Producer``, read back with ``idemlog consume``;
+5. rows produced with ``spark_sink.producer.Producer``, read back with ``idemlog consume``
+   (``--from-beginning --timeout-ms``: every record, then exit);
 6. the broker stopped with SIGTERM (exit 0);
 7. one Spark ``df.write.format("idemlog")`` through the embedded default broker
    (``~/.idemlog/embedded`` under a temporary ``HOME``) and the rows read back.
@@ -149,11 +150,11 @@ class Smoke:
             f"    assert sum(r.num_rows for r in future.result(60)) == {ROWS}\n",
             address,
         )
-        out = self.run(
-            "consume",
-            [idemlog, "consume", "--bootstrap", address, "--topic", "smoke", "--from-beginning"],
-        ).stdout
-        ids = sorted(json.loads(line)["id"] for line in out.splitlines() if line.startswith("{"))
+        # Every committed record, then exit once none arrived for 5 s (consume follows).
+        read = ["--topic", "smoke", "--from-beginning", "--timeout-ms", "5000", "--json"]
+        out = self.run("consume", [idemlog, "consume", "--bootstrap", address, *read]).stdout
+        records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        ids = sorted(record["value"]["id"] for record in records)
         if ids != list(range(ROWS)):
             raise SmokeFailed(f"consume read {len(ids)} rows, not ids 0..{ROWS - 1} once each")
         log(f"consume: {len(ids)} rows, each once")
