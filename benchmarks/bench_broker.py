@@ -31,7 +31,9 @@ with the broker's allocator setting (``cli_broker.keep_large_buffers``): the sam
 transport underneath, tuned the same way.
 
 The ``tls`` part (``bench_tls.py``) runs the same producers against a TLS broker and a
-plaintext one side by side and prints ``tls_vs_plaintext_ratio`` (docs/security.md).
+plaintext one side by side and prints ``tls_vs_plaintext_ratio`` (docs/security.md), the
+CPU-cost ratios ``tls_cpu_ratio`` and ``tls_broker_cpu_ratio`` and the negotiated
+``tls_suite``; ``--suites`` adds brokers limited to one TLS 1.3 suite each.
 
 Two more parts run on a 3-broker cluster on a real ZooKeeper (``zk_cluster.py``), after
 this one: the cost of replication (``bench_replication.py``: ``replication.factor=3``
