@@ -42,6 +42,7 @@ from broker_core.errors import (
     InvalidConfigError,
     InvalidRequestError,
     NetworkError,
+    NoBrokerReachableError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
     UnknownServerError,
@@ -209,7 +210,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
 
     def refresh_metadata(self) -> ClusterView:
         """The cluster as the first reachable known broker sees it now (cached for
-        routing). Raises ``NetworkError`` if no known or bootstrap broker answers."""
+        routing). Raises ``NoBrokerReachableError`` (a ``NetworkError``) naming the addresses
+        tried and the last failure if no known or bootstrap broker answers."""
         last: IdemlogError | None = None
         for address in self._known_addresses():
             try:
@@ -228,8 +230,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
             )
             self._view = view
             return view
-        raise NetworkError(
-            f"no broker reachable among {', '.join(self._known_addresses())}: {last}"
+        raise NoBrokerReachableError(
+            tuple(self._known_addresses()), last.message if last else "no address to try"
         )
 
     def metadata(self, refresh: bool = False) -> ClusterView:
