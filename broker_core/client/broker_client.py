@@ -340,13 +340,6 @@ class BrokerClient(AdminCalls, TransactionCalls):
 
         return self._routed(pick, lambda address: self._send(address, request))
 
-    def refresh_address(self) -> str:
-        """Refresh the metadata; the controller's address, or any live broker's.
-
-        Raises ``NetworkError`` if no known broker answers."""
-        self.refresh_metadata()
-        return self._preferred_address()
-
     def _preferred_address(self) -> str:
         view = self.metadata()
         if view.controller is not None and view.controller in view.brokers:
