@@ -356,6 +356,15 @@ class Broker:
         self._ready.set()
         return self.info
 
+    @property
+    def metrics_address(self) -> str | None:
+        """``host:port`` of the Prometheus endpoint as bound (``metrics.port=0`` picks the
+        port), once :meth:`start` opened it; None without ``metrics.port``."""
+        endpoint = self.metrics_endpoint
+        if endpoint is None or endpoint.port is None:
+            return None
+        return f"{self.config.metrics.host}:{endpoint.port}"
+
     def _connect_zookeeper(self) -> Any:
         from kazoo.client import KazooClient
 
