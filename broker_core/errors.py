@@ -340,18 +340,6 @@ class SslHandshakeError(IdemlogError):
     error_code = ErrorCode.SSL_HANDSHAKE_FAILED
 
 
-class NoBrokerReachableError(NetworkError):
-    """No known or bootstrap broker answered a metadata request: ``addresses`` are those
-    tried, ``cause`` the last one's failure (its message, without the wire code), so the
-    CLI can say both once (docs/broker.md, "Failures and exit codes"). Retriable, as
-    every ``NetworkError``; raised by the client, never sent on the wire."""
-
-    def __init__(self, addresses: tuple[str, ...], cause: str) -> None:
-        super().__init__(f"no broker reachable among {', '.join(addresses)}: {cause}")
-        self.addresses = addresses
-        self.cause = cause
-
-
 # The refusals of the ACLs, to catch them together.
 AUTHORIZATION_ERRORS: tuple[type[IdemlogError], ...] = (
     TopicAuthorizationFailedError,

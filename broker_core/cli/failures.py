@@ -14,6 +14,7 @@ import signal
 import socket
 from enum import IntEnum
 
+from broker_core.client.broker_client import NoBrokerReachableError
 from broker_core.errors import (
     BrokerNotAvailableError,
     IdemlogError,
@@ -21,7 +22,6 @@ from broker_core.errors import (
     InvalidRequestError,
     LogDirLockedError,
     NetworkError,
-    NoBrokerReachableError,
     SaslAuthenticationFailedError,
     SslHandshakeError,
 )

@@ -42,7 +42,6 @@ from broker_core.errors import (
     InvalidConfigError,
     InvalidRequestError,
     NetworkError,
-    NoBrokerReachableError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
     UnknownServerError,
@@ -97,6 +96,22 @@ def parse_bootstrap(bootstrap: str) -> list[str]:
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InvalidRequestError(f"bootstrap address {a!r} is not host:port")
     return addresses
+
+
+class NoBrokerReachableError(NetworkError):
+    """No known or bootstrap broker answered a metadata request: ``addresses`` are those
+    tried, ``cause`` the last one's failure (its message, without the wire code), so the
+    CLI can say both once (docs/broker.md, "Failures and exit codes"). Retriable, as
+    every ``NetworkError``; raised by the client, never sent on the wire (so it lives
+    here, not in ``broker_core.errors``, whose classes each own a wire code)."""
+
+    def __init__(self, addresses: tuple[str, ...], cause: str) -> None:
+        super().__init__(f"no broker reachable among {', '.join(addresses)}: {cause}")
+        self.addresses = addresses
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[type[NoBrokerReachableError], tuple[tuple[str, ...], str]]:
+        return type(self), (self.addresses, self.cause)  # its own arguments, not the message
 
 
 class BrokerClient(AdminCalls, TransactionCalls):
