@@ -202,7 +202,8 @@ def broker_start(args: argparse.Namespace) -> int:
         os._exit(128 + received[0])
     # The line a supervisor (or the test harness) waits for: the address actually bound.
     print(f"LISTENING {info.host}:{info.port}", flush=True)
-    metrics = broker.metrics_address  # None without metrics.port
+    # Where the Prometheus endpoint was bound; None without metrics.port.
+    metrics = broker.metrics_endpoint.address if broker.metrics_endpoint else None
     # Listed by `idemlog broker list` until the clean stop below removes it; a crash
     # leaves it for the next listing to report as stale and remove (cli/registry.py).
     entry: Path | None = None

@@ -391,15 +391,6 @@ class Broker:
         self._add_tasks(self.store, self._coordinator_role)
         self._tasks.start()
 
-    @property
-    def metrics_address(self) -> str | None:
-        """``host:port`` of the Prometheus endpoint as bound (``metrics.port=0`` picks the
-        port), once :meth:`start` opened it; None without ``metrics.port``."""
-        endpoint = self.metrics_endpoint
-        if endpoint is None or endpoint.port is None:
-            return None
-        return f"{self.config.metrics.host}:{endpoint.port}"
-
     def _open_cluster(self, info: BrokerInfo) -> ClusterMetadata:
         if self.config.embedded:
             return EmbeddedCluster(info, self.config.log_dir / CLUSTER_FILE)
