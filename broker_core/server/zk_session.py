@@ -6,12 +6,15 @@ takes, and access to the broker's root checked before anything is read there.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from broker_core.security import zk_acl
 from broker_core.security.zk_acl import ZkAuth
 from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import ZK_ROOT, BrokerConfig
+
+log = logging.getLogger("idemlog.security")
 
 
 def connect_zookeeper(cfg: BrokerConfig) -> Any:
@@ -28,6 +31,16 @@ def connect_zookeeper(cfg: BrokerConfig) -> Any:
     secure = ZkTlsSettings.from_values(cfg.values).kazoo_arguments()  # files checked
     auth = ZkAuth.from_values(cfg.values)
     secure.update(auth.kazoo_arguments())  # digest identity; ACLs with zookeeper.set.acl
+    if auth.set_acl and not cfg.zookeeper_chroot:
+        # ZooKeeper checks a delete against the parent's ACL, and "/" is open to all by
+        # default: a top-level node's own ACL cannot stop its deletion.
+        log.warning(
+            "zookeeper.set.acl=true without a chroot in zookeeper.connect: any ZooKeeper "
+            "client can delete the top-level /latest_producer_id_block whatever its ACL; "
+            "add a chroot (zookeeper.connect=%s/idemlog) or set an ACL on / "
+            "(docs/security.md, Authentication and node ACLs)",
+            cfg.zookeeper_hosts,
+        )
     if cfg.zookeeper_chroot:
         # Create the chroot first, every missing level of it, as Kafka does on first
         # start. A client on the chroot cannot: kazoo's ensure_path climbs up to the
