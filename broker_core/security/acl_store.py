@@ -20,19 +20,16 @@ of ``__acls.json.lock``; two operators adding at once never lose one's ACL.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
 from broker_core.errors import InvalidConfigError
-from broker_core.fileutil import fsync_directory, write_all
 from broker_core.security import zk_acl
 from broker_core.security.acl import (
     AclBinding,
@@ -44,6 +41,12 @@ from broker_core.security.acl import (
     ResourceType,
 )
 from broker_core.security.principal import Principal
+from broker_core.security.store_file import (
+    FileIdentity,
+    file_identity,
+    locked_update,
+    write_private,
+)
 
 log = logging.getLogger("idemlog.security")
 
@@ -122,16 +125,12 @@ class FileAclStore:
         self.path = log_dir / ACLS_FILE
         self._lock_path = log_dir / (ACLS_FILE + ".lock")
         self._mutex = threading.Lock()
-        self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns)
+        self._seen: FileIdentity | None = None
         self._bindings: Bindings = ()
 
     def bindings(self) -> Bindings:
         with self._mutex:
-            try:
-                st = self.path.stat()
-                seen: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-            except FileNotFoundError:
-                seen = None
+            seen = file_identity(self.path)
             if seen != self._seen:
                 self._bindings = self._read() if seen is not None else ()
                 self._seen = seen
@@ -147,31 +146,17 @@ class FileAclStore:
             raise InvalidConfigError(f"{self.path}: not an ACL file ({exc})") from None
         return tuple(binding_from_doc(a, str(self.path)) for a in acls)
 
-    @contextmanager
-    def _locked(self) -> Iterator[list[AclBinding]]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            current = list(self._read()) if self.path.exists() else []
-            yield current
-            self._write(current)
-        finally:
-            os.close(fd)  # releases the flock
+    def _locked(self) -> AbstractContextManager[list[AclBinding]]:
+        return locked_update(
+            self._lock_path, self.path, lambda: list(self._read()), list, self._write
+        )
 
     def _write(self, bindings: list[AclBinding]) -> None:
         doc = {
             "version": RECORD_VERSION,
             "acls": [binding_doc(b) for b in sorted(set(bindings), key=_order)],
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            write_all(fd, json.dumps(doc, indent=1).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)  # a reader sees the old file or the new, whole
-        fsync_directory(self.path.parent)
+        write_private(self.path, json.dumps(doc, indent=1).encode())
 
     def add(self, bindings: Iterable[AclBinding]) -> int:
         """Add the bindings not there yet; how many were new."""

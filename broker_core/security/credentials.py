@@ -19,20 +19,23 @@ never lose one's change.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
 from broker_core.errors import InvalidConfigError
-from broker_core.fileutil import fsync_directory, write_all
 from broker_core.security import zk_acl
 from broker_core.security.scram import Mechanism, ScramCredential
+from broker_core.security.store_file import (
+    FileIdentity,
+    file_identity,
+    locked_update,
+    write_private,
+)
 
 log = logging.getLogger("idemlog.security")
 
@@ -105,7 +108,7 @@ class FileCredentialStore:
         self._lock_path = log_dir / (USERS_FILE + ".lock")
         self._on_change = on_change
         self._mutex = threading.Lock()
-        self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns)
+        self._seen: FileIdentity | None = None
         self._records: dict[str, UserRecord] = {}
 
     def lookup(self, user: str, mechanism: Mechanism) -> ScramCredential | None:
@@ -120,11 +123,7 @@ class FileCredentialStore:
 
     def _current(self) -> dict[str, UserRecord]:
         with self._mutex:
-            try:
-                st = self.path.stat()
-                seen: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-            except FileNotFoundError:
-                seen = None
+            seen = file_identity(self.path)
             if seen != self._seen:
                 records = self._read() if seen is not None else {}
                 changed = [
@@ -147,32 +146,14 @@ class FileCredentialStore:
             for name, value in doc.items()
         }
 
-    @contextmanager
-    def _locked(self) -> Iterator[dict[str, UserRecord]]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            records = self._read() if self.path.exists() else {}
-            yield records
-            self._write(records)
-        finally:
-            os.close(fd)  # releases the flock
+    def _locked(self) -> AbstractContextManager[dict[str, UserRecord]]:
+        return locked_update(self._lock_path, self.path, self._read, dict, self._write)
 
     def _write(self, records: Mapping[str, UserRecord]) -> None:
         data = json.dumps(
             {u: encode_record(r) for u, r in sorted(records.items())}, indent=1
         ).encode()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        # 0600 from the start: the file never exists readable by others, not even briefly.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # an old .tmp left behind keeps its mode otherwise
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_directory(self.path.parent)
+        write_private(self.path, data)
 
     def upsert(self, user: str, record: UserRecord) -> None:
         """Set ``user``'s credentials for the mechanisms in ``record`` (others kept)."""
