@@ -18,7 +18,7 @@ import sys
 from contextlib import AbstractContextManager
 from typing import Any
 
-from broker_core.cli.zk_cmd import open_store
+from broker_core.cli.zk_cmd import add_store_arguments, open_store
 from broker_core.errors import InvalidConfigError
 from broker_core.security.acl import (
     CLUSTER_NAME,
@@ -145,14 +145,7 @@ def add_acls_command(sub: Any) -> None:
         ("list", acls_list, "the ACLs, of one resource pattern or all"),
     ):
         cmd = acls_sub.add_parser(name, help=help_text)
-        where = cmd.add_mutually_exclusive_group(required=True)
-        where.add_argument("--zookeeper", help="the cluster's zookeeper.connect")
-        where.add_argument("--data-dir", "--log-dir", help="the embedded broker's log.dir")
-        cmd.add_argument(
-            "--config",
-            help="with --zookeeper: broker properties whose zookeeper.set.acl, "
-            "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
-        )
+        add_store_arguments(cmd, "--data-dir", "--log-dir")
         cmd.add_argument("--topic", help="a topic name (literal: '*' is every topic)")
         cmd.add_argument("--transactional-id", help="a transactional id (or a prefix)")
         cmd.add_argument("--cluster", action="store_true", help="the Cluster resource")

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from broker_core.cli.zk_cmd import open_store
+from broker_core.cli.zk_cmd import add_store_arguments, open_store
 from broker_core.errors import InvalidConfigError
 from broker_core.security.credentials import (
     CredentialStore,
@@ -98,14 +98,7 @@ def add_users_command(sub: Any) -> None:
         ("list", users_list, "user names and mechanisms"),
     ):
         cmd = users_sub.add_parser(name, help=help_text)
-        where = cmd.add_mutually_exclusive_group(required=True)
-        where.add_argument("--zookeeper", help="the cluster's zookeeper.connect")
-        where.add_argument("--data-dir", help="the embedded broker's log.dir")
-        cmd.add_argument(
-            "--config",
-            help="with --zookeeper: broker properties whose zookeeper.set.acl, "
-            "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
-        )
+        add_store_arguments(cmd, "--data-dir")
         if name != "list":
             cmd.add_argument("user", help="the user name (principal User:<name>)")
         if name == "add":

@@ -118,6 +118,20 @@ def open_zookeeper(
         client.close()
 
 
+def add_store_arguments(cmd: Any, *data_dir_flags: str) -> None:
+    """The options :func:`open_store` reads, on a security command's parser: one of
+    ``--zookeeper`` or ``data_dir_flags`` (``--data-dir`` and its aliases), and
+    ``--config``."""
+    where = cmd.add_mutually_exclusive_group(required=True)
+    where.add_argument("--zookeeper", help="the cluster's zookeeper.connect")
+    where.add_argument(*data_dir_flags, dest="data_dir", help="the embedded broker's log.dir")
+    cmd.add_argument(
+        "--config",
+        help="with --zookeeper: broker properties whose zookeeper.set.acl, "
+        "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
+    )
+
+
 @contextmanager
 def open_store(
     args: argparse.Namespace,
