@@ -47,6 +47,7 @@ from broker_core.security.store_file import (
     locked_update,
     write_private,
 )
+from broker_core.security.zk_watched import WatchedZkRecords
 
 log = logging.getLogger("idemlog.security")
 
@@ -191,13 +192,16 @@ def pattern_of_node(name: str) -> ResourcePattern:
     )
 
 
-class ZkAclStore:
+class ZkAclStore(WatchedZkRecords[Bindings]):
     """A cluster's store: ``<root>/acls/<pattern>`` on ``client`` (a started kazoo client
     on the chroot, which stays the caller's).
 
     ``watch=True`` (a broker) keeps a cache fed by watches; ``on_change`` (if given) is
     called after each change reaches it. ``watch=False`` (``idemlog acls``) reads directly.
     """
+
+    what = "ACL record"
+    _log = log
 
     def __init__(
         self,
@@ -207,89 +211,29 @@ class ZkAclStore:
         watch: bool,
         on_change: Callable[[], None] | None = None,
     ) -> None:
-        self._client = client
-        self.path = f"{root}/{ACLS_ZNODE}"
-        self._watch = watch
         self._on_change = on_change
-        self._lock = threading.Lock()
-        self._records: dict[str, Bindings] = {}
-        self._watched: set[str] = set()
         self._snapshot: Bindings = ()
-        self._closed = False
-        self._loaded = threading.Event()
-        zk_acl.ensure_path(client, self.path)  # with the tree's ACL (zookeeper.set.acl)
-        if watch:
-            from kazoo.recipe.watchers import ChildrenWatch
+        super().__init__(client, f"{root}/{ACLS_ZNODE}", watch=watch)
 
-            ChildrenWatch(client, self.path, self._on_children)
+    # -- the broker's cache (zk_watched.py's hooks) ----------------------------------------
+    def _invalid(self, name: str, exc: Exception) -> Bindings:
+        # Its bindings count as absent: with deny-by-default that refuses, it never allows
+        # more than was written.
+        log.error("ACL record %s: %s (ignored)", name, exc)
+        return ()
 
-    # -- the broker's cache --------------------------------------------------------------
-    def _on_children(self, names: list[str]) -> bool:
-        """kazoo's thread, must not block: forget records gone; watch new ones elsewhere."""
-        with self._lock:
-            if self._closed:
-                return False
-            for name in [n for n in self._records if n not in names]:
-                del self._records[name]
-            new = [n for n in names if n not in self._watched]
-            self._watched.update(new)
-            self._watched.intersection_update(names)
-            self._rebuild()
-        if not new:
-            self._loaded.set()
-        else:
-            # A DataWatch reads its node at once: on a thread of its own.
-            self._client.handler.spawn(self._watch_records, new)
-        self._changed()
-        return True
-
-    def _watch_records(self, names: list[str]) -> None:
-        from kazoo.recipe.watchers import DataWatch
-
-        for name in names:
-            try:
-                DataWatch(self._client, f"{self.path}/{name}", self._data_callback(name))
-            except Exception as exc:
-                log.warning("could not watch ACL record %s: %r", name, exc)
-                with self._lock:
-                    self._watched.discard(name)
-        self._loaded.set()
-
-    def _data_callback(self, name: str) -> Callable[..., bool]:
-        def on_data(data: bytes | None, stat: Any, *_: Any) -> bool:
-            record: Bindings = ()
-            if data is not None:
-                try:
-                    record = self._decode(name, data)
-                except (InvalidConfigError, ValueError) as exc:
-                    # Its bindings count as absent: with deny-by-default that refuses, it
-                    # never allows more than was written.
-                    log.error("ACL record %s: %s (ignored)", name, exc)
-            with self._lock:
-                if self._closed:
-                    return False
-                if data is None:
-                    self._records.pop(name, None)
-                    self._watched.discard(name)
-                else:
-                    self._records[name] = record
-                self._rebuild()
-            self._changed()
-            return data is not None
-
-        return on_data
-
-    def _rebuild(self) -> None:
+    def _updated(self) -> None:
         self._snapshot = tuple(b for r in self._records.values() for b in r)
+
+    def _children_changed(self, gone: list[str]) -> None:
+        self._changed()
+
+    def _record_changed(self, name: str, before: Bindings | None, after: Bindings | None) -> None:
+        self._changed()
 
     def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change()
-
-    def wait_loaded(self, timeout_s: float) -> bool:
-        """Whether the records present when the watch started are cached, waiting up to
-        ``timeout_s`` (a broker waits before it serves: it would refuse what is allowed)."""
-        return self._loaded.wait(timeout_s)
 
     # -- reads and conditional writes -----------------------------------------------------
     def _decode(self, name: str, data: bytes) -> Bindings:
@@ -367,10 +311,6 @@ class ZkAclStore:
 
             removed += self._update(pattern, drop)
         return removed
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
 
 
 def _by_pattern(bindings: Iterable[AclBinding]) -> dict[ResourcePattern, list[AclBinding]]:

@@ -36,6 +36,7 @@ from broker_core.security.store_file import (
     locked_update,
     write_private,
 )
+from broker_core.security.zk_watched import WatchedZkRecords
 
 log = logging.getLogger("idemlog.security")
 
@@ -169,13 +170,16 @@ class FileCredentialStore:
         pass
 
 
-class ZkCredentialStore:
+class ZkCredentialStore(WatchedZkRecords[UserRecord]):
     """A cluster's store: ``<root>/config/users/<name>`` on ``client`` (a started kazoo
     client on the chroot, which stays the caller's).
 
     ``watch=True`` (a broker) keeps a cache fed by watches and tells ``on_change`` each
     user whose record changed or went; ``watch=False`` (``idemlog users``) reads directly.
     """
+
+    what = "user"
+    _log = log
 
     def __init__(
         self,
@@ -185,82 +189,26 @@ class ZkCredentialStore:
         watch: bool,
         on_change: ChangeListener | None = None,
     ) -> None:
-        self._client = client
-        self.path = f"{root}/{USERS_ZNODE}"
         self._on_change = on_change
-        self._lock = threading.Lock()
-        self._records: dict[str, UserRecord] = {}
-        self._watched: set[str] = set()
-        self._closed = False
-        self._watch = watch
-        self._loaded = threading.Event()  # every user there at the start is cached
-        zk_acl.ensure_path(client, self.path)
-        if watch:
-            from kazoo.recipe.watchers import ChildrenWatch
+        super().__init__(client, f"{root}/{USERS_ZNODE}", watch=watch)
 
-            ChildrenWatch(client, self.path, self._on_children)
+    # -- the broker's cache (zk_watched.py's hooks) ----------------------------------------
+    def _decode(self, name: str, data: bytes) -> UserRecord:
+        return decode_record(json.loads(data), f"{self.path}/{name}")
 
-    # -- the broker's cache --------------------------------------------------------------
-    def _on_children(self, names: list[str]) -> bool:
-        """kazoo's thread, must not block: forget users gone; watch new ones elsewhere."""
-        with self._lock:
-            if self._closed:
-                return False
-            gone = [u for u in self._records if u not in names]
-            for user in gone:
-                del self._records[user]
-            new = [n for n in names if n not in self._watched]
-            self._watched.update(new)
-            self._watched.intersection_update(names)
+    def _invalid(self, name: str, exc: Exception) -> None:
+        log.error("user %s: %s (the user cannot authenticate)", name, exc)
+        return None
+
+    def _children_changed(self, gone: list[str]) -> None:
         for user in gone:
             self._changed(user)
-        if not new:
-            self._loaded.set()
-        else:
-            # A DataWatch reads its node at once: on a thread of its own (docs: zk.py's).
-            self._client.handler.spawn(self._watch_users, new)
-        return True
 
-    def _watch_users(self, names: list[str]) -> None:
-        from kazoo.recipe.watchers import DataWatch
-
-        for name in names:
-            try:
-                DataWatch(self._client, f"{self.path}/{name}", self._data_callback(name))
-            except Exception as exc:
-                log.warning("could not watch user %s: %r", name, exc)
-                with self._lock:
-                    self._watched.discard(name)
-        self._loaded.set()
-
-    def wait_loaded(self, timeout_s: float) -> bool:
-        """Whether the users present when the watch started are cached, waiting up to
-        ``timeout_s`` (a broker waits before it serves: its first handshakes would fail)."""
-        return self._loaded.wait(timeout_s)
-
-    def _data_callback(self, name: str) -> Callable[..., bool]:
-        def on_data(data: bytes | None, stat: Any, *_: Any) -> bool:
-            record: UserRecord | None = None
-            if data is not None:
-                try:
-                    record = decode_record(json.loads(data), f"{self.path}/{name}")
-                except (InvalidConfigError, ValueError) as exc:
-                    log.error("user %s: %s (the user cannot authenticate)", name, exc)
-            with self._lock:
-                if self._closed:
-                    return False
-                before = self._records.get(name)
-                if record is None:
-                    self._records.pop(name, None)
-                else:
-                    self._records[name] = record
-                if data is None:
-                    self._watched.discard(name)
-            if before is not None and before != record:
-                self._changed(name)
-            return data is not None
-
-        return on_data
+    def _record_changed(
+        self, name: str, before: UserRecord | None, after: UserRecord | None
+    ) -> None:
+        if before is not None and before != after:
+            self._changed(name)
 
     def _changed(self, user: str) -> None:
         if self._on_change is not None:
@@ -314,7 +262,3 @@ class ZkCredentialStore:
         except NoNodeError:
             return False
         return True
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
