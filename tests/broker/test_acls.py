@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,31 @@ def rule(
 def allow(broker: BrokerProcess, principal: str, *operations: str, **rule_keys: Any) -> None:
     """``idemlog acls add`` of :func:`rule`'s rule on ``broker``'s ACL file."""
     acls(broker, "add", *rule(principal, *operations, **rule_keys))
+
+
+def authorizer_cluster(
+    zk: ZooKeeperHarness, broker_factory: BrokerFactory, passwords: Mapping[str, str]
+) -> ReplicatedCluster:
+    """3 brokers on ``zk`` with SASL listeners and ``authorizer.enable``, replication
+    factor 3; the users ``passwords`` (among them ``broker``, the brokers' own, and
+    ``admin``: both super users) added first with ``idemlog users --zookeeper``; the
+    cluster's client is ``admin``. The caller closes it."""
+    where = ["--zookeeper", zk.hosts]
+    for user, password in passwords.items():
+        add_user(where, user, password)
+    return ReplicatedCluster(
+        zk,
+        broker_factory,
+        extra={
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.inter.broker.username": "broker",
+            "sasl.inter.broker.password": passwords["broker"],
+            "authorizer.enable": "true",
+            "super.users": "User:broker;User:admin",
+            "default.replication.factor": 3,
+        },
+        sasl=SaslCredentials(Mechanism.SCRAM_SHA_256, "admin", passwords["admin"]),
+    )
 
 
 @pytest.fixture
@@ -372,20 +397,8 @@ def test_cluster_acl_change_reaches_every_broker_within_a_second(
     ``idemlog acls --zookeeper`` holds at the next request on every broker, within a
     second, without a restart; the brokers replicate as User:broker, a super user."""
     where = ["--zookeeper", zk_chroot.hosts]
-    for user, password in {**PASSWORDS, "broker": "broker-Secret-44dd"}.items():
-        add_user(where, user, password)
-    cluster = ReplicatedCluster(
-        zk_chroot,
-        broker_factory,
-        extra={
-            "security.protocol": "SASL_PLAINTEXT",
-            "sasl.inter.broker.username": "broker",
-            "sasl.inter.broker.password": "broker-Secret-44dd",
-            "authorizer.enable": "true",
-            "super.users": "User:broker;User:admin",
-            "default.replication.factor": 3,
-        },
-        sasl=creds("admin"),
+    cluster = authorizer_cluster(
+        zk_chroot, broker_factory, {**PASSWORDS, "broker": "broker-Secret-44dd"}
     )
     try:
         cluster.create_topic(TOPIC, 1)
