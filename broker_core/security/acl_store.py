@@ -245,13 +245,7 @@ class ZkAclStore(WatchedZkRecords[Bindings]):
         return tuple(_entry(e, pattern, what) for e in doc.get("acls", []))
 
     def _read(self, name: str) -> tuple[Bindings, int]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            data, stat = self._client.get(f"{self.path}/{name}")
-        except NoNodeError:
-            return (), -1
-        return self._decode(name, data), int(stat.version)
+        return self._read_version(name, ())
 
     def bindings(self) -> Bindings:
         if self._watch:

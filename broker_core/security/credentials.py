@@ -222,13 +222,7 @@ class ZkCredentialStore(WatchedZkRecords[UserRecord]):
 
     # -- direct reads and conditional writes ----------------------------------------------
     def _read(self, user: str) -> tuple[UserRecord, int]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            data, stat = self._client.get(f"{self.path}/{user}")
-        except NoNodeError:
-            return {}, -1
-        return decode_record(json.loads(data), f"{self.path}/{user}"), int(stat.version)
+        return self._read_version(user, {})
 
     def users(self) -> dict[str, UserRecord]:
         if self._watch:

@@ -126,6 +126,18 @@ class WatchedZkRecords(Generic[R]):
 
         return on_data
 
+    def _read_version(self, name: str, empty: R) -> tuple[R, int]:
+        """``name``'s record read directly and its znode version (``empty`` and -1 when
+        there is none), for a write conditional on that version. Raises as
+        :meth:`_decode`."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, stat = self._client.get(f"{self.path}/{name}")
+        except NoNodeError:
+            return empty, -1
+        return self._decode(name, data), int(stat.version)
+
     def wait_loaded(self, timeout_s: float) -> bool:
         """Whether the records present when the watch started are cached, waiting up to
         ``timeout_s`` (a broker waits before it serves)."""
