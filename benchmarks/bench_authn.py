@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.bench_broker import REPO, Server, spawn
+from benchmarks.common import metadata_calls_per_s
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
 from broker_core.protocol.wire import Action
@@ -55,12 +56,7 @@ def connect_ms(address: str, tls: TlsMaterial, count: int) -> list[float]:
 
 def actions_per_s(address: str, tls: TlsMaterial, seconds: float) -> float:
     with BrokerClient(address, tls=tls) as client:
-        client.action(address, Action.METADATA, {})  # the handshake, outside the timing
-        calls, started = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - started) < seconds:
-            client.action(address, Action.METADATA, {})
-            calls += 1
-    return calls / elapsed
+        return metadata_calls_per_s(client, address, seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

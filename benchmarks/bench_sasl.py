@@ -22,11 +22,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.bench_broker import REPO, TOPIC, Server, build_batches, produce, spawn
-from benchmarks.common import MB, print_table
+from benchmarks.common import MB, metadata_calls_per_s, print_table
 from benchmarks.data import SCHEMA
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
-from broker_core.protocol.wire import Action
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 
@@ -73,12 +72,7 @@ def handshake_ms(address: str, mechanism: Mechanism, count: int) -> list[float]:
 
 def actions_per_s(address: str, sasl: SaslCredentials | None, seconds: float) -> float:
     with BrokerClient(address, sasl=sasl) as client:
-        client.action(address, Action.METADATA, {})  # the handshake, outside the timing
-        calls, started = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - started) < seconds:
-            client.action(address, Action.METADATA, {})
-            calls += 1
-    return calls / elapsed
+        return metadata_calls_per_s(client, address, seconds)
 
 
 def produce_mbps(address: str, sasl: SaslCredentials | None, total_mb: float) -> float:

@@ -95,12 +95,7 @@ def measure(seconds: float) -> tuple[float, float]:
     config = ProducerConfig.from_mapping(
         {"linger.ms": 0, "request.timeout.ms": int(seconds * 1000) + 60_000}
     )
-    accumulator = MessageAccumulator(
-        batch_size=config.batch_size,
-        linger_ms=config.linger_ms,
-        buffer_memory=config.buffer_memory,
-        max_block_ms=config.max_block_ms,
-    )
+    accumulator = MessageAccumulator.from_config(config)
     txn = TransactionManager(None)
     txn.set_producer_id(1, 0)
     transport = _Silent()

@@ -9,10 +9,15 @@ so the difference of two snapshots stays right while workers come and go.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
+
+if TYPE_CHECKING:
+    from broker_core.client.broker_client import BrokerClient
 
 MB = 1e6
 
@@ -70,3 +75,16 @@ def tree_cpu_seconds(pid: int) -> float:
             continue  # exited meanwhile: its time is in its parent's children_* once reaped
         total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+def metadata_calls_per_s(client: BrokerClient, address: str, seconds: float) -> float:
+    """METADATA calls a second on ``client``'s connection to ``address`` for ``seconds``,
+    its first call (the connection's handshake, TLS or SASL) outside the timing."""
+    from broker_core.protocol.wire import Action
+
+    client.action(address, Action.METADATA, {})
+    calls, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        client.action(address, Action.METADATA, {})
+        calls += 1
+    return calls / elapsed

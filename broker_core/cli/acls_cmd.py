@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import AbstractContextManager
 from typing import Any
 
-from broker_core.cli.zk_cmd import command_zk, open_zookeeper
+from broker_core.cli.zk_cmd import add_store_arguments, open_store
 from broker_core.errors import InvalidConfigError
 from broker_core.security.acl import (
     CLUSTER_NAME,
@@ -34,22 +32,12 @@ from broker_core.security.acl import (
 )
 from broker_core.security.acl_store import AclStore, FileAclStore, ZkAclStore, binding_doc
 from broker_core.security.principal import Principal
-from broker_core.server.config import ZK_ROOT
 
 
-@contextmanager
-def _store(args: argparse.Namespace) -> Iterator[AclStore]:
-    if args.data_dir is not None:
-        path = Path(args.data_dir)
-        if not path.is_dir():
-            raise InvalidConfigError(f"--data-dir {args.data_dir}: no such directory")
-        if args.config is not None:
-            raise InvalidConfigError("--config is for --zookeeper (the embedded file has no ACL)")
-        yield FileAclStore(path)
-        return
-    # The brokers' ZooKeeper identity and node ACLs from --config (broker_core.cli.zk_cmd).
-    with open_zookeeper(args.zookeeper, command_zk(args.config)) as (client, chroot):
-        yield ZkAclStore(client, chroot + ZK_ROOT, watch=False)
+def _store(args: argparse.Namespace) -> AbstractContextManager[AclStore]:
+    return open_store(
+        args, FileAclStore, lambda client, root: ZkAclStore(client, root, watch=False)
+    )
 
 
 def _pattern(args: argparse.Namespace, *, required: bool) -> ResourcePattern | None:
@@ -157,14 +145,7 @@ def add_acls_command(sub: Any) -> None:
         ("list", acls_list, "the ACLs, of one resource pattern or all"),
     ):
         cmd = acls_sub.add_parser(name, help=help_text)
-        where = cmd.add_mutually_exclusive_group(required=True)
-        where.add_argument("--zookeeper", help="the cluster's zookeeper.connect")
-        where.add_argument("--data-dir", "--log-dir", help="the embedded broker's log.dir")
-        cmd.add_argument(
-            "--config",
-            help="with --zookeeper: broker properties whose zookeeper.set.acl, "
-            "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
-        )
+        add_store_arguments(cmd, "--data-dir", "--log-dir")
         cmd.add_argument("--topic", help="a topic name (literal: '*' is every topic)")
         cmd.add_argument("--transactional-id", help="a transactional id (or a prefix)")
         cmd.add_argument("--cluster", action="store_true", help="the Cluster resource")

@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from broker_core.cli.zk_cmd import command_zk, open_zookeeper
+from broker_core.cli.zk_cmd import add_store_arguments, open_store
 from broker_core.errors import InvalidConfigError
 from broker_core.security.credentials import (
     CredentialStore,
@@ -28,22 +27,12 @@ from broker_core.security.credentials import (
     check_username,
 )
 from broker_core.security.scram import MECHANISM_NAMES, MIN_ITERATIONS, Mechanism, ScramCredential
-from broker_core.server.config import ZK_ROOT
 
 
-@contextmanager
-def _store(args: argparse.Namespace) -> Iterator[CredentialStore]:
-    if args.data_dir is not None:
-        path = Path(args.data_dir)
-        if not path.is_dir():
-            raise InvalidConfigError(f"--data-dir {args.data_dir}: no such directory")
-        if args.config is not None:
-            raise InvalidConfigError("--config is for --zookeeper (the embedded file has no ACL)")
-        yield FileCredentialStore(path)
-        return
-    # The brokers' identity and ACLs from --config (broker_core.cli.zk_cmd).
-    with open_zookeeper(args.zookeeper, command_zk(args.config)) as (client, chroot):
-        yield ZkCredentialStore(client, chroot + ZK_ROOT, watch=False)
+def _store(args: argparse.Namespace) -> AbstractContextManager[CredentialStore]:
+    return open_store(
+        args, FileCredentialStore, lambda client, root: ZkCredentialStore(client, root, watch=False)
+    )
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -109,14 +98,7 @@ def add_users_command(sub: Any) -> None:
         ("list", users_list, "user names and mechanisms"),
     ):
         cmd = users_sub.add_parser(name, help=help_text)
-        where = cmd.add_mutually_exclusive_group(required=True)
-        where.add_argument("--zookeeper", help="the cluster's zookeeper.connect")
-        where.add_argument("--data-dir", help="the embedded broker's log.dir")
-        cmd.add_argument(
-            "--config",
-            help="with --zookeeper: broker properties whose zookeeper.set.acl, "
-            "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
-        )
+        add_store_arguments(cmd, "--data-dir")
         if name != "list":
             cmd.add_argument("user", help="the user name (principal User:<name>)")
         if name == "add":

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from broker_core.cli.failures import Unreachable
 from broker_core.config import load_properties
@@ -35,6 +35,8 @@ from broker_core.security.zk_acl import ZkAuth
 from broker_core.security.zk_tls import ZkTlsSettings
 from broker_core.server.config import BROKER_CONFIG, ZK_ROOT, split_zookeeper_connect
 from broker_core.txn.pid_block import LATEST_PRODUCER_ID_BLOCK_PATH
+
+T = TypeVar("T")
 
 ZK_TIMEOUT_S = 15.0
 PROGRESS_EVERY = 100  # default nodes between two progress lines of set-acl
@@ -114,6 +116,44 @@ def open_zookeeper(
     finally:
         client.stop()
         client.close()
+
+
+def add_store_arguments(cmd: Any, *data_dir_flags: str) -> None:
+    """The options :func:`open_store` reads, on a security command's parser: one of
+    ``--zookeeper`` or ``data_dir_flags`` (``--data-dir`` and its aliases), and
+    ``--config``."""
+    where = cmd.add_mutually_exclusive_group(required=True)
+    where.add_argument("--zookeeper", help="the cluster's zookeeper.connect")
+    where.add_argument(*data_dir_flags, dest="data_dir", help="the embedded broker's log.dir")
+    cmd.add_argument(
+        "--config",
+        help="with --zookeeper: broker properties whose zookeeper.set.acl, "
+        "zookeeper.auth.digest.* and zookeeper.ssl.* the command uses (docs/security.md)",
+    )
+
+
+@contextmanager
+def open_store(
+    args: argparse.Namespace,
+    file_store: Callable[[Path], T],
+    zk_store: Callable[[Any, str], T],
+) -> Iterator[T]:
+    """The store a security command (``idemlog users``, ``idemlog acls``) works on: the
+    embedded broker's file in ``--data-dir`` (``file_store(path)``), or ZooKeeper's under
+    the brokers' root (``zk_store(client, root)``, the client authenticated with
+    ``--config``'s ZooKeeper identity, node ACLs and TLS, closed on exit). Raises
+    :class:`InvalidConfigError` when ``--data-dir`` is no directory or comes with
+    ``--config``; :class:`Unreachable` as :func:`open_zookeeper`."""
+    if args.data_dir is not None:
+        path = Path(args.data_dir)
+        if not path.is_dir():
+            raise InvalidConfigError(f"--data-dir {args.data_dir}: no such directory")
+        if args.config is not None:
+            raise InvalidConfigError("--config is for --zookeeper (the embedded file has no ACL)")
+        yield file_store(path)
+        return
+    with open_zookeeper(args.zookeeper, command_zk(args.config)) as (client, chroot):
+        yield zk_store(client, chroot + ZK_ROOT)
 
 
 @dataclass

@@ -20,19 +20,16 @@ of ``__acls.json.lock``; two operators adding at once never lose one's ACL.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
 from broker_core.errors import InvalidConfigError
-from broker_core.fileutil import fsync_directory, write_all
 from broker_core.security import zk_acl
 from broker_core.security.acl import (
     AclBinding,
@@ -44,6 +41,13 @@ from broker_core.security.acl import (
     ResourceType,
 )
 from broker_core.security.principal import Principal
+from broker_core.security.store_file import (
+    FileIdentity,
+    file_identity,
+    locked_update,
+    write_private,
+)
+from broker_core.security.zk_watched import WatchedZkRecords
 
 log = logging.getLogger("idemlog.security")
 
@@ -122,16 +126,12 @@ class FileAclStore:
         self.path = log_dir / ACLS_FILE
         self._lock_path = log_dir / (ACLS_FILE + ".lock")
         self._mutex = threading.Lock()
-        self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns)
+        self._seen: FileIdentity | None = None
         self._bindings: Bindings = ()
 
     def bindings(self) -> Bindings:
         with self._mutex:
-            try:
-                st = self.path.stat()
-                seen: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-            except FileNotFoundError:
-                seen = None
+            seen = file_identity(self.path)
             if seen != self._seen:
                 self._bindings = self._read() if seen is not None else ()
                 self._seen = seen
@@ -147,31 +147,17 @@ class FileAclStore:
             raise InvalidConfigError(f"{self.path}: not an ACL file ({exc})") from None
         return tuple(binding_from_doc(a, str(self.path)) for a in acls)
 
-    @contextmanager
-    def _locked(self) -> Iterator[list[AclBinding]]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            current = list(self._read()) if self.path.exists() else []
-            yield current
-            self._write(current)
-        finally:
-            os.close(fd)  # releases the flock
+    def _locked(self) -> AbstractContextManager[list[AclBinding]]:
+        return locked_update(
+            self._lock_path, self.path, lambda: list(self._read()), list, self._write
+        )
 
     def _write(self, bindings: list[AclBinding]) -> None:
         doc = {
             "version": RECORD_VERSION,
             "acls": [binding_doc(b) for b in sorted(set(bindings), key=_order)],
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            write_all(fd, json.dumps(doc, indent=1).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)  # a reader sees the old file or the new, whole
-        fsync_directory(self.path.parent)
+        write_private(self.path, json.dumps(doc, indent=1).encode())
 
     def add(self, bindings: Iterable[AclBinding]) -> int:
         """Add the bindings not there yet; how many were new."""
@@ -206,13 +192,16 @@ def pattern_of_node(name: str) -> ResourcePattern:
     )
 
 
-class ZkAclStore:
+class ZkAclStore(WatchedZkRecords[Bindings]):
     """A cluster's store: ``<root>/acls/<pattern>`` on ``client`` (a started kazoo client
     on the chroot, which stays the caller's).
 
     ``watch=True`` (a broker) keeps a cache fed by watches; ``on_change`` (if given) is
     called after each change reaches it. ``watch=False`` (``idemlog acls``) reads directly.
     """
+
+    what = "ACL record"
+    _log = log
 
     def __init__(
         self,
@@ -222,89 +211,29 @@ class ZkAclStore:
         watch: bool,
         on_change: Callable[[], None] | None = None,
     ) -> None:
-        self._client = client
-        self.path = f"{root}/{ACLS_ZNODE}"
-        self._watch = watch
         self._on_change = on_change
-        self._lock = threading.Lock()
-        self._records: dict[str, Bindings] = {}
-        self._watched: set[str] = set()
         self._snapshot: Bindings = ()
-        self._closed = False
-        self._loaded = threading.Event()
-        zk_acl.ensure_path(client, self.path)  # with the tree's ACL (zookeeper.set.acl)
-        if watch:
-            from kazoo.recipe.watchers import ChildrenWatch
+        super().__init__(client, f"{root}/{ACLS_ZNODE}", watch=watch)
 
-            ChildrenWatch(client, self.path, self._on_children)
+    # -- the broker's cache (zk_watched.py's hooks) ----------------------------------------
+    def _invalid(self, name: str, exc: Exception) -> Bindings:
+        # Its bindings count as absent: with deny-by-default that refuses, it never allows
+        # more than was written.
+        log.error("ACL record %s: %s (ignored)", name, exc)
+        return ()
 
-    # -- the broker's cache --------------------------------------------------------------
-    def _on_children(self, names: list[str]) -> bool:
-        """kazoo's thread, must not block: forget records gone; watch new ones elsewhere."""
-        with self._lock:
-            if self._closed:
-                return False
-            for name in [n for n in self._records if n not in names]:
-                del self._records[name]
-            new = [n for n in names if n not in self._watched]
-            self._watched.update(new)
-            self._watched.intersection_update(names)
-            self._rebuild()
-        if not new:
-            self._loaded.set()
-        else:
-            # A DataWatch reads its node at once: on a thread of its own.
-            self._client.handler.spawn(self._watch_records, new)
-        self._changed()
-        return True
-
-    def _watch_records(self, names: list[str]) -> None:
-        from kazoo.recipe.watchers import DataWatch
-
-        for name in names:
-            try:
-                DataWatch(self._client, f"{self.path}/{name}", self._data_callback(name))
-            except Exception as exc:
-                log.warning("could not watch ACL record %s: %r", name, exc)
-                with self._lock:
-                    self._watched.discard(name)
-        self._loaded.set()
-
-    def _data_callback(self, name: str) -> Callable[..., bool]:
-        def on_data(data: bytes | None, stat: Any, *_: Any) -> bool:
-            record: Bindings = ()
-            if data is not None:
-                try:
-                    record = self._decode(name, data)
-                except (InvalidConfigError, ValueError) as exc:
-                    # Its bindings count as absent: with deny-by-default that refuses, it
-                    # never allows more than was written.
-                    log.error("ACL record %s: %s (ignored)", name, exc)
-            with self._lock:
-                if self._closed:
-                    return False
-                if data is None:
-                    self._records.pop(name, None)
-                    self._watched.discard(name)
-                else:
-                    self._records[name] = record
-                self._rebuild()
-            self._changed()
-            return data is not None
-
-        return on_data
-
-    def _rebuild(self) -> None:
+    def _updated(self) -> None:
         self._snapshot = tuple(b for r in self._records.values() for b in r)
+
+    def _children_changed(self, gone: list[str]) -> None:
+        self._changed()
+
+    def _record_changed(self, name: str, before: Bindings | None, after: Bindings | None) -> None:
+        self._changed()
 
     def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change()
-
-    def wait_loaded(self, timeout_s: float) -> bool:
-        """Whether the records present when the watch started are cached, waiting up to
-        ``timeout_s`` (a broker waits before it serves: it would refuse what is allowed)."""
-        return self._loaded.wait(timeout_s)
 
     # -- reads and conditional writes -----------------------------------------------------
     def _decode(self, name: str, data: bytes) -> Bindings:
@@ -316,13 +245,7 @@ class ZkAclStore:
         return tuple(_entry(e, pattern, what) for e in doc.get("acls", []))
 
     def _read(self, name: str) -> tuple[Bindings, int]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            data, stat = self._client.get(f"{self.path}/{name}")
-        except NoNodeError:
-            return (), -1
-        return self._decode(name, data), int(stat.version)
+        return self._read_version(name, ())
 
     def bindings(self) -> Bindings:
         if self._watch:
@@ -382,10 +305,6 @@ class ZkAclStore:
 
             removed += self._update(pattern, drop)
         return removed
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
 
 
 def _by_pattern(bindings: Iterable[AclBinding]) -> dict[ResourcePattern, list[AclBinding]]:

@@ -19,20 +19,24 @@ never lose one's change.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
 from broker_core.errors import InvalidConfigError
-from broker_core.fileutil import fsync_directory, write_all
 from broker_core.security import zk_acl
 from broker_core.security.scram import Mechanism, ScramCredential
+from broker_core.security.store_file import (
+    FileIdentity,
+    file_identity,
+    locked_update,
+    write_private,
+)
+from broker_core.security.zk_watched import WatchedZkRecords
 
 log = logging.getLogger("idemlog.security")
 
@@ -105,7 +109,7 @@ class FileCredentialStore:
         self._lock_path = log_dir / (USERS_FILE + ".lock")
         self._on_change = on_change
         self._mutex = threading.Lock()
-        self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns)
+        self._seen: FileIdentity | None = None
         self._records: dict[str, UserRecord] = {}
 
     def lookup(self, user: str, mechanism: Mechanism) -> ScramCredential | None:
@@ -120,11 +124,7 @@ class FileCredentialStore:
 
     def _current(self) -> dict[str, UserRecord]:
         with self._mutex:
-            try:
-                st = self.path.stat()
-                seen: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-            except FileNotFoundError:
-                seen = None
+            seen = file_identity(self.path)
             if seen != self._seen:
                 records = self._read() if seen is not None else {}
                 changed = [
@@ -147,32 +147,14 @@ class FileCredentialStore:
             for name, value in doc.items()
         }
 
-    @contextmanager
-    def _locked(self) -> Iterator[dict[str, UserRecord]]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            records = self._read() if self.path.exists() else {}
-            yield records
-            self._write(records)
-        finally:
-            os.close(fd)  # releases the flock
+    def _locked(self) -> AbstractContextManager[dict[str, UserRecord]]:
+        return locked_update(self._lock_path, self.path, self._read, dict, self._write)
 
     def _write(self, records: Mapping[str, UserRecord]) -> None:
         data = json.dumps(
             {u: encode_record(r) for u, r in sorted(records.items())}, indent=1
         ).encode()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        # 0600 from the start: the file never exists readable by others, not even briefly.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # an old .tmp left behind keeps its mode otherwise
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_directory(self.path.parent)
+        write_private(self.path, data)
 
     def upsert(self, user: str, record: UserRecord) -> None:
         """Set ``user``'s credentials for the mechanisms in ``record`` (others kept)."""
@@ -188,13 +170,16 @@ class FileCredentialStore:
         pass
 
 
-class ZkCredentialStore:
+class ZkCredentialStore(WatchedZkRecords[UserRecord]):
     """A cluster's store: ``<root>/config/users/<name>`` on ``client`` (a started kazoo
     client on the chroot, which stays the caller's).
 
     ``watch=True`` (a broker) keeps a cache fed by watches and tells ``on_change`` each
     user whose record changed or went; ``watch=False`` (``idemlog users``) reads directly.
     """
+
+    what = "user"
+    _log = log
 
     def __init__(
         self,
@@ -204,82 +189,26 @@ class ZkCredentialStore:
         watch: bool,
         on_change: ChangeListener | None = None,
     ) -> None:
-        self._client = client
-        self.path = f"{root}/{USERS_ZNODE}"
         self._on_change = on_change
-        self._lock = threading.Lock()
-        self._records: dict[str, UserRecord] = {}
-        self._watched: set[str] = set()
-        self._closed = False
-        self._watch = watch
-        self._loaded = threading.Event()  # every user there at the start is cached
-        zk_acl.ensure_path(client, self.path)
-        if watch:
-            from kazoo.recipe.watchers import ChildrenWatch
+        super().__init__(client, f"{root}/{USERS_ZNODE}", watch=watch)
 
-            ChildrenWatch(client, self.path, self._on_children)
+    # -- the broker's cache (zk_watched.py's hooks) ----------------------------------------
+    def _decode(self, name: str, data: bytes) -> UserRecord:
+        return decode_record(json.loads(data), f"{self.path}/{name}")
 
-    # -- the broker's cache --------------------------------------------------------------
-    def _on_children(self, names: list[str]) -> bool:
-        """kazoo's thread, must not block: forget users gone; watch new ones elsewhere."""
-        with self._lock:
-            if self._closed:
-                return False
-            gone = [u for u in self._records if u not in names]
-            for user in gone:
-                del self._records[user]
-            new = [n for n in names if n not in self._watched]
-            self._watched.update(new)
-            self._watched.intersection_update(names)
+    def _invalid(self, name: str, exc: Exception) -> None:
+        log.error("user %s: %s (the user cannot authenticate)", name, exc)
+        return None
+
+    def _children_changed(self, gone: list[str]) -> None:
         for user in gone:
             self._changed(user)
-        if not new:
-            self._loaded.set()
-        else:
-            # A DataWatch reads its node at once: on a thread of its own (docs: zk.py's).
-            self._client.handler.spawn(self._watch_users, new)
-        return True
 
-    def _watch_users(self, names: list[str]) -> None:
-        from kazoo.recipe.watchers import DataWatch
-
-        for name in names:
-            try:
-                DataWatch(self._client, f"{self.path}/{name}", self._data_callback(name))
-            except Exception as exc:
-                log.warning("could not watch user %s: %r", name, exc)
-                with self._lock:
-                    self._watched.discard(name)
-        self._loaded.set()
-
-    def wait_loaded(self, timeout_s: float) -> bool:
-        """Whether the users present when the watch started are cached, waiting up to
-        ``timeout_s`` (a broker waits before it serves: its first handshakes would fail)."""
-        return self._loaded.wait(timeout_s)
-
-    def _data_callback(self, name: str) -> Callable[..., bool]:
-        def on_data(data: bytes | None, stat: Any, *_: Any) -> bool:
-            record: UserRecord | None = None
-            if data is not None:
-                try:
-                    record = decode_record(json.loads(data), f"{self.path}/{name}")
-                except (InvalidConfigError, ValueError) as exc:
-                    log.error("user %s: %s (the user cannot authenticate)", name, exc)
-            with self._lock:
-                if self._closed:
-                    return False
-                before = self._records.get(name)
-                if record is None:
-                    self._records.pop(name, None)
-                else:
-                    self._records[name] = record
-                if data is None:
-                    self._watched.discard(name)
-            if before is not None and before != record:
-                self._changed(name)
-            return data is not None
-
-        return on_data
+    def _record_changed(
+        self, name: str, before: UserRecord | None, after: UserRecord | None
+    ) -> None:
+        if before is not None and before != after:
+            self._changed(name)
 
     def _changed(self, user: str) -> None:
         if self._on_change is not None:
@@ -293,13 +222,7 @@ class ZkCredentialStore:
 
     # -- direct reads and conditional writes ----------------------------------------------
     def _read(self, user: str) -> tuple[UserRecord, int]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            data, stat = self._client.get(f"{self.path}/{user}")
-        except NoNodeError:
-            return {}, -1
-        return decode_record(json.loads(data), f"{self.path}/{user}"), int(stat.version)
+        return self._read_version(user, {})
 
     def users(self) -> dict[str, UserRecord]:
         if self._watch:
@@ -333,7 +256,3 @@ class ZkCredentialStore:
         except NoNodeError:
             return False
         return True
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True

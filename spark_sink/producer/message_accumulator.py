@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
+from .config import ProducerConfig
 from .errors import BufferExhaustedError
 from .futures import SendCollector
 from .producer_batch import ProducerBatch, TopicPartition
@@ -30,6 +31,20 @@ Clock = Callable[[], float]
 
 
 class MessageAccumulator:
+    @classmethod
+    def from_config(
+        cls, config: ProducerConfig, clock: Clock = time.monotonic
+    ) -> MessageAccumulator:
+        """The accumulator ``config``'s ``batch.size``, ``linger.ms``, ``buffer.memory`` and
+        ``max.block.ms`` describe."""
+        return cls(
+            batch_size=config.batch_size,
+            linger_ms=config.linger_ms,
+            buffer_memory=config.buffer_memory,
+            max_block_ms=config.max_block_ms,
+            clock=clock,
+        )
+
     def __init__(
         self,
         *,

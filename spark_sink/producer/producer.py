@@ -131,13 +131,7 @@ class Producer:
         self.transport = transport
         self.metrics = ProducerMetrics()
         self.partitioner = Partitioner(self.config.partitioner)
-        self.accumulator = MessageAccumulator(
-            batch_size=self.config.batch_size,
-            linger_ms=self.config.linger_ms,
-            buffer_memory=self.config.buffer_memory,
-            max_block_ms=self.config.max_block_ms,
-            clock=clock,
-        )
+        self.accumulator = MessageAccumulator.from_config(self.config, clock)
         self.txn = TransactionManager(
             self.config.transactional_id, idempotent=self.config.enable_idempotence
         )

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,53 @@ def acls(broker: BrokerProcess, action: str, *args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def rule(
+    principal: str,
+    *operations: str,
+    resource: tuple[str, ...] = ("--topic", TOPIC),
+    permission: str = "allow",
+    host: str | None = None,
+) -> tuple[str, ...]:
+    """The arguments of one ``idemlog acls add|remove`` rule (the topic ``TOPIC`` unless
+    ``resource`` names another, as ``idemlog acls`` options)."""
+    args = (f"--{permission}-principal", principal)
+    if host is not None:
+        args += (f"--{permission}-host", host)
+    for operation in operations:
+        args += ("--operation", operation)
+    return args + resource
+
+
+def allow(broker: BrokerProcess, principal: str, *operations: str, **rule_keys: Any) -> None:
+    """``idemlog acls add`` of :func:`rule`'s rule on ``broker``'s ACL file."""
+    acls(broker, "add", *rule(principal, *operations, **rule_keys))
+
+
+def authorizer_cluster(
+    zk: ZooKeeperHarness, broker_factory: BrokerFactory, passwords: Mapping[str, str]
+) -> ReplicatedCluster:
+    """3 brokers on ``zk`` with SASL listeners and ``authorizer.enable``, replication
+    factor 3; the users ``passwords`` (among them ``broker``, the brokers' own, and
+    ``admin``: both super users) added first with ``idemlog users --zookeeper``; the
+    cluster's client is ``admin``. The caller closes it."""
+    where = ["--zookeeper", zk.hosts]
+    for user, password in passwords.items():
+        add_user(where, user, password)
+    return ReplicatedCluster(
+        zk,
+        broker_factory,
+        extra={
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.inter.broker.username": "broker",
+            "sasl.inter.broker.password": passwords["broker"],
+            "authorizer.enable": "true",
+            "super.users": "User:broker;User:admin",
+            "default.replication.factor": 3,
+        },
+        sasl=SaslCredentials(Mechanism.SCRAM_SHA_256, "admin", passwords["admin"]),
+    )
+
+
 @pytest.fixture
 def admin(acl_broker: BrokerProcess) -> Iterator[BrokerClient]:
     with BrokerClient(acl_broker.address, sasl=creds("admin")) as client:
@@ -101,16 +149,7 @@ def test_produce_without_write_is_refused_and_nothing_is_written(
     )
     assert err.value.code == 29
     assert ids(admin, TOPIC, isolation="read_uncommitted") == []
-    acls(
-        acl_broker,
-        "add",
-        "--allow-principal",
-        "User:alice",
-        "--operation",
-        "Write",
-        "--topic",
-        TOPIC,
-    )
+    allow(acl_broker, "User:alice", "Write")
     with client_of(acl_broker, "alice") as alice:
         produce_one(alice)
     assert ids(admin, TOPIC) == [0]
@@ -154,29 +193,13 @@ def test_read_create_delete_without_acl_are_refused(
         )
     assert [t.name for t in admin.describe_topics()] == ["hidden", TOPIC]  # none deleted
     assert ids(admin, TOPIC) == [0]
-    acls(
+    allow(acl_broker, "User:alice", "Read")
+    allow(
         acl_broker,
-        "add",
-        "--allow-principal",
         "User:alice",
-        "--operation",
-        "Read",
-        "--topic",
-        TOPIC,
-    )
-    acls(
-        acl_broker,
-        "add",
-        "--allow-principal",
-        "User:alice",
-        "--operation",
         "Create",
-        "--operation",
         "Delete",
-        "--topic",
-        "alice",
-        "--resource-pattern-type",
-        "prefixed",
+        resource=("--topic", "alice", "--resource-pattern-type", "prefixed"),
     )
     with client_of(acl_broker, "alice") as alice:
         assert ids(alice, TOPIC) == [0]
@@ -195,16 +218,7 @@ def test_init_and_abort_of_anothers_transactional_id_are_refused_and_leave_it_op
         stream.send(
             rows(3), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
         ).offsets(10)
-    acls(
-        acl_broker,
-        "add",
-        "--allow-principal",
-        "User:bob",
-        "--operation",
-        "Write",
-        "--transactional-id",
-        "bobs",
-    )
+    allow(acl_broker, "User:bob", "Write", resource=("--transactional-id", "bobs"))
     with client_of(acl_broker, "bob") as bob:
         bob.init_producer_id("bobs", None)  # his own: allowed
         with pytest.raises(TransactionalIdAuthorizationFailedError) as err:
@@ -237,17 +251,8 @@ def test_init_and_abort_of_anothers_transactional_id_are_refused_and_leave_it_op
 
 
 def test_deny_overrides_allow(acl_broker: BrokerProcess) -> None:
-    acls(acl_broker, "add", "--allow-principal", "User:*", "--operation", "All", "--topic", "*")
-    acls(
-        acl_broker,
-        "add",
-        "--deny-principal",
-        "User:alice",
-        "--operation",
-        "Write",
-        "--topic",
-        TOPIC,
-    )
+    allow(acl_broker, "User:*", "All", resource=("--topic", "*"))
+    acls(acl_broker, "add", *rule("User:alice", "Write", permission="deny"))
     with client_of(acl_broker, "bob") as bob:
         produce_one(bob)
     with client_of(acl_broker, "alice") as alice:
@@ -261,17 +266,11 @@ def test_prefixed_acl_covers_the_names_it_starts(
 ) -> None:
     admin.create_topic("pay-eu", 1, schema=SCHEMA)
     admin.create_topic("other", 1, schema=SCHEMA)
-    acls(
+    allow(
         acl_broker,
-        "add",
-        "--allow-principal",
         "User:alice",
-        "--operation",
         "Write",
-        "--topic",
-        "pay",
-        "--resource-pattern-type",
-        "prefixed",
+        resource=("--topic", "pay", "--resource-pattern-type", "prefixed"),
     )
     with client_of(acl_broker, "alice") as alice:
         produce_one(alice, TOPIC)
@@ -283,34 +282,12 @@ def test_prefixed_acl_covers_the_names_it_starts(
 
 
 def test_host_acl_holds_for_its_host_only(acl_broker: BrokerProcess) -> None:
-    acls(
-        acl_broker,
-        "add",
-        "--allow-principal",
-        "User:alice",
-        "--allow-host",
-        "10.9.9.9",
-        "--operation",
-        "Write",
-        "--topic",
-        TOPIC,
-    )
+    allow(acl_broker, "User:alice", "Write", host="10.9.9.9")
     with client_of(acl_broker, "alice") as alice:
         with pytest.raises(TopicAuthorizationFailedError) as err:
             produce_one(alice)
         assert "from host 127.0.0.1" in err.value.message
-    acls(
-        acl_broker,
-        "add",
-        "--allow-principal",
-        "User:alice",
-        "--allow-host",
-        "127.0.0.1",
-        "--operation",
-        "Write",
-        "--topic",
-        TOPIC,
-    )
+    allow(acl_broker, "User:alice", "Write", host="127.0.0.1")
     with client_of(acl_broker, "alice") as alice:
         produce_one(alice)
 
@@ -326,7 +303,7 @@ def test_super_user_needs_no_acl(acl_broker: BrokerProcess, admin: BrokerClient)
 def test_acl_removed_mid_stream_refuses_the_next_batch(
     acl_broker: BrokerProcess, admin: BrokerClient
 ) -> None:
-    grant = ("--allow-principal", "User:alice", "--operation", "Write", "--topic", TOPIC)
+    grant = rule("User:alice", "Write")
     acls(acl_broker, "add", *grant)
     counter = itertools.count()
     with client_of(acl_broker, "alice") as alice, alice.produce_stream(TOPIC, 0, SCHEMA) as stream:
@@ -354,25 +331,9 @@ def test_refused_transaction_leaves_nothing_readable(
 ) -> None:
     """A transactional producer whose ACL on its id goes between its writes and its
     commit: the commit is refused, and no row of the transaction is ever readable."""
-    grant = (
-        "--allow-principal",
-        "User:alice",
-        "--operation",
-        "Write",
-        "--transactional-id",
-        "alice-txn",
-    )
+    grant = rule("User:alice", "Write", resource=("--transactional-id", "alice-txn"))
     acls(acl_broker, "add", *grant)
-    acls(
-        acl_broker,
-        "add",
-        "--allow-principal",
-        "User:alice",
-        "--operation",
-        "Write",
-        "--topic",
-        TOPIC,
-    )
+    allow(acl_broker, "User:alice", "Write")
     with client_of(acl_broker, "alice") as alice:
         pid, epoch = alice.init_producer_id("alice-txn", 2000)
         alice.add_partitions_to_txn("alice-txn", pid, epoch, [(TOPIC, 0)])
@@ -436,20 +397,8 @@ def test_cluster_acl_change_reaches_every_broker_within_a_second(
     ``idemlog acls --zookeeper`` holds at the next request on every broker, within a
     second, without a restart; the brokers replicate as User:broker, a super user."""
     where = ["--zookeeper", zk_chroot.hosts]
-    for user, password in {**PASSWORDS, "broker": "broker-Secret-44dd"}.items():
-        add_user(where, user, password)
-    cluster = ReplicatedCluster(
-        zk_chroot,
-        broker_factory,
-        extra={
-            "security.protocol": "SASL_PLAINTEXT",
-            "sasl.inter.broker.username": "broker",
-            "sasl.inter.broker.password": "broker-Secret-44dd",
-            "authorizer.enable": "true",
-            "super.users": "User:broker;User:admin",
-            "default.replication.factor": 3,
-        },
-        sasl=creds("admin"),
+    cluster = authorizer_cluster(
+        zk_chroot, broker_factory, {**PASSWORDS, "broker": "broker-Secret-44dd"}
     )
     try:
         cluster.create_topic(TOPIC, 1)
@@ -469,7 +418,7 @@ def test_cluster_acl_change_reaches_every_broker_within_a_second(
             return True
 
         assert not any(served(b.address) for b in cluster.brokers.values())
-        grant = ("--allow-principal", "User:alice", "--operation", "Describe", "--topic", TOPIC)
+        grant = rule("User:alice", "Describe")
         done = idemlog("acls", "add", *where, *grant)
         assert done.returncode == 0, done.stderr
         for b in cluster.brokers.values():
@@ -501,25 +450,8 @@ def test_producer_fails_at_once_on_a_refusal_and_writes_nothing(
     }
     with pytest.raises(ClusterAuthorizationFailedError, match="IdempotentWrite"):
         Producer(acl_broker.address, **keys)
-    acls(
-        acl_broker,
-        "add",
-        "--allow-principal",
-        "User:alice",
-        "--operation",
-        "IdempotentWrite",
-        "--cluster",
-    )
-    acls(
-        acl_broker,
-        "add",
-        "--allow-principal",
-        "User:alice",
-        "--operation",
-        "Describe",
-        "--topic",
-        TOPIC,
-    )
+    allow(acl_broker, "User:alice", "IdempotentWrite", resource=("--cluster",))
+    allow(acl_broker, "User:alice", "Describe")
     started = time.monotonic()
     with Producer(acl_broker.address, **keys) as producer:
         future = producer.send(TOPIC, rows(4))

@@ -7,6 +7,7 @@ every link inside TLS: the brokers' own too)."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 
 import pytest
 
@@ -29,6 +30,35 @@ ALICE_PASSWORD = "alice-Secret-5e8a"
 TOPIC = "payments"
 PARTITIONS = 3
 SINK = "job"
+ALICE = SaslCredentials(Mechanism.SCRAM_SHA_256, "alice", ALICE_PASSWORD)
+
+
+def sasl_cluster(
+    zk: ZooKeeperHarness,
+    broker_factory: BrokerFactory,
+    where: list[str],
+    extra: Mapping[str, object],
+    tls: TlsMaterial = PLAINTEXT_MATERIAL,
+) -> ReplicatedCluster:
+    """A 3-broker cluster, replication factor 3, whose listeners want SASL: the users
+    ``broker`` (the brokers' own, between them) and ``alice`` (the cluster's client,
+    :data:`ALICE`) added first with ``idemlog users`` at ``where``; ``extra`` adds broker
+    keys or overrides these (``security.protocol`` defaults to SASL_PLAINTEXT)."""
+    add_user(where, "broker", BROKER_PASSWORD)
+    add_user(where, "alice", ALICE_PASSWORD)
+    return ReplicatedCluster(
+        zk,
+        broker_factory,
+        extra={
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.inter.broker.username": "broker",
+            "sasl.inter.broker.password": BROKER_PASSWORD,
+            "default.replication.factor": 3,
+            **extra,
+        },
+        tls=tls,
+        sasl=ALICE,
+    )
 
 
 def _refused(address: str, sasl: SaslCredentials | None, tls: TlsMaterial) -> bool:
@@ -60,21 +90,9 @@ def test_sasl_cluster_replicates_and_commits_exactly_once(
         client_keys = {**tls_certs.client_keys(), "security.protocol": protocol}
         tls = TlsSettings.from_values(client_keys).load(Side.CLIENT)
     where = ["--zookeeper", zk_chroot.hosts]
-    add_user(where, "broker", BROKER_PASSWORD)
-    add_user(where, "alice", ALICE_PASSWORD)
-    alice = SaslCredentials(Mechanism.SCRAM_SHA_256, "alice", ALICE_PASSWORD)
-    cluster = ReplicatedCluster(
-        zk_chroot,
-        broker_factory,
-        extra={
-            **tls_keys,
-            "security.protocol": protocol,
-            "sasl.inter.broker.username": "broker",
-            "sasl.inter.broker.password": BROKER_PASSWORD,
-            "default.replication.factor": 3,
-        },
-        tls=tls,
-        sasl=alice,
+    alice = ALICE
+    cluster = sasl_cluster(
+        zk_chroot, broker_factory, where, {**tls_keys, "security.protocol": protocol}, tls
     )
     try:
         brokers = list(cluster.brokers.values())

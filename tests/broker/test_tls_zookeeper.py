@@ -45,6 +45,24 @@ def _config(zk: SecureZooKeeperServer, certs: TlsCerts, **extra: object) -> dict
     }
 
 
+def _tls_reader(
+    zk: SecureZooKeeperServer, certs: TlsCerts, auth: list[tuple[str, str]] | None = None
+) -> KazooClient:
+    """A started kazoo client on ``zk``'s TLS port under ``/tls``, with the client
+    certificate, as ``auth`` (anonymous by default); the caller stops and closes it."""
+    client = KazooClient(
+        hosts=f"{zk.secure_address}/tls",
+        use_ssl=True,
+        ca=str(certs.ca),
+        certfile=str(certs.client.cert),
+        keyfile=str(certs.client.key),
+        check_hostname=True,
+        auth_data=auth,
+    )
+    client.start(timeout=10)
+    return client
+
+
 def test_a_broker_registers_and_serves_over_a_tls_zookeeper_session(
     secure_zk: SecureZooKeeperServer, broker_factory: BrokerFactory, tls_certs: TlsCerts
 ) -> None:
@@ -52,15 +70,7 @@ def test_a_broker_registers_and_serves_over_a_tls_zookeeper_session(
     with BrokerClient(broker.address) as client:
         assert client.create_topic("over-tls", 1) == [1]
     # What it wrote is in ZooKeeper, read back over TLS with a client certificate.
-    reader = KazooClient(
-        hosts=f"{secure_zk.secure_address}/tls",
-        use_ssl=True,
-        ca=str(tls_certs.ca),
-        certfile=str(tls_certs.client.cert),
-        keyfile=str(tls_certs.client.key),
-        check_hostname=True,
-    )
-    reader.start(timeout=10)
+    reader = _tls_reader(secure_zk, tls_certs)
     try:
         assert reader.get_children("/idemlog/brokers/ids") == ["1"]
         assert "over-tls" in reader.get_children("/idemlog/topics")
@@ -111,22 +121,8 @@ def test_users_command_with_the_brokers_file_speaks_tls_and_secures_the_user_nod
         "alice",
         "pw-alice-1",
     )
-
-    def reader(auth: list[tuple[str, str]] | None) -> KazooClient:
-        client = KazooClient(
-            hosts=f"{secure_zk.secure_address}/tls",
-            use_ssl=True,
-            ca=str(tls_certs.ca),
-            certfile=str(tls_certs.client.cert),
-            keyfile=str(tls_certs.client.key),
-            check_hostname=True,
-            auth_data=auth,
-        )
-        client.start(timeout=10)
-        return client
-
-    owner = reader([("digest", "idemlog-brokers:zk-Secret-77")])
-    anonymous = reader(None)
+    owner = _tls_reader(secure_zk, tls_certs, [("digest", "idemlog-brokers:zk-Secret-77")])
+    anonymous = _tls_reader(secure_zk, tls_certs)
     try:
         acl, _ = owner.get_acls("/idemlog/config/users/alice")
         assert [(a.id.scheme, a.perms) for a in acl] == [("digest", Permissions.ALL)]

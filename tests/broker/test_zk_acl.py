@@ -21,10 +21,9 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkAttempt
-from broker_core.security.flight_auth import SaslCredentials
-from broker_core.security.scram import Mechanism
 from tests.broker.helpers import ids, prepared_attempt
 from tests.broker.test_sasl import add_user, idemlog
+from tests.broker.test_sasl_cluster import ALICE, ALICE_PASSWORD, sasl_cluster
 from tests.harness import zk_acl
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
@@ -37,8 +36,6 @@ IDENTITY = {
     "zookeeper.auth.digest.password": ZK_PASSWORD,
 }
 SECURED = {**IDENTITY, "zookeeper.set.acl": "true"}
-BROKER_PASSWORD = "broker-Secret-91d2"
-ALICE_PASSWORD = "alice-Secret-5e8a"
 TOPIC = "payments"
 SINK = "job"
 # Clients that must not change anything: anonymous, another user, the right user with a
@@ -71,21 +68,10 @@ def test_secured_cluster_works_and_no_outsider_can_change_any_node(
     connect = zk_chroot.hosts + "/secure"  # a chroot the brokers' side creates, secured
     config = _properties(tmp_path / "zk.properties", SECURED)
     where = ["--zookeeper", connect, "--config", config]
-    add_user(where, "broker", BROKER_PASSWORD)
-    add_user(where, "alice", ALICE_PASSWORD)
-    alice = SaslCredentials(Mechanism.SCRAM_SHA_256, "alice", ALICE_PASSWORD)
-    cluster = ReplicatedCluster(
-        zk_chroot,
-        broker_factory,
-        extra={
-            **SECURED,
-            "zookeeper.connect": connect,
-            "security.protocol": "SASL_PLAINTEXT",  # the brokers read the private users
-            "sasl.inter.broker.username": "broker",
-            "sasl.inter.broker.password": BROKER_PASSWORD,
-            "default.replication.factor": 3,
-        },
-        sasl=alice,
+    alice = ALICE
+    # SASL_PLAINTEXT (sasl_cluster's): the brokers read the private users.
+    cluster = sasl_cluster(
+        zk_chroot, broker_factory, where, {**SECURED, "zookeeper.connect": connect}
     )
     try:
         cluster.create_topic(TOPIC, 1)

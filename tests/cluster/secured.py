@@ -32,7 +32,6 @@ ACLs' broker keys, filled by :meth:`Security.create`), :meth:`Security.before_br
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from broker_core.security.scram import Mechanism
 from broker_core.security.tls import Side, TlsMaterial, TlsSettings
 from tests.harness.cluster import REPO, ZK_PORT
 from tests.harness.netns import Host
-from tests.harness.tls import _NETTY_JARS, CertFiles, _issue, _write
+from tests.harness.tls import CertFiles, _issue, _write, append_tls_config, with_netty
 from tests.harness.zookeeper import LOOPBACK, ZooKeeperServer
 
 if TYPE_CHECKING:
@@ -122,29 +121,13 @@ class SecuredZooKeeper(ZooKeeperServer):
         return f"{self.bed_host.address}:{ZK_PORT}"
 
     def command(self) -> list[str]:
-        command = super().command()
-        at = command.index("-cp") + 1
-        extra = [f"/usr/share/java/{name}.jar" for name in _NETTY_JARS]
-        command[at] = os.pathsep.join([command[at], *(j for j in extra if Path(j).exists())])
-        return command
+        return with_netty(super().command())
 
     def _write_config(self) -> None:
         super()._write_config()
-        keystore = self.base_dir / "zk-keystore.pem"  # ZooKeeper's PEM store: key then cert
-        keystore.write_bytes(self.cert.key.read_bytes() + self.cert.cert.read_bytes())
-        keystore.chmod(0o600)
-        lines = [
-            f"secureClientPort={ZK_PORT}",
-            f"secureClientPortAddress={self.bed_host.address}",
-            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
-            f"ssl.keyStore.location={keystore}",
-            "ssl.keyStore.type=PEM",
-            f"ssl.trustStore.location={self.ca}",
-            "ssl.trustStore.type=PEM",
-            "ssl.clientAuth=need",
-        ]
-        with self.config_path.open("a", encoding="utf-8") as config:
-            config.write("\n".join(lines) + "\n")
+        append_tls_config(
+            self.config_path, self.base_dir, self.cert, self.ca, self.bed_host.address, ZK_PORT
+        )
 
     def _serving(self) -> bool:
         # The plaintext port is the host's loopback: ask from inside the host.

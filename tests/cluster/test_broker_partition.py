@@ -37,7 +37,7 @@ from jobs.verify import verify_exactly_once
 from spark_sink.producer import Producer, SendResult
 from spark_sink.producer.partitioner import partitions_for_keys
 from tests.harness.broker import BrokerProcess
-from tests.harness.cluster import BrokerCluster, read_back
+from tests.harness.cluster import BrokerCluster, cut_cluster, live_ids, read_back
 from tests.harness.netns import TestBed
 from tests.harness.waiting import wait_until
 
@@ -137,24 +137,12 @@ def _metadata(client: BrokerClient, broker: BrokerProcess) -> dict[str, Any]:
     return client.action(broker.address, Action.METADATA, {})
 
 
-def _live_ids(client: BrokerClient, broker: BrokerProcess) -> set[int]:
-    return {int(b["broker_id"]) for b in _metadata(client, broker)["brokers"]}
-
-
 @pytest.fixture
 def cluster(
     testbed: TestBed, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[BrokerCluster]:
-    brokers = BrokerCluster(testbed, tmp_path / "cluster", count=3, session_ms=SESSION_MS)
-    try:
-        brokers.start()
+    with cut_cluster(testbed, tmp_path / "cluster", request, session_ms=SESSION_MS) as brokers:
         yield brokers
-    finally:
-        for host in brokers.hosts:
-            host.heal()
-        brokers.close()
-        for broker in brokers.brokers:
-            request.node.add_report_section("teardown", broker.name, broker.log_tail(60))
 
 
 @dataclass
@@ -191,7 +179,7 @@ def _cut_past_session(
         # The session expires on the ZooKeeper server: the other brokers' metadata drops
         # the broker (its ephemeral registration went with the session).
         wait_until(
-            lambda: all(victim_id not in _live_ids(client, b) for b in survivors),
+            lambda: all(victim_id not in live_ids(client, b) for b in survivors),
             f"the surviving brokers to drop broker {victim_id}",
             timeout=CUT_S,
         )
@@ -205,7 +193,7 @@ def _cut_past_session(
     # The returning broker finds its session expired and registers in a new one.
     victim.wait_for_log("ZooKeeper session lost", timeout=30)
     wait_until(
-        lambda: all(_live_ids(client, b) == {1, 2, 3} for b in cluster.brokers),
+        lambda: all(live_ids(client, b) == {1, 2, 3} for b in cluster.brokers),
         f"broker {victim_id} registered again, seen by every broker",
         timeout=30,
     )

@@ -48,7 +48,7 @@ from broker_core.retry import RetryPolicy
 from broker_core.txn.state_topic import TXN_STATE_TOPIC, state_partition_of
 from tests.broker.helpers import ids, prepared_attempt
 from tests.harness.broker import BrokerProcess
-from tests.harness.cluster import BrokerCluster
+from tests.harness.cluster import BrokerCluster, cut_cluster, live_ids
 from tests.harness.netns import TestBed
 from tests.harness.waiting import wait_until
 
@@ -77,18 +77,15 @@ ABORTED = "aborted transactions open past their timeout"  # logged once an abort
 def cluster(
     testbed: TestBed, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[BrokerCluster]:
-    brokers = BrokerCluster(
-        testbed, tmp_path / "cluster", count=3, session_ms=SESSION_MS, config=BROKER_CONFIG
-    )
-    try:
-        brokers.start()
+    with cut_cluster(
+        testbed,
+        tmp_path / "cluster",
+        request,
+        session_ms=SESSION_MS,
+        config=BROKER_CONFIG,
+        log_lines=80,
+    ) as brokers:
         yield brokers
-    finally:
-        for host in brokers.hosts:
-            host.heal()
-        brokers.close()
-        for broker in brokers.brokers:
-            request.node.add_report_section("teardown", broker.name, broker.log_tail(80))
 
 
 def _describe(client: BrokerClient, broker: BrokerProcess, topic: str) -> list[PartitionState]:
@@ -116,11 +113,6 @@ def _agreed(
 def _all_in_sync(client: BrokerClient, brokers: list[BrokerProcess], topic: str) -> bool:
     states = _agreed(client, brokers, topic)
     return states is not None and all(set(s.isr) == {1, 2, 3} for s in states)
-
-
-def _live_ids(client: BrokerClient, broker: BrokerProcess) -> set[int]:
-    doc = client.action(broker.address, Action.METADATA, {})
-    return {int(b["broker_id"]) for b in doc["brokers"]}
 
 
 def _coordinator(client: BrokerClient, brokers: list[BrokerProcess], old: int | None) -> int:
@@ -238,7 +230,7 @@ def test_coordinator_cut_off_mid_batch_times_nothing_out_and_its_successor_commi
     cut_at = time.monotonic()
     try:
         wait_until(
-            lambda: all(coordinator_id not in _live_ids(client, b) for b in survivors),
+            lambda: all(coordinator_id not in live_ids(client, b) for b in survivors),
             f"the other brokers to drop broker {coordinator_id}",
             timeout=FAILOVER_S,
         )
@@ -314,7 +306,7 @@ def test_coordinator_cut_off_mid_batch_times_nothing_out_and_its_successor_commi
     )
     client = cluster.client()
     wait_until(
-        lambda: all(_live_ids(client, b) == {1, 2, 3} for b in brokers),
+        lambda: all(live_ids(client, b) == {1, 2, 3} for b in brokers),
         f"broker {coordinator_id} registered again, seen by every broker",
         timeout=FAILOVER_S,
     )

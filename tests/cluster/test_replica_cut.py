@@ -53,7 +53,7 @@ from broker_core.protocol.wire import Action
 from broker_core.record.batch import NO_LEADER_EPOCH, decode_header
 from spark_sink.producer import Producer
 from tests.harness.broker import BrokerProcess
-from tests.harness.cluster import BrokerCluster, read_back
+from tests.harness.cluster import BrokerCluster, cut_cluster, live_ids, read_back
 from tests.harness.netns import Host, TestBed
 from tests.harness.waiting import wait_until
 
@@ -88,18 +88,10 @@ ACK_SLACK_S = 1.0
 def cluster(
     testbed: TestBed, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[BrokerCluster]:
-    brokers = BrokerCluster(
-        testbed, tmp_path / "cluster", count=3, session_ms=SESSION_MS, config=BROKER_CONFIG
-    )
-    try:
-        brokers.start()
+    with cut_cluster(
+        testbed, tmp_path / "cluster", request, session_ms=SESSION_MS, config=BROKER_CONFIG
+    ) as brokers:
         yield brokers
-    finally:
-        for host in brokers.hosts:
-            host.heal()
-        brokers.close()
-        for broker in brokers.brokers:
-            request.node.add_report_section("teardown", broker.name, broker.log_tail(60))
 
 
 def _state(client: BrokerClient, broker: BrokerProcess) -> PartitionState:
@@ -136,11 +128,6 @@ def _wait_state(
     found = wait_until(agreed, what, timeout=timeout)
     assert found is not None
     return found
-
-
-def _live_ids(client: BrokerClient, broker: BrokerProcess) -> set[int]:
-    doc = client.action(broker.address, Action.METADATA, {})
-    return {int(b["broker_id"]) for b in doc["brokers"]}
 
 
 @dataclass
@@ -241,7 +228,7 @@ def test_leader_cut_off_with_its_producer_stops_acking_and_truncates_its_tail(
         # 2. The session expires on the ZooKeeper server: the others drop the broker, and
         # the controller elects an in-sync follower at a higher epoch.
         wait_until(
-            lambda: all(victim_id not in _live_ids(client, b) for b in survivors),
+            lambda: all(victim_id not in live_ids(client, b) for b in survivors),
             f"the other brokers to drop broker {victim_id}",
             timeout=15,
         )
@@ -301,7 +288,7 @@ def test_leader_cut_off_with_its_producer_stops_acking_and_truncates_its_tail(
     # leader, cuts its tail and catches up.
     victim.wait_for_log("ZooKeeper session lost", timeout=30)
     wait_until(
-        lambda: all(_live_ids(client, b) == {1, 2, 3} for b in brokers),
+        lambda: all(live_ids(client, b) == {1, 2, 3} for b in brokers),
         f"broker {victim_id} registered again, seen by every broker",
         timeout=30,
     )

@@ -22,15 +22,18 @@ import functools
 import json
 import os
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyspark
+import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.wire import Action
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN
@@ -204,6 +207,37 @@ class SparkStandalone:
                 f"worker registered ({log.name})",
                 timeout=START_TIMEOUT,
             )
+
+
+@contextmanager
+def cut_cluster(
+    bed: TestBed,
+    workdir: Path,
+    request: pytest.FixtureRequest,
+    *,
+    session_ms: int,
+    config: Mapping[str, object] | None = None,
+    log_lines: int = 60,
+) -> Iterator[BrokerCluster]:
+    """A started 3-broker :class:`BrokerCluster` for a test that cuts links: at the end
+    every host's links are healed before the brokers close, and each broker's last
+    ``log_lines`` log lines go on the test's report (pytest shows them on failure)."""
+    brokers = BrokerCluster(bed, workdir, count=3, session_ms=session_ms, config=config)
+    try:
+        brokers.start()
+        yield brokers
+    finally:
+        for host in brokers.hosts:
+            host.heal()
+        brokers.close()
+        for broker in brokers.brokers:
+            request.node.add_report_section("teardown", broker.name, broker.log_tail(log_lines))
+
+
+def live_ids(client: BrokerClient, broker: BrokerProcess) -> set[int]:
+    """The broker ids live in METADATA as this one broker answers it (no routing)."""
+    doc = client.action(broker.address, Action.METADATA, {})
+    return {int(b["broker_id"]) for b in doc["brokers"]}
 
 
 def code_zip(workdir: Path) -> Path:

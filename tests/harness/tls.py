@@ -207,6 +207,38 @@ _NETTY_JARS = (
 )
 
 
+def with_netty(command: list[str]) -> list[str]:
+    """A ZooKeeper server's ``command`` with Debian's Netty jars (those installed) added to
+    its class path: its TLS port needs Netty's connection factory."""
+    at = command.index("-cp") + 1
+    extra = [f"/usr/share/java/{name}.jar" for name in _NETTY_JARS]
+    command[at] = os.pathsep.join([command[at], *(j for j in extra if Path(j).exists())])
+    return command
+
+
+def append_tls_config(
+    config_path: Path, base_dir: Path, server: CertFiles, ca: Path, address: str, port: int
+) -> None:
+    """Append to a ZooKeeper server's configuration its TLS port ``address:port`` (Netty,
+    ``server``'s key and certificate as a 0600 PEM store in ``base_dir``) trusting ``ca``
+    and requiring a client certificate (``ssl.clientAuth=need``)."""
+    keystore = base_dir / "zk-keystore.pem"  # ZooKeeper's PEM store: key then cert
+    keystore.write_bytes(server.key.read_bytes() + server.cert.read_bytes())
+    keystore.chmod(0o600)
+    lines = [
+        f"secureClientPort={port}",
+        f"secureClientPortAddress={address}",
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+        f"ssl.keyStore.location={keystore}",
+        "ssl.keyStore.type=PEM",
+        f"ssl.trustStore.location={ca}",
+        "ssl.trustStore.type=PEM",
+        "ssl.clientAuth=need",
+    ]
+    with config_path.open("a", encoding="utf-8") as config:
+        config.write("\n".join(lines) + "\n")
+
+
 class SecureZooKeeperServer(ZooKeeperServer):
     """A ZooKeeper server that also serves TLS on ``secure_port`` (Netty, PEM files,
     ``ssl.clientAuth=need``: a client must show a certificate of ``certs.ca``). The plain
@@ -222,27 +254,15 @@ class SecureZooKeeperServer(ZooKeeperServer):
         return f"127.0.0.1:{self.secure_port}"
 
     def command(self) -> list[str]:
-        command = super().command()
-        at = command.index("-cp") + 1
-        extra = [f"/usr/share/java/{name}.jar" for name in _NETTY_JARS]
-        command[at] = os.pathsep.join([command[at], *(j for j in extra if Path(j).exists())])
-        return command
+        return with_netty(super().command())
 
     def _write_config(self) -> None:
         super()._write_config()
-        keystore = self.base_dir / "zk-keystore.pem"  # ZooKeeper's PEM store: key then cert
-        server = self.certs.broker
-        keystore.write_bytes(server.key.read_bytes() + server.cert.read_bytes())
-        keystore.chmod(0o600)
-        lines = [
-            f"secureClientPort={self.secure_port}",
-            "secureClientPortAddress=127.0.0.1",
-            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
-            f"ssl.keyStore.location={keystore}",
-            "ssl.keyStore.type=PEM",
-            f"ssl.trustStore.location={self.certs.ca}",
-            "ssl.trustStore.type=PEM",
-            "ssl.clientAuth=need",
-        ]
-        with self.config_path.open("a", encoding="utf-8") as config:
-            config.write("\n".join(lines) + "\n")
+        append_tls_config(
+            self.config_path,
+            self.base_dir,
+            self.certs.broker,
+            self.certs.ca,
+            "127.0.0.1",
+            self.secure_port,
+        )

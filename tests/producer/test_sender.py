@@ -55,13 +55,7 @@ def rig(clock: ManualClock, **overrides: Any) -> Rig:
     values.update(overrides)
     config = ProducerConfig.from_mapping(values)
     transport = FakeTransport()
-    accumulator = MessageAccumulator(
-        batch_size=config.batch_size,
-        linger_ms=config.linger_ms,
-        buffer_memory=config.buffer_memory,
-        max_block_ms=config.max_block_ms,
-        clock=clock,
-    )
+    accumulator = MessageAccumulator.from_config(config, clock)
     txn = TransactionManager(None)
     txn.set_producer_id(*transport.init_producer_id(None, None))
     metrics = ProducerMetrics()

@@ -46,12 +46,7 @@ class _Counted(Sender):
 
 def _threaded_sender(transport: FakeTransport) -> tuple[_Counted, MessageAccumulator]:
     config = ProducerConfig.from_mapping({"linger.ms": 0, "retry.backoff.ms": 0})
-    accumulator = MessageAccumulator(
-        batch_size=config.batch_size,
-        linger_ms=config.linger_ms,
-        buffer_memory=config.buffer_memory,
-        max_block_ms=config.max_block_ms,
-    )
+    accumulator = MessageAccumulator.from_config(config)
     txn = TransactionManager(None)
     txn.set_producer_id(*transport.init_producer_id(None, None))
     sender = _Counted(accumulator, txn, transport, config, ProducerMetrics(), idle_s=NEVER_S)

@@ -37,9 +37,18 @@ def store(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def drivers(tmp_path: Path, store: str) -> Iterator[DriverLauncher]:
-    launcher = DriverLauncher(tmp_path)
+def launcher(tmp_path: Path) -> Iterator[DriverLauncher]:
+    """A launcher of driver children, without an embedded broker (for tests that bring
+    their own brokers, e.g. a ``ReplicatedCluster``); its children are killed at teardown."""
+    drivers = DriverLauncher(tmp_path)
     try:
-        yield launcher
+        yield drivers
     finally:
-        launcher.close()
+        drivers.close()
+
+
+@pytest.fixture
+def drivers(store: str, launcher: DriverLauncher) -> DriverLauncher:
+    """:func:`launcher` after the embedded broker ``store``: set up after it, so its
+    children are killed before the broker is stopped."""
+    return launcher

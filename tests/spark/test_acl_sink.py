@@ -13,9 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.security.flight_auth import SaslCredentials
-from broker_core.security.scram import Mechanism
-from tests.broker.test_sasl import add_user, idemlog
+from tests.broker.test_acls import authorizer_cluster
+from tests.broker.test_sasl import idemlog
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.zookeeper import ZooKeeperHarness
@@ -59,22 +58,7 @@ def test_minimal_acls_write_and_read_exactly_once_and_a_job_without_write_fails(
     tmp_path: Path, zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
 ) -> None:
     where = ["--zookeeper", zk_chroot.hosts]
-    for user, password in PASSWORDS.items():
-        add_user(where, user, password)
-    admin = SaslCredentials(Mechanism.SCRAM_SHA_256, "admin", PASSWORDS["admin"])
-    cluster = ReplicatedCluster(
-        zk_chroot,
-        broker_factory,
-        extra={
-            "security.protocol": "SASL_PLAINTEXT",
-            "sasl.inter.broker.username": "broker",
-            "sasl.inter.broker.password": PASSWORDS["broker"],
-            "authorizer.enable": "true",
-            "super.users": "User:broker;User:admin",
-            "default.replication.factor": 3,
-        },
-        sasl=admin,
-    )
+    cluster = authorizer_cluster(zk_chroot, broker_factory, PASSWORDS)
     launcher = DriverLauncher(tmp_path)
     try:
         for topic in ("streamed", "written", "denied"):

@@ -12,10 +12,7 @@ from __future__ import annotations
 import itertools
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.harness.replicated import ReplicatedCluster
 from tests.spark.helpers import (
@@ -30,15 +27,6 @@ TOPIC_PARTITIONS = 4
 # One election's worth: the ZooKeeper session (2 s) a crash would wait out, the election,
 # the clients' metadata refresh and retry backoff, and a micro-batch's own time.
 ELECTION_BOUND_S = 15.0
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[DriverLauncher]:
-    drivers = DriverLauncher(tmp_path)
-    try:
-        yield drivers
-    finally:
-        drivers.close()
 
 
 def _stream(

@@ -8,10 +8,7 @@ once, in per-key order."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
@@ -30,15 +27,6 @@ from tests.spark.helpers import (
 
 STATE_PARTITIONS = 6
 TOPIC = "spread_sink"
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[DriverLauncher]:
-    drivers = DriverLauncher(tmp_path)
-    try:
-        yield drivers
-    finally:
-        drivers.close()
 
 
 def _coordinator_of(cluster: ReplicatedCluster, state_partition: int) -> tuple[int, int]:

@@ -7,11 +7,9 @@ every link; exactly once is checked as in the plaintext tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from broker_core.security.tls import Side, TlsSettings
 from tests.broker.helpers import TEST_BROKER_CONFIG
@@ -24,15 +22,6 @@ from tests.spark.helpers import (
     batch_spec,
     make_input,
 )
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[DriverLauncher]:
-    drivers = DriverLauncher(tmp_path)
-    try:
-        yield drivers
-    finally:
-        drivers.close()
 
 
 def test_spark_writes_and_reads_through_mutual_tls_exactly_once(
