@@ -1,0 +1,213 @@
+"""Where a batch write's time goes: py-spy samples of the Python processes under Spark and
+of the embedded broker while ``df.write.format("idemlog")`` writes bench-peers' rows.
+
+    python -m benchmarks.profile_write [--rows 5000000] [--rate 97] [--out DIR]
+
+One ``local[2,1]`` session as bench-peers' (``bench_spark.source``'s rows, ``key="key"``,
+a fresh topic of the default 4 partitions on an embedded broker, default configuration).
+A warm-up write of 100,000 rows first, so the Python workers (reused, Spark's default)
+and the broker exist; then two ``py-spy record --nonblocking --format raw`` run while one
+write of ``--rows`` rows is timed: one on this process and its descendants
+(``--subprocesses``: the driver, the JVM's Python daemon and its workers; py-spy skips the
+JVM), one on the broker (it runs in a session of its own, no descendant). Stopped with
+SIGINT once the write returns; the collapsed stacks are kept in ``--out``
+(``workers.txt``, ``broker.txt``: flamegraph.pl's input) and summarised: for each process
+kind, the share of its on-CPU samples (py-spy drops idle threads) in each part
+(``PARTS``: the first rule whose text occurs in a sample's stack wins), then the heaviest
+frames of the project's and pyarrow's code, inclusive. ``--nonblocking`` does not pause
+the processes to sample them, so the write runs at nearly full speed (its time is printed
+beside an unprofiled one's); a sample may then be torn, which at this count does not move
+a share by more than a point. Needs ``py-spy`` (``.venv/bin/pip install py-spy``) and
+permission to trace the broker (root, or ptrace_scope 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.bench_spark import WARMUP_ROWS, Bench, source
+from spark_sink import local_session
+from spark_sink.embedded import broker_pid, stop_broker
+from spark_sink.session import REPO
+
+PY_SPY = Path(sys.executable).parent / "py-spy"
+PY_SPY_STOP_TIMEOUT_S = 60.0
+TOP_FRAMES = 18
+
+# (part, the texts any of which in a sample's stack puts it there); the first match wins,
+# so a narrow part comes before the wider one that also holds its frames.
+PARTS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "task": (
+        ("producer: partitioning", ("partitioner.py",)),
+        ("producer: commit/prepare (txn requests)", ("transaction_manager.py", "commit.py")),
+        (
+            "producer: IPC encoding",
+            ("record/", "new_stream", "write_batch", "RecordBatchStreamWriter"),
+        ),
+        ("producer: Flight stream (do_put/do_exchange, acks)", ("transport.py", "flight")),
+        ("producer: accumulator, sender, futures", ("spark_sink/producer/",)),
+        ("sink: task set-up (producer id, options, schema)", ("spark_sink/",)),
+        (
+            "Spark: JVM -> Python Arrow batches (reading the task's input)",
+            ("serializers.py", "load_stream", "_read_with_length", "read_int", "ipc.py"),
+        ),
+        ("Spark: worker loop, other", ("pyspark/",)),
+    ),
+    "broker": (
+        (
+            "broker: validation (sequence, epoch, batch checks)",
+            ("validator.py", "producer_state.py"),
+        ),
+        ("broker: fsync", ("fsync", "fdatasync")),
+        (
+            "broker: append to the segment, indexes",
+            ("segment.py", "indexes.py", "partition_log.py", "store.py"),
+        ),
+        (
+            "broker: decode the request (IPC read)",
+            ("record/", "read_all", "read_next_batch", "ipc.py"),
+        ),
+        ("broker: transactions, coordinator, markers", ("txn/", "coordinator", "marker")),
+        ("broker: Flight handler, other", ("handlers.py", "flight_server.py", "flight")),
+        ("broker: other", ("",)),
+    ),
+}
+
+
+def _stacks(path: Path) -> list[tuple[str, list[str], int]]:
+    """py-spy's raw output as (process, frames root first, samples)."""
+    out = []
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        process = frames[0] if frames[0].startswith("process ") else ""
+        out.append((process, frames, int(count)))
+    return out
+
+
+def _kind(process: str) -> str:
+    """driver, task (a Spark Python worker or daemon) or broker, from py-spy's process frame."""
+    if "broker start" in process or "broker_core" in process:
+        return "broker"
+    if "pyspark.daemon" in process or "pyspark.worker" in process or "worker" in process:
+        return "task"
+    return "driver"
+
+
+def summarise(path: Path, default_kind: str) -> None:
+    by_kind: dict[str, Counter[str]] = defaultdict(Counter)
+    frames_by_kind: dict[str, Counter[str]] = defaultdict(Counter)
+    totals: Counter[str] = Counter()
+    for process, frames, count in _stacks(path):
+        kind = _kind(process) if process else default_kind
+        totals[kind] += count
+        text = ";".join(frames)
+        for part, needles in PARTS.get(kind, ()):
+            if any(n in text for n in needles):
+                by_kind[kind][part] += count
+                break
+        else:
+            by_kind[kind]["other"] += count
+        seen = set()
+        for frame in frames:
+            # "function (path/to/file.py:line)": keep function and file, drop the line.
+            match = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
+            if not match:
+                continue
+            name = f"{match.group(1)} ({_short(match.group(2))})"
+            if name not in seen and any(
+                s in match.group(2) for s in ("spark_sink", "broker_core", "pyarrow", "pyspark")
+            ):
+                seen.add(name)
+                frames_by_kind[kind][name] += count
+    for kind in sorted(totals):
+        total = totals[kind]
+        print(f"\n{kind}: {total} on-CPU samples")
+        for part, count in by_kind[kind].most_common():
+            print(f"  {100 * count / total:5.1f}%  {part}")
+        print("  heaviest frames (inclusive):")
+        for name, count in frames_by_kind[kind].most_common(TOP_FRAMES):
+            print(f"    {100 * count / total:5.1f}%  {name}")
+
+
+def _short(path: str) -> str:
+    for root in ("site-packages/", str(REPO) + "/"):
+        if root in path:
+            return path.split(root, 1)[1]
+    return path
+
+
+def _record(pid: int, output: Path, rate: int, subprocesses: bool) -> subprocess.Popen[bytes]:
+    command = [str(PY_SPY), "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking"]
+    command += ["--format", "raw", "--output", str(output)]
+    if subprocesses:
+        command.append("--subprocesses")
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _stop(recorder: subprocess.Popen[bytes], what: str) -> None:
+    recorder.send_signal(signal.SIGINT)
+    try:
+        _, err = recorder.communicate(timeout=PY_SPY_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        recorder.kill()
+        raise SystemExit(f"profile-write: py-spy of the {what} did not stop") from None
+    if recorder.returncode not in (0, -signal.SIGINT):
+        print(f"profile-write: py-spy of the {what}: {err.decode().strip()}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--rate", type=int, default=97, help="samples a second per process")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "profile-write")
+    args = parser.parse_args(argv)
+    if not PY_SPY.exists():
+        raise SystemExit(f"profile-write: {PY_SPY} is missing: .venv/bin/pip install py-spy")
+    args.out.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="profile-write-"))
+    embedded = str(directory / "embedded")
+    spark = local_session("profile-write", cores=2, max_failures=1)
+    try:
+        bench = Bench(spark, directory, embedded)
+        bench.write("idemlog", source(spark, WARMUP_ROWS), WARMUP_ROWS)
+        plain = bench.write("idemlog", source(spark, args.rows), args.rows)
+        broker = broker_pid(embedded)
+        if broker is None:
+            raise SystemExit("profile-write: the embedded broker is not running")
+        workers = _record(os.getpid(), args.out / "workers.txt", args.rate, subprocesses=True)
+        brokers = _record(broker, args.out / "broker.txt", args.rate, subprocesses=False)
+        time.sleep(1.0)  # py-spy attaches before the write starts
+        try:
+            profiled = bench.write("idemlog", source(spark, args.rows), args.rows)
+        finally:
+            _stop(workers, "workers")
+            _stop(brokers, "broker")
+    finally:
+        spark.stop()
+        stop_broker(embedded)
+        shutil.rmtree(directory, ignore_errors=True)
+    print(
+        f"profile-write: {args.rows} rows, {plain:.2f} s unprofiled, {profiled:.2f} s "
+        f"profiled; stacks in {args.out}"
+    )
+    summarise(args.out / "workers.txt", "task")
+    summarise(args.out / "broker.txt", "broker")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
