@@ -117,8 +117,8 @@ def draw_chart(rows: list[Row], path: Path) -> None:
     axes.axhline(1.0, color="black", linewidth=1)
     axes.set_ylabel("time / idemlog's time  (> 1: idemlog faster)")
     axes.set_title(
-        "idemlog vs peers: writes (batch best run, stream p50 addBatch, ingest best run) and "
-        "reads (batch median run, rstream p50 triggerExecution)"
+        "idemlog vs peers. Writes: batch best run, stream p50 addBatch, ingest best run;\n"
+        "reads: batch (read) median run, streaming read (rstream) p50 triggerExecution"
     )
     axes.legend(handles=[Patch(color=c, label=p) for p, c in colours.items()])
     figure.tight_layout()

@@ -44,6 +44,7 @@ from spark_sink.session import REPO
 PY_SPY = Path(sys.executable).parent / "py-spy"
 PY_SPY_STOP_TIMEOUT_S = 60.0
 TOP_FRAMES = 18
+PY_SPY_ATTACH_S = 1.0  # py-spy attaches before the write starts
 
 # (part, the texts any of which in a sample's stack puts it there); the first match wins,
 # so a narrow part comes before the wider one that also holds its frames.
@@ -63,6 +64,11 @@ PARTS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             ("serializers.py", "load_stream", "_read_with_length", "read_int", "ipc.py"),
         ),
         ("Spark: worker loop, other", ("pyspark/",)),
+    ),
+    "driver": (
+        ("sink: commit (driver)", ("commit.py", "commit")),
+        ("sink: planning, topic check (driver)", ("spark_sink/", "broker_core/")),
+        ("Spark: driver-side Python processes, other", ("",)),
     ),
     "broker": (
         (
@@ -93,26 +99,32 @@ def _stacks(path: Path) -> list[tuple[str, list[str], int]]:
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        process = frames[0] if frames[0].startswith("process ") else ""
-        out.append((process, frames, int(count)))
+        # With --subprocesses each sample starts with its process's ancestry, one frame
+        # per process: the last of them is the sampled process.
+        processes = [f for f in frames if f.startswith("process ")]
+        out.append((processes[-1] if processes else "", frames, int(count)))
     return out
 
 
 def _kind(process: str) -> str:
-    """driver, task (a Spark Python worker or daemon) or broker, from py-spy's process frame."""
-    if "broker start" in process or "broker_core" in process:
+    """From py-spy's process frame: broker; task (a Spark Python worker, ``pyspark.worker``:
+    the write tasks); driver (this process and the data source's driver-side Python
+    processes, ``pyspark.sql.worker.*``: planning and the commit)."""
+    if "broker start" in process:
         return "broker"
-    if "pyspark.daemon" in process or "pyspark.worker" in process or "worker" in process:
+    if "pyspark.worker" in process:
         return "task"
     return "driver"
 
 
-def summarise(path: Path, default_kind: str) -> None:
+def summarise(path: Path, default_kind: str, kinds: Sequence[str]) -> None:
     by_kind: dict[str, Counter[str]] = defaultdict(Counter)
     frames_by_kind: dict[str, Counter[str]] = defaultdict(Counter)
     totals: Counter[str] = Counter()
     for process, frames, count in _stacks(path):
         kind = _kind(process) if process else default_kind
+        if kind not in kinds:
+            continue
         totals[kind] += count
         text = ";".join(frames)
         for part, needles in PARTS.get(kind, ()):
@@ -190,12 +202,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("profile-write: the embedded broker is not running")
         workers = _record(os.getpid(), args.out / "workers.txt", args.rate, subprocesses=True)
         brokers = _record(broker, args.out / "broker.txt", args.rate, subprocesses=False)
-        time.sleep(1.0)  # py-spy attaches before the write starts
+        time.sleep(PY_SPY_ATTACH_S)
+        topic = bench.fresh("profiled")
         try:
-            profiled = bench.write("idemlog", source(spark, args.rows), args.rows)
+            start = time.perf_counter()
+            (
+                source(spark, args.rows)
+                .write.format("idemlog")
+                .mode("append")
+                .option("path", embedded)
+                .option("topic", topic)
+                .option("key", "key")
+                .save()
+            )
+            profiled = time.perf_counter() - start
         finally:
+            # Before the check and the topic's deletion, which are not the write's.
             _stop(workers, "workers")
             _stop(brokers, "broker")
+        bench.check_topic(topic, args.rows, source(spark, 1).rdd.getNumPartitions())
+        bench.delete_topic(topic)
     finally:
         spark.stop()
         stop_broker(embedded)
@@ -204,8 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"profile-write: {args.rows} rows, {plain:.2f} s unprofiled, {profiled:.2f} s "
         f"profiled; stacks in {args.out}"
     )
-    summarise(args.out / "workers.txt", "task")
-    summarise(args.out / "broker.txt", "broker")
+    # The broker is sampled by a py-spy of its own (it may not be a descendant).
+    summarise(args.out / "workers.txt", "task", ("task", "driver"))
+    summarise(args.out / "broker.txt", "broker", ("broker",))
     return 0
 
 
