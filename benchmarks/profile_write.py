@@ -13,12 +13,20 @@ JVM), one on the broker (it runs in a session of its own, no descendant). Stoppe
 SIGINT once the write returns; the collapsed stacks are kept in ``--out``
 (``workers.txt``, ``broker.txt``: flamegraph.pl's input) and summarised: for each process
 kind, the share of its on-CPU samples (py-spy drops idle threads) in each part
-(``PARTS``: the first rule whose text occurs in a sample's stack wins), then the heaviest
-frames of the project's and pyarrow's code, inclusive. ``--nonblocking`` does not pause
-the processes to sample them, so the write runs at nearly full speed (its time is printed
-beside an unprofiled one's); a sample may then be torn, which at this count does not move
-a share by more than a point. Needs ``py-spy`` (``.venv/bin/pip install py-spy``) and
-permission to trace the broker (root, or ptrace_scope 0).
+(``PARTS``), then the heaviest frames of the project's, Spark's and pyarrow's code,
+inclusive. The CPU seconds of Spark's processes and of the broker during the unprofiled
+and the profiled write are printed too: the shares are of those. py-spy samples in its
+blocking mode (it pauses a process for each sample): in ``--nonblocking`` mode it cannot
+tell an idle thread from a busy one (it guesses; a thread blocked in native code, as the
+broker's Flight reader waiting for the next chunk, counts as busy), which made the first
+profiles of this module wrong. The pauses slow the write a little (both times printed).
+Even in blocking mode, on this machine py-spy counted the broker's waiting threads as
+busy (1,567 samples in 11 s from a broker that used 0.8 CPU s): read the shares as thread
+time, waits included, and weigh them with the CPU seconds; ``--gil`` samples only the
+thread holding the GIL, i.e. Python's own CPU time (native code that releases the GIL,
+Arrow's kernels and IPC writer, gRPC, is then missing).
+Needs ``py-spy`` (``.venv/bin/pip install py-spy``) and permission to trace the broker
+(root, or ptrace_scope 0).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.bench_spark import WARMUP_ROWS, Bench, source
+from benchmarks.bench_spark import WARMUP_ROWS, Bench, Cpu, source
 from spark_sink import local_session
 from spark_sink.embedded import broker_pid, stop_broker
 from spark_sink.session import REPO
@@ -46,47 +54,48 @@ PY_SPY_STOP_TIMEOUT_S = 60.0
 TOP_FRAMES = 18
 PY_SPY_ATTACH_S = 1.0  # py-spy attaches before the write starts
 
-# (part, the texts any of which in a sample's stack puts it there); the first match wins,
-# so a narrow part comes before the wider one that also holds its frames.
+# (part, texts): a sample belongs to the part of its leaf-most frame that contains one of a
+# part's texts (the parts are tried in order on each frame, leaf first), so time in
+# pyarrow's or the standard library's code goes to the project's or Spark's caller.
 PARTS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "task": (
-        ("producer: partitioning", ("partitioner.py",)),
-        ("producer: commit/prepare (txn requests)", ("transaction_manager.py", "commit.py")),
+        ("Spark: task set-up (importlib.invalidate_caches re-reads zips)", ("zipimport",)),
+        ("Spark: JVM -> Python Arrow input (ArrowStreamSerializer)", ("serializers.py",)),
+        ("Spark: the daemon's loop (fork, gc.collect)", ("daemon.py",)),
+        ("producer: partitioning (hash, take)", ("partitioner.py",)),
+        ("producer: merge chunks into one batch (freeze)", ("ProducerBatch.freeze",)),
         (
-            "producer: IPC encoding",
-            ("record/", "new_stream", "write_batch", "RecordBatchStreamWriter"),
+            "producer: Flight stream (IPC encode + send, acks)",
+            ("produce_stream.py", "transport.py"),
         ),
-        ("producer: Flight stream (do_put/do_exchange, acks)", ("transport.py", "flight")),
+        ("producer: the sender's idle wait (a 2 ms poll)", ("MessageAccumulator.wait",)),
         ("producer: accumulator, sender, futures", ("spark_sink/producer/",)),
-        ("sink: task set-up (producer id, options, schema)", ("spark_sink/",)),
         (
-            "Spark: JVM -> Python Arrow batches (reading the task's input)",
-            ("serializers.py", "load_stream", "_read_with_length", "read_int", "ipc.py"),
+            "sink: writer, task set-up (options, producer id, prepare)",
+            ("spark_sink/", "broker_core/"),
         ),
-        ("Spark: worker loop, other", ("pyspark/",)),
+        ("Spark: worker, other", ("pyspark/",)),
     ),
     "driver": (
-        ("sink: commit (driver)", ("commit.py", "commit")),
+        ("sink: commit (driver)", ("spark_sink/commit.py",)),
         ("sink: planning, topic check (driver)", ("spark_sink/", "broker_core/")),
-        ("Spark: driver-side Python processes, other", ("",)),
+        ("Spark: driver-side Python processes", ("pyspark/",)),
     ),
     "broker": (
+        ("broker: read the Flight stream (IPC decode)", ("_chunks",)),
+        # The leaf-most frame _produce itself: its writer.write of each batch's answer.
+        ("broker: answer each batch (the ack's write)", ("IdemlogFlightServer._produce (",)),
         (
             "broker: validation (sequence, epoch, batch checks)",
             ("validator.py", "producer_state.py"),
         ),
-        ("broker: fsync", ("fsync", "fdatasync")),
+        ("broker: flush (the write-back of a roll or a flush action)", ("flush",)),
         (
             "broker: append to the segment, indexes",
-            ("segment.py", "indexes.py", "partition_log.py", "store.py"),
+            ("segment.py", "indexes.py", "partition_log.py", "partition.py", "store.py"),
         ),
-        (
-            "broker: decode the request (IPC read)",
-            ("record/", "read_all", "read_next_batch", "ipc.py"),
-        ),
-        ("broker: transactions, coordinator, markers", ("txn/", "coordinator", "marker")),
-        ("broker: Flight handler, other", ("handlers.py", "flight_server.py", "flight")),
-        ("broker: other", ("",)),
+        ("broker: transactions, coordinator, markers", ("txn/", "coordinator")),
+        ("broker: Flight handler, metadata, other", ("broker_core/",)),
     ),
 }
 
@@ -118,6 +127,7 @@ def _kind(process: str) -> str:
 
 
 def summarise(path: Path, default_kind: str, kinds: Sequence[str]) -> None:
+    """Print each process kind's shares of its samples by part, and its heaviest frames."""
     by_kind: dict[str, Counter[str]] = defaultdict(Counter)
     frames_by_kind: dict[str, Counter[str]] = defaultdict(Counter)
     totals: Counter[str] = Counter()
@@ -126,13 +136,7 @@ def summarise(path: Path, default_kind: str, kinds: Sequence[str]) -> None:
         if kind not in kinds:
             continue
         totals[kind] += count
-        text = ";".join(frames)
-        for part, needles in PARTS.get(kind, ()):
-            if any(n in text for n in needles):
-                by_kind[kind][part] += count
-                break
-        else:
-            by_kind[kind]["other"] += count
+        by_kind[kind][_part(kind, frames)] += count
         seen = set()
         for frame in frames:
             # "function (path/to/file.py:line)": keep function and file, drop the line.
@@ -155,6 +159,14 @@ def summarise(path: Path, default_kind: str, kinds: Sequence[str]) -> None:
             print(f"    {100 * count / total:5.1f}%  {name}")
 
 
+def _part(kind: str, frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for part, needles in PARTS.get(kind, ()):
+            if any(n in frame for n in needles):
+                return part
+    return "other (the interpreter, threads' start)"
+
+
 def _short(path: str) -> str:
     for root in ("site-packages/", str(REPO) + "/"):
         if root in path:
@@ -162,8 +174,12 @@ def _short(path: str) -> str:
     return path
 
 
-def _record(pid: int, output: Path, rate: int, subprocesses: bool) -> subprocess.Popen[bytes]:
-    command = [str(PY_SPY), "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking"]
+def _record(
+    pid: int, output: Path, rate: int, subprocesses: bool, gil: bool
+) -> subprocess.Popen[bytes]:
+    command = [str(PY_SPY), "record", "--pid", str(pid), "--rate", str(rate)]
+    if gil:
+        command.append("--gil")
     command += ["--format", "raw", "--output", str(output)]
     if subprocesses:
         command.append("--subprocesses")
@@ -186,6 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--rate", type=int, default=97, help="samples a second per process")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "profile-write")
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="only samples of the thread holding the GIL: Python's own CPU time",
+    )
     args = parser.parse_args(argv)
     if not PY_SPY.exists():
         raise SystemExit(f"profile-write: {PY_SPY} is missing: .venv/bin/pip install py-spy")
@@ -200,10 +221,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         broker = broker_pid(embedded)
         if broker is None:
             raise SystemExit("profile-write: the embedded broker is not running")
-        workers = _record(os.getpid(), args.out / "workers.txt", args.rate, subprocesses=True)
-        brokers = _record(broker, args.out / "broker.txt", args.rate, subprocesses=False)
+        workers = _record(
+            os.getpid(), args.out / "workers.txt", args.rate, subprocesses=True, gil=args.gil
+        )
+        brokers = _record(
+            broker, args.out / "broker.txt", args.rate, subprocesses=False, gil=args.gil
+        )
         time.sleep(PY_SPY_ATTACH_S)
         topic = bench.fresh("profiled")
+        before = Cpu.now(embedded)
         try:
             start = time.perf_counter()
             (
@@ -216,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 .save()
             )
             profiled = time.perf_counter() - start
+            used = Cpu.now(embedded) - before
         finally:
             # Before the check and the topic's deletion, which are not the write's.
             _stop(workers, "workers")
@@ -226,14 +253,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark.stop()
         stop_broker(embedded)
         shutil.rmtree(directory, ignore_errors=True)
+    cpu = bench.cpu["idemlog"][1]
     print(
-        f"profile-write: {args.rows} rows, {plain:.2f} s unprofiled, {profiled:.2f} s "
-        f"profiled; stacks in {args.out}"
+        f"profile-write: {args.rows} rows, {plain:.2f} s unprofiled (CPU s: Spark's processes "
+        f"{cpu.spark:.1f}, broker {cpu.broker:.1f}), {profiled:.2f} s profiled (CPU s: "
+        f"{used.spark:.1f} with py-spy's own, broker {used.broker:.1f}); stacks in {args.out}"
     )
-    # The broker is sampled by a py-spy of its own (it may not be a descendant).
-    summarise(args.out / "workers.txt", "task", ("task", "driver"))
-    summarise(args.out / "broker.txt", "broker", ("broker",))
+    report(args.out)
     return 0
+
+
+def report(out: Path) -> None:
+    """The summary of the stacks a run left in ``out``."""
+    # The broker is sampled by a py-spy of its own (it may not be a descendant).
+    summarise(out / "workers.txt", "task", ("task", "driver"))
+    summarise(out / "broker.txt", "broker", ("broker",))
 
 
 if __name__ == "__main__":
