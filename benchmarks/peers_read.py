@@ -33,7 +33,8 @@ each after the query has read the previous one (a poll of its progress), so each
 one micro-batch. One warm-up append first (not counted). A micro-batch's time is its
 ``durationMs["triggerExecution"]``: for a source the offset planning (idemlog's stable
 cut, Kafka's end offsets) is part of the read. p50 and p95 of those; ``addBatch`` p50 is
-printed too.
+printed too. The streaming read's CPU seconds include the appends' (the producers run in
+this process): a like cost on both sides, not the read's alone.
 """
 
 from __future__ import annotations
