@@ -1,7 +1,11 @@
 """Where a batch write's time goes: py-spy samples of the Python processes under Spark and
 of the embedded broker while ``df.write.format("idemlog")`` writes bench-peers' rows.
 
-    python -m benchmarks.profile_write [--rows 5000000] [--rate 97] [--out DIR]
+    python -m benchmarks.profile_write [--rows 5000000] [--rate 97] [--out DIR] [--gil]
+                                       [--read]
+
+``--read`` profiles ``spark.read.format("idemlog")`` of the written rows into ``noop``
+(after one warm read) instead of the write.
 
 One ``local[2,1]`` session as bench-peers' (``bench_spark.source``'s rows, ``key="key"``,
 a fresh topic of the default 4 partitions on an embedded broker, default configuration).
@@ -41,8 +45,10 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from pyspark.sql import SparkSession
 
 from benchmarks.bench_spark import WARMUP_ROWS, Bench, Cpu, source
 from spark_sink import local_session
@@ -60,7 +66,9 @@ PY_SPY_ATTACH_S = 1.0  # py-spy attaches before the write starts
 PARTS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "task": (
         ("Spark: task set-up (importlib.invalidate_caches re-reads zips)", ("zipimport",)),
-        ("Spark: JVM -> Python Arrow input (ArrowStreamSerializer)", ("serializers.py",)),
+        ("Spark: its Arrow serializer (a write's input, a read's output)", ("serializers.py",)),
+        ("reader: the fetch's stream received (_read_fetch)", ("_read_fetch",)),
+        ("reader: other (read_range, _to_output)", ("spark_sink/reader.py",)),
         ("Spark: the daemon's loop (fork, gc.collect)", ("daemon.py",)),
         ("producer: partitioning (hash, take)", ("partitioner.py",)),
         ("producer: merge chunks into one batch (freeze)", ("ProducerBatch.freeze",)),
@@ -203,6 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=97, help="samples a second per process")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "profile-write")
     parser.add_argument(
+        "--read",
+        action="store_true",
+        help="profile spark.read.format('idemlog') of the rows (into noop) instead",
+    )
+    parser.add_argument(
         "--gil",
         action="store_true",
         help="only samples of the thread holding the GIL: Python's own CPU time",
@@ -217,7 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         bench = Bench(spark, directory, embedded)
         bench.write("idemlog", source(spark, WARMUP_ROWS), WARMUP_ROWS)
-        plain = bench.write("idemlog", source(spark, args.rows), args.rows)
+        topic = bench.fresh("profiled")
+        written = source(spark, args.rows).write.format("idemlog").mode("append")
+        written = written.option("path", embedded).option("topic", topic).option("key", "key")
+        if args.read:
+            written.save()
+            read = spark.read.format("idemlog").option("path", embedded).option("topic", topic)
+            frame = read.load()
+            action = frame.write.format("noop").mode("overwrite").save
+            action()  # warm: the read's Python workers
+        else:
+            action = written.save
+        plain, cpu = _timed(embedded, action if args.read else _fresh_write(bench, spark, args))
         broker = broker_pid(embedded)
         if broker is None:
             raise SystemExit("profile-write: the embedded broker is not running")
@@ -228,39 +252,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             broker, args.out / "broker.txt", args.rate, subprocesses=False, gil=args.gil
         )
         time.sleep(PY_SPY_ATTACH_S)
-        topic = bench.fresh("profiled")
-        before = Cpu.now(embedded)
         try:
-            start = time.perf_counter()
-            (
-                source(spark, args.rows)
-                .write.format("idemlog")
-                .mode("append")
-                .option("path", embedded)
-                .option("topic", topic)
-                .option("key", "key")
-                .save()
-            )
-            profiled = time.perf_counter() - start
-            used = Cpu.now(embedded) - before
+            profiled, used = _timed(embedded, action)
         finally:
             # Before the check and the topic's deletion, which are not the write's.
             _stop(workers, "workers")
             _stop(brokers, "broker")
-        bench.check_topic(topic, args.rows, source(spark, 1).rdd.getNumPartitions())
+        if not args.read:
+            bench.check_topic(topic, args.rows, source(spark, 1).rdd.getNumPartitions())
         bench.delete_topic(topic)
     finally:
         spark.stop()
         stop_broker(embedded)
         shutil.rmtree(directory, ignore_errors=True)
-    cpu = bench.cpu["idemlog"][1]
     print(
-        f"profile-write: {args.rows} rows, {plain:.2f} s unprofiled (CPU s: Spark's processes "
+        f"profile-write: {'read' if args.read else 'write'} of {args.rows} rows, "
+        f"{plain:.2f} s unprofiled (CPU s: Spark's processes "
         f"{cpu.spark:.1f}, broker {cpu.broker:.1f}), {profiled:.2f} s profiled (CPU s: "
         f"{used.spark:.1f} with py-spy's own, broker {used.broker:.1f}); stacks in {args.out}"
     )
     report(args.out)
     return 0
+
+
+def _timed(embedded: str, action: Callable[[], object]) -> tuple[float, Cpu]:
+    before = Cpu.now(embedded)
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start, Cpu.now(embedded) - before
+
+
+def _fresh_write(bench: Bench, spark: SparkSession, args: argparse.Namespace) -> Callable[[], None]:
+    """The unprofiled write: to a topic of its own, deleted after."""
+
+    def write() -> None:
+        topic = bench.fresh("plain")
+        source(spark, args.rows).write.format("idemlog").mode("append").option(
+            "path", bench.embedded
+        ).option("topic", topic).option("key", "key").save()
+        bench.delete_topic(topic)
+
+    return write
 
 
 def report(out: Path) -> None:
