@@ -43,8 +43,8 @@ def print_table(rows: list[Row]) -> None:
     print(
         "(batch: best run; stream: addBatch p50 per micro-batch, p95 beside it, CPU of the "
         "whole query; ingest: best run; read: median run; rstream: triggerExecution p50 "
-        "per micro-batch of a streaming read. ratio: the row's time / idemlog's in its part, "
-        "> 1: idemlog is faster; MB = 10^6 bytes)"
+        "per append read by a stream (its micro-batches' sum). ratio: the row's time / "
+        "idemlog's in its part, > 1: idemlog is faster; MB = 10^6 bytes)"
     )
 
 
