@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch bench-soak chaos bench-commit clean
+.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch bench-soak chaos bench-commit clean dist wheel-smoke
 
 setup: $(STAMP) $(ZK_SERVER) jars
 
@@ -76,9 +76,22 @@ typecheck: setup
 	$(VENV)/bin/mypy
 
 # The test command (CI runs exactly this): lint, types, then the whole suite. The Kafka
-# jars are fetched too: tests/bench runs every bench-* target at its smoke size.
+# jars are fetched too: tests/bench runs every bench-* target at its smoke size;
+# tests/dist builds the wheel and runs the wheel smoke (make wheel-smoke).
 test: lint typecheck kafka-jars
 	$(VENV)/bin/pytest -q --durations=15
+
+# The wheel and the sdist in dist/ (`pip install dist/idemlog-<v>-py3-none-any.whl[spark]`):
+# only broker_core and spark_sink, with py.typed, LICENSE and the `idemlog` script.
+dist: setup
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
+# The wheel installed with [spark] into a fresh virtualenv outside the checkout, then used:
+# --version, a broker start/stop, produce/consume, one Spark write (scripts/wheel_smoke.py).
+# `make test` runs it too (tests/dist/test_wheel.py).
+wheel-smoke: setup
+	$(PY) scripts/wheel_smoke.py
 
 # The fast tier (docs/contributing.md): the unit and store tests without Spark, ZooKeeper or
 # slow ones, in well under two minutes; lint and types are `make lint typecheck`.

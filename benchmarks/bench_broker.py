@@ -3,6 +3,7 @@
     python -m benchmarks.bench_broker [--mb 1500] [--producers 1,4,16] [--repeat 3]
                                       [--init-seconds 2] [--rf-producers 3] [--failovers 5]
                                       [--parts broker,tls,replication,failover] [--dir DIR]
+                                      [--suites aes128,aes256,chacha20]
 
 What it measures (MB = 10^6 bytes of Arrow buffers, as ``RecordBatch.nbytes``):
 
@@ -30,7 +31,9 @@ with the broker's allocator setting (``cli_broker.keep_large_buffers``): the sam
 transport underneath, tuned the same way.
 
 The ``tls`` part (``bench_tls.py``) runs the same producers against a TLS broker and a
-plaintext one side by side and prints ``tls_vs_plaintext_ratio`` (docs/security.md).
+plaintext one side by side and prints ``tls_vs_plaintext_ratio`` (docs/security.md), the
+CPU-cost ratios ``tls_cpu_ratio`` and ``tls_broker_cpu_ratio`` and the negotiated
+``tls_suite``; ``--suites`` adds brokers limited to one TLS 1.3 suite each.
 
 Two more parts run on a 3-broker cluster on a real ZooKeeper (``zk_cluster.py``), after
 this one: the cost of replication (``bench_replication.py``: ``replication.factor=3``
@@ -145,10 +148,20 @@ class Server:
                 self.process.wait()
 
 
-def spawn(name: str, command: list[str], log_path: Path) -> Server:
+def spawn(
+    name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> Server:
+    """Start ``command`` (``env``: its environment, default this process's) and wait for
+    its ``LISTENING host:port`` line."""
     log = open(log_path, "w")  # noqa: SIM115 -- the child's stderr for its lifetime
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+        env=env,
     )
     assert process.stdout is not None
     line = process.stdout.readline()  # blocks until the server printed its address
@@ -158,8 +171,11 @@ def spawn(name: str, command: list[str], log_path: Path) -> Server:
     return Server(name, process, line.split()[1])
 
 
-def start_broker(directory: Path, name: str = "broker", extra: str = "") -> Server:
-    """A broker process (``extra``: more properties lines, e.g. its TLS keys)."""
+def start_broker(
+    directory: Path, name: str = "broker", extra: str = "", env: dict[str, str] | None = None
+) -> Server:
+    """A broker process (``extra``: more properties lines, e.g. its TLS keys; ``env``:
+    its environment, e.g. an ``OPENSSL_CONF`` of ``bench_tls --suites``)."""
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "broker.properties"
     config.write_text(f"listener.port=0\nlog.dir={directory / 'data'}\n{extra}")
@@ -172,7 +188,7 @@ def start_broker(directory: Path, name: str = "broker", extra: str = "") -> Serv
         "--config",
         str(config),
     ]
-    return spawn(name, command, directory / "broker.log")
+    return spawn(name, command, directory / "broker.log", env)
 
 
 def start_discard(directory: Path) -> Server:
@@ -297,6 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--failovers", type=int, default=5, help="failover rounds")
     parser.add_argument("--parts", default="broker,tls,replication,failover", help="parts to run")
     parser.add_argument("--dir", type=Path, default=REPO, help="parent of the temporary dir")
+    parser.add_argument(
+        "--suites",
+        default="",
+        help="tls part: more TLS brokers, each limited to one TLS 1.3 suite "
+        "(aes128, aes256, chacha20; comma-separated), beside the default one",
+    )
     parser.add_argument("--discard-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.discard_server:

@@ -22,7 +22,7 @@ printed. Replication is 1, ``acks=all`` and idempotence on for every Kafka produ
 
 **1. Spark batch.** As ``benchmarks.bench_spark`` (whose code this reuses): one
 ``local[2,1]`` session (two task slots, no task retries), here with Delta's session
-extension and catalog (``jobs.delta_export.delta_conf``) and, besides ``jars/*.jar``,
+extension and catalog (``spark_sink.export.delta.delta_conf``) and, besides ``jars/*.jar``,
 Spark's Kafka sink from ``jars/spark-kafka/`` (``spark-sql-kafka-0-10`` for the installed
 pyspark, with ``spark.jars``). Every sink writes the same uncached DataFrame of ``--rows``
 rows, ``bench_spark.source``::
@@ -165,9 +165,9 @@ from benchmarks.kafka_node import KafkaAdmin, fresh, kafka_node
 from benchmarks.peers_ingest import ingest_part
 from benchmarks.peers_read import read_part
 from benchmarks.peers_report import Row, draw_chart, print_ratios, print_table, with_ratios
-from jobs.delta_export import delta_conf
 from spark_sink import local_session
 from spark_sink.embedded import stop_broker
+from spark_sink.export.delta import delta_conf
 from spark_sink.session import REPO, project_jars
 
 BATCH_SINKS = (*BENCH_SPARK_SINKS, "delta", "kafka")

@@ -10,12 +10,13 @@ through files under ``path`` (the sink option ``path``, default :data:`DEFAULT_P
   concurrent tasks, Python workers and drivers never start two brokers on one data
   directory (two processes appending to the same logs would corrupt them). The kernel
   drops the lock when its holder dies, so a killed task cannot wedge the others;
-* ``broker.json``: ``{"address", "pid", "port", "create_time"}`` of the broker last
-  started. The pid is written as soon as the process exists, before it serves, so a
-  broker whose starter was killed half-way is still found (and replaced) instead of left
-  running beside a new one. A recorded process counts only while psutil finds it running
-  (not a zombie) with the recorded create time and the broker's command line, so a pid
-  reused by another process is never signalled;
+* ``broker.json``: ``{"address", "pid", "port", "create_time", "metrics"}`` of the
+  broker last started (``metrics``: its Prometheus endpoint's ``host:port`` as bound, or
+  null; see "Metrics endpoint" below). The pid is written as soon as the process exists,
+  before it serves, so a broker whose starter was killed half-way is still found (and
+  replaced) instead of left running beside a new one. A recorded process counts only
+  while psutil finds it running (not a zombie) with the recorded create time and the
+  broker's command line, so a pid reused by another process is never signalled;
 * ``broker.properties``: the configuration written for each start;
 * ``broker.log``: the broker's stdout and stderr, appended; quoted in errors;
 * ``broker.token``: a random token the broker writes at each start, mode 0600, and
@@ -36,6 +37,16 @@ read from a pipe (``broker start --ready-fd``): the address, then EOF; EOF alone
 the broker died before serving. After a crash the next :func:`ensure_broker` starts a new
 broker on the same port when it is free, so clients holding the address reconnect, and
 on the same data directory, so topics and transactions survive.
+
+Metrics endpoint: the sink option ``embedded.metrics.port`` (``metrics_port`` here; -1
+none, the default; 0 any free port) becomes the broker's ``metrics.port`` when this
+caller is the one that starts it. The broker logs the port it bound and sends it on the
+ready pipe (``metrics host:port``), recorded in ``broker.json`` and in the broker's own
+entry that ``idemlog broker list`` shows. A broker already running keeps what it was
+started with: a caller asking for no endpoint (-1) takes it as it is; a caller asking
+for one it does not have (none, or another port; 0 is satisfied by any) is refused with
+InvalidConfigError naming the option, the running endpoint and how to restart the
+broker, never silently given something else (docs/spark.md).
 """
 
 from __future__ import annotations
@@ -44,7 +55,6 @@ import contextlib
 import fcntl
 import json
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -57,7 +67,7 @@ import psutil
 
 import broker_core
 from broker_core.client.broker_client import BrokerClient
-from broker_core.fileutil import directory_lock_holder
+from broker_core.errors import InvalidConfigError
 from broker_core.security.local_token import (
     DEFAULT_EMBEDDED_DIR,
     EMBEDDED_STATE_FILE,
@@ -65,6 +75,15 @@ from broker_core.security.local_token import (
     TOKEN_FILE_KEY,
     register,
 )
+from spark_sink.embedded_process import KILL_WAIT_S as _KILL_WAIT_S
+from spark_sink.embedded_process import POLL_S as _POLL_S
+from spark_sink.embedded_process import listening_addresses as _listening_addresses
+from spark_sink.embedded_process import lock_holder_once_exited as _lock_holder_once_exited
+from spark_sink.embedded_process import read_until_eof as _read_until_eof
+from spark_sink.embedded_process import running as _running
+from spark_sink.embedded_process import same_time as _same_time
+from spark_sink.embedded_process import terminate as _terminate
+from spark_sink.embedded_process import wait_gone as _wait_gone
 from spark_sink.errors import EmbeddedBrokerError
 
 DEFAULT_PATH: str = DEFAULT_EMBEDDED_DIR
@@ -82,14 +101,16 @@ BROKER_MODULE = "broker_core.cli.main"
 _DROPPED_ENV = ("IDEMLOG_TEST_FAILPOINT", "IDEMLOG_SPARK_FAILPOINTS")
 _PING_TIMEOUT_S = 5.0
 _TERM_GRACE_S = 10.0  # a broker that answers no ping gets this long to shut down cleanly
-_KILL_WAIT_S = 10.0  # after SIGKILL, only the kernel's teardown is left to wait for
-_POLL_S = 0.02
-_CREATE_TIME_TOLERANCE_S = 0.001
 _LOG_TAIL_LINES = 20
+METRICS_OFF = -1  # metrics_port (the option embedded.metrics.port): no endpoint
+METRICS_ANY_PORT = 0  # metrics_port: any free port, chosen by the broker
+METRICS_OPTION = "embedded.metrics.port"
+# The ready pipe's optional second line (broker_core.cli.broker_cmd.READY_METRICS).
+_READY_METRICS = "metrics"
 
-# path -> (address, process, client): a process that already found the broker checks it
+# path -> (address, process, client, metrics): a process that already found the broker checks it
 # with one ping over a kept connection instead of taking the file lock and reading files.
-_cache: dict[str, tuple[str, psutil.Process, BrokerClient]] = {}
+_cache: dict[str, tuple[str, psutil.Process, BrokerClient, str | None]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -101,21 +122,27 @@ class _State(NamedTuple):
     port: int | None  # the port to ask for again at a restart; None: any free one
     # psutil's create time of the process, recorded at launch: a pid alone may be reused.
     create_time: float | None = None  # None in a broker.json from before it was recorded
+    metrics: str | None = None  # host:port of its metrics endpoint; None: none (or unknown)
 
 
 # -- public API ------------------------------------------------------------------------------
-def ensure_broker(path: str, *, start_timeout_s: float = 60.0) -> str:
+def ensure_broker(
+    path: str, *, metrics_port: int = METRICS_OFF, start_timeout_s: float = 60.0
+) -> str:
     """``host:port`` of a live broker serving ``<path>/data``, started if none is running.
 
     Safe to call from any number of threads and processes at once: one broker results.
-    ``start_timeout_s`` bounds each start attempt (a broker recovering a large log after a
-    crash takes a while before it serves). Raises :class:`EmbeddedBrokerError` if the
-    broker cannot be started.
+    ``metrics_port`` is the broker's ``metrics.port`` if this call starts it (-1: no
+    endpoint; 0: any free port). ``start_timeout_s`` bounds each start attempt (a broker
+    recovering a large log after a crash takes a while before it serves). Raises
+    :class:`EmbeddedBrokerError` if the broker cannot be started, InvalidConfigError if
+    the running one lacks the metrics endpoint asked for (see the module's docstring).
     """
     path = os.path.abspath(path)
-    address = _cached_address(path)
-    if address is not None:
-        return address
+    cached = _cached_address(path)
+    if cached is not None:
+        _check_metrics(path, metrics_port, *cached)
+        return cached[0]
     os.makedirs(path, exist_ok=True)
     with _locked(path):
         config_path = os.path.join(path, CONFIG_FILE)
@@ -127,16 +154,51 @@ def ensure_broker(path: str, *, start_timeout_s: float = 60.0) -> str:
             if proc is not None:
                 client = _answering_client(recorded, path) if recorded else None
                 if recorded and client is not None:
-                    _remember(path, recorded, proc, client)
+                    _remember(path, recorded, proc, client, state.metrics)
+                    _check_metrics(path, metrics_port, recorded, state.metrics)
                     return recorded
                 # Alive but not answering (hung, or never got to serve): it holds the data
                 # directory, so it must be gone before another broker opens it.
                 _terminate(proc, _TERM_GRACE_S)
         adopted = _adopt_lock_holder(path, config_path, start_timeout_s)
-        address, proc = adopted or _start(path, previous_port, start_timeout_s)
+        address, proc, metrics = adopted or _start(
+            path, previous_port, metrics_port, start_timeout_s
+        )
         register(address, token_file(path))
-        _remember(path, address, proc, BrokerClient(address, timeout_s=_PING_TIMEOUT_S))
+        client = BrokerClient(address, timeout_s=_PING_TIMEOUT_S)
+        _remember(path, address, proc, client, metrics)
+        _check_metrics(path, metrics_port, address, metrics)
         return address
+
+
+def metrics_address(path: str) -> str | None:
+    """``host:port`` of the Prometheus endpoint of the embedded broker recorded for
+    ``path`` (``broker.json``) if that broker is alive and serves one; None otherwise."""
+    path = os.path.abspath(path)
+    state = _read_state(path)
+    if state is None or _broker_process(state, os.path.join(path, CONFIG_FILE)) is None:
+        return None
+    return state.metrics
+
+
+def _check_metrics(path: str, wanted: int, address: str, running: str | None) -> None:
+    """Refuse a caller whose ``embedded.metrics.port`` the running broker does not honour:
+    InvalidConfigError naming the option, what runs and the way out. -1 (no wish) takes
+    any broker; 0 takes any endpoint; a port takes that port only."""
+    if wanted == METRICS_OFF:
+        return
+    if running is not None and (
+        wanted == METRICS_ANY_PORT or running.rpartition(":")[2] == str(wanted)
+    ):
+        return
+    has = f"its metrics endpoint at {running}" if running else "no metrics endpoint"
+    raise InvalidConfigError(
+        f"option {METRICS_OPTION!r}={wanted}: the embedded broker of {path} already runs "
+        f"at {address} with {has} (it keeps the settings it started with); use "
+        f"{'that endpoint' if running else f'{METRICS_OPTION}=-1'}, or stop it "
+        f"(idemlog broker stop --log-dir {os.path.join(path, DATA_DIR)}) so that the next "
+        "start takes this option"
+    )
 
 
 def stop_broker(path: str, timeout_s: float = 30.0) -> bool:
@@ -177,22 +239,26 @@ def token_file(path: str) -> str:
 
 
 # -- in-process cache ------------------------------------------------------------------------
-def _cached_address(path: str) -> str | None:
+def _cached_address(path: str) -> tuple[str, str | None] | None:
+    """(address, metrics endpoint) of the broker this process found before, if it still
+    answers; None otherwise (forgotten)."""
     with _cache_lock:
         entry = _cache.get(path)
     if entry is None:
         return None
-    address, proc, client = entry
+    address, proc, client, metrics = entry
     if _running(proc) and _ping(client):
-        return address
+        return address, metrics
     _forget(path)
     return None
 
 
-def _remember(path: str, address: str, proc: psutil.Process, client: BrokerClient) -> None:
+def _remember(
+    path: str, address: str, proc: psutil.Process, client: BrokerClient, metrics: str | None
+) -> None:
     with _cache_lock:
         old = _cache.get(path)
-        _cache[path] = (address, proc, client)
+        _cache[path] = (address, proc, client, metrics)
     if old is not None and old[2] is not client:
         old[2].close()
 
@@ -229,6 +295,7 @@ def _read_state(path: str) -> _State | None:
         port = doc.get("port")
         created = doc.get("create_time")
         create_time = None if created is None else float(created)
+        metrics = doc.get("metrics")
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if pid <= 0:
@@ -238,6 +305,7 @@ def _read_state(path: str) -> _State | None:
         pid,
         port if isinstance(port, int) and port > 0 else None,
         create_time,
+        str(metrics) if metrics else None,
     )
 
 
@@ -252,7 +320,7 @@ def _write_state(path: str, state: _State) -> None:
     os.replace(tmp, target)
 
 
-def _write_config(path: str, port: int) -> str:
+def _write_config(path: str, port: int, metrics_port: int) -> str:
     config_path = os.path.join(path, CONFIG_FILE)
     lines = [
         "# Written by spark_sink.embedded for each start of the embedded broker.",
@@ -261,6 +329,8 @@ def _write_config(path: str, port: int) -> str:
         f"listener.port={port}",
         # Only this user's processes can read it, so only they can call the broker.
         f"{TOKEN_FILE_KEY}={token_file(path)}",
+        # The endpoint binds 127.0.0.1 (metrics.host's default), as the listener does.
+        f"metrics.port={metrics_port}",
     ]
     with open(config_path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -276,18 +346,6 @@ def _log_tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
 
 
 # -- processes -------------------------------------------------------------------------------
-def _running(proc: psutil.Process) -> bool:
-    """Whether ``proc`` still runs: it exists, is the process it was when looked up (psutil
-    compares its create time, so a reused pid is not it), and is no zombie (a zombie has
-    exited; it only waits for its parent, perhaps an init that never reaps)."""
-    try:
-        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True  # exists, but another user's: certainly not a broker we can use
-
-
 def _broker_process(state: _State, config_path: str) -> psutil.Process | None:
     """The live process recorded in ``state`` if it is this path's broker; None otherwise.
 
@@ -306,12 +364,6 @@ def _broker_process(state: _State, config_path: str) -> psutil.Process | None:
     if BROKER_MODULE not in args or config_path not in args:
         return None
     return proc if _running(proc) else None
-
-
-def _same_time(a: float, b: float) -> bool:
-    # Both come from the same kernel start time (clock ticks) through psutil; allow for
-    # the float's round trip through JSON.
-    return abs(a - b) < _CREATE_TIME_TOLERANCE_S
 
 
 def _answering_client(address: str, path: str) -> BrokerClient | None:
@@ -336,32 +388,6 @@ def _ping(client: BrokerClient) -> bool:
     return True
 
 
-def _wait_gone(proc: psutil.Process, timeout_s: float) -> bool:
-    # Not our child (another process may have started it), so neither os.waitpid nor
-    # psutil's wait (which counts a zombie as alive) tells when it has exited: poll.
-    deadline = time.monotonic() + timeout_s
-    while _running(proc):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_POLL_S)
-    return True
-
-
-def _terminate(proc: psutil.Process, timeout_s: float) -> None:
-    """SIGTERM (the broker flushes and snapshots), SIGKILL if it is still there after
-    ``timeout_s``; returns once the process is gone. psutil signals only the process
-    looked up, never one that took its pid since. Raises :class:`EmbeddedBrokerError` if
-    it survives SIGKILL."""
-    with contextlib.suppress(psutil.NoSuchProcess):
-        proc.terminate()
-    if _wait_gone(proc, timeout_s):
-        return
-    with contextlib.suppress(psutil.NoSuchProcess):
-        proc.kill()
-    if not _wait_gone(proc, _KILL_WAIT_S):
-        raise EmbeddedBrokerError(f"embedded broker pid {proc.pid} survived SIGKILL")
-
-
 def _child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
     # The broker runs with cwd=path; make sure it imports the same broker_core as this
@@ -371,15 +397,19 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _start(path: str, previous_port: int | None, timeout_s: float) -> tuple[str, psutil.Process]:
+_Started = tuple[str, psutil.Process, str | None]  # address, process, metrics endpoint
+
+
+def _start(path: str, previous_port: int | None, metrics_port: int, timeout_s: float) -> _Started:
     """Start a broker (on ``previous_port`` if given, so old addresses stay valid; on a
-    free port if that fails) and return its address and process. Called with the lock held."""
-    started = _launch(path, previous_port or 0, timeout_s)
+    free port if that fails; with ``metrics.port=metrics_port``) and return its address,
+    process and metrics endpoint. Called with the lock held."""
+    started = _launch(path, previous_port or 0, metrics_port, timeout_s)
     if started is None:
         # Refused because a broker holds the data directory (it exits 2 at once)? Use it.
         started = _adopt_lock_holder(path, os.path.join(path, CONFIG_FILE), timeout_s)
     if started is None and previous_port:
-        started = _launch(path, 0, timeout_s)  # the old port may be taken by now
+        started = _launch(path, 0, metrics_port, timeout_s)  # the old port may be taken
     if started is None:
         raise EmbeddedBrokerError(
             f"the embedded broker for {path} exited before serving; "
@@ -388,9 +418,10 @@ def _start(path: str, previous_port: int | None, timeout_s: float) -> tuple[str,
     return started
 
 
-def _launch(path: str, port: int, timeout_s: float) -> tuple[str, psutil.Process] | None:
-    """One start attempt: ``(address, process)``, or None if the broker died before serving."""
-    config_path = _write_config(path, port)
+def _launch(path: str, port: int, metrics_port: int, timeout_s: float) -> _Started | None:
+    """One start attempt: ``(address, process, metrics endpoint)``, or None if the broker
+    died before serving."""
+    config_path = _write_config(path, port, metrics_port)
     log_path = os.path.join(path, LOG_FILE)
     read_fd, write_fd = os.pipe()
     try:
@@ -447,20 +478,27 @@ def _launch(path: str, port: int, timeout_s: float) -> tuple[str, psutil.Process
             f"the embedded broker for {path} did not serve within {timeout_s:g} s "
             f"(killed); last lines of {log_path}:\n{_log_tail(path)}"
         )
-    address = received.strip()
+    lines = received.splitlines()
+    address = lines[0].strip() if lines else ""
     if not address:
         # Died before serving: let it finish writing its last words before they are read.
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=_KILL_WAIT_S)
         return None
     bound_port = int(address.rpartition(":")[2])
-    _write_state(path, state._replace(address=address, port=bound_port))
-    return address, broker
+    metrics = next(
+        (
+            rest.strip()
+            for kind, _, rest in (x.partition(" ") for x in lines[1:])
+            if kind == _READY_METRICS
+        ),
+        None,
+    )
+    _write_state(path, state._replace(address=address, port=bound_port, metrics=metrics))
+    return address, broker, metrics
 
 
-def _adopt_lock_holder(
-    path: str, config_path: str, timeout_s: float
-) -> tuple[str, psutil.Process] | None:
+def _adopt_lock_holder(path: str, config_path: str, timeout_s: float) -> _Started | None:
     """The broker holding ``<path>/data``'s lock, recorded in ``broker.json``, if one does
     and answers within ``timeout_s`` (it may still be recovering); None if none holds it.
 
@@ -468,7 +506,8 @@ def _adopt_lock_holder(
     directory's lock still says whether one runs there. A holder that is this path's
     broker but never answers is terminated (as a hung recorded one is) and None is
     returned; a holder that is not this path's broker raises EmbeddedBrokerError naming
-    it, since no broker can open the directory while it lives.
+    it, since no broker can open the directory while it lives. Its metrics endpoint, if
+    any, is not known here (recorded as none).
     """
     data_dir = os.path.join(path, DATA_DIR)
     holder = _lock_holder_once_exited(Path(data_dir))
@@ -494,60 +533,9 @@ def _adopt_lock_holder(
                 client.close()
                 port = int(address.rpartition(":")[2])
                 _write_state(path, _State(address, proc.pid, port, proc.create_time()))
-                return address, proc
+                return address, proc, None
         if time.monotonic() >= deadline:
             _terminate(proc, _TERM_GRACE_S)  # holds the data but never serves: as a hung one
             return None
         time.sleep(_POLL_S * 10)  # another process's start: no event to wait on
     return None
-
-
-def _lock_holder_once_exited(data_dir: Path) -> int | None:
-    """The data directory's lock holder (``directory_lock_holder``), waiting up to
-    ``_KILL_WAIT_S`` for one that has exited but not yet let go: a killed multi-threaded
-    broker's main thread is a zombie (gone, for ``_running``) while its other threads
-    still tear down and hold its files, the lock among them."""
-    deadline = time.monotonic() + _KILL_WAIT_S
-    while True:
-        holder = directory_lock_holder(data_dir)
-        if holder is None or holder <= 0:
-            return holder
-        try:
-            exiting = not _running(psutil.Process(holder))
-        except psutil.Error:
-            exiting = True
-        if not exiting or time.monotonic() >= deadline:
-            return holder
-        time.sleep(_POLL_S)  # the kernel's teardown signals nothing we can wait on
-
-
-def _listening_addresses(proc: psutil.Process) -> list[str]:
-    """``127.0.0.1:port`` of every TCP port ``proc`` listens on (the broker binds one)."""
-    try:
-        connections = proc.net_connections(kind="tcp")
-    except psutil.Error:
-        return []
-    return sorted(
-        {
-            f"127.0.0.1:{c.laddr.port}"
-            for c in connections
-            if c.status == psutil.CONN_LISTEN and c.laddr
-        }
-    )
-
-
-def _read_until_eof(fd: int, timeout_s: float) -> str | None:
-    """Everything written to the pipe until EOF; None if EOF did not come in time."""
-    deadline = time.monotonic() + timeout_s
-    chunks: list[bytes] = []
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return b"".join(chunks).decode(errors="replace")
-        chunks.append(chunk)

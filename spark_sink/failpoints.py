@@ -38,6 +38,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +180,9 @@ class _LostAnswer:
     def result(self, timeout: float | None = None) -> ProduceResponse:
         self.inner.result(timeout)  # the broker did append (or reject) the batch
         raise NetworkError(f"failpoint {self.what}: the broker's answer was lost")
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        self.inner.add_done_callback(callback)
 
 
 class _LosingAcks:

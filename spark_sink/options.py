@@ -30,7 +30,7 @@ from broker_core.security.client_config import (
 )
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT, TLS_KEY_NAMES, TLS_KEYS, TlsSettings
-from spark_sink.embedded import DEFAULT_PATH
+from spark_sink.embedded import DEFAULT_PATH, METRICS_OFF, METRICS_OPTION
 from spark_sink.producer.config import ProducerConfig, parse_acks
 
 
@@ -76,6 +76,22 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
             DEFAULT_PATH,
             "Data directory of the embedded broker (only without `brokers`); its log is "
             "`<path>/broker.log`.",
+        ),
+        Scope.BOTH,
+    ),
+    (
+        ConfigKey(
+            METRICS_OPTION,
+            int,
+            METRICS_OFF,
+            "The embedded broker's Prometheus endpoint (its `metrics.port`; only without "
+            "`brokers`): -1 none; 0 any free port; else that port, on 127.0.0.1. Taken by "
+            "the session that starts the broker; the port bound is in its log, "
+            "`<path>/broker.json` and `idemlog broker list`. A broker already running "
+            "without the endpoint asked for refuses the query, naming this option "
+            "(docs/spark.md).",
+            min=METRICS_OFF,
+            max=65535,
         ),
         Scope.BOTH,
     ),
@@ -209,6 +225,7 @@ class IdemlogOptions:
     checkpoint_location: str = ""
     tls: TlsSettings = PLAINTEXT  # the options security.protocol and ssl.*
     test_hooks: bool = False  # the job was started for the fault tests (spark_sink.failpoints)
+    embedded_metrics_port: int = METRICS_OFF  # the option embedded.metrics.port
 
     @property
     def embedded(self) -> bool:
@@ -220,7 +237,7 @@ class IdemlogOptions:
             return self.brokers
         from spark_sink.embedded import ensure_broker
 
-        return ensure_broker(self.path)
+        return ensure_broker(self.path, metrics_port=self.embedded_metrics_port)
 
 
 def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
@@ -272,6 +289,13 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             parse_bootstrap(brokers)
         except IdemlogError as exc:
             raise InvalidConfigError(f"option 'brokers'={brokers!r}: {exc.message}") from None
+    metrics_port = int(parsed[METRICS_OPTION])
+    if brokers and metrics_port != METRICS_OFF:
+        raise InvalidConfigError(
+            f"option {METRICS_OPTION!r}={metrics_port} applies to the embedded broker only, "
+            "not with option 'brokers': a cluster's brokers set metrics.port in their own "
+            "config (docs/operations.md)"
+        )
     tls = TlsSettings.from_values(parsed)
     if tls.encrypted and not brokers:
         raise InvalidConfigError(
@@ -306,6 +330,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         max_offsets_per_trigger=int(parsed["maxOffsetsPerTrigger"]),
         include_metadata=bool(parsed["includeMetadata"]),
         test_hooks=bool(parsed["testHooks"]),
+        embedded_metrics_port=metrics_port,
         checkpoint_location=checkpoint,
         producer=producer,
         tls=tls,

@@ -38,6 +38,8 @@ from broker_core.server.broker import Broker
 from broker_core.server.config import BrokerConfig, parse_overrides
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# The ready pipe's optional second line, "metrics host:port" (read by spark_sink.embedded).
+READY_METRICS = "metrics"
 # -- broker start ----------------------------------------------------------------------------
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -200,6 +202,8 @@ def broker_start(args: argparse.Namespace) -> int:
         os._exit(128 + received[0])
     # The line a supervisor (or the test harness) waits for: the address actually bound.
     print(f"LISTENING {info.host}:{info.port}", flush=True)
+    # Where the Prometheus endpoint was bound; None without metrics.port.
+    metrics = broker.metrics_endpoint.address if broker.metrics_endpoint else None
     # Listed by `idemlog broker list` until the clean stop below removes it; a crash
     # leaves it for the next listing to report as stale and remove (cli/registry.py).
     entry: Path | None = None
@@ -209,6 +213,7 @@ def broker_start(args: argparse.Namespace) -> int:
             log_dir=config.log_dir,
             zookeeper=bool(config.zookeeper_connect),
             config=args.config,
+            metrics=metrics,
         )
     except OSError as exc:  # the listing is advice: serving does not depend on it
         logging.getLogger("idemlog.broker").warning(
@@ -218,8 +223,10 @@ def broker_start(args: argparse.Namespace) -> int:
         )
     if args.ready_fd is not None:
         # A launcher waiting on a pipe reads the address, then EOF; EOF alone means the
-        # broker died before serving (no output parsing, no polling).
-        os.write(args.ready_fd, f"{info.host}:{info.port}\n".encode())
+        # broker died before serving (no output parsing, no polling). A second line
+        # "metrics host:port" says where the Prometheus endpoint was bound, if it runs.
+        ready = f"{info.host}:{info.port}\n" + (f"{READY_METRICS} {metrics}\n" if metrics else "")
+        os.write(args.ready_fd, ready.encode())
         os.close(args.ready_fd)
     while not received:  # one sent during the start is pending: at once
         taken = signal.sigtimedwait(stop_signals, _STOP_POLL_S)

@@ -14,6 +14,7 @@ import signal
 import socket
 from enum import IntEnum
 
+from broker_core.client.broker_client import NoBrokerReachableError
 from broker_core.errors import (
     BrokerNotAvailableError,
     IdemlogError,
@@ -84,6 +85,12 @@ def classify(exc: BaseException) -> tuple[str, ExitCode]:
         return str(exc), ExitCode.USAGE  # a broker's refusal of a value, with its own code
     if isinstance(exc, _CONFIG_ERRORS):
         return str(exc), ExitCode.USAGE
+    if isinstance(exc, NoBrokerReachableError):
+        return (
+            f"cannot reach a broker at {', '.join(exc.addresses)} "
+            f"({connection_cause(exc.cause)}); check that it runs and the address is right",
+            ExitCode.UNREACHABLE,
+        )
     if isinstance(exc, _UNREACHABLE_ERRORS):
         return (
             f"{exc}; check that the broker runs and the address is right",
@@ -99,6 +106,32 @@ def classify(exc: BaseException) -> tuple[str, ExitCode]:
         "and report the traceback",
         ExitCode.FAILURE,
     )
+
+
+# The transport's words for why a connection failed (gRPC's and the kernel's), and the
+# few the operator is told; checked in this order, the first found wins.
+_CONNECTION_CAUSES: tuple[tuple[str, str], ...] = (
+    ("connection refused", "connection refused"),
+    ("deadline exceeded", "timed out"),
+    ("timed out", "timed out"),
+    ("dns resolution failed", "host name not found"),
+    ("name or service not known", "host name not found"),
+    ("address lookup failed", "host name not found"),
+    ("no route to host", "no route to host"),
+    ("network is unreachable", "network unreachable"),
+    ("connection reset", "connection reset"),
+)
+
+
+def connection_cause(text: str) -> str:
+    """The cause of a failed connection in two or three words ("connection refused",
+    "timed out", "host name not found" ...), read from the transport's message; "no
+    answer" when it names none of them (--debug shows the whole message)."""
+    lowered = text.lower()
+    for needle, cause in _CONNECTION_CAUSES:
+        if needle in lowered:
+            return cause
+    return "no answer"
 
 
 def config_file_error(

@@ -31,12 +31,12 @@ def broker_list(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{'pid':>8} {'status':<6} {'address':<22} {'mode':<9} {'started by':<10} "
-        f"{'started at':<25} log dir"
+        f"{'started at':<25} {'metrics':<22} log dir"
     )
     for b in brokers:
         print(
             f"{b.pid:>8} {b.status.value:<6} {b.address:<22} {b.mode:<9} {b.started_by:<10} "
-            f"{b.started_at:<25} {b.log_dir}"
+            f"{b.started_at:<25} {b.metrics or '-':<22} {b.log_dir}"
         )
     return 0
 

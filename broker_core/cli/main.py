@@ -11,7 +11,9 @@ which follows a topic (``broker_core.cli.consume_cmd``); the metrics
 (``broker_core.cli.metrics_cmd``): ``idemlog metrics``. SCRAM users
 (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``. ZooKeeper node ACLs
 (``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``. ACLs
-(``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``.
+(``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``. The Spark side's jobs
+(``broker_core.cli.spark_cmd``, with ``idemlog[spark]``): ``idemlog export delta``,
+``idemlog metrics record``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.consume_cmd import add_consume_command
 from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
 from broker_core.cli.metrics_cmd import add_metrics_command
+from broker_core.cli.spark_cmd import add_spark_commands
 from broker_core.cli.users_cmd import add_users_command
 from broker_core.cli.zk_cmd import add_zookeeper_command
 from broker_core.client.answers import schema_fields
@@ -218,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_zookeeper_command(sub)
     # -- authorization --
     add_acls_command(sub)
+    # The Spark side's jobs (dist): after add_metrics_command, whose `metrics` gets `record`.
+    add_spark_commands(sub)
     return parser
 
 

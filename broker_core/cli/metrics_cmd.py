@@ -3,6 +3,9 @@ producers by duplicates answered), or every producer's counters fetched page by 
 (docs/operations.md)::
 
     idemlog metrics --bootstrap host:port [--top N | --producers [--page-size N]] [--json]
+
+``idemlog metrics record`` (recording into a Delta table) is ``spark_cmd``'s, added under
+this command.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from broker_core.cli.broker_cmd import (
     _client,
     _command_config_argument,
 )
+from broker_core.errors import InvalidConfigError
 from broker_core.protocol.metrics import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_TOP,
@@ -31,6 +35,8 @@ from broker_core.protocol.metrics import (
 def metrics(args: argparse.Namespace) -> int:
     """The bounded document (aggregates and the top producers), or with ``--producers``
     every producer's counters, fetched page by page from each broker."""
+    if not args.bootstrap:  # optional in the parser only so that `metrics record` parses
+        raise InvalidConfigError("metrics: --bootstrap is required")
     with _client(args) as client:
         if args.producers:
             rows = client.producer_metrics(args.page_size)
@@ -59,7 +65,8 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
 def add_metrics_command(sub: Any) -> None:
     """Register ``idemlog metrics`` on the ``idemlog`` parser."""
     met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
-    met.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
+    # Required, but checked by metrics(): `idemlog metrics record` (spark_cmd) has none.
+    met.add_argument("--bootstrap", help=BOOTSTRAP_HELP + " (required)")
     _command_config_argument(met)
     met.add_argument("--json", action="store_true", help=JSON_HELP)
     met.add_argument(

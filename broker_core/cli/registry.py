@@ -66,6 +66,9 @@ class RegisteredBroker:
     config: str
     create_time: float
     status: Liveness
+    # host:port of its Prometheus endpoint (metrics.port, the port bound); None: no
+    # endpoint, or a broker registered before the endpoint was recorded.
+    metrics: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,12 +80,16 @@ class RegisteredBroker:
             "started_at": self.started_at,
             "config": self.config,
             "status": self.status.value,
+            "metrics": self.metrics,
         }
 
 
-def register(*, address: str, log_dir: Path, zookeeper: bool, config: str) -> Path:
-    """Record this process as a serving broker; returns the file (removed by
-    :func:`unregister`). Raises OSError if the directory cannot be written."""
+def register(
+    *, address: str, log_dir: Path, zookeeper: bool, config: str, metrics: str | None = None
+) -> Path:
+    """Record this process as a serving broker (``metrics``: its Prometheus endpoint's
+    host:port, if it serves one); returns the file (removed by :func:`unregister`).
+    Raises OSError if the directory cannot be written."""
     directory = registry_dir()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     list_brokers(prune=True)  # each start also drops files of brokers that died
@@ -95,6 +102,7 @@ def register(*, address: str, log_dir: Path, zookeeper: bool, config: str) -> Pa
         "mode": "zookeeper" if zookeeper else "embedded",
         "config": str(Path(config).absolute()),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "metrics": metrics,
     }
     target = directory / f"{pid}.json"
     tmp = directory / f".{pid}.json.tmp"
@@ -155,6 +163,7 @@ def list_brokers(*, prune: bool = True) -> list[RegisteredBroker]:
                 config=config,
                 create_time=create_time,
                 status=Liveness.ALIVE if _process(pid, create_time) else Liveness.STALE,
+                metrics=str(doc["metrics"]) if doc.get("metrics") else None,
             )
         except FileNotFoundError:
             continue  # removed by its broker's clean stop meanwhile

@@ -98,6 +98,22 @@ def parse_bootstrap(bootstrap: str) -> list[str]:
     return addresses
 
 
+class NoBrokerReachableError(NetworkError):
+    """No known or bootstrap broker answered a metadata request: ``addresses`` are those
+    tried, ``cause`` the last one's failure (its message, without the wire code), so the
+    CLI can say both once (docs/broker.md, "Failures and exit codes"). Retriable, as
+    every ``NetworkError``; raised by the client, never sent on the wire (so it lives
+    here, not in ``broker_core.errors``, whose classes each own a wire code)."""
+
+    def __init__(self, addresses: tuple[str, ...], cause: str) -> None:
+        super().__init__(f"no broker reachable among {', '.join(addresses)}: {cause}")
+        self.addresses = addresses
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[type[NoBrokerReachableError], tuple[tuple[str, ...], str]]:
+        return type(self), (self.addresses, self.cause)  # its own arguments, not the message
+
+
 class BrokerClient(AdminCalls, TransactionCalls):
     """A thread-safe client of an idemlog cluster (see the module docstring).
 
@@ -209,7 +225,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
 
     def refresh_metadata(self) -> ClusterView:
         """The cluster as the first reachable known broker sees it now (cached for
-        routing). Raises ``NetworkError`` if no known or bootstrap broker answers."""
+        routing). Raises ``NoBrokerReachableError`` (a ``NetworkError``) naming the addresses
+        tried and the last failure if no known or bootstrap broker answers."""
         last: IdemlogError | None = None
         for address in self._known_addresses():
             try:
@@ -228,8 +245,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
             )
             self._view = view
             return view
-        raise NetworkError(
-            f"no broker reachable among {', '.join(self._known_addresses())}: {last}"
+        raise NoBrokerReachableError(
+            tuple(self._known_addresses()), last.message if last else "no address to try"
         )
 
     def metadata(self, refresh: bool = False) -> ClusterView:
@@ -337,13 +354,6 @@ class BrokerClient(AdminCalls, TransactionCalls):
             return self._known_addresses()[0] if not retry else self._preferred_address()
 
         return self._routed(pick, lambda address: self._send(address, request))
-
-    def refresh_address(self) -> str:
-        """Refresh the metadata; the controller's address, or any live broker's.
-
-        Raises ``NetworkError`` if no known broker answers."""
-        self.refresh_metadata()
-        return self._preferred_address()
 
     def _preferred_address(self) -> str:
         view = self.metadata()

@@ -16,6 +16,7 @@ import itertools
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -64,14 +65,34 @@ class ProduceHandle:
         self._done = threading.Event()
         self._response: ProduceResponse | None = None
         self._error: IdemlogError | None = None
+        # Bounded by the callers: the producer's sender registers one per handle.
+        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks_lock = threading.Lock()
 
     def _complete(self, response: ProduceResponse) -> None:
         self._response = response
-        self._done.set()
+        self._settle()
 
     def _fail(self, error: IdemlogError) -> None:
         self._error = error
-        self._done.set()
+        self._settle()
+
+    def _settle(self) -> None:
+        with self._callbacks_lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the handle is answered or failed: on the thread
+        that answers it, or at once on this one if that already happened. The callback
+        must be quick and must not raise (it runs on the stream's reader thread)."""
+        with self._callbacks_lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def done(self) -> bool:
         return self._done.is_set()

@@ -13,6 +13,13 @@ The files are read and checked once, by :meth:`TlsSettings.load`: a missing or u
 file names its key and path, a key that does not open with ``ssl.key.password`` or does
 not match its certificate, and an expired certificate, are refused before anything
 listens or connects (an ``InvalidConfigError``).
+
+No TLS version or suite is set here, on purpose: a link negotiates TLS 1.3 with
+TLS_AES_256_GCM_SHA384 (the gRPC in pyarrow is built on OpenSSL, whose default TLS 1.3
+order the Flight client offers and the broker follows). Flight exposes neither a version
+nor a suite, gRPC's ``GRPC_SSL_CIPHER_SUITES`` reaches TLS 1.2 suites only (a TLS 1.3 name
+in it fails every TLS channel), and AES-128-GCM measured no cheaper per byte than
+AES-256-GCM, ChaCha20-Poly1305 dearer (docs/security.md, "What TLS costs").
 """
 
 from __future__ import annotations

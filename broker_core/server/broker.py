@@ -1,14 +1,14 @@
 """The broker: one process serving a LogStore over Arrow Flight, wired into the cluster.
 
-``Broker(config).start()`` opens, in order: the data-directory lock (``<log.dir>/.lock``,
-held until the end of ``close()``; a second process on the same ``log.dir`` is refused
-with LogDirLockedError before it reads or writes a file there), the producer-id block
-source (ZooKeeper, or the embedded file ``<log.dir>/__producer_id_block``), the
+``Broker(config).start()`` runs its named steps in order, each opening one part: the
+metrics endpoint (``metrics.port``), the data-directory lock (``<log.dir>/.lock``, held
+until the end of ``close()``: a second process on the same ``log.dir`` is refused with
+LogDirLockedError before it reads or writes a file there), the producer-id block source
+(ZooKeeper's session, or the file ``<log.dir>/__producer_id_block``), the
 :class:`LogStore`, the Flight server (bound, so the real port is known), the cluster
-metadata (registering this broker), the local partitions it leads (recovering each), the
-transaction coordinator if this broker is the controller, and the background tasks.
-Requests that arrive before the start finished wait for it (a restart on a fixed port may
-be hit at once).
+(registering this broker, opening and recovering its partitions), the transaction
+coordinator and the background tasks. A step that raises has ``_release`` close what the
+earlier ones opened, in reverse. Requests arriving before the start finished wait for it.
 
 ``close()`` (also on SIGTERM/SIGINT through the CLI) stops accepting requests, stops the
 tasks and the coordinator, closes the store (snapshots and the clean-shutdown marker in
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 from broker_core.cluster.embedded import EmbeddedCluster
-from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata, TopicAssignment
+from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
     IdemlogError,
@@ -38,23 +37,21 @@ from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import MetricsRequest
-from broker_core.security import zk_acl
-from broker_core.security.tls import Side, warn_if_exposed
-from broker_core.security.zk_acl import ZkAuth
-from broker_core.security.zk_tls import ZkTlsSettings
+from broker_core.security.tls import Side, TlsMaterial, warn_if_exposed
 from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.coordinators import Coordinators
+from broker_core.server.failpoints import BrokerFailpoints
 from broker_core.server.failpoints import from_start as failpoints_from_start
-from broker_core.server.local_topics import LocalTopics
+from broker_core.server.local_topics import LocalTopics, StartedTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics, partition_gauges
-from broker_core.server.partition import Partition
 from broker_core.server.prometheus import MetricsEndpoint
 from broker_core.server.replica_fetcher import FetcherConfig
 from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.state_coordinator import StateLeaderCoordinatorRole
 from broker_core.server.tasks import TaskGroup
+from broker_core.server.zk_session import connect_zookeeper
 from broker_core.txn.coordinator import LocalMarkerWriter
 from broker_core.txn.expiry import ExpiryPolicy
 from broker_core.txn.pid_block import IssuedProducerIds
@@ -68,31 +65,6 @@ PID_BLOCK_FILE = "__producer_id_block"
 CLUSTER_FILE = "__cluster.json"
 READY_TIMEOUT_S = 30.0  # how long an early request waits for the start to finish
 SHUTDOWN_GRACE_S = 5.0  # open client streams get this long before the store closes anyway
-
-
-class _StartedTopics:
-    """The broker's ``LocalTopics`` for the request handlers and the Flight server, which
-    are built before them: the server's bound port goes into the cluster registration that
-    ``LocalTopics`` needs. Each call reaches the current one, or raises the retriable
-    NotLeaderOrFollowerError before ``start`` opened it (requests wait at the gate anyway)."""
-
-    def __init__(self, get: Callable[[], LocalTopics]) -> None:
-        self._get = get
-
-    def assignment(self, topic: str) -> TopicAssignment:
-        return self._get().assignment(topic)
-
-    def leader_log(self, topic: str, partition: int) -> PartitionLog:
-        return self._get().leader_log(topic, partition)
-
-    def partition(self, topic: str, partition: int) -> Partition:
-        return self._get().partition(topic, partition)
-
-    def ensure(self, assignment: TopicAssignment) -> object:
-        return self._get().ensure(assignment)
-
-    def delete(self, name: str) -> None:
-        self._get().delete(name)
 
 
 class BrokerState(Enum):
@@ -187,154 +159,20 @@ class Broker:
         RuntimeError if called twice, and what opening a part raises (LogDirLockedError
         when another live process holds ``log.dir``, InvalidConfigError, StorageError,
         DuplicateBrokerRegistrationError, a ZooKeeper timeout...): the parts already open
-        are released first and the broker is STOPPED.
+        are released first, in reverse order (:meth:`_release`), and the broker is
+        STOPPED.
         """
-        from broker_core.server.authentication import local_token_middleware, server_auth
-        from broker_core.server.authorization import request_authorizer
-        from broker_core.server.flight_server import IdemlogFlightServer
-        from broker_core.server.handlers import ActionHandlers
-
         self._transition(BrokerState.STARTING)
-        cfg = self.config
         try:
-            # Its own files first (a bad one refuses the start); they serve its links too.
-            tls = cfg.tls.load(Side.SERVER)
-            warn_if_exposed(cfg.listener_host, cfg.tls)
-            # Decided here, once: an inherited variable alone never arms a hook.
-            failpoints = failpoints_from_start(cfg.test_hooks_enable)
-            # Before the directory is touched: a taken metrics.port refuses the start at once.
-            if cfg.metrics.enabled:
-                self.metrics_endpoint = MetricsEndpoint(cfg.metrics, self.metrics_document)
-                self.metrics_endpoint.start()
-            cfg.log_dir.mkdir(parents=True, exist_ok=True)
-            # Before anything in the directory is read or written: recovery may truncate.
-            self._dir_lock = lock_data_dir(cfg.log_dir)
-            if cfg.embedded:
-                self._pid_source = FileProducerIdBlockSource(cfg.log_dir / PID_BLOCK_FILE)
-            else:
-                self._zk = self._connect_zookeeper()
-                self._pid_source = ZkProducerIdBlockSource(self._zk)
-            self.pids = ProducerIdManager(self.broker_id, self._pid_source)
-            self.store = LogStore(
-                cfg.log_dir,
-                cfg.log_defaults,
-                producer_id_known=IssuedProducerIds(self._pid_source.latest_block),
-            )
-            replication = ReplicationConfig(
-                cfg.replica_lag_time_max_ms,
-                FetcherConfig(
-                    cfg.replica_fetch_max_bytes,
-                    cfg.replica_fetch_wait_max_ms,
-                    cfg.replica_fetch_backoff_ms / 1000.0,
-                ),
-            )
-            inter_broker = cfg.security.inter_broker  # this broker's own credentials, or None
-            started_topics = _StartedTopics(lambda: self.topics)
-            actions = ActionHandlers(
-                broker_id=self.broker_id,
-                config=cfg,
-                topics=started_topics,
-                store=lambda: self.store,
-                cluster=self.require_cluster,
-                coordinators=self.coordinators,
-                pids=lambda: self.pids,
-                markers=lambda: self.markers,
-                metrics_document=self.metrics_document,
-                replicas=lambda: self.replicas,
-            )
-            self._server = IdemlogFlightServer(
-                cfg.listener_host,
-                cfg.listener_port,
-                tls=tls,
-                actions=actions,
-                gate=self.gate,
-                topics=started_topics,
-                store=lambda: self.store,
-                metrics=self.metrics,
-                max_request_bytes=cfg.max_request_bytes,
-                ack_timeout_s=replication.ack_timeout_s,
-                auth_handler=server_auth(cfg, self._zk, tls),
-                middleware=local_token_middleware(cfg),
-                authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
-            )
-            # What clients and other brokers are told, which may differ from what is bound
-            # (NAT, a proxy, a container): listener.advertised.*.
-            self.info = BrokerInfo(
-                self.broker_id,
-                cfg.advertised_host,
-                cfg.advertised_port or int(self._server.port),
-            )
-            self.cluster = cluster = self._open_cluster(self.info)
-            self.replicas = ReplicaManager(
-                self.broker_id,
-                self.store,
-                cluster,
-                replication,
-                tls,
-                sasl=inter_broker,
-                failpoints=failpoints,
-            )
-            topics = self._topics = LocalTopics(
-                self.broker_id,
-                self.store,
-                cluster,
-                self.replicas,
-                embedded=cfg.embedded,
-                serving=lambda: self.serving,
-                forget_topic=self.metrics.forget_topic,
-            )
-            self.markers = RoutingMarkerWriter(
-                self.broker_id,
-                topics,
-                LocalMarkerWriter(self.store),
-                cluster.brokers,
-                replicated=self.replicas.wait_replicated,
-                call_timeout_s=cfg.marker_call_timeout_s,
-                tls=tls,
-                sasl=inter_broker,
-                failpoints=failpoints,
-            )
-            cluster.register(self.info)
-            topics.sync()
-            cluster.on_topics_change(topics.sync)
-            offsets = ClusterStableOffsets(
-                self.broker_id, topics, cluster.brokers, tls, inter_broker
-            )
-            expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
-            retry_deadline_s = cfg.transaction_marker_retry_deadline_ms / 1000.0
-            role: CoordinatorRole | StateLeaderCoordinatorRole
-            if cfg.embedded:
-                role = CoordinatorRole(
-                    self.broker_id,
-                    cluster,
-                    store=self.store,
-                    pids=self.pids,
-                    markers=self.markers,
-                    offsets=offsets,
-                    max_timeout_ms=cfg.transaction_max_timeout_ms,
-                    state_segment_bytes=cfg.transaction_state_log_segment_bytes,
-                    state_delete_retention_ms=cfg.transaction_state_log_delete_retention_ms,
-                    marker_retry_deadline_s=retry_deadline_s,
-                    expiry=expiry,
-                )
-            else:
-                role = StateLeaderCoordinatorRole(
-                    self.broker_id,
-                    self.replicas,
-                    pids=self.pids,
-                    markers=self.markers,
-                    offsets=offsets,
-                    max_timeout_ms=cfg.transaction_max_timeout_ms,
-                    marker_retry_deadline_s=retry_deadline_s,
-                    expiry=expiry,
-                    ack_timeout_s=replication.ack_timeout_s,
-                    cluster=cluster,
-                    zookeeper=self._zk,
-                )
-            self._coordinator_role = role
-            role.start(synchronous=cfg.embedded)
-            self._add_tasks(self.store, role)
-            self._tasks.start()
+            tls, failpoints = self._load_settings()
+            self._open_metrics_endpoint()
+            self._lock_data_dir()
+            self._open_producer_ids()
+            self._open_store()
+            info = self._open_listener(tls)
+            self._join_cluster(info, tls, failpoints)
+            self._start_coordinator(tls)
+            self._start_tasks()
         except LogDirLockedError:
             # An operator's mistake, said in one line by the CLI: no traceback.
             self._transition(BrokerState.STOPPING)
@@ -354,49 +192,204 @@ class Broker:
             raise
         self._transition(BrokerState.RUNNING)
         self._ready.set()
-        return self.info
+        return info
 
-    def _connect_zookeeper(self) -> Any:
-        from kazoo.client import KazooClient
+    def _load_settings(self) -> tuple[TlsMaterial, BrokerFailpoints]:
+        """Its TLS files (a bad one refuses the start) and the test hooks, decided here
+        once (an inherited variable alone never arms one). Opens nothing."""
+        cfg = self.config
+        tls = cfg.tls.load(Side.SERVER)
+        warn_if_exposed(cfg.listener_host, cfg.tls)
+        return tls, failpoints_from_start(cfg.test_hooks_enable)
+
+    def _open_metrics_endpoint(self) -> None:
+        """Bind ``metrics.port`` (if set) before the directory is touched, so a taken port
+        refuses the start at once. Opens the endpoint's socket and thread; ``_release``
+        stops them."""
+        if self.config.metrics.enabled:
+            self.metrics_endpoint = MetricsEndpoint(self.config.metrics, self.metrics_document)
+            self.metrics_endpoint.start()
+
+    def _lock_data_dir(self) -> None:
+        """Create ``log.dir`` and take its lock before anything in it is read or written
+        (recovery may truncate). Opens the lock; ``_release`` drops it, last."""
+        self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = lock_data_dir(self.config.log_dir)
+
+    def _open_producer_ids(self) -> None:
+        """The producer-id block source: the embedded file, or ZooKeeper (whose session
+        every later ZooKeeper user shares). Opens the ZooKeeper session; ``_release``
+        closes the source, then the session."""
+        cfg = self.config
+        if cfg.embedded:
+            self._pid_source = FileProducerIdBlockSource(cfg.log_dir / PID_BLOCK_FILE)
+        else:
+            self._zk = connect_zookeeper(cfg)
+            self._pid_source = ZkProducerIdBlockSource(self._zk)
+        self.pids = ProducerIdManager(self.broker_id, self._pid_source)
+
+    def _open_store(self) -> None:
+        """The :class:`LogStore` on ``log.dir`` (each partition recovered as it opens).
+        ``_release`` closes it (snapshots and the clean-shutdown marker)."""
+        cfg = self.config
+        assert self._pid_source is not None  # _open_producer_ids ran
+        self.store = LogStore(
+            cfg.log_dir,
+            cfg.log_defaults,
+            producer_id_known=IssuedProducerIds(self._pid_source.latest_block),
+        )
+
+    def _replication(self) -> ReplicationConfig:
+        cfg = self.config
+        return ReplicationConfig(
+            cfg.replica_lag_time_max_ms,
+            FetcherConfig(
+                cfg.replica_fetch_max_bytes,
+                cfg.replica_fetch_wait_max_ms,
+                cfg.replica_fetch_backoff_ms / 1000.0,
+            ),
+        )
+
+    def _open_listener(self, tls: TlsMaterial) -> BrokerInfo:
+        """The handlers and the Flight server, bound (so the real port is known), and what
+        clients are told: ``listener.advertised.*`` when set (NAT, a proxy, a container).
+        Requests wait at :meth:`gate`. Built before the parts they reach (the cluster
+        registration needs the bound port): hence the late-bound topics, store, pids,
+        markers and replicas. ``_release`` shuts the server down."""
+        from broker_core.server.authentication import local_token_middleware, server_auth
+        from broker_core.server.authorization import request_authorizer
+        from broker_core.server.flight_server import IdemlogFlightServer
+        from broker_core.server.handlers import ActionHandlers
 
         cfg = self.config
-        timeout_s = cfg.zookeeper_session_timeout_ms / 1000.0
-        # Reconnect for as long as it takes, quickly: a broker without ZooKeeper
-        # keeps serving its partitions and waits for the connection to come back.
-        retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0}
-        secure = ZkTlsSettings.from_values(cfg.values).kazoo_arguments()  # files checked
-        auth = ZkAuth.from_values(cfg.values)
-        secure.update(auth.kazoo_arguments())  # digest identity; ACLs with zookeeper.set.acl
-        if cfg.zookeeper_chroot:
-            # Create the chroot first, every missing level of it, as Kafka does on first
-            # start. A client on the chroot cannot: kazoo's ensure_path climbs up to the
-            # chroot's own node and creates only that one, so /prod/idemlog without /prod
-            # failed with NoNodeError. Hence a short-lived client without the chroot, whose
-            # requests are retried across a lost connection for up to the session timeout.
-            admin = KazooClient(
-                hosts=cfg.zookeeper_hosts,
-                timeout=timeout_s,
-                connection_retry=retry,
-                command_retry={**retry, "deadline": timeout_s},
-                **secure,
-            )
-            admin.start(timeout=timeout_s)
-            try:
-                admin.retry(zk_acl.ensure_path, admin, cfg.zookeeper_chroot)
-            finally:
-                admin.stop()
-                admin.close()
-        client = KazooClient(
-            hosts=cfg.zookeeper_connect, timeout=timeout_s, connection_retry=retry, **secure
+        started_topics = StartedTopics(lambda: self.topics)
+        actions = ActionHandlers(
+            broker_id=self.broker_id,
+            config=cfg,
+            topics=started_topics,
+            store=lambda: self.store,
+            cluster=self.require_cluster,
+            coordinators=self.coordinators,
+            pids=lambda: self.pids,
+            markers=lambda: self.markers,
+            metrics_document=self.metrics_document,
+            replicas=lambda: self.replicas,
         )
-        client.start(timeout=timeout_s)
-        try:
-            zk_acl.check_access(client, ZK_ROOT, auth)
-        except BaseException:
-            client.stop()
-            client.close()
-            raise
-        return client
+        self._server = IdemlogFlightServer(
+            cfg.listener_host,
+            cfg.listener_port,
+            tls=tls,
+            actions=actions,
+            gate=self.gate,
+            topics=started_topics,
+            store=lambda: self.store,
+            metrics=self.metrics,
+            max_request_bytes=cfg.max_request_bytes,
+            ack_timeout_s=self._replication().ack_timeout_s,
+            auth_handler=server_auth(cfg, self._zk, tls),
+            middleware=local_token_middleware(cfg),
+            authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
+        )
+        self.info = BrokerInfo(
+            self.broker_id, cfg.advertised_host, cfg.advertised_port or int(self._server.port)
+        )
+        return self.info
+
+    def _join_cluster(
+        self, info: BrokerInfo, tls: TlsMaterial, failpoints: BrokerFailpoints
+    ) -> None:
+        """The cluster metadata, the replica manager, the local partitions and the marker
+        writer; then registers this broker and opens the partitions it holds (recovering
+        each), following topic changes. ``_release`` closes the partitions with the store,
+        leaves the cluster and closes the marker writer's connections."""
+        cfg = self.config
+        store = self.store
+        assert store is not None  # _open_store ran
+        inter_broker = cfg.security.inter_broker  # this broker's own credentials, or None
+        self.cluster = cluster = self._open_cluster(info)
+        self.replicas = ReplicaManager(
+            self.broker_id,
+            store,
+            cluster,
+            self._replication(),
+            tls,
+            sasl=inter_broker,
+            failpoints=failpoints,
+        )
+        topics = self._topics = LocalTopics(
+            self.broker_id,
+            store,
+            cluster,
+            self.replicas,
+            embedded=cfg.embedded,
+            serving=lambda: self.serving,
+            forget_topic=self.metrics.forget_topic,
+        )
+        self.markers = RoutingMarkerWriter(
+            self.broker_id,
+            topics,
+            LocalMarkerWriter(store),
+            cluster.brokers,
+            replicated=self.replicas.wait_replicated,
+            call_timeout_s=cfg.marker_call_timeout_s,
+            tls=tls,
+            sasl=inter_broker,
+            failpoints=failpoints,
+        )
+        cluster.register(info)
+        topics.sync()
+        cluster.on_topics_change(topics.sync)
+
+    def _start_coordinator(self, tls: TlsMaterial) -> None:
+        """The transaction coordinator role: embedded, one coordinator loaded now; with
+        ZooKeeper, one per ``__transaction_state`` partition this broker leads, loaded in
+        the background. ``_release`` stops it."""
+        cfg = self.config
+        store, pids, markers = self.store, self.pids, self.markers
+        assert store is not None and pids is not None and markers is not None
+        assert self.cluster is not None and self.replicas is not None  # _join_cluster ran
+        offsets = ClusterStableOffsets(
+            self.broker_id, self.topics, self.cluster.brokers, tls, cfg.security.inter_broker
+        )
+        expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
+        retry_deadline_s = cfg.transaction_marker_retry_deadline_ms / 1000.0
+        role: CoordinatorRole | StateLeaderCoordinatorRole
+        if cfg.embedded:
+            role = CoordinatorRole(
+                self.broker_id,
+                self.cluster,
+                store=store,
+                pids=pids,
+                markers=markers,
+                offsets=offsets,
+                max_timeout_ms=cfg.transaction_max_timeout_ms,
+                state_segment_bytes=cfg.transaction_state_log_segment_bytes,
+                state_delete_retention_ms=cfg.transaction_state_log_delete_retention_ms,
+                marker_retry_deadline_s=retry_deadline_s,
+                expiry=expiry,
+            )
+        else:
+            role = StateLeaderCoordinatorRole(
+                self.broker_id,
+                self.replicas,
+                pids=pids,
+                markers=markers,
+                offsets=offsets,
+                max_timeout_ms=cfg.transaction_max_timeout_ms,
+                marker_retry_deadline_s=retry_deadline_s,
+                expiry=expiry,
+                ack_timeout_s=self._replication().ack_timeout_s,
+                cluster=self.cluster,
+                zookeeper=self._zk,
+            )
+        self._coordinator_role = role
+        role.start(synchronous=cfg.embedded)
+
+    def _start_tasks(self) -> None:
+        """The background tasks; ``_release`` stops them, first."""
+        assert self.store is not None and self._coordinator_role is not None
+        self._add_tasks(self.store, self._coordinator_role)
+        self._tasks.start()
 
     def _open_cluster(self, info: BrokerInfo) -> ClusterMetadata:
         if self.config.embedded:
@@ -536,6 +529,8 @@ class Broker:
             topics.sync()  # our replicas follow now: appends are refused, waiters answered
 
     def _release(self) -> None:
+        """Close what the start's steps opened (each part only if it was), the last opened
+        first; what serves requests (tasks, endpoint, server) stops before what it reads."""
         self._tasks.stop()
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()

@@ -224,3 +224,29 @@ class LocalTopics:
         with self._lock:
             self._replicas.close()
             self._store.close()
+
+
+class StartedTopics:
+    """A broker's ``LocalTopics`` for the request handlers and the Flight server, which
+    are built before it: the server's bound port goes into the cluster registration that
+    ``LocalTopics`` needs. Each call reaches the current one through ``get``, which raises
+    the retriable NotLeaderOrFollowerError before the broker opened it (requests wait at
+    the broker's gate anyway)."""
+
+    def __init__(self, get: Callable[[], LocalTopics]) -> None:
+        self._get = get
+
+    def assignment(self, topic: str) -> TopicAssignment:
+        return self._get().assignment(topic)
+
+    def leader_log(self, topic: str, partition: int) -> PartitionLog:
+        return self._get().leader_log(topic, partition)
+
+    def partition(self, topic: str, partition: int) -> Partition:
+        return self._get().partition(topic, partition)
+
+    def ensure(self, assignment: TopicAssignment) -> object:
+        return self._get().ensure(assignment)
+
+    def delete(self, name: str) -> None:
+        self._get().delete(name)

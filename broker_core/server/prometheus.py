@@ -298,6 +298,12 @@ class MetricsEndpoint:
         log.info("metrics endpoint: http://%s:%d/metrics", host, self.port)
         return self.port
 
+    @property
+    def address(self) -> str | None:
+        """``host:port`` as bound (``metrics.port=0`` picks the port) once :meth:`start`
+        returned; None before."""
+        return None if self.port is None else f"{self._config.host}:{self.port}"
+
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is None:

@@ -207,8 +207,16 @@ class MessageAccumulator:
         with self.cond:
             return self._used
 
+    def wake(self) -> None:
+        """Wake the sender's :meth:`wait` (or make its next one return at once): a batch in
+        flight was answered. Safe from any thread; quick (the network threads call it)."""
+        with self.cond:
+            self._wakeup = True
+            self.cond.notify_all()
+
     def wait(self, timeout: float) -> None:
-        """The sender's idle wait: until an append/requeue/flush notifies, or ``timeout``."""
+        """The sender's wait: until an append/requeue/flush/close or an answer (:meth:`wake`)
+        notifies, or ``timeout``."""
         with self.cond:
             if not self._wakeup:
                 self.cond.wait(timeout)

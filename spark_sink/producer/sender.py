@@ -60,7 +60,10 @@ from .transport import SendHandle, Transport
 
 log = logging.getLogger("idemlog.producer")
 
-POLL_S = 0.002  # how often answers are looked at while batches are in flight
+# The longest wait between two steps. Answers, appends, requeues, flushes and close wake
+# the sender at once (``MessageAccumulator.wake``/``notify``); this bound only paces what
+# has no event: request.timeout.ms, a retried epoch bump or AddPartitionsToTxn, and the
+# facade's transaction state (a producer id, a new transaction) becoming sendable.
 IDLE_S = 0.1
 _STREAM_ERRORS = (NetworkError, NotLeaderOrFollowerError, UnknownTopicOrPartitionError)
 
@@ -75,7 +78,11 @@ class Sender:
         metrics: ProducerMetrics,
         *,
         clock: Callable[[], float] = time.monotonic,
+        idle_s: float | None = None,
     ) -> None:
+        """``idle_s``: the longest wait between two steps (default :data:`IDLE_S`, read
+        when the sender is built); every answer, append and close wakes it sooner."""
+        self.idle_s = IDLE_S if idle_s is None else idle_s
         self.accumulator = accumulator
         self.txn = txn
         self.transport = transport
@@ -106,8 +113,9 @@ class Sender:
                 self.fatal = exc
                 self._fail_everything(IdemlogError(f"the producer's sender crashed: {exc!r}"))
                 return
-            busy = self.txn.in_flight_total() > 0 or any(self.in_flight.values())
-            self.accumulator.wait(min(wait, POLL_S if busy else IDLE_S))
+            # No polling while batches are in flight: each handle wakes the wait when its
+            # answer (or its stream's failure) arrives (_send registers the callback).
+            self.accumulator.wait(min(wait, self.idle_s))
 
     def stop(self, timeout: float | None = 10.0) -> None:
         self._stop.set()
@@ -425,6 +433,8 @@ class Sender:
         self.txn.add_in_flight(batch.tp, 1)
         self.metrics.sent()
         self.in_flight.setdefault(batch.tp, []).append((batch, handle))
+        # After the batch is recorded: an answer already in wakes the next wait at once.
+        handle.add_done_callback(self.accumulator.wake)
 
     # -- for the facade ------------------------------------------------------------------
     def fail_pending(self, error: IdemlogError) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import pyarrow as pa
@@ -37,6 +37,12 @@ class SendHandle(Protocol):
 
     def result(self, timeout: float | None = None) -> ProduceResponse:
         """The broker's answer (may carry an error code); raises the stream's error."""
+        ...
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, as soon as ``done()`` is true (at once if it already
+        is), from whichever thread made it so. The sender's wake-up: it must be quick and
+        must not raise."""
         ...
 
 
@@ -98,6 +104,9 @@ class FailedHandle:
     def result(self, timeout: float | None = None) -> ProduceResponse:
         raise self.error
 
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        callback()
+
 
 class _StreamHandle:
     """A ``ProduceHandle`` that ``reset`` can fail early (request timeout)."""
@@ -105,6 +114,8 @@ class _StreamHandle:
     def __init__(self, inner: ProduceHandle) -> None:
         self.inner = inner
         self.error: IdemlogError | None = None
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []  # the sender's one wake-up
 
     def done(self) -> bool:
         return self.error is not None or self.inner.done()
@@ -113,6 +124,27 @@ class _StreamHandle:
         if self.error is not None and not self.inner.done():
             raise self.error
         return self.inner.result(timeout)
+
+    def fail_early(self, error: IdemlogError) -> None:
+        """Done now with ``error`` (the stream was dropped), unless already answered."""
+        if self.error is None:
+            self.error = error
+        self._fire()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._callbacks.append(callback)
+        if self.error is not None:
+            self._fire()
+        else:
+            self.inner.add_done_callback(self._fire)
+
+    def _fire(self) -> None:
+        # Whichever comes first, the answer or fail_early, calls each callback once.
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 class FlightTransport:
@@ -189,8 +221,7 @@ class FlightTransport:
             entry = self._streams.pop(tp, None)
         if entry is not None:
             for handle in entry[1]:
-                if handle.error is None:
-                    handle.error = error
+                handle.fail_early(error)
             # Closing waits for the broker's status; never block the sender on it.
             threading.Thread(target=_close_stream, args=(entry[0],), daemon=True).start()
         if isinstance(error, NetworkError):

@@ -24,6 +24,7 @@ from broker_core.txn.state_store import KIND_SINK, KIND_SINK_BATCH
 from broker_core.txn.state_topic import TXN_STATE_TOPIC
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.client_calls import answering_address
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 
@@ -100,7 +101,7 @@ def test_a_held_back_partition_keeps_sink_records_small_on_a_cluster(
     brokers, client = _cluster(zk_chroot, broker_factory, client_for)
     leaders = client.create_topic(TOPIC, PARTITIONS)
     assert sorted(set(leaders)) == [1, 2, 3]  # markers go to every broker
-    found = client.action(client.refresh_address(), Action.FIND_COORDINATOR, {})
+    found = client.action(answering_address(client), Action.FIND_COORDINATOR, {})
     coordinator = brokers[int(found["broker_id"]) - 1]
 
     def sink_record() -> int:

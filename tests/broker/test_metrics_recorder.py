@@ -1,11 +1,13 @@
-"""jobs/metrics_recorder.py against a real broker process: what the validator counted ends
-up in a Delta table that pandas reads, poll after poll, and a broker that goes away is a
-skipped poll, not a dead recorder."""
+"""spark_sink/metrics_recorder.py (and ``python -m jobs.metrics_recorder``) against a real
+broker process: what the validator counted ends up in a Delta table that pandas reads, poll
+after poll, and a broker that goes away is a skipped poll, not a dead recorder."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,11 +18,14 @@ from deltalake import DeltaTable
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, IdemlogError
-from jobs.metrics_recorder import SCHEMA, MetricsRecorder, main, read_metrics
+from jobs.metrics_recorder import main
 from spark_sink import progress_spool
+from spark_sink.metrics_recorder import SCHEMA, MetricsRecorder, read_metrics
 from tests.broker.helpers import rows
 from tests.harness.broker import BrokerFactory
 from tests.sink_figures import figures
+
+IDEMLOG = [sys.executable, "-m", "broker_core.cli.main"]
 
 
 def produce_with_duplicates(client: BrokerClient, topic: str) -> None:
@@ -169,3 +174,22 @@ def test_the_cli_records_once(broker_factory: BrokerFactory, tmp_path: Path) -> 
     frame = read_metrics(tmp_path / "m")
     assert set(frame.scope) >= {"total", "transactions"}
     assert json.loads(json.dumps(frame.day.iloc[0]))  # a YYYY-MM-DD string
+
+
+def test_idemlog_metrics_record_once_appends_a_poll(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """The installed spelling, ``idemlog metrics record``, in a process of its own."""
+    broker = broker_factory()
+    table = tmp_path / "m"
+    args = ["--table", str(table), "--brokers", broker.address, "--once"]
+    done = subprocess.run(
+        [*IDEMLOG, "metrics", "record", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("recorded polls=1 failed=0 rows="), done.stdout
+    assert set(read_metrics(table).scope) >= {"total", "transactions"}

@@ -29,6 +29,7 @@ from broker_core.protocol.txn_requests import CommitSinkBatchRequest
 from broker_core.protocol.wire import Action, SinkAttempt
 from tests.broker.helpers import ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory
+from tests.harness.client_calls import answering_address
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
@@ -65,7 +66,7 @@ def _leaders(cluster: ReplicatedCluster) -> dict[int, int]:
 
 def _leader(cluster: ReplicatedCluster, state_partition: int) -> int:
     request = {"state_partition": state_partition}
-    doc = cluster.client.action(cluster.client.refresh_address(), Action.FIND_COORDINATOR, request)
+    doc = cluster.client.action(answering_address(cluster.client), Action.FIND_COORDINATOR, request)
     assert doc["state_partitions"] == STATE_PARTITIONS, doc
     return int(doc["broker_id"])
 

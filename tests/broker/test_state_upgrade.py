@@ -22,6 +22,7 @@ from broker_core.txn.state import TransactionMetadata, TransactionState
 from broker_core.txn.state_store_zk import ZkTxnStateStore
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory
+from tests.harness.client_calls import answering_address
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 
@@ -89,7 +90,7 @@ def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
     assert offsets["last_stable_offset"] == offsets["log_end_offset"]
     assert ids(client, "up", 0) == [0, 1, 10, 11]
     find = {"transactional_id": "legacy-app"}
-    coordinator = client.action(client.refresh_address(), Action.FIND_COORDINATOR, find)
+    coordinator = client.action(answering_address(client), Action.FIND_COORDINATOR, find)
     assert coordinator["state_partitions"] == state_partitions
     home = state_partition_of("legacy-app", state_partitions)
     assert coordinator["state_partition"] == home

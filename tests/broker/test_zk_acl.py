@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import collections
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError
-from kazoo.security import OPEN_ACL_UNSAFE, Permissions
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkAttempt
@@ -28,6 +25,7 @@ from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 from tests.broker.helpers import ids, prepared_attempt
 from tests.broker.test_sasl import add_user, idemlog
+from tests.harness import zk_acl
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.zookeeper import ZooKeeperHarness
@@ -45,11 +43,7 @@ TOPIC = "payments"
 SINK = "job"
 # Clients that must not change anything: anonymous, another user, the right user with a
 # wrong password (a different digest).
-OUTSIDERS: list[list[tuple[str, str]] | None] = [
-    None,
-    [("digest", "intruder:guess")],
-    [("digest", f"{ZK_USER}:not-the-password")],
-]
+OUTSIDERS = zk_acl.outsider_auths(ZK_USER)
 
 
 def _properties(path: Path, keys: dict[str, str]) -> str:
@@ -58,71 +52,10 @@ def _properties(path: Path, keys: dict[str, str]) -> str:
     return str(path)
 
 
-def _walk(client: KazooClient, top: str) -> list[str]:
-    """Every node at and below ``top``, parents first (as the brokers' identity)."""
-    nodes, stack = [], [top]
-    while stack:
-        path = stack.pop()
-        nodes.append(path)
-        stack.extend(f"{path}/{c}" for c in sorted(client.get_children(path), reverse=True))
-    return nodes
-
-
-def _refusals(outsider: KazooClient, path: str, *, top: bool) -> dict[str, str]:
-    """Each change attempted on ``path``, mapped to what ZooKeeper answered."""
-    attempts: dict[str, Any] = {
-        "set": lambda: outsider.set(path, b"tampered"),
-        "create": lambda: outsider.create(f"{path}/intruder", b"x"),
-        "set_acls": lambda: outsider.set_acls(path, OPEN_ACL_UNSAFE),
-    }
-    if not top:  # the top's parent is the test's own open chroot, not an idemlog node
-        attempts["delete"] = lambda: outsider.delete(path, recursive=False)
-    answers = {}
-    for name, attempt in attempts.items():
-        try:
-            attempt()
-            answers[name] = "ALLOWED"
-        except NoAuthError:
-            answers[name] = "NoAuth"
-        except Exception as exc:  # anything but NoAuth is a failure of the guarantee
-            answers[name] = type(exc).__name__
-    return answers
-
-
-def _outsiders(zk: ZooKeeperHarness) -> Iterator[KazooClient]:
-    for auth in OUTSIDERS:
-        yield zk.client(auth_data=auth)
-
-
 def assert_secured(zk: ZooKeeperHarness, owner: KazooClient, top: str) -> list[str]:
-    """No outsider can change any node under ``top``, nor read the users' nodes; the
-    metadata stays world-readable. Returns the nodes walked."""
-    nodes = _walk(owner, top)
-    users = [n for n in nodes if "/config/users" in n]
-    assert users, nodes
-    for outsider in _outsiders(zk):
-        bad = {}
-        for path in nodes:
-            answers = _refusals(outsider, path, top=path == top)
-            if set(answers.values()) != {"NoAuth"}:
-                bad[path] = answers
-        assert not bad, bad
-        for path in users:  # salted credentials: the brokers' only
-            for read in (outsider.get, outsider.get_children):
-                try:
-                    read(path)
-                    raise AssertionError(f"{path} readable by an outsider")
-                except NoAuthError:
-                    pass
-        readable = [n for n in nodes if "/config/users" not in n]
-        for path in readable:  # what a metadata reader needs stays readable
-            outsider.get(path)
-    for path in nodes:  # the ACL itself: the brokers' digest ALL, world READ at most
-        acl, _ = owner.get_acls(path)
-        world = [a for a in acl if a.id.scheme == "world"]
-        assert [a.perms for a in world] in ([], [Permissions.READ]), (path, acl)
-        assert any(a.id.scheme == "digest" and a.id.id.startswith(ZK_USER + ":") for a in acl)
-    return nodes
+    """``tests/harness/zk_acl.py``'s check, with this file's outsiders."""
+    outsiders = [zk.client(auth_data=auth) for auth in OUTSIDERS]
+    return zk_acl.assert_secured(owner, outsiders, top, ZK_USER)
 
 
 def _commit(client: BrokerClient, batch: int, spans: dict[int, list[range]]) -> None:
@@ -223,7 +156,7 @@ def test_set_acl_secures_an_existing_tree_and_unsecure_opens_it_again(
         cluster.create_topic(TOPIC, 2)
         _commit(cluster.client, 0, {0: [range(0, 5)], 1: [range(5, 10)]})
         owner = zk_chroot.client(auth_data=zk_chroot.admin_auth)
-        nodes = _walk(owner, "/legacy")
+        nodes = zk_acl.walk(owner, "/legacy")
         assert all(owner.get_acls(n)[0] == OPEN_ACL_UNSAFE for n in nodes)  # open before
 
         secure = idemlog(
@@ -261,7 +194,7 @@ def test_set_acl_secures_an_existing_tree_and_unsecure_opens_it_again(
         )
         assert unsecure.returncode == 0, unsecure.stderr
         anonymous = zk_chroot.client()
-        after = _walk(anonymous, "/legacy")  # the users' node is listable again
+        after = zk_acl.walk(anonymous, "/legacy")  # the users' node is listable again
         assert set(nodes) <= set(after)
         assert all(anonymous.get_acls(n)[0] == OPEN_ACL_UNSAFE for n in after)
     finally:

@@ -18,7 +18,8 @@ Everything is removed at the end, also on failure or Ctrl-C.
 
 ``--secured`` (``make demo-cluster DEMO_ARGS=--secured``) runs it on the secured stack of
 ``tests/cluster/secured.py``: TLS with client certificates and SCRAM on every link,
-ZooKeeper over TLS, the job as user ``writer``.
+ZooKeeper over TLS with node ACLs, the authorizer on, the job as user ``writer`` with the
+minimal ACLs of a job (its topic is then ``sec_payments``, its query id fixed).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jobs.verify import verify_exactly_once
-from tests.cluster.secured import Security
+from tests.cluster.secured import TOPIC_PREFIX, Security, fix_query_id
 from tests.cluster.stack import Stack, executor_of, fired_by, host_of, running_stack
 from tests.harness.cluster import read_back, spark_events
 from tests.spark.helpers import DriverLauncher, DriverRun
@@ -92,6 +93,12 @@ def _break_things(stack: Stack, marks: Path, run: DriverRun) -> dict[str, str]:
 
 
 def run_demo(stack: Stack, work: Path, files: int, rows: int) -> int:
+    topic = TOPIC
+    if stack.security is not None:
+        # The writer's ACLs name the topics prefixed TOPIC_PREFIX and the stream's sink id
+        # fixed by the checkpoint's metadata (tests/cluster/secured.py, Security.grant).
+        topic = f"{TOPIC_PREFIX}{TOPIC}"
+        fix_query_id(work / "checkpoint")
     for host in stack.bed.hosts:
         print(f"  host {host.name:<8} {host.address}")
     print(f"streaming {files * rows} rows in {files} micro-batches to {stack.brokers.bootstrap}")
@@ -101,7 +108,7 @@ def run_demo(stack: Stack, work: Path, files: int, rows: int) -> int:
         stream = stack.start_stream(
             drivers,
             work,
-            TOPIC,
+            topic,
             files=files,
             rows=rows,
             failpoints=FAILPOINTS,
@@ -128,7 +135,7 @@ def run_demo(stack: Stack, work: Path, files: int, rows: int) -> int:
     removed = len(spark_events(stream.events, "SparkListenerExecutorRemoved"))
     done["executors Spark lost (event log)"] = str(removed)
     with stack.brokers.client() as client:
-        table = read_back(client, TOPIC)
+        table = read_back(client, topic)
         txns = client.metrics()["transactions"] or {}
     verdict = verify_exactly_once(
         table, id_column="id", key_column="account", expected_ids=stream.ids
@@ -165,7 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         security = Security.create(work / "security") if args.secured else None
         if security is not None:
-            print("secured: SASL_SSL, client certificates required, ZooKeeper over TLS")
+            print(
+                "secured: SASL_SSL, client certificates required, the authorizer with the "
+                "minimal ACLs, ZooKeeper over TLS with node ACLs"
+            )
         with running_stack(work, security=security) as stack:
             return run_demo(stack, work, args.files, args.rows)
     finally:

@@ -14,18 +14,24 @@ secured cluster, every security setting in one place, :class:`Security`.
   run on that host (:class:`SecuredZooKeeper`);
 * the SCRAM users ``broker``, ``writer`` (the Spark job's) and ``reader`` (``spark.read``
   and the verifying reader) added before any broker starts;
+* the authorizer on (``authorizer.enable``, ``super.users=User:broker``), with only the
+  documented minimal ACLs of a writing and a reading job granted (:meth:`Security.grant`,
+  docs/security.md "The minimal ACLs of a job");
+* ZooKeeper node ACLs on (``zookeeper.set.acl``, the brokers' digest identity
+  ``zookeeper.auth.digest.*``), the tree under the chroot :data:`ZK_CHROOT`, so that every
+  idemlog node has an idemlog parent; the operator's ``idemlog users|acls`` run with
+  ``--config`` and the identity (:meth:`Security.zookeeper_config`);
 * the Spark job's options (:meth:`Security.client_keys`): the files are on the one
   filesystem the hosts share, so the driver and every executor read the same paths.
 
-Extension points, for the pieces of issue 25 not built yet (docs/security.md, "A secured
-cluster, tested"): :attr:`Security.broker_extra` (broker keys: ``authorizer.enable``,
-``super.users``, ``zookeeper.set.acl``, ZooKeeper digest credentials),
-:meth:`Security.before_brokers` (anything ZooKeeper must hold before a broker starts) and
-:meth:`Security.grant` (the ACLs, with :meth:`Security.idemlog` as the admin).
+Where each piece is set: :attr:`Security.broker_extra` (the authorizer's and ZooKeeper
+ACLs' broker keys, filled by :meth:`Security.create`), :meth:`Security.before_brokers`
+(what ZooKeeper holds before a broker starts) and :meth:`Security.grant` (the ACLs).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -58,6 +64,15 @@ MECHANISM = Mechanism.SCRAM_SHA_512
 ZK_LOOPBACK_PORT = 2182
 # The tests' topics start with it, so that ACLs can be granted on the prefix.
 TOPIC_PREFIX = "sec_"
+# The brokers' ZooKeeper chroot: with none, /idemlog and /latest_producer_id_block would
+# hang under ZooKeeper's root, open to all, so anyone could delete the latter (delete is
+# checked on the parent's ACL; docs/security.md, "A secured cluster, tested").
+ZK_CHROOT = "/idemlog-secured"
+ZK_USER = "idemlog-brokers"  # the brokers' ZooKeeper digest identity
+# The stream's query id, hence its sink id, fixed by the checkpoint's metadata written
+# before its first start (fix_query_id), so that its ACL can be granted beforehand.
+STREAM_QUERY_ID = "5ec0e2d5-25a1-4c3e-9a7b-0000000000c1"
+BATCH_PREFIX = "batch-"  # every df.write job's sink id: batch-<run id>
 
 
 def idemlog_on(
@@ -77,6 +92,13 @@ def idemlog_on(
     )
 
 
+def fix_query_id(checkpoint: Path, query_id: str = STREAM_QUERY_ID) -> None:
+    """Write ``checkpoint``'s ``metadata`` before the query's first start: Spark takes the
+    query id (the sink id) from it (docs/security.md, "The minimal ACLs of a job")."""
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+
+
 class SecuredZooKeeper(ZooKeeperServer):
     """ZooKeeper on ``host``: TLS on ``host.address:ZK_PORT`` with a certificate naming
     that address and client certificates required (``ssl.clientAuth=need``); plaintext
@@ -90,8 +112,14 @@ class SecuredZooKeeper(ZooKeeperServer):
 
     @property
     def loopback_connect(self) -> str:
-        """``zookeeper.connect`` for a command run on the ZooKeeper host itself."""
-        return f"{LOOPBACK}:{ZK_LOOPBACK_PORT}"
+        """``zookeeper.connect`` (the brokers' chroot) for a command run on the ZooKeeper
+        host itself."""
+        return f"{LOOPBACK}:{ZK_LOOPBACK_PORT}{ZK_CHROOT}"
+
+    @property
+    def network_address(self) -> str:
+        """Where the network reaches ZooKeeper (TLS only), without the chroot."""
+        return f"{self.bed_host.address}:{ZK_PORT}"
 
     def command(self) -> list[str]:
         command = super().command()
@@ -152,11 +180,12 @@ class Security:
     writer: Principal  # the Spark job's stream and df.write
     reader: Principal  # spark.read and the verifying broker client
     issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] = field(repr=False)
-    # EXTENSION POINT (issue 25): broker keys on top of the TLS, SASL and ZooKeeper TLS
-    # ones, e.g. authorizer.enable=true, super.users=User:broker, zookeeper.set.acl=true
-    # and the brokers' ZooKeeper digest credentials.
+    zk_password: str = field(repr=False)  # the brokers' ZooKeeper identity's (ZK_USER)
+    # Broker keys on top of the TLS, SASL and ZooKeeper TLS ones: the authorizer and
+    # ZooKeeper node ACLs (create() sets them).
     broker_extra: dict[str, str] = field(default_factory=dict)
     host_certs: dict[str, CertFiles] = field(default_factory=dict, repr=False)
+    zk: SecuredZooKeeper | None = None  # set by zookeeper()
 
     @classmethod
     def create(cls, directory: Path) -> Security:
@@ -171,7 +200,18 @@ class Security:
             cert = _write(directory, f"user-{name}", *_issue(name, issuer, client=True))
             return Principal(name, f"{name}-{secrets.token_urlsafe(12)}", cert)
 
-        return cls(directory, ca, user("broker"), user("writer"), user("reader"), issuer)
+        broker = user("broker")
+        zk_password = f"zk-{secrets.token_urlsafe(12)}"
+        extra = {
+            "authorizer.enable": "true",
+            "super.users": f"User:{broker.name}",  # the brokers' own calls (ClusterAction)
+            "zookeeper.set.acl": "true",
+            "zookeeper.auth.digest.username": ZK_USER,
+            "zookeeper.auth.digest.password": zk_password,
+        }
+        return cls(
+            directory, ca, broker, user("writer"), user("reader"), issuer, zk_password, extra
+        )
 
     @property
     def users(self) -> tuple[Principal, ...]:
@@ -188,7 +228,8 @@ class Security:
 
     def zookeeper(self, host: Host, workdir: Path) -> SecuredZooKeeper:
         """The ZooKeeper server for ``BrokerCluster(zookeeper=...)``."""
-        return SecuredZooKeeper(workdir, host, self.host_cert(host), self.ca)
+        self.zk = SecuredZooKeeper(workdir, host, self.host_cert(host), self.ca)
+        return self.zk
 
     def broker_config(self, host: Host) -> dict[str, object]:
         """A broker's keys on ``host``, for ``BrokerCluster(host_config=...)``."""
@@ -203,6 +244,7 @@ class Security:
             "sasl.mechanism.inter.broker.protocol": MECHANISM.sasl_name,
             "sasl.inter.broker.username": self.broker.name,
             "sasl.inter.broker.password": self.broker.password,
+            "zookeeper.connect": f"{self._zookeeper().network_address}{ZK_CHROOT}",
             "zookeeper.ssl.client.enable": "true",
             "zookeeper.ssl.ca.location": str(self.ca),
             "zookeeper.ssl.certificate.location": str(cert.cert),
@@ -210,29 +252,66 @@ class Security:
             **self.broker_extra,
         }
 
+    def _zookeeper(self) -> SecuredZooKeeper:
+        if self.zk is None:
+            raise RuntimeError("Security.zookeeper() was not called: no ZooKeeper yet")
+        return self.zk
+
+    def zookeeper_config(self) -> Path:
+        """The operator's ``--config`` for ``idemlog users|acls`` on the ZooKeeper host:
+        the brokers' ``zookeeper.set.acl`` and digest identity (mode 0600: a secret)."""
+        path = self.directory / "zookeeper.properties"
+        path.touch(mode=0o600)
+        keys = {k: v for k, v in self.broker_extra.items() if k.startswith("zookeeper.")}
+        path.write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
+        return path
+
+    def zookeeper_admin(self, *args: str, stdin: str | None = None) -> None:
+        """``idemlog <args> --zookeeper <loopback>/<chroot> --config <zookeeper_config>``
+        on the ZooKeeper host, as an operator there; raises RuntimeError naming the
+        command and its stderr if it fails."""
+        zk = self._zookeeper()
+        where = ["--zookeeper", zk.loopback_connect, "--config", str(self.zookeeper_config())]
+        done = idemlog_on(zk.bed_host, [*args, *where], stdin=stdin)
+        if done.returncode != 0:
+            raise RuntimeError(f"idemlog {' '.join(args)}: {done.stderr}")
+
     def before_brokers(self, zk: SecuredZooKeeper) -> None:
-        """What ZooKeeper holds before the first broker starts: the SCRAM users, added
-        by an operator on the ZooKeeper host (``idemlog users add``, the password on
-        stdin). EXTENSION POINT (issue 25): ZooKeeper digest users and node ACLs."""
+        """What ZooKeeper holds before the first broker starts: the SCRAM users, added by
+        an operator on the ZooKeeper host with the brokers' ZooKeeper identity (``idemlog
+        users add --config``, the password on stdin), so that their nodes are the
+        brokers' only from the start."""
+        assert zk is self.zk
         for user in self.users:
-            done = idemlog_on(
-                zk.bed_host,
-                [
-                    *("users", "add", user.name, "--zookeeper", zk.loopback_connect),
-                    *("--mechanism", MECHANISM.sasl_name, "--password-file", "-"),
-                ],
+            self.zookeeper_admin(
+                *("users", "add", user.name, "--mechanism", MECHANISM.sasl_name),
+                *("--password-file", "-"),
                 stdin=user.password + "\n",
             )
-            if done.returncode != 0:
-                raise RuntimeError(f"idemlog users add {user.name}: {done.stderr}")
 
     def grant(self, stack: Stack) -> None:
-        """The ACLs of the stack, once its brokers serve. EXTENSION POINT (issue 25): with
-        the authorizer on, the documented minimal ACLs go here, on the topics prefixed
-        :data:`TOPIC_PREFIX`, through ``self.idemlog(stack.brokers.bootstrap, "acls",
-        "add", ...)`` as ``User:broker`` (a super user): the writer's to create, describe
-        and write them with its sink's transactional ids; the reader's to describe and
-        read them. Nothing to grant while every authenticated principal may do all."""
+        """The documented minimal ACLs (docs/security.md, "The minimal ACLs of a job"),
+        on the topics prefixed :data:`TOPIC_PREFIX`, written in ZooKeeper by the operator
+        (``idemlog acls add``): the writer's Write and Create (its job creates the
+        topics) on them, and Write on its sink's transactional ids (the stream's
+        ``<STREAM_QUERY_ID>/``, every df.write's ``batch-``); the reader's Read on them.
+        Nothing else: the brokers are super users, the admin is ``User:broker``."""
+        assert stack.brokers.zk is self.zk
+        writer, reader = f"User:{self.writer.name}", f"User:{self.reader.name}"
+        prefixed = ("--resource-pattern-type", "prefixed")
+        topics = ("--topic", TOPIC_PREFIX, *prefixed)
+        self.zookeeper_admin(
+            *("acls", "add", "--allow-principal", writer),
+            *("--operation", "Write", "--operation", "Create", *topics),
+        )
+        for sink_prefix in (f"{STREAM_QUERY_ID}/", BATCH_PREFIX):
+            self.zookeeper_admin(
+                *("acls", "add", "--allow-principal", writer, "--operation", "Write"),
+                *("--transactional-id", sink_prefix, *prefixed),
+            )
+        self.zookeeper_admin(
+            *("acls", "add", "--allow-principal", reader, "--operation", "Read", *topics)
+        )
 
     # -- the clients -----------------------------------------------------------------------
     def client_keys(self, user: Principal) -> dict[str, str]:

@@ -22,6 +22,7 @@ from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
 from spark_sink import failpoints
 from tests.cluster.secured import Principal, SecuredZooKeeper, Security
+from tests.harness.client_calls import answering_address
 from tests.harness.cluster import BrokerCluster, SparkStandalone, code_zip
 from tests.harness.netns import Host, TestBed
 from tests.harness.waiting import wait_until
@@ -219,7 +220,7 @@ def sink_coordinators(client: BrokerClient) -> set[int]:
     try:
         rows = client.list_transactions(every_id=True)
         homes = {r.state_partition for r in rows if r.sink_id}
-        address = client.refresh_address()
+        address = answering_address(client)
         return {
             int(
                 client.action(address, Action.FIND_COORDINATOR, {"state_partition": p})["broker_id"]

@@ -2,10 +2,17 @@
 host of its own (``tests/cluster/stack.py`` with ``tests/cluster/secured.py``): brokers
 under ``SASL_SSL`` with ``ssl.client.auth=required`` (TLS with client certificates on
 every link, the brokers' own too, SCRAM on every connection, ``User:broker`` between
-brokers), ZooKeeper over TLS only, the Spark job with its user's options.
+brokers), the authorizer on with only the documented minimal ACLs of the writing job
+(``User:writer``) and the reading one (``User:reader``), ZooKeeper over TLS only with node
+ACLs (``zookeeper.set.acl``, the brokers' digest identity), the Spark job with its user's
+options.
 
 * a client without TLS, one without a client certificate, one with a wrong password and
   a plaintext ZooKeeper session are refused; the admin's CLI is served;
+* the authorizer and ZooKeeper's ACLs are on: the reader's produce and the writer's
+  topic outside its prefix are refused with TOPIC_AUTHORIZATION_FAILED; a ZooKeeper client
+  past TLS (a certificate of the CA) without the brokers' identity can change no node of
+  the tree (broker registrations, topics, users, ACLs, ...) nor read the users';
 * one Spark application: a stream during which a partition leader's broker is SIGKILLed
   and a worker's host is cut off mid-write, then a ``df.write``, then a ``spark.read`` as
   the reader: every row once in per-key order, read back by the broker client as the
@@ -25,11 +32,26 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.errors import SaslAuthenticationFailedError, SslHandshakeError
+from broker_core.errors import (
+    ErrorCode,
+    SaslAuthenticationFailedError,
+    SslHandshakeError,
+    TopicAuthorizationFailedError,
+)
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import Side, TlsSettings
 from jobs.verify import verify_exactly_once
-from tests.cluster.secured import MECHANISM, PROTOCOL, TOPIC_PREFIX, Security
+from tests.broker.helpers import SCHEMA, rows
+from tests.cluster.secured import (
+    MECHANISM,
+    PROTOCOL,
+    STREAM_QUERY_ID,
+    TOPIC_PREFIX,
+    ZK_CHROOT,
+    ZK_USER,
+    Security,
+    fix_query_id,
+)
 from tests.cluster.stack import (
     Stack,
     StreamRun,
@@ -40,6 +62,7 @@ from tests.cluster.stack import (
     running_stack,
     sink_coordinators,
 )
+from tests.harness import zk_acl
 from tests.harness.broker import BrokerProcess
 from tests.harness.cluster import ZK_PORT, read_back, spark_events
 from tests.harness.waiting import wait_until
@@ -124,6 +147,76 @@ def test_plaintext_no_certificate_and_wrong_password_are_refused(stack: Stack) -
         zk.close()
 
 
+def _zookeeper_client(security: Security, auth: list[tuple[str, str]] | None) -> KazooClient:
+    """A ZooKeeper session over TLS with the reader's certificate (one of the CA's, so
+    ZooKeeper's ``ssl.clientAuth=need`` lets it in), authenticated with ``auth``."""
+    assert security.zk is not None
+    cert = security.reader.cert
+    client = KazooClient(
+        hosts=security.zk.network_address,
+        use_ssl=True,
+        ca=str(security.ca),
+        certfile=str(cert.cert),
+        keyfile=str(cert.key),
+        check_hostname=True,
+        auth_data=auth,
+        timeout=10,
+    )
+    client.start(timeout=20)
+    return client
+
+
+def test_the_authorizer_and_zookeeper_acls_are_on(stack: Stack) -> None:
+    security = _security(stack)
+    topic = f"{TOPIC_PREFIX}acl"
+    with stack.client() as admin:  # User:broker, a super user
+        admin.create_topic(topic, 1, schema=SCHEMA)
+        # The reader may Read the prefix, not Write: its produce is refused.
+        with (
+            stack.client(security.reader) as reader,
+            pytest.raises(TopicAuthorizationFailedError) as refused,
+            reader.produce_stream(topic, 0, SCHEMA) as stream,
+        ):
+            stream.send(rows(1)).offsets(10)
+        error = refused.value
+        assert error.error_code is ErrorCode.TOPIC_AUTHORIZATION_FAILED and not error.retriable
+        for part in ("User:reader", "Write", f"Topic:{topic}"):
+            assert part in error.message, error.message
+        # The writer may create topics under its prefix only.
+        with (
+            stack.client(security.writer) as writer,
+            pytest.raises(TopicAuthorizationFailedError, match=r"User:writer.*Create"),
+        ):
+            writer.create_topic("unprefixed", 1, schema=SCHEMA)
+        counted = sum(
+            doc["counters"]["authorization_refusals"].get("TOPIC_AUTHORIZATION_FAILED", 0)
+            for doc in admin.metrics_per_broker()
+        )
+        assert counted >= 2
+        assert "unprefixed" not in {t.name for t in admin.describe_topics()}
+
+    # ZooKeeper: past TLS with a certificate of the CA, but without the brokers' digest
+    # identity, no client can change any node of the tree nor read the users' nodes.
+    owner = _zookeeper_client(security, [("digest", f"{ZK_USER}:{security.zk_password}")])
+    outsiders = [_zookeeper_client(security, auth) for auth in zk_acl.outsider_auths(ZK_USER)]
+    try:
+        nodes = zk_acl.assert_secured(owner, outsiders, ZK_CHROOT, ZK_USER)
+    finally:
+        for client in (owner, *outsiders):
+            client.stop()
+            client.close()
+    base = f"{ZK_CHROOT}/idemlog"
+    expected = {
+        *(f"{base}/brokers/ids/{b.config['broker.id']}" for b in stack.brokers.brokers),
+        f"{base}/controller",
+        f"{base}/topics/{topic}",
+        f"{base}/config/users/{security.writer.name}",
+    }  # (the producer-id block's node appears with the first producer id, not yet here)
+    assert expected <= set(nodes), sorted(expected - set(nodes))
+    assert any(n.startswith(f"{base}/acls/") for n in nodes), nodes
+    print(f"ZooKeeper: {len(nodes)} nodes walked, each change refused to 3 outsiders")
+
+
 def assert_exactly_once(stack: Stack, topic: str, ids: list[int]) -> None:
     """Every row of ``topic`` once, in per-key order, read as the reader."""
     with stack.client(_security(stack).reader) as client:
@@ -165,6 +258,7 @@ def test_stream_with_a_leader_killed_and_a_host_cut_then_batch_and_read_exactly_
     src, marks, events = tmp_path / "src", tmp_path / "failpoints", tmp_path / "events"
     ids = make_input(src, FILES, ROWS)
     out = tmp_path / "read.parquet"
+    fix_query_id(tmp_path / "ck")  # the sink id its ACL names (secured.py, grant)
     steps = [
         stream_spec(src, "", STREAM, tmp_path / "ck", FILES),
         batch_spec(src, "", BATCH),
@@ -207,6 +301,12 @@ def test_stream_with_a_leader_killed_and_a_host_cut_then_batch_and_read_exactly_
     table = pq.read_table(out)  # spark.read as the reader
     verdict = verify_exactly_once(table, id_column="id", key_column="account", expected_ids=ids)
     assert verdict.ok and verdict.order_violations == 0, f"spark.read: {verdict.line()}"
+    # The writer wrote under the sink ids its ACLs name, and under no other.
+    with stack.client() as admin:
+        sinks = {t.transactional_id.split("/")[0] for t in admin.list_transactions(every_id=True)}
+    assert STREAM_QUERY_ID in sinks, sinks
+    assert any(s.startswith("batch-") for s in sinks), sinks
+    assert all(s == STREAM_QUERY_ID or s.startswith("batch-") for s in sinks), sinks
 
 
 def _run_to_the_end(stack: Stack, drivers: DriverLauncher, stream: StreamRun, marks: Path) -> None:

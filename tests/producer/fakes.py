@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,9 +34,22 @@ class FakeHandle:
     def __init__(self) -> None:
         self._response: ProduceResponse | None = None
         self._error: IdemlogError | None = None
+        self._callbacks: list[Callable[[], None]] = []
 
     def done(self) -> bool:
         return self._response is not None or self._error is not None
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        if self.done():
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def settle(self) -> None:
+        """Wake whoever waits on the answer just scripted (the sender thread)."""
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
     def result(self, timeout: float | None = None) -> ProduceResponse:
         if self._error is not None:
@@ -58,12 +71,15 @@ class Sent:
         self.handle._response = ProduceResponse(
             0, 0, base_offset, base_offset + self.rows - 1, 0, duplicate
         )
+        self.handle.settle()
 
     def error(self, code: int) -> None:
         self.handle._response = ProduceResponse.failure(0, error_for_code(code, "scripted"))
+        self.handle.settle()
 
     def broken(self, error: IdemlogError) -> None:
         self.handle._error = error
+        self.handle.settle()
 
 
 @dataclass

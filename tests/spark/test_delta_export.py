@@ -1,4 +1,5 @@
-"""``jobs/delta_export.py`` against a real Delta table in a real local session.
+"""``spark_sink/export/delta.py`` (and its entries, ``python -m jobs.delta_export`` and
+``idemlog export delta``) against a real Delta table in a real local session.
 
 One session with Delta (``local_session(conf=delta_conf())``, the jars from ``make
 jars``) and one embedded broker for the module; each test uses its own topics and tables.
@@ -19,19 +20,19 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from broker_core.client.broker_client import BrokerClient
-from jobs.delta_export import (
+from jobs.delta_export import main
+from spark_sink.embedded import ensure_broker, stop_broker
+from spark_sink.export.delta import (
     ExportError,
     Source,
     delta_session,
     export,
     format_offsets,
-    main,
     plan_export,
     write_export,
 )
-from jobs.metrics_recorder import SCHEMA as METRICS_SCHEMA
-from jobs.metrics_recorder import MetricsRecorder, read_metrics
-from spark_sink.embedded import ensure_broker, stop_broker
+from spark_sink.metrics_recorder import SCHEMA as METRICS_SCHEMA
+from spark_sink.metrics_recorder import MetricsRecorder, read_metrics
 from spark_sink.session import project_jars
 from tests.harness.waiting import wait_until
 
@@ -293,3 +294,24 @@ def test_the_table_stays_usable_past_a_checkpoint(spark: SparkSession, tmp_path:
     assert any(p.name.endswith(".checkpoint.parquet") for p in Path(table, "_delta_log").iterdir())
     assert ids(spark, table) == list(range(6))
     assert latest_version(spark, table) == 2
+
+
+def test_idemlog_export_delta_reports_progress_and_its_result_line(
+    spark: SparkSession, store: str, tmp_path: Path
+) -> None:
+    """The installed spelling, ``idemlog export delta``, in a process of its own: the
+    steps and progress on stderr, the result line alone on stdout."""
+    topic = "dx_cli"
+    append(payments(spark, 0, 25), store, topic)
+    table = str(tmp_path / "cli")
+    args = ["--topic", topic, "--path", store, "--table", table, "--partition-by", "region"]
+    command = [sys.executable, "-m", "broker_core.cli.main", "export", "delta", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"exported rows=25 from={format_offsets({p: 0 for p in stable_offsets(store, topic)})} "
+        f"to={format_offsets(stable_offsets(store, topic))} delta_version=0"
+    ], done.stdout
+    assert "export delta: run 1: " in done.stderr and " offsets to read over " in done.stderr
+    assert "export delta: run 1: 25 rows committed" in done.stderr, done.stderr
+    assert ids(spark, table) == list(range(25))

@@ -58,11 +58,25 @@ def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
         ({"topic": "__consumer"}, Scope.WRITE, "not starting with '__'"),
         ({"topic": "t", "transaction.timeout.ms": "0"}, Scope.WRITE, "below the minimum 1"),
         ({"topic": "t", "includeMetadata": "perhaps"}, Scope.READ, "is not a boolean"),
+        ({"topic": "t", "embedded.metrics.port": "-2"}, Scope.WRITE, "below the minimum -1"),
+        ({"topic": "t", "embedded.metrics.port": "70000"}, Scope.READ, "above the maximum"),
+        (
+            {"topic": "t", "brokers": "h:1", "embedded.metrics.port": "0"},
+            Scope.WRITE,
+            "option 'embedded.metrics.port'=0 applies to the embedded broker only",
+        ),
     ],
 )
 def test_bad_options_are_named(options: dict[str, str], scope: Scope, message: str) -> None:
     with pytest.raises(InvalidConfigError, match=re.escape(message)):
         parse_options(options, scope)
+
+
+def test_embedded_metrics_port_is_off_unless_asked_for() -> None:
+    assert parse_options({"topic": "t"}, Scope.WRITE).embedded_metrics_port == -1
+    asked = parse_options({"topic": "t", "EMBEDDED.METRICS.PORT": "0"}, Scope.READ)
+    assert asked.embedded_metrics_port == 0 and asked.embedded
+    assert pickle.loads(pickle.dumps(asked)) == asked
 
 
 def test_parsed_options_pickle_for_the_executors() -> None:

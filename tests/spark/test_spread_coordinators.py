@@ -16,6 +16,7 @@ import pytest
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
 from tests.harness.broker import BrokerFactory
+from tests.harness.client_calls import answering_address
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
@@ -43,7 +44,7 @@ def launcher(tmp_path: Path) -> Iterator[DriverLauncher]:
 def _coordinator_of(cluster: ReplicatedCluster, state_partition: int) -> tuple[int, int]:
     """(the broker leading ``state_partition``, the partition count) per FIND_COORDINATOR."""
     doc = cluster.client.action(
-        cluster.client.refresh_address(),
+        answering_address(cluster.client),
         Action.FIND_COORDINATOR,
         {"state_partition": state_partition},
     )

@@ -26,6 +26,7 @@ from broker_core.security.acl import (
 from broker_core.security.principal import Principal
 from broker_core.server.authorization import FETCH, PRODUCE, RULES, host_of_peer, render_rules_table
 from broker_core.server.config import BrokerConfig
+from tests.harness.tls import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]
 ALICE, BOB = Principal.user("alice"), Principal.user("bob")
@@ -206,3 +207,28 @@ def test_the_index_decides_as_the_scan() -> None:
                         plain = auth.authorize(bindings, who, host, op, resource)
                         indexed = auth.authorize(index, who, host, op, resource)
                         assert plain == indexed, (resource, who, host, op)
+
+
+def test_a_mutual_tls_brokers_principal_is_its_own_certificates_mapped_subject(
+    tmp_path: Path,
+) -> None:
+    """Under SSL with ssl.client.auth=required (no SASL) the other brokers see a broker as
+    its certificate's subject mapped by ssl.principal.mapping.rules, so that is the
+    principal the start check requires in super.users (not User:ANONYMOUS)."""
+    certs = make_certs(tmp_path / "tls")
+    mutual = {
+        "zookeeper.connect": "h:1",
+        "authorizer.enable": "true",
+        **certs.broker_keys(client_auth="required"),
+    }
+    with pytest.raises(InvalidConfigError, match=r"User:CN=broker must be in super\.users"):
+        BrokerConfig.from_mapping(mutual)
+    mapped = {**mutual, "ssl.principal.mapping.rules": "RULE:^CN=(.*)$/$1-host/,DEFAULT"}
+    with pytest.raises(InvalidConfigError, match=r"User:broker-host must be in super\.users"):
+        BrokerConfig.from_mapping(mapped)
+    cfg = BrokerConfig.from_mapping({**mapped, "super.users": "User:broker-host"})
+    assert cfg.authorization.super_users == {Principal.user("broker-host")}
+    # One-way TLS authenticates nobody: the brokers are User:ANONYMOUS, refused as before.
+    one_way = {**mutual, **certs.broker_keys(client_auth="none")}
+    with pytest.raises(InvalidConfigError, match=r"User:ANONYMOUS must be in super\.users"):
+        BrokerConfig.from_mapping(one_way)

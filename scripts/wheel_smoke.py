@@ -1,0 +1,252 @@
+"""The wheel smoke: build the wheel, install it with ``[spark]`` into a fresh virtualenv in a
+temporary directory outside the checkout, and use it as a user would.
+
+    python scripts/wheel_smoke.py [--wheel DIST/idemlog-*.whl] [--keep]
+
+(``make wheel-smoke``; ``tests/dist/test_wheel.py`` runs it inside ``make test``.) Only the
+standard library is used here; everything idemlog runs inside the new virtualenv, from the
+temporary directory, with ``PYTHONPATH`` unset, so nothing can be imported from the checkout
+(step 2 checks where the modules come from). Steps, each logged with its duration:
+
+1. ``python -m build`` (unless ``--wheel`` names a wheel);
+2. ``python -m venv`` and ``pip install <wheel>[spark]`` (pip's cache may serve the
+   downloads); ``broker_core``, ``spark_sink`` and ``pyspark`` import from the venv and no
+   top-level ``jobs`` is installed;
+3. ``idemlog --version`` prints the wheel's version;
+4. ``idemlog broker start`` (embedded mode: a ``log.dir``, no ZooKeeper) until its
+   ``LISTENING`` line; ``idemlog topics create``;
+5. rows produced with ``spark_sink.producer.Producer``, read back with ``idemlog consume``
+   (``--from-beginning --timeout-ms``: every record, then exit);
+6. the broker stopped with SIGTERM (exit 0);
+7. one Spark ``df.write.format("idemlog")`` through the embedded default broker
+   (``~/.idemlog/embedded`` under a temporary ``HOME``) and the rows read back.
+
+Exit status 0 when every step passed, 1 (with the failing step and its output) otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STEP_TIMEOUT_S = 600.0  # the install may download pyspark (300+ MB) without a cache
+BROKER_START_S = 60.0
+ROWS = 1000
+SPARK_ROWS = 200
+
+
+class SmokeFailed(Exception):
+    """A step's check failed; the message names the step and what was seen."""
+
+
+def log(line: str) -> None:
+    print(f"wheel-smoke {time.strftime('%H:%M:%S')} {line}", flush=True)
+
+
+class Smoke:
+    def __init__(self, work: Path, python: str) -> None:
+        self.work = work
+        self.python = python
+        self.venv = work / "venv"
+        self.bin = self.venv / "bin"
+        # The user's environment minus anything pointing into the checkout.
+        self.env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        self.env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+
+    def run(
+        self, what: str, args: Sequence[str], *, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``args`` in the work directory; raise SmokeFailed unless it exits 0."""
+        started = time.monotonic()
+        done = subprocess.run(
+            list(args),
+            cwd=self.work,
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT_S,
+            check=False,
+        )
+        log(f"{what}: exit {done.returncode} in {time.monotonic() - started:.1f} s")
+        if done.returncode != 0:
+            raise SmokeFailed(
+                f"{what}: exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n"
+                f"{done.stderr}"
+            )
+        return done
+
+    def py(self, what: str, code: str, *args: str, env: dict[str, str] | None = None) -> str:
+        return self.run(what, [str(self.bin / "python"), "-c", code, *args], env=env).stdout
+
+    # -- steps ----------------------------------------------------------------------------
+    def build(self) -> Path:
+        out = self.work / "dist"
+        self.run("build", [self.python, "-m", "build", "--outdir", str(out), str(REPO)])
+        (wheel,) = out.glob("idemlog-*-py3-none-any.whl")
+        return wheel
+
+    def install(self, wheel: Path) -> None:
+        self.run("venv", [self.python, "-m", "venv", str(self.venv)])
+        self.run("pip install", [str(self.bin / "pip"), "install", "-q", f"{wheel}[spark]"])
+        where = json.loads(
+            self.py(
+                "imports",
+                "import json, importlib.util, broker_core, spark_sink, pyspark\n"
+                "print(json.dumps({'broker_core': broker_core.__file__,"
+                " 'spark_sink': spark_sink.__file__, 'pyspark': pyspark.__file__,"
+                " 'jobs': importlib.util.find_spec('jobs') is not None}))",
+            )
+        )
+        log(f"imported from {where}")
+        for name in ("broker_core", "spark_sink", "pyspark"):
+            if not Path(where[name]).resolve().is_relative_to(self.venv.resolve()):
+                raise SmokeFailed(f"{name} was imported from {where[name]}, not from the venv")
+        if where["jobs"]:
+            raise SmokeFailed("a top-level package `jobs` is importable in the fresh venv")
+
+    def version(self, wheel: Path) -> None:
+        out = self.run("idemlog --version", [str(self.bin / "idemlog"), "--version"]).stdout
+        expected = wheel.name.split("-")[1]
+        if out.strip() != f"idemlog {expected}":
+            raise SmokeFailed(f"idemlog --version printed {out.strip()!r}, not idemlog {expected}")
+
+    def broker(self) -> subprocess.Popen[str]:
+        config = self.work / "broker.properties"
+        config.write_text(
+            "broker.id=0\nlistener.host=127.0.0.1\nlistener.port=0\n"
+            f"log.dir={self.work / 'broker-data'}\nzookeeper.connect=\n",
+            encoding="utf-8",
+        )
+        return subprocess.Popen(
+            [str(self.bin / "idemlog"), "broker", "start", "--config", str(config)],
+            cwd=self.work,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def produce_consume(self, address: str) -> None:
+        idemlog = str(self.bin / "idemlog")
+        topic = ["--topic", "smoke", "--partitions", "2"]
+        self.run("topics create", [idemlog, "topics", "create", "--bootstrap", address, *topic])
+        self.py(
+            "produce",
+            "import sys, pyarrow as pa\n"
+            "from spark_sink.producer import Producer\n"
+            "with Producer(sys.argv[1]) as producer:\n"
+            f"    future = producer.send('smoke', pa.table({{'id': list(range({ROWS}))}}))\n"
+            "    producer.flush()\n"
+            f"    assert sum(r.num_rows for r in future.result(60)) == {ROWS}\n",
+            address,
+        )
+        # Every committed record, then exit once none arrived for 5 s (consume follows).
+        read = ["--topic", "smoke", "--from-beginning", "--timeout-ms", "5000", "--json"]
+        out = self.run("consume", [idemlog, "consume", "--bootstrap", address, *read]).stdout
+        records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        ids = sorted(record["value"]["id"] for record in records)
+        if ids != list(range(ROWS)):
+            raise SmokeFailed(f"consume read {len(ids)} rows, not ids 0..{ROWS - 1} once each")
+        log(f"consume: {len(ids)} rows, each once")
+
+    def spark(self) -> None:
+        home = self.work / "home"  # the embedded default, ~/.idemlog/embedded, lives here
+        home.mkdir()
+        env = {**self.env, "HOME": str(home)}
+        out = self.py(
+            "spark write and read",
+            "from spark_sink import local_session\n"
+            "from spark_sink.embedded import DEFAULT_PATH, stop_broker\n"
+            "spark = local_session('idemlog-wheel-smoke')\n"
+            "try:\n"
+            f"    df = spark.range(0, {SPARK_ROWS}).selectExpr('id', 'id % 7 AS k')\n"
+            "    df.write.format('idemlog').option('topic', 'spark_smoke').mode('append').save()\n"
+            "    back = spark.read.format('idemlog').option('topic', 'spark_smoke').load()\n"
+            "    ids = sorted(r.id for r in back.collect())\n"
+            "finally:\n"
+            "    spark.stop()\n"
+            "    stop_broker(DEFAULT_PATH)\n"
+            f"assert ids == list(range({SPARK_ROWS})), ids[:10]\n"
+            "print(f'spark rows={len(ids)} path={DEFAULT_PATH}')\n",
+            env=env,
+        )
+        line = out.strip().splitlines()[-1]
+        if not line.startswith(f"spark rows={SPARK_ROWS} path={home}"):
+            raise SmokeFailed(f"the Spark step printed {out!r}")
+        log(line)
+
+
+def _wait_listening(broker: subprocess.Popen[str]) -> str:
+    assert broker.stdout is not None
+    deadline = time.monotonic() + BROKER_START_S
+    seen: list[str] = []
+    # Its stdout is a pipe that ends with the process: a line or EOF always comes.
+    for line in broker.stdout:
+        seen.append(line)
+        if line.startswith("LISTENING "):
+            return line.split()[1]
+        if time.monotonic() > deadline:
+            break
+    broker.kill()
+    raise SmokeFailed("the broker did not print LISTENING:\n" + "".join(seen))
+
+
+def smoke(work: Path, wheel: Path | None, python: str) -> None:
+    s = Smoke(work, python)
+    wheel = wheel or s.build()
+    log(f"wheel {wheel.name}")
+    s.install(wheel)
+    s.version(wheel)
+    broker = s.broker()
+    try:
+        address = _wait_listening(broker)
+        log(f"broker start: listening at {address}")
+        s.produce_consume(address)
+    finally:
+        if broker.poll() is None:
+            broker.send_signal(signal.SIGTERM)
+        rest, _ = broker.communicate(timeout=60)
+    if broker.returncode != 0:
+        raise SmokeFailed(f"the broker exited {broker.returncode} after SIGTERM:\n{rest}")
+    log("broker stop: exit 0 after SIGTERM")
+    s.spark()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--wheel", type=Path, help="a built wheel (default: build one)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--python", default=sys.executable, help="the interpreter that builds and makes the venv"
+    )
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="idemlog-wheel-smoke-"))
+    if work.resolve().is_relative_to(REPO):
+        parser.error(f"the temporary directory {work} is inside the checkout")
+    started = time.monotonic()
+    try:
+        smoke(work, args.wheel.resolve() if args.wheel else None, args.python)
+    except (SmokeFailed, subprocess.TimeoutExpired) as exc:
+        log(f"FAILED: {exc}")
+        return 1
+    finally:
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    log(f"passed in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The distribution: what the wheel holds, and the wheel smoke (``scripts/wheel_smoke.py``:
+a fresh virtualenv outside the checkout, the wheel installed with ``[spark]``, the CLI, a
+broker, produce/consume and one Spark write). ``make test`` (CI) runs both."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = REPO / "scripts" / "wheel_smoke.py"
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``python -m build`` of the checkout (``make dist``): the wheel and the sdist."""
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    yield out
+
+
+def _wheel(dist: Path) -> Path:
+    (wheel,) = dist.glob("idemlog-*-py3-none-any.whl")
+    return wheel
+
+
+def test_the_wheel_holds_only_the_two_packages_its_license_markers_and_script(
+    dist: Path,
+) -> None:
+    names = zipfile.ZipFile(_wheel(dist)).namelist()
+    info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    assert {n.split("/")[0] for n in names} == {"broker_core", "spark_sink", info}
+    assert {"broker_core/py.typed", "spark_sink/py.typed", f"{info}/licenses/LICENSE"} <= set(names)
+    assert "spark_sink/export/delta.py" in names and "spark_sink/metrics_recorder.py" in names
+    entry_points = zipfile.ZipFile(_wheel(dist)).read(f"{info}/entry_points.txt").decode()
+    assert "idemlog = broker_core.cli.main:main" in entry_points
+    (sdist,) = dist.glob("idemlog-*.tar.gz")
+    assert sdist.name == _wheel(dist).name.split("-py3")[0] + ".tar.gz"
+
+
+@pytest.mark.slow
+def test_the_wheel_smoke_passes_in_a_fresh_virtualenv(dist: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SMOKE), "--wheel", str(_wheel(dist))],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=dist,
+    )
+    print(done.stdout)  # the smoke's log, step by step with durations (pytest -s shows it)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+    for step in ("pip install", "idemlog --version", "consume: 1000 rows", "spark rows=200"):
+        assert f" {step}" in done.stdout, done.stdout
+    assert "broker stop: exit 0 after SIGTERM" in done.stdout

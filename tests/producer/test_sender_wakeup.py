@@ -1,0 +1,103 @@
+"""The sender sleeps while batches are in flight and is woken by their answers
+(docs/producer.md, "The sender thread"): no 2 ms poll.
+
+Each test makes the sender's longest wait (``idle_s``) far longer than the test's deadline,
+so an answer that did not wake the sender could only be seen after that wait, and the
+test would fail on its deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from broker_core.client.broker_client import BrokerClient
+from broker_core.errors import NetworkError
+from spark_sink.producer import Producer
+from spark_sink.producer import sender as sender_module
+from spark_sink.producer.config import ProducerConfig
+from spark_sink.producer.futures import SendCollector
+from spark_sink.producer.message_accumulator import MessageAccumulator
+from spark_sink.producer.metrics import ProducerMetrics
+from spark_sink.producer.producer_batch import TopicPartition
+from spark_sink.producer.sender import Sender
+from spark_sink.producer.transaction_manager import TransactionManager
+from tests.harness.broker import BrokerProcess
+from tests.harness.waiting import wait_until
+from tests.producer.fakes import FakeTransport, table
+
+TP = TopicPartition("t", 0)
+NEVER_S = 600.0  # the sender's longest wait in these tests: far past every deadline
+DEADLINE_S = 10.0
+
+
+class _Counted(Sender):
+    """A sender counting its steps (``run_once`` calls by its thread)."""
+
+    steps = 0
+
+    def run_once(self) -> float:
+        self.steps += 1
+        return super().run_once()
+
+
+def _threaded_sender(transport: FakeTransport) -> tuple[_Counted, MessageAccumulator]:
+    config = ProducerConfig.from_mapping({"linger.ms": 0, "retry.backoff.ms": 0})
+    accumulator = MessageAccumulator(
+        batch_size=config.batch_size,
+        linger_ms=config.linger_ms,
+        buffer_memory=config.buffer_memory,
+        max_block_ms=config.max_block_ms,
+    )
+    txn = TransactionManager(None)
+    txn.set_producer_id(*transport.init_producer_id(None, None))
+    sender = _Counted(accumulator, txn, transport, config, ProducerMetrics(), idle_s=NEVER_S)
+    return sender, accumulator
+
+
+@pytest.mark.parametrize("answer", ["ok", "broken"])
+def test_a_batch_in_flight_costs_no_steps_until_its_answer_wakes_the_sender(answer: str) -> None:
+    transport = FakeTransport()
+    sender, accumulator = _threaded_sender(transport)
+    sender.start()
+    try:
+        collector = SendCollector("t")
+        for batch in table(10).to_batches():
+            accumulator.append(TP, batch, collector)
+        collector.seal()
+        (sent,) = wait_until(lambda: list(transport.sent), "the batch sent")
+        steps_at_send = sender.steps
+        # The in-flight window being measured: a poll would step ~150 times in it.
+        threading.Event().wait(0.3)
+        idle_steps = sender.steps - steps_at_send
+        if answer == "ok":
+            sent.ok(0)
+            (result,) = collector.future.result(DEADLINE_S)
+            assert result.base_offset == 0
+        else:
+            sent.broken(NetworkError("connection reset"))  # retried: sent again
+            wait_until(lambda: len(transport.sent) == 2, "the batch resent after the wake")
+            transport.sent[1].ok(0)
+            collector.future.result(DEADLINE_S)
+        assert idle_steps <= 1, f"{idle_steps} steps with one batch in flight and no answer"
+    finally:
+        sender.stop()
+
+
+def test_answers_of_a_real_broker_wake_the_sender(
+    broker: BrokerProcess, client: BrokerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the real Flight stream (``ProduceHandle``'s reader thread): one batch at a
+    time, each acknowledged only because its answer woke the sender."""
+    monkeypatch.setattr(sender_module, "IDLE_S", NEVER_S)
+    client.create_topic("wake", 1)
+    ids = np.arange(50, dtype=np.int64)
+    with Producer(broker.address, **{"linger.ms": 0}) as producer:
+        assert producer.sender.idle_s == NEVER_S
+        for i in range(5):  # the next send only after the previous answer
+            chunk = pa.table({"id": ids[i * 10 : (i + 1) * 10]})
+            (result,) = producer.send("wake", chunk).result(DEADLINE_S)
+            assert result.base_offset == i * 10
