@@ -80,7 +80,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -345,10 +345,16 @@ def print_batch_table(bench: Bench, rows: int) -> tuple[dict[str, float], dict[s
 
 
 def parse_sizes(
-    doc: str | None, argv: Sequence[str] | None, dir_help: str = "scratch directory"
+    doc: str | None,
+    argv: Sequence[str] | None,
+    dir_help: str = "scratch directory",
+    more: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> argparse.Namespace:
-    """The size options the Spark benchmarks share, checked."""
+    """The size options the Spark benchmarks share, checked; ``more`` adds a benchmark's
+    own options."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    if more is not None:
+        more(parser)
     parser.add_argument("--rows", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each sink (best counts)")
     parser.add_argument("--stream-batches", type=int, default=20)

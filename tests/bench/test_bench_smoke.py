@@ -61,6 +61,11 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
             "idemlog_stream_vs_kafka_sink",
             "discard_stream_vs_kafka_sink",
             "idemlog_broker_vs_kafka_broker",
+            "idemlog_vs_discard_batch",
+            "idemlog_vs_discard_stream",
+            "idemlog_read_vs_kafka_source",
+            "idemlog_read_vs_delta",
+            "idemlog_read_stream_vs_kafka_source",
         ],
     ),
     "bench-metrics": (
