@@ -18,6 +18,7 @@ import logging
 import sys
 from typing import Any
 
+from broker_core.cli.progress import Progress
 from broker_core.errors import InvalidConfigError
 
 # The [spark] extra's modules: a missing one means the extra is not installed.
@@ -75,14 +76,23 @@ def run_export(args: argparse.Namespace, *, prefix: str = "export delta") -> int
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    bar: list[Progress] = []  # the Spark job's tasks, once it reports any
+
     def progress(step: delta.ExportProgress) -> None:
-        # Periodic lines; a bar on a TTY is the CLI's progress helper's (docs/jobs.md).
+        # A bar on a terminal, a line every few seconds otherwise (cli/progress.py).
         if step.stage == "planned":
             log(
                 f"{prefix}: run {step.run}: {step.offsets} offsets to read over "
                 f"{step.partitions} partition(s)"
             )
+        elif step.stage == "writing":
+            if not bar:
+                bar.append(Progress(f"{prefix}: run {step.run}: writing", unit="tasks"))
+            bar[0].set_total(step.tasks_total)
+            bar[0].advance(step.tasks_done - bar[0].done)
         else:
+            if bar:
+                bar[0].close()
             log(f"{prefix}: run {step.run}: {step.rows} rows committed")
 
     source = delta.Source(

@@ -49,6 +49,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.security.tls import Side
 from spark_sink.embedded import DEFAULT_PATH
+from spark_sink.export.job_progress import StageTasks
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, Scope, parse_options
 from spark_sink.session import local_session
 from spark_sink.topics import describe
@@ -461,14 +462,17 @@ def export(
 @dataclass(frozen=True)
 class ExportProgress:
     """Where a run is, for a progress display: ``stage`` is ``planned`` (``offsets``: how
-    many offsets the run reads, over ``partitions`` log partitions) or ``written``
-    (``rows``: the rows of its Delta commit)."""
+    many offsets the run reads, over ``partitions`` log partitions), ``writing`` (its Spark
+    job's ``tasks_done`` of ``tasks_total``, as they change) or ``written`` (``rows``: the
+    rows of its Delta commit)."""
 
     stage: str
     run: int
     offsets: int = 0
     partitions: int = 0
     rows: int = 0
+    tasks_done: int = 0
+    tasks_total: int = 0
 
 
 Progress = Callable[[ExportProgress], None]
@@ -486,9 +490,11 @@ def run_export(
     """One export as a job: the source checked before any JVM starts, a Delta session
     (stopped afterwards unless one was already running), :func:`export`.
 
-    ``progress`` is called once the run is planned and once it is written (nothing for a
-    run with nothing new). Raises ExportError for a precondition that fails (nothing is
-    written); a broker unreachable or Spark failing raise their own errors."""
+    ``progress`` is called once the run is planned, as its Spark job's tasks finish
+    (``writing``, from a poller thread: :class:`~spark_sink.export.job_progress.StageTasks`)
+    and once it is written (nothing for a run with nothing new). Raises ExportError for a
+    precondition that fails (nothing is written); a broker unreachable or Spark failing
+    raise their own errors."""
     check_source(source, partition_by)  # before the JVM starts
     owned = SparkSession.getActiveSession() is None
     spark = delta_session()
@@ -503,7 +509,16 @@ def run_export(
                     partitions=sum(1 for p in plan.end if plan.start[p] < plan.end[p]),
                 )
             )
-        result = write_export(spark, source, plan, log)
+        if progress is None or plan.empty:
+            result = write_export(spark, source, plan, log)
+        else:
+            report = progress
+
+            def tasks(done: int, total: int) -> None:
+                report(ExportProgress("writing", plan.run, tasks_done=done, tasks_total=total))
+
+            with StageTasks(spark, tasks, log):
+                result = write_export(spark, source, plan, log)
         if progress is not None and result.wrote:
             progress(ExportProgress("written", plan.run, rows=result.rows))
         return result

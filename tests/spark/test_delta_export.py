@@ -10,6 +10,7 @@ per process: the other modules start and stop their own).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -314,4 +315,7 @@ def test_idemlog_export_delta_reports_progress_and_its_result_line(
     ], done.stdout
     assert "export delta: run 1: " in done.stderr and " offsets to read over " in done.stderr
     assert "export delta: run 1: 25 rows committed" in done.stderr, done.stderr
+    # The Spark job's tasks, as they finished: at least the closing line, all of them done.
+    finished = re.findall(r"export delta: run 1: writing: (\d+)/(\d+) \(100%\)", done.stderr)
+    assert finished and finished[-1][0] == finished[-1][1] != "0", done.stderr
     assert ids(spark, table) == list(range(25))
