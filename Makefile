@@ -77,7 +77,7 @@ typecheck: setup
 
 # The test command (CI runs exactly this): lint, types, then the whole suite. The Kafka
 # jars are fetched too: tests/bench runs every bench-* target at its smoke size;
-# tests/dist builds the wheel and runs the wheel smoke (make wheel-smoke).
+# tests/packaging builds the wheel and runs the wheel smoke (make wheel-smoke).
 test: lint typecheck kafka-jars
 	$(VENV)/bin/pytest -q --durations=15
 
@@ -89,7 +89,7 @@ dist: setup
 
 # The wheel installed with [spark] into a fresh virtualenv outside the checkout, then used:
 # --version, a broker start/stop, produce/consume, one Spark write (scripts/wheel_smoke.py).
-# `make test` runs it too (tests/dist/test_wheel.py).
+# `make test` runs it too (tests/packaging/test_wheel.py).
 wheel-smoke: setup
 	$(PY) scripts/wheel_smoke.py
 

@@ -3,7 +3,7 @@ temporary directory outside the checkout, and use it as a user would.
 
     python scripts/wheel_smoke.py [--wheel DIST/idemlog-*.whl] [--keep]
 
-(``make wheel-smoke``; ``tests/dist/test_wheel.py`` runs it inside ``make test``.) Only the
+(``make wheel-smoke``; ``tests/packaging/test_wheel.py`` runs it inside ``make test``.) Only the
 standard library is used here; everything idemlog runs inside the new virtualenv, from the
 temporary directory, with ``PYTHONPATH`` unset, so nothing can be imported from the checkout
 (step 2 checks where the modules come from). Steps, each logged with its duration:
