@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -23,7 +24,7 @@ R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 
-class WatchedZkRecords(Generic[R]):
+class WatchedZkRecords(ABC, Generic[R]):
     """Records ``<path>/<name>`` on ``client`` (a started kazoo client on the chroot,
     which stays the caller's); the path is created with the tree's ACL. ``watch=True``
     keeps ``_records`` fed by watches (read under ``_lock``); ``watch=False`` leaves it
@@ -51,9 +52,9 @@ class WatchedZkRecords(Generic[R]):
             ChildrenWatch(client, self.path, self._on_children)
 
     # -- hooks -----------------------------------------------------------------------------
+    @abstractmethod
     def _decode(self, name: str, data: bytes) -> R:
         """The record in ``data``; raises ``InvalidConfigError`` or ``ValueError``."""
-        raise NotImplementedError
 
     def _invalid(self, name: str, exc: Exception) -> R | None:
         """What a record that does not decode counts as (None: absent); logged here."""
