@@ -23,7 +23,6 @@ fences the run's attempts (both in ``spark_sink.commit``). Nothing is visible to
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -38,7 +37,6 @@ from pyspark.sql.datasource import (
 )
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.errors import IdemlogError
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.security.tls import Side
@@ -51,7 +49,8 @@ from spark_sink.commit import (
     retrying,
     run_of,
 )
-from spark_sink.connections import shared_connections, sink_client
+from spark_sink.connections import shared_connections
+from spark_sink.heartbeat import HEARTBEATS
 from spark_sink.options import IdemlogOptions
 from spark_sink.schema import conform
 
@@ -77,44 +76,6 @@ def new_run_id() -> str:
     """A batch job's run id, made once in the driver-side writer that Spark pickles to
     every task attempt and to commit/abort (streams use Spark's own run id instead)."""
     return uuid.uuid4().hex
-
-
-def heartbeat_interval_s(options: IdemlogOptions) -> float:
-    # Several beats per timeout, so one lost or late beat never lets it expire.
-    return max(options.transaction_timeout_ms / 4000, 0.1)
-
-
-class _Heartbeat:
-    """Tells the coordinator, while a task runs, that its run is alive: the run's
-    transactions (this task's and the prepared ones of finished tasks) are then never
-    timed out, however long the batch takes (docs/design.md, "Long batches")."""
-
-    def __init__(self, options: IdemlogOptions, bootstrap: str, sink_id: str, run_id: str) -> None:
-        self._options = options
-        self._bootstrap = bootstrap
-        self._sink_id = sink_id
-        self._run_id = run_id
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="idemlog-heartbeat", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        interval = heartbeat_interval_s(self._options)
-        with sink_client(self._bootstrap, self._options.tls, sasl=self._options.sasl) as client:
-            while not self._stop.wait(interval):
-                try:
-                    client.sink_heartbeat(self._sink_id, self._run_id)
-                except IdemlogError as exc:
-                    # Not fatal by itself: if beats stay lost past the timeout, the
-                    # transactions are aborted and the driver's commit says so.
-                    log.warning("sink %s: heartbeat failed: %s", self._sink_id, exc)
 
 
 def write_task(
@@ -177,7 +138,7 @@ def _write_task(
         with trace.span("init_producer", batch=batch_id):
             status = producer.init_sink_transaction(attempt)
         if status is SinkTxnStatus.NEW:
-            with _Heartbeat(options, bootstrap, attempt.sink_id, attempt.run_id):
+            with HEARTBEATS.beating(options, bootstrap, attempt.sink_id, attempt.run_id):
                 rows = _write_rows(producer, options, schema, batches, attempt, partition_id)
         else:
             # Nothing to write: the reused or committed transaction holds the rows. They
