@@ -23,6 +23,8 @@ fences the run's attempts (both in ``spark_sink.commit``). Nothing is visible to
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -76,6 +78,42 @@ def new_run_id() -> str:
     """A batch job's run id, made once in the driver-side writer that Spark pickles to
     every task attempt and to commit/abort (streams use Spark's own run id instead)."""
     return uuid.uuid4().hex
+
+
+# Producers still closing on threads of their own after their task returned: at most this
+# many at once; beyond it a task closes its producer itself.
+_MAX_CLOSING = 4
+_closing = threading.BoundedSemaphore(_MAX_CLOSING)
+
+
+def _reset_closing() -> None:
+    global _closing
+    _closing = threading.BoundedSemaphore(_MAX_CLOSING)  # the parent's threads stayed there
+
+
+os.register_at_fork(after_in_child=_reset_closing)
+
+
+def _close_later(producer: Producer) -> None:
+    """Close a producer whose transaction is prepared (or reused) off the task's path:
+    its sender and produce streams end on a thread of their own (about 1 ms of joins and
+    stream ends), while Spark already has the task's message. Nothing is pending (the
+    rows are acknowledged and prepared), so the close sends nothing and decides nothing:
+    the transaction stays open for the driver's commit, or is fenced by the next attempt,
+    whether or not the close ran (a process killed before it loses only its sockets).
+    Never raises (``Producer.close`` logs)."""
+    slots = _closing
+    if not slots.acquire(blocking=False):
+        producer.close(timeout=0)
+        return
+
+    def close() -> None:
+        try:
+            producer.close(timeout=0)
+        finally:
+            slots.release()
+
+    threading.Thread(target=close, name="idemlog-producer-close", daemon=True).start()
 
 
 def write_task(
@@ -155,9 +193,11 @@ def _write_task(
             )
         metrics = producer.metrics_snapshot()
         pid, epoch = producer.producer_id_and_epoch
-    finally:
+    except BaseException:
         # Never commits: the transaction stays open for the driver (or is fenced).
         producer.close(timeout=0)
+        raise
+    _close_later(producer)
     return IdemlogCommitMessage(
         sink_id=attempt.sink_id,
         run_id=attempt.run_id,
