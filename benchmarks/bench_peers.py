@@ -60,8 +60,8 @@ round). A micro-batch's time is ``durationMs["addBatch"]`` from ``query.recentPr
 the sink's write job plus its driver-side commit, without the offset and commit-log
 bookkeeping that is the same for every sink. A sink's figure is the median of its rounds'
 p50s, with the p95 of all its micro-batches (numpy's linear interpolation) and the median
-round's CPU seconds; each round's ``triggerExecution`` p50 is printed too. Row and micro-batch counts are checked, and so are
-the rows in the topic or table.
+round's CPU seconds; each round's ``triggerExecution`` p50 is printed too. Row and
+micro-batch counts are checked, and so are the rows in the topic or table.
 
 **3. Broker ingest, no Spark.** The same rows for both: ``--rows`` records (rounded up to
 whole chunks of 10,000, the Spark Arrow batch size), key = ``str(i % 1000)`` and value =
