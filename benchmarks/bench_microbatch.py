@@ -497,6 +497,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     procs = p50([b.new_driver_processes for b in steady["idemlog"]])
     print()
     print("per round, idemlog p50 / discard p50: " + " ".join(f"{x:.3f}" for x in round_ratios))
+
+    def others(q: list[Batch]) -> str:
+        loads = [b.load.others for b in steady_batches([q]) if b.load is not None]
+        return f"{p50(loads):.2f}" if loads else "-"
+
+    print(
+        "per round, p50 cores used by other processes during idemlog / discard: "
+        + " ".join(
+            f"{others(i)}/{others(d)}"
+            for i, d in zip(queries["idemlog"], queries["discard"], strict=True)
+        )
+        + " (a round whose two figures differ much measured the machine, not the sinks)"
+    )
     print(f"microbatch_ms_idemlog_p50={add['idemlog']:.0f}")
     print(f"microbatch_ms_discard_p50={add['discard']:.0f}")
     print(f"microbatch_idemlog_vs_discard_ratio={ratio:.3f}")
