@@ -124,6 +124,10 @@ class Heartbeats:
             # Not fatal by itself: if beats stay lost past the timeout, the
             # transactions are aborted and the driver's commit says so.
             log.warning("sink %s: heartbeat failed: %s", e.sink_id, exc)
+        except Exception:
+            # Not a broker's answer (a bug, a library's error): logged whole, and the
+            # thread lives on, since every later task of the process relies on it.
+            log.exception("sink %s: heartbeat failed", e.sink_id)
 
 
 HEARTBEATS = Heartbeats()  # the process's
