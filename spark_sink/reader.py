@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,16 +36,19 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from broker_core.client.broker_client import BrokerClient, FetchResponse
+from broker_core.client.broker_client import BrokerClient
+from broker_core.client.fetch_stream import FetchedBatches
 from broker_core.errors import (
     IdemlogError,
     InvalidConfigError,
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.protocol.wire import FetchTrailer
 
 from .connections import sink_client
 from .options import IdemlogOptions
+from .read_split import OffsetRangePartition, split_ranges
 from .schema import spark_schema_for
 from .topics import TopicInfo, describe
 
@@ -56,18 +58,10 @@ __all__ = [
     "OffsetRangePartition",
     "cap_ends",
     "output_schema",
+    "split_ranges",
 ]
 
 READ_COMMITTED = "read_committed"
-
-
-@dataclass(frozen=True)
-class OffsetRangePartition(InputPartition):
-    """Offsets ``[start, end)`` of one log partition: one Spark task."""
-
-    partition: int
-    start: int
-    end: int
 
 
 def output_schema(topic: TopicInfo, include_metadata: bool) -> pa.Schema:
@@ -127,9 +121,9 @@ def _fetch(
     topic: str,
     part: OffsetRangePartition,
     offset: int,
-) -> FetchResponse:
+) -> FetchedBatches:
     try:
-        return client.fetch_once(
+        return client.fetch_stream(
             topic, part.partition, offset, isolation=options.isolation, max_offset=part.end
         )
     except OffsetOutOfRangeError as exc:
@@ -145,7 +139,7 @@ def _wait_until_readable(
     topic: str,
     part: OffsetRangePartition,
     offset: int,
-    response: FetchResponse,
+    trailer: FetchTrailer,
     waited: int,
 ) -> None:
     """Wait a moment before fetching ``offset`` again, if the log still holds it.
@@ -155,7 +149,7 @@ def _wait_until_readable(
     readable. A log that ends before ``offset`` (recreated) or keeps them unreadable for
     ``READABLE_WAITS`` fetches raises OffsetOutOfRangeError naming the offsets.
     """
-    t = response.trailer
+    t = trailer
     log = client.list_offsets(topic, part.partition)
     if log["log_end_offset"] >= part.end and waited < READABLE_WAITS:
         time.sleep(READABLE_WAIT_S)  # the watermark moves with the followers' fetches
@@ -186,10 +180,21 @@ def _to_output(
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+BROKEN_STREAM_RETRIES = 3  # fetches in a row broken after their first batch, fetched again
+
+
 def read_range(
     options: IdemlogOptions, topic: str, schema: pa.Schema, part: OffsetRangePartition
 ) -> Iterator[pa.RecordBatch]:
-    """Every readable row of ``part`` once, in offset order, as batches of ``schema``."""
+    """Every readable row of ``part`` once, in offset order, as batches of ``schema``.
+
+    Each fetch is streamed (``BrokerClient.fetch_stream``): a batch is yielded as soon as
+    it is received, while gRPC receives the next ones, so the task never holds a whole
+    fetch (up to ``DEFAULT_FETCH_MAX_BYTES``) before handing rows on; what it holds is one
+    batch plus gRPC's flow-control window. A stream broken after its first batch (a
+    retriable error: the leader moved, the link broke) is fetched again from the first
+    offset not yet yielded, at most ``BROKEN_STREAM_RETRIES`` times in a row; any other
+    error is raised, failing the task (Spark retries it over the same range)."""
     if part.start >= part.end:
         return
     client = sink_client(options.bootstrap(), options.tls, sasl=options.sasl)
@@ -197,34 +202,52 @@ def read_range(
         offset = part.start
         position = part.start  # the next offset not yet yielded: no row twice
         waited = 0  # fetches in a row that found nothing readable
+        broken = 0  # fetches in a row broken mid-stream
         while offset < part.end:
-            response = _fetch(client, options, topic, part, offset)
-            for meta, rows in response.batches:
-                # The broker already trims to [offset, end); trimming here too keeps
-                # every row exactly once even if a batch came back whole.
-                first = meta.base_offset
-                skip = max(0, position - first)
-                stop = min(rows.num_rows, part.end - first)
-                if stop <= skip:
-                    continue
-                if skip or stop < rows.num_rows:
-                    rows = rows.slice(skip, stop - skip)
-                position = first + stop
-                yield _to_output(
-                    rows, schema, part.partition, first + skip, options.include_metadata
-                )
-            next_offset = response.trailer.next_offset
+            fetched = _fetch(client, options, topic, part, offset)
+            try:
+                for meta, rows in fetched.batches:
+                    # The broker already trims to [offset, end); trimming here too keeps
+                    # every row exactly once even if a batch came back whole.
+                    first = meta.base_offset
+                    skip = max(0, position - first)
+                    stop = min(rows.num_rows, part.end - first)
+                    if stop <= skip:
+                        continue
+                    if skip or stop < rows.num_rows:
+                        rows = rows.slice(skip, stop - skip)
+                    position = first + stop
+                    yield _to_output(
+                        rows, schema, part.partition, first + skip, options.include_metadata
+                    )
+                trailer = fetched.trailer
+            except IdemlogError as exc:
+                if not exc.retriable or broken >= BROKEN_STREAM_RETRIES:
+                    raise
+                broken += 1
+                offset = max(offset, position)  # what was yielded is not read again
+                continue
+            finally:
+                fetched.close()
+            broken = 0
+            next_offset = trailer.next_offset
             if next_offset <= offset:
                 # The planned range is not readable now: a new leader's high watermark
                 # catching up after a failover (the rows are in its log: wait for them),
                 # or a log that no longer has them (looping would never finish).
-                _wait_until_readable(client, topic, part, offset, response, waited)
+                _wait_until_readable(client, topic, part, offset, trailer, waited)
                 waited += 1
                 continue
             waited = 0
             offset = next_offset
     finally:
         client.close()
+
+
+def _split(
+    options: IdemlogOptions, ranges: list[OffsetRangePartition]
+) -> list[OffsetRangePartition]:
+    return split_ranges(ranges, options.min_partitions, options.max_records_per_partition)
 
 
 # -- batch reads ---------------------------------------------------------------------------
@@ -237,7 +260,9 @@ class IdemlogBatchReader(DataSourceReader):
         self.schema = output_schema(topic, options.include_metadata)
 
     def partitions(self) -> list[OffsetRangePartition]:
-        """On the driver: per log partition ``[log start, LSO or HW)`` as of now."""
+        """On the driver: per log partition ``[log start, LSO or HW)`` as of now, split
+        into sub-ranges below the same end as ``minPartitions`` and
+        ``maxRecordsPerPartition`` ask (``split_ranges``)."""
         ranges = []
         with sink_client(
             self.options.bootstrap(), self.options.tls, sasl=self.options.sasl
@@ -247,7 +272,7 @@ class IdemlogBatchReader(DataSourceReader):
                 start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
                 if end > start:
                     ranges.append(OffsetRangePartition(p, start, end))
-        return ranges
+        return _split(self.options, ranges)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
         """In a task: every readable row of the range once, in offset order (nothing for
@@ -383,8 +408,10 @@ class IdemlogStreamReader(DataSourceStreamReader):
         return dict(sorted(ends.items(), key=lambda kv: int(kv[0])))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRangePartition]:
-        """One range per partition that advanced; a partition missing from ``start`` (added
-        to the topic after it was planned) starts at 0, so none of its rows is skipped."""
+        """One range per partition that advanced, split as ``minPartitions`` and
+        ``maxRecordsPerPartition`` ask (``split_ranges``: sub-ranges below the same end);
+        a partition missing from ``start`` (added to the topic after it was planned)
+        starts at 0, so none of its rows is skipped."""
         self._planned_end = {str(k): int(v) for k, v in end.items()}
         guessed, self._guessed_base = self._guessed_base, None
         if guessed is not None and start == end and self._planned_end != guessed:
@@ -401,7 +428,7 @@ class IdemlogStreamReader(DataSourceStreamReader):
             s, e = int(start.get(key, 0)), int(end[key])
             if e > s:
                 ranges.append(OffsetRangePartition(int(key), s, e))
-        return ranges
+        return _split(self.options, ranges)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
         """In a task: every readable row of the micro-batch's range once, in offset order.
