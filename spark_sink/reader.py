@@ -48,6 +48,7 @@ from broker_core.protocol.wire import FetchTrailer
 
 from .connections import sink_client
 from .options import IdemlogOptions
+from .read_prefetch import prefetched
 from .read_split import OffsetRangePartition, split_ranges
 from .schema import spark_schema_for
 from .topics import TopicInfo, describe
@@ -276,11 +277,13 @@ class IdemlogBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
         """In a task: every readable row of the range once, in offset order (nothing for
-        an empty plan). A broker error fails the task, which Spark retries."""
+        an empty plan), received ahead by a thread of its own (``read_prefetch``: at most
+        ``PREFETCH_MAX_BYTES`` not yet yielded). A broker error fails the task, which
+        Spark retries."""
         # Spark passes None when partitions() planned nothing (an empty topic).
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return read_range(self.options, self.topic.name, self.schema, partition)
+        return prefetched(read_range(self.options, self.topic.name, self.schema, partition))
 
 
 # -- stream reads --------------------------------------------------------------------------
@@ -435,7 +438,7 @@ class IdemlogStreamReader(DataSourceStreamReader):
         A broker error fails the task, which Spark retries over the same range."""
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return read_range(self.options, self.topic.name, self.schema, partition)
+        return prefetched(read_range(self.options, self.topic.name, self.schema, partition))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the broker's retention decides what the log keeps, and the
