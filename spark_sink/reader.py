@@ -3,9 +3,11 @@
 Why they look like this (docs/design.md §7):
 
 * **Offsets are the log's own.** An input partition is one log partition's offset range
-  ``[start, end)``; a stream offset is ``{"<partition>": next offset to read, ...}`` (JSON
-  object keys are strings). Offsets are per row, and transaction markers take one offset
-  each, so a range counts offsets, not rows.
+  ``[start, end)``, or a piece of it with ``minPartitions``/``maxRecordsPerPartition``
+  (``read_split``: sub-ranges below the same end, tiling it); a stream offset is
+  ``{"<partition>": next offset to read, ...}`` (JSON object keys are strings). Offsets
+  are per row, and transaction markers take one offset each, so a range counts offsets,
+  not rows.
 * **Ranges are fixed on the driver, read with** ``max_offset=end`` (exclusive: the broker
   stops below it and slices a batch that straddles it). A rerun task or a replayed
   micro-batch therefore reads exactly the rows it read before, although the log grew.
@@ -16,7 +18,8 @@ Why they look like this (docs/design.md §7):
   to end when idemlog is both source and sink); lowered where needed so that each sink
   batch is read whole or not at all. For read_uncommitted it is the high watermark.
 * **Arrow all the way**: the fetched batches are yielded as they come (the metadata
-  columns are built with numpy), never converted row by row in Python.
+  columns are built with numpy), never converted row by row in Python; a receiver
+  thread reads ahead by at most 16 MiB while the task yields (``read_prefetch``).
 * **Picklable**: the readers hold the parsed options and topic description only; each
   ``read()`` (on an executor) opens its own ``BrokerClient`` (on the process's shared
   connections, ``spark_sink.connections``) and closes it.
@@ -150,16 +153,16 @@ def _wait_until_readable(
     readable. A log that ends before ``offset`` (recreated) or keeps them unreadable for
     ``READABLE_WAITS`` fetches raises OffsetOutOfRangeError naming the offsets.
     """
-    t = trailer
     log = client.list_offsets(topic, part.partition)
     if log["log_end_offset"] >= part.end and waited < READABLE_WAITS:
         time.sleep(READABLE_WAIT_S)  # the watermark moves with the followers' fetches
         return
     raise OffsetOutOfRangeError(
         f"topic {topic!r} partition {part.partition}: offsets [{offset}, {part.end}) were "
-        f"planned but the log does not make them readable (log start {t.log_start_offset}, "
-        f"end {log['log_end_offset']}, last stable {t.last_stable_offset}, high watermark "
-        f"{t.high_watermark}, after {waited} tries): the topic was recreated?"
+        f"planned but the log does not make them readable (log start "
+        f"{trailer.log_start_offset}, end {log['log_end_offset']}, last stable "
+        f"{trailer.last_stable_offset}, high watermark {trailer.high_watermark}, after "
+        f"{waited} tries): the topic was recreated?"
     )
 
 
