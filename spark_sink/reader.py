@@ -184,7 +184,8 @@ def _to_output(
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-BROKEN_STREAM_RETRIES = 3  # fetches in a row broken after their first batch, fetched again
+FETCH_FAILOVER_S = 30.0  # retriable fetch failures in a row are retried this long
+_clock = time.monotonic
 
 
 def read_range(
@@ -193,12 +194,14 @@ def read_range(
     """Every readable row of ``part`` once, in offset order, as batches of ``schema``.
 
     Each fetch is streamed (``BrokerClient.fetch_stream``): a batch is yielded as soon as
-    it is received, while gRPC receives the next ones, so the task never holds a whole
-    fetch (up to ``DEFAULT_FETCH_MAX_BYTES``) before handing rows on; what it holds is one
-    batch plus gRPC's flow-control window. A stream broken after its first batch (a
-    retriable error: the leader moved, the link broke) is fetched again from the first
-    offset not yet yielded, at most ``BROKEN_STREAM_RETRIES`` times in a row; any other
-    error is raised, failing the task (Spark retries it over the same range)."""
+    it is received, so the task never holds a whole fetch (up to
+    ``DEFAULT_FETCH_MAX_BYTES``) before handing rows on. A fetch that fails with a
+    retriable error, when it is opened (after the client's own routed retries) or after
+    some of its batches (the leader killed mid-stream, a link broken), is fetched again
+    from the first offset not yet yielded, for at most ``FETCH_FAILOVER_S`` seconds of
+    failures in a row (a leader election takes about a ZooKeeper session timeout); any
+    other error, or one past that bound, is raised, failing the task (Spark retries it
+    over the same range)."""
     if part.start >= part.end:
         return
     client = sink_client(options.bootstrap(), options.tls, sasl=options.sasl)
@@ -206,10 +209,11 @@ def read_range(
         offset = part.start
         position = part.start  # the next offset not yet yielded: no row twice
         waited = 0  # fetches in a row that found nothing readable
-        broken = 0  # fetches in a row broken mid-stream
+        failing_since: float | None = None  # when the current run of failed fetches began
         while offset < part.end:
-            fetched = _fetch(client, options, topic, part, offset)
+            fetched: FetchedBatches | None = None
             try:
+                fetched = _fetch(client, options, topic, part, offset)
                 for meta, rows in fetched.batches:
                     # The broker already trims to [offset, end); trimming here too keeps
                     # every row exactly once even if a batch came back whole.
@@ -226,14 +230,16 @@ def read_range(
                     )
                 trailer = fetched.trailer
             except IdemlogError as exc:
-                if not exc.retriable or broken >= BROKEN_STREAM_RETRIES:
+                now = _clock()
+                failing_since = now if failing_since is None else failing_since
+                if not exc.retriable or now - failing_since >= FETCH_FAILOVER_S:
                     raise
-                broken += 1
                 offset = max(offset, position)  # what was yielded is not read again
                 continue
             finally:
-                fetched.close()
-            broken = 0
+                if fetched is not None:
+                    fetched.close()
+            failing_since = None
             next_offset = trailer.next_offset
             if next_offset <= offset:
                 # The planned range is not readable now: a new leader's high watermark

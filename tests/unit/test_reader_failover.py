@@ -31,13 +31,16 @@ SCHEMA = pa.schema([("id", pa.int64())])
 class ScriptedClient:
     """Answers fetches from ``script`` in turn; ``log_end`` is what list_offsets says."""
 
-    script: list[FetchedBatches]
+    script: list[FetchedBatches | Exception]  # an exception: the fetch's open raises it
     log_end: int
     fetches: list[int] = field(default_factory=list)
 
     def fetch_stream(self, topic: str, partition: int, offset: int, **_: Any) -> FetchedBatches:
         self.fetches.append(offset)
-        return self.script.pop(0)
+        answer = self.script.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def list_offsets(self, topic: str, partition: int) -> dict[str, int]:
         return {"log_start_offset": 0, "log_end_offset": self.log_end}
@@ -119,17 +122,19 @@ def test_a_stream_broken_mid_fetch_is_fetched_again_from_the_first_row_not_yield
     assert broken.closed
 
 
-def test_a_stream_that_keeps_breaking_fails_the_task_after_the_bound(
+def test_a_fetch_that_keeps_failing_fails_the_task_after_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    tries = reader.BROKEN_STREAM_RETRIES + 1
-    script: list[FetchedBatches] = [
+    ticks = iter(range(0, 1000, 10))  # each failure 10 s after the one before
+    monkeypatch.setattr(reader, "_clock", lambda: float(next(ticks)))
+    tries = int(reader.FETCH_FAILOVER_S // 10) + 1
+    script: list[FetchedBatches | Exception] = [
         BrokenStream(_empty(10, 20), NotLeaderOrFollowerError("moved")) for _ in range(tries)
     ]
     client = ScriptedClient(script, log_end=20)
     with pytest.raises(NotLeaderOrFollowerError, match="moved"):
         _read(client, monkeypatch)
-    assert client.fetches == [10] * tries
+    assert client.fetches == [10] * tries  # retried while under the bound, then raised
 
 
 def test_a_non_retriable_error_mid_stream_is_raised_at_once(
@@ -141,3 +146,16 @@ def test_a_non_retriable_error_mid_stream_is_raised_at_once(
     with pytest.raises(OffsetOutOfRangeError, match="gone"):
         _read(client, monkeypatch)
     assert client.fetches == [10]
+
+
+def test_a_fetch_whose_open_fails_during_an_election_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The stream breaks after 4 rows; the next open fails (the client's routed retries
+    # ran out while no leader was elected); the one after reads on from the new leader.
+    broken = BrokenStream(_rows(10, 4), NetworkError("link broke"))
+    client = ScriptedClient(
+        [broken, NetworkError("leader 3 of t-0 is not alive"), _rows(14, 6)], log_end=20
+    )
+    assert _read(client, monkeypatch) == list(range(10, 20))
+    assert client.fetches == [10, 14, 14]
