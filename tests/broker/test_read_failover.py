@@ -1,12 +1,13 @@
 """A read task whose fetch stream breaks mid-fetch: three real brokers on ZooKeeper, the
-partition's leader SIGKILLed while the task holds a fetch half received.
+partition's leader SIGKILLed while the task's one fetch (48 MB) is still being sent.
 
 The Spark source's batch reader is driven as an executor drives it (``read`` on the
-planned range, no JVM): it takes one batch, so its receiver thread fills its 16 MiB queue
-and stops reading the stream with most of the 50 MB fetch still unsent; the leader is
-killed and a new one elected; the task then reads on. The stream breaks, the reader
-fetches again from the first offset it had not yielded, from the new leader, and every
-row arrives exactly once, in offset order.
+planned range, no JVM). Undisturbed, the range is read in one fetch. Then the task takes
+one batch (its receiver thread reads ahead at most 16 MiB, so most of the fetch is
+unsent) and the leader is killed: the stream breaks, and the reader fetches again from
+the first offset it had not yielded, trying again while the election runs
+(``FETCH_FAILOVER_S``), from the new leader; every row arrives exactly once, in offset
+order.
 """
 
 from __future__ import annotations
