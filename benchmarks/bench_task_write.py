@@ -112,9 +112,7 @@ def run_idemlog(
         cpu_seconds(server.process.pid) - broker_cpu,
     )
     with BrokerClient(server.address) as admin:
-        stored = sum(
-            admin.list_offsets(topic, p)["last_stable_offset"] for p in range(partitions)
-        )
+        stored = sum(admin.list_offsets(topic, p)["last_stable_offset"] for p in range(partitions))
         admin.delete_topic(topic)
     # Each partition's log ends with the commit marker (one offset): the rest are rows.
     if message.rows != rows or stored - partitions != rows:
