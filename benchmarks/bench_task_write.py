@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = PER / args.rows
 
     def med(name: str, field: str) -> float:
-        return statistics.median(getattr(r, field) for r in runs[name])
+        return float(statistics.median(getattr(r, field) for r in runs[name]))
 
     print_table(
         ["peer", "seconds", "rows/s", "CPU s/10M", "broker CPU s/10M", "runs (s)"],
