@@ -115,6 +115,12 @@ ROWS ?= 20000000
 bench-producer: setup
 	$(PY) -m benchmarks.bench_producer --rows $(ROWS) $(BENCH_ARGS)
 
+# A Spark task's side of the batch write without Spark: idemlog's task and the broker
+# against the discard writer's work, CPU s per 10M rows (BENCH_ARGS=--rows N ...).
+.PHONY: bench-task-write
+bench-task-write: setup
+	$(PY) -m benchmarks.bench_task_write $(BENCH_ARGS)
+
 # format("idemlog") in Spark vs a discard-only Python writer, noop and parquet (ROWS=...).
 bench-spark: setup
 	$(PY) -m benchmarks.bench_spark --rows $(ROWS) $(BENCH_ARGS)

@@ -165,7 +165,7 @@ from benchmarks.common import percentile
 from benchmarks.discard_sink import DiscardDataSource
 from benchmarks.kafka_node import KafkaAdmin, fresh, kafka_node
 from benchmarks.peers_ingest import ingest_part
-from benchmarks.peers_read import read_part
+from benchmarks.peers_read import read_options_argument, read_part
 from benchmarks.peers_report import Row, draw_chart, print_ratios, print_table, with_ratios
 from spark_sink import local_session
 from spark_sink.embedded import stop_broker
@@ -190,6 +190,7 @@ def _parts_option(parser: argparse.ArgumentParser) -> None:
         help="comma-separated parts to run: write (Spark batch and stream writes), ingest, "
         "read (default: all)",
     )
+    read_options_argument(parser)
 
 
 # -- sizes ------------------------------------------------------------------------------------

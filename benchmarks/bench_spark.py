@@ -42,9 +42,11 @@ Wall time on a shared machine measures the CPU share a run gets as much as its c
 sink with more runnable threads -- idemlog's sender threads and broker -- takes more of a
 contended CPU), so each run also counts **CPU seconds** (user + system, psutil):
 this process and all its descendants (the JVM, the Python daemon and workers) plus the
-embedded broker. The table shows each sink's cheapest run; ``*_cpu_s`` and
-``idemlog_vs_discard_cpu_ratio`` (discard's CPU over idemlog's) are the load-independent
-view: on an idle machine whose cores are all busy, the throughput ratio tends to it.
+embedded broker (a descendant too, of the Python worker that started it: counted once, as
+the broker's; before issue 27 its CPU was counted twice). The table shows each sink's
+cheapest run; ``*_cpu_s`` and ``idemlog_vs_discard_cpu_ratio`` (discard's CPU over
+idemlog's) are the load-independent view: on an idle machine whose cores are all busy,
+the throughput ratio tends to it.
 
 **Streaming.** ``--stream-batches`` parquet files of ``--stream-rows`` rows each (written
 with pyarrow beforehand) are read with ``maxFilesPerTrigger=1`` and
@@ -86,6 +88,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -228,15 +231,26 @@ class Cpu:
     @classmethod
     def now(cls, embedded: str) -> Cpu:
         broker = broker_pid(embedded)
-        return cls(
-            spark=tree_cpu_seconds(os.getpid()),
-            broker=tree_cpu_seconds(broker) if broker is not None else 0.0,
-        )
+        broker_cpu = tree_cpu_seconds(broker) if broker is not None else 0.0
+        spark = tree_cpu_seconds(os.getpid())
+        if broker is not None and _descends(broker, os.getpid()):
+            # The embedded broker is started by whichever Spark Python process needs it
+            # first and stays its child (its own session, not its own parent): without
+            # this its CPU counted twice, in Spark's processes and as the broker's.
+            spark -= broker_cpu
+        return cls(spark=spark, broker=broker_cpu)
 
     def __sub__(self, before: Cpu) -> Cpu:
         # A worker that exited and was reaped in between moved its time into its
         # parent's cutime/cstime, so the plain difference of the sums stays right.
         return Cpu(spark=self.spark - before.spark, broker=self.broker - before.broker)
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    try:
+        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
+    except psutil.NoSuchProcess:
+        return False
 
 
 # -- the streaming runs -----------------------------------------------------------------------

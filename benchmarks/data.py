@@ -25,3 +25,29 @@ def distinct_batches(count: int, rows: int, value_bytes: int, seed: int) -> list
             )
         )
     return batches
+
+
+# bench-peers' rows as Spark hands them to a Python writer: its plan's columns are not
+# nullable (``spark.range(N).selectExpr("id", "cast(id % 1000 as int) key",
+# "concat('value-', id) value")``).
+PEERS_SPARK_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("key", pa.int32(), nullable=False),
+        pa.field("value", pa.string(), nullable=False),
+    ]
+)
+
+
+def peers_batches(rows: int, batch_rows: int) -> list[pa.RecordBatch]:
+    """bench-peers' first ``rows`` rows in batches of ``batch_rows`` rows (the last one
+    shorter), typed as Spark hands them over (:data:`PEERS_SPARK_SCHEMA`)."""
+    import pyarrow.compute as pc
+
+    batches = []
+    for start in range(0, rows, batch_rows):
+        ids = pa.array(np.arange(start, min(start + batch_rows, rows), dtype=np.int64))
+        keys = pa.array((ids.to_numpy() % 1000).astype(np.int32))
+        values = pc.binary_join_element_wise("value-", pc.cast(ids, pa.string()), "")
+        batches.append(pa.RecordBatch.from_arrays([ids, keys, values], schema=PEERS_SPARK_SCHEMA))
+    return batches

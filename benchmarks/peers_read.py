@@ -47,7 +47,7 @@ import argparse
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,12 @@ def _store(
 
 
 def _reader(
-    spark: SparkSession, embedded: str, kafka: KafkaAdmin, stored: Stored, name: str
+    spark: SparkSession,
+    embedded: str,
+    kafka: KafkaAdmin,
+    stored: Stored,
+    name: str,
+    idemlog_options: Mapping[str, str],
 ) -> DataFrame:
     """The DataFrame each peer's reader returns, with the columns a user gets."""
     if name == "idemlog":
@@ -122,6 +127,7 @@ def _reader(
             spark.read.format("idemlog")
             .option("path", embedded)
             .option("topic", stored.idemlog_topic)
+            .options(**idemlog_options)
             .load()
         )
     if name == "kafka":
@@ -156,11 +162,14 @@ def batch_reads(
     rows: int,
     repeats: int,
     nbytes: int,
+    idemlog_options: Mapping[str, str],
 ) -> list[Row]:
     """The batch reads' rows of the table: each reader's median run."""
     stored = _store(spark, embedded, kafka, directory, rows)
     try:
-        frames = {name: _reader(spark, embedded, kafka, stored, name) for name in READERS}
+        frames = {
+            name: _reader(spark, embedded, kafka, stored, name, idemlog_options) for name in READERS
+        }
         for name, frame in frames.items():
             counted = frame.count()
             if counted != rows:
@@ -292,6 +301,7 @@ def stream_read(
     name: str,
     batches: int,
     rows: int,
+    idemlog_options: Mapping[str, str],
 ) -> tuple[list[dict[str, float]], float]:
     """A streaming read of ``name`` while ``batches`` appends of ``rows`` rows are made:
     for each append after the warm-up one, the durations of the micro-batches that read it
@@ -302,7 +312,10 @@ def stream_read(
     if name == "idemlog":
         appender = _IdemlogAppender(ensure_broker(embedded), topic)
         stream = (
-            spark.readStream.format("idemlog").option("path", embedded).option("topic", topic)
+            spark.readStream.format("idemlog")
+            .option("path", embedded)
+            .option("topic", topic)
+            .options(**idemlog_options)
         ).load()
     else:
         appender = _KafkaAppender(kafka, topic)
@@ -359,6 +372,26 @@ def stream_read(
     ], cpu
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def read_options_argument(parser: argparse.ArgumentParser) -> None:
+    """``--idemlog-read-option KEY=VALUE`` (repeatable): an option of idemlog's reader in
+    the read part (e.g. ``minPartitions=8``; default: none, the reader's defaults)."""
+    parser.add_argument(
+        "--idemlog-read-option",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of spark.read.format('idemlog') in the read part (repeatable)",
+    )
+
+
 def read_part(
     args: argparse.Namespace,
     spark: SparkSession,
@@ -368,12 +401,29 @@ def read_part(
     nbytes: Callable[[int, int], int],
 ) -> list[Row]:
     """Part 4's rows: the batch reads, then the streaming reads."""
+    idemlog_options = dict(args.idemlog_read_option)
+    if idemlog_options:
+        print(f"read: idemlog's reader options {idemlog_options}", flush=True)
     rows = batch_reads(
-        spark, embedded, kafka, directory, args.rows, args.repeats, nbytes(0, args.rows)
+        spark,
+        embedded,
+        kafka,
+        directory,
+        args.rows,
+        args.repeats,
+        nbytes(0, args.rows),
+        idemlog_options,
     )
     for name in STREAM_READERS:
         durations, cpu = stream_read(
-            spark, embedded, kafka, directory, name, args.stream_batches, args.stream_rows
+            spark,
+            embedded,
+            kafka,
+            directory,
+            name,
+            args.stream_batches,
+            args.stream_rows,
+            idemlog_options,
         )
         trigger = [d["triggerExecution"] / 1000 for d in durations]
         add = [d["addBatch"] for d in durations]

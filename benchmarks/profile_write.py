@@ -76,7 +76,7 @@ PARTS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             "producer: Flight stream (IPC encode + send, acks)",
             ("produce_stream.py", "transport.py"),
         ),
-        ("producer: the sender's idle wait (a 2 ms poll)", ("MessageAccumulator.wait",)),
+        ("producer: the sender's wait (woken by events)", ("MessageAccumulator.wait",)),
         ("producer: accumulator, sender, futures", ("spark_sink/producer/",)),
         (
             "sink: writer, task set-up (options, producer id, prepare)",

@@ -52,6 +52,7 @@ PRODUCER_PREFIX = "producer."
 _CHECKPOINT_OPTION = "checkpointlocation"
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 STARTING_OFFSETS = ("earliest", "latest")
+NO_SPLIT = 0  # minPartitions / maxRecordsPerPartition unset: one task per log partition
 # Metadata columns added by includeMetadata=true.
 PARTITION_COLUMN = "_partition"
 OFFSET_COLUMN = "_offset"
@@ -169,6 +170,34 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
     ),
     (
         ConfigKey(
+            "minPartitions",
+            int,
+            NO_SPLIT,
+            "Minimum number of Spark tasks a read (or a micro-batch) is split into, as "
+            "Spark's Kafka source's option: when the log partitions with rows to read are "
+            "fewer, the large ones are cut into consecutive offset sub-ranges below the "
+            "same planned end, about this many in all (rounding may miss by a few). Unset "
+            "(0): one task per log partition. At least 1 if set.",
+            min=1,
+        ),
+        Scope.READ,
+    ),
+    (
+        ConfigKey(
+            "maxRecordsPerPartition",
+            int,
+            NO_SPLIT,
+            "Most offsets (rows, counting transaction markers) one Spark task reads, as "
+            "Spark's Kafka source's option: a log partition's range is cut into even "
+            "sub-ranges of at most this many; with minPartitions too, the pieces are then "
+            "cut further if fewer than minPartitions. Unset (0): no limit. At least 1 if "
+            "set.",
+            min=1,
+        ),
+        Scope.READ,
+    ),
+    (
+        ConfigKey(
             "includeMetadata",
             bool,
             False,
@@ -226,6 +255,8 @@ class IdemlogOptions:
     tls: TlsSettings = PLAINTEXT  # the options security.protocol and ssl.*
     test_hooks: bool = False  # the job was started for the fault tests (spark_sink.failpoints)
     embedded_metrics_port: int = METRICS_OFF  # the option embedded.metrics.port
+    min_partitions: int = NO_SPLIT  # the option minPartitions (reads)
+    max_records_per_partition: int = NO_SPLIT  # the option maxRecordsPerPartition (reads)
 
     @property
     def embedded(self) -> bool:
@@ -329,6 +360,8 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         starting_offsets=str(parsed["startingOffsets"]),
         max_offsets_per_trigger=int(parsed["maxOffsetsPerTrigger"]),
         include_metadata=bool(parsed["includeMetadata"]),
+        min_partitions=int(parsed["minPartitions"]),
+        max_records_per_partition=int(parsed["maxRecordsPerPartition"]),
         test_hooks=bool(parsed["testHooks"]),
         embedded_metrics_port=metrics_port,
         checkpoint_location=checkpoint,

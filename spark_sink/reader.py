@@ -3,9 +3,11 @@
 Why they look like this (docs/design.md §7):
 
 * **Offsets are the log's own.** An input partition is one log partition's offset range
-  ``[start, end)``; a stream offset is ``{"<partition>": next offset to read, ...}`` (JSON
-  object keys are strings). Offsets are per row, and transaction markers take one offset
-  each, so a range counts offsets, not rows.
+  ``[start, end)``, or a piece of it with ``minPartitions``/``maxRecordsPerPartition``
+  (``read_split``: sub-ranges below the same end, tiling it); a stream offset is
+  ``{"<partition>": next offset to read, ...}`` (JSON object keys are strings). Offsets
+  are per row, and transaction markers take one offset each, so a range counts offsets,
+  not rows.
 * **Ranges are fixed on the driver, read with** ``max_offset=end`` (exclusive: the broker
   stops below it and slices a batch that straddles it). A rerun task or a replayed
   micro-batch therefore reads exactly the rows it read before, although the log grew.
@@ -16,7 +18,8 @@ Why they look like this (docs/design.md §7):
   to end when idemlog is both source and sink); lowered where needed so that each sink
   batch is read whole or not at all. For read_uncommitted it is the high watermark.
 * **Arrow all the way**: the fetched batches are yielded as they come (the metadata
-  columns are built with numpy), never converted row by row in Python.
+  columns are built with numpy), never converted row by row in Python; a receiver
+  thread reads ahead by at most 16 MiB while the task yields (``read_prefetch``).
 * **Picklable**: the readers hold the parsed options and topic description only; each
   ``read()`` (on an executor) opens its own ``BrokerClient`` (on the process's shared
   connections, ``spark_sink.connections``) and closes it.
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,16 +39,20 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from broker_core.client.broker_client import BrokerClient, FetchResponse
+from broker_core.client.broker_client import BrokerClient
+from broker_core.client.fetch_stream import FetchedBatches
 from broker_core.errors import (
     IdemlogError,
     InvalidConfigError,
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.protocol.wire import FetchTrailer
 
 from .connections import sink_client
 from .options import IdemlogOptions
+from .read_prefetch import prefetched
+from .read_split import OffsetRangePartition, split_ranges
 from .schema import spark_schema_for
 from .topics import TopicInfo, describe
 
@@ -56,18 +62,10 @@ __all__ = [
     "OffsetRangePartition",
     "cap_ends",
     "output_schema",
+    "split_ranges",
 ]
 
 READ_COMMITTED = "read_committed"
-
-
-@dataclass(frozen=True)
-class OffsetRangePartition(InputPartition):
-    """Offsets ``[start, end)`` of one log partition: one Spark task."""
-
-    partition: int
-    start: int
-    end: int
 
 
 def output_schema(topic: TopicInfo, include_metadata: bool) -> pa.Schema:
@@ -127,9 +125,9 @@ def _fetch(
     topic: str,
     part: OffsetRangePartition,
     offset: int,
-) -> FetchResponse:
+) -> FetchedBatches:
     try:
-        return client.fetch_once(
+        return client.fetch_stream(
             topic, part.partition, offset, isolation=options.isolation, max_offset=part.end
         )
     except OffsetOutOfRangeError as exc:
@@ -145,7 +143,7 @@ def _wait_until_readable(
     topic: str,
     part: OffsetRangePartition,
     offset: int,
-    response: FetchResponse,
+    trailer: FetchTrailer,
     waited: int,
 ) -> None:
     """Wait a moment before fetching ``offset`` again, if the log still holds it.
@@ -155,16 +153,16 @@ def _wait_until_readable(
     readable. A log that ends before ``offset`` (recreated) or keeps them unreadable for
     ``READABLE_WAITS`` fetches raises OffsetOutOfRangeError naming the offsets.
     """
-    t = response.trailer
     log = client.list_offsets(topic, part.partition)
     if log["log_end_offset"] >= part.end and waited < READABLE_WAITS:
         time.sleep(READABLE_WAIT_S)  # the watermark moves with the followers' fetches
         return
     raise OffsetOutOfRangeError(
         f"topic {topic!r} partition {part.partition}: offsets [{offset}, {part.end}) were "
-        f"planned but the log does not make them readable (log start {t.log_start_offset}, "
-        f"end {log['log_end_offset']}, last stable {t.last_stable_offset}, high watermark "
-        f"{t.high_watermark}, after {waited} tries): the topic was recreated?"
+        f"planned but the log does not make them readable (log start "
+        f"{trailer.log_start_offset}, end {log['log_end_offset']}, last stable "
+        f"{trailer.last_stable_offset}, high watermark {trailer.high_watermark}, after "
+        f"{waited} tries): the topic was recreated?"
     )
 
 
@@ -186,10 +184,24 @@ def _to_output(
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+FETCH_FAILOVER_S = 30.0  # retriable fetch failures in a row are retried this long
+_clock = time.monotonic
+
+
 def read_range(
     options: IdemlogOptions, topic: str, schema: pa.Schema, part: OffsetRangePartition
 ) -> Iterator[pa.RecordBatch]:
-    """Every readable row of ``part`` once, in offset order, as batches of ``schema``."""
+    """Every readable row of ``part`` once, in offset order, as batches of ``schema``.
+
+    Each fetch is streamed (``BrokerClient.fetch_stream``): a batch is yielded as soon as
+    it is received, so the task never holds a whole fetch (up to
+    ``DEFAULT_FETCH_MAX_BYTES``) before handing rows on. A fetch that fails with a
+    retriable error, when it is opened (after the client's own routed retries) or after
+    some of its batches (the leader killed mid-stream, a link broken), is fetched again
+    from the first offset not yet yielded, for at most ``FETCH_FAILOVER_S`` seconds of
+    failures in a row (a leader election takes about a ZooKeeper session timeout); any
+    other error, or one past that bound, is raised, failing the task (Spark retries it
+    over the same range)."""
     if part.start >= part.end:
         return
     client = sink_client(options.bootstrap(), options.tls, sasl=options.sasl)
@@ -197,34 +209,55 @@ def read_range(
         offset = part.start
         position = part.start  # the next offset not yet yielded: no row twice
         waited = 0  # fetches in a row that found nothing readable
+        failing_since: float | None = None  # when the current run of failed fetches began
         while offset < part.end:
-            response = _fetch(client, options, topic, part, offset)
-            for meta, rows in response.batches:
-                # The broker already trims to [offset, end); trimming here too keeps
-                # every row exactly once even if a batch came back whole.
-                first = meta.base_offset
-                skip = max(0, position - first)
-                stop = min(rows.num_rows, part.end - first)
-                if stop <= skip:
-                    continue
-                if skip or stop < rows.num_rows:
-                    rows = rows.slice(skip, stop - skip)
-                position = first + stop
-                yield _to_output(
-                    rows, schema, part.partition, first + skip, options.include_metadata
-                )
-            next_offset = response.trailer.next_offset
+            fetched: FetchedBatches | None = None
+            try:
+                fetched = _fetch(client, options, topic, part, offset)
+                for meta, rows in fetched.batches:
+                    # The broker already trims to [offset, end); trimming here too keeps
+                    # every row exactly once even if a batch came back whole.
+                    first = meta.base_offset
+                    skip = max(0, position - first)
+                    stop = min(rows.num_rows, part.end - first)
+                    if stop <= skip:
+                        continue
+                    if skip or stop < rows.num_rows:
+                        rows = rows.slice(skip, stop - skip)
+                    position = first + stop
+                    yield _to_output(
+                        rows, schema, part.partition, first + skip, options.include_metadata
+                    )
+                trailer = fetched.trailer
+            except IdemlogError as exc:
+                now = _clock()
+                failing_since = now if failing_since is None else failing_since
+                if not exc.retriable or now - failing_since >= FETCH_FAILOVER_S:
+                    raise
+                offset = max(offset, position)  # what was yielded is not read again
+                continue
+            finally:
+                if fetched is not None:
+                    fetched.close()
+            failing_since = None
+            next_offset = trailer.next_offset
             if next_offset <= offset:
                 # The planned range is not readable now: a new leader's high watermark
                 # catching up after a failover (the rows are in its log: wait for them),
                 # or a log that no longer has them (looping would never finish).
-                _wait_until_readable(client, topic, part, offset, response, waited)
+                _wait_until_readable(client, topic, part, offset, trailer, waited)
                 waited += 1
                 continue
             waited = 0
             offset = next_offset
     finally:
         client.close()
+
+
+def _split(
+    options: IdemlogOptions, ranges: list[OffsetRangePartition]
+) -> list[OffsetRangePartition]:
+    return split_ranges(ranges, options.min_partitions, options.max_records_per_partition)
 
 
 # -- batch reads ---------------------------------------------------------------------------
@@ -237,7 +270,9 @@ class IdemlogBatchReader(DataSourceReader):
         self.schema = output_schema(topic, options.include_metadata)
 
     def partitions(self) -> list[OffsetRangePartition]:
-        """On the driver: per log partition ``[log start, LSO or HW)`` as of now."""
+        """On the driver: per log partition ``[log start, LSO or HW)`` as of now, split
+        into sub-ranges below the same end as ``minPartitions`` and
+        ``maxRecordsPerPartition`` ask (``split_ranges``)."""
         ranges = []
         with sink_client(
             self.options.bootstrap(), self.options.tls, sasl=self.options.sasl
@@ -247,15 +282,17 @@ class IdemlogBatchReader(DataSourceReader):
                 start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
                 if end > start:
                     ranges.append(OffsetRangePartition(p, start, end))
-        return ranges
+        return _split(self.options, ranges)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
         """In a task: every readable row of the range once, in offset order (nothing for
-        an empty plan). A broker error fails the task, which Spark retries."""
+        an empty plan), received ahead by a thread of its own (``read_prefetch``: at most
+        ``PREFETCH_MAX_BYTES`` not yet yielded). A broker error fails the task, which
+        Spark retries."""
         # Spark passes None when partitions() planned nothing (an empty topic).
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return read_range(self.options, self.topic.name, self.schema, partition)
+        return prefetched(read_range(self.options, self.topic.name, self.schema, partition))
 
 
 # -- stream reads --------------------------------------------------------------------------
@@ -383,8 +420,10 @@ class IdemlogStreamReader(DataSourceStreamReader):
         return dict(sorted(ends.items(), key=lambda kv: int(kv[0])))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRangePartition]:
-        """One range per partition that advanced; a partition missing from ``start`` (added
-        to the topic after it was planned) starts at 0, so none of its rows is skipped."""
+        """One range per partition that advanced, split as ``minPartitions`` and
+        ``maxRecordsPerPartition`` ask (``split_ranges``: sub-ranges below the same end);
+        a partition missing from ``start`` (added to the topic after it was planned)
+        starts at 0, so none of its rows is skipped."""
         self._planned_end = {str(k): int(v) for k, v in end.items()}
         guessed, self._guessed_base = self._guessed_base, None
         if guessed is not None and start == end and self._planned_end != guessed:
@@ -401,14 +440,14 @@ class IdemlogStreamReader(DataSourceStreamReader):
             s, e = int(start.get(key, 0)), int(end[key])
             if e > s:
                 ranges.append(OffsetRangePartition(int(key), s, e))
-        return ranges
+        return _split(self.options, ranges)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
         """In a task: every readable row of the micro-batch's range once, in offset order.
         A broker error fails the task, which Spark retries over the same range."""
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return read_range(self.options, self.topic.name, self.schema, partition)
+        return prefetched(read_range(self.options, self.topic.name, self.schema, partition))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the broker's retention decides what the log keeps, and the

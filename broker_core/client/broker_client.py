@@ -32,6 +32,7 @@ import pyarrow.flight as flight
 
 from broker_core.client.admin_calls import AdminCalls
 from broker_core.client.connections import FlightConnections
+from broker_core.client.fetch_stream import FetchStream
 from broker_core.client.produce_stream import ProduceStream
 from broker_core.client.routes import BrokerAddress, ClusterView, CoordinatorCache
 from broker_core.client.txn_calls import TransactionCalls
@@ -59,7 +60,6 @@ from broker_core.protocol.wire import (
     Action,
     FetchBatchMeta,
     FetchTrailer,
-    decode_fetch_meta,
     encode_json,
 )
 from broker_core.retry import RetryPolicy
@@ -78,9 +78,15 @@ _ROUTING_ERRORS = (
 
 @dataclass(frozen=True)
 class FetchResponse:
+    """One fetch received whole (``fetch_once``); a ``FetchedBatches`` as a
+    ``FetchStream`` is."""
+
     schema: pa.Schema
     batches: list[tuple[FetchBatchMeta, pa.RecordBatch]]
     trailer: FetchTrailer
+
+    def close(self) -> None:
+        """Nothing to release: the stream was read to its end."""
 
     @property
     def num_rows(self) -> int:
@@ -463,24 +469,58 @@ class BrokerClient(AdminCalls, TransactionCalls):
     ) -> FetchResponse:
         """One fetch from the partition's leader: batches from ``offset`` (at most about
         ``max_bytes``, at least one batch if any), then the trailer with the next offset
-        and the partition's watermarks. Routing errors are retried. Raises
-        ``OffsetOutOfRangeError``, ``UnknownTopicOrPartitionError``, or
-        ``InvalidRequestError`` for a bad ``isolation``/``max_bytes``."""
-        ticket = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset)
+        and the partition's watermarks, received whole. Routing errors are retried (the
+        whole fetch again). Raises ``OffsetOutOfRangeError``,
+        ``UnknownTopicOrPartitionError``, or ``InvalidRequestError`` for a bad
+        ``isolation``/``max_bytes``."""
 
-        def call(address: str) -> FetchResponse:
-            what = f"fetch {topic}-{partition} at {address}"
-            try:
-                reader = self._connection(address).do_get(
-                    flight.Ticket(encode_json(ticket.to_doc())), self._options()
-                )
-                return _read_fetch(reader, what)
-            except (flight.FlightError, pa.ArrowException, OSError) as exc:
-                raise self._connections.failure(address, exc, what) from exc
+        def collect(address: str) -> FetchResponse:
+            stream = self._open_fetch(
+                address, FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset)
+            )
+            batches = list(stream.batches)
+            return FetchResponse(stream.schema, batches, stream.trailer)
 
         return self._routed(
-            lambda _retry: self.leader(topic, partition).address, call, (topic, partition)
+            lambda _retry: self.leader(topic, partition).address, collect, (topic, partition)
         )
+
+    def fetch_stream(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        isolation: str = "read_committed",
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        max_offset: int | None = None,
+    ) -> FetchStream:
+        """:meth:`fetch_once`'s fetch, its batches handed out as they are received
+        (``FetchStream``: the batches, then the trailer; close it if not read to the
+        end). Opening it (the request and the broker's first answer) is routed and retried
+        as :meth:`fetch_once`; a failure after that is raised from the iteration, typed,
+        not retried: the caller knows which batches it has used and fetches again from
+        the next. Raises as :meth:`fetch_once`."""
+        request = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset)
+        return self._routed(
+            lambda _retry: self.leader(topic, partition).address,
+            lambda address: self._open_fetch(address, request),
+            (topic, partition),
+        )
+
+    def _open_fetch(self, address: str, request: FetchRequest) -> FetchStream:
+        what = f"fetch {request.topic}-{request.partition} at {address}"
+
+        def failure(exc: BaseException) -> IdemlogError:
+            return self._connections.failure(address, exc, what)
+
+        try:
+            reader = self._connection(address).do_get(
+                flight.Ticket(encode_json(request.to_doc())), self._options()
+            )
+        except (flight.FlightError, pa.ArrowException, OSError) as exc:
+            raise failure(exc) from exc
+        return FetchStream.open(reader, what, failure)
 
     def fetch(
         self,
@@ -511,23 +551,3 @@ class BrokerClient(AdminCalls, TransactionCalls):
         :meth:`fetch_once`."""
         batches = [b for _m, b in self.fetch(topic, partition, isolation=isolation)]
         return pa.Table.from_batches(batches) if batches else None
-
-
-def _read_fetch(reader: flight.FlightStreamReader, what: str) -> FetchResponse:
-    batches: list[tuple[FetchBatchMeta, pa.RecordBatch]] = []
-    trailer: FetchTrailer | None = None
-    while True:
-        try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            break
-        if chunk.app_metadata is None:
-            raise InvalidRequestError(f"{what}: a fetched batch without metadata")
-        meta = decode_fetch_meta(chunk.app_metadata)
-        if isinstance(meta, FetchTrailer):
-            trailer = meta
-        else:
-            batches.append((meta, chunk.data))
-    if trailer is None:
-        raise NetworkError(f"{what}: the stream ended without its trailer")
-    return FetchResponse(reader.schema, batches, trailer)

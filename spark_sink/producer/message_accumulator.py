@@ -75,14 +75,23 @@ class MessageAccumulator:
             with self.cond:
                 self._reserve(size)
                 queue = self._queues.setdefault(tp, deque())
+                news = False
                 if not (queue and queue[-1].try_append(chunk, collector, self.batch_size)):
                     new = ProducerBatch(tp, self.clock())
                     new.add(chunk, collector)
                     queue.append(new)
                     self._incomplete += 1
+                    news = True  # a new batch: a linger deadline, or its queue's head due
+                elif len(queue) == 1 and queue[0].size_bytes >= self.batch_size:
+                    news = True  # the lingering head batch is full: due now
                 self._used += size
-                self._wakeup = True
-                self.cond.notify_all()
+                if news:
+                    # Only what changes ready()'s answer or its deadline wakes the sender:
+                    # a chunk merged into a batch that is not due yet changes neither, and
+                    # a notify per append was a quarter of the producer's GIL time
+                    # (benchmarks/README.md, "Where the batch write's time goes").
+                    self._wakeup = True
+                    self.cond.notify_all()
 
     def _split(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         if batch.nbytes <= self.batch_size or batch.num_rows <= 1:
@@ -230,8 +239,9 @@ class MessageAccumulator:
             self.cond.notify_all()
 
     def wait(self, timeout: float) -> None:
-        """The sender's wait: until an append/requeue/flush/close or an answer (:meth:`wake`)
-        notifies, or ``timeout``."""
+        """The sender's wait: until a new batch, a full head batch, a requeue, a flush, a
+        close or an answer (:meth:`wake`) notifies, or ``timeout`` (the caller bounds it by
+        the nearest linger deadline, which a merged append never moves)."""
         with self.cond:
             if not self._wakeup:
                 self.cond.wait(timeout)

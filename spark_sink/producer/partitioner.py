@@ -16,14 +16,15 @@ The hash (documented here once; every client that wants the same routing must us
    checked against pandas by the tests), so numeric keys never import pandas; strings
    import it on first use. The string path hashes each *distinct* value once (Arrow
    dictionary encoding).
-3. ``partition = h % num_partitions`` (unsigned 64-bit). A null key hashes to
+3. ``partition = h % num_partitions`` (unsigned 64-bit; for a power of two computed as
+   ``h & (num_partitions - 1)``, the same value). A null key hashes to
    ``2**64 - 1``, so it goes to partition ``(2**64 - 1) % num_partitions``.
 
 Same key → same partition, whatever batch or process it comes from. Without a key every
 send goes whole to the next partition in turn (round-robin per send).
 
-Rows are grouped by partition (one scan per partition while there are at most 32, a stable
-``argsort`` above) and one ``take``, so the rows of one key keep their order inside their
+Rows are grouped by partition (a stable ``argsort``: a radix sort of the partition numbers
+up to 65,536 partitions) and one ``take``, so the rows of one key keep their order inside their
 partition.
 """
 
@@ -43,27 +44,36 @@ from broker_core.errors import InvalidRequestError
 HASH_KEY = "0123456789123456"
 NULL_HASH = np.uint64(2**64 - 1)
 CANONICAL_NAN = np.uint64(0x7FF8000000000000)  # np.nan's bit pattern: every NaN hashes as it
-# Up to this many partitions a send's rows are grouped by one scan per partition, above
-# by a stable sort (a scan per partition is cheaper than n log n while they are few).
-_SCAN_MAX_PARTITIONS = 32
+# Up to this many partitions a send's rows are grouped by a radix sort of the partition
+# numbers (16 bits), above by NumPy's stable merge sort of the 64-bit ones.
+_RADIX_MAX_PARTITIONS = 1 << 16
 # splitmix64's finaliser, as pandas.util.hash_array applies it.
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
+_SHIFT_1, _SHIFT_2, _SHIFT_3 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def _finalise(bits: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """The finaliser of step 2, in place on a fresh array (uint64 arithmetic wraps)."""
-    bits ^= bits >> np.uint64(30)
-    bits *= _MIX_1
-    bits ^= bits >> np.uint64(27)
-    bits *= _MIX_2
-    bits ^= bits >> np.uint64(31)
+    """The finaliser of step 2, in place on a fresh array (uint64 arithmetic wraps).
+
+    The shifts go to one scratch array: every new array of a send's size is fresh memory
+    the allocator may have to map again (page faults were most of the hash's cost)."""
+    scratch = np.empty_like(bits)
+    for shift, mix in ((_SHIFT_1, _MIX_1), (_SHIFT_2, _MIX_2)):
+        np.right_shift(bits, shift, out=scratch)
+        bits ^= scratch
+        bits *= mix
+    np.right_shift(bits, _SHIFT_3, out=scratch)
+    bits ^= scratch
     return bits
 
 
-def _hash_numbers(values: npt.NDArray[np.generic]) -> npt.NDArray[np.uint64]:
-    """Step 2 for int64 or float64 values, without pandas."""
-    bits = values.view(np.uint64).copy()
+def _hash_numbers(
+    values: npt.NDArray[np.generic], *, fresh: bool = False
+) -> npt.NDArray[np.uint64]:
+    """Step 2 for int64 or float64 values, without pandas; ``fresh``: ``values`` is this
+    call's to overwrite (no copy)."""
+    bits = values.view(np.uint64) if fresh else values.view(np.uint64).copy()
     if values.dtype == np.float64:
         bits[np.isnan(values)] = CANONICAL_NAN
     return _finalise(bits)
@@ -120,6 +130,11 @@ def hash_keys(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.uint64]:
         indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
         table = np.append(np.asarray(distinct_hash, dtype=np.uint64), NULL_HASH)
         hashes = table[indices] if len(distinct) else table[np.zeros(len(keys), dtype=np.int64)]
+    elif pa.types.is_signed_integer(t) and not keys.null_count:
+        # Spark's usual key: its int64 values are a fresh copy (never a view of the
+        # batch), which the hash may overwrite; the same values as _key_values'.
+        ints = np.asarray(keys.to_numpy(zero_copy_only=True)).astype(np.int64)
+        hashes = _hash_numbers(ints, fresh=True)
     else:
         hashes = _hash_numbers(_key_values(keys))
     if keys.null_count:
@@ -134,7 +149,14 @@ def partitions_for_keys(
     """The partition of every row: ``hash_keys(keys) % num_partitions``."""
     if num_partitions < 1:
         raise InvalidRequestError(f"a topic needs at least one partition, not {num_partitions}")
-    return (hash_keys(keys) % np.uint64(num_partitions)).astype(np.int64)
+    hashes = hash_keys(keys)  # a fresh array: the remainder is computed in place
+    if num_partitions & (num_partitions - 1) == 0:
+        # A power of two: the remainder is the low bits, the same partitions without a
+        # 64-bit division per row (the division was the costliest step of the hash).
+        hashes &= np.uint64(num_partitions - 1)
+    else:
+        hashes %= np.uint64(num_partitions)
+    return hashes.view(np.int64)  # every value < num_partitions: the same as a cast
 
 
 @dataclass(frozen=True)
@@ -151,10 +173,11 @@ def group_by_partition(
     Rows of one partition keep their relative order (so per-key order is kept).
     """
     counts = np.bincount(partitions, minlength=num_partitions)
-    if num_partitions <= _SCAN_MAX_PARTITIONS:
-        # One linear scan per partition beats a stable sort while partitions are few;
-        # flatnonzero keeps the rows of each partition in order, as the sort does.
-        order = np.concatenate([np.flatnonzero(partitions == p) for p in range(num_partitions)])
+    if num_partitions <= _RADIX_MAX_PARTITIONS:
+        # NumPy's stable sort of 8/16-bit integers is a radix sort: two linear passes,
+        # rows of a partition in their order, one array allocated.
+        narrow = np.uint8 if num_partitions <= 256 else np.uint16
+        order = np.argsort(partitions.astype(narrow), kind="stable")
     else:
         order = np.argsort(partitions, kind="stable")
     ordered = table.take(pa.array(order)).combine_chunks()

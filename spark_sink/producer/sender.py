@@ -60,8 +60,9 @@ from .transport import SendHandle, Transport
 
 log = logging.getLogger("idemlog.producer")
 
-# The longest wait between two steps. Answers, appends, requeues, flushes and close wake
-# the sender at once (``MessageAccumulator.wake``/``notify``); this bound only paces what
+# The longest wait between two steps. Answers, new or filled batches, requeues, flushes and
+# close wake the sender at once (``MessageAccumulator.wake``/``notify``; a linger deadline
+# bounds the wait itself); this bound only paces what
 # has no event: request.timeout.ms, a retried epoch bump or AddPartitionsToTxn, and the
 # facade's transaction state (a producer id, a new transaction) becoming sendable.
 IDLE_S = 0.1

@@ -38,6 +38,10 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "bench-producer": (["ROWS=100000"], ["producer_vs_bare_ratio"]),
+    "bench-task-write": (
+        ["BENCH_ARGS=--rows 200000 --repeats 1"],
+        ["task_idemlog_cpu_s_per_10m", "task_idemlog_rows_per_s"],
+    ),
     "bench-spark": (
         ["ROWS=100000", "BENCH_ARGS=--repeats 1 --stream-batches 2 --stream-rows 10000"],
         [

@@ -109,6 +109,24 @@ def test_a_compacted_topic_is_cleaned_by_the_broker_and_read_newest_per_key(
         parts = batch_reader.partitions()
         assert [(p.start, p.end) for p in parts] == [(0, 32)]
         assert spark_rows(batch_reader, parts) == [(o, u, s) for o, u, s in read]
+        # Split into sub-ranges (maxRecordsPerPartition): pieces that fall wholly in a gap
+        # read nothing, the others their rows, every row once, in order.
+        for most in ("1", "2", "5"):
+            split_opts = parse_options(
+                {
+                    "topic": "scores",
+                    "brokers": broker.address,
+                    "includeMetadata": "true",
+                    "maxRecordsPerPartition": most,
+                },
+                Scope.READ,
+            )
+            split_reader = IdemlogBatchReader(split_opts, require(client, split_opts))
+            pieces = split_reader.partitions()
+            assert len(pieces) == -(-32 // int(most))
+            in_gaps = [p for p in pieces if not any(p.start <= o < p.end for o in expected)]
+            assert in_gaps, "no sub-range fell wholly in a gap"
+            assert spark_rows(split_reader, pieces) == [(o, u, s) for o, u, s in read]
         stream_opts = parse_options(
             {
                 "topic": "scores",

@@ -73,6 +73,23 @@ def test_numeric_hash_is_pandas_hash_array_without_pandas() -> None:
     )
 
 
+def test_partition_is_the_hash_modulo_the_count_for_every_count() -> None:
+    """The mapping is part of the on-disk contract: ``hash % count`` for every count, the
+    power-of-two shortcut included, with fixed values pinned (computed by the division)."""
+    rng = np.random.default_rng(5)
+    ints = pa.array(rng.integers(-(2**62), 2**62, 5_000))
+    texts = pa.array([f"k{i}" for i in rng.integers(0, 10**9, 2_000)] + [None])
+    for keys in (ints, texts):
+        hashes = hash_keys(keys)
+        for count in [*range(1, 70), 128, 1024, 1000]:
+            expected = (hashes % np.uint64(count)).astype(np.int64)
+            assert partitions_for_keys(keys, count).tolist() == expected.tolist(), count
+    pinned = partitions_for_keys(pa.array(range(12), pa.int32()), 4).tolist()
+    assert pinned == [0, 1, 2, 0, 0, 0, 0, 0, 0, 3, 1, 1]
+    letters = partitions_for_keys(pa.array(["a", "b", "c", "d", "e", "f", None]), 8)
+    assert letters.tolist() == [0, 7, 0, 2, 7, 4, 7]
+
+
 def test_keys_spread_over_partitions() -> None:
     parts = partitions_for_keys(pa.array(np.arange(100_000)), 4)
     counts = np.bincount(parts, minlength=4)

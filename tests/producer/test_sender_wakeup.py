@@ -96,3 +96,41 @@ def test_answers_of_a_real_broker_wake_the_sender(
             chunk = pa.table({"id": ids[i * 10 : (i + 1) * 10]})
             (result,) = producer.send("wake", chunk).result(DEADLINE_S)
             assert result.base_offset == i * 10
+
+
+def test_a_merged_append_does_not_wake_the_sender_a_new_batch_does() -> None:
+    """Only what changes the sender's answer wakes it: a chunk merged into the open batch
+    (not due before its linger deadline) costs no step; the chunk that does not fit opens
+    a new batch, which makes the head due, and its wake sends the head at once, long before
+    the linger deadline (ten minutes) or the sender's longest wait."""
+    transport = FakeTransport()
+    config = ProducerConfig.from_mapping(
+        {
+            "linger.ms": 600_000,
+            "delivery.timeout.ms": 700_000,
+            "batch.size": 10 * table(1).nbytes + 1,
+            "retry.backoff.ms": 0,
+        }
+    )
+    accumulator = MessageAccumulator.from_config(config)
+    txn = TransactionManager(None)
+    txn.set_producer_id(*transport.init_producer_id(None, None))
+    sender = _Counted(accumulator, txn, transport, config, ProducerMetrics(), idle_s=NEVER_S)
+    sender.start()
+    try:
+        collector = SendCollector("t")
+        accumulator.append(TP, table(1).to_batches()[0], collector)  # opens the batch
+        wait_until(lambda: sender.steps >= 2, "the sender stepped for the new batch")
+        steps = sender.steps
+        for i in range(1, 10):  # nine more rows, merged into the open batch
+            accumulator.append(TP, table(1, start=i).to_batches()[0], collector)
+        threading.Event().wait(0.3)  # a notify per append would have stepped it 9 times
+        assert sender.steps == steps, f"{sender.steps - steps} steps for merged appends"
+        assert not transport.sent and len(accumulator.queued(TP)) == 1
+        accumulator.append(TP, table(1, start=10).to_batches()[0], collector)  # no room left
+        collector.seal()
+        (sent,) = wait_until(lambda: list(transport.sent), "the full head batch sent")
+        assert sent.rows == 10
+        assert [b.num_rows for b in accumulator.queued(TP)] == [1]  # the new one lingers
+    finally:
+        sender.stop()

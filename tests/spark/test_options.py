@@ -58,6 +58,26 @@ def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
         ({"topic": "__consumer"}, Scope.WRITE, "not starting with '__'"),
         ({"topic": "t", "transaction.timeout.ms": "0"}, Scope.WRITE, "below the minimum 1"),
         ({"topic": "t", "includeMetadata": "perhaps"}, Scope.READ, "is not a boolean"),
+        (
+            {"topic": "t", "minPartitions": "0"},
+            Scope.READ,
+            "minPartitions='0' is below the minimum 1",
+        ),
+        (
+            {"topic": "t", "minPartitions": "many"},
+            Scope.READ,
+            "minPartitions='many' is not an integer",
+        ),
+        (
+            {"topic": "t", "maxRecordsPerPartition": "-5"},
+            Scope.READ,
+            "maxRecordsPerPartition='-5' is below the minimum 1",
+        ),
+        (
+            {"topic": "t", "minPartitions": "2"},
+            Scope.WRITE,
+            "'minPartitions' applies to reads only",
+        ),
         ({"topic": "t", "embedded.metrics.port": "-2"}, Scope.WRITE, "below the minimum -1"),
         ({"topic": "t", "embedded.metrics.port": "70000"}, Scope.READ, "above the maximum"),
         (
@@ -70,6 +90,16 @@ def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
 def test_bad_options_are_named(options: dict[str, str], scope: Scope, message: str) -> None:
     with pytest.raises(InvalidConfigError, match=re.escape(message)):
         parse_options(options, scope)
+
+
+def test_split_options_are_unset_by_default_and_read_case_insensitively() -> None:
+    default = parse_options({"topic": "t"}, Scope.READ)
+    assert (default.min_partitions, default.max_records_per_partition) == (0, 0)
+    asked = parse_options(
+        {"topic": "t", "minpartitions": "8", "MAXRECORDSPERPARTITION": "1_000"}, Scope.READ
+    )
+    assert (asked.min_partitions, asked.max_records_per_partition) == (8, 1000)
+    assert pickle.loads(pickle.dumps(asked)) == asked
 
 
 def test_embedded_metrics_port_is_off_unless_asked_for() -> None:
