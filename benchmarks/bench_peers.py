@@ -54,12 +54,14 @@ Kafka node -- plus the embedded idemlog broker) are shown for the cheapest run.
 same shape (``bench_spark.write_stream_files``) read with ``maxFilesPerTrigger=1`` and
 ``trigger(availableNow=True)``: that many micro-batches of that many rows, for ``idemlog``
 (``bench_spark.run_stream``), ``delta`` (a fresh table) and ``kafka`` (a fresh 4-partition
-topic, the same projection and options as in the batch part), one query each. A
-micro-batch's time is ``durationMs["addBatch"]`` from ``query.recentProgress``: the sink's
-write job plus its driver-side commit, without the offset and commit-log bookkeeping that is
-the same for every sink. p50 and p95 (numpy's linear interpolation) of those; the
-``triggerExecution`` p50 is printed too. Row and micro-batch counts are checked, and so are
-the rows in the topic or table.
+topic, the same projection and options as in the batch part), and the discard writer:
+``--repeats`` interleaved rounds of one query per sink (the order reversed every other
+round). A micro-batch's time is ``durationMs["addBatch"]`` from ``query.recentProgress``:
+the sink's write job plus its driver-side commit, without the offset and commit-log
+bookkeeping that is the same for every sink. A sink's figure is the median of its rounds'
+p50s, with the p95 of all its micro-batches (numpy's linear interpolation) and the median
+round's CPU seconds; each round's ``triggerExecution`` p50 is printed too. Row and
+micro-batch counts are checked, and so are the rows in the topic or table.
 
 **3. Broker ingest, no Spark.** The same rows for both: ``--rows`` records (rounded up to
 whole chunks of 10,000, the Spark Arrow batch size), key = ``str(i % 1000)`` and value =
@@ -457,24 +459,36 @@ def write_parts(args: argparse.Namespace, peers: Peers, directory: Path) -> list
     write_stream_files(files, args.stream_batches, args.stream_rows)
     total = args.stream_batches * args.stream_rows
     batch_bytes = source_bytes(0, total) // args.stream_batches
+    # --repeats interleaved rounds of one query per sink, the order reversed every other
+    # round; a sink's figure is the median of its rounds' p50s (load drifting over a
+    # round hits every sink alike).
+    p50s: dict[str, list[float]] = {s: [] for s in STREAM_SINKS}
+    pooled: dict[str, list[float]] = {s: [] for s in STREAM_SINKS}
+    cpus: dict[str, list[float]] = {s: [] for s in STREAM_SINKS}
+    for r in range(args.repeats):
+        for sink in STREAM_SINKS if r % 2 == 0 else STREAM_SINKS[::-1]:
+            result, cpu = run_peer_stream(peers, sink, files, args.stream_batches, args.stream_rows)
+            add = [t / 1000 for t in result.add_batch_ms]
+            p50s[sink].append(percentile(add, 50))
+            pooled[sink] += add
+            cpus[sink].append(cpu)
+            print(
+                f"  stream round {r + 1} {sink}: addBatch ms "
+                + " ".join(f"{t:.0f}" for t in result.add_batch_ms)
+                + f"; p50 {1000 * p50s[sink][-1]:.0f}; triggerExecution p50 "
+                f"{statistics.median(result.trigger_ms):.0f} ms",
+                flush=True,
+            )
     for sink in STREAM_SINKS:
-        result, cpu = run_peer_stream(peers, sink, files, args.stream_batches, args.stream_rows)
-        add = [t / 1000 for t in result.add_batch_ms]
-        print(
-            f"  stream {sink}: addBatch ms "
-            + " ".join(f"{t:.0f}" for t in result.add_batch_ms)
-            + f"; triggerExecution p50 {statistics.median(result.trigger_ms):.0f} ms",
-            flush=True,
-        )
         rows.append(
             Row(
                 "stream",
                 sink,
-                percentile(add, 50),
+                statistics.median(p50s[sink]),
                 args.stream_rows,
                 batch_bytes,
-                cpu,
-                p95=percentile(add, 95),
+                statistics.median(cpus[sink]),
+                p95=percentile(pooled[sink], 95),
             )
         )
     shutil.rmtree(files, ignore_errors=True)

@@ -23,6 +23,7 @@ fences the run's attempts (both in ``spark_sink.commit``). Nothing is visible to
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -38,7 +39,6 @@ from pyspark.sql.datasource import (
 )
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.errors import IdemlogError
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.security.tls import Side
@@ -51,7 +51,8 @@ from spark_sink.commit import (
     retrying,
     run_of,
 )
-from spark_sink.connections import shared_connections, sink_client
+from spark_sink.connections import shared_connections
+from spark_sink.heartbeat import HEARTBEATS
 from spark_sink.options import IdemlogOptions
 from spark_sink.schema import conform
 
@@ -79,42 +80,40 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def heartbeat_interval_s(options: IdemlogOptions) -> float:
-    # Several beats per timeout, so one lost or late beat never lets it expire.
-    return max(options.transaction_timeout_ms / 4000, 0.1)
+# Producers still closing on threads of their own after their task returned: at most this
+# many at once; beyond it a task closes its producer itself.
+_MAX_CLOSING = 4
+_closing = threading.BoundedSemaphore(_MAX_CLOSING)
 
 
-class _Heartbeat:
-    """Tells the coordinator, while a task runs, that its run is alive: the run's
-    transactions (this task's and the prepared ones of finished tasks) are then never
-    timed out, however long the batch takes (docs/design.md, "Long batches")."""
+def _reset_closing() -> None:
+    global _closing
+    _closing = threading.BoundedSemaphore(_MAX_CLOSING)  # the parent's threads stayed there
 
-    def __init__(self, options: IdemlogOptions, bootstrap: str, sink_id: str, run_id: str) -> None:
-        self._options = options
-        self._bootstrap = bootstrap
-        self._sink_id = sink_id
-        self._run_id = run_id
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="idemlog-heartbeat", daemon=True)
 
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
+os.register_at_fork(after_in_child=_reset_closing)
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
-    def _run(self) -> None:
-        interval = heartbeat_interval_s(self._options)
-        with sink_client(self._bootstrap, self._options.tls, sasl=self._options.sasl) as client:
-            while not self._stop.wait(interval):
-                try:
-                    client.sink_heartbeat(self._sink_id, self._run_id)
-                except IdemlogError as exc:
-                    # Not fatal by itself: if beats stay lost past the timeout, the
-                    # transactions are aborted and the driver's commit says so.
-                    log.warning("sink %s: heartbeat failed: %s", self._sink_id, exc)
+def _close_later(producer: Producer) -> None:
+    """Close a producer whose transaction is prepared (or reused) off the task's path:
+    its sender and produce streams end on a thread of their own (about 1 ms of joins and
+    stream ends), while Spark already has the task's message. Nothing is pending (the
+    rows are acknowledged and prepared), so the close sends nothing and decides nothing:
+    the transaction stays open for the driver's commit, or is fenced by the next attempt,
+    whether or not the close ran (a process killed before it loses only its sockets).
+    Never raises (``Producer.close`` logs)."""
+    slots = _closing
+    if not slots.acquire(blocking=False):
+        producer.close(timeout=0)
+        return
+
+    def close() -> None:
+        try:
+            producer.close(timeout=0)
+        finally:
+            slots.release()
+
+    threading.Thread(target=close, name="idemlog-producer-close", daemon=True).start()
 
 
 def write_task(
@@ -177,7 +176,7 @@ def _write_task(
         with trace.span("init_producer", batch=batch_id):
             status = producer.init_sink_transaction(attempt)
         if status is SinkTxnStatus.NEW:
-            with _Heartbeat(options, bootstrap, attempt.sink_id, attempt.run_id):
+            with HEARTBEATS.beating(options, bootstrap, attempt.sink_id, attempt.run_id):
                 rows = _write_rows(producer, options, schema, batches, attempt, partition_id)
         else:
             # Nothing to write: the reused or committed transaction holds the rows. They
@@ -194,9 +193,11 @@ def _write_task(
             )
         metrics = producer.metrics_snapshot()
         pid, epoch = producer.producer_id_and_epoch
-    finally:
+    except BaseException:
         # Never commits: the transaction stays open for the driver (or is fenced).
         producer.close(timeout=0)
+        raise
+    _close_later(producer)
     return IdemlogCommitMessage(
         sink_id=attempt.sink_id,
         run_id=attempt.run_id,

@@ -173,7 +173,14 @@ class BrokerClient(AdminCalls, TransactionCalls):
             )
         self._connections = connections
         self._view: ClusterView | None = None
-        self.coordinators = CoordinatorCache()  # FIND_COORDINATOR's answers
+        # FIND_COORDINATOR's answers: on shared connections, shared with their other
+        # clients of the same bootstrap (a Spark task's producer, heartbeat and the
+        # driver's commit do not each ask again).
+        self.coordinators = (
+            CoordinatorCache()
+            if self._owns_connections
+            else connections.coordinators(self._bootstrap)
+        )
 
     # -- connections ---------------------------------------------------------------------
     def _connection(self, address: str) -> flight.FlightClient:

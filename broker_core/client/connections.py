@@ -21,9 +21,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Sequence
 
 import pyarrow.flight as flight
 
+from broker_core.client.routes import CoordinatorCache
 from broker_core.errors import (
     IdemlogError,
     InvalidRequestError,
@@ -42,6 +45,12 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # started then still has the other half before its token expires.
 REFRESH_SHARE = 0.5
 _NEVER = float("inf")  # a channel without a session never needs a new handshake
+
+
+# Bootstrap lists whose coordinators one connection cache keeps (FlightConnections.
+# coordinators): a process talks to a few clusters (an embedded broker restarted on a new
+# port is a new list).
+MAX_COORDINATOR_CACHES = 16
 
 
 class FlightConnections:
@@ -69,11 +78,32 @@ class FlightConnections:
         self._refresh_at: dict[str, float] = {}  # address -> when its channel re-authenticates
         # address -> the lock of opening its channel: one per broker address ever used.
         self._opening: dict[str, threading.Lock] = {}
+        # bootstrap list -> the coordinators its clients learned, the most recent last.
+        self._coordinators: OrderedDict[tuple[str, ...], CoordinatorCache] = OrderedDict()
         self.tls = tls
 
     @property
     def sasl(self) -> SaslCredentials | None:
         return self._sasl
+
+    def coordinators(self, bootstrap: Sequence[str]) -> CoordinatorCache:
+        """The transaction coordinators that the clients of ``bootstrap`` on these
+        connections learned: what FIND_COORDINATOR answered one client, the next uses
+        without asking again. Routing only: a stale entry (a coordinator moved, a broker
+        restarted elsewhere) gets NOT_COORDINATOR or a network error from the request, and
+        the client asks again, as with a cache of its own; the coordinator decides only
+        for state partitions it leads. Bounded: at most :data:`MAX_COORDINATOR_CACHES`
+        bootstrap lists (the least recently used dropped), each bounded by its cluster's
+        ``__transaction_state`` partition count."""
+        key = tuple(bootstrap)
+        with self._lock:
+            cache = self._coordinators.get(key)
+            if cache is None:
+                cache = self._coordinators[key] = CoordinatorCache()
+                while len(self._coordinators) > MAX_COORDINATOR_CACHES:
+                    self._coordinators.popitem(last=False)
+            self._coordinators.move_to_end(key)
+            return cache
 
     def get(self, address: str) -> flight.FlightClient:
         with self._lock:

@@ -393,9 +393,13 @@ class Sender:
     def _add_partitions(self, ready: list[TopicPartition], now: float) -> list[TopicPartition]:
         """Register partitions new to the open transaction before their first batch."""
         txn = self.txn
-        new = txn.partitions_to_add(ready)
-        if not new:
+        if not txn.partitions_to_add(ready):
             return ready
+        # Every partition with a batch queued, not only the ready ones: their batches
+        # belong to this transaction too, and one request for all saves a partition that
+        # becomes ready a moment later a round trip of its own (a Spark task's rows reach
+        # every partition within milliseconds; README, "Where a micro-batch's time goes").
+        new = txn.partitions_to_add(list(dict.fromkeys([*ready, *self.accumulator.partitions()])))
         if now < self._add_retry_at or txn.state not in (
             TxnState.IN_TRANSACTION,
             TxnState.COMMITTING_TRANSACTION,

@@ -8,6 +8,7 @@ import pytest
 from broker_core.errors import ErrorCode, InvalidTxnStateError, MessageTooLargeError
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.producer_batch import TopicPartition
+from tests.harness.waiting import wait_until
 from tests.producer.fakes import AutoTransport, table
 
 
@@ -52,4 +53,25 @@ def test_failed_transaction_is_aborted_and_the_epoch_bumped() -> None:
     assert (last.producer_epoch, last.base_sequence) == (1, 0), "sequences restart at 0"
     assert transport.added == [[TopicPartition("t", 0)], [TopicPartition("t", 0)]]
     assert transport.ended == [True]
+    producer.close()
+
+
+def test_one_add_partitions_registers_every_partition_with_a_queued_batch() -> None:
+    """The first batch that is ready (full) registers with it the partitions whose batches
+    still linger: their batches are this transaction's too, and none of them waits for an
+    AddPartitionsToTxn round trip of its own when it becomes ready."""
+    transport = AutoTransport(partitions=3)
+    producer = Producer(
+        transport=transport, linger_ms=60_000, batch_size=1024, transactional_id="tx"
+    )
+    producer.init_transactions()
+    producer.begin_transaction()
+    small = [producer.send("t", table(2)) for _ in range(2)]  # round-robin: two partitions
+    full = producer.send("t", table(1000))  # the third, over batch.size: ready at once
+    first = wait_until(lambda: list(transport.added), "the first AddPartitionsToTxn")
+    assert sorted(tp.partition for tp in first[0]) == [0, 1, 2]
+    producer.commit_transaction()  # flushes the lingering two
+    assert len(transport.added) == 1, transport.added
+    assert [f.result(5)[0].num_rows for f in small] == [2, 2]
+    assert sum(m.num_rows for m in full.result(5)) == 1000
     producer.close()
