@@ -449,6 +449,16 @@ def write_parts(args: argparse.Namespace, peers: Peers, directory: Path) -> list
     peers.cpu = {s: [] for s in BATCH_SINKS}
     df = source(spark, args.rows)
     run_rounds(peers, BATCH_SINKS, df, args.rows, args.repeats, label="batch ")
+    # The best runs make the key; each round's own ratio is printed too, because this
+    # machine sometimes runs every Python sink at half speed for a round or two
+    # (benchmarks/README.md, "The peer benchmark"): a round's ratio compares like with like.
+    per_round = [d / i for d, i in zip(peers.runs["discard"], peers.runs["idemlog"], strict=True)]
+    print(
+        "  batch rounds, discard's s / idemlog's: "
+        + " ".join(f"{r:.3f}" for r in per_round)
+        + f" (median {statistics.median(per_round):.3f})",
+        flush=True,
+    )
     nbytes = source_bytes(0, args.rows)
     rows = [
         Row("batch", s, min(peers.runs[s]), args.rows, nbytes, min(peers.cpu[s]))
