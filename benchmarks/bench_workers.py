@@ -92,7 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=40_000)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--steps", default="read,write", help="which runs: read, write or both (read,write)"
+    )
     args = parser.parse_args(argv)
+    chosen = set(args.steps.split(","))
+    if not chosen or not chosen <= {"read", "write"}:
+        parser.error(f"--steps {args.steps!r}: a comma-separated list of read and write")
     directory = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     embedded = str(directory / "embedded")
     runs: dict[str, dict[str, list[tuple[float, float, float]]]] = {
@@ -127,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         .save,
                     }
                     for step, action in steps.items():
+                        if step not in chosen:
+                            continue
                         for _ in range(WARMUP_RUNS):
                             action()
                         running = _daemon_modules()
@@ -138,8 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for _ in range(args.runs):
                             runs[name][step].append(_timed(embedded, action))
                     print(
-                        f"round {round_ + 1} {name}: read p50 "
-                        f"{statistics.median(r[0] for r in runs[name]['read']) * 1000:.0f} ms",
+                        f"round {round_ + 1} {name}: "
+                        + ", ".join(
+                            f"{step} p50 {statistics.median(r[0] for r in done) * 1000:.0f} ms"
+                            for step, done in runs[name].items()
+                            if done
+                        ),
                         flush=True,
                     )
                 finally:
@@ -150,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(directory, ignore_errors=True)
 
     def p50(name: str, step: str, index: int) -> float:
+        if not runs[name][step]:
+            return float("nan")
         return statistics.median(r[index] for r in runs[name][step]) * 1000
 
     rows = [
