@@ -2,8 +2,8 @@
 
 Run by Spark as ``python -m spark_sink.worker_daemon <worker module>`` when a session sets
 ``spark.python.daemon.module=spark_sink.worker_daemon`` (``local_session`` does; see
-docs/spark.md, "Spark's Python workers"). It drops redundant PySpark archives from the
-import path, then runs Spark's own daemon (``pyspark.daemon.manager``) unchanged: the
+docs/spark.md, "Spark's Python workers"). It drops the zip archives no import needs from
+the path, then runs Spark's own daemon (``pyspark.daemon.manager``) unchanged: the
 workers it forks, their reuse, signals and exit codes are Spark's.
 
 Why: Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on its Python workers' path,
@@ -11,15 +11,17 @@ and each worker calls ``importlib.invalidate_caches()`` before every task and ev
 driver-side call of a Python data source (``worker_util.setup_spark_files``). Before
 Python 3.13 a zip importer's invalidation re-reads the archive's whole directory at once:
 for PySpark 4.1's 3.5 MB archive that is ~60 ms of CPU per task on the project's 2-core
-test machine, more than half of what a small read task costs (benchmarks/README.md,
-"Spark's Python workers"). A pip-installed PySpark ships that archive inside the very
-package it was built from, so importing ``pyspark`` from the package directory runs the
-same code without the archive.
+test machine, more than half of what a small read task costs, and ~27 ms more for the
+``spark-core`` jar Spark also puts there, which holds no Python at all
+(benchmarks/README.md, "Spark's Python workers"). A pip-installed PySpark ships the
+archive inside the very package it was built from, so importing ``pyspark`` from the
+package directory runs the same code without it.
 
-What it guarantees: an archive is dropped only if a directory later on the path holds a
-``pyspark`` package whose ``version.py`` is byte-identical to the archive's (the same
-release). Otherwise (a Spark distribution whose PySpark lives only in the archive, another
-version installed beside it, an unreadable archive) the path is left exactly as Spark made
+What it guarantees: ``pyspark.zip`` is dropped only if a directory later on the path holds
+a ``pyspark`` package whose ``version.py`` is byte-identical to the archive's (the same
+release); any other archive only if it holds no ``.py``/``.pyc`` file, so nothing could be
+imported from it. Otherwise (a Spark distribution whose PySpark lives only in the archive,
+another version installed beside it, an unreadable archive) the entry stays as Spark put
 it. Nothing else of the worker changes.
 """
 
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 
 ARCHIVE_NAME = "pyspark.zip"
 VERSION_FILE = "pyspark/version.py"
+IMPORTABLE = (".py", ".pyc")
 
 
 def _archive_version(archive: str) -> bytes | None:
@@ -50,13 +53,29 @@ def _package_version(directory: str) -> bytes | None:
         return None
 
 
+def _holds_python(archive: str) -> bool | None:
+    """Whether a zip archive has any file zipimport could import (``.py``/``.pyc``);
+    None if it is not a readable zip."""
+    try:
+        with zipfile.ZipFile(archive) as zipped:
+            return any(name.endswith(IMPORTABLE) for name in zipped.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return None
+
+
 def redundant_archives(path: Sequence[str]) -> list[str]:
-    """The entries of ``path`` that are PySpark archives whose release is also installed
-    as a package directory later on ``path`` (the same ``pyspark/version.py``, byte for
-    byte). Reads the archives' and the directories' version files; changes nothing."""
+    """The zip archives on ``path`` that no import needs: a PySpark archive whose release
+    is also installed as a package directory later on ``path`` (the same
+    ``pyspark/version.py``, byte for byte), and an archive with no ``.py``/``.pyc`` file at
+    all (Spark adds its ``spark-core`` jar). Reads the archives' directories and the
+    packages' version files; changes nothing."""
     redundant = []
     for index, entry in enumerate(path):
-        if os.path.basename(entry) != ARCHIVE_NAME or not os.path.isfile(entry):
+        if not os.path.isfile(entry):
+            continue
+        if os.path.basename(entry) != ARCHIVE_NAME:
+            if _holds_python(entry) is False:
+                redundant.append(entry)
             continue
         archived = _archive_version(entry)
         if archived is None:
@@ -78,7 +97,11 @@ def drop_redundant_archives() -> list[str]:
     for entry in dropped:
         while entry in sys.path:
             sys.path.remove(entry)
-        sys.path_importer_cache.pop(entry, None)
+        for cached in [
+            k for k in sys.path_importer_cache if k == entry or k.startswith(entry + os.sep)
+        ]:
+            # Sub-paths too (``<jar>/org``): importers of an archive's inner directories.
+            del sys.path_importer_cache[cached]
     return dropped
 
 

@@ -298,7 +298,8 @@ def _escaped(text: str) -> str:
 
 def test_python_workers_run_without_the_redundant_pyspark_zip(spark: SparkSession) -> None:
     """``local_session`` runs Spark's Python workers from ``spark_sink.worker_daemon``: the
-    archive Spark puts first on their path is dropped, so a task does not re-read it."""
+    archives Spark puts first on their path (``pyspark.zip``, its ``spark-core`` jar) are
+    dropped, so a task does not re-read them."""
 
     def where(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import os
@@ -312,7 +313,7 @@ def test_python_workers_run_without_the_redundant_pyspark_zip(spark: SparkSessio
         yield pa.RecordBatch.from_pydict(
             {
                 "pythonpath": [os.environ.get("PYTHONPATH", "")],
-                "on_path": [any(p.endswith("pyspark.zip") for p in sys.path)],
+                "on_path": [any(p.endswith(("pyspark.zip", ".jar")) for p in sys.path)],
                 "pyspark": [pyspark.__file__ or ""],
                 "daemon": [Path(f"/proc/{os.getppid()}/cmdline").read_text().replace("\0", " ")],
             }
@@ -323,8 +324,9 @@ def test_python_workers_run_without_the_redundant_pyspark_zip(spark: SparkSessio
         .mapInArrow(where, "pythonpath string, on_path boolean, pyspark string, daemon string")
         .collect()[0]
     )
-    # Spark did put the archive on the workers' path: the scenario the daemon is for.
-    assert "pyspark.zip" in row.pythonpath
+    # Spark did put the archive and its core jar on the workers' path: the scenario the
+    # daemon is for.
+    assert "pyspark.zip" in row.pythonpath and ".jar" in row.pythonpath
     assert "-m spark_sink.worker_daemon" in row.daemon
     assert not row.on_path
     assert ".zip" not in row.pyspark

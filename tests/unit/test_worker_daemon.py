@@ -31,11 +31,25 @@ def package(where: Path, version: bytes) -> str:
     return str(where)
 
 
+def jar(path: Path, names: list[str]) -> str:
+    with zipfile.ZipFile(path, "w") as zipped:
+        for name in names:
+            zipped.writestr(name, "")
+    return str(path)
+
+
 def test_an_archive_of_the_installed_release_is_redundant(tmp_path: Path) -> None:
     zipped = archive(tmp_path / "lib", RELEASE)
-    other = str(tmp_path / "py4j.zip")
+    missing = str(tmp_path / "py4j.zip")
     site = package(tmp_path / "site", RELEASE)
-    assert redundant_archives([zipped, other, site]) == [zipped]
+    assert redundant_archives([zipped, missing, site]) == [zipped]
+
+
+def test_an_archive_without_python_is_redundant_one_with_python_stays(tmp_path: Path) -> None:
+    classes = jar(tmp_path / "core.jar", ["org/apache/spark/SparkContext.class", "META-INF/"])
+    sources = jar(tmp_path / "py4j.zip", ["py4j/__init__.py", "py4j/java_gateway.py"])
+    compiled = jar(tmp_path / "compiled.zip", ["lib/module.pyc"])
+    assert redundant_archives([classes, sources, compiled]) == [classes]
 
 
 def test_an_archive_of_another_release_or_without_a_package_stays(tmp_path: Path) -> None:
@@ -69,9 +83,15 @@ def test_dropping_removes_the_entry_and_its_cached_importer(
 ) -> None:
     zipped = archive(tmp_path / "lib", RELEASE)
     site = package(tmp_path / "site", RELEASE)
-    monkeypatch.setattr(sys, "path", [zipped, site, *sys.path])
-    monkeypatch.setattr(sys, "path_importer_cache", {**sys.path_importer_cache, zipped: None})
-    assert drop_redundant_archives() == [zipped]
-    assert zipped not in sys.path
-    assert zipped not in sys.path_importer_cache
+    classes = jar(tmp_path / "core.jar", ["org/apache/spark/SparkContext.class"])
+    inner = classes + "/org"
+    monkeypatch.setattr(sys, "path", [zipped, classes, site, *sys.path])
+    monkeypatch.setattr(
+        sys,
+        "path_importer_cache",
+        {**sys.path_importer_cache, zipped: None, classes: None, inner: None},
+    )
+    assert drop_redundant_archives() == [zipped, classes]
+    assert zipped not in sys.path and classes not in sys.path
+    assert not {zipped, classes, inner} & set(sys.path_importer_cache)
     assert site in sys.path
