@@ -106,7 +106,16 @@ def drop_redundant_archives() -> list[str]:
 
 
 def main() -> None:
-    drop_redundant_archives()
+    path, cached = list(sys.path), dict(sys.path_importer_cache)
+    try:
+        drop_redundant_archives()
+    except Exception as exc:  # a saving, never a reason for no workers
+        # The path goes back to Spark's: every task then runs, only slower. Said on
+        # stderr, which Spark keeps in the executor's log.
+        sys.path[:], sys.path_importer_cache = path, cached
+        print(
+            f"spark_sink.worker_daemon: the path is left as Spark made it: {exc!r}", file=sys.stderr
+        )
     # Imported only now, from where the path leads. Its module code reads the worker
     # module from sys.argv[1], as it does when Spark runs it directly.
     from pyspark import daemon

@@ -95,3 +95,27 @@ def test_dropping_removes_the_entry_and_its_cached_importer(
     assert zipped not in sys.path and classes not in sys.path
     assert not {zipped, classes, inner} & set(sys.path_importer_cache)
     assert site in sys.path
+
+
+def test_a_failure_leaves_the_path_as_spark_made_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon still starts Spark's loop when the check fails: slower workers, never none."""
+    from pyspark import daemon  # before the path holds the fake archive's ``pyspark``
+
+    from spark_sink import worker_daemon
+
+    zipped = archive(tmp_path / "lib", RELEASE)
+    monkeypatch.setattr(sys, "path", [zipped, *sys.path])
+    before = list(sys.path)
+
+    def broken() -> list[str]:
+        sys.path.remove(zipped)  # half done when it fails
+        raise RuntimeError("unreadable")
+
+    started = []
+    monkeypatch.setattr(worker_daemon, "drop_redundant_archives", broken)
+    monkeypatch.setattr(daemon, "manager", lambda: started.append(list(sys.path)))
+    worker_daemon.main()
+    assert started == [before]
+    assert "left as Spark made it" in capsys.readouterr().err
