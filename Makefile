@@ -129,6 +129,12 @@ bench-spark: setup
 bench-microbatch: setup
 	$(PY) -m benchmarks.bench_microbatch $(BENCH_ARGS)
 
+# Spark's Python workers from spark_sink.worker_daemon against pyspark.daemon: small reads
+# and writes, wall and CPU per run.
+.PHONY: bench-workers
+bench-workers: setup
+	$(PY) -m benchmarks.bench_workers $(BENCH_ARGS)
+
 # What one sink commit costs (commit_sink_batch p50/p95) for tasks x partitions.
 bench-commit: setup
 	$(PY) -m benchmarks.bench_commit $(BENCH_ARGS)

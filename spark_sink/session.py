@@ -45,6 +45,8 @@ def local_session(
         # Quiet logs and a bounded retry wait keep fault runs fast and readable.
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.streaming.stopTimeout": "60s",
+        # Workers that do not re-read pyspark.zip before every task (docs/spark.md).
+        "spark.python.daemon.module": "spark_sink.worker_daemon",
     }
     jars = project_jars()
     if jars:

@@ -61,13 +61,15 @@ def emit(name: str, start: float, end: float, **attrs: Any) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
+    proc_start = _process_start()
     record = {
         "name": name,
         "pid": os.getpid(),
         "start": start,
         "end": end,
-        "proc_start": _process_start(),
-        "imported": _imported,
+        "proc_start": proc_start,
+        # A worker forked by spark_sink.worker_daemon inherited the import: none of its own.
+        "imported": None if _imported is None else max(_imported, proc_start),
         "attrs": attrs,
     }
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode()

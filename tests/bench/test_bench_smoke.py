@@ -54,6 +54,10 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         ["BENCH_ARGS=--batches 3 --rows 10000"],
         ["microbatch_idemlog_vs_discard_ratio", "trace_spans", "write_jobs"],
     ),
+    "bench-workers": (
+        ["BENCH_ARGS=--rows 4000 --runs 1 --rounds 1"],
+        ["workers_read_wall_ratio", "workers_write_wall_ratio"],
+    ),
     "bench-commit": (
         ["BENCH_ARGS=--tasks 2 --partitions 1,3 --commits 2 --warmup 1"],
         ["commit_p50_ms_2x1", "commit_p95_ms_2x3"],

@@ -294,3 +294,39 @@ def _escaped(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def test_python_workers_run_without_the_redundant_pyspark_zip(spark: SparkSession) -> None:
+    """``local_session`` runs Spark's Python workers from ``spark_sink.worker_daemon``: the
+    archives Spark puts first on their path (``pyspark.zip``, its ``spark-core`` jar) are
+    dropped, so a task does not re-read them."""
+
+    def where(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import os
+        import sys
+        from pathlib import Path
+
+        import pyspark
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict(
+            {
+                "pythonpath": [os.environ.get("PYTHONPATH", "")],
+                "on_path": [any(p.endswith(("pyspark.zip", ".jar")) for p in sys.path)],
+                "pyspark": [pyspark.__file__ or ""],
+                "daemon": [Path(f"/proc/{os.getppid()}/cmdline").read_text().replace("\0", " ")],
+            }
+        )
+
+    row = (
+        spark.range(1, numPartitions=1)
+        .mapInArrow(where, "pythonpath string, on_path boolean, pyspark string, daemon string")
+        .collect()[0]
+    )
+    # Spark did put the archive and its core jar on the workers' path: the scenario the
+    # daemon is for.
+    assert "pyspark.zip" in row.pythonpath and ".jar" in row.pythonpath
+    assert "-m spark_sink.worker_daemon" in row.daemon
+    assert not row.on_path
+    assert ".zip" not in row.pyspark
