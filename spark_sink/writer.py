@@ -173,15 +173,24 @@ def _write_task(
         )
     rows = 0
     try:
-        with trace.span("init_producer", batch=batch_id):
-            status = producer.init_sink_transaction(attempt)
+        # The init goes out now, on a thread of its own, while this thread pulls the
+        # task's first rows from Spark (which waits for the JVM): its answer is needed
+        # only before the first send (docs/design.md, "The task's steps").
+        init = _BackgroundInit(producer, attempt)
+        try:
+            head = _pull_head(producer, schema, batches, batch_id)
+        except BaseException as exc:
+            init.settle(exc)
+            raise
+        with trace.span("wait_init", batch=batch_id):
+            status = init.result()
         if status is SinkTxnStatus.NEW:
             with HEARTBEATS.beating(options, bootstrap, attempt.sink_id, attempt.run_id):
-                rows = _write_rows(producer, options, schema, batches, attempt, partition_id)
+                rows = _write_rows(producer, options, schema, head, batches, attempt, partition_id)
         else:
             # Nothing to write: the reused or committed transaction holds the rows. They
             # are counted so the batch's figures add up.
-            rows = sum(batch.num_rows for batch in batches)
+            rows = head.rows + sum(batch.num_rows for batch in batches)
             log.info(
                 "sink %s batch %d partition %d attempt %d: the batch's rows are %s by an "
                 "earlier attempt; nothing written",
@@ -216,23 +225,102 @@ def _write_task(
     )
 
 
+class _BackgroundInit:
+    """The task attempt's InitProducerId on a thread of its own, started as soon as the
+    producer exists, so that its durable coordinator write overlaps the pull of the
+    task's first rows from Spark.
+
+    Guarantees: the producer is touched by nothing else until :meth:`result` or
+    :meth:`settle` returned (both join the thread), so its transaction state moves as if
+    the init ran inline; the thread ends when the init call ends (its own bound:
+    max.block.ms, retriable errors retried meanwhile). One thread per task attempt.
+    """
+
+    def __init__(self, producer: Producer, attempt: SinkAttempt) -> None:
+        self._producer = producer
+        self._attempt = attempt
+        self._status: SinkTxnStatus | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="idemlog-init", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with trace.span("init_producer", batch=self._attempt.batch_id):
+                self._status = self._producer.init_sink_transaction(self._attempt)
+        except BaseException as exc:  # handed to the task's thread by result()
+            self._error = exc
+
+    def result(self) -> SinkTxnStatus:
+        """Wait for the init's answer: NEW, PREPARED or COMMITTED. Raises the init's error
+        as ``init_sink_transaction`` raised it (ProducerFencedError,
+        MaxBlockTimeoutError, a non-retriable broker error)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._status is not None
+        return self._status
+
+    def settle(self, cause: BaseException) -> None:
+        """The task fails with ``cause`` before it needed the answer: wait for the init
+        to end anyway, so that a retry of the task (in this same process, perhaps) never
+        has its own init overtaken -- and its epoch fenced -- by this one's; the init's
+        own error, if any, is noted on ``cause`` (which the task raises). Never raises."""
+        self._thread.join()
+        if self._error is not None:
+            cause.add_note(f"the task's InitProducerId failed too: {self._error!r}")
+
+
+class _Head:
+    """The task's first rows, pulled and conformed while its init is out: at most one
+    send's worth (batch.size bytes, plus the one Spark batch that crossed it)."""
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] = []
+        self.nbytes = 0
+        self.rows = 0
+
+
+def _pull_head(
+    producer: Producer, schema: pa.Schema, batches: Iterator[pa.RecordBatch], batch_id: int
+) -> _Head:
+    """Pull rows from Spark's iterator until one send's worth is there (or the rows end);
+    nothing is sent and the producer is not touched (its init may still be running)."""
+    head = _Head()
+    with trace.span("pull_head", batch=batch_id):
+        while head.nbytes < producer.config.batch_size:
+            batch = next(batches, None)
+            if batch is None:
+                break
+            if batch.num_rows == 0:
+                continue
+            head.batches.append(conform(batch, schema))
+            head.nbytes += batch.nbytes
+            head.rows += batch.num_rows
+    return head
+
+
 def _write_rows(
     producer: Producer,
     options: IdemlogOptions,
     schema: pa.Schema,
+    head: _Head,
     batches: Iterator[pa.RecordBatch],
     attempt: SinkAttempt,
     partition_id: int,
 ) -> int:
-    """The task's rows as one transaction, prepared once every send succeeded; the rows."""
+    """The task's rows (``head``, then the rest of ``batches``) as one transaction,
+    prepared once every send succeeded; the rows. Called only after an init that answered
+    NEW."""
     batch_id = attempt.batch_id
     producer.begin_transaction()
     sends: list[Future[SendResult]] = []
-    rows = 0
     # Spark hands over 10k-row batches; sending them merged up to batch.size makes
     # produce batches that size even after the key split, instead of many small ones.
-    pending: list[pa.RecordBatch] = []
-    pending_bytes = 0
+    pending, pending_bytes, rows = head.batches, head.nbytes, head.rows
+    if pending_bytes >= producer.config.batch_size:
+        sends.append(_send(producer, options, pending, batch_id, partition_id, True))
+        pending, pending_bytes = [], 0
     for batch in batches:
         if batch.num_rows == 0:
             continue

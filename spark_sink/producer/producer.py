@@ -167,8 +167,16 @@ class Producer:
         table = _to_table(data)
         key = key if key is not None else self.config.key_column
         collector = SendCollector(topic)
+        tps: list[TopicPartition] = []
         for part in self.partitioner.split(table, key, self._num_partitions(topic)):
-            self.accumulator.append(TopicPartition(topic, part.partition), part.batch, collector)
+            tp = TopicPartition(topic, part.partition)
+            self.accumulator.append(tp, part.batch, collector)
+            tps.append(tp)
+        if self.txn.is_transactional and self.txn.announce(tps):
+            # The transaction's first send: the sender registers its partitions now
+            # (AddPartitionsToTxn), not when a batch is ready, so the durable write is off
+            # the flush's path; later partitions join the registration made then.
+            self.accumulator.wake()
         collector.seal()
         return collector.future
 
