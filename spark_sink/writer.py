@@ -58,7 +58,7 @@ from spark_sink.schema import conform
 
 if TYPE_CHECKING:
     from spark_sink.producer.futures import SendResult
-    from spark_sink.producer.producer import Producer
+    from spark_sink.producer.producer import Producer, RoutedRows
 
 log = logging.getLogger("idemlog.sink")
 
@@ -178,7 +178,7 @@ def _write_task(
         # only before the first send (docs/design.md, "The task's steps").
         init = _BackgroundInit(producer, attempt)
         try:
-            head = _pull_head(producer, schema, batches, batch_id)
+            head = _pull_head(producer, options, schema, batches, batch_id)
         except BaseException as exc:
             init.settle(exc)
             raise
@@ -272,20 +272,27 @@ class _BackgroundInit:
 
 
 class _Head:
-    """The task's first rows, pulled and conformed while its init is out: at most one
-    send's worth (batch.size bytes, plus the one Spark batch that crossed it)."""
+    """The task's first rows, pulled, conformed and split by partition while its init
+    is out: at most one send's worth (batch.size bytes, plus the one Spark batch that
+    crossed it), sent first once the init answered NEW."""
 
     def __init__(self) -> None:
         self.batches: list[pa.RecordBatch] = []
         self.nbytes = 0
         self.rows = 0
+        self.routed: RoutedRows | None = None
 
 
 def _pull_head(
-    producer: Producer, schema: pa.Schema, batches: Iterator[pa.RecordBatch], batch_id: int
+    producer: Producer,
+    options: IdemlogOptions,
+    schema: pa.Schema,
+    batches: Iterator[pa.RecordBatch],
+    batch_id: int,
 ) -> _Head:
-    """Pull rows from Spark's iterator until one send's worth is there (or the rows end);
-    nothing is sent and the producer is not touched (its init may still be running)."""
+    """Pull rows from Spark's iterator until one send's worth is there (or the rows end)
+    and split them by partition (the topic's metadata fetched meanwhile): nothing is
+    queued, and nothing touches the producer's transaction (its init may be running)."""
     head = _Head()
     with trace.span("pull_head", batch=batch_id):
         while head.nbytes < producer.config.batch_size:
@@ -297,6 +304,9 @@ def _pull_head(
             head.batches.append(conform(batch, schema))
             head.nbytes += batch.nbytes
             head.rows += batch.num_rows
+        if head.batches:
+            table = pa.Table.from_batches(head.batches)
+            head.routed = producer.route(options.topic, table, key=options.key)
     return head
 
 
@@ -317,10 +327,10 @@ def _write_rows(
     sends: list[Future[SendResult]] = []
     # Spark hands over 10k-row batches; sending them merged up to batch.size makes
     # produce batches that size even after the key split, instead of many small ones.
-    pending, pending_bytes, rows = head.batches, head.nbytes, head.rows
-    if pending_bytes >= producer.config.batch_size:
-        sends.append(_send(producer, options, pending, batch_id, partition_id, True))
-        pending, pending_bytes = [], 0
+    pending: list[pa.RecordBatch] = []
+    pending_bytes, rows = 0, head.rows
+    if head.routed is not None:
+        sends.append(_send(producer, options, head.routed, batch_id, partition_id, True))
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -362,12 +372,15 @@ def _offset_ranges(topic: str, results: Sequence[SendResult]) -> list[tuple[str,
 def _send(
     producer: Producer,
     options: IdemlogOptions,
-    batches: list[pa.RecordBatch],
+    rows: list[pa.RecordBatch] | RoutedRows,
     batch_id: int,
     partition_id: int,
     first: bool,
 ) -> Future[SendResult]:
-    sent = producer.send(options.topic, pa.Table.from_batches(batches), key=options.key)
+    if isinstance(rows, list):
+        sent = producer.send(options.topic, pa.Table.from_batches(rows), key=options.key)
+    else:
+        sent = producer.send_routed(rows)
     if first and (
         entry := failpoints.claim("mid_write", batch_id, partition_id, enabled=options.test_hooks)
     ):
