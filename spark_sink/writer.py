@@ -7,7 +7,9 @@ transactional id ``<sink id>/<spark partition>``, naming its sink, run and batch
 
 1. ``InitProducerId(attempt)``: fences every earlier attempt of the task and aborts what
    it left open -- unless an earlier attempt of the same task *of the same run* already
-   prepared this batch (reused, nothing written) or the batch is committed already;
+   prepared this batch (reused, nothing written) or the batch is committed already. It
+   runs on a thread of its own while the task pulls and routes its first rows; nothing is
+   sent before its answer (docs/design.md, "The init overlaps the task's first rows");
 2. the rows, through the idempotent producer, every send's result checked, with
    heartbeats while the task runs so a long batch is never timed out;
 3. ``prepare_sink_txn`` with the offsets the rows got: the transaction holds all of the
@@ -173,9 +175,10 @@ def _write_task(
         )
     rows = 0
     try:
-        # The init goes out now, on a thread of its own, while this thread pulls the
-        # task's first rows from Spark (which waits for the JVM): its answer is needed
-        # only before the first send (docs/design.md, "The task's steps").
+        # The init goes out now, on a thread of its own, while this thread pulls and
+        # routes the task's first rows from Spark (which waits for the JVM): its answer
+        # is needed only before the first send (docs/design.md, "The init overlaps the
+        # task's first rows").
         init = _BackgroundInit(producer, attempt)
         try:
             head = _pull_head(producer, options, schema, batches, batch_id)
