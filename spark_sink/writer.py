@@ -7,7 +7,9 @@ transactional id ``<sink id>/<spark partition>``, naming its sink, run and batch
 
 1. ``InitProducerId(attempt)``: fences every earlier attempt of the task and aborts what
    it left open -- unless an earlier attempt of the same task *of the same run* already
-   prepared this batch (reused, nothing written) or the batch is committed already;
+   prepared this batch (reused, nothing written) or the batch is committed already. It
+   runs on a thread of its own while the task pulls and routes its first rows; nothing is
+   sent before its answer (docs/design.md, "The init overlaps the task's first rows");
 2. the rows, through the idempotent producer, every send's result checked, with
    heartbeats while the task runs so a long batch is never timed out;
 3. ``prepare_sink_txn`` with the offsets the rows got: the transaction holds all of the
@@ -58,7 +60,7 @@ from spark_sink.schema import conform
 
 if TYPE_CHECKING:
     from spark_sink.producer.futures import SendResult
-    from spark_sink.producer.producer import Producer
+    from spark_sink.producer.producer import Producer, RoutedRows
 
 log = logging.getLogger("idemlog.sink")
 
@@ -173,15 +175,25 @@ def _write_task(
         )
     rows = 0
     try:
-        with trace.span("init_producer", batch=batch_id):
-            status = producer.init_sink_transaction(attempt)
+        # The init goes out now, on a thread of its own, while this thread pulls and
+        # routes the task's first rows from Spark (which waits for the JVM): its answer
+        # is needed only before the first send (docs/design.md, "The init overlaps the
+        # task's first rows").
+        init = _BackgroundInit(producer, attempt)
+        try:
+            head = _pull_head(producer, options, schema, batches, batch_id)
+        except BaseException as exc:
+            init.settle(exc)
+            raise
+        with trace.span("wait_init", batch=batch_id):
+            status = init.result()
         if status is SinkTxnStatus.NEW:
             with HEARTBEATS.beating(options, bootstrap, attempt.sink_id, attempt.run_id):
-                rows = _write_rows(producer, options, schema, batches, attempt, partition_id)
+                rows = _write_rows(producer, options, schema, head, batches, attempt, partition_id)
         else:
             # Nothing to write: the reused or committed transaction holds the rows. They
             # are counted so the batch's figures add up.
-            rows = sum(batch.num_rows for batch in batches)
+            rows = head.rows + sum(batch.num_rows for batch in batches)
             log.info(
                 "sink %s batch %d partition %d attempt %d: the batch's rows are %s by an "
                 "earlier attempt; nothing written",
@@ -216,23 +228,112 @@ def _write_task(
     )
 
 
-def _write_rows(
+class _BackgroundInit:
+    """The task attempt's InitProducerId on a thread of its own, started as soon as the
+    producer exists, so that its durable coordinator write overlaps the pull of the
+    task's first rows from Spark.
+
+    Guarantees: the producer is touched by nothing else until :meth:`result` or
+    :meth:`settle` returned (both join the thread), so its transaction state moves as if
+    the init ran inline; the thread ends when the init call ends (its own bound:
+    max.block.ms, retriable errors retried meanwhile). One thread per task attempt.
+    """
+
+    def __init__(self, producer: Producer, attempt: SinkAttempt) -> None:
+        self._producer = producer
+        self._attempt = attempt
+        self._status: SinkTxnStatus | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="idemlog-init", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with trace.span("init_producer", batch=self._attempt.batch_id):
+                self._status = self._producer.init_sink_transaction(self._attempt)
+        except BaseException as exc:  # handed to the task's thread by result()
+            self._error = exc
+
+    def result(self) -> SinkTxnStatus:
+        """Wait for the init's answer: NEW, PREPARED or COMMITTED. Raises the init's error
+        as ``init_sink_transaction`` raised it (ProducerFencedError,
+        MaxBlockTimeoutError, a non-retriable broker error)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._status is not None
+        return self._status
+
+    def settle(self, cause: BaseException) -> None:
+        """The task fails with ``cause`` before it needed the answer: wait for the init
+        to end anyway, so that a retry of the task (in this same process, perhaps) never
+        has its own init overtaken -- and its epoch fenced -- by this one's; the init's
+        own error, if any, is noted on ``cause`` (which the task raises). Never raises."""
+        self._thread.join()
+        if self._error is not None:
+            cause.add_note(f"the task's InitProducerId failed too: {self._error!r}")
+
+
+class _Head:
+    """The task's first rows, pulled, conformed and split by partition while its init
+    is out: at most one send's worth (batch.size bytes, plus the one Spark batch that
+    crossed it), sent first once the init answered NEW."""
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] = []
+        self.nbytes = 0
+        self.rows = 0
+        self.routed: RoutedRows | None = None
+
+
+def _pull_head(
     producer: Producer,
     options: IdemlogOptions,
     schema: pa.Schema,
     batches: Iterator[pa.RecordBatch],
+    batch_id: int,
+) -> _Head:
+    """Pull rows from Spark's iterator until one send's worth is there (or the rows end)
+    and split them by partition (the topic's metadata fetched meanwhile): nothing is
+    queued, and nothing touches the producer's transaction (its init may be running)."""
+    head = _Head()
+    with trace.span("pull_head", batch=batch_id):
+        while head.nbytes < producer.config.batch_size:
+            batch = next(batches, None)
+            if batch is None:
+                break
+            if batch.num_rows == 0:
+                continue
+            head.batches.append(conform(batch, schema))
+            head.nbytes += batch.nbytes
+            head.rows += batch.num_rows
+        if head.batches:
+            table = pa.Table.from_batches(head.batches)
+            head.routed = producer.route(options.topic, table, key=options.key)
+    return head
+
+
+def _write_rows(
+    producer: Producer,
+    options: IdemlogOptions,
+    schema: pa.Schema,
+    head: _Head,
+    batches: Iterator[pa.RecordBatch],
     attempt: SinkAttempt,
     partition_id: int,
 ) -> int:
-    """The task's rows as one transaction, prepared once every send succeeded; the rows."""
+    """The task's rows (``head``, then the rest of ``batches``) as one transaction,
+    prepared once every send succeeded; the rows. Called only after an init that answered
+    NEW."""
     batch_id = attempt.batch_id
     producer.begin_transaction()
     sends: list[Future[SendResult]] = []
-    rows = 0
     # Spark hands over 10k-row batches; sending them merged up to batch.size makes
     # produce batches that size even after the key split, instead of many small ones.
     pending: list[pa.RecordBatch] = []
-    pending_bytes = 0
+    pending_bytes, rows = 0, head.rows
+    if head.routed is not None:
+        sends.append(_send(producer, options, head.routed, batch_id, partition_id, True))
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -274,12 +375,15 @@ def _offset_ranges(topic: str, results: Sequence[SendResult]) -> list[tuple[str,
 def _send(
     producer: Producer,
     options: IdemlogOptions,
-    batches: list[pa.RecordBatch],
+    rows: list[pa.RecordBatch] | RoutedRows,
     batch_id: int,
     partition_id: int,
     first: bool,
 ) -> Future[SendResult]:
-    sent = producer.send(options.topic, pa.Table.from_batches(batches), key=options.key)
+    if isinstance(rows, list):
+        sent = producer.send(options.topic, pa.Table.from_batches(rows), key=options.key)
+    else:
+        sent = producer.send_routed(rows)
     if first and (
         entry := failpoints.claim("mid_write", batch_id, partition_id, enabled=options.test_hooks)
     ):

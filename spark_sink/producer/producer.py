@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import pyarrow as pa
@@ -47,7 +48,7 @@ from .errors import (
 from .futures import SendCollector, SendResult
 from .message_accumulator import MessageAccumulator
 from .metrics import ProducerMetrics
-from .partitioner import Partitioner
+from .partitioner import Partitioner, PartitionSlice
 from .producer_batch import TopicPartition
 from .sender import Sender
 from .transaction_manager import TransactionManager, TxnState
@@ -60,6 +61,14 @@ log = logging.getLogger("idemlog.producer")
 
 Data: TypeAlias = "pa.Table | pa.RecordBatch | pd.DataFrame"
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RoutedRows:
+    """Rows of one send split by partition (:meth:`Producer.route`), not queued yet."""
+
+    topic: str
+    parts: list[PartitionSlice]
 
 
 def _to_table(data: Data) -> pa.Table:
@@ -158,19 +167,49 @@ class Producer:
         MaxBlockTimeoutError or BufferExhaustedError when max.block.ms runs out, and a
         non-retriable metadata error (an unknown topic) as it is. Delivery errors are
         not raised here: they fail the returned future."""
+        self._require_sendable()
+        return self._enqueue(self.route(topic, data, key))
+
+    def route(self, topic: str, data: Data, key: str | None = None) -> RoutedRows:
+        """``data``'s rows split by partition of ``topic`` as :meth:`send` would, queued
+        nowhere: :meth:`send_routed` sends them. Needs no producer id and no transaction
+        (the Spark sink routes a task's first rows while its InitProducerId is out).
+        Blocks and raises as :meth:`send` does for the metadata and the data."""
+        if self._closed:
+            raise ProducerClosedError("route() on a closed producer")
+        table = _to_table(data)
+        key = key if key is not None else self.config.key_column
+        parts = self.partitioner.split(table, key, self._num_partitions(topic))
+        return RoutedRows(topic, parts)
+
+    def send_routed(self, routed: RoutedRows) -> Future[SendResult]:
+        """Queue rows :meth:`route` split; as :meth:`send` (each routed rows once)."""
+        self._require_sendable()
+        return self._enqueue(routed)
+
+    def _enqueue(self, routed: RoutedRows) -> Future[SendResult]:
+        topic = routed.topic
+        collector = SendCollector(topic)
+        tps: list[TopicPartition] = []
+        for part in routed.parts:
+            tp = TopicPartition(topic, part.partition)
+            self.accumulator.append(tp, part.batch, collector)
+            tps.append(tp)
+        if self.txn.is_transactional and self.txn.announce(tps):
+            # The transaction's first send: the sender registers its partitions now
+            # (AddPartitionsToTxn), not when a batch is ready, so the durable write is off
+            # the flush's path; later partitions join the registration made then.
+            self.accumulator.wake()
+        collector.seal()
+        return collector.future
+
+    def _require_sendable(self) -> None:
         if self._closed:
             raise ProducerClosedError("send() on a closed producer")
         if self.txn.is_transactional:
             self.txn.require(TxnState.IN_TRANSACTION, action="send()")
         if self.sender.fatal is not None:
             raise ProducerClosedError(f"the producer's sender died: {self.sender.fatal!r}")
-        table = _to_table(data)
-        key = key if key is not None else self.config.key_column
-        collector = SendCollector(topic)
-        for part in self.partitioner.split(table, key, self._num_partitions(topic)):
-            self.accumulator.append(TopicPartition(topic, part.partition), part.batch, collector)
-        collector.seal()
-        return collector.future
 
     def _num_partitions(self, topic: str) -> int:
         count = self._partition_counts.get(topic)

@@ -361,14 +361,23 @@ class Sender:
 
     def _send_ready(self, now: float) -> float:
         """Drain and send until no partition has a sendable batch left."""
+        backoff = max(self.config.retry_backoff_ms / 1000, 0.01)
         while True:
             candidates, wait = self.accumulator.ready(now, self._sendable)
             ready = candidates
-            if ready and self.txn.is_transactional and not self.txn.has_error:
-                ready = self._add_partitions(ready, now)
+            registering = self.txn.is_transactional and not self.txn.has_error
+            if registering and (ready or self.txn.announced_unregistered()):
+                # Also with nothing ready yet, once the transaction's first send() queued
+                # its rows (the facade announces its partitions): they are registered
+                # while their batches still fill or linger, so the durable write is off
+                # the flush's path; one request covers every partition queued then.
+                ready = self._add_partitions(candidates, now)
             if not ready:
-                # Held back by AddPartitionsToTxn: look again after the backoff.
-                return max(self.config.retry_backoff_ms / 1000, 0.01) if candidates else wait
+                if candidates:
+                    return backoff  # held back by AddPartitionsToTxn: look again after it
+                if registering and self.txn.announced_unregistered():
+                    return min(wait, backoff)  # a registration to retry
+                return wait
             for tp in ready:
                 self._drain_one(tp, now)
 
@@ -393,17 +402,15 @@ class Sender:
     def _add_partitions(self, ready: list[TopicPartition], now: float) -> list[TopicPartition]:
         """Register partitions new to the open transaction before their first batch."""
         txn = self.txn
-        if not txn.partitions_to_add(ready):
-            return ready
         # Every partition with a batch queued, not only the ready ones: their batches
         # belong to this transaction too, and one request for all saves a partition that
         # becomes ready a moment later a round trip of its own (a Spark task's rows reach
         # every partition within milliseconds; README, "Where a micro-batch's time goes").
         new = txn.partitions_to_add(list(dict.fromkeys([*ready, *self.accumulator.partitions()])))
-        if now < self._add_retry_at or txn.state not in (
-            TxnState.IN_TRANSACTION,
-            TxnState.COMMITTING_TRANSACTION,
-        ):
+        if not new:
+            return ready
+        sendable = txn.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING_TRANSACTION)
+        if not sendable or not txn.has_producer_id or now < self._add_retry_at:
             return [tp for tp in ready if tp not in new]
         assert txn.transactional_id is not None
         try:

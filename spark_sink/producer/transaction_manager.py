@@ -81,6 +81,10 @@ class TransactionManager:
         self.last_error: IdemlogError | None = None
         self._partitions: dict[TopicPartition, PartitionState] = {}
         self.txn_partitions: set[TopicPartition] = set()  # added to the open transaction
+        # The partitions the open transaction's first send() queued rows for: the sender
+        # registers them at once, before their batches are ready (later partitions join
+        # the registration made when a batch is ready). Emptied when it ends.
+        self.announced: set[TopicPartition] = set()
         self.bump_requested = False
 
     # -- state machine -------------------------------------------------------------------
@@ -202,7 +206,21 @@ class TransactionManager:
         with self._lock:
             self.txn_partitions.update(tps)
 
+    def announce(self, tps: list[TopicPartition]) -> bool:
+        """A send() of the open transaction queued rows for ``tps``: kept if it is the
+        transaction's first (True: the sender should wake and register them now)."""
+        with self._lock:
+            if self.announced or self.txn_partitions or not tps:
+                return False
+            self.announced.update(tps)
+            return True
+
+    def announced_unregistered(self) -> bool:
+        with self._lock:
+            return bool(self.announced - self.txn_partitions)
+
     def transaction_ended(self) -> None:
         with self._lock:
             self.txn_partitions.clear()
+            self.announced.clear()
             self.last_error = None

@@ -57,21 +57,27 @@ def test_failed_transaction_is_aborted_and_the_epoch_bumped() -> None:
 
 
 def test_one_add_partitions_registers_every_partition_with_a_queued_batch() -> None:
-    """The first batch that is ready (full) registers with it the partitions whose batches
-    still linger: their batches are this transaction's too, and none of them waits for an
-    AddPartitionsToTxn round trip of its own when it becomes ready."""
+    """The transaction's first send registers its partitions at once, before any batch
+    is ready; the first batch that is ready (full) then registers with it every other
+    partition whose batches still linger: their batches are this transaction's too, and
+    none of them waits for an AddPartitionsToTxn round trip of its own when it becomes
+    ready."""
     transport = AutoTransport(partitions=3)
     producer = Producer(
         transport=transport, linger_ms=60_000, batch_size=1024, transactional_id="tx"
     )
     producer.init_transactions()
     producer.begin_transaction()
-    small = [producer.send("t", table(2)) for _ in range(2)]  # round-robin: two partitions
+    small = [producer.send("t", table(2))]  # round-robin: one partition, lingering
+    first = wait_until(lambda: list(transport.added), "the first send's AddPartitionsToTxn")
+    assert len(first[0]) == 1  # registered while its batch lingers (nothing is ready)
+    small.append(producer.send("t", table(2)))  # the second partition, lingering
     full = producer.send("t", table(1000))  # the third, over batch.size: ready at once
-    first = wait_until(lambda: list(transport.added), "the first AddPartitionsToTxn")
-    assert sorted(tp.partition for tp in first[0]) == [0, 1, 2]
+    wait_until(lambda: len(transport.added) == 2, "the ready batch's AddPartitionsToTxn")
+    assert len(transport.added[1]) == 2  # the ready partition and the lingering one
+    assert {tp.partition for added in transport.added for tp in added} == {0, 1, 2}
     producer.commit_transaction()  # flushes the lingering two
-    assert len(transport.added) == 1, transport.added
+    assert len(transport.added) == 2, transport.added
     assert [f.result(5)[0].num_rows for f in small] == [2, 2]
     assert sum(m.num_rows for m in full.result(5)) == 1000
     producer.close()
