@@ -180,29 +180,32 @@ def _write_task(
         # is needed only before the first send (docs/design.md, "The init overlaps the
         # task's first rows").
         init = _BackgroundInit(producer, attempt)
-        try:
-            head = _pull_head(producer, options, schema, batches, batch_id)
-        except BaseException as exc:
-            init.settle(exc)
-            raise
-        with trace.span("wait_init", batch=batch_id):
-            status = init.result()
-        if status is SinkTxnStatus.NEW:
-            with HEARTBEATS.beating(options, bootstrap, attempt.sink_id, attempt.run_id):
+        # The run's heartbeats cover the pull too: Spark may take any time to hand over
+        # the first rows (the query's own work upstream), and the run's other, prepared
+        # transactions must not time out meanwhile (docs/design.md, "Long batches").
+        with HEARTBEATS.beating(options, bootstrap, attempt.sink_id, attempt.run_id):
+            try:
+                head = _pull_head(producer, options, schema, batches, batch_id)
+            except BaseException as exc:
+                init.settle(exc)
+                raise
+            with trace.span("wait_init", batch=batch_id):
+                status = init.result()
+            if status is SinkTxnStatus.NEW:
                 rows = _write_rows(producer, options, schema, head, batches, attempt, partition_id)
-        else:
-            # Nothing to write: the reused or committed transaction holds the rows. They
-            # are counted so the batch's figures add up.
-            rows = head.rows + sum(batch.num_rows for batch in batches)
-            log.info(
-                "sink %s batch %d partition %d attempt %d: the batch's rows are %s by an "
-                "earlier attempt; nothing written",
-                attempt.sink_id,
-                batch_id,
-                partition_id,
-                attempt_number,
-                "held (prepared)" if status is SinkTxnStatus.PREPARED else "committed",
-            )
+            else:
+                # Nothing to write: the reused or committed transaction holds the rows.
+                # They are counted so the batch's figures add up.
+                rows = head.rows + sum(batch.num_rows for batch in batches)
+                log.info(
+                    "sink %s batch %d partition %d attempt %d: the batch's rows are %s by an "
+                    "earlier attempt; nothing written",
+                    attempt.sink_id,
+                    batch_id,
+                    partition_id,
+                    attempt_number,
+                    "held (prepared)" if status is SinkTxnStatus.PREPARED else "committed",
+                )
         metrics = producer.metrics_snapshot()
         pid, epoch = producer.producer_id_and_epoch
     except BaseException:

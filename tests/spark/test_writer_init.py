@@ -19,6 +19,7 @@ from broker_core.errors import InvalidTransactionTimeoutError
 from broker_core.protocol.wire import SinkAttempt
 from spark_sink import writer
 from spark_sink.commit import commit_batch
+from spark_sink.heartbeat import HEARTBEATS
 from spark_sink.options import IdemlogOptions, Scope, parse_options
 from spark_sink.producer.transport import FlightTransport
 from tests.harness.broker import BrokerFactory, BrokerProcess
@@ -81,9 +82,13 @@ def test_the_init_is_out_while_the_first_rows_are_pulled(
         events.append("init answered")
         return answer
 
+    beaten_runs_at_pull: list[int] = []
+
     def rows() -> Iterator[pa.RecordBatch]:
         wait_until(init_requested.is_set, "the task's InitProducerId was requested")
         events.append("first rows pulled")
+        # Spark may take long to hand over the first rows: the run is beaten meanwhile.
+        beaten_runs_at_pull.append(HEARTBEATS.registered())
         first_pulled.set()
         for index in range(SPARK_BATCHES):
             yield spark_batch(index)
@@ -93,6 +98,7 @@ def test_the_init_is_out_while_the_first_rows_are_pulled(
     message = writer._write_task(options, SCHEMA, attempt, rows(), 0, 0)
 
     assert events == ["init requested", "first rows pulled", "init answered"]
+    assert beaten_runs_at_pull == [1]
     assert message.status == "new" and message.rows == SPARK_BATCHES * ROWS_PER_BATCH
     assert not init_threads()
     assert commit_batch(options, None, "run-1", 7, [message]) is True
