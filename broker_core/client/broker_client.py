@@ -363,28 +363,10 @@ class BrokerClient(AdminCalls, TransactionCalls):
         return self._retry.call(attempt, retriable=retriable, before_retry=before_retry)
 
     def _any_broker(self, request: Request) -> dict[str, Any]:
-        # Addresses that failed to connect during this call: a broker just killed stays in
-        # the metadata (the controller too) until its ZooKeeper session expires, so a
-        # retry that went back to it would spend the whole retry budget on it.
-        unreachable: set[str] = set()
-
         def pick(retry: bool) -> str:
-            if not retry:
-                return self._known_addresses()[0]
-            preferred = self._preferred_address()
-            if preferred not in unreachable:
-                return preferred
-            others = [a for a in self._known_addresses() if a not in unreachable]
-            return others[0] if others else preferred
+            return self._known_addresses()[0] if not retry else self._preferred_address()
 
-        def call(address: str) -> dict[str, Any]:
-            try:
-                return self._send(address, request)
-            except NetworkError:
-                unreachable.add(address)
-                raise
-
-        return self._routed(pick, call)
+        return self._routed(pick, lambda address: self._send(address, request))
 
     def _preferred_address(self) -> str:
         view = self.metadata()

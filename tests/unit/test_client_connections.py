@@ -89,36 +89,3 @@ def test_negative_retry_settings_are_refused_by_name() -> None:
         BrokerClient(DEAD, retries=-1)
     with pytest.raises(InvalidConfigError, match=r"retry_backoff_s=-0\.5"):
         BrokerClient(DEAD, retry_backoff_s=-0.5)
-
-
-def test_an_any_broker_call_retries_elsewhere_than_a_broker_that_refused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A killed controller stays in the metadata until its ZooKeeper session expires: the
-    retry goes to another known broker, not back to the one that refused the connection."""
-    from broker_core.client.routes import BrokerAddress, ClusterView
-    from broker_core.protocol.admin_requests import MetadataRequest
-
-    other_dead = "127.0.0.1:2"
-    with BrokerClient(f"{DEAD},{other_dead}", retries=3, retry_backoff_s=0.001) as client:
-        view = ClusterView(
-            brokers={1: BrokerAddress(1, "127.0.0.1", 1), 2: BrokerAddress(2, "127.0.0.1", 2)},
-            controller=1,
-            topics={},
-        )
-        client._view = view
-        monkeypatch.setattr(client, "refresh_metadata", lambda: view)
-        monkeypatch.setattr(client, "metadata", lambda: view)
-        tried: list[str] = []
-        real_send = client._send
-
-        def send(address: str, request: object) -> object:
-            tried.append(address)
-            return real_send(address, request)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(client, "_send", send)
-        with pytest.raises(NetworkError):
-            client._any_broker(MetadataRequest())
-    # The controller refused; the retry went to the other broker, and only with both
-    # refusing did the retries fall back to the controller.
-    assert tried == [DEAD, other_dead, DEAD, DEAD]
