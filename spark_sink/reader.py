@@ -201,7 +201,8 @@ def read_range(
     from the first offset not yet yielded, for at most ``FETCH_FAILOVER_S`` seconds of
     failures in a row (a leader election takes about a ZooKeeper session timeout); any
     other error, or one past that bound, is raised, failing the task (Spark retries it
-    over the same range)."""
+    over the same range). UNKNOWN_TOPIC_OR_PARTITION for a partition that the cluster's
+    fresh metadata no longer has (the topic deleted after planning) is raised at once."""
     if part.start >= part.end:
         return
     client = sink_client(options.bootstrap(), options.tls, sasl=options.sasl)
@@ -230,6 +231,8 @@ def read_range(
                     )
                 trailer = fetched.trailer
             except IdemlogError as exc:
+                if isinstance(exc, UnknownTopicOrPartitionError):
+                    _raise_if_deleted(client, topic, part, exc)
                 now = _clock()
                 failing_since = now if failing_since is None else failing_since
                 if not exc.retriable or now - failing_since >= FETCH_FAILOVER_S:
@@ -252,6 +255,30 @@ def read_range(
             offset = next_offset
     finally:
         client.close()
+
+
+def _raise_if_deleted(
+    client: BrokerClient,
+    topic: str,
+    part: OffsetRangePartition,
+    cause: UnknownTopicOrPartitionError,
+) -> None:
+    """Raise at once when the cluster's fresh metadata no longer has ``part``'s partition
+    of ``topic``: it was deleted after the read was planned, and no failover brings it
+    back, so waiting out ``FETCH_FAILOVER_S`` would only delay the task's failure.
+    Returns when the metadata still has it (a new leader that has not loaded it yet:
+    the caller retries) or when no broker answers (the caller's failover bound decides)."""
+    try:
+        leaders = client.refresh_metadata().topics.get(topic)
+    except IdemlogError:
+        return
+    if leaders is not None and part.partition < len(leaders):
+        return
+    raise UnknownTopicOrPartitionError(
+        f"{topic}-{part.partition}: the topic was deleted (or lost this partition) after "
+        f"the read was planned; offsets [{part.start}, {part.end}) cannot be read "
+        f"({cause.message})"
+    ) from cause
 
 
 def _split(

@@ -232,14 +232,56 @@ def test_a_range_ending_inside_a_batch_returns_exactly_its_rows(
 def test_fetch_errors_keep_the_brokers_typed_error(
     broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # UNKNOWN_TOPIC_OR_PARTITION is retriable (an election may show it): the reader
-    # retries it for FETCH_FAILOVER_S before raising; the bound is shortened so the test
-    # checks the error raised past it without waiting the default 30 s.
+    # UNKNOWN_TOPIC_OR_PARTITION is retriable (an election may show it): while the
+    # metadata still names the partition the reader retries it for FETCH_FAILOVER_S,
+    # then raises the broker's typed error; the bound is shortened so the test checks
+    # the error raised past it without waiting the default 30 s.
     monkeypatch.setattr(reader_module, "FETCH_FAILOVER_S", 1.0)
+    monkeypatch.setattr(reader_module, "_raise_if_deleted", lambda *_args: None)
+    fetches = count_fetches(monkeypatch)
     opts = parse_options({"topic": "missing", "brokers": broker.address}, Scope.READ)
     reader = IdemlogBatchReader(opts, TopicInfo("missing", 1, SCHEMA))
     with pytest.raises(UnknownTopicOrPartitionError):
         list(reader.read(OffsetRangePartition(0, 0, 5)))
+    assert fetches[0] > 1  # the failover loop really retried
+
+
+def test_a_topic_deleted_after_planning_fails_the_read_at_once(
+    broker: BrokerProcess, client: BrokerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No failover brings a deleted topic back: the read fails on its first fetch, with
+    # the typed error naming the partition and the planned offsets, instead of retrying
+    # for FETCH_FAILOVER_S (set to an hour here: a retry would hang the test).
+    monkeypatch.setattr(reader_module, "FETCH_FAILOVER_S", 3600.0)
+    fetches = count_fetches(monkeypatch, limit=3)
+    client.create_topic("gone", 2, schema=SCHEMA)
+    with Producer(broker.address, **FAST) as producer:
+        producer.send("gone", rows(0, 20)).result()
+    opts = parse_options({"topic": "gone", "brokers": broker.address}, Scope.READ)
+    reader = IdemlogBatchReader(opts, require(client, opts))
+    planned = [p for p in reader.partitions() if isinstance(p, OffsetRangePartition)]
+    assert planned and all(p.end > p.start for p in planned)
+    client.delete_topic("gone")
+    deleted = r"deleted .* after the read was planned"
+    with pytest.raises(UnknownTopicOrPartitionError, match=deleted):
+        list(reader.read(pickle.loads(pickle.dumps(planned[0]))))
+    assert fetches[0] == 1
+
+
+def count_fetches(monkeypatch: pytest.MonkeyPatch, limit: int | None = None) -> list[int]:
+    """Count the reader's fetches (a one-element list); past ``limit`` one fails the test
+    (a loop that should not retry)."""
+    count = [0]
+    fetch = reader_module._fetch
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        if limit is not None and count[0] > limit:
+            raise AssertionError(f"the reader fetched {count[0]} times: it retried")
+        return fetch(*args, **kwargs)
+
+    monkeypatch.setattr(reader_module, "_fetch", counted)
+    return count
 
 
 # -- stream reader -----------------------------------------------------------------------
