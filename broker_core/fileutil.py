@@ -3,12 +3,14 @@ the data-directory lock (``DirectoryLock``: one process per data directory)."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 Piece = Any  # anything with the buffer protocol
 
@@ -45,6 +47,38 @@ def pwrite_all(fd: int, pieces: Sequence[Piece], position: int) -> int:
         if n:
             views[0] = views[0][n:]
     return written
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return cast(Callable[[int, int, int, int], int], call)
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing the range's dirty pages, no wait
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """Ask the kernel to start writing ``nbytes`` at ``offset`` of ``fd`` to the disk and
+    return without waiting (Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``), so that
+    a later fsync of the file finds those pages written or on their way. Durability is
+    unchanged: only fsync makes data durable, and it reports any error of these writes.
+    Returns False where the call does not exist (not Linux); raises OSError when the
+    kernel refuses the request."""
+    if _SYNC_FILE_RANGE is None:
+        return False
+    if _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"sync_file_range: {os.strerror(code)}")
+    return True
 
 
 def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:

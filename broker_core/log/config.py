@@ -67,6 +67,17 @@ LOG_CONFIG = ConfigDef(
             min=0,
         ),
         ConfigKey(
+            "flush.writeback.bytes",
+            int,
+            1024**2,
+            "Start writing appended batches to disk, without waiting, each time this many "
+            "bytes have accumulated since the last start (Linux sync_file_range), so that an "
+            "fsync -- a transaction marker's, or flush.messages/flush.ms's -- finds little left "
+            "to write. 0: leave the writing to the OS until an fsync. Durability is the same "
+            "either way: only an fsync makes a batch durable.",
+            min=0,
+        ),
+        ConfigKey(
             "max.message.bytes",
             int,
             64 * 1024**2,
@@ -213,6 +224,7 @@ class LogConfig:
     index_interval_bytes: int
     flush_messages: int
     flush_ms: int
+    flush_writeback_bytes: int
     max_message_bytes: int
     producer_id_expiration_ms: int
     producer_state_batch_window: int

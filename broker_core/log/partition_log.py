@@ -304,6 +304,8 @@ class PartitionLog:
             or now - self._last_flush_ms >= self.config.flush_ms
         ):
             self.flush()
+        else:
+            self.active.start_writeback(self.config.flush_writeback_bytes)
 
     def flush_if_due(self, now_ms: int | None = None) -> bool:
         """Apply ``flush.ms`` to a log that receives no appends (a broker task calls it)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker_core.errors import CorruptRecordError, StorageError
-from broker_core.fileutil import pwrite_all
+from broker_core.fileutil import pwrite_all, start_writeback
 from broker_core.log.indexes import OffsetIndex, TxnIndex
 from broker_core.record.batch import (
     NO_TIMESTAMP,
@@ -60,6 +60,10 @@ class LogSegment:
         self._map: mmap.mmap | None = None
         self._mapped_size = 0
         self.scan_error: str | None = None  # why the last scan() stopped early, if it did
+        # Bytes below this were handed to the kernel's writeback (start_writeback) or
+        # were there when the segment was opened.
+        self._writeback_from = self.size
+        self._writeback_off: str | None = None  # why start_writeback stopped, if it did
 
     # -- writing -----------------------------------------------------------------------
     def append(self, batch: EncodedBatch, index_interval: int) -> BatchHeader:
@@ -105,6 +109,25 @@ class LogSegment:
             self.index.append(header.base_offset, position, self.max_timestamp)
             self._bytes_since_index = 0
 
+    def start_writeback(self, min_bytes: int) -> None:
+        """Start the disk write of the bytes appended since the last call once there are
+        at least ``min_bytes`` of them (0: never), without waiting for it: a later fsync
+        of this segment (a transaction marker's, ``flush.*``'s, a roll's) then finds them
+        written or on their way, instead of writing everything appended since the last
+        fsync while its caller waits. A hint to the kernel, not a durability step."""
+        pending = self.size - self._writeback_from
+        if min_bytes <= 0 or pending < min_bytes or self._writeback_off is not None:
+            return
+        try:
+            start_writeback(self._fd, self._writeback_from, pending)
+        except OSError as exc:
+            # The appended bytes are written and what makes them durable (fsync) reports
+            # any failure of theirs; only the early start is given up, for this segment.
+            self._writeback_off = str(exc)
+            log.warning("%s: early writeback off: %s", self.log_path, exc)
+            return
+        self._writeback_from = self.size
+
     def _rollback(self, position: int) -> None:
         try:
             os.ftruncate(self._fd, position)
@@ -137,6 +160,7 @@ class LogSegment:
         self._mapped_size = 0
         os.ftruncate(self._fd, position)
         self.size = position
+        self._writeback_from = min(self._writeback_from, position)
         self.index.truncate_from_position(position)
 
     # -- reading -----------------------------------------------------------------------
