@@ -139,6 +139,12 @@ bench-workers: setup
 bench-commit: setup
 	$(PY) -m benchmarks.bench_commit $(BENCH_ARGS)
 
+# The batch write with the brokers' early writeback (flush.writeback.bytes) on and off,
+# interleaved in one session, with the discard writer beside them.
+.PHONY: bench-writeback
+bench-writeback: setup
+	$(PY) -m benchmarks.bench_writeback $(BENCH_ARGS)
+
 # idemlog vs Spark's Kafka and Delta sinks and Kafka's own producer, on a real local Kafka.
 bench-peers: setup kafka-jars
 	$(PY) -m benchmarks.bench_peers $(BENCH_ARGS)

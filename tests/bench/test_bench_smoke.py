@@ -62,6 +62,15 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         ["BENCH_ARGS=--tasks 2 --partitions 1,3 --commits 2 --warmup 1"],
         ["commit_p50_ms_2x1", "commit_p95_ms_2x3"],
     ),
+    "bench-writeback": (
+        ["BENCH_ARGS=--rows 40000 --repeats 1"],
+        [
+            "writeback_on_vs_off_batch",
+            "writeback_on_vs_discard_batch",
+            "writeback_commit_ms_on",
+            "writeback_commit_ms_off",
+        ],
+    ),
     "bench-peers": (
         ["BENCH_ARGS=--rows 100000 --repeats 1 --stream-batches 2 --stream-rows 10000"],
         [
