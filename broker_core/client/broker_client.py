@@ -10,7 +10,8 @@ of every state partition, admin ones to any broker. A request refused with a ret
 routing error (``NOT_LEADER_OR_FOLLOWER``, ``NOT_COORDINATOR``,
 ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``) or a broken connection
 is retried after a metadata refresh (and a new FIND_COORDINATOR for that partition only),
-a few times with backoff.
+a few times with backoff; an any-broker request broken off by its connection is retried
+on the next known broker in turn, the controller first (``_any_broker``).
 Produce streams are raw: no retries (see ``broker_core.client.produce_stream``).
 This module holds the connections, the routing and the produce and fetch calls; the topic
 and operators' calls are ``client.admin_calls``, the coordinator's ``client.txn_calls``.
@@ -363,18 +364,49 @@ class BrokerClient(AdminCalls, TransactionCalls):
         return self._retry.call(attempt, retriable=retriable, before_retry=before_retry)
 
     def _any_broker(self, request: Request) -> dict[str, Any]:
+        """``request`` to any broker (an admin call, FIND_COORDINATOR, a producer id
+        without a transactional id), retried as :meth:`_routed` does.
+
+        The first attempt goes to the first known broker. A retry after a broken
+        connection goes to the address after the one that failed in
+        :meth:`_any_broker_order`, a retry after any other routing error to the first of
+        that order (the controller). A SIGKILLed broker stays in the metadata, as the
+        controller too if it was one, until its ZooKeeper session expires: a retry that
+        went back to it would spend every attempt there. Going round the order, rather
+        than leaving out for the rest of the call every address that failed once, comes
+        back to a broker whose failure was brief (a restart, a cut link).
+        """
+        failed: str | None = None  # the last attempt's address, if its connection failed
+
         def pick(retry: bool) -> str:
-            return self._known_addresses()[0] if not retry else self._preferred_address()
+            if not retry:
+                return self._known_addresses()[0]
+            order = self._any_broker_order()
+            if failed is None or failed not in order:
+                return order[0]
+            return order[(order.index(failed) + 1) % len(order)]
 
-        return self._routed(pick, lambda address: self._send(address, request))
+        def call(address: str) -> dict[str, Any]:
+            nonlocal failed
+            failed = None
+            try:
+                return self._send(address, request)
+            except NetworkError:
+                failed = address
+                raise
 
-    def _preferred_address(self) -> str:
+        return self._routed(pick, call)
+
+    def _any_broker_order(self) -> list[str]:
+        """Where an any-broker request is retried, in turn: the controller first (it
+        elects the leaders, so its view is the newest), then the other live brokers and
+        the bootstrap addresses (:meth:`_known_addresses`); never empty."""
         view = self.metadata()
-        if view.controller is not None and view.controller in view.brokers:
-            return view.brokers[view.controller].address
-        if not view.brokers:
-            raise NetworkError("the cluster reports no live broker")
-        return next(iter(view.brokers.values())).address
+        known = self._known_addresses()
+        controller = None if view.controller is None else view.brokers.get(view.controller)
+        if controller is None:
+            return known
+        return [controller.address] + [a for a in known if a != controller.address]
 
     def _send(self, address: str, request: Request) -> dict[str, Any]:
         return self.action(address, request.ACTION, request.to_doc())

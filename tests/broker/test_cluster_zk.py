@@ -342,6 +342,35 @@ def test_sigkilled_broker_partitions_fail_retriably_then_return_exactly_once(
         assert got == _expected(p, range(6 if p in mine else 5)), p
 
 
+def test_any_broker_calls_go_on_while_a_sigkilled_controller_is_still_listed(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory, client_for: ClientFor
+) -> None:
+    """A SIGKILLed controller stays in every broker's metadata, as the controller, until
+    its ZooKeeper session expires (CI: a stream's topic check in that window retried on
+    the dead controller until its retries ran out). The any-broker calls go on through
+    the live brokers meanwhile."""
+    # A session long enough that the calls below surely fall inside it.
+    brokers, probe = _start_cluster(zk_chroot, broker_factory, client_for, session_ms=10_000)
+    leaders = _create_everywhere(probe, brokers, "window", 3)
+    _coordinator(probe, brokers)  # __transaction_state exists before the kill
+    client = client_for(brokers[0])  # bootstrapped from the victim alone
+    view = client.refresh_metadata()
+    assert view.controller == 1 and sorted(view.brokers) == [1, 2, 3]
+    assert brokers[0].kill() == -9  # broker 1: the controller, the first known broker
+
+    (described,) = client.describe_topics(["window"])
+    assert [p.leader for p in described.partitions] == leaders
+    assert client.state_partition_count() >= 1  # FIND_COORDINATOR
+    pid, epoch = client.init_producer_id()  # from a live broker's block
+    assert pid >= 0 and epoch == 0
+    # The scenario held: after those calls the survivors still list the dead broker, as
+    # the controller (its session had not expired).
+    for survivor in brokers[1:]:
+        doc = _metadata(probe, survivor)
+        assert doc["controller"] == 1, doc
+        assert 1 in {b["broker_id"] for b in doc["brokers"]}, doc
+
+
 # -- 3. coordinator failover in the middle of end_txn --------------------------------------
 
 # __transaction_state-0 of brokers [1, 2, 3]: its replicas start at a stable hash of the

@@ -6,9 +6,11 @@ its target (a partition's leader or follower, or the controller), its duration a
 gap before it from ``random.Random(seed)``) run against a 3-broker
 :class:`ReplicatedCluster` and a topic with ``replication.factor=3``, two partitions and
 512 KiB segments, while an idempotent ``acks=all`` producer sends a steady stream of ids.
-The faults: SIGKILL and a restart after a random downtime; a clean stop (SIGTERM:
-leadership moved away first) and a restart; a crash loop (SIGKILL, restart, SIGKILL again
-while it truncates and catches up, restart); SIGSTOP for less than the ZooKeeper session
+The faults: SIGKILL and a restart after a random downtime (the controller's once its
+session expired, so that a new one elects); a clean stop (SIGTERM:
+leadership moved away first) and a restart; a crash loop (SIGKILL, a restart once its
+session expired, SIGKILL again while it truncates and catches up, restart); SIGSTOP for
+less than the ZooKeeper session
 (the ISR may shrink); SIGSTOP for longer (a frozen leader is replaced and wakes up as a
 zombie); the producer's link to a leader cut through a TCP proxy. Each fault hits a
 partition's leader or follower, the controller, or the sink's transaction coordinator (the

@@ -16,6 +16,7 @@ from collections import Counter
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
+from broker_core.server.config import ZK_ROOT
 from broker_core.txn.state_topic import TXN_STATE_TOPIC
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.schedule import (
@@ -357,6 +358,8 @@ class ScheduleRun:
             until = time.monotonic() + fault.duration_s
             self._sample(record, "while down")
             time.sleep(max(0.0, until - time.monotonic()))  # the rest of the downtime
+            if fault.kind == CRASH_LOOP or record.broker == record.controller_before:
+                self._wait_registration_gone(record.broker)
             broker.restart()
             record.notes.append(f"{broker.name} restarted at {self.now():.2f}s")
             if fault.kind == CRASH_LOOP:
@@ -427,6 +430,25 @@ class ScheduleRun:
             f"{check.blind_duplicates} without)"
         )
         self._sample(record, "settled")
+
+    def _wait_registration_gone(self, broker_id: int) -> None:
+        """Wait until the killed broker's ZooKeeper session has expired (its registration
+        is gone), so that a controller saw it leave and elected its partitions' new
+        leaders. Needed by a crash loop, which kills it again while it truncates and
+        catches up behind them, and by a kill of the controller, which the step checks
+        by a new controller and, for a leader, an election. Restarted sooner, the new
+        process registers the moment the old registration goes; when it was the
+        controller, that is before the next controller (elected at that moment) first
+        reads the brokers, which then sees no change and elects no one (a bounce,
+        docs/failure-model.md). The client's old any-broker retries hid this for broker
+        1: while it stayed in the metadata as the controller, the sample above failed
+        until its session had expired."""
+        registration = f"{ZK_ROOT}/brokers/ids/{broker_id}"
+        wait_until(
+            lambda: self._zk.exists(registration) is None,
+            f"broker {broker_id}'s registration gone with its session",
+            timeout=30,
+        )
 
     def _sample(self, record: StepRecord, when: str) -> None:
         for p in range(self.partitions):

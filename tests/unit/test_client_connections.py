@@ -1,4 +1,5 @@
-"""The one Flight connection cache, and the broker client's retries of routing errors."""
+"""The one Flight connection cache, and the broker client's retries of routing errors
+(an any-broker call's against a real broker process)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
+from broker_core.client.routes import BrokerAddress, ClusterView
 from broker_core.errors import (
     ConcurrentTransactionsError,
     InvalidConfigError,
@@ -15,6 +17,9 @@ from broker_core.errors import (
     NotCoordinatorError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.protocol.requests import Request
+from tests.broker.helpers import TEST_BROKER_CONFIG
+from tests.harness.broker import BrokerFactory
 
 DEAD = "127.0.0.1:1"  # nothing listens on port 1: a connection is refused at once
 
@@ -89,3 +94,94 @@ def test_negative_retry_settings_are_refused_by_name() -> None:
         BrokerClient(DEAD, retries=-1)
     with pytest.raises(InvalidConfigError, match=r"retry_backoff_s=-0\.5"):
         BrokerClient(DEAD, retry_backoff_s=-0.5)
+
+
+def _dead_controller_view(live: str) -> ClusterView:
+    """What every survivor answers METADATA with while a SIGKILLed controller's ZooKeeper
+    session has not expired: broker 1 (``DEAD``) still listed, and still the controller;
+    broker 2 the live one."""
+    host, _, port = live.rpartition(":")
+    brokers = {1: BrokerAddress(1, "127.0.0.1", 1), 2: BrokerAddress(2, host, int(port))}
+    return ClusterView(brokers, controller=1, topics={})
+
+
+def _record_sends(client: BrokerClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The address of each request ``client`` sends from now on (sent as before)."""
+    tried: list[str] = []
+    send = client._send
+
+    def recorded(address: str, request: Request) -> dict[str, object]:
+        tried.append(address)
+        return send(address, request)
+
+    monkeypatch.setattr(client, "_send", recorded)
+    return tried
+
+
+def test_an_any_broker_retry_goes_past_a_dead_controller_to_a_live_broker(
+    broker_factory: BrokerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI's flake: a stream's topic check (DescribeTopics) after the SIGKILL of the broker
+    that was also the controller. Every retry went back to the controller the metadata
+    still named, and the call failed; the retry after the refused connection goes to the
+    next known broker instead."""
+    live = broker_factory(TEST_BROKER_CONFIG)
+    with BrokerClient(live.address) as setup:
+        setup.create_topic("described", 2)
+    view = _dead_controller_view(live.address)
+    with BrokerClient(f"{DEAD},{live.address}", retries=3, retry_backoff_s=0.001) as client:
+        client._view = view
+        monkeypatch.setattr(client, "refresh_metadata", lambda: view)  # the window, held
+        tried = _record_sends(client, monkeypatch)
+        (described,) = client.describe_topics(["described"])
+        assert len(described.partitions) == 2
+        assert tried == [DEAD, live.address]
+        # FIND_COORDINATOR and a producer id without a transactional id too.
+        del tried[:]
+        assert client.state_partition_count() == 1
+        assert client.init_producer_id()[1] == 0
+        assert tried == [DEAD, live.address, DEAD, live.address]
+
+
+def test_an_any_broker_retry_comes_back_to_a_controller_that_failed_for_a_moment(
+    broker_factory: BrokerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retries go round the known brokers, the controller first: a controller whose
+    connection broke once (a cut link, a restart) is asked again after the others failed,
+    and at once after an answer with another routing error; it is not left out for the
+    rest of the call."""
+    live = broker_factory(TEST_BROKER_CONFIG)
+    host, _, port = live.address.rpartition(":")
+    second = "127.0.0.1:2"  # nothing listens there either
+    view = ClusterView(
+        {
+            1: BrokerAddress(1, host, int(port)),
+            2: BrokerAddress(2, "127.0.0.1", 2),
+            3: BrokerAddress(3, "127.0.0.1", 1),
+        },
+        controller=1,
+        topics={},
+    )
+    with BrokerClient(live.address, retries=5, retry_backoff_s=0.001) as client:
+        client._view = view
+        monkeypatch.setattr(client, "refresh_metadata", lambda: view)
+        tried = _record_sends(client, monkeypatch)
+        send = client._send
+        refusals: dict[str, list[Exception]] = {}  # address -> its next answers, injected
+
+        def refusing(address: str, request: Request) -> dict[str, object]:
+            if refusals.get(address):
+                tried.append(address)
+                raise refusals[address].pop(0)
+            return send(address, request)
+
+        monkeypatch.setattr(client, "_send", refusing)
+        refusals[live.address] = [NetworkError("connection reset")]
+        client.describe_topics()
+        assert tried == [live.address, second, DEAD, live.address]
+
+        del tried[:]
+        refusals[live.address] = [NetworkError("connection reset")]
+        refusals[second] = [NotCoordinatorError("moved")]  # it answers, with a routing error
+        client.describe_topics()
+        assert tried == [live.address, second, live.address]
