@@ -1,6 +1,7 @@
 """The batch write with the brokers' early writeback on and off, in one Spark session.
 
     python -m benchmarks.bench_writeback [--rows 20000000] [--repeats 3] [--dir DIR]
+    python -m benchmarks.bench_writeback --files-only [--repeats 10] [--dir DIR]
 
 (``make bench-writeback``.) Two broker processes (``idemlog broker start``, embedded
 mode), alike but for the topic key ``flush.writeback.bytes``: the default (1 MiB) on one,
@@ -19,6 +20,13 @@ Prints each run, a table (best and median seconds, rows/s, and the driver's comm
     writeback_on_vs_discard_batch=<discard's best / idemlog's, writeback on>
     writeback_off_vs_discard_batch=<discard's best / idemlog's, writeback off>
     writeback_commit_ms_on=<p50>, writeback_commit_ms_off=<p50>
+
+``--files-only``: the hint's own cost, without Spark or a broker: 1 GiB written to a file in
+1 MiB ``pwrite``s then fsynced, ``--repeats`` times with ``start_writeback`` after each MiB
+and as many without, alternating; the write's and the fsync's seconds, and the whole
+machine's busy CPU seconds from ``/proc/stat`` (the kernel's writeback threads included).
+Last lines ``writeback_file_busy_s_on``/``_off`` and ``writeback_file_fsync_ms_on``/``_off``
+(medians).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from benchmarks.bench_broker import Server, start_broker
 from benchmarks.bench_spark import source
 from benchmarks.discard_sink import DiscardDataSource
 from broker_core.client.broker_client import BrokerClient
+from broker_core.fileutil import start_writeback
 from spark_sink import local_session, trace
 
 VARIANTS = {"on": "", "off": "log.flush.writeback.bytes=0\n"}
@@ -72,16 +81,65 @@ def _commit_ms(trace_file: Path, since: float) -> list[float]:
     return spans
 
 
+def _busy_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine so far (every core, kernel threads too)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(v) for v in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def files_only(directory: Path, repeats: int) -> None:
+    """The early writeback's cost in CPU and what it saves the fsync, on a plain file."""
+    chunk = os.urandom(1 << 20)
+    figures: dict[str, list[tuple[float, float, float]]] = {"on": [], "off": []}
+    for r in range(repeats):
+        for way in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            os.sync()
+            path = directory / f"writeback-{way}.bin"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                busy, start = _busy_cpu_s(), time.perf_counter()
+                for i in range(1024):
+                    os.pwrite(fd, chunk, i << 20)
+                    if way == "on":
+                        start_writeback(fd, i << 20, 1 << 20)
+                written = time.perf_counter()
+                os.fsync(fd)
+                done = time.perf_counter()
+                figures[way].append((written - start, done - written, _busy_cpu_s() - busy))
+            finally:
+                os.close(fd)
+                path.unlink()
+    print(f"{'1 GiB':<6} {'write s':>8} {'fsync ms':>9} {'busy CPU s':>11}  (medians of {repeats})")
+    for way, runs in figures.items():
+        write_s, fsync_s, busy_s = (statistics.median(column) for column in zip(*runs, strict=True))
+        print(f"{way:<6} {write_s:>8.2f} {fsync_s * 1000:>9.1f} {busy_s:>11.2f}")
+    for way, runs in figures.items():
+        print(f"writeback_file_busy_s_{way}={statistics.median(r[2] for r in runs):.3f}")
+        print(f"writeback_file_fsync_ms_{way}={statistics.median(r[1] for r in runs) * 1000:.2f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--dir", help="scratch directory (default: a temporary one)")
+    parser.add_argument(
+        "--files-only", action="store_true", help="the hint's cost on a plain file, no Spark"
+    )
     args = parser.parse_args(argv)
     if args.rows < 1 or args.repeats < 1:
         parser.error("--rows and --repeats must be at least 1")
     directory = Path(args.dir or tempfile.mkdtemp(prefix="bench-writeback-"))
     directory.mkdir(parents=True, exist_ok=True)
+    if args.files_only:
+        try:
+            files_only(directory, args.repeats)
+        finally:
+            if args.dir is None:
+                shutil.rmtree(directory, ignore_errors=True)
+        return 0
     trace_file = directory / "trace.jsonl"
     os.environ[trace.ENV] = str(trace_file)  # inherited by Spark's Python workers
     servers: dict[str, Server] = {}
