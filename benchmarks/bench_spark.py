@@ -186,18 +186,8 @@ class Bench:
         return elapsed
 
     def check_topic(self, topic: str, rows: int, transactions: int) -> None:
-        """All ``rows`` are in the log and every transaction is decided. Markers take
-        offsets too, one per transaction and partition it wrote to, hence the range."""
         with BrokerClient(ensure_broker(self.embedded)) as client:
-            partitions = len(client.describe_topics([topic])[0].partitions)
-            offsets = [client.list_offsets(topic, p) for p in range(partitions)]
-        end = sum(o["log_end_offset"] for o in offsets)
-        stable = sum(o["last_stable_offset"] for o in offsets)
-        if not rows < end <= rows + transactions * partitions or stable != end:
-            raise SystemExit(
-                f"idemlog topic {topic}: log end {end}, last stable offset {stable}, for "
-                f"{rows} rows in at most {transactions} transactions over {partitions} partitions"
-            )
+            check_topic(client, topic, rows, transactions)
 
     def delete_topic(self, topic: str) -> None:
         # Absent when the write failed before creating it.
@@ -206,6 +196,20 @@ class Bench:
             contextlib.suppress(UnknownTopicOrPartitionError),
         ):
             client.delete_topic(topic)
+
+
+def check_topic(client: BrokerClient, topic: str, rows: int, transactions: int) -> None:
+    """All ``rows`` are in the log and every transaction is decided. Markers take offsets
+    too, one per transaction and partition it wrote to, hence the range."""
+    partitions = len(client.describe_topics([topic])[0].partitions)
+    offsets = [client.list_offsets(topic, p) for p in range(partitions)]
+    end = sum(o["log_end_offset"] for o in offsets)
+    stable = sum(o["last_stable_offset"] for o in offsets)
+    if not rows < end <= rows + transactions * partitions or stable != end:
+        raise SystemExit(
+            f"idemlog topic {topic}: log end {end}, last stable offset {stable}, for "
+            f"{rows} rows in at most {transactions} transactions over {partitions} partitions"
+        )
 
 
 # -- CPU accounting ---------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.bench_broker import Server, start_broker
-from benchmarks.bench_spark import source
+from benchmarks.bench_spark import check_topic, source
 from benchmarks.discard_sink import DiscardDataSource
 from broker_core.client.broker_client import BrokerClient
 from broker_core.fileutil import start_writeback
@@ -55,18 +55,9 @@ WARMUP_ROWS = 100_000
 
 
 def _check(address: str, topic: str, rows: int, transactions: int) -> None:
-    """Every row in the log and every transaction decided (markers take one offset each,
-    one per transaction and partition it wrote to); then the topic is deleted."""
+    """Every row in the log and every transaction decided; then the topic is deleted."""
     with BrokerClient(address) as client:
-        partitions = len(client.describe_topics([topic])[0].partitions)
-        offsets = [client.list_offsets(topic, p) for p in range(partitions)]
-        end = sum(o["log_end_offset"] for o in offsets)
-        stable = sum(o["last_stable_offset"] for o in offsets)
-        if not rows < end <= rows + transactions * partitions or stable != end:
-            raise SystemExit(
-                f"{topic}: log end {end}, last stable offset {stable}, for {rows} rows in at "
-                f"most {transactions} transactions over {partitions} partitions"
-            )
+        check_topic(client, topic, rows, transactions)
         client.delete_topic(topic)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import broker_core.log.segment as segment_module
+from broker_core.log.partition_log import PartitionLog
 from broker_core.log.segment import LogSegment
 from broker_core.record.batch import ControlType
 from tests.harness.page_cache import page_counts
@@ -25,16 +26,21 @@ BATCHES = 8
 HINTED_DEADLINE_S = 10.0
 
 
-def _append_transaction(path: Path, writeback_bytes: int) -> LogSegment:
-    log = open_log(path, flush_writeback_bytes=writeback_bytes)
+def _append_batches(log: PartitionLog, *, transactional: bool = True) -> None:
+    """BATCHES batches of one producer (about 4 MiB), in one transaction by default."""
     for i in range(BATCHES):
         log.append(
             rows(BATCH_ROWS, i * BATCH_ROWS, width=16),
             producer_id=1,
             producer_epoch=0,
             base_sequence=i * BATCH_ROWS,
-            transactional=True,
+            transactional=transactional,
         )
+
+
+def _append_transaction(path: Path, writeback_bytes: int) -> LogSegment:
+    log = open_log(path, flush_writeback_bytes=writeback_bytes)
+    _append_batches(log)
     return log.active
 
 
@@ -62,14 +68,7 @@ def test_the_hint_covers_each_appended_byte_once(
         segment_module, "start_writeback", lambda _fd, off, n: calls.append((off, n)) or True
     )
     log = open_log(tmp_path, flush_writeback_bytes=MIB)
-    for i in range(BATCHES):
-        log.append(
-            rows(BATCH_ROWS, i * BATCH_ROWS, width=16),
-            producer_id=1,
-            producer_epoch=0,
-            base_sequence=i * BATCH_ROWS,
-            transactional=True,
-        )
+    _append_batches(log)
     log.write_marker(1, 0, ControlType.COMMIT)
     assert calls, "no writeback was started"
     # Back to back from the segment's start, each at least the threshold.
@@ -94,13 +93,7 @@ def test_a_refused_hint_stops_the_hints_and_keeps_the_appends(
     monkeypatch.setattr(segment_module, "start_writeback", refuse)
     log = open_log(tmp_path, flush_writeback_bytes=MIB)
     with caplog.at_level(logging.WARNING, logger="idemlog.segment"):
-        for i in range(BATCHES):
-            log.append(
-                rows(BATCH_ROWS, i * BATCH_ROWS, width=16),
-                producer_id=1,
-                producer_epoch=0,
-                base_sequence=i * BATCH_ROWS,
-            )
+        _append_batches(log, transactional=False)
     assert calls == [1]  # tried once, then off for this segment
     assert "early writeback off" in caplog.text
     assert read_ids(log) == list(range(BATCHES * BATCH_ROWS))
