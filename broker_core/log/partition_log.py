@@ -299,12 +299,10 @@ class PartitionLog:
 
     # -- durability ----------------------------------------------------------------------
     def _maybe_flush(self, now: int) -> None:
-        if (
-            self._unflushed >= self.config.flush_messages
-            or now - self._last_flush_ms >= self.config.flush_ms
-        ):
+        due = self._unflushed >= self.config.flush_messages
+        if due or now - self._last_flush_ms >= self.config.flush_ms:
             self.flush()
-        else:
+        else:  # a flush writes the pages anyway; else start their writeback
             self.active.start_writeback(self.config.flush_writeback_bytes)
 
     def flush_if_due(self, now_ms: int | None = None) -> bool:
