@@ -40,6 +40,7 @@ def test_unknown_key_is_named_with_a_suggestion() -> None:
         ("segment.bytes", "ten", r"segment\.bytes='ten' is not an integer"),
         ("segment.bytes", 10, r"segment\.bytes=10 is below the minimum 1024"),
         ("flush.messages", 0, r"flush\.messages=0 is below the minimum 1"),
+        ("flush.writeback.bytes", -1, r"flush\.writeback\.bytes=-1 is below the minimum 0"),
         ("producer.state.batch.window", True, r"producer\.state\.batch\.window=True"),
     ],
 )
