@@ -4,10 +4,10 @@ conftest.py, which test modules never import)."""
 from __future__ import annotations
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.protocol.wire import SinkAttempt
+from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from tests.store.helpers import SCHEMA, rows
 
-__all__ = ["SCHEMA", "TEST_BROKER_CONFIG", "ids", "prepared_attempt", "rows"]
+__all__ = ["SCHEMA", "TEST_BROKER_CONFIG", "ids", "prepared_attempt", "rows", "sink_task_attempt"]
 
 # Small limits, so the tests can hit them with small batches.
 TEST_BROKER_CONFIG: dict[str, object] = {
@@ -44,6 +44,18 @@ def prepared_attempt(
     epoch), for the driver's commit."""
     tid = f"{attempt.sink_id}/{task}"
     pid, epoch, _ = client.init_sink_producer(tid, timeout_ms, attempt)
+    _write_and_prepare(client, (tid, pid, epoch), attempt.batch_id, topic, batches)
+    return tid, pid, epoch
+
+
+def _write_and_prepare(
+    client: BrokerClient,
+    txn: tuple[str, int, int],
+    batch_id: int,
+    topic: str,
+    batches: dict[int, list[range]],
+) -> None:
+    tid, pid, epoch = txn
     client.add_partitions_to_txn(tid, pid, epoch, [(topic, p) for p in batches])
     ranges = []
     for p, spans in batches.items():
@@ -61,5 +73,25 @@ def prepared_attempt(
                 )
                 sequence += len(span)
         ranges.append((topic, p, acked[0][0], acked[-1][1]))
-    client.prepare_sink_txn(tid, pid, epoch, attempt.batch_id, ranges)
-    return tid, pid, epoch
+    client.prepare_sink_txn(tid, pid, epoch, batch_id, ranges)
+
+
+def sink_task_attempt(
+    client: BrokerClient,
+    attempt: SinkAttempt,
+    task: int,
+    topic: str,
+    batches: dict[int, list[range]],
+    *,
+    timeout_ms: int | None = None,
+) -> tuple[tuple[str, int, int], SinkTxnStatus]:
+    """One sink task attempt exactly as the Spark writer makes it: after an init that
+    answers NEW, :func:`prepared_attempt`'s writes and prepare; after one that hands back
+    an earlier attempt's transaction of the batch (PREPARED or COMMITTED), nothing is
+    written: that transaction holds the task's rows, the earlier attempt's. Its
+    (transactional id, pid, epoch) and the init's status."""
+    tid = f"{attempt.sink_id}/{task}"
+    pid, epoch, status = client.init_sink_producer(tid, timeout_ms, attempt)
+    if status is SinkTxnStatus.NEW:
+        _write_and_prepare(client, (tid, pid, epoch), attempt.batch_id, topic, batches)
+    return (tid, pid, epoch), status

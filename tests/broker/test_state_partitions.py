@@ -26,8 +26,8 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError, InvalidRequestError, NotCoordinatorError
 from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, state_partition_of
 from broker_core.protocol.txn_requests import CommitSinkBatchRequest
-from broker_core.protocol.wire import Action, SinkAttempt
-from tests.broker.helpers import ids, prepared_attempt, rows
+from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
+from tests.broker.helpers import ids, prepared_attempt, rows, sink_task_attempt
 from tests.harness.broker import BrokerFactory
 from tests.harness.client_calls import answering_address
 from tests.harness.replicated import ReplicatedCluster
@@ -92,6 +92,8 @@ class Committer:
     done_at: list[float] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    # (batch, task) -> the ids of its last attempt whose prepare answered
+    prepared: dict[tuple[int, int], list[int]] = field(default_factory=dict)
 
     def run(self) -> None:
         batch = 0
@@ -110,52 +112,46 @@ class Committer:
 
     def _one(self, batch: int, attempt: int) -> list[int] | None:
         """One batch: two tasks, then the driver's commit; None after a retriable error
-        (a partition or the coordinator moving), to be retried as a new attempt."""
+        (a partition or the coordinator moving), to be retried as a new attempt.
+
+        A task whose init hands back an earlier attempt's prepared transaction of the
+        batch writes nothing, as the Spark writer does: its rows are that attempt's
+        (``self.prepared``); when that attempt's prepare answer was lost they are not
+        known here, and the batch's rows are then not checked, only not doubled."""
         run = "run-1"
-        spans = {
-            p: [
-                range(
-                    self.base + batch * 1000 + attempt * 100 + p * 10,
-                    self.base + batch * 1000 + attempt * 100 + p * 10 + 3,
-                )
-            ]
-            for p in self.partitions
-        }
+        rows_of: dict[int, list[int] | None] = {}
         try:
             txns = []
             for task in range(2):
-                task_spans = {
-                    p: [range(r.start + task * 5, r.stop + task * 5)]
-                    for p, rs in spans.items()
-                    for r in rs
-                }
-                txns.append(
-                    prepared_attempt(
-                        self.client,
-                        SinkAttempt(self.sink, run, batch),
-                        task,
-                        TOPIC,
-                        task_spans,
-                        timeout_ms=120_000,
-                    )
+                first = self.base + batch * 1000 + attempt * 100 + task * 5
+                spans = {p: [range(first + p * 10, first + p * 10 + 3)] for p in self.partitions}
+                txn, status = sink_task_attempt(
+                    self.client,
+                    SinkAttempt(self.sink, run, batch),
+                    task,
+                    TOPIC,
+                    spans,
+                    timeout_ms=120_000,
                 )
+                if status is SinkTxnStatus.NEW:
+                    written = [i for rs in spans.values() for r in rs for i in r]
+                    self.prepared[(batch, task)] = written
+                    rows_of[task] = written
+                else:
+                    rows_of[task] = self.prepared.get((batch, task))
+                txns.append(txn)
             committed = self.client.commit_sink_batch(self.sink, batch, txns, run)
         except IdemlogError as exc:
             if not exc.retriable:
                 raise
             time.sleep(0.2)  # backoff before the next attempt, not a synchronisation
             return None
-        if not committed:
+        if not committed or any(r is None for r in rows_of.values()):
             # An earlier attempt whose commit answer was lost committed the batch (these
-            # transactions were aborted): its rows are not known here, only not doubled.
+            # transactions were aborted), or a reused transaction's rows are not known:
+            # its rows are not known here, only not doubled.
             return []
-        return [
-            i
-            for task in range(2)
-            for p, rs in spans.items()
-            for r in rs
-            for i in range(r.start + task * 5, r.stop + task * 5)
-        ]
+        return [i for task in range(2) for i in rows_of[task] or []]
 
 
 def test_two_coordinators_commit_concurrently_and_a_failover_stalls_only_its_own_ids(
