@@ -38,14 +38,14 @@ def prepared_attempt(
     *,
     timeout_ms: int | None = None,
 ) -> tuple[str, int, int]:
-    """One sink task attempt as the Spark writer makes it: InitProducerId for
-    ``<sink>/<task>``, the id ranges of ``batches[p]`` into partition p in one
-    transaction, then prepare with the offsets they got. Its (transactional id, pid,
-    epoch), for the driver's commit."""
-    tid = f"{attempt.sink_id}/{task}"
-    pid, epoch, _ = client.init_sink_producer(tid, timeout_ms, attempt)
-    _write_and_prepare(client, (tid, pid, epoch), attempt.batch_id, topic, batches)
-    return tid, pid, epoch
+    """One sink task attempt: InitProducerId for ``<sink>/<task>``, the id ranges of
+    ``batches[p]`` into partition p in one transaction, then prepare with the offsets
+    they got -- whatever the init answered. Its (transactional id, pid, epoch), for the
+    driver's commit."""
+    txn, _ = sink_task_attempt(
+        client, attempt, task, topic, batches, timeout_ms=timeout_ms, write_when_reused=True
+    )
+    return txn
 
 
 def _write_and_prepare(
@@ -84,14 +84,16 @@ def sink_task_attempt(
     batches: dict[int, list[range]],
     *,
     timeout_ms: int | None = None,
+    write_when_reused: bool = False,
 ) -> tuple[tuple[str, int, int], SinkTxnStatus]:
     """One sink task attempt exactly as the Spark writer makes it: after an init that
     answers NEW, :func:`prepared_attempt`'s writes and prepare; after one that hands back
     an earlier attempt's transaction of the batch (PREPARED or COMMITTED), nothing is
-    written: that transaction holds the task's rows, the earlier attempt's. Its
-    (transactional id, pid, epoch) and the init's status."""
+    written: that transaction holds the task's rows, the earlier attempt's
+    (``write_when_reused``: written and prepared all the same). Its (transactional id,
+    pid, epoch) and the init's status."""
     tid = f"{attempt.sink_id}/{task}"
     pid, epoch, status = client.init_sink_producer(tid, timeout_ms, attempt)
-    if status is SinkTxnStatus.NEW:
+    if status is SinkTxnStatus.NEW or write_when_reused:
         _write_and_prepare(client, (tid, pid, epoch), attempt.batch_id, topic, batches)
     return (tid, pid, epoch), status
