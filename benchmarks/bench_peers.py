@@ -94,7 +94,10 @@ producer lives.
 ``--rows`` rows, written once by each peer's own sink, read back in ``--repeats``
 interleaved rounds with ``spark.read.format("idemlog")`` (read_committed), Spark's Kafka
 source (decoded to the written columns) and Delta, each materialised with a noop write of
-every column (median run); and a streaming read of idemlog and of Kafka while
+every column (median run); beside them two references on the same rows in local Arrow
+files (``benchmarks.arrow_probe``): ``arrowpy``, the floor of any Python data source's
+read, and ``arrowjvm``, a JVM DataSource V2 handing Spark the Arrow vectors as columnar
+batches (compiled here with ``javac``); and a streaming read of idemlog and of Kafka while
 ``--stream-batches`` transactions of ``--stream-rows`` rows are appended, one micro-batch
 each (``triggerExecution`` p50).
 
@@ -115,6 +118,9 @@ asserted), a bar chart of the ratios in ``bench/peers.png``, and as the last lin
     idemlog_read_vs_kafka_source=<Kafka source read time / idemlog's>  (target >= 1.0)
     idemlog_read_vs_delta=<Delta read time / idemlog's>                (target >= 0.8)
     idemlog_read_stream_vs_kafka_source=<Kafka streaming read p50 / idemlog's>
+    idemlog_read_vs_python_floor=<arrowpy read time / idemlog's>
+    python_floor_read_vs_delta=<Delta read time / arrowpy's>
+    jvm_columnar_read_vs_delta=<Delta read time / arrowjvm's>
 
 (the targets are issue 27's; ``benchmarks.peers_report.RATIOS``; a part that did not run
 prints none of its keys).
@@ -147,6 +153,8 @@ import pyspark
 # for private names; these are its documented public ones.
 from pyspark.sql import DataFrame, SparkSession
 
+from benchmarks.arrow_files_source import ArrowFilesDataSource
+from benchmarks.arrow_probe import build_probe
 from benchmarks.bench_spark import (
     SINKS as BENCH_SPARK_SINKS,
 )
@@ -182,6 +190,7 @@ STREAM_SINKS = ("idemlog", "discard", "delta", "kafka")
 WARMUP_STREAM_BATCHES = 5
 SPARK_KAFKA_JARS = REPO / "jars" / "spark-kafka"
 CHART = REPO / "bench" / "peers.png"
+PROBE_BUILD = REPO / "build" / "arrow-scan"
 KAFKA_COLUMNS = ("cast(key as string) key", "cast(value as binary) value")
 # Spark's Kafka producer: what kafka-clients 3.x defaults to anyway, spelled out.
 KAFKA_SINK_OPTIONS = {"kafka.acks": "all", "kafka.enable.idempotence": "true"}
@@ -420,6 +429,8 @@ def _stop_spark(spark: SparkSession) -> None:
 def spark_parts(args: argparse.Namespace, directory: Path, kafka: KafkaAdmin) -> list[Row]:
     embedded = str(directory / "embedded")
     jars = project_jars() + spark_kafka_jars()
+    if "read" in args.parts:
+        jars.append(str(build_probe(PROBE_BUILD)))
     conf = {**delta_conf(), "spark.jars": ",".join(jars)}
     spark = local_session("bench-peers", cores=2, max_failures=1, conf=conf)
     # The session installed PySpark's SIGINT handler: ours instead (see _interrupt).
@@ -427,6 +438,7 @@ def spark_parts(args: argparse.Namespace, directory: Path, kafka: KafkaAdmin) ->
     _running.append(spark)
     try:
         spark.dataSource.register(DiscardDataSource)
+        spark.dataSource.register(ArrowFilesDataSource)
         print(
             f"bench-peers: Spark {spark.version}, {spark.sparkContext.master}, "
             f"{source(spark, 1).rdd.getNumPartitions()} source partitions, Arrow batches of "

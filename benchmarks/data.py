@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
 
@@ -39,15 +41,19 @@ PEERS_SPARK_SCHEMA = pa.schema(
 )
 
 
-def peers_batches(rows: int, batch_rows: int) -> list[pa.RecordBatch]:
+def iter_peers_batches(rows: int, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """bench-peers' first ``rows`` rows in batches of ``batch_rows`` rows (the last one
-    shorter), typed as Spark hands them over (:data:`PEERS_SPARK_SCHEMA`)."""
+    shorter), typed as Spark hands them over (:data:`PEERS_SPARK_SCHEMA`), made one at a
+    time."""
     import pyarrow.compute as pc
 
-    batches = []
     for start in range(0, rows, batch_rows):
         ids = pa.array(np.arange(start, min(start + batch_rows, rows), dtype=np.int64))
         keys = pa.array((ids.to_numpy() % 1000).astype(np.int32))
         values = pc.binary_join_element_wise("value-", pc.cast(ids, pa.string()), "")
-        batches.append(pa.RecordBatch.from_arrays([ids, keys, values], schema=PEERS_SPARK_SCHEMA))
-    return batches
+        yield pa.RecordBatch.from_arrays([ids, keys, values], schema=PEERS_SPARK_SCHEMA)
+
+
+def peers_batches(rows: int, batch_rows: int) -> list[pa.RecordBatch]:
+    """:func:`iter_peers_batches` as a list."""
+    return list(iter_peers_batches(rows, batch_rows))

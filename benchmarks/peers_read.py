@@ -21,7 +21,11 @@ a column nor short-circuit a count:
   value``: decoding is part of the comparison, because a user of the Kafka source needs it
   to get the DataFrame idemlog and Delta hand out. Kafka's rows have no ``id`` (the write
   part never sends it), so it moves 8 bytes a row less than the other two;
-- ``delta``: ``spark.read.format("delta").load(path)``: ``id, key, value``.
+- ``delta``: ``spark.read.format("delta").load(path)``: ``id, key, value``;
+- two references, not peers (``benchmarks.arrow_probe``): the same rows as 4 Arrow IPC
+  stream files on local disk, read by ``arrowpy`` (a Python data source yielding their
+  batches: the floor of any Python data source's read) and by ``arrowjvm`` (a JVM
+  DataSource V2 handing Spark the Arrow vectors as columnar batches): ``id, key, value``.
 
 Each reader's **median** run counts (rows/s), CPU seconds (this process tree -- the JVM,
 its Python workers, the Kafka node -- plus the embedded broker) of its median run.
@@ -61,6 +65,7 @@ from confluent_kafka import Producer as KafkaProducer
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from benchmarks.arrow_probe import PROBE_CLASS, write_arrow_files
 from benchmarks.bench_spark import Cpu, source
 from benchmarks.common import percentile
 from benchmarks.kafka_node import PARTITIONS, KafkaAdmin, fresh
@@ -69,7 +74,9 @@ from broker_core.client.broker_client import BrokerClient
 from spark_sink.embedded import ensure_broker
 from spark_sink.producer import Producer as IdemlogProducer
 
-READERS = ("idemlog", "kafka", "delta")
+# arrowpy and arrowjvm are references, not peers: the same rows from local Arrow files
+# through a Python data source and through a JVM columnar scan (benchmarks.arrow_probe).
+READERS = ("idemlog", "kafka", "delta", "arrowpy", "arrowjvm")
 STREAM_READERS = ("idemlog", "kafka")
 KAFKA_WRITE_COLUMNS = ("cast(key as string) key", "cast(value as binary) value")
 KAFKA_READ_COLUMNS = ("cast(cast(key as string) as int) key", "cast(value as string) value")
@@ -86,13 +93,19 @@ class Stored:
     idemlog_topic: str
     kafka_topic: str
     delta_path: Path
+    arrow_path: Path
 
 
 def _store(
     spark: SparkSession, embedded: str, kafka: KafkaAdmin, directory: Path, rows: int
 ) -> Stored:
     """Write ``rows`` rows once to each peer with its own Spark sink (untimed), checked."""
-    stored = Stored(fresh("read"), fresh("read"), directory / fresh("delta-read"))
+    stored = Stored(
+        fresh("read"),
+        fresh("read"),
+        directory / fresh("delta-read"),
+        directory / fresh("arrow-read"),
+    )
     df = source(spark, rows)
     (
         df.write.format("idemlog")
@@ -112,6 +125,7 @@ def _store(
     )
     kafka.check("read part", stored.kafka_topic, rows)
     df.write.format("delta").mode("errorifexists").save(str(stored.delta_path))
+    write_arrow_files(stored.arrow_path, rows)
     return stored
 
 
@@ -145,6 +159,10 @@ def _reader(
         )
     if name == "delta":
         return spark.read.format("delta").load(str(stored.delta_path))
+    if name == "arrowpy":
+        return spark.read.format("arrowfiles").load(str(stored.arrow_path))
+    if name == "arrowjvm":
+        return spark.read.format(PROBE_CLASS).load(str(stored.arrow_path))
     raise ValueError(name)
 
 
@@ -203,6 +221,7 @@ def batch_reads(
     finally:
         kafka.delete(stored.kafka_topic)
         shutil.rmtree(stored.delta_path, ignore_errors=True)
+        shutil.rmtree(stored.arrow_path, ignore_errors=True)
         with BrokerClient(ensure_broker(embedded)) as client:
             client.delete_topic(stored.idemlog_topic)
     result = []

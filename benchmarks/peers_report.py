@@ -63,6 +63,12 @@ RATIOS: tuple[tuple[str, str, str, str, float | None], ...] = (
     ("idemlog_read_vs_kafka_source", "read", "kafka", "idemlog", 1.0),
     ("idemlog_read_vs_delta", "read", "delta", "idemlog", 0.8),
     ("idemlog_read_stream_vs_kafka_source", "rstream", "kafka", "idemlog", None),
+    # The read's references (benchmarks.arrow_probe): how close idemlog's reader comes to
+    # the floor of any Python data source, and where that floor and a JVM columnar scan of
+    # the same rows stand against Delta.
+    ("idemlog_read_vs_python_floor", "read", "arrowpy", "idemlog", None),
+    ("python_floor_read_vs_delta", "read", "delta", "arrowpy", None),
+    ("jvm_columnar_read_vs_delta", "read", "delta", "arrowjvm", None),
 )
 
 

@@ -83,6 +83,9 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
             "idemlog_read_vs_kafka_source",
             "idemlog_read_vs_delta",
             "idemlog_read_stream_vs_kafka_source",
+            "idemlog_read_vs_python_floor",
+            "python_floor_read_vs_delta",
+            "jvm_columnar_read_vs_delta",
         ],
     ),
     "bench-metrics": (
