@@ -174,6 +174,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
             )
         self._connections = connections
         self._view: ClusterView | None = None
+        # The address that answered the last METADATA: asked first by the next refresh.
+        self._metadata_source: str | None = None
         # FIND_COORDINATOR's answers: on shared connections, shared with their other
         # clients of the same bootstrap (a Spark task's producer, heartbeat and the
         # driver's commit do not each ask again).
@@ -237,12 +239,24 @@ class BrokerClient(AdminCalls, TransactionCalls):
         known = [b.address for b in view.brokers.values()] if view else []
         return list(dict.fromkeys(known + self._bootstrap))
 
+    def _metadata_order(self) -> list[str]:
+        """Where a metadata refresh asks, in turn: the broker that answered the last one,
+        then the other known brokers and the bootstrap addresses. A broker that stopped
+        answering without refusing (a paused process, a cut link) then costs one call
+        timeout, not one in every refresh after."""
+        known = self._known_addresses()
+        source = self._metadata_source
+        if source is None or source not in known:
+            return known
+        return [source] + [a for a in known if a != source]
+
     def refresh_metadata(self) -> ClusterView:
         """The cluster as the first reachable known broker sees it now (cached for
-        routing). Raises ``NoBrokerReachableError`` (a ``NetworkError``) naming the addresses
-        tried and the last failure if no known or bootstrap broker answers."""
+        routing), asked in :meth:`_metadata_order`. Raises ``NoBrokerReachableError`` (a
+        ``NetworkError``) naming the addresses tried and the last failure if no known or
+        bootstrap broker answers."""
         last: IdemlogError | None = None
-        for address in self._known_addresses():
+        for address in self._metadata_order():
             try:
                 doc = self._send(address, MetadataRequest())
             except NetworkError as exc:
@@ -258,6 +272,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
                 {name: [int(x) for x in leaders] for name, leaders in doc["topics"].items()},
             )
             self._view = view
+            self._metadata_source = address
             return view
         raise NoBrokerReachableError(
             tuple(self._known_addresses()), last.message if last else "no address to try"

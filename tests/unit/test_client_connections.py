@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -17,6 +21,7 @@ from broker_core.errors import (
     NotCoordinatorError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.protocol.admin_requests import MetadataRequest
 from broker_core.protocol.requests import Request
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory
@@ -185,3 +190,49 @@ def test_an_any_broker_retry_comes_back_to_a_controller_that_failed_for_a_moment
         refusals[second] = [NotCoordinatorError("moved")]  # it answers, with a routing error
         client.describe_topics()
         assert tried == [live.address, second, live.address]
+
+
+@contextlib.contextmanager
+def _silent_peer() -> Iterator[str]:
+    """An address whose port accepts connections and never answers: what a SIGSTOPped
+    broker is to a client (the kernel completes the handshake, nothing reads)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_metadata_refresh_waits_for_a_silent_broker_once_not_in_every_refresh(
+    broker_factory: BrokerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster whose first broker is paused still lists it first in every METADATA
+    answer until its ZooKeeper session expires. Each refresh asked it first and waited out
+    the call's timeout; now a refresh asks the broker that answered the last one first,
+    so the silent one costs one timeout."""
+    live = broker_factory(TEST_BROKER_CONFIG)
+    with (
+        _silent_peer() as silent,
+        BrokerClient(f"{silent},{live.address}", timeout_s=0.5, retries=0) as client,
+    ):
+        host, _, port = silent.rpartition(":")
+        tried: list[str] = []
+        send = client._send
+
+        def as_a_cluster(address: str, request: Request) -> dict[str, Any]:
+            # The live broker's real answer, with the paused broker listed first, as
+            # every member of such a cluster answers.
+            tried.append(address)
+            doc = send(address, request)
+            if request.ACTION == MetadataRequest.ACTION:
+                paused = {"broker_id": 99, "host": host, "port": int(port)}
+                doc = {**doc, "brokers": [paused, *doc["brokers"]]}
+            return doc
+
+        monkeypatch.setattr(client, "_send", as_a_cluster)
+        view = client.refresh_metadata()
+        assert tried == [silent, live.address]  # the timeout happened, once
+        assert next(iter(view.brokers)) == 99
+        del tried[:]
+        for _ in range(3):
+            client.refresh_metadata()
+        assert tried == [live.address] * 3
