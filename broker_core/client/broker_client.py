@@ -174,8 +174,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
             )
         self._connections = connections
         self._view: ClusterView | None = None
-        # The address that answered the last METADATA: asked first by the next refresh.
-        self._metadata_source: str | None = None
+        # Addresses whose last METADATA failed, oldest failure first: asked last.
+        self._metadata_failed: dict[str, None] = {}
         # FIND_COORDINATOR's answers: on shared connections, shared with their other
         # clients of the same bootstrap (a Spark task's producer, heartbeat and the
         # driver's commit do not each ask again).
@@ -240,28 +240,29 @@ class BrokerClient(AdminCalls, TransactionCalls):
         return list(dict.fromkeys(known + self._bootstrap))
 
     def _metadata_order(self) -> list[str]:
-        """Where a metadata refresh asks, in turn: the broker that answered the last one,
-        then the other known brokers and the bootstrap addresses. A broker that stopped
-        answering without refusing (a paused process, a cut link) then costs one call
-        timeout, not one in every refresh after."""
+        """Where a metadata refresh asks, in turn: :meth:`_known_addresses`, those whose
+        last refresh call failed last. A broker that accepts and never answers (paused, a
+        cut link) costs one call timeout, not one per refresh; it is asked again when the
+        others fail. Bound: the addresses known now."""
         known = self._known_addresses()
-        source = self._metadata_source
-        if source is None or source not in known:
-            return known
-        return [source] + [a for a in known if a != source]
+        failed = [a for a in list(self._metadata_failed) if a in known]
+        self._metadata_failed = dict.fromkeys(failed)
+        return [a for a in known if a not in self._metadata_failed] + failed
 
     def refresh_metadata(self) -> ClusterView:
-        """The cluster as the first reachable known broker sees it now (cached for
-        routing), asked in :meth:`_metadata_order`. Raises ``NoBrokerReachableError`` (a
-        ``NetworkError``) naming the addresses tried and the last failure if no known or
-        bootstrap broker answers."""
+        """The cluster as the first broker of :meth:`_metadata_order` that answers sees
+        it now (cached for routing). Raises ``NoBrokerReachableError`` (a ``NetworkError``)
+        naming the addresses tried and the last failure if none answers."""
         last: IdemlogError | None = None
         for address in self._metadata_order():
             try:
                 doc = self._send(address, MetadataRequest())
             except NetworkError as exc:
                 last = exc
+                self._metadata_failed.pop(address, None)
+                self._metadata_failed[address] = None
                 continue
+            self._metadata_failed.pop(address, None)
             brokers = {
                 int(b["broker_id"]): BrokerAddress(int(b["broker_id"]), b["host"], int(b["port"]))
                 for b in doc["brokers"]
@@ -272,7 +273,6 @@ class BrokerClient(AdminCalls, TransactionCalls):
                 {name: [int(x) for x in leaders] for name, leaders in doc["topics"].items()},
             )
             self._view = view
-            self._metadata_source = address
             return view
         raise NoBrokerReachableError(
             tuple(self._known_addresses()), last.message if last else "no address to try"

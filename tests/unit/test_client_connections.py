@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -192,6 +192,22 @@ def test_an_any_broker_retry_comes_back_to_a_controller_that_failed_for_a_moment
         assert tried == [live.address, second, live.address]
 
 
+def _refusing_once(
+    send: Callable[[str, Request], dict[str, Any]], address: str, tried: list[str]
+) -> Callable[[str, Request], dict[str, Any]]:
+    """``send``, but its next call to ``address`` fails as a broken connection."""
+    refused: list[str] = []
+
+    def refusing(to: str, request: Request) -> dict[str, Any]:
+        if to == address and not refused:
+            refused.append(to)
+            tried.append(to)
+            raise NetworkError("connection reset")
+        return send(to, request)
+
+    return refusing
+
+
 @contextlib.contextmanager
 def _silent_peer() -> Iterator[str]:
     """An address whose port accepts connections and never answers: what a SIGSTOPped
@@ -207,8 +223,8 @@ def test_a_metadata_refresh_waits_for_a_silent_broker_once_not_in_every_refresh(
 ) -> None:
     """A cluster whose first broker is paused still lists it first in every METADATA
     answer until its ZooKeeper session expires. Each refresh asked it first and waited out
-    the call's timeout; now a refresh asks the broker that answered the last one first,
-    so the silent one costs one timeout."""
+    the call's timeout; now a broker whose last refresh call failed is asked last, so the
+    silent one costs one timeout, and is asked again only when the others fail."""
     live = broker_factory(TEST_BROKER_CONFIG)
     with (
         _silent_peer() as silent,
@@ -236,3 +252,10 @@ def test_a_metadata_refresh_waits_for_a_silent_broker_once_not_in_every_refresh(
         for _ in range(3):
             client.refresh_metadata()
         assert tried == [live.address] * 3
+
+        # The live broker fails one refresh: the silent one is asked after it, not never.
+        del tried[:]
+        monkeypatch.setattr(client, "_send", _refusing_once(as_a_cluster, live.address, tried))
+        with pytest.raises(NetworkError):
+            client.refresh_metadata()
+        assert tried == [live.address, silent]
