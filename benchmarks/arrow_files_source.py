@@ -4,9 +4,9 @@ A folder of Arrow IPC stream files (``*.arrows``), one Spark task per file, whos
 the task yields as they are read: no network, no broker, no filtering. What a read costs
 with it is what Spark costs any Python data source's batch read (a Python worker per task,
 the Arrow hand-over from the worker to the JVM, the JVM turning the batches into rows), so
-``benchmarks.bench_jvm_read`` sets it beside idemlog's reader, Delta's and a JVM-side
-columnar scan of the same files (``benchmarks/jvm/ArrowScan.java``). Like
-``benchmarks.discard_sink`` it imports only pyarrow and pyspark's data-source API.
+bench-peers' read part (``benchmarks.arrow_probe``) sets it beside idemlog's reader,
+Delta's and a JVM-side columnar scan of the same files (``benchmarks/jvm/ArrowScan.java``).
+Like ``benchmarks.discard_sink`` it imports only pyarrow and pyspark's data-source API.
 """
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 SCHEMA = "id bigint, key int, value string"
+
+
+def file_batches(path: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of one Arrow IPC stream file, as they are read."""
+    with pa.OSFile(path) as source, pa.ipc.open_stream(source) as reader:
+        yield from reader
 
 
 @dataclass
@@ -39,8 +45,7 @@ class ArrowFilesReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, FilePartition)
-        with pa.OSFile(partition.file) as source, pa.ipc.open_stream(source) as reader:
-            yield from reader
+        yield from file_batches(partition.file)
 
 
 class ArrowFilesDataSource(DataSource):

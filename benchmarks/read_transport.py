@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from benchmarks.arrow_files_source import file_batches
 from benchmarks.arrow_probe import FILES, write_arrow_files
 from benchmarks.common import cpu_seconds, print_table
 from benchmarks.data import iter_peers_batches
@@ -66,8 +67,7 @@ def _idemlog(embedded: str, ends: dict[int, int]) -> Iterator[pa.RecordBatch]:
 
 def _files(directory: Path) -> Iterator[pa.RecordBatch]:
     for path in sorted(directory.glob("*.arrows")):
-        with pa.OSFile(str(path)) as source, pa.ipc.open_stream(source) as reader:
-            yield from reader
+        yield from file_batches(str(path))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,15 +82,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         ends = _fill(ensure_broker(embedded), args.rows)
         write_arrow_files(scratch / "arrow", args.rows)
         broker = broker_pid(embedded)
-        assert broker is not None
+        if broker is None:
+            raise SystemExit(f"read-transport: no broker running for {embedded}")
+        me = os.getpid()
         for round_ in range(args.repeats):
             for name in runs:
                 source = (
                     _idemlog(embedded, ends) if name == "idemlog" else _files(scratch / "arrow")
                 )
-                own, served, start = _own_cpu(), cpu_seconds(broker), time.perf_counter()
+                own, served, start = cpu_seconds(me), cpu_seconds(broker), time.perf_counter()
                 rows = sum(batch.num_rows for batch in source)
-                run = (time.perf_counter() - start, _own_cpu() - own, cpu_seconds(broker) - served)
+                run = (
+                    time.perf_counter() - start,
+                    cpu_seconds(me) - own,
+                    cpu_seconds(broker) - served,
+                )
                 if rows != args.rows:
                     raise SystemExit(f"read-transport: {name} read {rows} rows, not {args.rows}")
                 runs[name].append(run)
@@ -110,11 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = medians["idemlog"][1] + medians["idemlog"][2] - medians["files"][1]
     print(f"read_transport_cpu_s_per_10m={extra * 1e7 / args.rows:.3f}")
     return 0
-
-
-def _own_cpu() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 if __name__ == "__main__":
