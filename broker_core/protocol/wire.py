@@ -124,8 +124,18 @@ _ERROR_PREFIX = "IDEMLOG_ERROR"
 _ERROR_RE = re.compile(rf"{_ERROR_PREFIX} (-?\d+) [A-Z_]+: (.*)", re.DOTALL)
 
 
+# gRPC sends a status message in a header, percent-encoded (up to 3 bytes a byte), and its
+# peers refuse a header over 16 KiB: a longer error would arrive as RESOURCE_EXHAUSTED.
+MAX_ERROR_MESSAGE_BYTES = 4096
+
+
 def error_message(error: IdemlogError) -> str:
-    return f"{_ERROR_PREFIX} {error.code} {error.error_code.name}: {error.message}"
+    message = error.message
+    raw = message.encode()
+    if len(raw) > MAX_ERROR_MESSAGE_BYTES:
+        kept = raw[:MAX_ERROR_MESSAGE_BYTES].decode(errors="ignore")
+        message = f"{kept}... ({len(raw) - len(kept.encode())} bytes cut)"
+    return f"{_ERROR_PREFIX} {error.code} {error.error_code.name}: {message}"
 
 
 def parse_error_message(text: str) -> IdemlogError | None:
@@ -149,6 +159,9 @@ def decode_json(data: bytes | memoryview, what: str) -> dict[str, Any]:
         doc = json.loads(bytes(data))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidRequestError(f"{what}: body is not JSON ({exc})") from exc
+    except RecursionError:
+        # No request nests deeper than a few levels; a deeper body is hostile or broken.
+        raise InvalidRequestError(f"{what}: body is nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidRequestError(f"{what}: body must be a JSON object")
     return doc

@@ -13,6 +13,7 @@ from broker_core.config import ConfigKey, ConfigValue
 from broker_core.errors import InvalidConfigError
 from broker_core.security.acl import parse_super_users
 from broker_core.security.principal import ANONYMOUS, Principal
+from broker_core.security.principal_mapping import PRINCIPAL_MAPPING_RULES, NoMatchingRuleError
 from broker_core.security.tls import ClientAuth, TlsSettings
 from broker_core.server.security_config import SecurityConfig
 
@@ -116,4 +117,13 @@ def brokers_principal(
         leaf = x509.load_pem_x509_certificate(path.read_bytes())
     except (OSError, ValueError) as exc:
         raise InvalidConfigError(f"ssl.certificate.location={str(path)!r}: {exc}") from None
-    return Principal.user(security.principal_mapper.name(distinguished_name(leaf.subject)))
+    try:
+        name = security.principal_mapper.name(distinguished_name(leaf.subject))
+    except NoMatchingRuleError as exc:
+        # The broker could never be recognised by the others: a configuration error, told
+        # at start (exit 2), not an unexpected failure.
+        raise InvalidConfigError(
+            f"{PRINCIPAL_MAPPING_RULES}: no rule maps this broker's own certificate "
+            f"({str(path)!r}): {exc}"
+        ) from None
+    return Principal.user(name)

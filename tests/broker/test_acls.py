@@ -157,6 +157,18 @@ def test_produce_without_write_is_refused_and_nothing_is_written(
     assert refusals == {"TOPIC_AUTHORIZATION_FAILED": 1}
 
 
+def test_a_refusal_naming_a_huge_resource_keeps_its_code(acl_broker: BrokerProcess) -> None:
+    # gRPC carries the message in a header capped at 16 KiB: the broker cuts it, so the
+    # caller still gets code 29, not RESOURCE_EXHAUSTED.
+    with (
+        client_of(acl_broker, "alice") as alice,
+        pytest.raises(TopicAuthorizationFailedError) as err,
+    ):
+        alice.fetch_once("é" * 10_000, 0, 0)
+    assert err.value.code == 29
+    assert "User:alice" in err.value.message and "bytes cut)" in err.value.message
+
+
 def test_read_create_delete_without_acl_are_refused(
     acl_broker: BrokerProcess, admin: BrokerClient
 ) -> None:

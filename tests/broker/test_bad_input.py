@@ -305,3 +305,12 @@ def test_bad_config_exits_non_zero_naming_the_key(
     log = broker.log_text()
     assert named in log, log
     assert "LISTENING" not in log
+
+
+def test_hostile_sizes_get_their_codes(
+    client: BrokerClient, shared_broker: BrokerProcess, witness: BrokerClient
+) -> None:
+    address = shared_broker.address
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(InvalidRequestError, match="create_topic: body is nested too deeply"):
+        client.action_raw(address, "create_topic", deep)

@@ -91,6 +91,24 @@ def test_a_certificate_no_rule_maps_is_refused_with_kafkas_message(
         assert client.refresh_metadata().brokers
 
 
+def test_rules_that_do_not_map_the_brokers_own_certificate_are_a_config_error(
+    broker_factory: BrokerFactory, tls_certs: TlsCerts
+) -> None:
+    # With the authorizer on, the broker maps its own certificate at start (its principal
+    # must be a super user): rules that cannot are told as the configuration error they are.
+    keys = {
+        **tls_certs.broker_keys(client_auth="required"),
+        "ssl.principal.mapping.rules": "RULE:^CN=(.*?),OU=data$/$1/",
+        "authorizer.enable": "true",
+    }
+    broker = broker_factory({**TEST_BROKER_CONFIG, **keys}, name="mtls-own", start=False)
+    broker.spawn()
+    assert broker.wait_exit(30) == 2  # the CLI's status for a configuration error
+    log = broker.log_text()
+    assert "ssl.principal.mapping.rules: no rule maps this broker's own certificate" in log, log
+    assert "this is a bug" not in log and "LISTENING" not in log
+
+
 @pytest.mark.parametrize(
     ("chain", "key", "why"),
     [
