@@ -143,7 +143,7 @@ def ensure_broker(
     if cached is not None:
         _check_metrics(path, metrics_port, *cached)
         return cached[0]
-    os.makedirs(path, exist_ok=True)
+    _private_dir(path)
     with _locked(path):
         config_path = os.path.join(path, CONFIG_FILE)
         state = _read_state(path)
@@ -400,6 +400,16 @@ def _child_env() -> dict[str, str]:
 _Started = tuple[str, psutil.Process, str | None]  # address, process, metrics endpoint
 
 
+def _private_dir(path: str) -> None:
+    """``path`` created 0700, or narrowed to it when this user owns it: the broker's rows,
+    token and state live under it, and other local users must not read them even where
+    a parent (a 0755 home, ``/tmp``) lets them through (docs/security.md)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(path, 0o700)
+
+
 def _start(path: str, previous_port: int | None, metrics_port: int, timeout_s: float) -> _Started:
     """Start a broker (on ``previous_port`` if given, so old addresses stay valid; on a
     free port if that fails; with ``metrics.port=metrics_port``) and return its address,
@@ -448,6 +458,8 @@ def _launch(path: str, port: int, metrics_port: int, timeout_s: float) -> _Start
                 stderr=log,
                 cwd=path,
                 env=_child_env(),
+                # Every file and folder it makes is its owner's only (0600, 0700).
+                umask=0o077,
                 pass_fds=(write_fd,),
                 close_fds=True,
                 # Its own session: the broker outlives the worker or driver that started it

@@ -211,9 +211,11 @@ class Broker:
             self.metrics_endpoint.start()
 
     def _lock_data_dir(self) -> None:
-        """Create ``log.dir`` and take its lock before anything in it is read or written
-        (recovery may truncate). Opens the lock; ``_release`` drops it, last."""
-        self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        """Create ``log.dir`` (0700: rows are readable by the broker's user only; an
+        existing one keeps the mode its operator gave it) and take its lock before
+        anything in it is read or written (recovery may truncate). Opens the lock;
+        ``_release`` drops it, last."""
+        self.config.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._dir_lock = lock_data_dir(self.config.log_dir)
 
     def _open_producer_ids(self) -> None:

@@ -83,7 +83,8 @@ _BROKER_KEYS = [
         str,
         "/tmp/idemlog-logs",
         "Directory of the broker's topics; in embedded mode also the cluster metadata, "
-        "the producer id block record and the transaction state.",
+        "the producer id block record and the transaction state. Created with mode 0700 "
+        "when missing; an existing one keeps its mode.",
     ),
     ConfigKey(
         "zookeeper.connect",

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +35,7 @@ from spark_sink.embedded import (
     stop_broker,
 )
 from spark_sink.errors import EmbeddedBrokerError
+from tests.broker.helpers import SCHEMA, ids, rows
 from tests.harness.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,6 +131,47 @@ def test_first_call_starts_a_broker_that_later_calls_and_processes_reuse(
     assert broker_pid(path) == pid
     assert result_of(ensure_subprocess(path)) == (address, pid)
     assert brokers_serving(path) == [pid]
+
+
+def _as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, user="nobody", group="nogroup", capture_output=True, text=True, timeout=30
+    )
+
+
+def test_the_brokers_folder_and_files_are_its_owners_only() -> None:
+    # Under a world-traversable parent (a 0755 home, a custom path in /tmp), left 0755 by
+    # an earlier version: only the broker's own modes can keep another user out.
+    base = Path(tempfile.mkdtemp(prefix="idemlog-modes-", dir="/tmp"))
+    where = base / "embedded"
+    try:
+        base.chmod(0o755)
+        where.mkdir(mode=0o755)
+        with BrokerClient(ensure_broker(str(where))) as client:
+            client.create_topic("secret", 1, schema=SCHEMA)
+            with client.produce_stream("secret", 0) as stream:
+                stream.send(rows(3)).offsets(10)
+            assert ids(client, "secret") == [0, 1, 2]
+        assert stat.S_IMODE(where.stat().st_mode) == 0o700
+        written = list(Path(where, DATA_DIR).rglob("*"))
+        segments = [p for p in written if p.suffix == ".log"]
+        assert segments, written
+        for p in [Path(where, DATA_DIR), *written]:
+            assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
+        token = embedded.token_file(str(where))
+        assert stat.S_IMODE(os.stat(token).st_mode) == 0o600
+        # Another user: reaches a file of the parent (the switch of user works) ...
+        control = base / "control.txt"
+        control.write_text("readable")
+        control.chmod(0o644)
+        assert _as_nobody("cat", str(control)).stdout == "readable"
+        # ... but neither lists the broker's folder nor reads a segment.
+        for argv in (("ls", str(where)), ("cat", str(segments[0]))):
+            denied = _as_nobody(*argv)
+            assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
+    finally:
+        stop_broker(str(where))
+        shutil.rmtree(base)
 
 
 def test_broker_killed_is_replaced_on_the_same_port_with_its_data(path: str) -> None:
