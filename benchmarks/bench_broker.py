@@ -16,6 +16,9 @@ What it measures (MB = 10^6 bytes of Arrow buffers, as ``RecordBatch.nbytes``):
 - flight_discard: the same producers and batches against a bare Flight DoPut server
   (another process, ``--discard-server``) that reads each batch and answers it with a
   ``ProduceResponse`` without storing anything: the transport's ceiling on this machine.
+- validate: the CPU seconds per GB of the full Arrow validation every produced batch
+  passes before it is appended (in this process, on the same batches): the part of the
+  broker's CPU that check costs.
 - init_producer_id: InitProducerId round trips per second on one connection, without a
   transactional id (a leased block, no disk) and with a new transactional id each time
   (a durable, fsynced coordinator record).
@@ -78,6 +81,7 @@ from broker_core.cli.broker_cmd import keep_large_buffers
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle, ProduceStream
 from broker_core.protocol.wire import ProduceRequestMeta, ProduceResponse
+from broker_core.record.batch import validate_rows
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -444,6 +448,29 @@ def broker_part(args: argparse.Namespace, batches: Sequence[pa.RecordBatch]) -> 
     print(f"broker_client_cpu_s_per_gb={broker_client_cpu:.3f}")
     print(f"discard_client_cpu_s_per_gb={discard_client_cpu:.3f}")
     print(f"broker_vs_transport_cpu_ratio={total_cpu_ratio:.2f}")
+    validate_cpu = validation_cpu_s_per_gb(batches)
+    print(f"validate_cpu_s_per_gb={validate_cpu:.3f}")
+    print(f"validate_share_of_broker_cpu={validate_cpu / broker_server_cpu:.2f}")
+
+
+VALIDATE_ROUNDS = 7
+
+
+def validation_cpu_s_per_gb(batches: Sequence[pa.RecordBatch]) -> float:
+    """CPU seconds per GB of the check every produced (and replicated) batch passes before
+    it is appended (``record.batch.validate_rows``: Arrow's full validation), on the same
+    batches, in this process; median of rounds of at least 0.1 GB each. It is part of
+    ``broker_server_cpu_s_per_gb`` above, which a smoke size measures too coarsely to show."""
+    nbytes = sum(b.nbytes for b in batches)
+    passes = max(1, int(1e8 // nbytes))
+    per_gb = []
+    for _ in range(VALIDATE_ROUNDS):
+        started = time.process_time()
+        for _ in range(passes):
+            for batch in batches:
+                validate_rows(batch, "bench")
+        per_gb.append((time.process_time() - started) / (passes * nbytes / 1e9))
+    return float(statistics.median(per_gb))
 
 
 if __name__ == "__main__":

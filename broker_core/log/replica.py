@@ -35,6 +35,8 @@ from broker_core.record.batch import (
     INITIAL_LEADER_EPOCH,
     EncodedBatch,
     decode_header,
+    decode_rows,
+    validate_rows,
     verify_crc,
 )
 
@@ -57,7 +59,7 @@ def parse_fetched(
     than the one before it (the first no older than ``latest_epoch``, the follower's).
     Raises OffsetOutOfRangeError when the first batch does not start there,
     CorruptRecordError for a torn, corrupt or misplaced batch, InvalidRecordError for a
-    leader epoch going back.
+    leader epoch going back or rows that fail Arrow's full validation.
     ``StoredBatch.position`` is the batch's position in ``raw``.
     """
     view = memoryview(raw).cast("B")
@@ -73,6 +75,11 @@ def parse_fetched(
             )
         data = view[position:end]
         verify_crc(header, data)
+        if not header.is_control:
+            # The leader checked it when it was produced; a log written before that check,
+            # or a leader that did not, must not spread bad buffers to every replica.
+            what = f"{name}: fetched batch at offset {header.base_offset}"
+            validate_rows(decode_rows(header, data), what)
         if header.base_offset < expected or (header.base_offset != expected and not gaps):
             if not out:
                 raise OffsetOutOfRangeError(

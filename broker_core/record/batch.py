@@ -432,6 +432,17 @@ def decode_control(header: BatchHeader, batch: bytes | memoryview) -> ControlRec
     return ControlRecord(ControlType(control_type), coordinator_epoch)
 
 
+def validate_rows(rows: pa.RecordBatch, what: str) -> None:
+    """Raise InvalidRecordError unless ``rows`` is whole Arrow data: every buffer as long as
+    its type and length need, every offset inside its data, strings UTF-8 (Arrow's full
+    validation). An IPC reader checks only the messages' structure, and one batch whose
+    offsets point past its data would poison the partition for every reader."""
+    try:
+        rows.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise InvalidRecordError(f"{what}: invalid Arrow data: {exc}") from None
+
+
 def decode_rows(header: BatchHeader, batch: memoryview | pa.Buffer) -> pa.RecordBatch:
     """The Arrow rows of a data batch, referencing ``batch``'s memory (no copy)."""
     if header.is_control:

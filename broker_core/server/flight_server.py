@@ -42,6 +42,7 @@ from broker_core.protocol.wire import (
     encode_json,
     error_message,
 )
+from broker_core.record.batch import validate_rows
 from broker_core.security.principal import principal_of
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, server_arguments
 from broker_core.server.authorization import (
@@ -319,6 +320,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                     f"produce to {topic}-{partition}: batch of {batch.num_rows} rows is "
                     f"{nbytes} bytes, over max.request.bytes={limit}"
                 )
+            # Outside the partition's lock: the check reads every buffer once.
+            validate_rows(batch, f"produce to {topic}-{partition}")
             result = replica.append_as_leader(write, acks_all)
         except IdemlogError as exc:
             metrics.record_append(topic, partition, meta.producer_id, outcome_of(exc))

@@ -31,6 +31,7 @@ from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import Action, ProduceRequestMeta, encode_json, parse_error_message
 from tests.broker.helpers import SCHEMA, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.store.helpers import rows_with_bad_offsets
 
 ClientFor = Callable[[BrokerProcess], BrokerClient]
 _witness_seq = itertools.count()
@@ -314,3 +315,16 @@ def test_hostile_sizes_get_their_codes(
     deep = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises(InvalidRequestError, match="create_topic: body is nested too deeply"):
         client.action_raw(address, "create_topic", deep)
+
+
+def test_rows_that_fail_arrows_full_validation_are_refused(
+    client: BrokerClient, witness: BrokerClient
+) -> None:
+    client.create_topic("poison", 1, schema=SCHEMA)
+    with client.produce_stream("poison", 0) as stream:
+        refused = stream.send(rows_with_bad_offsets()).result(10)
+        after = stream.send(rows(2)).result(10)  # the stream goes on
+    assert refused.error_code == 87, refused
+    assert "produce to poison-0: invalid Arrow data" in refused.error_message
+    assert (after.error_code, after.base_offset) == (0, 0)  # nothing of it was written
+    assert ids(client, "poison") == [0, 1]

@@ -78,3 +78,14 @@ def open_log(path: Path, clock: ManualClock | None = None, **config: object) -> 
     """A bare PartitionLog; config keys as keyword arguments with '_' for '.'."""
     mapping = {k.replace("_", "."): v for k, v in config.items()}
     return PartitionLog(path, LogConfig.from_mapping(mapping), clock=clock)
+
+
+def rows_with_bad_offsets() -> pa.RecordBatch:
+    """``rows(2)`` whose string column's first value ends far past its data buffer (the
+    last offset is in bounds): Arrow's cheap checks and an IPC reader take it, only its
+    full validation finds it, and a reader that does not validate reads past the buffer."""
+    good = rows(2)
+    offsets = pa.array([0, 1 << 20, 4], pa.int32()).buffers()[1]
+    values = good.column(2).buffers()[2]
+    bad = pa.Array.from_buffers(pa.string(), 2, [None, offsets, values])
+    return pa.record_batch([good.column(0), good.column(1), bad], schema=SCHEMA)

@@ -24,7 +24,14 @@ from broker_core.log.partition_log import PartitionLog
 from broker_core.log.recovery import CLEAN_SHUTDOWN_FILE
 from broker_core.log.snapshot import SUFFIX as SNAPSHOT_SUFFIX
 from broker_core.record.batch import ControlType
-from tests.store.helpers import ManualClock, open_log, producer_states, read_ids, rows
+from tests.store.helpers import (
+    ManualClock,
+    open_log,
+    producer_states,
+    read_ids,
+    rows,
+    rows_with_bad_offsets,
+)
 
 CONFIG = {"segment_bytes": 4096, "max_message_bytes": 4096, "index_interval_bytes": 512}
 IDEMPOTENT, COMMITTED, ABORTED, OPEN = 11, 22, 33, 44
@@ -266,6 +273,18 @@ def test_follower_appends_are_checked_before_anything_is_written(tmp_path: Path)
         follower.become_leader(2)
     follower.become_leader(4)
     assert follower.append(rows(1, 7)).base_offset == 6
+
+
+def test_a_follower_refuses_rows_that_fail_arrows_full_validation(tmp_path: Path) -> None:
+    # A leader's log from before produce validated (or a leader that skipped it): the bad
+    # buffers stop at the follower, which writes nothing of the fetch.
+    clock = ManualClock()
+    leader, follower = new_log(tmp_path / "a", clock), new_log(tmp_path / "b", clock)
+    leader.append(rows(2, 0))
+    leader.append(rows_with_bad_offsets())
+    with pytest.raises(InvalidRecordError, match=r"fetched batch at offset 2: invalid Arrow"):
+        follower.append_as_follower(leader.read_raw(0))
+    assert follower.log_end_offset == 0
 
 
 def test_the_high_watermark_is_the_log_end_until_set_and_bounds_the_lso(tmp_path: Path) -> None:
