@@ -23,7 +23,10 @@ a connection that fails is ``NetworkError`` (``NETWORK_EXCEPTION``, retriable).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,6 +71,10 @@ from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 
 T = TypeVar("T")
+# A call's timeout inside a spent deadline: it fails at once, as a timeout, not as a
+# call without any timeout (gRPC's reading of 0).
+_MIN_CALL_S = 0.001
+
 _ROUTING_ERRORS = (
     NotLeaderOrFollowerError,
     NotCoordinatorError,
@@ -174,6 +181,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
             )
         self._connections = connections
         self._view: ClusterView | None = None
+        self._deadlines = threading.local()  # .at: this thread's deadline (monotonic s)
         # Addresses whose last METADATA failed, oldest failure first: asked last.
         self._metadata_failed: dict[str, None] = {}
         # FIND_COORDINATOR's answers: on shared connections, shared with their other
@@ -206,8 +214,31 @@ class BrokerClient(AdminCalls, TransactionCalls):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def deadline(self, seconds: float) -> Iterator[None]:
+        """Every call this thread makes through this client inside the block ends within
+        ``seconds`` from now: each Flight call's timeout is cut to what is left, and the
+        routing retries stop there (the last error raised as it is). An inner block never
+        extends an outer one. A caller's own bound (a producer's ``max.block.ms``) needs
+        it: without it one call may take ``timeout_s`` for each of its retries."""
+        previous: float | None = getattr(self._deadlines, "at", None)
+        at = time.monotonic() + max(seconds, 0.0)
+        self._deadlines.at = at if previous is None else min(previous, at)
+        try:
+            yield
+        finally:
+            self._deadlines.at = previous
+
+    def _time_left(self) -> float | None:
+        """Seconds to this thread's :meth:`deadline` (>= 0), or None outside one."""
+        at: float | None = getattr(self._deadlines, "at", None)
+        return None if at is None else max(at - time.monotonic(), 0.0)
+
     def _options(self) -> flight.FlightCallOptions:
-        return flight.FlightCallOptions(timeout=self.timeout_s)
+        left = self._time_left()
+        if left is None:
+            return flight.FlightCallOptions(timeout=self.timeout_s)
+        return flight.FlightCallOptions(timeout=max(min(self.timeout_s, left), _MIN_CALL_S))
 
     # -- raw actions ---------------------------------------------------------------------
     def action_raw(self, address: str, action_type: str, body: bytes) -> bytes:
@@ -376,7 +407,9 @@ class BrokerClient(AdminCalls, TransactionCalls):
                 # the old view's addresses.
                 self.refresh_metadata()
 
-        return self._retry.call(attempt, retriable=retriable, before_retry=before_retry)
+        left = self._time_left()
+        policy = self._retry if left is None else dataclasses.replace(self._retry, deadline_s=left)
+        return policy.call(attempt, retriable=retriable, before_retry=before_retry)
 
     def _any_broker(self, request: Request) -> dict[str, Any]:
         """``request`` to any broker (an admin call, FIND_COORDINATOR, a producer id

@@ -66,7 +66,8 @@ PRODUCER_CONFIG = ConfigDef(
             int,
             60_000,
             "How long send() may block waiting for buffer.memory, and how long "
-            "init_transactions / commit / abort / flush wait for the cluster.",
+            "init_transactions / commit / abort / flush wait for the cluster: a bound on "
+            "each call as a whole, its requests' timeouts and retries included.",
             min=0,
         ),
         ConfigKey(

@@ -294,7 +294,15 @@ class Producer:
                 f"({attempts} attempts; last error: {exc})"
             )
 
-        return policy.call(call, before_retry=log_retry, give_up=timed_out)
+        # Each attempt too: its request timeout and the client's own routing retries
+        # would otherwise run on past max.block.ms.
+        deadline = time.monotonic() + self.config.max_block_ms / 1000
+
+        def bounded() -> T:
+            with self.transport.within(deadline - time.monotonic()):
+                return call()
+
+        return policy.call(bounded, before_retry=log_retry, give_up=timed_out)
 
     def _init_producer_id(
         self, transactional_id: str | None, attempt: SinkAttempt | None = None

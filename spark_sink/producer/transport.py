@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import pyarrow as pa
@@ -88,6 +89,11 @@ class Transport(Protocol):
     def end_txn(
         self, transactional_id: str, producer_id: int, epoch: int, commit: bool
     ) -> None: ...
+
+    def within(self, seconds: float) -> AbstractContextManager[None]:
+        """Every call above made by this thread inside the block ends within ``seconds``
+        (its request timeout and its own retries cut to what is left)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -288,6 +294,9 @@ class FlightTransport:
 
     def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
         self.client.end_txn(transactional_id, producer_id, epoch, commit)
+
+    def within(self, seconds: float) -> AbstractContextManager[None]:
+        return self.client.deadline(seconds)
 
     def close(self) -> None:
         with self._lock:

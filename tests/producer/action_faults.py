@@ -9,7 +9,9 @@ An :class:`ActionFault` fires on the next ``times`` calls of one action type:
   broker handled the request: its answer is lost, and the client's retry repeats a request
   the broker already applied;
 * ``error``: the call is answered with that typed broker error instead (e.g. a
-  coordinator that is loading), without reaching the broker.
+  coordinator that is loading), without reaching the broker;
+* ``hold_s``: the call is held that long (a stalled link that never drops it), then
+  forwarded and answered; ``released`` is set once the broker has answered it.
 
 Each fired fault is counted in ``FaultProxy.stats`` as ``"<kind>:<action>"``.
 """
@@ -17,8 +19,9 @@ Each fired fault is counted in ``FaultProxy.stats`` as ``"<kind>:<action>"``.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.flight as flight
@@ -34,10 +37,14 @@ class ActionFault:
     times: int | None = 1  # None: every call
     error: IdemlogError | None = None  # None: a connection reset
     forwarded: bool = False  # reset after the broker answered (the answer is lost)
+    hold_s: float = 0.0  # > 0: held, then forwarded and answered
     fired: int = 0
+    released: threading.Event = field(default_factory=threading.Event)
 
     @property
     def stat(self) -> str:
+        if self.hold_s > 0:
+            return f"hold:{self.action.value}"
         kind = "reset" if self.error is None else self.error.error_code.name.lower()
         return f"{kind}:{self.action.value}"
 
@@ -71,6 +78,12 @@ class ActionFaultProxy(FaultProxy):
             return super().do_action(context, action)
         if fault.error is not None:
             raise flight.FlightServerError(error_message(fault.error))
+        if fault.hold_s > 0:
+            time.sleep(fault.hold_s)  # the fault itself: a link that stalls this call
+            try:
+                return iter(list(super().do_action(context, action)))
+            finally:
+                fault.released.set()
         if fault.forwarded:
             list(super().do_action(context, action))  # applied by the broker, answer lost
         raise flight.FlightUnavailableError(

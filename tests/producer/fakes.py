@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -130,6 +131,9 @@ class FakeTransport:
 
     def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
         self.ended.append(commit)
+
+    def within(self, seconds: float) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()  # a scripted answer takes no time
 
     def prepare_sink_txn(
         self,

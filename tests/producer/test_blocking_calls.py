@@ -14,6 +14,7 @@ Each test checks the proxy counted its resets: the call survived a reset that ha
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from spark_sink.producer.errors import MaxBlockTimeoutError
 from tests.producer.action_faults import ActionFault, ActionFaultProxy
 from tests.producer.fakes import AutoTransport, FakeTransport, table
 
+HOLD_S = 8.0  # an EndTxn's stall: far past max.block.ms, short of request.timeout.ms
 BEYOND_CLIENT_RETRIES = 7  # BrokerClient retries a coordinator call 5 times by itself
 FAST: dict[str, Any] = {
     "linger.ms": 2,
@@ -166,6 +168,36 @@ def test_transactional_calls_survive_resets(proxy: ActionFaultProxy, client: Bro
     assert proxy.stats[add.stat] == BEYOND_CLIENT_RETRIES, proxy.stats
     assert proxy.stats[end.stat] == BEYOND_CLIENT_RETRIES, proxy.stats
     assert committed_ids(client, "txn-reset") == list(range(10))
+
+
+def test_max_block_ms_bounds_an_end_txn_held_by_a_stalled_link(
+    proxy: ActionFaultProxy, client: BrokerClient
+) -> None:
+    """Issue 36: an EndTxn stalled on its link waited out request.timeout.ms (and the
+    client's retries) past max.block.ms. Now the call gives up at max.block.ms, the
+    commit stays COMMITTING, and calling it again commits once (the held request, let go
+    later, finds the transaction done)."""
+    client.create_topic("held-end", 1)
+    held = ActionFault(Action.END_TXN, hold_s=HOLD_S)
+    proxy.add_action_faults(held)
+    config = {**FAST, "request.timeout.ms": 30_000, "max.block.ms": 1000}
+    with Producer(proxy.address, **config, transactional_id="held-end") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        future = producer.send("held-end", rows(10))
+        started = time.monotonic()
+        with pytest.raises(MaxBlockTimeoutError, match=r"EndTxn.*max\.block\.ms=1000"):
+            producer.commit_transaction()
+        waited = time.monotonic() - started
+        assert proxy.stats[held.stat] == 1, proxy.stats  # the stall happened
+        assert waited < HOLD_S / 2, f"commit blocked {waited:.1f} s, max.block.ms is 1 s"
+        assert producer.txn.state is TxnState.COMMITTING_TRANSACTION
+        producer.commit_transaction()  # a fresh call: the coordinator commits
+        assert producer.txn.state is TxnState.READY
+        assert future.result(0)[0].num_rows == 10
+        assert held.released.wait(HOLD_S * 3), "the held EndTxn reached the broker"
+    assert committed_ids(client, "held-end") == list(range(10))
+    assert client.list_offsets("held-end", 0)["last_stable_offset"] == 11  # rows + marker
 
 
 def test_sink_transaction_calls_survive_resets(
