@@ -57,7 +57,8 @@ def _stable(client: BrokerClient, topic: str, partition: int) -> bool:
 
 def test_transaction_open_past_its_timeout_is_aborted_and_fenced(client: BrokerClient) -> None:
     client.create_topic("slow", 1)
-    pid, epoch = _begin(client, "slow-app", "slow", [0], 0, timeout_ms=300)
+    # Long enough for the begin itself on a loaded machine (it raced the abort at 300 ms).
+    pid, epoch = _begin(client, "slow-app", "slow", [0], 0, timeout_ms=2000)
     assert not _stable(client, "slow", 0)
     wait_until(lambda: _stable(client, "slow", 0), "the timed-out transaction to be aborted")
     assert ids(client, "slow") == []
