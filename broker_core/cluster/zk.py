@@ -69,7 +69,7 @@ from broker_core.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol.topics import validate_topic_name
+from broker_core.protocol.topics import new_topic_id, validate_topic_name
 from broker_core.security import zk_acl
 from broker_core.zookeeper import ZkSession
 
@@ -207,9 +207,8 @@ class ZkCluster(TopicView):
         # The live brokers read afresh, not from the cache, which may lag a moment.
         live = self._refresh(ZkTask.BROKERS, f"creating topic {name!r} (reading the live brokers)")
         factor = replication_factor_of(name, overrides, len(live), self._default_factor)
-        assignment = TopicAssignment.of(
-            name, assign_partitions(name, partitions, list(live), factor), schema, overrides
-        )
+        states = assign_partitions(name, partitions, list(live), factor)
+        assignment = TopicAssignment.of(name, states, schema, overrides, new_topic_id())
         data = json.dumps(assignment.to_doc(), separators=(",", ":")).encode()
         path, get = f"{self._topics_path}/{name}", self._client.get_async
 
