@@ -80,7 +80,7 @@ elsewhere, retriable; ``server.coordinators``).
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -159,7 +159,11 @@ class Topics(Protocol):
 
     def assignment(self, topic: str) -> TopicAssignment: ...
 
-    def leader_log(self, topic: str, partition: int) -> PartitionLog: ...
+    def leader_log(
+        self, topic: str, partition: int, topic_id: str | None = None
+    ) -> PartitionLog: ...
+
+    def check_topic_id(self, topic: str, topic_id: str | None) -> None: ...
 
     def ensure(self, assignment: TopicAssignment) -> object: ...
 
@@ -333,7 +337,7 @@ class ActionHandlers:
 
     def list_offsets(self, body: dict[str, Any]) -> dict[str, Any]:
         request = ListOffsetsRequest.from_doc(body)
-        log = self._topics.leader_log(request.topic, request.partition)
+        log = self._topics.leader_log(request.topic, request.partition, request.topic_id)
         return {
             "topic": request.topic,
             "partition": request.partition,
@@ -420,6 +424,7 @@ class ActionHandlers:
 
     def prepare_sink_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = PrepareSinkTxnRequest.from_doc(body)
+        self._check_topic_ids([t for t, _p, _f, _l in r.ranges], r.topic_ids)
         self._coordinators.for_key(r.transactional_id).prepare_sink_txn(
             r.transactional_id, r.producer_id, r.producer_epoch, r.batch_id, list(r.ranges)
         )
@@ -488,10 +493,23 @@ class ActionHandlers:
         r = AddPartitionsToTxnRequest.from_doc(body)
         for topic, partition in r.partitions:
             self._topics.assignment(topic).leader(partition)  # exists?
+        self._check_topic_ids([t for t, _p in r.partitions], r.topic_ids)
         self._coordinators.for_key(r.transactional_id).add_partitions(
             r.transactional_id, r.producer_id, r.producer_epoch, list(r.partitions)
         )
         return {}
+
+    def _check_topic_ids(self, topics: Sequence[str], topic_ids: Mapping[str, str]) -> None:
+        """Each topic a transaction request names by id (``topic_ids``) must still have
+        that id: a producer's transaction never takes in the partitions of a topic
+        recreated since it learned them (UNKNOWN_TOPIC_ID, naming both ids)."""
+        unknown = sorted(set(topic_ids) - set(topics))
+        if unknown:
+            raise InvalidRequestError(
+                f"topic_ids names {unknown}, which the request's partitions do not"
+            )
+        for topic in sorted(set(topics)):
+            self._topics.check_topic_id(topic, topic_ids.get(topic))
 
     def end_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = EndTxnRequest.from_doc(body)
