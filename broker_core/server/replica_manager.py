@@ -218,7 +218,7 @@ class ReplicaManager:
             fetcher.stop()
         partition = self._partitions.pop(tp, None)
         if partition is not None:
-            partition.notify()
+            partition.remove()
             self._tell(partition, None)
 
     def _address(self, broker_id: int) -> str | None:
