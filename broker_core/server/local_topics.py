@@ -90,6 +90,10 @@ class LocalTopics:
         request names the topic by (None: any), checked as ``server.topic_ids`` says:
         UnknownTopicIdError when it is not the topic's.
         """
+        if topic_id is not None:
+            # First: a topic deleted since the sender learned its id is UNKNOWN_TOPIC_ID
+            # ("was deleted"), not the retriable UNKNOWN_TOPIC_OR_PARTITION.
+            self.check_topic_id(topic, topic_id)
         found = self._leader_log(topic, partition)
         held = self._replicas.partition(topic, partition).topic_id
         check_topic_id(self._cluster, self._id, topic, topic_id, held)
