@@ -255,6 +255,7 @@ class ZkCluster(TopicView):
         topic: str,
         partition: int,
         update: Callable[[PartitionState], PartitionState | None],
+        topic_id: str | None = None,
     ) -> PartitionState | None:
         """Read-modify-write of one partition's state in ``topics/<topic>``.
 
@@ -275,6 +276,11 @@ class ZkCluster(TopicView):
 
         def change(current: TopicAssignment) -> TopicAssignment | None:
             state = current.state(partition)  # UnknownTopicOrPartitionError, named
+            if topic_id and current.topic_id and current.topic_id != topic_id:
+                # Another incarnation of the topic: a change meant for the deleted one
+                # (an old replica's ISR change) never lands in it, whatever its epochs.
+                result[0] = None
+                return None
             proposed = update(state)
             if proposed is None:
                 result[0] = None

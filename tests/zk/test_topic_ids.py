@@ -75,3 +75,23 @@ def test_a_topic_from_before_ids_gets_one_id_that_survives_an_older_brokers_rewr
     wait_until(lambda: _stored_id(clusters) == again, "the recreated node's own id")
     for cluster in clusters:
         wait_until(lambda c=cluster: c.topic("legacy").topic_id == again, "every cache")
+
+
+def test_an_isr_change_for_another_incarnation_of_the_topic_writes_nothing(
+    clusters: list[ZkCluster],
+) -> None:
+    """A replica of the deleted topic (same name, leader, epoch 0 as the new one's) asks
+    to shrink the ISR: refused on the state read for the conditional write."""
+    client = clusters[0].checker  # type: ignore[attr-defined]
+    derived = f"{client.get(PATH)[1].czxid:032x}"
+    wait_until(lambda: _stored_id(clusters) == derived, "the controller's upgrade write")
+    before = client.get(PATH)[1].version
+
+    def shrink(state: PartitionState) -> PartitionState:
+        return PartitionState(state.replicas, state.leader, state.leader_epoch, (1,))
+
+    stale = "e" * 32
+    assert clusters[1].alter_partition("legacy", 0, shrink, stale) is None
+    assert client.get(PATH)[1].version == before  # nothing written
+    shrunk = clusters[1].alter_partition("legacy", 0, shrink, derived)
+    assert shrunk is not None and shrunk.isr == (1,)
