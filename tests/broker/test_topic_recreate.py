@@ -241,3 +241,16 @@ def test_an_idempotent_producer_across_delete_and_create_is_refused_and_writes_n
         assert [o["log_end_offset"] for o in offsets] == [0] * PARTITIONS  # 0 rows written
     finally:
         cluster.close()
+
+
+def test_a_request_by_the_id_of_a_deleted_topic_is_told_it_was_deleted(
+    shared_broker: BrokerProcess, client_for: ClientFor
+) -> None:
+    client = client_for(shared_broker)
+    client.create_topic("deleted-id", 1, schema=SCHEMA)
+    old = client.topic_id("deleted-id")
+    client.delete_topic("deleted-id")
+    with pytest.raises(UnknownTopicIdError) as refused:
+        client.fetch_once("deleted-id", 0, 0, topic_id=old)
+    assert refused.value.message == f"topic 'deleted-id' was deleted: id {old} no longer exists"
+    assert refused.value.code == 100 and not refused.value.retriable
