@@ -254,3 +254,31 @@ def test_a_request_by_the_id_of_a_deleted_topic_is_told_it_was_deleted(
         client.fetch_once("deleted-id", 0, 0, topic_id=old)
     assert refused.value.message == f"topic 'deleted-id' was deleted: id {old} no longer exists"
     assert refused.value.code == 100 and not refused.value.retriable
+
+
+def test_a_transaction_across_delete_and_create_is_refused_and_aborted_writing_nothing(
+    shared_broker: BrokerProcess, client_for: ClientFor
+) -> None:
+    client = client_for(shared_broker)
+    client.create_topic("txn-recreate", 2, schema=SCHEMA)
+    old = client.topic_id("txn-recreate")
+    with Producer(shared_broker.address, **{"transactional.id": "across-recreate"}) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("txn-recreate", rows(50)).result(30)
+        producer.commit_transaction()
+        client.delete_topic("txn-recreate")
+        client.create_topic("txn-recreate", 2, schema=SCHEMA)
+        new = client.topic_id("txn-recreate", refresh=True)
+        producer.begin_transaction()
+        future = producer.send("txn-recreate", rows(50, start=NEW_START))
+        with pytest.raises(IdemlogError) as failed:
+            producer.commit_transaction()
+        assert f"id {old} is now {new}" in str(failed.value)
+        # AddPartitionsToTxn was refused (UNKNOWN_TOPIC_ID): the transaction is
+        # abortable, its batch failed with that line, never sent.
+        with pytest.raises(IdemlogError, match=f"id {old} is now {new}"):
+            future.result(30)
+        producer.abort_transaction()
+    ends = [client.list_offsets("txn-recreate", p, topic_id=new) for p in (0, 1)]
+    assert [o["log_end_offset"] for o in ends] == [0, 0]  # nothing, not even a marker
