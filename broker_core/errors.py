@@ -64,6 +64,11 @@ class ErrorCode(Enum):
     UNKNOWN_LEADER_EPOCH = (75, True, "the request's leader epoch is newer than the broker's")
     INVALID_RECORD = (87, False, "record batch is invalid for this topic")
     PRODUCER_FENCED = (90, False, "a newer producer with the same transactional id exists")
+    UNKNOWN_TOPIC_ID = (
+        100,
+        False,
+        "the request's topic id is not the topic's: the topic was deleted (and recreated)",
+    )
     DUPLICATE_BROKER_REGISTRATION = (101, False, "broker id is already in use")
     # Authorization (docs/security.md): the principal lacks the ACL; asking again is
     # refused again until an operator adds one.
@@ -282,6 +287,21 @@ class InvalidRecordError(IdemlogError):
 
 class ProducerFencedError(IdemlogError):
     error_code = ErrorCode.PRODUCER_FENCED
+
+
+class UnknownTopicIdError(IdemlogError):
+    """A request (or a replica's log) names a topic by an id that is not the topic's
+    now: the topic it meant was deleted, and the name may have been reused. Asking again
+    under that id is refused again (docs/failure-model.md)."""
+
+    error_code = ErrorCode.UNKNOWN_TOPIC_ID
+
+    @classmethod
+    def recreated(cls, topic: str, old_id: str, new_id: str) -> UnknownTopicIdError:
+        """The one line for a topic known by ``old_id`` that is now ``new_id``."""
+        if not new_id:
+            return cls(f"topic {topic!r} was deleted: id {old_id} no longer exists")
+        return cls(f"topic {topic!r} was recreated: id {old_id} is now {new_id}")
 
 
 class DuplicateBrokerRegistrationError(IdemlogError):

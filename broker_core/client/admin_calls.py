@@ -81,11 +81,15 @@ class AdminCalls:
             for t in topics
         ]
 
-    def list_offsets(self: Routes, topic: str, partition: int) -> dict[str, int]:
+    def list_offsets(
+        self: Routes, topic: str, partition: int, *, topic_id: str | None = None
+    ) -> dict[str, int]:
         """The partition's ``partition``, ``log_start_offset``, ``log_end_offset``,
         ``high_watermark`` and ``last_stable_offset``, from its leader. Raises
-        ``UnknownTopicOrPartitionError`` if the partition does not exist."""
-        doc = self._leader_action(topic, partition, ListOffsetsRequest(topic, partition))
+        ``UnknownTopicOrPartitionError`` if the partition does not exist,
+        ``UnknownTopicIdError`` if ``topic_id`` is not the topic's (recreated)."""
+        request = ListOffsetsRequest(topic, partition, topic_id)
+        doc = self._leader_action(topic, partition, request)
         return {k: int(v) for k, v in doc.items() if k not in ("topic",)}
 
     def ping(self: Routes, address: str | None = None) -> dict[str, Any]:

@@ -92,13 +92,15 @@ class PartitionInfo:
 
 @dataclass(frozen=True, slots=True)
 class TopicDescription:
-    """A topic: its name, Arrow schema (None: any), configuration overrides and
-    partitions in partition order."""
+    """A topic: its name, Arrow schema (None: any), configuration overrides,
+    partitions in partition order and id (chosen at creation; "" for a topic stored
+    before ids, until its store writes one)."""
 
     name: str
     schema: pa.Schema | None
     config: dict[str, str]
     partitions: tuple[PartitionInfo, ...]
+    topic_id: str = ""
 
     @classmethod
     def from_doc(cls, doc: JsonDoc) -> TopicDescription:
@@ -111,11 +113,13 @@ class TopicDescription:
             schema=schema,
             config={str(k): str(v) for k, v in (doc.get("config") or {}).items()},
             partitions=tuple(PartitionInfo.from_doc(p) for p in doc["partitions"]),
+            topic_id=str(doc.get("topic_id") or ""),
         )
 
     def to_json(self) -> JsonDoc:
         return {
             "name": self.name,
+            "topic_id": self.topic_id,
             "schema": schema_fields(self.schema),
             "config": dict(self.config),
             "partitions": [p.to_json() for p in self.partitions],

@@ -271,6 +271,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
                 brokers,
                 doc.get("controller"),
                 {name: [int(x) for x in leaders] for name, leaders in doc["topics"].items()},
+                {str(n): str(i) for n, i in (doc.get("topic_ids") or {}).items()},
             )
             self._view = view
             return view
@@ -283,6 +284,27 @@ class BrokerClient(AdminCalls, TransactionCalls):
         raises as :meth:`refresh_metadata`."""
         view = self._view
         return self.refresh_metadata() if refresh or view is None else view
+
+    def topic_id(self, topic: str, refresh: bool = False) -> str:
+        """The id of ``topic`` as the metadata names it (refreshed once if the topic, or
+        its id, is not known; or first, with ``refresh``): what a reader or producer pins
+        when it first learns the topic, and sends with its requests so that a topic
+        recreated under the name refuses them (``UnknownTopicIdError``). Raises
+        ``UnknownTopicOrPartitionError`` if the topic does not exist or has no id yet
+        (stored before ids, not yet upgraded: ask again), ``NetworkError`` as
+        :meth:`refresh_metadata`."""
+        view = self.metadata(refresh)
+        topic_id = view.topic_ids.get(topic)
+        if topic_id is None and not refresh:
+            return self.topic_id(topic, refresh=True)
+        if topic_id is None:
+            if topic in view.topics:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has no id yet (stored before topic ids; its store "
+                    "writes one at the next controller start): ask again"
+                )
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        return topic_id
 
     def leader(self, topic: str, partition: int, refresh: bool = False) -> BrokerAddress:
         """The broker leading the partition (metadata refreshed once if the topic is not
@@ -487,13 +509,16 @@ class BrokerClient(AdminCalls, TransactionCalls):
         schema: pa.Schema | None = None,
         *,
         acks: int = ACKS_ALL,
+        topic_id: str | None = None,
     ) -> ProduceStream:
         """A raw pipelined stream to the partition's leader (opened at the first send if
         no schema is given), its batches answered as ``acks`` says (-1: once every in-sync
         replica has them, the default; 1: once the leader has; anything else fails the
         stream with ``InvalidRequiredAcksError``). No retries: a failed send fails its
         batch with the broker's typed error, and the caller decides
-        (``spark_sink.producer`` does). Raises ``NetworkError`` as :meth:`leader`."""
+        (``spark_sink.producer`` does). ``topic_id``: the id the caller knows the topic
+        by (:meth:`topic_id`); a topic recreated since fails the stream with
+        ``UnknownTopicIdError``. Raises ``NetworkError`` as :meth:`leader`."""
         broker = self.leader(topic, partition)
         return ProduceStream(
             self._connection(broker.address),
@@ -502,6 +527,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
             schema,
             address=broker.address,
             acks=acks,
+            topic_id=topic_id,
         )
 
     def fetch_once(
@@ -513,18 +539,19 @@ class BrokerClient(AdminCalls, TransactionCalls):
         isolation: str = "read_committed",
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_offset: int | None = None,
+        topic_id: str | None = None,
     ) -> FetchResponse:
         """One fetch from the partition's leader: batches from ``offset`` (at most about
         ``max_bytes``, at least one batch if any), then the trailer with the next offset
         and the partition's watermarks, received whole. Routing errors are retried (the
         whole fetch again). Raises ``OffsetOutOfRangeError``,
-        ``UnknownTopicOrPartitionError``, or ``InvalidRequestError`` for a bad
+        ``UnknownTopicOrPartitionError``, ``UnknownTopicIdError`` when ``topic_id`` is
+        not the topic's (recreated), or ``InvalidRequestError`` for a bad
         ``isolation``/``max_bytes``."""
+        request = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset, topic_id)
 
         def collect(address: str) -> FetchResponse:
-            stream = self._open_fetch(
-                address, FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset)
-            )
+            stream = self._open_fetch(address, request)
             batches = list(stream.batches)
             return FetchResponse(stream.schema, batches, stream.trailer)
 
@@ -541,6 +568,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         isolation: str = "read_committed",
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_offset: int | None = None,
+        topic_id: str | None = None,
     ) -> FetchStream:
         """:meth:`fetch_once`'s fetch, its batches handed out as they are received
         (``FetchStream``: the batches, then the trailer; close it if not read to the
@@ -548,7 +576,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         as :meth:`fetch_once`; a failure after that is raised from the iteration, typed,
         not retried: the caller knows which batches it has used and fetches again from
         the next. Raises as :meth:`fetch_once`."""
-        request = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset)
+        request = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset, topic_id)
         return self._routed(
             lambda _retry: self.leader(topic, partition).address,
             lambda address: self._open_fetch(address, request),
@@ -577,14 +605,20 @@ class BrokerClient(AdminCalls, TransactionCalls):
         *,
         isolation: str = "read_committed",
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        topic_id: str | None = None,
     ) -> Iterator[tuple[FetchBatchMeta, pa.RecordBatch]]:
         """Every readable batch from ``offset`` (default: the log start) to the end as of
         now: the last stable offset for read_committed, the log end otherwise."""
         if offset is None:
-            offset = self.list_offsets(topic, partition)["log_start_offset"]
+            offset = self.list_offsets(topic, partition, topic_id=topic_id)["log_start_offset"]
         while True:
             response = self.fetch_once(
-                topic, partition, offset, isolation=isolation, max_bytes=max_bytes
+                topic,
+                partition,
+                offset,
+                isolation=isolation,
+                max_bytes=max_bytes,
+                topic_id=topic_id,
             )
             yield from response.batches
             if response.trailer.next_offset <= offset:
@@ -592,9 +626,15 @@ class BrokerClient(AdminCalls, TransactionCalls):
             offset = response.trailer.next_offset
 
     def read_table(
-        self, topic: str, partition: int, *, isolation: str = "read_committed"
+        self,
+        topic: str,
+        partition: int,
+        *,
+        isolation: str = "read_committed",
+        topic_id: str | None = None,
     ) -> pa.Table | None:
         """The partition's readable rows as one table (None if there are none); raises as
         :meth:`fetch_once`."""
-        batches = [b for _m, b in self.fetch(topic, partition, isolation=isolation)]
+        fetched = self.fetch(topic, partition, isolation=isolation, topic_id=topic_id)
+        batches = [b for _m, b in fetched]
         return pa.Table.from_batches(batches) if batches else None

@@ -140,9 +140,11 @@ class ProduceStream:
         *,
         address: str = "",
         acks: int = ACKS_ALL,
+        topic_id: str | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
+        self.topic_id = topic_id
         self.address = address
         self.acks = acks
         self._client = client
@@ -168,7 +170,9 @@ class ProduceStream:
 
     def _open(self, schema: pa.Schema) -> None:
         descriptor = flight.FlightDescriptor.for_command(
-            encode_json(ProduceDescriptor(self.topic, self.partition, self.acks).to_doc())
+            encode_json(
+                ProduceDescriptor(self.topic, self.partition, self.acks, self.topic_id).to_doc()
+            )
         )
         try:
             writer, metadata_reader = self._client.do_put(descriptor, schema)

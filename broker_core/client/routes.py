@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker_core.protocol.coordinator_keys import CoordinatorAddress, state_partition_of
@@ -29,6 +29,9 @@ class ClusterView:
     brokers: dict[int, BrokerAddress]
     controller: int | None
     topics: dict[str, list[int]]  # topic -> leader broker id per partition
+    # topic -> its id (chosen at creation; a recreated topic has another). A topic stored
+    # before ids existed is absent until its store writes one.
+    topic_ids: dict[str, str] = field(default_factory=dict)
 
 
 class Routes(Protocol):
@@ -41,7 +44,9 @@ class Routes(Protocol):
 
     def metadata(self, refresh: bool = False) -> ClusterView: ...
 
-    def list_offsets(self, topic: str, partition: int) -> dict[str, int]: ...
+    def list_offsets(
+        self, topic: str, partition: int, *, topic_id: str | None = None
+    ) -> dict[str, int]: ...
 
     def metrics_per_broker(self, top: int = ...) -> list[dict[str, Any]]: ...
 

@@ -6,7 +6,7 @@ a run's abort, the readers' cut (the routing they use: ``client.routes``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from broker_core.client.answers import TransactionListing
 from broker_core.client.routes import Routes
@@ -92,18 +92,24 @@ class TransactionCalls:
         producer_epoch: int,
         batch_id: int,
         ranges: Sequence[tuple[str, int, int, int]] = (),
+        *,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> None:
         """The open transaction holds all of a task's rows of ``batch_id``, at ``ranges``
         ((topic, partition, first offset, last offset) for each partition written): once
         this returns, a later attempt of the task reuses it instead of writing again.
-        Raises ``ProducerFencedError`` if the producer lost its epoch, and the coordinator's
-        ``InvalidRequestError`` for bad ranges."""
-        self._coordinator_action(
-            PrepareSinkTxnRequest(
-                transactional_id, producer_id, producer_epoch, batch_id, tuple(ranges)
-            ),
+        Raises ``ProducerFencedError`` if the producer lost its epoch, the coordinator's
+        ``InvalidRequestError`` for bad ranges, ``UnknownTopicIdError`` if ``topic_ids``
+        ({topic: id}) names a topic by an id that is no longer its (recreated)."""
+        request = PrepareSinkTxnRequest(
             transactional_id,
+            producer_id,
+            producer_epoch,
+            batch_id,
+            tuple(ranges),
+            dict(topic_ids or {}),
         )
+        self._coordinator_action(request, transactional_id)
 
     def sink_heartbeat(self: Routes, sink_id: str, run_id: str) -> None:
         """A task of this run is alive: the coordinator keeps its transactions open.
@@ -213,18 +219,24 @@ class TransactionCalls:
         producer_id: int,
         producer_epoch: int,
         partitions: Sequence[tuple[str, int]],
+        *,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> None:
         """Add partitions to the id's open transaction (beginning one if none is open):
         the coordinator will write their markers when it ends. Raises
         ``UnknownTopicOrPartitionError`` for a partition that does not exist,
-        ``ProducerFencedError`` for a stale epoch, ``ConcurrentTransactionsError``
-        (retriable, not retried here) while the previous transaction is still ending."""
-        self._coordinator_action(
-            AddPartitionsToTxnRequest(
-                transactional_id, producer_id, producer_epoch, tuple(partitions)
-            ),
+        ``UnknownTopicIdError`` when ``topic_ids`` ({topic: id}) names a topic by an id
+        that is no longer its, ``ProducerFencedError`` for a stale epoch,
+        ``ConcurrentTransactionsError`` (retriable, not retried here) while the previous
+        transaction is still ending."""
+        request = AddPartitionsToTxnRequest(
             transactional_id,
+            producer_id,
+            producer_epoch,
+            tuple(partitions),
+            dict(topic_ids or {}),
         )
+        self._coordinator_action(request, transactional_id)
 
     def end_txn(
         self: Routes, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool

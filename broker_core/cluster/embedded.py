@@ -9,7 +9,8 @@ Topic assignments are kept in one JSON file, replaced atomically on every change
      "topics": {"<name>": <TopicAssignment.to_doc()>, ...}}
 
 A version 1 file (topics in their version 1 form) is still read, and written back as
-version 2 at the next change (every start is one: the controller epoch).
+version 2 at the next change (every start is one: the controller epoch). A topic stored
+without a ``topic_id`` (before ids) gets one when the file is loaded, written back at once.
 
 ``controller_epoch`` is incremented (durably) each time the broker registers, i.e. at every
 start: the transaction coordinator of each run has a higher epoch than any before it, as
@@ -57,7 +58,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.fileutil import atomic_write
-from broker_core.protocol.topics import validate_topic_name
+from broker_core.protocol.topics import new_topic_id, validate_topic_name
 
 CLOSE_TIMEOUT_S = 30.0  # how long close() waits for the callbacks to finish
 
@@ -147,7 +148,7 @@ class EmbeddedCluster(TopicView):
                 [self._broker.broker_id],
                 replication_factor_of(name, overrides, 1),
             )
-            assignment = TopicAssignment.of(name, states, schema, overrides)
+            assignment = TopicAssignment.of(name, states, schema, overrides, new_topic_id())
             topics = {**self._topics, name: assignment}
             self._save(topics, self._controller_epoch)
             self._topics = topics
@@ -164,6 +165,10 @@ class EmbeddedCluster(TopicView):
             self._save(topics, self._controller_epoch)
             self._topics = topics
             self._notifier.post(list(self._topics_callbacks))
+
+    def read_topic(self, name: str) -> TopicAssignment:
+        """The topic as the file has it: the cache is the file (one writer)."""
+        return self.topic(name)
 
     def alter_partition(
         self,
@@ -262,6 +267,12 @@ class EmbeddedCluster(TopicView):
             except InvalidTopicError as exc:
                 raise CorruptRecordError(f"{where}: {exc}") from exc
             topics[name] = TopicAssignment.from_doc(name, topic_doc, where)
+        upgraded = {n: t.with_topic_id(new_topic_id()) for n, t in topics.items() if not t.topic_id}
+        if upgraded:
+            # Durable before anything serves or stores these ids: a later start must not
+            # pick others (a replica's stored id that differs deletes its copy).
+            topics = {**topics, **upgraded}
+            self._save(topics, epoch)
         return topics
 
     def _save(self, topics: dict[str, TopicAssignment], controller_epoch: int) -> None:

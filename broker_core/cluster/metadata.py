@@ -54,7 +54,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.config import LOG_CONFIG
-from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_name
+from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_id, validate_topic_name
 
 __all__ = [
     "CONTROL_DOC_VERSION",
@@ -192,7 +192,11 @@ class TopicAssignment:
 
     ``partitions`` maps each partition to its leader, as before replicas existed;
     ``states`` holds the whole per-partition state. Built with ``partitions`` only, each
-    partition is :meth:`PartitionState.single` on its leader.
+    partition is :meth:`PartitionState.single` on its leader. ``topic_id`` is chosen at
+    creation (:func:`~broker_core.protocol.topics.new_topic_id`) and never changes; a
+    topic recreated under the same name has another. Empty: a topic stored before ids
+    existed, until its store writes one (once, conditionally: ``ZkCluster``,
+    ``EmbeddedCluster``).
     """
 
     name: str
@@ -200,6 +204,7 @@ class TopicAssignment:
     schema: bytes | None  # Arrow IPC schema, or None until the first append fixes it
     config: dict[str, str]  # topic-level overrides of the log configuration
     states: dict[int, PartitionState] = field(default_factory=dict)
+    topic_id: str = ""
 
     def __post_init__(self) -> None:
         if not self.states:
@@ -220,10 +225,12 @@ class TopicAssignment:
         states: Mapping[int, PartitionState],
         schema: bytes | None,
         config: dict[str, str],
+        topic_id: str = "",
     ) -> TopicAssignment:
         """An assignment from whole partition states."""
         states = dict(sorted(states.items()))
-        return cls(name, {p: s.leader for p, s in states.items()}, schema, config, states)
+        leaders = {p: s.leader for p, s in states.items()}
+        return cls(name, leaders, schema, config, states, topic_id)
 
     def leader(self, partition: int) -> int:
         """The broker id that serves ``partition``."""
@@ -247,7 +254,14 @@ class TopicAssignment:
             raise UnknownTopicOrPartitionError(
                 f"topic {self.name!r} has partitions 0..{len(self.states) - 1}, not {unknown}"
             )
-        return TopicAssignment.of(self.name, {**self.states, **changes}, self.schema, self.config)
+        return TopicAssignment.of(
+            self.name, {**self.states, **changes}, self.schema, self.config, self.topic_id
+        )
+
+    def with_topic_id(self, topic_id: str) -> TopicAssignment:
+        """This assignment with ``topic_id`` (an upgrade of one stored without)."""
+        validate_topic_id(topic_id, f"topic {self.name!r}")
+        return TopicAssignment.of(self.name, self.states, self.schema, self.config, topic_id)
 
     def partitions_of(self, broker_id: int) -> list[int]:
         """The partitions ``broker_id`` leads."""
@@ -260,13 +274,16 @@ class TopicAssignment:
     def to_doc(self) -> dict[str, Any]:
         """The stored JSON form (a znode, or an entry of the embedded cluster's file),
         version :data:`METADATA_VERSION`: ``partitions`` maps each partition to its
-        :meth:`PartitionState.to_doc`."""
-        return {
+        :meth:`PartitionState.to_doc`; ``topic_id`` once it has one."""
+        doc: dict[str, Any] = {
             "version": METADATA_VERSION,
             "partitions": {str(p): s.to_doc() for p, s in sorted(self.states.items())},
             "schema": None if self.schema is None else base64.b64encode(self.schema).decode(),
             "config": dict(sorted(self.config.items())),
         }
+        if self.topic_id:
+            doc["topic_id"] = self.topic_id
+        return doc
 
     @classmethod
     def from_doc(cls, name: str, doc: object, where: str) -> TopicAssignment:
@@ -318,7 +335,13 @@ class TopicAssignment:
             isinstance(k, str) and isinstance(v, str) for k, v in config.items()
         ):
             raise corrupt("has a config that is not a string -> string object")
-        return cls.of(name, states, schema, dict(config))
+        topic_id = doc.get("topic_id", "")
+        if topic_id != "":
+            try:
+                validate_topic_id(topic_id, "topic_id")
+            except InvalidRequestError as exc:
+                raise corrupt(f"has a bad topic_id ({exc.message})") from exc
+        return cls.of(name, states, schema, dict(config), topic_id)
 
 
 class ClusterMetadata(Protocol):
@@ -343,6 +366,13 @@ class ClusterMetadata(Protocol):
     def delete_topic(self, name: str) -> None: ...
     def topics(self) -> dict[str, TopicAssignment]: ...
     def topic(self, name: str) -> TopicAssignment: ...
+    def read_topic(self, name: str) -> TopicAssignment:
+        """The topic as the store has it now, not as the cache last saw it (a request
+        naming a topic id the cache does not know is checked against it before it is
+        refused). UnknownTopicOrPartitionError when gone; RequestTimedOutError when the
+        store is unavailable."""
+        ...
+
     def on_topics_change(self, callback: Callable[[], None]) -> None: ...
     def alter_partition(
         self,

@@ -22,6 +22,10 @@ What survives what:
   fenced by the ``controller_epoch`` node's version. A dead broker's partitions move to a
   live in-sync replica; with none, a partition stays unavailable until one returns
   (or, with ``unclean.leader.election.enable``, an out-of-sync live replica leads).
+* a topic's id (``topic_id`` in its node) is chosen when the node is created and kept
+  while it lives; a node without one (written before ids, or rewritten by an older
+  broker) gets one from the controller by a version-conditional write: the id it was
+  seen with, else one derived from the node's creation zxid.
 
 Every instance sees every change (a children watch on ``topics``, a data watch per topic);
 each cached topic keeps its node's zxids, so a read older than the cache never replaces it.
@@ -69,7 +73,7 @@ from broker_core.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol.topics import validate_topic_name
+from broker_core.protocol.topics import new_topic_id, validate_topic_name
 from broker_core.security import zk_acl
 from broker_core.zookeeper import ZkSession
 
@@ -117,6 +121,8 @@ class ZkCluster(TopicView):
         # Per topic node listed (corrupt ones too): (czxid, mzxid) of the version cached.
         self._topic_zxids: dict[str, tuple[int, int]] = {}
         self._stale_topics: set[str] = set()  # data changed: for the TOPIC_STATES task
+        # The id each topic node (name, czxid) was seen with (bounded by the nodes seen).
+        self._node_ids: dict[tuple[str, int], str] = {}
         # The data watch of each topic node, by a token: a watch whose token was replaced
         # or dropped ends at its next event (its callback returns False).
         self._watches: dict[str, object] = {}
@@ -207,9 +213,8 @@ class ZkCluster(TopicView):
         # The live brokers read afresh, not from the cache, which may lag a moment.
         live = self._refresh(ZkTask.BROKERS, f"creating topic {name!r} (reading the live brokers)")
         factor = replication_factor_of(name, overrides, len(live), self._default_factor)
-        assignment = TopicAssignment.of(
-            name, assign_partitions(name, partitions, list(live), factor), schema, overrides
-        )
+        states = assign_partitions(name, partitions, list(live), factor)
+        assignment = TopicAssignment.of(name, states, schema, overrides, new_topic_id())
         data = json.dumps(assignment.to_doc(), separators=(",", ":")).encode()
         path, get = f"{self._topics_path}/{name}", self._client.get_async
 
@@ -279,6 +284,47 @@ class ZkCluster(TopicView):
         self.rewrite_topic(topic, change, f"altering partition {topic}-{partition}")
         return result[0]
 
+    def read_topic(self, name: str) -> TopicAssignment:
+        """``topics/<name>`` as ZooKeeper has it now (the cache updated with it): what a
+        broker asks before refusing a request whose topic id its cache does not know, in
+        case the cache is the older one. Raises UnknownTopicOrPartitionError when the
+        topic is gone, RequestTimedOutError (retriable) when ZooKeeper is away."""
+        validate_topic_name(name)
+        self._control.check_open()
+        self._refresh(ZkTask.TOPICS, f"reading topic {name!r}")
+        return self.topic(name)
+
+    def _upgrade_topic_ids(self) -> None:
+        """On the controller: give every topic stored without an id one (stored before
+        ids, or rewritten by an older broker, which drops the field), each by a write
+        conditional on the node's version that writes nothing if it has one by then, so
+        of several writers (a controller deposed meanwhile) only one id is ever stored."""
+        if not self._control.is_controller():
+            return
+        for name in sorted(n for n, t in self.topics().items() if not t.topic_id):
+            with self._lock:
+                node = self._topic_zxids.get(name)
+                known = None if node is None else self._node_ids.get((name, node[0]))
+            if node is None:
+                continue
+            # The id this node had (an older broker's rewrite dropped the field), or one
+            # derived from the node's creation zxid: every controller picks the same one,
+            # and a node recreated under the name has another.
+            topic_id = known or f"{node[0]:032x}"
+
+            def upgrade(
+                current: TopicAssignment, topic_id: str = topic_id
+            ) -> TopicAssignment | None:
+                return None if current.topic_id else current.with_topic_id(topic_id)
+
+            try:
+                stored = self.rewrite_topic(name, upgrade, f"giving topic {name!r} an id")
+            except (IdemlogError, ZkUnavailable) as exc:
+                log.warning("topic %s keeps no id for now (retried next pass): %s", name, exc)
+                continue
+            if stored is not None:
+                log.info("topic %s stored before topic ids now has id %s", name, stored.topic_id)
+
     def elect_preferred_leaders(
         self, topics: Sequence[str] | None = None
     ) -> dict[str, dict[int, int]]:
@@ -312,6 +358,7 @@ class ZkCluster(TopicView):
             self._refresh_topic_states()
         elif task is ZkTask.LEADERS:
             self._leaders.run_pass()
+            self._upgrade_topic_ids()
         else:
             self._refresh(task)
 
@@ -379,7 +426,7 @@ class ZkCluster(TopicView):
                 else:
                     kept[name] = read
                     if name in parsed:
-                        topics[name] = parsed[name]
+                        topics[name] = self._keep_node_id(name, read[0], parsed[name])
             for name, cached in self._topic_zxids.items():
                 if name not in zxids and cached[0] > zxid:
                     # Created after this listing was taken (seen by our own write): keep it.
@@ -412,12 +459,23 @@ class ZkCluster(TopicView):
             if assignment is None:
                 self._topics.pop(name, None)
             else:
+                assignment = self._keep_node_id(name, czxid, assignment)
                 self._topics[name] = assignment
             if assignment != old:
                 self._notifier.post(list(self._topics_callbacks))
             starting = self._sync_watches_locked()
         self._start_watches(starting)
         return True
+
+    def _keep_node_id(self, name: str, czxid: int, assignment: TopicAssignment) -> TopicAssignment:
+        """``assignment`` with the id its node (``name`` created at ``czxid``) was last
+        seen with, if an older broker's rewrite dropped it: an id never changes while the
+        node lives. Called with the lock held."""
+        if assignment.topic_id:
+            self._node_ids[(name, czxid)] = assignment.topic_id
+            return assignment
+        known = self._node_ids.get((name, czxid))
+        return assignment if known is None else assignment.with_topic_id(known)
 
     # -- per-topic data watches ---------------------------------------------------------------
 

@@ -1,7 +1,13 @@
 """The log store: named topics of N partitions under one data directory.
 
-    <data dir>/<topic>/topic.json      {"version": 1, "name", "partitions", "schema", "config"}
+    <data dir>/<topic>/topic.json      {"version": 1, "name", "partitions", "schema", "config",
+                                        "topic_id"?}
     <data dir>/<topic>/<partition>/    one PartitionLog each
+
+``topic_id`` is the id of the cluster's topic these logs are a copy of (absent: written
+before ids, or by the store alone). A topic directory is created and deleted whole, so its
+partitions' logs share the id; a broker deletes a copy whose id is not the topic's before
+it opens it (``server.local_topics``).
 
 The schema (Arrow IPC, base64) is fixed at creation or by the first append, and every
 later batch must match it, so readers can always combine a topic's batches into a table.
@@ -22,6 +28,7 @@ import pyarrow as pa
 from broker_core.errors import (
     CorruptRecordError,
     InvalidPartitionsError,
+    InvalidRequestError,
     SchemaMismatchError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -30,7 +37,7 @@ from broker_core.fileutil import atomic_write, fsync_directory
 from broker_core.log.compaction import check_key_columns
 from broker_core.log.config import LogConfig
 from broker_core.log.partition_log import PartitionLog
-from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_name
+from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_id, validate_topic_name
 
 TOPIC_FILE = "topic.json"
 
@@ -67,6 +74,7 @@ class Topic:
     schema: pa.Schema | None
     logs: dict[int, PartitionLog] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    topic_id: str = ""  # the cluster topic's id ("" unknown: before ids, or store-only)
 
     def check_schema(self, schema: pa.Schema) -> None:
         if self.schema is not None:
@@ -94,7 +102,21 @@ class Topic:
             "schema": schema,
             "config": self.overrides,
         }
+        if self.topic_id:
+            doc["topic_id"] = self.topic_id
         atomic_write(self.directory / TOPIC_FILE, json.dumps(doc, indent=2).encode())
+
+    def adopt_id(self, topic_id: str) -> None:
+        """Record ``topic_id`` for a copy stored without one (before ids): it is the
+        topic's copy, nothing says otherwise. Durable before the return."""
+        validate_topic_id(topic_id, f"topic {self.name!r}")
+        with self.lock:
+            if self.topic_id and self.topic_id != topic_id:
+                raise CorruptRecordError(
+                    f"{self.directory / TOPIC_FILE}: holds topic id {self.topic_id}, not {topic_id}"
+                )
+            self.topic_id = topic_id
+            self.save()
 
     @classmethod
     def load(cls, directory: Path, defaults: LogConfig) -> Topic:
@@ -104,17 +126,28 @@ class Topic:
             name = doc["name"]
             partitions = int(doc["partitions"])
             overrides = dict(doc.get("config") or {})
+            topic_id = doc.get("topic_id") or ""
+            if topic_id:
+                validate_topic_id(topic_id, "topic_id")
             raw_schema = doc.get("schema")
             schema = (
                 pa.ipc.read_schema(pa.py_buffer(base64.b64decode(raw_schema)))
                 if raw_schema
                 else None
             )
-        except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            pa.ArrowInvalid,
+            InvalidRequestError,
+        ) as exc:
             raise CorruptRecordError(f"{path}: unreadable topic metadata ({exc})") from exc
         if name != directory.name or doc.get("version") != 1:
             raise CorruptRecordError(f"{path}: metadata does not describe topic {directory.name}")
-        return cls(name, directory, partitions, defaults.overlaid(overrides), overrides, schema)
+        config = defaults.overlaid(overrides)
+        return cls(name, directory, partitions, config, overrides, schema, topic_id=topic_id)
 
 
 class LogStore:
@@ -147,8 +180,12 @@ class LogStore:
         *,
         schema: pa.Schema | None = None,
         config: Mapping[str, object] | None = None,
+        topic_id: str = "",
     ) -> Topic:
+        """A new topic directory; ``topic_id``: the cluster topic it is a copy of."""
         validate_topic_name(name)
+        if topic_id:
+            validate_topic_id(topic_id, f"topic {name!r}")
         if isinstance(partitions, bool) or not isinstance(partitions, int):
             raise InvalidPartitionsError(f"partitions={partitions!r} must be an integer")
         if not 1 <= partitions <= MAX_PARTITIONS:
@@ -175,6 +212,7 @@ class LogStore:
                 log_config,
                 overrides,
                 schema.remove_metadata() if schema is not None else None,
+                topic_id=topic_id,
             )
             topic.save()
             fsync_directory(self.data_dir)

@@ -22,6 +22,8 @@ from broker_core.protocol.metrics import MetricsRequest as MetricsRequest
 from broker_core.protocol.requests import (
     Doc,
     _names,
+    _topic_id,
+    _with_topic_id,
 )
 from broker_core.protocol.wire import (
     PROTOCOL_VERSION,
@@ -92,14 +94,16 @@ class ListOffsetsRequest:
     ACTION: ClassVar[Action] = Action.LIST_OFFSETS
     topic: str
     partition: int
+    topic_id: str | None = None
 
     def to_doc(self) -> Doc:
-        return {"topic": self.topic, "partition": self.partition}
+        return _with_topic_id({"topic": self.topic, "partition": self.partition}, self.topic_id)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> ListOffsetsRequest:
         what = cls.ACTION.value
-        return cls(_field(doc, "topic", str, what), _field(doc, "partition", int, what))
+        topic, partition = _field(doc, "topic", str, what), _field(doc, "partition", int, what)
+        return cls(topic, partition, _topic_id(doc, what))
 
 
 @dataclass(frozen=True, slots=True)

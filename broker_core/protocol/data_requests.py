@@ -10,6 +10,8 @@ from broker_core.protocol.requests import (
     ACKS_ALL,
     ACKS_LEADER,
     Doc,
+    _topic_id,
+    _with_topic_id,
 )
 from broker_core.protocol.wire import (
     DEFAULT_FETCH_MAX_BYTES,
@@ -31,19 +33,17 @@ def _op(doc: Doc, op: str, what: str) -> None:
 class ProduceDescriptor:
     """The DoPut command of a produce stream: the partition every batch goes to, and when
     each batch is answered: ``acks`` -1 (all: once every in-sync replica has it, the
-    default) or 1 (once the leader has written it)."""
+    default) or 1 (once the leader has written it). ``topic_id``: the id the producer
+    knows the topic by (None: any); another topic's is refused (UNKNOWN_TOPIC_ID)."""
 
     topic: str
     partition: int
     acks: int = ACKS_ALL
+    topic_id: str | None = None
 
     def to_doc(self) -> Doc:
-        return {
-            "op": "produce",
-            "topic": self.topic,
-            "partition": self.partition,
-            "acks": self.acks,
-        }
+        doc = {"op": "produce", "topic": self.topic, "partition": self.partition}
+        return _with_topic_id({**doc, "acks": self.acks}, self.topic_id)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> ProduceDescriptor:
@@ -54,13 +54,15 @@ class ProduceDescriptor:
             raise InvalidRequiredAcksError(
                 f"{what}: acks={acks} must be -1 (all in-sync replicas) or 1 (the leader)"
             )
-        return cls(_field(doc, "topic", str, what), _field(doc, "partition", int, what), acks)
+        topic = _field(doc, "topic", str, what)
+        return cls(topic, _field(doc, "partition", int, what), acks, _topic_id(doc, what))
 
 
 @dataclass(frozen=True, slots=True)
 class FetchRequest:
     """The DoGet ticket: batches of a partition from ``offset``, at most ``max_bytes``
-    (the first batch always), below ``max_offset`` if set."""
+    (the first batch always), below ``max_offset`` if set; ``topic_id`` as
+    :class:`ProduceDescriptor`'s."""
 
     topic: str
     partition: int
@@ -68,6 +70,7 @@ class FetchRequest:
     max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     isolation: str = "read_committed"
     max_offset: int | None = None
+    topic_id: str | None = None
 
     def to_doc(self) -> Doc:
         doc: Doc = {
@@ -80,7 +83,7 @@ class FetchRequest:
         }
         if self.max_offset is not None:
             doc["max_offset"] = self.max_offset
-        return doc
+        return _with_topic_id(doc, self.topic_id)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> FetchRequest:
@@ -101,4 +104,5 @@ class FetchRequest:
             raise InvalidRequestError(
                 f"{what}: field 'max_bytes' must be in 1..{MAX_FETCH_BYTES}, got {max_bytes}"
             )
-        return cls(topic, partition, offset, max_bytes, isolation, max_offset)
+        topic_id = _topic_id(doc, what)
+        return cls(topic, partition, offset, max_bytes, isolation, max_offset, topic_id)

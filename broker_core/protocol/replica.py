@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from broker_core.errors import InvalidRequestError
+from broker_core.protocol.requests import _topic_id, _with_topic_id
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.protocol.wire import field as _field
 
@@ -62,9 +63,10 @@ class ReplicaFetchRequest:
     leader_epoch: int
     max_bytes: int
     max_wait_ms: int
+    topic_id: str | None = None  # the id of the topic the follower's log belongs to
 
     def to_doc(self) -> Doc:
-        return {
+        doc = {
             "topic": self.topic,
             "partition": self.partition,
             "replica_id": self.replica_id,
@@ -73,6 +75,7 @@ class ReplicaFetchRequest:
             "max_bytes": self.max_bytes,
             "max_wait_ms": self.max_wait_ms,
         }
+        return _with_topic_id(doc, self.topic_id)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> ReplicaFetchRequest:
@@ -85,6 +88,7 @@ class ReplicaFetchRequest:
             _non_negative(doc, "leader_epoch", what),
             _non_negative(doc, "max_bytes", what),
             _non_negative(doc, "max_wait_ms", what),
+            _topic_id(doc, what),
         )
         if request.max_bytes == 0:
             raise InvalidRequestError(f"{what}: field 'max_bytes' must be positive")
@@ -143,14 +147,16 @@ class ReplicaLogStartRequest:
     partition: int
     replica_id: int
     leader_epoch: int
+    topic_id: str | None = None
 
     def to_doc(self) -> Doc:
-        return {
+        doc = {
             "topic": self.topic,
             "partition": self.partition,
             "replica_id": self.replica_id,
             "leader_epoch": self.leader_epoch,
         }
+        return _with_topic_id(doc, self.topic_id)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> ReplicaLogStartRequest:
@@ -160,6 +166,7 @@ class ReplicaLogStartRequest:
             _non_negative(doc, "partition", what),
             _non_negative(doc, "replica_id", what),
             _non_negative(doc, "leader_epoch", what),
+            _topic_id(doc, what),
         )
 
 
@@ -204,14 +211,16 @@ class OffsetsForLeaderEpochRequest:
     partition: int
     leader_epoch: int
     epoch: int
+    topic_id: str | None = None
 
     def to_doc(self) -> Doc:
-        return {
+        doc = {
             "topic": self.topic,
             "partition": self.partition,
             "leader_epoch": self.leader_epoch,
             "epoch": self.epoch,
         }
+        return _with_topic_id(doc, self.topic_id)
 
     @classmethod
     def from_doc(cls, doc: Doc) -> OffsetsForLeaderEpochRequest:
@@ -221,6 +230,7 @@ class OffsetsForLeaderEpochRequest:
             _non_negative(doc, "partition", what),
             _non_negative(doc, "leader_epoch", what),
             _non_negative(doc, "epoch", what),
+            _topic_id(doc, what),
         )
 
 

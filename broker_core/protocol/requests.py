@@ -21,12 +21,14 @@ from __future__ import annotations
 from typing import Any, ClassVar, Protocol
 
 from broker_core.errors import InvalidRequestError
+from broker_core.protocol.topics import validate_topic_id
 from broker_core.protocol.wire import Action
 from broker_core.protocol.wire import field as _field
 from broker_core.record.batch import MAX_PRODUCER_EPOCH
 
 Doc = dict[str, Any]
 Partitions = tuple[tuple[str, int], ...]
+TopicIds = dict[str, str]  # topic name -> the topic id the sender knows it by
 Transactions = tuple[tuple[str, int, int], ...]
 OffsetRanges = tuple[tuple[str, int, int, int], ...]
 MarkerGroup = tuple[int, int, Partitions]  # (producer id, producer epoch, partitions)
@@ -73,6 +75,29 @@ def _partitions(doc: Doc, what: str) -> Partitions:
             )
         result.append((item[0], item[1]))
     return tuple(result)
+
+
+def _topic_id(doc: Doc, what: str) -> str | None:
+    """The optional ``topic_id`` of a request naming a partition: None when absent (a
+    client that does not know ids), else validated (docs/protocol.md, "Topic ids")."""
+    raw = _field(doc, "topic_id", str, what, None)
+    return None if raw is None else validate_topic_id(raw, f"{what}: field 'topic_id'")
+
+
+def _topic_ids(doc: Doc, what: str) -> TopicIds:
+    """The optional ``topic_ids`` ({topic: id}) of a request naming partitions of
+    several topics; {} when absent."""
+    raw = _field(doc, "topic_ids", dict, what, {})
+    for name, value in raw.items():
+        validate_topic_id(value, f"{what}: field 'topic_ids[{name!r}]'")
+    return dict(raw)
+
+
+def _with_topic_id(doc: Doc, topic_id: str | None) -> Doc:
+    """``doc`` with ``topic_id`` if there is one (absent otherwise: older brokers read it)."""
+    if topic_id is not None:
+        doc["topic_id"] = topic_id
+    return doc
 
 
 def _transactions(doc: Doc, what: str) -> Transactions:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+import uuid
 
-from broker_core.errors import InvalidTopicError
+from broker_core.errors import InvalidRequestError, InvalidTopicError
 from broker_core.fileutil import LOCK_FILE
 
 MAX_TOPIC_NAME_LENGTH = 249  # Kafka's limit, so names move between the two unchanged
 MAX_PARTITIONS = 10_000
 _LEGAL_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_TOPIC_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def validate_topic_name(name: object) -> str:
@@ -31,3 +33,18 @@ def validate_topic_name(name: object) -> str:
             f"'.', '_' and '-' are allowed"
         )
     return name
+
+
+def new_topic_id() -> str:
+    """A topic's id, chosen once when it is created (Kafka's KIP-516): a random UUID as
+    32 lowercase hex digits. A topic deleted and created again under its name gets
+    another, so a replica, a request or a reader of the old one can tell."""
+    return uuid.uuid4().hex
+
+
+def validate_topic_id(value: object, what: str) -> str:
+    """``value`` if it is a topic id (32 lowercase hex digits), else an
+    InvalidRequestError naming ``what``."""
+    if not isinstance(value, str) or not _TOPIC_ID.fullmatch(value):
+        raise InvalidRequestError(f"{what}: {value!r} is not a topic id (32 lowercase hex digits)")
+    return value

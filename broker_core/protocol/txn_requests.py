@@ -4,7 +4,7 @@ stable ends (the shared field readers and the request shape: ``protocol.requests
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from broker_core.errors import InvalidRequestError
@@ -20,11 +20,13 @@ from broker_core.protocol.requests import (
     OffsetRanges,
     Partitions,
     StableOffsetsMap,
+    TopicIds,
     Transactions,
     _partitions,
     _producer,
     _ranges,
     _sink_batch,
+    _topic_ids,
     _transactions,
 )
 from broker_core.protocol.wire import (
@@ -118,21 +120,26 @@ class AddPartitionsToTxnRequest:
     producer_id: int
     producer_epoch: int
     partitions: Partitions
+    # {topic: id} the producer knows its topics by (docs/protocol.md, "Topic ids").
+    topic_ids: TopicIds = field(default_factory=dict)
 
     def to_doc(self) -> Doc:
-        return {
+        doc: Doc = {
             "transactional_id": self.transactional_id,
             "producer_id": self.producer_id,
             "producer_epoch": self.producer_epoch,
             "partitions": [[t, p] for t, p in self.partitions],
         }
+        if self.topic_ids:
+            doc["topic_ids"] = dict(self.topic_ids)
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Doc) -> AddPartitionsToTxnRequest:
         what = cls.ACTION.value
         txn_id = _field(doc, "transactional_id", str, what)
         pid, epoch = _producer(doc, what)
-        return cls(txn_id, pid, epoch, _partitions(doc, what))
+        return cls(txn_id, pid, epoch, _partitions(doc, what), _topic_ids(doc, what))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,15 +174,19 @@ class PrepareSinkTxnRequest:
     producer_epoch: int
     batch_id: int
     ranges: OffsetRanges = ()  # (topic, partition, first offset, last offset)
+    topic_ids: TopicIds = field(default_factory=dict)  # as AddPartitionsToTxnRequest's
 
     def to_doc(self) -> Doc:
-        return {
+        doc: Doc = {
             "transactional_id": self.transactional_id,
             "producer_id": self.producer_id,
             "producer_epoch": self.producer_epoch,
             "batch_id": self.batch_id,
             "ranges": [list(r) for r in self.ranges],
         }
+        if self.topic_ids:
+            doc["topic_ids"] = dict(self.topic_ids)
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Doc) -> PrepareSinkTxnRequest:
@@ -183,7 +194,7 @@ class PrepareSinkTxnRequest:
         txn_id = _field(doc, "transactional_id", str, what)
         pid, epoch = _producer(doc, what)
         batch_id = _field(doc, "batch_id", int, what)
-        return cls(txn_id, pid, epoch, batch_id, _ranges(doc, what))
+        return cls(txn_id, pid, epoch, batch_id, _ranges(doc, what), _topic_ids(doc, what))
 
 
 @dataclass(frozen=True, slots=True)

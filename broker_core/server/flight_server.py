@@ -72,7 +72,9 @@ def _flight_error(error: IdemlogError) -> flight.FlightServerError:
 class LeaderLogs(Protocol):
     """The partition logs this broker leads (``LocalTopics``)."""
 
-    def leader_log(self, topic: str, partition: int) -> PartitionLog: ...
+    def leader_log(
+        self, topic: str, partition: int, topic_id: str | None = None
+    ) -> PartitionLog: ...
 
     def partition(self, topic: str, partition: int) -> Partition: ...
 
@@ -183,7 +185,9 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 authorizer.check(caller, PRODUCE, doc)
 
         topic, partition = request.topic, request.partition
-        self._topics.leader_log(topic, partition)  # routing errors before the stream starts
+        # Routing errors and a stale topic id before the stream starts. A stream opened on
+        # a copy that is deleted later fails its next append (the log is abandoned).
+        self._topics.leader_log(topic, partition, request.topic_id)
         replica = self._topics.partition(topic, partition)
         store = self._store()
         expected = store.topic(topic).schema if store else None
@@ -371,7 +375,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         request = FetchRequest.from_doc(doc)
         self._permit(context, FETCH, doc)
         topic, partition = request.topic, request.partition
-        log_ = self._topics.leader_log(topic, partition)
+        log_ = self._topics.leader_log(topic, partition, request.topic_id)
         replica = self._topics.partition(topic, partition)
         store = self._store()
         schema = (store.topic(topic).schema if store else None) or EMPTY_SCHEMA

@@ -8,14 +8,15 @@ Bodies (``?`` marks an optional field):
 create_topic           {name, partitions, schema?: b64 Arrow IPC, config?: {key: value}}
                        -> {name, partitions: [leader broker id per partition]}
 delete_topic           {name} -> {}
-describe_topics        {names?: [..]} -> {topics: [{name, partitions: [{partition,
+describe_topics        {names?: [..]} -> {topics: [{name, topic_id, partitions: [{partition,
                        leader, replicas: [id, ..], isr: [id, ..], leader_epoch}],
                        schema: b64|null, config}]}  (replicas, isr, leader_epoch: added
                        with replica metadata; today replicas = isr = [leader], epoch 0)
-list_offsets           {topic, partition} -> {log_start_offset, log_end_offset,
+list_offsets           {topic, partition, topic_id?} -> {log_start_offset, log_end_offset,
                        high_watermark, last_stable_offset}
 metadata               {topics?: [..]} -> {brokers: [{broker_id, host, port}],
-                       controller: id|null, topics: {name: [leader per partition]}}
+                       controller: id|null, topics: {name: [leader per partition]},
+                       topic_ids: {name: id}}
 find_coordinator       {transactional_id? | state_partition?} -> {broker_id, host, port,
                        state_partition, state_partitions} (the leader of the key's, or the
                        named, __transaction_state partition, and the partition count)
@@ -24,9 +25,10 @@ init_producer_id       {transactional_id?, transaction_timeout_ms?, sink_batch_i
                        sink_status?: new|prepared|committed} (sink_*: an attempt of a
                        Spark task, docs/design.md)
 prepare_sink_txn       {transactional_id, producer_id, producer_epoch, batch_id,
-                       ranges?: [[topic, partition, first, last], ..]} -> {}
+                       ranges?: [[topic, partition, first, last], ..], topic_ids?:
+                       {topic: id}} -> {}
 add_partitions_to_txn  {transactional_id, producer_id, producer_epoch, partitions:
-                       [[topic, partition], ..]} -> {}
+                       [[topic, partition], ..], topic_ids?: {topic: id}} -> {}
 end_txn                {transactional_id, producer_id, producer_epoch, commit} -> {}
 write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
                        partitions: [[topic, partition], ..]}, or for several producers
@@ -57,13 +59,13 @@ metrics                {top?} -> the bounded metrics document (broker_core.serve
                        {detail: "producers", page_token?, page_size?} -> one page of
                        the per-producer counters (protocol.metrics.ProducerPage)
 replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch,
-                       max_bytes, max_wait_ms} -> binary: header + batches (broker to
-                       broker, protocol.replica)
-offsets_for_leader_    {topic, partition, leader_epoch, epoch} -> {epoch, end_offset}
-epoch                  (broker to broker, KIP-279)
-replica_log_start      {topic, partition, replica_id, leader_epoch} -> binary: header
-                       {log_start_offset, offset, epoch} + producer-state snapshot (broker
-                       to broker: a follower below the leader's log start)
+                       max_bytes, max_wait_ms, topic_id?} -> binary: header + batches
+                       (broker to broker, protocol.replica)
+offsets_for_leader_    {topic, partition, leader_epoch, epoch, topic_id?} -> {epoch,
+epoch                  end_offset} (broker to broker, KIP-279)
+replica_log_start      {topic, partition, replica_id, leader_epoch, topic_id?} -> binary:
+                       header {log_start_offset, offset, epoch} + producer-state snapshot
+                       (broker to broker: a follower below the leader's log start)
 elect_leaders          {topics?: [..]} -> {moved: {topic: {partition: leader}}} (the
                        preferred-leader rebalance; on the controller)
 ping                   {} -> {broker_id, version}
@@ -78,7 +80,7 @@ elsewhere, retriable; ``server.coordinators``).
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -157,7 +159,11 @@ class Topics(Protocol):
 
     def assignment(self, topic: str) -> TopicAssignment: ...
 
-    def leader_log(self, topic: str, partition: int) -> PartitionLog: ...
+    def leader_log(
+        self, topic: str, partition: int, topic_id: str | None = None
+    ) -> PartitionLog: ...
+
+    def check_topic_id(self, topic: str, topic_id: str | None) -> None: ...
 
     def ensure(self, assignment: TopicAssignment) -> object: ...
 
@@ -321,6 +327,7 @@ class ActionHandlers:
             topics.append(
                 {
                     "name": a.name,
+                    "topic_id": a.topic_id,
                     "partitions": [_partition_doc(p, a.state(p)) for p in sorted(a.partitions)],
                     "schema": None if schema is None else base64.b64encode(schema).decode(),
                     "config": dict(a.config),
@@ -330,7 +337,7 @@ class ActionHandlers:
 
     def list_offsets(self, body: dict[str, Any]) -> dict[str, Any]:
         request = ListOffsetsRequest.from_doc(body)
-        log = self._topics.leader_log(request.topic, request.partition)
+        log = self._topics.leader_log(request.topic, request.partition, request.topic_id)
         return {
             "topic": request.topic,
             "partition": request.partition,
@@ -355,6 +362,9 @@ class ActionHandlers:
             "topics": {
                 name: [a.partitions[p] for p in sorted(a.partitions)]
                 for name, a in sorted(assignments.items())
+            },
+            "topic_ids": {
+                name: a.topic_id for name, a in sorted(assignments.items()) if a.topic_id
             },
         }
 
@@ -414,6 +424,7 @@ class ActionHandlers:
 
     def prepare_sink_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = PrepareSinkTxnRequest.from_doc(body)
+        self._check_topic_ids([t for t, _p, _f, _l in r.ranges], r.topic_ids)
         self._coordinators.for_key(r.transactional_id).prepare_sink_txn(
             r.transactional_id, r.producer_id, r.producer_epoch, r.batch_id, list(r.ranges)
         )
@@ -482,10 +493,23 @@ class ActionHandlers:
         r = AddPartitionsToTxnRequest.from_doc(body)
         for topic, partition in r.partitions:
             self._topics.assignment(topic).leader(partition)  # exists?
+        self._check_topic_ids([t for t, _p in r.partitions], r.topic_ids)
         self._coordinators.for_key(r.transactional_id).add_partitions(
             r.transactional_id, r.producer_id, r.producer_epoch, list(r.partitions)
         )
         return {}
+
+    def _check_topic_ids(self, topics: Sequence[str], topic_ids: Mapping[str, str]) -> None:
+        """Each topic a transaction request names by id (``topic_ids``) must still have
+        that id: a producer's transaction never takes in the partitions of a topic
+        recreated since it learned them (UNKNOWN_TOPIC_ID, naming both ids)."""
+        unknown = sorted(set(topic_ids) - set(topics))
+        if unknown:
+            raise InvalidRequestError(
+                f"topic_ids names {unknown}, which the request's partitions do not"
+            )
+        for topic in sorted(set(topics)):
+            self._topics.check_topic_id(topic, topic_ids.get(topic))
 
     def end_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = EndTxnRequest.from_doc(body)

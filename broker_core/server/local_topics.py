@@ -5,9 +5,11 @@ broker's own ``LogStore`` holds the data. A topic is created locally the first t
 broker needs one of its partitions (schema and config from the assignment), its
 partitions are opened (recovered) at start and whenever the topics change, their roles
 (leader or follower) handed to the ``ReplicaManager``, and its files go when the cluster
-deletes the topic while this broker watches. A topic found on disk that the cluster does
-not know is never deleted on a guess: an embedded broker adopts it into its metadata (a
-data directory written by the store alone), a ZooKeeper broker leaves it alone and warns.
+deletes the topic while this broker watches, or when the topic's id is not the one stored
+with the copy (deleted and recreated while this broker did not watch). A topic found on
+disk that the cluster does not know is never deleted on a guess: an embedded broker
+adopts it into its metadata (a data directory written by the store alone), a ZooKeeper
+broker leaves it alone and warns.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore, Topic
 from broker_core.server.partition import Partition
 from broker_core.server.replica_manager import ReplicaManager
+from broker_core.server.topic_ids import check_topic_id
 
 log = logging.getLogger("idemlog.broker")
 # A sync opening (and so recovering) partitions for longer than this logs its progress
@@ -72,18 +75,34 @@ class LocalTopics:
         # callbacks that run inside create_topic (embedded mode).
         self._lock = threading.RLock()
         self._seen: set[str] = set()  # the cluster's topics, as last seen
+        self.replaced_copies = 0  # copies of a replaced topic deleted (tests and logs)
 
     def assignment(self, topic: str) -> TopicAssignment:
         if topic.startswith(INTERNAL_TOPIC_PREFIX):
             raise InvalidTopicError(f"topic {topic!r} is internal to the broker")
         return self._cluster.topic(topic)
 
-    def leader_log(self, topic: str, partition: int) -> PartitionLog:
+    def leader_log(self, topic: str, partition: int, topic_id: str | None = None) -> PartitionLog:
         """The local log of a partition this broker leads, created on first use.
 
         NotLeaderOrFollowerError (retriable) when another broker leads it, or this one has
-        not taken the leadership the metadata gives it yet.
+        not taken the leadership the metadata gives it yet. ``topic_id``: the id the
+        request names the topic by (None: any), checked as ``server.topic_ids`` says:
+        UnknownTopicIdError when it is not the topic's.
         """
+        found = self._leader_log(topic, partition)
+        held = self._replicas.partition(topic, partition).topic_id
+        check_topic_id(self._cluster, self._id, topic, topic_id, held)
+        return found
+
+    def check_topic_id(self, topic: str, topic_id: str | None) -> None:
+        """A request naming ``topic`` by ``topic_id`` without a local replica serving it
+        (a transaction's partitions, at the coordinator): the id must be the topic's."""
+        if topic_id is not None:
+            self.assignment(topic)  # an internal topic: refused as such
+        check_topic_id(self._cluster, self._id, topic, topic_id)
+
+    def _leader_log(self, topic: str, partition: int) -> PartitionLog:
         assignment = self.assignment(topic)
         leader = assignment.leader(partition)
         if leader != self._id:
@@ -106,6 +125,7 @@ class LocalTopics:
         with self._lock:
             try:
                 topic = store.topic(assignment.name)
+                topic = self._check_id(topic, assignment)
             except UnknownTopicOrPartitionError:
                 schema = (
                     pa.ipc.read_schema(pa.py_buffer(assignment.schema))
@@ -118,6 +138,7 @@ class LocalTopics:
                     len(assignment.partitions),
                     schema=schema,
                     config=assignment.config,
+                    topic_id=assignment.topic_id,
                 )
         if topic.partitions != len(assignment.partitions):
             # A topic deleted while this broker was down and created again differently:
@@ -128,6 +149,30 @@ class LocalTopics:
                 f"{len(assignment.partitions)}; move the old directory away"
             )
         return topic
+
+    def _check_id(self, topic: Topic, assignment: TopicAssignment) -> Topic:
+        """``topic``, the local copy, if it is a copy of ``assignment``'s topic: one from
+        before ids adopts the topic's id; one of another id (the topic was deleted and
+        recreated while this broker did not see it: paused, cut off, or down) is deleted,
+        its replicas stopped first, and UnknownTopicOrPartitionError raised so that the
+        caller creates the new copy. Called with the lock held."""
+        wanted = assignment.topic_id
+        if not wanted or topic.topic_id == wanted:
+            return topic
+        if not topic.topic_id:
+            topic.adopt_id(wanted)
+            log.info("broker %d: its copy of topic %s is of id %s", self._id, topic.name, wanted)
+            return topic
+        log.warning(
+            "broker %d deletes its copy of topic %s: it is of topic id %s, but the topic "
+            "was deleted and recreated (now id %s)",
+            *(self._id, topic.name, topic.topic_id, wanted),
+        )
+        self._replicas.forget_topic(topic.name)  # nothing serves or copies it from now
+        self._store.delete_topic(topic.name)
+        self._forget_topic(topic.name)
+        self.replaced_copies += 1
+        raise UnknownTopicOrPartitionError(f"topic {topic.name!r}: the local copy was replaced")
 
     def sync(self) -> None:
         """Open the partitions this broker replicates and give them their roles; follow
@@ -239,8 +284,11 @@ class StartedTopics:
     def assignment(self, topic: str) -> TopicAssignment:
         return self._get().assignment(topic)
 
-    def leader_log(self, topic: str, partition: int) -> PartitionLog:
-        return self._get().leader_log(topic, partition)
+    def leader_log(self, topic: str, partition: int, topic_id: str | None = None) -> PartitionLog:
+        return self._get().leader_log(topic, partition, topic_id)
+
+    def check_topic_id(self, topic: str, topic_id: str | None) -> None:
+        self._get().check_topic_id(topic, topic_id)
 
     def partition(self, topic: str, partition: int) -> Partition:
         return self._get().partition(topic, partition)

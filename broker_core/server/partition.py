@@ -78,7 +78,8 @@ class FollowerProgress:
 
 
 class Partition:
-    """Broker ``broker_id``'s replica of ``topic``-``partition``, with its ``log``.
+    """Broker ``broker_id``'s replica of ``topic``-``partition``, with its ``log``, a
+    copy of the topic whose id is ``topic_id``.
 
     ``clock()`` is in ms (tests pass their own). Thread-safe: roles change on the cluster
     callback thread, appends on produce threads, fetches on Flight threads.
@@ -93,10 +94,15 @@ class Partition:
         *,
         min_insync_replicas: int = 1,
         clock: Callable[[], int] | None = None,
+        topic_id: str = "",
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.log = log_
+        # The id of the topic this log is a copy of (stored with it, ``LogStore``): fixed
+        # for the life of this object, except that a copy from before ids ("") adopts the
+        # topic's once. Requests naming another id are refused (``server.topic_ids``).
+        self.topic_id = topic_id
         self.broker_id = broker_id
         self.min_insync_replicas = min_insync_replicas
         self._clock = clock or (lambda: int(time.monotonic() * 1000))

@@ -12,13 +12,15 @@ stopped when that changes (a new fetcher is started for the next epoch). Each ru
    index and epoch cache follow from them), then take the leader's high watermark,
    capped at this log's end.
 
-Errors are retried after ``replica.fetch.backoff.ms``: a fenced or unknown epoch and a
-leader that no longer leads wait for the metadata to catch up (the fetcher is replaced
-when it does). An offset out of range means either that this log ends below the
-leader's log start (a wiped disk, or a replica away longer than retention): the next run
-**resets** the log to start where the leader's does, with the leader's producer state
-and leader epoch there (``replica_log_start``, ``PartitionLog.reset_to``); or that the
-logs diverged again: the next run truncates first. Nothing here decides leadership.
+Errors are retried after ``replica.fetch.backoff.ms``: a fenced or unknown epoch, a
+leader that no longer leads and a topic id that is not the leader's (``UNKNOWN_TOPIC_ID``:
+one side holds a deleted incarnation of the topic) wait for the metadata to catch up (the
+fetcher is replaced, or the copy deleted, when it does). An offset out of range means
+either that this log ends below the leader's log start (a wiped disk, or a replica away
+longer than retention): the next run **resets** the log to start where the leader's
+does, with the leader's producer state and leader epoch there (``replica_log_start``,
+``PartitionLog.reset_to``); or that the logs diverged again: the next run truncates
+first. Nothing here decides leadership.
 """
 
 from __future__ import annotations
@@ -145,6 +147,13 @@ class ReplicaFetcher:
                 log.exception("%s: the replica fetcher failed unexpectedly", name)
                 self._stop.wait(self._config.backoff_s)
 
+    @property
+    def _topic_id(self) -> str | None:
+        """The id of the topic this log is a copy of, sent with every request: a leader
+        holding another incarnation of the topic refuses it (UNKNOWN_TOPIC_ID), so no
+        copy crosses a delete and create. None for a copy from before ids."""
+        return self.partition.topic_id or None
+
     def _call(self, action: Action, body: bytes, timeout_s: float) -> bytes:
         address = self._address()
         if address is None:
@@ -162,7 +171,7 @@ class ReplicaFetcher:
         if latest == NO_LEADER_EPOCH or log_.log_end_offset == log_.log_start_offset:
             return
         request = OffsetsForLeaderEpochRequest(
-            partition.topic, partition.partition, self.leader_epoch, latest
+            partition.topic, partition.partition, self.leader_epoch, latest, self._topic_id
         )
         answer = decode_json(
             self._call(
@@ -213,7 +222,11 @@ class ReplicaFetcher:
         crash-safe). Nothing to do otherwise: the logs diverged, truncation handles it."""
         partition, log_ = self.partition, self.partition.log
         request = ReplicaLogStartRequest(
-            partition.topic, partition.partition, self.broker_id, self.leader_epoch
+            partition.topic,
+            partition.partition,
+            self.broker_id,
+            self.leader_epoch,
+            self._topic_id,
         )
         answer = ReplicaLogStartResponse.decode(
             self._call(
@@ -250,6 +263,7 @@ class ReplicaFetcher:
             self.leader_epoch,
             config.max_bytes,
             config.max_wait_ms,
+            self._topic_id,
         )
         timeout_s = config.max_wait_ms / 1000.0 + FETCH_TIMEOUT_MARGIN_S
         answer = ReplicaFetchResponse.decode(

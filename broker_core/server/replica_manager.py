@@ -36,7 +36,12 @@ from broker_core.cluster.metadata import (
     PartitionState,
     TopicAssignment,
 )
-from broker_core.errors import IdemlogError, NotLeaderOrFollowerError, OffsetOutOfRangeError
+from broker_core.errors import (
+    IdemlogError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.replica import (
@@ -56,6 +61,7 @@ from broker_core.server.failpoints import (
 from broker_core.server.partition import Partition, Role
 from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher
 from broker_core.server.timeouts import ack_timeout_ms
+from broker_core.server.topic_ids import check_topic_id
 
 log = logging.getLogger("idemlog.replica")
 
@@ -138,19 +144,39 @@ class ReplicaManager:
                         continue
                     wanted.add((name, p))
                     try:
-                        self._apply_one(name, p, state)
+                        self._apply_one(name, p, state, assignment.topic_id)
                     except IdemlogError as exc:
                         log.error("broker %d cannot follow %s-%d: %s", self.broker_id, name, p, exc)
             for tp in [tp for tp in self._partitions if tp not in wanted]:
                 self._forget(tp)
 
-    def _apply_one(self, topic: str, p: int, state: PartitionState) -> None:
+    def _apply_one(self, topic: str, p: int, state: PartitionState, topic_id: str) -> None:
         tp = (topic, p)
         partition = self._partitions.get(tp)
+        if partition is not None and topic_id and partition.topic_id != topic_id:
+            if partition.topic_id:
+                # A copy of the topic's previous incarnation: it never takes a role in
+                # this one (LocalTopics.ensure deletes it before this runs).
+                self._forget(tp)
+                partition = None
+            else:
+                partition.topic_id = topic_id  # a copy from before ids (LocalTopics.ensure)
         if partition is None:
+            stored = self._store.topic(topic)
+            if topic_id and stored.topic_id != topic_id:
+                raise StorageError(
+                    f"broker {self.broker_id}: the local copy of {topic}-{p} is of topic id "
+                    f"{stored.topic_id or '(none)'}, not the topic's {topic_id}: not served"
+                )
             log_ = self._store.partition(topic, p)
-            min_isr = self._store.topic(topic).config.min_insync_replicas
-            partition = Partition(topic, p, log_, self.broker_id, min_insync_replicas=min_isr)
+            partition = Partition(
+                topic,
+                p,
+                log_,
+                self.broker_id,
+                min_insync_replicas=stored.config.min_insync_replicas,
+                topic_id=stored.topic_id,
+            )
             self._partitions[tp] = partition
         fetcher = self._fetchers.get(tp)
         stale = fetcher is not None and (
@@ -178,6 +204,13 @@ class ReplicaManager:
             )
             self._fetchers[tp] = fetcher
             fetcher.start()
+
+    def forget_topic(self, topic: str) -> None:
+        """Stop every replica of ``topic`` (its fetchers first), before its local copy is
+        deleted (a copy of a deleted or replaced topic)."""
+        with self._lock:
+            for tp in [tp for tp in self._partitions if tp[0] == topic]:
+                self._forget(tp)
 
     def _forget(self, tp: TopicPartition) -> None:
         fetcher = self._fetchers.pop(tp, None)
@@ -214,9 +247,17 @@ class ReplicaManager:
             return list(self._partitions.values())
 
     # -- the leader's side of replication ------------------------------------------------
+    def _asked(self, topic: str, partition: int, topic_id: str | None) -> Partition:
+        """The replica a follower's request names, if the topic id it names is this
+        replica's (``server.topic_ids``): a follower holding a copy of a deleted topic, or
+        this leader holding one, is never served or copied from across the recreation."""
+        found = self.partition(topic, partition)
+        check_topic_id(self._cluster, self.broker_id, topic, topic_id, found.topic_id)
+        return found
+
     def replica_fetch(self, request: ReplicaFetchRequest) -> bytes:
         """A follower's fetch, answered (ReplicaFetchResponse.encode())."""
-        partition = self.partition(request.topic, request.partition)
+        partition = self._asked(request.topic, request.partition, request.topic_id)
         partition.check_epoch(request.leader_epoch)
         log_ = partition.log
         if request.fetch_offset > log_.log_end_offset:
@@ -239,7 +280,7 @@ class ReplicaManager:
     def replica_log_start(self, request: ReplicaLogStartRequest) -> bytes:
         """Where a follower below this leader's log start starts its log instead, with the
         producer state and leader epoch there (ReplicaLogStartResponse.encode())."""
-        partition = self.partition(request.topic, request.partition)
+        partition = self._asked(request.topic, request.partition, request.topic_id)
         partition.check_epoch(request.leader_epoch)
         start, offset, epoch, snapshot = partition.log.log_start_state()
         log.info(
@@ -253,7 +294,7 @@ class ReplicaManager:
 
     def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> dict[str, Any]:
         """Where ``request.epoch`` ended in this leader's log (KIP-279)."""
-        partition = self.partition(request.topic, request.partition)
+        partition = self._asked(request.topic, request.partition, request.topic_id)
         partition.check_epoch(request.leader_epoch)
         answer = partition.log.end_offset_for(request.epoch)
         return {"epoch": answer.epoch, "end_offset": answer.end_offset}

@@ -24,6 +24,8 @@ Ordering rules (docs/design.md §8, §9 items 13-15):
 * a transactional producer's batch that fails for good for any reason (with or without a
   sequence: a definite error, retries exhausted, delivery.timeout.ms) puts the
   transaction in ABORTABLE_ERROR with that batch's error, which commit / prepare raise;
+* UNKNOWN_TOPIC_ID (the topic was deleted or recreated since the producer pinned its id,
+  ``transport``) fails the batch and every batch queued for that topic, at once;
 * retriable errors (the error's ``retriable`` flag) are retried with the same producer
   id, epoch and sequence after ``retry.backoff.ms``, up to ``retries`` times and within
   ``delivery.timeout.ms``; anything else fails the batch's future with the broker's error.
@@ -47,6 +49,7 @@ from broker_core.errors import (
     ProducerFencedError,
     RequestTimedOutError,
     UnknownProducerIdError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
 
@@ -215,6 +218,15 @@ class Sender:
                 self._fail_queued(fenced)
             else:
                 self._unresolved(batch, error, now, retry=True)
+            return
+        if isinstance(error, UnknownTopicIdError):
+            # The topic was deleted (and maybe recreated) since this producer learned it:
+            # nothing of it was written, and nothing this session queued for it may be,
+            # in the new topic under the old sequences. Every batch for it fails now.
+            batch.written = Written.NO
+            self._fail_batch(batch, error)
+            for queued in self.accumulator.remove_all(lambda b: b.tp.topic == tp.topic):
+                self._fail_batch(queued, error)
             return
         if error.retriable:
             batch.written = Written.MAYBE

@@ -47,7 +47,11 @@ class SendHandle(Protocol):
 
 
 class Transport(Protocol):
-    def partitions_for(self, topic: str) -> int: ...
+    def partitions_for(self, topic: str) -> int:
+        """The topic's partition count; the first call for a topic also pins its id
+        (the producer's session writes to that topic only: a topic recreated under the
+        name refuses every later request, UNKNOWN_TOPIC_ID)."""
+        ...
 
     def send(
         self,
@@ -165,14 +169,36 @@ class FlightTransport:
         self._streams: dict[TopicPartition, tuple[ProduceStream, list[_StreamHandle]]] = {}
         self._refreshing = False
         self._refresher: threading.Thread | None = None
+        # topic -> the id pinned when this producer first learned the topic (None: a
+        # topic stored before ids, unchecked). Sent with every produce stream and
+        # transaction request, so this producer's sequences never reach a topic
+        # recreated under the name: the broker refuses them (UnknownTopicIdError).
+        self._topic_ids: dict[str, str | None] = {}
 
     def partitions_for(self, topic: str) -> int:
-        leaders = self.client.metadata().topics.get(topic)
+        view = self.client.metadata()
+        leaders = view.topics.get(topic)
         if leaders is None:
-            leaders = self.client.metadata(refresh=True).topics.get(topic)
+            view = self.client.metadata(refresh=True)
+            leaders = view.topics.get(topic)
         if not leaders:
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        with self._lock:
+            self._topic_ids.setdefault(topic, view.topic_ids.get(topic))
         return len(leaders)
+
+    def topic_id(self, topic: str) -> str | None:
+        """The id pinned for ``topic`` (learned now if it was not: the first use)."""
+        with self._lock:
+            if topic in self._topic_ids:
+                return self._topic_ids[topic]
+        self.partitions_for(topic)
+        with self._lock:
+            return self._topic_ids[topic]
+
+    def _topic_ids_of(self, topics: Sequence[str]) -> dict[str, str]:
+        pinned = {t: self.topic_id(t) for t in dict.fromkeys(topics)}
+        return {t: i for t, i in pinned.items() if i is not None}
 
     def send(
         self,
@@ -194,10 +220,10 @@ class FlightTransport:
             return FailedHandle(failure)
         try:
             if entry is None:
-                entry = (
-                    self.client.produce_stream(tp.topic, tp.partition, acks=self.acks),
-                    [],
+                stream = self.client.produce_stream(
+                    tp.topic, tp.partition, acks=self.acks, topic_id=self.topic_id(tp.topic)
                 )
+                entry = (stream, [])
                 with self._lock:
                     self._streams[tp] = entry
             stream, handles = entry
@@ -277,13 +303,20 @@ class FlightTransport:
         batch_id: int,
         ranges: Sequence[tuple[str, int, int, int]],
     ) -> None:
-        self.client.prepare_sink_txn(transactional_id, producer_id, epoch, batch_id, ranges)
+        topic_ids = self._topic_ids_of([r[0] for r in ranges])
+        self.client.prepare_sink_txn(
+            transactional_id, producer_id, epoch, batch_id, ranges, topic_ids=topic_ids
+        )
 
     def add_partitions_to_txn(
         self, transactional_id: str, producer_id: int, epoch: int, tps: Sequence[TopicPartition]
     ) -> None:
         self.client.add_partitions_to_txn(
-            transactional_id, producer_id, epoch, [(tp.topic, tp.partition) for tp in tps]
+            transactional_id,
+            producer_id,
+            epoch,
+            [(tp.topic, tp.partition) for tp in tps],
+            topic_ids=self._topic_ids_of([tp.topic for tp in tps]),
         )
 
     def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:

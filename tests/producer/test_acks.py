@@ -89,7 +89,15 @@ def test_flight_transport_opens_each_stream_with_its_acks(
             assert handle.result(10).error_code == 0
         finally:
             transport.close()
+        # With the topic's id, pinned when the transport first learned the topic.
+        topic_id = client.topic_id("acks-transport")
         assert proxy.descriptors == [
-            {"op": "produce", "topic": "acks-transport", "partition": 0, "acks": ACKS_LEADER}
+            {
+                "op": "produce",
+                "topic": "acks-transport",
+                "partition": 0,
+                "acks": ACKS_LEADER,
+                "topic_id": topic_id,
+            }
         ]
     assert _rows(client, "acks-transport", 1) == 5

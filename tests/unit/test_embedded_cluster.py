@@ -95,12 +95,18 @@ def test_topics_persist_across_instances(
 
     again = open_cluster()
 
+    audit_id = again.topic("audit").topic_id
+    assert len({payments.topic_id, audit_id}) == 2  # one id per topic, kept across starts
     assert payments == TopicAssignment(
-        "payments", {0: 1, 1: 1, 2: 1, 3: 1}, SCHEMA, {"retention.ms": "60000"}
+        "payments",
+        {0: 1, 1: 1, 2: 1, 3: 1},
+        SCHEMA,
+        {"retention.ms": "60000"},
+        topic_id=payments.topic_id,
     )
     assert again.topics() == {
         "payments": payments,
-        "audit": TopicAssignment("audit", {0: 1}, None, {}),
+        "audit": TopicAssignment("audit", {0: 1}, None, {}, topic_id=audit_id),
     }
     assert again.topic("payments").schema == SCHEMA
     assert pa.ipc.read_schema(pa.py_buffer(again.topic("payments").schema)).names == ["id", "v"]
@@ -111,6 +117,7 @@ def test_topics_persist_across_instances(
         "partitions": {"0": {"replicas": [1], "leader": 1, "leader_epoch": 0, "isr": [1]}},
         "schema": None,
         "config": {},
+        "topic_id": audit_id,
     }
     assert sorted(p.name for p in path.parent.iterdir()) == ["cluster.json"]  # no temp file
 

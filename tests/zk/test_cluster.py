@@ -356,7 +356,9 @@ def test_topic_creation_is_seen_by_every_instance(brokers: Callable[..., SimBrok
         created.partitions,
         SCHEMA,
         {"retention.ms": "1000", "segment.bytes": "1048576"},
+        topic_id=created.topic_id,
     )
+    assert len(created.topic_id) == 32  # chosen at creation
     assert group[1].cluster.topic("payments") == created  # at once on the creator
     for member in [*group, observer]:
         member.topics_changed.wait(lambda v: {"payments"} in v, "the topics-change callback")
@@ -368,6 +370,7 @@ def test_topic_creation_is_seen_by_every_instance(brokers: Callable[..., SimBrok
         for p, b in created.partitions.items()
     }
     assert data["config"] == {"retention.ms": "1000", "segment.bytes": "1048576"}
+    assert data["topic_id"] == created.topic_id
 
 
 def test_assignment_spreads_partitions_round_robin_over_live_brokers(
