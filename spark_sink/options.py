@@ -202,7 +202,7 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
             "topicId",
             str,
             "",
-            "The topic's id (32 hex digits, `idemlog topics describe`) the read must find: "
+            "The topic's id (32 hex digits, `idemlog topics describe --json`) the read must find: "
             "a topic deleted and recreated under the name since has another, and the query "
             "fails naming it. Empty: the id the topic has when the read is planned (which "
             "a streaming query then keeps in its checkpoint).",

@@ -114,7 +114,7 @@ def _recreated_while_reading(
     """The broker's refusal of a stale id, as the reader's one line: the topic, that it
     was recreated (the broker's words, which carry both ids) and what could not be read."""
     return UnknownTopicIdError(
-        f"{exc.message} since this read was planned (under id {pinned}): {what}; rows of "
+        f"{exc.message} (after this read was planned under id {pinned}): {what}; rows of "
         "the new topic are never read as if they followed"
     )
 

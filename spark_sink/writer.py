@@ -41,7 +41,7 @@ from pyspark.sql.datasource import (
 )
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.errors import UnknownTopicIdError
+from broker_core.errors import IdemlogError, UnknownTopicIdError
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.security.tls import Side
@@ -208,11 +208,18 @@ def _write_task(
                     rows = _write_rows(
                         producer, options, schema, head, batches, attempt, partition_id
                     )
-                except UnknownTopicIdError as exc:
+                except IdemlogError as exc:
+                    # The broker's refusal reaches the task as the send's or prepare's
+                    # error, or as the cause that made the transaction abortable.
+                    refused = exc if isinstance(exc, UnknownTopicIdError) else None
+                    if refused is None and isinstance(producer.txn.last_error, UnknownTopicIdError):
+                        refused = producer.txn.last_error
+                    if refused is None:
+                        raise
                     raise UnknownTopicIdError(
-                        f"{exc.message} since this write was planned (under id {topic_id}): "
-                        "the broker refused the task's rows, none of which reach the new "
-                        "topic; run the write again to write to it"
+                        f"{refused.message} (after this write was planned under id "
+                        f"{topic_id}): the broker refused the task's rows, none of which "
+                        "reach the new topic; run the write again to write to it"
                     ) from exc
             else:
                 # Nothing to write: the reused or committed transaction holds the rows.
