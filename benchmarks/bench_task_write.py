@@ -102,7 +102,7 @@ def run_idemlog(
     broker_cpu, cpu, started = cpu_seconds(server.process.pid), _self_cpu(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    message = _write_task(options, schema, attempt, iter(batches), 0, 0)
+    message = _write_task(options, schema, attempt, iter(batches), 0, 0, topic_id="")
     commit_batch(options, attempt.sink_id, run_id, BATCH_JOB_BATCH_ID, [message])
     if profiler is not None:
         profiler.disable()

@@ -80,7 +80,10 @@ class IdemlogDataSource(DataSource):
         return IdemlogStreamReader(*self._read_side())
 
     # -- writing ---------------------------------------------------------------------------
-    def _write_side(self, schema: StructType) -> tuple[IdemlogOptions, pa.Schema]:
+    def _write_side(self, schema: StructType) -> tuple[IdemlogOptions, pa.Schema, str]:
+        """The options, the Arrow schema and the topic's id, pinned here, on the driver:
+        the tasks send it, so a topic recreated between this plan and the write refuses
+        them before any row is written."""
         with trace.span("plan_writer"):
             options = parse_options(self.options, Scope.WRITE)
             arrow = arrow_schema_for(schema)
@@ -89,8 +92,8 @@ class IdemlogDataSource(DataSource):
                 trace.span("topic_check"),
                 sink_client(options.bootstrap(), options.tls, sasl=options.sasl) as client,
             ):
-                topics.ensure_for_write(client, options, arrow)
-            return options, arrow
+                info = topics.ensure_for_write(client, options, arrow)
+            return options, arrow, info.topic_id
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """``df.write``: all of the job's rows or none. Creates the topic with the
@@ -101,8 +104,7 @@ class IdemlogDataSource(DataSource):
                 "mode 'overwrite' is not supported: an idemlog topic is an append-only log "
                 "(use mode 'append', or write to a new topic)"
             )
-        options, arrow = self._write_side(schema)
-        return IdemlogBatchWriter(options, arrow)
+        return IdemlogBatchWriter(*self._write_side(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """``df.writeStream``: each micro-batch exactly once. Creates the topic as
@@ -112,8 +114,7 @@ class IdemlogDataSource(DataSource):
                 "output mode 'complete' is not supported: an idemlog topic is an append-only "
                 "log (use outputMode 'append' or 'update')"
             )
-        options, arrow = self._write_side(schema)
-        return IdemlogStreamWriter(options, arrow)
+        return IdemlogStreamWriter(*self._write_side(schema))
 
 
 def register(spark: SparkSession, *, patch_progress: bool = False) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from broker_core.errors import ErrorCode, IdemlogError
+from broker_core.errors import ErrorCode, IdemlogError, UnknownTopicIdError
 
 
 class EmbeddedBrokerError(IdemlogError):
@@ -27,3 +27,19 @@ class UnsupportedWriteError(IdemlogError):
     """A write Spark can express but an append-only log cannot honour (overwrite)."""
 
     error_code = ErrorCode.INVALID_REQUEST
+
+
+def topic_recreated(
+    topic: str, pinned: str, current: str, since: str, remedy: str = ""
+) -> UnknownTopicIdError:
+    """The one line for a reader, sink or export that knows ``topic`` by the id
+    ``pinned`` (since ``since``: its planning, its checkpoint, its last export) and finds
+    ``current`` ("": the topic is gone): it names the topic and says it was recreated
+    (or deleted), then ``remedy``. UNKNOWN_TOPIC_ID, not retriable: rows of another
+    topic are never read or written as if they followed."""
+    what = "recreated" if current else "deleted"
+    now = f"is now {current}" if current else "no longer exists"
+    tail = f": {remedy}" if remedy else ""
+    return UnknownTopicIdError(
+        f"topic {topic!r} was {what} since {since} (id {pinned} {now}){tail}"
+    )

@@ -23,6 +23,7 @@ from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.protocol.requests import ACKS_ALL
+from broker_core.protocol.topics import validate_topic_id
 from broker_core.security.client_config import (
     CLIENT_SASL_KEY_NAMES,
     CLIENT_SASL_KEYS,
@@ -198,6 +199,18 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
     ),
     (
         ConfigKey(
+            "topicId",
+            str,
+            "",
+            "The topic's id (32 hex digits, `idemlog topics describe --json`) the read must find: "
+            "a topic deleted and recreated under the name since has another, and the query "
+            "fails naming it. Empty: the id the topic has when the read is planned (which "
+            "a streaming query then keeps in its checkpoint).",
+        ),
+        Scope.READ,
+    ),
+    (
+        ConfigKey(
             "includeMetadata",
             bool,
             False,
@@ -257,6 +270,7 @@ class IdemlogOptions:
     embedded_metrics_port: int = METRICS_OFF  # the option embedded.metrics.port
     min_partitions: int = NO_SPLIT  # the option minPartitions (reads)
     max_records_per_partition: int = NO_SPLIT  # the option maxRecordsPerPartition (reads)
+    topic_id: str = ""  # the option topicId (reads): "" any, the id found at planning
 
     @property
     def embedded(self) -> bool:
@@ -327,6 +341,12 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             "not with option 'brokers': a cluster's brokers set metrics.port in their own "
             "config (docs/operations.md)"
         )
+    topic_id = str(parsed["topicId"])
+    if topic_id:
+        try:
+            validate_topic_id(topic_id, "option 'topicId'")
+        except IdemlogError as exc:
+            raise InvalidConfigError(exc.message) from None
     tls = TlsSettings.from_values(parsed)
     if tls.encrypted and not brokers:
         raise InvalidConfigError(
@@ -362,6 +382,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         include_metadata=bool(parsed["includeMetadata"]),
         min_partitions=int(parsed["minPartitions"]),
         max_records_per_partition=int(parsed["maxRecordsPerPartition"]),
+        topic_id=topic_id,
         test_hooks=bool(parsed["testHooks"]),
         embedded_metrics_port=metrics_port,
         checkpoint_location=checkpoint,

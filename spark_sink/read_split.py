@@ -25,11 +25,14 @@ __all__ = ["NO_SPLIT", "OffsetRangePartition", "split_ranges"]
 
 @dataclass(frozen=True)
 class OffsetRangePartition(InputPartition):
-    """Offsets ``[start, end)`` of one log partition: one Spark task."""
+    """Offsets ``[start, end)`` of one log partition: one Spark task. ``topic_id``: the id
+    of the topic the offsets were planned in, sent with every fetch and list_offsets of
+    the range, so a topic recreated since refuses them (None: a topic stored before ids)."""
 
     partition: int
     start: int
     end: int
+    topic_id: str | None = None
 
     @property
     def size(self) -> int:
@@ -46,7 +49,7 @@ def _divide(part: OffsetRangePartition, parts: int) -> list[OffsetRangePartition
         remaining -= this
         end = min(start + this, part.end)
         if end > start:
-            out.append(OffsetRangePartition(part.partition, start, end))
+            out.append(OffsetRangePartition(part.partition, start, end, part.topic_id))
         start = end
     return out
 

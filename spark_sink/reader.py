@@ -26,6 +26,14 @@ Why they look like this (docs/design.md §7):
 * **Lost data fails the read**: a range starting below the log start (retention deleted
   what a checkpoint still points to) raises ``OffsetOutOfRangeError`` naming the topic,
   partition and offsets, like Kafka's OffsetOutOfRange; rows are never skipped silently.
+* **Offsets belong to one topic id** (issue 35, docs/spark.md "A recreated topic"): the
+  driver pins the id the topic has when the read is planned (or the option ``topicId``),
+  every range carries it and every fetch and list_offsets sends it, so a topic deleted
+  and recreated under the name refuses them (``UnknownTopicIdError``, one line naming the
+  topic). A stream's offsets carry it too (``"topic_id"`` beside the partitions, in the
+  checkpoint): a restarted query whose checkpoint names another id fails the same way.
+  Offsets without it (a checkpoint written before ids) are adopted: the query goes on
+  under the id it finds, and its next offsets carry it.
 """
 
 from __future__ import annotations
@@ -45,11 +53,13 @@ from broker_core.errors import (
     IdemlogError,
     InvalidConfigError,
     OffsetOutOfRangeError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.wire import FetchTrailer
 
 from .connections import sink_client
+from .errors import topic_recreated
 from .options import IdemlogOptions
 from .read_prefetch import prefetched
 from .read_split import OffsetRangePartition, split_ranges
@@ -66,6 +76,9 @@ __all__ = [
 ]
 
 READ_COMMITTED = "read_committed"
+# The key of a stream offset that names the topic id its positions belong to; every other
+# key is a partition number.
+TOPIC_ID_KEY = "topic_id"
 
 
 def output_schema(topic: TopicInfo, include_metadata: bool) -> pa.Schema:
@@ -90,13 +103,29 @@ def _key(partition: int) -> str:
     return str(partition)
 
 
+def _positions(offset: Mapping[str, Any]) -> dict[str, int]:
+    """A stream offset's positions, ``{"<partition>": next offset}``, without its id."""
+    return {str(k): int(v) for k, v in offset.items() if k != TOPIC_ID_KEY}
+
+
+def _recreated_while_reading(
+    topic: str, pinned: str, exc: UnknownTopicIdError, what: str
+) -> UnknownTopicIdError:
+    """The broker's refusal of a stale id, as the reader's one line: the topic, that it
+    was recreated (the broker's words, which carry both ids) and what could not be read."""
+    return UnknownTopicIdError(
+        f"{exc.message} (after this read was planned under id {pinned}): {what}; rows of "
+        "the new topic are never read as if they followed"
+    )
+
+
 # -- reading a range (executors) ----------------------------------------------------------
 def _out_of_range(
     client: BrokerClient, topic: str, part: OffsetRangePartition, offset: int, exc: IdemlogError
 ) -> OffsetOutOfRangeError:
     where = f"topic {topic!r} partition {part.partition}"
     try:
-        log = client.list_offsets(topic, part.partition)
+        log = client.list_offsets(topic, part.partition, topic_id=part.topic_id)
     except IdemlogError:
         log = None  # the broker's own message below still names the log's range
     if log is not None and offset < log["log_start_offset"]:
@@ -128,8 +157,20 @@ def _fetch(
 ) -> FetchedBatches:
     try:
         return client.fetch_stream(
-            topic, part.partition, offset, isolation=options.isolation, max_offset=part.end
+            topic,
+            part.partition,
+            offset,
+            isolation=options.isolation,
+            max_offset=part.end,
+            topic_id=part.topic_id,
         )
+    except UnknownTopicIdError as exc:
+        raise _recreated_while_reading(
+            topic,
+            part.topic_id or "",
+            exc,
+            f"partition {part.partition} offsets [{part.start}, {part.end}) cannot be read",
+        ) from exc
     except OffsetOutOfRangeError as exc:
         raise _out_of_range(client, topic, part, offset, exc) from exc
 
@@ -153,7 +194,7 @@ def _wait_until_readable(
     readable. A log that ends before ``offset`` (recreated) or keeps them unreadable for
     ``READABLE_WAITS`` fetches raises OffsetOutOfRangeError naming the offsets.
     """
-    log = client.list_offsets(topic, part.partition)
+    log = client.list_offsets(topic, part.partition, topic_id=part.topic_id)
     if log["log_end_offset"] >= part.end and waited < READABLE_WAITS:
         time.sleep(READABLE_WAIT_S)  # the watermark moves with the followers' fetches
         return
@@ -299,16 +340,26 @@ class IdemlogBatchReader(DataSourceReader):
     def partitions(self) -> list[OffsetRangePartition]:
         """On the driver: per log partition ``[log start, LSO or HW)`` as of now, split
         into sub-ranges below the same end as ``minPartitions`` and
-        ``maxRecordsPerPartition`` ask (``split_ranges``)."""
+        ``maxRecordsPerPartition`` ask (``split_ranges``), each carrying the topic id
+        pinned when the reader was made. Raises UnknownTopicIdError if the topic was
+        recreated since."""
         ranges = []
         with sink_client(
             self.options.bootstrap(), self.options.tls, sasl=self.options.sasl
         ) as client:
-            found = client.readable_offsets(self.topic.name, self.topic.partitions)
+            pinned = self.topic.pinned_id
+            try:
+                found = client.readable_offsets(
+                    self.topic.name, self.topic.partitions, topic_id=pinned
+                )
+            except UnknownTopicIdError as exc:
+                raise _recreated_while_reading(
+                    self.topic.name, self.topic.topic_id, exc, "its offsets cannot be planned"
+                ) from exc
             for p, offsets in found.items():
                 start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
                 if end > start:
-                    ranges.append(OffsetRangePartition(p, start, end))
+                    ranges.append(OffsetRangePartition(p, start, end, pinned))
         return _split(self.options, ranges)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
@@ -383,6 +434,42 @@ class IdemlogStreamReader(DataSourceStreamReader):
     def _client(self) -> BrokerClient:
         return sink_client(self.options.bootstrap(), self.options.tls, sasl=self.options.sasl)
 
+    # -- the topic id ------------------------------------------------------------------------
+    def _stamped(self, positions: Mapping[str, int]) -> dict[str, Any]:
+        """``positions`` as the offset Spark records: sorted by partition, with the id
+        of the topic they belong to (none for a topic stored before ids)."""
+        offset: dict[str, Any] = dict(sorted(positions.items(), key=lambda kv: int(kv[0])))
+        if self.topic.topic_id:
+            offset[TOPIC_ID_KEY] = self.topic.topic_id
+        return offset
+
+    def _check_offset(self, offset: Mapping[str, Any], what: str) -> None:
+        """Refuse an offset Spark hands back (from the checkpoint, or planned by an
+        earlier run of the query) that names another id than the topic has now: its
+        positions are in a topic that was deleted since. An offset without an id (a
+        checkpoint written before ids) is adopted: nothing can be checked for it, and
+        the offsets this reader plans from it carry the id."""
+        recorded = offset.get(TOPIC_ID_KEY)
+        if recorded is None or recorded == self.topic.topic_id:
+            return
+        raise topic_recreated(
+            self.topic.name,
+            str(recorded),
+            self.topic.topic_id,
+            f"the streaming query {what}",
+            "its offsets belong to the old topic. Start the query from a new checkpoint to "
+            "read the new topic (startingOffsets)",
+        )
+
+    def _recreated(self, exc: UnknownTopicIdError) -> UnknownTopicIdError:
+        return _recreated_while_reading(
+            self.topic.name,
+            self.topic.topic_id,
+            exc,
+            "the streaming query cannot plan its next offsets. Start it from a new "
+            "checkpoint to read the new topic (startingOffsets)",
+        )
+
     def _partition_count(self, client: BrokerClient) -> int:
         # Partitions may be added to a running topic: each trigger looks again.
         info = describe(client, self.topic.name)
@@ -390,10 +477,26 @@ class IdemlogStreamReader(DataSourceStreamReader):
             raise UnknownTopicOrPartitionError(
                 f"topic {self.topic.name!r} no longer exists (the streaming query reads it)"
             )
+        if self.topic.topic_id and info.topic_id != self.topic.topic_id:
+            raise topic_recreated(
+                self.topic.name,
+                self.topic.topic_id,
+                info.topic_id,
+                "the streaming query started",
+                "the query cannot plan its next offsets. Start it from a new checkpoint to "
+                "read the new topic (startingOffsets)",
+            )
         return max(info.partitions, self.topic.partitions)
 
     def _offsets(self, client: BrokerClient) -> dict[str, dict[str, int]]:
-        found = client.readable_offsets(self.topic.name, self._partition_count(client))
+        # The id goes with each list_offsets: a topic recreated after the look above is
+        # refused by the broker itself.
+        try:
+            found = client.readable_offsets(
+                self.topic.name, self._partition_count(client), topic_id=self.topic.pinned_id
+            )
+        except UnknownTopicIdError as exc:
+            raise self._recreated(exc) from exc
         return {_key(p): doc for p, doc in found.items()}
 
     def _initial_offsets(self, client: BrokerClient) -> dict[str, int]:
@@ -407,16 +510,18 @@ class IdemlogStreamReader(DataSourceStreamReader):
                 self._initial = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
         return dict(self._initial)
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         """Where a new query starts, per partition: the log start (``startingOffsets``
-        earliest) or the current end (latest); computed once, so it does not move."""
+        earliest) or the current end (latest); computed once, so it does not move. With
+        the topic's id (``"topic_id"``)."""
         with self._client() as client:
-            return self._initial_offsets(client)
+            return self._stamped(self._initial_offsets(client))
 
-    def latestOffset(self) -> dict[str, int]:
+    def latestOffset(self) -> dict[str, Any]:
         """Where the next micro-batch ends, per partition: the last stable offset (the
         high watermark with read_uncommitted), at most maxOffsetsPerTrigger past the
-        last planned end in all (when that option is set)."""
+        last planned end in all (when that option is set); with the topic's id. Raises
+        UnknownTopicIdError if the topic was recreated since the query started."""
         with self._client() as client:
             offsets = self._offsets(client)
             current = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
@@ -433,8 +538,9 @@ class IdemlogStreamReader(DataSourceStreamReader):
                 current[k] = base[k]
         behind = {k: (base[k], e) for k, e in current.items() if e < base.get(k, 0)}
         if behind:
-            # Ends never move back by themselves: the log was replaced. Planning from here
-            # would read rows twice or stall, so say so instead.
+            # Ends never move back by themselves: the log was replaced (a checkpoint of
+            # the topic before ids, or of another topic). Planning from here would read
+            # rows twice or stall, so say so instead.
             where = ", ".join(
                 f"partition {k} at {b} but its log ends at {e}" for k, (b, e) in behind.items()
             )
@@ -444,14 +550,18 @@ class IdemlogStreamReader(DataSourceStreamReader):
             )
         ends = {**base, **current}
         ends = cap_ends(base, ends, self.options.max_offsets_per_trigger)
-        return dict(sorted(ends.items(), key=lambda kv: int(kv[0])))
+        return self._stamped(ends)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRangePartition]:
         """One range per partition that advanced, split as ``minPartitions`` and
         ``maxRecordsPerPartition`` ask (``split_ranges``: sub-ranges below the same end);
         a partition missing from ``start`` (added to the topic after it was planned)
-        starts at 0, so none of its rows is skipped."""
-        self._planned_end = {str(k): int(v) for k, v in end.items()}
+        starts at 0, so none of its rows is skipped. Each range carries the topic id.
+        Raises UnknownTopicIdError if ``start`` or ``end`` (the checkpoint's) name
+        another id than the topic has now."""
+        self._check_offset(start, "last committed a batch")
+        self._check_offset(end, "planned this batch")
+        self._planned_end = _positions(end)
         guessed, self._guessed_base = self._guessed_base, None
         if guessed is not None and start == end and self._planned_end != guessed:
             raise InvalidConfigError(
@@ -463,10 +573,11 @@ class IdemlogStreamReader(DataSourceStreamReader):
                 "a processing-time trigger"
             )
         ranges = []
-        for key in sorted(end, key=int):
-            s, e = int(start.get(key, 0)), int(end[key])
+        first = _positions(start)
+        for key in sorted(self._planned_end, key=int):
+            s, e = first.get(key, 0), self._planned_end[key]
             if e > s:
-                ranges.append(OffsetRangePartition(int(key), s, e))
+                ranges.append(OffsetRangePartition(int(key), s, e, self.topic.pinned_id))
         return _split(self.options, ranges)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:

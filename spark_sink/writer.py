@@ -41,6 +41,7 @@ from pyspark.sql.datasource import (
 )
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.errors import IdemlogError, UnknownTopicIdError
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.security.tls import Side
@@ -123,8 +124,11 @@ def write_task(
     schema: pa.Schema,
     attempt: SinkAttempt,
     batches: Iterator[pa.RecordBatch],
+    topic_id: str = "",
 ) -> IdemlogCommitMessage:
-    """One attempt of one Spark task: its rows as one prepared transaction."""
+    """One attempt of one Spark task: its rows as one prepared transaction, every request
+    naming the topic by ``topic_id``, the id the driver found when it planned the write
+    ("": a topic stored before ids, unchecked)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -132,7 +136,9 @@ def write_task(
         raise RuntimeError("the idemlog writer runs inside a Spark task (no TaskContext)")
     partition_id = ctx.partitionId()
     with trace.span("task", batch=attempt.batch_id, partition=partition_id):
-        return _write_task(options, schema, attempt, batches, ctx.attemptNumber(), partition_id)
+        return _write_task(
+            options, schema, attempt, batches, ctx.attemptNumber(), partition_id, topic_id
+        )
 
 
 def _write_task(
@@ -142,6 +148,7 @@ def _write_task(
     batches: Iterator[pa.RecordBatch],
     attempt_number: int,
     partition_id: int,
+    topic_id: str,
 ) -> IdemlogCommitMessage:
     batch_id = attempt.batch_id
     started = time.perf_counter()
@@ -156,15 +163,20 @@ def _write_task(
         from spark_sink.producer.producer import Producer
         from spark_sink.producer.transport import FlightTransport
 
+        # The plan's id, not one learned now: a topic recreated between the plan and
+        # this task refuses the task's first request, before any row is written.
+        pinned = {options.topic: topic_id} if topic_id else None
         producer = Producer(
             bootstrap,
             connections=shared_connections(options.tls, options.sasl),
+            topic_ids=pinned,
             transport=None
             if lost_ack is None
             else failpoints.losing_acks(
                 lost_ack,
                 FlightTransport(
-                    BrokerClient(bootstrap, tls=options.tls.load(Side.CLIENT), sasl=options.sasl)
+                    BrokerClient(bootstrap, tls=options.tls.load(Side.CLIENT), sasl=options.sasl),
+                    topic_ids=pinned,
                 ),
             ),
             **{
@@ -192,7 +204,23 @@ def _write_task(
             with trace.span("wait_init", batch=batch_id):
                 status = init.result()
             if status is SinkTxnStatus.NEW:
-                rows = _write_rows(producer, options, schema, head, batches, attempt, partition_id)
+                try:
+                    rows = _write_rows(
+                        producer, options, schema, head, batches, attempt, partition_id
+                    )
+                except IdemlogError as exc:
+                    # The broker's refusal reaches the task as the send's or prepare's
+                    # error, or as the cause that made the transaction abortable.
+                    refused = exc if isinstance(exc, UnknownTopicIdError) else None
+                    if refused is None and isinstance(producer.txn.last_error, UnknownTopicIdError):
+                        refused = producer.txn.last_error
+                    if refused is None:
+                        raise
+                    raise UnknownTopicIdError(
+                        f"{refused.message} (after this write was planned under id "
+                        f"{topic_id}): the broker refused the task's rows, none of which "
+                        "reach the new topic; run the write again to write to it"
+                    ) from exc
             else:
                 # Nothing to write: the reused or committed transaction holds the rows.
                 # They are counted so the batch's figures add up.
@@ -396,11 +424,14 @@ def _send(
 
 
 class IdemlogBatchWriter(DataSourceArrowWriter):
-    """``df.write.format("idemlog")``: all-or-nothing per job, under a fresh sink id."""
+    """``df.write.format("idemlog")``: all-or-nothing per job, under a fresh sink id.
+    ``topic_id``: the topic's id when the driver planned the write, which every task
+    sends (a topic recreated since refuses them)."""
 
-    def __init__(self, options: IdemlogOptions, schema: pa.Schema) -> None:
+    def __init__(self, options: IdemlogOptions, schema: pa.Schema, topic_id: str = "") -> None:
         self.options = options
         self.schema = schema
+        self.topic_id = topic_id
         # Created once on the driver; Spark pickles this writer to the tasks and to the
         # commit process, so all of them agree on them.
         self.run_id = new_run_id()
@@ -411,7 +442,7 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         """In a task: the partition's rows as one prepared transaction, readable only once
         the driver commits; a retried attempt fences the earlier ones first."""
         attempt = SinkAttempt(self.sink_id, self.run_id, BATCH_JOB_BATCH_ID)
-        return write_task(self.options, self.schema, attempt, iterator)
+        return write_task(self.options, self.schema, attempt, iterator, self.topic_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """On the driver: commit every task's transaction, all or none. Retriable broker
@@ -431,17 +462,21 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     query restarted from its checkpoint keeps; commits are idempotent per batch id. The
     run id is Spark's run id of the query: a restart (which may split each batch's rows
     differently) gets a new one. Spark builds this writer anew for the tasks and for each
-    commit and abort, so both ids come from the tasks (their messages)."""
+    commit and abort, so both ids come from the tasks (their messages). ``topic_id``: the
+    topic's id when the query started, which every task of every micro-batch sends: a
+    topic recreated under the name while the query runs fails it, before any row of the
+    batch is written there."""
 
-    def __init__(self, options: IdemlogOptions, schema: pa.Schema) -> None:
+    def __init__(self, options: IdemlogOptions, schema: pa.Schema, topic_id: str = "") -> None:
         self.options = options
         self.schema = schema
+        self.topic_id = topic_id
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
         """In a task: the partition's rows of this micro-batch as one prepared
         transaction; nothing if an earlier attempt of the batch already holds or
         committed them. Raises RuntimeError outside a micro-batch streaming task."""
-        return write_task(self.options, self.schema, stream_attempt(), iterator)
+        return write_task(self.options, self.schema, stream_attempt(), iterator, self.topic_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """On the driver: commit micro-batch ``batchId`` once; a batch committed before

@@ -187,11 +187,14 @@ class TransactionCalls:
 
         return cut_across(coordinators, ask, read_lsos, attempts)
 
-    def readable_offsets(self: Routes, topic: str, partitions: int) -> dict[int, dict[str, int]]:
+    def readable_offsets(
+        self: Routes, topic: str, partitions: int, *, topic_id: str | None = None
+    ) -> dict[int, dict[str, int]]:
         """Each partition's ``list_offsets``, its ``last_stable_offset`` replaced by the
         coordinator's cut (:meth:`stable_ends`): ends at which a read_committed reader
-        holds every committed sink batch whole or not at all."""
-        offsets = {p: self.list_offsets(topic, p) for p in range(partitions)}
+        holds every committed sink batch whole or not at all. ``topic_id``: sent with
+        each list_offsets (``UnknownTopicIdError`` if the topic was recreated)."""
+        offsets = {p: self.list_offsets(topic, p, topic_id=topic_id) for p in range(partitions)}
         cut = self.stable_ends(topic)
         for p, doc in offsets.items():
             if p in cut:

@@ -9,12 +9,16 @@ with ``broker_core.cli.spark_cmd``.)
 Each run exports the offsets after the previous run's and nothing else:
 
 1. **Where the last run ended** is read from the Delta table itself: every export commit
-   carries its offset range in the commit's ``userMetadata`` (JSON: app id, topic, run
-   number, ``from`` and ``to`` offsets per log partition), found with ``DESCRIBE HISTORY``.
-   A partition never exported before starts at its log start.
+   carries its offset range in the commit's ``userMetadata`` (JSON: app id, topic, the
+   topic's id, run number, ``from`` and ``to`` offsets per log partition), found with
+   ``DESCRIBE HISTORY``. A partition never exported before starts at its log start. The
+   offsets belong to the topic of that id: a topic deleted and recreated under the name
+   (another id) is refused in one line naming it, never exported on from the old offsets;
+   a commit without an id (written before ids) is adopted, and this run records the id.
 2. **Where this run ends** is each partition's last stable offset, taken once: below it
    every transaction is decided, so ``[from, to)`` reads the same committed rows forever.
-3. The topic is read with ``spark.read.format("idemlog")`` and ``includeMetadata`` (the
+3. The topic is read with ``spark.read.format("idemlog")``, ``includeMetadata`` and
+   ``topicId`` (the plan's id: a topic recreated after the plan fails the read) (the
    batch reader reads each log partition from its start to the last stable offset) and
    filtered to ``from <= _offset < to`` per partition; ``_partition`` and ``_offset`` are
    kept as columns of the table, so every row says where it came from.
@@ -49,6 +53,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.security.tls import Side
 from spark_sink.embedded import DEFAULT_PATH
+from spark_sink.errors import topic_recreated
 from spark_sink.export.job_progress import StageTasks
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, Scope, parse_options
 from spark_sink.session import local_session
@@ -134,6 +139,7 @@ class ExportPlan:
     start: Offsets
     end: Offsets
     previous_delta_version: int | None = None  # the last commit of this app id, if any
+    topic_id: str = ""  # the topic's id when planned ("": a topic stored before ids)
 
     @property
     def empty(self) -> bool:
@@ -145,6 +151,7 @@ class ExportPlan:
                 "kind": METADATA_KIND,
                 "app_id": self.app_id,
                 "topic": self.topic,
+                **({"topic_id": self.topic_id} if self.topic_id else {}),
                 "run": self.run,
                 "from": _offsets_doc(self.start),
                 "to": _offsets_doc(self.end),
@@ -189,6 +196,7 @@ class _Commit:
     start: Offsets
     end: Offsets
     rows: int | None
+    topic_id: str = ""  # "": exported before topic ids
 
 
 @dataclass
@@ -256,6 +264,7 @@ def _read_history(
                     start=_parse_offsets(doc["from"]),
                     end=_parse_offsets(doc["to"]),
                     rows=None if rows_out is None else int(rows_out),
+                    topic_id=str(doc.get("topic_id") or ""),
                 )
             )
         except (ValueError, KeyError, TypeError):
@@ -269,8 +278,9 @@ def _table_partition_columns(spark: SparkSession, table: str) -> list[str]:
     return [] if row is None else [str(c) for c in row["partitionColumns"]]
 
 
-def _log_offsets(source: Source, partition_by: str) -> tuple[Offsets, Offsets]:
-    """(log start, last stable offset) per partition; checks the topic and the column."""
+def _log_offsets(source: Source, partition_by: str) -> tuple[Offsets, Offsets, str]:
+    """(log start, last stable offset) per partition and the topic's id; checks the
+    topic and the column."""
     try:
         options = parse_options(source.reader_options(), Scope.READ)
         with BrokerClient(
@@ -294,10 +304,11 @@ def _log_offsets(source: Source, partition_by: str) -> tuple[Offsets, Offsets]:
             starts: Offsets = {}
             ends: Offsets = {}
             # The stable cut, not each LSO alone: an export holds every sink batch whole.
-            for p, doc in client.readable_offsets(source.topic, info.partitions).items():
+            found = client.readable_offsets(source.topic, info.partitions, topic_id=info.pinned_id)
+            for p, doc in found.items():
                 starts[p] = doc["log_start_offset"]
                 ends[p] = doc["last_stable_offset"]
-            return starts, ends
+            return starts, ends, info.topic_id
     except IdemlogError as exc:
         raise ExportError(f"topic {source.topic!r}: {exc.message}") from exc
 
@@ -318,7 +329,7 @@ def plan_export(
     """The next run: from where this app id's last commit ended to the current last
     stable offsets."""
     app = app_id or default_app_id(source.topic)
-    log_start, lso = _log_offsets(source, partition_by)
+    log_start, lso, topic_id = _log_offsets(source, partition_by)
     history = _read_history(spark, table, app)
     last = history.commits[-1] if history.commits else None
     if history.exists:
@@ -339,6 +350,18 @@ def plan_export(
         raise ExportError(
             f"app id {app!r} exported topic {last.topic!r} into table {table}, not "
             f"{source.topic!r}: use another --app-id"
+        )
+    if last is not None and last.topic_id and last.topic_id != topic_id:
+        since = f"run {last.run} of the export into it, delta_version {last.version}"
+        raise ExportError(
+            topic_recreated(
+                source.topic,
+                last.topic_id,
+                topic_id,
+                since,
+                f"the offsets in {table} belong to the old topic. Export the new topic "
+                "with another --app-id and table",
+            ).message
         )
     start: Offsets = {}
     for p, first in log_start.items():
@@ -374,6 +397,7 @@ def plan_export(
         start=start,
         end=dict(lso),
         previous_delta_version=None if last is None else last.version,
+        topic_id=topic_id,
     )
     if last is None:
         log(f"delta_export: no earlier export of app id {app!r} in {table}")
@@ -394,6 +418,8 @@ def _rows_of(spark: SparkSession, source: Source, plan: ExportPlan) -> DataFrame
         if plan.start[p] < plan.end[p]
     ]
     reader = spark.read.format("idemlog").option("includeMetadata", "true")
+    if plan.topic_id:  # the read fails if the topic was recreated since the plan
+        reader = reader.option("topicId", plan.topic_id)
     for key, value in source.reader_options().items():
         reader = reader.option(key, value)
     return reader.load().where(reduce(lambda a, b: a | b, ranges))

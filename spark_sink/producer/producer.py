@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -103,6 +103,7 @@ class Producer:
         transport: Transport | None = None,
         connections: FlightConnections | None = None,
         clock: Callable[[], float] = time.monotonic,
+        topic_ids: Mapping[str, str] | None = None,
         **config: Any,
     ) -> None:
         """A producer of ``bootstrap`` (``host:port[,host:port]``, the bootstrap.servers
@@ -110,7 +111,10 @@ class Producer:
         transport instead of the Flight connection (tests; it sends with its own acks,
         not the acks key's); ``connections``: a Flight connection cache to share (the
         Spark sink's, one per process, whose TLS files then apply instead of the
-        security keys'), left open by :meth:`close`. An idempotent
+        security keys'), left open by :meth:`close`; ``topic_ids``: ids ({topic: id})
+        pinned before the producer learns them itself (the Spark sink's driver pins
+        them when it plans the write), with which every request for those topics goes
+        out. An idempotent
         producer without a transactional id gets its producer id here (blocking up to
         max.block.ms), and the background sender starts.
 
@@ -136,6 +140,7 @@ class Producer:
                     sasl=self.config.sasl,
                 ),
                 acks=self.config.acks,
+                topic_ids=topic_ids,
             )
         self.transport = transport
         self.metrics = ProducerMetrics()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -167,7 +167,12 @@ class FlightTransport:
     """
 
     def __init__(
-        self, client: BrokerClient, *, owns_client: bool = True, acks: int = ACKS_ALL
+        self,
+        client: BrokerClient,
+        *,
+        owns_client: bool = True,
+        acks: int = ACKS_ALL,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
         self.acks = acks
@@ -180,7 +185,8 @@ class FlightTransport:
         # topic stored before ids, unchecked). Sent with every produce stream and
         # transaction request, so this producer's sequences never reach a topic
         # recreated under the name: the broker refuses them (UnknownTopicIdError).
-        self._topic_ids: dict[str, str | None] = {}
+        # ``topic_ids``: pinned by the caller before (the Spark sink's plan).
+        self._topic_ids: dict[str, str | None] = dict(topic_ids or {})
 
     def partitions_for(self, topic: str) -> int:
         view = self.client.metadata()

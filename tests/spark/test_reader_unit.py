@@ -22,11 +22,13 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     InvalidConfigError,
     OffsetOutOfRangeError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, IdemlogOptions, Scope, parse_options
 from spark_sink.producer import Producer, SendResult
 from spark_sink.reader import (
+    TOPIC_ID_KEY,
     IdemlogBatchReader,
     IdemlogStreamReader,
     OffsetRangePartition,
@@ -291,6 +293,11 @@ def via_json(offsets: Mapping[str, int]) -> dict[str, Any]:
     return result
 
 
+def at(offset: Mapping[str, Any]) -> dict[str, int]:
+    """A stream offset's positions, without the topic id it carries."""
+    return {k: int(v) for k, v in offset.items() if k != TOPIC_ID_KEY}
+
+
 def run_triggers(
     reader: IdemlogStreamReader,
     start: dict[str, Any],
@@ -326,14 +333,15 @@ def test_stream_initial_and_latest_offsets(
     lso = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
     hw = {str(p): client.list_offsets(TOPIC, p)["high_watermark"] for p in (0, 1)}
     earliest = stream_reader(broker, client)
-    assert via_json(earliest.initialOffset()) == {"0": 0, "1": 0}
-    assert earliest.latestOffset() == lso
+    topic_id = client.topic_id(TOPIC)
+    assert via_json(earliest.initialOffset()) == {"0": 0, "1": 0, TOPIC_ID_KEY: topic_id}
+    assert at(earliest.latestOffset()) == lso
     latest = stream_reader(broker, client, startingOffsets="latest")
-    assert latest.initialOffset() == lso
+    assert at(latest.initialOffset()) == lso
     uncommitted = stream_reader(
         broker, client, startingOffsets="latest", isolation="read_uncommitted"
     )
-    assert uncommitted.initialOffset() == hw == uncommitted.latestOffset()
+    assert at(uncommitted.initialOffset()) == hw == at(uncommitted.latestOffset())
 
 
 def test_stream_with_max_offsets_per_trigger_reads_every_committed_row_once(
@@ -344,13 +352,16 @@ def test_stream_with_max_offsets_per_trigger_reads_every_committed_row_once(
     advances: list[int] = []
 
     def check(s: dict[str, Any], e: dict[str, Any]) -> None:
-        assert all(e[k] >= s.get(k, 0) for k in e)
-        advances.append(sum(e[k] - s.get(k, 0) for k in e))
+        ends, starts = at(e), at(s)
+        assert all(ends[k] >= starts.get(k, 0) for k in ends)
+        advances.append(sum(ends[k] - starts.get(k, 0) for k in ends))
 
     table, start = run_triggers(reader, start, check)
     assert found(table) == scenario.committed
     assert max(advances) == 7 and len(advances) >= 4, advances
-    assert start == {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+    assert at(start) == {
+        str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)
+    }
 
     scenario.commit_open()  # the LSO moves past the open and the later transaction
     more, start = run_triggers(reader, start, check)
@@ -391,7 +402,7 @@ def test_restarted_stream_caps_from_the_checkpointed_offsets(
     restarted = stream_reader(broker, client, maxOffsetsPerTrigger="9")
     assert restarted.partitions(end, end) == []
     following = via_json(restarted.latestOffset())
-    assert sum(following[k] - end[k] for k in end) == 9
+    assert sum(at(following)[k] - at(end)[k] for k in at(end)) == 9
     rest, _ = run_triggers(restarted, end)
     expected = {**scenario.committed, **scenario.open, **scenario.after_open}
     assert found(pa.concat_tables([done, rest])) == expected
@@ -416,18 +427,45 @@ def test_available_now_restart_with_a_cap_is_refused_before_anything_is_planned(
     # A Spark whose AvailableNow wrapper asks latestOffset before setLatestSeenOffset.
     restarted = stream_reader(broker, client, maxOffsetsPerTrigger="9")
     guess = via_json(restarted.latestOffset())
-    assert sum(guess[k] - start[k] for k in start) == 9, "capped from the initial offset"
+    assert sum(at(guess)[k] - at(start)[k] for k in at(start)) == 9, "capped from the start"
     with pytest.raises(InvalidConfigError, match=r"maxOffsetsPerTrigger.*AvailableNow"):
         restarted.partitions(end, end)
     # Without the option the guess is the log's end: at or past any checkpoint, so safe.
     uncapped = stream_reader(broker, client)
     guess = via_json(uncapped.latestOffset())
     assert uncapped.partitions(end, end) == []
-    assert all(guess[k] >= end[k] for k in end)
+    assert all(at(guess)[k] >= at(end)[k] for k in at(end))
     # A new query with no data yet plans (initial, initial): that is no restart.
     new = stream_reader(broker, client, maxOffsetsPerTrigger="9", startingOffsets="latest")
     latest = via_json(new.latestOffset())
     assert new.partitions(latest, latest) == []
+
+
+def test_offsets_carry_the_topic_id_and_a_checkpoint_of_another_id_is_refused(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    topic_id = client.topic_id(TOPIC)
+    first = stream_reader(broker, client)
+    start = via_json(first.initialOffset())
+    end = via_json(first.latestOffset())
+    assert start[TOPIC_ID_KEY] == end[TOPIC_ID_KEY] == topic_id
+    parts = first.partitions(start, end)
+    assert parts and {p.topic_id for p in parts} == {topic_id}
+    # A checkpoint written before ids (no "topic_id"): adopted, and planned on with the id.
+    adopted = stream_reader(broker, client)
+    assert adopted.partitions(at(end), at(end)) == []
+    assert via_json(adopted.latestOffset())[TOPIC_ID_KEY] == topic_id
+    # A checkpoint of a topic of the same name deleted since: refused, naming the topic.
+    stale = {**end, TOPIC_ID_KEY: "0" * 32}
+    restarted = stream_reader(broker, client)
+    with pytest.raises(UnknownTopicIdError) as refused:
+        restarted.partitions(stale, stale)
+    assert f"topic {TOPIC!r} was recreated since the streaming query" in refused.value.message
+    assert f"id {'0' * 32} is now {topic_id}" in refused.value.message
+    # The option topicId pins an id: another one is refused when the read is planned.
+    with pytest.raises(UnknownTopicIdError, match="option 'topicId' pinned it"):
+        require(client, options(broker, topicId="0" * 32))
+    assert require(client, options(broker, topicId=topic_id)).topic_id == topic_id
 
 
 def test_stream_partitions_plan_missing_and_unchanged_partitions() -> None:

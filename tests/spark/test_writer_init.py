@@ -95,7 +95,7 @@ def test_the_init_is_out_while_the_first_rows_are_pulled(
 
     monkeypatch.setattr(FlightTransport, "init_sink_producer", held_init)
     attempt = SinkAttempt("sink-overlap", "run-1", 7)
-    message = writer._write_task(options, SCHEMA, attempt, rows(), 0, 0)
+    message = writer._write_task(options, SCHEMA, attempt, rows(), 0, 0, "")
 
     assert events == ["init requested", "first rows pulled", "init answered"]
     assert beaten_runs_at_pull == [1]
@@ -124,7 +124,7 @@ def test_a_failing_init_fails_the_task_with_its_error_and_writes_nothing(
 
         attempt = SinkAttempt("sink-refused", "run-1", 0)
         with pytest.raises(InvalidTransactionTimeoutError, match="timeout") as raised:
-            writer._write_task(options, SCHEMA, attempt, rows(), 0, 0)
+            writer._write_task(options, SCHEMA, attempt, rows(), 0, 0, "")
 
         assert raised.value.code == 50  # Kafka's INVALID_TRANSACTION_TIMEOUT
         assert not raised.value.retriable
@@ -162,13 +162,13 @@ def test_rows_failing_while_the_init_runs_fail_the_task_and_the_retry_writes_onc
     monkeypatch.setattr(FlightTransport, "init_sink_producer", observed_init)
     attempt = SinkAttempt("sink-broken", "run-1", 3)
     with pytest.raises(SparkIteratorBroke):
-        writer._write_task(options, SCHEMA, attempt, broken_rows(), 0, 0)
+        writer._write_task(options, SCHEMA, attempt, broken_rows(), 0, 0, "")
     assert init_answered.is_set(), "the failed task returned before its init ended"
     assert not init_threads()
     assert log_end_offsets(client, "broken") == [0] * PARTITIONS
 
     retry = writer._write_task(
-        options, SCHEMA, attempt, iter([spark_batch(i) for i in range(SPARK_BATCHES)]), 1, 0
+        options, SCHEMA, attempt, iter([spark_batch(i) for i in range(SPARK_BATCHES)]), 1, 0, ""
     )
     assert retry.status == "new" and retry.attempt == 1
     assert commit_batch(options, None, "run-1", 3, [retry]) is True
