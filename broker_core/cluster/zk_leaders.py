@@ -81,12 +81,21 @@ class ZkLeaders:
         self._ids_path = f"{root}/brokers/ids"
         self._topics_path = f"{root}/topics"
 
-    def _read_live_broker_ids(self) -> set[int]:
-        """The registered broker ids, read now (a cache may lag). Raises ZkUnavailable."""
-        children = self._requests.call(
-            functools.partial(self._requests.client.get_children_async, self._ids_path)
-        )
-        return {int(c) for c in children if c.isdigit()}
+    def _read_live_broker_ids(self) -> dict[int, int]:
+        """The registered broker ids and their epochs (registration czxids), read now (a
+        cache may lag). Raises ZkUnavailable."""
+        client = self._requests.client
+        children = self._requests.call(functools.partial(client.get_children_async, self._ids_path))
+        live: dict[int, int] = {}
+        for child in children:
+            if not child.isdigit():
+                continue
+            stat = self._requests.call(
+                functools.partial(client.exists_async, f"{self._ids_path}/{child}")
+            )
+            if stat is not None:  # None: gone since the listing
+                live[int(child)] = int(stat.czxid)
+        return live
 
     def _read_topic_names(self) -> list[str]:
         """The topic names, read now. Raises ZkUnavailable."""
@@ -113,7 +122,7 @@ class ZkLeaders:
             if not self._elect_topic(name, live, fence):
                 return
 
-    def _elect_topic(self, name: str, live: set[int], fence: tuple[int, int]) -> bool:
+    def _elect_topic(self, name: str, live: dict[int, int], fence: tuple[int, int]) -> bool:
         """The pass over one topic; False when the write was fenced (the pass stops)."""
         moves: Moves = {}
         offline: dict[int, PartitionState] = {}
@@ -252,13 +261,23 @@ def _partition_change(
     return change
 
 
-def _log_moves(name: str, moves: Moves, live: set[int], why: str = "") -> None:
+def _log_moves(name: str, moves: Moves, live: dict[int, int], why: str = "") -> None:
     reason = f" ({why})" if why else ""
     for p, (old, new) in sorted(moves.items()):
-        if new.leader == old.leader:
+        if new.leader_epoch == old.leader_epoch:
             log.info(
-                "partition %s-%d: isr %s -> %s (dead brokers removed), leader %d at epoch %d",
+                "partition %s-%d: isr %s -> %s (dead or restarted brokers removed), leader %d "
+                "at epoch %d",
                 name, p, list(old.isr), list(new.isr), new.leader, new.leader_epoch,
+            )  # fmt: skip
+        elif new.leader in old.isr and old.recorded_epoch(new.leader) not in (
+            None,
+            new.recorded_epoch(new.leader),
+        ):
+            log.warning(
+                "partition %s-%d: only restarted in-sync replicas are live: broker %d leads "
+                "again at leader epoch %d (isr %s, broker epochs %s)",
+                name, p, new.leader, new.leader_epoch, list(new.isr), dict(new.isr_epochs),
             )  # fmt: skip
         elif new.leader in old.isr:
             log.info(

@@ -23,7 +23,10 @@ retention) cannot fetch (``OFFSET_OUT_OF_RANGE``); it asks a third call:
   batch there; -1: none) and fetches from there (docs/replication.md, "A follower below
   the leader's log start").
 
-``leader_epoch`` is the epoch the follower believes current: the leader answers
+Each carries ``broker_epoch``, the asking broker's epoch (its registration's czxid): the
+leader refuses one older than the epoch it knows for that broker with
+``STALE_BROKER_EPOCH`` (77), so a replaced process of a broker (a paused one) is not
+taken for it. ``leader_epoch`` is the epoch the follower believes current: the leader answers
 ``FENCED_LEADER_EPOCH`` for an older one and ``UNKNOWN_LEADER_EPOCH`` for a newer one
 (KIP-320), so a fetch never crosses an election unnoticed.
 """
@@ -39,7 +42,16 @@ from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.protocol.wire import field as _field
 
 Doc = dict[str, Any]
+NO_BROKER_EPOCH = -1  # a broker's epoch not known (not registered, or not sent)
 _HEADER_LEN = struct.Struct(">I")
+
+
+def _broker_epoch(doc: Doc, what: str) -> int:
+    """The asking broker's epoch; absent (a broker before epochs): NO_BROKER_EPOCH."""
+    value: int = _field(doc, "broker_epoch", int, what, NO_BROKER_EPOCH)
+    if value < NO_BROKER_EPOCH:
+        raise InvalidRequestError(f"{what}: field 'broker_epoch' must be >= -1, got {value}")
+    return value
 
 
 def _non_negative(doc: Doc, name: str, what: str) -> int:
@@ -62,9 +74,11 @@ class ReplicaFetchRequest:
     leader_epoch: int
     max_bytes: int
     max_wait_ms: int
+    broker_epoch: int = NO_BROKER_EPOCH
 
     def to_doc(self) -> Doc:
         return {
+            "broker_epoch": self.broker_epoch,
             "topic": self.topic,
             "partition": self.partition,
             "replica_id": self.replica_id,
@@ -85,6 +99,7 @@ class ReplicaFetchRequest:
             _non_negative(doc, "leader_epoch", what),
             _non_negative(doc, "max_bytes", what),
             _non_negative(doc, "max_wait_ms", what),
+            _broker_epoch(doc, what),
         )
         if request.max_bytes == 0:
             raise InvalidRequestError(f"{what}: field 'max_bytes' must be positive")
@@ -143,9 +158,11 @@ class ReplicaLogStartRequest:
     partition: int
     replica_id: int
     leader_epoch: int
+    broker_epoch: int = NO_BROKER_EPOCH
 
     def to_doc(self) -> Doc:
         return {
+            "broker_epoch": self.broker_epoch,
             "topic": self.topic,
             "partition": self.partition,
             "replica_id": self.replica_id,
@@ -160,6 +177,7 @@ class ReplicaLogStartRequest:
             _non_negative(doc, "partition", what),
             _non_negative(doc, "replica_id", what),
             _non_negative(doc, "leader_epoch", what),
+            _broker_epoch(doc, what),
         )
 
 
@@ -204,9 +222,13 @@ class OffsetsForLeaderEpochRequest:
     partition: int
     leader_epoch: int
     epoch: int
+    replica_id: int = -1  # -1: not said (a follower before broker epochs)
+    broker_epoch: int = NO_BROKER_EPOCH
 
     def to_doc(self) -> Doc:
         return {
+            "replica_id": self.replica_id,
+            "broker_epoch": self.broker_epoch,
             "topic": self.topic,
             "partition": self.partition,
             "leader_epoch": self.leader_epoch,
@@ -221,6 +243,8 @@ class OffsetsForLeaderEpochRequest:
             _non_negative(doc, "partition", what),
             _non_negative(doc, "leader_epoch", what),
             _non_negative(doc, "epoch", what),
+            _field(doc, "replica_id", int, what, -1),
+            _broker_epoch(doc, what),
         )
 
 

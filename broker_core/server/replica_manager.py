@@ -26,17 +26,23 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import (
+    NO_BROKER_EPOCH,
     BrokerInfo,
     ClusterMetadata,
     PartitionState,
     TopicAssignment,
 )
-from broker_core.errors import IdemlogError, NotLeaderOrFollowerError, OffsetOutOfRangeError
+from broker_core.errors import (
+    IdemlogError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
+    StaleBrokerEpochError,
+)
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.replica import (
@@ -162,7 +168,7 @@ class ReplicaManager:
             del self._fetchers[tp]
         if state.leader_epoch < partition.leader_epoch:
             return  # a late, older view
-        changed = partition.apply(state)
+        changed = partition.apply(state, self._cluster.broker_epoch())
         if changed is not None:
             self._tell(partition, changed)
         if partition.role is Role.FOLLOWER and tp not in self._fetchers:
@@ -172,6 +178,7 @@ class ReplicaManager:
                 broker_id=self.broker_id,
                 leader_id=leader,
                 leader_epoch=state.leader_epoch,
+                broker_epoch=self._cluster.broker_epoch,
                 address=lambda: self._address(leader),
                 connections=self._connections,
                 config=self.config.fetch,
@@ -216,6 +223,7 @@ class ReplicaManager:
     # -- the leader's side of replication ------------------------------------------------
     def replica_fetch(self, request: ReplicaFetchRequest) -> bytes:
         """A follower's fetch, answered (ReplicaFetchResponse.encode())."""
+        self._check_broker_epoch(request.replica_id, request.broker_epoch, "replica_fetch")
         partition = self.partition(request.topic, request.partition)
         partition.check_epoch(request.leader_epoch)
         log_ = partition.log
@@ -224,7 +232,10 @@ class ReplicaManager:
                 f"{partition.name}: fetch offset {request.fetch_offset} of broker "
                 f"{request.replica_id} is past the leader's log end {log_.log_end_offset}"
             )
-        if partition.follower_fetched(request.replica_id, request.fetch_offset):
+        fetched = partition.follower_fetched(
+            request.replica_id, request.fetch_offset, request.broker_epoch
+        )
+        if fetched:
             self._request_expansion(partition, request.replica_id)
         if request.fetch_offset == log_.log_end_offset:
             partition.wait_for_data(request.fetch_offset, request.max_wait_ms / 1000.0)
@@ -239,6 +250,7 @@ class ReplicaManager:
     def replica_log_start(self, request: ReplicaLogStartRequest) -> bytes:
         """Where a follower below this leader's log start starts its log instead, with the
         producer state and leader epoch there (ReplicaLogStartResponse.encode())."""
+        self._check_broker_epoch(request.replica_id, request.broker_epoch, "replica_log_start")
         partition = self.partition(request.topic, request.partition)
         partition.check_epoch(request.leader_epoch)
         start, offset, epoch, snapshot = partition.log.log_start_state()
@@ -253,10 +265,27 @@ class ReplicaManager:
 
     def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> dict[str, Any]:
         """Where ``request.epoch`` ended in this leader's log (KIP-279)."""
+        what = "offsets_for_leader_epoch"
+        self._check_broker_epoch(request.replica_id, request.broker_epoch, what)
         partition = self.partition(request.topic, request.partition)
         partition.check_epoch(request.leader_epoch)
         answer = partition.log.end_offset_for(request.epoch)
         return {"epoch": answer.epoch, "end_offset": answer.end_offset}
+
+    def _check_broker_epoch(self, broker_id: int, epoch: int, what: str) -> None:
+        """Refuse a request from a process of ``broker_id`` older than the one registered
+        now as this broker knows it (STALE_BROKER_EPOCH). An epoch newer than the one
+        known passes: the registration of a new process reaches this broker's cache a
+        moment after the process itself may ask."""
+        if epoch == NO_BROKER_EPOCH:
+            return  # not sent (a broker before epochs)
+        known = next((b.epoch for b in self._cluster.brokers() if b.broker_id == broker_id), None)
+        if known is not None and epoch < known:
+            raise StaleBrokerEpochError(
+                f"{what} from broker {broker_id} at broker epoch {epoch}: its current "
+                f"registration has epoch {known}, so this request comes from a process "
+                "replaced since"
+            )
 
     def wait_replicated(self, topic: str, partition: int, end_offset: int) -> None:
         """Wait until every in-sync replica has the partition's offsets below
@@ -303,6 +332,8 @@ class ReplicaManager:
             return
         epoch = partition.leader_epoch
         me = self.broker_id
+        # The broker epoch of the follower's process that caught up: the ISR admits it.
+        admitted = {} if add is None else {add: partition.follower_broker_epoch(add)}
 
         def update(state: PartitionState) -> PartitionState | None:
             if state.leader != me or state.leader_epoch != epoch:
@@ -315,7 +346,7 @@ class ReplicaManager:
                     isr.remove(broker)
             if tuple(isr) == state.isr:
                 return None
-            return replace(state, isr=tuple(isr))
+            return state.with_isr(tuple(isr), admitted)
 
         try:
             written = self._cluster.alter_partition(topic, p, update)
