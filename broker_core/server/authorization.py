@@ -275,14 +275,14 @@ RULES: dict[str, Rule] = {
         lambda b: [_topic(Operation.READ, DescribeProducersRequest.from_doc(b).topic)],
     ),
     Action.ABORT_HANGING_TRANSACTION: Rule(
-        "Alter on the Cluster, or Write on the topic",
+        "Write on the topic, or Alter on the Cluster",
         lambda b: [
             (
-                Need(Operation.ALTER, CLUSTER),
                 Need(
                     Operation.WRITE,
                     Resource(ResourceType.TOPIC, AbortHangingTransactionRequest.from_doc(b).topic),
                 ),
+                Need(Operation.ALTER, CLUSTER),
             )
         ],
     ),

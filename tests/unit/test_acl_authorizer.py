@@ -164,7 +164,7 @@ def test_hanging_transaction_tools_need_read_or_write_on_the_topic_or_alter_on_t
     body = {"topic": "payments", "partition": 0, "producer_id": 4}
     abort = RULES[Action.ABORT_HANGING_TRANSACTION].checks(body)
     assert [[(n.operation, n.resource) for n in c] for c in abort] == [
-        [(Op.ALTER, CLUSTER), (Op.WRITE, PAY)]
+        [(Op.WRITE, PAY), (Op.ALTER, CLUSTER)]
     ]
 
 
