@@ -218,6 +218,14 @@ class DocumentCollector(Collector):
             )
             family.add_metric([], float(rep[name]), created=created)
             yield family
+        refused = CounterMetricFamily(
+            f"{REPLICA}_truncationsrefused",
+            "Truncations below this follower's high watermark refused: a leader at an epoch "
+            "its log holds lacked acknowledged batches",
+            created=created,
+        )
+        refused.add_metric([], float(rep["truncations_refused"]), created=created)
+        yield refused
         lag = GaugeMetricFamily(
             f"{REPLICA}_follower_lag",
             "A follower's lag in offsets behind this leader's log end",
