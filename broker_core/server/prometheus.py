@@ -226,6 +226,14 @@ class DocumentCollector(Collector):
         )
         refused.add_metric([], float(rep["truncations_refused"]), created=created)
         yield refused
+        unclean = CounterMetricFamily(
+            f"{REPLICA}_uncleanleaderelections",
+            "Unclean leader elections this broker wrote as the controller (each may lose "
+            "acknowledged data; only with unclean.leader.election.enable)",
+            created=created,
+        )
+        unclean.add_metric([], float(rep["unclean_leader_elections"]), created=created)
+        yield unclean
         lag = GaugeMetricFamily(
             f"{REPLICA}_follower_lag",
             "A follower's lag in offsets behind this leader's log end",

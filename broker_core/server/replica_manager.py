@@ -337,6 +337,18 @@ class ReplicaManager:
         me = self.broker_id
         # The broker epoch of the follower's process that caught up: the ISR admits it.
         admitted = {} if add is None else {add: partition.follower_broker_epoch(add)}
+        # ...and its log.dir's directory id, from its registration of that same epoch.
+        admitted_dirs = {
+            b: next(
+                (
+                    i.directory_id
+                    for i in self._cluster.brokers()
+                    if i.broker_id == b and i.epoch == e
+                ),
+                None,
+            )
+            for b, e in admitted.items()
+        }
 
         def update(state: PartitionState) -> PartitionState | None:
             if state.leader != me or state.leader_epoch != epoch:
@@ -349,7 +361,7 @@ class ReplicaManager:
                     isr.remove(broker)
             if tuple(isr) == state.isr:
                 return None
-            return state.with_isr(tuple(isr), admitted)
+            return state.with_isr(tuple(isr), admitted, admitted_dirs)
 
         try:
             written = self._cluster.alter_partition(topic, p, update)
@@ -418,6 +430,8 @@ class ReplicaManager:
             "isr_shrinks": self.isr_shrinks,
             "isr_expands": self.isr_expands,
             # A leader at a known epoch ending below this replica's high watermark.
+            # Written by this broker as the controller: each one may have lost data.
+            "unclean_leader_elections": self._cluster.unclean_leader_elections(),
             "truncations_refused": self._refused_by_stopped
             + sum(f.truncations_refused for f in self._live_fetchers()),
             "follower_lag": lag,
