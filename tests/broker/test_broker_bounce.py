@@ -229,3 +229,75 @@ def test_a_leader_restarted_inside_its_session_on_an_empty_disk_loses_nothing(
         if writers is not None:
             writers._stop.set()
         cluster.close()
+
+
+def _led_by_broker_2(prefix: str) -> str:
+    """A topic name whose single partition lands on broker 2 (crc32 % 3 == 1)."""
+    return next(f"{prefix}{i}" for i in range(100) if zlib.crc32(f"{prefix}{i}".encode()) % 3 == 1)
+
+
+def test_the_only_in_sync_replica_back_on_an_empty_disk_stays_offline_unless_unclean(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    """Replication factor 1 on broker 2, SIGKILLed, its log.dir wiped, restarted: its
+    new directory.id is not the one the ISR recorded, so the partition stays offline with
+    one ERROR line naming it; the topic with unclean.leader.election.enable comes back
+    empty, the loss logged as DATA LOSS and counted by the controller."""
+    cluster = ReplicatedCluster(zk_chroot, broker_factory)
+    clean, dirty = _led_by_broker_2("kept"), _led_by_broker_2("given")
+    try:
+        cluster.create_topic(clean, 1, replication_factor=1)
+        cluster.create_topic(dirty, 1, replication_factor=1, unclean_leader_election_enable="true")
+        with Producer(cluster.bootstrap, **FAST) as producer:
+            for topic in (clean, dirty):
+                producer.send(topic, _table(0, 1_000)).result(30)
+        before = {t: cluster.state(t, 0) for t in (clean, dirty)}
+        assert {s.leader for s in before.values()} == {2}
+        meta = cluster.client.action(cluster.brokers[1].address, Action.METADATA, {})
+        controller = cluster.brokers[int(meta["controller"])]
+        victim = cluster.brokers[2]
+        assert controller is not victim
+        unclean_before = cluster.replication(controller)["unclean_leader_elections"]
+
+        victim.kill(signal.SIGKILL)
+        shutil.rmtree(victim.log_dir)  # a new, empty disk
+        victim.log_dir.mkdir()
+        victim.restart()
+
+        controller.wait_for_log(
+            f"partition {clean}-0 is offline: its in-sync replicas [2] came back with another "
+            "log.dir directory.id",
+            timeout=30,
+        )
+        back = cluster.wait_state(
+            dirty, 0, lambda s: s.leader_epoch > before[dirty].leader_epoch, "the unclean leader"
+        )
+        assert back.leader == 2
+        controller.wait_for_log(f"partition {dirty}-0: DATA LOSS: unclean leader election")
+        assert cluster.replication(controller)["unclean_leader_elections"] == unclean_before + 1
+        # The offline partition: unchanged state, and nobody serves it (the new process
+        # stands by: the ISR admitted its predecessor).
+        assert cluster.state(clean, 0) == before[clean]
+        with pytest.raises(IdemlogError, match=r"does not lead|NOT_LEADER"):
+            list(cluster.client.fetch(clean, 0))
+        victim.wait_for_log(f"{clean}-0: named leader at epoch 0 by a state that admitted")
+        # The unclean one serves what it has (nothing) and takes writes again.
+        assert _read_topic(cluster.client, dirty) == []
+        with Producer(cluster.bootstrap, **FAST) as producer:
+            producer.send(dirty, _table(5_000, 10)).result(30)
+        assert _read_topic(cluster.client, dirty) == list(range(5_000, 5_010))
+        errors = [
+            line
+            for line in controller.log_text().splitlines()
+            if f"partition {clean}-0 is offline" in line and " ERROR " in line
+        ]
+        print(f"offline_errors={len(errors)} unclean_elections={unclean_before + 1}")
+    finally:
+        cluster.close()
+
+
+def _read_topic(client: BrokerClient, topic: str) -> list[int]:
+    ids: list[int] = []
+    for _meta, batch in client.fetch(topic, 0, isolation="read_committed"):
+        ids.extend(batch.column("id").to_pylist())
+    return ids
