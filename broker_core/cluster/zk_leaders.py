@@ -84,6 +84,7 @@ class ZkLeaders:
         self._ids_path = f"{root}/brokers/ids"
         self._topics_path = f"{root}/topics"
         self.unclean_leader_elections = 0  # written by this controller (metrics)
+        self._offline_reported: dict[tuple[str, int], tuple[PartitionState, tuple[int, ...]]] = {}
 
     def _read_live_broker_ids(self) -> dict[int, int]:
         """The registered broker ids and their epochs (registration czxids), read now (a
@@ -192,6 +193,9 @@ class ZkLeaders:
                         )  # fmt: skip
         for p, state in sorted(offline.items()):
             lost = decisions[p].lost
+            if self._offline_reported.get((name, p)) == (state, lost):
+                continue  # said once for this state; a pass runs at every broker change
+            self._offline_reported[(name, p)] = (state, lost)
             if lost:
                 log.error(
                     "partition %s-%d is offline: its in-sync replicas %s came back with "

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker_core.errors import InvalidConfigError, StorageError
-from broker_core.fileutil import atomic_write
+from broker_core.fileutil import META_FILE, RUNNING_FILE, atomic_write
 
 __all__ = [
     "META_FILE",
@@ -40,8 +40,6 @@ __all__ = [
 
 log = logging.getLogger("idemlog.log")
 
-META_FILE = "meta.properties"
-RUNNING_FILE = ".running"
 META_VERSION = 1
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
