@@ -43,6 +43,7 @@ class Outcome(Enum):
 class Decision:
     outcome: Outcome
     state: PartitionState  # the state to write; for OFFLINE the unchanged one
+    lost: tuple[int, ...] = ()  # live ISR members whose data is gone (another directory id)
 
 
 # The live brokers: their ids, or their ids and broker epochs (ids alone: epochs unknown).
@@ -67,7 +68,11 @@ def _is_member(state: PartitionState, broker: int, epochs: Mapping[int, int]) ->
 
 
 def decide_after_broker_change(
-    state: PartitionState, live: Live, *, unclean: bool = False
+    state: PartitionState,
+    live: Live,
+    *,
+    unclean: bool = False,
+    dirs: Mapping[int, str | None] | None = None,
 ) -> Decision | None:
     """The controller's decision for one partition given the live brokers (ids and
     epochs); an ISR member counts as live only as the process the ISR admitted
@@ -77,7 +82,9 @@ def decide_after_broker_change(
       member leads, ISR = those members, epoch + 1 (ELECTED). With none, but restarted
       members live: the first of them leads, ISR = them at their new epochs, epoch + 1
       (RESTARTED: the partition's only copies are theirs; a restart of a replication
-      factor 1 broker is this). Otherwise, when ``unclean`` (the topic's
+      factor 1 broker is this) -- only those back with the directory id the ISR recorded
+      (``dirs``: the live brokers' ids): one with another lost its data (``lost``).
+      Otherwise, when ``unclean`` (the topic's
       ``unclean.leader.election.enable``), the first live replica leads with ISR = (it,),
       epoch + 1 (UNCLEAN: acknowledged batches it lacks are lost); else OFFLINE, the
       state unchanged, so a returning ISR member can still lead;
@@ -94,16 +101,20 @@ def decide_after_broker_change(
     if candidates:
         new = _with(state, leader=candidates[0], epoch=state.leader_epoch + 1, isr=members)
         return Decision(Outcome.ELECTED, new)
-    restarted = tuple(b for b in state.replicas if b in state.isr and b in epochs)
-    if restarted:
+    found = dirs or {}
+    restarted = [b for b in state.replicas if b in state.isr and b in epochs]
+    lost = tuple(b for b in restarted if state.recorded_dir(b) not in (None, found.get(b)))
+    intact = tuple(b for b in restarted if b not in lost)
+    if intact:
         new = _with(
             state,
-            leader=restarted[0],
+            leader=intact[0],
             epoch=state.leader_epoch + 1,
-            isr=restarted,
-            admitted={b: epochs[b] for b in restarted},
+            isr=intact,
+            admitted={b: epochs[b] for b in intact},
+            admitted_dirs={b: found.get(b) for b in intact},
         )
-        return Decision(Outcome.RESTARTED, new)
+        return Decision(Outcome.RESTARTED, new, lost)
     live_replicas = [b for b in state.replicas if b in epochs]
     if unclean and live_replicas:
         leader = live_replicas[0]
@@ -113,9 +124,10 @@ def decide_after_broker_change(
             epoch=state.leader_epoch + 1,
             isr=(leader,),
             admitted={leader: epochs[leader]},
+            admitted_dirs={leader: found.get(leader)},
         )
-        return Decision(Outcome.UNCLEAN, new)
-    return Decision(Outcome.OFFLINE, state)
+        return Decision(Outcome.UNCLEAN, new, lost)
+    return Decision(Outcome.OFFLINE, state, lost)
 
 
 def preferred_leader_elected(state: PartitionState, live: Live) -> PartitionState | None:
@@ -160,9 +172,11 @@ def _with(
     epoch: int | None = None,
     isr: tuple[int, ...] | None = None,
     admitted: Mapping[int, int] | None = None,
+    admitted_dirs: Mapping[int, str | None] | None = None,
 ) -> PartitionState:
-    """``state`` changed; ``admitted``: ISR members' broker epochs to record now."""
-    base = state.with_isr(state.isr if isr is None else isr, admitted)
+    """``state`` changed; ``admitted``, ``admitted_dirs``: ISR members' broker epochs and
+    directory ids to record now."""
+    base = state.with_isr(state.isr if isr is None else isr, admitted, admitted_dirs)
     new = replace(
         base,
         leader=state.leader if leader is None else leader,

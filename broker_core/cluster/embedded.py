@@ -106,6 +106,9 @@ class EmbeddedCluster(TopicView):
         """NO_BROKER_EPOCH: one broker, its partitions have no other replica to guard."""
         return NO_BROKER_EPOCH
 
+    def unclean_leader_elections(self) -> int:
+        return 0  # one broker: no other replica to elect
+
     def brokers(self) -> list[BrokerInfo]:
         with self._lock:
             return [self._broker] if self._registered and not self._closed else []

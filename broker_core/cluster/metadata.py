@@ -108,6 +108,8 @@ class BrokerInfo:
     host: str
     port: int
     epoch: int = field(default=NO_BROKER_EPOCH, compare=False)
+    # Its log.dir's directory.id (log/dir_identity.py): which copy of data it serves.
+    directory_id: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_broker_id(self.broker_id)
@@ -123,8 +125,12 @@ class BrokerInfo:
         return f"{self.host}:{self.port}"
 
     def to_json(self) -> bytes:
-        """The registration znode's content: ``{"host", "port"}`` (the id is the node name)."""
-        doc = {"version": CONTROL_DOC_VERSION, "host": self.host, "port": self.port}
+        """The registration znode's content: ``{"host", "port", "directory_id"}`` (the id
+        is the node name, the epoch its czxid)."""
+        doc: dict[str, Any] = {"version": CONTROL_DOC_VERSION, "host": self.host}
+        doc["port"] = self.port
+        if self.directory_id is not None:
+            doc["directory_id"] = self.directory_id  # older readers ignore it
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -133,7 +139,10 @@ class BrokerInfo:
     ) -> BrokerInfo:
         doc = load_json_object(data, where)
         try:
-            return cls(broker_id, doc["host"], doc["port"], epoch)
+            directory = doc.get("directory_id")
+            if directory is not None and not isinstance(directory, str):
+                raise InvalidConfigError(f"directory_id={directory!r} is not a string")
+            return cls(broker_id, doc["host"], doc["port"], epoch, directory)
         except (KeyError, InvalidConfigError) as exc:
             raise CorruptRecordError(f"{where}: not a broker registration ({exc})") from exc
 
@@ -156,30 +165,54 @@ class PartitionState:
     leader_epoch: int = 0
     isr: tuple[int, ...] = ()
     isr_epochs: tuple[tuple[int, int], ...] = ()
+    # Likewise the directory.id each member's log.dir had (log/dir_identity.py): one that
+    # comes back with another lost its data and is never elected from the ISR.
+    isr_dirs: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         # Only members' entries, sorted: equal states compare equal however built.
         members = set(self.isr) if isinstance(self.isr, tuple) else set()
-        kept = tuple(sorted((b, e) for b, e in self.isr_epochs if b in members))
-        if kept != self.isr_epochs:
-            object.__setattr__(self, "isr_epochs", kept)
+        for name in ("isr_epochs", "isr_dirs"):
+            entries = getattr(self, name)
+            kept = tuple(sorted(e for e in entries if e[0] in members))
+            if kept != entries:
+                object.__setattr__(self, name, kept)
 
     def recorded_epoch(self, broker_id: int) -> int | None:
         """The broker epoch ``broker_id`` was admitted to the ISR with; None if unknown."""
         return dict(self.isr_epochs).get(broker_id)
 
+    def recorded_dir(self, broker_id: int) -> str | None:
+        """The directory id ``broker_id`` was admitted to the ISR with; None if unknown."""
+        return dict(self.isr_dirs).get(broker_id)
+
     def with_isr(
-        self, isr: tuple[int, ...], epochs: Mapping[int, int] | None = None
+        self,
+        isr: tuple[int, ...],
+        epochs: Mapping[int, int] | None = None,
+        dirs: Mapping[int, str | None] | None = None,
     ) -> PartitionState:
-        """This state with ISR ``isr``: the epochs of members kept stay, ``epochs`` adds or
-        replaces those of others (a member admitted now; NO_BROKER_EPOCH: unknown)."""
+        """This state with ISR ``isr``: the entries of members kept stay, ``epochs`` and
+        ``dirs`` add or replace those of others (a member admitted now; NO_BROKER_EPOCH
+        or None: unknown)."""
         recorded = dict(self.isr_epochs)
         for b, e in (epochs or {}).items():
             if e == NO_BROKER_EPOCH:
                 recorded.pop(b, None)
             else:
                 recorded[b] = e
-        return replace(self, isr=isr, isr_epochs=tuple(recorded.items()))
+        directories = dict(self.isr_dirs)
+        for b, d in (dirs or {}).items():
+            if d is None:
+                directories.pop(b, None)
+            else:
+                directories[b] = d
+        return replace(
+            self,
+            isr=isr,
+            isr_epochs=tuple(recorded.items()),
+            isr_dirs=tuple(directories.items()),
+        )
 
     @classmethod
     def single(cls, broker_id: int) -> PartitionState:
@@ -212,6 +245,8 @@ class PartitionState:
         }
         if self.isr_epochs:  # absent: every member's epoch unknown (older brokers ignore it)
             doc["isr_epochs"] = {str(b): e for b, e in self.isr_epochs}
+        if self.isr_dirs:
+            doc["isr_dirs"] = {str(b): d for b, d in self.isr_dirs}
         return doc
 
     @classmethod
@@ -223,10 +258,16 @@ class PartitionState:
             replicas, isr = doc["replicas"], doc["isr"]
             raw_epochs = doc.get("isr_epochs", {})
             epochs = tuple((int(b), e) for b, e in raw_epochs.items())
-            state = cls(tuple(replicas), doc["leader"], doc["leader_epoch"], tuple(isr), epochs)
+            dirs = tuple((int(b), d) for b, d in doc.get("isr_dirs", {}).items())
+            if not all(isinstance(d, str) for _, d in dirs):
+                raise ValueError("isr_dirs holds a directory id that is not a string")
+            state = cls(
+                tuple(replicas), doc["leader"], doc["leader_epoch"], tuple(isr), epochs, dirs
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(
-                f"{doc!r} lacks replicas, leader, leader_epoch or isr, or has bad isr_epochs"
+                f"{doc!r} lacks replicas, leader, leader_epoch or isr, or has bad isr_epochs "
+                "or isr_dirs"
             ) from exc
         if (problem := state.problem()) is not None:
             raise ValueError(problem)
@@ -378,6 +419,10 @@ class ClusterMetadata(Protocol):
         ...
 
     def brokers(self) -> list[BrokerInfo]: ...
+    def unclean_leader_elections(self) -> int:
+        """Unclean leader elections this broker wrote as the controller (metrics)."""
+        ...
+
     def controller(self) -> BrokerInfo | None: ...
     def is_controller(self) -> bool: ...
     def controller_epoch(self) -> int:
@@ -555,6 +600,7 @@ def assign_partitions(
     broker_ids: Sequence[int],
     replication_factor: int = 1,
     epochs: Mapping[int, int] | None = None,
+    dirs: Mapping[int, str | None] | None = None,
 ) -> dict[int, PartitionState]:
     """Each partition's replicas over ``broker_ids`` sorted, Kafka-style round-robin.
 
@@ -563,7 +609,8 @@ def assign_partitions(
     evenly. ``start`` is a stable hash (CRC-32, not Python's salted ``hash``) of the name,
     so the first partitions of many small topics do not all land on the lowest broker id.
     A factor above the number of brokers is refused (INVALID_REPLICATION_FACTOR).
-    ``epochs``: the brokers' epochs, recorded for the ISR members (all replicas).
+    ``epochs``, ``dirs``: the brokers' epochs and directory ids, recorded for the ISR
+    members (all replicas).
     """
     live = sorted(set(broker_ids))
     if not live:
@@ -589,7 +636,9 @@ def assign_partitions(
         replicas = tuple(live[(start + p + j) % len(live)] for j in range(replication_factor))
         known = epochs or {}
         recorded = tuple((b, known[b]) for b in replicas if known.get(b, NO_BROKER_EPOCH) >= 0)
-        states[p] = PartitionState(replicas, replicas[0], 0, replicas, recorded)
+        found = dirs or {}
+        directories = tuple((b, d) for b in replicas if (d := found.get(b)) is not None)
+        states[p] = PartitionState(replicas, replicas[0], 0, replicas, recorded, directories)
     return states
 
 

@@ -170,6 +170,9 @@ class ZkCluster(TopicView):
         """The creation zxid of this broker's registration (NO_BROKER_EPOCH before)."""
         return self._control.broker_epoch()
 
+    def unclean_leader_elections(self) -> int:
+        return self._leaders.unclean_leader_elections
+
     def brokers(self) -> list[BrokerInfo]:
         with self._lock:
             return [self._brokers[b] for b in sorted(self._brokers)]
@@ -214,7 +217,8 @@ class ZkCluster(TopicView):
         live = self._refresh(ZkTask.BROKERS, f"creating topic {name!r} (reading the live brokers)")
         factor = replication_factor_of(name, overrides, len(live), self._default_factor)
         epochs = {b: info.epoch for b, info in live.items()}
-        states = assign_partitions(name, partitions, list(live), factor, epochs)
+        dirs = {b: info.directory_id for b, info in live.items()}
+        states = assign_partitions(name, partitions, list(live), factor, epochs, dirs)
         assignment = TopicAssignment.of(name, states, schema, overrides)
         data = json.dumps(assignment.to_doc(), separators=(",", ":")).encode()
         path, get = f"{self._topics_path}/{name}", self._client.get_async

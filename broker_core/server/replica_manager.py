@@ -110,6 +110,7 @@ class ReplicaManager:
         self._closed = False
         self.isr_shrinks = 0
         self.isr_expands = 0
+        self._refused_by_stopped = 0  # truncations refused by fetchers since replaced
         # Told of every role change (a new role or epoch) and of a replica forgotten
         # (role None), on the metadata callback's thread with _lock held: listeners
         # only record what changed (the coordinator role follows its state partitions).
@@ -166,6 +167,7 @@ class ReplicaManager:
             # Stopped before the role changes: no follower append after it leads.
             fetcher.stop()
             del self._fetchers[tp]
+            self._refused_by_stopped += fetcher.truncations_refused
         if state.leader_epoch < partition.leader_epoch:
             return  # a late, older view
         changed = partition.apply(state, self._cluster.broker_epoch())
@@ -190,6 +192,7 @@ class ReplicaManager:
         fetcher = self._fetchers.pop(tp, None)
         if fetcher is not None:
             fetcher.stop()
+            self._refused_by_stopped += fetcher.truncations_refused
         partition = self._partitions.pop(tp, None)
         if partition is not None:
             partition.notify()
@@ -334,6 +337,18 @@ class ReplicaManager:
         me = self.broker_id
         # The broker epoch of the follower's process that caught up: the ISR admits it.
         admitted = {} if add is None else {add: partition.follower_broker_epoch(add)}
+        # ...and its log.dir's directory id, from its registration of that same epoch.
+        admitted_dirs = {
+            b: next(
+                (
+                    i.directory_id
+                    for i in self._cluster.brokers()
+                    if i.broker_id == b and i.epoch == e
+                ),
+                None,
+            )
+            for b, e in admitted.items()
+        }
 
         def update(state: PartitionState) -> PartitionState | None:
             if state.leader != me or state.leader_epoch != epoch:
@@ -346,7 +361,7 @@ class ReplicaManager:
                     isr.remove(broker)
             if tuple(isr) == state.isr:
                 return None
-            return state.with_isr(tuple(isr), admitted)
+            return state.with_isr(tuple(isr), admitted, admitted_dirs)
 
         try:
             written = self._cluster.alter_partition(topic, p, update)
@@ -390,6 +405,10 @@ class ReplicaManager:
             self._thread.join(10.0)
         self._connections.close()
 
+    def _live_fetchers(self) -> list[ReplicaFetcher]:
+        with self._lock:
+            return list(self._fetchers.values())
+
     def describe(self) -> dict[str, Any]:
         """Replication metrics: partitions led, under-replicated ones, ISR changes, and
         each follower's lag in offsets (leader's log end minus its fetch offset)."""
@@ -410,5 +429,10 @@ class ReplicaManager:
             "under_replicated_partitions": under,
             "isr_shrinks": self.isr_shrinks,
             "isr_expands": self.isr_expands,
+            # A leader at a known epoch ending below this replica's high watermark.
+            # Written by this broker as the controller: each one may have lost data.
+            "unclean_leader_elections": self._cluster.unclean_leader_elections(),
+            "truncations_refused": self._refused_by_stopped
+            + sum(f.truncations_refused for f in self._live_fetchers()),
             "follower_lag": lag,
         }

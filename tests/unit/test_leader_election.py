@@ -212,3 +212,29 @@ def test_isr_epochs_round_trip_and_a_state_without_them_reads_as_unknown() -> No
     assert S((1, 2), 1, 0, (1,), ((2, 5), (1, 7))).isr_epochs == ((1, 7),)
     with pytest.raises(ValueError, match="isr_epochs"):
         PartitionState.from_doc({**old, "isr_epochs": {"x": 1}})
+
+
+def test_a_restarted_only_member_back_with_another_directory_id_is_not_elected() -> None:
+    state = S((1, 2), 1, 4, (1,), ((1, 100),), ((1, "dir-a"),))
+    # Back on the same directory (a restart without a wipe): it leads again.
+    same = decide_after_broker_change(state, {1: 900, 2: 200}, dirs={1: "dir-a", 2: "dir-x"})
+    assert same is not None and same.outcome is Oc.RESTARTED and same.lost == ()
+    assert same.state.recorded_dir(1) == "dir-a" and same.state.recorded_epoch(1) == 900
+    # Back on an empty disk: offline, and the lost member named.
+    wiped = decide_after_broker_change(state, {1: 900, 2: 200}, dirs={1: "dir-b", 2: "dir-x"})
+    assert wiped == Decision(Oc.OFFLINE, state, (1,))
+    # Unless the topic accepts the loss: the first live replica leads, its data recorded.
+    unclean = decide_after_broker_change(
+        state, {1: 900, 2: 200}, unclean=True, dirs={1: "dir-b", 2: "dir-x"}
+    )
+    assert unclean == Decision(
+        Oc.UNCLEAN, S((1, 2), 1, 5, (1,), ((1, 900),), ((1, "dir-b"),)), (1,)
+    )
+
+
+def test_isr_dirs_round_trip() -> None:
+    state = S((1, 2), 1, 0, (1, 2), ((1, 5), (2, 6)), ((1, "a"), (2, "b")))
+    doc = state.to_doc()
+    assert doc["isr_dirs"] == {"1": "a", "2": "b"}
+    assert PartitionState.from_doc(doc) == state
+    assert state.with_isr((1,)).isr_dirs == ((1, "a"),)
