@@ -226,8 +226,10 @@ class TransactionCalls:
         """Transactions open on a partition of ``topic`` (every topic but the internal
         ones without it) whose producer wrote nothing for ``older_than_ms`` and that no
         coordinator knows: none has that producer id's transaction open on that partition
-        or ending (PREPARE_*). Oldest first. Needs Describe on the transactional ids: a
-        coordinator's row the caller may not see counts as unknown."""
+        or ending (PREPARE_*). Oldest first. The idle time is this host's clock minus the
+        leader's stamp of the producer's last write (clocks apart skew it). Needs Describe
+        on the transactional ids: a coordinator's row the caller may not see counts as
+        unknown."""
         if older_than_ms < 0:
             raise InvalidRequestError(f"older_than_ms must be >= 0, got {older_than_ms}")
         leaders = self.metadata(True).topics
