@@ -62,6 +62,7 @@ class ErrorCode(Enum):
     UNKNOWN_PRODUCER_ID = (59, False, "producer id was never issued by this cluster")
     FENCED_LEADER_EPOCH = (74, True, "the request's leader epoch is older than the broker's")
     UNKNOWN_LEADER_EPOCH = (75, True, "the request's leader epoch is newer than the broker's")
+    STALE_BROKER_EPOCH = (77, False, "a broker's request from a process replaced since")
     INVALID_RECORD = (87, False, "record batch is invalid for this topic")
     PRODUCER_FENCED = (90, False, "a newer producer with the same transactional id exists")
     UNKNOWN_TOPIC_ID = (
@@ -306,6 +307,13 @@ class UnknownTopicIdError(IdemlogError):
 
 class DuplicateBrokerRegistrationError(IdemlogError):
     error_code = ErrorCode.DUPLICATE_BROKER_REGISTRATION
+
+
+class StaleBrokerEpochError(IdemlogError):
+    """A broker-to-broker request carrying the epoch of a process of that broker since
+    replaced (docs/protocol.md): never answered."""
+
+    error_code = ErrorCode.STALE_BROKER_EPOCH
 
 
 class TopicAuthorizationFailedError(IdemlogError):

@@ -111,6 +111,9 @@ def fsync_file(path: Path) -> None:
 # -- the data-directory lock -------------------------------------------------------------------
 LOCK_FILE = ".lock"
 """Kafka's name: the file in a data directory that its owning process holds an OS lock on."""
+# A data directory's identity files (log/dir_identity.py), beside the lock in log.dir.
+META_FILE = "meta.properties"
+RUNNING_FILE = ".running"
 
 _PID_BYTES = 32  # a pid and a newline, with room; the lock file holds nothing else
 

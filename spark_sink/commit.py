@@ -23,11 +23,13 @@ from typing import TypeVar
 from pyspark.sql.datasource import WriterCommitMessage
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.errors import InvalidProducerIdMappingError
 from broker_core.protocol.wire import SinkTxnStatus
 from broker_core.retry import RetryPolicy
 from broker_core.security.tls import Side
 from spark_sink import failpoints, progress_spool, trace
 from spark_sink.connections import sink_client
+from spark_sink.errors import SinkStateLostError
 from spark_sink.options import IdemlogOptions
 
 log = logging.getLogger("idemlog.sink")
@@ -175,11 +177,15 @@ def _commit(
         failpoints.act(inside)
     started = time.perf_counter()
     with trace.span("commit_request", batch=batch_id):
-        committed: bool = retrying(
-            options,
-            f"commit of batch {batch_id}",
-            lambda c: c.commit_sink_batch(sid, batch_id, txns, run_id),
-        )
+        try:
+            committed: bool = retrying(
+                options,
+                f"commit of batch {batch_id}",
+                lambda c: c.commit_sink_batch(sid, batch_id, txns, run_id),
+            )
+        except InvalidProducerIdMappingError as exc:
+            _raise_if_stranded(options, sid, batch_id, txns, exc)
+            raise
     if report:
         _report(sid, batch_id, ours, committed, (time.perf_counter() - started) * 1000)
     failpoints.hit("after_commit", batch_id, enabled=options.test_hooks)
@@ -192,6 +198,47 @@ def _commit(
         sum(m.rows for m in ours),
     )
     return committed
+
+
+def _raise_if_stranded(
+    options: IdemlogOptions,
+    sink_id: str,
+    batch_id: int,
+    txns: Sequence[tuple[str, int, int]],
+    cause: InvalidProducerIdMappingError,
+) -> None:
+    """Raise ``SinkStateLostError`` if the coordinator, which no longer maps the batch's
+    transactional ids (``cause``), left its transactions open on the topic: its state
+    is gone, and those transactions hold the partitions' readers until an operator
+    aborts them. Else return (an id expired, nothing left open: ``cause`` stands)."""
+    pids = {pid for _, pid, _ in txns}
+
+    def open_ones(client: BrokerClient) -> list[tuple[int, int, int]]:
+        leaders = client.metadata(True).topics.get(options.topic, [])
+        found = []
+        for partition in range(len(leaders)):
+            for p in client.describe_producers(options.topic, partition).producers:
+                if p.producer_id in pids and p.has_open_transaction:
+                    found.append((partition, p.producer_id, p.txn_start_offset))
+        return found
+
+    stranded = retrying(options, f"open transactions of batch {batch_id}", open_ones)
+    if not stranded:
+        return
+    where = ", ".join(
+        f"{options.topic}-{partition} producer id {pid} from offset {first}"
+        for partition, pid, first in stranded
+    )
+    raise SinkStateLostError(
+        f"sink {sink_id} batch {batch_id}: the transaction coordinator lost this batch's state "
+        f"({cause.message}) while its prepared transactions are still open ({where}); they "
+        "hold the partitions' readers and no coordinator will end them, so the batch is not "
+        "run again on top of them. Find them with 'idemlog transactions find-hanging "
+        f"--bootstrap ... --topic {options.topic} --older-than-ms 0', abort each with "
+        "'idemlog transactions "
+        "abort --topic T --partition P --producer-id ID', then restart the query "
+        "(docs/operations.md, Hanging transactions)"
+    ) from cause
 
 
 def _report(

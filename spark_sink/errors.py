@@ -43,3 +43,19 @@ def topic_recreated(
     return UnknownTopicIdError(
         f"topic {topic!r} was {what} since {since} (id {pinned} {now}){tail}"
     )
+
+
+class SinkStateLostError(IdemlogError):
+    """The coordinator no longer knows a batch whose prepared transactions are still open
+    on the topic's partitions: its ``__transaction_state`` was lost (with every replica).
+
+    Non-retriable on purpose: running the batch again would write it on top of those
+    transactions, which no coordinator will ever end, so they would hold the partitions'
+    last stable offset and every later batch, reported committed, would never be
+    readable. The message names the batch, the producer ids and where each transaction
+    starts, and the operators' way out (``idemlog transactions find-hanging``, then
+    ``abort``, docs/operations.md "Hanging transactions"); after that the batch can run
+    again.
+    """
+
+    error_code = ErrorCode.INVALID_PRODUCER_ID_MAPPING

@@ -3,6 +3,7 @@
 idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
 idemlog broker list|stop (broker_core.cli.hosted_cmd)
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
+idemlog transactions list|find-hanging|abort --bootstrap host:port ...
 
 Every command that takes ``--bootstrap`` also takes ``--command-config FILE``: the client's
 security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) as Kafka's tools take them.
@@ -38,6 +39,9 @@ from broker_core.server.broker import Broker
 from broker_core.server.config import BrokerConfig, parse_overrides
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# find-hanging's default idleness: transaction.max.timeout.ms's default, beyond which no
+# transaction a coordinator keeps is still open (it aborts them at their timeout).
+DEFAULT_HANGING_MS = 900_000
 # The ready pipe's optional second line, "metrics host:port" (read by spark_sink.embedded).
 READY_METRICS = "metrics"
 # -- broker start ----------------------------------------------------------------------------
@@ -411,7 +415,91 @@ def _print_every_id(rows: list[TransactionListing]) -> int:
     return 0
 
 
+def transactions_find_hanging(args: argparse.Namespace) -> int:
+    """Transactions open on a partition that no coordinator knows (KIP-664's
+    ``--find-hanging``): each holds its partition's readers back at its first offset
+    until ``transactions abort --topic --partition`` ends it (docs/operations.md,
+    "Hanging transactions"). Exit 0 whether or not any is found."""
+    if args.older_than_ms < 0:
+        raise InvalidConfigError(f"--older-than-ms {args.older_than_ms}: must be >= 0")
+    with _client(args) as client:
+        found = client.find_hanging_transactions(args.topic, args.older_than_ms)
+    if args.json:
+        print(json.dumps([h.to_json() for h in found], indent=2))
+        return 0
+    where = f"topic {args.topic}" if args.topic else "any topic"
+    if not found:
+        print(f"no hanging transaction on {where} (idle at least {args.older_than_ms} ms)")
+        return 0
+    print(f"{len(found)} hanging transactions on {where}:")
+    print(
+        f"{'partition':<30} {'pid':>8} {'epoch':>5} {'coord ep':>8} {'start offset':>12} "
+        f"{'idle s':>9} {'lso':>10} {'end':>10}"
+    )
+    for h in found:
+        print(
+            f"{f'{h.topic}-{h.partition}':<30} {h.producer_id:>8} {h.producer_epoch:>5} "
+            f"{h.coordinator_epoch:>8} {h.txn_start_offset:>12} {h.idle_ms / 1000:>9.1f} "
+            f"{h.last_stable_offset:>10} {h.log_end_offset:>10}"
+        )
+    print(
+        "abort one with: idemlog transactions abort --bootstrap ... --topic T --partition P "
+        "--producer-id ID --producer-epoch E"
+    )
+    return 0
+
+
+def _abort_on_partition(args: argparse.Namespace) -> int:
+    """``transactions abort --topic T --partition P ...``: one producer's open transaction
+    on one partition, at its leader, which fences that producer there."""
+    if args.partition is None:
+        raise InvalidConfigError("--topic needs --partition (the partition to abort on)")
+    if (args.producer_id is None) == (args.start_offset is None):
+        raise InvalidConfigError(
+            "--topic/--partition need --producer-id ID [--producer-epoch E] or --start-offset O "
+            "(exactly one)"
+        )
+    if args.producer_epoch is not None and args.producer_id is None:
+        raise InvalidConfigError("--producer-epoch needs --producer-id")
+    for flag, value in (
+        ("--partition", args.partition),
+        ("--producer-id", args.producer_id),
+        ("--producer-epoch", args.producer_epoch),
+        ("--start-offset", args.start_offset),
+    ):
+        if value is not None and value < 0:
+            raise InvalidConfigError(f"{flag} {value}: must be >= 0")
+    with _client(args) as client:
+        done = client.abort_hanging_transaction(
+            args.topic,
+            args.partition,
+            producer_id=args.producer_id,
+            producer_epoch=args.producer_epoch,
+            start_offset=args.start_offset,
+        )
+    print(
+        f"aborted the transaction of producer id {done.producer_id} on "
+        f"{done.topic}-{done.partition} (from offset {done.txn_start_offset}; abort marker at "
+        f"{done.marker_offset}); last stable offset now {done.last_stable_offset}; the "
+        f"producer is fenced there (epoch {done.marker_epoch})"
+    )
+    return 0
+
+
 def transactions_abort(args: argparse.Namespace) -> int:
+    if args.topic is not None:
+        if args.transactional_id is not None:
+            raise InvalidConfigError("give --transactional-id or --topic/--partition, not both")
+        return _abort_on_partition(args)
+    if args.transactional_id is None:
+        raise InvalidConfigError(
+            "give --transactional-id ID, or --topic T --partition P with --producer-id or "
+            "--start-offset"
+        )
+    if any(v is not None for v in (args.partition, args.producer_id, args.start_offset)):
+        raise InvalidConfigError(
+            "--partition, --producer-id, --start-offset go with --topic, not --transactional-id"
+        )
     with _client(args) as client:
         aborted = client.abort_transaction(args.transactional_id)
     print(
@@ -505,10 +593,41 @@ def add_commands(sub: Any) -> None:
     )
     tlist.add_argument("--json", action="store_true", help=JSON_HELP)
     tlist.set_defaults(func=transactions_list)
-    tabort = txns_sub.add_parser("abort", help="fence an id's holder, abort what it has open")
+    thang = txns_sub.add_parser(
+        "find-hanging",
+        help="transactions open on a partition that no coordinator knows (they hold the "
+        "partition's last stable offset)",
+    )
+    thang.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
+    _command_config_argument(thang)
+    thang.add_argument("--topic", help="only this topic (default: every non-internal topic)")
+    thang.add_argument(
+        "--older-than-ms",
+        type=int,
+        default=DEFAULT_HANGING_MS,
+        help="only those whose producer wrote nothing for this long (default "
+        f"{DEFAULT_HANGING_MS}, transaction.max.timeout.ms's default: no live transaction "
+        "is open longer)",
+    )
+    thang.add_argument("--json", action="store_true", help=JSON_HELP)
+    thang.set_defaults(func=transactions_find_hanging)
+    tabort = txns_sub.add_parser(
+        "abort",
+        help="fence an id's holder and abort what it has open (--transactional-id), or abort "
+        "one producer's hanging transaction on one partition (--topic --partition)",
+    )
     tabort.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
     _command_config_argument(tabort)
+    tabort.add_argument("--transactional-id", help="the id whose transaction to abort")
+    tabort.add_argument("--topic", help="the partition's topic (a hanging transaction)")
+    tabort.add_argument("--partition", type=int, help="the partition (with --topic)")
+    tabort.add_argument("--producer-id", type=int, help="the producer whose transaction to abort")
     tabort.add_argument(
-        "--transactional-id", required=True, help="the id whose transaction to abort"
+        "--producer-epoch",
+        type=int,
+        help="only if the producer is still at this epoch (as find-hanging showed it)",
+    )
+    tabort.add_argument(
+        "--start-offset", type=int, help="the transaction that starts at this offset"
     )
     tabort.set_defaults(func=transactions_abort)

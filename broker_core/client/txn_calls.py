@@ -6,18 +6,24 @@ a run's abort, the readers' cut (the routing they use: ``client.routes``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
-from broker_core.client.answers import TransactionListing
+from broker_core.client.answers import HangingTransaction, TransactionListing
 from broker_core.client.routes import Routes
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     IdemlogError,
+    InvalidRequestError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.admin_requests import (
+    AbortHangingTransactionRequest,
+    AbortHangingTransactionResponse,
     AbortTransactionRequest,
+    DescribeProducersRequest,
+    DescribeProducersResponse,
     ListTransactionsRequest,
     merge_listings,
 )
@@ -215,6 +221,84 @@ class TransactionCalls:
         """Fence the id's holder and abort its open transaction; False if none was open."""
         doc = self._coordinator_action(AbortTransactionRequest(transactional_id), transactional_id)
         return bool(doc["aborted"])
+
+    def describe_producers(self: Routes, topic: str, partition: int) -> DescribeProducersResponse:
+        """The producers the partition's leader keeps state for, with their open
+        transactions' first offsets (Kafka's DescribeProducers). Raises
+        ``UnknownTopicOrPartitionError``, or the routing error left after the retries."""
+        doc = self._leader_action(topic, partition, DescribeProducersRequest(topic, partition))
+        return DescribeProducersResponse.from_doc(doc)
+
+    def find_hanging_transactions(
+        self: Routes, topic: str | None = None, older_than_ms: int = 0
+    ) -> list[HangingTransaction]:
+        """Transactions open on a partition of ``topic`` (every topic but the internal
+        ones without it) whose producer wrote nothing for ``older_than_ms`` and that no
+        coordinator knows: none has that producer id's transaction open on that partition
+        or ending (PREPARE_*). Oldest first. The idle time is this host's clock minus the
+        leader's stamp of the producer's last write (clocks apart skew it). Needs Describe
+        on the transactional ids: a coordinator's row the caller may not see counts as
+        unknown."""
+        if older_than_ms < 0:
+            raise InvalidRequestError(f"older_than_ms must be >= 0, got {older_than_ms}")
+        leaders = self.metadata(True).topics
+        if topic is not None and topic not in leaders:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        names = [topic] if topic is not None else sorted(t for t in leaders if t[:2] != "__")
+        open_on: set[tuple[int, str, int]] = set()  # (producer id, topic, partition)
+        for row in TransactionCalls.list_transactions(self):
+            open_on.update((row.producer_id, t, p) for t, p in row.partitions)
+        ending = {
+            row.producer_id
+            for row in TransactionCalls.list_transactions(self, every_id=True)
+            if row.state.startswith("PREPARE")
+        }
+        found: list[HangingTransaction] = []
+        for name in names:
+            for partition in range(len(leaders[name])):
+                answer = TransactionCalls.describe_producers(self, name, partition)
+                now_ms = int(time.time() * 1000)
+                for p in answer.producers:
+                    idle_ms = now_ms - p.last_timestamp
+                    known = (p.producer_id, name, partition) in open_on
+                    if not p.has_open_transaction or known or p.producer_id in ending:
+                        continue
+                    if idle_ms < older_than_ms:
+                        continue
+                    found.append(
+                        HangingTransaction(
+                            name,
+                            partition,
+                            p.producer_id,
+                            p.producer_epoch,
+                            p.coordinator_epoch,
+                            p.txn_start_offset,
+                            idle_ms,
+                            answer.last_stable_offset,
+                            answer.log_end_offset,
+                        )
+                    )
+        return sorted(found, key=lambda h: (-h.idle_ms, h.topic, h.partition))
+
+    def abort_hanging_transaction(
+        self: Routes,
+        topic: str,
+        partition: int,
+        *,
+        producer_id: int | None = None,
+        producer_epoch: int | None = None,
+        start_offset: int | None = None,
+    ) -> AbortHangingTransactionResponse:
+        """Abort one producer's open transaction on one partition, at its leader (an ABORT
+        marker one producer epoch up: the producer is fenced there). Name it by
+        ``producer_id`` (``producer_epoch``: only if still at it) or ``start_offset``.
+        Raises ``InvalidTxnStateError`` if nothing is open there,
+        ``InvalidProducerEpochError`` if the producer moved to another epoch."""
+        request = AbortHangingTransactionRequest(
+            topic, partition, producer_id, producer_epoch, start_offset
+        )
+        doc = self._leader_action(topic, partition, request)
+        return AbortHangingTransactionResponse.from_doc(doc)
 
     def add_partitions_to_txn(
         self: Routes,

@@ -11,15 +11,16 @@ leader from the current one; an ISR change alone does not (Kafka's rule).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.metadata import NO_BROKER_EPOCH, PartitionState
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG
 
 __all__ = [
     "Decision",
+    "Live",
     "Outcome",
     "decide_after_broker_change",
     "leader_moved_away",
@@ -32,6 +33,7 @@ class Outcome(Enum):
     """What the controller decided for a partition after the live brokers changed."""
 
     ELECTED = "elected"  # the leader was dead: an in-sync live replica leads now
+    RESTARTED = "restarted"  # only restarted members of the ISR live: one leads again
     UNCLEAN = "unclean"  # no in-sync replica alive: a live out-of-sync one leads (opt-in)
     ISR_SHRUNK = "isr_shrunk"  # the leader lives; dead followers left the ISR
     OFFLINE = "offline"  # the leader is dead and no replica may take over: unchanged
@@ -41,59 +43,113 @@ class Outcome(Enum):
 class Decision:
     outcome: Outcome
     state: PartitionState  # the state to write; for OFFLINE the unchanged one
+    lost: tuple[int, ...] = ()  # live ISR members whose data is gone (another directory id)
+
+
+# The live brokers: their ids, or their ids and broker epochs (ids alone: epochs unknown).
+Live = Collection[int] | Mapping[int, int]
+
+
+def _epochs(live: Live) -> dict[int, int]:
+    if isinstance(live, Mapping):
+        return dict(live)
+    return dict.fromkeys(live, NO_BROKER_EPOCH)
+
+
+def _is_member(state: PartitionState, broker: int, epochs: Mapping[int, int]) -> bool:
+    """``broker`` is live and is the process the ISR admitted: its epoch now is the one
+    recorded (or one of them is unknown). A new process of a member is not the member: it
+    may have started on an empty disk, and its predecessor's acknowledgements count for
+    nothing (KIP-380)."""
+    if broker not in epochs or broker not in state.isr:
+        return False
+    recorded, now = state.recorded_epoch(broker), epochs[broker]
+    return recorded is None or now == NO_BROKER_EPOCH or recorded == now
 
 
 def decide_after_broker_change(
-    state: PartitionState, live: Collection[int], *, unclean: bool = False
+    state: PartitionState,
+    live: Live,
+    *,
+    unclean: bool = False,
+    dirs: Mapping[int, str | None] | None = None,
 ) -> Decision | None:
-    """The controller's decision for one partition given the live broker ids.
+    """The controller's decision for one partition given the live brokers (ids and
+    epochs); an ISR member counts as live only as the process the ISR admitted
+    (:func:`_is_member`): a restarted one failed and started again.
 
-    * leader dead: the first replica (``replicas`` order) that is in the ISR and live
-      leads, ISR = old ISR ∩ live, epoch + 1 (ELECTED). With no live ISR member: when
-      ``unclean`` (the topic's ``unclean.leader.election.enable``), the first live replica
-      leads with ISR = (it,), epoch + 1 (UNCLEAN: acknowledged batches it lacks are lost);
-      otherwise OFFLINE, the state unchanged, so a returning ISR member can still lead;
-    * leader live: dead brokers leave the ISR, no epoch bump (ISR_SHRUNK);
+    * leader not a live member: the first replica (``replicas`` order) that is a live
+      member leads, ISR = those members, epoch + 1 (ELECTED). With none, but restarted
+      members live: the first of them leads, ISR = them at their new epochs, epoch + 1
+      (RESTARTED: the partition's only copies are theirs; a restart of a replication
+      factor 1 broker is this) -- only those back with the directory id the ISR recorded
+      (``dirs``: the live brokers' ids): one with another lost its data (``lost``).
+      Otherwise, when ``unclean`` (the topic's
+      ``unclean.leader.election.enable``), the first live replica leads with ISR = (it,),
+      epoch + 1 (UNCLEAN: acknowledged batches it lacks are lost); else OFFLINE, the
+      state unchanged, so a returning ISR member can still lead;
+    * leader a live member: the others leave the ISR, no epoch bump (ISR_SHRUNK);
     * None when nothing changes.
     """
-    alive = set(live)
-    isr_alive = tuple(b for b in state.isr if b in alive)
-    if state.leader in alive:
-        if isr_alive == state.isr:
+    epochs = _epochs(live)
+    members = tuple(b for b in state.isr if _is_member(state, b, epochs))
+    if state.leader in members:
+        if members == state.isr:
             return None
-        return Decision(Outcome.ISR_SHRUNK, _with(state, isr=isr_alive))
-    candidates = [b for b in state.replicas if b in isr_alive]
+        return Decision(Outcome.ISR_SHRUNK, _with(state, isr=members))
+    candidates = [b for b in state.replicas if b in members]
     if candidates:
-        new = _with(state, leader=candidates[0], epoch=state.leader_epoch + 1, isr=isr_alive)
+        new = _with(state, leader=candidates[0], epoch=state.leader_epoch + 1, isr=members)
         return Decision(Outcome.ELECTED, new)
-    live_replicas = [b for b in state.replicas if b in alive]
+    found = dirs or {}
+    restarted = [b for b in state.replicas if b in state.isr and b in epochs]
+    lost = tuple(b for b in restarted if state.recorded_dir(b) not in (None, found.get(b)))
+    intact = tuple(b for b in restarted if b not in lost)
+    if intact:
+        new = _with(
+            state,
+            leader=intact[0],
+            epoch=state.leader_epoch + 1,
+            isr=intact,
+            admitted={b: epochs[b] for b in intact},
+            admitted_dirs={b: found.get(b) for b in intact},
+        )
+        return Decision(Outcome.RESTARTED, new, lost)
+    live_replicas = [b for b in state.replicas if b in epochs]
     if unclean and live_replicas:
         leader = live_replicas[0]
-        new = _with(state, leader=leader, epoch=state.leader_epoch + 1, isr=(leader,))
-        return Decision(Outcome.UNCLEAN, new)
-    return Decision(Outcome.OFFLINE, state)
+        new = _with(
+            state,
+            leader=leader,
+            epoch=state.leader_epoch + 1,
+            isr=(leader,),
+            admitted={leader: epochs[leader]},
+            admitted_dirs={leader: found.get(leader)},
+        )
+        return Decision(Outcome.UNCLEAN, new, lost)
+    return Decision(Outcome.OFFLINE, state, lost)
 
 
-def preferred_leader_elected(state: PartitionState, live: Collection[int]) -> PartitionState | None:
+def preferred_leader_elected(state: PartitionState, live: Live) -> PartitionState | None:
     """The preferred replica (the first of ``replicas``) as leader, epoch + 1, when it is
-    live, in the ISR and not already the leader; else None."""
+    a live member of the ISR (the process it admitted) and not already the leader; else
+    None."""
     preferred = state.replicas[0]
-    if preferred == state.leader or preferred not in state.isr or preferred not in live:
+    if preferred == state.leader or not _is_member(state, preferred, _epochs(live)):
         return None
     return _with(state, leader=preferred, epoch=state.leader_epoch + 1)
 
 
-def leader_moved_away(
-    state: PartitionState, broker_id: int, live: Collection[int]
-) -> PartitionState | None:
-    """For a clean shutdown of ``broker_id``: if it leads and another ISR member is live,
-    that member (the first in ``replicas`` order) leads, ISR without ``broker_id``,
-    epoch + 1. None when it does not lead or no other in-sync replica is live (the
-    partition then stays on it until it goes, and the controller's pass takes over)."""
+def leader_moved_away(state: PartitionState, broker_id: int, live: Live) -> PartitionState | None:
+    """For a clean shutdown of ``broker_id``: if it leads and another ISR member is live
+    (the process admitted), that member (the first in ``replicas`` order) leads, ISR
+    without ``broker_id``, epoch + 1. None when it does not lead or no other in-sync
+    replica is live (the partition then stays on it until it goes, and the controller's
+    pass takes over)."""
     if state.leader != broker_id:
         return None
-    alive = set(live)
-    others = [b for b in state.replicas if b != broker_id and b in state.isr and b in alive]
+    epochs = _epochs(live)
+    others = [b for b in state.replicas if b != broker_id and _is_member(state, b, epochs)]
     if not others:
         return None
     isr = tuple(b for b in state.isr if b != broker_id)
@@ -115,12 +171,16 @@ def _with(
     leader: int | None = None,
     epoch: int | None = None,
     isr: tuple[int, ...] | None = None,
+    admitted: Mapping[int, int] | None = None,
+    admitted_dirs: Mapping[int, str | None] | None = None,
 ) -> PartitionState:
-    new = PartitionState(
-        state.replicas,
-        state.leader if leader is None else leader,
-        state.leader_epoch if epoch is None else epoch,
-        state.isr if isr is None else isr,
+    """``state`` changed; ``admitted``, ``admitted_dirs``: ISR members' broker epochs and
+    directory ids to record now."""
+    base = state.with_isr(state.isr if isr is None else isr, admitted, admitted_dirs)
+    new = replace(
+        base,
+        leader=state.leader if leader is None else leader,
+        leader_epoch=state.leader_epoch if epoch is None else epoch,
     )
     problem = new.problem()
     assert problem is None, problem  # each decision above keeps the leader in the ISR

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from broker_core.cluster.metadata import (
     METADATA_VERSION,
+    NO_BROKER_EPOCH,
     READABLE_METADATA_VERSIONS,
     BrokerInfo,
     CallbackNotifier,
@@ -101,6 +102,13 @@ class EmbeddedCluster(TopicView):
                 self._controller_epoch += 1
                 self._registered = True
                 self._notifier.post(list(self._controller_callbacks), True)
+
+    def broker_epoch(self) -> int:
+        """NO_BROKER_EPOCH: one broker, its partitions have no other replica to guard."""
+        return NO_BROKER_EPOCH
+
+    def unclean_leader_elections(self) -> int:
+        return 0  # one broker: no other replica to elect
 
     def brokers(self) -> list[BrokerInfo]:
         with self._lock:

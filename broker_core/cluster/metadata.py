@@ -39,7 +39,7 @@ import queue
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -54,11 +54,13 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.config import LOG_CONFIG
+from broker_core.protocol.replica import NO_BROKER_EPOCH
 from broker_core.protocol.topics import MAX_PARTITIONS, validate_topic_id, validate_topic_name
 
 __all__ = [
     "CONTROL_DOC_VERSION",
     "METADATA_VERSION",
+    "NO_BROKER_EPOCH",
     "READABLE_METADATA_VERSIONS",
     "BrokerInfo",
     "CallbackNotifier",
@@ -95,11 +97,19 @@ class ControllerFence:
 
 @dataclass(frozen=True)
 class BrokerInfo:
-    """A broker's id and the address its Flight server listens on."""
+    """A broker's id and the address its Flight server listens on.
+
+    ``epoch`` (KIP-380's broker epoch) tells one process of the broker from the next: the
+    creation zxid of its registration znode, so every registration of a new process (or
+    of a new session) has a larger one. Not part of equality: the same broker, address
+    and all, whatever it is."""
 
     broker_id: int
     host: str
     port: int
+    epoch: int = field(default=NO_BROKER_EPOCH, compare=False)
+    # Its log.dir's directory.id (log/dir_identity.py): which copy of data it serves.
+    directory_id: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_broker_id(self.broker_id)
@@ -115,15 +125,24 @@ class BrokerInfo:
         return f"{self.host}:{self.port}"
 
     def to_json(self) -> bytes:
-        """The registration znode's content: ``{"host", "port"}`` (the id is the node name)."""
-        doc = {"version": CONTROL_DOC_VERSION, "host": self.host, "port": self.port}
+        """The registration znode's content: ``{"host", "port", "directory_id"}`` (the id
+        is the node name, the epoch its czxid)."""
+        doc: dict[str, Any] = {"version": CONTROL_DOC_VERSION, "host": self.host}
+        doc["port"] = self.port
+        if self.directory_id is not None:
+            doc["directory_id"] = self.directory_id  # older readers ignore it
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, broker_id: int, data: bytes, where: str) -> BrokerInfo:
+    def from_json(
+        cls, broker_id: int, data: bytes, where: str, epoch: int = NO_BROKER_EPOCH
+    ) -> BrokerInfo:
         doc = load_json_object(data, where)
         try:
-            return cls(broker_id, doc["host"], doc["port"])
+            directory = doc.get("directory_id")
+            if directory is not None and not isinstance(directory, str):
+                raise InvalidConfigError(f"directory_id={directory!r} is not a string")
+            return cls(broker_id, doc["host"], doc["port"], epoch, directory)
         except (KeyError, InvalidConfigError) as exc:
             raise CorruptRecordError(f"{where}: not a broker registration ({exc})") from exc
 
@@ -135,13 +154,65 @@ class PartitionState:
     ``replicas`` are broker ids in order, the first the preferred leader; ``leader`` serves
     it, and ``leader_epoch`` (0 at creation) will grow with every leader change; ``isr``
     are the replicas in sync with the leader. Every leader change bumps the epoch; an ISR
-    change alone does not (docs/replication.md).
+    change alone does not (docs/replication.md). ``isr_epochs`` holds, for the ISR members
+    whose broker epoch is known, the one they had when admitted (sorted (broker, epoch)
+    pairs): a restarted process of a member is not the member (KIP-380). A state written
+    before broker epochs has none: its members' epochs are unknown.
     """
 
     replicas: tuple[int, ...]
     leader: int
     leader_epoch: int = 0
     isr: tuple[int, ...] = ()
+    isr_epochs: tuple[tuple[int, int], ...] = ()
+    # Likewise the directory.id each member's log.dir had (log/dir_identity.py): one that
+    # comes back with another lost its data and is never elected from the ISR.
+    isr_dirs: tuple[tuple[int, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        # Only members' entries, sorted: equal states compare equal however built.
+        members = set(self.isr) if isinstance(self.isr, tuple) else set()
+        for name in ("isr_epochs", "isr_dirs"):
+            entries = getattr(self, name)
+            kept = tuple(sorted(e for e in entries if e[0] in members))
+            if kept != entries:
+                object.__setattr__(self, name, kept)
+
+    def recorded_epoch(self, broker_id: int) -> int | None:
+        """The broker epoch ``broker_id`` was admitted to the ISR with; None if unknown."""
+        return dict(self.isr_epochs).get(broker_id)
+
+    def recorded_dir(self, broker_id: int) -> str | None:
+        """The directory id ``broker_id`` was admitted to the ISR with; None if unknown."""
+        return dict(self.isr_dirs).get(broker_id)
+
+    def with_isr(
+        self,
+        isr: tuple[int, ...],
+        epochs: Mapping[int, int] | None = None,
+        dirs: Mapping[int, str | None] | None = None,
+    ) -> PartitionState:
+        """This state with ISR ``isr``: the entries of members kept stay, ``epochs`` and
+        ``dirs`` add or replace those of others (a member admitted now; NO_BROKER_EPOCH
+        or None: unknown)."""
+        recorded = dict(self.isr_epochs)
+        for b, e in (epochs or {}).items():
+            if e == NO_BROKER_EPOCH:
+                recorded.pop(b, None)
+            else:
+                recorded[b] = e
+        directories = dict(self.isr_dirs)
+        for b, d in (dirs or {}).items():
+            if d is None:
+                directories.pop(b, None)
+            else:
+                directories[b] = d
+        return replace(
+            self,
+            isr=isr,
+            isr_epochs=tuple(recorded.items()),
+            isr_dirs=tuple(directories.items()),
+        )
 
     @classmethod
     def single(cls, broker_id: int) -> PartitionState:
@@ -161,15 +232,22 @@ class PartitionState:
             return f"leader {self.leader} is not in the isr {list(self.isr)}"
         if not _is_broker_id(self.leader_epoch):
             return f"leader_epoch {self.leader_epoch!r} is not an integer >= 0"
+        if not all(_is_broker_id(e) for _, e in self.isr_epochs):
+            return f"isr_epochs {dict(self.isr_epochs)} has an epoch that is not an integer >= 0"
         return None
 
     def to_doc(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "replicas": list(self.replicas),
             "leader": self.leader,
             "leader_epoch": self.leader_epoch,
             "isr": list(self.isr),
         }
+        if self.isr_epochs:  # absent: every member's epoch unknown (older brokers ignore it)
+            doc["isr_epochs"] = {str(b): e for b, e in self.isr_epochs}
+        if self.isr_dirs:
+            doc["isr_dirs"] = {str(b): d for b, d in self.isr_dirs}
+        return doc
 
     @classmethod
     def from_doc(cls, doc: object) -> PartitionState:
@@ -178,9 +256,19 @@ class PartitionState:
             raise ValueError(f"{doc!r} is not a JSON object")
         try:
             replicas, isr = doc["replicas"], doc["isr"]
-            state = cls(tuple(replicas), doc["leader"], doc["leader_epoch"], tuple(isr))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"{doc!r} lacks replicas, leader, leader_epoch or isr") from exc
+            raw_epochs = doc.get("isr_epochs", {})
+            epochs = tuple((int(b), e) for b, e in raw_epochs.items())
+            dirs = tuple((int(b), d) for b, d in doc.get("isr_dirs", {}).items())
+            if not all(isinstance(d, str) for _, d in dirs):
+                raise ValueError("isr_dirs holds a directory id that is not a string")
+            state = cls(
+                tuple(replicas), doc["leader"], doc["leader_epoch"], tuple(isr), epochs, dirs
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                f"{doc!r} lacks replicas, leader, leader_epoch or isr, or has bad isr_epochs "
+                "or isr_dirs"
+            ) from exc
         if (problem := state.problem()) is not None:
             raise ValueError(problem)
         return state
@@ -348,7 +436,16 @@ class ClusterMetadata(Protocol):
     """What a broker needs to know about the cluster (docs/architecture.md)."""
 
     def register(self, broker: BrokerInfo) -> None: ...
+    def broker_epoch(self) -> int:
+        """This broker's epoch (its current registration's), NO_BROKER_EPOCH while not
+        registered or where there is none (embedded: one process, no ISR to guard)."""
+        ...
+
     def brokers(self) -> list[BrokerInfo]: ...
+    def unclean_leader_elections(self) -> int:
+        """Unclean leader elections this broker wrote as the controller (metrics)."""
+        ...
+
     def controller(self) -> BrokerInfo | None: ...
     def is_controller(self) -> bool: ...
     def controller_epoch(self) -> int:
@@ -532,7 +629,12 @@ def check_min_insync_replicas(topic: str, factor: int, config: Mapping[str, obje
 
 
 def assign_partitions(
-    name: str, partitions: int, broker_ids: Sequence[int], replication_factor: int = 1
+    name: str,
+    partitions: int,
+    broker_ids: Sequence[int],
+    replication_factor: int = 1,
+    epochs: Mapping[int, int] | None = None,
+    dirs: Mapping[int, str | None] | None = None,
 ) -> dict[int, PartitionState]:
     """Each partition's replicas over ``broker_ids`` sorted, Kafka-style round-robin.
 
@@ -541,6 +643,8 @@ def assign_partitions(
     evenly. ``start`` is a stable hash (CRC-32, not Python's salted ``hash``) of the name,
     so the first partitions of many small topics do not all land on the lowest broker id.
     A factor above the number of brokers is refused (INVALID_REPLICATION_FACTOR).
+    ``epochs``, ``dirs``: the brokers' epochs and directory ids, recorded for the ISR
+    members (all replicas).
     """
     live = sorted(set(broker_ids))
     if not live:
@@ -564,7 +668,11 @@ def assign_partitions(
     states = {}
     for p in range(partitions):
         replicas = tuple(live[(start + p + j) % len(live)] for j in range(replication_factor))
-        states[p] = PartitionState(replicas, replicas[0], 0, replicas)
+        known = epochs or {}
+        recorded = tuple((b, known[b]) for b in replicas if known.get(b, NO_BROKER_EPOCH) >= 0)
+        found = dirs or {}
+        directories = tuple((b, d) for b in replicas if (d := found.get(b)) is not None)
+        states[p] = PartitionState(replicas, replicas[0], 0, replicas, recorded, directories)
     return states
 
 

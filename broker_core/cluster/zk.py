@@ -2,11 +2,13 @@
 
 Layout under ``root`` (default ``/idemlog``)::
 
-    brokers/ids/<id>   ephemeral   {"version", "host", "port"}      one per live broker
+    brokers/ids/<id>   ephemeral   {"version", "host", "port"}      one per live broker;
+                                                  its czxid is the broker epoch
     controller         ephemeral   {"version", "broker_id"}         the controller
     controller_epoch   persistent  {"version", "controller_epoch"}  bumped per election
     topics/<name>      persistent  TopicAssignment.to_doc()         per partition: replicas,
-                                                  leader, leader_epoch, isr (v1 still read)
+                                                  leader, leader_epoch, isr, isr_epochs
+                                                  (v1, and v2 without isr_epochs, still read)
 
 What survives what:
 
@@ -171,6 +173,13 @@ class ZkCluster(TopicView):
         """
         self._control.register(broker)
 
+    def broker_epoch(self) -> int:
+        """The creation zxid of this broker's registration (NO_BROKER_EPOCH before)."""
+        return self._control.broker_epoch()
+
+    def unclean_leader_elections(self) -> int:
+        return self._leaders.unclean_leader_elections
+
     def brokers(self) -> list[BrokerInfo]:
         with self._lock:
             return [self._brokers[b] for b in sorted(self._brokers)]
@@ -214,7 +223,9 @@ class ZkCluster(TopicView):
         # The live brokers read afresh, not from the cache, which may lag a moment.
         live = self._refresh(ZkTask.BROKERS, f"creating topic {name!r} (reading the live brokers)")
         factor = replication_factor_of(name, overrides, len(live), self._default_factor)
-        states = assign_partitions(name, partitions, list(live), factor)
+        epochs = {b: info.epoch for b, info in live.items()}
+        dirs = {b: info.directory_id for b, info in live.items()}
+        states = assign_partitions(name, partitions, list(live), factor, epochs, dirs)
         assignment = TopicAssignment.of(name, states, schema, overrides, new_topic_id())
         data = json.dumps(assignment.to_doc(), separators=(",", ":")).encode()
         path, get = f"{self._topics_path}/{name}", self._client.get_async
@@ -376,7 +387,7 @@ class ZkCluster(TopicView):
         """Re-read the brokers or the topics and update that cache; returns what was read.
 
         ``foreground`` names what a caller is doing, for the error if ZooKeeper is away.
-        A change of the live broker ids asks for the controller's election pass.
+        A change of the live broker ids or epochs asks for the controller's election pass.
         """
         brokers = task is ZkTask.BROKERS
         path = self._ids_path if brokers else self._topics_path
@@ -393,7 +404,8 @@ class ZkCluster(TopicView):
                 if brokers:
                     if not child.isdigit():
                         raise CorruptRecordError(f"{where}: not a broker id")
-                    parsed[int(child)] = BrokerInfo.from_json(int(child), data, where)
+                    epoch = int(docs[child][1].czxid)
+                    parsed[int(child)] = BrokerInfo.from_json(int(child), data, where, epoch)
                 else:
                     parsed[child] = self._parse_topic(child, data)
             except CorruptRecordError as exc:
@@ -404,7 +416,9 @@ class ZkCluster(TopicView):
         with self._lock:
             changed = False
             if zxid >= self._brokers_zxid:
-                changed = set(parsed) != set(self._brokers)
+                # A new epoch under the same id is a new process (KIP-380): to the
+                # controller, the old one failed and a new one started.
+                changed = _epochs(parsed) != _epochs(self._brokers)
                 self._brokers, self._brokers_zxid = parsed, zxid
         if changed:
             self._control.request(ZkTask.LEADERS)  # a no-op unless this is the controller
@@ -662,6 +676,10 @@ class ZkCluster(TopicView):
             self._refresh(ZkTask.TOPICS)  # the watch brings it a bit later
         except (ZkUnavailable, KazooException) as exc:
             log.debug("no cache refresh after %s: %r", what, exc)
+
+
+def _epochs(brokers: dict[int, BrokerInfo]) -> dict[int, int]:
+    return {b: info.epoch for b, info in brokers.items()}
 
 
 if TYPE_CHECKING:

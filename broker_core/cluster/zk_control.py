@@ -24,6 +24,7 @@ broker that reconnects in the same session and still owns ``controller`` regains
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -37,6 +38,7 @@ from kazoo.protocol.states import KazooState
 
 from broker_core.cluster.metadata import (
     CONTROL_DOC_VERSION,
+    NO_BROKER_EPOCH,
     BrokerInfo,
     CallbackNotifier,
     load_json_object,
@@ -113,6 +115,7 @@ class ZkControl:
         self._broker: BrokerInfo | None = None
         self._rival: tuple[int, bytes] | None = None  # (session, data) holding our broker id
         self._registered_session: int | None = None
+        self._broker_epoch = NO_BROKER_EPOCH  # the registration's czxid, once registered
         # The controller node as last read: which broker, and which session owns it.
         self._controller_id: int | None = None
         self._controller_owner: int | None = None
@@ -187,6 +190,12 @@ class ZkControl:
             self._controller_callbacks.append(callback)
             if self._reported_controller:
                 self._notifier.post([callback], True)
+
+    def broker_epoch(self) -> int:
+        """The creation zxid of this broker's registration in its current session, or
+        NO_BROKER_EPOCH while not registered."""
+        with self._lock:
+            return self._broker_epoch if self._registered_locked() else NO_BROKER_EPOCH
 
     def register(self, broker: BrokerInfo) -> None:
         """Create this broker's ephemeral registration; from then on it is kept up.
@@ -432,38 +441,44 @@ class ZkControl:
         if broker is None or session is None:
             return
         path = f"{self._ids_path}/{broker.broker_id}"
-        try:
+        # NodeExistsError: ours already (a lost reply, a reconnect), or a predecessor's.
+        with contextlib.suppress(NodeExistsError):
             self._requests.call(
                 functools.partial(
                     zk_acl.create_async, self._client, path, broker.to_json(), ephemeral=True
                 )
             )
-        except NodeExistsError:
-            try:  # the watch re-runs this task when a rival's node goes away
-                data, stat = self._requests.call(
-                    functools.partial(self._client.get_async, path, watch=self._on_rival_gone)
+        try:  # the watch re-runs this task when a rival's node goes away
+            data, stat = self._requests.call(
+                functools.partial(self._client.get_async, path, watch=self._on_rival_gone)
+            )
+        except NoNodeError:
+            self.request(ZkTask.REGISTER)  # gone in between: create again
+            return
+        if stat.ephemeralOwner != session:
+            with self._lock:
+                first, self._rival = self._rival is None, (stat.ephemeralOwner, bytes(data))
+            if first:
+                log.warning(
+                    "broker id %d is registered by another ZooKeeper session (0x%x); waiting "
+                    "for it to go away",
+                    broker.broker_id,
+                    stat.ephemeralOwner,
                 )
-            except NoNodeError:
-                self.request(ZkTask.REGISTER)  # gone in between: create again
-                return
-            if stat.ephemeralOwner != session:
-                with self._lock:
-                    first, self._rival = self._rival is None, (stat.ephemeralOwner, bytes(data))
-                if first:
-                    log.warning(
-                        "broker id %d is registered by another ZooKeeper session (0x%x); waiting "
-                        "for it to go away",
-                        broker.broker_id,
-                        stat.ephemeralOwner,
-                    )
-                return
-            # Ours already: a create whose reply was lost, or a reconnect in the same session.
+            return
         with self._cond:
             cancelled = self._broker != broker or self._closed  # register() gave up meanwhile
             if not cancelled:
                 if self._registered_session != session:
-                    log.info("broker %d registered at %s", broker.broker_id, path)
+                    log.info(
+                        "broker %d registered at %s, broker epoch %d",
+                        broker.broker_id,
+                        path,
+                        stat.czxid,
+                    )
                 self._registered_session, self._rival = session, None
+                # The node's creation zxid: a later process's (or session's) is larger.
+                self._broker_epoch = int(stat.czxid)
                 self._request_locked(ZkTask.BROKERS)
                 self._request_locked(ZkTask.CONTROLLER)
         if cancelled:

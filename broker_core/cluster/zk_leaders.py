@@ -27,14 +27,17 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from kazoo.exceptions import NoNodeError
+
 from broker_core.cluster.election import (
+    Decision,
     Outcome,
     decide_after_broker_change,
     leader_moved_away,
     preferred_leader_elected,
     unclean_election_enabled,
 )
-from broker_core.cluster.metadata import PartitionState, TopicAssignment
+from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk_control import ZkControl, ZkTask
 from broker_core.cluster.zk_requests import ZkRequests, ZkUnavailable
 from broker_core.errors import (
@@ -80,13 +83,33 @@ class ZkLeaders:
         self._requests = requests
         self._ids_path = f"{root}/brokers/ids"
         self._topics_path = f"{root}/topics"
+        self.unclean_leader_elections = 0  # written by this controller (metrics)
+        self._offline_reported: dict[tuple[str, int], tuple[PartitionState, tuple[int, ...]]] = {}
 
-    def _read_live_broker_ids(self) -> set[int]:
-        """The registered broker ids, read now (a cache may lag). Raises ZkUnavailable."""
-        children = self._requests.call(
-            functools.partial(self._requests.client.get_children_async, self._ids_path)
-        )
-        return {int(c) for c in children if c.isdigit()}
+    def _read_live_broker_ids(self) -> dict[int, int]:
+        """The registered broker ids and their epochs (registration czxids), read now (a
+        cache may lag). Raises ZkUnavailable."""
+        return {b: info.epoch for b, info in self._read_live_brokers().items()}
+
+    def _read_live_brokers(self) -> dict[int, BrokerInfo]:
+        """The registrations, with their epochs and directory ids, read now. Raises
+        ZkUnavailable."""
+        client = self._requests.client
+        children = self._requests.call(functools.partial(client.get_children_async, self._ids_path))
+        live: dict[int, BrokerInfo] = {}
+        for child in children:
+            if not child.isdigit():
+                continue
+            path = f"{self._ids_path}/{child}"
+            try:
+                data, stat = self._requests.call(functools.partial(client.get_async, path))
+            except NoNodeError:
+                continue  # gone since the listing
+            try:
+                live[int(child)] = BrokerInfo.from_json(int(child), data, path, int(stat.czxid))
+            except CorruptRecordError as exc:
+                log.error("controller pass: %s", exc)
+        return live
 
     def _read_topic_names(self) -> list[str]:
         """The topic names, read now. Raises ZkUnavailable."""
@@ -105,27 +128,34 @@ class ZkLeaders:
         fence = self._control.controller_fence()
         if fence is None:
             return
-        live = self._read_live_broker_ids()
+        brokers = self._read_live_brokers()
         for name in self._read_topic_names():
             if self._control.controller_fence() != fence:
                 log.info("controller pass stopped: this broker is no longer the controller")
                 return
-            if not self._elect_topic(name, live, fence):
+            if not self._elect_topic(name, brokers, fence):
                 return
 
-    def _elect_topic(self, name: str, live: set[int], fence: tuple[int, int]) -> bool:
+    def _elect_topic(
+        self, name: str, brokers: dict[int, BrokerInfo], fence: tuple[int, int]
+    ) -> bool:
         """The pass over one topic; False when the write was fenced (the pass stops)."""
         moves: Moves = {}
         offline: dict[int, PartitionState] = {}
+        decisions: dict[int, Decision] = {}
+        live = {b: info.epoch for b, info in brokers.items()}
+        dirs = {b: info.directory_id for b, info in brokers.items()}
 
         def change(current: TopicAssignment) -> TopicAssignment | None:
             moves.clear()  # a retry after a conflict decides again from scratch
             offline.clear()
+            decisions.clear()
             unclean = unclean_election_enabled(current.config)
             for p, state in current.states.items():
-                decision = decide_after_broker_change(state, live, unclean=unclean)
+                decision = decide_after_broker_change(state, live, unclean=unclean, dirs=dirs)
                 if decision is None:
                     continue
+                decisions[p] = decision
                 if decision.outcome is Outcome.OFFLINE:
                     offline[p] = state
                 else:
@@ -148,7 +178,34 @@ class ZkLeaders:
             return False
         if written is not None:
             _log_moves(name, moves, live)
+            for p in sorted(moves):
+                decision = decisions[p]
+                if decision.outcome is Outcome.UNCLEAN:
+                    self.unclean_leader_elections += 1
+                    if decision.lost:
+                        log.error(
+                            "partition %s-%d: DATA LOSS: unclean leader election (the topic's "
+                            "unclean.leader.election.enable): broker %d leads at leader epoch "
+                            "%d although in-sync replicas %s came back without their data "
+                            "(another log.dir directory.id than the ISR recorded)",
+                            name, p, decision.state.leader, decision.state.leader_epoch,
+                            list(decision.lost),
+                        )  # fmt: skip
         for p, state in sorted(offline.items()):
+            lost = decisions[p].lost
+            if self._offline_reported.get((name, p)) == (state, lost):
+                continue  # said once for this state; a pass runs at every broker change
+            self._offline_reported[(name, p)] = (state, lost)
+            if lost:
+                log.error(
+                    "partition %s-%d is offline: its in-sync replicas %s came back with "
+                    "another log.dir directory.id than the ISR recorded (%s): their "
+                    "acknowledged data is gone, and no other in-sync replica is live; it waits "
+                    "for one, or for unclean.leader.election.enable on the topic, which "
+                    "accepts the loss",
+                    name, p, list(lost), {b: state.recorded_dir(b) for b in lost},
+                )  # fmt: skip
+                continue
             log.warning(
                 "partition %s-%d is offline: its leader %d and in-sync replicas %s are all "
                 "down and unclean.leader.election.enable is off; it waits for one of them "
@@ -252,13 +309,23 @@ def _partition_change(
     return change
 
 
-def _log_moves(name: str, moves: Moves, live: set[int], why: str = "") -> None:
+def _log_moves(name: str, moves: Moves, live: dict[int, int], why: str = "") -> None:
     reason = f" ({why})" if why else ""
     for p, (old, new) in sorted(moves.items()):
-        if new.leader == old.leader:
+        if new.leader_epoch == old.leader_epoch:
             log.info(
-                "partition %s-%d: isr %s -> %s (dead brokers removed), leader %d at epoch %d",
+                "partition %s-%d: isr %s -> %s (dead or restarted brokers removed), leader %d "
+                "at epoch %d",
                 name, p, list(old.isr), list(new.isr), new.leader, new.leader_epoch,
+            )  # fmt: skip
+        elif new.leader in old.isr and old.recorded_epoch(new.leader) not in (
+            None,
+            new.recorded_epoch(new.leader),
+        ):
+            log.warning(
+                "partition %s-%d: only restarted in-sync replicas are live: broker %d leads "
+                "again at leader epoch %d (isr %s, broker epochs %s)",
+                name, p, new.leader, new.leader_epoch, list(new.isr), dict(new.isr_epochs),
             )  # fmt: skip
         elif new.leader in old.isr:
             log.info(

@@ -22,7 +22,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from broker_core.errors import (
+    InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidTxnStateError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
     StorageError,
@@ -31,7 +33,7 @@ from broker_core.fileutil import fsync_directory, fsync_file
 from broker_core.log.cleaner import CleanResult, PartitionCleaner
 from broker_core.log.config import LogConfig
 from broker_core.log.leader_epoch import EpochEndOffset
-from broker_core.log.producer_state import AppendOrigin, ProducerStateManager
+from broker_core.log.producer_state import AppendOrigin, ProducerStateEntry, ProducerStateManager
 from broker_core.log.reads import collect, read_control
 from broker_core.log.recovery import (
     CLEAN_SHUTDOWN_FILE,
@@ -55,6 +57,7 @@ from broker_core.log.results import (
     AppendResult,
     FetchedBatch,
     FetchResult,
+    HangingAbort,
     IsolationLevel,
     MarkerResult,
 )
@@ -63,10 +66,12 @@ from broker_core.log.retention import past_retention, should_roll
 from broker_core.log.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.log.snapshot import delete_snapshots_below, write_snapshot
 from broker_core.log.validator import ProducerBatch
+from broker_core.protocol.admin_requests import NO_OFFSET, ProducerDescription
 from broker_core.protocol.wire import DEFAULT_FETCH_MAX_BYTES
 from broker_core.record.batch import (
     HEADER_SIZE,
     INITIAL_LEADER_EPOCH,
+    MAX_PRODUCER_EPOCH,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
@@ -288,6 +293,89 @@ class PartitionLog:
                     "the partition needs a broker restart"
                 )
             return MarkerResult(headers[0].base_offset, lso)
+
+    def describe_producers(self) -> list[ProducerDescription]:
+        """Every producer the partition keeps state for, by producer id (a copy)."""
+        with self._lock:
+            return [
+                ProducerDescription(
+                    e.producer_id,
+                    e.epoch,
+                    e.last_seq,
+                    e.last_timestamp,
+                    e.coordinator_epoch,
+                    e.current_txn_first_offset,
+                )
+                for e in sorted(self.state, key=lambda e: e.producer_id)
+            ]
+
+    def abort_open_transaction(
+        self,
+        producer_id: int | None,
+        producer_epoch: int | None = None,
+        start_offset: int | None = None,
+    ) -> HangingAbort:
+        """An operator's abort of a transaction no coordinator ends (a hanging one): the
+        open transaction of ``producer_id`` (at ``producer_epoch`` if given), or the one
+        that starts at ``start_offset``, gets an ABORT marker, durably.
+
+        The marker is written one producer epoch above the producer's, checked and
+        written under the log's lock: the producer is fenced on this partition (its next
+        write or its coordinator's marker at the old epoch is refused, loudly), so a
+        producer that was alive after all is stopped rather than silently losing half of
+        its transaction. At the last epoch (2**15 - 1) there is none above: the marker
+        goes at that epoch. Its coordinator epoch is the producer's last marker's, so a
+        marker from any coordinator that took over since still passes.
+
+        Raises InvalidTxnStateError when the producer (or offset) has no open
+        transaction here, InvalidProducerEpochError when ``producer_epoch`` is not the
+        producer's epoch (it moved on since it was described)."""
+        with self._lock:
+            self._check_open()
+            entry = self._open_transaction(producer_id, start_offset)
+            if producer_epoch is not None and producer_epoch != entry.epoch:
+                raise InvalidProducerEpochError(
+                    f"{self.name}: producer id {entry.producer_id} is at epoch {entry.epoch}, "
+                    f"not {producer_epoch}: it wrote since it was described; describe it again"
+                )
+            first = entry.current_txn_first_offset
+            bumped = min(entry.epoch + 1, MAX_PRODUCER_EPOCH)
+            marker = self.write_markers(
+                [(entry.producer_id, bumped)], ControlType.ABORT, max(entry.coordinator_epoch, 0)
+            )
+            log.warning(
+                "%s: aborted the open transaction of producer id %d (epoch %d, from offset %d) "
+                "at an operator's request; the producer is at epoch %d here from now on",
+                self.name,
+                entry.producer_id,
+                entry.epoch,
+                first,
+                bumped,
+            )
+            return HangingAbort(entry.producer_id, first, bumped, marker)
+
+    def _open_transaction(
+        self, producer_id: int | None, start_offset: int | None
+    ) -> ProducerStateEntry:
+        """The state of the producer whose transaction :meth:`abort_open_transaction`
+        names; the log's lock is held."""
+        ongoing = self.state.ongoing_transactions()
+        if producer_id is None:
+            found = [pid for pid, first in ongoing.items() if first == start_offset]
+            if not found:
+                opened = ", ".join(str(o) for o in sorted(ongoing.values())) or "none"
+                raise InvalidTxnStateError(
+                    f"{self.name}: no open transaction starts at offset {start_offset} "
+                    f"(open transactions start at: {opened})"
+                )
+            producer_id = found[0]
+        entry = self.state.get(producer_id)
+        if entry is None or entry.current_txn_first_offset == NO_OFFSET:
+            raise InvalidTxnStateError(
+                f"{self.name}: producer id {producer_id} has no open transaction here: "
+                "nothing to abort"
+            )
+        return entry
 
     def _write(self, encoded: EncodedBatch, now: int, base: int | None = None) -> BatchHeader:
         if should_roll(self.active, self.config, encoded.size, now):

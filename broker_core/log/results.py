@@ -44,6 +44,16 @@ class MarkerResult:
 
 
 @dataclass(frozen=True, slots=True)
+class HangingAbort:
+    """An open transaction an operator aborted (``PartitionLog.abort_open_transaction``)."""
+
+    producer_id: int
+    txn_start_offset: int
+    marker_epoch: int  # the producer's epoch on the partition from then on
+    marker: MarkerResult
+
+
+@dataclass(frozen=True, slots=True)
 class FetchedBatch:
     base_offset: int
     producer_id: int

@@ -1,5 +1,6 @@
 """Topic, metadata and operators' requests: create, delete, describe, offsets, metadata,
-find-coordinator, the transaction listing and abort, metrics and ping (the shared field
+find-coordinator, the transaction listing and abort, a partition's producers and the abort
+of a transaction no coordinator knows (hanging), metrics and ping (the shared field
 readers and the request shape: ``protocol.requests``)."""
 
 from __future__ import annotations
@@ -196,6 +197,194 @@ class AbortTransactionRequest:
     @classmethod
     def from_doc(cls, doc: Doc) -> AbortTransactionRequest:
         return cls(_field(doc, "transactional_id", str, cls.ACTION.value))
+
+
+NO_OFFSET = -1  # a producer without an open transaction (its ``txn_start_offset``)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeProducersRequest:
+    """The producers a partition's leader keeps state for (Kafka's DescribeProducers)."""
+
+    ACTION: ClassVar[Action] = Action.DESCRIBE_PRODUCERS
+    topic: str
+    partition: int
+
+    def to_doc(self) -> Doc:
+        return {"topic": self.topic, "partition": self.partition}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> DescribeProducersRequest:
+        what = cls.ACTION.value
+        return cls(_field(doc, "topic", str, what), _field(doc, "partition", int, what))
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerDescription:
+    """One producer of a partition as its leader sees it. ``txn_start_offset``: the first
+    offset of its open transaction (``NO_OFFSET``: none open); ``last_timestamp``: its
+    last write or marker (ms since the epoch); ``coordinator_epoch``: of its last marker
+    (-1: none yet)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int
+    coordinator_epoch: int
+    txn_start_offset: int
+
+    @property
+    def has_open_transaction(self) -> bool:
+        return self.txn_start_offset != NO_OFFSET
+
+    def to_doc(self) -> Doc:
+        return {
+            "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch,
+            "last_sequence": self.last_sequence,
+            "last_timestamp": self.last_timestamp,
+            "coordinator_epoch": self.coordinator_epoch,
+            "txn_start_offset": self.txn_start_offset,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc, what: str) -> ProducerDescription:
+        return cls(
+            _field(doc, "producer_id", int, what),
+            _field(doc, "producer_epoch", int, what),
+            _field(doc, "last_sequence", int, what),
+            _field(doc, "last_timestamp", int, what),
+            _field(doc, "coordinator_epoch", int, what),
+            _field(doc, "txn_start_offset", int, what),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeProducersResponse:
+    """A partition's producers, by producer id, with its offsets at the time."""
+
+    topic: str
+    partition: int
+    producers: tuple[ProducerDescription, ...]
+    log_end_offset: int
+    last_stable_offset: int
+
+    def to_doc(self) -> Doc:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "producers": [p.to_doc() for p in self.producers],
+            "log_end_offset": self.log_end_offset,
+            "last_stable_offset": self.last_stable_offset,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> DescribeProducersResponse:
+        what = "describe_producers answer"
+        raw = _field(doc, "producers", list, what)
+        producers = []
+        for i, item in enumerate(raw):
+            where = f"{what}: producers[{i}]"
+            if not isinstance(item, dict):
+                raise InvalidRequestError(f"{where} must be an object, got {item!r}")
+            producers.append(ProducerDescription.from_doc(item, where))
+        return cls(
+            _field(doc, "topic", str, what),
+            _field(doc, "partition", int, what),
+            tuple(producers),
+            _field(doc, "log_end_offset", int, what),
+            _field(doc, "last_stable_offset", int, what),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AbortHangingTransactionRequest:
+    """Abort the open transaction of one producer on one partition, at its leader: named
+    by ``producer_id`` (with ``producer_epoch``: only if the producer is still at it) or
+    by ``start_offset``, the transaction's first offset. docs/operations.md, "Hanging
+    transactions"."""
+
+    ACTION: ClassVar[Action] = Action.ABORT_HANGING_TRANSACTION
+    topic: str
+    partition: int
+    producer_id: int | None = None
+    producer_epoch: int | None = None
+    start_offset: int | None = None
+
+    def to_doc(self) -> Doc:
+        doc: Doc = {"topic": self.topic, "partition": self.partition}
+        for name in ("producer_id", "producer_epoch", "start_offset"):
+            value = getattr(self, name)
+            if value is not None:
+                doc[name] = value
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> AbortHangingTransactionRequest:
+        what = cls.ACTION.value
+        request = cls(
+            _field(doc, "topic", str, what),
+            _field(doc, "partition", int, what),
+            _field(doc, "producer_id", int, what, None),
+            _field(doc, "producer_epoch", int, what, None),
+            _field(doc, "start_offset", int, what, None),
+        )
+        by_pid = request.producer_id is not None
+        if by_pid == (request.start_offset is not None):
+            raise InvalidRequestError(
+                f"{what}: give 'producer_id' or 'start_offset' (exactly one of them)"
+            )
+        if request.producer_epoch is not None and not by_pid:
+            raise InvalidRequestError(f"{what}: field 'producer_epoch' needs a 'producer_id'")
+        for name in ("producer_id", "producer_epoch", "start_offset"):
+            value = getattr(request, name)
+            if value is not None and value < 0:
+                raise InvalidRequestError(f"{what}: field {name!r} must be >= 0, got {value}")
+        return request
+
+
+@dataclass(frozen=True, slots=True)
+class AbortHangingTransactionResponse:
+    """The transaction aborted: its producer, its first offset, the marker's offset and
+    producer epoch (one above the producer's: it is fenced on this partition), and the
+    partition's last stable offset just after the marker."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    txn_start_offset: int
+    marker_offset: int
+    marker_epoch: int
+    last_stable_offset: int
+
+    def to_doc(self) -> Doc:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "producer_id": self.producer_id,
+            "txn_start_offset": self.txn_start_offset,
+            "marker_offset": self.marker_offset,
+            "marker_epoch": self.marker_epoch,
+            "last_stable_offset": self.last_stable_offset,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> AbortHangingTransactionResponse:
+        what = "abort_hanging_transaction answer"
+        return cls(
+            *(
+                _field(doc, name, kind, what)
+                for name, kind in (
+                    ("topic", str),
+                    ("partition", int),
+                    ("producer_id", int),
+                    ("txn_start_offset", int),
+                    ("marker_offset", int),
+                    ("marker_epoch", int),
+                    ("last_stable_offset", int),
+                )
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,10 @@ retention) cannot fetch (``OFFSET_OUT_OF_RANGE``); it asks a third call:
   batch there; -1: none) and fetches from there (docs/replication.md, "A follower below
   the leader's log start").
 
-``leader_epoch`` is the epoch the follower believes current: the leader answers
+Each carries ``broker_epoch``, the asking broker's epoch (its registration's czxid): the
+leader refuses one older than the epoch it knows for that broker with
+``STALE_BROKER_EPOCH`` (77), so a replaced process of a broker (a paused one) is not
+taken for it. ``leader_epoch`` is the epoch the follower believes current: the leader answers
 ``FENCED_LEADER_EPOCH`` for an older one and ``UNKNOWN_LEADER_EPOCH`` for a newer one
 (KIP-320), so a fetch never crosses an election unnoticed.
 """
@@ -40,7 +43,16 @@ from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.protocol.wire import field as _field
 
 Doc = dict[str, Any]
+NO_BROKER_EPOCH = -1  # a broker's epoch not known (not registered, or not sent)
 _HEADER_LEN = struct.Struct(">I")
+
+
+def _broker_epoch(doc: Doc, what: str) -> int:
+    """The asking broker's epoch; absent (a broker before epochs): NO_BROKER_EPOCH."""
+    value: int = _field(doc, "broker_epoch", int, what, NO_BROKER_EPOCH)
+    if value < NO_BROKER_EPOCH:
+        raise InvalidRequestError(f"{what}: field 'broker_epoch' must be >= -1, got {value}")
+    return value
 
 
 def _non_negative(doc: Doc, name: str, what: str) -> int:
@@ -64,9 +76,11 @@ class ReplicaFetchRequest:
     max_bytes: int
     max_wait_ms: int
     topic_id: str | None = None  # the id of the topic the follower's log belongs to
+    broker_epoch: int = NO_BROKER_EPOCH
 
     def to_doc(self) -> Doc:
         doc = {
+            "broker_epoch": self.broker_epoch,
             "topic": self.topic,
             "partition": self.partition,
             "replica_id": self.replica_id,
@@ -89,6 +103,7 @@ class ReplicaFetchRequest:
             _non_negative(doc, "max_bytes", what),
             _non_negative(doc, "max_wait_ms", what),
             _topic_id(doc, what),
+            _broker_epoch(doc, what),
         )
         if request.max_bytes == 0:
             raise InvalidRequestError(f"{what}: field 'max_bytes' must be positive")
@@ -148,9 +163,11 @@ class ReplicaLogStartRequest:
     replica_id: int
     leader_epoch: int
     topic_id: str | None = None
+    broker_epoch: int = NO_BROKER_EPOCH
 
     def to_doc(self) -> Doc:
         doc = {
+            "broker_epoch": self.broker_epoch,
             "topic": self.topic,
             "partition": self.partition,
             "replica_id": self.replica_id,
@@ -167,6 +184,7 @@ class ReplicaLogStartRequest:
             _non_negative(doc, "replica_id", what),
             _non_negative(doc, "leader_epoch", what),
             _topic_id(doc, what),
+            _broker_epoch(doc, what),
         )
 
 
@@ -212,9 +230,13 @@ class OffsetsForLeaderEpochRequest:
     leader_epoch: int
     epoch: int
     topic_id: str | None = None
+    replica_id: int = -1  # -1: not said (a follower before broker epochs)
+    broker_epoch: int = NO_BROKER_EPOCH
 
     def to_doc(self) -> Doc:
         doc = {
+            "replica_id": self.replica_id,
+            "broker_epoch": self.broker_epoch,
             "topic": self.topic,
             "partition": self.partition,
             "leader_epoch": self.leader_epoch,
@@ -231,6 +253,8 @@ class OffsetsForLeaderEpochRequest:
             _non_negative(doc, "leader_epoch", what),
             _non_negative(doc, "epoch", what),
             _topic_id(doc, what),
+            _field(doc, "replica_id", int, what, -1),
+            _broker_epoch(doc, what),
         )
 
 

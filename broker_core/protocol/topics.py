@@ -6,12 +6,13 @@ import re
 import uuid
 
 from broker_core.errors import InvalidRequestError, InvalidTopicError
-from broker_core.fileutil import LOCK_FILE
+from broker_core.fileutil import LOCK_FILE, META_FILE, RUNNING_FILE
 
 MAX_TOPIC_NAME_LENGTH = 249  # Kafka's limit, so names move between the two unchanged
 MAX_PARTITIONS = 10_000
 _LEGAL_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _TOPIC_ID = re.compile(r"[0-9a-f]{32}")
+_IDENTITY_FILES = frozenset(f for n in (META_FILE, RUNNING_FILE) for f in (n, n + ".tmp"))
 
 
 def validate_topic_name(name: object) -> str:
@@ -21,6 +22,8 @@ def validate_topic_name(name: object) -> str:
         raise InvalidTopicError(f"topic name {name!r} is not allowed")
     if name == LOCK_FILE:  # a topic is a directory of log.dir, where this is the lock file
         raise InvalidTopicError(f"topic name {name!r} is reserved (the data-directory lock)")
+    if name in _IDENTITY_FILES:  # likewise the directory's identity files
+        raise InvalidTopicError(f"topic name {name!r} is reserved (the data directory's identity)")
     if len(name) > MAX_TOPIC_NAME_LENGTH:
         raise InvalidTopicError(
             f"topic name {name[:40]!r}... is {len(name)} characters, over the limit of "

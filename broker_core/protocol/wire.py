@@ -77,6 +77,9 @@ class Action(StrEnum):
     TRACKED_BATCHES = "tracked_batches"  # {topic, since} -> protocol.stable_cut.TrackedBatches
     LIST_TRANSACTIONS = "list_transactions"  # {min_age_ms?, all?} -> {transactions: [..]}
     ABORT_TRANSACTION = "abort_transaction"  # {transactional_id} -> {aborted: bool}
+    # To a partition's leader (KIP-664's tools: transactions no coordinator knows).
+    DESCRIBE_PRODUCERS = "describe_producers"  # {topic, partition} -> {producers: [..]}
+    ABORT_HANGING_TRANSACTION = "abort_hanging_transaction"  # {topic, partition, ..}
     METRICS = "metrics"  # {} -> metrics document
     PING = "ping"  # {} -> {broker_id, version}
     # Broker to broker (replication, protocol.replica): a follower's fetch answers binary.

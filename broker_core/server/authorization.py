@@ -32,9 +32,11 @@ from broker_core.errors import (
     TransactionalIdAuthorizationFailedError,
 )
 from broker_core.protocol.admin_requests import (
+    AbortHangingTransactionRequest,
     AbortTransactionRequest,
     CreateTopicRequest,
     DeleteTopicRequest,
+    DescribeProducersRequest,
     DescribeTopicsRequest,
     ListOffsetsRequest,
     MetadataRequest,
@@ -267,6 +269,22 @@ RULES: dict[str, Rule] = {
     Action.ABORT_TRANSACTION: Rule(
         "Write on the transactional id",
         lambda b: [_txn(Operation.WRITE, AbortTransactionRequest.from_doc(b).transactional_id)],
+    ),
+    Action.DESCRIBE_PRODUCERS: Rule(
+        "Read on the topic",
+        lambda b: [_topic(Operation.READ, DescribeProducersRequest.from_doc(b).topic)],
+    ),
+    Action.ABORT_HANGING_TRANSACTION: Rule(
+        "Write on the topic, or Alter on the Cluster",
+        lambda b: [
+            (
+                Need(
+                    Operation.WRITE,
+                    Resource(ResourceType.TOPIC, AbortHangingTransactionRequest.from_doc(b).topic),
+                ),
+                Need(Operation.ALTER, CLUSTER),
+            )
+        ],
     ),
     Action.WRITE_TXN_MARKERS: _CLUSTER_ACTION,
     Action.REPLICA_FETCH: _CLUSTER_ACTION,

@@ -33,6 +33,7 @@ from broker_core.errors import (
     RequestTimedOutError,
 )
 from broker_core.fileutil import DirectoryLock
+from broker_core.log.dir_identity import DirIdentity, mark_clean_shutdown, open_identity
 from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
@@ -101,6 +102,7 @@ class Broker:
         self._state_lock = threading.Lock()
         self._ready = threading.Event()
         self._dir_lock: DirectoryLock | None = None
+        self.identity: DirIdentity | None = None
         self._zk: Any = None
         self._pid_source: FileProducerIdBlockSource | ZkProducerIdBlockSource | None = None
         self.pids: ProducerIdManager | None = None
@@ -217,6 +219,8 @@ class Broker:
         ``_release`` drops it, last."""
         self.config.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._dir_lock = lock_data_dir(self.config.log_dir)
+        # Which copy of data this is: the registration carries it (log/dir_identity.py).
+        self.identity = open_identity(self.config.log_dir, self.broker_id)
 
     def _open_producer_ids(self) -> None:
         """The producer-id block source: the embedded file, or ZooKeeper (whose session
@@ -292,8 +296,12 @@ class Broker:
             middleware=local_token_middleware(cfg),
             authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
         )
+        assert self.identity is not None  # _lock_data_dir ran
         self.info = BrokerInfo(
-            self.broker_id, cfg.advertised_host, cfg.advertised_port or int(self._server.port)
+            self.broker_id,
+            cfg.advertised_host,
+            cfg.advertised_port or int(self._server.port),
+            directory_id=self.identity.directory_id,
         )
         return self.info
 
@@ -551,6 +559,8 @@ class Broker:
                     self.store.close()
             except Exception:
                 log.exception("broker %d: closing the store failed", self.broker_id)
+            else:
+                mark_clean_shutdown(self.config.log_dir)  # all on disk: the id stays valid
         if self.cluster is not None:
             try:
                 self.cluster.close()

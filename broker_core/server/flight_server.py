@@ -467,6 +467,8 @@ _ACTION_DOCS: dict[Action, str] = {
     Action.WRITE_TXN_MARKERS: "broker to broker: markers for local partitions",
     Action.COMMIT_SINK_BATCH: "commit a sink's batch of transactions (idempotent)",
     Action.ABORT_SINK_BATCH: "abort a sink's batch of transactions",
+    Action.DESCRIBE_PRODUCERS: "a partition's producers, at its leader: {topic, partition}",
+    Action.ABORT_HANGING_TRANSACTION: "abort a hanging transaction on a partition (fencing)",
     Action.METRICS: "this broker's metrics document",
     Action.PING: "liveness: {broker_id, version}",
     Action.REPLICA_FETCH: "broker to broker: a follower's fetch (binary answer)",

@@ -55,6 +55,15 @@ list_transactions      {min_age_ms?, all?, state_partition?} -> {transactions:
                        [{transactional_id, state_partition, ..}], state_partitions: [..]}
                        (the named state partition, or every one this broker leads)
 abort_transaction      {transactional_id} -> {aborted}
+describe_producers     {topic, partition} -> {topic, partition, producers: [{producer_id,
+                       producer_epoch, last_sequence, last_timestamp, coordinator_epoch,
+                       txn_start_offset}], log_end_offset, last_stable_offset} (at the
+                       partition's leader; txn_start_offset -1: no open transaction)
+abort_hanging_         {topic, partition, producer_id [, producer_epoch] | start_offset}
+transaction            -> {topic, partition, producer_id, txn_start_offset, marker_offset,
+                       marker_epoch, last_stable_offset} (at the partition's leader: an
+                       ABORT marker one producer epoch up, once every in-sync replica
+                       has it; INVALID_TXN_STATE when nothing is open there)
 metrics                {top?} -> the bounded metrics document (broker_core.server.metrics);
                        {detail: "producers", page_token?, page_size?} -> one page of
                        the per-producer counters (protocol.metrics.ProducerPage)
@@ -102,11 +111,16 @@ from broker_core.errors import (
 )
 from broker_core.log.compaction import check_key_columns
 from broker_core.log.partition_log import PartitionLog
+from broker_core.log.results import HangingAbort
 from broker_core.log.store import LogStore
 from broker_core.protocol.admin_requests import (
+    AbortHangingTransactionRequest,
+    AbortHangingTransactionResponse,
     AbortTransactionRequest,
     CreateTopicRequest,
     DeleteTopicRequest,
+    DescribeProducersRequest,
+    DescribeProducersResponse,
     DescribeTopicsRequest,
     FindCoordinatorRequest,
     ListOffsetsRequest,
@@ -177,6 +191,15 @@ class LocalMarkers(Protocol):
         self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets: ...
 
+    def abort_hanging(
+        self,
+        topic: str,
+        partition: int,
+        producer_id: int | None,
+        producer_epoch: int | None,
+        start_offset: int | None,
+    ) -> HangingAbort: ...
+
 
 def _broker_doc(info: BrokerInfo) -> dict[str, Any]:
     return {"broker_id": info.broker_id, "host": info.host, "port": info.port}
@@ -243,6 +266,8 @@ class ActionHandlers:
             Action.TRACKED_BATCHES: self.tracked_batches,
             Action.LIST_TRANSACTIONS: self.list_transactions,
             Action.ABORT_TRANSACTION: self.abort_transaction,
+            Action.DESCRIBE_PRODUCERS: self.describe_producers,
+            Action.ABORT_HANGING_TRANSACTION: self.abort_hanging_transaction,
             Action.METRICS: self.metrics,
             Action.PING: self.ping,
         }
@@ -488,6 +513,31 @@ class ActionHandlers:
     def abort_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
         txn_id = AbortTransactionRequest.from_doc(body).transactional_id
         return {"aborted": self._coordinators.for_key(txn_id).abort_transaction(txn_id)}
+
+    def describe_producers(self, body: dict[str, Any]) -> dict[str, Any]:
+        r = DescribeProducersRequest.from_doc(body)
+        log = self._topics.leader_log(r.topic, r.partition)
+        producers = tuple(log.describe_producers())
+        return DescribeProducersResponse(
+            r.topic, r.partition, producers, log.log_end_offset, log.last_stable_offset
+        ).to_doc()
+
+    def abort_hanging_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
+        r = AbortHangingTransactionRequest.from_doc(body)
+        markers = self._markers()
+        assert markers is not None
+        done = markers.abort_hanging(
+            r.topic, r.partition, r.producer_id, r.producer_epoch, r.start_offset
+        )
+        return AbortHangingTransactionResponse(
+            r.topic,
+            r.partition,
+            done.producer_id,
+            done.txn_start_offset,
+            done.marker.offset,
+            done.marker_epoch,
+            done.marker.last_stable_offset,
+        ).to_doc()
 
     def add_partitions_to_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = AddPartitionsToTxnRequest.from_doc(body)

@@ -33,6 +33,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.partition_log import PartitionLog
+from broker_core.log.results import HangingAbort, MarkerResult
 from broker_core.protocol.txn_requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
@@ -177,6 +178,25 @@ class RoutingMarkerWriter:
                 self._replicated(topic, partition, log_.log_end_offset)
                 stable[(topic, partition)] = log_.last_stable_offset
         return stable
+
+    def abort_hanging(
+        self,
+        topic: str,
+        partition: int,
+        producer_id: int | None,
+        producer_epoch: int | None,
+        start_offset: int | None,
+    ) -> HangingAbort:
+        """An operator's abort of a hanging transaction on a partition this broker leads
+        (``PartitionLog.abort_open_transaction``: fenced by a producer epoch bump),
+        returned, like a coordinator's marker, once every in-sync replica has it."""
+        log_ = self._topics.leader_log(topic, partition)
+        done = log_.abort_open_transaction(producer_id, producer_epoch, start_offset)
+        if self._replicated is None:
+            return done
+        self._replicated(topic, partition, done.marker.offset + 1)
+        marker = MarkerResult(done.marker.offset, log_.last_stable_offset)
+        return HangingAbort(done.producer_id, done.txn_start_offset, done.marker_epoch, marker)
 
     def _write_remote(
         self,

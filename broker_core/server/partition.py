@@ -11,7 +11,11 @@ metadata (``PartitionState``: replicas, leader, leader epoch, ISR) decides its r
 * **FOLLOWER**: a ``ReplicaFetcher`` copies the leader's log into it; appends and reads
   are refused with ``NOT_LEADER_OR_FOLLOWER`` (retriable: the client refreshes its
   metadata and goes to the leader);
-* **NONE**: just opened, not yet told its role;
+* **NONE**: just opened, not yet told its role; or named leader by a state written for
+  a predecessor of this process: the ISR admitted this broker at another broker epoch
+  (``PartitionState.isr_epochs``), so this process may lack what it acknowledged (it
+  may have started on an empty disk). It stands by, serving nothing, until the
+  controller, which sees the new epoch, writes a state for it (KIP-380);
 * **REMOVED**: dropped (its topic deleted, or replaced by one recreated under the name):
   refuses everything like a follower, for good.
 
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.metadata import NO_BROKER_EPOCH, PartitionState
 from broker_core.errors import (
     FencedLeaderEpochError,
     NotEnoughReplicasAfterAppendError,
@@ -63,9 +67,9 @@ class Role(Enum):
 
 
 _TRANSITIONS: dict[Role, frozenset[Role]] = {
-    Role.NONE: frozenset({Role.LEADER, Role.FOLLOWER, Role.REMOVED}),
-    Role.LEADER: frozenset({Role.LEADER, Role.FOLLOWER, Role.REMOVED}),
-    Role.FOLLOWER: frozenset({Role.LEADER, Role.FOLLOWER, Role.REMOVED}),
+    Role.NONE: frozenset({Role.NONE, Role.LEADER, Role.FOLLOWER, Role.REMOVED}),
+    Role.LEADER: frozenset({Role.LEADER, Role.FOLLOWER, Role.NONE, Role.REMOVED}),
+    Role.FOLLOWER: frozenset({Role.LEADER, Role.FOLLOWER, Role.NONE, Role.REMOVED}),
     Role.REMOVED: frozenset(),
 }
 
@@ -79,6 +83,7 @@ class FollowerProgress:
     last_caught_up_ms: int = 0
     last_fetch_ms: int = 0
     leader_end_at_last_fetch: int = UNKNOWN_OFFSET
+    broker_epoch: int = NO_BROKER_EPOCH  # of the follower's process at its last fetch
 
 
 class Partition:
@@ -144,12 +149,17 @@ class Partition:
             return self._isr | self._pending_isr
 
     # -- roles ---------------------------------------------------------------------------
-    def apply(self, state: PartitionState) -> Role | None:
+    def apply(self, state: PartitionState, broker_epoch: int = NO_BROKER_EPOCH) -> Role | None:
         """Take ``state`` from the cluster metadata; returns the new role if it changed
-        (or the epoch did), None when only the ISR or nothing changed."""
+        (or the epoch did), None when only the ISR or nothing changed. ``broker_epoch``:
+        this process's (NO_BROKER_EPOCH: none, embedded, or not registered now); named
+        leader by a state that admitted this broker at another, it stands by (NONE)."""
         with self._role_lock:
             old = self.state
             role = Role.LEADER if state.leader == self.broker_id else Role.FOLLOWER
+            recorded = state.recorded_epoch(self.broker_id)
+            if role is Role.LEADER and recorded not in (None, broker_epoch):
+                role = Role.NONE
             if old is not None and state.leader_epoch < old.leader_epoch:
                 return None  # an older view delivered late: never go back
             changed = old is None or role is not self.role or state.leader_epoch != old.leader_epoch
@@ -181,6 +191,17 @@ class Partition:
                         self._followers = {}
                         self._pending_isr = frozenset()
                     self.role = role
+                    if role is Role.NONE:
+                        log.warning(
+                            "%s: named leader at epoch %d by a state that admitted broker "
+                            "%d at broker epoch %s, not this process's %s: standing by until "
+                            "the controller writes a new state",
+                            self.name,
+                            state.leader_epoch,
+                            self.broker_id,
+                            recorded,
+                            broker_epoch,
+                        )
                 if role is Role.LEADER:
                     self._advance_high_watermark_locked()
                 self._cond.notify_all()
@@ -305,9 +326,12 @@ class Partition:
                 )
 
     # -- followers' fetches (leader side) ------------------------------------------------
-    def follower_fetched(self, replica_id: int, fetch_offset: int) -> bool:
-        """Record follower ``replica_id``'s fetch at ``fetch_offset`` (its log end) and
-        advance the high watermark; True if it should join the ISR now."""
+    def follower_fetched(
+        self, replica_id: int, fetch_offset: int, broker_epoch: int = NO_BROKER_EPOCH
+    ) -> bool:
+        """Record follower ``replica_id``'s fetch at ``fetch_offset`` (its log end), made
+        by its process of ``broker_epoch``, and advance the high watermark; True if it
+        should join the ISR now."""
         now = self._clock()
         with self._cond:
             progress = self._followers.get(replica_id)
@@ -324,6 +348,7 @@ class Partition:
                 progress.last_caught_up_ms = max(progress.last_caught_up_ms, progress.last_fetch_ms)
             progress.log_end_offset = fetch_offset
             progress.last_fetch_ms = now
+            progress.broker_epoch = broker_epoch
             progress.leader_end_at_last_fetch = leader_end
             self._advance_high_watermark_locked()
             self._cond.notify_all()
@@ -334,6 +359,12 @@ class Partition:
             # its copy of the current epoch is the leader's).
             epoch_start = self.log.epochs.start_offset_of(self.leader_epoch) or 0
             return fetch_offset >= self.log.high_watermark and fetch_offset >= epoch_start
+
+    def follower_broker_epoch(self, replica_id: int) -> int:
+        """The broker epoch ``replica_id``'s last fetch came with (NO_BROKER_EPOCH: none)."""
+        with self._cond:
+            progress = self._followers.get(replica_id)
+            return NO_BROKER_EPOCH if progress is None else progress.broker_epoch
 
     def add_pending_isr(self, replica_id: int) -> None:
         """Count ``replica_id`` as in sync from now on, before ZooKeeper has it."""

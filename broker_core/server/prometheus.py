@@ -218,6 +218,22 @@ class DocumentCollector(Collector):
             )
             family.add_metric([], float(rep[name]), created=created)
             yield family
+        refused = CounterMetricFamily(
+            f"{REPLICA}_truncationsrefused",
+            "Truncations below this follower's high watermark refused: a leader at an epoch "
+            "its log holds lacked acknowledged batches",
+            created=created,
+        )
+        refused.add_metric([], float(rep["truncations_refused"]), created=created)
+        yield refused
+        unclean = CounterMetricFamily(
+            f"{REPLICA}_uncleanleaderelections",
+            "Unclean leader elections this broker wrote as the controller (each may lose "
+            "acknowledged data; only with unclean.leader.election.enable)",
+            created=created,
+        )
+        unclean.add_metric([], float(rep["unclean_leader_elections"]), created=created)
+        yield unclean
         lag = GaugeMetricFamily(
             f"{REPLICA}_follower_lag",
             "A follower's lag in offsets behind this leader's log end",

@@ -6,7 +6,11 @@ stopped when that changes (a new fetcher is started for the next epoch). Each ru
 1. **Truncate first** (KIP-101/KIP-279): ask the leader where this log's latest epoch
    ended in its log (``offsets_for_leader_epoch``) and cut whatever this log holds past
    that: a tail written under a leader that was replaced, never acknowledged with
-   ``acks=all``. A log without epochs (empty) has nothing to cut.
+   ``acks=all``. A log without epochs (empty) has nothing to cut. Never below this log's
+   high watermark to a leader at an epoch this log already holds: such a leader lost
+   acknowledged batches (a process restarted on an empty disk); the fetcher refuses,
+   logs it at ERROR, counts it (``truncations_refused``) and asks again after the
+   backoff, fetching nothing meanwhile, so it drops out of the ISR.
 2. **Fetch** from the log end, long-polling (``replica.fetch.wait.max.ms``): append the
    batches as they are (``PartitionLog.append_as_follower``: producer state, transaction
    index and epoch cache follow from them), then take the leader's high watermark,
@@ -34,6 +38,7 @@ from broker_core.client.connections import FlightConnections
 from broker_core.errors import BrokerNotAvailableError, IdemlogError, OffsetOutOfRangeError
 from broker_core.log.leader_epoch import UNDEFINED_EPOCH_OFFSET
 from broker_core.protocol.replica import (
+    NO_BROKER_EPOCH,
     OffsetsForLeaderEpochRequest,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
@@ -48,6 +53,10 @@ log = logging.getLogger("idemlog.replica")
 
 FETCH_TIMEOUT_MARGIN_S = 10.0  # on top of the long poll, for the answer itself
 READERS_WAIT_S = 10.0  # for open fetch streams before a truncation below the watermark
+
+
+class TruncationRefusedError(Exception):
+    """The leader at an epoch this log holds ends below this log's high watermark."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class ReplicaFetcher:
         broker_id: int,
         leader_id: int,
         leader_epoch: int,
+        broker_epoch: Callable[[], int] = lambda: NO_BROKER_EPOCH,
         address: Callable[[], str | None],
         connections: FlightConnections,
         config: FetcherConfig,
@@ -81,6 +91,7 @@ class ReplicaFetcher:
         self.broker_id = broker_id
         self.leader_id = leader_id
         self.leader_epoch = leader_epoch
+        self._broker_epoch = broker_epoch  # this process's, sent with every request
         self._address = address
         self._connections = connections
         self._config = config
@@ -90,6 +101,7 @@ class ReplicaFetcher:
         self._truncated = False
         self._out_of_range = False  # the last fetch was refused: below the leader's start?
         self.resets = 0  # resets to the leader's log start (tests and logs)
+        self.truncations_refused = 0  # below the high watermark at a known epoch (metrics)
         self.fetches = 0  # answered fetches (tests and metrics)
         self.appended_batches_bytes = 0
         self._thread = threading.Thread(
@@ -137,6 +149,9 @@ class ReplicaFetcher:
                 self._truncated = False
                 self._out_of_range = True
                 self._stop.wait(self._config.backoff_s)
+            except TruncationRefusedError as exc:
+                log.error("%s", exc)
+                self._stop.wait(self._config.backoff_s)
             except IdemlogError as exc:
                 level = logging.DEBUG if exc.retriable else logging.WARNING
                 log.log(level, "%s: fetch from broker %d failed: %s", name, self.leader_id, exc)
@@ -171,7 +186,13 @@ class ReplicaFetcher:
         if latest == NO_LEADER_EPOCH or log_.log_end_offset == log_.log_start_offset:
             return
         request = OffsetsForLeaderEpochRequest(
-            partition.topic, partition.partition, self.leader_epoch, latest, self._topic_id
+            partition.topic,
+            partition.partition,
+            self.leader_epoch,
+            latest,
+            topic_id=self._topic_id,
+            replica_id=self.broker_id,
+            broker_epoch=self._broker_epoch(),
         )
         answer = decode_json(
             self._call(
@@ -193,6 +214,19 @@ class ReplicaFetcher:
             target = min(end, ours.end_offset if ours.end_offset >= 0 else end)
         else:
             target = end
+        if target < log_.high_watermark and self.leader_epoch <= latest:
+            # A leader at an epoch this log already holds claims less than this log's high
+            # watermark, which every in-sync replica had: that leader lost acknowledged
+            # batches (an empty disk at the same epoch). Only an unclean election, which
+            # bumps the epoch, may cut below it.
+            self.truncations_refused += 1
+            raise TruncationRefusedError(
+                f"{partition.name}: refused to truncate from {log_.log_end_offset} to "
+                f"{target}, below the high watermark {log_.high_watermark}, to follow broker "
+                f"{self.leader_id} at leader epoch {self.leader_epoch} (this log's latest "
+                f"epoch {latest}): the leader lacks acknowledged batches; retrying, out of "
+                "the ISR meanwhile"
+            )
         if target < log_.high_watermark and not partition.wait_for_readers(READERS_WAIT_S):
             # Only after an unclean election: rows below the high watermark were served.
             log.warning(
@@ -226,7 +260,8 @@ class ReplicaFetcher:
             partition.partition,
             self.broker_id,
             self.leader_epoch,
-            self._topic_id,
+            topic_id=self._topic_id,
+            broker_epoch=self._broker_epoch(),
         )
         answer = ReplicaLogStartResponse.decode(
             self._call(
@@ -263,7 +298,8 @@ class ReplicaFetcher:
             self.leader_epoch,
             config.max_bytes,
             config.max_wait_ms,
-            self._topic_id,
+            topic_id=self._topic_id,
+            broker_epoch=self._broker_epoch(),
         )
         timeout_s = config.max_wait_ms / 1000.0 + FETCH_TIMEOUT_MARGIN_S
         answer = ReplicaFetchResponse.decode(

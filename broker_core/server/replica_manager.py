@@ -26,11 +26,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from broker_core.client.connections import FlightConnections
 from broker_core.cluster.metadata import (
+    NO_BROKER_EPOCH,
     BrokerInfo,
     ClusterMetadata,
     PartitionState,
@@ -40,6 +41,7 @@ from broker_core.errors import (
     IdemlogError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
+    StaleBrokerEpochError,
     StorageError,
 )
 from broker_core.log.partition_log import PartitionLog
@@ -110,6 +112,7 @@ class ReplicaManager:
         self._closed = False
         self.isr_shrinks = 0
         self.isr_expands = 0
+        self._refused_by_stopped = 0  # truncations refused by fetchers since replaced
         # Told of every role change (a new role or epoch) and of a replica forgotten
         # (role None), on the metadata callback's thread with _lock held: listeners
         # only record what changed (the coordinator role follows its state partitions).
@@ -186,9 +189,10 @@ class ReplicaManager:
             # Stopped before the role changes: no follower append after it leads.
             fetcher.stop()
             del self._fetchers[tp]
+            self._refused_by_stopped += fetcher.truncations_refused
         if state.leader_epoch < partition.leader_epoch:
             return  # a late, older view
-        changed = partition.apply(state)
+        changed = partition.apply(state, self._cluster.broker_epoch())
         if changed is not None:
             self._tell(partition, changed)
         if partition.role is Role.FOLLOWER and tp not in self._fetchers:
@@ -198,6 +202,7 @@ class ReplicaManager:
                 broker_id=self.broker_id,
                 leader_id=leader,
                 leader_epoch=state.leader_epoch,
+                broker_epoch=self._cluster.broker_epoch,
                 address=lambda: self._address(leader),
                 connections=self._connections,
                 config=self.config.fetch,
@@ -216,6 +221,7 @@ class ReplicaManager:
         fetcher = self._fetchers.pop(tp, None)
         if fetcher is not None:
             fetcher.stop()
+            self._refused_by_stopped += fetcher.truncations_refused
         partition = self._partitions.pop(tp, None)
         if partition is not None:
             partition.remove()
@@ -257,6 +263,7 @@ class ReplicaManager:
 
     def replica_fetch(self, request: ReplicaFetchRequest) -> bytes:
         """A follower's fetch, answered (ReplicaFetchResponse.encode())."""
+        self._check_broker_epoch(request.replica_id, request.broker_epoch, "replica_fetch")
         partition = self._asked(request.topic, request.partition, request.topic_id)
         partition.check_epoch(request.leader_epoch)
         log_ = partition.log
@@ -265,7 +272,10 @@ class ReplicaManager:
                 f"{partition.name}: fetch offset {request.fetch_offset} of broker "
                 f"{request.replica_id} is past the leader's log end {log_.log_end_offset}"
             )
-        if partition.follower_fetched(request.replica_id, request.fetch_offset):
+        fetched = partition.follower_fetched(
+            request.replica_id, request.fetch_offset, request.broker_epoch
+        )
+        if fetched:
             self._request_expansion(partition, request.replica_id)
         if request.fetch_offset == log_.log_end_offset:
             partition.wait_for_data(request.fetch_offset, request.max_wait_ms / 1000.0)
@@ -280,6 +290,7 @@ class ReplicaManager:
     def replica_log_start(self, request: ReplicaLogStartRequest) -> bytes:
         """Where a follower below this leader's log start starts its log instead, with the
         producer state and leader epoch there (ReplicaLogStartResponse.encode())."""
+        self._check_broker_epoch(request.replica_id, request.broker_epoch, "replica_log_start")
         partition = self._asked(request.topic, request.partition, request.topic_id)
         partition.check_epoch(request.leader_epoch)
         start, offset, epoch, snapshot = partition.log.log_start_state()
@@ -294,10 +305,27 @@ class ReplicaManager:
 
     def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> dict[str, Any]:
         """Where ``request.epoch`` ended in this leader's log (KIP-279)."""
+        what = "offsets_for_leader_epoch"
+        self._check_broker_epoch(request.replica_id, request.broker_epoch, what)
         partition = self._asked(request.topic, request.partition, request.topic_id)
         partition.check_epoch(request.leader_epoch)
         answer = partition.log.end_offset_for(request.epoch)
         return {"epoch": answer.epoch, "end_offset": answer.end_offset}
+
+    def _check_broker_epoch(self, broker_id: int, epoch: int, what: str) -> None:
+        """Refuse a request from a process of ``broker_id`` older than the one registered
+        now as this broker knows it (STALE_BROKER_EPOCH). An epoch newer than the one
+        known passes: the registration of a new process reaches this broker's cache a
+        moment after the process itself may ask."""
+        if epoch == NO_BROKER_EPOCH:
+            return  # not sent (a broker before epochs)
+        known = next((b.epoch for b in self._cluster.brokers() if b.broker_id == broker_id), None)
+        if known is not None and epoch < known:
+            raise StaleBrokerEpochError(
+                f"{what} from broker {broker_id} at broker epoch {epoch}: its current "
+                f"registration has epoch {known}, so this request comes from a process "
+                "replaced since"
+            )
 
     def wait_replicated(self, topic: str, partition: int, end_offset: int) -> None:
         """Wait until every in-sync replica has the partition's offsets below
@@ -344,6 +372,20 @@ class ReplicaManager:
             return
         epoch = partition.leader_epoch
         me = self.broker_id
+        # The broker epoch of the follower's process that caught up: the ISR admits it.
+        admitted = {} if add is None else {add: partition.follower_broker_epoch(add)}
+        # ...and its log.dir's directory id, from its registration of that same epoch.
+        admitted_dirs = {
+            b: next(
+                (
+                    i.directory_id
+                    for i in self._cluster.brokers()
+                    if i.broker_id == b and i.epoch == e
+                ),
+                None,
+            )
+            for b, e in admitted.items()
+        }
 
         def update(state: PartitionState) -> PartitionState | None:
             if state.leader != me or state.leader_epoch != epoch:
@@ -356,7 +398,7 @@ class ReplicaManager:
                     isr.remove(broker)
             if tuple(isr) == state.isr:
                 return None
-            return replace(state, isr=tuple(isr))
+            return state.with_isr(tuple(isr), admitted, admitted_dirs)
 
         try:
             # By name and the id of this replica's topic: a replica of a deleted topic never
@@ -402,6 +444,10 @@ class ReplicaManager:
             self._thread.join(10.0)
         self._connections.close()
 
+    def _live_fetchers(self) -> list[ReplicaFetcher]:
+        with self._lock:
+            return list(self._fetchers.values())
+
     def describe(self) -> dict[str, Any]:
         """Replication metrics: partitions led, under-replicated ones, ISR changes, and
         each follower's lag in offsets (leader's log end minus its fetch offset)."""
@@ -422,5 +468,10 @@ class ReplicaManager:
             "under_replicated_partitions": under,
             "isr_shrinks": self.isr_shrinks,
             "isr_expands": self.isr_expands,
+            # A leader at a known epoch ending below this replica's high watermark.
+            # Written by this broker as the controller: each one may have lost data.
+            "unclean_leader_elections": self._cluster.unclean_leader_elections(),
+            "truncations_refused": self._refused_by_stopped
+            + sum(f.truncations_refused for f in self._live_fetchers()),
             "follower_lag": lag,
         }

@@ -471,3 +471,35 @@ def test_producer_fails_at_once_on_a_refusal_and_writes_nothing(
             future.result(30)
     assert time.monotonic() - started < 30  # failed at the refusal, not at the timeout
     assert ids(admin, TOPIC, isolation="read_uncommitted") == []
+
+
+def test_hanging_transaction_tools_need_read_then_write_on_the_topic(
+    acl_broker: BrokerProcess, admin: BrokerClient
+) -> None:
+    """describe_producers needs Read on the topic; abort_hanging_transaction Write on it
+    (or Alter on the Cluster): refused without, naming the ACL, the transaction untouched."""
+    pid, epoch = admin.init_producer_id()
+    with admin.produce_stream(TOPIC, 0, SCHEMA) as stream:
+        stream.send(
+            rows(2), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
+        ).offsets(10)
+    with client_of(acl_broker, "alice") as alice:
+        with pytest.raises(TopicAuthorizationFailedError) as err:
+            alice.describe_producers(TOPIC, 0)
+        check_refusal(
+            err.value, ErrorCode.TOPIC_AUTHORIZATION_FAILED, "User:alice", "Read", f"Topic:{TOPIC}"
+        )
+    allow(acl_broker, "User:alice", "Read")
+    with client_of(acl_broker, "alice") as alice:
+        (described,) = alice.describe_producers(TOPIC, 0).producers
+        assert (described.producer_id, described.txn_start_offset) == (pid, 0)
+        with pytest.raises(TopicAuthorizationFailedError) as err:
+            alice.abort_hanging_transaction(TOPIC, 0, producer_id=pid)
+        check_refusal(
+            err.value, ErrorCode.TOPIC_AUTHORIZATION_FAILED, "User:alice", "Write", f"Topic:{TOPIC}"
+        )
+    assert admin.list_offsets(TOPIC, 0)["last_stable_offset"] == 0  # still open
+    allow(acl_broker, "User:alice", "Write")
+    with client_of(acl_broker, "alice") as alice:
+        done = alice.abort_hanging_transaction(TOPIC, 0, producer_id=pid, producer_epoch=epoch)
+    assert done.last_stable_offset == admin.list_offsets(TOPIC, 0)["log_end_offset"] == 3

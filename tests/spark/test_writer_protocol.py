@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import SchemaMismatchError
 from broker_core.protocol.wire import SinkAttempt
 from spark_sink.commit import IdemlogCommitMessage, commit_batch, query_id_of_checkpoint
+from spark_sink.errors import SinkStateLostError
 from spark_sink.options import Scope, parse_options
 from spark_sink.producer import Producer
 from spark_sink.schema import check_compatible, conform, normalise
@@ -148,3 +150,69 @@ def test_stream_abort_without_messages_fences_the_query_found_in_the_checkpoint(
     offsets = client.list_offsets("w", 0)
     assert offsets["last_stable_offset"] == offsets["log_end_offset"]
     assert client.read_table("w", 0) is None  # aborted, nothing visible
+
+
+def prepared_batch(address: str, run: str, batch: int, tasks: int) -> list[IdemlogCommitMessage]:
+    """Each task of a sink ``s`` batch written and prepared, as Spark's tasks do: their
+    messages for the driver's commit (task t writes ids 10t..10t+9)."""
+    messages = []
+    for task in range(tasks):
+        with Producer(address, **{"transactional.id": f"s/{task}"}) as producer:
+            assert producer.init_sink_transaction(SinkAttempt("s", run, batch)) == "new"
+            producer.begin_transaction()
+            sent = producer.send("lost", pa.table({"id": list(range(10 * task, 10 * task + 10))}))
+            producer.flush()
+            ranges = [("lost", m.partition, m.base_offset, m.last_offset) for m in sent.result()]
+            producer.prepare_sink_transaction(batch, ranges)
+            pid, epoch = producer.producer_id_and_epoch
+        messages.append(
+            IdemlogCommitMessage(
+                "s", run, batch, task, 0, f"s/{task}", pid, epoch, "new", 10, 1, 0, 0, 1.0
+            )
+        )
+    return messages
+
+
+def test_a_commit_whose_coordinator_lost_its_state_fails_loudly_and_the_operator_recovers(
+    broker: BrokerProcess, client: BrokerClient
+) -> None:
+    """Issue 35: the coordinator comes back without the state of a prepared batch (its
+    ``__transaction_state`` lost). The driver's commit raises SinkStateLostError naming
+    the batch, its open transactions and the way out, instead of Spark re-running the
+    batch on top of them; ``find_hanging_transactions`` (``idemlog transactions
+    find-hanging``) lists them, the abort ends them, and the batch run again is read once
+    and whole."""
+    client.create_topic("lost", 1, schema=SCHEMA)
+    options = parse_options({"topic": "lost", "brokers": broker.address}, Scope.WRITE)
+    messages = prepared_batch(broker.address, "r", 5, 2)
+    broker.kill()
+    state = broker.log_dir / "__transaction_state"
+    assert state.is_dir()
+    shutil.rmtree(state)  # the coordinator's state, lost
+    broker.restart()
+    with BrokerClient(broker.address) as fresh:
+        held = fresh.list_offsets("lost", 0)
+        assert held["last_stable_offset"] == 0 < held["log_end_offset"] == 20, held
+
+        with pytest.raises(SinkStateLostError) as failed:
+            commit_batch(options, None, "r", 5, messages)
+        text = str(failed.value)
+        print(text)
+        assert failed.value.retriable is False
+        assert "sink s batch 5" in text and "idemlog transactions find-hanging" in text
+        pids = {m.producer_id for m in messages}
+        assert all(f"producer id {pid} from offset" in text for pid in pids)
+
+        hanging = fresh.find_hanging_transactions("lost")
+        assert {h.producer_id for h in hanging} == pids
+        for h in hanging:
+            fresh.abort_hanging_transaction(
+                "lost", h.partition, producer_id=h.producer_id, producer_epoch=h.producer_epoch
+            )
+        after = fresh.list_offsets("lost", 0)
+        assert after["last_stable_offset"] == after["log_end_offset"] == 22, after
+
+        # Spark runs the batch again, as a new run: committed, read once and whole.
+        assert commit_batch(options, None, "r2", 5, prepared_batch(broker.address, "r2", 5, 2))
+        table = fresh.read_table("lost", 0)
+        assert table is not None and sorted(table.column("id").to_pylist()) == list(range(20))

@@ -12,13 +12,15 @@ flight when the leadership moves.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from pathlib import Path
 
 import pytest
 
 from broker_core.cluster.metadata import PartitionState
-from broker_core.errors import NotCoordinatorError
+from broker_core.errors import InvalidProducerEpochError, NotCoordinatorError
+from broker_core.log.store import LogStore
 from broker_core.record.batch import ControlType
 from broker_core.server.partition import Partition
 from broker_core.server.state_partition import LeaderStatePartition, embedded_state_partition
@@ -178,3 +180,101 @@ def test_the_embedded_state_partition_is_led_at_the_given_epoch(tmp_path: Path) 
         first.append([("transaction", "x", None)], 2)
     first.append([("transaction", "x", None)], 3)
     assert [row for _, row in first.rows()] == [("transaction", "x", None)]
+
+
+def _successor(b: Broker, partition: Partition, path: Path) -> tuple[Broker, Partition]:
+    """Broker 2's coordinator at EPOCH + 1 over its own replica of the state partition, a
+    copy of broker 1's as fetched so far; its markers go to the same data partitions. Broker
+    1 has not learned of the election: its replica still leads at EPOCH, alone in its ISR,
+    so its appends are acknowledged (the followers that fetched them before they learned
+    of the new epoch, in the black-box run)."""
+    partition.log.flush()
+    shutil.copytree(b.store.data_dir / TXN_STATE_TOPIC, path / "data" / TXN_STATE_TOPIC)
+    mine = LogStore(path / "data")
+    replica = Partition(TXN_STATE_TOPIC, 0, open_state_log(mine), broker_id=2)
+    replica.apply(PartitionState((1, 2), 2, EPOCH + 1, (2,)))
+    state = LogTxnStateStore(LeaderStatePartition(replica, ACK_TIMEOUT_S), leader_epoch=EPOCH + 1)
+    coordinator = TransactionCoordinator(
+        state,
+        ProducerIdManager(1, FileProducerIdBlockSource(path / "producer_id_block.json")),
+        LocalMarkerWriter(b.store),
+        clock=b.clock,
+        coordinator_epoch=EPOCH + 1,
+        marker_retry_deadline_s=1.0,
+        marker_retry_backoff_s=0.001,
+        stable_offsets=StoreStableOffsets(b.store),
+    )
+    coordinator.start()
+    return Broker(path, b.clock, b.store, state, coordinator), replica
+
+
+@pytest.mark.parametrize("case", ["commit_after_abort", "abort_after_commit"])
+def test_a_deposed_coordinators_acknowledged_decision_is_stopped_by_the_markers_epoch(
+    tmp_path: Path, case: str
+) -> None:
+    """Issue 35 (docs/failure-model.md, "coordinator paused"): the leader epoch does not
+    stop a resumed deposed coordinator whose replica has not learned of the election: its
+    decision's append is acknowledged. What stops it is the data partitions' check of the
+    markers' coordinator epoch: its successor ended the transaction first, the other
+    way, at a higher coordinator epoch, so the deposed one's markers are refused
+    (TRANSACTION_COORDINATOR_FENCED), it stands down, and the partition keeps the
+    successor's outcome alone."""
+    b, partition = _broker(tmp_path / "b1")
+    p = Producer(b, "app").init(timeout_ms=1_000)
+    p.send(P0, range(5))
+    successor, _ = _successor(b, partition, tmp_path / "b2")
+    deposed_txn = p.txn
+    p.broker = successor
+    if case == "commit_after_abort":
+        # The producer aborts at the successor, then a client still routed to the deposed
+        # coordinator commits there: the dangerous direction.
+        p.abort()
+        end_before = partition.log.log_end_offset
+        with pytest.raises(CoordinatorEpochFencedError, match=f"coordinator epoch {EPOCH}"):
+            b.coordinator.end_txn(*deposed_txn, commit=True)
+        expected_marker, expected_ids = ControlType.ABORT, []
+    else:
+        # The successor commits; the deposed one's own clock times the transaction out.
+        p.commit()
+        end_before = partition.log.log_end_offset
+        b.clock.advance(1_001)
+        assert b.coordinator.abort_timed_out() == []
+        expected_marker, expected_ids = ControlType.COMMIT, list(range(5))
+    # The deposed decision was appended and acknowledged at EPOCH (high watermark past it).
+    assert partition.log.log_end_offset > end_before
+    assert partition.log.high_watermark == partition.log.log_end_offset
+    assert b.stored("app").state in (S.PREPARE_COMMIT, S.PREPARE_ABORT)
+    # ... and stopped at the data partition: the successor's outcome stands, alone.
+    assert b.coordinator.status is CoordinatorStatus.CLOSED
+    assert b.stable(P0) and b.committed(P0) == expected_ids
+    pid, _, control = b.last_marker(P0)
+    assert (pid, control) == (p.producer_id, expected_marker)
+    entry = b.store.partition(*P0).state.get(p.producer_id)
+    assert entry is not None and entry.coordinator_epoch == EPOCH + 1
+
+
+def test_a_deposed_coordinators_commit_after_its_successors_timeout_is_refused_by_the_epoch(
+    tmp_path: Path,
+) -> None:
+    """The successor timed the transaction out, which bumps the producer epoch: the
+    deposed coordinator's acknowledged PREPARE_COMMIT then meets the producer-epoch check
+    first (INVALID_PRODUCER_EPOCH) and is refused all the same; it keeps its decision for
+    a retry (refused each time) until its broker learns of the election and closes it."""
+    b, partition = _broker(tmp_path / "b1")
+    p = Producer(b, "app").init(timeout_ms=1_000)
+    p.send(P0, range(5))
+    successor, _ = _successor(b, partition, tmp_path / "b2")
+    b.clock.advance(1_001)
+    assert successor.coordinator.abort_timed_out() == ["app"]
+    end_before = partition.log.log_end_offset
+    with pytest.raises(InvalidProducerEpochError):
+        b.coordinator.end_txn(*p.txn, commit=True)
+    assert partition.log.log_end_offset > end_before  # acknowledged at EPOCH
+    assert b.stored("app").state is S.PREPARE_COMMIT
+    assert b.stable(P0) and b.committed(P0) == []
+    assert b.last_marker(P0)[2] is ControlType.ABORT
+    # Its broker learns of the election: server.state_coordinator closes it on the role change.
+    partition.apply(PartitionState((1, 2), 2, EPOCH + 1, (2,)))
+    b.coordinator.close()
+    with pytest.raises(NotCoordinatorError):
+        b.coordinator.end_txn(*p.txn, commit=True)

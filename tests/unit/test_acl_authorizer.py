@@ -156,6 +156,18 @@ def test_every_request_has_a_rule_and_the_docs_table_is_the_codes() -> None:
     assert render_rules_table() in docs, "docs/security.md: paste render_rules_table()"
 
 
+def test_hanging_transaction_tools_need_read_or_write_on_the_topic_or_alter_on_the_cluster() -> (
+    None
+):
+    describe = RULES[Action.DESCRIBE_PRODUCERS].checks({"topic": "payments", "partition": 0})
+    assert [[(n.operation, n.resource) for n in c] for c in describe] == [[(Op.READ, PAY)]]
+    body = {"topic": "payments", "partition": 0, "producer_id": 4}
+    abort = RULES[Action.ABORT_HANGING_TRANSACTION].checks(body)
+    assert [[(n.operation, n.resource) for n in c] for c in abort] == [
+        [(Op.WRITE, PAY), (Op.ALTER, CLUSTER)]
+    ]
+
+
 def _cluster(**extra: str) -> dict[str, str]:
     return {
         "zookeeper.connect": "127.0.0.1:2181/x",

@@ -13,6 +13,7 @@ import pyarrow as pa
 from broker_core.cli.consume_cmd import ConsumedRecord
 from broker_core.cli.registry import Liveness, RegisteredBroker
 from broker_core.client.answers import (
+    HangingTransaction,
     PartitionInfo,
     PartitionOffsets,
     TopicDescription,
@@ -29,6 +30,7 @@ SAMPLES: dict[str, Any] = {
     "PartitionInfo": PART,
     "PartitionOffsets": OFFSETS,
     "TransactionListing": TransactionListing("tx", "ONGOING", 0, 7, 0, 5, age_ms=9),
+    "HangingTransaction": HangingTransaction("t", 0, 7, 1, -1, 5, 900_001, 5, 12),
     "ConsumedRecord": ConsumedRecord("t", 0, 4, {"id": 1}),
     "RegisteredBroker": RegisteredBroker(
         1, "127.0.0.1:1", "/d", "embedded", "idemlog", "2026-01-01T00:00:00+00:00",

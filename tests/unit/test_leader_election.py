@@ -149,3 +149,92 @@ def test_embedded_alter_partition_is_durable_and_notifies(tmp_path: Path) -> Non
         assert reopened.topic("t").state(1) == bumped
     finally:
         reopened.close()
+
+
+# -- broker epochs (KIP-380): a restarted process of an ISR member is not the member ------
+
+E = {1: 100, 2: 200, 3: 300}  # the broker epochs the ISR admitted
+
+
+def admitted(replicas: tuple[int, ...], leader: int, epoch: int, isr: tuple[int, ...]) -> S:
+    return S(replicas, leader, epoch, isr, tuple((b, E[b]) for b in isr))
+
+
+def test_a_restarted_leader_inside_its_session_loses_its_partitions_to_a_live_member() -> None:
+    state = admitted((1, 2, 3), 1, 4, (1, 2, 3))
+    # The same three ids are live; broker 1's registration is a new process's.
+    decision = decide_after_broker_change(state, {1: 900, 2: 200, 3: 300})
+    assert decision == Decision(Oc.ELECTED, admitted((1, 2, 3), 2, 5, (2, 3)))
+    # With ids alone (epochs unknown) nothing is seen, as before epochs.
+    assert decide_after_broker_change(state, {1, 2, 3}) is None
+
+
+def test_a_restarted_follower_leaves_the_isr_and_the_leader_stays() -> None:
+    state = admitted((1, 2, 3), 1, 4, (1, 2, 3))
+    decision = decide_after_broker_change(state, {1: 100, 2: 201, 3: 300})
+    assert decision == Decision(Oc.ISR_SHRUNK, admitted((1, 2, 3), 1, 4, (1, 3)))
+
+
+def test_only_restarted_members_live_lead_again_at_a_higher_epoch_and_their_new_epochs() -> None:
+    state = admitted((1, 2), 1, 4, (1,))
+    decision = decide_after_broker_change(state, {1: 900, 2: 200})
+    assert decision == Decision(Oc.RESTARTED, S((1, 2), 1, 5, (1,), ((1, 900),)))
+    # A replication factor 1 partition after a restart of its broker: the same.
+    single = S((1,), 1, 0, (1,), ((1, 100),))
+    restarted = decide_after_broker_change(single, {1: 900})
+    assert restarted == Decision(Oc.RESTARTED, S((1,), 1, 1, (1,), ((1, 900),)))
+
+
+def test_unclean_election_records_the_new_leaders_epoch() -> None:
+    state = admitted((1, 2, 3), 1, 4, (1,))
+    decision = decide_after_broker_change(state, {2: 200, 3: 300}, unclean=True)
+    assert decision == Decision(Oc.UNCLEAN, S((1, 2, 3), 2, 5, (2,), ((2, 200),)))
+
+
+def test_preferred_and_moved_away_pass_over_a_restarted_member() -> None:
+    state = admitted((1, 2, 3), 2, 4, (1, 2, 3))
+    assert preferred_leader_elected(state, {1: 900, 2: 200, 3: 300}) is None
+    assert preferred_leader_elected(state, E) == admitted((1, 2, 3), 1, 5, (1, 2, 3))
+    moved = leader_moved_away(state, 2, {1: 900, 2: 200, 3: 300})
+    assert moved == admitted((1, 2, 3), 3, 5, (1, 3))
+
+
+def test_isr_epochs_round_trip_and_a_state_without_them_reads_as_unknown() -> None:
+    state = admitted((1, 2, 3), 1, 4, (1, 3))
+    doc = state.to_doc()
+    assert doc["isr_epochs"] == {"1": 100, "3": 300}
+    assert PartitionState.from_doc(json.loads(json.dumps(doc))) == state
+    old = {"replicas": [1, 2], "leader": 1, "leader_epoch": 0, "isr": [1, 2]}
+    read = PartitionState.from_doc(old)
+    assert read.isr_epochs == () and read.recorded_epoch(1) is None
+    assert "isr_epochs" not in read.to_doc()
+    # Epochs of brokers that are not (or no longer) members are dropped.
+    assert S((1, 2), 1, 0, (1,), ((2, 5), (1, 7))).isr_epochs == ((1, 7),)
+    with pytest.raises(ValueError, match="isr_epochs"):
+        PartitionState.from_doc({**old, "isr_epochs": {"x": 1}})
+
+
+def test_a_restarted_only_member_back_with_another_directory_id_is_not_elected() -> None:
+    state = S((1, 2), 1, 4, (1,), ((1, 100),), ((1, "dir-a"),))
+    # Back on the same directory (a restart without a wipe): it leads again.
+    same = decide_after_broker_change(state, {1: 900, 2: 200}, dirs={1: "dir-a", 2: "dir-x"})
+    assert same is not None and same.outcome is Oc.RESTARTED and same.lost == ()
+    assert same.state.recorded_dir(1) == "dir-a" and same.state.recorded_epoch(1) == 900
+    # Back on an empty disk: offline, and the lost member named.
+    wiped = decide_after_broker_change(state, {1: 900, 2: 200}, dirs={1: "dir-b", 2: "dir-x"})
+    assert wiped == Decision(Oc.OFFLINE, state, (1,))
+    # Unless the topic accepts the loss: the first live replica leads, its data recorded.
+    unclean = decide_after_broker_change(
+        state, {1: 900, 2: 200}, unclean=True, dirs={1: "dir-b", 2: "dir-x"}
+    )
+    assert unclean == Decision(
+        Oc.UNCLEAN, S((1, 2), 1, 5, (1,), ((1, 900),), ((1, "dir-b"),)), (1,)
+    )
+
+
+def test_isr_dirs_round_trip() -> None:
+    state = S((1, 2), 1, 0, (1, 2), ((1, 5), (2, 6)), ((1, "a"), (2, "b")))
+    doc = state.to_doc()
+    assert doc["isr_dirs"] == {"1": "a", "2": "b"}
+    assert PartitionState.from_doc(doc) == state
+    assert state.with_isr((1,)).isr_dirs == ((1, "a"),)

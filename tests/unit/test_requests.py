@@ -13,9 +13,13 @@ from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol import replica as rp
 from broker_core.protocol import stable_cut as sc
 from broker_core.protocol.admin_requests import (
+    AbortHangingTransactionRequest,
+    AbortHangingTransactionResponse,
     AbortTransactionRequest,
     CreateTopicRequest,
     DeleteTopicRequest,
+    DescribeProducersRequest,
+    DescribeProducersResponse,
     DescribeTopicsRequest,
     FindCoordinatorRequest,
     ListOffsetsRequest,
@@ -23,6 +27,7 @@ from broker_core.protocol.admin_requests import (
     MetadataRequest,
     MetricsRequest,
     PingRequest,
+    ProducerDescription,
 )
 from broker_core.protocol.data_requests import (
     FETCH_ISOLATION_LEVELS,
@@ -75,6 +80,9 @@ ROUND_TRIP: list[Any] = [
     sc.TrackedBatchesRequest("t", 12),
     ListTransactionsRequest(500),
     AbortTransactionRequest("tx"),
+    DescribeProducersRequest("t", 2),
+    AbortHangingTransactionRequest("t", 2, producer_id=7, producer_epoch=3),
+    AbortHangingTransactionRequest("t", 2, start_offset=40),
     ProduceDescriptor("t", 1),
     FetchRequest("t", 1, 5, 1024, "read_uncommitted", 9),
     FetchRequest("t", 1, 5),
@@ -148,6 +156,15 @@ def test_fetch_isolation_levels_are_the_logs() -> None:
                            "isolation": "dirty"}, "fetch ticket: field 'isolation' must be one of"),
         (FetchRequest, {"op": "fetch", "topic": "t", "partition": 0, "offset": 0,
                            "max_bytes": 0}, "fetch ticket: field 'max_bytes' must be in 1.."),
+        (AbortHangingTransactionRequest, {"topic": "t", "partition": 0},
+         "abort_hanging_transaction: give 'producer_id' or 'start_offset' (exactly one"),
+        (AbortHangingTransactionRequest, {"topic": "t", "partition": 0, "producer_id": 1,
+                                             "start_offset": 4}, "(exactly one of them)"),
+        (AbortHangingTransactionRequest, {"topic": "t", "partition": 0, "start_offset": 4,
+                                             "producer_epoch": 1},
+         "field 'producer_epoch' needs a 'producer_id'"),
+        (AbortHangingTransactionRequest, {"topic": "t", "partition": 0, "producer_id": -1},
+         "field 'producer_id' must be >= 0, got -1"),
         (sc.TrackedBatchesRequest, {"topic": "t", "since": -2},
          "tracked_batches: field 'since' must be >= -1, got -2"),
         (sc.TrackedBatchesRequest, {"topic": "t"}, "tracked_batches: missing field 'since'"),
@@ -169,6 +186,21 @@ def test_responses_round_trip() -> None:
     assert StableEndsResponse.from_doc(json.loads(json.dumps(ends.to_doc()))) == ends
     tracked = sc.TrackedBatches("inc", 9, 3, {0: 41, 2: 7}, [[(0, 1, 5), (1, 2, 2)], [(2, 0, 0)]])
     assert sc.TrackedBatches.from_doc(json.loads(json.dumps(tracked.to_doc()))) == tracked
+    producers = DescribeProducersResponse(
+        "t",
+        1,
+        (ProducerDescription(7, 3, 11, 1_000, -1, 40), ProducerDescription(8, 0, 4, 9, 2, -1)),
+        60,
+        40,
+    )
+    assert (
+        DescribeProducersResponse.from_doc(json.loads(json.dumps(producers.to_doc()))) == producers
+    )
+    assert [p.has_open_transaction for p in producers.producers] == [True, False]
+    aborted = AbortHangingTransactionResponse("t", 1, 7, 40, 61, 4, 62)
+    assert AbortHangingTransactionResponse.from_doc(aborted.to_doc()) == aborted
+    with pytest.raises(InvalidRequestError, match=r"describe_producers answer: producers\[0\]"):
+        DescribeProducersResponse.from_doc({**producers.to_doc(), "producers": [1]})
     batch = SinkBatchResponse(None, False)
     assert SinkBatchResponse.from_doc(batch.to_doc()) == batch
     with pytest.raises(InvalidRequestError, match="field 'sink_status' is 'maybe'"):

@@ -351,9 +351,15 @@ def test_topic_creation_is_seen_by_every_instance(brokers: Callable[..., SimBrok
         "payments", 6, SCHEMA, {"retention.ms": "1000", "segment.bytes": "1048576"}
     )
 
-    assert created == TopicAssignment(
+    # Each single replica admitted to the ISR at its broker's epoch (registration czxid).
+    epochs = {m.info.broker_id: m.cluster.broker_epoch() for m in group}
+    assert all(e > 0 for e in epochs.values())
+    assert created == TopicAssignment.of(
         "payments",
-        created.partitions,
+        {
+            p: PartitionState((b,), b, 0, (b,), ((b, epochs[b]),))
+            for p, b in created.partitions.items()
+        },
         SCHEMA,
         {"retention.ms": "1000", "segment.bytes": "1048576"},
         topic_id=created.topic_id,
@@ -366,7 +372,13 @@ def test_topic_creation_is_seen_by_every_instance(brokers: Callable[..., SimBrok
     data = json.loads(group[0].client.get(f"{ROOT}/topics/payments")[0])
     assert data["version"] == 2
     assert data["partitions"] == {
-        str(p): {"replicas": [b], "leader": b, "leader_epoch": 0, "isr": [b]}
+        str(p): {
+            "replicas": [b],
+            "leader": b,
+            "leader_epoch": 0,
+            "isr": [b],
+            "isr_epochs": {str(b): epochs[b]},
+        }
         for p, b in created.partitions.items()
     }
     assert data["config"] == {"retention.ms": "1000", "segment.bytes": "1048576"}
