@@ -347,8 +347,10 @@ class Broker:
             failpoints=failpoints,
         )
         cluster.register(info)
-        topics.sync()
+        # Subscribed before the first sync: a state the controller writes for this new
+        # process (its broker epoch) may land while that sync runs, and must not be missed.
         cluster.on_topics_change(topics.sync)
+        topics.sync()
 
     def _start_coordinator(self, tls: TlsMaterial) -> None:
         """The transaction coordinator role: embedded, one coordinator loaded now; with
