@@ -10,7 +10,10 @@ otherwise, and waits, printing each record when it becomes readable. It exits 0 
 ``--max-messages`` records, or when nothing arrived for ``--timeout-ms``; Ctrl-C (or
 SIGTERM) ends it with 130 (143) once what was fetched is printed. Always, at exit, one
 line ``Processed a total of N messages`` on stderr (Kafka's); at the start, one line
-``Consuming T (level) from partition:offset 0:N ...`` there too.
+``Consuming T (level) from partition:offset 0:N ...`` there too. It follows the topic by
+its id: a topic deleted and recreated under the name ends it with exit code 1 and one
+line naming the topic and both ids (``UNKNOWN_TOPIC_ID``), never reading the new topic
+from the old one's offsets.
 
 The default isolation is read_committed, unlike Kafka's console consumer
 (read_uncommitted): what an exactly-once sink has committed is what its readers see, and
@@ -156,14 +159,14 @@ class _Stop:
 
 
 def _start_offsets(
-    client: BrokerClient, args: argparse.Namespace, partitions: list[int]
+    client: BrokerClient, args: argparse.Namespace, partitions: list[int], topic_id: str | None
 ) -> dict[int, int]:
     starts = {}
     for p in partitions:
         if args.offset is not None:
             starts[p] = args.offset
             continue
-        offsets = client.list_offsets(args.topic, p)
+        offsets = client.list_offsets(args.topic, p, topic_id=topic_id)
         if args.from_beginning:
             starts[p] = offsets["log_start_offset"]
         elif args.isolation == IsolationLevel.READ_COMMITTED.value:
@@ -203,7 +206,11 @@ def consume(args: argparse.Namespace) -> int:
                 )
             partitions = every if args.partition is None else [args.partition]
             counts = dict.fromkeys(partitions, 0)
-            positions = stop.call(lambda: _start_offsets(client, args, partitions))
+            # The topic followed is this one, by its id: recreated under the name, every
+            # later fetch is refused (UNKNOWN_TOPIC_ID, the line naming both ids: exit 1),
+            # never read on from the old positions into the new topic.
+            topic_id = topic.topic_id or None
+            positions = stop.call(lambda: _start_offsets(client, args, partitions, topic_id))
             # Where it starts, once, on stderr: an operator (or a test) knows from this
             # line on that whatever becomes readable is printed.
             starts = " ".join(f"{p}:{o}" for p, o in positions.items())
@@ -226,6 +233,7 @@ def consume(args: argparse.Namespace) -> int:
                             positions[p],
                             isolation=args.isolation,
                             max_bytes=_FETCH_MAX_BYTES,
+                            topic_id=topic_id,
                         )
                     )
                     for meta, batch in response.batches:

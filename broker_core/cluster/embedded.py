@@ -175,6 +175,7 @@ class EmbeddedCluster(TopicView):
         topic: str,
         partition: int,
         update: Callable[[PartitionState], PartitionState | None],
+        topic_id: str | None = None,
     ) -> PartitionState | None:
         """Read-modify-write of one partition's state, under the lock (no conflicts here).
 
@@ -191,6 +192,8 @@ class EmbeddedCluster(TopicView):
                 validate_topic_name(topic)
                 raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
             state = current.state(partition)
+            if topic_id and current.topic_id and current.topic_id != topic_id:
+                return None  # another incarnation of the topic: not the caller's to change
             proposed = update(state)
             if proposed is None:
                 return None

@@ -379,15 +379,19 @@ class ClusterMetadata(Protocol):
         topic: str,
         partition: int,
         update: Callable[[PartitionState], PartitionState | None],
+        topic_id: str | None = None,
     ) -> PartitionState | None:
         """Read-modify-write of one partition's state: ``update(current)`` returns the new
         state, or None to write nothing (None is then returned). Conditional on the stored
         version and retried on a conflicting write, so ``update`` may run more than once and
-        must depend only on the state it is given. The new state is validated
-        (INVALID_REQUEST if impossible, or if its leader epoch goes back). Returns the state
-        now stored, already in :meth:`topics`; topic-change callbacks fire. Raises
-        RequestTimedOutError (retriable) when the store is unavailable,
-        UnknownTopicOrPartitionError when the topic or partition does not exist."""
+        must depend only on the state it is given. ``topic_id``: the id of the topic the
+        caller means; a topic of another id under the name (recreated) is not changed
+        (None returned), checked on the state read for the conditional write. The new
+        state is validated (INVALID_REQUEST if impossible, or if its leader epoch goes
+        back). Returns the state now stored, already in :meth:`topics`; topic-change
+        callbacks fire. Raises RequestTimedOutError (retriable) when the store is
+        unavailable, UnknownTopicOrPartitionError when the topic or partition does not
+        exist."""
         ...
 
     def elect_preferred_leaders(

@@ -123,6 +123,7 @@ class ZkCluster(TopicView):
         self._stale_topics: set[str] = set()  # data changed: for the TOPIC_STATES task
         # The id each topic node (name, czxid) was seen with (bounded by the nodes seen).
         self._node_ids: dict[tuple[str, int], str] = {}
+        self._id_less: set[str] = set()  # topics whose node, as last read, has no id
         # The data watch of each topic node, by a token: a watch whose token was replaced
         # or dropped ends at its next event (its callback returns False).
         self._watches: dict[str, object] = {}
@@ -254,6 +255,7 @@ class ZkCluster(TopicView):
         topic: str,
         partition: int,
         update: Callable[[PartitionState], PartitionState | None],
+        topic_id: str | None = None,
     ) -> PartitionState | None:
         """Read-modify-write of one partition's state in ``topics/<topic>``.
 
@@ -274,6 +276,11 @@ class ZkCluster(TopicView):
 
         def change(current: TopicAssignment) -> TopicAssignment | None:
             state = current.state(partition)  # UnknownTopicOrPartitionError, named
+            if topic_id and current.topic_id and current.topic_id != topic_id:
+                # Another incarnation of the topic: a change meant for the deleted one
+                # (an old replica's ISR change) never lands in it, whatever its epochs.
+                result[0] = None
+                return None
             proposed = update(state)
             if proposed is None:
                 result[0] = None
@@ -301,7 +308,9 @@ class ZkCluster(TopicView):
         of several writers (a controller deposed meanwhile) only one id is ever stored."""
         if not self._control.is_controller():
             return
-        for name in sorted(n for n, t in self.topics().items() if not t.topic_id):
+        with self._lock:
+            names = sorted(self._id_less & set(self._topics))
+        for name in names:
             with self._lock:
                 node = self._topic_zxids.get(name)
                 known = None if node is None else self._node_ids.get((name, node[0]))
@@ -358,9 +367,10 @@ class ZkCluster(TopicView):
             self._refresh_topic_states()
         elif task is ZkTask.LEADERS:
             self._leaders.run_pass()
-            self._upgrade_topic_ids()
         else:
             self._refresh(task)
+        if task is not ZkTask.BROKERS:
+            self._upgrade_topic_ids()  # on the controller, when a topic read has no id
 
     def _refresh(self, task: ZkTask, foreground: str | None = None) -> dict[Any, Any]:
         """Re-read the brokers or the topics and update that cache; returns what was read.
@@ -473,7 +483,9 @@ class ZkCluster(TopicView):
         node lives. Called with the lock held."""
         if assignment.topic_id:
             self._node_ids[(name, czxid)] = assignment.topic_id
+            self._id_less.discard(name)
             return assignment
+        self._id_less.add(name)  # for the controller to write one (_upgrade_topic_ids)
         known = self._node_ids.get((name, czxid))
         return assignment if known is None else assignment.with_topic_id(known)
 

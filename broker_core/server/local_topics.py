@@ -90,6 +90,10 @@ class LocalTopics:
         request names the topic by (None: any), checked as ``server.topic_ids`` says:
         UnknownTopicIdError when it is not the topic's.
         """
+        if topic_id is not None:
+            # First: a topic deleted since the sender learned its id is UNKNOWN_TOPIC_ID
+            # ("was deleted"), not the retriable UNKNOWN_TOPIC_OR_PARTITION.
+            self.check_topic_id(topic, topic_id)
         found = self._leader_log(topic, partition)
         held = self._replicas.partition(topic, partition).topic_id
         check_topic_id(self._cluster, self._id, topic, topic_id, held)
@@ -98,8 +102,8 @@ class LocalTopics:
     def check_topic_id(self, topic: str, topic_id: str | None) -> None:
         """A request naming ``topic`` by ``topic_id`` without a local replica serving it
         (a transaction's partitions, at the coordinator): the id must be the topic's."""
-        if topic_id is not None:
-            self.assignment(topic)  # an internal topic: refused as such
+        if topic_id is not None and topic.startswith(INTERNAL_TOPIC_PREFIX):
+            raise InvalidTopicError(f"topic {topic!r} is internal to the broker")
         check_topic_id(self._cluster, self._id, topic, topic_id)
 
     def _leader_log(self, topic: str, partition: int) -> PartitionLog:

@@ -11,7 +11,9 @@ metadata (``PartitionState``: replicas, leader, leader epoch, ISR) decides its r
 * **FOLLOWER**: a ``ReplicaFetcher`` copies the leader's log into it; appends and reads
   are refused with ``NOT_LEADER_OR_FOLLOWER`` (retriable: the client refreshes its
   metadata and goes to the leader);
-* **NONE**: just opened, not yet told its role.
+* **NONE**: just opened, not yet told its role;
+* **REMOVED**: dropped (its topic deleted, or replaced by one recreated under the name):
+  refuses everything like a follower, for good.
 
 Transitions (``_TRANSITIONS``) follow the leader epoch: a partition becomes leader or
 follower again only for a newer epoch, or a change within one (the ISR). Losing the
@@ -57,12 +59,14 @@ class Role(Enum):
     NONE = "none"
     LEADER = "leader"
     FOLLOWER = "follower"
+    REMOVED = "removed"  # the replica was dropped (topic deleted or replaced): for good
 
 
 _TRANSITIONS: dict[Role, frozenset[Role]] = {
-    Role.NONE: frozenset({Role.LEADER, Role.FOLLOWER}),
-    Role.LEADER: frozenset({Role.LEADER, Role.FOLLOWER}),
-    Role.FOLLOWER: frozenset({Role.LEADER, Role.FOLLOWER}),
+    Role.NONE: frozenset({Role.LEADER, Role.FOLLOWER, Role.REMOVED}),
+    Role.LEADER: frozenset({Role.LEADER, Role.FOLLOWER, Role.REMOVED}),
+    Role.FOLLOWER: frozenset({Role.LEADER, Role.FOLLOWER, Role.REMOVED}),
+    Role.REMOVED: frozenset(),
 }
 
 
@@ -192,6 +196,18 @@ class Partition:
                 return role
             return None
 
+    def remove(self) -> None:
+        """The replica is dropped (its topic deleted, or replaced by a recreated one):
+        nothing appends to it from now on, and waiting answers are woken (a produce
+        stream opened before answers NOT_LEADER_OR_FOLLOWER, and its producer's next
+        stream learns what became of the topic)."""
+        with self._role_lock, self._cond:
+            self.role = Role.REMOVED
+            self._changes += 1
+            self._followers = {}
+            self._cond.notify_all()
+        log.info("%s: replica removed", self.name)
+
     def check_leader(self) -> PartitionLog:
         """The log, if this replica leads; NotLeaderOrFollowerError (retriable) else."""
         if self.role is not Role.LEADER:
@@ -199,6 +215,11 @@ class Partition:
         return self.log
 
     def _not_leader(self) -> NotLeaderOrFollowerError:
+        if self.role is Role.REMOVED:
+            return NotLeaderOrFollowerError(
+                f"broker {self.broker_id} no longer holds {self.name}: the topic was deleted "
+                "or replaced"
+            )
         leader = None if self.state is None else self.state.leader
         return NotLeaderOrFollowerError(
             f"broker {self.broker_id} does not lead {self.name}: broker {leader} does "

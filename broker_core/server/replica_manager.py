@@ -218,7 +218,7 @@ class ReplicaManager:
             fetcher.stop()
         partition = self._partitions.pop(tp, None)
         if partition is not None:
-            partition.notify()
+            partition.remove()
             self._tell(partition, None)
 
     def _address(self, broker_id: int) -> str | None:
@@ -359,7 +359,9 @@ class ReplicaManager:
             return replace(state, isr=tuple(isr))
 
         try:
-            written = self._cluster.alter_partition(topic, p, update)
+            # By name and the id of this replica's topic: a replica of a deleted topic never
+            # changes the ISR of one recreated under the name (same leader, same epoch 0).
+            written = self._cluster.alter_partition(topic, p, update, partition.topic_id or None)
         except IdemlogError as exc:
             # ZooKeeper away (or the topic gone): the ISR stays as it was, so acks=all
             # answers wait; a pending addition stops counting until it is written.

@@ -10,7 +10,8 @@ of that replica's log. Which side is stale decides the answer:
   refused, and a local copy of the topic's previous incarnation (not yet replaced) answers
   ``NOT_LEADER_OR_FOLLOWER``, retriable: the metadata callback replaces the copy.
 
-A request without an id (an older client) is served as before.
+A request without an id (an older client) is served as before, except from a local copy
+the cached metadata already shows to be of a previous incarnation.
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ def check_topic_id(
     that replica's. Raises UnknownTopicIdError (the sender is stale),
     NotLeaderOrFollowerError (this broker's copy is), RequestTimedOutError (the store is
     away while this broker's view had to be re-read)."""
-    if asked is None:
-        return
     try:
         current = cluster.topic(topic).topic_id
     except UnknownTopicOrPartitionError:
         current = ""
+    if asked is None:
+        # An older client: at least never served from a copy this broker already knows
+        # to be of the topic's previous incarnation (no store read for it, though).
+        if held and current and held != current:
+            raise _stale_copy(broker_id, topic, held, current)
+        return
     if current != asked:
         # The cache may be the older view (a client ahead of this broker): read the store.
         try:
@@ -46,7 +51,11 @@ def check_topic_id(
         if current != asked:
             raise UnknownTopicIdError.recreated(topic, asked, current)
     if held and held != asked:
-        raise NotLeaderOrFollowerError(
-            f"broker {broker_id}: its copy of topic {topic!r} is of id {held}, the topic's "
-            f"previous incarnation; it is being replaced by a copy of id {asked}"
-        )
+        raise _stale_copy(broker_id, topic, held, asked)
+
+
+def _stale_copy(broker_id: int, topic: str, held: str, current: str) -> NotLeaderOrFollowerError:
+    return NotLeaderOrFollowerError(
+        f"broker {broker_id}: its copy of topic {topic!r} is of id {held}, the topic's "
+        f"previous incarnation; it is being replaced by a copy of id {current}"
+    )

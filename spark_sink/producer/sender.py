@@ -69,7 +69,14 @@ log = logging.getLogger("idemlog.producer")
 # has no event: request.timeout.ms, a retried epoch bump or AddPartitionsToTxn, and the
 # facade's transaction state (a producer id, a new transaction) becoming sendable.
 IDLE_S = 0.1
-_STREAM_ERRORS = (NetworkError, NotLeaderOrFollowerError, UnknownTopicOrPartitionError)
+# Errors after which the partition's stream is dropped (a recreated topic's too: its call
+# failed as a whole, and dropping it refreshes the shared client's metadata).
+_STREAM_ERRORS = (
+    NetworkError,
+    NotLeaderOrFollowerError,
+    UnknownTopicOrPartitionError,
+    UnknownTopicIdError,
+)
 
 
 class Sender:

@@ -22,6 +22,7 @@ from broker_core.errors import (
     IdemlogError,
     NetworkError,
     NotLeaderOrFollowerError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.requests import ACKS_ALL
@@ -261,10 +262,18 @@ class FlightTransport:
                 address = self.client.leader(tp.topic, tp.partition).address
                 self.client.reset_connection(address)  # a fresh channel, no gRPC backoff
         if isinstance(
-            error, (NotLeaderOrFollowerError, UnknownTopicOrPartitionError, NetworkError)
+            error,
+            (
+                NotLeaderOrFollowerError,
+                UnknownTopicOrPartitionError,
+                NetworkError,
+                UnknownTopicIdError,
+            ),
         ):
             # A leader that does not answer may have been replaced by an election: the
             # next attempts go where the fresh metadata says (the same broker until then).
+            # A recreated topic: this producer's pin stays (its batches fail), but the next
+            # producer on a shared client pins the new id, not the cached old one.
             self._refresh_metadata_soon()
 
     def _refresh_metadata_soon(self) -> None:

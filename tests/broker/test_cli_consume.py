@@ -5,6 +5,7 @@ test and in a process of their own; never a traceback in any output."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -314,3 +315,28 @@ def test_a_bad_topic_partition_or_limit_is_one_usage_line(
         errors = [x for x in done.stderr.splitlines() if x.startswith("idemlog:")]
         assert len(errors) == 1 and errors[0].startswith(start), done.stderr
         assert done.stdout == ""
+
+
+def test_a_topic_recreated_under_the_consumer_ends_it_naming_both_ids(
+    broker: BrokerProcess, client: BrokerClient, topic: str, consumers: list[Consumer]
+) -> None:
+    _commit(broker.address, range(5))
+    old_id = client.topic_id(TOPIC)
+    consumer = Consumer(broker.address, "--from-beginning")
+    consumers.append(consumer)
+    consumer.out.wait(lambda lines: len(lines) >= 5, "the old topic's 5 rows")
+    # Stopped across the delete and the create, so its next fetch finds the new topic
+    # (not the moment between, when there is none: "was deleted", exit 1 as well).
+    os.kill(consumer.process.pid, signal.SIGSTOP)
+    try:
+        client.delete_topic(TOPIC)
+        client.create_topic(TOPIC, PARTITIONS, schema=SCHEMA)
+        new_id = client.topic_id(TOPIC, refresh=True)
+        _commit(broker.address, range(1000, 1010), txn_id="after")  # never printed
+    finally:
+        os.kill(consumer.process.pid, signal.SIGCONT)
+    assert consumer.finish() == ExitCode.FAILURE
+    assert sorted(consumer.ids()) == list(range(5))
+    line = f"topic {TOPIC!r} was recreated: id {old_id} is now {new_id}"
+    assert [str(x) for x in consumer.err.values if line in str(x)], consumer.err.values
+    assert consumer.summary() == "Processed a total of 5 messages"

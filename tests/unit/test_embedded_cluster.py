@@ -285,3 +285,23 @@ def test_replication_factor_above_the_one_broker_is_refused(
     assert cluster.topics() == {}
     one = cluster.create_topic("t", 2, None, {"replication.factor": 1})
     assert one.state(1) == PartitionState((1,), 1, 0, (1,))
+
+
+def test_a_topic_stored_before_ids_gets_one_written_at_load_and_kept(
+    open_cluster: Callable[..., EmbeddedCluster], path: Path
+) -> None:
+    first = open_cluster()
+    first.register(BROKER)
+    first.create_topic("legacy", 1, None, {})
+    first.close()
+    doc = json.loads(path.read_text())
+    del doc["topics"]["legacy"]["topic_id"]  # as a broker from before ids wrote it
+    path.write_text(json.dumps(doc))
+
+    loaded = open_cluster()
+    topic_id = loaded.topic("legacy").topic_id
+    assert len(topic_id) == 32
+    # Written at load, before any start or request: a crash now cannot pick another.
+    assert json.loads(path.read_text())["topics"]["legacy"]["topic_id"] == topic_id
+    loaded.close()
+    assert open_cluster().topic("legacy").topic_id == topic_id
