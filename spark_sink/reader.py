@@ -112,10 +112,10 @@ def _recreated_while_reading(
     topic: str, pinned: str, exc: UnknownTopicIdError, what: str
 ) -> UnknownTopicIdError:
     """The broker's refusal of a stale id, as the reader's one line: the topic, that it
-    was recreated (the broker's words, which carry both ids) and what could not be read."""
+    was recreated or deleted (the broker's words, with the ids) and what could not be
+    read. Not retriable: rows of a new topic are never read as if they followed."""
     return UnknownTopicIdError(
-        f"{exc.message} (after this read was planned under id {pinned}): {what}; rows of "
-        "the new topic are never read as if they followed"
+        f"{exc.message} (after this read was planned under id {pinned}): {what}"
     )
 
 

@@ -463,9 +463,10 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     run id is Spark's run id of the query: a restart (which may split each batch's rows
     differently) gets a new one. Spark builds this writer anew for the tasks and for each
     commit and abort, so both ids come from the tasks (their messages). ``topic_id``: the
-    topic's id when the query started, which every task of every micro-batch sends: a
-    topic recreated under the name while the query runs fails it, before any row of the
-    batch is written there."""
+    topic's id when Spark planned this writer, which the tasks send: a topic recreated
+    between that plan and a task refuses the task before it writes a row. (Spark plans
+    a stream's writer anew for its micro-batches: seen in a test, a batch planned after
+    a recreate writes to the new topic.)"""
 
     def __init__(self, options: IdemlogOptions, schema: pa.Schema, topic_id: str = "") -> None:
         self.options = options

@@ -42,7 +42,9 @@ class ScriptedClient:
             raise answer
         return answer
 
-    def list_offsets(self, topic: str, partition: int) -> dict[str, int]:
+    def list_offsets(
+        self, topic: str, partition: int, *, topic_id: str | None = None
+    ) -> dict[str, int]:
         return {"log_start_offset": 0, "log_end_offset": self.log_end}
 
     def close(self) -> None:
