@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,26 @@ BROKER_MODULE = "broker_core.cli.main"
 
 
 # -- input -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def delta_test_session(app_name: str) -> Iterator[Any]:
+    """A Spark session with Delta (the project's jars), stopped at the end; fails, never
+    skips, when the jars are missing."""
+    import pytest
+
+    from spark_sink.export.delta import delta_session
+    from spark_sink.session import project_jars
+
+    if not any("delta-spark" in jar for jar in project_jars()):
+        pytest.fail("no Delta jars in jars/: run `make jars` (scripts/fetch_jars.sh)")
+    session = delta_session(app_name)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
 def make_input(src: Path, files: int, rows: int) -> list[int]:
     """Write the parquet files; returns every id, in order."""
     src.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,6 @@ from spark_sink.embedded import ensure_broker, stop_broker
 from spark_sink.export.delta import (
     ExportError,
     Source,
-    delta_session,
     export,
     format_offsets,
     plan_export,
@@ -34,8 +33,8 @@ from spark_sink.export.delta import (
 )
 from spark_sink.metrics_recorder import SCHEMA as METRICS_SCHEMA
 from spark_sink.metrics_recorder import MetricsRecorder, read_metrics
-from spark_sink.session import project_jars
 from tests.harness.waiting import wait_until
+from tests.spark.helpers import delta_test_session
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +46,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def spark(store: str) -> Iterator[SparkSession]:
-    if not any("delta-spark" in jar for jar in project_jars()):
-        pytest.fail("no Delta jars in jars/: run `make jars` (scripts/fetch_jars.sh)")
-    session = delta_session("idemlog-delta-export-tests")
-    yield session
-    session.stop()
+    with delta_test_session("idemlog-delta-export-tests") as session:
+        yield session
 
 
 def quiet(_line: str) -> None:

@@ -22,9 +22,9 @@ from pyspark.sql.streaming import StreamingQuery
 
 from broker_core.client.broker_client import BrokerClient
 from spark_sink.embedded import ensure_broker, stop_broker
-from spark_sink.export.delta import ExportError, Source, delta_session, export
+from spark_sink.export.delta import ExportError, Source, export
 from spark_sink.schema import arrow_schema_for
-from spark_sink.session import project_jars
+from tests.spark.helpers import delta_test_session
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def spark(store: str) -> Iterator[SparkSession]:
-    if not any("delta-spark" in jar for jar in project_jars()):
-        pytest.fail("no Delta jars in jars/: run `make jars` (scripts/fetch_jars.sh)")
-    session = delta_session("idemlog-topic-recreate-tests")
-    yield session
-    session.stop()
+    with delta_test_session("idemlog-topic-recreate-tests") as session:
+        yield session
 
 
 def payments(spark: SparkSession, first: int, n: int) -> DataFrame:
