@@ -45,7 +45,12 @@ from broker_core.cli.broker_cmd import BOOTSTRAP_HELP, _client, _command_config_
 from broker_core.cli.failures import ExitCode
 from broker_core.cli.progress import Progress
 from broker_core.client.broker_client import BrokerClient
-from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
+from broker_core.errors import (
+    IdemlogError,
+    InvalidConfigError,
+    UnknownTopicIdError,
+    UnknownTopicOrPartitionError,
+)
 from broker_core.log.partition_log import IsolationLevel
 
 T = TypeVar("T")
@@ -226,16 +231,19 @@ def consume(args: argparse.Namespace) -> int:
             ):
                 arrived = 0
                 for p in partitions:
-                    response = stop.call(
-                        lambda p=p: client.fetch_once(  # type: ignore[misc]
-                            args.topic,
-                            p,
-                            positions[p],
-                            isolation=args.isolation,
-                            max_bytes=_FETCH_MAX_BYTES,
-                            topic_id=topic_id,
+                    try:
+                        response = stop.call(
+                            lambda p=p: client.fetch_once(  # type: ignore[misc]
+                                args.topic,
+                                p,
+                                positions[p],
+                                isolation=args.isolation,
+                                max_bytes=_FETCH_MAX_BYTES,
+                                topic_id=topic_id,
+                            )
                         )
-                    )
+                    except UnknownTopicIdError as exc:
+                        raise _as_now(client, args.topic, topic_id or "", exc) from exc
                     for meta, batch in response.batches:
                         for i, row in enumerate(batch.to_pylist()):
                             offset = meta.base_offset + i
@@ -291,6 +299,18 @@ def consume(args: argparse.Namespace) -> int:
     if stop.signal is not None:
         return int(ExitCode.INTERRUPTED if stop.signal == signal.SIGINT else ExitCode.TERMINATED)
     return int(ExitCode.OK)
+
+
+def _as_now(
+    client: BrokerClient, topic: str, old_id: str, refused: UnknownTopicIdError
+) -> UnknownTopicIdError:
+    """The refusal restated as the topic stands when it is reported: the broker answered
+    at its moment, which may fall between a delete and the create that reuses the name
+    ("was deleted" when by now it "was recreated")."""
+    try:
+        return UnknownTopicIdError.recreated(topic, old_id, client.topic_id(topic, refresh=True))
+    except IdemlogError:
+        return refused  # the store or the brokers are away: the broker's word stands
 
 
 def add_consume_command(sub: Any) -> None:

@@ -325,8 +325,9 @@ def test_a_topic_recreated_under_the_consumer_ends_it_naming_both_ids(
     consumer = Consumer(broker.address, "--from-beginning")
     consumers.append(consumer)
     consumer.out.wait(lambda lines: len(lines) >= 5, "the old topic's 5 rows")
-    # Stopped across the delete and the create, so its next fetch finds the new topic
-    # (not the moment between, when there is none: "was deleted", exit 1 as well).
+    # Stopped across the delete and the create. A fetch it sent just before may be
+    # answered between them ("was deleted"): the line it prints states the topic as it
+    # stands when reported, recreated.
     os.kill(consumer.process.pid, signal.SIGSTOP)
     try:
         client.delete_topic(TOPIC)
