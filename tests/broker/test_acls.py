@@ -226,7 +226,7 @@ def test_init_and_abort_of_anothers_transactional_id_are_refused_and_leave_it_op
 ) -> None:
     pid, epoch = admin.init_producer_id("payroll", None)
     admin.add_partitions_to_txn("payroll", pid, epoch, [(TOPIC, 0)])
-    with admin.produce_stream(TOPIC, 0, SCHEMA) as stream:
+    with admin.produce_stream(TOPIC, 0, SCHEMA, transactional_id="payroll") as stream:
         stream.send(
             rows(3), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
         ).offsets(10)
@@ -349,7 +349,7 @@ def test_refused_transaction_leaves_nothing_readable(
     with client_of(acl_broker, "alice") as alice:
         pid, epoch = alice.init_producer_id("alice-txn", 2000)
         alice.add_partitions_to_txn("alice-txn", pid, epoch, [(TOPIC, 0)])
-        with alice.produce_stream(TOPIC, 0, SCHEMA) as stream:
+        with alice.produce_stream(TOPIC, 0, SCHEMA, transactional_id="alice-txn") as stream:
             stream.send(
                 rows(4), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
             ).offsets(10)

@@ -80,7 +80,7 @@ def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
     pid, epoch = wait_until(lambda: _init(client), "the migrated coordinator to serve")
     assert (pid, epoch) == (PID, EPOCH + 1)  # the legacy id, not a new one
     client.add_partitions_to_txn("legacy-app", pid, epoch, [("up", 0)])
-    with client.produce_stream("up", 0) as stream:
+    with client.produce_stream("up", 0, transactional_id="legacy-app") as stream:
         assert stream.send(
             rows(2, start=10), producer_id=pid, producer_epoch=epoch, base_sequence=0,
             transactional=True,
