@@ -173,7 +173,7 @@ class Broker:
             self._lock_data_dir()
             self._open_producer_ids()
             self._open_store()
-            info = self._open_listener(tls)
+            info = self._open_listener(tls, failpoints)
             self._join_cluster(info, tls, failpoints)
             self._start_coordinator(tls)
             self._start_tasks()
@@ -258,7 +258,7 @@ class Broker:
             ),
         )
 
-    def _open_listener(self, tls: TlsMaterial) -> BrokerInfo:
+    def _open_listener(self, tls: TlsMaterial, failpoints: BrokerFailpoints) -> BrokerInfo:
         """The handlers and the Flight server, bound (so the real port is known), and what
         clients are told: ``listener.advertised.*`` when set (NAT, a proxy, a container).
         Requests wait at :meth:`gate`. Built before the parts they reach (the cluster
@@ -298,6 +298,7 @@ class Broker:
             middleware=local_token_middleware(cfg),
             authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
             verifier=self._txn_verifier(tls),
+            failpoints=failpoints,
         )
         assert self.identity is not None  # _lock_data_dir ran
         self.info = BrokerInfo(

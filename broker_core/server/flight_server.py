@@ -56,6 +56,7 @@ from broker_core.server.authorization import (
     RequestAuthorizer,
     host_of_peer,
 )
+from broker_core.server.failpoints import NO_FAILPOINTS, UNVERIFIED_TXN_PRODUCE, BrokerFailpoints
 from broker_core.server.handlers import ActionHandlers
 from broker_core.server.metrics import Metrics, outcome_of
 from broker_core.server.partition import Partition
@@ -96,7 +97,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     ``authorizer``: the ACL check every request passes before it touches state
     (``broker_core.server.authorization``), None with ``authorizer.enable=false``;
     ``verifier``: asks a transactional batch's coordinator before its first append
-    (``broker_core.server.txn_verifier``).
+    (``broker_core.server.txn_verifier``); ``failpoints``: the test hooks (none unless
+    started for them).
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         middleware: Mapping[str, flight.ServerMiddlewareFactory] | None = None,
         authorizer: RequestAuthorizer | None = None,
         verifier: TxnVerifier,
+        failpoints: BrokerFailpoints = NO_FAILPOINTS,
     ) -> None:
         # auth_handler (SASL, broker_core.server.authentication): every call but the
         # handshake carries a valid session token, or Flight refuses it before any handler.
@@ -133,6 +136,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self._ack_timeout_s = ack_timeout_s
         self._authorizer = authorizer
         self._verifier = verifier
+        self._failpoints = failpoints
 
     # -- common --------------------------------------------------------------------------
     def _permit(
@@ -376,6 +380,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         coordinator confirmed (KIP-890). Raises INVALID_REQUEST without a transactional
         id, and the verifier's refusal (the guard dropped, nothing written)."""
         if txn_id is None:
+            if self._failpoints.is_armed(UNVERIFIED_TXN_PRODUCE):
+                return None  # the test hook: appended as before issue 36, unverified
             raise InvalidRequestError(
                 f"produce to {topic}-{partition}: a transactional batch (producer id "
                 f"{meta.producer_id}) on a stream whose descriptor names no transactional_id"
