@@ -167,6 +167,21 @@ def test_injection_into_another_principals_open_transaction_is_refused(
         error = plain.error()
         assert isinstance(error, ClusterAuthorizationFailedError), plain
         assert "IdempotentWrite" in error.message and "expected" not in error.message
+    # Even with IdempotentWrite (an idempotent producer id is not bound to its principal,
+    # docs/security.md): refused while his transaction is open, naming none of his state.
+    allow(acl_broker, "User:alice", "IdempotentWrite", resource=("--cluster",))
+    with client_of(acl_broker, "bob") as bob, client_of(acl_broker, "alice") as alice:
+        with alice.produce_stream(TOPIC, 0, SCHEMA) as stream:
+            plains = [
+                stream.send(
+                    rows(1, start=669), producer_id=pid, producer_epoch=e, base_sequence=seq
+                ).result(10)
+                for e, seq in ((epoch, 0), (epoch, 3), (epoch + 1, 0))
+            ]
+        for answer in plains:
+            error = answer.error()
+            assert isinstance(error, InvalidTxnStateError) and error.code == 48, answer
+            assert "expected" not in error.message and "epoch" not in error.message
         # bob's own next batch: appended, once (not answered as a duplicate).
         with bob.produce_stream(TOPIC, 0, SCHEMA, transactional_id="bob-txn") as stream:
             answer = stream.send(
