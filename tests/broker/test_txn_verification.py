@@ -16,6 +16,8 @@ from broker_core.errors import (
     InvalidTxnStateError,
     TransactionalIdAuthorizationFailedError,
 )
+from broker_core.protocol.txn_requests import AddPartitionsToTxnRequest
+from broker_core.protocol.wire import Action
 from tests.broker.helpers import SCHEMA, ids, rows
 from tests.broker.test_acls import TOPIC, acl_broker, admin, allow, check_refusal, client_of
 from tests.harness.broker import BrokerProcess
@@ -100,6 +102,13 @@ def test_a_forged_transactional_batch_is_refused_and_holds_no_reader_back(
     error = answer.error()
     assert isinstance(error, InvalidTxnStateError) and error.code == 48, answer
     assert "not verified with its coordinator" in error.message
+    # The leaders' own question to a coordinator is for brokers only (ClusterAction).
+    verify = AddPartitionsToTxnRequest("alice-forge", 990, 0, ((TOPIC, 0),), verify_only=True)
+    with (
+        client_of(acl_broker, "alice") as alice,
+        pytest.raises(ClusterAuthorizationFailedError, match="ClusterAction"),
+    ):
+        alice.action(acl_broker.address, Action.ADD_PARTITIONS_TO_TXN, verify.to_doc())
     assert admin.list_offsets(TOPIC, 0)["log_end_offset"] == end_before  # nothing written
     _committed_txn(admin, "ledger-app", 0, 3)
     assert _stable(admin)  # no transaction the coordinator does not know holds readers
