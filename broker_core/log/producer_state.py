@@ -170,8 +170,10 @@ class ProducerStateManager:
         self, producer_id: int, producer_epoch: int, transactional_id: str
     ) -> VerificationGuard | None:
         """None when this producer's transaction here, at this epoch and under this
-        transactional id, was verified already; else a new pending guard to verify with
-        the coordinator and to hand to the append."""
+        transactional id, was verified already; else the pending guard to verify with the
+        coordinator and to hand to the append: the one a concurrent verification of the
+        same (epoch, transactional id) made (a producer's retry on a new stream while its
+        old stream's batch verifies), or a new one."""
         entry = self._producers.get(producer_id)
         verified = self._verified.get(producer_id)
         if (
@@ -182,12 +184,15 @@ class ProducerStateManager:
             and verified.names(producer_epoch, transactional_id)
         ):
             return None
+        pending = self._verifying.get(producer_id)
+        if pending is not None and pending.names(producer_epoch, transactional_id):
+            return pending  # made before this ask too: a marker since would have dropped it
         guard = VerificationGuard(producer_epoch, transactional_id)
         self._verifying[producer_id] = guard
         return guard
 
     def drop_verification(self, producer_id: int, guard: VerificationGuard) -> None:
-        """The coordinator refused (or could not be asked): forget the pending guard."""
+        """The coordinator refused: forget the pending guard."""
         if self._verifying.get(producer_id) is guard:
             del self._verifying[producer_id]
 

@@ -378,7 +378,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         """The guard a transactional batch is appended under: None when its transaction
         here was verified already (the steady path: one look-up), else a new one the
         coordinator confirmed (KIP-890). Raises INVALID_REQUEST without a transactional
-        id, and the verifier's refusal (the guard dropped, nothing written)."""
+        id, and the verifier's error, nothing written: a refusal drops the guard, a
+        retriable error keeps it for the retry (or a concurrent ask of the same producer)."""
         if txn_id is None:
             if self._failpoints.is_armed(UNVERIFIED_TXN_PRODUCE):
                 return None  # the test hook: appended as before issue 36, unverified
@@ -392,8 +393,9 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             return None
         try:
             self._verifier.verify(txn_id, meta.producer_id, meta.producer_epoch, topic, partition)
-        except BaseException:
-            log_.drop_verification(meta.producer_id, guard)
+        except IdemlogError as exc:
+            if not exc.retriable:
+                log_.drop_verification(meta.producer_id, guard)
             raise
         return guard
 

@@ -66,12 +66,20 @@ def test_a_marker_while_the_coordinator_answered_voids_the_guard(tmp_path: Path)
         log.append(rows(1, 1), producer_id=PID, producer_epoch=EPOCH + 1, base_sequence=0,
                    transactional=True, transactional_id=TID, verification=stale)  # fmt: skip
     assert log.log_end_offset == end and log.last_stable_offset == end  # nothing opened
+    # Two asks of the same producer at once share one guard: both appends pass.
+    shared = log.verification_needed(PID, EPOCH + 1, TID)
+    assert shared is not None and log.verification_needed(PID, EPOCH + 1, TID) is shared
+    log.append(rows(1, 1), producer_id=PID, producer_epoch=EPOCH + 1, base_sequence=0,
+               transactional=True, transactional_id=TID, verification=shared)  # fmt: skip
+    log.append(rows(1, 2), producer_id=PID, producer_epoch=EPOCH + 1, base_sequence=1,
+               transactional=True, transactional_id=TID, verification=shared)  # fmt: skip
+    log.write_marker(PID, EPOCH + 2, ControlType.ABORT)
     # A refused verification drops its guard: a later append cannot use it.
-    refused = log.verification_needed(PID, EPOCH + 1, TID)
+    refused = log.verification_needed(PID, EPOCH + 2, TID)
     assert refused is not None
     log.drop_verification(PID, refused)
     with pytest.raises(InvalidTxnStateError):
-        log.append(rows(1, 1), producer_id=PID, producer_epoch=EPOCH + 1, base_sequence=0,
+        log.append(rows(1, 3), producer_id=PID, producer_epoch=EPOCH + 2, base_sequence=0,
                    transactional=True, transactional_id=TID, verification=refused)  # fmt: skip
 
 
