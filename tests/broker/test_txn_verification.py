@@ -12,15 +12,18 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     ClusterAuthorizationFailedError,
     ErrorCode,
+    IdemlogError,
     InvalidRequestError,
     InvalidTxnStateError,
     TransactionalIdAuthorizationFailedError,
 )
 from broker_core.protocol.txn_requests import AddPartitionsToTxnRequest
 from broker_core.protocol.wire import Action
-from tests.broker.helpers import SCHEMA, ids, rows
+from tests.broker.helpers import SCHEMA, TEST_BROKER_CONFIG, ids, rows
 from tests.broker.test_acls import TOPIC, acl_broker, admin, allow, check_refusal, client_of
-from tests.harness.broker import BrokerProcess
+from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.waiting import wait_until
+from tests.harness.zookeeper import ZooKeeperHarness
 
 __all__ = ["acl_broker", "admin"]  # fixtures, used by name
 
@@ -253,3 +256,57 @@ def test_a_batch_to_a_partition_never_added_is_refused_and_holds_no_reader_back(
         ).result(10)
     assert isinstance(late.error(), InvalidTxnStateError), late
     assert _stable(admin) and ids(admin, TOPIC, isolation="read_uncommitted") == [0, 1, 2, 3]
+
+
+def test_a_leader_verifies_with_a_coordinator_on_another_broker(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    """Two ZooKeeper-mode brokers: a partition led by the broker that does not run the
+    transactional id's coordinator asks it over the broker-to-broker call
+    (add_partitions_to_txn verify_only): refused before the partition is added, nothing
+    written; appended after."""
+    common = {**TEST_BROKER_CONFIG, "zookeeper.connect": zk_chroot.hosts}
+    brokers = [broker_factory({**common, "broker.id": i}, name=f"v{i}") for i in (1, 2)]
+    with BrokerClient(",".join(b.address for b in brokers)) as client:
+        wait_until(lambda: len(client.refresh_metadata().brokers) == 2, "both brokers")
+        leaders = client.create_topic("remote", 2)
+        pid, epoch = wait_until(lambda: _init(client, "remote-app"), "the coordinator")
+        found = client.action(
+            brokers[0].address, Action.FIND_COORDINATOR, {"transactional_id": "remote-app"}
+        )
+        far = next(p for p, leader in enumerate(leaders) if leader != found["broker_id"])
+        client.add_partitions_to_txn("remote-app", pid, epoch, [("remote", 1 - far)])
+        with client.produce_stream("remote", far, transactional_id="remote-app") as stream:
+            refused = stream.send(
+                rows(2),
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=0,
+                transactional=True,
+            ).result(10)
+        error = refused.error()
+        assert isinstance(error, InvalidTxnStateError) and error.code == 48, refused
+        assert f"remote-{far} not added" in error.message
+        assert client.list_offsets("remote", far)["log_end_offset"] == 0
+        client.add_partitions_to_txn("remote-app", pid, epoch, [("remote", far)])
+        with client.produce_stream("remote", far, transactional_id="remote-app") as stream:
+            stream.send(
+                rows(2),
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=0,
+                transactional=True,
+            ).offsets(10)
+        client.end_txn("remote-app", pid, epoch, True)
+        assert ids(client, "remote", far) == [0, 1]
+        offsets = client.list_offsets("remote", far)
+        assert offsets["last_stable_offset"] == offsets["log_end_offset"] == 3  # + marker
+
+
+def _init(client: BrokerClient, tid: str) -> tuple[int, int] | None:
+    try:
+        return client.init_producer_id(tid, None)
+    except IdemlogError as exc:
+        if exc.retriable:
+            return None  # the state partitions' coordinators still loading
+        raise
