@@ -79,7 +79,7 @@ def _round(
         ranges = []
         for p in range(partitions):
             batches = [_batch(0)] + [_batch(0, MIB_ROWS) for _ in range(mb)]
-            with client.produce_stream(topic, p, SCHEMA) as stream:
+            with client.produce_stream(topic, p, SCHEMA, transactional_id=tid) as stream:
                 sent, sequence = [], 0
                 for rows in batches:
                     sent.append(

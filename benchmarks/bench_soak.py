@@ -255,17 +255,19 @@ class SinkDriver:
         self._tasks = tasks
         self._partitions = partitions
         self._next_id = 0
-        self._streams: dict[int, ProduceStream] = {}
+        # One stream per task and partition: a stream names its transactional id.
+        self._streams: dict[tuple[str, int], ProduceStream] = {}
 
     def close(self) -> None:
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
 
-    def _stream(self, partition: int) -> ProduceStream:
-        if partition not in self._streams:
-            self._streams[partition] = self._client.produce_stream(TOPIC, partition)
-        return self._streams[partition]
+    def _stream(self, tid: str, partition: int) -> ProduceStream:
+        key = (tid, partition)
+        if key not in self._streams:
+            self._streams[key] = self._client.produce_stream(TOPIC, partition, transactional_id=tid)
+        return self._streams[key]
 
     def batch(self, sink: str, run: str, batch: int) -> float:
         """One batch of ``sink``: every task prepared, then the commit; returns the
@@ -288,7 +290,7 @@ class SinkDriver:
                     schema=SCHEMA,
                 )
                 self._next_id += ROWS_PER_SEND
-                handle = self._stream(p).send(
+                handle = self._stream(tid, p).send(
                     rows, producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
                 )
                 first, last = handle.offsets(60)

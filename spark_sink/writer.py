@@ -177,6 +177,7 @@ def _write_task(
                 FlightTransport(
                     BrokerClient(bootstrap, tls=options.tls.load(Side.CLIENT), sasl=options.sasl),
                     topic_ids=pinned,
+                    transactional_id=tid,
                 ),
             ),
             **{

@@ -543,6 +543,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         *,
         acks: int = ACKS_ALL,
         topic_id: str | None = None,
+        transactional_id: str | None = None,
     ) -> ProduceStream:
         """A raw pipelined stream to the partition's leader (opened at the first send if
         no schema is given), its batches answered as ``acks`` says (-1: once every in-sync
@@ -551,7 +552,9 @@ class BrokerClient(AdminCalls, TransactionCalls):
         batch with the broker's typed error, and the caller decides
         (``spark_sink.producer`` does). ``topic_id``: the id the caller knows the topic
         by (:meth:`topic_id`); a topic recreated since fails the stream with
-        ``UnknownTopicIdError``. Raises ``NetworkError`` as :meth:`leader`."""
+        ``UnknownTopicIdError``. ``transactional_id``: the transactional producer's, which
+        its transactional batches need (docs/protocol.md). Raises ``NetworkError`` as
+        :meth:`leader`."""
         broker = self.leader(topic, partition)
         return ProduceStream(
             self._connection(broker.address),
@@ -561,6 +564,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
             address=broker.address,
             acks=acks,
             topic_id=topic_id,
+            transactional_id=transactional_id,
         )
 
     def fetch_once(

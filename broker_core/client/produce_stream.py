@@ -129,6 +129,9 @@ class ProduceStream:
     1 (``ACKS_LEADER``) once the leader has written it. It is not checked here (the stream
     is raw): the broker refuses any other value, failing the stream with
     ``InvalidRequiredAcksError`` (INVALID_REQUIRED_ACKS) at the first send.
+    ``transactional_id`` goes in the descriptor too: the transactional producer's, which
+    its transactional batches need (the broker checks Write on it and verifies each
+    transaction with its coordinator).
     """
 
     def __init__(
@@ -141,10 +144,12 @@ class ProduceStream:
         address: str = "",
         acks: int = ACKS_ALL,
         topic_id: str | None = None,
+        transactional_id: str | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.topic_id = topic_id
+        self.transactional_id = transactional_id
         self.address = address
         self.acks = acks
         self._client = client
@@ -171,7 +176,9 @@ class ProduceStream:
     def _open(self, schema: pa.Schema) -> None:
         descriptor = flight.FlightDescriptor.for_command(
             encode_json(
-                ProduceDescriptor(self.topic, self.partition, self.acks, self.topic_id).to_doc()
+                ProduceDescriptor(
+                    self.topic, self.partition, self.acks, self.topic_id, self.transactional_id
+                ).to_doc()
             )
         )
         try:

@@ -33,7 +33,12 @@ from broker_core.fileutil import fsync_directory, fsync_file
 from broker_core.log.cleaner import CleanResult, PartitionCleaner
 from broker_core.log.config import LogConfig
 from broker_core.log.leader_epoch import EpochEndOffset
-from broker_core.log.producer_state import AppendOrigin, ProducerStateEntry, ProducerStateManager
+from broker_core.log.producer_state import (
+    AppendOrigin,
+    ProducerStateEntry,
+    ProducerStateManager,
+    VerificationGuard,
+)
 from broker_core.log.reads import collect, read_control
 from broker_core.log.recovery import (
     CLEAN_SHUTDOWN_FILE,
@@ -188,8 +193,15 @@ class PartitionLog:
         base_sequence: int = NO_SEQUENCE,
         transactional: bool = False,
         origin: AppendOrigin = AppendOrigin.CLIENT,
+        transactional_id: str | None = None,
+        verification: VerificationGuard | None = None,
     ) -> AppendResult:
         """Append rows as one batch, or answer the original offsets of a retried batch.
+
+        With ``transactional_id`` (a leader's append of a client's transactional batch),
+        the batch's transaction must have been verified with its coordinator
+        (:meth:`verification_needed`, ``verification`` its guard): checked here, under
+        the lock, before anything else of the producer (INVALID_TXN_STATE otherwise).
 
         Raises the validator's errors (see ``broker_core.log.validator``), or
         InvalidRequestError when the log holds a newer leader epoch than ``leader_epoch``
@@ -215,8 +227,14 @@ class PartitionLog:
         pbatch = ProducerBatch(
             producer_id, producer_epoch, base_sequence, last_seq, batch.num_rows, transactional
         )
+        verify = transactional and transactional_id is not None and origin is AppendOrigin.CLIENT
         with self._lock:
             self._check_open()
+            if verify:
+                assert transactional_id is not None
+                if producer_id < 0:
+                    self.state.check_append(pbatch, origin)  # the field error, named
+                self.state.check_verified(pbatch, transactional_id, verification)
             original = self.state.check_append(pbatch, origin)
             if original is not None:
                 return AppendResult(
@@ -237,8 +255,23 @@ class PartitionLog:
             self.epochs.assign(self.leader_epoch, self.log_end_offset)
             header = self._write(encoded, now)
             self.state.on_data_batch(pbatch, header.base_offset, header.last_offset, now)
+            if verify:
+                self.state.on_verified_append(producer_id, verification)
             self._maybe_flush(now)
             return AppendResult(header.base_offset, header.last_offset, now, False)
+
+    def verification_needed(
+        self, producer_id: int, producer_epoch: int, transactional_id: str
+    ) -> VerificationGuard | None:
+        """The guard to verify a transactional batch with its coordinator before
+        :meth:`append`, None when its transaction here was verified already
+        (``ProducerStateManager.verification_needed``)."""
+        with self._lock:
+            return self.state.verification_needed(producer_id, producer_epoch, transactional_id)
+
+    def drop_verification(self, producer_id: int, guard: VerificationGuard) -> None:
+        with self._lock:
+            self.state.drop_verification(producer_id, guard)
 
     def write_marker(
         self,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
+from broker_core.errors import InvalidTxnStateError
 from broker_core.log.validator import ProducerBatch, check_append, check_fields, check_marker
 from broker_core.record.batch import (
     NO_PRODUCER_EPOCH,
@@ -91,6 +92,22 @@ class ProducerStateEntry:
             self.batches.popleft()
 
 
+class VerificationGuard:
+    """One verification of a transactional producer with its coordinator (KIP-890), made
+    before the leader asks: the append that follows passes only if this very object is
+    still the producer's pending guard, so a marker written while the coordinator
+    answered (it drops the guard) makes the answer void. Compared by identity."""
+
+    __slots__ = ("producer_epoch", "transactional_id")
+
+    def __init__(self, producer_epoch: int, transactional_id: str) -> None:
+        self.producer_epoch = producer_epoch
+        self.transactional_id = transactional_id
+
+    def names(self, producer_epoch: int, transactional_id: str) -> bool:
+        return (self.producer_epoch, self.transactional_id) == (producer_epoch, transactional_id)
+
+
 @dataclass(frozen=True, slots=True)
 class CompletedTxn:
     producer_id: int
@@ -125,6 +142,11 @@ class ProducerStateManager:
         self._producer_id_known = producer_id_known or (lambda _pid: True)
         self._producers: dict[int, ProducerStateEntry] = {}
         self._ongoing: dict[int, int] = {}  # producer id -> first offset of its open txn
+        # KIP-890's verification, in memory only (a new leader verifies again): guards
+        # asked of a coordinator and not yet used, and the guard whose transaction is
+        # open here (its later batches pay nothing). A marker drops both.
+        self._verifying: dict[int, VerificationGuard] = {}
+        self._verified: dict[int, VerificationGuard] = {}
 
     # -- reading ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -142,6 +164,73 @@ class ProducerStateManager:
 
     def ongoing_transactions(self) -> dict[int, int]:
         return dict(self._ongoing)
+
+    # -- the coordinator's verification of transactional batches ----------------------
+    def verification_needed(
+        self, producer_id: int, producer_epoch: int, transactional_id: str
+    ) -> VerificationGuard | None:
+        """None when this producer's transaction here, at this epoch and under this
+        transactional id, was verified already; else the pending guard to verify with the
+        coordinator and to hand to the append: the one a concurrent verification of the
+        same (epoch, transactional id) made (a producer's retry on a new stream while its
+        old stream's batch verifies), or a new one."""
+        entry = self._producers.get(producer_id)
+        verified = self._verified.get(producer_id)
+        if (
+            entry is not None
+            and entry.has_open_transaction
+            and entry.epoch == producer_epoch
+            and verified is not None
+            and verified.names(producer_epoch, transactional_id)
+        ):
+            return None
+        pending = self._verifying.get(producer_id)
+        if pending is not None and pending.names(producer_epoch, transactional_id):
+            return pending  # made before this ask too: a marker since would have dropped it
+        guard = VerificationGuard(producer_epoch, transactional_id)
+        self._verifying[producer_id] = guard
+        return guard
+
+    def drop_verification(self, producer_id: int, guard: VerificationGuard) -> None:
+        """The coordinator refused: forget the pending guard."""
+        if self._verifying.get(producer_id) is guard:
+            del self._verifying[producer_id]
+
+    def check_verified(
+        self, batch: ProducerBatch, transactional_id: str, guard: VerificationGuard | None
+    ) -> None:
+        """Raise INVALID_TXN_STATE unless the batch's transaction was verified with its
+        coordinator: its open transaction here was, or ``guard`` is still pending (no
+        marker since it was made). Checked before the sequence, so that only a producer
+        id's owner learns anything of its state."""
+        pid, epoch = batch.producer_id, batch.producer_epoch
+        entry = self._producers.get(pid)
+        verified = self._verified.get(pid)
+        if (
+            entry is not None
+            and entry.has_open_transaction
+            and entry.epoch == epoch
+            and verified is not None
+            and verified.names(epoch, transactional_id)
+        ):
+            return
+        if (
+            guard is not None
+            and self._verifying.get(pid) is guard
+            and guard.names(epoch, transactional_id)
+        ):
+            return
+        raise InvalidTxnStateError(
+            f"producer_id={pid} epoch {epoch} of transactional id {transactional_id!r}: no "
+            "ongoing transaction holding this partition was verified with its coordinator "
+            "(it ended meanwhile, or the partition was not added to it)"
+        )
+
+    def on_verified_append(self, producer_id: int, guard: VerificationGuard | None) -> None:
+        """A batch passed by ``guard`` is in the log: its transaction is the verified one."""
+        if guard is not None and self._verifying.get(producer_id) is guard:
+            del self._verifying[producer_id]
+            self._verified[producer_id] = guard
 
     # -- validation (no state change) --------------------------------------------------
     def check_append(self, batch: ProducerBatch, origin: AppendOrigin) -> BatchMetadata | None:
@@ -201,6 +290,8 @@ class ProducerStateManager:
         offset: int,
         timestamp: int,
     ) -> CompletedTxn | None:
+        self._verifying.pop(producer_id, None)
+        self._verified.pop(producer_id, None)
         entry = self._entry(producer_id)
         entry.bump_epoch(max(entry.epoch, producer_epoch))
         entry.coordinator_epoch = coordinator_epoch
@@ -224,6 +315,7 @@ class ProducerStateManager:
         ]
         for pid in expired:
             del self._producers[pid]
+            self._verified.pop(pid, None)
         return expired
 
     # -- snapshots ---------------------------------------------------------------------
@@ -233,6 +325,8 @@ class ProducerStateManager:
     def load(self, entries: Iterable[ProducerStateEntry]) -> None:
         self._producers.clear()
         self._ongoing.clear()
+        self._verifying.clear()
+        self._verified.clear()
         for entry in entries:
             entry.window = self.window
             while len(entry.batches) > self.window:

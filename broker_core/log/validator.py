@@ -12,7 +12,9 @@ A duplicate of a cached batch is answered before these checks, with its original
 - a producer id this partition has never seen is accepted at any sequence (as Kafka >= 2.5
   does, since retention may have removed its state), unless the cluster never issued it:
   UNKNOWN_PRODUCER_ID;
-- a non-transactional batch while the producer has an open transaction: INVALID_TXN_STATE.
+- a non-transactional batch while the producer has an open transaction: INVALID_TXN_STATE,
+  checked first and naming nothing of the producer's state: the sender may not own the
+  producer id (docs/security.md, "Transactional produce").
 
 Markers (:func:`check_marker`): an older producer epoch is INVALID_PRODUCER_EPOCH, an older
 coordinator epoch than the last marker's is TRANSACTION_COORDINATOR_FENCED.
@@ -137,6 +139,11 @@ def check_append(
         if not producer_id_known(pid):
             raise UnknownProducerIdError(f"producer_id={pid} was never issued by this cluster")
         return
+    if entry.has_open_transaction and not batch.is_transactional:
+        raise InvalidTxnStateError(
+            f"producer_id={pid} sent a non-transactional batch while it has a transaction "
+            "open on this partition"
+        )
     if batch.producer_epoch < entry.epoch:
         raise InvalidProducerEpochError(
             f"producer_id={pid} epoch {batch.producer_epoch} is older than the current epoch "
@@ -162,11 +169,6 @@ def check_append(
                 f"producer_id={pid} epoch {batch.producer_epoch}: expected sequence {expected}, "
                 f"got {batch.first_seq}..{batch.last_seq}"
             )
-    if entry.has_open_transaction and not batch.is_transactional:
-        raise InvalidTxnStateError(
-            f"producer_id={pid} sent a non-transactional batch while its transaction from "
-            f"offset {entry.current_txn_first_offset} is open"
-        )
 
 
 def check_marker(

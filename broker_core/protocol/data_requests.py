@@ -34,15 +34,21 @@ class ProduceDescriptor:
     """The DoPut command of a produce stream: the partition every batch goes to, and when
     each batch is answered: ``acks`` -1 (all: once every in-sync replica has it, the
     default) or 1 (once the leader has written it). ``topic_id``: the id the producer
-    knows the topic by (None: any); another topic's is refused (UNKNOWN_TOPIC_ID)."""
+    knows the topic by (None: any); another topic's is refused (UNKNOWN_TOPIC_ID).
+    ``transactional_id``: the transactional producer's id, as Kafka's Produce carries it;
+    a stream without one is refused its transactional batches (INVALID_REQUEST), and one
+    with it needs Write on that TransactionalId (docs/security.md)."""
 
     topic: str
     partition: int
     acks: int = ACKS_ALL
     topic_id: str | None = None
+    transactional_id: str | None = None
 
     def to_doc(self) -> Doc:
-        doc = {"op": "produce", "topic": self.topic, "partition": self.partition}
+        doc: Doc = {"op": "produce", "topic": self.topic, "partition": self.partition}
+        if self.transactional_id is not None:
+            doc["transactional_id"] = self.transactional_id
         return _with_topic_id({**doc, "acks": self.acks}, self.topic_id)
 
     @classmethod
@@ -55,7 +61,11 @@ class ProduceDescriptor:
                 f"{what}: acks={acks} must be -1 (all in-sync replicas) or 1 (the leader)"
             )
         topic = _field(doc, "topic", str, what)
-        return cls(topic, _field(doc, "partition", int, what), acks, _topic_id(doc, what))
+        txn_id = _field(doc, "transactional_id", str, what, None)
+        if txn_id is not None and not txn_id:
+            raise InvalidRequestError(f"{what}: field 'transactional_id' must not be empty")
+        partition = _field(doc, "partition", int, what)
+        return cls(topic, partition, acks, _topic_id(doc, what), txn_id)
 
 
 @dataclass(frozen=True, slots=True)

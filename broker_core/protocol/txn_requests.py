@@ -122,6 +122,9 @@ class AddPartitionsToTxnRequest:
     partitions: Partitions
     # {topic: id} the producer knows its topics by (docs/protocol.md, "Topic ids").
     topic_ids: TopicIds = field(default_factory=dict)
+    # A partition leader's check before a transactional append (Kafka's VerifyOnly,
+    # KIP-890): are the partitions in this producer's ongoing transaction? Adds nothing.
+    verify_only: bool = False
 
     def to_doc(self) -> Doc:
         doc: Doc = {
@@ -132,6 +135,8 @@ class AddPartitionsToTxnRequest:
         }
         if self.topic_ids:
             doc["topic_ids"] = dict(self.topic_ids)
+        if self.verify_only:
+            doc["verify_only"] = True
         return doc
 
     @classmethod
@@ -139,7 +144,9 @@ class AddPartitionsToTxnRequest:
         what = cls.ACTION.value
         txn_id = _field(doc, "transactional_id", str, what)
         pid, epoch = _producer(doc, what)
-        return cls(txn_id, pid, epoch, _partitions(doc, what), _topic_ids(doc, what))
+        verify_only = _field(doc, "verify_only", bool, what, False)
+        partitions = _partitions(doc, what)
+        return cls(txn_id, pid, epoch, partitions, _topic_ids(doc, what), verify_only)
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,8 +145,25 @@ def _init_producer_id(body: Body) -> list[Check]:
     return [_txn(Operation.WRITE, txn_id)]
 
 
+def _produce(body: Body) -> list[Check]:
+    r = ProduceDescriptor.from_doc(body)
+    checks = [_topic(Operation.WRITE, r.topic)]
+    if r.transactional_id is not None:
+        checks.append(_txn(Operation.WRITE, r.transactional_id))
+    return checks
+
+
+# Checked at each batch of a produce stream that carries a producer id and is not
+# transactional (docs/security.md): the producer id is not bound to its principal.
+IDEMPOTENT_PRODUCE: Check = _cluster(Operation.IDEMPOTENT_WRITE)
+
+
 def _add_partitions(body: Body) -> list[Check]:
     r = AddPartitionsToTxnRequest.from_doc(body)
+    if r.verify_only:
+        # A partition leader asking the coordinator (KIP-890): brokers only, as Kafka's
+        # AddPartitionsToTxn v4+.
+        return [_cluster(Operation.CLUSTER_ACTION)]
     topics = sorted({t for t, _ in r.partitions})
     return [
         _txn(Operation.WRITE, r.transactional_id),
@@ -186,8 +203,10 @@ _CLUSTER_ACTION = Rule(
 
 RULES: dict[str, Rule] = {
     PRODUCE: Rule(
-        "Write on the topic (checked again at each batch of the stream)",
-        lambda b: [_topic(Operation.WRITE, ProduceDescriptor.from_doc(b).topic)],
+        "Write on the topic; with a transactional id, Write on it too; a batch with a "
+        "producer id that is not transactional: IdempotentWrite on the Cluster (all "
+        "checked again at each batch of the stream)",
+        _produce,
     ),
     FETCH: Rule(
         "Read on the topic", lambda b: [_topic(Operation.READ, FetchRequest.from_doc(b).topic)]
@@ -230,7 +249,9 @@ RULES: dict[str, Rule] = {
         _init_producer_id,
     ),
     Action.ADD_PARTITIONS_TO_TXN: Rule(
-        "Write on the transactional id, Write on each topic added", _add_partitions
+        "Write on the transactional id, Write on each topic added; `verify_only` (a "
+        "leader's check): ClusterAction on the Cluster",
+        _add_partitions,
     ),
     Action.END_TXN: Rule(
         "Write on the transactional id",
@@ -361,12 +382,16 @@ class RequestAuthorizer:
         (``KeyError`` for a request without a rule: the server checks the action is known
         first); else the permit that filters its answer."""
         for check in RULES[request].checks(body):
-            if not any(self.may(caller, n.operation, n.resource) for n in check):
-                error = refusal(caller, check[0], request)
-                self._on_refusal(error.error_code)
-                log.info("refused: %s", error.message)
-                raise error
+            self.require(caller, check, request)
         return Permit(self, caller)
+
+    def require(self, caller: Caller, check: Check, request: str) -> None:
+        """Raise the refusal of ``check`` unless ``caller`` passes it."""
+        if not any(self.may(caller, n.operation, n.resource) for n in check):
+            error = refusal(caller, check[0], request)
+            self._on_refusal(error.error_code)
+            log.info("refused: %s", error.message)
+            raise error
 
 
 class Permit:

@@ -52,6 +52,7 @@ from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.state_coordinator import StateLeaderCoordinatorRole
 from broker_core.server.tasks import TaskGroup
+from broker_core.server.txn_verifier import TxnVerifier
 from broker_core.server.zk_session import connect_zookeeper
 from broker_core.txn.coordinator import LocalMarkerWriter
 from broker_core.txn.expiry import ExpiryPolicy
@@ -110,6 +111,7 @@ class Broker:
         self.cluster: ClusterMetadata | None = None
         self.info: BrokerInfo | None = None
         self._server: Any = None
+        self._verifier: TxnVerifier | None = None
         self._tasks = TaskGroup()
         self.markers: RoutingMarkerWriter | None = None
         # Built by start() once the store and the cluster they are made of are open.
@@ -171,7 +173,7 @@ class Broker:
             self._lock_data_dir()
             self._open_producer_ids()
             self._open_store()
-            info = self._open_listener(tls)
+            info = self._open_listener(tls, failpoints)
             self._join_cluster(info, tls, failpoints)
             self._start_coordinator(tls)
             self._start_tasks()
@@ -256,7 +258,7 @@ class Broker:
             ),
         )
 
-    def _open_listener(self, tls: TlsMaterial) -> BrokerInfo:
+    def _open_listener(self, tls: TlsMaterial, failpoints: BrokerFailpoints) -> BrokerInfo:
         """The handlers and the Flight server, bound (so the real port is known), and what
         clients are told: ``listener.advertised.*`` when set (NAT, a proxy, a container).
         Requests wait at :meth:`gate`. Built before the parts they reach (the cluster
@@ -295,6 +297,8 @@ class Broker:
             auth_handler=server_auth(cfg, self._zk, tls),
             middleware=local_token_middleware(cfg),
             authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
+            verifier=self._txn_verifier(tls),
+            failpoints=failpoints,
         )
         assert self.identity is not None  # _lock_data_dir ran
         self.info = BrokerInfo(
@@ -304,6 +308,21 @@ class Broker:
             directory_id=self.identity.directory_id,
         )
         return self.info
+
+    def _txn_verifier(self, tls: TlsMaterial) -> TxnVerifier:
+        """Asks coordinators before a transactional batch's first append here (KIP-890):
+        this broker's own directly, another's over its inter-broker credentials."""
+        cfg = self.config
+        self._verifier = TxnVerifier(
+            self.broker_id,
+            self.coordinators,
+            self.require_cluster,
+            embedded=cfg.embedded,
+            timeout_s=self._replication().ack_timeout_s,
+            tls=tls,
+            sasl=cfg.security.inter_broker,
+        )
+        return self._verifier
 
     def _join_cluster(
         self, info: BrokerInfo, tls: TlsMaterial, failpoints: BrokerFailpoints
@@ -570,6 +589,8 @@ class Broker:
                 log.exception("broker %d: leaving the cluster failed", self.broker_id)
         if self.markers is not None:
             self.markers.close()
+        if self._verifier is not None:
+            self._verifier.close()
         if isinstance(self._pid_source, ZkProducerIdBlockSource):
             self._pid_source.close()
         if self._zk is not None:

@@ -11,7 +11,11 @@ Points (each read by one product call, through a :class:`BrokerFailpoints` passe
 * ``after_prepare`` / ``after_first_marker``: the marker writer SIGKILLs the broker before
   its first marker, or after the first partition's (``server.marker_client``);
 * ``withhold_replica_fetch``: the leader answers its followers' fetches with no batches
-  (``server.replica_manager``), so they fall behind and its tail diverges.
+  (``server.replica_manager``), so they fall behind and its tail diverges;
+* ``unverified_txn_produce``: the leader appends a transactional batch of a stream that
+  names no transactional id unverified, as a broker before issue 36 did
+  (``server.flight_server``): how the tests of the hanging-transaction tools make the
+  data those tools are for (written before the coordinator verified every transaction).
 
 State: one armed point name per process, fixed at start.
 """
@@ -32,7 +36,8 @@ ENABLE_KEY = "test.hooks.enable"
 AFTER_PREPARE = "after_prepare"
 AFTER_FIRST_MARKER = "after_first_marker"
 WITHHOLD_REPLICA_FETCH = "withhold_replica_fetch"
-POINTS = (AFTER_PREPARE, AFTER_FIRST_MARKER, WITHHOLD_REPLICA_FETCH)
+UNVERIFIED_TXN_PRODUCE = "unverified_txn_produce"
+POINTS = (AFTER_PREPARE, AFTER_FIRST_MARKER, WITHHOLD_REPLICA_FETCH, UNVERIFIED_TXN_PRODUCE)
 
 
 class BrokerFailpoints:

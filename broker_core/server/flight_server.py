@@ -27,6 +27,7 @@ from broker_core.errors import (
     UnknownServerError,
 )
 from broker_core.log.partition_log import IsolationLevel, PartitionLog
+from broker_core.log.producer_state import VerificationGuard
 from broker_core.log.results import AppendResult
 from broker_core.log.store import LogStore, describe_schema_difference
 from broker_core.protocol.data_requests import FetchRequest, ProduceDescriptor
@@ -47,6 +48,7 @@ from broker_core.security.principal import principal_of
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, server_arguments
 from broker_core.server.authorization import (
     FETCH,
+    IDEMPOTENT_PRODUCE,
     PRODUCE,
     UNCHECKED,
     Caller,
@@ -54,9 +56,11 @@ from broker_core.server.authorization import (
     RequestAuthorizer,
     host_of_peer,
 )
+from broker_core.server.failpoints import NO_FAILPOINTS, UNVERIFIED_TXN_PRODUCE, BrokerFailpoints
 from broker_core.server.handlers import ActionHandlers
 from broker_core.server.metrics import Metrics, outcome_of
 from broker_core.server.partition import Partition
+from broker_core.server.txn_verifier import TxnVerifier
 
 log = logging.getLogger("idemlog.flight")
 
@@ -91,7 +95,10 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     ``auth_handler``: SASL's or mutual TLS's (``broker_core.server.authentication``);
     ``middleware``: checks before every call (the embedded broker's token);
     ``authorizer``: the ACL check every request passes before it touches state
-    (``broker_core.server.authorization``), None with ``authorizer.enable=false``.
+    (``broker_core.server.authorization``), None with ``authorizer.enable=false``;
+    ``verifier``: asks a transactional batch's coordinator before its first append
+    (``broker_core.server.txn_verifier``); ``failpoints``: the test hooks (none unless
+    started for them).
     """
 
     def __init__(
@@ -110,6 +117,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         auth_handler: flight.ServerAuthHandler | None = None,
         middleware: Mapping[str, flight.ServerMiddlewareFactory] | None = None,
         authorizer: RequestAuthorizer | None = None,
+        verifier: TxnVerifier,
+        failpoints: BrokerFailpoints = NO_FAILPOINTS,
     ) -> None:
         # auth_handler (SASL, broker_core.server.authentication): every call but the
         # handshake carries a valid session token, or Flight refuses it before any handler.
@@ -126,6 +135,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self._max_request_bytes = max_request_bytes
         self._ack_timeout_s = ack_timeout_s
         self._authorizer = authorizer
+        self._verifier = verifier
+        self._failpoints = failpoints
 
     # -- common --------------------------------------------------------------------------
     def _permit(
@@ -177,14 +188,16 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         authorizer = self._authorizer
         caller = None if authorizer is None else _caller(context)  # the stream's, once
 
-        def authorized() -> None:
+        def authorized(meta: ProduceRequestMeta) -> None:
             # Asked again at each batch: a principal that loses its ACL mid-stream is
             # refused from its next batch on (the cached, indexed ACLs: a look-up, no I/O
             # on a cluster; one stat of the embedded file).
             if authorizer is not None and caller is not None:
                 authorizer.check(caller, PRODUCE, doc)
+                if meta.producer_id >= 0 and not meta.transactional:
+                    authorizer.require(caller, IDEMPOTENT_PRODUCE, PRODUCE)
 
-        topic, partition = request.topic, request.partition
+        topic, partition, txn_id = request.topic, request.partition, request.transactional_id
         # Routing errors and a stale topic id before the stream starts. A stream opened on
         # a copy that is deleted later fails its next append (the log is abandoned).
         self._topics.leader_log(topic, partition, request.topic_id)
@@ -203,11 +216,11 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             # watermark of a single replica).
             for meta, batch in chunks:
                 response, _end, _epoch = self._append(
-                    replica, topic, partition, meta, batch, acks_all, authorized
+                    replica, topic, partition, txn_id, meta, batch, acks_all, authorized
                 )
                 writer.write(response.encode())
             return
-        self._produce_replicated(replica, topic, partition, chunks, writer, authorized)
+        self._produce_replicated(replica, topic, partition, txn_id, chunks, writer, authorized)
 
     def _chunks(
         self, reader: flight.MetadataRecordBatchReader, topic: str, partition: int
@@ -234,9 +247,10 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         replica: Partition,
         topic: str,
         partition: int,
+        txn_id: str | None,
         chunks: Iterator[tuple[ProduceRequestMeta, pa.RecordBatch]],
         writer: flight.FlightMetadataWriter,
-        authorized: Callable[[], None],
+        authorized: Callable[[ProduceRequestMeta], None],
     ) -> None:
         """acks=all on a replicated partition: batches are read and appended on one thread
         while this one answers each, in order, once the high watermark passed it; so a
@@ -248,7 +262,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             try:
                 for meta, batch in chunks:
                     appended = self._append(
-                        replica, topic, partition, meta, batch, True, authorized
+                        replica, topic, partition, txn_id, meta, batch, True, authorized
                     )
                     # The answer's deadline counts from the append, not from when the
                     # answering thread reaches it behind the batches before it.
@@ -292,18 +306,22 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         replica: Partition,
         topic: str,
         partition: int,
+        txn_id: str | None,
         meta: ProduceRequestMeta,
         batch: pa.RecordBatch,
         acks_all: bool,
-        authorized: Callable[[], None],
+        authorized: Callable[[ProduceRequestMeta], None],
     ) -> tuple[ProduceResponse, int | None, int]:
         """Append one batch while this broker leads; its answer, the offset the high
         watermark must reach before it is sent (None: an error, answered at once), and
-        the leader epoch it was written at (the answer waits within that leadership)."""
+        the leader epoch it was written at (the answer waits within that leadership).
+        A transactional batch's transaction is verified with its coordinator first, once
+        per transaction here (:meth:`_verification`)."""
         metrics = self._metrics
         nbytes = batch.nbytes
         limit = self._max_request_bytes
         epoch = replica.leader_epoch
+        guard: VerificationGuard | None = None
 
         def write(log_: PartitionLog) -> AppendResult:
             nonlocal epoch
@@ -314,11 +332,13 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 producer_epoch=meta.producer_epoch,
                 base_sequence=meta.base_sequence,
                 transactional=meta.transactional,
+                transactional_id=txn_id,
+                verification=guard,
             )
 
         started = time.perf_counter()  # the produce latency metric: the leader's append
         try:
-            authorized()  # a refusal is this batch's answer, and nothing is written
+            authorized(meta)  # a refusal is this batch's answer, and nothing is written
             if nbytes > limit:
                 raise MessageTooLargeError(
                     f"produce to {topic}-{partition}: batch of {batch.num_rows} rows is "
@@ -326,6 +346,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 )
             # Outside the partition's lock: the check reads every buffer once.
             validate_rows(batch, f"produce to {topic}-{partition}")
+            if meta.transactional:
+                guard = self._verification(topic, partition, txn_id, meta)
             result = replica.append_as_leader(write, acks_all)
         except IdemlogError as exc:
             metrics.record_append(topic, partition, meta.producer_id, outcome_of(exc))
@@ -349,6 +371,33 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             result.duplicate,
         )
         return response, result.last_offset + 1, epoch
+
+    def _verification(
+        self, topic: str, partition: int, txn_id: str | None, meta: ProduceRequestMeta
+    ) -> VerificationGuard | None:
+        """The guard a transactional batch is appended under: None when its transaction
+        here was verified already (the steady path: one look-up), else a new one the
+        coordinator confirmed (KIP-890). Raises INVALID_REQUEST without a transactional
+        id, and the verifier's error, nothing written: a refusal drops the guard, a
+        retriable error keeps it for the retry (or a concurrent ask of the same producer)."""
+        if txn_id is None:
+            if self._failpoints.is_armed(UNVERIFIED_TXN_PRODUCE):
+                return None  # the test hook: appended as before issue 36, unverified
+            raise InvalidRequestError(
+                f"produce to {topic}-{partition}: a transactional batch (producer id "
+                f"{meta.producer_id}) on a stream whose descriptor names no transactional_id"
+            )
+        log_ = self._topics.leader_log(topic, partition)
+        guard = log_.verification_needed(meta.producer_id, meta.producer_epoch, txn_id)
+        if guard is None:
+            return None
+        try:
+            self._verifier.verify(txn_id, meta.producer_id, meta.producer_epoch, topic, partition)
+        except IdemlogError as exc:
+            if not exc.retriable:
+                log_.drop_verification(meta.producer_id, guard)
+            raise
+        return guard
 
     # -- fetch ---------------------------------------------------------------------------
     def do_get(

@@ -28,7 +28,9 @@ prepare_sink_txn       {transactional_id, producer_id, producer_epoch, batch_id,
                        ranges?: [[topic, partition, first, last], ..], topic_ids?:
                        {topic: id}} -> {}
 add_partitions_to_txn  {transactional_id, producer_id, producer_epoch, partitions:
-                       [[topic, partition], ..], topic_ids?: {topic: id}} -> {}
+                       [[topic, partition], ..], topic_ids?: {topic: id},
+                       verify_only?} -> {} (verify_only: a leader's check before a
+                       transactional append, broker to broker; adds nothing)
 end_txn                {transactional_id, producer_id, producer_epoch, commit} -> {}
 write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
                        partitions: [[topic, partition], ..]}, or for several producers
@@ -544,7 +546,13 @@ class ActionHandlers:
         for topic, partition in r.partitions:
             self._topics.assignment(topic).leader(partition)  # exists?
         self._check_topic_ids([t for t, _p in r.partitions], r.topic_ids)
-        self._coordinators.for_key(r.transactional_id).add_partitions(
+        coordinator = self._coordinators.for_key(r.transactional_id)
+        if r.verify_only:
+            coordinator.verify_partitions(
+                r.transactional_id, r.producer_id, r.producer_epoch, list(r.partitions)
+            )
+            return {}
+        coordinator.add_partitions(
             r.transactional_id, r.producer_id, r.producer_epoch, list(r.partitions)
         )
         return {}

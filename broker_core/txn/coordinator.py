@@ -336,6 +336,34 @@ class TransactionCoordinator(SinkOperations):
             new.partitions |= parts
             self._core.persist(new)
 
+    def verify_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[tuple[str, int]],
+    ) -> None:
+        """A partition leader's check before a transactional append (KIP-890's verifyOnly):
+        (producer_id, producer_epoch) holds the id, its transaction is ONGOING and holds
+        every one of ``partitions``. Changes nothing. Raises the fencing errors of
+        :meth:`add_partitions`, and InvalidTxnStateError otherwise."""
+        self._core.check_running()
+        tid = check_transactional_id(transactional_id)
+        check_producer(producer_id, producer_epoch)
+        parts = check_partitions(partitions)
+        meta = self._core.require(tid, producer_id, producer_epoch)
+        if meta.state is not _S.ONGOING:
+            raise InvalidTxnStateError(
+                f"{_TXN} {tid!r}: producer id {producer_id} epoch {producer_epoch} has no "
+                f"ongoing transaction (it is {meta.state.name})"
+            )
+        missing = parts - meta.partitions
+        if missing:
+            raise InvalidTxnStateError(
+                f"{_TXN} {tid!r}: {', '.join(f'{t}-{p}' for t, p in sorted(missing))} "
+                "not added to its ongoing transaction (AddPartitionsToTxn first)"
+            )
+
     def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> None:

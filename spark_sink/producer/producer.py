@@ -141,6 +141,7 @@ class Producer:
                 ),
                 acks=self.config.acks,
                 topic_ids=topic_ids,
+                transactional_id=self.config.transactional_id,
             )
         self.transport = transport
         self.metrics = ProducerMetrics()

@@ -163,7 +163,9 @@ class FlightTransport:
 
     Every stream it opens carries ``acks`` (the producer's ``acks`` key, as the wire
     value: -1 all in-sync replicas, the default; 1 the leader): it is a property of the
-    producer, not of one batch, so the ``Transport`` seam does not carry it.
+    producer, not of one batch, so the ``Transport`` seam does not carry it; so is
+    ``transactional_id`` (the transactional producer's), which every stream names as
+    Kafka's Produce does: the broker refuses a transactional batch without it.
     """
 
     def __init__(
@@ -173,9 +175,11 @@ class FlightTransport:
         owns_client: bool = True,
         acks: int = ACKS_ALL,
         topic_ids: Mapping[str, str] | None = None,
+        transactional_id: str | None = None,
     ) -> None:
         self.client = client
         self.acks = acks
+        self.transactional_id = transactional_id
         self._owns_client = owns_client
         self._lock = threading.Lock()
         self._streams: dict[TopicPartition, tuple[ProduceStream, list[_StreamHandle]]] = {}
@@ -234,7 +238,11 @@ class FlightTransport:
         try:
             if entry is None:
                 stream = self.client.produce_stream(
-                    tp.topic, tp.partition, acks=self.acks, topic_id=self.topic_id(tp.topic)
+                    tp.topic,
+                    tp.partition,
+                    acks=self.acks,
+                    topic_id=self.topic_id(tp.topic),
+                    transactional_id=self.transactional_id,
                 )
                 entry = (stream, [])
                 with self._lock:

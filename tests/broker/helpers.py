@@ -59,7 +59,7 @@ def _write_and_prepare(
     client.add_partitions_to_txn(tid, pid, epoch, [(topic, p) for p in batches])
     ranges = []
     for p, spans in batches.items():
-        with client.produce_stream(topic, p) as stream:
+        with client.produce_stream(topic, p, transactional_id=tid) as stream:
             acked, sequence = [], 0
             for span in spans:
                 acked.append(

@@ -27,6 +27,7 @@ from broker_core.errors import (
 from broker_core.protocol.wire import Action
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
+from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
 from tests.broker.helpers import SCHEMA, TEST_BROKER_CONFIG, ids, rows
 from tests.broker.test_sasl import add_user, idemlog
 from tests.harness.broker import BrokerFactory, BrokerProcess
@@ -42,8 +43,11 @@ def creds(user: str) -> SaslCredentials:
     return SaslCredentials(Mechanism.SCRAM_SHA_256, user, PASSWORDS[user])
 
 
-@pytest.fixture
-def acl_broker(broker_factory: BrokerFactory, tmp_path: Path) -> BrokerProcess:
+def start_acl_broker(
+    broker_factory: BrokerFactory, tmp_path: Path, hook: str | None = None
+) -> BrokerProcess:
+    """The embedded SASL broker with the authorizer on, the users of ``PASSWORDS`` and the
+    topic ``TOPIC``; ``hook``: a test hook armed in it (``server.failpoints``)."""
     data = tmp_path / "acl-data"
     data.mkdir()
     for user, password in PASSWORDS.items():
@@ -55,10 +59,18 @@ def acl_broker(broker_factory: BrokerFactory, tmp_path: Path) -> BrokerProcess:
         "authorizer.enable": "true",
         "super.users": "User:admin",
     }
-    broker = broker_factory(config, name="acl")
+    env = None if hook is None else {ENV: hook}
+    if hook is not None:
+        config[ENABLE_KEY] = "true"
+    broker = broker_factory(config, name="acl", env=env)
     with BrokerClient(broker.address, sasl=creds("admin")) as admin:
         admin.create_topic(TOPIC, 1, schema=SCHEMA)
     return broker
+
+
+@pytest.fixture
+def acl_broker(broker_factory: BrokerFactory, tmp_path: Path) -> BrokerProcess:
+    return start_acl_broker(broker_factory, tmp_path)
 
 
 def acls(broker: BrokerProcess, action: str, *args: str) -> None:
@@ -226,7 +238,7 @@ def test_init_and_abort_of_anothers_transactional_id_are_refused_and_leave_it_op
 ) -> None:
     pid, epoch = admin.init_producer_id("payroll", None)
     admin.add_partitions_to_txn("payroll", pid, epoch, [(TOPIC, 0)])
-    with admin.produce_stream(TOPIC, 0, SCHEMA) as stream:
+    with admin.produce_stream(TOPIC, 0, SCHEMA, transactional_id="payroll") as stream:
         stream.send(
             rows(3), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
         ).offsets(10)
@@ -349,7 +361,7 @@ def test_refused_transaction_leaves_nothing_readable(
     with client_of(acl_broker, "alice") as alice:
         pid, epoch = alice.init_producer_id("alice-txn", 2000)
         alice.add_partitions_to_txn("alice-txn", pid, epoch, [(TOPIC, 0)])
-        with alice.produce_stream(TOPIC, 0, SCHEMA) as stream:
+        with alice.produce_stream(TOPIC, 0, SCHEMA, transactional_id="alice-txn") as stream:
             stream.send(
                 rows(4), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
             ).offsets(10)
@@ -474,32 +486,43 @@ def test_producer_fails_at_once_on_a_refusal_and_writes_nothing(
 
 
 def test_hanging_transaction_tools_need_read_then_write_on_the_topic(
-    acl_broker: BrokerProcess, admin: BrokerClient
+    broker_factory: BrokerFactory, tmp_path: Path
 ) -> None:
     """describe_producers needs Read on the topic; abort_hanging_transaction Write on it
-    (or Alter on the Cluster): refused without, naming the ACL, the transaction untouched."""
-    pid, epoch = admin.init_producer_id()
-    with admin.produce_stream(TOPIC, 0, SCHEMA) as stream:
-        stream.send(
-            rows(2), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
-        ).offsets(10)
-    with client_of(acl_broker, "alice") as alice:
-        with pytest.raises(TopicAuthorizationFailedError) as err:
-            alice.describe_producers(TOPIC, 0)
-        check_refusal(
-            err.value, ErrorCode.TOPIC_AUTHORIZATION_FAILED, "User:alice", "Read", f"Topic:{TOPIC}"
-        )
-    allow(acl_broker, "User:alice", "Read")
-    with client_of(acl_broker, "alice") as alice:
-        (described,) = alice.describe_producers(TOPIC, 0).producers
-        assert (described.producer_id, described.txn_start_offset) == (pid, 0)
-        with pytest.raises(TopicAuthorizationFailedError) as err:
-            alice.abort_hanging_transaction(TOPIC, 0, producer_id=pid)
-        check_refusal(
-            err.value, ErrorCode.TOPIC_AUTHORIZATION_FAILED, "User:alice", "Write", f"Topic:{TOPIC}"
-        )
-    assert admin.list_offsets(TOPIC, 0)["last_stable_offset"] == 0  # still open
-    allow(acl_broker, "User:alice", "Write")
-    with client_of(acl_broker, "alice") as alice:
-        done = alice.abort_hanging_transaction(TOPIC, 0, producer_id=pid, producer_epoch=epoch)
-    assert done.last_stable_offset == admin.list_offsets(TOPIC, 0)["log_end_offset"] == 3
+    (or Alter on the Cluster): refused without, naming the ACL, the transaction untouched.
+    The hanging transaction is written as before issue 36 (the test hook)."""
+    acl_broker = start_acl_broker(broker_factory, tmp_path, UNVERIFIED_TXN_PRODUCE)
+    with BrokerClient(acl_broker.address, sasl=creds("admin")) as admin:
+        pid, epoch = admin.init_producer_id()
+        with admin.produce_stream(TOPIC, 0, SCHEMA) as stream:
+            stream.send(
+                rows(2), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
+            ).offsets(10)
+        with client_of(acl_broker, "alice") as alice:
+            with pytest.raises(TopicAuthorizationFailedError) as err:
+                alice.describe_producers(TOPIC, 0)
+            check_refusal(
+                err.value,
+                ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                "User:alice",
+                "Read",
+                f"Topic:{TOPIC}",
+            )
+        allow(acl_broker, "User:alice", "Read")
+        with client_of(acl_broker, "alice") as alice:
+            (described,) = alice.describe_producers(TOPIC, 0).producers
+            assert (described.producer_id, described.txn_start_offset) == (pid, 0)
+            with pytest.raises(TopicAuthorizationFailedError) as err:
+                alice.abort_hanging_transaction(TOPIC, 0, producer_id=pid)
+            check_refusal(
+                err.value,
+                ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                "User:alice",
+                "Write",
+                f"Topic:{TOPIC}",
+            )
+        assert admin.list_offsets(TOPIC, 0)["last_stable_offset"] == 0  # still open
+        allow(acl_broker, "User:alice", "Write")
+        with client_of(acl_broker, "alice") as alice:
+            done = alice.abort_hanging_transaction(TOPIC, 0, producer_id=pid, producer_epoch=epoch)
+        assert done.last_stable_offset == admin.list_offsets(TOPIC, 0)["log_end_offset"] == 3

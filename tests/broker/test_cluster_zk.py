@@ -400,7 +400,7 @@ def test_new_coordinator_finishes_a_commit_its_predecessor_died_in(
     pid, epoch = client.init_producer_id("failover-app")
     client.add_partitions_to_txn("failover-app", pid, epoch, [("failover", p) for p in parts])
     for p in parts:
-        with client.produce_stream("failover", p) as stream:
+        with client.produce_stream("failover", p, transactional_id="failover-app") as stream:
             for i in range(2):
                 assert _send(stream, pid, epoch, p, i, transactional=True).ok
 
@@ -566,7 +566,7 @@ def test_zookeeper_down_leaders_and_the_coordinator_keep_serving_while_metadata_
         # producer-id block).
         txn_pid, txn_epoch = client.init_producer_id("nozk-app")
         client.add_partitions_to_txn("nozk-app", txn_pid, txn_epoch, [("nozk", 0)])
-        with client.produce_stream("nozk", 0) as stream:
+        with client.produce_stream("nozk", 0, transactional_id="nozk-app") as stream:
             sent = rows(ROWS, start=5000)
             handle = stream.send(
                 sent,

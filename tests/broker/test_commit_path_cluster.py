@@ -113,7 +113,7 @@ def test_a_held_back_partition_keeps_sink_records_small_on_a_cluster(
     # The foreign transaction: open on partition 0, never ended until the end.
     fpid, fepoch = client.init_producer_id("foreign", 600_000)
     client.add_partitions_to_txn("foreign", fpid, fepoch, [(TOPIC, 0)])
-    with client.produce_stream(TOPIC, 0) as stream:
+    with client.produce_stream(TOPIC, 0, transactional_id="foreign") as stream:
         stream.send(
             rows(3, start=10**8), producer_id=fpid, producer_epoch=fepoch,
             base_sequence=0, transactional=True,

@@ -83,7 +83,7 @@ def test_transactions_stuck_on_an_offline_partition_delay_only_themselves(
         tid = f"stuck-{i}"
         pid, epoch = client.init_producer_id(tid)
         client.add_partitions_to_txn(tid, pid, epoch, [("stuck", sp)])
-        with client.produce_stream("stuck", sp) as stream:
+        with client.produce_stream("stuck", sp, transactional_id=tid) as stream:
             batch = rows(2, start=i * 10)
             assert (
                 stream.send(
@@ -121,7 +121,7 @@ def test_transactions_stuck_on_an_offline_partition_delay_only_themselves(
     # The new coordinator serves while its ten leftovers wait for their partition.
     pid, epoch = _retry(lambda: probe.init_producer_id("healthy-app"))  # type: ignore[misc]
     probe.add_partitions_to_txn("healthy-app", pid, epoch, [("healthy", hp)])
-    with probe.produce_stream("healthy", hp) as stream:
+    with probe.produce_stream("healthy", hp, transactional_id="healthy-app") as stream:
         assert stream.send(
             rows(3, start=900), producer_id=pid, producer_epoch=epoch, base_sequence=0,
             transactional=True,

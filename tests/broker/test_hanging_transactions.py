@@ -6,8 +6,10 @@ ends it with an ABORT marker one producer epoch up, the last stable offset reach
 end (on a new leader too, after the old one is SIGKILLed), and the producer that left it is
 fenced on that partition.
 
-The hanging transaction is made as Kafka's arise: transactional rows written under a
-producer id no coordinator maps to that partition (here an idempotent producer id).
+The hanging transaction is made as Kafka's arose before transaction verification
+(KIP-890): transactional rows written under a producer id no coordinator maps to that
+partition (here an idempotent producer id), which a broker since issue 36 accepts only
+with the test hook ``unverified_txn_produce`` armed: data written before that change.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError, InvalidProducerEpochError, ProducerFencedError
+from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
 from tests.broker.helpers import ids, rows
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
@@ -47,9 +50,16 @@ def find_hanging(cluster: ReplicatedCluster, *args: str) -> list[dict[str, int]]
 
 
 def send(
-    client: BrokerClient, partition: int, start: int, pid: int, epoch: int, seq: int, txn: bool
+    client: BrokerClient,
+    partition: int,
+    start: int,
+    pid: int,
+    epoch: int,
+    seq: int,
+    txn: bool,
+    tid: str | None = None,
 ) -> None:
-    with client.produce_stream(TOPIC, partition) as stream:
+    with client.produce_stream(TOPIC, partition, transactional_id=tid) as stream:
         stream.send(rows(3, start=start), producer_id=pid, producer_epoch=epoch,
                     base_sequence=seq, transactional=txn).offsets(10)  # fmt: skip
 
@@ -57,14 +67,19 @@ def send(
 def test_a_hanging_transaction_is_found_aborted_and_its_producer_fenced(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
 ) -> None:
-    cluster = ReplicatedCluster(zk_chroot, broker_factory)
+    cluster = ReplicatedCluster(
+        zk_chroot,
+        broker_factory,
+        extra={ENABLE_KEY: "true"},
+        env={ENV: UNVERIFIED_TXN_PRODUCE},
+    )
     cluster.create_topic(TOPIC, 2, replication_factor=3, min_insync_replicas=2)
     client = BrokerClient(cluster.bootstrap, retries=10)
 
     # A transaction its coordinator knows, left open on partition 1: never "hanging".
     pid_alive, epoch_alive = client.init_producer_id("alive", 120_000)
     client.add_partitions_to_txn("alive", pid_alive, epoch_alive, [(TOPIC, 1)])
-    send(client, 1, 100, pid_alive, epoch_alive, 0, txn=True)
+    send(client, 1, 100, pid_alive, epoch_alive, 0, txn=True, tid="alive")
 
     # The hanging one on partition 0, then plain rows behind it, held back by it.
     pid, epoch = client.init_producer_id()

@@ -114,7 +114,7 @@ def _write_txn(
     pid, epoch = client.init_producer_id(txn_id, timeout_ms)
     client.add_partitions_to_txn(txn_id, pid, epoch, [("ledger", 0), ("ledger", 1)])
     for p in (0, 1):
-        with client.produce_stream("ledger", p) as stream:
+        with client.produce_stream("ledger", p, transactional_id=txn_id) as stream:
             stream.send(
                 rows(5, start=start + 100 * p), producer_id=pid, producer_epoch=epoch,
                 base_sequence=0, transactional=True,

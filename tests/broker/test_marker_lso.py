@@ -28,7 +28,7 @@ def _begin(client: BrokerClient, txn_id: str, partitions: list[int], start: int)
     pid, epoch = client.init_producer_id(txn_id)
     client.add_partitions_to_txn(txn_id, pid, epoch, [("lso", p) for p in partitions])
     for p in partitions:
-        with client.produce_stream("lso", p) as stream:
+        with client.produce_stream("lso", p, transactional_id=txn_id) as stream:
             stream.send(
                 rows(2, start=start + 100 * p), producer_id=pid, producer_epoch=epoch,
                 base_sequence=0, transactional=True,

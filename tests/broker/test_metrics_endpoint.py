@@ -79,13 +79,13 @@ def fence_a_producer(client: BrokerClient, topic: str) -> None:
     """A transactional producer's older instance appends after a newer one started."""
     old_pid, old_epoch = client.init_producer_id("metrics-app")
     client.add_partitions_to_txn("metrics-app", old_pid, old_epoch, [(topic, 0)])
-    with client.produce_stream(topic, 0) as stream:
+    with client.produce_stream(topic, 0, transactional_id="metrics-app") as stream:
         stream.send(
             rows(2), producer_id=old_pid, producer_epoch=old_epoch, base_sequence=0,
             transactional=True,
         ).offsets(10)  # fmt: skip
     client.init_producer_id("metrics-app")  # the new instance: the old epoch is fenced
-    with client.produce_stream(topic, 0) as stream:
+    with client.produce_stream(topic, 0, transactional_id="metrics-app") as stream:
         answer = stream.send(
             rows(2, start=2), producer_id=old_pid, producer_epoch=old_epoch, base_sequence=2,
             transactional=True,

@@ -165,7 +165,7 @@ def _produce_txn(
     pid, epoch = client.init_producer_id(txn_id)
     client.add_partitions_to_txn(txn_id, pid, epoch, [(topic, p) for p in partitions])
     for p in partitions:
-        with client.produce_stream(topic, p) as stream:
+        with client.produce_stream(topic, p, transactional_id=txn_id) as stream:
             stream.send(
                 rows(4, start=start + 100 * p),
                 producer_id=pid,
@@ -243,7 +243,7 @@ def test_zombie_append_and_end_txn_are_fenced(client: BrokerClient) -> None:
     assert ids(client, "zombie") == []
     offsets = client.list_offsets("zombie", 0)
     assert offsets["last_stable_offset"] == offsets["log_end_offset"]
-    with client.produce_stream("zombie", 0) as stream:
+    with client.produce_stream("zombie", 0, transactional_id="app-z") as stream:
         response = stream.send(
             rows(2, start=50),
             producer_id=old_pid,
@@ -258,7 +258,7 @@ def test_zombie_append_and_end_txn_are_fenced(client: BrokerClient) -> None:
     assert fenced.value.code == 90 and "epoch" in fenced.value.message
     # The new instance works normally.
     client.add_partitions_to_txn("app-z", new_pid, new_epoch, [("zombie", 0)])
-    with client.produce_stream("zombie", 0) as stream:
+    with client.produce_stream("zombie", 0, transactional_id="app-z") as stream:
         stream.send(
             rows(3, start=900),
             producer_id=new_pid,
@@ -384,7 +384,7 @@ def test_metrics_show_lso_lag_and_expired_producers(
     pid, epoch = client.init_producer_id("gauges-app")
     client.add_partitions_to_txn("gauges-app", pid, epoch, [("gauges", 0)])
     plain_pid, _ = client.init_producer_id()
-    with client.produce_stream("gauges", 0) as stream:
+    with client.produce_stream("gauges", 0, transactional_id="gauges-app") as stream:
         stream.send(rows(2), producer_id=plain_pid, producer_epoch=0, base_sequence=0).offsets(10)
         stream.send(
             rows(3, start=2), producer_id=pid, producer_epoch=epoch, base_sequence=0,

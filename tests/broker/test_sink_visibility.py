@@ -31,7 +31,7 @@ def write_attempt(
     client.add_partitions_to_txn(tid, pid, epoch, [(TOPIC, p) for p in ids])
     ranges = []
     for p, span in ids.items():
-        with client.produce_stream(TOPIC, p) as stream:
+        with client.produce_stream(TOPIC, p, transactional_id=tid) as stream:
             acked = stream.send(
                 rows(len(span), start=span.start), producer_id=pid, producer_epoch=epoch,
                 base_sequence=0, transactional=True,
@@ -92,7 +92,7 @@ def test_concurrent_reads_never_hold_part_of_a_sink_batch(
                 if hold:  # another writer's transaction, open before this batch's rows
                     pid, epoch = writer.init_producer_id("other")
                     writer.add_partitions_to_txn("other", pid, epoch, [(TOPIC, 1)])
-                    with writer.produce_stream(TOPIC, 1) as stream:
+                    with writer.produce_stream(TOPIC, 1, transactional_id="other") as stream:
                         stream.send(
                             rows(1, start=900_000 + batch), producer_id=pid,
                             producer_epoch=epoch, base_sequence=0, transactional=True,
@@ -177,7 +177,7 @@ def test_a_dead_writers_leftovers_hold_readers_back_at_most_the_bound(
     tid = "batch-dead/1"
     pid, epoch, _ = client.init_sink_producer(tid, timeout_ms, SinkAttempt("batch-dead", "dead", 0))
     client.add_partitions_to_txn(tid, pid, epoch, [(TOPIC, 0)])
-    with client.produce_stream(TOPIC, 0) as stream:
+    with client.produce_stream(TOPIC, 0, transactional_id=tid) as stream:
         stream.send(
             rows(3, start=500), producer_id=pid, producer_epoch=epoch, base_sequence=0,
             transactional=True,
@@ -205,7 +205,7 @@ def test_transactions_cli_lists_and_aborts_a_hanging_transaction(
     client.create_topic(TOPIC, 2, schema=rows(1).schema)
     pid, epoch, _ = client.init_sink_producer("q/0", 600_000, SinkAttempt("q", "run-7", 3))
     client.add_partitions_to_txn("q/0", pid, epoch, [(TOPIC, 1)])
-    with client.produce_stream(TOPIC, 1) as stream:
+    with client.produce_stream(TOPIC, 1, transactional_id="q/0") as stream:
         stream.send(
             rows(2), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
         ).offsets(10)  # fmt: skip
@@ -228,9 +228,9 @@ def test_transactions_cli_lists_and_aborts_a_hanging_transaction(
 
 
 def _send(
-    client: BrokerClient, p: int, ids: range, pid: int, epoch: int, seq: int
+    client: BrokerClient, tid: str, p: int, ids: range, pid: int, epoch: int, seq: int
 ) -> tuple[int, int]:
-    with client.produce_stream(TOPIC, p) as stream:
+    with client.produce_stream(TOPIC, p, transactional_id=tid) as stream:
         acked = stream.send(
             rows(len(ids), start=ids.start), producer_id=pid, producer_epoch=epoch,
             base_sequence=seq, transactional=True,
@@ -271,14 +271,14 @@ def test_interleaved_sink_batches_are_read_whole(
                 b, x = n * 100, (5000 + n) * 100  # row id // 100 names the batch
                 tb, pb, eb = attempt("b", n)
                 tx, px, ex = attempt("x", n)
-                b0, _ = _send(writer, 0, range(b, b + 2), pb, eb, 0)
-                x0 = _send(writer, 0, range(x, x + 2), px, ex, 0)
-                _, b0_last = _send(writer, 0, range(b + 2, b + 4), pb, eb, 2)
-                b1 = _send(writer, 1, range(b + 4, b + 6), pb, eb, 0)
+                b0, _ = _send(writer, tb, 0, range(b, b + 2), pb, eb, 0)
+                x0 = _send(writer, tx, 0, range(x, x + 2), px, ex, 0)
+                _, b0_last = _send(writer, tb, 0, range(b + 2, b + 4), pb, eb, 2)
+                b1 = _send(writer, tb, 1, range(b + 4, b + 6), pb, eb, 0)
                 pid, epoch = writer.init_producer_id("other")
                 writer.add_partitions_to_txn("other", pid, epoch, [(TOPIC, 1)])
-                _send(writer, 1, range(900_000 + n, 900_001 + n), pid, epoch, 0)
-                x1 = _send(writer, 1, range(x + 2, x + 4), px, ex, 0)
+                _send(writer, "other", 1, range(900_000 + n, 900_001 + n), pid, epoch, 0)
+                x1 = _send(writer, tx, 1, range(x + 2, x + 4), px, ex, 0)
                 writer.prepare_sink_txn(tb, pb, eb, n, [(TOPIC, 0, b0, b0_last), (TOPIC, 1, *b1)])
                 writer.prepare_sink_txn(tx, px, ex, n, [(TOPIC, 0, *x0), (TOPIC, 1, *x1)])
                 assert writer.commit_sink_batch("b", n, [(tb, pb, eb)], "run")

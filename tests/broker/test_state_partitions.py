@@ -183,7 +183,7 @@ def test_two_coordinators_commit_concurrently_and_a_failover_stalls_only_its_own
     pclient = BrokerClient(cluster.bootstrap, retries=10)
     pid, epoch = pclient.init_producer_id(plain, 60_000)
     pclient.add_partitions_to_txn(plain, pid, epoch, [(TOPIC, away[0])])
-    with pclient.produce_stream(TOPIC, away[0]) as stream:
+    with pclient.produce_stream(TOPIC, away[0], transactional_id=plain) as stream:
         stream.send(rows(4, start=9 * 10**6), producer_id=pid, producer_epoch=epoch,
                     base_sequence=0, transactional=True).offsets(10)  # fmt: skip
     pclient.end_txn(plain, pid, epoch, commit=True)

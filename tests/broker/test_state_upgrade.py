@@ -18,6 +18,7 @@ from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, state_partiti
 from broker_core.protocol.txn_requests import WriteTxnMarkersRequest
 from broker_core.protocol.wire import Action
 from broker_core.server.config import ZK_ROOT
+from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
 from broker_core.txn.state import TransactionMetadata, TransactionState
 from broker_core.txn.state_store_zk import ZkTxnStateStore
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
@@ -56,13 +57,18 @@ def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
         **TEST_BROKER_CONFIG,
         "zookeeper.connect": zk_chroot.hosts,
         "transaction.state.log.num.partitions": state_partitions,
+        ENABLE_KEY: "true",  # the old coordinator's transaction, written unverified
     }
-    brokers = [broker_factory({**config, "broker.id": i}, name=f"u{i}") for i in (1, 2, 3)]
+    hook = {ENV: UNVERIFIED_TXN_PRODUCE}
+    brokers = [
+        broker_factory({**config, "broker.id": i}, name=f"u{i}", env=hook) for i in (1, 2, 3)
+    ]
     client = client_for(brokers[0])
     wait_until(lambda: len(client.refresh_metadata().brokers) == 3, "3 brokers registered")
     client.init_producer_id()  # leases block 0..999: PID is a known producer id
     leaders = client.create_topic("up", 1)
-    # The old coordinator's last marker for PID on up-0, at its controller epoch.
+    # The old coordinator's last transaction and marker for PID on up-0, at its controller
+    # epoch (written as before issue 36: no transactional id, unverified).
     with client.produce_stream("up", 0) as stream:
         assert (
             stream.send(
@@ -80,7 +86,7 @@ def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
     pid, epoch = wait_until(lambda: _init(client), "the migrated coordinator to serve")
     assert (pid, epoch) == (PID, EPOCH + 1)  # the legacy id, not a new one
     client.add_partitions_to_txn("legacy-app", pid, epoch, [("up", 0)])
-    with client.produce_stream("up", 0) as stream:
+    with client.produce_stream("up", 0, transactional_id="legacy-app") as stream:
         assert stream.send(
             rows(2, start=10), producer_id=pid, producer_epoch=epoch, base_sequence=0,
             transactional=True,

@@ -21,7 +21,7 @@ def _commit_one(client: BrokerClient) -> None:
     """A transaction over one partition, committed: the path ``after_prepare`` kills on."""
     pid, epoch = client.init_producer_id("txn-hooks")
     client.add_partitions_to_txn("txn-hooks", pid, epoch, [("ledger", 0)])
-    with client.produce_stream("ledger", 0) as stream:
+    with client.produce_stream("ledger", 0, transactional_id="txn-hooks") as stream:
         stream.send(
             rows(5), producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
         ).offsets(10)

@@ -42,7 +42,7 @@ def _begin(
     pid, epoch = client.init_producer_id(txn_id, timeout_ms)
     client.add_partitions_to_txn(txn_id, pid, epoch, [(topic, p) for p in partitions])
     for p in partitions:
-        with client.produce_stream(topic, p) as stream:
+        with client.produce_stream(topic, p, transactional_id=txn_id) as stream:
             stream.send(
                 rows(3, start=start + 100 * p), producer_id=pid, producer_epoch=epoch,
                 base_sequence=0, transactional=True,
@@ -65,7 +65,7 @@ def test_transaction_open_past_its_timeout_is_aborted_and_fenced(client: BrokerC
     assert ids(client, "slow", isolation="read_uncommitted") == [0, 1, 2]
     with pytest.raises(ProducerFencedError):
         client.end_txn("slow-app", pid, epoch, commit=True)
-    with client.produce_stream("slow", 0) as stream:
+    with client.produce_stream("slow", 0, transactional_id="slow-app") as stream:
         late = stream.send(
             rows(1, start=3), producer_id=pid, producer_epoch=epoch, base_sequence=3,
             transactional=True,

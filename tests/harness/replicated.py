@@ -48,7 +48,8 @@ class ReplicatedCluster:
     """Brokers ``1..count`` on ``zk``'s chroot, made by ``factory`` (which kills them at
     teardown); ``extra`` broker keys for every broker; ``tls``: the test's client's files
     when ``extra`` sets security.protocol=SSL or SASL_SSL; ``sasl``: the credentials of
-    its client on a SASL cluster."""
+    its client on a SASL cluster; ``env``: each broker's environment at its first start
+    (a test hook's ``IDEMLOG_TEST_FAILPOINT``, with ``test.hooks.enable`` in ``extra``)."""
 
     def __init__(
         self,
@@ -58,6 +59,7 @@ class ReplicatedCluster:
         extra: Mapping[str, object] | None = None,
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
         sasl: SaslCredentials | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.zk = zk
         self.factory = factory
@@ -73,7 +75,7 @@ class ReplicatedCluster:
         self.brokers: dict[int, BrokerProcess] = {}
         for broker_id in range(1, count + 1):
             self.brokers[broker_id] = factory(
-                {**self.config, "broker.id": broker_id}, name=f"b{broker_id}"
+                {**self.config, "broker.id": broker_id}, name=f"b{broker_id}", env=env
             )
         self.bootstrap = ",".join(b.address for b in self.brokers.values())
         # The brokers' protocol, and the client's credentials on a SASL cluster.

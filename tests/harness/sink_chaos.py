@@ -349,7 +349,7 @@ class SteadySink(_Workload):
             ranges = []
             for p in parts:
                 span = sink_span(batch, task, p, self.partitions)
-                with self.client.produce_stream(self.topic, p) as stream:
+                with self.client.produce_stream(self.topic, p, transactional_id=tid) as stream:
                     first, last = stream.send(
                         rows(len(span), start=span.start),
                         producer_id=pid,
@@ -422,7 +422,9 @@ class SteadyTransactions(_Workload):
                 self.client.add_partitions_to_txn(TXN_ID, pid, epoch, parts)
                 for p in range(self.partitions):
                     span = txn_span(n, p, self.partitions)
-                    with self.client.produce_stream(self.topic, p) as stream:
+                    with self.client.produce_stream(
+                        self.topic, p, transactional_id=TXN_ID
+                    ) as stream:
                         stream.send(
                             rows(len(span), start=span.start),
                             producer_id=pid,

@@ -152,6 +152,8 @@ def expected_send(
         for b in view.window:
             if (b.first_seq, b.last_seq) == (seq, last):
                 return b
+    if view.open_txn is not None and not transactional:
+        return InvalidTxnStateError  # before the epoch and sequence: nothing of them told
     if epoch < view.epoch:
         return InvalidProducerEpochError
     if epoch > view.epoch:
@@ -164,8 +166,6 @@ def expected_send(
             if start is not None and seq_dist(start, seq) <= seq_dist(start, last) < view.written:
                 return DuplicateSequenceError
             return OutOfOrderSequenceError
-    if view.open_txn is not None and not transactional:
-        return InvalidTxnStateError
     return None
 
 

@@ -182,7 +182,7 @@ def commit_one(client: BrokerClient, start: int) -> tuple[int, int]:
     """One committed transaction of two rows on fence-0; its (producer id, epoch)."""
     pid, epoch = client.init_producer_id("fence-app")
     client.add_partitions_to_txn("fence-app", pid, epoch, [("fence", 0)])
-    with client.produce_stream("fence", 0) as stream:
+    with client.produce_stream("fence", 0, transactional_id="fence-app") as stream:
         stream.send(
             rows(2, start), producer_id=pid, producer_epoch=epoch, base_sequence=0,
             transactional=True,
