@@ -61,6 +61,13 @@ from broker_core.protocol.wire import FetchTrailer
 from .connections import sink_client
 from .errors import topic_recreated
 from .options import IdemlogOptions
+from .read_offsets import (
+    ENDING_OPTION,
+    OffsetKind,
+    check_batch_range,
+    check_range,
+    parse_offset_spec,
+)
 from .read_prefetch import prefetched
 from .read_split import OffsetRangePartition, split_ranges
 from .schema import spark_schema_for
@@ -330,19 +337,27 @@ def _split(
 
 # -- batch reads ---------------------------------------------------------------------------
 class IdemlogBatchReader(DataSourceReader):
-    """``spark.read.format("idemlog")``: the whole readable log as of planning."""
+    """``spark.read.format("idemlog")``: the readable log as of planning, from
+    ``startingOffsets`` (default earliest) to ``endingOffsets`` (default latest)."""
 
     def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
         self.options = options
         self.topic = topic
         self.schema = output_schema(topic, options.include_metadata)
+        self.ending = options.ending_offsets or parse_offset_spec(
+            ENDING_OPTION, OffsetKind.LATEST.value, topic.name
+        )
+        check_batch_range(options.starting_offsets, self.ending)
 
     def partitions(self) -> list[OffsetRangePartition]:
-        """On the driver: per log partition ``[log start, LSO or HW)`` as of now, split
-        into sub-ranges below the same end as ``minPartitions`` and
-        ``maxRecordsPerPartition`` ask (``split_ranges``), each carrying the topic id
-        pinned when the reader was made. Raises UnknownTopicIdError if the topic was
-        recreated since."""
+        """On the driver: per log partition ``[start, end)`` as ``startingOffsets`` and
+        ``endingOffsets`` name them against the log as of now (earliest: the log start;
+        latest: the LSO, or the HW with read_uncommitted), split into sub-ranges below
+        the same end as ``minPartitions`` and ``maxRecordsPerPartition`` ask
+        (``split_ranges``), each carrying the topic id pinned when the reader was made.
+        Raises InvalidConfigError naming the option for a range the log cannot serve
+        (``read_offsets.check_range``), UnknownTopicIdError if the topic was recreated
+        since."""
         ranges = []
         with sink_client(
             self.options.bootstrap(), self.options.tls, sasl=self.options.sasl
@@ -356,10 +371,15 @@ class IdemlogBatchReader(DataSourceReader):
                 raise _recreated_while_reading(
                     self.topic.name, self.topic.topic_id, exc, "its offsets cannot be planned"
                 ) from exc
-            for p, offsets in found.items():
-                start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
-                if end > start:
-                    ranges.append(OffsetRangePartition(p, start, end, pinned))
+        log_starts = {p: o["log_start_offset"] for p, o in found.items()}
+        readable = {p: _end_of(o, self.options.isolation) for p, o in found.items()}
+        name = self.topic.name
+        starts = self.options.starting_offsets.resolve(name, log_starts, readable)
+        ends = self.ending.resolve(name, log_starts, readable)
+        check_range(name, starts, ends, log_starts, readable)
+        for p in sorted(starts):
+            if ends[p] > starts[p]:
+                ranges.append(OffsetRangePartition(p, starts[p], ends[p], pinned))
         return _split(self.options, ranges)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
@@ -423,6 +443,12 @@ class IdemlogStreamReader(DataSourceStreamReader):
     """
 
     def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
+        if options.ending_offsets is not None:
+            raise InvalidConfigError(
+                f"option {ENDING_OPTION!r}={options.ending_offsets.text!r} applies to batch "
+                "reads only: a streaming query reads on as rows arrive (stop it, or use "
+                "spark.read for a range)"
+            )
         self.options = options
         self.topic = topic
         self.schema = output_schema(topic, options.include_metadata)
@@ -503,17 +529,19 @@ class IdemlogStreamReader(DataSourceStreamReader):
         # Computed once: Spark may ask again (runBatch of a new query) after latestOffset
         # used it, and "latest" must not move in between.
         if self._initial is None:
-            offsets = self._offsets(client)
-            if self.options.starting_offsets == "earliest":
-                self._initial = {k: o["log_start_offset"] for k, o in offsets.items()}
-            else:
-                self._initial = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
+            offsets = {int(k): o for k, o in self._offsets(client).items()}
+            initial = self.options.starting_offsets.resolve(
+                self.topic.name,
+                {p: o["log_start_offset"] for p, o in offsets.items()},
+                {p: _end_of(o, self.options.isolation) for p, o in offsets.items()},
+            )
+            self._initial = {_key(p): o for p, o in initial.items()}
         return dict(self._initial)
 
     def initialOffset(self) -> dict[str, Any]:
-        """Where a new query starts, per partition: the log start (``startingOffsets``
-        earliest) or the current end (latest); computed once, so it does not move. With
-        the topic's id (``"topic_id"``)."""
+        """Where a new query starts, per partition, as ``startingOffsets`` says: the log
+        start (earliest), the readable end (latest) or the JSON form's offsets; computed
+        once, so it does not move. With the topic's id (``"topic_id"``)."""
         with self._client() as client:
             return self._stamped(self._initial_offsets(client))
 

@@ -6,6 +6,7 @@ test uses its own topics. Fault injection lives in ``test_faults.py``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -288,6 +289,37 @@ def test_read_options_are_validated(spark: SparkSession, store: str) -> None:
         read(spark, store, "api_read_opts", key="account")
     with pytest.raises(Exception, match="isolation='dirty' is not one of"):
         read(spark, store, "api_read_opts", isolation="dirty")
+
+
+def test_batch_read_takes_a_range_of_offsets_as_kafkas_source(
+    spark: SparkSession, store: str
+) -> None:
+    topic = "api_range"
+    write(payments(spark, 400), store, topic, partitions="2", key="account")
+    ends = end_offsets(store, topic)
+    whole = read(spark, store, topic, includeMetadata="true")
+    # Rows only: each batch's commit marker is an offset no row has.
+    kept = [
+        (p, o)
+        for p, o in zip(whole["_partition"].to_pylist(), whole["_offset"].to_pylist(), strict=True)
+    ]
+    start0, end1 = 50, 120
+    ranged = read(
+        spark,
+        store,
+        topic,
+        includeMetadata="true",
+        startingOffsets=json.dumps({topic: {"0": start0, "1": -2}}),
+        endingOffsets=json.dumps({topic: {"0": -1, "1": end1}}),
+    )
+    got = sorted(zip(ranged["_partition"].to_pylist(), ranged["_offset"].to_pylist(), strict=True))
+    want = sorted((p, o) for p, o in kept if (p == 0 and o >= start0) or (p == 1 and o < end1))
+    assert got == want and len(got) > 100
+    with pytest.raises(Exception, match=_escaped("option 'startingOffsets'='latest': a batch")):
+        read(spark, store, topic, startingOffsets="latest")
+    past = json.dumps({topic: {"0": ends[0] + 5, "1": -1}})
+    with pytest.raises(Exception, match=_escaped(f"partition 0 is readable up to {ends[0]}")):
+        read(spark, store, topic, endingOffsets=past)
 
 
 def _escaped(text: str) -> str:
