@@ -184,7 +184,10 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
             int,
             0,
             "Most offsets (rows) one micro-batch of a stream reads, split over the "
-            "partitions in proportion to their backlog; 0: no limit.",
+            "partitions in proportion to their backlog; 0: no limit. With "
+            "Trigger.AvailableNow a run reads what was there at its start in such batches "
+            "(Spark 4.2 on; Spark 4.1 runs it as one capped batch, docs/spark.md "
+            '"Catching up").',
             min=0,
         ),
         Scope.READ,
@@ -331,6 +334,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         if name is None:
             hint = difflib.get_close_matches(lower, _BY_LOWER, n=1)
             suggestion = f" (did you mean {_BY_LOWER[hint[0]]!r}?)" if hint else ""
+            suggestion = _kafka_hint(lower, scope) or suggestion
             known = ", ".join(k.name for k in OPTIONS)
             raise InvalidConfigError(
                 f"unknown idemlog option {raw_name!r}{suggestion}; options: {known}, "
@@ -416,6 +420,35 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         producer=producer,
         tls=tls,
     )
+
+
+# Options of Spark's Kafka source and sink a Kafka user types first, lower-cased as
+# Spark passes them, and idemlog's own for the same thing.
+_KAFKA_OPTIONS = {
+    "kafka.bootstrap.servers": "'brokers' (host:port[,host:port]; empty: the embedded broker)",
+    "subscribe": "'topic' (one topic)",
+    "subscribepattern": "'topic' (one topic; patterns are not supported)",
+    "assign": "'topic' with 'startingOffsets'/'endingOffsets' JSON (every partition is read)",
+    "failondataloss": "nothing: lost offsets always fail the read, naming them",
+    "kafka.isolation.level": "'isolation'",
+    "kafka.security.protocol": "'security.protocol'",
+    "kafkaconsumer.polltimeoutms": "nothing: reads stream whole ranges",
+}
+
+
+def _kafka_hint(lower: str, scope: Scope) -> str:
+    """`` (a Kafka option: idemlog's is ...)`` for an option of Spark's Kafka source or
+    sink, else ""."""
+    idemlog = _KAFKA_OPTIONS.get(lower)
+    if idemlog is None and lower.startswith("kafka."):
+        key = lower[len("kafka.") :]
+        if key in _BY_LOWER:
+            idemlog = repr(_BY_LOWER[key])
+        elif scope is Scope.WRITE:
+            idemlog = f"'{PRODUCER_PREFIX}{key}' (a producer key)"
+        else:
+            idemlog = "none (a consumer key: idemlog's reader takes the options below)"
+    return f" (an option of Spark's Kafka connector: idemlog's is {idemlog})" if idemlog else ""
 
 
 def _check_sink_acks(value: str) -> None:

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyspark.sql.datasource as spark_datasource
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -83,6 +84,9 @@ __all__ = [
 ]
 
 READ_COMMITTED = "read_committed"
+# Spark 4.2's mixin (SPARK-55304) through which a Python stream reader learns that the
+# query runs Trigger.AvailableNow; Spark 4.1 has none (docs/spark.md, "Catching up").
+_AvailableNowMixin: type = getattr(spark_datasource, "SupportsTriggerAvailableNow", object)
 # The key of a stream offset that names the topic id its positions belong to; every other
 # key is a partition number.
 TOPIC_ID_KEY = "topic_id"
@@ -423,7 +427,7 @@ def cap_ends(base: Mapping[str, int], ends: Mapping[str, int], budget: int) -> d
     return {k: base.get(k, 0) + shares[k] if backlog[k] else e for k, e in ends.items()}
 
 
-class IdemlogStreamReader(DataSourceStreamReader):
+class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: ignore[misc]
     """``spark.readStream.format("idemlog")``: micro-batches of log offset ranges.
 
     Spark calls ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on one
@@ -433,13 +437,20 @@ class IdemlogStreamReader(DataSourceStreamReader):
     asks latestOffset first, so its base is the initial offset (cached, as Spark asks for
     it again when it runs the batch).
 
-    Trigger.AvailableNow: Spark's wrapper for sources without admission control asks
-    latestOffset once per run and keeps the answer as the run's end, so with
-    maxOffsetsPerTrigger each run reads one capped batch (Spark 4.1.4, checked). Spark
-    versions whose wrapper asks before setLatestSeenOffset would get an end capped from
-    the initial offset, possibly below the restarted query's checkpoint (rows read twice):
-    when ``partitions(seen, seen)`` reveals such a guess was wrong, the reader refuses
-    before Spark records anything. Without the option the guess is the log's end: safe.
+    Trigger.AvailableNow, as Spark's Kafka source: ``prepareForTriggerAvailableNow``
+    records the readable end as the run's target, and every later latestOffset stops
+    there, at most maxOffsetsPerTrigger past the last planned end, so the run reads every
+    row available at its start in batches of at most the limit, then ends. Spark calls it
+    only on readers of its SupportsTriggerAvailableNow mixin, which Python sources have
+    from Spark 4.2. Spark 4.1 (pyspark's Python API there cannot learn the trigger) runs
+    AvailableNow and Once as one micro-batch ending at a single latestOffset answer (and
+    never calls ``commit`` nor ``stop`` after it: checked with 4.1.1): with
+    maxOffsetsPerTrigger that batch is capped, so a run reads at most the limit and the
+    next run reads on from the checkpoint. Spark versions whose wrapper asks before
+    setLatestSeenOffset would get an end capped from the initial offset, possibly below
+    the restarted query's checkpoint (rows read twice): when ``partitions(seen, seen)``
+    reveals such a guess was wrong, the reader refuses before Spark records anything.
+    Without the option the guess is the log's end: safe.
     """
 
     def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
@@ -456,6 +467,8 @@ class IdemlogStreamReader(DataSourceStreamReader):
         self._planned_end: dict[str, int] | None = None
         # The base a capped latestOffset assumed before Spark said where the query stands.
         self._guessed_base: dict[str, int] | None = None
+        # Trigger.AvailableNow's target: the readable end when the run was prepared.
+        self._target: dict[str, int] | None = None
 
     def _client(self) -> BrokerClient:
         return sink_client(self.options.bootstrap(), self.options.tls, sasl=self.options.sasl)
@@ -576,9 +589,22 @@ class IdemlogStreamReader(DataSourceStreamReader):
                 f"topic {self.topic.name!r}: the query's offsets are past the log ({where}): "
                 "the topic was recreated or the checkpoint belongs to another topic"
             )
+        if self._target is not None:
+            # Trigger.AvailableNow: nothing past the run's target; a partition added
+            # since is not read in this run (its rows arrived after the start).
+            current = {k: min(e, self._target.get(k, base.get(k, 0))) for k, e in current.items()}
         ends = {**base, **current}
-        ends = cap_ends(base, ends, self.options.max_offsets_per_trigger)
-        return self._stamped(ends)
+        return self._stamped(cap_ends(base, ends, self.options.max_offsets_per_trigger))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Spark's SupportsTriggerAvailableNow (Spark 4.2 on): record the readable end of
+        every partition now as the run's target; latestOffset never passes it, so the
+        run reads every row available at its start (in batches of at most
+        maxOffsetsPerTrigger) and ends when it gets there. Raises UnknownTopicIdError
+        if the topic was recreated since the query started."""
+        with self._client() as client:
+            offsets = self._offsets(client)
+        self._target = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRangePartition]:
         """One range per partition that advanced, split as ``minPartitions`` and

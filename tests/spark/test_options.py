@@ -99,6 +99,15 @@ def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
         ),
         ({"topic": "t", "endingOffsets": "{"}, Scope.READ, "'endingOffsets'='{' is not"),
         ({"topic": "t", "endingOffsets": "latest"}, Scope.WRITE, "applies to reads only"),
+        (
+            {"topic": "t", "kafka.bootstrap.servers": "h:9092"},
+            Scope.WRITE,
+            "unknown idemlog option 'kafka.bootstrap.servers' (an option of Spark's Kafka "
+            "connector: idemlog's is 'brokers'",
+        ),
+        ({"subscribe": "t"}, Scope.READ, "'subscribe' (an option of Spark's Kafka connector: "),
+        ({"topic": "t", "kafka.linger.ms": "5"}, Scope.WRITE, "idemlog's is 'producer.linger.ms'"),
+        ({"topic": "t", "failOnDataLoss": "false"}, Scope.READ, "lost offsets always fail"),
         ({"topic": "t", "embedded.metrics.port": "-2"}, Scope.WRITE, "below the minimum -1"),
         ({"topic": "t", "embedded.metrics.port": "70000"}, Scope.READ, "above the maximum"),
         (

@@ -453,6 +453,26 @@ def test_stream_with_max_offsets_per_trigger_reads_every_committed_row_once(
         assert offs == sorted(offs) and len(offs) == len(set(offs))
 
 
+def test_available_now_reads_what_was_there_at_its_start_in_capped_batches(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    """Spark 4.2's SupportsTriggerAvailableNow call order: prepare, then latestOffset and
+    partitions per batch until the end stops moving."""
+    lso = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+    reader = stream_reader(broker, client, maxOffsetsPerTrigger="7")
+    reader.prepareForTriggerAvailableNow()
+    scenario.commit_open()  # rows that become readable after the run started
+    advances: list[int] = []
+
+    def check(s: dict[str, Any], e: dict[str, Any]) -> None:
+        advances.append(sum(at(e)[k] - at(s).get(k, 0) for k in at(e)))
+
+    table, end = run_triggers(reader, via_json(reader.initialOffset()), check)
+    assert found(table) == scenario.committed
+    assert at(end) == lso, "ends at the target, not at the later end"
+    assert max(advances) == 7 and len(advances) >= 4, advances
+
+
 def _meta(table: pa.Table) -> tuple[list[int], list[int]]:
     return table.column(PARTITION_COLUMN).to_pylist(), table.column(OFFSET_COLUMN).to_pylist()
 
