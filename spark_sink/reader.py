@@ -60,7 +60,7 @@ from broker_core.errors import (
 from broker_core.protocol.wire import FetchTrailer
 
 from .connections import sink_client
-from .errors import topic_recreated
+from .errors import one_line_errors, one_line_errors_of, topic_recreated
 from .options import IdemlogOptions
 from .read_offsets import (
     ENDING_OPTION,
@@ -353,6 +353,7 @@ class IdemlogBatchReader(DataSourceReader):
         )
         check_batch_range(options.starting_offsets, self.ending)
 
+    @one_line_errors
     def partitions(self) -> list[OffsetRangePartition]:
         """On the driver: per log partition ``[start, end)`` as ``startingOffsets`` and
         ``endingOffsets`` name them against the log as of now (earliest: the log start;
@@ -394,7 +395,9 @@ class IdemlogBatchReader(DataSourceReader):
         # Spark passes None when partitions() planned nothing (an empty topic).
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return prefetched(read_range(self.options, self.topic.name, self.schema, partition))
+        return one_line_errors_of(
+            prefetched(read_range(self.options, self.topic.name, self.schema, partition))
+        )
 
 
 # -- stream reads --------------------------------------------------------------------------
@@ -551,6 +554,7 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
             self._initial = {_key(p): o for p, o in initial.items()}
         return dict(self._initial)
 
+    @one_line_errors
     def initialOffset(self) -> dict[str, Any]:
         """Where a new query starts, per partition, as ``startingOffsets`` says: the log
         start (earliest), the readable end (latest) or the JSON form's offsets; computed
@@ -558,6 +562,7 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
         with self._client() as client:
             return self._stamped(self._initial_offsets(client))
 
+    @one_line_errors
     def latestOffset(self) -> dict[str, Any]:
         """Where the next micro-batch ends, per partition: the last stable offset (the
         high watermark with read_uncommitted), at most maxOffsetsPerTrigger past the
@@ -596,6 +601,7 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
         ends = {**base, **current}
         return self._stamped(cap_ends(base, ends, self.options.max_offsets_per_trigger))
 
+    @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:
         """Spark's SupportsTriggerAvailableNow (Spark 4.2 on): record the readable end of
         every partition now as the run's target; latestOffset never passes it, so the
@@ -606,6 +612,7 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
             offsets = self._offsets(client)
         self._target = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
 
+    @one_line_errors
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRangePartition]:
         """One range per partition that advanced, split as ``minPartitions`` and
         ``maxRecordsPerPartition`` ask (``split_ranges``: sub-ranges below the same end);
@@ -639,7 +646,9 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
         A broker error fails the task, which Spark retries over the same range."""
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return prefetched(read_range(self.options, self.topic.name, self.schema, partition))
+        return one_line_errors_of(
+            prefetched(read_range(self.options, self.topic.name, self.schema, partition))
+        )
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the broker's retention decides what the log keeps, and the

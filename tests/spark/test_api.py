@@ -369,6 +369,29 @@ def test_batch_read_takes_a_range_of_offsets_as_kafkas_source(
         read(spark, store, topic, endingOffsets=past)
 
 
+def test_errors_reach_the_user_as_idemlogs_one_line(spark: SparkSession, store: str) -> None:
+    """Spark wraps a Python data source's error in its own (PYTHON_DATA_SOURCE_ERROR):
+    idemlog's errors arrive there as their one line, without the Python traceback."""
+    cases = [
+        ({"topc": "x"}, "unknown idemlog option 'topc' (did you mean 'topic'?)"),
+        (
+            {"topic": "x", "kafka.bootstrap.servers": "h:9092"},
+            "an option of Spark's Kafka connector: idemlog's is 'brokers'",
+        ),
+        ({"topic": "x", "brokers": "127.0.0.1:1"}, "option 'brokers'='127.0.0.1:1': "),
+        ({"topic": "api_no_such_topic", "path": store}, "topic 'api_no_such_topic' does not"),
+    ]
+    for options, line in cases:
+        reader = spark.read.format("idemlog")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        with pytest.raises(Exception) as failure:
+            reader.load()
+        text = str(failure.value)
+        assert line in text and "Traceback" not in text, text
+        assert len(text.splitlines()) <= 2, text
+
+
 def _escaped(text: str) -> str:
     import re
 
