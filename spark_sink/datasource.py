@@ -23,6 +23,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from broker_core.client.broker_client import NoBrokerReachableError
+from broker_core.errors import NetworkError
 
 from . import topics, trace
 from .connections import sink_client
@@ -46,9 +47,8 @@ def _naming_brokers(options: IdemlogOptions) -> Iterator[None]:
     except NoBrokerReachableError as exc:
         if not options.brokers:
             raise
-        raise NoBrokerReachableError(
-            exc.addresses, f"option 'brokers'={options.brokers!r}: {exc.cause}"
-        ) from exc
+        # NetworkError, as its cause: the type crosses no Spark boundary, the line does.
+        raise NetworkError(f"option 'brokers'={options.brokers!r}: {exc.message}") from exc
 
 
 class IdemlogDataSource(DataSource):

@@ -378,7 +378,10 @@ def test_errors_reach_the_user_as_idemlogs_one_line(spark: SparkSession, store: 
             {"topic": "x", "kafka.bootstrap.servers": "h:9092"},
             "an option of Spark's Kafka connector: idemlog's is 'brokers'",
         ),
-        ({"topic": "x", "brokers": "127.0.0.1:1"}, "option 'brokers'='127.0.0.1:1': "),
+        (
+            {"topic": "x", "brokers": "127.0.0.1:1"},
+            "NETWORK_EXCEPTION (13): option 'brokers'='127.0.0.1:1': no broker reachable",
+        ),
         ({"topic": "api_no_such_topic", "path": store}, "topic 'api_no_such_topic' does not"),
     ]
     for options, line in cases:
