@@ -109,6 +109,11 @@ class ErrorCode(Enum):
 _BY_CODE: dict[int, ErrorCode] = {e.code: e for e in ErrorCode}
 
 
+# "1": a developer asks for Python tracebacks after idemlog's one-line errors (the CLI's
+# failures, the Spark side's errors reported by Spark's Python workers).
+DEBUG_ENV = "IDEMLOG_DEBUG"
+
+
 class IdemlogError(Exception):
     """Root of every error idemlog raises on purpose."""
 

@@ -2,7 +2,8 @@
 # Fetch the jars Spark needs for Delta Lake into jars/, from Maven Central with mvn.
 #
 # spark_sink.session.local_session() passes every jars/*.jar with spark.jars, so nothing is
-# downloaded when a job or a test runs (never spark.jars.packages).
+# downloaded when a job or a test of a checkout runs (spark.jars.packages only from an
+# installed wheel, which has no jars/: spark_sink.export.delta.delta_jars_conf).
 #
 # The runtime closure of io.delta:delta-spark_2.13:4.1.0 (mvn dependency:list
 # -DincludeScope=runtime) is delta-spark, delta-storage, unitycatalog-client (used by

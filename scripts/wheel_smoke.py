@@ -19,7 +19,10 @@ temporary directory, with ``PYTHONPATH`` unset, so nothing can be imported from 
    (``--from-beginning --timeout-ms``: every record, then exit);
 6. the broker stopped with SIGTERM (exit 0);
 7. one Spark ``df.write.format("idemlog")`` through the embedded default broker
-   (``~/.idemlog/embedded`` under a temporary ``HOME``) and the rows read back.
+   (``~/.idemlog/embedded`` under a temporary ``HOME``) and the rows read back;
+8. ``idemlog export delta`` of those rows into a Delta table (Delta's jars through
+   ``spark.jars.packages``, as an installed wheel has no ``jars/``), read back with
+   ``deltalake`` (no JVM).
 
 Exit status 0 when every step passed, 1 (with the failing step and its output) otherwise.
 """
@@ -184,6 +187,33 @@ class Smoke:
         if not line.startswith(f"spark rows={SPARK_ROWS} path={home}"):
             raise SmokeFailed(f"the Spark step printed {out!r}")
         log(line)
+        self.export(env, line.split("path=", 1)[1])
+
+    def export(self, env: dict[str, str], store: str) -> None:
+        table = self.work / "delta" / "spark_smoke"
+        args = ["export", "delta", "--topic", "spark_smoke", "--path", store]
+        args += ["--table", str(table), "--partition-by", "k"]
+        try:
+            out = self.run("export delta", [str(self.bin / "idemlog"), *args], env=env).stdout
+        finally:
+            self.py(
+                "embedded broker stop",
+                "import sys\nfrom spark_sink.embedded import stop_broker\nstop_broker(sys.argv[1])",
+                store,
+                env=env,
+            )
+        if f"exported rows={SPARK_ROWS} " not in out:
+            raise SmokeFailed(f"idemlog export delta printed {out!r}")
+        rows = self.py(
+            "delta read",
+            "import sys\nfrom deltalake import DeltaTable\n"
+            "print(DeltaTable(sys.argv[1]).to_pyarrow_table().num_rows)",
+            str(table),
+            env=env,
+        )
+        if rows.strip() != str(SPARK_ROWS):
+            raise SmokeFailed(f"the Delta table holds {rows.strip()} rows, not {SPARK_ROWS}")
+        log(f"export delta rows={SPARK_ROWS} read back with deltalake")
 
 
 def _wait_listening(broker: subprocess.Popen[str]) -> str:

@@ -8,6 +8,8 @@ written a row.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -20,9 +22,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from broker_core.client.broker_client import NoBrokerReachableError
+from broker_core.errors import NetworkError
+
 from . import topics, trace
 from .connections import sink_client
-from .errors import UnsupportedWriteError
+from .errors import UnsupportedWriteError, one_line_errors
 from .options import IdemlogOptions, Scope, parse_options
 from .schema import arrow_schema_for, check_key, spark_schema_for
 from .writer import IdemlogBatchWriter, IdemlogStreamWriter
@@ -31,6 +36,19 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 FORMAT = "idemlog"
+
+
+@contextmanager
+def _naming_brokers(options: IdemlogOptions) -> Iterator[None]:
+    """A cluster that does not answer when the query is planned is the option's fault
+    until shown otherwise: the error names ``brokers`` and its value first."""
+    try:
+        yield
+    except NoBrokerReachableError as exc:
+        if not options.brokers:
+            raise
+        # NetworkError, as its cause: the type crosses no Spark boundary, the line does.
+        raise NetworkError(f"option 'brokers'={options.brokers!r}: {exc.message}") from exc
 
 
 class IdemlogDataSource(DataSource):
@@ -56,9 +74,13 @@ class IdemlogDataSource(DataSource):
     # -- reading ---------------------------------------------------------------------------
     def _read_side(self) -> tuple[IdemlogOptions, topics.TopicInfo]:
         options = parse_options(self.options, Scope.READ)
-        with sink_client(options.bootstrap(), options.tls, sasl=options.sasl) as client:
+        with (
+            _naming_brokers(options),
+            sink_client(options.bootstrap(), options.tls, sasl=options.sasl) as client,
+        ):
             return options, topics.require(client, options)
 
+    @one_line_errors
     def schema(self) -> StructType:
         """The topic's schema as Spark's (plus the metadata columns with
         ``includeMetadata``). Raises UnknownTopicOrPartitionError if the topic does not
@@ -67,12 +89,14 @@ class IdemlogDataSource(DataSource):
         assert info.schema is not None
         return spark_schema_for(info.schema, options.include_metadata)
 
+    @one_line_errors
     def reader(self, schema: StructType) -> DataSourceReader:
         """``spark.read``: the committed rows of the topic as of planning."""
         from .reader import IdemlogBatchReader
 
         return IdemlogBatchReader(*self._read_side())
 
+    @one_line_errors
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """``spark.readStream``: committed rows as they arrive, each once per query."""
         from .reader import IdemlogStreamReader
@@ -90,11 +114,13 @@ class IdemlogDataSource(DataSource):
             check_key(arrow, options.key)
             with (
                 trace.span("topic_check"),
+                _naming_brokers(options),
                 sink_client(options.bootstrap(), options.tls, sasl=options.sasl) as client,
             ):
                 info = topics.ensure_for_write(client, options, arrow)
             return options, arrow, info.topic_id
 
+    @one_line_errors
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """``df.write``: all of the job's rows or none. Creates the topic with the
         DataFrame's schema if it is missing; raises SchemaMismatchError for a topic of
@@ -106,6 +132,7 @@ class IdemlogDataSource(DataSource):
             )
         return IdemlogBatchWriter(*self._write_side(schema))
 
+    @one_line_errors
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """``df.writeStream``: each micro-batch exactly once. Creates the topic as
         :meth:`writer` does; raises UnsupportedWriteError for output mode complete."""

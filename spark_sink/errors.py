@@ -3,7 +3,70 @@
 
 from __future__ import annotations
 
-from broker_core.errors import ErrorCode, IdemlogError, UnknownTopicIdError
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TypeVar
+
+from broker_core.errors import DEBUG_ENV, ErrorCode, IdemlogError, UnknownTopicIdError
+
+log = logging.getLogger("idemlog.spark")
+
+# pyspark's Python workers report an error to the JVM as its formatted traceback, which
+# Spark puts under its own [PYTHON_DATA_SOURCE_ERROR] or PythonException; with this
+# variable set (Spark's spark.sql.execution.pyspark.udf.hideTraceback.enabled sets it for
+# UDF workers) they report ``type: message`` only (pyspark.util.handle_worker_exception).
+SPARK_HIDE_TRACEBACK = "SPARK_HIDE_TRACEBACK"
+# Set by Spark for every Python worker it starts: how the worker connects back to it.
+_SPARK_WORKER_MARKS = (
+    "PYTHON_WORKER_FACTORY_SECRET",
+    "PYTHON_WORKER_FACTORY_SOCK_PATH",
+    "PYTHON_WORKER_FACTORY_PORT",
+)
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+def _as_one_line(exc: IdemlogError) -> None:
+    """Have the Spark worker this process is report ``exc`` as its one line: the worker
+    reports the error escaping now and exits (pyspark's workers never go on after an
+    error), so nothing else is reported without its traceback. The traceback goes to the
+    debug log, and stays in the report with IDEMLOG_DEBUG=1. Outside a Spark worker (a
+    test calling the reader directly) nothing changes."""
+    if not any(mark in os.environ for mark in _SPARK_WORKER_MARKS):
+        return
+    log.debug("idemlog error reported to Spark as one line", exc_info=exc)
+    if os.environ.get(DEBUG_ENV) != "1":
+        os.environ[SPARK_HIDE_TRACEBACK] = "1"
+
+
+def one_line_errors(method: Callable[P, R]) -> Callable[P, R]:
+    """``method`` (one Spark calls in a Python worker: planning, a task, a commit) with
+    idemlog's own errors reported to Spark as their one line, not under their Python
+    traceback: ``topic 'x' does not exist`` instead of ten lines of frames above it.
+    Any other exception (a bug) keeps its traceback."""
+
+    @functools.wraps(method)
+    def reporting(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except IdemlogError as exc:
+            _as_one_line(exc)
+            raise
+
+    return reporting
+
+
+def one_line_errors_of(rows: Iterator[T]) -> Iterator[T]:
+    """``rows`` (a read task's batches) with idemlog's errors reported as one_line_errors
+    reports them."""
+    try:
+        yield from rows
+    except IdemlogError as exc:
+        _as_one_line(exc)
+        raise
 
 
 class EmbeddedBrokerError(IdemlogError):

@@ -33,6 +33,13 @@ from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT, TLS_KEY_NAMES, TLS_KEYS, TlsSettings
 from spark_sink.embedded import DEFAULT_PATH, METRICS_OFF, METRICS_OPTION
 from spark_sink.producer.config import ProducerConfig, parse_acks
+from spark_sink.read_offsets import (
+    ENDING_OPTION,
+    STARTING_OPTION,
+    OffsetKind,
+    OffsetSpec,
+    parse_offset_spec,
+)
 
 
 class Scope(StrEnum):
@@ -52,7 +59,6 @@ PRODUCER_PREFIX = "producer."
 # abort finds the query id in the checkpoint when no task reported.
 _CHECKPOINT_OPTION = "checkpointlocation"
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
-STARTING_OFFSETS = ("earliest", "latest")
 NO_SPLIT = 0  # minPartitions / maxRecordsPerPartition unset: one task per log partition
 # Metadata columns added by includeMetadata=true.
 PARTITION_COLUMN = "_partition"
@@ -149,12 +155,26 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
     ),
     (
         ConfigKey(
-            "startingOffsets",
+            STARTING_OPTION,
             str,
-            "earliest",
-            "Where a new streaming query starts: earliest (the log start) or latest (the "
-            "current end). A restarted query continues from its checkpoint.",
-            choices=STARTING_OFFSETS,
+            OffsetKind.EARLIEST.value,
+            "Where a read starts, as Spark's Kafka source's option: earliest (the log "
+            "start), latest (the readable end; streams only) or per-partition JSON naming "
+            'the topic and every partition, `{"payments":{"0":23,"1":-2}}` (-2 earliest, '
+            "-1 latest). A batch read starts there; a new streaming query too, and a "
+            "restarted one continues from its checkpoint.",
+        ),
+        Scope.READ,
+    ),
+    (
+        ConfigKey(
+            ENDING_OPTION,
+            str,
+            OffsetKind.LATEST.value,
+            "Where a batch read ends (exclusive), as Spark's Kafka source's option: latest "
+            "(the readable end when the read is planned) or per-partition JSON as "
+            "startingOffsets (-1 latest; earliest is refused). Batch reads only: a "
+            "streaming query reads on.",
         ),
         Scope.READ,
     ),
@@ -164,7 +184,10 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
             int,
             0,
             "Most offsets (rows) one micro-batch of a stream reads, split over the "
-            "partitions in proportion to their backlog; 0: no limit.",
+            "partitions in proportion to their backlog; 0: no limit. With "
+            "Trigger.AvailableNow a run reads what was there at its start in such batches "
+            "(Spark 4.2 on; Spark 4.1 runs it as one capped batch, docs/spark.md "
+            '"Catching up").',
             min=0,
         ),
         Scope.READ,
@@ -255,7 +278,7 @@ class IdemlogOptions:
     partitions: int
     transaction_timeout_ms: int
     isolation: str
-    starting_offsets: str
+    starting_offsets: OffsetSpec  # the option startingOffsets
     max_offsets_per_trigger: int
     include_metadata: bool
     producer: dict[str, Any]
@@ -271,6 +294,8 @@ class IdemlogOptions:
     min_partitions: int = NO_SPLIT  # the option minPartitions (reads)
     max_records_per_partition: int = NO_SPLIT  # the option maxRecordsPerPartition (reads)
     topic_id: str = ""  # the option topicId (reads): "" any, the id found at planning
+    # The option endingOffsets (batch reads); None: not given (a stream refuses it).
+    ending_offsets: OffsetSpec | None = None
 
     @property
     def embedded(self) -> bool:
@@ -309,6 +334,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         if name is None:
             hint = difflib.get_close_matches(lower, _BY_LOWER, n=1)
             suggestion = f" (did you mean {_BY_LOWER[hint[0]]!r}?)" if hint else ""
+            suggestion = _kafka_hint(lower, scope) or suggestion
             known = ", ".join(k.name for k in OPTIONS)
             raise InvalidConfigError(
                 f"unknown idemlog option {raw_name!r}{suggestion}; options: {known}, "
@@ -377,7 +403,12 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         partitions=int(parsed["partitions"]),
         transaction_timeout_ms=int(parsed["transaction.timeout.ms"]),
         isolation=str(parsed["isolation"]),
-        starting_offsets=str(parsed["startingOffsets"]),
+        starting_offsets=parse_offset_spec(STARTING_OPTION, str(parsed[STARTING_OPTION]), topic),
+        ending_offsets=(
+            parse_offset_spec(ENDING_OPTION, str(parsed[ENDING_OPTION]), topic)
+            if ENDING_OPTION in values
+            else None
+        ),
         max_offsets_per_trigger=int(parsed["maxOffsetsPerTrigger"]),
         include_metadata=bool(parsed["includeMetadata"]),
         min_partitions=int(parsed["minPartitions"]),
@@ -389,6 +420,35 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         producer=producer,
         tls=tls,
     )
+
+
+# Options of Spark's Kafka source and sink a Kafka user types first, lower-cased as
+# Spark passes them, and idemlog's own for the same thing.
+_KAFKA_OPTIONS = {
+    "kafka.bootstrap.servers": "'brokers' (host:port[,host:port]; empty: the embedded broker)",
+    "subscribe": "'topic' (one topic)",
+    "subscribepattern": "'topic' (one topic; patterns are not supported)",
+    "assign": "'topic' with 'startingOffsets'/'endingOffsets' JSON (every partition is read)",
+    "failondataloss": "nothing: lost offsets always fail the read, naming them",
+    "kafka.isolation.level": "'isolation'",
+    "kafka.security.protocol": "'security.protocol'",
+    "kafkaconsumer.polltimeoutms": "nothing: reads stream whole ranges",
+}
+
+
+def _kafka_hint(lower: str, scope: Scope) -> str:
+    """`` (a Kafka option: idemlog's is ...)`` for an option of Spark's Kafka source or
+    sink, else ""."""
+    idemlog = _KAFKA_OPTIONS.get(lower)
+    if idemlog is None and lower.startswith("kafka."):
+        key = lower[len("kafka.") :]
+        if key in _BY_LOWER:
+            idemlog = repr(_BY_LOWER[key])
+        elif scope is Scope.WRITE:
+            idemlog = f"'{PRODUCER_PREFIX}{key}' (a producer key)"
+        else:
+            idemlog = "none (a consumer key: idemlog's reader takes the options below)"
+    return f" (an option of Spark's Kafka connector: idemlog's is {idemlog})" if idemlog else ""
 
 
 def _check_sink_acks(value: str) -> None:

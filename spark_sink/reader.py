@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyspark.sql.datasource as spark_datasource
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -59,8 +60,15 @@ from broker_core.errors import (
 from broker_core.protocol.wire import FetchTrailer
 
 from .connections import sink_client
-from .errors import topic_recreated
+from .errors import one_line_errors, one_line_errors_of, topic_recreated
 from .options import IdemlogOptions
+from .read_offsets import (
+    ENDING_OPTION,
+    OffsetKind,
+    check_batch_range,
+    check_range,
+    parse_offset_spec,
+)
 from .read_prefetch import prefetched
 from .read_split import OffsetRangePartition, split_ranges
 from .schema import spark_schema_for
@@ -76,6 +84,9 @@ __all__ = [
 ]
 
 READ_COMMITTED = "read_committed"
+# Spark 4.2's mixin (SPARK-55304) through which a Python stream reader learns that the
+# query runs Trigger.AvailableNow; Spark 4.1 has none (docs/spark.md, "Catching up").
+_AvailableNowMixin: type = getattr(spark_datasource, "SupportsTriggerAvailableNow", object)
 # The key of a stream offset that names the topic id its positions belong to; every other
 # key is a partition number.
 TOPIC_ID_KEY = "topic_id"
@@ -330,19 +341,28 @@ def _split(
 
 # -- batch reads ---------------------------------------------------------------------------
 class IdemlogBatchReader(DataSourceReader):
-    """``spark.read.format("idemlog")``: the whole readable log as of planning."""
+    """``spark.read.format("idemlog")``: the readable log as of planning, from
+    ``startingOffsets`` (default earliest) to ``endingOffsets`` (default latest)."""
 
     def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
         self.options = options
         self.topic = topic
         self.schema = output_schema(topic, options.include_metadata)
+        self.ending = options.ending_offsets or parse_offset_spec(
+            ENDING_OPTION, OffsetKind.LATEST.value, topic.name
+        )
+        check_batch_range(options.starting_offsets, self.ending)
 
+    @one_line_errors
     def partitions(self) -> list[OffsetRangePartition]:
-        """On the driver: per log partition ``[log start, LSO or HW)`` as of now, split
-        into sub-ranges below the same end as ``minPartitions`` and
-        ``maxRecordsPerPartition`` ask (``split_ranges``), each carrying the topic id
-        pinned when the reader was made. Raises UnknownTopicIdError if the topic was
-        recreated since."""
+        """On the driver: per log partition ``[start, end)`` as ``startingOffsets`` and
+        ``endingOffsets`` name them against the log as of now (earliest: the log start;
+        latest: the LSO, or the HW with read_uncommitted), split into sub-ranges below
+        the same end as ``minPartitions`` and ``maxRecordsPerPartition`` ask
+        (``split_ranges``), each carrying the topic id pinned when the reader was made.
+        Raises InvalidConfigError naming the option for a range the log cannot serve
+        (``read_offsets.check_range``), UnknownTopicIdError if the topic was recreated
+        since."""
         ranges = []
         with sink_client(
             self.options.bootstrap(), self.options.tls, sasl=self.options.sasl
@@ -356,10 +376,15 @@ class IdemlogBatchReader(DataSourceReader):
                 raise _recreated_while_reading(
                     self.topic.name, self.topic.topic_id, exc, "its offsets cannot be planned"
                 ) from exc
-            for p, offsets in found.items():
-                start, end = offsets["log_start_offset"], _end_of(offsets, self.options.isolation)
-                if end > start:
-                    ranges.append(OffsetRangePartition(p, start, end, pinned))
+        log_starts = {p: o["log_start_offset"] for p, o in found.items()}
+        readable = {p: _end_of(o, self.options.isolation) for p, o in found.items()}
+        name = self.topic.name
+        starts = self.options.starting_offsets.resolve(name, log_starts, readable)
+        ends = self.ending.resolve(name, log_starts, readable)
+        check_range(name, starts, ends, log_starts, readable)
+        for p in sorted(starts):
+            if ends[p] > starts[p]:
+                ranges.append(OffsetRangePartition(p, starts[p], ends[p], pinned))
         return _split(self.options, ranges)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
@@ -370,7 +395,9 @@ class IdemlogBatchReader(DataSourceReader):
         # Spark passes None when partitions() planned nothing (an empty topic).
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return prefetched(read_range(self.options, self.topic.name, self.schema, partition))
+        return one_line_errors_of(
+            prefetched(read_range(self.options, self.topic.name, self.schema, partition))
+        )
 
 
 # -- stream reads --------------------------------------------------------------------------
@@ -403,7 +430,7 @@ def cap_ends(base: Mapping[str, int], ends: Mapping[str, int], budget: int) -> d
     return {k: base.get(k, 0) + shares[k] if backlog[k] else e for k, e in ends.items()}
 
 
-class IdemlogStreamReader(DataSourceStreamReader):
+class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: ignore[misc]
     """``spark.readStream.format("idemlog")``: micro-batches of log offset ranges.
 
     Spark calls ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on one
@@ -413,16 +440,29 @@ class IdemlogStreamReader(DataSourceStreamReader):
     asks latestOffset first, so its base is the initial offset (cached, as Spark asks for
     it again when it runs the batch).
 
-    Trigger.AvailableNow: Spark's wrapper for sources without admission control asks
-    latestOffset once per run and keeps the answer as the run's end, so with
-    maxOffsetsPerTrigger each run reads one capped batch (Spark 4.1.4, checked). Spark
-    versions whose wrapper asks before setLatestSeenOffset would get an end capped from
-    the initial offset, possibly below the restarted query's checkpoint (rows read twice):
-    when ``partitions(seen, seen)`` reveals such a guess was wrong, the reader refuses
-    before Spark records anything. Without the option the guess is the log's end: safe.
+    Trigger.AvailableNow, as Spark's Kafka source: ``prepareForTriggerAvailableNow``
+    records the readable end as the run's target, and every later latestOffset stops
+    there, at most maxOffsetsPerTrigger past the last planned end, so the run reads every
+    row available at its start in batches of at most the limit, then ends. Spark calls it
+    only on readers of its SupportsTriggerAvailableNow mixin, which Python sources have
+    from Spark 4.2. Spark 4.1 (pyspark's Python API there cannot learn the trigger) runs
+    AvailableNow and Once as one micro-batch ending at a single latestOffset answer (and
+    never calls ``commit`` nor ``stop`` after it: checked with 4.1.1): with
+    maxOffsetsPerTrigger that batch is capped, so a run reads at most the limit and the
+    next run reads on from the checkpoint. Spark versions whose wrapper asks before
+    setLatestSeenOffset would get an end capped from the initial offset, possibly below
+    the restarted query's checkpoint (rows read twice): when ``partitions(seen, seen)``
+    reveals such a guess was wrong, the reader refuses before Spark records anything.
+    Without the option the guess is the log's end: safe.
     """
 
     def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
+        if options.ending_offsets is not None:
+            raise InvalidConfigError(
+                f"option {ENDING_OPTION!r}={options.ending_offsets.text!r} applies to batch "
+                "reads only: a streaming query reads on as rows arrive (stop it, or use "
+                "spark.read for a range)"
+            )
         self.options = options
         self.topic = topic
         self.schema = output_schema(topic, options.include_metadata)
@@ -430,6 +470,8 @@ class IdemlogStreamReader(DataSourceStreamReader):
         self._planned_end: dict[str, int] | None = None
         # The base a capped latestOffset assumed before Spark said where the query stands.
         self._guessed_base: dict[str, int] | None = None
+        # Trigger.AvailableNow's target: the readable end when the run was prepared.
+        self._target: dict[str, int] | None = None
 
     def _client(self) -> BrokerClient:
         return sink_client(self.options.bootstrap(), self.options.tls, sasl=self.options.sasl)
@@ -503,20 +545,24 @@ class IdemlogStreamReader(DataSourceStreamReader):
         # Computed once: Spark may ask again (runBatch of a new query) after latestOffset
         # used it, and "latest" must not move in between.
         if self._initial is None:
-            offsets = self._offsets(client)
-            if self.options.starting_offsets == "earliest":
-                self._initial = {k: o["log_start_offset"] for k, o in offsets.items()}
-            else:
-                self._initial = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
+            offsets = {int(k): o for k, o in self._offsets(client).items()}
+            initial = self.options.starting_offsets.resolve(
+                self.topic.name,
+                {p: o["log_start_offset"] for p, o in offsets.items()},
+                {p: _end_of(o, self.options.isolation) for p, o in offsets.items()},
+            )
+            self._initial = {_key(p): o for p, o in initial.items()}
         return dict(self._initial)
 
+    @one_line_errors
     def initialOffset(self) -> dict[str, Any]:
-        """Where a new query starts, per partition: the log start (``startingOffsets``
-        earliest) or the current end (latest); computed once, so it does not move. With
-        the topic's id (``"topic_id"``)."""
+        """Where a new query starts, per partition, as ``startingOffsets`` says: the log
+        start (earliest), the readable end (latest) or the JSON form's offsets; computed
+        once, so it does not move. With the topic's id (``"topic_id"``)."""
         with self._client() as client:
             return self._stamped(self._initial_offsets(client))
 
+    @one_line_errors
     def latestOffset(self) -> dict[str, Any]:
         """Where the next micro-batch ends, per partition: the last stable offset (the
         high watermark with read_uncommitted), at most maxOffsetsPerTrigger past the
@@ -548,10 +594,25 @@ class IdemlogStreamReader(DataSourceStreamReader):
                 f"topic {self.topic.name!r}: the query's offsets are past the log ({where}): "
                 "the topic was recreated or the checkpoint belongs to another topic"
             )
+        if self._target is not None:
+            # Trigger.AvailableNow: nothing past the run's target; a partition added
+            # since is not read in this run (its rows arrived after the start).
+            current = {k: min(e, self._target.get(k, base.get(k, 0))) for k, e in current.items()}
         ends = {**base, **current}
-        ends = cap_ends(base, ends, self.options.max_offsets_per_trigger)
-        return self._stamped(ends)
+        return self._stamped(cap_ends(base, ends, self.options.max_offsets_per_trigger))
 
+    @one_line_errors
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Spark's SupportsTriggerAvailableNow (Spark 4.2 on): record the readable end of
+        every partition now as the run's target; latestOffset never passes it, so the
+        run reads every row available at its start (in batches of at most
+        maxOffsetsPerTrigger) and ends when it gets there. Raises UnknownTopicIdError
+        if the topic was recreated since the query started."""
+        with self._client() as client:
+            offsets = self._offsets(client)
+        self._target = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
+
+    @one_line_errors
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRangePartition]:
         """One range per partition that advanced, split as ``minPartitions`` and
         ``maxRecordsPerPartition`` ask (``split_ranges``: sub-ranges below the same end);
@@ -585,7 +646,9 @@ class IdemlogStreamReader(DataSourceStreamReader):
         A broker error fails the task, which Spark retries over the same range."""
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return prefetched(read_range(self.options, self.topic.name, self.schema, partition))
+        return one_line_errors_of(
+            prefetched(read_range(self.options, self.topic.name, self.schema, partition))
+        )
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the broker's retention decides what the log keeps, and the

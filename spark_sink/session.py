@@ -3,7 +3,9 @@
 Executors run the sink in Python workers, which must be this interpreter (the one with
 the project installed), so ``PYSPARK_PYTHON`` is set before the JVM starts. ``local[N,F]``
 gives task retries (plain ``local[N]`` never retries, docs/design.md §6). Jars the set-up fetched
-into ``jars/`` (Delta) are passed with ``spark.jars``: nothing is downloaded at run time.
+into a checkout's ``jars/`` (Delta) are passed with ``spark.jars``: nothing is downloaded at
+run time. An installed wheel has no ``jars/``: the Delta export then names Delta's package
+with ``spark.jars.packages`` (``spark_sink.export.delta.delta_jars_conf``).
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from spark_sink.commit import (
     run_of,
 )
 from spark_sink.connections import shared_connections
+from spark_sink.errors import one_line_errors
 from spark_sink.heartbeat import HEARTBEATS
 from spark_sink.options import IdemlogOptions
 from spark_sink.schema import conform
@@ -439,12 +440,14 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         # The coordinator knows a job's sink by this form: its record expires with its ids.
         self.sink_id = batch_job_sink_id(self.run_id)
 
+    @one_line_errors
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
         """In a task: the partition's rows as one prepared transaction, readable only once
         the driver commits; a retried attempt fences the earlier ones first."""
         attempt = SinkAttempt(self.sink_id, self.run_id, BATCH_JOB_BATCH_ID)
         return write_task(self.options, self.schema, attempt, iterator, self.topic_id)
 
+    @one_line_errors
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """On the driver: commit every task's transaction, all or none. Retriable broker
         errors are retried for up to 360 s; then, or on any other error, it raises
@@ -452,6 +455,7 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         committed (a lost answer) or none."""
         commit_batch(self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages)
 
+    @one_line_errors
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """On the driver: abort what the job's tasks left open; none of its rows are ever
         readable."""
@@ -474,12 +478,14 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
         self.schema = schema
         self.topic_id = topic_id
 
+    @one_line_errors
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
         """In a task: the partition's rows of this micro-batch as one prepared
         transaction; nothing if an earlier attempt of the batch already holds or
         committed them. Raises RuntimeError outside a micro-batch streaming task."""
         return write_task(self.options, self.schema, stream_attempt(), iterator, self.topic_id)
 
+    @one_line_errors
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """On the driver: commit micro-batch ``batchId`` once; a batch committed before
         (a restarted query replaying it) is left as it is. Retriable broker errors are
@@ -496,6 +502,7 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
             return  # no task ran: nothing to commit
         commit_batch(self.options, None, run_id, batchId, messages, report=True)
 
+    @one_line_errors
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """On the driver: abort what the batch's tasks left open (found through the
         checkpoint when no task reported); none of their rows are ever readable."""

@@ -16,6 +16,7 @@ from enum import IntEnum
 
 from broker_core.client.broker_client import NoBrokerReachableError
 from broker_core.errors import (
+    DEBUG_ENV,
     BrokerNotAvailableError,
     IdemlogError,
     InvalidConfigError,
@@ -25,8 +26,6 @@ from broker_core.errors import (
     SaslAuthenticationFailedError,
     SslHandshakeError,
 )
-
-DEBUG_ENV = "IDEMLOG_DEBUG"  # "1": print the traceback after the line (for developers)
 
 
 class ExitCode(IntEnum):

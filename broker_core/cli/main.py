@@ -30,13 +30,13 @@ from typing import Any
 from broker_core.cli.acls_cmd import add_acls_command
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.consume_cmd import add_consume_command
-from broker_core.cli.failures import DEBUG_ENV, EPILOG, classify
+from broker_core.cli.failures import EPILOG, classify
 from broker_core.cli.metrics_cmd import add_metrics_command
 from broker_core.cli.spark_cmd import add_spark_commands
 from broker_core.cli.users_cmd import add_users_command
 from broker_core.cli.zk_cmd import add_zookeeper_command
 from broker_core.client.answers import schema_fields
-from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
+from broker_core.errors import DEBUG_ENV, InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
 from broker_core.log.inspect import LIVE_NOTE, PartitionView, StoreView

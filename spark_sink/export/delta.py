@@ -39,10 +39,12 @@ refuses to guess.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
+from pathlib import Path
 from typing import Any
 
 from pyspark.errors import AnalysisException
@@ -56,7 +58,7 @@ from spark_sink.embedded import DEFAULT_PATH
 from spark_sink.errors import topic_recreated
 from spark_sink.export.job_progress import StageTasks
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, Scope, parse_options
-from spark_sink.session import local_session
+from spark_sink.session import JARS_DIR, local_session, project_jars
 from spark_sink.topics import describe
 
 __all__ = [
@@ -85,12 +87,44 @@ Log = Callable[[str], None]
 
 
 def delta_conf() -> dict[str, str]:
-    """Session settings Delta needs (static: they must be set when the session starts).
-    The jars come from ``jars/`` (``make jars``), which ``local_session`` always passes."""
+    """Session settings Delta needs (static: they must be set when the session starts):
+    its extension and catalog, and its jars (``delta_jars_conf``)."""
     return {
         "spark.sql.extensions": DELTA_EXTENSION,
         "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+        **delta_jars_conf(),
     }
+
+
+def delta_jars_conf() -> dict[str, str]:
+    """Where Spark finds Delta's jars. A checkout's ``jars/`` (``make jars``), which
+    ``local_session`` always passes, when it holds them: nothing is downloaded. Else (an
+    installed wheel) as Spark users get them, and as delta-spark's own
+    ``configure_spark_with_delta_pip`` asks: ``spark.jars.packages`` naming the Delta
+    release of the installed ``delta-spark`` for pyspark's Scala version, resolved by
+    Spark from Maven Central into its Ivy cache (``~/.ivy2.5.2``) on first use. Raises
+    ExportError when delta-spark is not installed."""
+    if any(Path(jar).name.startswith("delta-spark_") for jar in project_jars()):
+        return {}
+    try:
+        version = importlib.metadata.version("delta-spark")
+    except importlib.metadata.PackageNotFoundError:
+        raise ExportError(
+            "the Delta export needs delta-spark: pip install 'idemlog[spark]' (or put "
+            f"Delta's jars in {JARS_DIR})"
+        ) from None
+    return {"spark.jars.packages": f"io.delta:delta-spark_{_scala_binary()}:{version}"}
+
+
+def _scala_binary() -> str:
+    """The Scala binary version pyspark's jars were built with (``spark-core_2.13-…``):
+    Delta's artifact must match it."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    for jar in jars.glob("spark-core_*.jar"):
+        return jar.name.removeprefix("spark-core_").split("-", 1)[0]
+    return "2.13"  # every pyspark 4 release
 
 
 def delta_session(app_name: str = "idemlog-delta-export") -> SparkSession:

@@ -1,6 +1,6 @@
 """The distribution: what the wheel holds, and the wheel smoke (``scripts/wheel_smoke.py``:
 a fresh virtualenv outside the checkout, the wheel installed with ``[spark]``, the CLI, a
-broker, produce/consume and one Spark write). ``make test`` (CI) runs both."""
+broker, produce/consume, one Spark write and its Delta export). ``make test`` (CI) runs both."""
 
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ def test_the_wheel_smoke_passes_in_a_fresh_virtualenv(dist: Path) -> None:
     )
     print(done.stdout)  # the smoke's log, step by step with durations (pytest -s shows it)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
-    for step in ("pip install", "idemlog --version", "consume: 1000 rows", "spark rows=200"):
+    steps = ("pip install", "idemlog --version", "consume: 1000 rows", "spark rows=200")
+    for step in (*steps, "export delta rows=200"):
         assert f" {step}" in done.stdout, done.stdout
     assert "broker stop: exit 0 after SIGTERM" in done.stdout

@@ -6,6 +6,7 @@ test uses its own topics. Fault injection lives in ``test_faults.py``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+import spark_sink.reader as reader_module
 from broker_core.client.broker_client import BrokerClient
 from jobs.verify import verify_exactly_once
 from spark_sink import SinkProgressListener, local_session, progress, progress_history
@@ -156,6 +158,52 @@ def test_stream_from_idemlog_to_idemlog_is_exactly_once_end_to_end(
 
 
 # -- modes ----------------------------------------------------------------------------------
+def test_available_now_with_a_limit_reads_every_row_once_in_batches_of_at_most_it(
+    spark: SparkSession, store: str, tmp_path: Path
+) -> None:
+    """A catch-up: Trigger.AvailableNow with maxOffsetsPerTrigger over 2,000 rows. With
+    Spark 4.2's SupportsTriggerAvailableNow one run reads them all in capped batches; on
+    Spark 4.1 (no way for a Python source to learn the trigger) each run is one capped
+    batch and the runs read on from the checkpoint until one finds nothing: every row
+    once either way, no batch above the limit."""
+    source = payments(spark, 2000).repartition(2, "account").sortWithinPartitions("id")
+    write(source, store, "api_catchup", key="account", partitions="2")  # keys in id order
+    limit = 600
+    batches_per_run: list[list[int]] = []
+    for _ in range(10):
+        query = (
+            spark.readStream.format("idemlog")
+            .option("topic", "api_catchup")
+            .option("path", store)
+            .option("maxOffsetsPerTrigger", str(limit))
+            .load()
+            .writeStream.format("idemlog")
+            .option("topic", "api_catchup_dst")
+            .option("key", "account")
+            .option("path", store)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        assert not query.isActive and query.exception() is None
+        rows = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
+        batches_per_run.append(rows)
+        if not rows:
+            break
+    every = [n for run in batches_per_run for n in run]
+    assert sum(every) == 2000 and max(every) <= limit, batches_per_run
+    if reader_module._AvailableNowMixin is object:  # Spark 4.1: one batch a run
+        assert all(len(run) == 1 for run in batches_per_run[:-1]), batches_per_run
+    else:
+        assert len(batches_per_run[0]) >= 4 and not batches_per_run[1], batches_per_run
+    table = read(spark, store, "api_catchup_dst", includeMetadata="true")
+    verdict = verify_exactly_once(
+        table, id_column="id", key_column="account", expected_ids=range(2000)
+    )
+    assert verdict.ok, verdict.line()
+
+
 def test_overwrite_is_refused_and_nothing_is_written(spark: SparkSession, store: str) -> None:
     write(payments(spark, 100), store, "api_modes")
     before = end_offsets(store, "api_modes")
@@ -288,6 +336,63 @@ def test_read_options_are_validated(spark: SparkSession, store: str) -> None:
         read(spark, store, "api_read_opts", key="account")
     with pytest.raises(Exception, match="isolation='dirty' is not one of"):
         read(spark, store, "api_read_opts", isolation="dirty")
+
+
+def test_batch_read_takes_a_range_of_offsets_as_kafkas_source(
+    spark: SparkSession, store: str
+) -> None:
+    topic = "api_range"
+    write(payments(spark, 400), store, topic, partitions="2", key="account")
+    ends = end_offsets(store, topic)
+    whole = read(spark, store, topic, includeMetadata="true")
+    # Rows only: each batch's commit marker is an offset no row has.
+    kept = [
+        (p, o)
+        for p, o in zip(whole["_partition"].to_pylist(), whole["_offset"].to_pylist(), strict=True)
+    ]
+    start0, end1 = 50, 120
+    ranged = read(
+        spark,
+        store,
+        topic,
+        includeMetadata="true",
+        startingOffsets=json.dumps({topic: {"0": start0, "1": -2}}),
+        endingOffsets=json.dumps({topic: {"0": -1, "1": end1}}),
+    )
+    got = sorted(zip(ranged["_partition"].to_pylist(), ranged["_offset"].to_pylist(), strict=True))
+    want = sorted((p, o) for p, o in kept if (p == 0 and o >= start0) or (p == 1 and o < end1))
+    assert got == want and len(got) > 100
+    with pytest.raises(Exception, match=_escaped("option 'startingOffsets'='latest': a batch")):
+        read(spark, store, topic, startingOffsets="latest")
+    past = json.dumps({topic: {"0": ends[0] + 5, "1": -1}})
+    with pytest.raises(Exception, match=_escaped(f"partition 0 is readable up to {ends[0]}")):
+        read(spark, store, topic, endingOffsets=past)
+
+
+def test_errors_reach_the_user_as_idemlogs_one_line(spark: SparkSession, store: str) -> None:
+    """Spark wraps a Python data source's error in its own (PYTHON_DATA_SOURCE_ERROR):
+    idemlog's errors arrive there as their one line, without the Python traceback."""
+    cases = [
+        ({"topc": "x"}, "unknown idemlog option 'topc' (did you mean 'topic'?)"),
+        (
+            {"topic": "x", "kafka.bootstrap.servers": "h:9092"},
+            "an option of Spark's Kafka connector: idemlog's is 'brokers'",
+        ),
+        (
+            {"topic": "x", "brokers": "127.0.0.1:1"},
+            "NETWORK_EXCEPTION (13): option 'brokers'='127.0.0.1:1': no broker reachable",
+        ),
+        ({"topic": "api_no_such_topic", "path": store}, "topic 'api_no_such_topic' does not"),
+    ]
+    for options, line in cases:
+        reader = spark.read.format("idemlog")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        with pytest.raises(Exception) as failure:
+            reader.load()
+        text = str(failure.value)
+        assert line in text and "Traceback" not in text, text
+        assert len(text.splitlines()) <= 2, text
 
 
 def _escaped(text: str) -> str:

@@ -52,7 +52,6 @@ def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
             "did you mean 'maxOffsetsPerTrigger'",
         ),
         ({"topic": "t", "key": "k"}, Scope.READ, "'key' applies to writes only"),
-        ({"topic": "t", "startingOffsets": "middle"}, Scope.READ, "startingOffsets='middle'"),
         ({"topic": "t", "producer.batch.size": "1"}, Scope.READ, "applies to writes only"),
         ({"topic": "t", "producer.batch.size": "x"}, Scope.WRITE, "batch.size='x'"),
         ({"topic": "__consumer"}, Scope.WRITE, "not starting with '__'"),
@@ -78,6 +77,37 @@ def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
             Scope.WRITE,
             "'minPartitions' applies to reads only",
         ),
+        (
+            {"topic": "t", "startingOffsets": "middle"},
+            Scope.READ,
+            "option 'startingOffsets'='middle' is not earliest, latest or per-partition JSON",
+        ),
+        (
+            {"topic": "t", "startingOffsets": '{"other":{"0":1}}'},
+            Scope.READ,
+            "it names ['other'], but this read is of topic 't'",
+        ),
+        (
+            {"topic": "t", "endingOffsets": '{"t":{"0":-3}}'},
+            Scope.READ,
+            "option 'endingOffsets'='{\"t\":{\"0\":-3}}' is not earliest, latest or",
+        ),
+        (
+            {"topic": "t", "endingOffsets": '{"t":{"x":1}}'},
+            Scope.READ,
+            "partition 'x' is not a partition number",
+        ),
+        ({"topic": "t", "endingOffsets": "{"}, Scope.READ, "'endingOffsets'='{' is not"),
+        ({"topic": "t", "endingOffsets": "latest"}, Scope.WRITE, "applies to reads only"),
+        (
+            {"topic": "t", "kafka.bootstrap.servers": "h:9092"},
+            Scope.WRITE,
+            "unknown idemlog option 'kafka.bootstrap.servers' (an option of Spark's Kafka "
+            "connector: idemlog's is 'brokers'",
+        ),
+        ({"subscribe": "t"}, Scope.READ, "'subscribe' (an option of Spark's Kafka connector: "),
+        ({"topic": "t", "kafka.linger.ms": "5"}, Scope.WRITE, "idemlog's is 'producer.linger.ms'"),
+        ({"topic": "t", "failOnDataLoss": "false"}, Scope.READ, "lost offsets always fail"),
         ({"topic": "t", "embedded.metrics.port": "-2"}, Scope.WRITE, "below the minimum -1"),
         ({"topic": "t", "embedded.metrics.port": "70000"}, Scope.READ, "above the maximum"),
         (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -231,6 +232,70 @@ def test_a_range_ending_inside_a_batch_returns_exactly_its_rows(
     assert found(table) == expected
 
 
+def test_batch_read_takes_starting_and_ending_offsets_as_kafkas_source(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    in_p0 = sorted(o for p, o in scenario.committed.values() if p == 0)
+    in_p1 = sorted(o for p, o in scenario.committed.values() if p == 1)
+    start, end = in_p0[3], in_p1[7]
+    table = batch_read(
+        broker,
+        client,
+        startingOffsets=json.dumps({TOPIC: {"0": start, "1": -2}}),
+        endingOffsets=json.dumps({TOPIC: {"0": -1, "1": end}}),
+    )
+    expected = {
+        i: (p, o)
+        for i, (p, o) in scenario.committed.items()
+        if (p == 0 and o >= start) or (p == 1 and o < end)
+    }
+    assert found(table) == expected
+    # The words: earliest..latest is the default, the whole committed log.
+    words = batch_read(broker, client, startingOffsets="EARLIEST", endingOffsets="latest")
+    assert found(words) == scenario.committed
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"startingOffsets": "latest"}, "option 'startingOffsets'='latest': a batch read cannot"),
+        (
+            {"startingOffsets": json.dumps({TOPIC: {"0": -1, "1": 0}})},
+            "a batch read cannot start at latest",
+        ),
+        ({"endingOffsets": "earliest"}, "option 'endingOffsets'='earliest': a batch read cannot"),
+        (
+            {"startingOffsets": json.dumps({TOPIC: {"0": 0}})},
+            f"partitions [1] of topic {TOPIC!r} are missing",
+        ),
+        (
+            {"endingOffsets": json.dumps({TOPIC: {"0": -1, "1": -1, "7": 3}})},
+            f"topic {TOPIC!r} has no partitions [7] (it has 2)",
+        ),
+        (
+            {"endingOffsets": json.dumps({TOPIC: {"0": 10_000, "1": -1}})},
+            f"option 'endingOffsets': topic {TOPIC!r} partition 0 is readable up to",
+        ),
+        (
+            {
+                "startingOffsets": json.dumps({TOPIC: {"0": 5, "1": -2}}),
+                "endingOffsets": json.dumps({TOPIC: {"0": 4, "1": -1}}),
+            },
+            "partition 0 would start at 5, past its end 4",
+        ),
+    ],
+)
+def test_a_batch_range_the_log_cannot_serve_is_refused_naming_the_option(
+    broker: BrokerProcess,
+    client: BrokerClient,
+    scenario: Scenario,
+    extra: dict[str, str],
+    message: str,
+) -> None:
+    with pytest.raises(InvalidConfigError, match=re.escape(message)):
+        batch_read(broker, client, **extra)
+
+
 def test_fetch_errors_keep_the_brokers_typed_error(
     broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -345,6 +410,19 @@ def test_stream_initial_and_latest_offsets(
     assert at(uncommitted.initialOffset()) == hw == at(uncommitted.latestOffset())
 
 
+def test_stream_starts_at_per_partition_offsets_and_refuses_an_end(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    lso = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+    reader = stream_reader(broker, client, startingOffsets=json.dumps({TOPIC: {"0": 4, "1": -1}}))
+    assert at(reader.initialOffset()) == {"0": 4, "1": lso["1"]}
+    table, _ = run_triggers(reader, via_json(reader.initialOffset()))
+    expected = {i: (p, o) for i, (p, o) in scenario.committed.items() if p == 0 and o >= 4}
+    assert found(table) == expected
+    with pytest.raises(InvalidConfigError, match="'endingOffsets'='latest' applies to batch"):
+        stream_reader(broker, client, endingOffsets="latest")
+
+
 def test_stream_with_max_offsets_per_trigger_reads_every_committed_row_once(
     broker: BrokerProcess, client: BrokerClient, scenario: Scenario
 ) -> None:
@@ -373,6 +451,26 @@ def test_stream_with_max_offsets_per_trigger_reads_every_committed_row_once(
     for p in (0, 1):
         offs = [o for pp, o in zip(*_meta(whole), strict=True) if pp == p]
         assert offs == sorted(offs) and len(offs) == len(set(offs))
+
+
+def test_available_now_reads_what_was_there_at_its_start_in_capped_batches(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    """Spark 4.2's SupportsTriggerAvailableNow call order: prepare, then latestOffset and
+    partitions per batch until the end stops moving."""
+    lso = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+    reader = stream_reader(broker, client, maxOffsetsPerTrigger="7")
+    reader.prepareForTriggerAvailableNow()
+    scenario.commit_open()  # rows that become readable after the run started
+    advances: list[int] = []
+
+    def check(s: dict[str, Any], e: dict[str, Any]) -> None:
+        advances.append(sum(at(e)[k] - at(s).get(k, 0) for k in at(e)))
+
+    table, end = run_triggers(reader, via_json(reader.initialOffset()), check)
+    assert found(table) == scenario.committed
+    assert at(end) == lso, "ends at the target, not at the later end"
+    assert max(advances) == 7 and len(advances) >= 4, advances
 
 
 def _meta(table: pa.Table) -> tuple[list[int], list[int]]:

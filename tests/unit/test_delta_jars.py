@@ -1,0 +1,39 @@
+"""Where the Delta export's session finds Delta's jars: a checkout's jars/, else (an
+installed wheel) ``spark.jars.packages`` naming the installed delta-spark's release."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from spark_sink.export import delta
+from spark_sink.export.delta import ExportError, delta_conf, delta_jars_conf
+
+
+def test_a_checkouts_jars_are_used_and_nothing_is_downloaded() -> None:
+    assert any("delta-spark_" in jar for jar in delta.project_jars()), "make jars"
+    assert delta_jars_conf() == {}
+    assert "spark.jars.packages" not in delta_conf()
+
+
+def test_without_local_jars_the_installed_delta_spark_release_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(delta, "project_jars", lambda: [])
+    version = importlib.metadata.version("delta-spark")
+    assert delta_jars_conf() == {"spark.jars.packages": f"io.delta:delta-spark_2.13:{version}"}
+    assert delta_conf()["spark.sql.extensions"] == delta.DELTA_EXTENSION
+
+
+def test_without_delta_spark_installed_the_export_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(delta, "project_jars", lambda: [])
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(ExportError, match=r"needs delta-spark: pip install 'idemlog\[spark\]'"):
+        delta_jars_conf()
