@@ -478,10 +478,35 @@ class CoordinatorCore:
         commit: bool,
         epoch: int | None = None,
         reason: str | None = None,
+        ended: tuple[int, int] | None = None,
     ) -> TransactionMetadata:
-        """ONGOING -> PREPARE_x (durable, optionally at a bumped epoch) -> markers -> COMPLETE_x."""
+        """ONGOING -> PREPARE_x (durable, optionally at a bumped epoch) -> markers -> COMPLETE_x.
+        ``ended``: the producer id and epoch of the EndTxn that ends it, recorded with the
+        decision so that a retry of that request is known as one."""
         prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
-        return self.complete(self.persist(self._transitioned(meta, prepare, epoch, reason)))
+        new = self._transitioned(meta, prepare, epoch, reason)
+        if ended is not None:
+            new.ended_producer_id, new.ended_producer_epoch = ended
+        return self.complete(self.persist(new))
+
+    def renewed_if_exhausted(self, meta: TransactionMetadata) -> TransactionMetadata:
+        """``meta`` (ended at ``MAX_CLIENT_EPOCH + 1``) with a new producer id at epoch 0,
+        its state kept, once its epochs ran out; else ``meta`` as it is."""
+        if meta.producer_epoch <= MAX_CLIENT_EPOCH:
+            return meta
+        new = meta.copy()
+        new.previous_producer_id = meta.producer_id
+        new.producer_id = self._pids.generate_producer_id()
+        new.producer_epoch = 0
+        self.count("producer_id_rotations")
+        log.info(
+            "%s %r: epochs of producer id %d exhausted, new producer id %d",
+            _TXN,
+            meta.transactional_id,
+            meta.producer_id,
+            new.producer_id,
+        )
+        return self.persist(new)
 
     def complete(self, meta: TransactionMetadata) -> TransactionMetadata:
         """PREPARE_x -> markers -> COMPLETE_x; on failure it stays PREPARE_x and raises."""

@@ -576,7 +576,8 @@ def test_zookeeper_down_leaders_and_the_coordinator_keep_serving_while_metadata_
                 transactional=True,
             )
             assert handle.result(10).ok
-        client.end_txn("nozk-app", txn_pid, txn_epoch, commit=True)
+        # The next transaction's epoch (each ends at its own: KIP-890).
+        txn_pid, txn_epoch = client.end_txn("nozk-app", txn_pid, txn_epoch, commit=True)
         wait_until(functools.partial(_stable, client, "nozk", 0), "nozk-0 stable")
         assert ids(client, "nozk", 0) == _expected(0, range(4)) + list(range(5000, 5000 + ROWS))
         # A producer id from the block broker 2 already holds needs no ZooKeeper.
