@@ -409,7 +409,15 @@ class TransactionCoordinator(SinkOperations):
         meta = self._core.settled(claims, tid)  # PREPARE_x: the markers written now
         if meta.state is wanted_complete:
             log.info("%s %r: %s retried, already done", _TXN, tid, decision)
-            return meta.producer_id, meta.producer_epoch
+            # The first call may have raised before the producer id was renewed.
+            done = self._core.renewed_if_exhausted(meta)
+            return done.producer_id, done.producer_epoch
+        if meta.state in (_S.COMPLETE_COMMIT, _S.COMPLETE_ABORT):
+            raise InvalidTxnStateError(
+                f"{_TXN} {tid!r}: cannot {decision} the transaction of producer id "
+                f"{meta.ended_producer_id} epoch {meta.ended_producer_epoch}, it ended "
+                f"{meta.state.name}"
+            )
         raise InvalidTxnStateError(
             f"{_TXN} {tid!r}: a late {decision} of the transaction of producer id "
             f"{meta.ended_producer_id} epoch {meta.ended_producer_epoch}, which already "
