@@ -418,6 +418,19 @@ class TransactionCoordinator(SinkOperations):
                 f"{meta.ended_producer_id} epoch {meta.ended_producer_epoch}, it ended "
                 f"{meta.state.name}"
             )
+        # The request KAFKA-17754 is about: held on a stalled link, let go after its
+        # client went on. Said at warning level: an operator sees why a client's log has
+        # an error for a transaction it was told ended.
+        log.warning(
+            "%s %r: refused a late %s of producer id %d epoch %d (the producer is at epoch %d, %s)",
+            _TXN,
+            tid,
+            decision,
+            meta.ended_producer_id,
+            meta.ended_producer_epoch,
+            meta.producer_epoch,
+            meta.state.name,
+        )
         raise InvalidTxnStateError(
             f"{_TXN} {tid!r}: a late {decision} of the transaction of producer id "
             f"{meta.ended_producer_id} epoch {meta.ended_producer_epoch}, which already "

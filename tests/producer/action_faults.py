@@ -12,7 +12,7 @@ An :class:`ActionFault` fires on the next ``times`` calls of one action type:
   coordinator that is loading), without reaching the broker;
 * ``held``: the call is held (a stalled link that never drops it) until the test sets
   ``release``, then forwarded and answered; ``released`` is set once the broker has
-  answered it.
+  answered it, ``outcome`` saying how.
 
 Each fired fault is counted in ``FaultProxy.stats`` as ``"<kind>:<action>"``.
 """
@@ -43,6 +43,9 @@ class ActionFault:
     fired: int = 0
     release: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
+    # A held call, once released: what the broker answered it (its refusal's text, or
+    # "answered"), so a test sees what the late request did.
+    outcome: str = ""
 
     @property
     def stat(self) -> str:
@@ -84,7 +87,12 @@ class ActionFaultProxy(FaultProxy):
         if fault.held:
             fault.release.wait(MAX_HOLD_S)
             try:
-                return iter(list(super().do_action(context, action)))
+                answer = list(super().do_action(context, action))
+                fault.outcome = "answered"
+                return iter(answer)
+            except flight.FlightError as exc:
+                fault.outcome = str(exc)
+                raise
             finally:
                 fault.released.set()
         if fault.forwarded:

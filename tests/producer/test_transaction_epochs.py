@@ -20,6 +20,8 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import Action
 from spark_sink.producer import Producer, TxnState
 from spark_sink.producer.errors import MaxBlockTimeoutError
+from tests.harness.broker import BrokerProcess
+from tests.harness.waiting import wait_until
 from tests.producer.action_faults import ActionFault, ActionFaultProxy
 
 CONFIG: dict[str, Any] = {
@@ -44,7 +46,7 @@ def read(client: BrokerClient, topic: str, isolation: str = "read_committed") ->
 
 @pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
 def test_a_late_end_txn_never_ends_the_next_transaction(
-    proxy: ActionFaultProxy, client: BrokerClient, commit: bool
+    proxy: ActionFaultProxy, client: BrokerClient, broker: BrokerProcess, commit: bool
 ) -> None:
     topic = f"late-end-{'commit' if commit else 'abort'}"
     client.create_topic(topic, 1)
@@ -70,10 +72,23 @@ def test_a_late_end_txn_never_ends_the_next_transaction(
         assert len(t2.result(0)) == 1  # written, not yet committed
         held.release.set()  # T1's request reaches the coordinator now, T2 open
         assert held.released.wait(30), "the held EndTxn was answered"
+        # The fault fired as meant: the late request reached the broker and was refused.
+        decision = "commit" if commit else "abort"
+        assert "48 INVALID_TXN_STATE" in held.outcome, held.outcome
+        late = (
+            f"a late {decision} of the transaction of producer id {first_pid} epoch {first_epoch}"
+        )
+        assert late in held.outcome, held.outcome
+        wait_until(
+            lambda: f"refused a late {decision}" in broker.log_text(),
+            "the broker's log line for the late request",
+        )
         t1_rows = list(range(100)) if commit else []
         # The late request ended nothing: T2 is still open, holding the stable offset.
         assert read(client, topic) == t1_rows
         assert len(read(client, topic, "read_uncommitted")) == 250
+        offsets = client.list_offsets(topic, 0)
+        assert offsets["last_stable_offset"] < offsets["log_end_offset"]
         producer.commit_transaction()
     assert read(client, topic) == t1_rows + list(range(1000, 1150))
     offsets = client.list_offsets(topic, 0)
