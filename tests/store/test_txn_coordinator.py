@@ -381,6 +381,27 @@ def test_add_partitions_is_durable_and_idempotent(broker: Broker) -> None:
     assert broker.store.partition(TXN_STATE_TOPIC, 0).log_end_offset == records
 
 
+def test_a_late_add_partitions_of_an_ended_transaction_begins_nothing(broker: Broker) -> None:
+    """An add_partitions of a transaction that has ended (a request delayed past the
+    EndTxn) is refused at its epoch: it never begins a transaction holding only the late
+    partition, which its producer did not begin."""
+    p = Producer(broker, "latecomer").init()
+    p.send(P0, range(0, 3))
+    p.commit()
+    ended_pid, ended_epoch = p.ended[1:]
+    assert (p.producer_id, p.epoch) != (ended_pid, ended_epoch)
+    with pytest.raises(ProducerFencedError):
+        broker.coordinator.add_partitions("latecomer", ended_pid, ended_epoch, [P1])
+    stored = broker.stored("latecomer")
+    assert (stored.state, stored.partitions) == (S.COMPLETE_COMMIT, set())
+    # The producer's own next transaction begins at the epoch the commit answered.
+    p.send(P1, range(3, 5))
+    assert (broker.stored("latecomer").state, broker.stored("latecomer").partitions) == (
+        S.ONGOING,
+        {P1},
+    )
+
+
 # -- sink commits (docs/design.md §6) ----------------------------------------------------------
 
 
