@@ -110,13 +110,17 @@ def test_stable_offsets_wire_form_round_trips_and_is_checked() -> None:
             WriteTxnMarkersResponse.from_doc(body, "answer")
 
 
-def _answering(body: bytes) -> Callable[[str, object, object], list[SimpleNamespace]]:
-    """A DoAction whose WRITE_TXN_MARKERS answer is ``body`` (a peer of another kind)."""
+class _AnsweringClient:
+    """A Flight client whose WRITE_TXN_MARKERS answer is ``body`` (a peer of another kind)."""
 
-    def call_action(address: str, action: object, options: object) -> list[SimpleNamespace]:
-        return [SimpleNamespace(body=pa.py_buffer(body))]
+    def __init__(self, body: bytes) -> None:
+        self.body = body
 
-    return call_action
+    def do_action(self, action: object, options: object) -> list[SimpleNamespace]:
+        return [SimpleNamespace(body=pa.py_buffer(self.body))]
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.mark.parametrize(
@@ -134,7 +138,7 @@ def test_a_remote_answer_without_the_offsets_is_a_server_error(
     shared_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch, body: bytes, message: str
 ) -> None:
     writer = _remote_writer(shared_broker)
-    monkeypatch.setattr(writer._connections, "call_action", _answering(body))
+    monkeypatch.setattr(writer._connections, "get", lambda address: _AnsweringClient(body))
     with pytest.raises(UnknownServerError, match=message) as info:
         writer.write_markers([ProducerMarkers(5, 0, (("lso", 0),))], True, 0)
     assert not info.value.retriable
