@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from spark_sink import failpoints
@@ -95,6 +96,7 @@ def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
         os.close(fd)
 
 
+@pytest.mark.serial
 def test_task_exception_before_and_mid_write_is_retried_once(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -116,6 +118,7 @@ def test_task_exception_before_and_mid_write_is_retried_once(
     assert txns["sink_batches_committed"] == FILES, txns
 
 
+@pytest.mark.serial
 def test_failpoints_without_the_testhooks_option_do_not_fire(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -139,6 +142,7 @@ def test_failpoints_without_the_testhooks_option_do_not_fire(
     assert txns["sink_batches_committed"] == FILES, txns
 
 
+@pytest.mark.serial
 def test_slow_task_with_speculation_enabled_commits_one_copy(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -178,6 +182,7 @@ def test_slow_task_with_speculation_enabled_commits_one_copy(
         assert txns["transactions_fenced"] >= 1, txns
 
 
+@pytest.mark.serial
 def test_python_worker_killed_mid_write_is_retried_once(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -232,6 +237,7 @@ def test_driver_sigkilled_at_random_points_then_restarted(
         assert txns["sink_leftovers_aborted"] >= 1, txns
 
 
+@pytest.mark.serial
 def test_rerun_after_a_restart_with_another_parallelism_commits_once(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -267,6 +273,7 @@ def test_rerun_after_a_restart_with_another_parallelism_commits_once(
     assert txns["sink_attempts_reused"] == 0, txns
 
 
+@pytest.mark.serial
 def test_broker_sigkilled_and_restarted_while_query_runs(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -294,6 +301,7 @@ def test_broker_sigkilled_and_restarted_while_query_runs(
     assert_one_copy(store, "t_kill_broker", ids)
 
 
+@pytest.mark.serial
 def test_batch_write_failing_midway_leaves_nothing_visible(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -319,6 +327,7 @@ def test_batch_write_failing_midway_leaves_nothing_visible(
     assert_one_copy(store, topic, ids)
 
 
+@pytest.mark.serial
 def test_a_task_far_slower_than_the_transaction_timeout_commits_once(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -351,6 +360,7 @@ def test_a_task_far_slower_than_the_transaction_timeout_commits_once(
     assert txns["sink_batches_committed"] == FILES, txns
 
 
+@pytest.mark.serial
 def test_a_killed_batch_jobs_leftovers_hold_other_writers_back_at_most_the_bound(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -376,6 +386,7 @@ def test_a_killed_batch_jobs_leftovers_hold_other_writers_back_at_most_the_bound
     assert waited <= timeout_s + cleanup_s + 3.0, waited
 
 
+@pytest.mark.serial
 def test_query_stopped_mid_batch_holds_other_writers_back_at_most_the_bound(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
