@@ -174,15 +174,7 @@ class ProducerStateManager:
         coordinator and to hand to the append: the one a concurrent verification of the
         same (epoch, transactional id) made (a producer's retry on a new stream while its
         old stream's batch verifies), or a new one."""
-        entry = self._producers.get(producer_id)
-        verified = self._verified.get(producer_id)
-        if (
-            entry is not None
-            and entry.has_open_transaction
-            and entry.epoch == producer_epoch
-            and verified is not None
-            and verified.names(producer_epoch, transactional_id)
-        ):
+        if self._verified_open(producer_id, producer_epoch, transactional_id):
             return None
         pending = self._verifying.get(producer_id)
         if pending is not None and pending.names(producer_epoch, transactional_id):
@@ -190,6 +182,19 @@ class ProducerStateManager:
         guard = VerificationGuard(producer_epoch, transactional_id)
         self._verifying[producer_id] = guard
         return guard
+
+    def _verified_open(self, producer_id: int, producer_epoch: int, transactional_id: str) -> bool:
+        """The producer's open transaction here, at this epoch and under this transactional
+        id, was verified with its coordinator (and no marker has ended it since)."""
+        entry = self._producers.get(producer_id)
+        verified = self._verified.get(producer_id)
+        return (
+            entry is not None
+            and entry.has_open_transaction
+            and entry.epoch == producer_epoch
+            and verified is not None
+            and verified.names(producer_epoch, transactional_id)
+        )
 
     def drop_verification(self, producer_id: int, guard: VerificationGuard) -> None:
         """The coordinator refused: forget the pending guard."""
@@ -204,15 +209,7 @@ class ProducerStateManager:
         marker since it was made). Checked before the sequence, so that only a producer
         id's owner learns anything of its state."""
         pid, epoch = batch.producer_id, batch.producer_epoch
-        entry = self._producers.get(pid)
-        verified = self._verified.get(pid)
-        if (
-            entry is not None
-            and entry.has_open_transaction
-            and entry.epoch == epoch
-            and verified is not None
-            and verified.names(epoch, transactional_id)
-        ):
+        if self._verified_open(pid, epoch, transactional_id):
             return
         if (
             guard is not None

@@ -24,6 +24,9 @@ from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
 
+# Serial (docs/contributing.md): waits on expiry timers a loaded machine stretches.
+pytestmark = pytest.mark.serial
+
 TOPIC = "expiring"
 EXPIRY_MS = 4_000
 CONFIG = {

@@ -68,6 +68,9 @@ from tests.harness.schedule import (
 from tests.harness.schedule_run import ScheduleRun
 from tests.harness.zookeeper import ZooKeeperHarness
 
+# Serial (docs/contributing.md): each fault's effect is awaited within fixed deadlines.
+pytestmark = pytest.mark.serial
+
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_STEPS = 8
 STATE_PARTITIONS = 4

@@ -72,6 +72,7 @@ def bare_spark() -> Iterator[SparkSession]:
         session.stop()
 
 
+@pytest.mark.serial
 def test_register_changes_no_pyspark_class_and_figures_come_through_the_api(
     bare_spark: SparkSession, store: str, tmp_path: Path
 ) -> None:
