@@ -40,6 +40,7 @@ from broker_core.protocol.txn_requests import (
     AddPartitionsToTxnRequest,
     CommitSinkBatchRequest,
     EndTxnRequest,
+    EndTxnResponse,
     InitProducerIdRequest,
     InitProducerIdResponse,
     PrepareSinkTxnRequest,
@@ -327,15 +328,21 @@ class TransactionCalls:
 
     def end_txn(
         self: Routes, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
-    ) -> None:
+    ) -> tuple[int, int]:
         """Commit or abort the id's open transaction; when this returns, its markers are
-        written (read_committed readers see it, or never will). Raises
+        written (read_committed readers see it, or never will). Returns the producer id
+        and epoch of the producer's next transaction (each ends at its own epoch,
+        KIP-890; a broker from before answers the ones sent). Raises
         ``ProducerFencedError`` for a stale epoch, ``InvalidTxnStateError`` if the
-        transaction cannot end that way, ``ConcurrentTransactionsError`` (retriable, not
-        retried here)."""
-        self._coordinator_action(
+        transaction cannot end that way (or was ended and the producer has gone on),
+        ``ConcurrentTransactionsError`` (retriable, not retried here)."""
+        doc = self._coordinator_action(
             EndTxnRequest(transactional_id, producer_id, producer_epoch, commit), transactional_id
         )
+        answer = EndTxnResponse.from_doc(doc)
+        if answer.producer_id is None or answer.producer_epoch is None:
+            return producer_id, producer_epoch
+        return answer.producer_id, answer.producer_epoch
 
     def commit_sink_batch(
         self: Routes,

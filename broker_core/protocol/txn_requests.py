@@ -174,6 +174,27 @@ class EndTxnRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class EndTxnResponse:
+    """The producer id and epoch of the producer's next transaction: each transaction ends
+    at its own epoch (KIP-890). A broker from before answered ``{}``: ``None`` here, and
+    the caller keeps the ones it sent."""
+
+    producer_id: int | None
+    producer_epoch: int | None
+
+    def to_doc(self) -> Doc:
+        return {"producer_id": self.producer_id, "producer_epoch": self.producer_epoch}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> EndTxnResponse:
+        what = "end_txn answer"
+        return cls(
+            _field(doc, "producer_id", int, what, None),
+            _field(doc, "producer_epoch", int, what, None),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PrepareSinkTxnRequest:
     ACTION: ClassVar[Action] = Action.PREPARE_SINK_TXN
     transactional_id: str

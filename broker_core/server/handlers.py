@@ -31,7 +31,8 @@ add_partitions_to_txn  {transactional_id, producer_id, producer_epoch, partition
                        [[topic, partition], ..], topic_ids?: {topic: id},
                        verify_only?} -> {} (verify_only: a leader's check before a
                        transactional append, broker to broker; adds nothing)
-end_txn                {transactional_id, producer_id, producer_epoch, commit} -> {}
+end_txn                {transactional_id, producer_id, producer_epoch, commit} ->
+                       {producer_id, producer_epoch} (of the next transaction)
 write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
                        partitions: [[topic, partition], ..]}, or for several producers
                        {commit, coordinator_epoch?, producers: [{producer_id,
@@ -146,6 +147,7 @@ from broker_core.protocol.txn_requests import (
     AddPartitionsToTxnRequest,
     CommitSinkBatchRequest,
     EndTxnRequest,
+    EndTxnResponse,
     InitProducerIdRequest,
     InitProducerIdResponse,
     PrepareSinkTxnRequest,
@@ -571,10 +573,10 @@ class ActionHandlers:
 
     def end_txn(self, body: dict[str, Any]) -> dict[str, Any]:
         r = EndTxnRequest.from_doc(body)
-        self._coordinators.for_key(r.transactional_id).end_txn(
+        pid, epoch = self._coordinators.for_key(r.transactional_id).end_txn(
             r.transactional_id, r.producer_id, r.producer_epoch, r.commit
         )
-        return {}
+        return EndTxnResponse(pid, epoch).to_doc()
 
     def write_txn_markers(self, body: dict[str, Any]) -> dict[str, Any]:
         r = WriteTxnMarkersRequest.from_doc(body)

@@ -366,33 +366,52 @@ class TransactionCoordinator(SinkOperations):
 
     def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
-    ) -> None:
-        """Commit or abort the producer's open transaction, all partitions or none.
+    ) -> tuple[int, int]:
+        """Commit or abort the producer's open transaction, all partitions or none, and
+        return the producer id and epoch of its next transaction.
+
+        Each transaction ends at its own epoch (Kafka's transaction version 2, KIP-890):
+        the decision and the markers carry ``producer_epoch + 1``, which the producer's next
+        transaction uses (at the last epoch a new producer id with epoch 0). So a late or
+        repeated EndTxn of an ended transaction can never end the one after it: a retry of
+        the call that ended the last transaction is answered as that call was (finishing
+        it if its markers were left unwritten), and one arriving after the next
+        transaction began is refused with InvalidTxnStateError.
 
         When it returns, every partition has the marker and the outcome is durable; once
         it raised after the decision was stored (a marker's leader down), the outcome is
-        fixed and a retry of the same call finishes it. A retry after success is a no-op.
-        Raises ProducerFencedError / InvalidProducerIdMappingError as :meth:`add_partitions`,
-        and InvalidTxnStateError when no transaction is open or it ended the other way.
+        fixed and a retry of the same call finishes it. Raises ProducerFencedError /
+        InvalidProducerIdMappingError as :meth:`add_partitions`, and InvalidTxnStateError
+        when no transaction is open or it ended the other way.
         """
         self._core.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
         decision = "commit" if commit else "abort"
+        wanted_prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
+        wanted_complete = _S.COMPLETE_COMMIT if commit else _S.COMPLETE_ABORT
         with self._core.claims() as claims:
             claims.txn(tid)
+            known = self._core.meta(tid)
+            if known is not None and (producer_id, producer_epoch) == (
+                known.ended_producer_id,
+                known.ended_producer_epoch,
+            ):
+                return self._end_retried(claims, known, decision, wanted_complete)
             meta = self._core.require(tid, producer_id, producer_epoch)
             if self._core.pending_sink_holding(meta) is not None:
                 meta = self._core.settle(claims, tid) or meta
-            wanted_prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
-            wanted_complete = _S.COMPLETE_COMMIT if commit else _S.COMPLETE_ABORT
             state = meta.state
             if state is _S.ONGOING:
-                self._core.end(meta, commit)
+                done = self._core.end(
+                    meta, commit, epoch=meta.producer_epoch + 1, ended=(producer_id, producer_epoch)
+                )
+                done = self._core.renewed_if_exhausted(done)
             elif state is wanted_prepare:
-                self._core.complete(meta)  # left half done by an earlier attempt
+                done = self._core.complete(meta)  # a sink's decision, or from before KIP-890
             elif state is wanted_complete:
                 log.debug("%s %r: %s retried, already done", _TXN, tid, decision)
+                done = meta
             elif state is _S.EMPTY:
                 raise InvalidTxnStateError(
                     f"{_TXN} {tid!r}: cannot {decision}, no transaction is open (no "
@@ -402,6 +421,50 @@ class TransactionCoordinator(SinkOperations):
                 raise InvalidTxnStateError(
                     f"{_TXN} {tid!r}: cannot {decision}, the transaction is {state.name}"
                 )
+            return done.producer_id, done.producer_epoch
+
+    def _end_retried(
+        self,
+        claims: Claims,
+        meta: TransactionMetadata,
+        decision: str,
+        wanted_complete: TransactionState,
+    ) -> tuple[int, int]:
+        """A repeated EndTxn of the transaction the last one ended: its answer again (its
+        markers finished first if they were left unwritten), or a refusal when the
+        producer has gone on since (a request held on a stalled link, let go late)."""
+        tid = meta.transactional_id
+        meta = self._core.settled(claims, tid)  # PREPARE_x: the markers written now
+        if meta.state is wanted_complete:
+            log.info("%s %r: %s retried, already done", _TXN, tid, decision)
+            # The first call may have raised before the producer id was renewed.
+            done = self._core.renewed_if_exhausted(meta)
+            return done.producer_id, done.producer_epoch
+        if meta.state in (_S.COMPLETE_COMMIT, _S.COMPLETE_ABORT):
+            raise InvalidTxnStateError(
+                f"{_TXN} {tid!r}: cannot {decision} the transaction of producer id "
+                f"{meta.ended_producer_id} epoch {meta.ended_producer_epoch}, it ended "
+                f"{meta.state.name}"
+            )
+        # The request KAFKA-17754 is about: held on a stalled link, let go after its
+        # client went on. Said at warning level: an operator sees why a client's log has
+        # an error for a transaction it was told ended.
+        log.warning(
+            "%s %r: refused a late %s of producer id %d epoch %d (the producer is at epoch %d, %s)",
+            _TXN,
+            tid,
+            decision,
+            meta.ended_producer_id,
+            meta.ended_producer_epoch,
+            meta.producer_epoch,
+            meta.state.name,
+        )
+        raise InvalidTxnStateError(
+            f"{_TXN} {tid!r}: a late {decision} of the transaction of producer id "
+            f"{meta.ended_producer_id} epoch {meta.ended_producer_epoch}, which already "
+            f"ended; the producer is at epoch {meta.producer_epoch} ({meta.state.name}) "
+            "and this request cannot end what it began since"
+        )
 
     def abort_transaction(self, transactional_id: str) -> bool:
         """An operator's abort (``idemlog transactions abort``): fence the id's holder and

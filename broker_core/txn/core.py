@@ -29,6 +29,7 @@ from broker_core.errors import (
     NotCoordinatorError,
     ProducerFencedError,
 )
+from broker_core.record.batch import NO_PRODUCER_EPOCH, NO_PRODUCER_ID
 from broker_core.txn.claims import Claims
 from broker_core.txn.index import StateIndex
 from broker_core.txn.marker_sender import MarkerSender
@@ -366,26 +367,33 @@ class CoordinatorCore:
         """``meta`` at the next epoch (``bump=False``: at its epoch, already bumped by an
         abort's markers), EMPTY, held by no sink attempt; a new producer id once the
         epochs run out."""
-        epoch = meta.producer_epoch + 1 if bump else meta.producer_epoch
         new = meta.copy()
         new.transition(_S.EMPTY, self._clock())
         new.sink_id = new.sink_run = NO_SINK
         new.fence_reason = reason
-        if epoch > MAX_CLIENT_EPOCH:
-            new.previous_producer_id = meta.producer_id
-            new.producer_id = self._pids.generate_producer_id()
-            new.producer_epoch = 0
-            self.count("producer_id_rotations")
-            log.info(
-                "%s %r: epochs of producer id %d exhausted, new producer id %d",
-                _TXN,
-                meta.transactional_id,
-                meta.producer_id,
-                new.producer_id,
-            )
-        else:
-            new.producer_epoch = epoch
+        # A new holder: no EndTxn before this is a retry of one it may answer.
+        new.ended_producer_id, new.ended_producer_epoch = NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        self._move_to_epoch(new, meta.producer_epoch + 1 if bump else meta.producer_epoch)
         return new
+
+    def _move_to_epoch(self, new: TransactionMetadata, epoch: int) -> None:
+        """Set ``new`` at ``epoch``, or at a new producer id with epoch 0 once the epochs
+        run out."""
+        if epoch <= MAX_CLIENT_EPOCH:
+            new.producer_epoch = epoch
+            return
+        old = new.producer_id
+        new.previous_producer_id = old
+        new.producer_id = self._pids.generate_producer_id()
+        new.producer_epoch = 0
+        self.count("producer_id_rotations")
+        log.info(
+            "%s %r: epochs of producer id %d exhausted, new producer id %d",
+            _TXN,
+            new.transactional_id,
+            old,
+            new.producer_id,
+        )
 
     def attempts(
         self,
@@ -478,10 +486,27 @@ class CoordinatorCore:
         commit: bool,
         epoch: int | None = None,
         reason: str | None = None,
+        ended: tuple[int, int] | None = None,
     ) -> TransactionMetadata:
-        """ONGOING -> PREPARE_x (durable, optionally at a bumped epoch) -> markers -> COMPLETE_x."""
+        """ONGOING -> PREPARE_x (durable, optionally at a bumped epoch) -> markers -> COMPLETE_x.
+        ``ended``: the producer id and epoch of the EndTxn that ends it, recorded with the
+        decision so that a retry of that request is known as one; without it (the
+        coordinator's own abort) no earlier EndTxn is a retry of this end."""
         prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
-        return self.complete(self.persist(self._transitioned(meta, prepare, epoch, reason)))
+        new = self._transitioned(meta, prepare, epoch, reason)
+        new.ended_producer_id, new.ended_producer_epoch = (
+            ended if ended is not None else (NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
+        )
+        return self.complete(self.persist(new))
+
+    def renewed_if_exhausted(self, meta: TransactionMetadata) -> TransactionMetadata:
+        """``meta`` (ended at ``MAX_CLIENT_EPOCH + 1``) with a new producer id at epoch 0,
+        its state kept, once its epochs ran out; else ``meta`` as it is."""
+        if meta.producer_epoch <= MAX_CLIENT_EPOCH:
+            return meta
+        new = meta.copy()
+        self._move_to_epoch(new, meta.producer_epoch)
+        return self.persist(new)
 
     def complete(self, meta: TransactionMetadata) -> TransactionMetadata:
         """PREPARE_x -> markers -> COMPLETE_x; on failure it stays PREPARE_x and raises."""

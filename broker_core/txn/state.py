@@ -17,7 +17,7 @@ from typing import Any
 
 from broker_core.errors import CorruptRecordError, InvalidTxnStateError
 from broker_core.protocol.txn_inputs import BATCH_JOB_SINK_PREFIX
-from broker_core.record.batch import MAX_PRODUCER_EPOCH, NO_PRODUCER_ID
+from broker_core.record.batch import MAX_PRODUCER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID
 
 RECORD_VERSION = 1
 NO_TXN_START = -1  # txn_start_ms of a transactional id with no transaction begun yet
@@ -97,6 +97,11 @@ class TransactionMetadata:
     # Why the coordinator itself last bumped the epoch (a timeout, a superseded run, an
     # operator's abort): the fenced holder's error says so instead of "another producer".
     fence_reason: str = ""
+    # The producer id and epoch of the transaction the last EndTxn ended (each ends at its
+    # own epoch: the markers carry the next one, KIP-890): a retry of that request is
+    # answered as it was, and a late one never reaches the transaction after it.
+    ended_producer_id: int = NO_PRODUCER_ID
+    ended_producer_epoch: int = NO_PRODUCER_EPOCH
 
     def transition(self, new: TransactionState, now_ms: int) -> None:
         """Move to ``new``, or raise :class:`InvalidTxnStateError` naming both states."""
@@ -149,6 +154,8 @@ class TransactionMetadata:
             "sink_prepared": self.sink_prepared,
             "sink_ranges": [list(r) for r in self.sink_ranges],
             "fence_reason": self.fence_reason,
+            "ended_producer_id": self.ended_producer_id,
+            "ended_producer_epoch": self.ended_producer_epoch,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -176,6 +183,11 @@ class TransactionMetadata:
             sink_prepared=_optional(doc, "sink_prepared", bool, where, False),
             sink_ranges=_ranges(_optional(doc, "sink_ranges", list, where, []), where),
             fence_reason=_optional(doc, "fence_reason", str, where, ""),
+            # Absent in records written before each transaction had its own epoch.
+            ended_producer_id=_optional(doc, "ended_producer_id", int, where, NO_PRODUCER_ID),
+            ended_producer_epoch=_optional(
+                doc, "ended_producer_epoch", int, where, NO_PRODUCER_EPOCH
+            ),
         )
 
 

@@ -441,11 +441,18 @@ class Producer:
         transaction's rows become readable (read_committed). Raises TimeoutError if
         batches are still in flight after max.block.ms, InvalidTxnStateError without an
         open or failed transaction, and the coordinator's error if the abort cannot be
-        sent (the producer is then unusable: close it)."""
+        sent (the producer is then unusable: close it). After a MaxBlockTimeoutError it
+        may be called again, as commit_transaction."""
         self._require_transactional()
         self.txn.require(
-            TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, action="abort_transaction()"
+            TxnState.IN_TRANSACTION,
+            TxnState.ABORTABLE_ERROR,
+            TxnState.ABORTING_TRANSACTION,
+            action="abort_transaction()",
         )
+        if self.txn.state is TxnState.ABORTING_TRANSACTION:
+            self._end_txn(commit=False)  # the EndTxn of an earlier call, again
+            return
         needs_new_epoch = self.txn.state is TxnState.ABORTABLE_ERROR
         self.txn.transition(TxnState.ABORTING_TRANSACTION)
         aborted = TransactionAbortedError("the transaction was aborted")
@@ -477,20 +484,27 @@ class Producer:
         tid, pid, epoch = txn.transactional_id, txn.producer_id, txn.producer_epoch
         if txn.txn_partitions:  # nothing was added: the coordinator has nothing to end
             try:
-                self._blocking_call(
+                next_pid, next_epoch = self._blocking_call(
                     "EndTxn", lambda: self.transport.end_txn(tid, pid, epoch, commit)
                 )
             except ProducerFencedError as exc:
                 txn.fail_fatal(exc)
                 raise
             except IdemlogError as exc:
+                # After a timeout the commit stays COMMITTING (the abort ABORTING): a retry
+                # of EndTxn is answered as the first was, so the call may simply be made
+                # again.
+                if isinstance(exc, MaxBlockTimeoutError):
+                    raise
                 if not commit:
                     txn.fail_fatal(exc)
-                elif not isinstance(exc, MaxBlockTimeoutError):
+                else:
                     txn.fail_abortable(exc)
-                # After a timeout the commit stays COMMITTING: EndTxn is idempotent on the
-                # coordinator, so commit_transaction() may simply be called again.
                 raise
+            if (next_pid, next_epoch) != (pid, epoch):
+                # The transaction ended at its own epoch: the next one writes at the new
+                # epoch, every partition's sequences from 0 (KIP-890).
+                txn.set_producer_id(next_pid, next_epoch)
         txn.transaction_ended()
         txn.transition(TxnState.READY)
 

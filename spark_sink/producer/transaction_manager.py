@@ -131,7 +131,8 @@ class TransactionManager:
 
     # -- producer id ---------------------------------------------------------------------
     def set_producer_id(self, producer_id: int, epoch: int) -> None:
-        """A new id/epoch from InitProducerId: every partition's sequences restart at 0."""
+        """A new id/epoch, from InitProducerId or an EndTxn's answer (the next
+        transaction's: KIP-890): every partition's sequences restart at 0."""
         with self._lock:
             self.producer_id, self.producer_epoch = producer_id, epoch
             self._partitions.clear()

@@ -93,7 +93,9 @@ class Transport(Protocol):
 
     def end_txn(
         self, transactional_id: str, producer_id: int, epoch: int, commit: bool
-    ) -> None: ...
+    ) -> tuple[int, int]:
+        """The producer id and epoch of the next transaction (KIP-890)."""
+        ...
 
     def within(self, seconds: float) -> AbstractContextManager[None]:
         """Every call above made by this thread inside the block ends within ``seconds``
@@ -348,8 +350,10 @@ class FlightTransport:
             topic_ids=self._topic_ids_of([tp.topic for tp in tps]),
         )
 
-    def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
-        self.client.end_txn(transactional_id, producer_id, epoch, commit)
+    def end_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, commit: bool
+    ) -> tuple[int, int]:
+        return self.client.end_txn(transactional_id, producer_id, epoch, commit)
 
     def within(self, seconds: float) -> AbstractContextManager[None]:
         return self.client.deadline(seconds)

@@ -424,13 +424,17 @@ def test_new_coordinator_finishes_a_commit_its_predecessor_died_in(
         stable = functools.partial(_stable, client, "failover", p)
         wait_until(stable, f"failover-{p} stable", timeout=FAILOVER_S)
         assert ids(client, "failover", p) == _expected(p, range(2))  # once, committed
-    # The client's retry of end_txn reaches the new coordinator and is a no-op.
-    _retry_until(lambda: client.end_txn("failover-app", pid, epoch, commit=True), "end_txn retry")
+    # The client's retry of end_txn reaches the new coordinator and is a no-op, answered
+    # with the epoch the markers carry (each transaction ends at its own: KIP-890).
+    answer = _retry_until(
+        lambda: client.end_txn("failover-app", pid, epoch, commit=True), "end_txn retry"
+    )
+    assert answer == (pid, epoch + 1)
     for p in parts:
         assert ids(client, "failover", p) == _expected(p, range(2))
         assert ids(client, "failover", p, isolation="read_uncommitted") == _expected(p, range(2))
-    # The same transactional id goes on at the next epoch on the new coordinator.
-    assert client.init_producer_id("failover-app") == (pid, epoch + 1)
+    # The same transactional id goes on at the epoch after that on the new coordinator.
+    assert client.init_producer_id("failover-app") == (pid, epoch + 2)
 
 
 # -- 4. a sink commit repeated across a coordinator failover -----------------------------
@@ -576,7 +580,8 @@ def test_zookeeper_down_leaders_and_the_coordinator_keep_serving_while_metadata_
                 transactional=True,
             )
             assert handle.result(10).ok
-        client.end_txn("nozk-app", txn_pid, txn_epoch, commit=True)
+        # The next transaction's epoch (each ends at its own: KIP-890).
+        txn_pid, txn_epoch = client.end_txn("nozk-app", txn_pid, txn_epoch, commit=True)
         wait_until(functools.partial(_stable, client, "nozk", 0), "nozk-0 stable")
         assert ids(client, "nozk", 0) == _expected(0, range(4)) + list(range(5000, 5000 + ROWS))
         # A producer id from the block broker 2 already holds needs no ZooKeeper.

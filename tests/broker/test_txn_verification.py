@@ -13,6 +13,7 @@ from broker_core.errors import (
     ClusterAuthorizationFailedError,
     ErrorCode,
     IdemlogError,
+    InvalidProducerEpochError,
     InvalidRequestError,
     InvalidTxnStateError,
     TransactionalIdAuthorizationFailedError,
@@ -242,19 +243,24 @@ def test_a_batch_to_a_partition_never_added_is_refused_and_holds_no_reader_back(
                 base_sequence=seq,
                 transactional=True,
             ).offsets(10)
-    admin.end_txn("unadded", pid, epoch, True)
+    next_pid, next_epoch = admin.end_txn("unadded", pid, epoch, True)
     assert ids(admin, TOPIC) == [0, 1, 2, 3]
-    # The marker ended the verified transaction here: a batch after it, before the
-    # producer added the partition again, opens nothing.
-    with admin.produce_stream(TOPIC, 0, SCHEMA, transactional_id="unadded") as stream:
-        late = stream.send(
-            rows(1, start=9),
-            producer_id=pid,
-            producer_epoch=epoch,
-            base_sequence=4,
-            transactional=True,
-        ).result(10)
-    assert isinstance(late.error(), InvalidTxnStateError), late
+    # The marker ended the verified transaction here: a batch after it opens nothing,
+    # neither at the ended transaction's epoch (fenced) nor at the next one's before the
+    # producer added the partition again (not verified).
+    for batch_pid, batch_epoch, refusal in [
+        (pid, epoch, InvalidProducerEpochError),
+        (next_pid, next_epoch, InvalidTxnStateError),
+    ]:
+        with admin.produce_stream(TOPIC, 0, SCHEMA, transactional_id="unadded") as stream:
+            late = stream.send(
+                rows(1, start=9),
+                producer_id=batch_pid,
+                producer_epoch=batch_epoch,
+                base_sequence=4 if batch_epoch == epoch else 0,
+                transactional=True,
+            ).result(10)
+        assert isinstance(late.error(), refusal), late
     assert _stable(admin) and ids(admin, TOPIC, isolation="read_uncommitted") == [0, 1, 2, 3]
 
 

@@ -10,8 +10,9 @@ An :class:`ActionFault` fires on the next ``times`` calls of one action type:
   the broker already applied;
 * ``error``: the call is answered with that typed broker error instead (e.g. a
   coordinator that is loading), without reaching the broker;
-* ``hold_s``: the call is held that long (a stalled link that never drops it), then
-  forwarded and answered; ``released`` is set once the broker has answered it.
+* ``held``: the call is held (a stalled link that never drops it) until the test sets
+  ``release``, then forwarded and answered; ``released`` is set once the broker has
+  answered it, ``outcome`` saying how.
 
 Each fired fault is counted in ``FaultProxy.stats`` as ``"<kind>:<action>"``.
 """
@@ -19,7 +20,6 @@ Each fired fault is counted in ``FaultProxy.stats`` as ``"<kind>:<action>"``.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,8 @@ from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action, error_message
 from tests.harness.fault_proxy import FaultProxy
 
+MAX_HOLD_S = 120.0  # a held call a test forgot to release goes on by itself
+
 
 @dataclass
 class ActionFault:
@@ -37,13 +39,17 @@ class ActionFault:
     times: int | None = 1  # None: every call
     error: IdemlogError | None = None  # None: a connection reset
     forwarded: bool = False  # reset after the broker answered (the answer is lost)
-    hold_s: float = 0.0  # > 0: held, then forwarded and answered
+    held: bool = False  # held until ``release`` is set, then forwarded and answered
     fired: int = 0
+    release: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
+    # A held call, once released: what the broker answered it (its refusal's text, or
+    # "answered"), so a test sees what the late request did.
+    outcome: str = ""
 
     @property
     def stat(self) -> str:
-        if self.hold_s > 0:
+        if self.held:
             return f"hold:{self.action.value}"
         kind = "reset" if self.error is None else self.error.error_code.name.lower()
         return f"{kind}:{self.action.value}"
@@ -78,10 +84,15 @@ class ActionFaultProxy(FaultProxy):
             return super().do_action(context, action)
         if fault.error is not None:
             raise flight.FlightServerError(error_message(fault.error))
-        if fault.hold_s > 0:
-            time.sleep(fault.hold_s)  # the fault itself: a link that stalls this call
+        if fault.held:
+            fault.release.wait(MAX_HOLD_S)
             try:
-                return iter(list(super().do_action(context, action)))
+                answer = list(super().do_action(context, action))
+                fault.outcome = "answered"
+                return iter(answer)
+            except flight.FlightError as exc:
+                fault.outcome = str(exc)
+                raise
             finally:
                 fault.released.set()
         if fault.forwarded:

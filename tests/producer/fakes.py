@@ -129,8 +129,11 @@ class FakeTransport:
     ) -> None:
         self.added.append(list(tps))
 
-    def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
+    def end_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, commit: bool
+    ) -> tuple[int, int]:
         self.ended.append(commit)
+        return producer_id, epoch + 1  # each transaction ends at its own epoch (KIP-890)
 
     def within(self, seconds: float) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # a scripted answer takes no time

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from broker_core.cluster.metadata import PartitionState
-from broker_core.errors import InvalidProducerEpochError, NotCoordinatorError
+from broker_core.errors import NotCoordinatorError
 from broker_core.log.store import LogStore
 from broker_core.record.batch import ControlType
 from broker_core.server.partition import Partition
@@ -256,23 +256,26 @@ def test_a_deposed_coordinators_acknowledged_decision_is_stopped_by_the_markers_
 def test_a_deposed_coordinators_commit_after_its_successors_timeout_is_refused_by_the_epoch(
     tmp_path: Path,
 ) -> None:
-    """The successor timed the transaction out, which bumps the producer epoch: the
-    deposed coordinator's acknowledged PREPARE_COMMIT then meets the producer-epoch check
-    first (INVALID_PRODUCER_EPOCH) and is refused all the same; it keeps its decision for
-    a retry (refused each time) until its broker learns of the election and closes it."""
+    """The successor timed the transaction out, which bumps the producer epoch. The
+    deposed coordinator's acknowledged PREPARE_COMMIT ends the transaction at its own
+    epoch (KIP-890), the same bumped one, so the producer-epoch check lets its markers by;
+    the markers' coordinator epoch refuses them (TRANSACTION_COORDINATOR_FENCED) and it
+    stands down, the successor's abort alone on the partition."""
     b, partition = _broker(tmp_path / "b1")
     p = Producer(b, "app").init(timeout_ms=1_000)
     p.send(P0, range(5))
     successor, _ = _successor(b, partition, tmp_path / "b2")
     b.clock.advance(1_001)
     assert successor.coordinator.abort_timed_out() == ["app"]
+    assert b.last_marker(P0) == (p.producer_id, p.epoch + 1, ControlType.ABORT)
     end_before = partition.log.log_end_offset
-    with pytest.raises(InvalidProducerEpochError):
+    with pytest.raises(CoordinatorEpochFencedError, match=f"coordinator epoch {EPOCH}"):
         b.coordinator.end_txn(*p.txn, commit=True)
     assert partition.log.log_end_offset > end_before  # acknowledged at EPOCH
     assert b.stored("app").state is S.PREPARE_COMMIT
+    assert b.coordinator.status is CoordinatorStatus.CLOSED
     assert b.stable(P0) and b.committed(P0) == []
-    assert b.last_marker(P0)[2] is ControlType.ABORT
+    assert b.last_marker(P0) == (p.producer_id, p.epoch + 1, ControlType.ABORT)
     # Its broker learns of the election: server.state_coordinator closes it on the role change.
     partition.apply(PartitionState((1, 2), 2, EPOCH + 1, (2,)))
     b.coordinator.close()

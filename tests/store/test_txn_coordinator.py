@@ -160,6 +160,7 @@ class Producer:
     batch: int = -1
     status: SinkTxnStatus = SinkTxnStatus.NEW
     offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    ended: tuple[str, int, int] = ("", -1, -1)  # the EndTxn that ended the last transaction
 
     def init(self, timeout_ms: int | None = None) -> Producer:
         self.producer_id, self.epoch = self.broker.coordinator.init_producer_id(
@@ -207,10 +208,23 @@ class Producer:
         self.offsets[tp] = (first, result.last_offset)
 
     def commit(self) -> None:
-        self.broker.coordinator.end_txn(*self.txn, commit=True)
+        self.end(commit=True)
 
     def abort(self) -> None:
-        self.broker.coordinator.end_txn(*self.txn, commit=False)
+        self.end(commit=False)
+
+    def end(self, commit: bool) -> None:
+        """EndTxn; once it succeeds the producer goes on at the epoch it was answered (each
+        transaction ends at its own: KIP-890), every partition's sequences from 0. A call
+        that raised leaves it where it was, so calling again is the client's retry."""
+        self.ended = self.txn
+        self.producer_id, self.epoch = self.broker.coordinator.end_txn(*self.ended, commit=commit)
+        self.sequences.clear()
+
+    def retry_end(self, commit: bool) -> tuple[int, int]:
+        """The EndTxn that ended the last transaction, sent again (a client's retry of a
+        call whose answer was lost): answered as that call was."""
+        return self.broker.coordinator.end_txn(*self.ended, commit=commit)
 
 
 class CrashingMarkers:
@@ -316,23 +330,36 @@ def test_commit_and_abort_across_three_partitions_of_two_topics(broker: Broker) 
         list(range(20, 25)),
     ]
     assert broker.stored("etl").state is S.COMPLETE_COMMIT
-    p.commit()  # a retried request: idempotent
+    # The markers carry the next transaction's epoch (each ends at its own: KIP-890).
+    first_epoch = p.ended[2]
+    assert p.epoch == first_epoch + 1
+    assert all(broker.last_marker(tp) == (p.producer_id, p.epoch, ControlType.COMMIT) for tp in ALL)
+    assert p.retry_end(commit=True) == (p.producer_id, p.epoch)  # a retried request: idempotent
+    with pytest.raises(
+        InvalidTxnStateError,
+        match=r"cannot abort the transaction of producer id \d+ epoch 0, it ended COMPLETE_COMMIT",
+    ):
+        p.retry_end(commit=False)  # not the way it ended
 
-    for i, tp in enumerate(ALL):  # a second transaction, same epoch
+    for i, tp in enumerate(ALL):  # a second transaction, at the next epoch
         p.send(tp, range(100 + i * 10, 100 + i * 10 + 5))
     assert broker.stored("etl").state is S.ONGOING
+    with pytest.raises(InvalidTxnStateError, match=r"a late commit .* epoch 1 \(ONGOING\)"):
+        p.retry_end(commit=True)  # the first transaction's EndTxn, late: ends nothing
+    assert broker.stored("etl").state is S.ONGOING
     p.abort()
+    assert p.epoch == first_epoch + 2
     assert [broker.committed(tp) for tp in ALL] == [
         list(range(0, 5)),
         list(range(10, 15)),
         list(range(20, 25)),
     ]
     assert all(broker.stable(tp) for tp in ALL)
-    p.abort()  # retried
+    assert p.retry_end(commit=False) == (p.producer_id, p.epoch)  # retried
     with pytest.raises(
         InvalidTxnStateError, match="cannot commit, the transaction is COMPLETE_ABORT"
     ):
-        p.commit()
+        p.commit()  # at the next epoch: nothing begun
     with pytest.raises(InvalidTxnStateError, match="no transaction is open"):
         Producer(broker, "etl").init().commit()
     described = broker.coordinator.describe()
@@ -352,6 +379,27 @@ def test_add_partitions_is_durable_and_idempotent(broker: Broker) -> None:
     records = broker.store.partition(TXN_STATE_TOPIC, 0).log_end_offset
     broker.coordinator.add_partitions(*p.txn, [P1])  # nothing new: nothing written
     assert broker.store.partition(TXN_STATE_TOPIC, 0).log_end_offset == records
+
+
+def test_a_late_add_partitions_of_an_ended_transaction_begins_nothing(broker: Broker) -> None:
+    """An add_partitions of a transaction that has ended (a request delayed past the
+    EndTxn) is refused at its epoch: it never begins a transaction holding only the late
+    partition, which its producer did not begin."""
+    p = Producer(broker, "latecomer").init()
+    p.send(P0, range(0, 3))
+    p.commit()
+    ended_pid, ended_epoch = p.ended[1:]
+    assert (p.producer_id, p.epoch) != (ended_pid, ended_epoch)
+    with pytest.raises(ProducerFencedError):
+        broker.coordinator.add_partitions("latecomer", ended_pid, ended_epoch, [P1])
+    stored = broker.stored("latecomer")
+    assert (stored.state, stored.partitions) == (S.COMPLETE_COMMIT, set())
+    # The producer's own next transaction begins at the epoch the commit answered.
+    p.send(P1, range(3, 5))
+    assert (broker.stored("latecomer").state, broker.stored("latecomer").partitions) == (
+        S.ONGOING,
+        {P1},
+    )
 
 
 # -- sink commits (docs/design.md §6) ----------------------------------------------------------
@@ -502,13 +550,32 @@ def test_failed_markers_stay_prepared_until_a_later_call_finishes(tmp_path: Path
     with pytest.raises(UnknownServerError):
         p.abort()
     assert b.stored("etl").state is S.PREPARE_ABORT
-    with pytest.raises(
-        InvalidTxnStateError, match="cannot commit, the transaction is PREPARE_ABORT"
-    ):
-        p.commit()
+    assert not b.stable(P0)
     b.coordinator.abort_timed_out()  # the periodic sweep re-drives leftovers too
     assert b.stored("etl").state is S.COMPLETE_ABORT
     assert b.stable(P0) and b.committed(P0) == []
+    with pytest.raises(
+        InvalidTxnStateError, match=r"cannot commit the .* epoch 0, it ended COMPLETE_ABORT"
+    ):
+        p.commit()  # the other way, at the epoch the abort was asked at
+    p.abort()  # the client's retry: told the outcome, at the epoch the markers carry
+    assert p.epoch == 1 and b.last_marker(P0) == (p.producer_id, 1, ControlType.ABORT)
+
+
+def test_a_retried_end_txn_finishes_the_markers_it_left(tmp_path: Path) -> None:
+    b = start_broker(tmp_path, lambda s: CrashingMarkers(s, partitions_before_crash=1))
+    p = Producer(b, "etl").init()
+    p.send(P0, range(3))
+    p.send(P1, range(10, 13))
+    with pytest.raises(UnknownServerError):
+        p.abort()
+    assert b.stored("etl").state is S.PREPARE_ABORT
+    with pytest.raises(
+        InvalidTxnStateError, match=r"cannot commit the .* epoch 0, it ended COMPLETE_ABORT"
+    ):
+        p.commit()  # the other way: the abort's markers finished first, then refused
+    assert b.stored("etl").state is S.COMPLETE_ABORT
+    assert all(b.stable(tp) and b.committed(tp) == [] for tp in (P0, P1))
 
 
 def test_crash_midway_through_a_sink_commit_is_finished_on_start(tmp_path: Path) -> None:
@@ -841,6 +908,38 @@ def test_epoch_exhaustion_gives_a_new_producer_id(tmp_path: Path) -> None:
     with pytest.raises(InvalidProducerEpochError):
         y.append(P0, range(5, 6))
     assert b.coordinator.describe()["producer_id_rotations"] == 2
+
+
+def test_an_end_at_the_last_epoch_gives_the_next_transaction_a_new_producer_id(
+    tmp_path: Path,
+) -> None:
+    """Each transaction ends at its own epoch (KIP-890): the one ending at the last epoch a
+    client may hold has its markers at the reserved epoch, and the next transaction gets a
+    new producer id, even when the first EndTxn failed on its markers and a retry ended it."""
+    b = start_broker(tmp_path, lambda s: CrashingMarkers(s, partitions_before_crash=0))
+    pid = b.coordinator.init_producer_id(None)[0]
+    now = b.clock.now
+    b.state.put_transaction(
+        TransactionMetadata("x", pid, MAX_CLIENT_EPOCH, 60_000, S.EMPTY, set(), now, now)
+    )
+    b.crash()
+    b = start_broker(tmp_path, lambda s: CrashingMarkers(s, partitions_before_crash=0))
+    x = Producer(b, "x", pid, MAX_CLIENT_EPOCH)
+    x.send(P0, range(5))
+    with pytest.raises(UnknownServerError):
+        x.commit()  # the decision stored, its markers not written
+    assert (x.producer_id, x.epoch) == (pid, MAX_CLIENT_EPOCH)
+    x.commit()  # the retry finishes it
+    assert x.producer_id not in (pid, -1) and x.epoch == 0
+    assert b.last_marker(P0) == (pid, MAX_PRODUCER_EPOCH, ControlType.COMMIT)
+    assert b.stored("x").previous_producer_id == pid
+    assert x.retry_end(commit=True) == (x.producer_id, 0)  # answered as it was
+    x.send(P0, range(5, 8))  # the next transaction, under the new producer id
+    with pytest.raises(InvalidTxnStateError, match="a late commit"):
+        x.retry_end(commit=True)
+    x.commit()
+    assert b.committed(P0) == list(range(8)) and b.stable(P0)
+    assert b.coordinator.describe()["producer_id_rotations"] == 1
 
 
 # -- the state store -----------------------------------------------------------------------------

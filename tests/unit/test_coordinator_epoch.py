@@ -179,7 +179,8 @@ def test_embedded_cluster_counts_an_epoch_per_registration(tmp_path: Path) -> No
 
 
 def commit_one(client: BrokerClient, start: int) -> tuple[int, int]:
-    """One committed transaction of two rows on fence-0; its (producer id, epoch)."""
+    """One committed transaction of two rows on fence-0; the producer id and the epoch its
+    markers carry (the next transaction's: KIP-890)."""
     pid, epoch = client.init_producer_id("fence-app")
     client.add_partitions_to_txn("fence-app", pid, epoch, [("fence", 0)])
     with client.produce_stream("fence", 0, transactional_id="fence-app") as stream:
@@ -187,8 +188,7 @@ def commit_one(client: BrokerClient, start: int) -> tuple[int, int]:
             rows(2, start), producer_id=pid, producer_epoch=epoch, base_sequence=0,
             transactional=True,
         ).offsets(10)  # fmt: skip
-    client.end_txn("fence-app", pid, epoch, commit=True)
-    return pid, epoch
+    return client.end_txn("fence-app", pid, epoch, commit=True)
 
 
 def test_broker_refuses_a_stale_coordinators_markers_over_the_wire(tmp_path: Path) -> None:

@@ -650,10 +650,13 @@ def test_replaced_coordinator_is_fenced_by_the_state_store_and_the_partitions(
             store_rows(2, 100 + 10 * p), producer_id=pid, producer_epoch=epoch,
             base_sequence=0, transactional=True,
         )  # fmt: skip
-    b.end_txn("app", pid, epoch, commit=True)
+    # Its markers carry the next transaction's epoch (each ends at its own: KIP-890).
+    assert b.end_txn("app", pid, epoch, commit=True) == (pid, epoch + 1)
+    epoch += 1
     assert [read_ids(store.partition(*tp)) for tp in parts] == [[100, 101], [110, 111]]
 
-    # A marker from A's epoch afterwards (a zombie's retry) is refused by the partition.
+    # A marker from A's epoch afterwards (a zombie's retry, at the producer epoch the
+    # partitions hold) is refused by the partition for its coordinator epoch.
     ends = [store.partition(*tp).log_end_offset for tp in parts]
     with pytest.raises(TransactionCoordinatorFencedError) as zombie:
         zombie_markers = [ProducerMarkers(pid, epoch, tuple(parts))]

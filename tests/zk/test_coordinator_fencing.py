@@ -305,13 +305,14 @@ def test_a_newer_coordinator_that_lost_a_version_race_to_an_older_writer_recover
         b.end_txn("app", pid, epoch, commit=True)
     assert not isinstance(lost.value, CoordinatorEpochFencedError) and lost.value.retriable
     assert b.status is CoordinatorStatus.RUNNING
-    # ... so the client's retry goes on from the current version instead of failing forever.
-    b.end_txn("app", pid, epoch, commit=True)
+    # ... so the client's retry goes on from the current version instead of failing forever
+    # (answered with the next transaction's epoch: each ends at its own, KIP-890).
+    assert b.end_txn("app", pid, epoch, commit=True) == (pid, epoch + 1)
     log = logs.partition(TOPIC, 0)
     assert read_ids(log) == [0, 1] and log.last_stable_offset == log.log_end_offset
     node = json.loads(zk_chroot.client().get(f"{ROOT}/transactions/app")[0])
     assert (node["state"], node["coordinator_epoch"]) == ("COMPLETE_COMMIT", b.coordinator_epoch)
-    assert b.init_producer_id("app") == (pid, epoch + 1)
+    assert b.init_producer_id("app") == (pid, epoch + 2)
     unfenced.close()
 
 

@@ -221,8 +221,9 @@ def test_coordinator_failover_finishes_prepared_work(
         assert log.last_stable_offset == log.log_end_offset
         entry = log.state.get(etl[1])
         assert entry is not None and entry.coordinator_epoch == 1  # B wrote the markers
-    b.end_txn(*etl, commit=True)  # the producer's retry, now answered by B
-    assert b.init_producer_id("etl") == (etl[1], etl[2] + 1)
+    # The producer's retry, now answered by B: the next transaction's epoch (KIP-890).
+    assert b.end_txn(*etl, commit=True) == (etl[1], etl[2] + 1)
+    assert b.init_producer_id("etl") == (etl[1], etl[2] + 2)
 
     # A, not knowing it was replaced, cannot overwrite what B decided.
     markers_a.crashing = False
