@@ -1,6 +1,6 @@
 """``idemlog`` commands that run a broker or talk to one (``broker_core.cli.main`` wires them).
 
-idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
+idemlog broker start --config FILE [--override key=value ...]
 idemlog broker list|stop (broker_core.cli.hosted_cmd)
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog transactions list|find-hanging|abort --bootstrap host:port ...
@@ -530,14 +530,10 @@ def add_commands(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="set a broker key, over the file (repeatable)",
     )
-    start.add_argument(
-        "--ready-fd",
-        type=int,
-        metavar="N",
-        help="once serving, also write host:port and a newline to this inherited file "
-        "descriptor and close it, so a launcher can wait on a pipe: EOF without an "
-        "address means the broker died before serving",
-    )
+    # Internal (spark_sink.embedded's launcher): accepted, never listed in --help. Once
+    # serving, the broker writes host:port and a newline to this inherited descriptor and
+    # closes it, so a launcher waits on a pipe: EOF without an address means it died first.
+    start.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     start.set_defaults(func=broker_start)
     add_hosted_commands(broker_sub)
 

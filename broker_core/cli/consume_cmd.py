@@ -42,7 +42,7 @@ from types import FrameType
 from typing import Any, TypeVar, cast
 
 from broker_core.cli.broker_cmd import BOOTSTRAP_HELP, _client, _command_config_argument
-from broker_core.cli.failures import ExitCode
+from broker_core.cli.failures import ExitCode, silence_stdout, stdout_reader_left
 from broker_core.cli.progress import Progress
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
@@ -283,8 +283,10 @@ def consume(args: argparse.Namespace) -> int:
         pass  # stop.signal says which: the summary and the exit code follow
     except BrokenPipeError:
         # Its reader left (`idemlog consume ... | head`): done, as that reader wanted.
-        # Further writes to stdout (the interpreter's flush at exit) go nowhere.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # Caught here rather than in main's handler so that the summary is printed.
+        if not stdout_reader_left():
+            raise
+        silence_stdout()
     finally:
         stop.restore()
         if progress is not None:
