@@ -32,6 +32,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import DEBUG_ENV, InvalidConfigError, InvalidRequestError
+from broker_core.log.dir_lock import lock_holder
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
@@ -105,17 +106,21 @@ def _start_failure(config: BrokerConfig, exc: BaseException) -> BaseException:
     if isinstance(exc, pa.ArrowException) and port_in_use(
         config.listener_host, config.listener_port
     ):
-        return InvalidConfigError(
-            f"listener.port={config.listener_port}: {config.listener_host}:"
-            f"{config.listener_port} is already in use; stop the process holding it or "
-            "choose another listener.port (0: any free port)"
-        )
+        return _port_taken(config)
     if isinstance(exc, OSError) and _on_log_dir_path(config.log_dir, exc.filename):
         return InvalidConfigError(
             f"log.dir={config.log_dir}: cannot create or open {exc.filename}: "
             f"{exc.strerror}; choose a directory this user can write"
         )
     return exc
+
+
+def _port_taken(config: BrokerConfig) -> InvalidConfigError:
+    return InvalidConfigError(
+        f"listener.port={config.listener_port}: {config.listener_host}:"
+        f"{config.listener_port} is already in use; stop the process holding it or "
+        "choose another listener.port (0: any free port)"
+    )
 
 
 def _start_interruptibly(
@@ -174,6 +179,15 @@ def broker_start(args: argparse.Namespace) -> int:
     )
     keep_large_buffers()
     config = _load_config(args)
+    # A port another process listens on is said in one line before anything starts: left
+    # to gRPC, its C++ log prints an add_port.cc error first. A process taking the port
+    # after this look is still explained once the start fails (_start_failure). A live
+    # broker on this log.dir (the same file started twice) is left to the start, whose
+    # refusal names the directory and the pid holding it: the more telling of the two.
+    if lock_holder(config.log_dir) is None and port_in_use(
+        config.listener_host, config.listener_port
+    ):
+        raise _port_taken(config)
     # Blocked before the broker's threads exist, so they (kazoo's, gRPC's) inherit the mask
     # and the signals stay pending for the wait below. A Python handler alone once left a
     # clean stop unheard for 30 s: one delivered to another thread ran only when the main

@@ -158,12 +158,15 @@ def config_file_error(
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """Whether ``host:port`` is taken now: used only to explain a listener that failed
-    to start (gRPC says "Server did not start properly" and nothing more)."""
+    """Whether another socket listens on ``host:port`` now: checked before a broker
+    starts and to explain a listener that failed to start (gRPC says "Server did not
+    start properly" and nothing more). SO_REUSEADDR, as gRPC binds: connections of a
+    previous broker still in TIME_WAIT do not count as the port being taken."""
     if port == 0:
         return False
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
