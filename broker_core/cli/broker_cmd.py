@@ -289,12 +289,26 @@ COMMAND_CONFIG_HELP = (
     "as Kafka's tools take it (docs/security.md)"
 )
 BOOTSTRAP_HELP = "a broker's address, host:port[,host:port...]"
+PATH_HELP = (
+    "instead of --bootstrap: the embedded broker running for this directory (a Spark "
+    "job's option path; the default one is ~/.idemlog/embedded)"
+)
 JSON_HELP = "print JSON instead of text"
 COMMAND_CONFIG = ConfigDef([*TLS_KEYS, *CLIENT_SASL_KEYS], what="--command-config key")
 
 
 def _command_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--command-config", metavar="FILE", help=COMMAND_CONFIG_HELP)
+
+
+def _broker_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """Where the command's broker is: ``--bootstrap`` (a cluster) or ``--path`` (the
+    embedded broker of a directory, found as ``broker list`` finds brokers: its state
+    file, its pid checked), one of them; and ``--command-config``."""
+    where = parser.add_mutually_exclusive_group(required=required)
+    where.add_argument("--bootstrap", help=BOOTSTRAP_HELP)
+    where.add_argument("--path", metavar="DIR", help=PATH_HELP)
+    _command_config_argument(parser)
 
 
 def _client(args: argparse.Namespace) -> BrokerClient:
@@ -314,8 +328,12 @@ def _client(args: argparse.Namespace) -> BrokerClient:
         values = COMMAND_CONFIG.parse(raw)
         tls = TlsSettings.from_values(values).load(Side.CLIENT)
         sasl = sasl_credentials(raw)
-    discover_embedded(args.bootstrap)  # the default embedded broker's owner-only token
-    return BrokerClient(args.bootstrap, tls=tls, sasl=sasl)
+    if getattr(args, "path", None):
+        bootstrap = registry.embedded_bootstrap(os.path.expanduser(args.path))
+    else:
+        bootstrap = args.bootstrap
+        discover_embedded(bootstrap)  # the default embedded broker's owner-only token
+    return BrokerClient(bootstrap, tls=tls, sasl=sasl)
 
 
 def topics_create(args: argparse.Namespace) -> int:
@@ -554,8 +572,7 @@ def add_commands(sub: Any) -> None:
     topics = sub.add_parser("topics", help="create, describe, delete topics on a cluster")
     topics_sub = topics.add_subparsers(dest="action", required=True)
     create = topics_sub.add_parser("create", help="create a topic")
-    create.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(create)
+    _broker_arguments(create)
     create.add_argument("--topic", required=True, help="the new topic's name")
     create.add_argument(
         "--partitions", type=int, default=1, help="how many partitions (default: 1)"
@@ -568,30 +585,26 @@ def add_commands(sub: Any) -> None:
     describe = topics_sub.add_parser(
         "describe", help="topics' partitions, replicas, ISR and offsets"
     )
-    describe.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(describe)
+    _broker_arguments(describe)
     describe.add_argument("--topic", help="only this topic")
     describe.add_argument("--json", action="store_true", help=JSON_HELP)
     describe.set_defaults(func=topics_describe)
     elect = topics_sub.add_parser(
         "elect-leaders", help="give each partition back to its preferred (first) replica"
     )
-    elect.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(elect)
+    _broker_arguments(elect)
     elect.add_argument("--topic", help="only this topic")
     elect.add_argument("--json", action="store_true", help=JSON_HELP)
     elect.set_defaults(func=topics_elect_leaders)
     delete = topics_sub.add_parser("delete", help="delete a topic and its data")
-    delete.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(delete)
+    _broker_arguments(delete)
     delete.add_argument("--topic", required=True, help="the topic to delete")
     delete.set_defaults(func=topics_delete)
 
     txns = sub.add_parser("transactions", help="list or abort open (hanging) transactions")
     txns_sub = txns.add_subparsers(dest="action", required=True)
     tlist = txns_sub.add_parser("list", help="open transactions, oldest first")
-    tlist.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(tlist)
+    _broker_arguments(tlist)
     tlist.add_argument(
         "--min-age-ms", type=int, default=0, help="only those open at least this long"
     )
@@ -608,8 +621,7 @@ def add_commands(sub: Any) -> None:
         help="transactions open on a partition that no coordinator knows (they hold the "
         "partition's last stable offset)",
     )
-    thang.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(thang)
+    _broker_arguments(thang)
     thang.add_argument("--topic", help="only this topic (default: every non-internal topic)")
     thang.add_argument(
         "--older-than-ms",
@@ -626,8 +638,7 @@ def add_commands(sub: Any) -> None:
         help="fence an id's holder and abort what it has open (--transactional-id), or abort "
         "one producer's hanging transaction on one partition (--topic --partition)",
     )
-    tabort.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(tabort)
+    _broker_arguments(tabort)
     tabort.add_argument("--transactional-id", help="the id whose transaction to abort")
     tabort.add_argument("--topic", help="the partition's topic (a hanging transaction)")
     tabort.add_argument("--partition", type=int, help="the partition (with --topic)")
