@@ -89,8 +89,17 @@ test: lint typecheck kafka-jars
 	exit $$status
 
 # The wheel and the sdist in dist/ (`pip install dist/idemlog-<v>-py3-none-any.whl[spark]`):
-# only broker_core and spark_sink, with py.typed, LICENSE and the `idemlog` script.
-dist: setup
+# only broker_core and spark_sink, with py.typed, LICENSE and the `idemlog` script. A pure
+# Python build: it needs the venv with the build front end only, not `setup`'s ZooKeeper,
+# Maven jars or the project's own dependencies (build fetches setuptools for its isolated
+# build environment).
+BUILD_STAMP := $(VENV)/.build-frontend
+$(BUILD_STAMP):
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet 'build>=1.2'
+	@touch $@
+
+dist: $(BUILD_STAMP)
 	rm -rf dist
 	$(PY) -m build --outdir dist .
 

@@ -1,6 +1,6 @@
 """``idemlog`` commands that run a broker or talk to one (``broker_core.cli.main`` wires them).
 
-idemlog broker start --config FILE [--override key=value ...] [--ready-fd N]
+idemlog broker start --config FILE [--override key=value ...]
 idemlog broker list|stop (broker_core.cli.hosted_cmd)
 idemlog topics create|describe|elect-leaders|delete --bootstrap host:port ...
 idemlog transactions list|find-hanging|abort --bootstrap host:port ...
@@ -32,6 +32,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import DEBUG_ENV, InvalidConfigError, InvalidRequestError
+from broker_core.log.dir_lock import lock_holder
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
@@ -105,17 +106,21 @@ def _start_failure(config: BrokerConfig, exc: BaseException) -> BaseException:
     if isinstance(exc, pa.ArrowException) and port_in_use(
         config.listener_host, config.listener_port
     ):
-        return InvalidConfigError(
-            f"listener.port={config.listener_port}: {config.listener_host}:"
-            f"{config.listener_port} is already in use; stop the process holding it or "
-            "choose another listener.port (0: any free port)"
-        )
+        return _port_taken(config)
     if isinstance(exc, OSError) and _on_log_dir_path(config.log_dir, exc.filename):
         return InvalidConfigError(
             f"log.dir={config.log_dir}: cannot create or open {exc.filename}: "
             f"{exc.strerror}; choose a directory this user can write"
         )
     return exc
+
+
+def _port_taken(config: BrokerConfig) -> InvalidConfigError:
+    return InvalidConfigError(
+        f"listener.port={config.listener_port}: {config.listener_host}:"
+        f"{config.listener_port} is already in use; stop the process holding it or "
+        "choose another listener.port (0: any free port)"
+    )
 
 
 def _start_interruptibly(
@@ -174,6 +179,15 @@ def broker_start(args: argparse.Namespace) -> int:
     )
     keep_large_buffers()
     config = _load_config(args)
+    # A port another process listens on is said in one line before anything starts: left
+    # to gRPC, its C++ log prints an add_port.cc error first. A process taking the port
+    # after this look is still explained once the start fails (_start_failure). A live
+    # broker on this log.dir (the same file started twice) is left to the start, whose
+    # refusal names the directory and the pid holding it: the more telling of the two.
+    if lock_holder(config.log_dir) is None and port_in_use(
+        config.listener_host, config.listener_port
+    ):
+        raise _port_taken(config)
     # Blocked before the broker's threads exist, so they (kazoo's, gRPC's) inherit the mask
     # and the signals stay pending for the wait below. A Python handler alone once left a
     # clean stop unheard for 30 s: one delivered to another thread ran only when the main
@@ -275,12 +289,26 @@ COMMAND_CONFIG_HELP = (
     "as Kafka's tools take it (docs/security.md)"
 )
 BOOTSTRAP_HELP = "a broker's address, host:port[,host:port...]"
+PATH_HELP = (
+    "instead of --bootstrap: the embedded broker running for this directory (a Spark "
+    "job's option path; the default one is ~/.idemlog/embedded)"
+)
 JSON_HELP = "print JSON instead of text"
 COMMAND_CONFIG = ConfigDef([*TLS_KEYS, *CLIENT_SASL_KEYS], what="--command-config key")
 
 
 def _command_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--command-config", metavar="FILE", help=COMMAND_CONFIG_HELP)
+
+
+def _broker_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """Where the command's broker is: ``--bootstrap`` (a cluster) or ``--path`` (the
+    embedded broker of a directory, found as ``broker list`` finds brokers: its state
+    file, its pid checked), one of them; and ``--command-config``."""
+    where = parser.add_mutually_exclusive_group(required=required)
+    where.add_argument("--bootstrap", help=BOOTSTRAP_HELP)
+    where.add_argument("--path", metavar="DIR", help=PATH_HELP)
+    _command_config_argument(parser)
 
 
 def _client(args: argparse.Namespace) -> BrokerClient:
@@ -300,8 +328,12 @@ def _client(args: argparse.Namespace) -> BrokerClient:
         values = COMMAND_CONFIG.parse(raw)
         tls = TlsSettings.from_values(values).load(Side.CLIENT)
         sasl = sasl_credentials(raw)
-    discover_embedded(args.bootstrap)  # the default embedded broker's owner-only token
-    return BrokerClient(args.bootstrap, tls=tls, sasl=sasl)
+    if getattr(args, "path", None):
+        bootstrap = registry.embedded_bootstrap(os.path.expanduser(args.path))
+    else:
+        bootstrap = args.bootstrap
+        discover_embedded(bootstrap)  # the default embedded broker's owner-only token
+    return BrokerClient(bootstrap, tls=tls, sasl=sasl)
 
 
 def topics_create(args: argparse.Namespace) -> int:
@@ -530,22 +562,17 @@ def add_commands(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="set a broker key, over the file (repeatable)",
     )
-    start.add_argument(
-        "--ready-fd",
-        type=int,
-        metavar="N",
-        help="once serving, also write host:port and a newline to this inherited file "
-        "descriptor and close it, so a launcher can wait on a pipe: EOF without an "
-        "address means the broker died before serving",
-    )
+    # Internal (spark_sink.embedded's launcher): accepted, never listed in --help. Once
+    # serving, the broker writes host:port and a newline to this inherited descriptor and
+    # closes it, so a launcher waits on a pipe: EOF without an address means it died first.
+    start.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     start.set_defaults(func=broker_start)
     add_hosted_commands(broker_sub)
 
     topics = sub.add_parser("topics", help="create, describe, delete topics on a cluster")
     topics_sub = topics.add_subparsers(dest="action", required=True)
     create = topics_sub.add_parser("create", help="create a topic")
-    create.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(create)
+    _broker_arguments(create)
     create.add_argument("--topic", required=True, help="the new topic's name")
     create.add_argument(
         "--partitions", type=int, default=1, help="how many partitions (default: 1)"
@@ -558,30 +585,26 @@ def add_commands(sub: Any) -> None:
     describe = topics_sub.add_parser(
         "describe", help="topics' partitions, replicas, ISR and offsets"
     )
-    describe.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(describe)
+    _broker_arguments(describe)
     describe.add_argument("--topic", help="only this topic")
     describe.add_argument("--json", action="store_true", help=JSON_HELP)
     describe.set_defaults(func=topics_describe)
     elect = topics_sub.add_parser(
         "elect-leaders", help="give each partition back to its preferred (first) replica"
     )
-    elect.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(elect)
+    _broker_arguments(elect)
     elect.add_argument("--topic", help="only this topic")
     elect.add_argument("--json", action="store_true", help=JSON_HELP)
     elect.set_defaults(func=topics_elect_leaders)
     delete = topics_sub.add_parser("delete", help="delete a topic and its data")
-    delete.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(delete)
+    _broker_arguments(delete)
     delete.add_argument("--topic", required=True, help="the topic to delete")
     delete.set_defaults(func=topics_delete)
 
     txns = sub.add_parser("transactions", help="list or abort open (hanging) transactions")
     txns_sub = txns.add_subparsers(dest="action", required=True)
     tlist = txns_sub.add_parser("list", help="open transactions, oldest first")
-    tlist.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(tlist)
+    _broker_arguments(tlist)
     tlist.add_argument(
         "--min-age-ms", type=int, default=0, help="only those open at least this long"
     )
@@ -598,8 +621,7 @@ def add_commands(sub: Any) -> None:
         help="transactions open on a partition that no coordinator knows (they hold the "
         "partition's last stable offset)",
     )
-    thang.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(thang)
+    _broker_arguments(thang)
     thang.add_argument("--topic", help="only this topic (default: every non-internal topic)")
     thang.add_argument(
         "--older-than-ms",
@@ -616,8 +638,7 @@ def add_commands(sub: Any) -> None:
         help="fence an id's holder and abort what it has open (--transactional-id), or abort "
         "one producer's hanging transaction on one partition (--topic --partition)",
     )
-    tabort.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(tabort)
+    _broker_arguments(tabort)
     tabort.add_argument("--transactional-id", help="the id whose transaction to abort")
     tabort.add_argument("--topic", help="the partition's topic (a hanging transaction)")
     tabort.add_argument("--partition", type=int, help="the partition (with --topic)")

@@ -1,6 +1,6 @@
 """``idemlog consume``: print a topic's records as they arrive, as Kafka's console consumer.
 
-idemlog consume --bootstrap host:port --topic T [--partition P]
+idemlog consume (--bootstrap host:port | --path DIR) --topic T [--partition P]
                 [--from-beginning | --offset N] [--max-messages N] [--timeout-ms T]
                 [--isolation-level read_committed|read_uncommitted] [--json] [--count-only]
 
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar, cast
 
-from broker_core.cli.broker_cmd import BOOTSTRAP_HELP, _client, _command_config_argument
-from broker_core.cli.failures import ExitCode
+from broker_core.cli.broker_cmd import _broker_arguments, _client
+from broker_core.cli.failures import ExitCode, silence_stdout, stdout_reader_left
 from broker_core.cli.progress import Progress
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
@@ -283,8 +283,10 @@ def consume(args: argparse.Namespace) -> int:
         pass  # stop.signal says which: the summary and the exit code follow
     except BrokenPipeError:
         # Its reader left (`idemlog consume ... | head`): done, as that reader wanted.
-        # Further writes to stdout (the interpreter's flush at exit) go nowhere.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # Caught here rather than in main's handler so that the summary is printed.
+        if not stdout_reader_left():
+            raise
+        silence_stdout()
     finally:
         stop.restore()
         if progress is not None:
@@ -319,8 +321,7 @@ def add_consume_command(sub: Any) -> None:
         "consume",
         help="print a topic's records as they arrive (as Kafka's console consumer)",
     )
-    cons.add_argument("--bootstrap", required=True, help=BOOTSTRAP_HELP)
-    _command_config_argument(cons)
+    _broker_arguments(cons)
     cons.add_argument("--topic", required=True, help="the topic to read")
     cons.add_argument("--partition", type=int, help="only this partition (default: all)")
     where = cons.add_mutually_exclusive_group()

@@ -10,8 +10,11 @@ answered by a broker, the operator fixes a flag or a file.
 from __future__ import annotations
 
 import errno
+import os
+import select
 import signal
 import socket
+import sys
 from enum import IntEnum
 
 from broker_core.client.broker_client import NoBrokerReachableError
@@ -44,7 +47,8 @@ EPILOG = (
     "configuration error (a flag, a file, a key, a value, credentials, a log.dir in use); "
     "3 unreachable (no broker at --bootstrap, no ZooKeeper at zookeeper.connect); "
     "130 interrupted (SIGINT), 143 terminated (SIGTERM). A failure is one line "
-    f"'idemlog: ...' on stderr; --debug or {DEBUG_ENV}=1 adds the traceback."
+    f"'idemlog: ...' on stderr; --debug or {DEBUG_ENV}=1 adds the traceback. A reader "
+    "that closes the output (idemlog ... | head) ends a command quietly, exit 0."
 )
 
 # Refused before any request reached a broker: fixed by the operator, so no wire code.
@@ -154,14 +158,41 @@ def config_file_error(
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """Whether ``host:port`` is taken now: used only to explain a listener that failed
-    to start (gRPC says "Server did not start properly" and nothing more)."""
+    """Whether another socket listens on ``host:port`` now: checked before a broker
+    starts and to explain a listener that failed to start (gRPC says "Server did not
+    start properly" and nothing more). SO_REUSEADDR, as gRPC binds: connections of a
+    previous broker still in TIME_WAIT do not count as the port being taken."""
     if port == 0:
         return False
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
             return exc.errno == errno.EADDRINUSE
     return False
+
+
+def stdout_reader_left() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (``idemlog ... | head``): the
+    kernel flags the write end of such a pipe with POLLERR. A BrokenPipeError from
+    anything else (a socket) is not this and stays a failure."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null once its reader has left: what is still
+    buffered (the interpreter flushes it at exit) then goes nowhere instead of raising a
+    second BrokenPipeError there."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)

@@ -30,7 +30,13 @@ from typing import Any
 from broker_core.cli.acls_cmd import add_acls_command
 from broker_core.cli.broker_cmd import add_commands
 from broker_core.cli.consume_cmd import add_consume_command
-from broker_core.cli.failures import EPILOG, classify
+from broker_core.cli.failures import (
+    EPILOG,
+    ExitCode,
+    classify,
+    silence_stdout,
+    stdout_reader_left,
+)
 from broker_core.cli.metrics_cmd import add_metrics_command
 from broker_core.cli.spark_cmd import add_spark_commands
 from broker_core.cli.users_cmd import add_users_command
@@ -44,6 +50,11 @@ from broker_core.log.results import IsolationLevel
 from broker_core.log.store import TOPIC_FILE
 from broker_core.server.config import BROKER_CONFIG, render_properties
 
+# --help's first line: plain text (the module's docstring is reStructuredText).
+DESCRIPTION = (
+    "idemlog: run a broker, manage its topics, transactions, users and ACLs, follow a "
+    "topic, read metrics, inspect a data directory, export to Delta."
+)
 # A broker's own files in its data directory (``__producer_id_block``, ``__cluster.json``).
 _BROKER_FILE_PREFIX = "__"
 # What one read of ``log dump`` holds at most (or one batch, if larger): it prints as it goes.
@@ -177,9 +188,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="idemlog", description=__doc__.splitlines()[0], epilog=EPILOG
-    )
+    parser = argparse.ArgumentParser(prog="idemlog", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument(
         "--debug",
@@ -240,16 +249,46 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (``failures.ExitCode``). Every failure is
     one line on stderr (``failures.classify``), its traceback only with ``--debug`` or
-    IDEMLOG_DEBUG=1; argparse exits 2 by itself on a bad flag."""
-    args = build_parser().parse_args(argv)
+    IDEMLOG_DEBUG=1; argparse exits 2 by itself on a bad flag. A reader that closed
+    stdout (``idemlog ... | head``) ends any command quietly, exit 0."""
     try:
-        return int(args.func(args))
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        # --help, --version and usage errors print, then exit: flushed here, so that a
+        # reader that left is seen now rather than by the interpreter's flush at exit.
+        _flush_stdout()
+        raise
+    except BrokenPipeError:
+        if not stdout_reader_left():
+            raise
+        silence_stdout()
+        return int(ExitCode.OK)
+    try:
+        code = int(args.func(args))
+        _flush_stdout()
+        return code
     except (Exception, KeyboardInterrupt) as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_reader_left():
+            # `idemlog ... | head`: the reader has what it wanted; end quietly, as other
+            # Unix tools do, for every command (consume also prints its summary first).
+            silence_stdout()
+            return int(ExitCode.OK)
         line, code = classify(exc)
         print(f"idemlog: {line}", file=sys.stderr, flush=True)
         if args.debug or os.environ.get(DEBUG_ENV) == "1":
             traceback.print_exc()
         return int(code)
+
+
+def _flush_stdout() -> None:
+    """Flush stdout; raises BrokenPipeError unless the broken pipe is stdout's reader
+    gone (then stdout is silenced: nothing more to print)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not stdout_reader_left():
+            raise
+        silence_stdout()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 producers by duplicates answered), or every producer's counters fetched page by page
 (docs/operations.md)::
 
-    idemlog metrics --bootstrap host:port [--top N | --producers [--page-size N]] [--json]
+    idemlog metrics (--bootstrap host:port | --path DIR)
+                    [--top N | --producers [--page-size N]] [--json]
 
 ``idemlog metrics record`` (recording into a Delta table) is ``spark_cmd``'s, added under
 this command.
@@ -15,12 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from broker_core.cli.broker_cmd import (
-    BOOTSTRAP_HELP,
-    JSON_HELP,
-    _client,
-    _command_config_argument,
-)
+from broker_core.cli.broker_cmd import JSON_HELP, _broker_arguments, _client
 from broker_core.errors import InvalidConfigError
 from broker_core.protocol.metrics import (
     DEFAULT_PAGE_SIZE,
@@ -35,8 +31,8 @@ from broker_core.protocol.metrics import (
 def metrics(args: argparse.Namespace) -> int:
     """The bounded document (aggregates and the top producers), or with ``--producers``
     every producer's counters, fetched page by page from each broker."""
-    if not args.bootstrap:  # optional in the parser only so that `metrics record` parses
-        raise InvalidConfigError("metrics: --bootstrap is required")
+    if not args.bootstrap and not args.path:  # optional in the parser for `metrics record`
+        raise InvalidConfigError("metrics: --bootstrap or --path is required")
     with _client(args) as client:
         if args.producers:
             rows = client.producer_metrics(args.page_size)
@@ -65,9 +61,9 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
 def add_metrics_command(sub: Any) -> None:
     """Register ``idemlog metrics`` on the ``idemlog`` parser."""
     met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
-    # Required, but checked by metrics(): `idemlog metrics record` (spark_cmd) has none.
-    met.add_argument("--bootstrap", help=BOOTSTRAP_HELP + " (required)")
-    _command_config_argument(met)
+    # One is required, but checked by metrics(): `idemlog metrics record` (spark_cmd) has
+    # its own --path and --brokers.
+    _broker_arguments(met, required=False)
     met.add_argument("--json", action="store_true", help=JSON_HELP)
     met.add_argument(
         "--top",

@@ -31,9 +31,16 @@ from typing import Any
 
 import psutil
 
+from broker_core.cli.failures import Unreachable
+from broker_core.security.local_token import (
+    EMBEDDED_STATE_FILE,
+    discover_embedded,
+    embedded_record,
+)
+
 REGISTRY_ENV = "IDEMLOG_RUNTIME_DIR"
 # spark_sink.embedded's files next to the config it writes (read, never written, here).
-_SPARK_STATE_FILE = "broker.json"
+_SPARK_STATE_FILE = EMBEDDED_STATE_FILE
 _CREATE_TIME_TOLERANCE_S = 0.001  # psutil's create time after a round trip through JSON
 
 
@@ -117,11 +124,15 @@ def unregister(entry: Path) -> None:
         entry.unlink()
 
 
-def _process(pid: int, create_time: float) -> psutil.Process | None:
-    """The live process ``pid`` if it is the one recorded (same create time, no zombie)."""
+def _process(pid: int, create_time: float | None) -> psutil.Process | None:
+    """The live process ``pid`` if it is the one recorded (same create time, no zombie;
+    any process of that pid when no create time was recorded)."""
     try:
         proc = psutil.Process(pid)
-        if abs(proc.create_time() - create_time) >= _CREATE_TIME_TOLERANCE_S:
+        if (
+            create_time is not None
+            and abs(proc.create_time() - create_time) >= _CREATE_TIME_TOLERANCE_S
+        ):
             return None
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
@@ -175,6 +186,27 @@ def list_brokers(*, prune: bool = True) -> list[RegisteredBroker]:
             unregister(path)
         found.append(entry)
     return sorted(found, key=lambda b: (b.started_at, b.pid))
+
+
+def embedded_bootstrap(path: str) -> str:
+    """The address of the embedded broker serving the directory ``path`` (the Spark option
+    ``path``, as ``--path``), its token registered for this process's calls. Raises
+    Unreachable naming ``--path`` when no broker has served there or the one recorded in
+    its state file no longer runs (a pid reused by another process counts as gone)."""
+    record = embedded_record(path)
+    if record is None or record.address is None:
+        raise Unreachable(
+            f"--path {path}: no embedded broker runs there (no address in "
+            f"{Path(path) / EMBEDDED_STATE_FILE}: none started there, or it was stopped); "
+            f"a Spark job with the option path={path} starts one"
+        )
+    if _process(record.pid, record.create_time) is None:
+        raise Unreachable(
+            f"--path {path}: its embedded broker (pid {record.pid}, {record.address}) is not "
+            f"running; the next Spark job with the option path={path} starts it again"
+        )
+    discover_embedded(record.address, path)
+    return record.address
 
 
 class StopOutcome(Enum):

@@ -14,6 +14,7 @@ the last id of a page as the cursor of the next.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
@@ -335,6 +336,14 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _text(value: Any) -> str:
+    """A value of the document as the table shows it: a mapping or a list as JSON (the
+    document's own form, never Python's repr), anything else as its text."""
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value)
+    return str(value)
+
+
 def render_table(doc: Mapping[str, Any]) -> str:
     """A per-broker or merged document as text tables (partitions, producers, txns)."""
     lines: list[str] = []
@@ -377,13 +386,13 @@ def render_table(doc: Mapping[str, Any]) -> str:
         lines.append(
             f"replication, broker {broker}: leads {rep['leader_partitions']}, follows "
             f"{rep['follower_partitions']}, under-replicated "
-            f"{rep['under_replicated_partitions'] or 'none'}, ISR shrinks "
+            f"{_text(rep['under_replicated_partitions'] or 'none')}, ISR shrinks "
             f"{rep['isr_shrinks']}, expands {rep['isr_expands']}"
         )
     txns = doc.get("transactions")
     if txns:
         lines.append("transactions")
-        lines.extend(f"  {k}: {v}" for k, v in sorted(txns.items()))
+        lines.extend(f"  {k}: {_text(v)}" for k, v in sorted(txns.items()))
     else:
         lines.append("transactions: (no coordinator on this broker)")
     lines.append("")

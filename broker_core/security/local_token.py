@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.flight as flight
@@ -66,17 +67,41 @@ def register(address: str, token_file: str) -> None:
         _registry[address] = token_file
 
 
+@dataclass(frozen=True, slots=True)
+class EmbeddedRecord:
+    """What the state file of an embedded broker's directory records of the broker last
+    started there: its address (None until it served), pid and psutil create time (None
+    in a file from before it was recorded)."""
+
+    address: str | None
+    pid: int
+    create_time: float | None
+
+
+def embedded_record(directory: str) -> EmbeddedRecord | None:
+    """The state file of ``directory`` (the Spark option ``path``), or None when it is
+    missing, unreadable or not one."""
+    try:
+        with open(os.path.join(directory, EMBEDDED_STATE_FILE), encoding="utf-8") as f:
+            doc = json.load(f)
+        created = doc.get("create_time")
+        return EmbeddedRecord(
+            address=str(doc["address"]) if doc.get("address") else None,
+            pid=int(doc["pid"]),
+            create_time=float(created) if created is not None else None,
+        )
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+
+
 def discover_embedded(bootstrap: str, directory: str = DEFAULT_EMBEDDED_DIR) -> list[str]:
     """Register the token of the embedded broker of ``directory`` for each address of
     ``bootstrap`` (``host:port,...``) that its state file names as the broker's: a client
     outside Spark (the CLI) pointed at the embedded broker sends its token, and no other
     broker is ever sent it. Returns the addresses registered; a missing or unreadable
     state file registers none."""
-    try:
-        with open(os.path.join(directory, EMBEDDED_STATE_FILE), encoding="utf-8") as f:
-            recorded = json.load(f).get("address")
-    except (OSError, ValueError, AttributeError):
-        return []
+    record = embedded_record(directory)
+    recorded = record.address if record else None
     found = [a.strip() for a in bootstrap.split(",") if recorded and a.strip() == recorded]
     for address in found:
         register(address, os.path.join(directory, EMBEDDED_TOKEN_FILE))

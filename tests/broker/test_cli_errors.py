@@ -92,10 +92,15 @@ def test_port_in_use_names_listener_port(broker_factory: BrokerFactory, held_por
     broker = broker_factory({"listener.port": held_port}, start=False)
     broker.spawn()
     assert broker.wait_exit() == ExitCode.USAGE
-    line = one_error_line(broker.log_text())
+    log = broker.log_text()
+    line = one_error_line(log)
     assert line.startswith(
         f"idemlog: listener.port={held_port}: 127.0.0.1:{held_port} is already in use; "
     ), line
+    # Said before anything starts: no gRPC C++ log (E0000 ... add_port.cc) before it, and
+    # nothing else at all (the harness heads each start's output with a "=== start" line).
+    said = [x for x in log.splitlines() if x.strip() and not x.startswith("=== start")]
+    assert said == [line], log
 
 
 def test_unreachable_zookeeper_names_the_key_and_exits_3(broker_factory: BrokerFactory) -> None:

@@ -348,6 +348,12 @@ def test_cli_topics_consume_and_metrics(
     assert cli_main(["metrics", *bootstrap]) == 0
     table = capsys.readouterr().out
     assert "partitions" in table and "legend:" in table and "cli" in table
+    # The coordinator's nested counters are JSON, as --json has them, never Python's repr.
+    section = table[table.index("\ntransactions\n") + 1 :].split("\n\n")[0].splitlines()[1:]
+    nested = {k.strip(): v for k, v in (line.split(": ", 1) for line in section)}
+    assert json.loads(nested["by_state"]) == doc["transactions"]["by_state"]
+    assert json.loads(nested["state_partitions"]) == doc["transactions"]["state_partitions"]
+    assert "{'" not in table and "['" not in table, table
     assert cli_main(["topics", "delete", *bootstrap, "--topic", "cli"]) == 0
     capsys.readouterr()
     assert cli_main(["topics", "describe", *bootstrap, "--topic", "cli"]) == 1  # refused

@@ -56,10 +56,10 @@ def test_a_spark_subcommand_without_the_extra_fails_in_one_line(
 
 
 def test_the_parser_and_other_commands_import_nothing_of_the_spark_side() -> None:
-    done = _run("metrics")  # the broker-facing command, here missing its --bootstrap
+    done = _run("metrics")  # the broker-facing command, here missing its --bootstrap|--path
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
-        "idemlog: metrics: --bootstrap is required",
+        "idemlog: metrics: --bootstrap or --path is required",
         "spark_sink modules loaded: []",
     ]
     helped = _run("export", "delta", "--help")
