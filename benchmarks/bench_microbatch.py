@@ -425,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench-microbatch",
         cores=2,
         max_failures=1,
+        quiet=True,
         conf={
             "spark.eventLog.enabled": "true",
             "spark.eventLog.dir": events.as_uri(),

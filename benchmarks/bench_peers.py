@@ -432,7 +432,7 @@ def spark_parts(args: argparse.Namespace, directory: Path, kafka: KafkaAdmin) ->
     if "read" in args.parts:
         jars.append(str(build_probe(PROBE_BUILD)))
     conf = {**delta_conf(), "spark.jars": ",".join(jars)}
-    spark = local_session("bench-peers", cores=2, max_failures=1, conf=conf)
+    spark = local_session("bench-peers", cores=2, max_failures=1, conf=conf, quiet=True)
     # The session installed PySpark's SIGINT handler: ours instead (see _interrupt).
     signal.signal(signal.SIGINT, _interrupt)
     _running.append(spark)

@@ -389,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory = Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-"))
     directory.mkdir(parents=True, exist_ok=True)
     embedded = str(directory / "embedded")
-    spark = local_session("bench-spark", cores=2, max_failures=1)
+    spark = local_session("bench-spark", cores=2, max_failures=1, quiet=True)
     try:
         spark.dataSource.register(DiscardDataSource)
         arrow_batch = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")

@@ -81,7 +81,11 @@ def _timed(embedded: str, action: Callable[[], None]) -> tuple[float, float, flo
 
 def _session(daemon: str) -> SparkSession:
     spark = local_session(
-        "bench-workers", cores=2, max_failures=1, conf={"spark.python.daemon.module": daemon}
+        "bench-workers",
+        cores=2,
+        max_failures=1,
+        conf={"spark.python.daemon.module": daemon},
+        quiet=True,
     )
     spark.dataSource.register(DiscardDataSource)
     return spark

@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for name, extra in VARIANTS.items():
             servers[name] = start_broker(directory / name, name, extra)
-        spark = local_session("bench-writeback", cores=2, max_failures=1)
+        spark = local_session("bench-writeback", cores=2, max_failures=1, quiet=True)
         spark.dataSource.register(DiscardDataSource)
         partitions = source(spark, 1).rdd.getNumPartitions()
         print(

@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="profile-jvm-"))
     embedded = str(directory / "embedded")
-    spark = local_session("profile-jvm", cores=2, max_failures=1, conf=delta_conf())
+    spark = local_session("profile-jvm", cores=2, max_failures=1, conf=delta_conf(), quiet=True)
     results = {}
     try:
         df = source(spark, args.rows)

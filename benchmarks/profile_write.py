@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="profile-write-"))
     embedded = str(directory / "embedded")
-    spark = local_session("profile-write", cores=2, max_failures=1)
+    spark = local_session("profile-write", cores=2, max_failures=1, quiet=True)
     try:
         bench = Bench(spark, directory, embedded)
         bench.write("idemlog", source(spark, WARMUP_ROWS), WARMUP_ROWS)

@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_sizes(__doc__, argv)
     scratch = Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-tls-"))
     scratch.mkdir(parents=True, exist_ok=True)
-    spark = local_session("bench-spark-tls", cores=2, max_failures=1)
+    spark = local_session("bench-spark-tls", cores=2, max_failures=1, quiet=True)
     try:
         ratio = tls_part(spark, source(spark, args.rows), args.rows, args.repeats, scratch)
     finally:

@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rows and --repeats must be positive")
     directory = Path(tempfile.mkdtemp(prefix="spark-write-cpu-"))
     embedded = str(directory / "embedded")
-    spark = local_session("spark-write-cpu", cores=2, max_failures=1)
+    spark = local_session("spark-write-cpu", cores=2, max_failures=1, quiet=True)
     cpu: dict[str, list[dict[str, float]]] = {name: [] for name in WRITES}
     seconds: dict[str, list[float]] = {name: [] for name in WRITES}
     try:

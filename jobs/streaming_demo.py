@@ -74,7 +74,13 @@ def run_driver(work: Path) -> int:
     # The sink's per-batch figures stay with the demo's files (set before Spark starts).
     os.environ.setdefault(progress_spool.ENV_DIR, str(work / "progress"))
 
-    spark = local_session("idemlog-demo", cores=2, max_failures=4)
+    spark = local_session(
+        "idemlog-demo",
+        cores=2,
+        max_failures=4,
+        # The demo prints its own lines; the bar would cut through them (the UI stays).
+        conf={"spark.ui.showConsoleProgress": "false"},
+    )
 
     class Progress(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:

@@ -9,14 +9,17 @@ everything here reads that spool:
   given a ``StreamingQueryProgress`` (a listener's ``event.progress``), that batch's;
 * :class:`SinkProgressListener`: a ``StreamingQueryListener`` a user adds to a session
   (``spark.streams.addListener``) that logs one line per batch and keeps the recent ones;
-* :func:`enable_enriched_progress`: the opt-in (``register(spark, patch_progress=True)``)
-  that makes ``StreamingQuery.lastProgress`` and ``recentProgress`` of this process fill
-  ``progress["sink"]["metrics"]``. It replaces two pyspark properties process-wide, which is
-  why it is never done unasked; :func:`disable_enriched_progress` puts them back.
+* :func:`enable_enriched_progress`: what ``local_session()`` does by default and
+  ``register(spark, patch_progress=True)`` on request: ``StreamingQuery.lastProgress`` and
+  ``recentProgress`` of this process fill ``progress["sink"]["metrics"]`` and show the
+  sources' offsets as JSON. It replaces two pyspark properties process-wide, which is why
+  ``register`` on a user's own session never does it unasked;
+  :func:`disable_enriched_progress` puts them back.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict, deque
@@ -76,11 +79,28 @@ def progress_history(
     return spool.history(query if isinstance(query, str) else str(query.id), directory)
 
 
+_OFFSETS = ("startOffset", "endOffset", "latestOffset")
+
+
 def enrich(p: StreamingQueryProgress | None) -> StreamingQueryProgress | None:
-    """``p`` with the sink's figures of its batch in ``sink.metrics`` (and in its ``json``);
-    unchanged when the batch has none."""
+    """``p`` with the sink's figures of its batch in ``sink.metrics`` (and in its ``json``),
+    when it has any, and every source's offsets as JSON text.
+
+    pyspark 4.1 builds a source's ``startOffset``/``endOffset``/``latestOffset`` with
+    ``str()`` of the parsed JSON, so an offset reads ``"{'0': 481}"`` and a missing one
+    ``'None'``; here each is the JSON Spark reported (``'{"0": 481}'``, ``None``), as
+    ``p.json`` already has it."""
     if p is None:
         return None
+    for source in p["sources"]:
+        raw = getattr(source, "_jdict", None)
+        if isinstance(raw, dict):
+            for name in _OFFSETS:
+                if name in raw:
+                    value = raw[name]
+                    source[name] = (
+                        value if value is None or isinstance(value, str) else json.dumps(value)
+                    )
     figures = progress(p)
     if figures is not None:
         sink = p["sink"]

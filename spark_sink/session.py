@@ -33,19 +33,26 @@ def local_session(
     cores: int = 2,
     max_failures: int = 4,
     conf: Mapping[str, str] | None = None,
-    patch_progress: bool = False,
+    patch_progress: bool = True,
+    quiet: bool = False,
 ) -> SparkSession:
-    """A local session with ``format("idemlog")`` registered (``register``, with its
-    ``patch_progress`` opt-in). ``conf`` overrides any default; a session already running
-    in this process is returned as is."""
+    """A local session with ``format("idemlog")`` registered.
+
+    As a user expects of Spark, it keeps Spark's web UI and its console progress bar;
+    ``quiet=True`` turns both off (tests, benchmarks and tools that print their own
+    progress). ``patch_progress`` (on here, off in :func:`register`) puts the sink's
+    figures in ``lastProgress``/``recentProgress`` and shows every source's offsets
+    there as JSON (``spark_sink.query_progress``); ``patch_progress=False`` leaves
+    pyspark's classes untouched. ``conf`` overrides any default; a session already
+    running in this process is returned as is."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     settings = {
-        "spark.ui.enabled": "false",
+        "spark.ui.enabled": str(not quiet).lower(),
+        "spark.ui.showConsoleProgress": str(not quiet).lower(),
         "spark.sql.shuffle.partitions": str(cores * 2),
         "spark.sql.session.timeZone": "UTC",
-        # Quiet logs and a bounded retry wait keep fault runs fast and readable.
-        "spark.ui.showConsoleProgress": "false",
+        # A bounded retry wait keeps fault runs fast.
         "spark.sql.streaming.stopTimeout": "60s",
         # Workers that do not re-read pyspark.zip before every task (docs/spark.md).
         "spark.python.daemon.module": "spark_sink.worker_daemon",

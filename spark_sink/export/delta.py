@@ -127,10 +127,11 @@ def _scala_binary() -> str:
     return "2.13"  # every pyspark 4 release
 
 
-def delta_session(app_name: str = "idemlog-delta-export") -> SparkSession:
-    """``local_session`` with Delta. Refuses a session already running without it (only
-    one SparkContext per process, and Delta's extension cannot be added afterwards)."""
-    spark = local_session(app_name, conf=delta_conf())
+def delta_session(app_name: str = "idemlog-delta-export", *, quiet: bool = False) -> SparkSession:
+    """``local_session`` with Delta (``quiet`` as there). Refuses a session already running
+    without it (only one SparkContext per process, and Delta's extension cannot be added
+    afterwards)."""
+    spark = local_session(app_name, conf=delta_conf(), quiet=quiet)
     if DELTA_EXTENSION not in (spark.conf.get("spark.sql.extensions", "") or ""):
         raise ExportError(
             "a SparkSession without Delta is already running in this process: stop it, "
@@ -557,7 +558,7 @@ def run_export(
     raise their own errors."""
     check_source(source, partition_by)  # before the JVM starts
     owned = SparkSession.getActiveSession() is None
-    spark = delta_session()
+    spark = delta_session(quiet=True)  # the export prints its own progress
     try:
         plan = plan_export(spark, source, table, partition_by, app_id, log)
         if progress is not None and not plan.empty:

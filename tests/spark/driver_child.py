@@ -256,7 +256,7 @@ def main() -> int:
     if spec.get("master"):
         spark = cluster_session(spec, conf)
     else:
-        spark = local_session("idemlog-fault-test", conf=conf)
+        spark = local_session("idemlog-fault-test", conf=conf, quiet=True)
     say(f"SESSION pid={os.getpid()} pgid={os.getpgrp()}")
     try:
         # "steps": jobs run one after another in this one session, each its own spec

@@ -63,7 +63,7 @@ def delta_test_session(app_name: str) -> Iterator[Any]:
 
     if not any("delta-spark" in jar for jar in project_jars()):
         pytest.fail("no Delta jars in jars/: run `make jars` (scripts/fetch_jars.sh)")
-    session = delta_session(app_name)
+    session = delta_session(app_name, quiet=True)
     try:
         yield session
     finally:

@@ -31,7 +31,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def spark(store: str) -> Iterator[SparkSession]:
-    session = local_session("idemlog-api-tests", cores=2, max_failures=4)
+    session = local_session("idemlog-api-tests", cores=2, max_failures=4, quiet=True)
     yield session
     session.stop()
 
@@ -141,7 +141,10 @@ def test_stream_from_idemlog_to_idemlog_is_exactly_once_end_to_end(
         assert figures is not None and figures.committed and figures.batch_id == p["batchId"]
         assert figures.rows == p["numInputRows"] == p["sink"]["numOutputRows"]
         assert figures.tasks >= 1 and figures.commit_ms > 0
-        assert p["sink"]["metrics"] == {}  # register() without the opt-in patches nothing
+        # local_session() enriches lastProgress: the sink's figures, the offsets as JSON.
+        assert p["sink"]["metrics"] == figures.metrics()
+        (source,) = p["sources"]
+        assert {"0", "1", "2"} <= set(json.loads(source["endOffset"]))
     # Every batch the sink committed; the last one's progress may not be reported yet
     # (Spark reports it after its commit), so the history can run one batch ahead.
     history = progress_history(query)

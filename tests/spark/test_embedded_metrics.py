@@ -37,7 +37,7 @@ def unstarted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = local_session("idemlog-embedded-metrics", cores=1, max_failures=1)
+    session = local_session("idemlog-embedded-metrics", cores=1, max_failures=1, quiet=True)
     try:
         yield session
     finally:

@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from jobs.streaming_demo import KEY, SCHEMA, make_input
 from spark_sink import SinkProgressListener, progress, progress_history, register
 from spark_sink.query_progress import disable_enriched_progress, enriched_progress_enabled
+from spark_sink.worker_python import WorkerPythonError
 
 _MISSING = object()
 Snapshot = dict[str, dict[str, object]]
@@ -57,6 +58,9 @@ def callback_server_started() -> bool:
 
 @pytest.fixture(scope="module")
 def bare_spark() -> Iterator[SparkSession]:
+    # A module before this one in the process may have built a local_session(), which
+    # enriches lastProgress process-wide: this one starts from pyspark's own classes.
+    disable_enriched_progress()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYSPARK_PYTHON", sys.executable)
         mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -132,3 +136,24 @@ def test_register_changes_no_pyspark_class_and_figures_come_through_the_api(
         disable_enriched_progress()
     assert changed(before, pyspark_classes()) == []
     assert not enriched_progress_enabled()
+
+
+def test_register_refuses_a_session_whose_workers_cannot_import_idemlog(
+    bare_spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 37: a user's own session whose workers run an interpreter without idemlog
+    (``python3`` by default) is told at ``register`` what to set, not in its first task."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')  # no site: no idemlog
+    python.chmod(0o755)
+    context = bare_spark.sparkContext
+    started_with = context.pythonExec
+    context.pythonExec = str(python)  # as a SparkContext started with that PYSPARK_PYTHON has it
+    try:
+        with pytest.raises(WorkerPythonError) as err:
+            register(bare_spark)
+    finally:
+        context.pythonExec = started_with
+    assert f"Spark's Python workers run {str(python)!r}" in str(err.value)
+    assert f"set PYSPARK_PYTHON={sys.executable}" in str(err.value)
+    register(bare_spark)  # with the interpreter it started with: accepted

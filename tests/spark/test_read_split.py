@@ -67,7 +67,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def spark(store: str) -> Iterator[SparkSession]:
-    session = local_session("idemlog-read-split-tests", cores=2, max_failures=1)
+    session = local_session("idemlog-read-split-tests", cores=2, max_failures=1, quiet=True)
     yield session
     session.stop()
 

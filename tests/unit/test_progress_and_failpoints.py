@@ -6,6 +6,7 @@ the listener, the opt-in ``lastProgress``), ``tests/spark/test_api.py`` and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,38 @@ def test_enrich_fills_the_sink_metrics_and_the_json(
     assert query_progress.progress(other) is None
     assert query_progress.enrich(other)["sink"]["metrics"] == {}  # type: ignore[index]
     assert query_progress.enrich(None) is None
+
+
+def test_enrich_shows_each_sources_offsets_as_the_json_spark_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyspark 4.1 renders a source's offsets with str() of the parsed JSON (issue 37:
+    ``"{'0': 481}"``, ``'None'``); enriched, they are Spark's JSON again."""
+    monkeypatch.setenv(progress_spool.ENV_DIR, str(tmp_path))
+    source = {
+        "description": "PythonMicroBatchStream",
+        "startOffset": None,
+        "endOffset": {"0": 481, "1": 17},
+        "latestOffset": {"0": 481, "1": 17},
+        "numInputRows": 498,
+        "inputRowsPerSecond": 0.0,
+        "processedRowsPerSecond": 0.0,
+        "metrics": {},
+    }
+    file_source = {**source, "startOffset": '{"logOffset":0}', "endOffset": "1"}
+    doc = {**progress_doc("0f8fad5b-d9cb-469f-a165-70867728950e", 0), "sources": [source]}
+    doc["sources"] = [source, file_source]
+    raw = StreamingQueryProgress.fromJson(doc)
+    assert raw["sources"][0]["endOffset"] == "{'0': 481, '1': 17}"  # pyspark's own rendering
+    assert raw["sources"][0]["startOffset"] == "None"
+    p = query_progress.enrich(raw)
+    assert p is not None
+    idemlog, other = p["sources"]
+    assert json.loads(idemlog["endOffset"]) == {"0": 481, "1": 17}
+    assert json.loads(idemlog["latestOffset"]) == {"0": 481, "1": 17}
+    assert idemlog["startOffset"] is None
+    assert (other["startOffset"], other["endOffset"]) == ('{"logOffset":0}', "1")  # as they were
+    assert json.loads(p.json)["sources"][0]["endOffset"] == {"0": 481, "1": 17}
 
 
 def test_listener_keeps_the_last_batches_of_the_last_queries_and_hands_each_on(
