@@ -27,6 +27,7 @@ from broker_core.errors import NetworkError
 
 from . import topics, trace
 from .connections import sink_client
+from .driver_retry import retrying
 from .errors import UnsupportedWriteError, one_line_errors
 from .options import IdemlogOptions, Scope, parse_options
 from .schema import arrow_schema_for, check_key, spark_schema_for
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 FORMAT = "idemlog"
+# Each request of the write's plan (a topic's description or creation): BrokerClient's.
+PLAN_REQUEST_TIMEOUT_S = 30.0
 
 
 @contextmanager
@@ -112,12 +115,15 @@ class IdemlogDataSource(DataSource):
             options = parse_options(self.options, Scope.WRITE)
             arrow = arrow_schema_for(schema)
             check_key(arrow, options.key)
-            with (
-                trace.span("topic_check"),
-                _naming_brokers(options),
-                sink_client(options.bootstrap(), options.tls, sasl=options.sasl) as client,
-            ):
-                info = topics.ensure_for_write(client, options, arrow)
+            # Spark plans a stream's writer anew for each micro-batch: a broker restarting
+            # then is ridden out (driver.retry.timeout.ms), not the query's end.
+            with trace.span("topic_check"), _naming_brokers(options):
+                info = retrying(
+                    options,
+                    f"plan of the write to topic {options.topic!r}",
+                    lambda client: topics.ensure_for_write(client, options, arrow),
+                    request_timeout_s=PLAN_REQUEST_TIMEOUT_S,
+                )
             return options, arrow, info.topic_id
 
     @one_line_errors

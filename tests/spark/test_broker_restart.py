@@ -1,0 +1,176 @@
+"""Issue 37: a streaming query rides out a restart of its one broker (a real broker
+process named by ``brokers``, SIGTERMed or SIGKILLed mid-stream and started again on the
+same port, so on the same data), and fails with one line naming
+``driver.retry.timeout.ms`` when the broker stays down longer than that option allows.
+
+Where the broker dies is set by a failpoint that holds the query there for 2 s
+(``spark_sink.failpoints``), the broker killed as soon as its marker appears:
+
+* ``after_commit`` of batch 2: the driver's plan of the next batch meets the dead broker;
+* ``before_commit`` of batch 2: the driver's commit of the batch meets it;
+* ``mid_write`` of batch 3 (task 0, its first rows acknowledged): the tasks' producers
+  meet it, with their transactions open.
+
+In the driver's two cases the broker stays down until the driver's log shows that very
+call retried (``spark_sink.driver_retry.RETRY_MARK`` after its name), so the fault is
+shown to have reached it; in the tasks' case it stays down 5 s. Then every row must be
+in the topic exactly once (``helpers.assert_one_copy``).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_sink import failpoints
+from spark_sink.driver_retry import RETRY_MARK
+from tests.harness.broker import BrokerFactory
+from tests.harness.waiting import wait_until
+from tests.spark.helpers import (
+    EXIT_FAILED,
+    DriverLauncher,
+    DriverRun,
+    assert_one_copy,
+    assert_succeeded,
+    make_input,
+    stream_spec,
+)
+
+FILES = 8
+ROWS = 2_000
+# How long a query may take to reach the failpoint (Spark's start included), and then
+# the driver to meet the dead broker and log its first retry.
+MEET_S = 120.0
+# The tasks' case: how long the broker stays down (well inside the producers' bounds,
+# delivery.timeout.ms 120 s and max.block.ms 60 s).
+TASKS_DOWN_S = 5.0
+PLAN = "plan of the write"
+COMMIT = "commit of batch 2"
+
+
+def _retries_seen(run: DriverRun, what: str = "") -> int:
+    """The retried errors the driver-side plan, commit or abort logged so far (only
+    those of calls named ``what...``)."""
+    text = run.log_path.read_text(errors="replace")
+    return len(re.findall(rf"^{re.escape(what)}.*{re.escape(RETRY_MARK)}", text, re.MULTILINE))
+
+
+def _wait_fired(run: DriverRun, marks: Path, entry: str) -> None:
+    """Until the failpoint ``entry`` fired (its marker exists); fails if the driver exits."""
+    marker = Path(failpoints.marker_path(str(marks), entry))
+
+    def fired() -> bool:
+        assert run.proc.poll() is None, f"the driver exited first:\n{run.describe()}"
+        return marker.exists()
+
+    wait_until(fired, f"the failpoint {entry}", timeout=MEET_S)
+
+
+@pytest.mark.parametrize(
+    ("sig", "hold", "meets"),
+    [
+        (signal.SIGTERM, "after_commit@2=sleep:2", PLAN),
+        (signal.SIGKILL, "before_commit@2=sleep:2", COMMIT),
+        (signal.SIGTERM, "before_commit@2=sleep:2", COMMIT),
+        (signal.SIGKILL, "mid_write@3/0=sleep:2", None),
+    ],
+    ids=["sigterm-plan", "sigkill-commit", "sigterm-commit", "sigkill-tasks"],
+)
+def test_stream_rides_out_a_restart_of_its_broker(
+    tmp_path: Path,
+    broker_factory: BrokerFactory,
+    launcher: DriverLauncher,
+    sig: signal.Signals,
+    hold: str,
+    meets: str | None,
+) -> None:
+    broker = broker_factory()
+    topic = "t_restart"
+    ids = make_input(tmp_path / "src", FILES, ROWS)
+    spec = stream_spec(
+        tmp_path / "src",
+        "",
+        topic,
+        tmp_path / "ck",
+        FILES,
+        trigger="processingTime",
+        sink_options={"brokers": broker.address},
+    )
+    marks = tmp_path / "failpoints"
+    run = launcher.start(spec, failpoints=[hold], failpoints_dir=marks)
+    _wait_fired(run, marks, hold)
+    old_pid = broker.pid
+    down_at = time.monotonic()
+    code = broker.kill(sig)
+    assert code == (0 if sig == signal.SIGTERM else -sig), broker.log_tail()
+    if meets is None:
+        # The tasks' producers ride it; a fixed outage is the fault itself.
+        time.sleep(TASKS_DOWN_S)
+    else:
+        wait_until(
+            lambda: _retries_seen(run, meets) > 0 or run.proc.poll() is not None,
+            f"the driver's {meets} to retry against the dead broker",
+            timeout=MEET_S,
+        )
+    assert run.proc.poll() is None, f"the query failed while the broker was down:\n{run.describe()}"
+    broker.restart()
+    down_s = time.monotonic() - down_at
+    assert broker.pid != old_pid
+    assert run.wait() == 0, run.describe()
+    assert_succeeded(run)
+    assert max(run.progress_batches()) >= FILES - 1, run.describe()
+    back = assert_one_copy("", topic, ids, brokers=broker.address)
+    print(
+        f"{sig.name} at {hold}: broker pid {old_pid} -> {broker.pid}, down {down_s:.1f} s, "
+        f"{_retries_seen(run)} driver retries ({meets or 'none awaited'}: "
+        f"{_retries_seen(run, meets or '')}), {back.rows} rows once, query "
+        f"{run.elapsed:.1f} s, {len(run.progress_batches())} batches"
+    )
+
+
+@pytest.mark.serial
+def test_a_broker_down_past_the_bound_fails_the_query_naming_the_option(
+    tmp_path: Path, broker_factory: BrokerFactory, launcher: DriverLauncher
+) -> None:
+    """The broker stopped while the driver holds batch 2's commit, never restarted: the
+    commit gives up after driver.retry.timeout.ms=3000 (plus its last attempt) and the
+    query fails with the line naming the option."""
+    broker = broker_factory()
+    make_input(tmp_path / "src", FILES, ROWS)
+    hold = "before_commit@2=sleep:2"
+    spec = stream_spec(
+        tmp_path / "src",
+        "",
+        "t_down",
+        tmp_path / "ck",
+        FILES,
+        trigger="processingTime",
+        sink_options={"brokers": broker.address, "driver.retry.timeout.ms": "3000"},
+    )
+    marks = tmp_path / "failpoints"
+    run = launcher.start(spec, failpoints=[hold], failpoints_dir=marks)
+    _wait_fired(run, marks, hold)
+    broker.stop()
+    down_at = time.monotonic()
+    assert run.wait(timeout_s=120.0) == EXIT_FAILED, run.describe()
+    failed_after = time.monotonic() - down_at
+    assert any(line.startswith("FAILED") for line in run.lines), run.describe()
+    # Spark fails the query with "Writing job failed", caused by the commit's error, which
+    # it reports as its one line (no Python traceback): the option and its value named.
+    reported = re.findall(
+        r"perform commit: spark_sink\.errors\.DriverRetriesSpentError: (REQUEST_TIMED_OUT "
+        r"\(7\): commit of batch 2: .*)$",
+        run.log_path.read_text(errors="replace"),
+        re.MULTILINE,
+    )
+    assert reported, run.describe()
+    assert "driver.retry.timeout.ms=3000 ms" in reported[0], reported
+    assert _retries_seen(run, COMMIT) >= 1, run.describe()
+    print(
+        f"broker down for good: query failed {failed_after:.1f} s later after "
+        f"{_retries_seen(run, COMMIT)} commit retries: {reported[0][:400]}"
+    )
