@@ -8,6 +8,10 @@ Where the broker dies is set by a failpoint that holds the query there for 2 s
 
 * ``after_commit`` of batch 2: the driver's plan of the next batch meets the dead broker;
 * ``before_commit`` of batch 2: the driver's commit of the batch meets it;
+* ``inside_commit`` of batch 2: a first commit request is on its way (the broker killed
+  before or after it recorded the commit: its answer is lost either way), then the
+  driver's own commit meets the dead broker, and after the restart commits the batch or
+  finds it committed before;
 * ``mid_write`` of batch 3 (task 0, its first rows acknowledged): the tasks' producers
   meet it, with their transactions open.
 
@@ -76,9 +80,10 @@ def _wait_fired(run: DriverRun, marks: Path, entry: str) -> None:
         (signal.SIGTERM, "after_commit@2=sleep:2", PLAN),
         (signal.SIGKILL, "before_commit@2=sleep:2", COMMIT),
         (signal.SIGTERM, "before_commit@2=sleep:2", COMMIT),
+        (signal.SIGKILL, "inside_commit@2=sleep:1", COMMIT),
         (signal.SIGKILL, "mid_write@3/0=sleep:2", None),
     ],
-    ids=["sigterm-plan", "sigkill-commit", "sigterm-commit", "sigkill-tasks"],
+    ids=["sigterm-plan", "sigkill-commit", "sigterm-commit", "sigkill-in-commit", "sigkill-tasks"],
 )
 def test_stream_rides_out_a_restart_of_its_broker(
     tmp_path: Path,
