@@ -23,6 +23,7 @@ in the topic exactly once (``helpers.assert_one_copy``).
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -32,6 +33,7 @@ import pytest
 
 from spark_sink import failpoints
 from spark_sink.driver_retry import RETRY_MARK
+from spark_sink.embedded import broker_pid
 from tests.harness.broker import BrokerFactory
 from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
@@ -42,6 +44,7 @@ from tests.spark.helpers import (
     assert_succeeded,
     make_input,
     stream_spec,
+    wait_gone,
 )
 
 FILES = 8
@@ -52,6 +55,11 @@ MEET_S = 120.0
 # The tasks' case: how long the broker stays down (well inside the producers' bounds,
 # delivery.timeout.ms 120 s and max.block.ms 60 s).
 TASKS_DOWN_S = 5.0
+# A batch's tasks prepared, no heartbeat covers the time until the driver's commit
+# request (the tasks' end, Spark's job end, the commit's Python process): on the shared
+# 2-core machine under a CI run that took over 20 s once, and the default
+# transaction.timeout.ms aborted the batch before the broker was even killed.
+ROOMY_TIMEOUT = {"transaction.timeout.ms": "60000"}
 PLAN = "plan of the write"
 COMMIT = "commit of batch 2"
 
@@ -103,7 +111,7 @@ def test_stream_rides_out_a_restart_of_its_broker(
         tmp_path / "ck",
         FILES,
         trigger="processingTime",
-        sink_options={"brokers": broker.address},
+        sink_options={"brokers": broker.address, **ROOMY_TIMEOUT},
     )
     marks = tmp_path / "failpoints"
     run = launcher.start(spec, failpoints=[hold], failpoints_dir=marks)
@@ -137,6 +145,40 @@ def test_stream_rides_out_a_restart_of_its_broker(
     )
 
 
+def test_stream_rides_out_a_sigterm_of_the_embedded_broker(
+    tmp_path: Path, store: str, drivers: DriverLauncher
+) -> None:
+    """The embedded default (option ``path``): the broker SIGTERMed while the driver holds
+    batch 2's commit; the commit's retry (or a task) starts it again on the same data."""
+    hold = "before_commit@2=sleep:2"
+    ids = make_input(tmp_path / "src", FILES, ROWS)
+    spec = stream_spec(
+        tmp_path / "src",
+        store,
+        "t_embedded",
+        tmp_path / "ck",
+        FILES,
+        trigger="processingTime",
+        sink_options=ROOMY_TIMEOUT,
+    )
+    marks = tmp_path / "failpoints"
+    run = drivers.start(spec, failpoints=[hold], failpoints_dir=marks)
+    _wait_fired(run, marks, hold)
+    pid = broker_pid(store)
+    assert pid is not None, "no embedded broker is running"
+    os.kill(pid, signal.SIGTERM)
+    wait_gone(pid)
+    assert run.wait() == 0, run.describe()
+    assert_succeeded(run)
+    restarted = broker_pid(store)
+    assert restarted not in (None, pid), "the embedded broker was not started again"
+    back = assert_one_copy(store, "t_embedded", ids)
+    print(
+        f"embedded SIGTERM at {hold}: broker pid {pid} -> {restarted}, {_retries_seen(run)} "
+        f"driver retries, {back.rows} rows once, query {run.elapsed:.1f} s"
+    )
+
+
 @pytest.mark.serial
 def test_a_broker_down_past_the_bound_fails_the_query_naming_the_option(
     tmp_path: Path, broker_factory: BrokerFactory, launcher: DriverLauncher
@@ -154,7 +196,11 @@ def test_a_broker_down_past_the_bound_fails_the_query_naming_the_option(
         tmp_path / "ck",
         FILES,
         trigger="processingTime",
-        sink_options={"brokers": broker.address, "driver.retry.timeout.ms": "3000"},
+        sink_options={
+            "brokers": broker.address,
+            "driver.retry.timeout.ms": "3000",
+            **ROOMY_TIMEOUT,
+        },
     )
     marks = tmp_path / "failpoints"
     run = launcher.start(spec, failpoints=[hold], failpoints_dir=marks)
