@@ -43,8 +43,9 @@ PLAN_REQUEST_TIMEOUT_S = 30.0
 
 @contextmanager
 def _naming_brokers(options: IdemlogOptions) -> Iterator[None]:
-    """A cluster that does not answer when the query is planned is the option's fault
-    until shown otherwise: the error names ``brokers`` and its value first."""
+    """A cluster that does not answer when a read is planned is the option's fault until
+    shown otherwise: the error names ``brokers`` and its value first. (A write's plan is
+    retried first, ``spark_sink.driver_retry``, whose final error names it too.)"""
     try:
         yield
     except NoBrokerReachableError as exc:
@@ -115,9 +116,10 @@ class IdemlogDataSource(DataSource):
             options = parse_options(self.options, Scope.WRITE)
             arrow = arrow_schema_for(schema)
             check_key(arrow, options.key)
-            # Spark plans a stream's writer anew for each micro-batch: a broker restarting
-            # then is ridden out (driver.retry.timeout.ms), not the query's end.
-            with trace.span("topic_check"), _naming_brokers(options):
+            # Spark plans a stream's writer anew for each micro-batch (and for an abort): a
+            # broker restarting then is ridden out, not the query's end. Brokers that never
+            # answer are named (option 'brokers') once the retries are spent.
+            with trace.span("topic_check"):
                 info = retrying(
                     options,
                     f"plan of the write to topic {options.topic!r}",

@@ -50,8 +50,9 @@ from tests.spark.helpers import (
 FILES = 8
 ROWS = 2_000
 # How long a query may take to reach the failpoint (Spark's start included), and then
-# the driver to meet the dead broker and log its first retry.
-MEET_S = 120.0
+# the driver to meet the dead broker and log its first retry: on the shared 2-core
+# machine under a CI run (load 14) batch 2 was not reached in 120 s once.
+MEET_S = 240.0
 # The tasks' case: how long the broker stays down (well inside the producers' bounds,
 # delivery.timeout.ms 120 s and max.block.ms 60 s).
 TASKS_DOWN_S = 5.0
