@@ -8,10 +8,9 @@ Where the broker dies is set by a failpoint that holds the query there for 2 s
 
 * ``after_commit`` of batch 2: the driver's plan of the next batch meets the dead broker;
 * ``before_commit`` of batch 2: the driver's commit of the batch meets it;
-* ``inside_commit`` of batch 2: a first commit request is on its way (the broker killed
-  before or after it recorded the commit: its answer is lost either way), then the
-  driver's own commit meets the dead broker, and after the restart commits the batch or
-  finds it committed before;
+* ``inside_commit`` of batch 2 (a test of its own): a commit request the broker
+  recorded, whose answer is lost with the broker; the driver's retried commit finds the
+  batch committed before;
 * ``mid_write`` of batch 3 (task 0, its first rows acknowledged): the tasks' producers
   meet it, with their transactions open.
 
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from broker_core.client.broker_client import BrokerClient
 from spark_sink import failpoints
 from spark_sink.driver_retry import RETRY_MARK
 from spark_sink.embedded import broker_pid
@@ -89,10 +89,9 @@ def _wait_fired(run: DriverRun, marks: Path, entry: str) -> None:
         (signal.SIGTERM, "after_commit@2=sleep:2", PLAN),
         (signal.SIGKILL, "before_commit@2=sleep:2", COMMIT),
         (signal.SIGTERM, "before_commit@2=sleep:2", COMMIT),
-        (signal.SIGKILL, "inside_commit@2=sleep:1", COMMIT),
         (signal.SIGKILL, "mid_write@3/0=sleep:2", None),
     ],
-    ids=["sigterm-plan", "sigkill-commit", "sigterm-commit", "sigkill-in-commit", "sigkill-tasks"],
+    ids=["sigterm-plan", "sigkill-commit", "sigterm-commit", "sigkill-tasks"],
 )
 def test_stream_rides_out_a_restart_of_its_broker(
     tmp_path: Path,
@@ -143,6 +142,63 @@ def test_stream_rides_out_a_restart_of_its_broker(
         f"{_retries_seen(run)} driver retries ({meets or 'none awaited'}: "
         f"{_retries_seen(run, meets or '')}), {back.rows} rows once, query "
         f"{run.elapsed:.1f} s, {len(run.progress_batches())} batches"
+    )
+
+
+def _txn_metric(address: str, name: str) -> int:
+    with BrokerClient(address, timeout_s=10.0) as client:
+        return int(client.metrics()["transactions"][name])
+
+
+def test_a_commit_recorded_then_lost_with_its_broker_is_found_committed(
+    tmp_path: Path, broker_factory: BrokerFactory, launcher: DriverLauncher
+) -> None:
+    """Batch 2's commit request is sent (``inside_commit``: on a thread, its answer never
+    read), the broker records it, and is SIGKILLed before the driver's own commit
+    request, which meets the dead broker, is retried, and after the restart is answered
+    "committed before": the query goes on, the batch once."""
+    broker = broker_factory()
+    topic = "t_lost_answer"
+    hold = "inside_commit@2=sleep:5"
+    ids = make_input(tmp_path / "src", FILES, ROWS)
+    spec = stream_spec(
+        tmp_path / "src",
+        "",
+        topic,
+        tmp_path / "ck",
+        FILES,
+        trigger="processingTime",
+        sink_options={"brokers": broker.address, **ROOMY_TIMEOUT},
+    )
+    marks = tmp_path / "failpoints"
+    run = launcher.start(spec, failpoints=[hold], failpoints_dir=marks)
+    _wait_fired(run, marks, hold)
+    # Batches 0 and 1 committed before; batch 2's request recorded now.
+    wait_until(
+        lambda: _txn_metric(broker.address, "sink_batches_committed") >= 3,
+        "the broker to record batch 2's commit",
+        timeout=30.0,
+    )
+    old_pid = broker.pid
+    broker.kill(signal.SIGKILL)
+    wait_until(
+        lambda: _retries_seen(run, COMMIT) > 0 or run.proc.poll() is not None,
+        "the driver's own commit of batch 2 to retry against the dead broker",
+        timeout=MEET_S,
+    )
+    assert run.proc.poll() is None, f"the query failed while the broker was down:\n{run.describe()}"
+    broker.restart()
+    assert broker.pid != old_pid
+    assert run.wait() == 0, run.describe()
+    assert_succeeded(run)
+    # The restarted coordinator answered the driver's retried commit "committed before".
+    repeated = _txn_metric(broker.address, "sink_batches_repeated")
+    assert repeated >= 1, "the retried commit was not a repeat: the recorded one was lost"
+    back = assert_one_copy("", topic, ids, brokers=broker.address)
+    print(
+        f"commit recorded then SIGKILL: broker pid {old_pid} -> {broker.pid}, "
+        f"{_retries_seen(run, COMMIT)} commit retries, {repeated} repeated commits answered "
+        f"'committed before', {back.rows} rows once, query {run.elapsed:.1f} s"
     )
 
 
