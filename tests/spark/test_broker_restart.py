@@ -3,8 +3,9 @@ process named by ``brokers``, SIGTERMed or SIGKILLed mid-stream and started agai
 same port, so on the same data), and fails with one line naming
 ``driver.retry.timeout.ms`` when the broker stays down longer than that option allows.
 
-Where the broker dies is set by a failpoint that holds the query there for 2 s
-(``spark_sink.failpoints``), the broker killed as soon as its marker appears:
+Where the broker dies is set by a failpoint that holds the query there for a few seconds
+(``spark_sink.failpoints``), the broker killed as soon as its marker appears (or, inside
+the commit, once the broker has recorded it):
 
 * ``after_commit`` of batch 2: the driver's plan of the next batch meets the dead broker;
 * ``before_commit`` of batch 2: the driver's commit of the batch meets it;
@@ -14,10 +15,11 @@ Where the broker dies is set by a failpoint that holds the query there for 2 s
 * ``mid_write`` of batch 3 (task 0, its first rows acknowledged): the tasks' producers
   meet it, with their transactions open.
 
-In the driver's two cases the broker stays down until the driver's log shows that very
-call retried (``spark_sink.driver_retry.RETRY_MARK`` after its name), so the fault is
-shown to have reached it; in the tasks' case it stays down 5 s. Then every row must be
-in the topic exactly once (``helpers.assert_one_copy``).
+In the driver's cases the broker stays down until the driver's log shows that very call
+retried (``spark_sink.driver_retry.RETRY_MARK`` after its name), so the fault is shown to
+have reached it; in the tasks' case it stays down 5 s. The embedded default is SIGTERMed
+before a commit too (the commit starts it again). Then every row must be in the topic
+exactly once (``helpers.assert_one_copy``).
 """
 
 from __future__ import annotations
