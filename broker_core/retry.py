@@ -34,7 +34,10 @@ class RetryPolicy:
     """When to try a call again and how long to wait first.
 
     ``deadline_s``: no new attempt starts later than this after the first one (``None``: no
-    deadline); a wait never runs past it, so the last attempt is made at it.
+    deadline); a wait never runs past it, so the last attempt is made at it. With
+    ``from_first_failure`` it counts from the end of the first failed attempt instead: a
+    caller whose single attempt may legitimately run long (a request with a generous
+    timeout of its own) still gets its retries.
     ``max_attempts``: at most this many attempts in all (``None``: no cap). At least one of
     the two must be set. ``backoff_s`` doubles after each failure up to ``max_backoff_s``;
     each wait is drawn uniformly within ``±jitter`` of it so that many clients retrying
@@ -46,6 +49,7 @@ class RetryPolicy:
     backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     jitter: float = 0.2
+    from_first_failure: bool = False
 
     def __post_init__(self) -> None:
         if self.deadline_s is None and self.max_attempts is None:
@@ -87,7 +91,9 @@ class RetryPolicy:
         attempts)`` runs before each new attempt (e.g. to refresh metadata); an error it
         raises ends the retries.
         """
-        deadline = None if self.deadline_s is None else clock() + self.deadline_s
+        deadline = None
+        if self.deadline_s is not None and not self.from_first_failure:
+            deadline = clock() + self.deadline_s
         attempts = 0
         while True:
             attempts += 1
@@ -96,6 +102,8 @@ class RetryPolicy:
             except BaseException as exc:
                 if not retriable(exc):
                     raise
+                if deadline is None and self.deadline_s is not None:
+                    deadline = clock() + self.deadline_s  # from_first_failure
                 remaining = None if deadline is None else deadline - clock()
                 spent = (
                     (self.max_attempts is not None and attempts >= self.max_attempts)

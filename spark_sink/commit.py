@@ -15,20 +15,18 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from pyspark.sql.datasource import WriterCommitMessage
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidProducerIdMappingError
 from broker_core.protocol.wire import SinkTxnStatus
-from broker_core.retry import RetryPolicy
 from broker_core.security.tls import Side
 from spark_sink import failpoints, progress_spool, trace
-from spark_sink.connections import sink_client
+from spark_sink.driver_retry import retrying
 from spark_sink.errors import SinkStateLostError
 from spark_sink.options import IdemlogOptions
 
@@ -37,17 +35,11 @@ log = logging.getLogger("idemlog.sink")
 # Each commit or abort request may take _REQUEST_TIMEOUT_S: longer than the coordinator's
 # worst case with the broker's defaults, a marker retry started just before its deadline
 # (transaction.marker.retry.deadline.ms, 90 s) that then runs a whole marker call (70 s),
-# so the driver never gives up on a commit the coordinator is still completing. The
-# driver retries one that failed retriably for _COMMIT_TIMEOUT_S (at least one retry of a
-# request that timed out), then fails the batch. docs/failure-model.md, "Timeouts on the
-# commit path".
+# so the driver never gives up on a commit the coordinator is still completing. A request
+# that failed retriably (a timeout included) is tried again for the option
+# driver.retry.timeout.ms counted from that failure (spark_sink.driver_retry), then the
+# batch fails. docs/failure-model.md, "Timeouts on the commit path".
 _REQUEST_TIMEOUT_S = 180.0
-_COMMIT_TIMEOUT_S = 2 * _REQUEST_TIMEOUT_S
-# Backing off before asking a recovering broker again: 0.1 s doubling up to 2 s.
-_COMMIT_RETRY = RetryPolicy(
-    deadline_s=_COMMIT_TIMEOUT_S, backoff_s=0.1, max_backoff_s=2.0, jitter=0.0
-)
-T = TypeVar("T")
 
 
 @dataclass
@@ -72,26 +64,6 @@ class IdemlogCommitMessage(WriterCommitMessage):
     @property
     def transaction(self) -> tuple[str, int, int]:
         return self.transactional_id, self.producer_id, self.producer_epoch
-
-
-def retrying(options: IdemlogOptions, what: str, call: Callable[[BrokerClient], T]) -> T:
-    """``call`` until it succeeds or fails for good. Commit and abort are idempotent, so a
-    broker that died mid-request (retriable errors) is simply asked again -- the embedded
-    broker is restarted by ``options.bootstrap()`` -- until the deadline. Raises a
-    non-retriable error at once, and the last retriable one once the deadline is spent."""
-
-    def attempt() -> T:
-        # A new client each time (on the process's shared connections): the broker may be
-        # a new process on a new address.
-        with sink_client(
-            options.bootstrap(), options.tls, sasl=options.sasl, timeout_s=_REQUEST_TIMEOUT_S
-        ) as client:
-            return call(client)
-
-    def log_retry(exc: BaseException, attempts: int) -> None:
-        log.warning("%s: %s; retrying", what, exc)
-
-    return _COMMIT_RETRY.call(attempt, before_retry=log_retry)
 
 
 def _messages(
@@ -182,6 +154,7 @@ def _commit(
                 options,
                 f"commit of batch {batch_id}",
                 lambda c: c.commit_sink_batch(sid, batch_id, txns, run_id),
+                request_timeout_s=_REQUEST_TIMEOUT_S,
             )
         except InvalidProducerIdMappingError as exc:
             _raise_if_stranded(options, sid, batch_id, txns, exc)
@@ -222,7 +195,12 @@ def _raise_if_stranded(
                     found.append((partition, p.producer_id, p.txn_start_offset))
         return found
 
-    stranded = retrying(options, f"open transactions of batch {batch_id}", open_ones)
+    stranded = retrying(
+        options,
+        f"open transactions of batch {batch_id}",
+        open_ones,
+        request_timeout_s=_REQUEST_TIMEOUT_S,
+    )
     if not stranded:
         return
     where = ", ".join(
@@ -286,7 +264,10 @@ def abort_batch(
     """
     ours = _messages(run_id, batch_id, messages)
     aborted: list[str] = retrying(
-        options, f"abort of batch {batch_id}", lambda c: c.abort_sink_run(run_id, batch_id)
+        options,
+        f"abort of batch {batch_id}",
+        lambda c: c.abort_sink_run(run_id, batch_id),
+        request_timeout_s=_REQUEST_TIMEOUT_S,
     )
     log.info(
         "batch %d of run %s: aborted (%d task transactions fenced, %d tasks reported)",
@@ -295,6 +276,18 @@ def abort_batch(
         len(aborted),
         len(ours),
     )
+
+
+def abort_sink_attempts(options: IdemlogOptions, sink_id: str, batch_id: int) -> list[str]:
+    """Fence every attempt of any run of ``sink_id`` at ``batch_id`` or before (an abort
+    no task reported for); their transactional ids."""
+    aborted: list[str] = retrying(
+        options,
+        f"abort of batch {batch_id}",
+        lambda c: c.abort_sink_run(None, batch_id, sink_id=sink_id),
+        request_timeout_s=_REQUEST_TIMEOUT_S,
+    )
+    return aborted
 
 
 def run_of(messages: Sequence[WriterCommitMessage | None], batch_id: int) -> str | None:

@@ -27,6 +27,7 @@ from broker_core.errors import NetworkError
 
 from . import topics, trace
 from .connections import sink_client
+from .driver_retry import retrying
 from .errors import UnsupportedWriteError, one_line_errors
 from .options import IdemlogOptions, Scope, parse_options
 from .schema import arrow_schema_for, check_key, spark_schema_for
@@ -36,12 +37,15 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 FORMAT = "idemlog"
+# Each request of the write's plan (a topic's description or creation): BrokerClient's.
+PLAN_REQUEST_TIMEOUT_S = 30.0
 
 
 @contextmanager
 def _naming_brokers(options: IdemlogOptions) -> Iterator[None]:
-    """A cluster that does not answer when the query is planned is the option's fault
-    until shown otherwise: the error names ``brokers`` and its value first."""
+    """A cluster that does not answer when a read is planned is the option's fault until
+    shown otherwise: the error names ``brokers`` and its value first. (A write's plan is
+    retried first, ``spark_sink.driver_retry``, whose final error names it too.)"""
     try:
         yield
     except NoBrokerReachableError as exc:
@@ -112,12 +116,16 @@ class IdemlogDataSource(DataSource):
             options = parse_options(self.options, Scope.WRITE)
             arrow = arrow_schema_for(schema)
             check_key(arrow, options.key)
-            with (
-                trace.span("topic_check"),
-                _naming_brokers(options),
-                sink_client(options.bootstrap(), options.tls, sasl=options.sasl) as client,
-            ):
-                info = topics.ensure_for_write(client, options, arrow)
+            # Spark plans a stream's writer anew for each micro-batch (and for an abort): a
+            # broker restarting then is ridden out, not the query's end. Brokers that never
+            # answer are named (option 'brokers') once the retries are spent.
+            with trace.span("topic_check"):
+                info = retrying(
+                    options,
+                    f"plan of the write to topic {options.topic!r}",
+                    lambda client: topics.ensure_for_write(client, options, arrow),
+                    request_timeout_s=PLAN_REQUEST_TIMEOUT_S,
+                )
             return options, arrow, info.topic_id
 
     @one_line_errors

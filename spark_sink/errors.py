@@ -122,3 +122,14 @@ class SinkStateLostError(IdemlogError):
     """
 
     error_code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+
+class DriverRetriesSpentError(IdemlogError):
+    """The driver's plan, commit or abort of a batch met only retriable failures (brokers
+    down or restarting, leaders or the coordinator moving) for the whole of the option
+    ``driver.retry.timeout.ms``. Its message is one line: what gave up, the option and
+    its value, and the last error. REQUEST_TIMED_OUT, retriable: a restart of the query
+    once the brokers are back goes on where it stopped (a commit whose answer was lost
+    is found committed)."""
+
+    error_code = ErrorCode.REQUEST_TIMED_OUT

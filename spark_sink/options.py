@@ -63,6 +63,8 @@ NO_SPLIT = 0  # minPartitions / maxRecordsPerPartition unset: one task per log p
 # Metadata columns added by includeMetadata=true.
 PARTITION_COLUMN = "_partition"
 OFFSET_COLUMN = "_offset"
+DRIVER_RETRY_OPTION = "driver.retry.timeout.ms"
+DRIVER_RETRY_DEFAULT_MS = 120_000  # Kafka's delivery.timeout.ms
 
 _KEYS: list[tuple[ConfigKey, Scope]] = [
     (ConfigKey("topic", str, "", "Topic to write to or read from (required)."), Scope.BOTH),
@@ -137,6 +139,23 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
             "broker's transaction.abort.timed.out.transaction.cleanup.interval.ms. At most "
             "the broker's transaction.max.timeout.ms.",
             min=1,
+            max=INT_MAX,
+        ),
+        Scope.WRITE,
+    ),
+    (
+        ConfigKey(
+            DRIVER_RETRY_OPTION,
+            int,
+            DRIVER_RETRY_DEFAULT_MS,
+            "How long the driver's plan of a batch (the topic's lookup or creation) and its "
+            "commit or abort keep asking again while the brokers do not answer or answer "
+            "retriably (a broker restarting, a leader or the coordinator moving), counted "
+            "from the first failure; then the query fails with one line naming this option. "
+            "The default is Kafka's delivery.timeout.ms, which Spark's Kafka sink rides a "
+            "restart on; the tasks ride it on producer.delivery.timeout.ms and "
+            'producer.max.block.ms (docs/spark.md, "A broker restart").',
+            min=0,
             max=INT_MAX,
         ),
         Scope.WRITE,
@@ -296,6 +315,7 @@ class IdemlogOptions:
     topic_id: str = ""  # the option topicId (reads): "" any, the id found at planning
     # The option endingOffsets (batch reads); None: not given (a stream refuses it).
     ending_offsets: OffsetSpec | None = None
+    driver_retry_timeout_ms: int = DRIVER_RETRY_DEFAULT_MS  # the option driver.retry.timeout.ms
 
     @property
     def embedded(self) -> bool:
@@ -402,6 +422,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         key=str(parsed["key"]) or None,
         partitions=int(parsed["partitions"]),
         transaction_timeout_ms=int(parsed["transaction.timeout.ms"]),
+        driver_retry_timeout_ms=int(parsed[DRIVER_RETRY_OPTION]),
         isolation=str(parsed["isolation"]),
         starting_offsets=parse_offset_spec(STARTING_OPTION, str(parsed[STARTING_OPTION]), topic),
         ending_offsets=(

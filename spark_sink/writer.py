@@ -49,9 +49,9 @@ from spark_sink import failpoints, trace
 from spark_sink.commit import (
     IdemlogCommitMessage,
     abort_batch,
+    abort_sink_attempts,
     commit_batch,
     query_id_of_checkpoint,
-    retrying,
     run_of,
 )
 from spark_sink.connections import shared_connections
@@ -450,9 +450,9 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
     @one_line_errors
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """On the driver: commit every task's transaction, all or none. Retriable broker
-        errors are retried for up to 360 s; then, or on any other error, it raises
-        (RuntimeError for a task without a message) and the job's rows are either all
-        committed (a lost answer) or none."""
+        errors are retried for the option driver.retry.timeout.ms; then, or on any
+        other error, it raises (RuntimeError for a task without a message) and the
+        job's rows are either all committed (a lost answer) or none."""
         commit_batch(self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages)
 
     @one_line_errors
@@ -489,7 +489,8 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """On the driver: commit micro-batch ``batchId`` once; a batch committed before
         (a restarted query replaying it) is left as it is. Retriable broker errors are
-        retried for up to 360 s; then, or on any other error, it raises, and the batch's
+        retried for the option driver.retry.timeout.ms; then, or on any other error, it
+        raises, and the batch's
         rows are either all committed (a lost answer; a rerun of the batch finds it
         committed) or none."""
         run_id = run_of(messages, batchId)
@@ -521,11 +522,7 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
                 self.options.transaction_timeout_ms,
             )
             return
-        aborted: list[str] = retrying(
-            self.options,
-            f"abort of batch {batchId}",
-            lambda c: c.abort_sink_run(None, batchId, sink_id=sink_id),
-        )
+        aborted = abort_sink_attempts(self.options, sink_id, batchId)
         log.info("sink %s batch %d: aborted; %d attempts fenced", sink_id, batchId, len(aborted))
 
 

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -191,6 +192,20 @@ def assert_lso_not_stuck(back: ReadBack) -> None:
             f"partition {p}: last stable offset {off['last_stable_offset']} is stuck behind "
             f"the log end {off['log_end_offset']} (an open transaction): {off}"
         )
+
+
+# -- processes ------------------------------------------------------------------------------
+def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+    """Block until ``pid`` has exited (pidfd: an event, not a poll)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        assert ready, f"pid {pid} still alive {timeout_s} s after its signal"
+    finally:
+        os.close(fd)
 
 
 # -- driver child ----------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
 import signal
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from tests.spark.helpers import (
     read_back,
     stream_spec,
     transaction_metrics,
+    wait_gone,
 )
 
 FILES = 3
@@ -81,19 +81,6 @@ def marker_name(entry: str) -> str:
 def wait_for_file(path: Path, timeout_s: float = 180.0) -> None:
     """Block until ``path`` exists (a failpoint fired in some Spark process)."""
     wait_until(path.exists, f"{path} to appear", timeout=timeout_s)
-
-
-def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
-    """Block until ``pid`` has exited (pidfd: an event, not a poll)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout_s)
-        assert ready, f"pid {pid} still alive {timeout_s} s after SIGKILL"
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.serial

@@ -133,3 +133,26 @@ def test_backoff_doubles_to_the_cap_with_jitter_inside_its_band() -> None:
 def test_bad_policies_are_refused_naming_the_field(kwargs: dict[str, float], field: str) -> None:
     with pytest.raises(InvalidConfigError, match=field):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_deadline_from_the_first_failure_gives_a_long_first_attempt_its_retries() -> None:
+    clock = FakeClock()
+    errors: list[BaseException] = [NetworkError("timed out"), NetworkError("again")]
+
+    def slow_then_fast() -> str:
+        if len(errors) == 2:
+            clock.now += 50.0  # the first attempt ran past the deadline before failing
+        if errors:
+            raise errors.pop(0)
+        return "ok"
+
+    policy = RetryPolicy(deadline_s=5, backoff_s=1, max_backoff_s=1, jitter=0)
+    with pytest.raises(NetworkError, match="timed out"):
+        policy.call(slow_then_fast, clock=clock, sleep=clock.sleep)
+    errors[:] = [NetworkError("timed out"), NetworkError("again")]
+    clock.now, clock.waits = 0.0, []
+    later = RetryPolicy(
+        deadline_s=5, backoff_s=1, max_backoff_s=1, jitter=0, from_first_failure=True
+    )
+    assert later.call(slow_then_fast, clock=clock, sleep=clock.sleep) == "ok"
+    assert clock.waits == [1.0, 1.0]
