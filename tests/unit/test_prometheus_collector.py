@@ -88,3 +88,7 @@ def test_created_samples_are_in_the_openmetrics_answer_only() -> None:
     text = generate_latest(WithoutCreated(registry)).decode()
     assert "_created" not in text
     assert "idemlog_broker_records_appended_total 5.0" in text
+    # A scrape asking for some names (?name[]=...) gets them, still without _created.
+    some = WithoutCreated(registry).restricted_registry(["idemlog_broker_records_appended_total"])
+    assert [f.name for f in some.collect()] == ["idemlog_broker_records_appended"]
+    assert "_created" not in generate_latest(some).decode()
