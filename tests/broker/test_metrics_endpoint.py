@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
-import subprocess
 import urllib.request
 from typing import Any
 
@@ -29,6 +27,7 @@ from broker_core.protocol.requests import ACKS_LEADER
 from broker_core.server.failpoints import ENV, WITHHOLD_REPLICA_FETCH
 from tests.broker.helpers import rows
 from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerHarnessError, BrokerProcess
+from tests.harness.promtool import check_metrics
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
@@ -71,13 +70,7 @@ def scrape_openmetrics(port: int) -> Samples:
 def promtool_check(port: int) -> None:
     """``promtool check metrics`` over the endpoint's text answer (what Prometheus' own
     linter says of the names, units, types and help): nothing to report."""
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is not installed: `make setup` installs it (Makefile, PROMTOOL)"
-    text = exposition(port)
-    checked = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
-    )
-    assert (checked.returncode, checked.stdout + checked.stderr) == (0, ""), text
+    check_metrics(exposition(port))
 
 
 def endpoint_port(broker: BrokerProcess) -> int:

@@ -21,6 +21,7 @@ from broker_core.protocol.metrics import AppendOutcome
 from broker_core.server.metrics import Metrics
 from broker_core.server.prometheus import DocumentCollector
 from tests.harness.broker import BrokerFactory
+from tests.harness.promtool import check_rules
 from tests.store.helpers import rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +109,10 @@ def test_the_dashboard_has_units_variables_and_sink_panels() -> None:
         "idemlog_transaction_coordinator_sink_batches_repeated_total",
         "idemlog_transaction_coordinator_sink_leftovers_aborted_total",
     } <= sink
+
+
+def test_promtool_loads_the_alert_rules() -> None:
+    check_rules(ROOT / "docs" / "prometheus" / "alerts.yml")
 
 
 def _alert_exprs() -> list[str]:
