@@ -115,6 +115,22 @@ def test_promtool_loads_the_alert_rules() -> None:
     check_rules(ROOT / "docs" / "prometheus" / "alerts.yml")
 
 
+def test_promtool_parses_the_dashboards_queries(tmp_path: Path) -> None:
+    """Each panel's PromQL, its variables given a value, as a recording rule: promtool
+    parses them all (a rule file in JSON, which is YAML)."""
+    exprs = [t["expr"] for p in _dashboard()["panels"] for t in p.get("targets", [])]
+    rules = [
+        {
+            "record": f"dashboard:query_{i}",
+            "expr": e.replace("$instance", ".*").replace("$topic", ".*"),
+        }
+        for i, e in enumerate(exprs)
+    ]
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    check_rules(path)
+
+
 def _alert_exprs() -> list[str]:
     text = (ROOT / "docs" / "prometheus" / "alerts.yml").read_text()
     assert text.startswith("#") and "\ngroups:\n" in text
