@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 # Re-install when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ZK_SERVER := /usr/share/java/zookeeper.jar
+PROMTOOL := /usr/local/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch bench-soak chaos bench-commit clean dist wheel-smoke
 
-setup: $(STAMP) $(ZK_SERVER) jars
+setup: $(STAMP) $(ZK_SERVER) $(PROMTOOL) jars
 
 # Everything: the base, the Spark side, the notebook's and the test tools (a broker host
 # alone needs only `pip install idemlog`; extras in pyproject.toml).
@@ -25,6 +26,16 @@ $(STAMP): pyproject.toml
 $(ZK_SERVER):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq zookeeper >/dev/null
+
+# promtool, which checks the metrics endpoint's names (tests/broker/test_metrics_endpoint.py),
+# taken alone from Debian's prometheus package: installing the package would bring the
+# Prometheus server too (96 MB installed) with an init script that starts it.
+$(PROMTOOL):
+	$(SUDO) apt-get update -qq
+	tmp=$$(mktemp -d) && chmod 755 $$tmp && cd $$tmp && apt-get download -qq prometheus && \
+	  dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool >promtool && \
+	  chmod 755 promtool && $(SUDO) mv promtool $@ && rm -rf $$tmp
+	$@ --version
 
 # Delta Lake's jars for Spark, fetched with Maven from Maven Central into jars/ (passed with
 # spark.jars by spark_sink.session.local_session: nothing is downloaded at run time). The

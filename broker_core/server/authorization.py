@@ -322,6 +322,9 @@ _ERROR_BY_TYPE: dict[ResourceType, type[IdemlogError]] = {
     ResourceType.CLUSTER: ClusterAuthorizationFailedError,
 }
 
+# Every code a refusal carries: the metrics count refusals by these, each from 0.
+REFUSAL_CODES = tuple(error.error_code for error in _ERROR_BY_TYPE.values())
+
 _CLI_FLAG: dict[ResourceType, str] = {
     ResourceType.TOPIC: "--topic",
     ResourceType.TRANSACTIONAL_ID: "--transactional-id",

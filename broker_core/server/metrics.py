@@ -45,6 +45,7 @@ from broker_core.protocol.metrics import (
     counters_row,
 )
 from broker_core.record.batch import NO_PRODUCER_ID
+from broker_core.server.authorization import REFUSAL_CODES
 
 _OUTCOME_BY_ERROR: dict[type[IdemlogError], AppendOutcome] = {
     DuplicateSequenceError: AppendOutcome.DUPLICATE_BEYOND_WINDOW,
@@ -122,8 +123,9 @@ class Metrics:
         self._top_stale = False
         self._totals = AppendCounters()
         self._requests = {kind: _RequestFigures() for kind in REQUEST_KINDS}
-        # -- authorization: refusals by error code (bounded by the three codes) --
-        self._refusals: dict[str, int] = {}
+        # -- authorization: refusals by error code, each code from 0 (a scrape shows 0, not
+        # nothing, before the first refusal: an alert can tell none from missing) --
+        self._refusals: dict[str, int] = {code.name: 0 for code in REFUSAL_CODES}
 
     def record_append(
         self,

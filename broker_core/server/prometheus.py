@@ -5,8 +5,17 @@ reads, built by ``Broker.metrics_document`` at each scrape) into metric families
 Kafka-like names, so the endpoint and the command never disagree. It is registered in a
 registry of its own (never the process-wide default one) with the process collector,
 which gives ``process_start_time_seconds``. The counters live in memory and restart from
-zero with the broker: each carries a ``_created`` sample (the document's ``started_at``),
-the convention by which Prometheus' ``rate()`` and ``increase()`` take a reset as one.
+zero with the broker; ``rate()`` and ``increase()`` take the drop as a reset, and
+``idemlog_broker_start_time_seconds`` says when it happened. A counter's ``_created``
+sample (the document's ``started_at``) is served only in the OpenMetrics format, where it
+belongs to its counter; the classic text format can only show it as a gauge family of
+its own, one per counter with the same value, so the text answer leaves it out
+(docs/operations.md, Counters across restarts).
+
+Names follow Prometheus' conventions, which ``promtool check metrics`` checks (the
+endpoint's test runs it): base units (``_seconds``, ``_bytes``), ``_total`` on counters,
+labels ``topic`` and ``partition`` wherever a figure is a partition's, and every label
+value a counter is known to take present from the start, at 0.
 
 Names: every counter of the document's ``totals`` section, and of a ``counters``
 section if a broker adds one, is exported under its own name without code here
@@ -21,20 +30,27 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    ProcessCollector,
+    make_wsgi_app,
+    start_http_server,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from broker_core.errors import InvalidConfigError
+from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC
 from broker_core.protocol.metrics import COUNTER_NAMES
 from broker_core.server.metrics_config import MetricsEndpointConfig
 from broker_core.txn.status import COUNTERS as TXN_COUNTERS
@@ -69,19 +85,23 @@ LOG_COUNTERS = {
     "marker_appends": f"{PREFIX}_log_marker_appends",
 }
 LOG_GAUGES = {
-    "log_start_offset": f"{PREFIX}_log_log_start_offset",
-    "log_end_offset": f"{PREFIX}_log_log_end_offset",
+    "log_start_offset": f"{PREFIX}_log_start_offset",
+    "log_end_offset": f"{PREFIX}_log_end_offset",
     "last_stable_offset": f"{PREFIX}_log_last_stable_offset",
     "lso_lag": f"{PREFIX}_log_last_stable_offset_lag",
     "producers": f"{PREFIX}_log_producers",
     "open_transactions": f"{PREFIX}_log_open_transactions",
-    "cleaner_last_clean_ms": f"{PREFIX}_log_cleaner_last_clean_ms",
 }
+# The cleaner's last pass, from the document's epoch milliseconds (-1: none yet) to a
+# timestamp in seconds that is absent until the first pass: 0 or -1 would read as a pass
+# in 1970 to ``time() - x`` and to min/max; "never" is ``cleaner_passes_total == 0``.
+LAST_CLEAN = ("cleaner_last_clean_ms", f"{PREFIX}_log_cleaner_last_clean_timestamp_seconds")
 REPLICA = f"{PREFIX}_server_replicamanager"
 REQUESTS = f"{PREFIX}_network_requestmetrics"
 TXN = f"{PREFIX}_transaction_coordinator"
 _TXN_COUNTERS = frozenset({*TXN_COUNTERS, "marker_retries"})
 _PARTITION_LABELS = ["topic", "partition"]
+OPENMETRICS = "application/openmetrics-text"
 
 
 def _is_number(value: object) -> bool:
@@ -154,10 +174,21 @@ class DocumentCollector(Collector):
             families[field] = GaugeMetricFamily(
                 name, f"{field} per partition", labels=_PARTITION_LABELS
             )
+        last_field, last_name = LAST_CLEAN
+        families[last_field] = last_clean = GaugeMetricFamily(
+            last_name,
+            "When the log cleaner last finished a pass on the partition, in seconds since "
+            "the epoch (no sample before its first pass)",
+            labels=_PARTITION_LABELS,
+        )
         for row in rows:
             labels = [str(row["topic"]), str(row["partition"])]
             for field, value in row.items():
                 if field in ("topic", "partition") or not _is_number(value):
+                    continue
+                if field == last_field:
+                    if value >= 0:
+                        last_clean.add_metric(labels, value / 1000)
                     continue
                 family = families.get(field)
                 if family is None:  # a figure added to the document later, by its own name
@@ -237,11 +268,12 @@ class DocumentCollector(Collector):
         lag = GaugeMetricFamily(
             f"{REPLICA}_follower_lag",
             "A follower's lag in offsets behind this leader's log end",
-            labels=["topic_partition", "follower"],
+            labels=[*_PARTITION_LABELS, "follower"],
         )
-        for partition, followers in sorted(rep["follower_lag"].items()):
+        for name, followers in sorted(rep["follower_lag"].items()):
+            topic, partition = name.rsplit("-", 1)  # the document's "<topic>-<partition>"
             for follower, offsets in sorted(followers.items()):
-                lag.add_metric([partition, str(follower)], float(offsets))
+                lag.add_metric([topic, partition, str(follower)], float(offsets))
         yield lag
 
     def _transactions(self, txns: Mapping[str, Any], created: float) -> Iterator[Metric]:
@@ -269,18 +301,47 @@ class DocumentCollector(Collector):
                 yield GaugeMetricFamily(f"{TXN}_{name}", name, value=float(value))
         epochs = GaugeMetricFamily(
             f"{TXN}_epoch",
-            "The coordinator epoch of each state partition",
-            labels=["state_partition"],
+            f"The coordinator epoch of each partition of {TXN_STATE_TOPIC} this broker leads",
+            labels=_PARTITION_LABELS,
         )
         for partition, epoch in sorted((txns.get("coordinator_epochs") or {}).items()):
             if _is_number(epoch):
-                epochs.add_metric([str(partition)], float(epoch))
+                epochs.add_metric([TXN_STATE_TOPIC, str(partition)], float(epoch))
         yield epochs
+
+
+class WithoutCreated(Collector):
+    """``registry``'s families without their ``_created`` samples: what the classic text
+    format serves (see the module's docstring)."""
+
+    def __init__(self, registry: CollectorRegistry, names: Iterable[str] | None = None) -> None:
+        self._registry = registry
+        self._names = None if names is None else frozenset(names)
+
+    def collect(self) -> Iterator[Metric]:
+        names = self._names
+        for family in self._registry.collect():
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            created = family.name + "_created"
+            kept.samples = [
+                s
+                for s in family.samples
+                if s.name != created and (names is None or s.name in names)
+            ]
+            if names is None or kept.samples:
+                yield kept
+
+    def restricted_registry(self, names: Iterable[str]) -> WithoutCreated:
+        """The samples a scrape with ``?name[]=...`` asks for (prometheus_client's WSGI app;
+        the registry's own restriction needs described collectors, and this one's are not)."""
+        return WithoutCreated(self._registry, names)
 
 
 class MetricsEndpoint:
     """The HTTP endpoint serving a :class:`DocumentCollector` (and the process's figures)
-    on a thread of its own. :meth:`start` binds or raises; :meth:`stop` is idempotent."""
+    on a thread of its own: in OpenMetrics to a scraper that asks for it (Prometheus does),
+    with the counters' ``_created`` samples, else in the text format without them.
+    :meth:`start` binds or raises; :meth:`stop` is idempotent."""
 
     def __init__(
         self, config: MetricsEndpointConfig, document: Callable[[], Mapping[str, Any]]
@@ -289,6 +350,8 @@ class MetricsEndpoint:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DocumentCollector(document))
         ProcessCollector(registry=self.registry)
+        self._openmetrics_app = make_wsgi_app(self.registry)
+        self._text_app = make_wsgi_app(WithoutCreated(self.registry))
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
@@ -299,7 +362,9 @@ class MetricsEndpoint:
         be bound."""
         host, port = self._config.host, self._config.port
         try:
-            self._server, self._thread = start_http_server(port, host, registry=self.registry)
+            self._server, self._thread = start_http_server(
+                port, host, registry=WithoutCreated(self.registry)
+            )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise InvalidConfigError(
@@ -309,10 +374,21 @@ class MetricsEndpoint:
             raise InvalidConfigError(
                 f"metrics.host={host}: cannot serve the metrics endpoint there: {exc.strerror}"
             ) from exc
+        # The server starts serving the text answer; the app choosing by format replaces
+        # it at once (until then an OpenMetrics scraper gets text, which it reads too).
+        self._server.set_app(self._app)
         self._thread.name = "idemlog-metrics-endpoint"
         self.port = int(self._server.server_address[1])
         log.info("metrics endpoint: http://%s:%d/metrics", host, self.port)
         return self.port
+
+    def _app(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        """The format prometheus_client picks for the request's Accept header, and with it
+        the families with or without ``_created``."""
+        _, content_type = choose_encoder(environ.get("HTTP_ACCEPT") or "")
+        if content_type.startswith(OPENMETRICS):
+            return self._openmetrics_app(environ, start_response)  # type: ignore[no-any-return]
+        return self._text_app(environ, start_response)  # type: ignore[no-any-return]
 
     @property
     def address(self) -> str | None:

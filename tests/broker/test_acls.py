@@ -166,7 +166,11 @@ def test_produce_without_write_is_refused_and_nothing_is_written(
         produce_one(alice)
     assert ids(admin, TOPIC) == [0]
     refusals = admin.metrics_per_broker()[0]["counters"]["authorization_refusals"]
-    assert refusals == {"TOPIC_AUTHORIZATION_FAILED": 1}
+    assert refusals == {  # every code, from 0
+        "CLUSTER_AUTHORIZATION_FAILED": 0,
+        "TOPIC_AUTHORIZATION_FAILED": 1,
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 0,
+    }
 
 
 def test_a_refusal_naming_a_huge_resource_keeps_its_code(acl_broker: BrokerProcess) -> None:

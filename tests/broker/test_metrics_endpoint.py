@@ -1,7 +1,9 @@
 """The Prometheus endpoint (``metrics.port``) of a real broker process: scraped over HTTP,
 parsed with Prometheus' own text parser, its figures equal to ``idemlog metrics --json``
 after traffic that made duplicates and a fenced producer, and across a restart (counters
-start again from zero with a newer start time, as Prometheus' ``rate()`` expects); the
+start again from zero with a newer start time, as Prometheus' ``rate()`` expects); its
+names and help checked by Prometheus' own ``promtool check metrics`` (installed by ``make
+setup``), the counters' ``_created`` samples in the OpenMetrics answer only; the
 per-producer detail paged from the broker; a taken port refusing the start in one line."""
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import urllib.request
 from typing import Any
 
 import pytest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker_core.cli.main import main as cli_main
@@ -22,6 +27,7 @@ from broker_core.protocol.requests import ACKS_LEADER
 from broker_core.server.failpoints import ENV, WITHHOLD_REPLICA_FETCH
 from tests.broker.helpers import rows
 from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerHarnessError, BrokerProcess
+from tests.harness.promtool import check_metrics
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
@@ -30,15 +36,41 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 ENDPOINT = re.compile(r"metrics endpoint: http://127\.0\.0\.1:(\d+)/metrics")
 
 
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def exposition(port: int, accept: str | None = None) -> str:
+    headers = {"Accept": accept} if accept else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 200
-        text = answer.read().decode()
+        assert answer.headers["Content-Type"].startswith(
+            "application/openmetrics-text" if accept else "text/plain"
+        )
+        text: str = answer.read().decode()
+    return text
+
+
+def scrape(port: int) -> Samples:
     return {
         (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
+        for family in text_string_to_metric_families(exposition(port))
         for s in family.samples
     }
+
+
+def scrape_openmetrics(port: int) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in openmetrics_families(exposition(port, OPENMETRICS))
+        for s in family.samples
+    }
+
+
+def promtool_check(port: int) -> None:
+    """``promtool check metrics`` over the endpoint's text answer (what Prometheus' own
+    linter says of the names, units, types and help): nothing to report."""
+    check_metrics(exposition(port))
 
 
 def endpoint_port(broker: BrokerProcess) -> int:
@@ -114,7 +146,7 @@ def check_equal(samples: Samples, doc: dict[str, Any]) -> None:
             == row["duplicates_beyond_window"]
         )
         assert value(samples, f"{topic}_fenced_producers_total", **where) == row["fenced_appends"]
-        assert value(samples, "idemlog_log_log_end_offset", **where) == row["log_end_offset"]
+        assert value(samples, "idemlog_log_end_offset", **where) == row["log_end_offset"]
         assert value(samples, "idemlog_log_producers", **where) == row["producers"]
     txns = doc["transactions"]
     for name in ("transactions_committed", "transactions_aborted", "transactions_fenced"):
@@ -149,8 +181,20 @@ def test_the_endpoint_serves_the_documents_figures_across_a_restart(
     assert doc["totals"]["duplicates_beyond_window"] == 1
     assert doc["totals"]["fenced_appends"] == 1
     check_equal(before, doc)
+    promtool_check(port)
+    for code in ("TOPIC", "CLUSTER", "TRANSACTIONAL_ID"):  # every code from 0, not absent
+        refused = value(
+            before,
+            "idemlog_broker_authorization_refusals_total",
+            code=code + "_AUTHORIZATION_FAILED",
+        )
+        assert refused == 0
     started = value(before, "idemlog_broker_start_time_seconds")
-    assert value(before, "idemlog_broker_duplicates_in_window_created") == started
+    # _created: in the OpenMetrics answer, part of each counter; not in the text one.
+    assert not any(name.endswith("_created") for name, _ in before)
+    openmetrics = scrape_openmetrics(port)
+    assert value(openmetrics, "idemlog_broker_duplicates_in_window_created") == started
+    assert value(openmetrics, "idemlog_broker_duplicates_in_window_total") == 1
     assert value(before, "process_start_time_seconds") <= started + 1
     assert value(before, "idemlog_broker_info", broker_id="0") == 1
 
@@ -163,7 +207,7 @@ def test_the_endpoint_serves_the_documents_figures_across_a_restart(
     restarted = value(after_restart, "idemlog_broker_start_time_seconds")
     assert restarted > started
     assert value(after_restart, "idemlog_broker_records_appended_total") == 0
-    assert value(after_restart, "idemlog_broker_records_appended_created") == restarted
+    assert value(scrape_openmetrics(port), "idemlog_broker_records_appended_created") == restarted
     with BrokerClient(broker.address) as client:
         produce_with_duplicates(client, "dups", 2)
     after = scrape(port)
@@ -257,9 +301,10 @@ def test_a_replicated_clusters_endpoint_shows_a_follower_lost_and_back(
         assert value(healed, f"{replica}_isrexpands_total") == doc["isr_expands"] >= 1
         lag = doc["follower_lag"]["rep-0"][str(follower_id(cluster, follower))]
         assert value(
-            healed, f"{replica}_follower_lag", topic_partition="rep-0",
+            healed, f"{replica}_follower_lag", topic="rep", partition="0",
             follower=str(follower_id(cluster, follower)),
         ) == lag  # fmt: skip
+        promtool_check(port)  # with the replication figures
     finally:
         cluster.close()
 
