@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from spark_sink.embedded import stop_broker
+
 CHILD = textwrap.dedent(
     """
     import json, sys
@@ -65,7 +67,10 @@ def run_child(tmp_path: Path, mode: str) -> dict[str, object]:
 
 @pytest.mark.parametrize("mode", ["default", "quiet"])
 def test_local_session_shows_progress_and_the_sinks_figures(tmp_path: Path, mode: str) -> None:
-    got = run_child(tmp_path, mode)
+    try:
+        got = run_child(tmp_path, mode)
+    finally:
+        stop_broker(str(tmp_path / "store"))  # the embedded broker the child started
     on = mode == "default"
     assert got["ui"] == str(on).lower() and got["bar"] == str(on).lower()
     assert (got["url"] is not None) == on
