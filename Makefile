@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 setup: $(STAMP) $(ZK_SERVER) $(PROMTOOL) jars
 
 # Everything: the base, the Spark side, the notebook's and the test tools (a broker host
-# alone needs only `pip install idemlog`; extras in pyproject.toml).
+# alone needs only the wheel, without extras; extras in pyproject.toml).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

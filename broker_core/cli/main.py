@@ -12,7 +12,7 @@ which follows a topic (``broker_core.cli.consume_cmd``); the metrics
 (``broker_core.cli.users_cmd``): ``idemlog users add|remove|list``. ZooKeeper node ACLs
 (``broker_core.cli.zk_cmd``): ``idemlog zookeeper set-acl``. ACLs
 (``broker_core.cli.acls_cmd``): ``idemlog acls add|remove|list``. The Spark side's jobs
-(``broker_core.cli.spark_cmd``, with ``idemlog[spark]``): ``idemlog export delta``,
+(``broker_core.cli.spark_cmd``, with the ``[spark]`` extra): ``idemlog export delta``,
 ``idemlog metrics record``.
 """
 

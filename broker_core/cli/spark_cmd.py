@@ -18,12 +18,12 @@ import logging
 import sys
 from typing import Any
 
+from broker_core import SPARK_EXTRA
 from broker_core.cli.progress import Progress
 from broker_core.errors import InvalidConfigError
 
 # The [spark] extra's modules: a missing one means the extra is not installed.
 SPARK_EXTRA_MODULES = frozenset({"pyspark", "delta", "deltalake"})
-SPARK_EXTRA = "pip install 'idemlog[spark]'"
 _WHERE_HELP = "data directory of the embedded broker (default: the embedded default)"
 
 
@@ -160,7 +160,7 @@ def run_record(args: argparse.Namespace, *, prefix: str = "metrics record") -> i
 
 def add_spark_commands(sub: Any) -> None:
     """Register ``export delta`` and, under the existing ``metrics`` command, ``record``."""
-    export = sub.add_parser("export", help="copy a topic out of idemlog (needs idemlog[spark])")
+    export = sub.add_parser("export", help="copy a topic out of idemlog (needs the [spark] extra)")
     export_sub = export.add_subparsers(dest="action", required=True)
     delta = export_sub.add_parser(
         "delta",
@@ -172,7 +172,7 @@ def add_spark_commands(sub: Any) -> None:
     metrics: argparse.ArgumentParser = sub.choices["metrics"]
     metrics_sub = metrics.add_subparsers(dest="action", required=False)
     record = metrics_sub.add_parser(
-        "record", help="append the metrics to a Delta table periodically (needs idemlog[spark])"
+        "record", help="append the metrics to a Delta table periodically (needs the [spark] extra)"
     )
     add_record_arguments(record)
     record.set_defaults(func=run_record)

@@ -51,6 +51,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from broker_core import SPARK_EXTRA
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.security.tls import Side
@@ -110,7 +111,7 @@ def delta_jars_conf() -> dict[str, str]:
         version = importlib.metadata.version("delta-spark")
     except importlib.metadata.PackageNotFoundError:
         raise ExportError(
-            "the Delta export needs delta-spark: pip install 'idemlog[spark]' (or put "
+            f"the Delta export needs delta-spark, which comes with {SPARK_EXTRA} (or put "
             f"Delta's jars in {JARS_DIR})"
         ) from None
     return {"spark.jars.packages": f"io.delta:delta-spark_{_scala_binary()}:{version}"}

@@ -22,6 +22,28 @@ def test_the_notebook_is_committed_with_outputs_cleared() -> None:
     assert code
     dirty = [i for i, c in enumerate(code) if c.outputs or c.execution_count is not None]
     assert not dirty, f"code cells {dirty} have outputs: clear them before committing"
+    # It once carried 21 KB of the injected faults' stacks in its stored outputs (issue 37).
+    assert not _stacks(nb), "the stored notebook has stack traces in its outputs"
+
+
+def _stacks(nb: nbformat.NotebookNode) -> list[int]:
+    """The code cells whose outputs hold a Python traceback or a JVM stack (a logged one)."""
+    return [
+        i
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        and any(
+            "Traceback" in text or "\tat org.apache." in text or "\tat java." in text
+            for text in map(_text, cell.outputs)
+        )
+    ]
+
+
+def _text(output: nbformat.NotebookNode) -> str:
+    """What an output shows as text: a stream's, an error's traceback, a result's text."""
+    parts = [output.get("text", ""), *output.get("traceback", [])]
+    parts.append(output.get("data", {}).get("text/plain", ""))
+    return "\n".join(parts)
 
 
 def test_the_notebook_runs_headless(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,3 +82,6 @@ def test_the_notebook_runs_headless(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     ]
     assert len(images) == 5  # over time, by reason, by partition, fenced, commit latency
     assert (work / "metrics" / "_delta_log").is_dir()
+    # The injected faults fail task attempts that Spark logs with their stacks: none of
+    # those logs reaches a cell's output (the faults fired: fenced and dups above).
+    assert not _stacks(nb), [nb.cells[i].outputs for i in _stacks(nb)]

@@ -35,5 +35,7 @@ def test_without_delta_spark_installed_the_export_says_what_to_install(
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    with pytest.raises(ExportError, match=r"needs delta-spark: pip install 'idemlog\[spark\]'"):
+    # idemlog is on no package index: the line names the wheel, not `idemlog[spark]`.
+    extra = r"needs delta-spark, which comes with idemlog's \[spark\] extra: "
+    with pytest.raises(ExportError, match=extra + r"pip install '<the idemlog wheel>\[spark\]'"):
         delta_jars_conf()

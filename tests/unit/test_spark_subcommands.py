@@ -49,8 +49,8 @@ def test_a_spark_subcommand_without_the_extra_fails_in_one_line(
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert lines[0] == (
-        f"idemlog: {' '.join(command[:2])} needs pip install 'idemlog[spark]' "
-        f"(no module named {missing!r})"
+        f"idemlog: {' '.join(command[:2])} needs idemlog's [spark] extra: "
+        f"pip install '<the idemlog wheel>[spark]' (no module named {missing!r})"
     ), done.stderr
     assert len(lines) == 2 and "Traceback" not in done.stderr  # the line, then our probe
 
