@@ -3,11 +3,22 @@ conftest.py, which test modules never import)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from tests.store.helpers import SCHEMA, rows
 
-__all__ = ["SCHEMA", "TEST_BROKER_CONFIG", "ids", "prepared_attempt", "rows", "sink_task_attempt"]
+__all__ = [
+    "SCHEMA",
+    "TEST_BROKER_CONFIG",
+    "idemlog",
+    "ids",
+    "prepared_attempt",
+    "rows",
+    "sink_task_attempt",
+]
 
 # Small limits, so the tests can hit them with small batches.
 TEST_BROKER_CONFIG: dict[str, object] = {
@@ -17,6 +28,20 @@ TEST_BROKER_CONFIG: dict[str, object] = {
     # kill "the" coordinator) keep one state partition; several: test_state_partitions.
     "transaction.state.log.num.partitions": 1,
 }
+
+
+def idemlog(*args: str) -> subprocess.CompletedProcess[str]:
+    """``idemlog ARGS`` run as a user runs it, its output captured; asserts that it did not
+    end in a traceback (every failure of the CLI is one line)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "broker_core.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    return done
 
 
 def ids(

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +17,8 @@ import pytest
 from broker_core.cli.failures import ExitCode
 from broker_core.cli.registry import REGISTRY_ENV
 from spark_sink import embedded
+from tests.broker.helpers import idemlog
 from tests.harness.broker import BrokerFactory
-
-
-def idemlog(*args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "broker_core.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert "Traceback" not in done.stdout + done.stderr, done.stderr
-    return done
 
 
 def listed() -> list[dict[str, Any]]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,8 @@ from broker_core.cli.failures import ExitCode
 from broker_core.cli.registry import REGISTRY_ENV
 from broker_core.client.broker_client import BrokerClient
 from spark_sink import embedded
-from tests.broker.helpers import SCHEMA, rows
+from tests.broker.helpers import SCHEMA, idemlog, rows
 from tests.harness.waiting import wait_until
-
-
-def idemlog(*args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "broker_core.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert "Traceback" not in done.stdout + done.stderr, done.stderr
-    return done
 
 
 def test_topics_consume_metrics_and_transactions_reach_the_embedded_broker_of_a_path(

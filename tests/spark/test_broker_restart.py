@@ -29,6 +29,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,6 +75,25 @@ def _retries_seen(run: DriverRun, what: str = "") -> int:
     return len(re.findall(rf"^{re.escape(what)}.*{re.escape(RETRY_MARK)}", text, re.MULTILINE))
 
 
+def _stream(
+    tmp_path: Path, store: str, topic: str, **options: str
+) -> tuple[list[int], dict[str, Any]]:
+    """Every case's input (FILES files of ROWS rows, every id returned) and its query: a
+    stream into ``topic`` on a processing-time trigger, with ``options`` and the roomy
+    transaction timeout."""
+    ids = make_input(tmp_path / "src", FILES, ROWS)
+    spec = stream_spec(
+        tmp_path / "src",
+        store,
+        topic,
+        tmp_path / "ck",
+        FILES,
+        trigger="processingTime",
+        sink_options={**options, **ROOMY_TIMEOUT},
+    )
+    return ids, spec
+
+
 def _wait_fired(run: DriverRun, marks: Path, entry: str) -> None:
     """Until the failpoint ``entry`` fired (its marker exists); fails if the driver exits."""
     marker = Path(failpoints.marker_path(str(marks), entry))
@@ -105,16 +125,7 @@ def test_stream_rides_out_a_restart_of_its_broker(
 ) -> None:
     broker = broker_factory()
     topic = "t_restart"
-    ids = make_input(tmp_path / "src", FILES, ROWS)
-    spec = stream_spec(
-        tmp_path / "src",
-        "",
-        topic,
-        tmp_path / "ck",
-        FILES,
-        trigger="processingTime",
-        sink_options={"brokers": broker.address, **ROOMY_TIMEOUT},
-    )
+    ids, spec = _stream(tmp_path, "", topic, brokers=broker.address)
     marks = tmp_path / "failpoints"
     run = launcher.start(spec, failpoints=[hold], failpoints_dir=marks)
     _wait_fired(run, marks, hold)
@@ -162,16 +173,7 @@ def test_a_commit_recorded_then_lost_with_its_broker_is_found_committed(
     broker = broker_factory()
     topic = "t_lost_answer"
     hold = "inside_commit@2=sleep:5"
-    ids = make_input(tmp_path / "src", FILES, ROWS)
-    spec = stream_spec(
-        tmp_path / "src",
-        "",
-        topic,
-        tmp_path / "ck",
-        FILES,
-        trigger="processingTime",
-        sink_options={"brokers": broker.address, **ROOMY_TIMEOUT},
-    )
+    ids, spec = _stream(tmp_path, "", topic, brokers=broker.address)
     marks = tmp_path / "failpoints"
     run = launcher.start(spec, failpoints=[hold], failpoints_dir=marks)
     _wait_fired(run, marks, hold)
@@ -210,16 +212,7 @@ def test_stream_rides_out_a_sigterm_of_the_embedded_broker(
     """The embedded default (option ``path``): the broker SIGTERMed while the driver holds
     batch 2's commit; the commit's retry (or a task) starts it again on the same data."""
     hold = "before_commit@2=sleep:2"
-    ids = make_input(tmp_path / "src", FILES, ROWS)
-    spec = stream_spec(
-        tmp_path / "src",
-        store,
-        "t_embedded",
-        tmp_path / "ck",
-        FILES,
-        trigger="processingTime",
-        sink_options=ROOMY_TIMEOUT,
-    )
+    ids, spec = _stream(tmp_path, store, "t_embedded")
     marks = tmp_path / "failpoints"
     run = drivers.start(spec, failpoints=[hold], failpoints_dir=marks)
     _wait_fired(run, marks, hold)
@@ -246,20 +239,9 @@ def test_a_broker_down_past_the_bound_fails_the_query_naming_the_option(
     commit gives up after driver.retry.timeout.ms=3000 (plus its last attempt) and the
     query fails with the line naming the option."""
     broker = broker_factory()
-    make_input(tmp_path / "src", FILES, ROWS)
     hold = "before_commit@2=sleep:2"
-    spec = stream_spec(
-        tmp_path / "src",
-        "",
-        "t_down",
-        tmp_path / "ck",
-        FILES,
-        trigger="processingTime",
-        sink_options={
-            "brokers": broker.address,
-            "driver.retry.timeout.ms": "3000",
-            **ROOMY_TIMEOUT,
-        },
+    _, spec = _stream(
+        tmp_path, "", "t_down", brokers=broker.address, **{"driver.retry.timeout.ms": "3000"}
     )
     marks = tmp_path / "failpoints"
     run = launcher.start(spec, failpoints=[hold], failpoints_dir=marks)
