@@ -243,9 +243,10 @@ class BrokerClient(AdminCalls, TransactionCalls):
     # -- raw actions ---------------------------------------------------------------------
     def action_raw(self, address: str, action_type: str, body: bytes) -> bytes:
         """One DoAction on one broker, errors typed; for tools and malformed-input tests."""
-        client = self._connection(address)
         try:
-            results = list(client.do_action(flight.Action(action_type, body), self._options()))
+            results = self._connections.call_action(
+                address, flight.Action(action_type, body), self._options()
+            )
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
             raise self._connections.failure(address, exc, f"action {action_type}") from exc
         if len(results) != 1:

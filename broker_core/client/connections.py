@@ -14,6 +14,12 @@ broker with ``ssl.client.auth=required``; a broker that does not authenticate
 certificates answers that it has no mechanism, and the channel goes on without a token).
 A channel is replaced by a freshly authenticated one once half its session's lifetime
 has passed, so calls never meet an expired token (docs/security.md).
+
+One-answer calls (DoAction) go on a channel of their own per broker, apart from the
+streams': a call that timed out has its channel closed before the caller can retry, so
+the retry goes on a fresh connection, and the request left on the stalled one (or its
+late answer) is never taken for the retry's. The streams' channel cannot be closed
+that way: other threads' produce and fetch streams run on it.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # started then still has the other half before its token expires.
 REFRESH_SHARE = 0.5
 _NEVER = float("inf")  # a channel without a session never needs a new handshake
+# Each broker's two channels: the streams' and the one-answer actions'.
+_STREAMS, _ACTIONS = "streams", "actions"
+_Key = tuple[str, str]  # (address, one of the two)
 
 
 # Bootstrap lists whose coordinators one connection cache keeps (FlightConnections.
@@ -74,10 +83,15 @@ class FlightConnections:
     ) -> None:
         self._lock = threading.Lock()
         self._sasl = sasl
-        self._clients: dict[str, flight.FlightClient] = {}
-        self._refresh_at: dict[str, float] = {}  # address -> when its channel re-authenticates
-        # address -> the lock of opening its channel: one per broker address ever used.
-        self._opening: dict[str, threading.Lock] = {}
+        # (address, kind) -> its channel: the streams' (get) and the actions' (call_action).
+        self._clients: dict[_Key, flight.FlightClient] = {}
+        self._refresh_at: dict[_Key, float] = {}  # -> when the channel re-authenticates
+        # (address, kind) -> the lock of opening its channel: one per channel ever used.
+        self._opening: dict[_Key, threading.Lock] = {}
+        # id(channel) -> the action calls on it now; a retired one (timed out, or its
+        # address reset) is closed once its last call returns.
+        self._calls: dict[int, int] = {}
+        self._retired: dict[int, flight.FlightClient] = {}
         # bootstrap list -> the coordinators its clients learned, the most recent last.
         self._coordinators: OrderedDict[tuple[str, ...], CoordinatorCache] = OrderedDict()
         self.tls = tls
@@ -106,22 +120,72 @@ class FlightConnections:
             return cache
 
     def get(self, address: str) -> flight.FlightClient:
+        """The channel of ``address`` for streams (DoPut, DoGet)."""
+        return self._channel((address, _STREAMS))
+
+    def _channel(self, key: _Key) -> flight.FlightClient:
         with self._lock:
-            client = self._fresh(address)
+            client = self._fresh(key)
             if client is not None:
                 return client
-            opening = self._opening.setdefault(address, threading.Lock())
-        # One opening per address at a time, so concurrent callers share one channel; the
+            opening = self._opening.setdefault(key, threading.Lock())
+        # One opening per channel at a time, so concurrent callers share one; the
         # handshakes (a host-name probe, SASL's) contact the broker, outside the cache's lock.
         with opening:
             with self._lock:
-                client = self._fresh(address)  # another caller may have opened it
-            if client is None:
-                client, refresh_at = self._open(address)
-                with self._lock:
-                    self._clients[address] = client
-                    self._refresh_at[address] = refresh_at
-            return client
+                client = self._fresh(key)  # another caller may have opened it
+            if client is not None:
+                return client
+            opened, refresh_at = self._open(key[0])
+            with self._lock:
+                self._clients[key] = opened
+                self._refresh_at[key] = refresh_at
+            return opened
+
+    def call_action(
+        self, address: str, action: flight.Action, options: flight.FlightCallOptions
+    ) -> list[flight.Result]:
+        """One DoAction on the actions' channel of ``address``, its results; Flight's
+        errors raised as they are (for :meth:`failure`). A call that timed out closes its
+        channel before it raises (at once if no other call is on it, else when the last
+        one returns): the next call, the caller's retry, opens a fresh connection."""
+        key = (address, _ACTIONS)
+        client = self._channel(key)
+        while not self._counted(key, client):
+            client = self._channel(key)
+        try:
+            return list(client.do_action(action, options))
+        except flight.FlightTimedOutError:
+            with self._lock:
+                self._retire(key, client)
+            raise
+        finally:
+            with self._lock:
+                left = self._calls[id(client)] - 1
+                if left:
+                    self._calls[id(client)] = left
+                else:
+                    del self._calls[id(client)]
+                closing = self._retired.pop(id(client), None) if not left else None
+            if closing is not None:
+                _close_quietly(closing)
+
+    def _counted(self, key: _Key, client: flight.FlightClient) -> bool:
+        """Count a call on ``client`` if it is still ``key``'s channel: one retired
+        meanwhile may be closed at any moment, and a call on it would crash."""
+        with self._lock:
+            if self._clients.get(key) is not client:
+                return False
+            self._calls[id(client)] = self._calls.get(id(client), 0) + 1
+            return True
+
+    def _retire(self, key: _Key, client: flight.FlightClient) -> None:
+        """Forget ``key``'s channel if it is still ``client``, to be closed by its last
+        call (lock held)."""
+        if self._clients.get(key) is client:
+            del self._clients[key]
+            self._refresh_at.pop(key, None)
+        self._retired[id(client)] = client
 
     def failure(self, address: str, exc: BaseException, what: str) -> IdemlogError:
         """The typed error of a call to ``address`` that raised ``exc``: the broker's own
@@ -148,10 +212,10 @@ class FlightConnections:
             return refused
         return NetworkError(f"{what} to {address} failed: {type(exc).__name__}: {exc}")
 
-    def _fresh(self, address: str) -> flight.FlightClient | None:
-        """The cached client of ``address`` unless it is due to re-authenticate (lock held)."""
-        client = self._clients.get(address)
-        if client is not None and time.monotonic() < self._refresh_at[address]:
+    def _fresh(self, key: _Key) -> flight.FlightClient | None:
+        """The cached channel of ``key`` unless it is due to re-authenticate (lock held)."""
+        client = self._clients.get(key)
+        if client is not None and time.monotonic() < self._refresh_at[key]:
             return client
         return None
 
@@ -182,20 +246,30 @@ class FlightConnections:
         return client, time.monotonic() + auth.lifetime_s * REFRESH_SHARE
 
     def reset(self, address: str) -> None:
-        """Forget the client of ``address``: the next :meth:`get` opens a fresh channel.
+        """Forget the channels of ``address``: the next call opens fresh ones.
 
-        The old one is not closed here: another thread may be in a call on it (a produce
-        stream, a metadata refresh), and closing a Flight client under a call crashes the
-        process. It closes when its last user lets go of it.
+        The streams' channel is not closed here: another thread may be in a call on it (a
+        produce stream, a fetch), and closing a Flight client under a call crashes the
+        process. It closes when its last user lets go of it. The actions' channel is
+        closed once no call is on it (:meth:`call_action` counts them).
         """
+        idle: flight.FlightClient | None = None
         with self._lock:
-            self._clients.pop(address, None)
-            self._refresh_at.pop(address, None)
+            self._clients.pop((address, _STREAMS), None)
+            self._refresh_at.pop((address, _STREAMS), None)
+            actions = self._clients.get((address, _ACTIONS))
+            if actions is not None:
+                self._retire((address, _ACTIONS), actions)
+                if id(actions) not in self._calls:
+                    idle = self._retired.pop(id(actions))
+        if idle is not None:
+            _close_quietly(idle)
 
     def close(self) -> None:
+        """Close every channel (no call may be in flight then); the cache stays usable."""
         with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-            self._refresh_at = {}
+            clients = list(self._clients.values()) + list(self._retired.values())
+            self._clients, self._refresh_at, self._retired = {}, {}, {}
         for client in clients:
             _close_quietly(client)
 
@@ -206,10 +280,9 @@ class FlightConnections:
         is a NetworkError naming ``what`` (the channel is reset, so the next call opens a
         fresh one); an answer of other than one result is an InvalidRequestError.
         """
-        client = self.get(address)
         options = flight.FlightCallOptions(timeout=timeout_s)
         try:
-            results = list(client.do_action(flight.Action(action, body), options))
+            results = self.call_action(address, flight.Action(action, body), options)
         except flight.FlightError as exc:
             raise self.failure(address, exc, what) from exc
         if len(results) != 1:
@@ -217,9 +290,9 @@ class FlightConnections:
         return bytes(results[0].body.to_pybytes())
 
     def addresses(self) -> list[str]:
-        """The addresses with an open client, sorted (for tests and diagnostics)."""
+        """The addresses with an open channel, sorted (for tests and diagnostics)."""
         with self._lock:
-            return sorted(self._clients)
+            return sorted({address for address, _ in self._clients})
 
 
 def _close_quietly(client: flight.FlightClient) -> None:

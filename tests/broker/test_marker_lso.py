@@ -110,17 +110,13 @@ def test_stable_offsets_wire_form_round_trips_and_is_checked() -> None:
             WriteTxnMarkersResponse.from_doc(body, "answer")
 
 
-class _AnsweringClient:
-    """A Flight client whose WRITE_TXN_MARKERS answer is ``body`` (a peer of another kind)."""
+def _answering(body: bytes) -> Callable[[str, object, object], list[SimpleNamespace]]:
+    """A DoAction whose WRITE_TXN_MARKERS answer is ``body`` (a peer of another kind)."""
 
-    def __init__(self, body: bytes) -> None:
-        self.body = body
+    def call_action(address: str, action: object, options: object) -> list[SimpleNamespace]:
+        return [SimpleNamespace(body=pa.py_buffer(body))]
 
-    def do_action(self, action: object, options: object) -> list[SimpleNamespace]:
-        return [SimpleNamespace(body=pa.py_buffer(self.body))]
-
-    def close(self) -> None:
-        pass
+    return call_action
 
 
 @pytest.mark.parametrize(
@@ -138,7 +134,7 @@ def test_a_remote_answer_without_the_offsets_is_a_server_error(
     shared_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch, body: bytes, message: str
 ) -> None:
     writer = _remote_writer(shared_broker)
-    monkeypatch.setattr(writer._connections, "get", lambda address: _AnsweringClient(body))
+    monkeypatch.setattr(writer._connections, "call_action", _answering(body))
     with pytest.raises(UnknownServerError, match=message) as info:
         writer.write_markers([ProducerMarkers(5, 0, (("lso", 0),))], True, 0)
     assert not info.value.retriable

@@ -61,15 +61,12 @@ class ProxiedConnections(FlightConnections):
         self.proxies = {t: TcpProxy(t) for t in targets}
         self.cut_links: dict[str, TcpProxy] = {}  # the closed proxy of each cut link
 
-    def get(self, address: str) -> flight.FlightClient:
+    def _open(self, address: str) -> tuple[flight.FlightClient, float]:
+        """Every channel to ``address`` (the streams' and the actions') dials its proxy;
+        the cache keys and resets it under the broker's address, as any other channel."""
         with self._map_lock:
             proxy = self.proxies[address].address
-        with self._lock:
-            client = self._clients.get(address)
-            if client is None:
-                client = flight.connect(f"grpc://{proxy}")
-                self._clients[address] = client
-            return client
+        return flight.connect(f"grpc://{proxy}"), float("inf")
 
     def cut(self, address: str) -> TcpProxy:
         """Close ``address``'s proxy; returns it (its counters say what went through)."""

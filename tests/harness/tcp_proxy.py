@@ -5,8 +5,9 @@ netem and no iptables (close the proxy, or stop it forwarding).
 ``TcpProxy(target)`` listens on a free loopback port and forwards every connection to
 ``target`` (``host:port``), byte for byte, both ways, each connection on threads of its
 own. It counts connections and bytes, so a test can assert that traffic really went
-through it. ``close()`` stops listening and closes every connection (both sides see the
-link go down).
+through it, and the connections whose client closed its end (``client_hangups``).
+``close()`` stops listening and closes every connection (both sides see the link go
+down).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class TcpProxy:
         self.connections = 0
         self.bytes_to_target = 0
         self.bytes_from_target = 0
+        self.client_hangups = 0  # connections whose client end was closed (EOF from it)
         accept = threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True)
         accept.start()
         self._threads.append(accept)
@@ -75,6 +77,9 @@ class TcpProxy:
                         self.bytes_to_target += len(data)
                     else:
                         self.bytes_from_target += len(data)
+            if to_target:
+                with self._lock:
+                    self.client_hangups += 1
         except OSError:
             pass  # the other side or close() ended the link: the pump's job is over
         finally:

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pyarrow.flight as flight
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
@@ -25,6 +26,8 @@ from broker_core.protocol.admin_requests import MetadataRequest
 from broker_core.protocol.requests import Request
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory
+from tests.harness.tcp_proxy import TcpProxy
+from tests.harness.waiting import wait_until
 
 DEAD = "127.0.0.1:1"  # nothing listens on port 1: a connection is refused at once
 
@@ -259,3 +262,53 @@ def test_a_metadata_refresh_waits_for_a_silent_broker_once_not_in_every_refresh(
         with pytest.raises(NetworkError):
             client.refresh_metadata()
         assert tried == [live.address, silent]
+
+
+class _HoldingServer(flight.FlightServerBase):  # type: ignore[misc]
+    """Answers every action at once but ``hold``, which waits for ``release``; records
+    each call's peer (the client's address and port: its connection)."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.release = threading.Event()
+        self.peers: dict[str, list[str]] = {"hold": [], "ping": []}
+
+    def do_action(
+        self, context: flight.ServerCallContext, action: flight.Action
+    ) -> Iterator[bytes]:
+        self.peers[action.type].append(context.peer())
+        if action.type == "hold":
+            self.release.wait(30)
+        return iter([b"ok"])
+
+
+def test_a_timed_out_calls_channel_is_closed_before_the_retry() -> None:
+    """Issue 36: the request of a call that timed out stays on its connection (a stalled
+    link delivers it late); the connection is closed before the caller retries, and the
+    retry goes on a fresh one; a stream's channel to the same broker, in use meanwhile,
+    stays open. Through a TCP proxy that sees the client hang up."""
+    server = _HoldingServer()
+    connections = FlightConnections()
+    try:
+        with TcpProxy(f"127.0.0.1:{server.port}") as proxy:
+            quick = flight.FlightCallOptions(timeout=10)
+            # A stream's channel, held as a produce stream holds it (connected by a call).
+            streams = connections.get(proxy.address)
+            assert list(streams.do_action(flight.Action("ping", b""), quick))
+            assert connections.call_action(proxy.address, flight.Action("ping", b""), quick)
+            with pytest.raises(flight.FlightTimedOutError):
+                connections.call_action(
+                    proxy.address, flight.Action("hold", b""), flight.FlightCallOptions(timeout=0.5)
+                )
+            wait_until(lambda: proxy.client_hangups == 1, "the timed-out call's connection closed")
+            # The retry: on a new connection, from another port.
+            assert connections.call_action(proxy.address, flight.Action("ping", b""), quick)
+            assert proxy.connections == 3 and proxy.client_hangups == 1
+            stream_peer, action_peer, retry_peer = server.peers["ping"]
+            assert server.peers["hold"] == [action_peer]
+            assert len({stream_peer, action_peer, retry_peer}) == 3
+            assert list(streams.do_action(flight.Action("ping", b""), quick))  # still open
+    finally:
+        server.release.set()
+        connections.close()
+        server.shutdown()
