@@ -29,7 +29,6 @@ from broker_core.cluster.metadata import (
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     InvalidRequestError,
-    InvalidTopicError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
@@ -63,6 +62,7 @@ from broker_core.protocol.replica import (
     ReplicaLogStartRequest,
 )
 from broker_core.protocol.stable_cut import TrackedBatchesRequest
+from broker_core.protocol.topics import validate_user_topic_name
 from broker_core.protocol.txn_requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
@@ -229,11 +229,7 @@ class ActionHandlers:
     # -- topics --------------------------------------------------------------------------
     def create_topic(self, body: dict[str, Any]) -> dict[str, Any]:
         request = CreateTopicRequest.from_doc(body)
-        if request.name.startswith("__"):
-            raise InvalidTopicError(
-                f"topic name {request.name!r}: names starting with '__' are reserved for "
-                "internal topics"
-            )
+        validate_user_topic_name(request.name)
         name, partitions, schema, overrides = validate_new_topic(
             request.name, request.partitions, request.schema, dict(request.config)
         )
