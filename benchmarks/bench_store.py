@@ -51,7 +51,7 @@ from broker_core.config import LONG_MAX
 from broker_core.fileutil import write_all
 from broker_core.log.config import LogConfig
 from broker_core.log.partition_log import PartitionLog
-from broker_core.log.producer_state import AppendOrigin, ProducerStateManager, producer_batch
+from broker_core.log.producer_state import AppendOrigin, ProducerStateManager, producer_fields
 from broker_core.log.snapshot import list_snapshots
 from broker_core.log.store import LogStore
 from broker_core.record.batch import decode_header, encode_data, ipc_stream_size
@@ -314,7 +314,7 @@ def profile_appends(
 def validator_us_per_batch(encoded: Sequence[pa.Buffer], rounds: int = 20) -> list[float]:
     """µs per batch of check_append + on_data_batch, one list entry per round."""
     headers = [decode_header(memoryview(buf)) for buf in encoded]
-    batches = [(producer_batch(h), h.base_offset, h.last_offset, h.max_timestamp) for h in headers]
+    batches = [(producer_fields(h), h.base_offset, h.last_offset, h.max_timestamp) for h in headers]
     results = []
     for _ in range(rounds):
         state = ProducerStateManager(window=5, expiration_ms=86_400_000)

@@ -70,7 +70,7 @@ from broker_core.log.retention import as_record_batch as _as_record_batch
 from broker_core.log.retention import past_retention, should_roll
 from broker_core.log.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.log.snapshot import delete_snapshots_below, write_snapshot
-from broker_core.log.validator import ProducerBatch
+from broker_core.log.validator import ProducerFields
 from broker_core.protocol.admin_requests import NO_OFFSET, ProducerDescription
 from broker_core.protocol.wire import DEFAULT_FETCH_MAX_BYTES
 from broker_core.record.batch import (
@@ -223,7 +223,7 @@ class PartitionLog:
             if base_sequence == NO_SEQUENCE
             else increment_sequence(base_sequence, batch.num_rows - 1)
         )
-        pbatch = ProducerBatch(
+        fields = ProducerFields(
             producer_id, producer_epoch, base_sequence, last_seq, batch.num_rows, transactional
         )
         verify = transactional and transactional_id is not None and origin is AppendOrigin.CLIENT
@@ -232,9 +232,9 @@ class PartitionLog:
             if verify:
                 assert transactional_id is not None
                 if producer_id < 0:
-                    self.state.check_append(pbatch, origin)  # the field error, named
-                self.state.check_verified(pbatch, transactional_id, verification)
-            original = self.state.check_append(pbatch, origin)
+                    self.state.check_append(fields, origin)  # the field error, named
+                self.state.check_verified(fields, transactional_id, verification)
+            original = self.state.check_append(fields, origin)
             if original is not None:
                 return AppendResult(
                     original.first_offset, original.last_offset, original.timestamp, True
@@ -253,7 +253,7 @@ class PartitionLog:
             )
             self.epochs.assign(self.leader_epoch, self.log_end_offset)
             header = self._write(encoded, now)
-            self.state.on_data_batch(pbatch, header.base_offset, header.last_offset, now)
+            self.state.on_data_batch(fields, header.base_offset, header.last_offset, now)
             if verify:
                 self.state.on_verified_append(producer_id, verification)
             self._maybe_flush(now)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from broker_core.errors import InvalidTxnStateError
-from broker_core.log.validator import ProducerBatch, check_append, check_fields, check_marker
+from broker_core.log.validator import ProducerFields, check_append, check_fields, check_marker
 from broker_core.record.batch import (
     NO_PRODUCER_EPOCH,
     NO_SEQUENCE,
@@ -116,8 +116,8 @@ class CompletedTxn:
     aborted: bool
 
 
-def producer_batch(header: BatchHeader) -> ProducerBatch:
-    return ProducerBatch(
+def producer_fields(header: BatchHeader) -> ProducerFields:
+    return ProducerFields(
         producer_id=header.producer_id,
         producer_epoch=header.producer_epoch,
         first_seq=header.base_sequence,
@@ -202,7 +202,7 @@ class ProducerStateManager:
             del self._verifying[producer_id]
 
     def check_verified(
-        self, batch: ProducerBatch, transactional_id: str, guard: VerificationGuard | None
+        self, batch: ProducerFields, transactional_id: str, guard: VerificationGuard | None
     ) -> None:
         """Raise INVALID_TXN_STATE unless the batch's transaction was verified with its
         coordinator: its open transaction here was, or ``guard`` is still pending (no
@@ -230,7 +230,7 @@ class ProducerStateManager:
             self._verified[producer_id] = guard
 
     # -- validation (no state change) --------------------------------------------------
-    def check_append(self, batch: ProducerBatch, origin: AppendOrigin) -> BatchMetadata | None:
+    def check_append(self, batch: ProducerFields, origin: AppendOrigin) -> BatchMetadata | None:
         """Raise if the batch must be rejected; return the original if it is a duplicate."""
         if origin is not AppendOrigin.CLIENT:
             return None
@@ -262,7 +262,7 @@ class ProducerStateManager:
         return entry
 
     def on_data_batch(
-        self, batch: ProducerBatch, first_offset: int, last_offset: int, timestamp: int
+        self, batch: ProducerFields, first_offset: int, last_offset: int, timestamp: int
     ) -> None:
         if batch.producer_id < 0:
             return

@@ -31,7 +31,7 @@ from broker_core.errors import CorruptRecordError
 from broker_core.fileutil import fsync_directory
 from broker_core.log.config import LogConfig
 from broker_core.log.indexes import AbortedTxn
-from broker_core.log.producer_state import ProducerStateManager, producer_batch
+from broker_core.log.producer_state import ProducerStateManager, producer_fields
 from broker_core.log.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -289,7 +289,7 @@ def apply_batch(state: ProducerStateManager, segment: LogSegment, stored: Stored
         record = decode_control(h, stored.data)
         apply_marker(state, h, record.control_type, record.coordinator_epoch, segment)
     else:
-        state.on_data_batch(producer_batch(h), h.base_offset, h.last_offset, h.max_timestamp)
+        state.on_data_batch(producer_fields(h), h.base_offset, h.last_offset, h.max_timestamp)
 
 
 def replay(segments: list[LogSegment], state: ProducerStateManager, offset: int) -> None:

@@ -69,7 +69,7 @@ class ProducerHistory(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class ProducerBatch:
+class ProducerFields:
     """The producer fields of an incoming batch: all the validator looks at."""
 
     producer_id: int
@@ -80,7 +80,7 @@ class ProducerBatch:
     is_transactional: bool
 
 
-def check_fields(batch: ProducerBatch) -> None:
+def check_fields(batch: ProducerFields) -> None:
     """Header fields that are wrong whatever the state (a client bug, not a retry)."""
     pid = batch.producer_id
     if pid < -1:
@@ -108,7 +108,7 @@ def in_sequence(last_seq: int, next_seq: int) -> bool:
     return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == MAX_SEQUENCE)
 
 
-def _written_at_epoch(entry: ProducerHistory, batch: ProducerBatch) -> bool:
+def _written_at_epoch(entry: ProducerHistory, batch: ProducerFields) -> bool:
     """Does the batch lie wholly inside the sequences already written at this epoch?"""
     start = entry.epoch_start_sequence
     if start == NO_SEQUENCE or entry.epoch_record_count == 0:
@@ -126,7 +126,7 @@ def _written_at_epoch(entry: ProducerHistory, batch: ProducerBatch) -> bool:
 
 def check_append(
     entry: ProducerHistory | None,
-    batch: ProducerBatch,
+    batch: ProducerFields,
     *,
     producer_id_known: Callable[[int], bool],
 ) -> None:

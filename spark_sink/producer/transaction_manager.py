@@ -58,7 +58,7 @@ def can_transition(old: TxnState, new: TxnState) -> bool:
 
 
 @dataclass
-class PartitionState:
+class PartitionSequences:
     """Sequence bookkeeping of one partition under the current producer id and epoch."""
 
     next_sequence: int = 0
@@ -79,7 +79,7 @@ class TransactionManager:
         self.producer_epoch = -1
         self.state = TxnState.UNINITIALIZED
         self.last_error: IdemlogError | None = None
-        self._partitions: dict[TopicPartition, PartitionState] = {}
+        self._partitions: dict[TopicPartition, PartitionSequences] = {}
         self.txn_partitions: set[TopicPartition] = set()  # added to the open transaction
         # The partitions the open transaction's first send() queued rows for: the sender
         # registers them at once, before their batches are ready (later partitions join
@@ -143,11 +143,11 @@ class TransactionManager:
         return self.producer_id >= 0
 
     # -- sequences -----------------------------------------------------------------------
-    def partition(self, tp: TopicPartition) -> PartitionState:
+    def partition(self, tp: TopicPartition) -> PartitionSequences:
         with self._lock:
             state = self._partitions.get(tp)
             if state is None:
-                state = self._partitions[tp] = PartitionState()
+                state = self._partitions[tp] = PartitionSequences()
             return state
 
     def next_sequence(self, tp: TopicPartition, rows: int) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from broker_core.log.snapshot import (
     write_snapshot,
 )
 from broker_core.log.store import LogStore
-from broker_core.log.validator import ProducerBatch, check_append
+from broker_core.log.validator import ProducerFields, check_append
 from broker_core.record.batch import HEADER_SIZE, MAX_SEQUENCE, ControlType, ipc_stream_size
 from tests.store.helpers import (
     ManualClock,
@@ -78,7 +78,7 @@ def test_scenario_01_sequence_and_epoch_rules(tmp_path: Path) -> None:
     assert entry is not None
     with pytest.raises(DuplicateSequenceError) as dup:
         check_append(
-            entry, ProducerBatch(PID, 0, 1, 1, 1, False), producer_id_known=lambda _pid: True
+            entry, ProducerFields(PID, 0, 1, 1, 1, False), producer_id_known=lambda _pid: True
         )
     assert dup.value.code == 46
 
