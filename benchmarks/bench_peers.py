@@ -165,10 +165,8 @@ from benchmarks.bench_spark import (
     Cpu,
     StreamResult,
     finish_stream,
-    parse_sizes,
     run_rounds,
     run_stream,
-    source,
     write_stream_files,
 )
 from benchmarks.common import percentile
@@ -177,6 +175,7 @@ from benchmarks.kafka_node import KafkaAdmin, fresh, kafka_node
 from benchmarks.peers_ingest import ingest_part
 from benchmarks.peers_read import read_options_argument, read_part
 from benchmarks.peers_report import Row, draw_chart, print_ratios, print_table, with_ratios
+from benchmarks.spark_workload import parse_sizes, source
 from spark_sink import local_session
 from spark_sink.embedded import stop_broker
 from spark_sink.export.delta import delta_conf

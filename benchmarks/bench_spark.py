@@ -72,7 +72,6 @@ plaintext's seconds over TLS's.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -82,7 +81,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,6 +97,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from benchmarks.common import tree_cpu_seconds, verdict
 from benchmarks.discard_sink import DiscardDataSource
 from benchmarks.spark_tls import TARGET_TLS_RATIO, tls_part
+from benchmarks.spark_workload import parse_sizes, source
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import UnknownTopicOrPartitionError
 from spark_sink import local_session
@@ -112,12 +112,6 @@ STREAM_TIMEOUT_S = 1800
 
 
 # -- the batch runs ---------------------------------------------------------------------------
-def source(spark: SparkSession, rows: int) -> DataFrame:
-    return spark.range(rows).selectExpr(
-        "id", "cast(id % 1000 as int) key", "concat('value-', id) value"
-    )
-
-
 class Rounds(Protocol):
     runs: dict[str, list[float]]
 
@@ -360,28 +354,6 @@ def print_batch_table(bench: Bench, rows: int) -> tuple[dict[str, float], dict[s
             f"{cpu[sink].broker:>8.1f}  " + " ".join(f"{t:.2f}" for t in bench.runs[sink])
         )
     return {sink: rows / best[sink] for sink in SINKS}, cpu
-
-
-def parse_sizes(
-    doc: str | None,
-    argv: Sequence[str] | None,
-    dir_help: str = "scratch directory",
-    more: Callable[[argparse.ArgumentParser], None] | None = None,
-) -> argparse.Namespace:
-    """The size options the Spark benchmarks share, checked; ``more`` adds a benchmark's
-    own options."""
-    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
-    if more is not None:
-        more(parser)
-    parser.add_argument("--rows", type=int, default=20_000_000)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each sink (best counts)")
-    parser.add_argument("--stream-batches", type=int, default=20)
-    parser.add_argument("--stream-rows", type=int, default=100_000)
-    parser.add_argument("--dir", type=Path, default=None, help=dir_help)
-    args = parser.parse_args(argv)
-    if args.rows <= 0 or args.repeats <= 0 or args.stream_batches <= 0 or args.stream_rows <= 0:
-        parser.error("--rows, --repeats, --stream-batches and --stream-rows must be positive")
-    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

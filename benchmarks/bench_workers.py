@@ -32,9 +32,9 @@ from pathlib import Path
 import psutil
 from pyspark.sql import SparkSession
 
-from benchmarks.bench_spark import source
 from benchmarks.common import print_table
 from benchmarks.discard_sink import DiscardDataSource
+from benchmarks.spark_workload import source
 from benchmarks.spark_write_cpu import cpu_by_kind
 from spark_sink import local_session
 from spark_sink.embedded import stop_broker

@@ -44,8 +44,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.bench_broker import Server, start_broker
-from benchmarks.bench_spark import check_topic, source
+from benchmarks.bench_spark import check_topic
 from benchmarks.discard_sink import DiscardDataSource
+from benchmarks.spark_workload import source
 from broker_core.client.broker_client import BrokerClient
 from broker_core.fileutil import start_writeback
 from spark_sink import local_session, trace

@@ -66,10 +66,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from benchmarks.arrow_probe import PROBE_CLASS, write_arrow_files
-from benchmarks.bench_spark import Cpu, source
+from benchmarks.bench_spark import Cpu
 from benchmarks.common import percentile
 from benchmarks.kafka_node import PARTITIONS, KafkaAdmin, fresh
 from benchmarks.peers_report import Row
+from benchmarks.spark_workload import source
 from broker_core.client.broker_client import BrokerClient
 from spark_sink.embedded import ensure_broker
 from spark_sink.producer import Producer as IdemlogProducer

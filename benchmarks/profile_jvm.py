@@ -33,8 +33,8 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.bench_spark import source
 from benchmarks.common import print_table
+from benchmarks.spark_workload import source
 from spark_sink import local_session
 from spark_sink.embedded import stop_broker
 from spark_sink.export.delta import delta_conf

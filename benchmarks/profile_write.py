@@ -50,7 +50,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from benchmarks.bench_spark import WARMUP_ROWS, Bench, Cpu, source
+from benchmarks.bench_spark import WARMUP_ROWS, Bench, Cpu
+from benchmarks.spark_workload import source
 from spark_sink import local_session
 from spark_sink.embedded import broker_pid, stop_broker
 from spark_sink.session import REPO

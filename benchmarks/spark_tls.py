@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from benchmarks.bench_broker import Server
 from benchmarks.bench_sasl import PASSWORD, USER, start
 from benchmarks.common import print_table, verdict
+from benchmarks.spark_workload import parse_sizes, source
 from broker_core.client.broker_client import BrokerClient
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
@@ -121,7 +122,6 @@ def tls_part(spark: SparkSession, df: DataFrame, rows: int, repeats: int, scratc
 
 def main(argv: Sequence[str] | None = None) -> int:
     """This part alone (``make bench-spark`` runs it between its batch and stream parts)."""
-    from benchmarks.bench_spark import parse_sizes, source  # bench_spark imports this module
 
     args = parse_sizes(__doc__, argv)
     scratch = Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-tls-"))

@@ -27,9 +27,10 @@ from pathlib import Path
 import psutil
 from pyspark.sql import DataFrame
 
-from benchmarks.bench_spark import WARMUP_ROWS, source
+from benchmarks.bench_spark import WARMUP_ROWS
 from benchmarks.common import print_table
 from benchmarks.discard_sink import DiscardDataSource
+from benchmarks.spark_workload import source
 from spark_sink import local_session
 from spark_sink.embedded import broker_pid, stop_broker
 
