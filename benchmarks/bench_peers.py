@@ -25,7 +25,7 @@ printed. Replication is 1, ``acks=all`` and idempotence on for every Kafka produ
 extension and catalog (``spark_sink.export.delta.delta_conf``) and, besides ``jars/*.jar``,
 Spark's Kafka sink from ``jars/spark-kafka/`` (``spark-sql-kafka-0-10`` for the installed
 pyspark, with ``spark.jars``). Every sink writes the same uncached DataFrame of ``--rows``
-rows, ``bench_spark.source``::
+rows, ``spark_workload.source``::
 
     spark.range(N).selectExpr("id", "cast(id % 1000 as int) key", "concat('value-', id) value")
 
@@ -219,7 +219,7 @@ def digits_total(stop: int) -> int:
 
 
 def source_bytes(start: int, stop: int) -> int:
-    """Bytes of rows start .. stop-1 of ``bench_spark.source``: id 8, key 4, and the UTF-8
+    """Bytes of rows start .. stop-1 of ``spark_workload.source``: id 8, key 4, and the UTF-8
     of ``'value-' || id``."""
     rows = stop - start
     return rows * (8 + 4 + len("value-")) + digits_total(stop) - digits_total(start)

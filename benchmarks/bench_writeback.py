@@ -6,7 +6,7 @@
 (``make bench-writeback``.) Two broker processes (``idemlog broker start``, embedded
 mode), alike but for the topic key ``flush.writeback.bytes``: the default (1 MiB) on one,
 ``0`` on the other (``log.flush.writeback.bytes=0``). One ``local[2,1]`` session writes the
-same DataFrame (``bench_spark.source``: ``id``, ``key``, ``value``; 20M rows by default)
+same DataFrame (``spark_workload.source``: ``id``, ``key``, ``value``; 20M rows by default)
 with ``format("idemlog")`` (``key="key"``) to each, and with the discard writer (the floor
 of any Python sink), ``--repeats`` interleaved rounds, the order turned every round. Each
 idemlog write is checked (every row in the log, every transaction decided) and its topic

@@ -2,7 +2,7 @@
 (read_committed), Spark's Kafka source and Delta; a streaming read of appended
 micro-batches from idemlog and from Kafka.
 
-**Batch read.** ``--rows`` rows of ``bench_spark.source`` are written once, untimed, by
+**Batch read.** ``--rows`` rows of ``spark_workload.source`` are written once, untimed, by
 each peer's own Spark sink (idemlog: ``df.write.format("idemlog")`` with ``key="key"``
 into a fresh topic of the default 4 partitions; Kafka: the batch part's projection
 ``cast(key as string) key, cast(value as binary) value`` into a fresh 4-partition topic;

@@ -2,7 +2,7 @@
 
     python -m benchmarks.profile_jvm [--rows 20000000] [--runs 2] [--top 15]
 
-One ``local[2,1]`` session with Delta's extension; bench-peers' rows (``bench_spark.source``)
+One ``local[2,1]`` session with Delta's extension; bench-peers' rows (``spark_workload.source``)
 written once to an idemlog topic (embedded broker, ``key="key"``, 4 partitions) and to a
 Delta table. Each reader's DataFrame (every column, as bench-peers' read part) goes into
 ``noop`` once to warm up, then ``--runs`` times plainly (their wall times and the JVM's

@@ -7,7 +7,7 @@ of the embedded broker while ``df.write.format("idemlog")`` writes bench-peers' 
 ``--read`` profiles ``spark.read.format("idemlog")`` of the written rows into ``noop``
 (after one warm read) instead of the write.
 
-One ``local[2,1]`` session as bench-peers' (``bench_spark.source``'s rows, ``key="key"``,
+One ``local[2,1]`` session as bench-peers' (``spark_workload.source``'s rows, ``key="key"``,
 a fresh topic of the default 4 partitions on an embedded broker, default configuration).
 A warm-up write of 100,000 rows first, so the Python workers (reused, Spark's default)
 and the broker exist; then two ``py-spy record --nonblocking --format raw`` run while one

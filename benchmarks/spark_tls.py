@@ -4,7 +4,7 @@ with TLS and SCRAM (``SASL_SSL``, SCRAM-SHA-256) against a plaintext broker, in 
 Two broker processes side by side on the default configuration (``bench_sasl.start``; the
 certificates are made for the run by ``tests/harness/tls.py``, as bench-broker's ``tls``
 part does: an EC P-256 CA and broker certificate), both reached through the ``brokers``
-option. The same DataFrame (``bench_spark.source``) is written to a new topic on each,
+option. The same DataFrame (``spark_workload.source``) is written to a new topic on each,
 alternately, ``--repeats`` times after one warm-up write each, so the load of this shared
 machine hits both alike; every run's log is checked (all rows, nothing open). The medians
 count: ``tls_vs_plaintext_ratio`` is the plaintext write's seconds over the TLS one's (its

@@ -4,7 +4,7 @@ a key, CPU seconds by process kind.
     python -m benchmarks.spark_write_cpu [--rows 5000000] [--repeats 3]
 
 One ``local[2,1]`` session (as ``bench_spark``'s), bench-peers' rows
-(``bench_spark.source``), the three writes in interleaved rounds after a warm-up write of
+(``spark_workload.source``), the three writes in interleaved rounds after a warm-up write of
 each; for each write the user + system CPU seconds (psutil, reaped children included) of
 each kind of process: ``jvm`` (Spark's JVM), ``python`` (the Python daemon and the workers
 it forks: the tasks, the data source's planning and commit), ``driver`` (this process) and
