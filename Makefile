@@ -95,7 +95,7 @@ typecheck: setup
 TEST_WORKERS ?= 2
 test: lint typecheck kafka-jars
 	status=0; \
-	$(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
+	$(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) --heaviest-first -m "not serial" || status=$$?; \
 	$(VENV)/bin/pytest -q --durations=5 -m serial || status=$$?; \
 	exit $$status
 

@@ -188,6 +188,7 @@ def test_python_worker_killed_mid_write_is_retried_once(
     assert txns["transactions_fenced"] >= 1, txns  # the dead attempt's rows were flushed
 
 
+@pytest.mark.slow
 def test_driver_sigkilled_at_random_points_then_restarted(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
