@@ -30,6 +30,7 @@ from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
     ACCOUNTS,
     EXIT_FAILED,
+    ROOMY_TIMEOUT,
     DriverLauncher,
     assert_lso_not_stuck,
     assert_one_copy,
@@ -86,7 +87,6 @@ def wait_for_file(path: Path, timeout_s: float = 180.0) -> None:
     wait_until(path.exists, f"{path} to appear", timeout=timeout_s)
 
 
-@pytest.mark.serial
 def test_task_exception_before_and_mid_write_is_retried_once(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -94,7 +94,9 @@ def test_task_exception_before_and_mid_write_is_retried_once(
     marks = tmp_path / "failpoints"
     entries = ["before_write@1/2=raise", "mid_write@2/1=raise"]
     run = drivers.run(
-        stream_spec(tmp_path / "src", store, "t_raise", tmp_path / "ck", FILES),
+        stream_spec(
+            tmp_path / "src", store, "t_raise", tmp_path / "ck", FILES, sink_options=ROOMY_TIMEOUT
+        ),
         failpoints=entries,
         failpoints_dir=marks,
     )
@@ -108,7 +110,6 @@ def test_task_exception_before_and_mid_write_is_retried_once(
     assert txns["sink_batches_committed"] == FILES, txns
 
 
-@pytest.mark.serial
 def test_failpoints_without_the_testhooks_option_do_not_fire(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -118,7 +119,14 @@ def test_failpoints_without_the_testhooks_option_do_not_fire(
     marks = tmp_path / "failpoints"
     entries = ["before_write@1/2=raise", "mid_write@2/1=raise"]
     run = drivers.run(
-        stream_spec(tmp_path / "src", store, "t_no_hooks", tmp_path / "ck", FILES),
+        stream_spec(
+            tmp_path / "src",
+            store,
+            "t_no_hooks",
+            tmp_path / "ck",
+            FILES,
+            sink_options=ROOMY_TIMEOUT,
+        ),
         failpoints=entries,
         failpoints_dir=marks,
         test_hooks=False,
@@ -132,7 +140,6 @@ def test_failpoints_without_the_testhooks_option_do_not_fire(
     assert txns["sink_batches_committed"] == FILES, txns
 
 
-@pytest.mark.serial
 def test_slow_task_with_speculation_enabled_commits_one_copy(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -154,7 +161,15 @@ def test_slow_task_with_speculation_enabled_commits_one_copy(
         "spark.eventLog.dir": str(events),
     }
     run = drivers.run(
-        stream_spec(tmp_path / "src", store, "t_spec", tmp_path / "ck", FILES, conf=conf),
+        stream_spec(
+            tmp_path / "src",
+            store,
+            "t_spec",
+            tmp_path / "ck",
+            FILES,
+            conf=conf,
+            sink_options=ROOMY_TIMEOUT,
+        ),
         failpoints=entries,
         failpoints_dir=marks,
     )
@@ -172,7 +187,6 @@ def test_slow_task_with_speculation_enabled_commits_one_copy(
         assert txns["transactions_fenced"] >= 1, txns
 
 
-@pytest.mark.serial
 def test_python_worker_killed_mid_write_is_retried_once(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -180,7 +194,14 @@ def test_python_worker_killed_mid_write_is_retried_once(
     marks = tmp_path / "failpoints"
     entries = ["mid_write@1/3=kill_worker"]
     run = drivers.run(
-        stream_spec(tmp_path / "src", store, "t_kill_worker", tmp_path / "ck", FILES),
+        stream_spec(
+            tmp_path / "src",
+            store,
+            "t_kill_worker",
+            tmp_path / "ck",
+            FILES,
+            sink_options=ROOMY_TIMEOUT,
+        ),
         failpoints=entries,
         failpoints_dir=marks,
     )
