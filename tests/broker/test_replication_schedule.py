@@ -73,10 +73,7 @@ from tests.harness.schedule import (
 from tests.harness.schedule_run import ScheduleRun
 from tests.harness.zookeeper import ZooKeeperHarness
 
-# Serial (docs/contributing.md): each fault's effect is awaited within fixed deadlines.
-pytestmark = pytest.mark.serial
-
-# One seed in the suite (about 90 s alone, in the serial phase): its 8 faults take every
+# One seed in the suite (the serial phase runs it alone): its 8 faults take every
 # kind in KINDS and hit every role (leader, follower, controller, coordinator).
 DEFAULT_SEEDS = (12,)
 DEFAULT_STEPS = 8
@@ -102,6 +99,8 @@ def cluster(
         cluster.close()
 
 
+# Serial (docs/contributing.md): each fault's effect is awaited within fixed deadlines.
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", _seeds(), ids=lambda s: f"seed{s}")
 def test_randomized_fault_schedule_keeps_the_invariants(
