@@ -12,8 +12,8 @@ collection by unit, heaviest first by an estimate from the tier markers alone
 checks it), and the controller keeps that order (scope reordering off).
 
 ``--dist loadgroup`` and ``xdist_group`` would say this with markers, but pytest-xdist
-3.8 tags a grouped node id through ``item._nodeid``, which pytest 9 no longer reads:
-every test became a unit of its own.
+3.8 tags a grouped node id through ``item._nodeid``, which pytest 9.2 no longer reads:
+every test became a unit of its own (pytest-dev/pytest-xdist#1386, open).
 """
 
 from __future__ import annotations
