@@ -89,13 +89,14 @@ typecheck: setup
 # The test command (CI runs exactly this): lint, types, then the whole suite. The Kafka
 # jars are fetched too: tests/bench runs every bench-* target at its smoke size;
 # tests/packaging builds the wheel and runs the wheel smoke (make wheel-smoke). Most
-# tests wait more than they compute, so they run on TEST_WORKERS pytest-xdist workers (a
-# file's tests stay on one worker); the `serial` ones, whose deadlines a busy machine
-# could stretch, run alone afterwards. Both phases always run; either failing fails it.
+# tests wait more than they compute, so they run on TEST_WORKERS pytest-xdist workers
+# (--heaviest-first: a unit per file, per test in a few heavy files, heaviest first;
+# tests/harness/work_units.py); the `serial` ones, whose deadlines a busy machine could
+# stretch, run alone afterwards. Both phases always run; either failing fails it.
 TEST_WORKERS ?= 2
 test: lint typecheck kafka-jars
 	status=0; \
-	$(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
+	$(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) --heaviest-first -m "not serial" || status=$$?; \
 	$(VENV)/bin/pytest -q --durations=5 -m serial || status=$$?; \
 	exit $$status
 

@@ -12,7 +12,9 @@ Fixtures used by more than one test package are registered here, once, through
 * ``tests.harness.replicated``: ``replicated_cluster`` (three brokers on a ZooKeeper
   chroot, for the replication tests);
 * ``tests.harness.tls``: ``tls_certs`` (a CA, broker and client certificates, one of
-  another CA, an expired one, generated per session).
+  another CA, an expired one, generated per session);
+* ``tests.harness.work_units``: ``--heaviest-first``, the work units of ``make test``'s
+  first phase on pytest-xdist workers and their order.
 
 Markers (declared in pyproject.toml, ``--strict-markers``) are applied here, by where a
 test lives and what it uses, so a new test cannot forget its tier:
@@ -37,6 +39,7 @@ pytest_plugins = [
     "tests.harness.netns",
     "tests.harness.replicated",
     "tests.harness.tls",
+    "tests.harness.work_units",
 ]
 
 SPARK_DIR = Path(__file__).parent / "spark"

@@ -49,6 +49,13 @@ TAG_ENV = "IDEMLOG_TEST_DRIVER_TAG"
 EXIT_FAILED = 3  # driver_child.EXIT_FAILED
 BROKER_MODULE = "broker_core.cli.main"
 
+# A batch's tasks prepared, no heartbeat covers the time until the driver's commit
+# request (the tasks' end, Spark's job end, the commit's Python process): on the shared
+# 2-core machine under a CI run that took over 20 s once, and the default
+# transaction.timeout.ms aborted the batch. For tests whose faults never need the
+# timeout to fire (a retry or a restart fences what a dead attempt left open).
+ROOMY_TIMEOUT = {"transaction.timeout.ms": "60000"}
+
 
 # -- input -----------------------------------------------------------------------------------
 

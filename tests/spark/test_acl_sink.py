@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from tests.broker.test_acls import authorizer_cluster
@@ -54,6 +55,7 @@ def _ids(client: BrokerClient, topic: str, isolation: str = "read_committed") ->
     return got
 
 
+@pytest.mark.slow
 def test_minimal_acls_write_and_read_exactly_once_and_a_job_without_write_fails(
     tmp_path: Path, zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
 ) -> None:

@@ -41,6 +41,7 @@ from tests.harness.broker import BrokerFactory
 from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
     EXIT_FAILED,
+    ROOMY_TIMEOUT,
     DriverLauncher,
     DriverRun,
     assert_one_copy,
@@ -59,11 +60,6 @@ MEET_S = 240.0
 # The tasks' case: how long the broker stays down (well inside the producers' bounds,
 # delivery.timeout.ms 120 s and max.block.ms 60 s).
 TASKS_DOWN_S = 5.0
-# A batch's tasks prepared, no heartbeat covers the time until the driver's commit
-# request (the tasks' end, Spark's job end, the commit's Python process): on the shared
-# 2-core machine under a CI run that took over 20 s once, and the default
-# transaction.timeout.ms aborted the batch before the broker was even killed.
-ROOMY_TIMEOUT = {"transaction.timeout.ms": "60000"}
 PLAN = "plan of the write"
 COMMIT = "commit of batch 2"
 

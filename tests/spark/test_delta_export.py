@@ -200,6 +200,7 @@ def _data_files(table: Path) -> list[Path]:
     return [p for p in table.rglob("*.parquet") if "_delta_log" not in p.parts]
 
 
+@pytest.mark.slow
 def test_an_export_killed_while_writing_or_after_its_commit_is_rerun_once(
     spark: SparkSession, store: str, tmp_path: Path
 ) -> None:

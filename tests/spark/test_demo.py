@@ -6,10 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = [sys.executable, "-m", "jobs.streaming_demo"]
 
 
+@pytest.mark.slow
 def test_streaming_demo_survives_its_faults_and_reports_exactly_once(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     proc = subprocess.run(

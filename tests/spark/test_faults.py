@@ -30,6 +30,7 @@ from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
     ACCOUNTS,
     EXIT_FAILED,
+    ROOMY_TIMEOUT,
     DriverLauncher,
     assert_lso_not_stuck,
     assert_one_copy,
@@ -47,6 +48,9 @@ ROWS = 2000
 TASK_POINTS = ("before_write", "mid_write", "after_prepare")
 # Where the driver can be killed: lost_ack is a transport fault (action drop:<n> only).
 KILL_POINTS = tuple(p for p in POINTS if p != "lost_ack")
+# Driver kills in test_driver_sigkilled_at_random_points_then_restarted: by default each
+# kill point once; IDEMLOG_DRIVER_KILLS=N (more than the points) adds random ones.
+DRIVER_KILLS = int(os.environ.get("IDEMLOG_DRIVER_KILLS", len(KILL_POINTS)))
 
 
 def fired(failpoints_dir: Path) -> set[str]:
@@ -83,7 +87,6 @@ def wait_for_file(path: Path, timeout_s: float = 180.0) -> None:
     wait_until(path.exists, f"{path} to appear", timeout=timeout_s)
 
 
-@pytest.mark.serial
 def test_task_exception_before_and_mid_write_is_retried_once(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -91,7 +94,9 @@ def test_task_exception_before_and_mid_write_is_retried_once(
     marks = tmp_path / "failpoints"
     entries = ["before_write@1/2=raise", "mid_write@2/1=raise"]
     run = drivers.run(
-        stream_spec(tmp_path / "src", store, "t_raise", tmp_path / "ck", FILES),
+        stream_spec(
+            tmp_path / "src", store, "t_raise", tmp_path / "ck", FILES, sink_options=ROOMY_TIMEOUT
+        ),
         failpoints=entries,
         failpoints_dir=marks,
     )
@@ -105,7 +110,6 @@ def test_task_exception_before_and_mid_write_is_retried_once(
     assert txns["sink_batches_committed"] == FILES, txns
 
 
-@pytest.mark.serial
 def test_failpoints_without_the_testhooks_option_do_not_fire(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -115,7 +119,14 @@ def test_failpoints_without_the_testhooks_option_do_not_fire(
     marks = tmp_path / "failpoints"
     entries = ["before_write@1/2=raise", "mid_write@2/1=raise"]
     run = drivers.run(
-        stream_spec(tmp_path / "src", store, "t_no_hooks", tmp_path / "ck", FILES),
+        stream_spec(
+            tmp_path / "src",
+            store,
+            "t_no_hooks",
+            tmp_path / "ck",
+            FILES,
+            sink_options=ROOMY_TIMEOUT,
+        ),
         failpoints=entries,
         failpoints_dir=marks,
         test_hooks=False,
@@ -129,7 +140,6 @@ def test_failpoints_without_the_testhooks_option_do_not_fire(
     assert txns["sink_batches_committed"] == FILES, txns
 
 
-@pytest.mark.serial
 def test_slow_task_with_speculation_enabled_commits_one_copy(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -151,7 +161,15 @@ def test_slow_task_with_speculation_enabled_commits_one_copy(
         "spark.eventLog.dir": str(events),
     }
     run = drivers.run(
-        stream_spec(tmp_path / "src", store, "t_spec", tmp_path / "ck", FILES, conf=conf),
+        stream_spec(
+            tmp_path / "src",
+            store,
+            "t_spec",
+            tmp_path / "ck",
+            FILES,
+            conf=conf,
+            sink_options=ROOMY_TIMEOUT,
+        ),
         failpoints=entries,
         failpoints_dir=marks,
     )
@@ -169,7 +187,6 @@ def test_slow_task_with_speculation_enabled_commits_one_copy(
         assert txns["transactions_fenced"] >= 1, txns
 
 
-@pytest.mark.serial
 def test_python_worker_killed_mid_write_is_retried_once(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
@@ -177,7 +194,14 @@ def test_python_worker_killed_mid_write_is_retried_once(
     marks = tmp_path / "failpoints"
     entries = ["mid_write@1/3=kill_worker"]
     run = drivers.run(
-        stream_spec(tmp_path / "src", store, "t_kill_worker", tmp_path / "ck", FILES),
+        stream_spec(
+            tmp_path / "src",
+            store,
+            "t_kill_worker",
+            tmp_path / "ck",
+            FILES,
+            sink_options=ROOMY_TIMEOUT,
+        ),
         failpoints=entries,
         failpoints_dir=marks,
     )
@@ -188,16 +212,24 @@ def test_python_worker_killed_mid_write_is_retried_once(
     assert txns["transactions_fenced"] >= 1, txns  # the dead attempt's rows were flushed
 
 
+@pytest.mark.slow
 def test_driver_sigkilled_at_random_points_then_restarted(
     tmp_path: Path, store: str, drivers: DriverLauncher
 ) -> None:
-    files, seeds = 12, 10
+    """One kill per batch from batch 1 on, then a last batch without: the first kills take
+    every kill point once, in an order drawn from a fixed seed (the point, not the draw,
+    is what is covered), further ones a random point; each kill's task partition is
+    drawn from its seed."""
+    seeds = DRIVER_KILLS
+    files = seeds + 2
     ids = make_input(tmp_path / "src", files, ROWS)
     marks = tmp_path / "failpoints"
+    each_once = list(KILL_POINTS)
+    random.Random(0).shuffle(each_once)
     entries = []
     for seed in range(seeds):
         rng = random.Random(seed)
-        point = rng.choice(KILL_POINTS)
+        point = each_once[seed] if seed < len(each_once) else rng.choice(KILL_POINTS)
         batch = seed + 1
         where = f"{batch}/{rng.randrange(4)}" if point in TASK_POINTS else f"{batch}"
         entries.append(f"{point}@{where}=kill_driver")
@@ -216,6 +248,8 @@ def test_driver_sigkilled_at_random_points_then_restarted(
     assert codes[-1] == 0, f"the query never finished: {codes}"
     assert codes.count(-signal.SIGKILL) >= seeds, codes
     assert fired(marks) == set(entries)
+    if seeds >= len(KILL_POINTS):
+        assert {e.split("@")[0] for e in fired(marks)} == set(KILL_POINTS), entries
     assert_one_copy(store, "t_kill_driver", ids)
     if any(e.startswith("after_prepare@") for e in entries):
         # That task's transaction was prepared when the driver died: the restarted run

@@ -46,6 +46,7 @@ def _text(output: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.slow
 def test_the_notebook_runs_headless(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
     monkeypatch.setenv("IDEMLOG_NOTEBOOK_DIR", str(work))
