@@ -17,9 +17,9 @@ from pyspark.sql import functions as F
 
 import spark_sink.reader as reader_module
 from broker_core.client.broker_client import BrokerClient
-from jobs.verify import verify_exactly_once
 from spark_sink import SinkProgressListener, local_session, progress, progress_history
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker
+from spark_sink.verify import verify_exactly_once
 
 
 @pytest.fixture(scope="module")
