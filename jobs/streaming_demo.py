@@ -28,40 +28,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.verify import Verdict, verify_exactly_once
+from spark_sink.payments import KEY, SCHEMA, TOPIC, make_input
+from spark_sink.verify import Verdict, verify_exactly_once
 
-TOPIC = "payments"
-KEY = "account_id"
-SCHEMA = "payment_id bigint, account_id int, amount_cents bigint, batch int"
 FAILPOINTS = (
     "before_write@1/1=raise",  # a task crashes on its first attempt
     "mid_write@2/2=kill_worker",  # a Python worker dies mid-write
     "inside_commit@3=kill_driver",  # the driver dies with its commit in flight
 )
-
-
-def make_input(directory: Path, files: int, rows: int) -> int:
-    directory.mkdir(parents=True, exist_ok=True)
-    for f in range(files):
-        ids = np.arange(f * rows, (f + 1) * rows, dtype=np.int64)
-        table = pa.table(
-            {
-                "payment_id": ids,
-                "account_id": ((ids * 2654435761) % 1000).astype(np.int32),
-                "amount_cents": (ids * 7919) % 100_000,
-                "batch": np.full(rows, f, dtype=np.int32),
-            }
-        )
-        path = directory / f"payments-{f:05d}.parquet"
-        pq.write_table(table, path)
-        # The file source takes files in modification-time order: make it the id order
-        # (files written within one clock tick would otherwise tie).
-        os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))
-    return files * rows
 
 
 # -- the driver (child process) ------------------------------------------------------------

@@ -22,7 +22,11 @@ temporary directory, with ``PYTHONPATH`` unset, so nothing can be imported from 
    (``~/.idemlog/embedded`` under a temporary ``HOME``) and the rows read back;
 8. ``idemlog export delta`` of those rows into a Delta table (Delta's jars through
    ``spark.jars.packages``, as an installed wheel has no ``jars/``), read back with
-   ``deltalake`` (no JVM).
+   ``deltalake`` (no JVM);
+9. the notebook (``notebooks/dedup_metrics.ipynb``, copied out of the checkout as a user
+   downloads it) with ``[notebook]`` installed, run headless on the venv's Jupyter kernel
+   (nbclient) from an empty directory: its stream, exactly-once check and five plots import
+   only what the wheel installed.
 
 Exit status 0 when every step passed, 1 (with the failing step and its output) otherwise.
 """
@@ -46,6 +50,8 @@ STEP_TIMEOUT_S = 600.0  # the install may download pyspark (300+ MB) without a c
 BROKER_START_S = 60.0
 ROWS = 1000
 SPARK_ROWS = 200
+NOTEBOOK = REPO / "notebooks" / "dedup_metrics.ipynb"
+NOTEBOOK_IMAGES = 5  # the notebook's plots
 
 
 class SmokeFailed(Exception):
@@ -222,6 +228,40 @@ class Smoke:
             raise SmokeFailed(f"the Delta table holds {rows.strip()} rows, not {SPARK_ROWS}")
         log(f"export delta rows={SPARK_ROWS} read back with deltalake")
 
+    def notebook(self, wheel: Path) -> None:
+        """The notebook with the ``[notebook]`` extra, headless, from a copy outside the
+        checkout: every cell runs (nbclient raises on an error) and its summary line says
+        exactly once."""
+        self.run(
+            "pip install [notebook]", [str(self.bin / "pip"), "install", "-q", f"{wheel}[notebook]"]
+        )
+        home = self.work / "home"  # the Spark step's HOME: its Ivy cache holds Delta's jars
+        home.mkdir(exist_ok=True)
+        copy = self.work / "notebook" / NOTEBOOK.name
+        copy.parent.mkdir()
+        shutil.copyfile(NOTEBOOK, copy)
+        env = {**self.env, "HOME": str(home), "IDEMLOG_NOTEBOOK_DIR": str(copy.parent / "work")}
+        out = self.py(
+            "notebook",
+            "import sys, nbformat\n"
+            "from nbclient import NotebookClient\n"
+            "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+            "NotebookClient(nb, timeout=600, kernel_name='python3',"
+            " resources={'metadata': {'path': sys.argv[2]}}).execute()\n"
+            "outs = [o for c in nb.cells if c.cell_type == 'code' for o in c.outputs]\n"
+            "text = ''.join(o.get('text', '') for o in outs if o.output_type == 'stream')\n"
+            "images = sum('image/png' in o.get('data', {}) for o in outs)\n"
+            "summary = [l for l in text.splitlines() if l.startswith('exactly_once=')][-1:]\n"
+            "print(f'notebook images={images} {\"\".join(summary)}')\n",
+            str(copy),
+            str(copy.parent),
+            env=env,
+        )
+        line = out.strip().splitlines()[-1]
+        if not line.startswith(f"notebook images={NOTEBOOK_IMAGES} exactly_once=OK "):
+            raise SmokeFailed(f"the notebook step printed {out!r}")
+        log(line)
+
 
 def _wait_listening(broker: subprocess.Popen[str]) -> str:
     assert broker.stdout is not None
@@ -257,6 +297,7 @@ def smoke(work: Path, wheel: Path | None, python: str) -> None:
         raise SmokeFailed(f"the broker exited {broker.returncode} after SIGTERM:\n{rest}")
     log("broker stop: exit 0 after SIGTERM")
     s.spark()
+    s.notebook(wheel)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,10 @@
 """idemlog on the Spark side: ``format("idemlog")`` and the producer client.
 
-    from spark_sink import register
-    register(spark)
-    (df.writeStream.format("idemlog").option("topic", "payments")
-       .option("checkpointLocation", ck).start())
+    from spark_sink import local_session
+    spark = local_session()  # or register(spark) on a session of your own
+    df = spark.readStream.format("rate").load()
+    query = (df.writeStream.format("idemlog").option("topic", "payments")
+             .option("checkpointLocation", "/tmp/payments-checkpoint").start())
 
 ``local_session()`` builds a local SparkSession with it registered. What the sink did
 for a micro-batch: ``progress(query)`` (the last batch), ``progress_history(query)``, or a

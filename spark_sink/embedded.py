@@ -105,6 +105,9 @@ _LOG_TAIL_LINES = 20
 METRICS_OFF = -1  # metrics_port (the option embedded.metrics.port): no endpoint
 METRICS_ANY_PORT = 0  # metrics_port: any free port, chosen by the broker
 METRICS_OPTION = "embedded.metrics.port"
+# The sink option: the broker's idle.shutdown.ms when a caller starts it (0: never stops).
+IDLE_SHUTDOWN_OPTION = "embedded.idle.shutdown.ms"
+IDLE_SHUTDOWN_DEFAULT_MS = 30 * 60 * 1000
 # The ready pipe's optional second line (broker_core.cli.broker_cmd.READY_METRICS).
 _READY_METRICS = "metrics"
 
@@ -127,13 +130,19 @@ class _State(NamedTuple):
 
 # -- public API ------------------------------------------------------------------------------
 def ensure_broker(
-    path: str, *, metrics_port: int = METRICS_OFF, start_timeout_s: float = 60.0
+    path: str,
+    *,
+    metrics_port: int = METRICS_OFF,
+    idle_shutdown_ms: int = IDLE_SHUTDOWN_DEFAULT_MS,
+    start_timeout_s: float = 60.0,
 ) -> str:
     """``host:port`` of a live broker serving ``<path>/data``, started if none is running.
 
     Safe to call from any number of threads and processes at once: one broker results.
     ``metrics_port`` is the broker's ``metrics.port`` if this call starts it (-1: no
-    endpoint; 0: any free port). ``start_timeout_s`` bounds each start attempt (a broker
+    endpoint; 0: any free port), ``idle_shutdown_ms`` its ``idle.shutdown.ms`` (it stops
+    after that long with no call and no open transaction; 0: never; a running broker
+    keeps what it started with). ``start_timeout_s`` bounds each start attempt (a broker
     recovering a large log after a crash takes a while before it serves). Raises
     :class:`EmbeddedBrokerError` if the broker cannot be started, InvalidConfigError if
     the running one lacks the metrics endpoint asked for (see the module's docstring).
@@ -162,7 +171,7 @@ def ensure_broker(
                 _terminate(proc, _TERM_GRACE_S)
         adopted = _adopt_lock_holder(path, config_path, start_timeout_s)
         address, proc, metrics = adopted or _start(
-            path, previous_port, metrics_port, start_timeout_s
+            path, previous_port, _Settings(metrics_port, idle_shutdown_ms), start_timeout_s
         )
         register(address, token_file(path))
         client = BrokerClient(address, timeout_s=_PING_TIMEOUT_S)
@@ -320,7 +329,14 @@ def _write_state(path: str, state: _State) -> None:
     os.replace(tmp, target)
 
 
-def _write_config(path: str, port: int, metrics_port: int) -> str:
+class _Settings(NamedTuple):
+    """What a start writes into the broker's config besides its port."""
+
+    metrics_port: int  # metrics.port
+    idle_shutdown_ms: int  # idle.shutdown.ms
+
+
+def _write_config(path: str, port: int, settings: _Settings) -> str:
     config_path = os.path.join(path, CONFIG_FILE)
     lines = [
         "# Written by spark_sink.embedded for each start of the embedded broker.",
@@ -330,7 +346,10 @@ def _write_config(path: str, port: int, metrics_port: int) -> str:
         # Only this user's processes can read it, so only they can call the broker.
         f"{TOKEN_FILE_KEY}={token_file(path)}",
         # The endpoint binds 127.0.0.1 (metrics.host's default), as the listener does.
-        f"metrics.port={metrics_port}",
+        f"metrics.port={settings.metrics_port}",
+        # Nobody stops the embedded broker by hand: it stops once idle, the next job
+        # starts it again (broker_core/server/idle.py).
+        f"idle.shutdown.ms={settings.idle_shutdown_ms}",
     ]
     with open(config_path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -410,16 +429,16 @@ def _private_dir(path: str) -> None:
         os.chmod(path, 0o700)
 
 
-def _start(path: str, previous_port: int | None, metrics_port: int, timeout_s: float) -> _Started:
+def _start(path: str, previous_port: int | None, settings: _Settings, timeout_s: float) -> _Started:
     """Start a broker (on ``previous_port`` if given, so old addresses stay valid; on a
-    free port if that fails; with ``metrics.port=metrics_port``) and return its address,
+    free port if that fails; with ``settings``) and return its address,
     process and metrics endpoint. Called with the lock held."""
-    started = _launch(path, previous_port or 0, metrics_port, timeout_s)
+    started = _launch(path, previous_port or 0, settings, timeout_s)
     if started is None:
         # Refused because a broker holds the data directory (it exits 2 at once)? Use it.
         started = _adopt_lock_holder(path, os.path.join(path, CONFIG_FILE), timeout_s)
     if started is None and previous_port:
-        started = _launch(path, 0, metrics_port, timeout_s)  # the old port may be taken
+        started = _launch(path, 0, settings, timeout_s)  # the old port may be taken
     if started is None:
         raise EmbeddedBrokerError(
             f"the embedded broker for {path} exited before serving; "
@@ -428,10 +447,10 @@ def _start(path: str, previous_port: int | None, metrics_port: int, timeout_s: f
     return started
 
 
-def _launch(path: str, port: int, metrics_port: int, timeout_s: float) -> _Started | None:
+def _launch(path: str, port: int, settings: _Settings, timeout_s: float) -> _Started | None:
     """One start attempt: ``(address, process, metrics endpoint)``, or None if the broker
     died before serving."""
-    config_path = _write_config(path, port, metrics_port)
+    config_path = _write_config(path, port, settings)
     log_path = os.path.join(path, LOG_FILE)
     read_fd, write_fd = os.pipe()
     try:

@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from broker_core.client.broker_client import parse_bootstrap
-from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
+from broker_core.config import INT_MAX, LONG_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidTopicError
 from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.topics import validate_topic_id, validate_user_topic_name
@@ -30,7 +30,13 @@ from broker_core.security.client_config import (
 )
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT, TLS_KEY_NAMES, TLS_KEYS, TlsSettings
-from spark_sink.embedded import DEFAULT_PATH, METRICS_OFF, METRICS_OPTION
+from spark_sink.embedded import (
+    DEFAULT_PATH,
+    IDLE_SHUTDOWN_DEFAULT_MS,
+    IDLE_SHUTDOWN_OPTION,
+    METRICS_OFF,
+    METRICS_OPTION,
+)
 from spark_sink.producer.config import PRODUCER_CONFIG, ProducerConfig, parse_acks
 from spark_sink.read_offsets import (
     ENDING_OPTION,
@@ -101,6 +107,20 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
             "(docs/spark.md).",
             min=METRICS_OFF,
             max=65535,
+        ),
+        Scope.BOTH,
+    ),
+    (
+        ConfigKey(
+            IDLE_SHUTDOWN_OPTION,
+            int,
+            IDLE_SHUTDOWN_DEFAULT_MS,
+            "The embedded broker's idle shutdown (its `idle.shutdown.ms`; only without "
+            "`brokers`): it stops cleanly after this long with no call and no open "
+            "transaction, and the next query starts it again; 0 never. Taken by the "
+            "session that starts the broker (docs/spark.md).",
+            min=0,
+            max=LONG_MAX,
         ),
         Scope.BOTH,
     ),
@@ -308,6 +328,8 @@ class IdemlogOptions:
     tls: TlsSettings = PLAINTEXT  # the options security.protocol and ssl.*
     test_hooks: bool = False  # the job was started for the fault tests (spark_sink.failpoints)
     embedded_metrics_port: int = METRICS_OFF  # the option embedded.metrics.port
+    # The option embedded.idle.shutdown.ms.
+    embedded_idle_shutdown_ms: int = IDLE_SHUTDOWN_DEFAULT_MS
     min_partitions: int = NO_SPLIT  # the option minPartitions (reads)
     max_records_per_partition: int = NO_SPLIT  # the option maxRecordsPerPartition (reads)
     topic_id: str = ""  # the option topicId (reads): "" any, the id found at planning
@@ -325,7 +347,11 @@ class IdemlogOptions:
             return self.brokers
         from spark_sink.embedded import ensure_broker
 
-        return ensure_broker(self.path, metrics_port=self.embedded_metrics_port)
+        return ensure_broker(
+            self.path,
+            metrics_port=self.embedded_metrics_port,
+            idle_shutdown_ms=self.embedded_idle_shutdown_ms,
+        )
 
 
 def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
@@ -384,6 +410,11 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             "not with option 'brokers': a cluster's brokers set metrics.port in their own "
             "config (docs/operations.md)"
         )
+    if brokers and IDLE_SHUTDOWN_OPTION in values:
+        raise InvalidConfigError(
+            f"option {IDLE_SHUTDOWN_OPTION!r} applies to the embedded broker only, not with "
+            "option 'brokers': a cluster's brokers set idle.shutdown.ms in their own config"
+        )
     topic_id = str(parsed["topicId"])
     if topic_id:
         try:
@@ -434,6 +465,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         topic_id=topic_id,
         test_hooks=bool(parsed["testHooks"]),
         embedded_metrics_port=metrics_port,
+        embedded_idle_shutdown_ms=int(parsed[IDLE_SHUTDOWN_OPTION]),
         checkpoint_location=checkpoint,
         producer=producer,
         tls=tls,

@@ -38,13 +38,13 @@ Why they look like this (docs/design.md §7):
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyspark.sql.datasource as spark_datasource
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -84,9 +84,24 @@ __all__ = [
 ]
 
 READ_COMMITTED = "read_committed"
-# Spark 4.2's mixin (SPARK-55304) through which a Python stream reader learns that the
-# query runs Trigger.AvailableNow; Spark 4.1 has none (docs/spark.md, "Catching up").
-_AvailableNowMixin: type = getattr(spark_datasource, "SupportsTriggerAvailableNow", object)
+
+
+def _available_now_mixin() -> type:
+    """Spark 4.2's mixin (SPARK-55304) through which a Python stream reader learns that
+    the query runs Trigger.AvailableNow; ``object`` on Spark 4.1, which has none
+    (docs/spark.md, "Catching up"). pyspark 4.2.0 ships it in
+    ``pyspark.sql.streaming.datasource``, not beside ``DataSource``: both are looked in."""
+    for module in ("pyspark.sql.datasource", "pyspark.sql.streaming.datasource"):
+        try:
+            mixin = getattr(importlib.import_module(module), "SupportsTriggerAvailableNow", None)
+        except ImportError:
+            continue
+        if isinstance(mixin, type):
+            return mixin
+    return object
+
+
+_AvailableNowMixin: type = _available_now_mixin()
 # The key of a stream offset that names the topic id its positions belong to; every other
 # key is a partition number.
 TOPIC_ID_KEY = "topic_id"
@@ -562,19 +577,39 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
         with self._client() as client:
             return self._stamped(self._initial_offsets(client))
 
+    def getDefaultReadLimit(self) -> Any:
+        """Spark 4.2's admission control: maxOffsetsPerTrigger as ``ReadMaxRows``, else
+        ``ReadAllAvailable`` (Spark 4.1 never asks)."""
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+        limit = self.options.max_offsets_per_trigger
+        return ReadMaxRows(limit) if limit > 0 else ReadAllAvailable()
+
     @one_line_errors
-    def latestOffset(self) -> dict[str, Any]:
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:
         """Where the next micro-batch ends, per partition: the last stable offset (the
         high watermark with read_uncommitted), at most maxOffsetsPerTrigger past the
         last planned end in all (when that option is set); with the topic's id. Raises
-        UnknownTopicIdError if the topic was recreated since the query started."""
+        UnknownTopicIdError if the topic was recreated since the query started.
+
+        Spark 4.2 (admission control) passes the batch's ``start`` and its read ``limit``
+        (``ReadMaxRows``, from :meth:`getDefaultReadLimit`, or ``ReadAllAvailable``,
+        which lifts the cap); Spark 4.1 passes neither, and the cap is the option's."""
+        cap = self.options.max_offsets_per_trigger
+        if limit is not None:
+            cap = int(getattr(limit, "max_rows", 0))
+        if start is not None:
+            self._check_offset(start, "last committed a batch")
+            self._planned_end = _positions(start)  # Spark's word: where this batch starts
         with self._client() as client:
             offsets = self._offsets(client)
             current = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
             base = self._planned_end
             if base is None:  # a new query: its first batch starts at the initial offset
                 base = self._initial_offsets(client)
-                if self.options.max_offsets_per_trigger > 0:
+                if cap > 0:
                     self._guessed_base = dict(base)
         # A new leader's high watermark (and so its readable end) starts below the old
         # leader's and catches up with its followers' fetches: while its log still holds
@@ -599,7 +634,7 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
             # since is not read in this run (its rows arrived after the start).
             current = {k: min(e, self._target.get(k, base.get(k, 0))) for k, e in current.items()}
         ends = {**base, **current}
-        return self._stamped(cap_ends(base, ends, self.options.max_offsets_per_trigger))
+        return self._stamped(cap_ends(base, ends, cap))
 
     @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:

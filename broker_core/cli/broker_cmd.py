@@ -38,6 +38,7 @@ from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.broker import Broker
 from broker_core.server.config import BrokerConfig, parse_overrides
+from broker_core.server.idle import IDLE_SHUTDOWN_KEY
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # find-hanging's default idleness: transaction.max.timeout.ms's default, beyond which no
@@ -246,7 +247,8 @@ def broker_start(args: argparse.Namespace) -> int:
         ready = f"{info.host}:{info.port}\n" + (f"{READY_METRICS} {metrics}\n" if metrics else "")
         os.write(args.ready_fd, ready.encode())
         os.close(args.ready_fd)
-    while not received:  # one sent during the start is pending: at once
+    idle = False
+    while not received and not idle:  # one sent during the start is pending: at once
         taken = signal.sigtimedwait(stop_signals, _STOP_POLL_S)
         # Only a stop signal counts: CPython (3.11) returns an unfilled siginfo, not None,
         # when the wait is interrupted (EINTR) after its deadline -- as the SIGCONT that
@@ -255,9 +257,15 @@ def broker_start(args: argparse.Namespace) -> int:
         # went on serving.
         if taken is not None and taken.si_signo in stop_signals:
             received.append(taken.si_signo)
-    logging.getLogger("idemlog.broker").info(
-        "received %s, shutting down", signal.Signals(received[0]).name
-    )
+        # idle.shutdown.ms: from a True answer on, the listener refuses every call.
+        idle = not received and broker.idle_expired()
+    if received:
+        why = f"received {signal.Signals(received[0]).name}"
+    else:
+        why = (
+            f"idle for {IDLE_SHUTDOWN_KEY}={config.idle_shutdown_ms} (no call, no open transaction)"
+        )
+    logging.getLogger("idemlog.broker").info("%s, shutting down", why)
     broker.close()
     if entry is not None:
         registry.unregister(entry)

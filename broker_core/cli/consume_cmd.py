@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from types import FrameType
 from typing import Any, TypeVar, cast
 
@@ -79,6 +80,10 @@ class ConsumedRecord:
             "value": self.value,
         }
 
+    def to_line(self) -> str:
+        """The record as one line of JSON (``--json``), its decimals as JSON numbers."""
+        return json_line(self.to_json())
+
     def to_text(self) -> str:
         """The value's columns, tab-separated (null for a missing value), as Kafka's
         console consumer prints a record's value alone."""
@@ -90,6 +95,22 @@ def _text_cell(value: object) -> str:
         return "null"
     if isinstance(value, str):
         return value
+    return json_line(value)
+
+
+def json_line(value: object) -> str:
+    """``value`` as JSON, with a ``Decimal`` (a decimal column) written as a JSON number
+    in its exact digits (``12.30``, as Kafka Connect's JsonConverter does with
+    ``decimal.format=NUMERIC``), not a quoted string: ``json.loads(line,
+    parse_float=Decimal)`` reads it back exactly. Other values json cannot write
+    (timestamps, dates, bytes) as their ``str``."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dict):
+        fields = (f"{json.dumps(str(k))}: {json_line(v)}" for k, v in value.items())
+        return "{" + ", ".join(fields) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(json_line(v) for v in value) + "]"
     return json.dumps(value, default=str)
 
 
@@ -254,11 +275,7 @@ def consume(args: argparse.Namespace) -> int:
                                 break
                             if not args.count_only:
                                 record = ConsumedRecord(args.topic, p, offset, row)
-                                print(
-                                    json.dumps(record.to_json(), default=str)
-                                    if args.json
-                                    else record.to_text()
-                                )
+                                print(record.to_line() if args.json else record.to_text())
                             printed += 1
                             arrived += 1
                             counts[p] += 1

@@ -43,6 +43,7 @@ from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.coordinators import Coordinators
 from broker_core.server.failpoints import BrokerFailpoints
 from broker_core.server.failpoints import from_start as failpoints_from_start
+from broker_core.server.idle import NEVER, IdleWatch
 from broker_core.server.local_topics import LocalTopics, StartedTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics, partition_gauges
@@ -113,6 +114,8 @@ class Broker:
         self._server: Any = None
         self._verifier: TxnVerifier | None = None
         self._tasks = TaskGroup()
+        # idle.shutdown.ms: the listener's gate of calls that says when to stop (None: off).
+        self._idle: IdleWatch | None = None
         self.markers: RoutingMarkerWriter | None = None
         # Built by start() once the store and the cluster they are made of are open.
         self._topics: LocalTopics | None = None
@@ -258,13 +261,48 @@ class Broker:
             ),
         )
 
+    def _middleware(self) -> dict[str, Any]:
+        """The listener's middleware: the embedded broker's token check, then (last, so a
+        call it counts is one no other middleware refused) the idle watch."""
+        from broker_core.server.authentication import local_token_middleware
+
+        middleware: dict[str, Any] = dict(local_token_middleware(self.config))
+        if self.config.idle_shutdown_ms != NEVER:
+            self._idle = IdleWatch(self.config.idle_shutdown_ms)
+            middleware["idle-shutdown"] = self._idle
+        return middleware
+
+    def idle_expired(self) -> bool:
+        """Whether ``idle.shutdown.ms`` has passed with no call and no transaction open
+        (``broker_core/server/idle.py``); when True, the listener refuses every call from
+        now on and the caller stops the broker. Always False with the key at 0."""
+        if self._idle is None or self._state is not BrokerState.RUNNING:
+            return False
+        return self._idle.close_if_idle(self.open_transactions)
+
+    def open_transactions(self) -> int:
+        """Transactions not finished here: the coordinators' ONGOING and PREPARE_* ones and
+        pending sink commits, and local partitions holding an open transaction's rows."""
+        described = self.coordinators.describe()
+        unfinished = 0
+        if described is not None:
+            states = described.get("by_state", {})
+            unfinished += sum(
+                states.get(s, 0) for s in ("ONGOING", "PREPARE_COMMIT", "PREPARE_ABORT")
+            )
+            unfinished += int(described.get("sinks_pending", 0))
+        logs = self._local_logs()
+        return unfinished + sum(
+            1 for _t, _p, log_ in logs if log_.state.first_unstable_offset() is not None
+        )
+
     def _open_listener(self, tls: TlsMaterial, failpoints: BrokerFailpoints) -> BrokerInfo:
         """The handlers and the Flight server, bound (so the real port is known), and what
         clients are told: ``listener.advertised.*`` when set (NAT, a proxy, a container).
         Requests wait at :meth:`gate`. Built before the parts they reach (the cluster
         registration needs the bound port): hence the late-bound topics, store, pids,
         markers and replicas. ``_release`` shuts the server down."""
-        from broker_core.server.authentication import local_token_middleware, server_auth
+        from broker_core.server.authentication import server_auth
         from broker_core.server.authorization import request_authorizer
         from broker_core.server.flight_server import IdemlogFlightServer
         from broker_core.server.handlers import ActionHandlers
@@ -295,7 +333,7 @@ class Broker:
             max_request_bytes=cfg.max_request_bytes,
             ack_timeout_s=self._replication().ack_timeout_s,
             auth_handler=server_auth(cfg, self._zk, tls),
-            middleware=local_token_middleware(cfg),
+            middleware=self._middleware(),
             authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
             verifier=self._txn_verifier(tls),
             failpoints=failpoints,

@@ -29,6 +29,7 @@ from broker_core.security.tls import TlsSettings
 from broker_core.security.zk_acl import ZK_ACL_KEYS, ZkAuth
 from broker_core.security.zk_tls import SECURITY_KEYS
 from broker_core.server.acl_config import ACL_KEYS, AuthorizationConfig, brokers_principal
+from broker_core.server.idle import IDLE_SHUTDOWN_KEY, NEVER
 from broker_core.server.metrics_config import METRICS_KEYS, MetricsEndpointConfig
 from broker_core.server.security_config import SASL_KEYS, SecurityConfig
 from broker_core.server.timeouts import ack_timeout_ms, check_timeouts, marker_call_timeout_ms
@@ -314,6 +315,17 @@ _BROKER_KEYS = [
         max=LONG_MAX,
     ),
     ConfigKey(
+        IDLE_SHUTDOWN_KEY,
+        int,
+        NEVER,
+        "Stop cleanly, as on SIGTERM, once this long has passed since the last call ended, "
+        "with none in flight and no transaction open; 0 never. The Spark sink's embedded "
+        "broker is started with the sink option embedded.idle.shutdown.ms (30 minutes by "
+        "default).",
+        min=0,
+        max=LONG_MAX,
+    ),
+    ConfigKey(
         "test.hooks.enable",
         bool,
         False,
@@ -388,6 +400,7 @@ class BrokerConfig:
     log_cleaner_enable: bool
     log_cleaner_backoff_ms: int
     test_hooks_enable: bool  # the process was started for the fault tests
+    idle_shutdown_ms: int  # 0: never stops on its own (broker_core/server/idle.py)
     default_replication_factor: int  # -1: min(3, live brokers) with ZooKeeper, 1 embedded
     replica_lag_time_max_ms: int
     transaction_marker_retry_deadline_ms: int
@@ -487,6 +500,7 @@ class BrokerConfig:
             log_cleaner_enable=bool(parsed["log.cleaner.enable"]),
             log_cleaner_backoff_ms=int(parsed["log.cleaner.backoff.ms"]),
             test_hooks_enable=bool(parsed["test.hooks.enable"]),
+            idle_shutdown_ms=int(parsed[IDLE_SHUTDOWN_KEY]),
             default_replication_factor=int(parsed["default.replication.factor"]),
             replica_lag_time_max_ms=int(parsed["replica.lag.time.max.ms"]),
             transaction_marker_retry_deadline_ms=int(

@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from jobs.verify import verify_exactly_once
+from spark_sink.verify import verify_exactly_once
 from tests.cluster.stack import Stack, running_stack
 from tests.harness.cluster import read_back
 from tests.spark.helpers import DriverLauncher, batch_spec, make_input

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import IO
 
 import pyarrow as pa
@@ -341,3 +342,32 @@ def test_a_topic_recreated_under_the_consumer_ends_it_naming_both_ids(
     line = f"topic {TOPIC!r} was recreated: id {old_id} is now {new_id}"
     assert [str(x) for x in consumer.err.values if line in str(x)], consumer.err.values
     assert consumer.summary() == "Processed a total of 5 messages"
+
+
+def test_decimals_are_printed_as_json_numbers_in_their_exact_digits(
+    broker: BrokerProcess, client: BrokerClient
+) -> None:
+    """A decimal column (Spark's DecimalType) is printed as a JSON number, not a quoted
+    string: ``12.30`` keeps its scale, and ``parse_float=Decimal`` reads every digit back;
+    the text form prints the same digits, unquoted."""
+    schema = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(38, 2))])
+    client.create_topic("prices", 1, schema=schema)
+    amounts = [Decimal("12.30"), Decimal("-0.05"), Decimal("123456789012345678901234567890.12")]
+    with Producer(broker.address) as producer:
+        rows = pa.table({"id": [0, 1, 2], "amount": pa.array(amounts, pa.decimal128(38, 2))})
+        future = producer.send("prices", rows)
+        producer.flush()
+        assert sum(r.num_rows for r in future.result(EXIT_TIMEOUT_S)) == 3
+    read = ["consume", "--bootstrap", broker.address, "--topic", "prices", "--from-beginning"]
+    read += ["--timeout-ms", "1000"]
+    as_json = _idemlog(*read, "--json")
+    assert as_json.returncode == ExitCode.OK, as_json.stderr
+    assert '"amount": 12.30}' in as_json.stdout, as_json.stdout
+    values = [
+        json.loads(line, parse_float=Decimal)["value"] for line in as_json.stdout.splitlines()
+    ]
+    assert [v["amount"] for v in sorted(values, key=lambda v: v["id"])] == amounts
+    as_text = _idemlog(*read)
+    assert sorted(as_text.stdout.splitlines()) == sorted(
+        f"{i}\t{amount}" for i, amount in enumerate(amounts)
+    ), as_text.stdout

@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from jobs.verify import verify_exactly_once
+from spark_sink.verify import verify_exactly_once
 from tests.cluster.secured import TOPIC_PREFIX, Security, fix_query_id
 from tests.cluster.stack import Stack, executor_of, fired_by, host_of, running_stack
 from tests.harness.cluster import read_back, spark_events

@@ -40,7 +40,7 @@ from broker_core.errors import (
 )
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import Side, TlsSettings
-from jobs.verify import verify_exactly_once
+from spark_sink.verify import verify_exactly_once
 from tests.broker.helpers import SCHEMA, rows
 from tests.cluster.secured import (
     MECHANISM,

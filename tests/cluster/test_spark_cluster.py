@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from jobs.verify import verify_exactly_once
+from spark_sink.verify import verify_exactly_once
 from tests.cluster.stack import Stack, executor_of, fired_by, host_of
 from tests.harness.cluster import TaskAttempt, read_back, spark_events, task_attempts
 from tests.spark.helpers import (

@@ -9,7 +9,7 @@
   workers' hosts when an application asks for them;
 * :func:`code_zip`: the project's packages as one zip for ``spark.submit.pyFiles``;
 * :func:`read_back`: an independent reader (the broker client, not Spark) of a topic's
-  committed rows with their partition and offset, for ``jobs.verify``.
+  committed rows with their partition and offset, for ``spark_sink.verify``.
 
 Every process is started on a host of the bed, so the bed's teardown kills it; the
 drivers are ``tests/spark/driver_child.py`` started by ``DriverLauncher`` on the driver's

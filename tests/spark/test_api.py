@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import spark_sink.reader as reader_module
 from broker_core.client.broker_client import BrokerClient
-from jobs.verify import verify_exactly_once
 from spark_sink import SinkProgressListener, local_session, progress, progress_history
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker
+from spark_sink.verify import verify_exactly_once
 
 
 @pytest.fixture(scope="module")
@@ -374,7 +375,8 @@ def test_batch_read_takes_a_range_of_offsets_as_kafkas_source(
 
 def test_errors_reach_the_user_as_idemlogs_one_line(spark: SparkSession, store: str) -> None:
     """Spark wraps a Python data source's error in its own (PYTHON_DATA_SOURCE_ERROR):
-    idemlog's errors arrive there as their one line, without the Python traceback."""
+    idemlog's errors arrive there as their one line, without the Python traceback, and
+    as the error's ``msg`` parameter alone."""
     cases = [
         ({"topc": "x"}, "unknown idemlog option 'topc' (did you mean 'topic'?)"),
         (
@@ -396,6 +398,13 @@ def test_errors_reach_the_user_as_idemlogs_one_line(spark: SparkSession, store: 
         text = str(failure.value)
         assert line in text and "Traceback" not in text, text
         assert len(text.splitlines()) <= 2, text
+        # Spark's prefix comes first (its error class's template, docs/spark.md "Errors"):
+        # the line alone is the error's "msg" parameter.
+        error = failure.value
+        assert isinstance(error, AnalysisException)
+        assert error.getCondition() == "PYTHON_DATA_SOURCE_ERROR"
+        msg = (error.getMessageParameters() or {})["msg"]
+        assert msg.startswith("broker_core.errors.") and line in msg, msg
 
 
 def _escaped(text: str) -> str:

@@ -17,10 +17,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
@@ -35,6 +37,7 @@ from spark_sink.embedded import (
     stop_broker,
 )
 from spark_sink.errors import EmbeddedBrokerError
+from spark_sink.producer import Producer
 from tests.broker.helpers import SCHEMA, ids, rows
 from tests.harness.waiting import wait_until
 
@@ -390,3 +393,79 @@ def test_second_broker_refused_by_the_data_lock_makes_its_starter_adopt_the_hold
     assert f"locked by process {pid}" in log  # ...and refused, naming the holder
     assert brokers_serving(path) == [pid]
     assert broker_pid(path) == pid
+
+
+IDLE_MS = 2000
+TXN_TIMEOUT_MS = 4000
+# A producer that opens a transaction, writes into it and then waits to be killed: its
+# transaction stays open with no client left (until the coordinator's timeout aborts it).
+OPEN_TRANSACTION_THEN_WAIT = (
+    "import sys, time, pyarrow as pa\n"
+    "from spark_sink.embedded import ensure_broker\n"
+    "from spark_sink.producer import Producer\n"
+    "address = ensure_broker(sys.argv[1])\n"
+    "producer = Producer(address, **{'transactional.id': 'left-open',"
+    f" 'transaction.timeout.ms': {TXN_TIMEOUT_MS}}})\n"
+    "producer.init_transactions()\n"
+    "producer.begin_transaction()\n"
+    "producer.send('idle', pa.table({'id': pa.array([1, 2, 3], pa.int64())}))\n"
+    "producer.flush()\n"
+    "print('OPEN', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def _log(path: str) -> str:
+    return Path(path, LOG_FILE).read_text(errors="replace")
+
+
+def test_an_idle_broker_stops_only_with_no_client_and_no_open_transaction(path: str) -> None:
+    """``embedded.idle.shutdown.ms``: the broker stops cleanly once idle, never while a
+    client holds a call open (a producer's stream) or a transaction is open (its producer
+    SIGKILLed: no client at all), and the next caller starts it again on its data."""
+    address = ensure_broker(path, idle_shutdown_ms=IDLE_MS)
+    assert f"idle.shutdown.ms={IDLE_MS}" in Path(path, CONFIG_FILE).read_text()
+    with BrokerClient(address) as client:
+        client.create_topic("idle", 1, schema=pa.schema([("id", pa.int64())]))
+    pid = broker_pid(path)
+    assert pid is not None
+
+    # A client at work: the producer's stream stays open, the broker with it.
+    with Producer(address) as producer:
+        producer.send("idle", pa.table({"id": pa.array([0], pa.int64())}))
+        producer.flush()
+        held = time.monotonic()
+        while time.monotonic() - held < 3 * IDLE_MS / 1000:
+            assert alive(pid), _log(path)[-2000:]
+            time.sleep(0.1)  # a span in which the broker must NOT stop: nothing to wait on
+        # A transaction opened by another process, which is then SIGKILLed: no client
+        # left, and the broker must wait for the coordinator to abort it at its timeout.
+        writer = subprocess.Popen(
+            [sys.executable, "-c", OPEN_TRANSACTION_THEN_WAIT, path],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert writer.stdout is not None
+        line = writer.stdout.readline().strip()
+        opened = time.monotonic()
+        assert line == "OPEN", writer.stderr.read() if writer.stderr else ""
+    writer.kill()
+    writer.wait(SUBPROCESS_TIMEOUT_S)
+    assert alive(pid) and broker_pid(path) == pid  # the same broker all along
+    wait_gone(pid, timeout_s=60)
+    stopped_after_s = time.monotonic() - opened
+    log = _log(path)
+    assert f"idle for idle.shutdown.ms={IDLE_MS}" in log and "STOPPED" in log, log[-3000:]
+    # Not before the open transaction was aborted at its timeout.
+    assert stopped_after_s >= TXN_TIMEOUT_MS / 1000, (stopped_after_s, log[-3000:])
+    aborted = log.index("'left-open': transaction of producer id")
+    assert aborted < log.index(f"idle for idle.shutdown.ms={IDLE_MS}"), log[-3000:]
+
+    # The next caller starts it again, on the same port and data: row 0 committed, the
+    # killed producer's rows aborted.
+    assert ensure_broker(path, idle_shutdown_ms=IDLE_MS) == address
+    assert broker_pid(path) not in (None, pid)
+    with BrokerClient(address) as client:
+        assert ids(client, "idle") == [0]

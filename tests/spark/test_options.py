@@ -115,6 +115,12 @@ def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
             Scope.WRITE,
             "option 'embedded.metrics.port'=0 applies to the embedded broker only",
         ),
+        ({"topic": "t", "embedded.idle.shutdown.ms": "-1"}, Scope.WRITE, "below the minimum 0"),
+        (
+            {"topic": "t", "brokers": "h:1", "embedded.idle.shutdown.ms": "0"},
+            Scope.READ,
+            "option 'embedded.idle.shutdown.ms' applies to the embedded broker only",
+        ),
     ],
 )
 def test_bad_options_are_named(options: dict[str, str], scope: Scope, message: str) -> None:
@@ -137,6 +143,12 @@ def test_embedded_metrics_port_is_off_unless_asked_for() -> None:
     asked = parse_options({"topic": "t", "EMBEDDED.METRICS.PORT": "0"}, Scope.READ)
     assert asked.embedded_metrics_port == 0 and asked.embedded
     assert pickle.loads(pickle.dumps(asked)) == asked
+
+
+def test_the_embedded_broker_stops_after_30_idle_minutes_unless_asked_otherwise() -> None:
+    assert parse_options({"topic": "t"}, Scope.WRITE).embedded_idle_shutdown_ms == 1_800_000
+    never = parse_options({"topic": "t", "Embedded.Idle.Shutdown.Ms": "0"}, Scope.READ)
+    assert never.embedded_idle_shutdown_ms == 0
 
 
 def test_parsed_options_pickle_for_the_executors() -> None:

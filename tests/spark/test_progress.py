@@ -19,8 +19,8 @@ import pytest
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from jobs.streaming_demo import KEY, SCHEMA, make_input
 from spark_sink import SinkProgressListener, progress, progress_history, register
+from spark_sink.payments import KEY, SCHEMA, make_input
 from spark_sink.query_progress import disable_enriched_progress, enriched_progress_enabled
 from spark_sink.worker_python import WorkerPythonError
 

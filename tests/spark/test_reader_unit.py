@@ -473,6 +473,47 @@ def test_available_now_reads_what_was_there_at_its_start_in_capped_batches(
     assert max(advances) == 7 and len(advances) >= 4, advances
 
 
+class ReadMaxRows:
+    """Spark 4.2's ``ReadMaxRows`` (``pyspark.sql.streaming.datasource``; pyspark 4.1 has
+    none) as the reader reads it: its ``max_rows``."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+
+
+class ReadAllAvailable:
+    """Spark 4.2's ``ReadAllAvailable``: no ``max_rows``, no cap."""
+
+
+def test_spark_4_2_admission_control_gives_the_start_and_the_limit(
+    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
+) -> None:
+    """Spark 4.2 calls ``latestOffset(start, limit)`` (admission control) after
+    ``prepareForTriggerAvailableNow``: each batch starts where Spark says, a
+    ``ReadMaxRows`` caps it (not the option: Spark's limit wins), and ``ReadAllAvailable``
+    lifts the cap; ``getDefaultReadLimit`` needs pyspark 4.2 and is not called here."""
+    lso = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+    reader = stream_reader(broker, client, maxOffsetsPerTrigger="7")
+    reader.prepareForTriggerAvailableNow()
+    scenario.commit_open()  # after the run's start: not read by it
+    start = via_json(reader.initialOffset())
+    tables, advances = [], []
+    for _ in range(200):
+        end = via_json(reader.latestOffset(start, ReadMaxRows(5)))
+        if end == start:
+            break
+        advances.append(sum(at(end)[k] - at(start).get(k, 0) for k in at(end)))
+        tables.append(read_parts(reader, reader.partitions(start, end)))
+        reader.commit(end)
+        start = end
+    assert found(pa.concat_tables(tables)) == scenario.committed
+    assert at(start) == lso and max(advances) == 5 and len(advances) >= 5, advances
+    fresh = stream_reader(broker, client, maxOffsetsPerTrigger="7")
+    first = via_json(fresh.initialOffset())
+    everything = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
+    assert at(fresh.latestOffset(first, ReadAllAvailable())) == everything
+
+
 def _meta(table: pa.Table) -> tuple[list[int], list[int]]:
     return table.column(PARTITION_COLUMN).to_pylist(), table.column(OFFSET_COLUMN).to_pylist()
 

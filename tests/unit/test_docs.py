@@ -146,6 +146,19 @@ def test_the_spark_page_opens_with_a_whole_script() -> None:
     assert "writeStream" in opening and "checkpointLocation" in opening
 
 
+def test_the_packages_docstring_example_is_a_whole_script() -> None:
+    """``help(spark_sink)`` opens with the same kind of example: it once used a checkpoint
+    ``ck`` and a ``df`` it never defined (issue 37)."""
+    import textwrap
+
+    import spark_sink
+
+    doc = spark_sink.__doc__ or ""
+    example = textwrap.dedent(doc.split("\n\n")[1])
+    assert "writeStream" in example and "checkpointLocation" in example
+    assert not _undefined_names(example), example
+
+
 def _undefined_names(code: str) -> set[str]:
     """The names ``code`` reads that it neither imports nor assigns (nor are builtins)."""
     tree = ast.parse(code)
