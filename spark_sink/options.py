@@ -13,17 +13,16 @@ sink writes in transactions.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, ConfigDef, ConfigKey, ConfigValue
-from broker_core.errors import IdemlogError, InvalidConfigError
+from broker_core.errors import IdemlogError, InvalidConfigError, InvalidTopicError
 from broker_core.protocol.requests import ACKS_ALL
-from broker_core.protocol.topics import validate_topic_id
+from broker_core.protocol.topics import validate_topic_id, validate_user_topic_name
 from broker_core.security.client_config import (
     CLIENT_SASL_KEY_NAMES,
     CLIENT_SASL_KEYS,
@@ -32,7 +31,7 @@ from broker_core.security.client_config import (
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT, TLS_KEY_NAMES, TLS_KEYS, TlsSettings
 from spark_sink.embedded import DEFAULT_PATH, METRICS_OFF, METRICS_OPTION
-from spark_sink.producer.config import ProducerConfig, parse_acks
+from spark_sink.producer.config import PRODUCER_CONFIG, ProducerConfig, parse_acks
 from spark_sink.read_offsets import (
     ENDING_OPTION,
     STARTING_OPTION,
@@ -127,19 +126,19 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
         Scope.WRITE,
     ),
     (
-        ConfigKey(
-            "transaction.timeout.ms",
-            int,
-            20_000,
-            "How long the broker keeps a batch's transactions open with no sign of life: "
+        # The producer's key (its type and bounds declared once there), with the sink's
+        # default: a batch's transactions stay open no longer than this without a sign
+        # of life, so a dead driver holds readers back for less than the producer's 60 s.
+        replace(
+            PRODUCER_CONFIG.key("transaction.timeout.ms"),
+            default=20_000,
+            doc="How long the broker keeps a batch's transactions open with no sign of life: "
             "while any task of the batch runs it sends heartbeats (every quarter of this), "
             "so a batch may take as long as it needs; once its tasks are gone and the "
             "driver has not committed within this time (a killed driver or job), the "
             "broker aborts them, so they hold readers back at most this long plus the "
             "broker's transaction.abort.timed.out.transaction.cleanup.interval.ms. At most "
             "the broker's transaction.max.timeout.ms.",
-            min=1,
-            max=INT_MAX,
         ),
         Scope.WRITE,
     ),
@@ -283,7 +282,6 @@ _KEYS += [(key, Scope.BOTH) for key in (*TLS_KEYS, *CLIENT_SASL_KEYS)]
 OPTIONS = ConfigDef([k for k, _ in _KEYS], what="idemlog option")
 SCOPES: dict[str, Scope] = {k.name: s for k, s in _KEYS}
 _BY_LOWER: dict[str, str] = {k.name.lower(): k.name for k, _ in _KEYS}
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 @dataclass(frozen=True)
@@ -369,11 +367,10 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
     topic = str(parsed["topic"])
     if not topic:
         raise InvalidConfigError("option 'topic' is required: .option('topic', '<name>')")
-    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", "..") or topic.startswith("__"):
-        raise InvalidConfigError(
-            f"option 'topic'={topic!r} is not a topic name (1-249 of [A-Za-z0-9._-], not "
-            "starting with '__')"
-        )
+    try:
+        validate_user_topic_name(topic)
+    except InvalidTopicError as exc:
+        raise InvalidConfigError(f"option 'topic'={topic!r}: {exc.message}") from None
     brokers = str(parsed["brokers"])
     if brokers:
         try:

@@ -10,9 +10,11 @@ broker's ephemeral registration, and holds the election:
   controller, for as long as its session lives;
 * the winner then increments the persistent counter ``controller_epoch`` with a
   version-conditional set, *before* it reports itself controller, so every controllership
-  has an epoch higher than all before it. The transaction coordinator it starts stamps
-  that epoch on its state and markers, and whatever a newer coordinator wrote refuses an
-  older one (TRANSACTION_COORDINATOR_FENCED, Kafka's coordinator epoch).
+  has an epoch higher than all before it. The controller's writes of partition state
+  (``cluster.zk_leaders``, ``cluster.zk``) check that node's version in the same multi,
+  so a deposed controller's write fails in ZooKeeper. Transaction coordinators do not
+  use it: each follows the leader epoch of its ``__transaction_state`` partition
+  (``server.state_coordinator``).
 
 Losing control is reported promptly: at once on session loss (``LOST``), and when the
 connection has been gone (``SUSPENDED``) for ``suspended_grace_s``, a third of the session

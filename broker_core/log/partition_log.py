@@ -203,9 +203,8 @@ class PartitionLog:
         (:meth:`verification_needed`, ``verification`` its guard): checked here, under
         the lock, before anything else of the producer (INVALID_TXN_STATE otherwise).
 
-        Raises the validator's errors (see ``broker_core.log.validator``), or
-        InvalidRequestError when the log holds a newer leader epoch than ``leader_epoch``
-        (it followed a newer leader since), and nothing is written when it does.
+        Raises the validator's errors (see ``broker_core.log.validator``); nothing is
+        written when it does.
         """
         batch = _as_record_batch(records)
         if batch.num_rows == 0:

@@ -13,7 +13,7 @@ broker's state or limits (id lengths, timeouts, which transactions exist) stay w
 coordinator (``protocol.txn_inputs``), which in-process callers reach without a body.
 
 The JSON field names are the wire contract of ``protocol.wire``; the table of bodies is in
-``broker_core.server.handlers``.
+docs/protocol.md.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from broker_core.errors import InvalidRequestError, InvalidTopicError
 from broker_core.fileutil import LOCK_FILE, META_FILE, RUNNING_FILE
 
 MAX_TOPIC_NAME_LENGTH = 249  # Kafka's limit, so names move between the two unchanged
+INTERNAL_TOPIC_PREFIX = "__"  # reserved: __transaction_state lives beside users' topics
 MAX_PARTITIONS = 10_000
 _LEGAL_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _TOPIC_ID = re.compile(r"[0-9a-f]{32}")
@@ -34,6 +35,22 @@ def validate_topic_name(name: object) -> str:
         raise InvalidTopicError(
             f"topic name {name!r} contains {''.join(bad)!r}: only ASCII letters, digits, "
             f"'.', '_' and '-' are allowed"
+        )
+    return name
+
+
+def is_internal_topic(name: str) -> bool:
+    return name.startswith(INTERNAL_TOPIC_PREFIX)
+
+
+def validate_user_topic_name(name: object) -> str:
+    """:func:`validate_topic_name`, and not an internal topic's name (a user's topic may
+    not start with ``__``). Raises InvalidTopicError naming the name."""
+    name = validate_topic_name(name)
+    if is_internal_topic(name):
+        raise InvalidTopicError(
+            f"topic name {name!r}: names starting with {INTERNAL_TOPIC_PREFIX!r} are reserved "
+            "for internal topics"
         )
     return name
 

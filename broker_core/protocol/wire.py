@@ -56,37 +56,38 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
 class Action(StrEnum):
     """``DoAction`` types. Bodies and results are JSON objects (``protocol.*_requests``),
-    except ``replica_fetch``'s result (``protocol.replica``)."""
+    except the binary answers of ``replica_fetch`` and ``replica_log_start``
+    (``protocol.replica``); docs/protocol.md describes each."""
 
-    CREATE_TOPIC = "create_topic"  # {name, partitions, schema?: b64 IPC, config?: {}}
-    DELETE_TOPIC = "delete_topic"  # {name}
-    DESCRIBE_TOPICS = "describe_topics"  # {names?: [..]} -> {topics: [..]}
-    LIST_OFFSETS = "list_offsets"  # {topic, partition} -> {log_start, log_end, ...}
-    METADATA = "metadata"  # {topics?: [..]} -> {brokers, topics: {name: [leaders]}}
-    FIND_COORDINATOR = "find_coordinator"  # {transactional_id} -> {broker_id, host, port}
-    INIT_PRODUCER_ID = "init_producer_id"  # {transactional_id?, transaction_timeout_ms?}
-    ADD_PARTITIONS_TO_TXN = "add_partitions_to_txn"  # {transactional_id, producer_id, ...}
-    END_TXN = "end_txn"  # {transactional_id, producer_id, producer_epoch, commit}
-    PREPARE_SINK_TXN = "prepare_sink_txn"  # {transactional_id, producer_id, .., batch_id}
-    WRITE_TXN_MARKERS = "write_txn_markers"  # broker to broker: markers for its partitions
-    COMMIT_SINK_BATCH = "commit_sink_batch"  # {sink_id, batch_id, transactions, run_id?}
-    ABORT_SINK_BATCH = "abort_sink_batch"  # {sink_id, batch_id, transactions: [..]}
-    ABORT_SINK_RUN = "abort_sink_run"  # {run_id, batch_id} -> {aborted: [ids]}
-    SINK_HEARTBEAT = "sink_heartbeat"  # {sink_id, run_id} -> {}
-    STABLE_ENDS = "stable_ends"  # {topic} -> {ends: {partition: offset}}
-    TRACKED_BATCHES = "tracked_batches"  # {topic, since} -> protocol.stable_cut.TrackedBatches
-    LIST_TRANSACTIONS = "list_transactions"  # {min_age_ms?, all?} -> {transactions: [..]}
-    ABORT_TRANSACTION = "abort_transaction"  # {transactional_id} -> {aborted: bool}
+    CREATE_TOPIC = "create_topic"
+    DELETE_TOPIC = "delete_topic"
+    DESCRIBE_TOPICS = "describe_topics"
+    LIST_OFFSETS = "list_offsets"
+    METADATA = "metadata"
+    FIND_COORDINATOR = "find_coordinator"
+    INIT_PRODUCER_ID = "init_producer_id"
+    ADD_PARTITIONS_TO_TXN = "add_partitions_to_txn"
+    END_TXN = "end_txn"
+    PREPARE_SINK_TXN = "prepare_sink_txn"
+    WRITE_TXN_MARKERS = "write_txn_markers"  # broker to broker
+    COMMIT_SINK_BATCH = "commit_sink_batch"
+    ABORT_SINK_BATCH = "abort_sink_batch"
+    ABORT_SINK_RUN = "abort_sink_run"
+    SINK_HEARTBEAT = "sink_heartbeat"
+    STABLE_ENDS = "stable_ends"
+    TRACKED_BATCHES = "tracked_batches"
+    LIST_TRANSACTIONS = "list_transactions"
+    ABORT_TRANSACTION = "abort_transaction"
     # To a partition's leader (KIP-664's tools: transactions no coordinator knows).
-    DESCRIBE_PRODUCERS = "describe_producers"  # {topic, partition} -> {producers: [..]}
-    ABORT_HANGING_TRANSACTION = "abort_hanging_transaction"  # {topic, partition, ..}
-    METRICS = "metrics"  # {} -> metrics document
-    PING = "ping"  # {} -> {broker_id, version}
-    # Broker to broker (replication, protocol.replica): a follower's fetch answers binary.
-    REPLICA_FETCH = "replica_fetch"  # {topic, partition, replica_id, ..} -> header + batches
-    OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"  # {.., epoch} -> {epoch, end_offset}
-    REPLICA_LOG_START = "replica_log_start"  # {topic, partition, ..} -> header + snapshot
-    ELECT_LEADERS = "elect_leaders"  # {topics?: [..]} -> {moved: {topic: {partition: id}}}
+    DESCRIBE_PRODUCERS = "describe_producers"
+    ABORT_HANGING_TRANSACTION = "abort_hanging_transaction"
+    METRICS = "metrics"
+    PING = "ping"
+    # Broker to broker (replication, protocol.replica).
+    REPLICA_FETCH = "replica_fetch"
+    OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"
+    REPLICA_LOG_START = "replica_log_start"
+    ELECT_LEADERS = "elect_leaders"
 
 
 class SinkTxnStatus(StrEnum):

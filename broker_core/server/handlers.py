@@ -1,88 +1,9 @@
 """DoAction handlers: one function per ``protocol.Action``, JSON body in, JSON document out.
 
 Every body is decoded by its typed request (``broker_core.protocol.*_requests``), so a
-missing or mistyped field is an ``INVALID_REQUEST`` naming the action and the field.
-Bodies (``?`` marks an optional field):
-
-=====================  ===================================================================
-create_topic           {name, partitions, schema?: b64 Arrow IPC, config?: {key: value}}
-                       -> {name, partitions: [leader broker id per partition]}
-delete_topic           {name} -> {}
-describe_topics        {names?: [..]} -> {topics: [{name, topic_id, partitions: [{partition,
-                       leader, replicas: [id, ..], isr: [id, ..], leader_epoch}],
-                       schema: b64|null, config}]}  (replicas, isr, leader_epoch: added
-                       with replica metadata; today replicas = isr = [leader], epoch 0)
-list_offsets           {topic, partition, topic_id?} -> {log_start_offset, log_end_offset,
-                       high_watermark, last_stable_offset}
-metadata               {topics?: [..]} -> {brokers: [{broker_id, host, port}],
-                       controller: id|null, topics: {name: [leader per partition]},
-                       topic_ids: {name: id}}
-find_coordinator       {transactional_id? | state_partition?} -> {broker_id, host, port,
-                       state_partition, state_partitions} (the leader of the key's, or the
-                       named, __transaction_state partition, and the partition count)
-init_producer_id       {transactional_id?, transaction_timeout_ms?, sink_batch_id?,
-                       sink_id?, sink_run_id?} -> {producer_id, producer_epoch,
-                       sink_status?: new|prepared|committed, producer_token?} (sink_*:
-                       an attempt of a Spark task, docs/design.md; producer_token: an
-                       idempotent producer's, bound to the caller's principal)
-prepare_sink_txn       {transactional_id, producer_id, producer_epoch, batch_id,
-                       ranges?: [[topic, partition, first, last], ..], topic_ids?:
-                       {topic: id}} -> {}
-add_partitions_to_txn  {transactional_id, producer_id, producer_epoch, partitions:
-                       [[topic, partition], ..], topic_ids?: {topic: id},
-                       verify_only?} -> {} (verify_only: a leader's check before a
-                       transactional append, broker to broker; adds nothing)
-end_txn                {transactional_id, producer_id, producer_epoch, commit} ->
-                       {producer_id, producer_epoch} (of the next transaction)
-write_txn_markers      {producer_id, producer_epoch, commit, coordinator_epoch?,
-                       partitions: [[topic, partition], ..]}, or for several producers
-                       {commit, coordinator_epoch?, producers: [{producer_id,
-                       producer_epoch, partitions}, ..]} -> {last_stable_offsets:
-                       [{topic, partition, lso}, ..]}  (broker to broker; lso: just after
-                       the partition's markers, one append, fsynced)
-commit_sink_batch      {sink_id, batch_id, transactions: [[transactional_id, producer_id,
-                       producer_epoch], ..], run_id?} -> {committed, last_committed_batch}
-abort_sink_batch       same body -> {last_committed_batch}
-abort_sink_run         {run_id? | sink_id?, batch_id, state_partition?} -> {aborted:
-                       [transactional_id, ..], state_partitions: [..]} (by run alone: the
-                       named state partition's coordinator, or every one led here)
-sink_heartbeat         {sink_id, run_id} -> {}
-stable_ends            {topic, state_partition?} -> {ends: {partition: offset}}
-                       (read_committed ends that hold every sink batch whole or not at all;
-                       refused without state_partition when __transaction_state has
-                       several partitions: the reader combines them, tracked_batches)
-tracked_batches        {topic, since, state_partition?} -> {incarnation, generation,
-                       evicted_through,
-                       evicted_high, batches} (one coordinator's part of a cut across
-                       coordinators: broker_core.protocol.stable_cut)
-list_transactions      {min_age_ms?, all?, state_partition?} -> {transactions:
-                       [{transactional_id, state_partition, ..}], state_partitions: [..]}
-                       (the named state partition, or every one this broker leads)
-abort_transaction      {transactional_id} -> {aborted}
-describe_producers     {topic, partition} -> {topic, partition, producers: [{producer_id,
-                       producer_epoch, last_sequence, last_timestamp, coordinator_epoch,
-                       txn_start_offset}], log_end_offset, last_stable_offset} (at the
-                       partition's leader; txn_start_offset -1: no open transaction)
-abort_hanging_         {topic, partition, producer_id [, producer_epoch] | start_offset}
-transaction            -> {topic, partition, producer_id, txn_start_offset, marker_offset,
-                       marker_epoch, last_stable_offset} (at the partition's leader: an
-                       ABORT marker one producer epoch up, once every in-sync replica
-                       has it; INVALID_TXN_STATE when nothing is open there)
-metrics                {top?} -> the bounded metrics document (broker_core.server.metrics);
-                       {detail: "producers", page_token?, page_size?} -> one page of
-                       the per-producer counters (protocol.metrics.ProducerPage)
-replica_fetch          {topic, partition, replica_id, fetch_offset, leader_epoch,
-                       max_bytes, max_wait_ms, topic_id?} -> binary: header + batches
-                       (broker to broker, protocol.replica)
-offsets_for_leader_    {topic, partition, leader_epoch, epoch, topic_id?} -> {epoch,
-epoch                  end_offset} (broker to broker, KIP-279)
-replica_log_start      {topic, partition, replica_id, leader_epoch, topic_id?} -> binary:
-                       header {log_start_offset, offset, epoch} + producer-state snapshot
-                       (broker to broker: a follower below the leader's log start)
-elect_leaders          {topics?: [..]} -> {moved: {topic: {partition: leader}}} (the
-                       preferred-leader rebalance; on the controller)
-ping                   {} -> {broker_id, version}
-=====================  ===================================================================
+missing or mistyped field is an ``INVALID_REQUEST`` naming the action and the field. What
+each action takes and answers is described once, in docs/protocol.md ("Everything else:
+DoAction" and "Between brokers").
 
 Without a transactional id, InitProducerId is served by any broker from its own leased
 producer-id block (as Kafka does); everything transactional goes to the coordinator of
@@ -108,7 +29,6 @@ from broker_core.cluster.metadata import (
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     InvalidRequestError,
-    InvalidTopicError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
@@ -142,6 +62,7 @@ from broker_core.protocol.replica import (
     ReplicaLogStartRequest,
 )
 from broker_core.protocol.stable_cut import TrackedBatchesRequest
+from broker_core.protocol.topics import validate_user_topic_name
 from broker_core.protocol.txn_requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
@@ -313,11 +234,7 @@ class ActionHandlers:
     # -- topics --------------------------------------------------------------------------
     def create_topic(self, body: dict[str, Any]) -> dict[str, Any]:
         request = CreateTopicRequest.from_doc(body)
-        if request.name.startswith("__"):
-            raise InvalidTopicError(
-                f"topic name {request.name!r}: names starting with '__' are reserved for "
-                "internal topics"
-            )
+        validate_user_topic_name(request.name)
         name, partitions, schema, overrides = validate_new_topic(
             request.name, request.partitions, request.schema, dict(request.config)
         )

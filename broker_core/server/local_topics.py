@@ -32,6 +32,7 @@ from broker_core.errors import (
 )
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore, Topic
+from broker_core.protocol.topics import INTERNAL_TOPIC_PREFIX
 from broker_core.server.partition import Partition
 from broker_core.server.replica_manager import ReplicaManager
 from broker_core.server.topic_ids import check_topic_id
@@ -40,8 +41,6 @@ log = logging.getLogger("idemlog.broker")
 # A sync opening (and so recovering) partitions for longer than this logs its progress
 # at most this often, and its end: a long recovery at start is seen, a quick one is not.
 RECOVERY_REPORT_S = 5.0
-
-INTERNAL_TOPIC_PREFIX = "__"  # reserved: __transaction_state lives in the same store
 
 
 class LocalTopics:

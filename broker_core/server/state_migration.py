@@ -2,7 +2,7 @@
 
 Before issue 23 the controller ran the coordinator and kept its state in znodes
 (``/idemlog/transactions``, ``/idemlog/sinks``, ``/idemlog/sink_batches``: idemlog 0.1,
-``txn.state_store_zk``), fenced by the controller epoch, which it also stamped on markers.
+read by ``txn.legacy_zk_state``), fenced by the controller epoch, which it also stamped on markers.
 The first coordinator to load each ``__transaction_state`` partition
 (:func:`migrate_zookeeper_state`, before it serves) does, for that partition's share of
 the ids (the ones whose key maps to it, so each lands with its own coordinator):
@@ -31,13 +31,13 @@ from typing import Any
 
 from broker_core.cluster.metadata import ClusterMetadata, PartitionState
 from broker_core.errors import CoordinatorLoadInProgressError, CorruptRecordError
+from broker_core.txn.legacy_zk_state import read_legacy_state
 from broker_core.txn.state_store import (
     KIND_MIGRATION,
     KIND_SINK,
     KIND_SINK_BATCH,
     KIND_TRANSACTION,
 )
-from broker_core.txn.state_store_zk import ZkTxnStateStore
 from broker_core.txn.state_topic import TXN_STATE_TOPIC, Row, StatePartition, state_partition_of
 
 log = logging.getLogger("idemlog.broker")
@@ -79,21 +79,16 @@ def migrate_zookeeper_state(
     floor = migration_floor(partition)
     if floor is not None:
         return floor
-    legacy = ZkTxnStateStore(zookeeper, root)
-    try:
-        txns, sinks = legacy.load()
-        batches = legacy.load_sink_batches()
-    finally:
-        legacy.close()
-    legacy_rows = bool(txns or sinks or batches)
+    legacy = read_legacy_state(zookeeper, root)
+    legacy_rows = bool(legacy)
     number, count = shard
 
     def ours(key: str) -> bool:
         return state_partition_of(key, count) == number
 
-    txns = {t: m for t, m in txns.items() if ours(t)}
-    sinks = {s: r for s, r in sinks.items() if ours(s)}
-    batches = [b for b in batches if ours(b.sink_id)]
+    txns = {t: m for t, m in legacy.transactions.items() if ours(t)}
+    sinks = {s: r for s, r in legacy.sinks.items() if ours(s)}
+    batches = [b for b in legacy.sink_batches if ours(b.sink_id)]
     rows: list[Row] = [(KIND_TRANSACTION, t, m.to_json()) for t, m in sorted(txns.items())]
     rows += [(KIND_SINK, s, r.to_json()) for s, r in sorted(sinks.items())]
     rows += [(KIND_SINK_BATCH, b.key, b.to_json()) for b in batches]

@@ -1,14 +1,11 @@
 """Durable transaction-coordinator state: where TransactionMetadata and SinkCommitRecords live.
 
-Two stores implement :class:`TxnStateStore`:
-
-* :class:`LogTxnStateStore`: records appended to a partition of the internal topic
-  ``__transaction_state`` through its leader at the coordinator's leader epoch
-  (``StatePartition``), rows ``(kind, key, value)``; the last record per key wins when
-  the partition is replayed.
-* ``ZkTxnStateStore`` (cluster mode, ``txn.state_store_zk``): one znode per
-  transactional id and per sink, every write fenced by the controller epoch inside the
-  write itself.
+:class:`LogTxnStateStore` implements :class:`TxnStateStore`: records appended to a
+partition of the internal topic ``__transaction_state`` through its leader at the
+coordinator's leader epoch (``StatePartition``), rows ``(kind, key, value)``; the last
+record per key wins when the partition is replayed. The append itself checks the leader
+epoch, so a replaced coordinator's write is refused (CoordinatorEpochFencedError). The
+previous format's znodes are only read, once, by the upgrade (``txn.legacy_zk_state``).
 """
 
 from __future__ import annotations

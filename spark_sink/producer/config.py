@@ -142,6 +142,7 @@ PRODUCER_CONFIG = ConfigDef(
             60_000,
             "How long a transaction may stay open before the coordinator aborts it.",
             min=1,
+            max=INT_MAX,
         ),
         ConfigKey(
             "partitioner",

@@ -20,10 +20,10 @@ from broker_core.protocol.wire import Action
 from broker_core.server.config import ZK_ROOT
 from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
 from broker_core.txn.state import TransactionMetadata, TransactionState
-from broker_core.txn.state_store_zk import ZkTxnStateStore
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory
 from tests.harness.client_calls import answering_address
+from tests.harness.legacy_zk_state import write_legacy_state
 from tests.harness.waiting import wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
 
@@ -46,12 +46,10 @@ def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
         json.dumps({"version": 1, "controller_epoch": OLD_CONTROLLER_EPOCH}).encode(),
         makepath=True,
     )
-    legacy = ZkTxnStateStore(zk, ZK_ROOT)
     meta = TransactionMetadata(
         "legacy-app", PID, EPOCH, 60_000, TransactionState.COMPLETE_COMMIT, set(), 0, 0
     )
-    legacy.put_transaction(meta, coordinator_epoch=OLD_CONTROLLER_EPOCH)
-    legacy.close()
+    write_legacy_state(zk, ZK_ROOT, transactions=[meta], coordinator_epoch=OLD_CONTROLLER_EPOCH)
 
     config = {
         **TEST_BROKER_CONFIG,

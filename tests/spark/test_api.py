@@ -252,7 +252,7 @@ def test_complete_output_mode_is_refused(spark: SparkSession, store: str, tmp_pa
     [
         ({"topik": "x"}, "unknown idemlog option 'topik' (did you mean 'topic'?)"),
         ({}, "option 'topic' is required"),
-        ({"topic": "bad name!"}, "option 'topic'='bad name!' is not a topic name"),
+        ({"topic": "bad name!"}, "option 'topic'='bad name!': topic name 'bad name!' contains"),
         ({"topic": "api_bad", "key": "nope"}, "option 'key'='nope' names no column"),
         ({"topic": "api_bad", "partitions": "0"}, "partitions='0' is below the minimum 1"),
         ({"topic": "api_bad", "isolation": "dirty"}, "applies to reads only"),

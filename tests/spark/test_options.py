@@ -54,7 +54,7 @@ def test_names_are_case_insensitive_and_spark_options_are_ignored() -> None:
         ({"topic": "t", "key": "k"}, Scope.READ, "'key' applies to writes only"),
         ({"topic": "t", "producer.batch.size": "1"}, Scope.READ, "applies to writes only"),
         ({"topic": "t", "producer.batch.size": "x"}, Scope.WRITE, "batch.size='x'"),
-        ({"topic": "__consumer"}, Scope.WRITE, "not starting with '__'"),
+        ({"topic": "__consumer"}, Scope.WRITE, "reserved for internal topics"),
         ({"topic": "t", "transaction.timeout.ms": "0"}, Scope.WRITE, "below the minimum 1"),
         ({"topic": "t", "includeMetadata": "perhaps"}, Scope.READ, "is not a boolean"),
         (

@@ -145,6 +145,24 @@ def test_a_deposed_coordinators_timeout_pass_stops_at_its_first_refused_abort(
     assert [b.stored(n).state for n in ("app-a", "app-b")] == [S.ONGOING, S.ONGOING]
 
 
+def test_a_deposed_coordinators_expiry_pass_removes_nothing(tmp_path: Path) -> None:
+    """An id idle past its expiry when the epoch has moved on: the old coordinator's DEAD
+    record is refused for the epoch, so no tombstone follows, the id stays for the new
+    coordinator, and the old one stands down."""
+    b, partition = _broker(tmp_path)
+    p = Producer(b, "app").init()
+    p.send(P0, range(3))
+    p.commit()
+    partition.apply(PartitionState((1, 2), 1, EPOCH + 1, (1,)))
+    end_before = partition.log.log_end_offset
+    b.clock.advance(10**12)  # far past transactional.id.expiration.ms
+    result = b.coordinator.expire_idle()
+    assert result.transactional_ids == [] and result.sinks == []
+    assert partition.log.log_end_offset == end_before  # neither DEAD nor tombstone
+    assert b.coordinator.status is CoordinatorStatus.CLOSED
+    assert b.stored("app").state is S.COMPLETE_COMMIT
+
+
 def test_the_next_leaders_coordinator_loads_the_state_and_goes_on(tmp_path: Path) -> None:
     """The epoch moves on (re-elected at EPOCH + 1): a coordinator of the new epoch loads
     what the old one wrote and finishes the transaction."""

@@ -8,7 +8,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -17,34 +16,18 @@ import pytest
 from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
-    ConcurrentTransactionsError,
     DuplicateBrokerRegistrationError,
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
-    NotCoordinatorError,
     RequestTimedOutError,
     TopicAlreadyExistsError,
-    TransactionCoordinatorFencedError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.log.store import LogStore
-from broker_core.txn.coordinator import (
-    CoordinatorStatus,
-    LocalMarkerWriter,
-    TransactionCoordinator,
-)
-from broker_core.txn.markers import ProducerMarkers
-from broker_core.txn.pid_manager import ProducerIdManager, ZkProducerIdBlockSource
-from broker_core.txn.state_store import CoordinatorEpochFencedError
-from broker_core.txn.state_store_zk import ZkTxnStateStore
 from tests.harness.waiting import Recorder, wait_until
 from tests.harness.zookeeper import ZooKeeperHarness
-from tests.store.helpers import SCHEMA as STORE_SCHEMA
-from tests.store.helpers import read_ids
-from tests.store.helpers import rows as store_rows
 
 ROOT = "/idemlog"
 WAIT_S = 15.0
@@ -582,90 +565,3 @@ def test_concurrent_epoch_bumps_never_lose_an_increment(
     # Version-conditional sets: every bump got a value of its own, none overwrote another.
     assert sorted(results) == list(range(1, 31))
     assert _stored_epoch(group[0].client) == 30
-
-
-@pytest.mark.parametrize("shared_store", [False, True], ids=["own-stores", "shared-store"])
-def test_replaced_coordinator_is_fenced_by_the_state_store_and_the_partitions(
-    zk_chroot: ZooKeeperHarness,
-    brokers: Callable[..., SimBroker],
-    tmp_path: Path,
-    shared_store: bool,
-) -> None:
-    store = LogStore(tmp_path / "data")
-    store.create_topic("payments", 2, schema=STORE_SCHEMA)
-    parts = [("payments", 0), ("payments", 1)]
-    old, new = brokers(1), brokers(2)
-    assert old.cluster.is_controller()
-    pids = ProducerIdManager(0, ZkProducerIdBlockSource(old.client))
-    state_old = ZkTxnStateStore(old.client, ROOT)
-    state_new = state_old if shared_store else ZkTxnStateStore(new.client, ROOT)
-    a = TransactionCoordinator(
-        state_old, pids, LocalMarkerWriter(store), coordinator_epoch=old.cluster.controller_epoch()
-    )
-    a.start()
-    pid, epoch = a.init_producer_id("app")
-    a.add_partitions("app", pid, epoch, parts)
-    for p in (0, 1):
-        store.partition("payments", p).append(
-            store_rows(2, 10 * p), producer_id=pid, producer_epoch=epoch, base_sequence=0,
-            transactional=True,
-        )  # fmt: skip
-
-    old.cluster.close()  # A's broker goes; B's becomes the controller with a higher epoch
-    wait_until(new.cluster.is_controller, "broker 2 to take control")
-    assert new.cluster.controller_epoch() > a.coordinator_epoch
-    b = TransactionCoordinator(
-        state_new, pids, LocalMarkerWriter(store), coordinator_epoch=new.cluster.controller_epoch()
-    )
-    b.start()
-    # B fences the producer: ABORT markers at B's coordinator epoch, accepted.
-    assert b.init_producer_id("app") == (pid, epoch + 1)
-    for p in (0, 1):
-        log = store.partition("payments", p)
-        entry = log.state.get(pid)
-        assert entry is not None and entry.coordinator_epoch == b.coordinator_epoch
-        assert log.last_stable_offset == log.log_end_offset
-        assert read_ids(log) == []
-    node = f"{ROOT}/transactions/app"
-    assert json.loads(new.client.get(node)[0])["coordinator_epoch"] == b.coordinator_epoch
-
-    # A, not knowing, tries to commit the transaction B aborted: the store refuses it
-    # before anything is written, and A stops serving.
-    before = new.client.get(node)[0]
-    ends = [store.partition(*tp).log_end_offset for tp in parts]
-    with pytest.raises(ConcurrentTransactionsError, match="coordinator epoch") as refused:
-        a.end_txn("app", pid, epoch, commit=True)
-    assert isinstance(refused.value, CoordinatorEpochFencedError)
-    assert new.client.get(node)[0] == before
-    assert [store.partition(*tp).log_end_offset for tp in parts] == ends  # no marker
-    assert a.status is CoordinatorStatus.CLOSED
-    with pytest.raises(NotCoordinatorError):
-        a.init_producer_id("app")
-
-    # B's next transaction commits: its markers are accepted.
-    pid, epoch = pid, epoch + 1
-    b.add_partitions("app", pid, epoch, parts)
-    for p in (0, 1):
-        store.partition("payments", p).append(
-            store_rows(2, 100 + 10 * p), producer_id=pid, producer_epoch=epoch,
-            base_sequence=0, transactional=True,
-        )  # fmt: skip
-    # Its markers carry the next transaction's epoch (each ends at its own: KIP-890).
-    assert b.end_txn("app", pid, epoch, commit=True) == (pid, epoch + 1)
-    epoch += 1
-    assert [read_ids(store.partition(*tp)) for tp in parts] == [[100, 101], [110, 111]]
-
-    # A marker from A's epoch afterwards (a zombie's retry, at the producer epoch the
-    # partitions hold) is refused by the partition for its coordinator epoch.
-    ends = [store.partition(*tp).log_end_offset for tp in parts]
-    with pytest.raises(TransactionCoordinatorFencedError) as zombie:
-        zombie_markers = [ProducerMarkers(pid, epoch, tuple(parts))]
-        LocalMarkerWriter(store).write_markers(zombie_markers, False, a.coordinator_epoch)
-    assert zombie.value.code == 52 and not zombie.value.retriable
-    assert [store.partition(*tp).log_end_offset for tp in parts] == ends
-    assert [read_ids(store.partition(*tp)) for tp in parts] == [[100, 101], [110, 111]]
-    b.close()
-    if not shared_store:
-        state_new.close()
-    state_old.close()
-    store.close()
