@@ -4,7 +4,8 @@
 metrics endpoint (``metrics.port``), the data-directory lock (``<log.dir>/.lock``, held
 until the end of ``close()``: a second process on the same ``log.dir`` is refused with
 LogDirLockedError before it reads or writes a file there), the producer-id block source
-(ZooKeeper's session, or the file ``<log.dir>/__producer_id_block``), the
+and the producer tokens' key (ZooKeeper's session, or the files
+``<log.dir>/__producer_id_block`` and ``__producer_id_key``), the
 :class:`LogStore`, the Flight server (bound, so the real port is known), the cluster
 (registering this broker, opening and recovering its partitions), the transaction
 coordinator and the background tasks. A step that raises has ``_release`` close what the
