@@ -30,7 +30,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from broker_core.errors import InvalidProducerIdMappingError, UnknownServerError
+from broker_core.errors import (
+    InvalidConfigError,
+    InvalidProducerIdMappingError,
+    UnknownServerError,
+)
+from broker_core.fileutil import fsync_directory, write_all
 from broker_core.security import zk_acl
 
 KEY_BYTES = 32
@@ -98,18 +103,14 @@ def file_key(path: Path) -> bytes:
     fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(name)  # created 0600, a name of its own (threads and processes alike)
     try:
-        os.write(fd, secrets.token_bytes(KEY_BYTES))
+        write_all(fd, secrets.token_bytes(KEY_BYTES))
         os.fsync(fd)
     finally:
         os.close(fd)
     try:
         with contextlib.suppress(FileExistsError):  # another process's key won: use it
             os.link(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_directory(path.parent)
     finally:
         tmp.unlink()
     return _check_key(path.read_bytes(), f"in file {path}")
@@ -119,14 +120,21 @@ def zk_key(client: Any, path: str, timeout_s: float) -> bytes:
     """The cluster's key in ZooKeeper node ``path``: created once with
     ``security.zk_acl``'s ACL for it (the brokers' identity only, under
     ``zookeeper.set.acl``), a creation that finds the node already there reads it."""
-    from kazoo.exceptions import NodeExistsError, NoNodeError
+    from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 
     where = f"in ZooKeeper node {path}"
-    with contextlib.suppress(NoNodeError):
+    try:
+        with contextlib.suppress(NoNodeError):
+            data, _stat = client.get_async(path).get(timeout=timeout_s)
+            return _check_key(bytes(data), where)
+        zk_acl.ensure_path(client, path.rsplit("/", 1)[0])
+        with contextlib.suppress(NodeExistsError):  # another broker created it first
+            key = secrets.token_bytes(KEY_BYTES)
+            zk_acl.create_async(client, path, key).get(timeout=timeout_s)
         data, _stat = client.get_async(path).get(timeout=timeout_s)
-        return _check_key(bytes(data), where)
-    zk_acl.ensure_path(client, path.rsplit("/", 1)[0])
-    with contextlib.suppress(NodeExistsError):  # another broker created it first
-        zk_acl.create_async(client, path, secrets.token_bytes(KEY_BYTES)).get(timeout=timeout_s)
-    data, _stat = client.get_async(path).get(timeout=timeout_s)
+    except NoAuthError:
+        raise InvalidConfigError(
+            f"the producer id key {where} is readable by the brokers' ZooKeeper identity "
+            f"only: set {zk_acl.ZK_DIGEST_USERNAME} and {zk_acl.ZK_DIGEST_PASSWORD} to it"
+        ) from None
     return _check_key(bytes(data), where)
