@@ -80,6 +80,7 @@ from benchmarks.data import SCHEMA, distinct_batches
 from broker_core.cli.broker_cmd import keep_large_buffers
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle, ProduceStream
+from broker_core.client.producer_tokens import ProducerTokenBook
 from broker_core.protocol.wire import ProduceRequestMeta, ProduceResponse
 from broker_core.record.batch import validate_rows
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
@@ -208,9 +209,11 @@ def produce(
     batches: Sequence[pa.RecordBatch],
     count: int,
     errors: list[BaseException],
+    tokens: ProducerTokenBook,
 ) -> None:
     try:
-        stream = ProduceStream(connection, TOPIC, partition, SCHEMA)
+        # The tokens the admin client was issued with the producer ids (docs/security.md).
+        stream = ProduceStream(connection, TOPIC, partition, SCHEMA, tokens=tokens)
         window: deque[ProduceHandle] = deque()
         for i in range(count):
             if len(window) == IN_FLIGHT:
@@ -271,7 +274,15 @@ def run_producers(
     threads = [
         threading.Thread(
             target=produce,
-            args=(connections[p % len(connections)], p, pids[p], batches, per_producer, errors),
+            args=(
+                connections[p % len(connections)],
+                p,
+                pids[p],
+                batches,
+                per_producer,
+                errors,
+                admin.producer_tokens,
+            ),
         )
         for p in range(producers)
     ]

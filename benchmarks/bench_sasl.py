@@ -85,7 +85,8 @@ def produce_mbps(address: str, sasl: SaslCredentials | None, total_mb: float) ->
         errors: list[BaseException] = []
         started = time.perf_counter()
         worker = threading.Thread(
-            target=produce, args=(connections.get(address), 0, pid, batches, count, errors)
+            target=produce,
+            args=(connections.get(address), 0, pid, batches, count, errors, admin.producer_tokens),
         )
         worker.start()
         worker.join()

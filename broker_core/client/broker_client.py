@@ -38,6 +38,7 @@ from broker_core.client.admin_calls import AdminCalls
 from broker_core.client.connections import FlightConnections
 from broker_core.client.fetch_stream import FetchStream
 from broker_core.client.produce_stream import ProduceStream
+from broker_core.client.producer_tokens import ProducerTokenBook
 from broker_core.client.routes import BrokerAddress, ClusterView, CoordinatorCache
 from broker_core.client.txn_calls import TransactionCalls
 from broker_core.errors import (
@@ -181,6 +182,8 @@ class BrokerClient(AdminCalls, TransactionCalls):
             )
         self._connections = connections
         self._view: ClusterView | None = None
+        # The idempotent producers' tokens this client was issued (its streams send them).
+        self.producer_tokens = ProducerTokenBook()
         self._deadlines = threading.local()  # .at: this thread's deadline (monotonic s)
         # Addresses whose last METADATA failed, oldest failure first: asked last.
         self._metadata_failed: dict[str, None] = {}
@@ -566,6 +569,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
             acks=acks,
             topic_id=topic_id,
             transactional_id=transactional_id,
+            tokens=self.producer_tokens,
         )
 
     def fetch_once(

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from broker_core.client.producer_tokens import ProducerTokenBook
 from broker_core.errors import (
     IdemlogError,
     InvalidRequestError,
@@ -131,7 +132,9 @@ class ProduceStream:
     ``InvalidRequiredAcksError`` (INVALID_REQUIRED_ACKS) at the first send.
     ``transactional_id`` goes in the descriptor too: the transactional producer's, which
     its transactional batches need (the broker checks Write on it and verifies each
-    transaction with its coordinator).
+    transaction with its coordinator). ``tokens``: the producer tokens the client was
+    issued; a non-transactional batch with a producer id carries its id's (the broker
+    refuses it without: docs/security.md).
     """
 
     def __init__(
@@ -145,6 +148,7 @@ class ProduceStream:
         acks: int = ACKS_ALL,
         topic_id: str | None = None,
         transactional_id: str | None = None,
+        tokens: ProducerTokenBook | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -153,6 +157,7 @@ class ProduceStream:
         self.address = address
         self.acks = acks
         self._client = client
+        self._tokens = tokens or ProducerTokenBook()
         self._schema = schema
         self._writer: Any = None
         self._reader_thread: threading.Thread | None = None
@@ -205,8 +210,10 @@ class ProduceStream:
         transactional: bool = False,
     ) -> ProduceHandle:
         correlation_id = next(self._correlation)
+        idempotent = producer_id >= 0 and not transactional
+        token = self._tokens.token_for(producer_id) if idempotent else b""
         meta = ProduceRequestMeta(
-            producer_id, producer_epoch, base_sequence, transactional, correlation_id
+            producer_id, producer_epoch, base_sequence, transactional, correlation_id, token
         )
         return self.send_raw(batch, meta.encode(), correlation_id)
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from broker_core.client.producer_tokens import ProducerTokenBook
 from broker_core.protocol.coordinator_keys import CoordinatorAddress, state_partition_of
 from broker_core.protocol.requests import Request
 
@@ -39,6 +40,7 @@ class Routes(Protocol):
 
     _bootstrap: list[str]
     _view: ClusterView | None
+    producer_tokens: ProducerTokenBook
 
     def refresh_metadata(self) -> ClusterView: ...
 

@@ -62,8 +62,10 @@ class TransactionCalls:
         self: Routes, transactional_id: str | None = None, transaction_timeout_ms: int | None = None
     ) -> tuple[int, int]:
         """A producer id and epoch. Without ``transactional_id``: a fresh idempotent
-        producer from any broker. With one: from the coordinator, which fences the id's
-        earlier holder (its epoch is bumped) and aborts its open transaction. Raises
+        producer from any broker (its token is kept in :attr:`producer_tokens`, which
+        this client's produce streams send with its batches). With one: from the
+        coordinator, which fences the id's earlier holder (its epoch is bumped) and
+        aborts its open transaction. Raises
         ``InvalidTransactionTimeoutError``, ``InvalidRequestError``, or the routing error
         left after the retries."""
         request = InitProducerIdRequest(transactional_id, transaction_timeout_ms)
@@ -72,6 +74,8 @@ class TransactionCalls:
         else:
             doc = self._coordinator_action(request, transactional_id)
         answer = InitProducerIdResponse.from_doc(doc)
+        if answer.producer_token is not None:
+            self.producer_tokens.remember(answer.producer_id, answer.producer_token)
         return answer.producer_id, answer.producer_epoch
 
     def init_sink_producer(

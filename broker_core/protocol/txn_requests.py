@@ -88,14 +88,21 @@ class InitProducerIdRequest:
 
 @dataclass(frozen=True, slots=True)
 class InitProducerIdResponse:
+    """``producer_token``: an idempotent producer's (no transactional id), which each of
+    its batches carries (``wire.ProduceRequestMeta``; ``security.producer_token``); hex
+    in the document."""
+
     producer_id: int
     producer_epoch: int
     sink_status: SinkTxnStatus | None = None  # set when the request named a sink attempt
+    producer_token: bytes | None = None
 
     def to_doc(self) -> Doc:
         doc: Doc = {"producer_id": self.producer_id, "producer_epoch": self.producer_epoch}
         if self.sink_status is not None:
             doc["sink_status"] = str(self.sink_status)
+        if self.producer_token is not None:
+            doc["producer_token"] = self.producer_token.hex()
         return doc
 
     @classmethod
@@ -106,10 +113,16 @@ class InitProducerIdResponse:
             sink_status = None if status is None else SinkTxnStatus(status)
         except ValueError:
             raise InvalidRequestError(f"{what}: field 'sink_status' is {status!r}") from None
+        token_hex = _field(doc, "producer_token", str, what, None)
+        try:
+            token = None if token_hex is None else bytes.fromhex(token_hex)
+        except ValueError:
+            raise InvalidRequestError(f"{what}: field 'producer_token' is not hex") from None
         return cls(
             _field(doc, "producer_id", int, what),
             _field(doc, "producer_epoch", int, what),
             sink_status,
+            token,
         )
 
 

@@ -188,39 +188,51 @@ def field(doc: dict[str, Any], name: str, kind: type, what: str, default: Any = 
 
 # -- produce -------------------------------------------------------------------------------
 _PRODUCE_REQ = struct.Struct(">BqhiBq")  # version, pid, epoch, base seq, flags, correlation
+PRODUCER_TOKEN_BYTES = 32  # security.producer_token's HMAC-SHA256, after the fixed part
 _PRODUCE_RESP = struct.Struct(">Bqhqqqb")  # version, correlation, error, base, last, time, dup
 FLAG_TRANSACTIONAL = 1
 
 
 @dataclass(frozen=True, slots=True)
 class ProduceRequestMeta:
+    """One batch's metadata: the fixed part, then the producer token of an idempotent
+    batch (``producer_token``, the 32 bytes InitProducerId answered; empty otherwise)."""
+
     producer_id: int
     producer_epoch: int
     base_sequence: int
     transactional: bool
     correlation_id: int
+    producer_token: bytes = b""
 
     def encode(self) -> bytes:
-        return _PRODUCE_REQ.pack(
-            PROTOCOL_VERSION,
-            self.producer_id,
-            self.producer_epoch,
-            self.base_sequence,
-            FLAG_TRANSACTIONAL if self.transactional else 0,
-            self.correlation_id,
+        return (
+            _PRODUCE_REQ.pack(
+                PROTOCOL_VERSION,
+                self.producer_id,
+                self.producer_epoch,
+                self.base_sequence,
+                FLAG_TRANSACTIONAL if self.transactional else 0,
+                self.correlation_id,
+            )
+            + self.producer_token
         )
 
     @classmethod
     def decode(cls, data: bytes | memoryview | None) -> ProduceRequestMeta:
-        if data is None or len(data) != _PRODUCE_REQ.size:
-            size = 0 if data is None else len(data)
+        size = 0 if data is None else len(data)
+        with_token = _PRODUCE_REQ.size + PRODUCER_TOKEN_BYTES
+        if data is None or size not in (_PRODUCE_REQ.size, with_token):
             raise InvalidRequestError(
-                f"produce batch metadata must be {_PRODUCE_REQ.size} bytes, got {size}"
+                f"produce batch metadata must be {_PRODUCE_REQ.size} bytes, or "
+                f"{with_token} with a producer token, got {size}"
             )
-        version, pid, epoch, seq, flags, corr = _PRODUCE_REQ.unpack(bytes(data))
+        raw = bytes(data)
+        version, pid, epoch, seq, flags, corr = _PRODUCE_REQ.unpack_from(raw)
         if version != PROTOCOL_VERSION:
             raise InvalidRequestError(f"unsupported produce metadata version {version}")
-        return cls(pid, epoch, seq, bool(flags & FLAG_TRANSACTIONAL), corr)
+        token = raw[_PRODUCE_REQ.size :]
+        return cls(pid, epoch, seq, bool(flags & FLAG_TRANSACTIONAL), corr, token)
 
 
 @dataclass(frozen=True, slots=True)

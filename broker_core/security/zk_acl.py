@@ -4,7 +4,8 @@ Kafka's ``zookeeper.set.acl``: with it, every node a broker, the coordinator or 
 ``idemlog`` command creates is world-readable and changeable only by the brokers'
 identity (ZooKeeper's ``digest`` scheme, one ``user:password`` all brokers share, as
 Kafka's brokers share one principal); the SCRAM users' nodes (``<root>/config/users``
-and below: salted credentials) are not even world-readable. docs/security.md
+and below: salted credentials) and the producer-token key (``<root>/config/
+producer_id_key``) are not even world-readable. docs/security.md
 (ZooKeeper: authentication and ACLs) says how to set it up and why.
 
 One rule, one place: :func:`acl_for` gives a path's ACL from the kazoo client it is
@@ -40,9 +41,10 @@ ZK_SET_ACL = "zookeeper.set.acl"
 ZK_DIGEST_USERNAME = "zookeeper.auth.digest.username"
 ZK_DIGEST_PASSWORD = "zookeeper.auth.digest.password"
 DIGEST_SCHEME = "digest"
-# Under the cluster's root znode: the SCRAM users (credentials.USERS_ZNODE). Kafka keeps
-# /config/users readable by the brokers only; a reader of the metadata needs none of it.
-SENSITIVE_LEVELS = ("config", "users")
+# Under the cluster's root znode: the SCRAM users (credentials.USERS_ZNODE) and the key
+# that signs producer tokens (producer_token.KEY_ZNODE). Kafka keeps /config/users
+# readable by the brokers only; a reader of the metadata needs none of it.
+SENSITIVE_LEVELS = (("config", "users"), ("config", "producer_id_key"))
 
 ZK_ACL_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -51,8 +53,8 @@ ZK_ACL_KEYS: tuple[ConfigKey, ...] = (
         False,
         "Create every ZooKeeper node with an ACL (Kafka's name): world-readable, changeable "
         "only by the brokers' identity (zookeeper.auth.digest.*); the SCRAM users' nodes "
-        "readable by the brokers only. Existing nodes keep theirs: `idemlog zookeeper "
-        "set-acl` secures them.",
+        "and the producer-token key readable by the brokers only. Existing nodes keep "
+        "theirs: `idemlog zookeeper set-acl` secures them.",
     ),
     ConfigKey(
         ZK_DIGEST_USERNAME,
@@ -145,17 +147,21 @@ class ZkAuth:
 
 
 def is_sensitive(path: str) -> bool:
-    """Whether ``path`` is the SCRAM users' node or below it (not world-readable)."""
+    """Whether ``path`` is the SCRAM users' node or the producer-token key, or below
+    them (not world-readable)."""
     levels = [level for level in path.split("/") if level]
-    n = len(SENSITIVE_LEVELS)
-    return any(tuple(levels[i : i + n]) == SENSITIVE_LEVELS for i in range(len(levels) - n + 1))
+    return any(
+        tuple(levels[i : i + len(secret)]) == secret
+        for secret in SENSITIVE_LEVELS
+        for i in range(len(levels) - len(secret) + 1)
+    )
 
 
 def acl_for(client: Any, path: str) -> list[ACL]:
     """The ACL a node at ``path`` is created with (or set to by ``idemlog zookeeper
     set-acl``) through ``client``: open when the client has no ``default_acl``; else that
-    (the brokers' identity ALL, world READ), without the world's READ under the users'
-    node."""
+    (the brokers' identity ALL, world READ), without the world's READ on a sensitive
+    node (:func:`is_sensitive`)."""
     default: list[ACL] | None = getattr(client, "default_acl", None)
     if not default:
         return list(OPEN_ACL_UNSAFE)

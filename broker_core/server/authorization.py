@@ -64,7 +64,7 @@ from broker_core.security.acl import (
     ResourceType,
 )
 from broker_core.security.acl_store import Bindings, FileAclStore, ZkAclStore
-from broker_core.security.principal import Principal
+from broker_core.security.principal import ANONYMOUS, Principal
 from broker_core.server.config import ZK_ROOT, BrokerConfig
 
 log = logging.getLogger("idemlog.security")
@@ -154,7 +154,8 @@ def _produce(body: Body) -> list[Check]:
 
 
 # Checked at each batch of a produce stream that carries a producer id and is not
-# transactional (docs/security.md): the producer id is not bound to its principal.
+# transactional (docs/security.md), as well as its producer token: the id is bound to
+# the principal it was issued to (security.producer_token).
 IDEMPOTENT_PRODUCE: Check = _cluster(Operation.IDEMPOTENT_WRITE)
 
 
@@ -204,7 +205,8 @@ _CLUSTER_ACTION = Rule(
 RULES: dict[str, Rule] = {
     PRODUCE: Rule(
         "Write on the topic; with a transactional id, Write on it too; a batch with a "
-        "producer id that is not transactional: IdempotentWrite on the Cluster (all "
+        "producer id that is not transactional: IdempotentWrite on the Cluster and the "
+        "producer token its InitProducerId issued to this principal for this id (all "
         "checked again at each batch of the stream)",
         _produce,
     ),
@@ -245,7 +247,8 @@ RULES: dict[str, Rule] = {
         "none (an address only; the calls made there are checked)", _none
     ),
     Action.INIT_PRODUCER_ID: Rule(
-        "with a transactional id: Write on it; without: IdempotentWrite on the Cluster",
+        "with a transactional id: Write on it; without: IdempotentWrite on the Cluster "
+        "(answered with the producer token that binds the id to the caller)",
         _init_producer_id,
     ),
     Action.ADD_PARTITIONS_TO_TXN: Rule(
@@ -398,12 +401,18 @@ class RequestAuthorizer:
 
 
 class Permit:
-    """A request that passed its checks: what its answer may show the caller.
-    :data:`UNCHECKED` (no authorizer) allows everything."""
+    """A request that passed its checks: what its answer may show the caller, and who
+    the caller is. Without an authorizer (:data:`UNCHECKED`, or a caller known but not
+    checked) it allows everything."""
 
     def __init__(self, authorizer: RequestAuthorizer | None, caller: Caller | None) -> None:
         self._authorizer = authorizer
         self._caller = caller
+
+    @property
+    def principal(self) -> Principal:
+        """The caller's principal (:data:`ANONYMOUS` when not known)."""
+        return ANONYMOUS if self._caller is None else self._caller.principal
 
     def may(self, operation: Operation, resource: Resource) -> bool:
         if self._authorizer is None or self._caller is None:

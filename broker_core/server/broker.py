@@ -4,7 +4,8 @@
 metrics endpoint (``metrics.port``), the data-directory lock (``<log.dir>/.lock``, held
 until the end of ``close()``: a second process on the same ``log.dir`` is refused with
 LogDirLockedError before it reads or writes a file there), the producer-id block source
-(ZooKeeper's session, or the file ``<log.dir>/__producer_id_block``), the
+and the producer tokens' key (ZooKeeper's session, or the files
+``<log.dir>/__producer_id_block`` and ``__producer_id_key``), the
 :class:`LogStore`, the Flight server (bound, so the real port is known), the cluster
 (registering this broker, opening and recovering its partitions), the transaction
 coordinator and the background tasks. A step that raises has ``_release`` close what the
@@ -38,6 +39,8 @@ from broker_core.log.dir_lock import lock_data_dir
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import MetricsRequest
+from broker_core.security import producer_token
+from broker_core.security.producer_token import ProducerTokens
 from broker_core.security.tls import Side, TlsMaterial, warn_if_exposed
 from broker_core.server.config import ZK_ROOT, BrokerConfig
 from broker_core.server.coordinators import Coordinators
@@ -108,6 +111,7 @@ class Broker:
         self._zk: Any = None
         self._pid_source: FileProducerIdBlockSource | ZkProducerIdBlockSource | None = None
         self.pids: ProducerIdManager | None = None
+        self._producer_tokens: ProducerTokens | None = None
         self.store: LogStore | None = None
         self.cluster: ClusterMetadata | None = None
         self.info: BrokerInfo | None = None
@@ -228,15 +232,23 @@ class Broker:
         self.identity = open_identity(self.config.log_dir, self.broker_id)
 
     def _open_producer_ids(self) -> None:
-        """The producer-id block source: the embedded file, or ZooKeeper (whose session
-        every later ZooKeeper user shares). Opens the ZooKeeper session; ``_release``
-        closes the source, then the session."""
+        """The producer-id block source and the key that binds an idempotent producer id
+        to its principal (``security.producer_token``): the embedded files, or ZooKeeper
+        (whose session every later ZooKeeper user shares). Opens the ZooKeeper session;
+        ``_release`` closes the source, then the session."""
         cfg = self.config
         if cfg.embedded:
             self._pid_source = FileProducerIdBlockSource(cfg.log_dir / PID_BLOCK_FILE)
+            key = producer_token.file_key(cfg.log_dir / producer_token.KEY_FILE)
         else:
             self._zk = connect_zookeeper(cfg)
             self._pid_source = ZkProducerIdBlockSource(self._zk)
+            key = producer_token.zk_key(
+                self._zk,
+                f"{ZK_ROOT}/{producer_token.KEY_ZNODE}",
+                cfg.zookeeper_session_timeout_ms / 1000.0,
+            )
+        self._producer_tokens = ProducerTokens(key)
         self.pids = ProducerIdManager(self.broker_id, self._pid_source)
 
     def _open_store(self) -> None:
@@ -308,6 +320,7 @@ class Broker:
         from broker_core.server.handlers import ActionHandlers
 
         cfg = self.config
+        assert self._producer_tokens is not None  # _open_producer_ids ran
         started_topics = StartedTopics(lambda: self.topics)
         actions = ActionHandlers(
             broker_id=self.broker_id,
@@ -317,6 +330,7 @@ class Broker:
             cluster=self.require_cluster,
             coordinators=self.coordinators,
             pids=lambda: self.pids,
+            producer_tokens=self._producer_tokens,
             markers=lambda: self.markers,
             metrics_document=self.metrics_document,
             replicas=lambda: self.replicas,
@@ -336,6 +350,7 @@ class Broker:
             middleware=self._middleware(),
             authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
             verifier=self._txn_verifier(tls),
+            producer_tokens=self._producer_tokens,
             failpoints=failpoints,
         )
         assert self.identity is not None  # _lock_data_dir ran

@@ -45,12 +45,12 @@ from broker_core.protocol.wire import (
 )
 from broker_core.record.batch import validate_rows
 from broker_core.security.principal import principal_of
+from broker_core.security.producer_token import ProducerTokens
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, server_arguments
 from broker_core.server.authorization import (
     FETCH,
     IDEMPOTENT_PRODUCE,
     PRODUCE,
-    UNCHECKED,
     Caller,
     Permit,
     RequestAuthorizer,
@@ -97,8 +97,10 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     ``authorizer``: the ACL check every request passes before it touches state
     (``broker_core.server.authorization``), None with ``authorizer.enable=false``;
     ``verifier``: asks a transactional batch's coordinator before its first append
-    (``broker_core.server.txn_verifier``); ``failpoints``: the test hooks (none unless
-    started for them).
+    (``broker_core.server.txn_verifier``); ``producer_tokens``: checks that a
+    non-transactional batch's producer id was issued to the stream's principal
+    (``broker_core.security.producer_token``); ``failpoints``: the test hooks (none
+    unless started for them).
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         middleware: Mapping[str, flight.ServerMiddlewareFactory] | None = None,
         authorizer: RequestAuthorizer | None = None,
         verifier: TxnVerifier,
+        producer_tokens: ProducerTokens,
         failpoints: BrokerFailpoints = NO_FAILPOINTS,
     ) -> None:
         # auth_handler (SASL, broker_core.server.authentication): every call but the
@@ -136,6 +139,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self._ack_timeout_s = ack_timeout_s
         self._authorizer = authorizer
         self._verifier = verifier
+        self._producer_tokens = producer_tokens
         self._failpoints = failpoints
 
     # -- common --------------------------------------------------------------------------
@@ -143,9 +147,10 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self, context: flight.ServerCallContext, request: str, doc: dict[str, Any]
     ) -> Permit:
         """The ACL check of one request (before it touches any state): raises its typed
-        refusal; :data:`UNCHECKED` without an authorizer."""
+        refusal; without an authorizer, a permit that allows everything and names the
+        caller (InitProducerId binds an idempotent producer id to it)."""
         if self._authorizer is None:
-            return UNCHECKED
+            return Permit(None, _caller(context))
         return self._authorizer.check(_caller(context), request, doc)
 
     def _guard(self, what: str, body: Callable[[], T]) -> T:
@@ -186,18 +191,24 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         request = ProduceDescriptor.from_doc(doc)
         self._permit(context, PRODUCE, doc)
         authorizer = self._authorizer
-        caller = None if authorizer is None else _caller(context)  # the stream's, once
+        caller = _caller(context)  # the stream's, once
+        principal = str(caller.principal)
+        topic, partition, txn_id = request.topic, request.partition, request.transactional_id
+        tokens, where = self._producer_tokens, f"produce to {topic}-{partition}"
 
         def authorized(meta: ProduceRequestMeta) -> None:
             # Asked again at each batch: a principal that loses its ACL mid-stream is
             # refused from its next batch on (the cached, indexed ACLs: a look-up, no I/O
             # on a cluster; one stat of the embedded file).
-            if authorizer is not None and caller is not None:
+            if authorizer is not None:
                 authorizer.check(caller, PRODUCE, doc)
-                if meta.producer_id >= 0 and not meta.transactional:
+            if meta.producer_id >= 0 and not meta.transactional:
+                if authorizer is not None:
                     authorizer.require(caller, IDEMPOTENT_PRODUCE, PRODUCE)
+                # With or without an authorizer (then everyone is ANONYMOUS), and before
+                # the validator: a refusal never shows the id's epoch or sequence.
+                tokens.check(meta.producer_id, principal, meta.producer_token, where)
 
-        topic, partition, txn_id = request.topic, request.partition, request.transactional_id
         # Routing errors and a stale topic id before the stream starts. A stream opened on
         # a copy that is deleted later fails its next append (the log is abandoned).
         self._topics.leader_log(topic, partition, request.topic_id)

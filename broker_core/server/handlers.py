@@ -81,6 +81,7 @@ from broker_core.protocol.txn_requests import (
     WriteTxnMarkersResponse,
 )
 from broker_core.protocol.wire import Action
+from broker_core.security.producer_token import ProducerTokens
 from broker_core.server.authorization import UNCHECKED, Permit
 from broker_core.server.config import BrokerConfig
 from broker_core.server.coordinators import EMBEDDED_STATE_PARTITIONS, Coordinators
@@ -151,6 +152,7 @@ class ActionHandlers:
         cluster: Callable[[], ClusterMetadata],
         coordinators: Coordinators,
         pids: Callable[[], ProducerIdManager | None],
+        producer_tokens: ProducerTokens,
         markers: Callable[[], LocalMarkers | None],
         metrics_document: Callable[[MetricsRequest], dict[str, Any]],
         replicas: Callable[[], ReplicaManager | None] = lambda: None,
@@ -162,6 +164,7 @@ class ActionHandlers:
         self._cluster = cluster
         self._coordinators = coordinators
         self._pids = pids
+        self._producer_tokens = producer_tokens
         self._markers = markers
         self._metrics_document = metrics_document
         self._replicas = replicas
@@ -221,6 +224,8 @@ class ActionHandlers:
         action = self.known(action_type)
         if action is Action.ABORT_SINK_RUN:
             return self.abort_sink_run(body, permit)
+        if action is Action.INIT_PRODUCER_ID:
+            return self.init_producer_id(body, permit)
         binary = self.binary.get(action)
         if binary is not None:
             return binary(body)
@@ -355,13 +360,18 @@ class ActionHandlers:
         return request.state_partition
 
     # -- producers and transactions ------------------------------------------------------
-    def init_producer_id(self, body: dict[str, Any]) -> dict[str, Any]:
+    def init_producer_id(self, body: dict[str, Any], permit: Permit = UNCHECKED) -> dict[str, Any]:
+        """An idempotent producer's id comes with the token binding it to the caller's
+        principal (``permit``'s; its batches carry the token); a transactional one never
+        has a token."""
         request = InitProducerIdRequest.from_doc(body)
         txn_id, timeout_ms = request.transactional_id, request.transaction_timeout_ms
         if txn_id is None:
             pids = self._pids()
             assert pids is not None
-            return InitProducerIdResponse(pids.generate_producer_id(), 0).to_doc()
+            pid = pids.generate_producer_id()
+            token = self._producer_tokens.issue(pid, str(permit.principal))
+            return InitProducerIdResponse(pid, 0, producer_token=token).to_doc()
         coordinator = self._coordinators.for_key(txn_id)
         if request.sink is not None:
             pid, epoch, status = coordinator.init_sink_producer(txn_id, timeout_ms, request.sink)

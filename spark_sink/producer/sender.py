@@ -18,9 +18,11 @@ Ordering rules (docs/design.md §8, §9 items 13-15):
 * a failed batch goes back into its queue in sequence order (``reenqueue``);
 * OUT_OF_ORDER_SEQUENCE for a batch that is not the next the broker expects is the
   consequence of an earlier failure: resent, not counted as a retry;
-  OUT_OF_ORDER for the batch the broker should expect, UNKNOWN_PRODUCER_ID, or a batch
-  with a sequence failing for good leaves the partition *unresolved* → epoch bump
-  (idempotent-only producer), see ``transaction_manager``;
+  OUT_OF_ORDER for the batch the broker should expect, UNKNOWN_PRODUCER_ID,
+  INVALID_PRODUCER_ID_MAPPING (an idempotent-only producer's token refused: the
+  cluster's key was replaced), or a batch with a sequence failing for good leaves the
+  partition *unresolved* → epoch bump (idempotent-only producer), see
+  ``transaction_manager``;
 * a transactional producer's batch that fails for good for any reason (with or without a
   sequence: a definite error, retries exhausted, delivery.timeout.ms) puts the
   transaction in ABORTABLE_ERROR with that batch's error, which commit / prepare raise;
@@ -43,6 +45,7 @@ from broker_core.errors import (
     DuplicateSequenceError,
     IdemlogError,
     InvalidProducerEpochError,
+    InvalidProducerIdMappingError,
     NetworkError,
     NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
@@ -213,6 +216,17 @@ class Sender:
                 self._unresolved(batch, error, now, retry=True)
             return
         if idempotent and isinstance(error, UnknownProducerIdError):
+            batch.written = Written.NO
+            self._unresolved(batch, error, now, retry=True)
+            return
+        if (
+            idempotent
+            and not self.txn.is_transactional
+            and isinstance(error, InvalidProducerIdMappingError)
+        ):
+            # The broker refused the batch's producer token before reading anything else
+            # of it (the cluster's token key was replaced): nothing written; the epoch
+            # bump's new producer id comes with a new token.
             batch.written = Written.NO
             self._unresolved(batch, error, now, retry=True)
             return

@@ -90,7 +90,9 @@ def test_truncated_produce_metadata_fails_the_stream(
     client.create_topic("truncated", 1)
     error = _stream_error(shared_broker, _produce_descriptor("truncated"), rows(2), b"\x01\x00\x07")
     assert isinstance(error, InvalidRequestError)
-    assert "produce batch metadata must be 24 bytes, got 3" in error.message
+    assert "produce batch metadata must be 24 bytes, or 56 with a producer token, got 3" in (
+        error.message
+    )
     good = ProduceRequestMeta(-1, -1, -1, False, 0).encode()
     error = _stream_error(
         shared_broker, _produce_descriptor("truncated"), rows(2), b"\x09" + good[1:]
@@ -191,15 +193,16 @@ def test_forged_producer_id_and_stale_epoch(client: BrokerClient, witness: Broke
         )
         stale = stream.send(rows(2, start=3), producer_id=pid, producer_epoch=2, base_sequence=0)
         negative = stream.send(rows(1), producer_id=-7, producer_epoch=0, base_sequence=0)
-        assert forged.result(10).error_code == 59
-        assert "producer_id=1000000000000 was never issued" in forged.result().error_message
+        # No token was issued for it: refused before the validator (issue 36).
+        assert forged.result(10).error_code == 49
+        assert "1000000000000 carries no producer token" in forged.result().error_message
         assert issued_later_epoch.result(10).error_code == 0
         assert stale.result(10).error_code == 47
         assert "epoch 2 is older than the current epoch 3" in stale.result().error_message
         assert negative.result(10).error_code == 87  # INVALID_RECORD: a client bug
     assert ids(client, "forged") == [1, 2]
     part = next(p for p in client.metrics()["partitions"] if p["topic"] == "forged")
-    assert (part["unknown_producer_ids"], part["fenced_appends"], part["rejected"]) == (1, 1, 1)
+    assert (part["unknown_producer_ids"], part["fenced_appends"], part["rejected"]) == (0, 1, 2)
 
 
 def test_oversize_batch_and_action_body(client: BrokerClient, witness: BrokerClient) -> None:

@@ -14,6 +14,7 @@ from broker_core.errors import (
     ErrorCode,
     IdemlogError,
     InvalidProducerEpochError,
+    InvalidProducerIdMappingError,
     InvalidRequestError,
     InvalidTxnStateError,
     TransactionalIdAuthorizationFailedError,
@@ -180,8 +181,9 @@ def test_injection_into_another_principals_open_transaction_is_refused(
         error = plain.error()
         assert isinstance(error, ClusterAuthorizationFailedError), plain
         assert "IdempotentWrite" in error.message and "expected" not in error.message
-    # Even with IdempotentWrite (an idempotent producer id is not bound to its principal,
-    # docs/security.md): refused while his transaction is open, naming none of his state.
+    # Even with IdempotentWrite: a transactional producer id has no producer token, so a
+    # non-transactional batch under it is refused before the validator, naming none of
+    # his state (docs/security.md; tests/broker/test_producer_ownership.py).
     allow(acl_broker, "User:alice", "IdempotentWrite", resource=("--cluster",))
     with client_of(acl_broker, "bob") as bob, client_of(acl_broker, "alice") as alice:
         with alice.produce_stream(TOPIC, 0, SCHEMA) as stream:
@@ -193,7 +195,7 @@ def test_injection_into_another_principals_open_transaction_is_refused(
             ]
         for answer in plains:
             error = answer.error()
-            assert isinstance(error, InvalidTxnStateError) and error.code == 48, answer
+            assert isinstance(error, InvalidProducerIdMappingError) and error.code == 49, answer
             assert "expected" not in error.message and "epoch" not in error.message
         # bob's own next batch: appended, once (not answered as a duplicate).
         with bob.produce_stream(TOPIC, 0, SCHEMA, transactional_id="bob-txn") as stream:

@@ -14,7 +14,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, Permissions
 
+from broker_core.security.zk_acl import is_sensitive
+
 USERS_NODE = "/config/users"
+KEY_NODE = "/config/producer_id_key"  # the producer-token key (security.producer_token)
 
 
 def outsider_auths(identity_user: str) -> list[list[tuple[str, str]] | None]:
@@ -62,12 +65,13 @@ def refusals(outsider: KazooClient, path: str, *, top: bool) -> dict[str, str]:
 def assert_secured(
     owner: KazooClient, outsiders: Iterable[KazooClient], top: str, identity_user: str
 ) -> list[str]:
-    """No outsider can change any node under ``top``, nor read the users' nodes; the
-    metadata stays world-readable; every node's ACL is the brokers' digest ALL and world
-    READ at most. ``owner`` authenticates as ``identity_user``. Returns the nodes walked."""
+    """No outsider can change any node under ``top``, nor read the users' nodes and the
+    producer-token key; the metadata stays world-readable; every node's ACL is the
+    brokers' digest ALL and world READ at most. ``owner`` authenticates as
+    ``identity_user``. Returns the nodes walked."""
     nodes = walk(owner, top)
-    users = [n for n in nodes if USERS_NODE in n]
-    assert users, nodes
+    users = [n for n in nodes if is_sensitive(n)]
+    assert any(USERS_NODE in n for n in users) and any(KEY_NODE in n for n in users), nodes
     for outsider in outsiders:
         bad = {}
         for path in nodes:
@@ -75,14 +79,14 @@ def assert_secured(
             if set(answers.values()) != {"NoAuth"}:
                 bad[path] = answers
         assert not bad, bad
-        for path in users:  # salted credentials: the brokers' only
+        for path in users:  # salted credentials and the key: the brokers' only
             for read in (outsider.get, outsider.get_children):
                 try:
                     read(path)
                     raise AssertionError(f"{path} readable by an outsider")
                 except NoAuthError:
                     pass
-        for path in (n for n in nodes if USERS_NODE not in n):  # a metadata reader's view
+        for path in (n for n in nodes if not is_sensitive(n)):  # a metadata reader's view
             outsider.get(path)
     for path in nodes:  # the ACL itself: the brokers' digest ALL, world READ at most
         acl, _ = owner.get_acls(path)
