@@ -241,7 +241,9 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 chunk = reader.read_chunk()
             except StopIteration:
                 return
-            except pa.ArrowInvalid as exc:
+            except (pa.ArrowInvalid, OSError) as exc:
+                # Arrow reports an IPC message cut short or not a flatbuffer as an I/O
+                # error (OSError): the client's bytes, not the broker, so its code is 42.
                 raise InvalidRequestError(
                     f"produce to {topic}-{partition}: unreadable message ({exc})"
                 ) from exc

@@ -30,6 +30,7 @@ from broker_core.errors import (
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import Action, ProduceRequestMeta, encode_json, parse_error_message
 from tests.broker.helpers import SCHEMA, ids, rows
+from tests.harness import raw_flight
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.store.helpers import rows_with_bad_offsets
 
@@ -99,6 +100,35 @@ def test_truncated_produce_metadata_fails_the_stream(
     )
     assert "unsupported produce metadata version 9" in error.message
     assert client.list_offsets("truncated", 0)["log_end_offset"] == 0  # nothing written
+
+
+@pytest.mark.parametrize("damage", ["garbage", "cut short"])
+def test_an_ipc_message_that_is_garbage_or_cut_short_is_refused(
+    client: BrokerClient, shared_broker: BrokerProcess, witness: BrokerClient, damage: str
+) -> None:
+    """Issue 36's low finding: a produce stream whose record-batch message is not a
+    flatbuffer, or whose body is shorter than its header says (bytes pyarrow's writer never
+    sends, so they go as raw gRPC), is INVALID_REQUEST in one line naming the partition;
+    it was UNKNOWN_SERVER_ERROR with an OSError traceback in the broker's log."""
+    topic = f"raw-{damage.replace(' ', '-')}"
+    client.create_topic(topic, 1, schema=SCHEMA)
+    batch = rows(1000)
+    header, body = raw_flight.ipc_parts(batch.serialize())
+    assert len(body) > 2  # the cut below leaves a message shorter than its header says
+    meta = ProduceRequestMeta(-1, -1, -1, False, 0).encode()
+    second = (
+        raw_flight.flight_data(header=b"\x00not a flatbuffer", app_metadata=meta, body=body)
+        if damage == "garbage"
+        else raw_flight.flight_data(header=header, app_metadata=meta, body=body[: len(body) // 2])
+    )
+    command = encode_json({"op": "produce", "topic": topic, "partition": 0})
+    first = raw_flight.flight_data(command=command, header=raw_flight.schema_header(SCHEMA))
+    refused = raw_flight.do_put(shared_broker.address, [first, second])
+    error = parse_error_message(refused.details() or "")
+    assert isinstance(error, InvalidRequestError), refused.details()
+    assert error.message.startswith(f"produce to {topic}-0: unreadable message ("), error.message
+    assert "\n" not in error.message
+    assert client.list_offsets(topic, 0)["log_end_offset"] == 0  # nothing written
 
 
 def test_garbage_descriptor_is_rejected(
