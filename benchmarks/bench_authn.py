@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.bench_broker import REPO, Server, spawn
+from benchmarks.broker_process import REPO, Server, spawn
 from benchmarks.common import metadata_calls_per_s
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections

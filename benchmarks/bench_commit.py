@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from benchmarks.bench_broker import Server, start_broker
+from benchmarks.broker_process import Server, start_broker
 from benchmarks.common import percentile
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkAttempt

@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from benchmarks.bench_broker import start_broker
+from benchmarks.broker_process import start_broker
 from broker_core.client.broker_client import BrokerClient
 from spark_sink.producer.producer import Producer
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from benchmarks.bench_broker import Server, start_broker
+from benchmarks.broker_process import Server, start_broker
 from benchmarks.common import cpu_seconds
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle

@@ -73,7 +73,7 @@ whole chunks of 10,000, the Spark Arrow batch size), key = ``str(i % 1000)`` and
 
 - ``idemlog``: ``spark_sink.producer.Producer`` (idempotent, default configuration:
   ``batch.size`` 1 MiB, ``linger.ms`` 5, 5 in flight per partition, hash partitioner on
-  ``key``) to a broker process (``benchmarks.bench_broker.start_broker``: ``idemlog
+  ``key``) to a broker process (``benchmarks.broker_process.start_broker``: ``idemlog
   broker start``, default configuration), ``send()`` of one Arrow table (``key``,
   ``value``: strings) per chunk, then ``flush()``; every future and the log ends checked;
 - ``kafka``: ``confluent_kafka.Producer`` (librdkafka) with ``enable.idempotence=true``,

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from benchmarks.bench_broker import Server, start_broker
+from benchmarks.broker_process import Server, start_broker
 from benchmarks.data import SCHEMA, distinct_batches
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.bench_broker import REPO, TOPIC, Server, build_batches, produce, spawn
+from benchmarks.broker_process import REPO, TOPIC, Server, build_batches, produce, spawn
 from benchmarks.common import MB, metadata_calls_per_s, print_table
 from benchmarks.data import SCHEMA
 from broker_core.client.broker_client import BrokerClient

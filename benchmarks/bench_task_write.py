@@ -48,7 +48,7 @@ from pathlib import Path
 import psutil
 import pyarrow as pa
 
-from benchmarks.bench_broker import Server, start_broker
+from benchmarks.broker_process import Server, start_broker
 from benchmarks.common import cpu_seconds, print_table
 from benchmarks.data import PEERS_SPARK_SCHEMA, peers_batches
 from broker_core.client.broker_client import BrokerClient

@@ -2,7 +2,7 @@
 
 Two broker processes side by side, the same defaults, one with ``security.protocol=SSL``
 (an EC P-256 certificate made for the run, ``tests/harness/tls.py``), the other plaintext;
-the same producers and batches as the ``broker`` part (``bench_broker.run_producers``:
+the same producers and batches as the ``broker`` part (``broker_process.run_producers``:
 idempotent producers pipelining ~1 MB Arrow batches, every answer checked, each run's
 log ends verified). Runs alternate between the two, ``--repeat`` times per producer
 count; the medians count. ``tls_vs_plaintext_ratio`` is the TLS broker's MB/s over the
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from benchmarks.bench_broker import Run, Server, run_producers, start_broker
+from benchmarks.broker_process import Run, Server, run_producers, start_broker
 from benchmarks.common import MB, print_table
 from broker_core.security.tls import Side, TlsSettings, split_address
 from tests.harness.tls import make_certs

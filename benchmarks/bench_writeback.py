@@ -43,8 +43,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.bench_broker import Server, start_broker
 from benchmarks.bench_spark import check_topic
+from benchmarks.broker_process import Server, start_broker
 from benchmarks.discard_sink import DiscardDataSource
 from benchmarks.spark_workload import source
 from broker_core.client.broker_client import BrokerClient

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, Message, Producer
 
-from benchmarks.bench_broker import start_broker
 from benchmarks.bench_spark import WARMUP_ROWS, Cpu
+from benchmarks.broker_process import start_broker
 from benchmarks.kafka_node import FLUSH, PARTITIONS, KafkaAdmin, fresh
 from benchmarks.peers_report import Row
 from broker_core.client.broker_client import BrokerClient

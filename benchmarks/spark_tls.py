@@ -27,8 +27,8 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from benchmarks.bench_broker import Server
 from benchmarks.bench_sasl import PASSWORD, USER, start
+from benchmarks.broker_process import Server
 from benchmarks.common import print_table, verdict
 from benchmarks.spark_workload import parse_sizes, source
 from broker_core.client.broker_client import BrokerClient
