@@ -75,13 +75,13 @@ EVERY_S = 0.02  # its pace: one batch every 20 ms
 ACKED_BEFORE_CUT = 25  # batches it has acknowledged before the cut
 SECOND_FIRST_ID = 1_000_000  # the second producer's ids, apart from the first's
 SECOND_SENDS = 20
-# An acknowledgement of a batch sent before the cut may still come after it: a follower's
-# fetch that reached the leader just before the link went down reports that the follower
-# has the batch, and the leader then advances its high watermark and answers; the answer
-# reaches the producer, which is on the same host. Nothing sent after the cut can be
-# acknowledged (no follower can have it), and no acknowledgement comes later than this
-# after the cut (the fetches that arrived before it are handled at once).
-ACK_SLACK_S = 1.0
+# An acknowledgement of a batch sent before the cut may still come after it, even after the
+# heal: a follower's fetch sent just before the link went down reports that the follower
+# has the batch; TCP may deliver it only when the link is back (a stage of its
+# retransmission backoff: 7.3 s after the cut once, on a loaded run), and the old leader,
+# not yet told of the election, advances its high watermark and answers. The answer is
+# true: that follower holds the batch (it is below the new epoch's start, asserted below).
+# What can never be acknowledged is a batch sent after the cut: no follower can have it.
 
 
 @pytest.fixture
@@ -348,10 +348,9 @@ def test_leader_cut_off_with_its_producer_stops_acking_and_truncates_its_tail(
         f"heal; old leader at the cut {cut_offsets}, new epoch from {epoch_start}, truncated "
         f"from {truncated_from} to {truncated_to}"
     )
-    # acks=all: nothing sent after the cut was acknowledged, and no acknowledgement came
-    # later than ACK_SLACK_S after it (see ACK_SLACK_S).
+    # acks=all: nothing sent after the cut was acknowledged (a late answer to an earlier
+    # batch is allowed: see the constants above).
     assert sent_after_cut and not sent_after_cut & set(acked), sorted(sent_after_cut & set(acked))
-    assert all(s <= ACK_SLACK_S for s in late_acks.values()), late_acks
     # Every acknowledged batch is below the new epoch's start: the new leader has it.
     assert all((b + 1) * ROWS <= epoch_start for b in acked), (max(acked), epoch_start)
     # The tail only the old leader had: whole batches, all sent after the cut or failed.
