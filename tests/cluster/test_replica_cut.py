@@ -77,10 +77,10 @@ SECOND_FIRST_ID = 1_000_000  # the second producer's ids, apart from the first's
 SECOND_SENDS = 20
 # An acknowledgement of a batch sent before the cut may still come after it, even after the
 # heal: a follower's fetch sent just before the link went down reports that the follower
-# has the batch; TCP may deliver it only when the link is back (a stage of its
-# retransmission backoff: 7.3 s after the cut once, on a loaded run), and the old leader,
-# not yet told of the election, advances its high watermark and answers. The answer is
-# true: that follower holds the batch (it is below the new epoch's start, asserted below).
+# has the batch, and may reach the old leader late: on one loaded run the answer came 7.3 s
+# after the cut, 1.5 s after the heal (most likely the fetch's TCP retransmission once the
+# link was back, to a leader not yet told of the election). The answer is true: the batch
+# is in the new leader's log (below the new epoch's start, asserted below).
 # What can never be acknowledged is a batch sent after the cut: no follower can have it.
 
 
