@@ -40,7 +40,7 @@ $(PROMTOOL):
 # Delta Lake's jars for Spark, fetched with Maven from Maven Central into jars/ (passed with
 # spark.jars by spark_sink.session.local_session: nothing is downloaded at run time). The
 # version matches the delta-spark Python package; a new version gets a new stamp.
-DELTA_VERSION := 4.1.0
+DELTA_VERSION := 4.4.0
 JARS_STAMP := jars/.fetched-delta-$(DELTA_VERSION)
 MVN := /usr/bin/mvn
 .PHONY: jars
@@ -53,7 +53,7 @@ $(JARS_STAMP): | $(MVN)
 # jars/kafka-broker/ and jars/spark-kafka/: sub-folders, so no other Spark session gets them.
 # SPARK_KAFKA_VERSION is the installed pyspark's; a new version pair gets a new stamp.
 KAFKA_VERSION := 4.1.2
-SPARK_KAFKA_VERSION := 4.1.1
+SPARK_KAFKA_VERSION := 4.2.0
 KAFKA_JARS_STAMP := jars/.fetched-kafka-$(KAFKA_VERSION)-spark-kafka-$(SPARK_KAFKA_VERSION)
 .PHONY: kafka-jars bench-peers
 kafka-jars: $(KAFKA_JARS_STAMP)

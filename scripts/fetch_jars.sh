@@ -5,23 +5,26 @@
 # downloaded when a job or a test of a checkout runs (spark.jars.packages only from an
 # installed wheel, which has no jars/: spark_sink.export.delta.delta_jars_conf).
 #
-# The runtime closure of io.delta:delta-spark_2.13:4.1.0 (mvn dependency:list
+# The runtime closure of io.delta:delta-spark_4.2_2.13:4.4.0 (mvn dependency:list
 # -DincludeScope=runtime) is delta-spark, delta-storage, unitycatalog-client (used by
 # delta-storage for Unity Catalog managed tables only; its jackson and openapitools
 # dependencies are excluded by delta-storage), plus scala-library, slf4j-api, log4j-api,
 # log4j-core, log4j-slf4j2-impl and jsr305, which pyspark already ships in pyspark/jars
 # (as it ships antlr4-runtime, which Delta's SQL parser uses): only the first three are
 # fetched, so Spark's own versions of the rest stay the only ones on the classpath.
-# pyspark 4.1 is built with Scala 2.13.
+# From Delta 4.4 the artifact names the Spark release it is built for as well as the Scala
+# one (delta-spark_<spark major.minor>_<scala>, as delta-spark's own pip_utils names it):
+# pyspark 4.2 is built with Scala 2.13.
 #
 # Idempotent: a stamp file per version makes a second run return at once; a run for another
 # version removes the jars of the previous one.
 #
-#   scripts/fetch_jars.sh [JARS_DIR]     (DELTA_VERSION, UC_CLIENT_VERSION override)
+#   scripts/fetch_jars.sh [JARS_DIR]     (DELTA_VERSION, SPARK_BINARY, UC_CLIENT_VERSION override)
 set -euo pipefail
 
-DELTA_VERSION="${DELTA_VERSION:-4.1.0}"
-UC_CLIENT_VERSION="${UC_CLIENT_VERSION:-0.4.0}" # what delta-storage $DELTA_VERSION names
+DELTA_VERSION="${DELTA_VERSION:-4.4.0}"
+UC_CLIENT_VERSION="${UC_CLIENT_VERSION:-0.6.0}" # what delta-storage $DELTA_VERSION names
+SPARK_BINARY="${SPARK_BINARY:-4.2}" # the Spark release Delta $DELTA_VERSION is built for
 SCALA_BINARY=2.13
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # Absolute, so mvn puts the jars where the caller means whatever folder it resolves from.
@@ -29,7 +32,7 @@ JARS_DIR="$(realpath -m -- "${1:-$(dirname "$HERE")/jars}")"
 STAMP="$JARS_DIR/.fetched-delta-$DELTA_VERSION"
 
 ARTIFACTS=(
-  "io.delta:delta-spark_${SCALA_BINARY}:${DELTA_VERSION}"
+  "io.delta:delta-spark_${SPARK_BINARY}_${SCALA_BINARY}:${DELTA_VERSION}"
   "io.delta:delta-storage:${DELTA_VERSION}"
   "io.unitycatalog:unitycatalog-client:${UC_CLIENT_VERSION}"
 )

@@ -17,28 +17,20 @@
 # ships commons-pool 1.x, a different artifact, and no kafka-clients.) kafka-clients and
 # commons-pool2 are the versions spark-sql-kafka's pom names.
 #
-# spark-token-provider-kafka-0-10_2.13: the Maven Central reachable here serves no 4.1.x
-# release of it (its newest release there is 4.0.0), so 4.0.0 is fetched. It is checked to
-# link: every member of it that spark-sql-kafka 4.1.1 uses (KafkaConfigUpdater,
-# KafkaTokenUtil.needTokenUpdate/findMatchingTokenClusterConfig, KafkaRedactionUtil) has the
-# same signature in 4.0.0, and everything 4.0.0 uses from Spark exists in pyspark 4.1.1's
-# jars, except two LogKeys only the delegation-token provider logs with (Kerberos clusters).
-#
 # Idempotent: a stamp file per version pair makes a second run return at once; a run for
 # other versions replaces both folders.
 #
 #   scripts/fetch_kafka_jars.sh [JARS_DIR]
-#       KAFKA_VERSION (4.1.2), SPARK_VERSION (4.1.1: the installed pyspark's),
-#       SPARK_TOKEN_PROVIDER_VERSION (4.0.0), KAFKA_CLIENTS_VERSION (3.9.1),
-#       COMMONS_POOL2_VERSION (2.12.1) override; PY (.venv/bin/python) is used, when present,
-#       to check that no fetched jar duplicates one in pyspark/jars.
+#       KAFKA_VERSION (4.1.2), SPARK_VERSION (4.2.0: the installed pyspark's),
+#       KAFKA_CLIENTS_VERSION (3.9.2), COMMONS_POOL2_VERSION (2.13.1) override; PY
+#       (.venv/bin/python) is used, when present, to check that no fetched jar duplicates one
+#       in pyspark/jars.
 set -euo pipefail
 
 KAFKA_VERSION="${KAFKA_VERSION:-4.1.2}"
-SPARK_VERSION="${SPARK_VERSION:-4.1.1}"
-SPARK_TOKEN_PROVIDER_VERSION="${SPARK_TOKEN_PROVIDER_VERSION:-4.0.0}"
-KAFKA_CLIENTS_VERSION="${KAFKA_CLIENTS_VERSION:-3.9.1}" # what spark-sql-kafka $SPARK_VERSION names
-COMMONS_POOL2_VERSION="${COMMONS_POOL2_VERSION:-2.12.1}"
+SPARK_VERSION="${SPARK_VERSION:-4.2.0}"
+KAFKA_CLIENTS_VERSION="${KAFKA_CLIENTS_VERSION:-3.9.2}" # what spark-sql-kafka $SPARK_VERSION names
+COMMONS_POOL2_VERSION="${COMMONS_POOL2_VERSION:-2.13.1}"
 SCALA_BINARY=2.13
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
@@ -52,7 +44,7 @@ STAMP="$JARS_DIR/.fetched-kafka-$KAFKA_VERSION-spark-kafka-$SPARK_VERSION"
 
 SPARK_ARTIFACTS=(
   "org.apache.spark:spark-sql-kafka-0-10_${SCALA_BINARY}:${SPARK_VERSION}"
-  "org.apache.spark:spark-token-provider-kafka-0-10_${SCALA_BINARY}:${SPARK_TOKEN_PROVIDER_VERSION}"
+  "org.apache.spark:spark-token-provider-kafka-0-10_${SCALA_BINARY}:${SPARK_VERSION}"
   "org.apache.kafka:kafka-clients:${KAFKA_CLIENTS_VERSION}"
   "org.apache.commons:commons-pool2:${COMMONS_POOL2_VERSION}"
 )
@@ -77,7 +69,7 @@ complete() {
 }
 
 # Jar file names on stdin -> artifact ids: drop "-<version>[-<suffix>].jar", where a version
-# is digits and a dot (so "spark-sql-kafka-0-10_2.13-4.1.1.jar" keeps its "-0-10_2.13").
+# is digits and a dot (so "spark-sql-kafka-0-10_2.13-4.2.0.jar" keeps its "-0-10_2.13").
 artifact_names() { sed -E 's/-[0-9]+\.[^-]*(-[^-]*)?\.jar$//'; }
 
 # mvn -q still prints colour codes: keep its output for a failure only.

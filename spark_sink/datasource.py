@@ -1,4 +1,4 @@
-"""``format("idemlog")``: the Spark 4.1 Python DataSource tying options, topics, the
+"""``format("idemlog")``: the Spark 4.2 Python DataSource tying options, topics, the
 writers (``spark_sink.writer``) and the readers (``spark_sink.reader``) together.
 
 Everything is checked here, on the driver, while Spark plans the query: options, the

@@ -224,8 +224,7 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
             "Most offsets (rows) one micro-batch of a stream reads, split over the "
             "partitions in proportion to their backlog; 0: no limit. With "
             "Trigger.AvailableNow a run reads what was there at its start in such batches "
-            "(Spark 4.2 on; Spark 4.1 runs it as one capped batch, docs/spark.md "
-            '"Catching up").',
+            '(docs/spark.md "Catching up").',
             min=0,
         ),
         Scope.READ,

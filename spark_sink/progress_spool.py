@@ -1,12 +1,12 @@
 """The sink's per-batch figures, spooled by the driver's commit (no pyspark needed).
 
 A JVM sink reports its own figures in ``progress["sink"]["metrics"]`` by implementing
-``ReportsSinkMetrics``. A Python data source cannot: in Spark 4.1 ``PythonTable`` is only
-``SupportsRead``/``SupportsWrite``, its ``PythonStreamingWrite`` has no metrics hook, and
-the custom metrics of ``PythonWrite`` are the Python worker's own (time, memory), none the
-data source can add. Observed metrics (``df.observe``) cannot carry them either: they
-aggregate the rows *before* the sink sees them, so they cannot know what the sink then did
-(duplicates, retries, reused attempts, commit time).
+``ReportsSinkMetrics``. A Python data source cannot: in Spark 4.2 (as in 4.1)
+``PythonTable`` is only ``SupportsRead``/``SupportsWrite``, its ``PythonStreamingWrite`` has
+no metrics hook, and the custom metrics of ``PythonWrite`` are the Python worker's own
+(time, memory), none the data source can add. Observed metrics (``df.observe``) cannot
+carry them either: they aggregate the rows *before* the sink sees them, so they cannot
+know what the sink then did (duplicates, retries, reused attempts, commit time).
 
 So the driver's commit of a micro-batch (a Python process Spark starts on the driver's
 host) writes them to ``<dir>/<query id>/<batch id>.json`` (``dir``: the environment

@@ -1,7 +1,7 @@
 """The sink's per-batch figures for users: ``spark_sink.progress(query)``, a listener, and
 the opt-in enriched ``lastProgress`` (docs/spark.md, "The sink's figures").
 
-Spark 4.1 gives a Python data source no way to put its own figures in the streaming
+Spark (4.2 too) gives a Python data source no way to put its own figures in the streaming
 progress (``spark_sink.progress_spool`` says why), so the driver's commit spools them and
 everything here reads that spool:
 
@@ -86,10 +86,11 @@ def enrich(p: StreamingQueryProgress | None) -> StreamingQueryProgress | None:
     """``p`` with the sink's figures of its batch in ``sink.metrics`` (and in its ``json``),
     when it has any, and every source's offsets as JSON text.
 
-    pyspark 4.1 builds a source's ``startOffset``/``endOffset``/``latestOffset`` with
-    ``str()`` of the parsed JSON, so an offset reads ``"{'0': 481}"`` and a missing one
-    ``'None'``; here each is the JSON Spark reported (``'{"0": 481}'``, ``None``), as
-    ``p.json`` already has it."""
+    pyspark renders a source's ``startOffset``/``endOffset``/``latestOffset`` as JSON text
+    but a missing one (a query's first batch has no start) as the text ``'null'``; here a
+    missing offset is ``None`` and each other the JSON Spark reported (``'{"0": 481}'``), as
+    ``p.json`` has them. (pyspark 4.1 rendered every one with ``str()`` of the parsed JSON:
+    ``"{'0': 481}"``, ``'None'``.)"""
     if p is None:
         return None
     for source in p["sources"]:

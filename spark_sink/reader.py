@@ -38,7 +38,6 @@ Why they look like this (docs/design.md §7):
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -47,6 +46,12 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.fetch_stream import FetchedBatches
@@ -86,22 +91,6 @@ __all__ = [
 READ_COMMITTED = "read_committed"
 
 
-def _available_now_mixin() -> type:
-    """Spark 4.2's mixin (SPARK-55304) through which a Python stream reader learns that
-    the query runs Trigger.AvailableNow; ``object`` on Spark 4.1, which has none
-    (docs/spark.md, "Catching up"). pyspark 4.2.0 ships it in
-    ``pyspark.sql.streaming.datasource``, not beside ``DataSource``: both are looked in."""
-    for module in ("pyspark.sql.datasource", "pyspark.sql.streaming.datasource"):
-        try:
-            mixin = getattr(importlib.import_module(module), "SupportsTriggerAvailableNow", None)
-        except ImportError:
-            continue
-        if isinstance(mixin, type):
-            return mixin
-    return object
-
-
-_AvailableNowMixin: type = _available_now_mixin()
 # The key of a stream offset that names the topic id its positions belong to; every other
 # key is a partition number.
 TOPIC_ID_KEY = "topic_id"
@@ -445,7 +434,7 @@ def cap_ends(base: Mapping[str, int], ends: Mapping[str, int], budget: int) -> d
     return {k: base.get(k, 0) + shares[k] if backlog[k] else e for k, e in ends.items()}
 
 
-class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: ignore[misc]
+class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("idemlog")``: micro-batches of log offset ranges.
 
     Spark calls ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on one
@@ -459,16 +448,15 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
     records the readable end as the run's target, and every later latestOffset stops
     there, at most maxOffsetsPerTrigger past the last planned end, so the run reads every
     row available at its start in batches of at most the limit, then ends. Spark calls it
-    only on readers of its SupportsTriggerAvailableNow mixin, which Python sources have
-    from Spark 4.2. Spark 4.1 (pyspark's Python API there cannot learn the trigger) runs
-    AvailableNow and Once as one micro-batch ending at a single latestOffset answer (and
-    never calls ``commit`` nor ``stop`` after it: checked with 4.1.1): with
-    maxOffsetsPerTrigger that batch is capped, so a run reads at most the limit and the
-    next run reads on from the checkpoint. Spark versions whose wrapper asks before
-    setLatestSeenOffset would get an end capped from the initial offset, possibly below
-    the restarted query's checkpoint (rows read twice): when ``partitions(seen, seen)``
-    reveals such a guess was wrong, the reader refuses before Spark records anything.
-    Without the option the guess is the log's end: safe.
+    on readers of its SupportsTriggerAvailableNow mixin (pyspark 4.2's
+    ``pyspark.sql.streaming.datasource``).
+
+    Spark passes every latestOffset the batch's start (admission control); a caller that
+    passes none gets an end capped from the last planned end, or from the initial offset
+    before anything was planned, which could lie below a restarted query's checkpoint
+    (rows read twice): when ``partitions(seen, seen)`` reveals such a guess was wrong, the
+    reader refuses before anything is recorded. Without the option the guess is the log's
+    end: safe.
     """
 
     def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
@@ -577,29 +565,29 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
         with self._client() as client:
             return self._stamped(self._initial_offsets(client))
 
-    def getDefaultReadLimit(self) -> Any:
-        """Spark 4.2's admission control: maxOffsetsPerTrigger as ``ReadMaxRows``, else
-        ``ReadAllAvailable`` (Spark 4.1 never asks)."""
-        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """Spark's admission control: maxOffsetsPerTrigger as ``ReadMaxRows``, else
+        ``ReadAllAvailable``."""
         limit = self.options.max_offsets_per_trigger
         return ReadMaxRows(limit) if limit > 0 else ReadAllAvailable()
 
     @one_line_errors
     def latestOffset(
-        self, start: dict[str, Any] | None = None, limit: Any = None
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
     ) -> dict[str, Any]:
         """Where the next micro-batch ends, per partition: the last stable offset (the
         high watermark with read_uncommitted), at most maxOffsetsPerTrigger past the
         last planned end in all (when that option is set); with the topic's id. Raises
         UnknownTopicIdError if the topic was recreated since the query started.
 
-        Spark 4.2 (admission control) passes the batch's ``start`` and its read ``limit``
+        Spark (admission control) passes the batch's ``start`` and its read ``limit``
         (``ReadMaxRows``, from :meth:`getDefaultReadLimit`, or ``ReadAllAvailable``,
-        which lifts the cap); Spark 4.1 passes neither, and the cap is the option's."""
+        which lifts the cap); a caller passing neither gets the option's cap."""
         cap = self.options.max_offsets_per_trigger
-        if limit is not None:
-            cap = int(getattr(limit, "max_rows", 0))
+        if isinstance(limit, ReadMaxRows):
+            cap = limit.max_rows
+        elif limit is not None:
+            cap = 0  # ReadAllAvailable (no limit in rows): no cap
         if start is not None:
             self._check_offset(start, "last committed a batch")
             self._planned_end = _positions(start)  # Spark's word: where this batch starts
@@ -638,7 +626,7 @@ class IdemlogStreamReader(DataSourceStreamReader, _AvailableNowMixin):  # type: 
 
     @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:
-        """Spark's SupportsTriggerAvailableNow (Spark 4.2 on): record the readable end of
+        """Spark's SupportsTriggerAvailableNow: record the readable end of
         every partition now as the run's target; latestOffset never passes it, so the
         run reads every row available at its start (in batches of at most
         maxOffsetsPerTrigger) and ends when it gets there. Raises UnknownTopicIdError

@@ -10,10 +10,10 @@ Why: Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on its Python worke
 and each worker calls ``importlib.invalidate_caches()`` before every task and every
 driver-side call of a Python data source (``worker_util.setup_spark_files``). Before
 Python 3.13 a zip importer's invalidation re-reads the archive's whole directory at once:
-for PySpark 4.1's 3.5 MB archive that is ~60 ms of CPU per task on the project's 2-core
-test machine, more than half of what a small read task costs, and ~27 ms more for the
-``spark-core`` jar Spark also puts there, which holds no Python at all
-(benchmarks/README.md, "Spark's Python workers"). A pip-installed PySpark ships the
+for PySpark's 3.5 MB archive (4.1's, measured; 4.2's is 3.7 MB) that is ~60 ms of CPU per
+task on the project's 2-core test machine, more than half of what a small read task
+costs, and ~27 ms more for the ``spark-core`` jar Spark also puts there, which holds no
+Python at all (benchmarks/README.md, "Spark's Python workers"). A pip-installed PySpark ships the
 archive inside the very package it was built from, so importing ``pyspark`` from the
 package directory runs the same code without it.
 
@@ -120,7 +120,7 @@ def main() -> None:
     # module from sys.argv[1], as it does when Spark runs it directly.
     from pyspark import daemon
 
-    daemon.manager()  # type: ignore[no-untyped-call]  # pyspark.daemon is untyped
+    daemon.manager()
 
 
 if __name__ == "__main__":

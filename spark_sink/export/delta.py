@@ -102,9 +102,9 @@ def delta_jars_conf() -> dict[str, str]:
     ``local_session`` always passes, when it holds them: nothing is downloaded. Else (an
     installed wheel) as Spark users get them, and as delta-spark's own
     ``configure_spark_with_delta_pip`` asks: ``spark.jars.packages`` naming the Delta
-    release of the installed ``delta-spark`` for pyspark's Scala version, resolved by
-    Spark from Maven Central into its Ivy cache (``~/.ivy2.5.2``) on first use. Raises
-    ExportError when delta-spark is not installed."""
+    release of the installed ``delta-spark`` for pyspark's Spark release and Scala version
+    (``delta-spark_4.2_2.13``), resolved by Spark from Maven Central into its Ivy cache
+    (``~/.ivy2.5.2``) on first use. Raises ExportError when delta-spark is not installed."""
     if any(Path(jar).name.startswith("delta-spark_") for jar in project_jars()):
         return {}
     try:
@@ -114,7 +114,16 @@ def delta_jars_conf() -> dict[str, str]:
             f"the Delta export needs delta-spark, which comes with {SPARK_EXTRA} (or put "
             f"Delta's jars in {JARS_DIR})"
         ) from None
-    return {"spark.jars.packages": f"io.delta:delta-spark_{_scala_binary()}:{version}"}
+    artifact = f"delta-spark_{_spark_binary()}_{_scala_binary()}"
+    return {"spark.jars.packages": f"io.delta:{artifact}:{version}"}
+
+
+def _spark_binary() -> str:
+    """pyspark's major.minor (``4.2``): from Delta 4.4 each Spark release has its own
+    artifact, as delta-spark's ``configure_spark_with_delta_pip`` names it."""
+    import pyspark
+
+    return ".".join(pyspark.__version__.split(".")[:2])
 
 
 def _scala_binary() -> str:

@@ -276,9 +276,10 @@ def test_the_metrics_table_reads_the_same_in_spark_and_pandas(
 
 
 # -- Delta on this Spark --------------------------------------------------------------------
-# Guards the pyspark pin in pyproject.toml: Delta 4.1.0 is compiled against Spark 4.1.0, and
-# Spark 4.1.2 changed internals it uses (ParquetToSparkSchemaConverter's constructor), so on
-# 4.1.2+ reading a table that has a checkpoint fails with NoSuchMethodError.
+# Guards the pyspark and delta-spark pins in pyproject.toml: Delta's jars are compiled against
+# one Spark release and use its internals (Delta 4.1.0, built for Spark 4.1.0, failed here on
+# Spark 4.1.2 with NoSuchMethodError ParquetToSparkSchemaConverter), and reading a table that
+# has a checkpoint is where such a mismatch showed.
 def test_the_table_stays_usable_past_a_checkpoint(spark: SparkSession, tmp_path: Path) -> None:
     # Last in the module: on an incompatible Spark the JVM error may leave the session odd.
     table = str(tmp_path / "checkpointed")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 import spark_sink.reader as reader_module
 from broker_core.client.broker_client import BrokerClient
@@ -456,7 +457,7 @@ def test_stream_with_max_offsets_per_trigger_reads_every_committed_row_once(
 def test_available_now_reads_what_was_there_at_its_start_in_capped_batches(
     broker: BrokerProcess, client: BrokerClient, scenario: Scenario
 ) -> None:
-    """Spark 4.2's SupportsTriggerAvailableNow call order: prepare, then latestOffset and
+    """Spark's SupportsTriggerAvailableNow call order: prepare, then latestOffset and
     partitions per batch until the end stops moving."""
     lso = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
     reader = stream_reader(broker, client, maxOffsetsPerTrigger="7")
@@ -473,25 +474,17 @@ def test_available_now_reads_what_was_there_at_its_start_in_capped_batches(
     assert max(advances) == 7 and len(advances) >= 4, advances
 
 
-class ReadMaxRows:
-    """Spark 4.2's ``ReadMaxRows`` (``pyspark.sql.streaming.datasource``; pyspark 4.1 has
-    none) as the reader reads it: its ``max_rows``."""
-
-    def __init__(self, max_rows: int) -> None:
-        self.max_rows = max_rows
-
-
-class ReadAllAvailable:
-    """Spark 4.2's ``ReadAllAvailable``: no ``max_rows``, no cap."""
-
-
-def test_spark_4_2_admission_control_gives_the_start_and_the_limit(
+def test_spark_admission_control_gives_the_start_and_the_limit(
     broker: BrokerProcess, client: BrokerClient, scenario: Scenario
 ) -> None:
-    """Spark 4.2 calls ``latestOffset(start, limit)`` (admission control) after
+    """Spark calls ``latestOffset(start, limit)`` (admission control) after
     ``prepareForTriggerAvailableNow``: each batch starts where Spark says, a
     ``ReadMaxRows`` caps it (not the option: Spark's limit wins), and ``ReadAllAvailable``
-    lifts the cap; ``getDefaultReadLimit`` needs pyspark 4.2 and is not called here."""
+    lifts the cap; ``getDefaultReadLimit`` is the option's limit."""
+    assert stream_reader(broker, client, maxOffsetsPerTrigger="7").getDefaultReadLimit() == (
+        ReadMaxRows(7)
+    )
+    assert stream_reader(broker, client).getDefaultReadLimit() == ReadAllAvailable()
     lso = {str(p): client.list_offsets(TOPIC, p)["last_stable_offset"] for p in (0, 1)}
     reader = stream_reader(broker, client, maxOffsetsPerTrigger="7")
     reader.prepareForTriggerAvailableNow()

@@ -22,7 +22,9 @@ def test_without_local_jars_the_installed_delta_spark_release_is_asked_for(
 ) -> None:
     monkeypatch.setattr(delta, "project_jars", lambda: [])
     version = importlib.metadata.version("delta-spark")
-    assert delta_jars_conf() == {"spark.jars.packages": f"io.delta:delta-spark_2.13:{version}"}
+    # From Delta 4.4 the artifact names the Spark release too (pyspark 4.2's here).
+    artifact = f"io.delta:delta-spark_4.2_2.13:{version}"
+    assert delta_jars_conf() == {"spark.jars.packages": artifact}
     assert delta_conf()["spark.sql.extensions"] == delta.DELTA_EXTENSION
 
 

@@ -89,7 +89,7 @@ def test_kafka_jars_land_in_the_relative_folder_the_caller_names(
     # As the Makefile calls it: from the clone's root, with the relative folder "jars".
     log = _run("fetch_kafka_jars.sh", clone, clone, tmp_path, "jars")
     assert (clone / "jars/kafka-broker/kafka_2.13-4.1.2.jar").is_file()
-    assert (clone / "jars/spark-kafka/spark-sql-kafka-0-10_2.13-4.1.1.jar").is_file()
+    assert (clone / "jars/spark-kafka/spark-sql-kafka-0-10_2.13-4.2.0.jar").is_file()
     assert list(clone.glob("jars/.fetched-kafka-*"))
     assert not (clone / "scripts/jars").exists(), "jars landed beside the pom"
     assert "-f " in log.read_text(), "the broker's closure was not resolved through the pom"
@@ -108,6 +108,6 @@ def test_delta_jars_land_in_the_relative_folder_the_caller_names(
     clone: Path, tmp_path: Path
 ) -> None:
     _run("fetch_jars.sh", clone, clone, tmp_path, "jars")
-    assert (clone / "jars/delta-spark_2.13-4.1.0.jar").is_file()
-    assert (clone / "jars/.fetched-delta-4.1.0").is_file()
+    assert (clone / "jars/delta-spark_4.2_2.13-4.4.0.jar").is_file()
+    assert (clone / "jars/.fetched-delta-4.4.0").is_file()
     assert not (clone / "scripts/jars").exists()

@@ -78,8 +78,9 @@ def test_enrich_fills_the_sink_metrics_and_the_json(
 def test_enrich_shows_each_sources_offsets_as_the_json_spark_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """pyspark 4.1 renders a source's offsets with str() of the parsed JSON (issue 37:
-    ``"{'0': 481}"``, ``'None'``); enriched, they are Spark's JSON again."""
+    """pyspark renders a missing offset as the text ``'null'`` (4.1 rendered every offset
+    with str() of the parsed JSON, issue 37: ``"{'0': 481}"``, ``'None'``); enriched, a
+    missing one is None and the others Spark's JSON."""
     monkeypatch.setenv(progress_spool.ENV_DIR, str(tmp_path))
     source = {
         "description": "PythonMicroBatchStream",
@@ -95,8 +96,8 @@ def test_enrich_shows_each_sources_offsets_as_the_json_spark_reported(
     doc = {**progress_doc("0f8fad5b-d9cb-469f-a165-70867728950e", 0), "sources": [source]}
     doc["sources"] = [source, file_source]
     raw = StreamingQueryProgress.fromJson(doc)
-    assert raw["sources"][0]["endOffset"] == "{'0': 481, '1': 17}"  # pyspark's own rendering
-    assert raw["sources"][0]["startOffset"] == "None"
+    assert json.loads(raw["sources"][0]["endOffset"]) == {"0": 481, "1": 17}  # pyspark's own
+    assert raw["sources"][0]["startOffset"] == "null"
     p = query_progress.enrich(raw)
     assert p is not None
     idemlog, other = p["sources"]

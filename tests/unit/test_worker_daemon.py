@@ -12,7 +12,7 @@ import pytest
 
 from spark_sink.worker_daemon import drop_redundant_archives, redundant_archives
 
-RELEASE = b'__version__: str = "4.1.1"\n'
+RELEASE = b'__version__: str = "4.2.0"\n'
 
 
 def archive(where: Path, version: bytes | None) -> str:
