@@ -5,13 +5,18 @@
 # downloaded when a job or a test of a checkout runs (spark.jars.packages only from an
 # installed wheel, which has no jars/: spark_sink.export.delta.delta_jars_conf).
 #
-# The runtime closure of io.delta:delta-spark_4.2_2.13:4.4.0 (mvn dependency:list
-# -DincludeScope=runtime) is delta-spark, delta-storage, unitycatalog-client (used by
+# The runtime closure of io.delta:delta-spark_4.2_2.13:4.4.0 (mvn dependency:tree
+# -Dscope=runtime) is delta-spark, delta-storage, unitycatalog-client (used by
 # delta-storage for Unity Catalog managed tables only; its jackson and openapitools
 # dependencies are excluded by delta-storage), plus scala-library, slf4j-api, log4j-api,
 # log4j-core, log4j-slf4j2-impl and jsr305, which pyspark already ships in pyspark/jars
 # (as it ships antlr4-runtime, which Delta's SQL parser uses): only the first three are
 # fetched, so Spark's own versions of the rest stay the only ones on the classpath.
+# From 4.4 delta-spark also names delta-kernel-api, delta-kernel-defaults and
+# delta-kernel-unitycatalog (Delta's Kernel-based connector; with hadoop-client, parquet,
+# jackson and RoaringBitmap of their own versions), and delta-storage unitycatalog-hadoop:
+# not fetched, as the export's paths (writes, reads, a table past a checkpoint:
+# tests/spark/test_delta_export.py) run without them.
 # From Delta 4.4 the artifact names the Spark release it is built for as well as the Scala
 # one (delta-spark_<spark major.minor>_<scala>, as delta-spark's own pip_utils names it):
 # pyspark 4.2 is built with Scala 2.13.
