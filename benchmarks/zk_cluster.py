@@ -1,7 +1,7 @@
 """A replicated cluster for the benchmarks: a real ZooKeeper on loopback and broker
 processes ``1..n`` on a chroot of it.
 
-The ZooKeeper server is the tests' own (``tests.harness.zookeeper``: the Debian package's
+The ZooKeeper server is the tests' own (``testkit.zookeeper``: the Debian package's
 jars, a free loopback port; the module imports no pytest). The brokers are started here
 rather than with ``tests.harness.broker``, which imports pytest: each is ``idemlog broker
 start --config <file>``, awaited on its ``LISTENING host:port`` line, restarted on the
@@ -26,7 +26,7 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
-from tests.harness.zookeeper import ZooKeeperHarness, ZooKeeperServer
+from testkit.zookeeper import ZooKeeperHarness, ZooKeeperServer
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION_MS = 2000  # as the replication tests: a SIGKILLed leader's partitions move this late

@@ -1,7 +1,7 @@
 """SASL_SSL (SCRAM inside TLS) on a real broker process: the TLS settings from the tls keys,
 the credentials from the sasl keys, both on one link (docs/security.md).
 
-The certificates are the session's (``tests.harness.tls``); the user is added with the real
+The certificates are the session's (the ``tls_certs`` fixture, ``testkit.tls``); the user is added with the real
 ``idemlog users`` command. A client with the CA and a user's credentials is served; one
 with the CA and no credentials is refused by SASL after its TLS handshake succeeded; one
 with the credentials but no TLS is refused by TLS before SASL is reached.
@@ -19,10 +19,10 @@ from broker_core.errors import SaslAuthenticationFailedError, SslHandshakeError
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 from broker_core.security.tls import Side, TlsMaterial, TlsSettings
+from testkit.tls import TlsCerts
 from tests.broker.helpers import SCHEMA, TEST_BROKER_CONFIG, ids, rows
 from tests.broker.test_sasl import PASSWORD, add_user, idemlog
 from tests.harness.broker import BrokerFactory, BrokerProcess
-from tests.harness.tls import TlsCerts
 
 ALICE = SaslCredentials(Mechanism.SCRAM_SHA_512, "alice", PASSWORD)
 

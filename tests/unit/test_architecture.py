@@ -14,7 +14,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("broker_core", "spark_sink", "jobs")
+PACKAGES = ("broker_core", "spark_sink", "jobs", "benchmarks", "testkit")
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
