@@ -1,10 +1,11 @@
 """SASL_SSL (SCRAM inside TLS) on a real broker process: the TLS settings from the tls keys,
 the credentials from the sasl keys, both on one link (docs/security.md).
 
-The certificates are the session's (the ``tls_certs`` fixture, ``testkit.tls``); the user is added with the real
-``idemlog users`` command. A client with the CA and a user's credentials is served; one
-with the CA and no credentials is refused by SASL after its TLS handshake succeeded; one
-with the credentials but no TLS is refused by TLS before SASL is reached.
+The certificates are the session's (the ``tls_certs`` fixture, ``testkit.tls``); the user
+is added with the real ``idemlog users`` command. A client with the CA and a user's
+credentials is served; one with the CA and no credentials is refused by SASL after its TLS
+handshake succeeded; one with the credentials but no TLS is refused by TLS before SASL is
+reached.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """TLS on a real broker process: a client through TLS, mutual TLS, and each refusal with a
 real client and its message (docs/security.md).
 
-The certificates are the session's (the ``tls_certs`` fixture, ``testkit.tls``). Every refused link must be a
-non-retriable ``SslHandshakeError`` naming the broker's address and the cause, raised at
-once, not after the client's retries: the same files would give the same answer.
+The certificates are the session's (the ``tls_certs`` fixture, ``testkit.tls``). Every
+refused link must be a non-retriable ``SslHandshakeError`` naming the broker's address and
+the cause, raised at once, not after the client's retries: the same files would give the
+same answer.
 """
 
 from __future__ import annotations
