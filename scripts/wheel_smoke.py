@@ -15,7 +15,7 @@ temporary directory, with ``PYTHONPATH`` unset, so nothing can be imported from 
 3. ``idemlog --version`` prints the wheel's version;
 4. ``idemlog broker start`` (embedded mode: a ``log.dir``, no ZooKeeper) until its
    ``LISTENING`` line; ``idemlog topics create``;
-5. rows produced with ``spark_sink.producer.Producer``, read back with ``idemlog consume``
+5. rows produced with ``broker_core.producer.Producer``, read back with ``idemlog consume``
    (``--from-beginning --timeout-ms``: every record, then exit);
 6. the broker stopped with SIGTERM (exit 0);
 7. one Spark ``df.write.format("idemlog")`` through the embedded default broker
@@ -157,7 +157,7 @@ class Smoke:
         self.py(
             "produce",
             "import sys, pyarrow as pa\n"
-            "from spark_sink.producer import Producer\n"
+            "from broker_core.producer import Producer\n"
             "with Producer(sys.argv[1]) as producer:\n"
             f"    future = producer.send('smoke', pa.table({{'id': list(range({ROWS}))}}))\n"
             "    producer.flush()\n"

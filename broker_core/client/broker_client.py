@@ -554,7 +554,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         replica has them, the default; 1: once the leader has; anything else fails the
         stream with ``InvalidRequiredAcksError``). No retries: a failed send fails its
         batch with the broker's typed error, and the caller decides
-        (``spark_sink.producer`` does). ``topic_id``: the id the caller knows the topic
+        (``broker_core.producer`` does). ``topic_id``: the id the caller knows the topic
         by (:meth:`topic_id`); a topic recreated since fails the stream with
         ``UnknownTopicIdError``. ``transactional_id``: the transactional producer's, which
         its transactional batches need (docs/protocol.md). Raises ``NetworkError`` as

@@ -467,7 +467,7 @@ def test_producer_fails_at_once_on_a_refusal_and_writes_nothing(
     """The standalone producer treats the refusals as fatal: an idempotent producer
     without IdempotentWrite fails at its start, one with it but without Write on the topic
     fails its send well before its delivery timeout, never retrying into a write."""
-    from spark_sink.producer.producer import Producer
+    from broker_core.producer.producer import Producer
 
     keys = {
         "security.protocol": "SASL_PLAINTEXT",

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer
 from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.wire import ProduceResponse
-from spark_sink.producer import Producer
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess

@@ -85,7 +85,7 @@ def test_sasl_ssl_serves_a_client_with_both_and_refuses_one_without_credentials(
 def test_the_cli_and_the_producer_take_tls_and_sasl_keys_together(
     sasl_ssl_broker: BrokerProcess, tls_certs: TlsCerts, tmp_path: Path
 ) -> None:
-    from spark_sink.producer.producer import Producer
+    from broker_core.producer.producer import Producer
 
     keys = {
         **tls_certs.client_keys(),
