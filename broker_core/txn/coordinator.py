@@ -150,7 +150,6 @@ class TransactionCoordinator:
         self._runs = SinkRuns(self._clock)
         self._registry = TransactionRegistry(
             state_store,
-            self._visibility,
             self._lifecycle,
             self._clock,
             coordinator_epoch=coordinator_epoch,
@@ -167,12 +166,13 @@ class TransactionCoordinator:
             self._clock,
         )
         self._leftovers = SinkLeftovers(self._registry, self._steps, self._counters)
-        self._sinks = SinkOperations(
+        self._sink_ops = SinkOperations(
             self._lifecycle,
             self._registry,
             self._runs,
             self._steps,
             self._leftovers,
+            self._visibility,
             self._batches,
             self._counters,
             self._clock,
@@ -323,7 +323,7 @@ class TransactionCoordinator:
                     return meta.producer_id, meta.producer_epoch, SinkTxnStatus.PREPARED
                 if meta.state is _S.COMPLETE_COMMIT:
                     return meta.producer_id, meta.producer_epoch, SinkTxnStatus.COMMITTED
-            committed = self._sinks.last_committed_batch(sid)
+            committed = self._sink_ops.last_committed_batch(sid)
             pid, epoch = self._init_locked(claims, tid, timeout, attempt)
             if committed is not None and bid <= committed:
                 return pid, epoch, SinkTxnStatus.COMMITTED
@@ -369,13 +369,13 @@ class TransactionCoordinator:
         ranges: Sequence[tuple[str, int, int, int]] = (),
     ) -> None:
         """:meth:`SinkOperations.prepare_sink_txn`."""
-        self._sinks.prepare_sink_txn(
+        self._sink_ops.prepare_sink_txn(
             transactional_id, producer_id, producer_epoch, batch_id, ranges
         )
 
     def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
         """:meth:`SinkOperations.sink_heartbeat`."""
-        self._sinks.sink_heartbeat(sink_id, run_id)
+        self._sink_ops.sink_heartbeat(sink_id, run_id)
 
     def commit_sink_batch(
         self,
@@ -385,7 +385,7 @@ class TransactionCoordinator:
         run_id: str | None = None,
     ) -> bool:
         """:meth:`SinkOperations.commit_sink_batch`."""
-        return self._sinks.commit_sink_batch(sink_id, batch_id, transactions, run_id)
+        return self._sink_ops.commit_sink_batch(sink_id, batch_id, transactions, run_id)
 
     def abort_sink_run(
         self,
@@ -396,17 +396,17 @@ class TransactionCoordinator:
         allowed: Callable[[str], bool] = EVERY_ID,
     ) -> list[str]:
         """:meth:`SinkOperations.abort_sink_run`."""
-        return self._sinks.abort_sink_run(run_id, batch_id, sink_id=sink_id, allowed=allowed)
+        return self._sink_ops.abort_sink_run(run_id, batch_id, sink_id=sink_id, allowed=allowed)
 
     def abort_sink_batch(
         self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
     ) -> None:
         """:meth:`SinkOperations.abort_sink_batch`."""
-        self._sinks.abort_sink_batch(sink_id, batch_id, transactions)
+        self._sink_ops.abort_sink_batch(sink_id, batch_id, transactions)
 
     def last_committed_batch(self, sink_id: str) -> int | None:
         """:meth:`SinkOperations.last_committed_batch`."""
-        return self._sinks.last_committed_batch(sink_id)
+        return self._sink_ops.last_committed_batch(sink_id)
 
     # -- transactions --------------------------------------------------------------------
     def add_partitions(

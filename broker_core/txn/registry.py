@@ -24,7 +24,6 @@ from broker_core.txn.index import StateIndex
 from broker_core.txn.state import SinkCommitRecord, TransactionMetadata, TransactionState
 from broker_core.txn.state_store import TxnStateStore
 from broker_core.txn.status import CoordinatorLifecycle
-from broker_core.txn.visibility import VisibilityTracker
 
 _S = TransactionState
 _TXN = "transactional id"
@@ -43,8 +42,8 @@ class RegistryCounts:
 
 class TransactionRegistry:
     """Every transactional id's state and every sink's record, stored in ``store`` at
-    ``coordinator_epoch`` before they change here; a pending sink record's batches are
-    tracked in ``visibility`` before it is stored. ``clock()`` is the time in ms;
+    ``coordinator_epoch`` before they change here (a store refusing the epoch closes
+    ``lifecycle``). ``clock()`` is the time in ms;
     ``id_expiration_ms`` is named to a producer whose id expired.
 
     One lock guards the maps, the index and the claims' set; callers of the writes hold
@@ -54,7 +53,6 @@ class TransactionRegistry:
     def __init__(
         self,
         store: TxnStateStore,
-        visibility: VisibilityTracker,
         lifecycle: CoordinatorLifecycle,
         clock: Callable[[], int],
         *,
@@ -62,7 +60,6 @@ class TransactionRegistry:
         id_expiration_ms: int,
     ) -> None:
         self._store = store
-        self._visibility = visibility
         self._lifecycle = lifecycle
         self._clock = clock
         self._epoch = coordinator_epoch
@@ -245,11 +242,7 @@ class TransactionRegistry:
                 self._dead.pop(meta.transactional_id, None)
 
     def persist_sink(self, record: SinkCommitRecord) -> None:
-        # Tracked before it is durable: a reader's cut must know a batch before any of
-        # its markers can be written, and a record that failed to store is only extra.
-        # (Not again on COMPLETE: its markers may have settled it already.)
-        if record.is_pending:
-            self._visibility.track_record(record)
+        """Store the sink's record durably, then make it the sink's current one."""
         record.last_update_ms = self._clock()  # the sink's idleness, for its expiry
         with self._lifecycle.fenced():
             self._store.put_sink(record, coordinator_epoch=self._epoch)

@@ -40,6 +40,7 @@ from broker_core.txn.state import (
 )
 from broker_core.txn.status import CoordinatorLifecycle
 from broker_core.txn.steps import DurableSteps
+from broker_core.txn.visibility import VisibilityTracker
 
 log = logging.getLogger("idemlog.txn")
 
@@ -57,8 +58,9 @@ class SinkOperations:
 
     Held by ``TransactionCoordinator``, which builds it with the parts it works on: the
     ids and records (``registry``), the runs' signs of life (``runs``), the durable steps
-    (``steps``), the fencing of leftovers (``leftovers``), the held-back batches' records
-    (``batches``); ``clock()`` is the time in ms. Every call raises what the coordinator's
+    (``steps``), the fencing of leftovers (``leftovers``), the batches tracked for the
+    readers' cut (``visibility``) and the held-back batches' records (``batches``);
+    ``clock()`` is the time in ms. Every call raises what the coordinator's
     requests raise (see its docstring).
     """
 
@@ -69,6 +71,7 @@ class SinkOperations:
         runs: SinkRuns,
         steps: DurableSteps,
         leftovers: SinkLeftovers,
+        visibility: VisibilityTracker,
         batches: UnsettledBatches,
         counters: Counters,
         clock: Callable[[], int],
@@ -78,6 +81,7 @@ class SinkOperations:
         self._runs = runs
         self._steps = steps
         self._leftovers = leftovers
+        self._visibility = visibility
         self._batches = batches
         self._counters = counters
         self._clock = clock
@@ -95,9 +99,9 @@ class SinkOperations:
 
         Called by the task after its last batch was acknowledged; from then on another
         attempt of the same task of the same run reuses the transaction
-        (:meth:`init_sink_producer`). Raises InvalidTxnStateError when the transaction is
-        not open for ``batch_id`` or a range's partition was not added to it, and the
-        fencing errors of :meth:`add_partitions`.
+        (:meth:`TransactionCoordinator.init_sink_producer`). Raises InvalidTxnStateError
+        when the transaction is not open for ``batch_id`` or a range's partition was not
+        added to it, and the fencing errors of :meth:`TransactionCoordinator.add_partitions`.
         """
         self._lifecycle.check_running()
         tid = check_transactional_id(transactional_id)
@@ -157,7 +161,7 @@ class SinkOperations:
         record is stored (even if this call then raises) the commit is decided and is
         finished by whoever touches the sink or its transactions next. Raises
         InvalidTxnStateError naming the transaction that is not committable, and the
-        fencing errors of :meth:`add_partitions`.
+        fencing errors of :meth:`TransactionCoordinator.add_partitions`.
         """
         self._lifecycle.check_running()
         sid = check_sink_id(sink_id)
@@ -211,6 +215,10 @@ class SinkOperations:
                 merge_ranges(ranges),
                 batch_job=is_batch_job(sid, run),
             )
+            # Tracked before it is durable: a reader's cut must know a batch before any of
+            # its markers can be written, and a record that failed to store is only extra.
+            # (Only the PREPARE record: once COMPLETE its markers may have settled it.)
+            self._visibility.track_record(prepared)
             self._registry.persist_sink(prepared)
             self._steps.finish_sink(claims, prepared)
             self._counters.count("sink_batches_committed")
