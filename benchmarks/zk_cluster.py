@@ -25,6 +25,7 @@ from typing import IO, TypeVar
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
+from broker_core.protocol.admin_requests import MetadataRequest, MetadataResponse
 from broker_core.protocol.wire import Action
 from testkit.zookeeper import ZooKeeperHarness, ZooKeeperServer
 
@@ -154,7 +155,8 @@ class LocalCluster:
 
     def _live(self, node: Node) -> int:
         try:
-            return len(self.admin.action(node.address, Action.METADATA, {})["brokers"])
+            doc = self.admin.action(node.address, Action.METADATA, MetadataRequest().to_doc())
+            return len(MetadataResponse.from_doc(doc).brokers)
         except IdemlogError:
             return -1
 
