@@ -1,26 +1,17 @@
-"""The client's typed answers to operators' calls: frozen dataclasses, one per shape.
-
-``BrokerClient.describe_topics`` returns :class:`TopicDescription` (its partitions as
-:class:`PartitionInfo`, with :class:`PartitionOffsets` when asked for them),
-``list_transactions`` returns :class:`TransactionListing`, ``find_hanging_transactions``
-:class:`HangingTransaction`. Every ``idemlog --json`` output is an answer's ``to_json()``,
+"""The typed answer the client assembles itself: ``find_hanging_transactions`` returns
+:class:`HangingTransaction`. The answers the broker sends (``describe_topics``'s
+``TopicDescription`` with its ``PartitionInfo`` and ``PartitionOffsets``,
+``list_transactions``' ``TransactionListing``) live with their requests, in
+``protocol.admin_requests``. Every ``idemlog --json`` output is an answer's ``to_json()``,
 and every text view renders from the same object, so the two carry the same fields
 (docs/broker.md, "JSON answers", lists each shape and a test checks its keys against these
-classes). The first four are the broker's answers as the wire carries them, so they live
-with their requests (``protocol.admin_requests``) and are named here with the one the
-client assembles itself. A field a broker from before it does not send gets the value that
-broker implied (a leader alone in its replicas and ISR).
+classes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker_core.protocol.admin_requests import PartitionInfo as PartitionInfo
-from broker_core.protocol.admin_requests import PartitionOffsets as PartitionOffsets
-from broker_core.protocol.admin_requests import TopicDescription as TopicDescription
-from broker_core.protocol.admin_requests import TransactionListing as TransactionListing
-from broker_core.protocol.admin_requests import schema_fields as schema_fields
 from broker_core.protocol.requests import Doc as JsonDoc
 
 

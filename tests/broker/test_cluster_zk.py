@@ -19,8 +19,8 @@ import pytest
 from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceStream
-from broker_core.client.routes import BrokerAddress
 from broker_core.errors import IdemlogError, InvalidReplicationFactorError
+from broker_core.protocol.admin_requests import BrokerAddress
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
 from broker_core.server.config import ZK_ROOT

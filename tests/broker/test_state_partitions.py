@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker_core.client.answers import TransactionListing
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError, InvalidRequestError, NotCoordinatorError
+from broker_core.protocol.admin_requests import TransactionListing
 from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, state_partition_of
 from broker_core.protocol.txn_requests import CommitSinkBatchRequest
 from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus

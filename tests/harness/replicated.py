@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from broker_core.client.answers import TopicDescription
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched
+from broker_core.protocol.admin_requests import TopicDescription
 from broker_core.protocol.wire import Action
 from broker_core.record.batch import NO_LEADER_EPOCH, decode_header
 from broker_core.security.flight_auth import SaslCredentials
