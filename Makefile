@@ -9,7 +9,7 @@ ZK_SERVER := /usr/share/java/zookeeper.jar
 PROMTOOL := /usr/local/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch bench-soak chaos bench-commit clean dist wheel-smoke
+.PHONY: setup demo demo-store demo-cluster bench-cluster test test-fast lint typecheck unit bench-store bench-broker bench-producer bench-spark bench-microbatch bench-soak chaos bench-commit clean dist wheel-smoke layout
 
 setup: $(STAMP) $(ZK_SERVER) $(PROMTOOL) jars
 
@@ -120,6 +120,11 @@ dist: $(BUILD_STAMP)
 # `make test` runs it too (tests/packaging/test_wheel.py).
 wheel-smoke: setup
 	$(PY) scripts/wheel_smoke.py
+
+# The house as it stands: each folder's modules and lines, the largest modules, the modules
+# most often changed (scripts/layout.py; docs/architecture.md says where a change goes).
+layout:
+	@$(PYTHON) scripts/layout.py $(LAYOUT_ARGS)
 
 # The fast tier (docs/contributing.md): the unit and store tests without Spark, ZooKeeper or
 # slow ones, in well under two minutes; lint and types are `make lint typecheck`.

@@ -28,7 +28,7 @@ from broker_core.client.connections import FlightConnections
 from broker_core.protocol.wire import Action
 from broker_core.security.local_token import register
 from broker_core.security.tls import Side, TlsMaterial, TlsSettings
-from tests.harness.tls import TlsCerts, make_certs
+from testkit.tls import TlsCerts, make_certs
 
 CLI = [sys.executable, "-m", "broker_core.cli.main"]
 

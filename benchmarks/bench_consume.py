@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from benchmarks.broker_process import start_broker
 from broker_core.client.broker_client import BrokerClient
-from spark_sink.producer.producer import Producer
+from broker_core.producer.producer import Producer
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
 

@@ -6,7 +6,7 @@ cluster, ``benchmarks/zk_cluster.py``; ``--failovers N`` rounds, default 5). Eac
 - a new topic, one partition, ``replication.factor=3``, named so that its leader, the
   broker killed, is broker 1, 2, 3, 1, ... in turn; when it is the controller (broker 1 in
   the first round), a new controller is elected as well: the table says when;
-- one idempotent ``spark_sink.producer.Producer`` (``acks=all``, ``linger.ms=2``,
+- one idempotent ``broker_core.producer.Producer`` (``acks=all``, ``linger.ms=2``,
   ``delivery.timeout.ms=300000``, the other keys at their defaults, e.g.
   ``retry.backoff.ms=100``) fed steadily by a thread: 100 rows every 2 ms, pipelined;
 - once 2,000 rows are acknowledged, SIGKILL of the partition's leader, then two times
@@ -50,8 +50,8 @@ from benchmarks.common import percentile
 from benchmarks.zk_cluster import LocalCluster, wait_until
 from broker_core.cluster.metadata import assign_partitions
 from broker_core.errors import IdemlogError
-from spark_sink.producer import Producer, SendResult
-from spark_sink.producer.transport import FlightTransport
+from broker_core.producer import Producer, SendResult
+from broker_core.producer.transport import FlightTransport
 
 ROWS_PER_SEND = 100
 SEND_EVERY_S = 0.002
@@ -285,7 +285,7 @@ def report(rounds: list[Round], session_ms: int) -> None:
             f"# misses: in {nudged} of {len(rounds)} rounds the producer still sent to the dead "
             f"leader {NUDGE_GRACE_S:g} s after the new one was visible and resumed only once "
             "the benchmark refreshed its metadata (no metadata refresh after a NetworkError: "
-            "spark_sink.producer.transport); those times include the grace"
+            "broker_core.producer.transport); those times include the grace"
         )
     print()
     print(f"failover_zookeeper_session_timeout_ms={session_ms}")

@@ -71,7 +71,7 @@ whole chunks of 10,000, the Spark Arrow batch size), key = ``str(i % 1000)`` and
 499,999) are built before timing and cycled, so building data is not timed. Into a fresh
 4-partition topic each run, with the flush settings above:
 
-- ``idemlog``: ``spark_sink.producer.Producer`` (idempotent, default configuration:
+- ``idemlog``: ``broker_core.producer.Producer`` (idempotent, default configuration:
   ``batch.size`` 1 MiB, ``linger.ms`` 5, 5 in flight per partition, hash partitioner on
   ``key``) to a broker process (``benchmarks.broker_process.start_broker``: ``idemlog
   broker start``, default configuration), ``send()`` of one Arrow table (``key``,

@@ -8,7 +8,7 @@ loopback. Rows: ``id`` bigint, ``key`` int, ``value`` a 64-byte string, pre-buil
 ``ROWS_PER_BATCH``-row Arrow batches (a few distinct ones, cycled), so both sides send the
 very same batches:
 
-- producer: ``spark_sink.producer.Producer`` (idempotent, default config except
+- producer: ``broker_core.producer.Producer`` (idempotent, default config except
   ``batch.size`` = one batch's bytes so each ``send`` is one produced batch, and
   ``linger.ms=0``): ``send()`` of every batch (round-robin over the partitions, as without
   a key), then ``flush()``; every future checked. Time from the first send to the flush.
@@ -44,7 +44,7 @@ from benchmarks.broker_process import Server, start_broker
 from benchmarks.data import SCHEMA, distinct_batches
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle
-from spark_sink.producer import Producer
+from broker_core.producer import Producer
 
 ROWS_PER_BATCH = 16_384
 VALUE_BYTES = 64

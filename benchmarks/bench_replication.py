@@ -3,7 +3,7 @@
 Part of ``make bench-broker`` (``benchmarks/bench_broker.py`` runs it after its own part;
 ``--rf-producers`` and ``--mb``/``--repeat`` size it). Method:
 
-- one cluster: a real ZooKeeper on loopback (``tests.harness.zookeeper``) and three broker
+- one cluster: a real ZooKeeper on loopback (``testkit.zookeeper``) and three broker
   processes (``benchmarks/zk_cluster.py``), every broker at its defaults but
   ``zookeeper.session.timeout.ms`` (2000, as the replication tests; see the failover part);
 - two topics per round, ``replication.factor=3`` and ``replication.factor=1``, each with

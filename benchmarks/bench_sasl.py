@@ -35,7 +35,7 @@ CLI = [sys.executable, "-m", "broker_core.cli.main"]
 
 def start(directory: Path, sasl: bool, tls: Mapping[str, str] | None = None) -> Server:
     """A broker on ``directory`` with user ``USER`` when ``sasl``; ``tls``: its TLS keys
-    (``tests/harness/tls.py``'s ``broker_keys()``), which make it SSL or SASL_SSL."""
+    (``testkit/tls.py``'s ``broker_keys()``), which make it SSL or SASL_SSL."""
     directory.mkdir(parents=True)
     data = directory / "data"
     data.mkdir()

@@ -1,7 +1,7 @@
 """The ``tls`` part of ``make bench-broker``: a broker's ingest under TLS against plaintext.
 
 Two broker processes side by side, the same defaults, one with ``security.protocol=SSL``
-(an EC P-256 certificate made for the run, ``tests/harness/tls.py``), the other plaintext;
+(an EC P-256 certificate made for the run, ``testkit/tls.py``), the other plaintext;
 the same producers and batches as the ``broker`` part (``broker_process.run_producers``:
 idempotent producers pipelining ~1 MB Arrow batches, every answer checked, each run's
 log ends verified). Runs alternate between the two, ``--repeat`` times per producer
@@ -44,7 +44,7 @@ import pyarrow as pa
 from benchmarks.broker_process import Run, Server, run_producers, start_broker
 from benchmarks.common import MB, print_table
 from broker_core.security.tls import Side, TlsSettings, split_address
-from tests.harness.tls import make_certs
+from testkit.tls import make_certs
 
 TARGET_TLS_RATIO = 0.8
 PLAIN = "broker"

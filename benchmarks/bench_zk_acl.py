@@ -23,7 +23,7 @@ from kazoo.client import KazooClient
 from broker_core.cli.zk_cmd import set_acls
 from broker_core.security import zk_acl
 from broker_core.security.zk_acl import ZkAuth
-from tests.harness.zookeeper import ZooKeeperServer
+from testkit.zookeeper import ZooKeeperServer
 
 IDENTITY = {
     "zookeeper.auth.digest.username": "bench-brokers",

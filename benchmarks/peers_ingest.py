@@ -20,7 +20,7 @@ from benchmarks.kafka_node import FLUSH, PARTITIONS, KafkaAdmin, fresh
 from benchmarks.peers_report import Row
 from broker_core.client.broker_client import BrokerClient
 from broker_core.log.config import LOG_CONFIG
-from spark_sink.producer import Producer as IdemlogProducer
+from broker_core.producer import Producer as IdemlogProducer
 
 INGEST_CLIENTS = ("idemlog", "kafka")
 KAFKA_PRODUCER_CONFIG = {"enable.idempotence": True, "acks": "all"}

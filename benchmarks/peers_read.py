@@ -34,7 +34,7 @@ its Python workers, the Kafka node -- plus the embedded broker) of its median ru
 ``kafka.isolation.level=read_committed``, decoded as above) runs with a noop sink and the
 default trigger (the next micro-batch as soon as the last ends) while ``--stream-batches``
 appends of ``--stream-rows`` rows are made, each one transaction of a transactional
-producer outside Spark (``spark_sink.producer.Producer``; ``confluent_kafka.Producer``),
+producer outside Spark (``broker_core.producer.Producer``; ``confluent_kafka.Producer``),
 each after the query has read the previous one (a poll of its progress), so each append is
 one micro-batch -- for idemlog always (a transaction is read whole or not at all); Kafka's
 source, even read_committed, can split one transaction's rows over micro-batches (seen at
@@ -72,8 +72,8 @@ from benchmarks.kafka_node import PARTITIONS, KafkaAdmin, fresh
 from benchmarks.peers_report import Row
 from benchmarks.spark_workload import source
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer as IdemlogProducer
 from spark_sink.embedded import ensure_broker
-from spark_sink.producer import Producer as IdemlogProducer
 
 # arrowpy and arrowjvm are references, not peers: the same rows from local Arrow files
 # through a Python data source and through a JVM columnar scan (benchmarks.arrow_probe).

@@ -78,7 +78,7 @@ PARTS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             ("produce_stream.py", "transport.py"),
         ),
         ("producer: the sender's wait (woken by events)", ("MessageAccumulator.wait",)),
-        ("producer: accumulator, sender, futures", ("spark_sink/producer/",)),
+        ("producer: accumulator, sender, futures", ("broker_core/producer/",)),
         (
             "sink: writer, task set-up (options, producer id, prepare)",
             ("spark_sink/", "broker_core/"),

@@ -3,7 +3,7 @@
     python -m benchmarks.read_transport [--rows 20000000] [--repeats 3]
 
 A broker process (embedded mode) with bench-peers' rows in a topic of 4 partitions
-(``spark_sink.producer.Producer``, ``key="key"``, 40,000-row sends), and the same rows
+(``broker_core.producer.Producer``, ``key="key"``, 40,000-row sends), and the same rows
 as the Arrow IPC stream files of bench-peers' ``arrowpy``/``arrowjvm`` references
 (``benchmarks.arrow_probe``). Then ``--repeats`` interleaved rounds, in this one process,
 of every row read: ``idemlog`` -- each partition's stable range through
@@ -33,9 +33,9 @@ from benchmarks.arrow_probe import FILES, write_arrow_files
 from benchmarks.common import cpu_seconds, print_table
 from benchmarks.data import iter_peers_batches
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker
 from spark_sink.options import Scope, parse_options
-from spark_sink.producer import Producer
 from spark_sink.read_split import OffsetRangePartition
 from spark_sink.reader import read_range
 

@@ -2,7 +2,7 @@
 with TLS and SCRAM (``SASL_SSL``, SCRAM-SHA-256) against a plaintext broker, in one run.
 
 Two broker processes side by side on the default configuration (``bench_sasl.start``; the
-certificates are made for the run by ``tests/harness/tls.py``, as bench-broker's ``tls``
+certificates are made for the run by ``testkit/tls.py``, as bench-broker's ``tls``
 part does: an EC P-256 CA and broker certificate), both reached through the ``brokers``
 option. The same DataFrame (``spark_workload.source``) is written to a new topic on each,
 alternately, ``--repeats`` times after one warm-up write each, so the load of this shared
@@ -36,7 +36,7 @@ from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 from broker_core.security.tls import Side, TlsSettings
 from spark_sink import local_session
-from tests.harness.tls import make_certs
+from testkit.tls import make_certs
 
 TARGET_TLS_RATIO = 0.8
 MECHANISM = Mechanism.SCRAM_SHA_256.sasl_name

@@ -1,7 +1,7 @@
 """A replicated cluster for the benchmarks: a real ZooKeeper on loopback and broker
 processes ``1..n`` on a chroot of it.
 
-The ZooKeeper server is the tests' own (``tests.harness.zookeeper``: the Debian package's
+The ZooKeeper server is the tests' own (``testkit.zookeeper``: the Debian package's
 jars, a free loopback port; the module imports no pytest). The brokers are started here
 rather than with ``tests.harness.broker``, which imports pytest: each is ``idemlog broker
 start --config <file>``, awaited on its ``LISTENING host:port`` line, restarted on the
@@ -25,8 +25,9 @@ from typing import IO, TypeVar
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
+from broker_core.protocol.admin_requests import MetadataRequest, MetadataResponse
 from broker_core.protocol.wire import Action
-from tests.harness.zookeeper import ZooKeeperHarness, ZooKeeperServer
+from testkit.zookeeper import ZooKeeperHarness, ZooKeeperServer
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION_MS = 2000  # as the replication tests: a SIGKILLed leader's partitions move this late
@@ -154,7 +155,8 @@ class LocalCluster:
 
     def _live(self, node: Node) -> int:
         try:
-            return len(self.admin.action(node.address, Action.METADATA, {})["brokers"])
+            doc = self.admin.action(node.address, Action.METADATA, MetadataRequest().to_doc())
+            return len(MetadataResponse.from_doc(doc).brokers)
         except IdemlogError:
             return -1
 

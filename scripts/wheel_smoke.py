@@ -1,7 +1,7 @@
 """The wheel smoke: build the wheel, install it with ``[spark]`` into a fresh virtualenv in a
 temporary directory outside the checkout, and use it as a user would.
 
-    python scripts/wheel_smoke.py [--wheel DIST/idemlog-*.whl] [--keep]
+    python scripts/wheel_smoke.py [--wheel DIST/idemlog-*.whl] [--keep] [--notebook-out FILE]
 
 (``make wheel-smoke``; ``tests/packaging/test_wheel.py`` runs it inside ``make test``.) Only the
 standard library is used here; everything idemlog runs inside the new virtualenv, from the
@@ -15,7 +15,7 @@ temporary directory, with ``PYTHONPATH`` unset, so nothing can be imported from 
 3. ``idemlog --version`` prints the wheel's version;
 4. ``idemlog broker start`` (embedded mode: a ``log.dir``, no ZooKeeper) until its
    ``LISTENING`` line; ``idemlog topics create``;
-5. rows produced with ``spark_sink.producer.Producer``, read back with ``idemlog consume``
+5. rows produced with ``broker_core.producer.Producer``, read back with ``idemlog consume``
    (``--from-beginning --timeout-ms``: every record, then exit);
 6. the broker stopped with SIGTERM (exit 0);
 7. one Spark ``df.write.format("idemlog")`` through the embedded default broker
@@ -25,8 +25,10 @@ temporary directory, with ``PYTHONPATH`` unset, so nothing can be imported from 
    ``deltalake`` (no JVM);
 9. the notebook (``notebooks/dedup_metrics.ipynb``, copied out of the checkout as a user
    downloads it) with ``[notebook]`` installed, run headless on the venv's Jupyter kernel
-   (nbclient) from an empty directory: its stream, exactly-once check and five plots import
-   only what the wheel installed.
+   (nbclient) from an empty directory: its stream, exactly-once check, metrics table and
+   five plots import only what the wheel installed (``--notebook-out`` writes it executed,
+   for ``tests/packaging/test_wheel.py`` to check its figures and that no cell shows a
+   stack trace).
 
 Exit status 0 when every step passed, 1 (with the failing step and its output) otherwise.
 """
@@ -155,7 +157,7 @@ class Smoke:
         self.py(
             "produce",
             "import sys, pyarrow as pa\n"
-            "from spark_sink.producer import Producer\n"
+            "from broker_core.producer import Producer\n"
             "with Producer(sys.argv[1]) as producer:\n"
             f"    future = producer.send('smoke', pa.table({{'id': list(range({ROWS}))}}))\n"
             "    producer.flush()\n"
@@ -228,10 +230,11 @@ class Smoke:
             raise SmokeFailed(f"the Delta table holds {rows.strip()} rows, not {SPARK_ROWS}")
         log(f"export delta rows={SPARK_ROWS} read back with deltalake")
 
-    def notebook(self, wheel: Path) -> None:
+    def notebook(self, wheel: Path, executed: Path | None) -> None:
         """The notebook with the ``[notebook]`` extra, headless, from a copy outside the
-        checkout: every cell runs (nbclient raises on an error) and its summary line says
-        exactly once."""
+        checkout: every cell runs (nbclient raises on an error), its summary line says
+        exactly once and its metrics table exists. ``executed``: where to write the
+        notebook with its outputs (the test reads them)."""
         self.run(
             "pip install [notebook]", [str(self.bin / "pip"), "install", "-q", f"{wheel}[notebook]"]
         )
@@ -252,14 +255,20 @@ class Smoke:
             "text = ''.join(o.get('text', '') for o in outs if o.output_type == 'stream')\n"
             "images = sum('image/png' in o.get('data', {}) for o in outs)\n"
             "summary = [l for l in text.splitlines() if l.startswith('exactly_once=')][-1:]\n"
-            "print(f'notebook images={images} {\"\".join(summary)}')\n",
+            "print(f'notebook images={images} {\"\".join(summary)}')\n"
+            "if len(sys.argv) > 3:\n"
+            "    nbformat.write(nb, sys.argv[3])\n",
             str(copy),
             str(copy.parent),
+            *([str(executed)] if executed else []),
             env=env,
         )
         line = out.strip().splitlines()[-1]
         if not line.startswith(f"notebook images={NOTEBOOK_IMAGES} exactly_once=OK "):
             raise SmokeFailed(f"the notebook step printed {out!r}")
+        metrics = copy.parent / "work" / "metrics" / "_delta_log"
+        if not metrics.is_dir():
+            raise SmokeFailed(f"the notebook recorded no metrics table: no {metrics}")
         log(line)
 
 
@@ -278,7 +287,7 @@ def _wait_listening(broker: subprocess.Popen[str]) -> str:
     raise SmokeFailed("the broker did not print LISTENING:\n" + "".join(seen))
 
 
-def smoke(work: Path, wheel: Path | None, python: str) -> None:
+def smoke(work: Path, wheel: Path | None, python: str, executed: Path | None) -> None:
     s = Smoke(work, python)
     wheel = wheel or s.build()
     log(f"wheel {wheel.name}")
@@ -297,7 +306,7 @@ def smoke(work: Path, wheel: Path | None, python: str) -> None:
         raise SmokeFailed(f"the broker exited {broker.returncode} after SIGTERM:\n{rest}")
     log("broker stop: exit 0 after SIGTERM")
     s.spark()
-    s.notebook(wheel)
+    s.notebook(wheel, executed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -307,13 +316,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--python", default=sys.executable, help="the interpreter that builds and makes the venv"
     )
+    parser.add_argument(
+        "--notebook-out", type=Path, help="write the executed notebook, with its outputs, here"
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="idemlog-wheel-smoke-"))
     if work.resolve().is_relative_to(REPO):
         parser.error(f"the temporary directory {work} is inside the checkout")
     started = time.monotonic()
     try:
-        smoke(work, args.wheel.resolve() if args.wheel else None, args.python)
+        wheel = args.wheel.resolve() if args.wheel else None
+        smoke(work, wheel, args.python, args.notebook_out.resolve() if args.notebook_out else None)
     except (SmokeFailed, subprocess.TimeoutExpired) as exc:
         log(f"FAILED: {exc}")
         return 1

@@ -1,4 +1,5 @@
-"""idemlog on the Spark side: ``format("idemlog")`` and the producer client.
+"""idemlog on the Spark side: ``format("idemlog")`` (the producer client, which needs no
+Spark, is ``broker_core.producer``).
 
     from spark_sink import local_session
     spark = local_session()  # or register(spark) on a session of your own
@@ -10,8 +11,8 @@
 for a micro-batch: ``progress(query)`` (the last batch), ``progress_history(query)``, or a
 ``SinkProgressListener`` added with ``spark.streams.addListener`` (docs/spark.md).
 
-The names below load pyspark on first use, not on ``import spark_sink``: the producer
-(``spark_sink.producer``) works without pyspark installed.
+The names below load pyspark on first use, not on ``import spark_sink``: its options and
+errors import without pyspark installed.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ _IMPORTED = _time.time()  # first: the micro-batch breakdown counts our imports 
 
 from typing import TYPE_CHECKING  # noqa: E402
 
+from broker_core.lazy import lazy_names  # noqa: E402
 from spark_sink import trace as _trace  # noqa: E402
-from spark_sink.lazy import lazy_names  # noqa: E402
 
 _trace.imported_at(_IMPORTED)
 

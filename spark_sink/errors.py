@@ -1,5 +1,5 @@
 """Errors raised by the Spark side itself (the producer client's are in
-``spark_sink.producer.errors``, the broker's in ``broker_core.errors``)."""
+``broker_core.producer.errors``, the broker's in ``broker_core.errors``)."""
 
 from __future__ import annotations
 

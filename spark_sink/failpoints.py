@@ -49,10 +49,9 @@ from broker_core.errors import InvalidConfigError, NetworkError
 from .errors import InjectedFailure
 
 if TYPE_CHECKING:
+    from broker_core.producer.producer_batch import TopicPartition
+    from broker_core.producer.transport import SendHandle, Transport
     from broker_core.protocol.wire import ProduceResponse
-
-    from .producer.producer_batch import TopicPartition
-    from .producer.transport import SendHandle, Transport
 
 log = logging.getLogger("idemlog.failpoints")
 

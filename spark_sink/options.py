@@ -21,6 +21,7 @@ from typing import Any
 from broker_core.client.broker_client import parse_bootstrap
 from broker_core.config import INT_MAX, LONG_MAX, ConfigDef, ConfigKey, ConfigValue
 from broker_core.errors import IdemlogError, InvalidConfigError, InvalidTopicError
+from broker_core.producer.config import PRODUCER_CONFIG, ProducerConfig, parse_acks
 from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.topics import validate_topic_id, validate_user_topic_name
 from broker_core.security.client_config import (
@@ -37,7 +38,6 @@ from spark_sink.embedded import (
     METRICS_OFF,
     METRICS_OPTION,
 )
-from spark_sink.producer.config import PRODUCER_CONFIG, ProducerConfig, parse_acks
 from spark_sink.read_offsets import (
     ENDING_OPTION,
     STARTING_OPTION,

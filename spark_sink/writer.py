@@ -61,8 +61,8 @@ from spark_sink.options import IdemlogOptions
 from spark_sink.schema import conform
 
 if TYPE_CHECKING:
-    from spark_sink.producer.futures import SendResult
-    from spark_sink.producer.producer import Producer, RoutedRows
+    from broker_core.producer.futures import SendResult
+    from broker_core.producer.producer import Producer, RoutedRows
 
 log = logging.getLogger("idemlog.sink")
 
@@ -161,8 +161,8 @@ def _write_task(
     with trace.span("open_producer", batch=batch_id):
         # Here, not at the top: the driver's planning and commit processes import this
         # module too, and need none of the producer.
-        from spark_sink.producer.producer import Producer
-        from spark_sink.producer.transport import FlightTransport
+        from broker_core.producer.producer import Producer
+        from broker_core.producer.transport import FlightTransport
 
         # The plan's id, not one learned now: a topic recreated between the plan and
         # this task refuses the task's first request, before any row is written.

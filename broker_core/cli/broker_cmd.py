@@ -27,12 +27,12 @@ import pyarrow as pa
 from broker_core.cli import registry
 from broker_core.cli.failures import Unreachable, config_file_error, port_in_use
 from broker_core.cli.hosted_cmd import add_hosted_commands
-from broker_core.client.answers import TransactionListing, schema_fields
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import DEBUG_ENV, InvalidConfigError, InvalidRequestError
 from broker_core.log.dir_lock import lock_holder
+from broker_core.protocol.admin_requests import TransactionListing, schema_fields
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings

@@ -41,13 +41,13 @@ from broker_core.cli.metrics_cmd import add_metrics_command
 from broker_core.cli.spark_cmd import add_spark_commands
 from broker_core.cli.users_cmd import add_users_command
 from broker_core.cli.zk_cmd import add_zookeeper_command
-from broker_core.client.answers import schema_fields
 from broker_core.errors import DEBUG_ENV, InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
 from broker_core.log.inspect import LIVE_NOTE, PartitionView, StoreView
 from broker_core.log.results import IsolationLevel
 from broker_core.log.store import TOPIC_FILE
+from broker_core.protocol.admin_requests import schema_fields
 from broker_core.server.config import BROKER_CONFIG, render_properties
 
 # --help's first line: plain text (the module's docstring is reStructuredText).

@@ -10,16 +10,20 @@ from typing import Any
 
 import pyarrow as pa
 
-from broker_core.client.answers import PartitionInfo, PartitionOffsets, TopicDescription
 from broker_core.client.routes import ClusterView, Routes
 from broker_core.errors import IdemlogError
 from broker_core.protocol.admin_requests import (
     CreateTopicRequest,
+    CreateTopicResponse,
     DeleteTopicRequest,
     DescribeTopicsRequest,
+    DescribeTopicsResponse,
     ListOffsetsRequest,
     MetricsRequest,
+    PartitionInfo,
+    PartitionOffsets,
     PingRequest,
+    TopicDescription,
 )
 from broker_core.protocol.metrics import (
     DEFAULT_PAGE_SIZE,
@@ -29,7 +33,7 @@ from broker_core.protocol.metrics import (
     merge_documents,
     merge_producer_pages,
 )
-from broker_core.protocol.replica import ElectLeadersRequest
+from broker_core.protocol.replica import ElectLeadersRequest, ElectLeadersResponse
 
 
 class AdminCalls:
@@ -53,7 +57,7 @@ class AdminCalls:
         ipc = None if schema is None else schema.serialize().to_pybytes()
         doc = self._any_broker(CreateTopicRequest(name, partitions, ipc, config or {}))
         self._view = None  # the new topic's leaders are in the next metadata
-        return [int(b) for b in doc["partitions"]]
+        return list(CreateTopicResponse.from_doc(doc).leaders)
 
     def delete_topic(self: Routes, name: str) -> None:
         """Delete a topic and its data on every broker. Raises
@@ -70,7 +74,7 @@ class AdminCalls:
         answer gets ``offline`` (the error's text) instead, and the others are still
         described. Raises ``UnknownTopicOrPartitionError`` for a name that does not exist."""
         request = DescribeTopicsRequest(None if names is None else tuple(names))
-        topics = [TopicDescription.from_doc(t) for t in self._any_broker(request)["topics"]]
+        topics = list(DescribeTopicsResponse.from_doc(self._any_broker(request)).topics)
         if not offsets:
             return topics
         return [
@@ -139,8 +143,7 @@ class AdminCalls:
         elect-leaders``): every partition whose first replica is live and in sync but not
         leading gets it back as leader. Returns {topic: {partition: new leader}}."""
         request = ElectLeadersRequest(None if topics is None else tuple(topics))
-        doc = self._controller_action(request)
-        return {t: {int(p): int(b) for p, b in m.items()} for t, m in doc["moved"].items()}
+        return ElectLeadersResponse.from_doc(self._controller_action(request)).moved
 
 
 def _with_offsets(client: Routes, topic: str, part: PartitionInfo) -> PartitionInfo:

@@ -39,7 +39,7 @@ from broker_core.client.connections import FlightConnections
 from broker_core.client.fetch_stream import FetchStream
 from broker_core.client.produce_stream import ProduceStream
 from broker_core.client.producer_tokens import ProducerTokenBook
-from broker_core.client.routes import BrokerAddress, ClusterView, CoordinatorCache
+from broker_core.client.routes import ClusterView, CoordinatorCache
 from broker_core.client.txn_calls import TransactionCalls
 from broker_core.errors import (
     CoordinatorLoadInProgressError,
@@ -54,8 +54,10 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.admin_requests import (
+    BrokerAddress,
     FindCoordinatorRequest,
     MetadataRequest,
+    MetadataResponse,
 )
 from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, CoordinatorAddress
 from broker_core.protocol.data_requests import FetchRequest
@@ -298,15 +300,12 @@ class BrokerClient(AdminCalls, TransactionCalls):
                 self._metadata_failed[address] = None
                 continue
             self._metadata_failed.pop(address, None)
-            brokers = {
-                int(b["broker_id"]): BrokerAddress(int(b["broker_id"]), b["host"], int(b["port"]))
-                for b in doc["brokers"]
-            }
+            answer = MetadataResponse.from_doc(doc)
             view = ClusterView(
-                brokers,
-                doc.get("controller"),
-                {name: [int(x) for x in leaders] for name, leaders in doc["topics"].items()},
-                {str(n): str(i) for n, i in (doc.get("topic_ids") or {}).items()},
+                {b.broker_id: b for b in answer.brokers},
+                answer.controller,
+                {name: list(leaders) for name, leaders in answer.topics.items()},
+                answer.topic_ids,
             )
             self._view = view
             return view
@@ -554,7 +553,7 @@ class BrokerClient(AdminCalls, TransactionCalls):
         replica has them, the default; 1: once the leader has; anything else fails the
         stream with ``InvalidRequiredAcksError``). No retries: a failed send fails its
         batch with the broker's typed error, and the caller decides
-        (``spark_sink.producer`` does). ``topic_id``: the id the caller knows the topic
+        (``broker_core.producer`` does). ``topic_id``: the id the caller knows the topic
         by (:meth:`topic_id`); a topic recreated since fails the stream with
         ``UnknownTopicIdError``. ``transactional_id``: the transactional producer's, which
         its transactional batches need (docs/protocol.md). Raises ``NetworkError`` as

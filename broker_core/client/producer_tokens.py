@@ -6,7 +6,7 @@ tokens it was given so that its produce streams attach them without their caller
 threading them through. Bounded: the :data:`MAX_TOKENS` most recently issued are kept
 (a producer re-initialises rarely: once per epoch bump); a batch of an id whose token
 was dropped goes without one and is refused (INVALID_PRODUCER_ID_MAPPING), after which
-``spark_sink.producer`` initialises a new id.
+``broker_core.producer`` initialises a new id.
 """
 
 from __future__ import annotations

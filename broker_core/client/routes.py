@@ -10,19 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker_core.client.producer_tokens import ProducerTokenBook
+
+# The metadata's broker, named here with the view that holds it (protocol.admin_requests).
+from broker_core.protocol.admin_requests import BrokerAddress
 from broker_core.protocol.coordinator_keys import CoordinatorAddress, state_partition_of
 from broker_core.protocol.requests import Request
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    broker_id: int
-    host: str
-    port: int
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from broker_core.client.answers import HangingTransaction, TransactionListing
+from broker_core.client.answers import HangingTransaction
 from broker_core.client.routes import Routes
 from broker_core.errors import (
     CoordinatorNotAvailableError,
@@ -22,9 +22,12 @@ from broker_core.protocol.admin_requests import (
     AbortHangingTransactionRequest,
     AbortHangingTransactionResponse,
     AbortTransactionRequest,
+    AbortTransactionResponse,
     DescribeProducersRequest,
     DescribeProducersResponse,
     ListTransactionsRequest,
+    ListTransactionsResponse,
+    TransactionListing,
     merge_listings,
 )
 from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC
@@ -37,6 +40,7 @@ from broker_core.protocol.stable_cut import (
 from broker_core.protocol.txn_requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
+    AbortSinkRunResponse,
     AddPartitionsToTxnRequest,
     CommitSinkBatchRequest,
     EndTxnRequest,
@@ -137,9 +141,11 @@ class TransactionCalls:
         run's ids are its sink's, but the run id does not name the sink)."""
         if sink_id is not None:
             doc = self._coordinator_action(AbortSinkRunRequest(batch_id, run_id, sink_id), sink_id)
-            return [str(t) for t in doc["aborted"]]
+            return list(AbortSinkRunResponse.from_doc(doc).aborted)
         answers = self._fan_out(lambda p: AbortSinkRunRequest(batch_id, run_id, None, p))
-        return [str(t) for p in sorted(answers) for t in answers[p]["aborted"]]
+        return [
+            t for p in sorted(answers) for t in AbortSinkRunResponse.from_doc(answers[p]).aborted
+        ]
 
     def stable_ends(self: Routes, topic: str) -> dict[int, int]:
         """Where a read_committed reader of ``topic`` stops: at most each partition's last
@@ -219,13 +225,16 @@ class TransactionCalls:
         every transactional id the coordinators keep, with its state (``--all``). Every
         state partition's coordinator is asked; each row names its ``state_partition``."""
         answers = self._fan_out(lambda p: ListTransactionsRequest(min_age_ms, every_id, p))
-        rows = merge_listings({p: list(d["transactions"]) for p, d in answers.items()}, every_id)
+        parts = {
+            p: list(ListTransactionsResponse.from_doc(d).transactions) for p, d in answers.items()
+        }
+        rows = merge_listings(parts, every_id)
         return [TransactionListing.from_doc(row) for row in rows]
 
     def abort_transaction(self: Routes, transactional_id: str) -> bool:
         """Fence the id's holder and abort its open transaction; False if none was open."""
         doc = self._coordinator_action(AbortTransactionRequest(transactional_id), transactional_id)
-        return bool(doc["aborted"])
+        return AbortTransactionResponse.from_doc(doc).aborted
 
     def describe_producers(self: Routes, topic: str, partition: int) -> DescribeProducersResponse:
         """The producers the partition's leader keeps state for, with their open

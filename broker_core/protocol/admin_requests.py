@@ -1,7 +1,13 @@
 """Topic, metadata and operators' requests: create, delete, describe, offsets, metadata,
 find-coordinator, the transaction listing and abort, a partition's producers and the abort
-of a transaction no coordinator knows (hanging), metrics and ping (the shared field
-readers and the request shape: ``protocol.requests``)."""
+of a transaction no coordinator knows (hanging), metrics and ping, each with its answer
+(the shared field readers and the request shape: ``protocol.requests``).
+
+The answers an operator reads (:class:`TopicDescription`, :class:`PartitionInfo`,
+:class:`PartitionOffsets`, :class:`TransactionListing`) also render ``idemlog --json``
+(``to_json()``; docs/broker.md, "JSON answers"): the client returns them as parsed, adding
+what it asked of other brokers (a partition's offsets), so the text views, ``--json`` and
+the wire carry the same fields."""
 
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import pyarrow as pa
 
 from broker_core.errors import InvalidRequestError
 from broker_core.protocol.coordinator_keys import (
@@ -22,6 +30,7 @@ from broker_core.protocol.coordinator_keys import (
 from broker_core.protocol.metrics import MetricsRequest as MetricsRequest
 from broker_core.protocol.requests import (
     Doc,
+    _is_int,
     _names,
     _topic_id,
     _with_topic_id,
@@ -65,6 +74,30 @@ class CreateTopicRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CreateTopicResponse:
+    """The topic created: its name and the leader broker id of each partition."""
+
+    name: str
+    leaders: tuple[int, ...]
+
+    def to_doc(self) -> Doc:
+        return {"name": self.name, "partitions": list(self.leaders)}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> CreateTopicResponse:
+        what = "create_topic answer"
+        return cls(_field(doc, "name", str, what), _int_list(doc, "partitions", what))
+
+
+def _int_list(doc: Doc, name: str, what: str) -> tuple[int, ...]:
+    raw = _field(doc, name, list, what)
+    for i, value in enumerate(raw):
+        if not _is_int(value):
+            raise InvalidRequestError(f"{what}: field '{name}[{i}]' must be int, got {value!r}")
+    return tuple(raw)
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteTopicRequest:
     ACTION: ClassVar[Action] = Action.DELETE_TOPIC
     name: str
@@ -90,6 +123,150 @@ class DescribeTopicsRequest:
         return cls(_names(doc, "names", cls.ACTION.value))
 
 
+def schema_fields(schema: pa.Schema | None) -> list[str] | None:
+    """A schema in Arrow's text form, one ``"name: type"`` per field (None: no schema)."""
+    return None if schema is None else [f"{f.name}: {f.type}" for f in schema]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    """A partition's offsets as its leader reported them (``list_offsets``)."""
+
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    last_stable_offset: int
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, int]) -> PartitionOffsets:
+        return cls(
+            int(doc["log_start_offset"]),
+            int(doc["log_end_offset"]),
+            int(doc["high_watermark"]),
+            int(doc["last_stable_offset"]),
+        )
+
+    def to_doc(self) -> Doc:
+        return {
+            "log_start_offset": self.log_start_offset,
+            "log_end_offset": self.log_end_offset,
+            "high_watermark": self.high_watermark,
+            "last_stable_offset": self.last_stable_offset,
+        }
+
+    def to_json(self) -> Doc:
+        return self.to_doc()
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition of a topic: its leader, replicas, in-sync replicas and leader epoch;
+    ``offsets`` when they were asked for and its leader answered, else ``offline`` says
+    why not (None when offsets were not asked for). Those two are the client's, asked of
+    the partition's leader: ``describe_topics`` does not carry them."""
+
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader_epoch: int
+    offsets: PartitionOffsets | None = None
+    offline: str | None = None
+
+    def to_doc(self) -> Doc:
+        """``partition`` and ``leader`` as ever, then the replica metadata (fields only
+        added, so older clients read it unchanged)."""
+        return {
+            "partition": self.partition,
+            "leader": self.leader,
+            "replicas": list(self.replicas),
+            "isr": list(self.isr),
+            "leader_epoch": self.leader_epoch,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> PartitionInfo:
+        leader = int(doc["leader"])
+        return cls(
+            partition=int(doc["partition"]),
+            leader=leader,
+            # A broker from before replica metadata sends neither: it serves alone.
+            replicas=tuple(int(b) for b in doc.get("replicas", [leader])),
+            isr=tuple(int(b) for b in doc.get("isr", [leader])),
+            leader_epoch=int(doc.get("leader_epoch", 0)),
+        )
+
+    def to_json(self) -> Doc:
+        return {
+            **self.to_doc(),
+            "offsets": None if self.offsets is None else self.offsets.to_json(),
+            "offline": self.offline,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """A topic: its name, Arrow schema (None: any), configuration overrides,
+    partitions in partition order and id (chosen at creation; "" for a topic stored
+    before ids, until its store writes one)."""
+
+    name: str
+    schema: pa.Schema | None
+    config: dict[str, str]
+    partitions: tuple[PartitionInfo, ...]
+    topic_id: str = ""
+
+    def to_doc(self) -> Doc:
+        """The schema as base64 Arrow IPC."""
+        schema = self.schema
+        return {
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "partitions": [p.to_doc() for p in self.partitions],
+            "schema": None
+            if schema is None
+            else base64.b64encode(schema.serialize().to_pybytes()).decode(),
+            "config": dict(self.config),
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> TopicDescription:
+        schema = None
+        if doc.get("schema"):
+            raw = base64.b64decode(doc["schema"])
+            schema = pa.ipc.read_schema(pa.py_buffer(raw))
+        return cls(
+            name=str(doc["name"]),
+            schema=schema,
+            config={str(k): str(v) for k, v in (doc.get("config") or {}).items()},
+            partitions=tuple(PartitionInfo.from_doc(p) for p in doc["partitions"]),
+            topic_id=str(doc.get("topic_id") or ""),
+        )
+
+    def to_json(self) -> Doc:
+        return {
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "schema": schema_fields(self.schema),
+            "config": dict(self.config),
+            "partitions": [p.to_json() for p in self.partitions],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTopicsResponse:
+    """The topics asked for, by name."""
+
+    topics: tuple[TopicDescription, ...]
+
+    def to_doc(self) -> Doc:
+        return {"topics": [t.to_doc() for t in self.topics]}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> DescribeTopicsResponse:
+        return cls(tuple(TopicDescription.from_doc(t) for t in doc["topics"]))
+
+
 @dataclass(frozen=True, slots=True)
 class ListOffsetsRequest:
     ACTION: ClassVar[Action] = Action.LIST_OFFSETS
@@ -108,6 +285,22 @@ class ListOffsetsRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ListOffsetsResponse:
+    """The partition's offsets as its leader has them now."""
+
+    topic: str
+    partition: int
+    offsets: PartitionOffsets
+
+    def to_doc(self) -> Doc:
+        return {"topic": self.topic, "partition": self.partition, **self.offsets.to_doc()}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> ListOffsetsResponse:
+        return cls(str(doc["topic"]), int(doc["partition"]), PartitionOffsets.from_doc(doc))
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataRequest:
     ACTION: ClassVar[Action] = Action.METADATA
     topics: tuple[str, ...] | None = None  # None: every topic
@@ -118,6 +311,54 @@ class MetadataRequest:
     @classmethod
     def from_doc(cls, doc: Doc) -> MetadataRequest:
         return cls(_names(doc, "topics", cls.ACTION.value))
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAddress:
+    """A live broker as the metadata names it."""
+
+    broker_id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_doc(self) -> Doc:
+        return {"broker_id": self.broker_id, "host": self.host, "port": self.port}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> BrokerAddress:
+        return cls(int(doc["broker_id"]), doc["host"], int(doc["port"]))
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataResponse:
+    """The live brokers by id, the controller (None: none elected), each topic's leader
+    per partition and the ids of the topics that have one."""
+
+    brokers: tuple[BrokerAddress, ...]
+    controller: int | None
+    topics: dict[str, tuple[int, ...]]
+    topic_ids: dict[str, str]
+
+    def to_doc(self) -> Doc:
+        return {
+            "brokers": [b.to_doc() for b in self.brokers],
+            "controller": self.controller,
+            "topics": {name: list(leaders) for name, leaders in self.topics.items()},
+            "topic_ids": dict(self.topic_ids),
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> MetadataResponse:
+        return cls(
+            tuple(BrokerAddress.from_doc(b) for b in doc["brokers"]),
+            doc.get("controller"),
+            {name: tuple(int(x) for x in leaders) for name, leaders in doc["topics"].items()},
+            {str(n): str(i) for n, i in (doc.get("topic_ids") or {}).items()},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +428,93 @@ def merge_listings(
 
 
 @dataclass(frozen=True, slots=True)
+class ListTransactionsResponse:
+    """The rows of every state partition asked (:func:`merge_listings`), each as its
+    coordinator wrote it (an open transaction's fields, or with ``every_id`` an id's state
+    and last update: :class:`TransactionListing` reads both), and which partitions answered."""
+
+    transactions: tuple[Doc, ...]
+    state_partitions: tuple[int, ...]
+
+    def to_doc(self) -> Doc:
+        return {
+            "transactions": list(self.transactions),
+            "state_partitions": list(self.state_partitions),
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> ListTransactionsResponse:
+        what = "list_transactions answer"
+        return cls(
+            tuple(_field(doc, "transactions", list, what)),
+            tuple(_field(doc, "state_partitions", list, what, [])),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionListing:
+    """One row of ``list_transactions``: an open transaction (``state`` ``"ONGOING"``,
+    its age, timeout, partitions and writer), or with ``every_id`` any id the coordinator
+    keeps (its state and last update; the open transaction's fields then None)."""
+
+    transactional_id: str
+    state: str
+    state_partition: int
+    producer_id: int
+    producer_epoch: int
+    idle_ms: int
+    last_update_ms: int | None = None
+    age_ms: int | None = None
+    timeout_ms: int | None = None
+    partitions: tuple[tuple[str, int], ...] = ()
+    sink_id: str | None = None
+    sink_run: str | None = None
+    sink_batch: int | None = None
+    sink_prepared: bool = False
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> TransactionListing:
+        def opt_int(key: str) -> int | None:
+            value = doc.get(key)
+            return None if value is None else int(value)
+
+        return cls(
+            transactional_id=str(doc["transactional_id"]),
+            state=str(doc.get("state", "ONGOING")),
+            state_partition=int(doc.get("state_partition", 0)),
+            producer_id=int(doc["producer_id"]),
+            producer_epoch=int(doc["producer_epoch"]),
+            idle_ms=int(doc["idle_ms"]),
+            last_update_ms=opt_int("last_update_ms"),
+            age_ms=opt_int("age_ms"),
+            timeout_ms=opt_int("timeout_ms"),
+            partitions=tuple((str(t), int(p)) for t, p in doc.get("partitions", [])),
+            sink_id=doc.get("sink_id") or None,
+            sink_run=doc.get("sink_run") or None,
+            sink_batch=opt_int("sink_batch"),
+            sink_prepared=bool(doc.get("sink_prepared", False)),
+        )
+
+    def to_json(self) -> Doc:
+        return {
+            "transactional_id": self.transactional_id,
+            "state": self.state,
+            "state_partition": self.state_partition,
+            "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch,
+            "idle_ms": self.idle_ms,
+            "last_update_ms": self.last_update_ms,
+            "age_ms": self.age_ms,
+            "timeout_ms": self.timeout_ms,
+            "partitions": [[t, p] for t, p in self.partitions],
+            "sink_id": self.sink_id,
+            "sink_run": self.sink_run,
+            "sink_batch": self.sink_batch,
+            "sink_prepared": self.sink_prepared,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class AbortTransactionRequest:
     ACTION: ClassVar[Action] = Action.ABORT_TRANSACTION
     transactional_id: str
@@ -197,6 +525,20 @@ class AbortTransactionRequest:
     @classmethod
     def from_doc(cls, doc: Doc) -> AbortTransactionRequest:
         return cls(_field(doc, "transactional_id", str, cls.ACTION.value))
+
+
+@dataclass(frozen=True, slots=True)
+class AbortTransactionResponse:
+    """Whether an open transaction was aborted (False: the id had none open)."""
+
+    aborted: bool
+
+    def to_doc(self) -> Doc:
+        return {"aborted": self.aborted}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> AbortTransactionResponse:
+        return cls(_field(doc, "aborted", bool, "abort_transaction answer"))
 
 
 NO_OFFSET = -1  # a producer without an open transaction (its ``txn_start_offset``)
@@ -404,3 +746,8 @@ class PingResponse:
 
     def to_doc(self) -> Doc:
         return {"broker_id": self.broker_id, "version": self.version}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> PingResponse:
+        what = "ping answer"
+        return cls(_field(doc, "broker_id", int, what), _field(doc, "version", int, what))

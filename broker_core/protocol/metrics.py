@@ -168,6 +168,24 @@ class MetricsRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsResponse:
+    """A broker's METRICS answer: the bounded document (request counters, partitions,
+    top producers, replication, transactions), or with ``detail`` one
+    :class:`ProducerPage`'s document. Carried as the document its builder writes
+    (``server.metrics``): every reader (:func:`merge_documents`, the Prometheus exporter,
+    ``idemlog metrics``) reads its sections by name."""
+
+    document: dict[str, Any]
+
+    def to_doc(self) -> dict[str, Any]:
+        return self.document
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> MetricsResponse:
+        return cls(doc)
+
+
+@dataclass(frozen=True, slots=True)
 class ProducerPage:
     """One page of the per-producer detail of one broker: at most ``page_size`` rows
     (``producer_id`` and the :class:`AppendCounters`), by producer id; ``next_page_token``

@@ -259,6 +259,22 @@ class OffsetsForLeaderEpochRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class OffsetsForLeaderEpochResponse:
+    """The largest epoch of the leader's log at or below the one asked, and the offset
+    where it ended (``UNDEFINED_EPOCH_OFFSET``: the leader cannot place it)."""
+
+    epoch: int
+    end_offset: int
+
+    def to_doc(self) -> Doc:
+        return {"epoch": self.epoch, "end_offset": self.end_offset}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> OffsetsForLeaderEpochResponse:
+        return cls(int(doc["epoch"]), int(doc["end_offset"]))
+
+
+@dataclass(frozen=True, slots=True)
 class ElectLeadersRequest:
     """The preferred-leader rebalance, for ``topics`` (None: every topic)."""
 
@@ -277,3 +293,19 @@ class ElectLeadersRequest:
         if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
             raise InvalidRequestError(f"{what}: field 'topics' must be a list of names")
         return cls(tuple(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeadersResponse:
+    """The partitions whose preferred replica became leader: {topic: {partition: broker}}
+    (partitions are strings on the wire, as JSON keys are)."""
+
+    moved: dict[str, dict[int, int]]
+
+    def to_doc(self) -> Doc:
+        return {"moved": {t: {str(p): b for p, b in m.items()} for t, m in self.moved.items()}}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> ElectLeadersResponse:
+        raw = doc["moved"]
+        return cls({t: {int(p): int(b) for p, b in m.items()} for t, m in raw.items()})

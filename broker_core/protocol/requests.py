@@ -1,16 +1,18 @@
-"""What the typed requests share: the request shape, field readers and wire constants.
+"""What the typed requests and responses share: their shapes, field readers and wire constants.
 
-There is one typed request per ``DoAction`` (and a typed response where the answer has
-structure), grouped by family: ``protocol.data_requests`` (produce and fetch),
-``protocol.admin_requests`` (topics, metadata, operators' calls), ``protocol.txn_requests``
-(producer ids, transactions, sinks, markers) and ``protocol.replica`` (replication).
+There is one typed request and one typed response per ``DoAction`` (an action that answers
+nothing but its success answers :class:`EmptyResponse`), grouped by family:
+``protocol.data_requests`` (produce and fetch), ``protocol.admin_requests`` (topics,
+metadata, operators' calls), ``protocol.txn_requests`` (producer ids, transactions, sinks,
+markers) and ``protocol.replica`` (replication).
 
-Each is a frozen dataclass with ``to_doc()`` (the JSON body the client sends) and
-``from_doc(doc)`` (what the broker decodes). ``from_doc`` is the only place a body's shape is
-checked: a missing or mistyped field raises ``InvalidRequestError`` naming the action and
-the field (``"end_txn: field 'producer_id' must be >= 0, got -4"``). Rules that need the
-broker's state or limits (id lengths, timeouts, which transactions exist) stay with the
-coordinator (``protocol.txn_inputs``), which in-process callers reach without a body.
+Each is a frozen dataclass with ``to_doc()`` (the JSON body the client sends, or the answer
+the broker's dispatcher sends back) and ``from_doc(doc)`` (what the other side decodes).
+``from_doc`` is the only place a body's shape is checked: a missing or mistyped field raises
+``InvalidRequestError`` naming the action and the field (``"end_txn: field 'producer_id'
+must be >= 0, got -4"``). Rules that need the broker's state or limits (id lengths,
+timeouts, which transactions exist) stay with the coordinator (``protocol.txn_inputs``),
+which in-process callers reach without a body.
 
 The JSON field names are the wire contract of ``protocol.wire``; the table of bodies is in
 docs/protocol.md.
@@ -18,6 +20,7 @@ docs/protocol.md.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from broker_core.errors import InvalidRequestError
@@ -166,3 +169,22 @@ class Request(Protocol):
     ACTION: ClassVar[Action]
 
     def to_doc(self) -> Doc: ...
+
+
+class Response(Protocol):
+    """What every typed answer offers: its JSON document (``ActionHandlers.handle`` turns
+    it into the wire answer)."""
+
+    def to_doc(self) -> Doc: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyResponse:
+    """The answer of an action that answers only its success: ``{}``."""
+
+    def to_doc(self) -> Doc:
+        return {}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> EmptyResponse:
+        return cls()

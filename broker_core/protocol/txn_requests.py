@@ -417,6 +417,25 @@ class AbortSinkRunRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class AbortSinkRunResponse:
+    """The transactional ids aborted, and the state partitions whose coordinators were asked."""
+
+    aborted: tuple[str, ...]
+    state_partitions: tuple[int, ...]
+
+    def to_doc(self) -> Doc:
+        return {"aborted": list(self.aborted), "state_partitions": list(self.state_partitions)}
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> AbortSinkRunResponse:
+        what = "abort_sink_run answer"
+        return cls(
+            tuple(str(t) for t in _field(doc, "aborted", list, what)),
+            tuple(int(p) for p in _field(doc, "state_partitions", list, what, [])),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class SinkHeartbeatRequest:
     ACTION: ClassVar[Action] = Action.SINK_HEARTBEAT
     sink_id: str

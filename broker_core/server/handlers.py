@@ -1,9 +1,10 @@
-"""DoAction handlers: one function per ``protocol.Action``, JSON body in, JSON document out.
+"""DoAction handlers: one function per ``protocol.Action``, JSON body in, typed answer out.
 
 Every body is decoded by its typed request (``broker_core.protocol.*_requests``), so a
-missing or mistyped field is an ``INVALID_REQUEST`` naming the action and the field. What
-each action takes and answers is described once, in docs/protocol.md ("Everything else:
-DoAction" and "Between brokers").
+missing or mistyped field is an ``INVALID_REQUEST`` naming the action and the field; every
+handler answers its typed response, which :meth:`ActionHandlers.handle` alone turns into
+the wire document. What each action takes and answers is described once, in
+docs/protocol.md ("Everything else: DoAction" and "Between brokers").
 
 Without a transactional id, InitProducerId is served by any broker from its own leased
 producer-id block (as Kafka does); everything transactional goes to the coordinator of
@@ -13,16 +14,14 @@ elsewhere, retriable; ``server.coordinators``).
 
 from __future__ import annotations
 
-import base64
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
 
 from broker_core.cluster.metadata import (
-    BrokerInfo,
     ClusterMetadata,
-    PartitionState,
     TopicAssignment,
     validate_new_topic,
 )
@@ -41,31 +40,45 @@ from broker_core.protocol.admin_requests import (
     AbortHangingTransactionRequest,
     AbortHangingTransactionResponse,
     AbortTransactionRequest,
+    AbortTransactionResponse,
+    BrokerAddress,
     CreateTopicRequest,
+    CreateTopicResponse,
     DeleteTopicRequest,
     DescribeProducersRequest,
     DescribeProducersResponse,
     DescribeTopicsRequest,
+    DescribeTopicsResponse,
     FindCoordinatorRequest,
     ListOffsetsRequest,
+    ListOffsetsResponse,
     ListTransactionsRequest,
+    ListTransactionsResponse,
     MetadataRequest,
+    MetadataResponse,
+    PartitionInfo,
+    PartitionOffsets,
     PingResponse,
+    TopicDescription,
     merge_listings,
 )
 from broker_core.protocol.coordinator_keys import CoordinatorAddress
-from broker_core.protocol.metrics import MetricsRequest
+from broker_core.protocol.metrics import MetricsRequest, MetricsResponse
 from broker_core.protocol.replica import (
     ElectLeadersRequest,
+    ElectLeadersResponse,
     OffsetsForLeaderEpochRequest,
+    OffsetsForLeaderEpochResponse,
     ReplicaFetchRequest,
     ReplicaLogStartRequest,
 )
-from broker_core.protocol.stable_cut import TrackedBatchesRequest
+from broker_core.protocol.requests import EmptyResponse, Response
+from broker_core.protocol.stable_cut import TrackedBatches, TrackedBatchesRequest
 from broker_core.protocol.topics import validate_user_topic_name
 from broker_core.protocol.txn_requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
+    AbortSinkRunResponse,
     AddPartitionsToTxnRequest,
     CommitSinkBatchRequest,
     EndTxnRequest,
@@ -92,7 +105,7 @@ from broker_core.txn.markers import ProducerMarkers, StableOffsets
 from broker_core.txn.pid_manager import ProducerIdManager
 from broker_core.txn.state_topic import TXN_STATE_TOPIC, state_partition_of
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+Handler = Callable[[dict[str, Any]], Response]
 
 
 class Topics(Protocol):
@@ -126,10 +139,6 @@ class LocalMarkers(Protocol):
         producer_epoch: int | None,
         start_offset: int | None,
     ) -> HangingAbort: ...
-
-
-def _broker_doc(info: BrokerInfo) -> dict[str, Any]:
-    return {"broker_id": info.broker_id, "host": info.host, "port": info.port}
 
 
 class ActionHandlers:
@@ -216,23 +225,27 @@ class ActionHandlers:
     def handle(
         self, action_type: str, body: dict[str, Any], permit: Permit = UNCHECKED
     ) -> dict[str, Any] | bytes:
-        """The answer of one action (bytes for the binary ones, ``binary``);
+        """The answer of one action: its typed response's document, the one place a
+        response becomes the wire answer (bytes for the binary ones, ``binary``).
         ``InvalidRequestError`` for an unknown action or a malformed body, else whatever
         the action raises (typed ``IdemlogError``). ``permit``: what the caller passed of
         its ACL checks (``server.authorization``), for the actions that act only on what
         it may (an abort of a run)."""
         action = self.known(action_type)
-        if action is Action.ABORT_SINK_RUN:
-            return self.abort_sink_run(body, permit)
-        if action is Action.INIT_PRODUCER_ID:
-            return self.init_producer_id(body, permit)
         binary = self.binary.get(action)
         if binary is not None:
             return binary(body)
-        return self.table[action](body)
+        response: Response
+        if action is Action.ABORT_SINK_RUN:
+            response = self.abort_sink_run(body, permit)
+        elif action is Action.INIT_PRODUCER_ID:
+            response = self.init_producer_id(body, permit)
+        else:
+            response = self.table[action](body)
+        return response.to_doc()
 
     # -- topics --------------------------------------------------------------------------
-    def create_topic(self, body: dict[str, Any]) -> dict[str, Any]:
+    def create_topic(self, body: dict[str, Any]) -> CreateTopicResponse:
         request = CreateTopicRequest.from_doc(body)
         validate_user_topic_name(request.name)
         name, partitions, schema, overrides = validate_new_topic(
@@ -246,19 +259,17 @@ class ActionHandlers:
         assignment = self._cluster().create_topic(name, partitions, schema, overrides)
         if assignment.replicas_of(self._broker_id):
             self._topics.ensure(assignment)
-        return {
-            "name": name,
-            "partitions": [assignment.partitions[p] for p in sorted(assignment.partitions)],
-        }
+        leaders = tuple(assignment.partitions[p] for p in sorted(assignment.partitions))
+        return CreateTopicResponse(name, leaders)
 
-    def delete_topic(self, body: dict[str, Any]) -> dict[str, Any]:
+    def delete_topic(self, body: dict[str, Any]) -> EmptyResponse:
         name = DeleteTopicRequest.from_doc(body).name
         self._topics.assignment(name)  # unknown -> UNKNOWN_TOPIC_OR_PARTITION
         self._cluster().delete_topic(name)
         self._topics.delete(name)
-        return {}
+        return EmptyResponse()
 
-    def describe_topics(self, body: dict[str, Any]) -> dict[str, Any]:
+    def describe_topics(self, body: dict[str, Any]) -> DescribeTopicsResponse:
         names = DescribeTopicsRequest.from_doc(body).names
         if names is None:
             assignments = list(self._cluster().topics().values())
@@ -267,60 +278,52 @@ class ActionHandlers:
         store = self._store()
         topics = []
         for a in sorted(assignments, key=lambda a: a.name):
-            schema = a.schema
+            schema = None if a.schema is None else pa.ipc.read_schema(pa.py_buffer(a.schema))
             if schema is None and store is not None:
                 # The first append fixes a schema-less topic's schema in the leader's store.
-                try:
-                    local = store.topic(a.name).schema
-                except UnknownTopicOrPartitionError:
-                    local = None  # this broker leads none of its partitions
-                if local is not None:
-                    schema = local.serialize().to_pybytes()
+                # UnknownTopicOrPartition: this broker leads none of its partitions.
+                with contextlib.suppress(UnknownTopicOrPartitionError):
+                    schema = store.topic(a.name).schema
+            partitions = []
+            for p in sorted(a.partitions):
+                state = a.state(p)
+                partitions.append(
+                    PartitionInfo(p, state.leader, state.replicas, state.isr, state.leader_epoch)
+                )
             topics.append(
-                {
-                    "name": a.name,
-                    "topic_id": a.topic_id,
-                    "partitions": [_partition_doc(p, a.state(p)) for p in sorted(a.partitions)],
-                    "schema": None if schema is None else base64.b64encode(schema).decode(),
-                    "config": dict(a.config),
-                }
+                TopicDescription(a.name, schema, dict(a.config), tuple(partitions), a.topic_id)
             )
-        return {"topics": topics}
+        return DescribeTopicsResponse(tuple(topics))
 
-    def list_offsets(self, body: dict[str, Any]) -> dict[str, Any]:
+    def list_offsets(self, body: dict[str, Any]) -> ListOffsetsResponse:
         request = ListOffsetsRequest.from_doc(body)
         log = self._topics.leader_log(request.topic, request.partition, request.topic_id)
-        return {
-            "topic": request.topic,
-            "partition": request.partition,
-            "log_start_offset": log.log_start_offset,
-            "log_end_offset": log.log_end_offset,
-            "high_watermark": log.high_watermark,
-            "last_stable_offset": log.last_stable_offset,
-        }
+        offsets = PartitionOffsets(
+            log.log_start_offset, log.log_end_offset, log.high_watermark, log.last_stable_offset
+        )
+        return ListOffsetsResponse(request.topic, request.partition, offsets)
 
-    def metadata(self, body: dict[str, Any]) -> dict[str, Any]:
+    def metadata(self, body: dict[str, Any]) -> MetadataResponse:
         names = MetadataRequest.from_doc(body).topics
         cluster = self._cluster()
         assignments = cluster.topics()
         if names is not None:
             assignments = {n: assignments[n] for n in names if n in assignments}
         controller = cluster.controller()
-        return {
-            "brokers": [
-                _broker_doc(b) for b in sorted(cluster.brokers(), key=lambda b: b.broker_id)
-            ],
-            "controller": None if controller is None else controller.broker_id,
-            "topics": {
-                name: [a.partitions[p] for p in sorted(a.partitions)]
+        return MetadataResponse(
+            tuple(
+                BrokerAddress(b.broker_id, b.host, b.port)
+                for b in sorted(cluster.brokers(), key=lambda b: b.broker_id)
+            ),
+            None if controller is None else controller.broker_id,
+            {
+                name: tuple(a.partitions[p] for p in sorted(a.partitions))
                 for name, a in sorted(assignments.items())
             },
-            "topic_ids": {
-                name: a.topic_id for name, a in sorted(assignments.items()) if a.topic_id
-            },
-        }
+            {name: a.topic_id for name, a in sorted(assignments.items()) if a.topic_id},
+        )
 
-    def find_coordinator(self, body: dict[str, Any]) -> dict[str, Any]:
+    def find_coordinator(self, body: dict[str, Any]) -> CoordinatorAddress:
         """The coordinator of the request's key or named state partition: with ZooKeeper
         the leader of that ``__transaction_state`` partition (the topic created now if the
         cluster has none, as Kafka does), embedded the one broker (one state partition).
@@ -334,7 +337,7 @@ class ActionHandlers:
             self._asked_partition(request, count)  # a partition other than 0: refused
             if leader is None:
                 raise CoordinatorNotAvailableError("no controller is elected right now")
-            return CoordinatorAddress(leader.broker_id, leader.host, leader.port, 0, 1).to_doc()
+            return CoordinatorAddress(leader.broker_id, leader.host, leader.port, 0, 1)
         topic = ensure_state_topic(cluster, self._config)
         count = len(topic.partitions)
         partition = self._asked_partition(request, count)
@@ -344,9 +347,7 @@ class ActionHandlers:
             raise CoordinatorNotAvailableError(
                 f"{TXN_STATE_TOPIC}-{partition} has no live leader (broker {leader_id})"
             )
-        return CoordinatorAddress(
-            found.broker_id, found.host, found.port, partition, count
-        ).to_doc()
+        return CoordinatorAddress(found.broker_id, found.host, found.port, partition, count)
 
     @staticmethod
     def _asked_partition(request: FindCoordinatorRequest, count: int) -> int:
@@ -360,7 +361,9 @@ class ActionHandlers:
         return request.state_partition
 
     # -- producers and transactions ------------------------------------------------------
-    def init_producer_id(self, body: dict[str, Any], permit: Permit = UNCHECKED) -> dict[str, Any]:
+    def init_producer_id(
+        self, body: dict[str, Any], permit: Permit = UNCHECKED
+    ) -> InitProducerIdResponse:
         """An idempotent producer's id comes with the token binding it to the caller's
         principal (``permit``'s; its batches carry the token); a transactional one never
         has a token."""
@@ -371,28 +374,30 @@ class ActionHandlers:
             assert pids is not None
             pid = pids.generate_producer_id()
             token = self._producer_tokens.issue(pid, str(permit.principal))
-            return InitProducerIdResponse(pid, 0, producer_token=token).to_doc()
+            return InitProducerIdResponse(pid, 0, producer_token=token)
         coordinator = self._coordinators.for_key(txn_id)
         if request.sink is not None:
             pid, epoch, status = coordinator.init_sink_producer(txn_id, timeout_ms, request.sink)
-            return InitProducerIdResponse(pid, epoch, status).to_doc()
+            return InitProducerIdResponse(pid, epoch, status)
         pid, epoch = coordinator.init_producer_id(txn_id, timeout_ms)
-        return InitProducerIdResponse(pid, epoch).to_doc()
+        return InitProducerIdResponse(pid, epoch)
 
-    def prepare_sink_txn(self, body: dict[str, Any]) -> dict[str, Any]:
+    def prepare_sink_txn(self, body: dict[str, Any]) -> EmptyResponse:
         r = PrepareSinkTxnRequest.from_doc(body)
         self._check_topic_ids([t for t, _p, _f, _l in r.ranges], r.topic_ids)
         self._coordinators.for_key(r.transactional_id).prepare_sink_txn(
             r.transactional_id, r.producer_id, r.producer_epoch, r.batch_id, list(r.ranges)
         )
-        return {}
+        return EmptyResponse()
 
-    def sink_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+    def sink_heartbeat(self, body: dict[str, Any]) -> EmptyResponse:
         request = SinkHeartbeatRequest.from_doc(body)
         self._coordinators.for_key(request.sink_id).sink_heartbeat(request.sink_id, request.run_id)
-        return {}
+        return EmptyResponse()
 
-    def abort_sink_run(self, body: dict[str, Any], permit: Permit = UNCHECKED) -> dict[str, Any]:
+    def abort_sink_run(
+        self, body: dict[str, Any], permit: Permit = UNCHECKED
+    ) -> AbortSinkRunResponse:
         r = AbortSinkRunRequest.from_doc(body)
         if r.sink_id is not None:
             partition = self._coordinators.partition_of(r.sink_id)
@@ -406,7 +411,7 @@ class ActionHandlers:
                 r.run_id, r.batch_id, sink_id=r.sink_id, allowed=permit.may_write_txn
             )
         ]
-        return {"aborted": aborted, "state_partitions": sorted(answering)}
+        return AbortSinkRunResponse(tuple(aborted), tuple(sorted(answering)))
 
     def _one_cut_coordinator(
         self, state_partition: int | None, what: str
@@ -421,40 +426,41 @@ class ActionHandlers:
             )
         return self._coordinators.for_partition(state_partition or 0)
 
-    def stable_ends(self, body: dict[str, Any]) -> dict[str, Any]:
+    def stable_ends(self, body: dict[str, Any]) -> StableEndsResponse:
         r = StableEndsRequest.from_doc(body)
         coordinator = self._one_cut_coordinator(r.state_partition, "stable_ends")
-        return StableEndsResponse(dict(coordinator.stable_ends(r.topic))).to_doc()
+        return StableEndsResponse(dict(coordinator.stable_ends(r.topic)))
 
-    def tracked_batches(self, body: dict[str, Any]) -> dict[str, Any]:
+    def tracked_batches(self, body: dict[str, Any]) -> TrackedBatches:
         r = TrackedBatchesRequest.from_doc(body)
         coordinator = self._one_cut_coordinator(r.state_partition, "tracked_batches")
-        return coordinator.tracked_batches(r.topic, r.since).to_doc()
+        return coordinator.tracked_batches(r.topic, r.since)
 
-    def list_transactions(self, body: dict[str, Any]) -> dict[str, Any]:
+    def list_transactions(self, body: dict[str, Any]) -> ListTransactionsResponse:
         r = ListTransactionsRequest.from_doc(body)
         answering = self._coordinators.answering(r.state_partition)
         parts = {
             p: c.list_transactions(r.min_age_ms, every_id=r.every_id) for p, c in answering.items()
         }
-        return {
-            "transactions": merge_listings(parts, r.every_id),
-            "state_partitions": sorted(answering),
-        }
+        return ListTransactionsResponse(
+            tuple(merge_listings(parts, r.every_id)), tuple(sorted(answering))
+        )
 
-    def abort_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
+    def abort_transaction(self, body: dict[str, Any]) -> AbortTransactionResponse:
         txn_id = AbortTransactionRequest.from_doc(body).transactional_id
-        return {"aborted": self._coordinators.for_key(txn_id).abort_transaction(txn_id)}
+        return AbortTransactionResponse(
+            self._coordinators.for_key(txn_id).abort_transaction(txn_id)
+        )
 
-    def describe_producers(self, body: dict[str, Any]) -> dict[str, Any]:
+    def describe_producers(self, body: dict[str, Any]) -> DescribeProducersResponse:
         r = DescribeProducersRequest.from_doc(body)
         log = self._topics.leader_log(r.topic, r.partition)
         producers = tuple(log.describe_producers())
         return DescribeProducersResponse(
             r.topic, r.partition, producers, log.log_end_offset, log.last_stable_offset
-        ).to_doc()
+        )
 
-    def abort_hanging_transaction(self, body: dict[str, Any]) -> dict[str, Any]:
+    def abort_hanging_transaction(self, body: dict[str, Any]) -> AbortHangingTransactionResponse:
         r = AbortHangingTransactionRequest.from_doc(body)
         markers = self._markers()
         assert markers is not None
@@ -469,9 +475,9 @@ class ActionHandlers:
             done.marker.offset,
             done.marker_epoch,
             done.marker.last_stable_offset,
-        ).to_doc()
+        )
 
-    def add_partitions_to_txn(self, body: dict[str, Any]) -> dict[str, Any]:
+    def add_partitions_to_txn(self, body: dict[str, Any]) -> EmptyResponse:
         r = AddPartitionsToTxnRequest.from_doc(body)
         for topic, partition in r.partitions:
             self._topics.assignment(topic).leader(partition)  # exists?
@@ -481,11 +487,11 @@ class ActionHandlers:
             coordinator.verify_partitions(
                 r.transactional_id, r.producer_id, r.producer_epoch, list(r.partitions)
             )
-            return {}
+            return EmptyResponse()
         coordinator.add_partitions(
             r.transactional_id, r.producer_id, r.producer_epoch, list(r.partitions)
         )
-        return {}
+        return EmptyResponse()
 
     def _check_topic_ids(self, topics: Sequence[str], topic_ids: Mapping[str, str]) -> None:
         """Each topic a transaction request names by id (``topic_ids``) must still have
@@ -499,21 +505,21 @@ class ActionHandlers:
         for topic in sorted(set(topics)):
             self._topics.check_topic_id(topic, topic_ids.get(topic))
 
-    def end_txn(self, body: dict[str, Any]) -> dict[str, Any]:
+    def end_txn(self, body: dict[str, Any]) -> EndTxnResponse:
         r = EndTxnRequest.from_doc(body)
         pid, epoch = self._coordinators.for_key(r.transactional_id).end_txn(
             r.transactional_id, r.producer_id, r.producer_epoch, r.commit
         )
-        return EndTxnResponse(pid, epoch).to_doc()
+        return EndTxnResponse(pid, epoch)
 
-    def write_txn_markers(self, body: dict[str, Any]) -> dict[str, Any]:
+    def write_txn_markers(self, body: dict[str, Any]) -> WriteTxnMarkersResponse:
         r = WriteTxnMarkersRequest.from_doc(body)
         markers = self._markers()
         assert markers is not None
         producers = [ProducerMarkers(pid, epoch, tps) for pid, epoch, tps in r.producers]
         stable = markers.write_local(producers, r.commit, r.coordinator_epoch)
         # The coordinator's RoutingMarkerWriter reads this back (WriteTxnMarkersResponse).
-        return WriteTxnMarkersResponse(dict(stable)).to_doc()
+        return WriteTxnMarkersResponse(dict(stable))
 
     def _sink_coordinator(
         self, sink_id: str, transactions: Sequence[tuple[str, int, int]], what: str
@@ -521,21 +527,19 @@ class ActionHandlers:
         """The sink's coordinator, which must coordinate every transaction it names too."""
         return self._coordinators.for_keys([sink_id, *(t for t, _, _ in transactions)], what)
 
-    def commit_sink_batch(self, body: dict[str, Any]) -> dict[str, Any]:
+    def commit_sink_batch(self, body: dict[str, Any]) -> SinkBatchResponse:
         r = CommitSinkBatchRequest.from_doc(body)
         coordinator = self._sink_coordinator(r.sink_id, r.transactions, "commit_sink_batch")
         committed = coordinator.commit_sink_batch(
             r.sink_id, r.batch_id, list(r.transactions), r.run_id
         )
-        return SinkBatchResponse(
-            coordinator.last_committed_batch(r.sink_id), bool(committed)
-        ).to_doc()
+        return SinkBatchResponse(coordinator.last_committed_batch(r.sink_id), bool(committed))
 
-    def abort_sink_batch(self, body: dict[str, Any]) -> dict[str, Any]:
+    def abort_sink_batch(self, body: dict[str, Any]) -> SinkBatchResponse:
         r = AbortSinkBatchRequest.from_doc(body)
         coordinator = self._sink_coordinator(r.sink_id, r.transactions, "abort_sink_batch")
         coordinator.abort_sink_batch(r.sink_id, r.batch_id, list(r.transactions))
-        return SinkBatchResponse(coordinator.last_committed_batch(r.sink_id)).to_doc()
+        return SinkBatchResponse(coordinator.last_committed_batch(r.sink_id))
 
     # -- replication ---------------------------------------------------------------------
     def _replica_manager(self) -> ReplicaManager:
@@ -550,11 +554,11 @@ class ActionHandlers:
     def replica_log_start(self, body: dict[str, Any]) -> bytes:
         return self._replica_manager().replica_log_start(ReplicaLogStartRequest.from_doc(body))
 
-    def offsets_for_leader_epoch(self, body: dict[str, Any]) -> dict[str, Any]:
+    def offsets_for_leader_epoch(self, body: dict[str, Any]) -> OffsetsForLeaderEpochResponse:
         request = OffsetsForLeaderEpochRequest.from_doc(body)
         return self._replica_manager().offsets_for_leader_epoch(request)
 
-    def elect_leaders(self, body: dict[str, Any]) -> dict[str, Any]:
+    def elect_leaders(self, body: dict[str, Any]) -> ElectLeadersResponse:
         topics = ElectLeadersRequest.from_doc(body).topics
         cluster = self._cluster()
         if not cluster.is_controller():
@@ -564,24 +568,11 @@ class ActionHandlers:
                 f"broker {self._broker_id} is not the controller ({where}): the preferred-"
                 "leader election runs there"
             )
-        moved = cluster.elect_preferred_leaders(topics)
-        return {"moved": {t: {str(p): b for p, b in m.items()} for t, m in moved.items()}}
+        return ElectLeadersResponse(dict(cluster.elect_preferred_leaders(topics)))
 
     # -- operations ----------------------------------------------------------------------
-    def metrics(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._metrics_document(MetricsRequest.from_doc(body))
+    def metrics(self, body: dict[str, Any]) -> MetricsResponse:
+        return MetricsResponse(self._metrics_document(MetricsRequest.from_doc(body)))
 
-    def ping(self, body: dict[str, Any]) -> dict[str, Any]:
-        return PingResponse(self._broker_id).to_doc()
-
-
-def _partition_doc(partition: int, state: PartitionState) -> dict[str, Any]:
-    """One partition of ``describe_topics``: ``partition`` and ``leader`` as ever, then the
-    replica metadata (fields only added, so older clients read it unchanged)."""
-    return {
-        "partition": partition,
-        "leader": state.leader,
-        "replicas": list(state.replicas),
-        "isr": list(state.isr),
-        "leader_epoch": state.leader_epoch,
-    }
+    def ping(self, body: dict[str, Any]) -> PingResponse:
+        return PingResponse(self._broker_id)

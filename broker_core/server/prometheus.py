@@ -53,7 +53,7 @@ from broker_core.errors import InvalidConfigError
 from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC
 from broker_core.protocol.metrics import COUNTER_NAMES
 from broker_core.server.metrics_config import MetricsEndpointConfig
-from broker_core.txn.status import COUNTERS as TXN_COUNTERS
+from broker_core.txn.counters import COUNTERS as TXN_COUNTERS
 
 log = logging.getLogger("idemlog.metrics")
 

@@ -40,6 +40,7 @@ from broker_core.log.leader_epoch import UNDEFINED_EPOCH_OFFSET
 from broker_core.protocol.replica import (
     NO_BROKER_EPOCH,
     OffsetsForLeaderEpochRequest,
+    OffsetsForLeaderEpochResponse,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     ReplicaLogStartRequest,
@@ -194,15 +195,17 @@ class ReplicaFetcher:
             replica_id=self.broker_id,
             broker_epoch=self._broker_epoch(),
         )
-        answer = decode_json(
-            self._call(
-                Action.OFFSETS_FOR_LEADER_EPOCH,
-                encode_json(request.to_doc()),
-                FETCH_TIMEOUT_MARGIN_S,
-            ),
-            "offsets_for_leader_epoch answer",
+        answer = OffsetsForLeaderEpochResponse.from_doc(
+            decode_json(
+                self._call(
+                    Action.OFFSETS_FOR_LEADER_EPOCH,
+                    encode_json(request.to_doc()),
+                    FETCH_TIMEOUT_MARGIN_S,
+                ),
+                "offsets_for_leader_epoch answer",
+            )
         )
-        epoch, end = int(answer["epoch"]), int(answer["end_offset"])
+        epoch, end = answer.epoch, answer.end_offset
         if end == UNDEFINED_EPOCH_OFFSET:
             # The leader cannot place our epoch (its log starts later, or is older than
             # epochs): keep what the high watermark covers, which every ISR member has.

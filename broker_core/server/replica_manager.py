@@ -48,6 +48,7 @@ from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.replica import (
     OffsetsForLeaderEpochRequest,
+    OffsetsForLeaderEpochResponse,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     ReplicaLogStartRequest,
@@ -303,14 +304,16 @@ class ReplicaManager:
         )
         return ReplicaLogStartResponse(start, offset, epoch, snapshot).encode()
 
-    def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> dict[str, Any]:
+    def offsets_for_leader_epoch(
+        self, request: OffsetsForLeaderEpochRequest
+    ) -> OffsetsForLeaderEpochResponse:
         """Where ``request.epoch`` ended in this leader's log (KIP-279)."""
         what = "offsets_for_leader_epoch"
         self._check_broker_epoch(request.replica_id, request.broker_epoch, what)
         partition = self._asked(request.topic, request.partition, request.topic_id)
         partition.check_epoch(request.leader_epoch)
         answer = partition.log.end_offset_for(request.epoch)
-        return {"epoch": answer.epoch, "end_offset": answer.end_offset}
+        return OffsetsForLeaderEpochResponse(answer.epoch, answer.end_offset)
 
     def _check_broker_epoch(self, broker_id: int, epoch: int, what: str) -> None:
         """Refuse a request from a process of ``broker_id`` older than the one registered

@@ -1,4 +1,4 @@
-"""Claims: the ids one coordinator request holds exclusively (``txn.core``)."""
+"""Claims: the ids one coordinator request holds exclusively (``txn.registry``)."""
 
 from __future__ import annotations
 

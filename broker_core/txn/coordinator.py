@@ -23,6 +23,7 @@ Kafka answers while a state transition is pending.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,21 +45,25 @@ from broker_core.protocol.txn_inputs import (
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
 from broker_core.txn.claims import Claims
-from broker_core.txn.core import CoordinatorCore
-from broker_core.txn.expiry import NEVER, ExpiryPolicy, ExpiryResult, expire
-from broker_core.txn.housekeeping import abort_timed_out, list_transactions
-from broker_core.txn.leftovers import fence_sink_leftovers
+from broker_core.txn.counters import Counters
+from broker_core.txn.expiry import NEVER, Expiry, ExpiryPolicy, ExpiryResult
+from broker_core.txn.housekeeping import Housekeeping
+from broker_core.txn.leftovers import SinkLeftovers
 from broker_core.txn.load_recovery import BackgroundRecovery
 from broker_core.txn.marker_sender import MAX_MARKER_BACKOFF_S, MarkerSender
 from broker_core.txn.markers import LocalMarkerWriter, MarkerWriter
-from broker_core.txn.sink_ops import SinkOperations
+from broker_core.txn.registry import TransactionRegistry
+from broker_core.txn.sink_batches import UnsettledBatches
+from broker_core.txn.sink_ops import EVERY_ID, SinkOperations
+from broker_core.txn.sink_runs import SinkRuns
 from broker_core.txn.state import (
     NO_TXN_START,
     TransactionMetadata,
     TransactionState,
 )
 from broker_core.txn.state_store import TxnStateStore
-from broker_core.txn.status import CoordinatorStatus, ProducerIdSource
+from broker_core.txn.status import CoordinatorLifecycle, CoordinatorStatus, ProducerIdSource
+from broker_core.txn.steps import DurableSteps
 from broker_core.txn.visibility import LsoSource, VisibilityTracker
 
 __all__ = [
@@ -76,7 +81,7 @@ _S = TransactionState
 _TXN = "transactional id"
 
 
-class TransactionCoordinator(SinkOperations):
+class TransactionCoordinator:
     """Transactional ids -> (producer id, epoch), transactions and sink commits.
 
     Decisions are stored in ``state_store`` (at ``coordinator_epoch``, which fences older
@@ -134,22 +139,61 @@ class TransactionCoordinator(SinkOperations):
             max_backoff_s=max(MAX_MARKER_BACKOFF_S, marker_retry_backoff_s),
             jitter=0.0,  # one coordinator retries: nothing to spread out
         )
+        # The parts, each owning its state and given the collaborators it uses.
+        self._clock = clock or (lambda: int(time.time() * 1000))
+        self._pids = pids
+        self._sender = MarkerSender(markers, coordinator_epoch, marker_policy)
+        self._lifecycle = CoordinatorLifecycle(coordinator_epoch, self._sender.stop)
         self._visibility = VisibilityTracker(stable_offsets)
-        self._recovery = BackgroundRecovery()
-        self._core = CoordinatorCore(
+        self._batches = UnsettledBatches(state_store, self._visibility, coordinator_epoch)
+        self._counters = Counters()
+        self._runs = SinkRuns(self._clock)
+        self._registry = TransactionRegistry(
             state_store,
-            pids,
-            MarkerSender(markers, coordinator_epoch, marker_policy),
-            self._visibility,
+            self._lifecycle,
+            self._clock,
             coordinator_epoch=coordinator_epoch,
-            clock=clock,
             id_expiration_ms=self.expiry.id_expiration_ms,
         )
+        self._steps = DurableSteps(
+            self._registry,
+            self._sender,
+            self._visibility,
+            self._batches,
+            pids,
+            self._lifecycle,
+            self._counters,
+            self._clock,
+        )
+        self._leftovers = SinkLeftovers(self._registry, self._steps, self._counters)
+        self._sink_ops = SinkOperations(
+            self._lifecycle,
+            self._registry,
+            self._runs,
+            self._steps,
+            self._leftovers,
+            self._visibility,
+            self._batches,
+            self._counters,
+            self._clock,
+        )
+        self._housekeeping = Housekeeping(
+            self._registry, self._runs, self._steps, self._counters, self._clock
+        )
+        self._expiry = Expiry(
+            self.expiry,
+            self._registry,
+            self._runs,
+            self._visibility,
+            self._lifecycle,
+            self._counters,
+        )
+        self._recovery = BackgroundRecovery(self._steps)
 
     @property
     def status(self) -> CoordinatorStatus:
         """LOADING until :meth:`start`, RUNNING, then CLOSED for good."""
-        return self._core.status
+        return self._lifecycle.status
 
     def start(self, *, finish_in_background: bool = False) -> None:
         """Load the state and finish what a previous coordinator left half done: before
@@ -161,22 +205,31 @@ class TransactionCoordinator(SinkOperations):
         again. What cannot be finished now (a marker's leader down) is logged and left
         for :meth:`abort_timed_out` or the next request touching it.
         """
-        pending_sinks, prepared = self._core.load()
-        loaded = self._core.describe()
+        self._lifecycle.check_loading()
+        sinks = self._registry.load()
+        # Sink runs beat in memory only: every sink transaction gets a full timeout from
+        # now, rather than being aborted for the time this coordinator was away.
+        self._runs.loaded()
+        for record in sinks:
+            self._visibility.track_record(record)
+        self._batches.load()
+        self._lifecycle.running()
+        pending_sinks, prepared = self._registry.unfinished()
+        loaded = self._registry.counts()
         log.info(
             "transaction coordinator (epoch %d) loaded %d transactional ids and %d sinks; "
             "finishing %d prepared transactions and %d sink commits",
             self.coordinator_epoch,
-            loaded["transactional_ids"],
-            loaded["sinks"],
+            loaded.transactional_ids,
+            loaded.sinks,
             len(prepared),
             len(pending_sinks),
         )
-        self._recovery.finish(self._core, pending_sinks, prepared, finish_in_background)
+        self._recovery.finish(pending_sinks, prepared, finish_in_background)
 
     def close(self) -> None:
         """Refuse new requests (NOT_COORDINATOR) and cut marker retries short. Idempotent."""
-        self._core.close()
+        self._lifecycle.close()
         self._recovery.stop()
 
     def stable_ends(self, topic: str) -> dict[int, int]:
@@ -185,14 +238,14 @@ class TransactionCoordinator(SinkOperations):
 
         Raises CoordinatorNotAvailableError when this coordinator has no LSO source, and
         what reading the partitions' LSOs raises."""
-        self._core.check_running()
+        self._lifecycle.check_running()
         return self._visibility.stable_ends(topic)
 
     def tracked_batches(self, topic: str, since: int) -> TrackedBatches:
         """This coordinator's part of a reader's cut across coordinators
         (``protocol.stable_cut``). Raises NotCoordinatorError / CoordinatorNotAvailableError
         unless RUNNING."""
-        self._core.check_running()
+        self._lifecycle.check_running()
         return self._visibility.tracked_batches(topic, since)
 
     # -- producer ids ------------------------------------------------------------------
@@ -206,14 +259,14 @@ class TransactionCoordinator(SinkOperations):
         bumped epoch). Raises InvalidTransactionTimeoutError for a timeout above the
         maximum, and the producer-id source's errors (ProducerIdAllocationError).
         """
-        self._core.check_running()
+        self._lifecycle.check_running()
         if transactional_id is None:
-            return self._core.new_producer_id(), 0  # idempotent-only producer
+            return self._pids.generate_producer_id(), 0  # idempotent-only producer
         tid = check_transactional_id(transactional_id)
         timeout = check_timeout(
             transaction_timeout_ms, self.default_timeout_ms, self.max_timeout_ms
         )
-        with self._core.claims() as claims:
+        with self._registry.claims() as claims:
             claims.txn(tid)
             return self._init_locked(claims, tid, timeout)
 
@@ -233,7 +286,7 @@ class TransactionCoordinator(SinkOperations):
         every attempt the sink's other runs left (their plans may split rows otherwise).
         Raises InvalidTxnStateError when ``transactional_id`` is not ``<sink id>/...``.
         """
-        self._core.check_running()
+        self._lifecycle.check_running()
         tid = check_transactional_id(transactional_id)
         sid = check_sink_id(attempt.sink_id)
         run = check_run_id(attempt.run_id)
@@ -245,33 +298,32 @@ class TransactionCoordinator(SinkOperations):
         timeout = check_timeout(
             transaction_timeout_ms, self.default_timeout_ms, self.max_timeout_ms
         )
-        with self._core.claims() as claims:
+        with self._registry.claims() as claims:
             claims.txn(tid)
-            self._core.touch_run(sid, run, self._core.now())
-            record = self._core.sink_record(sid)
+            self._runs.touch(sid, run, self._clock())
+            record = self._registry.sink_record(sid)
             if record is not None and record.is_pending:
-                self._core.finish_sink(claims, record)
-            if self._core.current_run(sid) != run:
-                fence_sink_leftovers(
-                    self._core,
+                self._steps.finish_sink(claims, record)
+            if self._runs.current(sid) != run:
+                self._leftovers.fence_sink(
                     claims,
                     sid,
                     keep=lambda m: m.sink_run == run,
                     why=f"run {run!r} of the sink started (a restart re-plans its batches)",
                 )
-                self._core.set_run(sid, run)
-            meta = self._core.settle(claims, tid)
+                self._runs.set_current(sid, run)
+            meta = self._steps.settle(claims, tid)
             if (
                 meta is not None
                 and meta.sink_prepared
                 and (meta.sink_id, meta.sink_run, meta.sink_batch) == (sid, run, bid)
             ):
                 if meta.state in (_S.ONGOING, _S.EMPTY):
-                    self._core.count("sink_attempts_reused")
+                    self._counters.count("sink_attempts_reused")
                     return meta.producer_id, meta.producer_epoch, SinkTxnStatus.PREPARED
                 if meta.state is _S.COMPLETE_COMMIT:
                     return meta.producer_id, meta.producer_epoch, SinkTxnStatus.COMMITTED
-            committed = self.last_committed_batch(sid)
+            committed = self._sink_ops.last_committed_batch(sid)
             pid, epoch = self._init_locked(claims, tid, timeout, attempt)
             if committed is not None and bid <= committed:
                 return pid, epoch, SinkTxnStatus.COMMITTED
@@ -280,10 +332,10 @@ class TransactionCoordinator(SinkOperations):
     def _init_locked(
         self, claims: Claims, tid: str, timeout: int, attempt: SinkAttempt | None = None
     ) -> tuple[int, int]:
-        meta = self._core.settle(claims, tid)
+        meta = self._steps.settle(claims, tid)
         if meta is None:
-            producer_id = self._core.new_producer_id()
-            now = self._core.now()
+            producer_id = self._pids.generate_producer_id()
+            now = self._clock()
             new = TransactionMetadata(
                 tid, producer_id, 0, timeout, _S.EMPTY, set(), NO_TXN_START, now
             )
@@ -292,11 +344,11 @@ class TransactionCoordinator(SinkOperations):
             if meta.state is _S.ONGOING:
                 # The bump itself fences: the ABORT markers carry it, so the partitions
                 # reject the older holder's appends; the next bump is the new holder's.
-                meta = self._core.end(meta, commit=False, epoch=meta.producer_epoch + 1)
-                self._core.count("transactions_fenced")
-                new = self._core.bumped(meta, bump=False)
+                meta = self._steps.end(meta, commit=False, epoch=meta.producer_epoch + 1)
+                self._counters.count("transactions_fenced")
+                new = self._steps.bumped(meta, bump=False)
             else:
-                new = self._core.bumped(meta)
+                new = self._steps.bumped(meta)
             new.timeout_ms = timeout
         if attempt is not None:
             new.sink_id, new.sink_run, new.sink_batch = (
@@ -304,8 +356,57 @@ class TransactionCoordinator(SinkOperations):
                 attempt.run_id,
                 attempt.batch_id,
             )
-        self._core.persist(new)
+        self._registry.persist(new)
         return new.producer_id, new.producer_epoch
+
+    # -- sinks: answered by the held SinkOperations (docs/design.md §6) -------------------
+    def prepare_sink_txn(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        batch_id: int,
+        ranges: Sequence[tuple[str, int, int, int]] = (),
+    ) -> None:
+        """:meth:`SinkOperations.prepare_sink_txn`."""
+        self._sink_ops.prepare_sink_txn(
+            transactional_id, producer_id, producer_epoch, batch_id, ranges
+        )
+
+    def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
+        """:meth:`SinkOperations.sink_heartbeat`."""
+        self._sink_ops.sink_heartbeat(sink_id, run_id)
+
+    def commit_sink_batch(
+        self,
+        sink_id: str,
+        batch_id: int,
+        transactions: Sequence[tuple[str, int, int]],
+        run_id: str | None = None,
+    ) -> bool:
+        """:meth:`SinkOperations.commit_sink_batch`."""
+        return self._sink_ops.commit_sink_batch(sink_id, batch_id, transactions, run_id)
+
+    def abort_sink_run(
+        self,
+        run_id: str | None,
+        batch_id: int,
+        *,
+        sink_id: str | None = None,
+        allowed: Callable[[str], bool] = EVERY_ID,
+    ) -> list[str]:
+        """:meth:`SinkOperations.abort_sink_run`."""
+        return self._sink_ops.abort_sink_run(run_id, batch_id, sink_id=sink_id, allowed=allowed)
+
+    def abort_sink_batch(
+        self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
+    ) -> None:
+        """:meth:`SinkOperations.abort_sink_batch`."""
+        self._sink_ops.abort_sink_batch(sink_id, batch_id, transactions)
+
+    def last_committed_batch(self, sink_id: str) -> int | None:
+        """:meth:`SinkOperations.last_committed_batch`."""
+        return self._sink_ops.last_committed_batch(sink_id)
 
     # -- transactions --------------------------------------------------------------------
     def add_partitions(
@@ -321,20 +422,20 @@ class TransactionCoordinator(SinkOperations):
         when (producer_id, producer_epoch) no longer holds the id, and
         InvalidProducerIdMappingError when the id is unknown or held by another producer id.
         """
-        self._core.check_running()
+        self._lifecycle.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
         parts = check_partitions(partitions)
-        with self._core.claims() as claims:
+        with self._registry.claims() as claims:
             claims.txn(tid)
-            self._core.require(tid, producer_id, producer_epoch)
-            meta = self._core.settled(claims, tid)
+            self._registry.require(tid, producer_id, producer_epoch)
+            meta = self._steps.settled(claims, tid)
             if meta.state is _S.ONGOING and parts <= meta.partitions:
                 return  # a retried request: already recorded
             new = meta.copy()
-            new.transition(_S.ONGOING, self._core.now())
+            new.transition(_S.ONGOING, self._clock())
             new.partitions |= parts
-            self._core.persist(new)
+            self._registry.persist(new)
 
     def verify_partitions(
         self,
@@ -347,11 +448,11 @@ class TransactionCoordinator(SinkOperations):
         (producer_id, producer_epoch) holds the id, its transaction is ONGOING and holds
         every one of ``partitions``. Changes nothing. Raises the fencing errors of
         :meth:`add_partitions`, and InvalidTxnStateError otherwise."""
-        self._core.check_running()
+        self._lifecycle.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
         parts = check_partitions(partitions)
-        meta = self._core.require(tid, producer_id, producer_epoch)
+        meta = self._registry.require(tid, producer_id, producer_epoch)
         if meta.state is not _S.ONGOING:
             raise InvalidTxnStateError(
                 f"{_TXN} {tid!r}: producer id {producer_id} epoch {producer_epoch} has no "
@@ -384,31 +485,31 @@ class TransactionCoordinator(SinkOperations):
         InvalidProducerIdMappingError as :meth:`add_partitions`, and InvalidTxnStateError
         when no transaction is open or it ended the other way.
         """
-        self._core.check_running()
+        self._lifecycle.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
         decision = "commit" if commit else "abort"
         wanted_prepare = _S.PREPARE_COMMIT if commit else _S.PREPARE_ABORT
         wanted_complete = _S.COMPLETE_COMMIT if commit else _S.COMPLETE_ABORT
-        with self._core.claims() as claims:
+        with self._registry.claims() as claims:
             claims.txn(tid)
-            known = self._core.meta(tid)
+            known = self._registry.meta(tid)
             if known is not None and (producer_id, producer_epoch) == (
                 known.ended_producer_id,
                 known.ended_producer_epoch,
             ):
                 return self._end_retried(claims, known, decision, wanted_complete)
-            meta = self._core.require(tid, producer_id, producer_epoch)
-            if self._core.pending_sink_holding(meta) is not None:
-                meta = self._core.settle(claims, tid) or meta
+            meta = self._registry.require(tid, producer_id, producer_epoch)
+            if self._registry.pending_sink_holding(meta) is not None:
+                meta = self._steps.settle(claims, tid) or meta
             state = meta.state
             if state is _S.ONGOING:
-                done = self._core.end(
+                done = self._steps.end(
                     meta, commit, epoch=meta.producer_epoch + 1, ended=(producer_id, producer_epoch)
                 )
-                done = self._core.renewed_if_exhausted(done)
+                done = self._steps.renewed_if_exhausted(done)
             elif state is wanted_prepare:
-                done = self._core.complete(meta)  # a sink's decision, or from before KIP-890
+                done = self._steps.complete(meta)  # a sink's decision, or from before KIP-890
             elif state is wanted_complete:
                 log.debug("%s %r: %s retried, already done", _TXN, tid, decision)
                 done = meta
@@ -434,11 +535,11 @@ class TransactionCoordinator(SinkOperations):
         markers finished first if they were left unwritten), or a refusal when the
         producer has gone on since (a request held on a stalled link, let go late)."""
         tid = meta.transactional_id
-        meta = self._core.settled(claims, tid)  # PREPARE_x: the markers written now
+        meta = self._steps.settled(claims, tid)  # PREPARE_x: the markers written now
         if meta.state is wanted_complete:
             log.info("%s %r: %s retried, already done", _TXN, tid, decision)
             # The first call may have raised before the producer id was renewed.
-            done = self._core.renewed_if_exhausted(meta)
+            done = self._steps.renewed_if_exhausted(meta)
             return done.producer_id, done.producer_epoch
         if meta.state in (_S.COMPLETE_COMMIT, _S.COMPLETE_ABORT):
             raise InvalidTxnStateError(
@@ -471,22 +572,22 @@ class TransactionCoordinator(SinkOperations):
         abort its open transaction. False if nothing was open. A transaction a decided
         sink commit holds is committed instead, never aborted. Raises
         InvalidProducerIdMappingError for an unknown id."""
-        self._core.check_running()
+        self._lifecycle.check_running()
         tid = check_transactional_id(transactional_id)
-        with self._core.claims() as claims:
+        with self._registry.claims() as claims:
             claims.txn(tid)
-            meta = self._core.settle(claims, tid)
+            meta = self._steps.settle(claims, tid)
             if meta is None:
                 raise InvalidProducerIdMappingError(f"{_TXN} {tid!r} is unknown")
             if meta.state is not _S.ONGOING:
                 return False
-            self._core.end(
+            self._steps.end(
                 meta,
                 commit=False,
                 epoch=meta.producer_epoch + 1,
                 reason="aborted by an operator (idemlog transactions abort)",
             )
-            self._core.count("transactions_aborted_by_operator")
+            self._counters.count("transactions_aborted_by_operator")
             return True
 
     def list_transactions(
@@ -496,8 +597,8 @@ class TransactionCoordinator(SinkOperations):
         their writer and what holds readers back (``idemlog transactions list``).
         ``every_id``: every transactional id the coordinator keeps, in any state, by id,
         with its state and last update (``--all``: expired ids disappear from it)."""
-        self._core.check_running()
-        return list_transactions(self._core, min_age_ms, every_id=every_id)
+        self._lifecycle.check_running()
+        return self._housekeeping.list_transactions(min_age_ms, every_id=every_id)
 
     # -- timeouts and expiry ----------------------------------------------------------------
     def abort_timed_out(self, now_ms: int | None = None) -> list[str]:
@@ -505,18 +606,32 @@ class TransactionCoordinator(SinkOperations):
 
         Also retries leftovers whose marker writes failed earlier. Returns the aborted ids.
         """
-        self._core.check_running()
-        now = self._core.now() if now_ms is None else now_ms
-        return abort_timed_out(self._core, self.max_timeout_ms, now)
+        self._lifecycle.check_running()
+        now = self._clock() if now_ms is None else now_ms
+        return self._housekeeping.abort_timed_out(self.max_timeout_ms, now)
 
     def expire_idle(self, now_ms: int | None = None) -> ExpiryResult:
         """Remove the transactional ids and sink records idle past their expiry
         (``txn.expiry``); returns what was removed. Failures are logged and retried on
         the next call."""
-        self._core.check_running()
-        return expire(self._core, self.expiry, self._core.now() if now_ms is None else now_ms)
+        self._lifecycle.check_running()
+        return self._expiry.expire(self._clock() if now_ms is None else now_ms)
 
     # -- metrics ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """The coordinator's status, epoch, ids by state, sinks and counters (metrics)."""
-        return self._core.describe()
+        counts = self._registry.counts()
+        return {
+            "status": self._lifecycle.status.value,
+            "coordinator_epoch": self.coordinator_epoch,
+            "transactional_ids": counts.transactional_ids,
+            "by_state": counts.by_state,
+            "open_transactions": counts.by_state[_S.ONGOING.name],
+            "sinks": counts.sinks,
+            "sinks_pending": counts.sinks_pending,
+            "sink_batches_tracked": self._visibility.count(),
+            "sink_runs_alive": self._runs.alive(),
+            "transactional_ids_dead": counts.transactional_ids_dead,
+            **self._counters.snapshot(),
+            "marker_retries": self._sender.retries,
+        }

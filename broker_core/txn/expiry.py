@@ -1,6 +1,6 @@
 """Transactional ids and sink records expire (docs/design.md §5, "Expiry").
 
-One pass (:func:`expire`, run by the broker every
+One pass (:meth:`Expiry.expire`, run by the broker every
 ``transaction.remove.expired.transaction.cleanup.interval.ms``) removes:
 
 * every transactional id idle longer than ``transactional.id.expiration.ms``: EMPTY or
@@ -28,9 +28,12 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from broker_core.errors import ConcurrentTransactionsError, IdemlogError
-from broker_core.txn.core import CoordinatorCore
+from broker_core.txn.counters import Counters
+from broker_core.txn.registry import TransactionRegistry
+from broker_core.txn.sink_runs import SinkRuns
 from broker_core.txn.state import NO_SINK, SinkCommitRecord, TransactionMetadata, TransactionState
-from broker_core.txn.status import CoordinatorStatus
+from broker_core.txn.status import CoordinatorLifecycle, CoordinatorStatus
+from broker_core.txn.visibility import VisibilityTracker
 
 log = logging.getLogger("idemlog.txn")
 
@@ -54,32 +57,118 @@ class ExpiryResult:
     sinks: list[str] = field(default_factory=list)
 
 
-def expire(core: CoordinatorCore, policy: ExpiryPolicy, now_ms: int) -> ExpiryResult:
-    """One expiry pass at ``now_ms``; returns what it removed. A removal that fails (the
-    store unavailable, a claim held by a request) is logged and left for the next pass."""
-    result = ExpiryResult()
-    metas, _ = core.expiry_candidates(now_ms - policy.id_expiration_ms)
-    for meta in sorted(metas, key=lambda m: m.transactional_id):
-        if core.status is not CoordinatorStatus.RUNNING:
-            return result  # closed or replaced meanwhile: the next coordinator's pass
-        tid = meta.transactional_id
-        if _attempt(partial(_expire_id, core, policy, tid, now_ms), f"transactional id {tid!r}"):
-            result.transactional_ids.append(tid)
-    # After the ids: a job's record goes in the same pass as its last id.
-    _, sinks = core.expiry_candidates(now_ms - policy.id_expiration_ms)
-    for record in sorted(sinks, key=lambda r: r.sink_id):
-        if core.status is not CoordinatorStatus.RUNNING:
-            return result
-        sid = record.sink_id
-        if _attempt(partial(_expire_sink, core, policy, sid, now_ms), f"sink {sid!r}"):
-            result.sinks.append(sid)
-    if result.transactional_ids or result.sinks:
-        log.info(
-            "expired %d transactional ids and %d sink records idle past their expiry",
-            len(result.transactional_ids),
-            len(result.sinks),
-        )
-    return result
+class Expiry:
+    """Removes from ``registry`` what ``policy`` lets expire: an id idle by its own
+    changes and its run's signs of life (``runs``), a sink once none of its batches is
+    tracked in ``visibility``; a pass ends when ``lifecycle`` is no longer RUNNING."""
+
+    def __init__(
+        self,
+        policy: ExpiryPolicy,
+        registry: TransactionRegistry,
+        runs: SinkRuns,
+        visibility: VisibilityTracker,
+        lifecycle: CoordinatorLifecycle,
+        counters: Counters,
+    ) -> None:
+        self.policy = policy
+        self._registry = registry
+        self._runs = runs
+        self._visibility = visibility
+        self._lifecycle = lifecycle
+        self._counters = counters
+
+    def expire(self, now_ms: int) -> ExpiryResult:
+        """One expiry pass at ``now_ms``; returns what it removed. A removal that fails
+        (the store unavailable, a claim held by a request) is logged and left for the next
+        pass."""
+        result = ExpiryResult()
+        metas, _ = self._registry.expiry_candidates(now_ms - self.policy.id_expiration_ms)
+        for meta in sorted(metas, key=lambda m: m.transactional_id):
+            if self._lifecycle.status is not CoordinatorStatus.RUNNING:
+                return result  # closed or replaced meanwhile: the next coordinator's pass
+            tid = meta.transactional_id
+            if _attempt(partial(self._expire_id, tid, now_ms), f"transactional id {tid!r}"):
+                result.transactional_ids.append(tid)
+        # After the ids: a job's record goes in the same pass as its last id.
+        _, sinks = self._registry.expiry_candidates(now_ms - self.policy.id_expiration_ms)
+        for record in sorted(sinks, key=lambda r: r.sink_id):
+            if self._lifecycle.status is not CoordinatorStatus.RUNNING:
+                return result
+            sid = record.sink_id
+            if _attempt(partial(self._expire_sink, sid, now_ms), f"sink {sid!r}"):
+                result.sinks.append(sid)
+        if result.transactional_ids or result.sinks:
+            log.info(
+                "expired %d transactional ids and %d sink records idle past their expiry",
+                len(result.transactional_ids),
+                len(result.sinks),
+            )
+        return result
+
+    def id_expires(self, meta: TransactionMetadata, now: int) -> bool:
+        """Whether ``meta`` may expire at ``now`` (see the module's rules)."""
+        if meta.state not in _IDLE or self._registry.held_by_pending_sink(meta.transactional_id):
+            return False
+        if meta.state is _S.DEAD:
+            return True  # decided by an earlier pass; only its removal is left
+        last = meta.last_update_ms
+        if meta.sink_id != NO_SINK:
+            last = max(last, self._runs.beat(meta))
+        return now - last > self.policy.id_expiration_ms
+
+    def _expire_id(self, tid: str, now: int) -> bool:
+        with self._registry.claims() as claims:
+            claims.txn(tid)
+            meta = self._registry.meta(tid) or self._registry.dead(tid)
+            if meta is None or not self.id_expires(meta, now):
+                return False
+            # Kafka's way: DEAD durably, then the record removed. A failed removal leaves
+            # it DEAD: absent to requests, retried next pass.
+            if meta.state is not _S.DEAD:
+                self._registry.bury(meta)
+                self._counters.count("transactional_ids_expired")
+            self._registry.delete(tid)
+            log.info(
+                "transactional id %r (producer id %d) expired: idle since %d, over "
+                "transactional.id.expiration.ms=%d",
+                tid,
+                meta.producer_id,
+                meta.last_update_ms,
+                self.policy.id_expiration_ms,
+            )
+            return True
+
+    def sink_expires(self, record: SinkCommitRecord, now: int) -> bool:
+        """Whether the sink's record may expire at ``now`` (see the module's rules)."""
+        if (
+            record.is_pending
+            or self._registry.sink_has_ids(record.sink_id)
+            # a committed batch of the sink still tracked for the readers' cut
+            or self._visibility.unsettled_of(record.sink_id)
+        ):
+            return False
+        policy = self.policy
+        limit = policy.id_expiration_ms if record.batch_job else policy.stream_sink_expiration_ms
+        return limit != NEVER and now - record.last_update_ms > limit
+
+    def _expire_sink(self, sid: str, now: int) -> bool:
+        with self._registry.claims() as claims:
+            claims.sink(sid)
+            record = self._registry.sink_record(sid)
+            if record is None or not self.sink_expires(record, now):
+                return False
+            self._registry.remove_sink(record)
+            self._runs.forget_sink(sid)
+            self._counters.count("sinks_expired")
+            log.info(
+                "sink %r (%s, last batch %d) expired: idle since %d",
+                sid,
+                "df.write job" if record.batch_job else "streaming query",
+                record.batch_id,
+                record.last_update_ms,
+            )
+            return True
 
 
 def _attempt(removal: Callable[[], bool], what: str) -> bool:
@@ -90,62 +179,3 @@ def _attempt(removal: Callable[[], bool], what: str) -> bool:
     except IdemlogError as exc:
         log.warning("could not expire %s yet: %s", what, exc)
         return False
-
-
-def id_expires(
-    core: CoordinatorCore, policy: ExpiryPolicy, meta: TransactionMetadata, now: int
-) -> bool:
-    """Whether ``meta`` may expire at ``now`` (see the module's rules)."""
-    if meta.state not in _IDLE or core.held_by_pending_sink(meta.transactional_id):
-        return False
-    if meta.state is _S.DEAD:
-        return True  # decided by an earlier pass; only its removal is left
-    last = meta.last_update_ms
-    if meta.sink_id != NO_SINK:
-        last = max(last, core.run_beat(meta))
-    return now - last > policy.id_expiration_ms
-
-
-def _expire_id(core: CoordinatorCore, policy: ExpiryPolicy, tid: str, now: int) -> bool:
-    with core.claims() as claims:
-        claims.txn(tid)
-        meta = core.meta(tid) or core.dead(tid)
-        if meta is None or not id_expires(core, policy, meta, now):
-            return False
-        core.remove(meta)
-        log.info(
-            "transactional id %r (producer id %d) expired: idle since %d, over "
-            "transactional.id.expiration.ms=%d",
-            tid,
-            meta.producer_id,
-            meta.last_update_ms,
-            policy.id_expiration_ms,
-        )
-        return True
-
-
-def sink_expires(
-    core: CoordinatorCore, policy: ExpiryPolicy, record: SinkCommitRecord, now: int
-) -> bool:
-    """Whether the sink's record may expire at ``now`` (see the module's rules)."""
-    if record.is_pending or core.sink_has_ids(record.sink_id) or core.sink_tracked(record):
-        return False
-    limit = policy.id_expiration_ms if record.batch_job else policy.stream_sink_expiration_ms
-    return limit != NEVER and now - record.last_update_ms > limit
-
-
-def _expire_sink(core: CoordinatorCore, policy: ExpiryPolicy, sid: str, now: int) -> bool:
-    with core.claims() as claims:
-        claims.sink(sid)
-        record = core.sink_record(sid)
-        if record is None or not sink_expires(core, policy, record, now):
-            return False
-        core.remove_sink(record)
-        log.info(
-            "sink %r (%s, last batch %d) expired: idle since %d",
-            sid,
-            "df.write job" if record.batch_job else "streaming query",
-            record.batch_id,
-            record.last_update_ms,
-        )
-        return True

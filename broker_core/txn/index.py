@@ -4,8 +4,8 @@ Without them every sink commit walked every transactional id and sink the coordi
 ever knew (``attempts``, ``pending_sink_holding``): with 100,000 idle ids a commit took
 about 20 ms of CPU more (benchmarks/bench_coordinator_scan.py, docs/design.md §6). With
 them a commit costs O(the sink's own ids). Each index is derived from the maps it covers,
-updated in the same critical section as they are (the caller holds the coordinator's
-lock), and holds one entry per id or per transaction a pending sink record names:
+updated in the same critical section as they are (the caller holds the registry's
+lock, ``txn.registry``), and holds one entry per id or per transaction a pending sink record names:
 bounded by the maps.
 """
 
@@ -30,7 +30,7 @@ def sink_of(transactional_id: str) -> str:
 class StateIndex:
     """Transactional ids by sink (the id's ``<sink id>/`` prefix) and by the run holding
     them, the ids ONGOING and in a PREPARE state, and the transactions pending sink
-    records name. Not thread-safe: the coordinator's lock guards it with the maps."""
+    records name. Not thread-safe: the registry's lock guards it with the maps."""
 
     def __init__(self) -> None:
         self._by_sink: dict[str, set[str]] = {}

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from broker_core.txn.core import CoordinatorCore
 from broker_core.txn.state import SinkCommitRecord
+from broker_core.txn.steps import DurableSteps
 
 log = logging.getLogger("idemlog.txn")
 
@@ -26,23 +26,23 @@ MAX_WORKERS = 16
 
 
 class BackgroundRecovery:
-    """Runs recoveries on up to MAX_WORKERS threads until :meth:`stop`."""
+    """Runs ``steps``' recoveries on up to MAX_WORKERS threads until :meth:`stop`."""
 
-    def __init__(self) -> None:
+    def __init__(self, steps: DurableSteps) -> None:
+        self._steps = steps
         self._pool: ThreadPoolExecutor | None = None
 
     def finish(
         self,
-        core: CoordinatorCore,
         pending_sinks: Sequence[SinkCommitRecord],
         prepared: Sequence[str],
         background: bool,
     ) -> None:
-        """Finish the pending sink commits, then the PREPARE_x transactions, of ``core``:
-        now, or with ``background`` on the workers (returning at once)."""
+        """Finish the pending sink commits, then the PREPARE_x transactions: now, or with
+        ``background`` on the workers (returning at once)."""
         # Sinks first: a pending sink record may hold transactions still ONGOING.
-        recoveries = [functools.partial(core.recover_sink, r) for r in pending_sinks]
-        recoveries += [functools.partial(core.recover_txn, t) for t in prepared]
+        recoveries = [functools.partial(self._steps.recover_sink, r) for r in pending_sinks]
+        recoveries += [functools.partial(self._steps.recover_txn, t) for t in prepared]
         if background:
             self.run(recoveries)
         else:
@@ -51,7 +51,7 @@ class BackgroundRecovery:
 
     def run(self, recoveries: Sequence[Callable[[], None]]) -> None:
         """Start ``recoveries`` (in order, up to MAX_WORKERS at a time); returns at once.
-        Each one logs its own failures (``CoordinatorCore.recover_*``)."""
+        Each one logs its own failures (``DurableSteps.recover_*``)."""
         if not recoveries:
             return
         self._pool = ThreadPoolExecutor(

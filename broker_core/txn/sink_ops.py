@@ -3,9 +3,10 @@
 A sink's tasks prepare their transactions (``prepare_sink_txn``) and keep their run alive
 (``sink_heartbeat``); the driver commits a whole Spark batch once (``commit_sink_batch``:
 the :class:`SinkCommitRecord` in PREPARE is the durable decision, its transactions are
-committed after it) or aborts it (``abort_sink_batch``, ``abort_sink_run``). These are
-the methods :class:`broker_core.txn.coordinator.TransactionCoordinator` inherits from
-:class:`SinkOperations`; the plain transactions and producer ids stay with it.
+committed after it) or aborts it (``abort_sink_batch``, ``abort_sink_run``).
+:class:`broker_core.txn.coordinator.TransactionCoordinator` holds a
+:class:`SinkOperations` and answers these requests through it; the plain transactions
+and producer ids stay with it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from broker_core.protocol.txn_inputs import (
     check_transactions,
     is_batch_job,
 )
-from broker_core.txn.core import CoordinatorCore
-from broker_core.txn.leftovers import fence, fence_sink_leftovers
+from broker_core.txn.counters import Counters
+from broker_core.txn.leftovers import SinkLeftovers
+from broker_core.txn.registry import TransactionRegistry
+from broker_core.txn.sink_batches import UnsettledBatches
+from broker_core.txn.sink_runs import SinkRuns
 from broker_core.txn.state import (
     NO_SINK,
     SinkCommitRecord,
@@ -34,6 +38,9 @@ from broker_core.txn.state import (
     TransactionState,
     merge_ranges,
 )
+from broker_core.txn.status import CoordinatorLifecycle
+from broker_core.txn.steps import DurableSteps
+from broker_core.txn.visibility import VisibilityTracker
 
 log = logging.getLogger("idemlog.txn")
 
@@ -41,7 +48,7 @@ _S = TransactionState
 _TXN = "transactional id"
 
 
-def _EVERY_ID(transactional_id: str) -> bool:
+def EVERY_ID(transactional_id: str) -> bool:
     """``abort_sink_run``'s default: no ACLs asked, every id of the run is fenced."""
     return True
 
@@ -49,11 +56,35 @@ def _EVERY_ID(transactional_id: str) -> bool:
 class SinkOperations:
     """A sink's prepare, heartbeat, batch commit and aborts, on the coordinator's state.
 
-    Mixed into ``TransactionCoordinator``, which sets ``_core``; every call raises what
-    the coordinator's requests raise (see its docstring).
+    Held by ``TransactionCoordinator``, which builds it with the parts it works on: the
+    ids and records (``registry``), the runs' signs of life (``runs``), the durable steps
+    (``steps``), the fencing of leftovers (``leftovers``), the batches tracked for the
+    readers' cut (``visibility``) and the held-back batches' records (``batches``);
+    ``clock()`` is the time in ms. Every call raises what the coordinator's
+    requests raise (see its docstring).
     """
 
-    _core: CoordinatorCore
+    def __init__(
+        self,
+        lifecycle: CoordinatorLifecycle,
+        registry: TransactionRegistry,
+        runs: SinkRuns,
+        steps: DurableSteps,
+        leftovers: SinkLeftovers,
+        visibility: VisibilityTracker,
+        batches: UnsettledBatches,
+        counters: Counters,
+        clock: Callable[[], int],
+    ) -> None:
+        self._lifecycle = lifecycle
+        self._registry = registry
+        self._runs = runs
+        self._steps = steps
+        self._leftovers = leftovers
+        self._visibility = visibility
+        self._batches = batches
+        self._counters = counters
+        self._clock = clock
 
     def prepare_sink_txn(
         self,
@@ -68,19 +99,19 @@ class SinkOperations:
 
         Called by the task after its last batch was acknowledged; from then on another
         attempt of the same task of the same run reuses the transaction
-        (:meth:`init_sink_producer`). Raises InvalidTxnStateError when the transaction is
-        not open for ``batch_id`` or a range's partition was not added to it, and the
-        fencing errors of :meth:`add_partitions`.
+        (:meth:`TransactionCoordinator.init_sink_producer`). Raises InvalidTxnStateError
+        when the transaction is not open for ``batch_id`` or a range's partition was not
+        added to it, and the fencing errors of :meth:`TransactionCoordinator.add_partitions`.
         """
-        self._core.check_running()
+        self._lifecycle.check_running()
         tid = check_transactional_id(transactional_id)
         check_producer(producer_id, producer_epoch)
         bid = check_batch_id(batch_id)
         spans = check_offset_ranges(ranges)
-        with self._core.claims() as claims:
+        with self._registry.claims() as claims:
             claims.txn(tid)
-            self._core.require(tid, producer_id, producer_epoch)
-            meta = self._core.settled(claims, tid)
+            self._registry.require(tid, producer_id, producer_epoch)
+            meta = self._steps.settled(claims, tid)
             if meta.state not in (_S.ONGOING, _S.EMPTY):
                 raise InvalidTxnStateError(
                     f"{_TXN} {tid!r}: cannot prepare batch {bid}, the transaction is "
@@ -97,19 +128,19 @@ class SinkOperations:
                     f"{_TXN} {tid!r}: cannot prepare batch {bid}: rows at {sorted(unadded)} "
                     "are not in its transaction"
                 )
-            self._core.touch_run(meta.sink_id, meta.sink_run, self._core.now())
+            self._runs.touch(meta.sink_id, meta.sink_run, self._clock())
             if meta.sink_prepared:
                 return  # a retried request
             new = meta.copy()
             new.sink_prepared = True
             new.sink_ranges = spans
-            new.last_update_ms = self._core.now()
-            self._core.persist(new)
+            new.last_update_ms = self._clock()
+            self._registry.persist(new)
 
     def sink_heartbeat(self, sink_id: str, run_id: str) -> None:
         """A task of this run is alive: its run's transactions are not timed out."""
-        self._core.check_running()
-        self._core.touch_run(check_sink_id(sink_id), check_run_id(run_id), self._core.now())
+        self._lifecycle.check_running()
+        self._runs.touch(check_sink_id(sink_id), check_run_id(run_id), self._clock())
 
     # -- sinks (docs/design.md §6) --------------------------------------------------------
     def commit_sink_batch(
@@ -130,9 +161,9 @@ class SinkOperations:
         record is stored (even if this call then raises) the commit is decided and is
         finished by whoever touches the sink or its transactions next. Raises
         InvalidTxnStateError naming the transaction that is not committable, and the
-        fencing errors of :meth:`add_partitions`.
+        fencing errors of :meth:`TransactionCoordinator.add_partitions`.
         """
-        self._core.check_running()
+        self._lifecycle.check_running()
         sid = check_sink_id(sink_id)
         bid = check_batch_id(batch_id)
         txns = check_transactions(transactions)
@@ -142,13 +173,13 @@ class SinkOperations:
         def leftover_kept(m: TransactionMetadata) -> bool:
             return m.transactional_id in named or m.sink_batch > bid
 
-        with self._core.claims() as claims:
+        with self._registry.claims() as claims:
             claims.sink(sid)
             for tid, _, _ in txns:
                 claims.txn(tid)
-            record = self._core.sink_record(sid)
+            record = self._registry.sink_record(sid)
             if record is not None and record.is_pending:
-                self._core.finish_sink(claims, record)
+                self._steps.finish_sink(claims, record)
             if record is not None and bid <= record.batch_id:
                 log.info(
                     "sink %r: batch %d repeats committed batch %d; aborting its %d "
@@ -159,23 +190,23 @@ class SinkOperations:
                     len(txns),
                 )
                 for txn in txns:
-                    self._core.abort_if_open(claims, *txn)
-                fence_sink_leftovers(
-                    self._core, claims, sid, leftover_kept, f"batch {bid} was committed before"
+                    self._steps.abort_if_open(claims, *txn)
+                self._leftovers.fence_sink(
+                    claims, sid, leftover_kept, f"batch {bid} was committed before"
                 )
-                self._core.count("sink_batches_repeated")
+                self._counters.count("sink_batches_repeated")
                 return False
             # Everything is checked before anything is recorded: nothing partial.
             for tid, pid, epoch in txns:
-                self._core.require(tid, pid, epoch)
+                self._registry.require(tid, pid, epoch)
             ranges: list[tuple[str, int, int, int]] = []
             for tid, _, _ in txns:
-                meta = self._core.settled(claims, tid)
+                meta = self._steps.settled(claims, tid)
                 self._check_committable(meta, sid, bid, run)
                 ranges.extend(meta.sink_ranges)
             # The sink's record names this batch only: a batch of the sink readers may still
             # see in part gets a record of its own first (docs/design.md §7).
-            self._core.batches.keep(sid, bid)
+            self._batches.keep(sid, bid)
             prepared = SinkCommitRecord(
                 sid,
                 bid,
@@ -184,11 +215,14 @@ class SinkOperations:
                 merge_ranges(ranges),
                 batch_job=is_batch_job(sid, run),
             )
-            self._core.persist_sink(prepared)
-            self._core.finish_sink(claims, prepared)
-            self._core.count("sink_batches_committed")
-            fence_sink_leftovers(
-                self._core,
+            # Tracked before it is durable: a reader's cut must know a batch before any of
+            # its markers can be written, and a record that failed to store is only extra.
+            # (Only the PREPARE record: once COMPLETE its markers may have settled it.)
+            self._visibility.track_record(prepared)
+            self._registry.persist_sink(prepared)
+            self._steps.finish_sink(claims, prepared)
+            self._counters.count("sink_batches_committed")
+            self._leftovers.fence_sink(
                 claims,
                 sid,
                 leftover_kept,
@@ -223,7 +257,7 @@ class SinkOperations:
         batch_id: int,
         *,
         sink_id: str | None = None,
-        allowed: Callable[[str], bool] = _EVERY_ID,
+        allowed: Callable[[str], bool] = EVERY_ID,
     ) -> list[str]:
         """Fence every attempt of ``run_id`` -- or, without one, of any run of ``sink_id``
         -- at ``batch_id`` or earlier that still holds an id (the driver aborts the
@@ -234,7 +268,7 @@ class SinkOperations:
         transactional id), decided before each is touched.
         Raises InvalidRequestError when neither ``run_id`` nor ``sink_id`` is given.
         """
-        self._core.check_running()
+        self._lifecycle.check_running()
         run = None if run_id is None else check_run_id(run_id)
         sid = None if sink_id is None else check_sink_id(sink_id)
         if run is None and sid is None:
@@ -248,9 +282,9 @@ class SinkOperations:
         who = f"run {run!r}" if run is not None else f"sink {sid!r}"
         reason = f"batch {bid} of {who} was aborted by the Spark driver"
         aborted = []
-        for meta in self._core.attempts(target, sink_id=sid, run_id=run):
-            with self._core.claims() as claims:
-                if fence(self._core, claims, meta.transactional_id, target, reason):
+        for meta in self._registry.attempts(target, sink_id=sid, run_id=run):
+            with self._registry.claims() as claims:
+                if self._leftovers.fence(claims, meta.transactional_id, target, reason):
                     aborted.append(meta.transactional_id)
         return aborted
 
@@ -258,19 +292,19 @@ class SinkOperations:
         self, sink_id: str, batch_id: int, transactions: Sequence[tuple[str, int, int]]
     ) -> None:
         """Abort the batch's transactions still open (a batch already committed stays so)."""
-        self._core.check_running()
+        self._lifecycle.check_running()
         sid = check_sink_id(sink_id)
         check_batch_id(batch_id)
         txns = check_transactions(transactions)
-        with self._core.claims() as claims:
+        with self._registry.claims() as claims:
             claims.sink(sid)
             for tid, _, _ in txns:
                 claims.txn(tid)
             for txn in txns:
-                self._core.abort_if_open(claims, *txn)
+                self._steps.abort_if_open(claims, *txn)
 
     def last_committed_batch(self, sink_id: str) -> int | None:
         """The sink's last committed batch id (a PREPARE record counts: it is decided)."""
-        self._core.check_running()
-        record = self._core.sink_record(check_sink_id(sink_id))
+        self._lifecycle.check_running()
+        record = self._registry.sink_record(check_sink_id(sink_id))
         return None if record is None else record.batch_id

@@ -12,7 +12,7 @@ import sys
 
 import pyarrow as pa
 
-from spark_sink.producer.producer import Producer
+from broker_core.producer.producer import Producer
 
 
 def main(address: str, topic: str, first: int, count: int, transactions: int) -> None:

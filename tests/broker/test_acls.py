@@ -28,12 +28,12 @@ from broker_core.protocol.wire import Action
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import SCHEMA, TEST_BROKER_CONFIG, ids, rows
 from tests.broker.test_sasl import add_user, idemlog
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 PASSWORDS = {"admin": "admin-Secret-11aa", "alice": "alice-Secret-22bb", "bob": "bob-Secret-33cc"}
 TOPIC = "payments"
@@ -467,7 +467,7 @@ def test_producer_fails_at_once_on_a_refusal_and_writes_nothing(
     """The standalone producer treats the refusals as fatal: an idempotent producer
     without IdempotentWrite fails at its start, one with it but without Write on the topic
     fails its send well before its delivery timeout, never retrying into a write."""
-    from spark_sink.producer.producer import Producer
+    from broker_core.producer.producer import Producer
 
     keys = {
         "security.protocol": "SASL_PLAINTEXT",

@@ -17,8 +17,8 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidConfigError
+from broker_core.producer import Producer
 from broker_core.server.config import BrokerConfig
-from spark_sink.producer import Producer
 from tests.harness.broker import BrokerFactory
 from tests.harness.tcp_proxy import TcpProxy
 

@@ -23,13 +23,13 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
+from broker_core.producer import Producer, SendResult
 from broker_core.protocol.wire import Action
 from broker_core.server.config import ZK_ROOT
-from spark_sink.producer import Producer, SendResult
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 SESSION_MS = 6000  # the session a supervisor's restart lands inside
 # A name whose partition 0 is led by broker 2 (assign_partitions starts at crc32 % 3), so

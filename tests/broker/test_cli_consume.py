@@ -20,7 +20,7 @@ import pytest
 
 from broker_core.cli.failures import ExitCode
 from broker_core.client.broker_client import BrokerClient
-from spark_sink.producer.producer import Producer
+from broker_core.producer.producer import Producer
 from tests.harness.broker import BrokerProcess
 from tests.harness.waiting import Recorder, wait_until
 

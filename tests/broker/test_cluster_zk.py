@@ -19,16 +19,16 @@ import pytest
 from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceStream
-from broker_core.client.routes import BrokerAddress
 from broker_core.errors import IdemlogError, InvalidReplicationFactorError
+from broker_core.protocol.admin_requests import BrokerAddress
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
 from broker_core.server.config import ZK_ROOT
+from testkit.zookeeper import ZooKeeperHarness, ZooKeeperServer
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerProcess
 from tests.harness.schedule import paused
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness, ZooKeeperServer
 
 ClientFor = Callable[..., BrokerClient]
 SESSION_MS = 2000  # a killed broker's registration (and controllership) lasts this long

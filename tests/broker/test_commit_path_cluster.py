@@ -22,11 +22,11 @@ from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol.wire import Action, SinkAttempt
 from broker_core.txn.state_store import KIND_SINK, KIND_SINK_BATCH
 from broker_core.txn.state_topic import TXN_STATE_TOPIC
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.client_calls import answering_address
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ClientFor = Callable[..., BrokerClient]
 TOPIC = "held"

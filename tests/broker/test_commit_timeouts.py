@@ -15,11 +15,11 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.log.replica import parse_fetched
 from broker_core.protocol.wire import Action, SinkAttempt
 from broker_core.record.batch import NO_LEADER_EPOCH, decode_header
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, prepared_attempt
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.schedule import paused
-from tests.harness.zookeeper import ZooKeeperHarness
 
 LAG_MS = 12_000
 # The stalled follower keeps its ZooKeeper session: it leaves the ISR by lag, while it is

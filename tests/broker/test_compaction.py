@@ -19,10 +19,10 @@ from broker_core.protocol.wire import Action
 from spark_sink.options import OFFSET_COLUMN, Scope, parse_options
 from spark_sink.reader import IdemlogBatchReader, IdemlogStreamReader
 from spark_sink.topics import require
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 SCHEMA = pa.schema([("user", pa.string()), ("score", pa.int64())])
 TOPIC_CONFIG = {

@@ -18,10 +18,10 @@ from broker_core.protocol.wire import Action
 from broker_core.retry import RetryPolicy
 from broker_core.server.config import ZK_ROOT
 from broker_core.txn.state_topic import TXN_STATE_TOPIC
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ClientFor = Callable[..., BrokerClient]
 STUCK = 10

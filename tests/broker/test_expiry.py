@@ -17,9 +17,9 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
+from broker_core.producer.producer import Producer
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
-from spark_sink.producer.producer import Producer
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until

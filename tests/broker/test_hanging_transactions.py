@@ -24,11 +24,11 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError, InvalidProducerEpochError, ProducerFencedError
 from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, rows
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 TOPIC = "hang"
 IDLE_MS = 1500  # find-hanging's threshold in the test: the hanging producer idles past it

@@ -27,9 +27,9 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import SaslAuthenticationFailedError
 from broker_core.security.local_token import TOKEN_HEADER, register
 from spark_sink.embedded import broker_pid, ensure_broker, stop_broker, token_file
+from testkit.tls import TlsCerts
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory
-from tests.harness.tls import TlsCerts
 from tests.harness.waiting import wait_until
 
 REFUSAL_S = 5.0  # a refusal is immediate; a retried error would take the backoffs

@@ -25,12 +25,12 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, InvalidProducerEpochError
 from broker_core.protocol.requests import ACKS_LEADER
 from broker_core.server.failpoints import ENV, WITHHOLD_REPLICA_FETCH
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import rows
 from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerHarnessError, BrokerProcess
 from tests.harness.promtool import check_metrics
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 ENDPOINT = re.compile(r"metrics endpoint: http://127\.0\.0\.1:(\d+)/metrics")

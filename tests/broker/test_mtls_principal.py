@@ -21,9 +21,9 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import SaslAuthenticationFailedError, SslHandshakeError
 from broker_core.security.cert_auth import CertificateClientAuth
 from broker_core.security.tls import Side, TlsMaterial, TlsSettings, open_flight_client
+from testkit.tls import CertFiles, TlsCerts, issue_client
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
-from tests.harness.tls import CertFiles, TlsCerts, issue_client
 
 RULES = "RULE:^CN=(.*?),OU=data$/$1/L,DEFAULT"
 REFUSAL_S = 5.0  # a refusal is immediate; a retried error would take the backoffs

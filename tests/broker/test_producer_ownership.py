@@ -14,9 +14,9 @@ import pyarrow as pa
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidProducerIdMappingError
+from broker_core.producer import Producer
 from broker_core.protocol.wire import ProduceRequestMeta, ProduceResponse
 from broker_core.security.producer_token import KEY_FILE
-from spark_sink.producer import Producer
 from tests.broker.helpers import SCHEMA, ids, rows
 from tests.broker.test_acls import TOPIC, acl_broker, admin, allow, client_of
 from tests.harness.broker import BrokerProcess

@@ -10,7 +10,6 @@ import pyarrow.flight as flight
 import pytest
 
 from broker_core.cli.main import main as cli_main
-from broker_core.client.answers import PartitionInfo
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import (
     DuplicateSequenceError,
@@ -22,6 +21,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.store import LogStore
+from broker_core.protocol.admin_requests import PartitionInfo
 from broker_core.protocol.wire import (
     Action,
     FetchTrailer,

@@ -25,9 +25,9 @@ from spark_sink.options import OFFSET_COLUMN, Scope, parse_options
 from spark_sink.read_prefetch import PREFETCH_MAX_BYTES
 from spark_sink.reader import IdemlogBatchReader
 from spark_sink.topics import require
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
-from tests.harness.zookeeper import ZooKeeperHarness
 
 SCHEMA = pa.schema([("id", pa.int64()), ("pad", pa.string())])
 ROWS_PER_BATCH = 200

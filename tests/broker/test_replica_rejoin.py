@@ -16,14 +16,14 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer
 from broker_core.protocol.requests import ACKS_ALL
 from broker_core.protocol.wire import ProduceResponse
-from spark_sink.producer import Producer
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 TOPIC = "rejoin"
 SEGMENT_BYTES = 64 * 1024

@@ -21,15 +21,15 @@ import pytest
 
 from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer, SendResult
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import ProduceResponse
 from broker_core.server.failpoints import ENABLE_KEY, ENV, WITHHOLD_REPLICA_FETCH
-from spark_sink.producer import Producer, SendResult
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import rows
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 FAST = {"linger.ms": 2, "retry.backoff.ms": 20}
 

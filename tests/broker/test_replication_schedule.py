@@ -58,6 +58,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.schedule import (
@@ -71,7 +72,6 @@ from tests.harness.schedule import (
     plan,
 )
 from tests.harness.schedule_run import ScheduleRun
-from tests.harness.zookeeper import ZooKeeperHarness
 
 # One seed in the suite (the serial phase runs it alone): its 8 faults take every
 # kind in KINDS and hit every role (leader, follower, controller, coordinator).

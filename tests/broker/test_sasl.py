@@ -171,7 +171,7 @@ def test_clients_authenticate_again_before_their_session_expires(
 
 
 def test_standalone_producer_takes_the_security_keys(sasl_broker: BrokerProcess) -> None:
-    from spark_sink.producer.producer import Producer
+    from broker_core.producer.producer import Producer
 
     keys = {"security.protocol": "SASL_PLAINTEXT", "sasl.username": "alice"}
     with BrokerClient(sasl_broker.address, sasl=SaslCredentials(SHA512, "alice", PASSWORD)) as c:

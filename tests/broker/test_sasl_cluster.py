@@ -17,13 +17,13 @@ from broker_core.protocol.wire import Action, SinkAttempt
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 from broker_core.security.tls import PLAINTEXT_MATERIAL, Side, TlsMaterial, TlsSettings
+from testkit.tls import TlsCerts
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, prepared_attempt
 from tests.broker.test_sasl import add_user, idemlog
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
-from tests.harness.tls import TlsCerts
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 BROKER_PASSWORD = "broker-Secret-91d2"
 ALICE_PASSWORD = "alice-Secret-5e8a"

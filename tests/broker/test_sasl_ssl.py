@@ -1,10 +1,11 @@
 """SASL_SSL (SCRAM inside TLS) on a real broker process: the TLS settings from the tls keys,
 the credentials from the sasl keys, both on one link (docs/security.md).
 
-The certificates are the session's (``tests.harness.tls``); the user is added with the real
-``idemlog users`` command. A client with the CA and a user's credentials is served; one
-with the CA and no credentials is refused by SASL after its TLS handshake succeeded; one
-with the credentials but no TLS is refused by TLS before SASL is reached.
+The certificates are the session's (the ``tls_certs`` fixture, ``testkit.tls``); the user
+is added with the real ``idemlog users`` command. A client with the CA and a user's
+credentials is served; one with the CA and no credentials is refused by SASL after its TLS
+handshake succeeded; one with the credentials but no TLS is refused by TLS before SASL is
+reached.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from broker_core.errors import SaslAuthenticationFailedError, SslHandshakeError
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 from broker_core.security.tls import Side, TlsMaterial, TlsSettings
+from testkit.tls import TlsCerts
 from tests.broker.helpers import SCHEMA, TEST_BROKER_CONFIG, ids, rows
 from tests.broker.test_sasl import PASSWORD, add_user, idemlog
 from tests.harness.broker import BrokerFactory, BrokerProcess
-from tests.harness.tls import TlsCerts
 
 ALICE = SaslCredentials(Mechanism.SCRAM_SHA_512, "alice", PASSWORD)
 
@@ -84,7 +85,7 @@ def test_sasl_ssl_serves_a_client_with_both_and_refuses_one_without_credentials(
 def test_the_cli_and_the_producer_take_tls_and_sasl_keys_together(
     sasl_ssl_broker: BrokerProcess, tls_certs: TlsCerts, tmp_path: Path
 ) -> None:
-    from spark_sink.producer.producer import Producer
+    from broker_core.producer.producer import Producer
 
     keys = {
         **tls_certs.client_keys(),

@@ -27,11 +27,11 @@ from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
 from broker_core.server.config import ZK_ROOT
 from broker_core.txn.state_topic import TXN_STATE_TOPIC
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, sink_task_attempt
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 TOPIC = "bounced"
 PARTITIONS = 3

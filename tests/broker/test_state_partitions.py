@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker_core.client.answers import TransactionListing
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError, InvalidRequestError, NotCoordinatorError
+from broker_core.protocol.admin_requests import TransactionListing
 from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, state_partition_of
 from broker_core.protocol.txn_requests import CommitSinkBatchRequest
 from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, prepared_attempt, rows, sink_task_attempt
 from tests.harness.broker import BrokerFactory
 from tests.harness.client_calls import answering_address
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 STATE_PARTITIONS = 6
 TOPIC = "spread"

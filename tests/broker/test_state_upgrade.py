@@ -20,12 +20,12 @@ from broker_core.protocol.wire import Action
 from broker_core.server.config import ZK_ROOT
 from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
 from broker_core.txn.state import TransactionMetadata, TransactionState
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory
 from tests.harness.client_calls import answering_address
 from tests.harness.legacy_zk_state import write_legacy_state
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ClientFor = Callable[..., BrokerClient]
 OLD_CONTROLLER_EPOCH = 5  # what the previous format's coordinator stamped on markers

@@ -1,9 +1,10 @@
 """TLS on a real broker process: a client through TLS, mutual TLS, and each refusal with a
 real client and its message (docs/security.md).
 
-The certificates are the session's (``tests.harness.tls``). Every refused link must be a
-non-retriable ``SslHandshakeError`` naming the broker's address and the cause, raised at
-once, not after the client's retries: the same files would give the same answer.
+The certificates are the session's (the ``tls_certs`` fixture, ``testkit.tls``). Every
+refused link must be a non-retriable ``SslHandshakeError`` naming the broker's address and
+the cause, raised at once, not after the client's retries: the same files would give the
+same answer.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from broker_core.security.tls import (
     TlsSettings,
     server_arguments,
 )
+from testkit.tls import TlsCerts
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
-from tests.harness.tls import TlsCerts
 
 REFUSAL_S = 5.0  # a refusal is immediate; a retried NetworkError would take the backoffs
 
@@ -159,7 +160,7 @@ def test_mutual_tls_serves_a_client_certificate_of_the_ca_only(
 def test_an_encrypted_broker_key_opens_with_its_password(
     broker_factory: BrokerFactory, tls_certs: TlsCerts
 ) -> None:
-    from tests.harness.tls import KEY_PASSWORD
+    from testkit.tls import KEY_PASSWORD
 
     config = _with_cert(
         tls_certs,

@@ -20,14 +20,14 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import SslHandshakeError
+from broker_core.producer import Producer
 from broker_core.protocol.wire import Action, SinkAttempt
 from broker_core.security.tls import Side, TlsSettings
-from spark_sink.producer import Producer
+from testkit.tls import TlsCerts
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
-from tests.harness.tls import TlsCerts
-from tests.harness.zookeeper import ZooKeeperHarness
 
 TOPIC = "secured"
 

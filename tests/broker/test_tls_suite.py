@@ -17,9 +17,9 @@ import pyarrow.flight as flight
 import pytest
 
 from broker_core.security.tls import Side, TlsSettings, open_flight_client
+from testkit.tls import TlsCerts
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory
-from tests.harness.tls import TlsCerts
 
 HANDSHAKE_S = 10.0
 

@@ -1,5 +1,5 @@
 """A broker's ZooKeeper session over TLS: a real ZooKeeper serving its secureClientPort
-with ``ssl.clientAuth=need`` (``tests.harness.tls.SecureZooKeeperServer``), brokers with
+with ``ssl.clientAuth=need`` (``testkit.tls.SecureZooKeeperServer``), brokers with
 ``zookeeper.ssl.*`` (docs/security.md)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import Permissions
 
 from broker_core.client.broker_client import BrokerClient
+from testkit.tls import SecureZooKeeperServer, TlsCerts
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.broker.test_sasl import add_user
 from tests.harness.broker import BrokerFactory
-from tests.harness.tls import SecureZooKeeperServer, TlsCerts
 
 pytestmark = pytest.mark.zookeeper  # a real ZooKeeper, without the zk_server fixture
 

@@ -12,13 +12,13 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError, UnknownTopicIdError
-from spark_sink.producer import Producer
+from broker_core.producer import Producer
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import SCHEMA, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.schedule import paused
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ClientFor = Callable[..., BrokerClient]
 

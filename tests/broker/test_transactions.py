@@ -18,10 +18,10 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.wire import Action, SinkAttempt
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ClientFor = Callable[..., BrokerClient]
 

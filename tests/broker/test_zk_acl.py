@@ -21,13 +21,13 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import SinkAttempt
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, prepared_attempt
 from tests.broker.test_sasl import add_user, idemlog
 from tests.broker.test_sasl_cluster import ALICE, ALICE_PASSWORD, sasl_cluster
 from tests.harness import zk_acl
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ZK_USER = "idemlog-brokers"
 ZK_PASSWORD = "zk-Secret-4f1c"

@@ -48,10 +48,10 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
 from broker_core.security.tls import Side, TlsMaterial, TlsSettings
+from testkit.tls import CertFiles, _issue, _write, append_tls_config, with_netty
+from testkit.zookeeper import LOOPBACK, ZooKeeperServer
 from tests.harness.cluster import REPO, ZK_PORT
 from tests.harness.netns import Host
-from tests.harness.tls import CertFiles, _issue, _write, append_tls_config, with_netty
-from tests.harness.zookeeper import LOOPBACK, ZooKeeperServer
 
 if TYPE_CHECKING:
     from tests.cluster.stack import Stack

@@ -32,9 +32,9 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
+from broker_core.producer import Producer, SendResult
+from broker_core.producer.partitioner import partitions_for_keys
 from broker_core.protocol.wire import Action
-from spark_sink.producer import Producer, SendResult
-from spark_sink.producer.partitioner import partitions_for_keys
 from spark_sink.verify import verify_exactly_once
 from tests.harness.broker import BrokerProcess
 from tests.harness.cluster import BrokerCluster, cut_cluster, live_ids, read_back

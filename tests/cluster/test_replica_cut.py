@@ -49,9 +49,9 @@ from broker_core.cluster.metadata import PartitionState, assign_partitions
 from broker_core.errors import IdemlogError
 from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched
+from broker_core.producer import Producer
 from broker_core.protocol.wire import Action
 from broker_core.record.batch import NO_LEADER_EPOCH, decode_header
-from spark_sink.producer import Producer
 from tests.harness.broker import BrokerProcess
 from tests.harness.cluster import BrokerCluster, cut_cluster, live_ids, read_back
 from tests.harness.netns import Host, TestBed

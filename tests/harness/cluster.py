@@ -37,10 +37,10 @@ from broker_core.protocol.wire import Action
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN
+from testkit.zookeeper import ZooKeeperServer
 from tests.harness.broker import BrokerProcess
 from tests.harness.netns import Host, TestBed
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperServer
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).parent

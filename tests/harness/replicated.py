@@ -24,20 +24,20 @@ from typing import Any
 
 import pytest
 
-from broker_core.client.answers import TopicDescription
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.metadata import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched
+from broker_core.protocol.admin_requests import TopicDescription
 from broker_core.protocol.wire import Action
 from broker_core.record.batch import NO_LEADER_EPOCH, decode_header
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 SESSION_MS = 2000  # a SIGKILLed leader's partitions move this long after its death
 LAG_MS = 3000  # a stopped follower leaves the ISR this long after it stopped fetching

@@ -38,8 +38,8 @@ import pyarrow.flight as flight
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
 from broker_core.errors import IdemlogError
+from broker_core.producer import Producer, SendResult
 from broker_core.record.batch import decode_header, verify_crc
-from spark_sink.producer import Producer, SendResult
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.schedule import clean_stop
 from tests.harness.tcp_proxy import TcpProxy

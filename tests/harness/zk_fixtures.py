@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .zookeeper import ClientFactory, ZooKeeperHarness, ZooKeeperServer
+from testkit.zookeeper import ClientFactory, ZooKeeperHarness, ZooKeeperServer
 
 
 @pytest.fixture(scope="session")

@@ -1,17 +1,21 @@
 """The distribution: what the wheel holds, and the wheel smoke (``scripts/wheel_smoke.py``:
 a fresh virtualenv outside the checkout, the wheel installed with ``[spark]``, the CLI, a
 broker, produce/consume, one Spark write and its Delta export, then ``[notebook]`` and the
-notebook headless). ``make test`` (CI) runs both."""
+notebook headless, whose executed outputs are checked here). ``make test`` (CI) runs both."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import nbformat
 import pytest
+
+from tests.harness.notebooks import cells_with_stacks, images, printed
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "scripts" / "wheel_smoke.py"
@@ -54,9 +58,10 @@ def test_the_wheel_holds_only_the_two_packages_its_license_markers_and_script(
 
 
 @pytest.mark.slow
-def test_the_wheel_smoke_passes_in_a_fresh_virtualenv(dist: Path) -> None:
+def test_the_wheel_smoke_passes_in_a_fresh_virtualenv(dist: Path, tmp_path: Path) -> None:
+    executed = tmp_path / "dedup_metrics.ipynb"
     done = subprocess.run(
-        [sys.executable, str(SMOKE), "--wheel", str(_wheel(dist))],
+        [sys.executable, str(SMOKE), "--wheel", str(_wheel(dist)), "--notebook-out", str(executed)],
         capture_output=True,
         text=True,
         timeout=1800,  # the notebook step adds minutes on a loaded machine (1,049 s seen)
@@ -69,3 +74,26 @@ def test_the_wheel_smoke_passes_in_a_fresh_virtualenv(dist: Path) -> None:
     for step in (*steps, "export delta rows=200", "notebook images=5 exactly_once=OK"):
         assert f" {step}" in done.stdout, done.stdout
     assert "broker stop: exit 0 after SIGTERM" in done.stdout
+    _check_the_executed_notebook(nbformat.read(executed, as_version=4))
+
+
+def _check_the_executed_notebook(nb: nbformat.NotebookNode) -> None:
+    """The notebook as the smoke ran it from the wheel: its faults fired and were absorbed,
+    one sink batch per input file, the metrics recorded, five plots, no stack shown."""
+    text = printed(nb)
+    summary = re.search(
+        r"exactly_once=OK .*duplicates_in_window=(\d+) transactions_fenced=(\d+) "
+        r"sink_batches=(\d+) metric_rows=(\d+)",
+        text,
+    )
+    assert summary, text[-2000:]
+    dups, fenced, sink_batches, metric_rows = map(int, summary.groups())
+    assert dups >= 3  # lost acknowledgements were answered as duplicates, not appended twice
+    assert fenced >= 2  # the attempt that raised mid-write and the killed worker's
+    assert sink_batches == 6  # one per input file
+    assert metric_rows > 0
+    assert images(nb) == 5  # over time, by reason, by partition, fenced, commit latency
+    # The injected faults fail task attempts that Spark logs with their stacks: none of
+    # those logs reaches a cell's output (the faults fired: fenced and dups above).
+    stacks = cells_with_stacks(nb)
+    assert not stacks, [nb.cells[i].outputs for i in stacks]

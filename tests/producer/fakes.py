@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 
 from broker_core.errors import IdemlogError, error_for_code
+from broker_core.producer.producer_batch import TopicPartition
 from broker_core.protocol.wire import ProduceResponse
-from spark_sink.producer.producer_batch import TopicPartition
 
 
 def table(n: int, start: int = 0) -> pa.Table:

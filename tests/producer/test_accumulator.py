@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from spark_sink.producer.errors import BufferExhaustedError
-from spark_sink.producer.futures import SendCollector
-from spark_sink.producer.message_accumulator import MessageAccumulator
-from spark_sink.producer.producer_batch import TopicPartition
+from broker_core.producer.errors import BufferExhaustedError
+from broker_core.producer.futures import SendCollector
+from broker_core.producer.message_accumulator import MessageAccumulator
+from broker_core.producer.producer_batch import TopicPartition
 from tests.producer.fakes import ManualClock
 
 TP = TopicPartition("t", 0)

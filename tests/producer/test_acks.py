@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow.flight as flight
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer
+from broker_core.producer.producer_batch import TopicPartition
+from broker_core.producer.transport import FlightTransport
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import decode_json
-from spark_sink.producer import Producer
-from spark_sink.producer.producer_batch import TopicPartition
-from spark_sink.producer.transport import FlightTransport
 from tests.harness.broker import BrokerProcess
 from tests.harness.fault_proxy import FaultProxy
 from tests.producer.fakes import table

@@ -27,9 +27,9 @@ from broker_core.errors import (
     InvalidTopicError,
     NetworkError,
 )
+from broker_core.producer import Producer, TxnState
+from broker_core.producer.errors import MaxBlockTimeoutError
 from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
-from spark_sink.producer import Producer, TxnState
-from spark_sink.producer.errors import MaxBlockTimeoutError
 from tests.producer.action_faults import ActionFault, ActionFaultProxy
 from tests.producer.fakes import AutoTransport, FakeTransport, table
 

@@ -9,9 +9,9 @@ import pytest
 
 from broker_core.config import load_properties
 from broker_core.errors import InvalidConfigError
+from broker_core.producer import PRODUCER_CONFIG, Producer, ProducerConfig
+from broker_core.producer.config import describe, render_properties
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
-from spark_sink.producer import PRODUCER_CONFIG, Producer, ProducerConfig
-from spark_sink.producer.config import describe, render_properties
 from tests.producer.fakes import FakeTransport
 
 

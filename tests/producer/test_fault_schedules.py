@@ -26,7 +26,7 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from spark_sink.producer import Producer
+from broker_core.producer import Producer
 from tests.harness.broker import BrokerFactory
 from tests.harness.fault_proxy import Fault, FaultProxy, RandomFaults, Rule, nth_batch
 

@@ -12,7 +12,7 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import ErrorCode, NetworkError
-from spark_sink.producer import Producer
+from broker_core.producer import Producer
 from tests.harness.fault_proxy import Fault, FaultProxy, Rule, nth_batch
 
 ROW_BYTES = 24  # id int64, key int64, value float64

@@ -12,7 +12,7 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import ProducerFencedError
-from spark_sink.producer import Producer, SendResult
+from broker_core.producer import Producer, SendResult
 from tests.harness.broker import BrokerProcess
 from tests.harness.waiting import wait_until
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from broker_core.errors import InvalidRequestError
-from spark_sink.producer.partitioner import (
+from broker_core.producer.partitioner import (
     HASH_KEY,
     Partitioner,
     group_by_partition,

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from broker_core.errors import ErrorCode, InvalidTxnStateError, MessageTooLargeError
-from spark_sink.producer import Producer, TxnState
-from spark_sink.producer.producer_batch import TopicPartition
+from broker_core.producer import Producer, TxnState
+from broker_core.producer.producer_batch import TopicPartition
 from tests.harness.waiting import wait_until
 from tests.producer.fakes import AutoTransport, table
 

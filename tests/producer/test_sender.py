@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from broker_core.errors import ErrorCode, NetworkError
-from spark_sink.producer.config import ProducerConfig
-from spark_sink.producer.errors import DeliveryTimeoutError
-from spark_sink.producer.futures import SendCollector, SendResult
-from spark_sink.producer.message_accumulator import MessageAccumulator
-from spark_sink.producer.metrics import ProducerMetrics
-from spark_sink.producer.producer_batch import TopicPartition
-from spark_sink.producer.sender import Sender
-from spark_sink.producer.transaction_manager import TransactionManager, TxnState
+from broker_core.producer.config import ProducerConfig
+from broker_core.producer.errors import DeliveryTimeoutError
+from broker_core.producer.futures import SendCollector, SendResult
+from broker_core.producer.message_accumulator import MessageAccumulator
+from broker_core.producer.metrics import ProducerMetrics
+from broker_core.producer.producer_batch import TopicPartition
+from broker_core.producer.sender import Sender
+from broker_core.producer.transaction_manager import TransactionManager, TxnState
 from tests.producer.fakes import FakeTransport, ManualClock, table
 
 TP = TopicPartition("t", 0)

@@ -16,15 +16,15 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import NetworkError
-from spark_sink.producer import Producer
-from spark_sink.producer import sender as sender_module
-from spark_sink.producer.config import ProducerConfig
-from spark_sink.producer.futures import SendCollector
-from spark_sink.producer.message_accumulator import MessageAccumulator
-from spark_sink.producer.metrics import ProducerMetrics
-from spark_sink.producer.producer_batch import TopicPartition
-from spark_sink.producer.sender import Sender
-from spark_sink.producer.transaction_manager import TransactionManager
+from broker_core.producer import Producer
+from broker_core.producer import sender as sender_module
+from broker_core.producer.config import ProducerConfig
+from broker_core.producer.futures import SendCollector
+from broker_core.producer.message_accumulator import MessageAccumulator
+from broker_core.producer.metrics import ProducerMetrics
+from broker_core.producer.producer_batch import TopicPartition
+from broker_core.producer.sender import Sender
+from broker_core.producer.transaction_manager import TransactionManager
 from tests.harness.broker import BrokerProcess
 from tests.harness.waiting import wait_until
 from tests.producer.fakes import FakeTransport, table

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer, TxnState
+from broker_core.producer.errors import MaxBlockTimeoutError
 from broker_core.protocol.wire import Action
-from spark_sink.producer import Producer, TxnState
-from spark_sink.producer.errors import MaxBlockTimeoutError
 from tests.harness.broker import BrokerProcess
 from tests.harness.waiting import wait_until
 from tests.producer.action_faults import ActionFault, ActionFaultProxy

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker_core.errors import InvalidTxnStateError
-from spark_sink.producer.producer_batch import TopicPartition
-from spark_sink.producer.transaction_manager import (
+from broker_core.producer.producer_batch import TopicPartition
+from broker_core.producer.transaction_manager import (
     TRANSITIONS,
     TransactionManager,
     TxnState,

@@ -19,9 +19,9 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import CoordinatorNotAvailableError, NetworkError
+from broker_core.producer import DeliveryTimeoutError, Producer, TxnState
+from broker_core.producer.producer_batch import TopicPartition
 from broker_core.protocol.wire import Action
-from spark_sink.producer import DeliveryTimeoutError, Producer, TxnState
-from spark_sink.producer.producer_batch import TopicPartition
 from tests.producer.action_faults import ActionFault, ActionFaultProxy
 from tests.producer.fakes import FakeHandle, FakeTransport, ManualClock, table
 

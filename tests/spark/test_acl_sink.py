@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.test_acls import authorizer_cluster
 from tests.broker.test_sasl import idemlog
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
-from tests.harness.zookeeper import ZooKeeperHarness
 from tests.spark.helpers import DriverLauncher, batch_spec, make_input, stream_spec
 
 PASSWORDS = {

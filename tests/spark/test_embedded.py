@@ -26,6 +26,7 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer
 from spark_sink import embedded
 from spark_sink.embedded import (
     CONFIG_FILE,
@@ -37,7 +38,6 @@ from spark_sink.embedded import (
     stop_broker,
 )
 from spark_sink.errors import EmbeddedBrokerError
-from spark_sink.producer import Producer
 from tests.broker.helpers import SCHEMA, ids, rows
 from tests.harness.waiting import wait_until
 
@@ -402,7 +402,7 @@ TXN_TIMEOUT_MS = 4000
 OPEN_TRANSACTION_THEN_WAIT = (
     "import sys, time, pyarrow as pa\n"
     "from spark_sink.embedded import ensure_broker\n"
-    "from spark_sink.producer import Producer\n"
+    "from broker_core.producer import Producer\n"
     "address = ensure_broker(sys.argv[1])\n"
     "producer = Producer(address, **{'transactional.id': 'left-open',"
     f" 'transaction.timeout.ms': {TXN_TIMEOUT_MS}}})\n"

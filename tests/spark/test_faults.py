@@ -22,10 +22,10 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer
 from spark_sink import failpoints
 from spark_sink.embedded import broker_pid, ensure_broker
 from spark_sink.failpoints import POINTS
-from spark_sink.producer import Producer
 from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
     ACCOUNTS,

@@ -24,10 +24,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer import Producer
 from spark_sink import local_session
 from spark_sink.embedded import ensure_broker, stop_broker
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, Scope, parse_options
-from spark_sink.producer import Producer
 from spark_sink.read_split import OffsetRangePartition
 from spark_sink.reader import IdemlogBatchReader, IdemlogStreamReader
 from spark_sink.schema import normalise

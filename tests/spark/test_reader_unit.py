@@ -27,8 +27,8 @@ from broker_core.errors import (
     UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.producer import Producer, SendResult
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, IdemlogOptions, Scope, parse_options
-from spark_sink.producer import Producer, SendResult
 from spark_sink.reader import (
     TOPIC_ID_KEY,
     IdemlogBatchReader,

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.broker import BrokerFactory
 from tests.harness.client_calls import answering_address
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 from tests.spark.helpers import (
     DriverLauncher,
     assert_one_copy,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from broker_core.security.tls import Side, TlsSettings
+from testkit.tls import TlsCerts
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory
-from tests.harness.tls import TlsCerts
 from tests.spark.helpers import (
     DriverLauncher,
     assert_one_copy,

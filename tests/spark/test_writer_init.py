@@ -16,12 +16,12 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidTransactionTimeoutError
+from broker_core.producer.transport import FlightTransport
 from broker_core.protocol.wire import SinkAttempt
 from spark_sink import writer
 from spark_sink.commit import commit_batch
 from spark_sink.heartbeat import HEARTBEATS
 from spark_sink.options import IdemlogOptions, Scope, parse_options
-from spark_sink.producer.transport import FlightTransport
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
 

@@ -13,11 +13,11 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import SchemaMismatchError
+from broker_core.producer import Producer
 from broker_core.protocol.wire import SinkAttempt
 from spark_sink.commit import IdemlogCommitMessage, commit_batch, query_id_of_checkpoint
 from spark_sink.errors import SinkStateLostError
 from spark_sink.options import Scope, parse_options
-from spark_sink.producer import Producer
 from spark_sink.schema import check_compatible, conform, normalise
 from spark_sink.writer import (
     SPARK_BATCH_ID,

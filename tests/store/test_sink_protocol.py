@@ -121,11 +121,11 @@ def test_a_decided_commit_whose_transaction_no_longer_matches_fails_loudly(
     with pytest.raises(UnknownServerError):
         c.commit_sink_batch("q", 1, [p.txn for p in plan], "run")
     assert b.state.load()[1]["q"].state == SinkCommitState.PREPARE
-    broken = c._core.meta("q/1")
+    broken = c._registry.meta("q/1")
     assert broken is not None
     moved = broken.copy()
     moved.producer_epoch += 1  # the invariant broken behind the coordinator's back
-    c._core.persist(moved)
+    c._registry.persist(moved)
     with pytest.raises(
         InvalidTxnStateError, match=r"'q/1' \(producer id \d+ epoch \d+\) is now at"
     ):
@@ -203,7 +203,7 @@ def test_an_attempt_that_takes_the_id_after_the_scan_is_not_fenced(
     c = broker.coordinator
     old = Producer(broker, "q/0").init_sink(2, "run")
     old.send(P0, range(5))
-    scan = c._core.attempts
+    scan = c._registry.attempts
     newer: list[Producer] = []
 
     def scan_then_a_new_attempt(
@@ -216,7 +216,7 @@ def test_an_attempt_that_takes_the_id_after_the_scan_is_not_fenced(
         newer.append(Producer(broker, "q/0").init_sink(3, "run"))
         return found
 
-    monkeypatch.setattr(c._core, "attempts", scan_then_a_new_attempt)
+    monkeypatch.setattr(c._registry, "attempts", scan_then_a_new_attempt)
     assert c.abort_sink_run("run", 2) == []
     assert newer and newer[0].status is SinkTxnStatus.NEW
     stored = broker.stored("q/0")

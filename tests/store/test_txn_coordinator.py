@@ -719,7 +719,7 @@ def test_a_stale_view_of_a_finished_sink_commit_changes_nothing(tmp_path: Path) 
     assert stale.is_pending
     # Batch 1 is finished on the way (its transactions are re-initialised by attempt()).
     assert b.coordinator.commit_sink_batch("s", 2, attempt(b, "s", 10, 2)) is True
-    b.coordinator._core.recover_sink(stale)  # what the sweep does with its earlier scan
+    b.coordinator._steps.recover_sink(stale)  # what the sweep does with its earlier scan
     record = b.state.load()[1]["s"]
     assert (record.batch_id, record.state) == (2, SinkCommitState.COMPLETE)
     assert b.coordinator.last_committed_batch("s") == 2

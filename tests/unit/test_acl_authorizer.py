@@ -26,7 +26,7 @@ from broker_core.security.acl import (
 from broker_core.security.principal import Principal
 from broker_core.server.authorization import FETCH, PRODUCE, RULES, host_of_peer, render_rules_table
 from broker_core.server.config import BrokerConfig
-from tests.harness.tls import make_certs
+from testkit.tls import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]
 ALICE, BOB = Principal.user("alice"), Principal.user("bob")

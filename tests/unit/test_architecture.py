@@ -14,7 +14,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("broker_core", "spark_sink", "jobs")
+PACKAGES = ("broker_core", "spark_sink", "jobs", "benchmarks", "testkit")
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -112,8 +112,8 @@ def _run_without(blocked: set[str], body: str) -> subprocess.CompletedProcess[st
 
 def test_the_producer_and_the_broker_import_without_spark_delta_or_matplotlib() -> None:
     body = (
-        "import spark_sink.producer, broker_core.server.broker, broker_core.cli.main\n"
-        "from spark_sink.producer import Producer\n"
+        "import broker_core.producer, broker_core.server.broker, broker_core.cli.main\n"
+        "from broker_core.producer import Producer\n"
         "print('imported', Producer.__name__)"
     )
     result = _run_without({"pyspark", "delta", "deltalake", "matplotlib"}, body)
@@ -134,8 +134,8 @@ def test_the_driver_side_paths_import_no_pandas_and_no_producer() -> None:
     body = (
         "import sys\n"
         "import spark_sink.datasource, spark_sink.writer\n"
-        "heavy = ('pandas', 'javaproperties', 'spark_sink.producer.producer',\n"
-        "         'spark_sink.producer.sender', 'spark_sink.producer.partitioner')\n"
+        "heavy = ('pandas', 'javaproperties', 'broker_core.producer.producer',\n"
+        "         'broker_core.producer.sender', 'broker_core.producer.partitioner')\n"
         "print('loaded', [m for m in heavy if m in sys.modules])"
     )
     result = _run_without(set(), body)
@@ -146,8 +146,8 @@ def test_the_driver_side_paths_import_no_pandas_and_no_producer() -> None:
 def test_numeric_keys_are_routed_without_pandas() -> None:
     body = (
         "import numpy as np, pyarrow as pa\n"
-        "from spark_sink.producer import Producer\n"
-        "from spark_sink.producer.partitioner import Partitioner\n"
+        "from broker_core.producer import Producer\n"
+        "from broker_core.producer.partitioner import Partitioner\n"
         "table = pa.table({'key': np.arange(1000) % 7, 'v': np.arange(1000)})\n"
         "parts = Partitioner().split(table, 'key', 4)\n"
         "print('rows', sum(p.batch.num_rows for p in parts))\n"

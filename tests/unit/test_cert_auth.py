@@ -20,7 +20,7 @@ from broker_core.security.principal import ANONYMOUS, principal_of
 from broker_core.security.principal_mapping import PrincipalMapper
 from broker_core.security.sessions import SessionTable
 from broker_core.security.tls import Side, TlsSettings, open_flight_client, server_arguments
-from tests.harness.tls import TlsCerts, issue_client
+from testkit.tls import TlsCerts, issue_client
 
 
 class _Who(flight.FlightServerBase):  # type: ignore[misc]

@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from broker_core.cli.consume_cmd import ConsumedRecord
 from broker_core.cli.registry import Liveness, RegisteredBroker
-from broker_core.client.answers import (
-    HangingTransaction,
+from broker_core.client.answers import HangingTransaction
+from broker_core.protocol.admin_requests import (
     PartitionInfo,
     PartitionOffsets,
     TopicDescription,

@@ -14,7 +14,7 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
-from broker_core.client.routes import BrokerAddress, ClusterView
+from broker_core.client.routes import ClusterView
 from broker_core.errors import (
     ConcurrentTransactionsError,
     InvalidConfigError,
@@ -22,7 +22,7 @@ from broker_core.errors import (
     NotCoordinatorError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.protocol.admin_requests import MetadataRequest
+from broker_core.protocol.admin_requests import BrokerAddress, MetadataRequest
 from broker_core.protocol.requests import Request
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.harness.broker import BrokerFactory

@@ -2,7 +2,8 @@
 (``spark_sink.query_progress``) and the ``lost_ack`` failpoint, in isolation. Their
 end-to-end proofs run real Spark: ``tests/spark/test_progress.py`` (``progress(query)``,
 the listener, the opt-in ``lastProgress``), ``tests/spark/test_api.py`` and
-``tests/spark/test_notebook.py`` (lost acknowledgements deduplicated)."""
+``tests/packaging/test_wheel.py`` (the notebook from the wheel: lost acknowledgements
+deduplicated)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,11 @@ InvalidRequestError naming the action and the field."""
 
 from __future__ import annotations
 
+import base64
 import json
-from typing import Any
+from typing import Any, get_type_hints
 
+import pyarrow as pa
 import pytest
 
 from broker_core.errors import InvalidRequestError, InvalidRequiredAcksError
@@ -16,28 +18,41 @@ from broker_core.protocol.admin_requests import (
     AbortHangingTransactionRequest,
     AbortHangingTransactionResponse,
     AbortTransactionRequest,
+    AbortTransactionResponse,
+    BrokerAddress,
     CreateTopicRequest,
+    CreateTopicResponse,
     DeleteTopicRequest,
     DescribeProducersRequest,
     DescribeProducersResponse,
     DescribeTopicsRequest,
+    DescribeTopicsResponse,
     FindCoordinatorRequest,
     ListOffsetsRequest,
+    ListOffsetsResponse,
     ListTransactionsRequest,
+    ListTransactionsResponse,
     MetadataRequest,
+    MetadataResponse,
     MetricsRequest,
+    PartitionInfo,
+    PartitionOffsets,
     PingRequest,
+    PingResponse,
     ProducerDescription,
+    TopicDescription,
 )
 from broker_core.protocol.data_requests import (
     FETCH_ISOLATION_LEVELS,
     FetchRequest,
     ProduceDescriptor,
 )
-from broker_core.protocol.requests import ACKS_LEADER
+from broker_core.protocol.metrics import MetricsResponse
+from broker_core.protocol.requests import ACKS_LEADER, EmptyResponse
 from broker_core.protocol.txn_requests import (
     AbortSinkBatchRequest,
     AbortSinkRunRequest,
+    AbortSinkRunResponse,
     AddPartitionsToTxnRequest,
     CommitSinkBatchRequest,
     EndTxnRequest,
@@ -50,7 +65,8 @@ from broker_core.protocol.txn_requests import (
     StableEndsResponse,
     WriteTxnMarkersRequest,
 )
-from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
+from broker_core.protocol.wire import PROTOCOL_VERSION, Action, SinkAttempt, SinkTxnStatus
+from broker_core.server.handlers import ActionHandlers
 
 ROUND_TRIP: list[Any] = [
     CreateTopicRequest("t", 3, b"\x00ipc", {"retention.ms": 5}),
@@ -228,3 +244,71 @@ def test_a_replica_fetch_answer_round_trips_and_a_short_one_is_named() -> None:
             rp.ReplicaLogStartResponse.decode(bad.encode())
     with pytest.raises(InvalidRequiredAcksError, match="acks=2"):
         ProduceDescriptor.from_doc({"op": "produce", "topic": "t", "partition": 0, "acks": 2})
+
+
+SCHEMA = pa.schema([("id", pa.int64())])
+TOPIC = TopicDescription(
+    "t", SCHEMA, {"retention.ms": "-1"}, (PartitionInfo(0, 2, (2, 1), (2,), 3),), "id-1"
+)
+# Each answer a handler builds, with the document it has always sent (field for field).
+ANSWERS: list[tuple[Any, dict[str, Any]]] = [
+    (EmptyResponse(), {}),
+    (CreateTopicResponse("t", (1, 2)), {"name": "t", "partitions": [1, 2]}),
+    (
+        DescribeTopicsResponse((TOPIC,)),
+        {
+            "topics": [
+                {
+                    "name": "t",
+                    "topic_id": "id-1",
+                    "partitions": [
+                        {"partition": 0, "leader": 2, "replicas": [2, 1], "isr": [2],
+                         "leader_epoch": 3}
+                    ],
+                    "schema": base64.b64encode(SCHEMA.serialize().to_pybytes()).decode(),
+                    "config": {"retention.ms": "-1"},
+                }
+            ]
+        },
+    ),
+    (
+        ListOffsetsResponse("t", 1, PartitionOffsets(0, 9, 8, 7)),
+        {"topic": "t", "partition": 1, "log_start_offset": 0, "log_end_offset": 9,
+         "high_watermark": 8, "last_stable_offset": 7},
+    ),
+    (
+        MetadataResponse((BrokerAddress(1, "h", 9),), None, {"t": (1, 1)}, {"t": "id-1"}),
+        {"brokers": [{"broker_id": 1, "host": "h", "port": 9}], "controller": None,
+         "topics": {"t": [1, 1]}, "topic_ids": {"t": "id-1"}},
+    ),
+    (
+        ListTransactionsResponse(({"transactional_id": "x", "state_partition": 0},), (0, 2)),
+        {"transactions": [{"transactional_id": "x", "state_partition": 0}],
+         "state_partitions": [0, 2]},
+    ),
+    (AbortTransactionResponse(True), {"aborted": True}),
+    (AbortSinkRunResponse(("s/0",), (1,)), {"aborted": ["s/0"], "state_partitions": [1]}),
+    (rp.OffsetsForLeaderEpochResponse(2, 40), {"epoch": 2, "end_offset": 40}),
+    (rp.ElectLeadersResponse({"t": {0: 2}}), {"moved": {"t": {"0": 2}}}),
+    (MetricsResponse({"broker_id": 1, "totals": {}}), {"broker_id": 1, "totals": {}}),
+    (PingResponse(3), {"broker_id": 3, "version": PROTOCOL_VERSION}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("answer,doc", ANSWERS, ids=lambda a: type(a).__name__)
+def test_an_answer_sends_its_document_and_reads_it_back(answer: Any, doc: dict[str, Any]) -> None:
+    assert answer.to_doc() == doc
+    assert type(answer).from_doc(json.loads(json.dumps(doc))) == answer
+
+
+def test_every_handler_answers_a_typed_response() -> None:
+    """Every JSON action's handler is annotated with a class that writes and reads its
+    document; only the replication fetches answer bytes."""
+    for action in Action:
+        answer = get_type_hints(getattr(ActionHandlers, action.value))["return"]
+        if action in (Action.REPLICA_FETCH, Action.REPLICA_LOG_START):
+            assert answer is bytes, action
+            continue
+        assert isinstance(answer, type), (action, answer)
+        assert callable(getattr(answer, "to_doc", None)), (action, answer)
+        assert callable(getattr(answer, "from_doc", None)), (action, answer)

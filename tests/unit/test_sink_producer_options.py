@@ -9,8 +9,8 @@ import re
 import pytest
 
 from broker_core.errors import InvalidConfigError
+from broker_core.producer.config import ProducerConfig
 from spark_sink.options import Scope, parse_options
-from spark_sink.producer.config import ProducerConfig
 
 
 @pytest.mark.parametrize("value", ["all", "-1", "ALL"])

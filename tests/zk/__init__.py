@@ -1,1 +1,1 @@
-"""Tests against a real ZooKeeper server (tests/harness/zookeeper.py)."""
+"""Tests against a real ZooKeeper server (testkit/zookeeper.py)."""

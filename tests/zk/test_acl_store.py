@@ -17,8 +17,8 @@ from broker_core.security.acl import (
 )
 from broker_core.security.acl_store import FileAclStore, ZkAclStore
 from broker_core.security.principal import Principal
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ROOT = "/idemlog"
 SINK = ResourcePattern(ResourceType.TRANSACTIONAL_ID, PatternType.PREFIXED, "job/")

@@ -26,8 +26,8 @@ from broker_core.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import Recorder, wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ROOT = "/idemlog"
 WAIT_S = 15.0

@@ -14,8 +14,8 @@ from broker_core.txn.state import (
     TransactionMetadata,
     TransactionState,
 )
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.legacy_zk_state import write_legacy_state
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ROOT = "/idemlog"
 

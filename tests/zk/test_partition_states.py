@@ -15,8 +15,8 @@ from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssign
 from broker_core.cluster.zk import ZkCluster
 from broker_core.cluster.zk_leaders import ControllerFencedError
 from broker_core.errors import InvalidRequestError, UnknownTopicOrPartitionError
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import Recorder, wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ROOT = "/idemlog"
 RF3 = {"replication.factor": "3"}

@@ -20,8 +20,8 @@ from broker_core.txn.pid_manager import (
     ProducerIdManager,
     ZkProducerIdBlockSource,
 )
+from testkit.zookeeper import ClientFactory, ZooKeeperHarness
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ClientFactory, ZooKeeperHarness
 
 PATH = LATEST_PRODUCER_ID_BLOCK_PATH
 

@@ -15,7 +15,7 @@ from broker_core.errors import InvalidConfigError
 from broker_core.security.producer_token import KEY_BYTES, KEY_ZNODE, zk_key
 from broker_core.security.zk_acl import ZkAuth
 from broker_core.server.config import ZK_ROOT
-from tests.harness.zookeeper import ZooKeeperHarness
+from testkit.zookeeper import ZooKeeperHarness
 
 PATH = f"{ZK_ROOT}/{KEY_ZNODE}"
 KEYS = {

@@ -11,7 +11,7 @@ from kazoo.exceptions import NodeExistsError
 
 from broker_core.errors import RequestTimedOutError
 from broker_core.zookeeper import ZkSession, ZkUnavailable
-from tests.harness.zookeeper import ZooKeeperHarness
+from testkit.zookeeper import ZooKeeperHarness
 
 
 def test_nothing_is_sent_into_a_client_that_is_not_connected(zk_chroot: ZooKeeperHarness) -> None:

@@ -17,8 +17,8 @@ from broker_core.errors import (
 from broker_core.server.config import BrokerConfig
 from broker_core.server.txn_state_topic import ensure_state_topic
 from broker_core.txn.state_topic import TXN_STATE_SCHEMA, TXN_STATE_TOPIC, state_partition_of
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 from tests.zk.test_cluster import ROOT, SimBroker
 
 CONFIG = BrokerConfig.from_mapping({"transaction.state.log.segment.bytes": 2 * 1024 * 1024})

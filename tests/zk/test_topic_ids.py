@@ -12,8 +12,8 @@ import pytest
 
 from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import wait_until
-from tests.harness.zookeeper import ZooKeeperHarness
 
 ROOT = "/idemlog"
 PATH = f"{ROOT}/topics/legacy"

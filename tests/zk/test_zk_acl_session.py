@@ -13,8 +13,8 @@ from broker_core.cluster.metadata import BrokerInfo
 from broker_core.cluster.zk import ZkCluster
 from broker_core.security.zk_acl import ZkAuth
 from broker_core.server.config import ZK_ROOT
+from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import Recorder
-from tests.harness.zookeeper import ZooKeeperHarness
 
 KEYS = {
     "zookeeper.set.acl": "true",

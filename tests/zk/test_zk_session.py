@@ -10,7 +10,7 @@ import pytest
 
 from broker_core.server.config import BrokerConfig
 from broker_core.server.zk_session import connect_zookeeper
-from tests.harness.zookeeper import ZooKeeperHarness
+from testkit.zookeeper import ZooKeeperHarness
 
 DIGEST = {
     "zookeeper.set.acl": "true",

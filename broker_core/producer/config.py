@@ -149,7 +149,7 @@ PRODUCER_CONFIG = ConfigDef(
             str,
             "hash",
             "hash: rows with a key go to pandas.util.hash_array(key) % partitions (see "
-            "spark_sink.producer.partitioner); round_robin: every send goes whole to the "
+            "broker_core.producer.partitioner); round_robin: every send goes whole to the "
             "next partition, keys ignored. Sends without a key are always round-robin.",
             choices=PARTITIONERS,
         ),
@@ -283,8 +283,8 @@ def describe() -> list[tuple[str, str, str, str]]:
 
 PROPERTIES_HEADER = """\
 # Producer client configuration: every key with its default. Pass them to
-#   spark_sink.producer.Producer(bootstrap="host:port", **{"key": value})
-# Generated from spark_sink/producer/config.py (the one place each key is declared) by
+#   broker_core.producer.Producer(bootstrap="host:port", **{"key": value})
+# Generated from broker_core/producer/config.py (the one place each key is declared) by
 # `render_properties()` in that module; tests/producer/test_config.py checks that this
 # file and the code agree. Unknown keys are rejected by name.
 """

@@ -7,7 +7,7 @@
 
 Config keys are Kafka-style names passed as keyword arguments with dots
 (``**{"batch.size": 1 << 20}``) or underscores (``batch_size=1 << 20``); see
-``spark_sink.producer.config``. Idempotence is on by default.
+``broker_core.producer.config``. Idempotence is on by default.
 
 Transactions: ``init_transactions(id)`` once (fences every older producer of that id),
 then ``begin_transaction()``, sends, ``commit_transaction()`` or ``abort_transaction()``.
@@ -162,7 +162,7 @@ class Producer:
     # -- sending -------------------------------------------------------------------------
     def send(self, topic: str, data: Data, key: str | None = None) -> Future[SendResult]:
         """Queue the rows of ``data`` for ``topic``; a future of their offsets
-        (``spark_sink.producer.futures``). Rows are routed by ``key`` (default: the
+        (``broker_core.producer.futures``). Rows are routed by ``key`` (default: the
         key.column config), round-robin per send without one. Blocks while the topic's
         metadata is fetched (retriable errors retried) and while buffer.memory is full,
         each at most max.block.ms.
@@ -268,7 +268,7 @@ class Producer:
         self.close()
 
     def metrics_snapshot(self) -> dict[str, Any]:
-        """The producer's metrics now (``spark_sink.producer.metrics``) with the buffer
+        """The producer's metrics now (``broker_core.producer.metrics``) with the buffer
         bytes in use and the producer id and epoch: a new dict, JSON-serialisable."""
         doc = self.metrics.snapshot()
         doc["buffer_bytes_used"] = self.accumulator.used_bytes()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spark_sink.lazy import lazy_names
+from broker_core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .config import PRODUCER_CONFIG, ProducerConfig

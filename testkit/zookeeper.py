@@ -1,4 +1,4 @@
-"""A real ZooKeeper server for tests, run from the Debian ``zookeeper`` package.
+"""A real ZooKeeper server for tests and benchmarks, run from the Debian ``zookeeper`` package.
 
 Modelled on kazoo's own testing harness (``kazoo/testing``), reduced to what idemlog needs:
 one standalone server per test session on a free loopback port, a unique chroot per test,
