@@ -27,7 +27,7 @@ from broker_core.errors import NetworkError
 
 from . import topics, trace
 from .connections import sink_client
-from .driver_retry import retrying
+from .driver_retry import PLAN_REQUEST_TIMEOUT_S, retrying
 from .errors import UnsupportedWriteError, one_line_errors
 from .options import IdemlogOptions, Scope, parse_options
 from .schema import arrow_schema_for, check_key, spark_schema_for
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 FORMAT = "idemlog"
-# Each request of the write's plan (a topic's description or creation): BrokerClient's.
-PLAN_REQUEST_TIMEOUT_S = 30.0
 
 
 @contextmanager

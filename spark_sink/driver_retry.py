@@ -1,6 +1,7 @@
-"""The driver's calls to the brokers while it plans, commits or aborts a batch, retried
-through a broker restart or a leader or coordinator change for as long as the option
-``driver.retry.timeout.ms`` allows (docs/spark.md, "A broker restart").
+"""The driver's calls to the brokers while it plans, commits or aborts a batch (a stream
+read's next offsets too), retried through a broker restart or a leader or coordinator
+change for as long as the option ``driver.retry.timeout.ms`` allows (docs/spark.md, "A
+broker restart").
 
 Only errors whose own ``retriable`` flag is set are retried (``broker_core.retry``): a
 broker that is down or shutting down (NETWORK_EXCEPTION, NOT_LEADER_OR_FOLLOWER), a
@@ -10,8 +11,9 @@ again would get the same answer. Every call retried here must be idempotent, so 
 attempt whose answer was lost may be made again: the topic's lookup and creation (a
 topic created by the lost attempt is found, ``TOPIC_ALREADY_EXISTS`` is taken as found),
 ``commit_sink_batch`` (a batch committed by the lost attempt answers "committed before",
-and the transactions it names are already committed, so nothing is aborted) and
-``abort_sink_run`` (fencing twice fences nothing more).
+and the transactions it names are already committed, so nothing is aborted),
+``abort_sink_run`` (fencing twice fences nothing more) and a read's offsets (they only
+look).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from spark_sink.options import DRIVER_RETRY_OPTION, IdemlogOptions
 log = logging.getLogger("idemlog.sink")
 
 T = TypeVar("T")
+# Each request of a plan (a topic's description or creation, a read's offsets):
+# BrokerClient's default.
+PLAN_REQUEST_TIMEOUT_S = 30.0
 # In each log line of a retried call: the tests count them (tests/spark/test_broker_restart.py).
 RETRY_MARK = f"retrying within {DRIVER_RETRY_OPTION}"
 

@@ -167,17 +167,18 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
             DRIVER_RETRY_OPTION,
             int,
             DRIVER_RETRY_DEFAULT_MS,
-            "How long the driver's plan of a batch (the topic's lookup or creation) and its "
-            "commit or abort keep asking again while the brokers do not answer or answer "
-            "retriably (a broker restarting, a leader or the coordinator moving), counted "
-            "from the first failure; then the query fails with one line naming this option. "
-            "The default is Kafka's delivery.timeout.ms, which Spark's Kafka sink rides a "
-            "restart on; the tasks ride it on producer.delivery.timeout.ms and "
-            'producer.max.block.ms (docs/spark.md, "A broker restart").',
+            "How long the driver's plan of a batch (a write's topic lookup or creation, a "
+            "stream read's next offsets) and a write's commit or abort keep asking again "
+            "while the brokers do not answer or answer retriably (a broker restarting, a "
+            "leader or the coordinator moving), counted from the first failure; then the "
+            "query fails with one line naming this option. The default is Kafka's "
+            "delivery.timeout.ms, which Spark's Kafka sink rides a restart on; a write's "
+            "tasks ride it on producer.delivery.timeout.ms and producer.max.block.ms, a "
+            'read\'s tasks fetch again for 30 s (docs/spark.md, "A broker restart").',
             min=0,
             max=INT_MAX,
         ),
-        Scope.WRITE,
+        Scope.BOTH,
     ),
     (
         ConfigKey(

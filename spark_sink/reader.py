@@ -39,8 +39,8 @@ Why they look like this (docs/design.md §7):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -65,6 +65,7 @@ from broker_core.errors import (
 from broker_core.protocol.wire import FetchTrailer
 
 from .connections import sink_client
+from .driver_retry import PLAN_REQUEST_TIMEOUT_S, retrying
 from .errors import one_line_errors, one_line_errors_of, topic_recreated
 from .options import IdemlogOptions
 from .read_offsets import (
@@ -94,6 +95,8 @@ READ_COMMITTED = "read_committed"
 # The key of a stream offset that names the topic id its positions belong to; every other
 # key is a partition number.
 TOPIC_ID_KEY = "topic_id"
+
+T = TypeVar("T")
 
 
 def output_schema(topic: TopicInfo, include_metadata: bool) -> pa.Schema:
@@ -476,8 +479,16 @@ class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Trigger.AvailableNow's target: the readable end when the run was prepared.
         self._target: dict[str, int] | None = None
 
-    def _client(self) -> BrokerClient:
-        return sink_client(self.options.bootstrap(), self.options.tls, sasl=self.options.sasl)
+    def _planning(self, what: str, call: Callable[[BrokerClient], T]) -> T:
+        """``call`` on the driver, asked again through a broker restart or a leader
+        change within driver.retry.timeout.ms (``driver_retry.retrying``): a running
+        query's next offsets wait for the broker instead of ending the query."""
+        return retrying(
+            self.options,
+            f"{what} of the read of topic {self.topic.name!r}",
+            call,
+            request_timeout_s=PLAN_REQUEST_TIMEOUT_S,
+        )
 
     # -- the topic id ------------------------------------------------------------------------
     def _stamped(self, positions: Mapping[str, int]) -> dict[str, Any]:
@@ -562,8 +573,7 @@ class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Where a new query starts, per partition, as ``startingOffsets`` says: the log
         start (earliest), the readable end (latest) or the JSON form's offsets; computed
         once, so it does not move. With the topic's id (``"topic_id"``)."""
-        with self._client() as client:
-            return self._stamped(self._initial_offsets(client))
+        return self._stamped(self._planning("initial offsets", self._initial_offsets))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """Spark's admission control: maxOffsetsPerTrigger as ``ReadMaxRows``, else
@@ -591,14 +601,17 @@ class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start is not None:
             self._check_offset(start, "last committed a batch")
             self._planned_end = _positions(start)  # Spark's word: where this batch starts
-        with self._client() as client:
+
+        def look(client: BrokerClient) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+            # A new query's first batch starts at the initial offset.
             offsets = self._offsets(client)
-            current = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
             base = self._planned_end
-            if base is None:  # a new query: its first batch starts at the initial offset
-                base = self._initial_offsets(client)
-                if cap > 0:
-                    self._guessed_base = dict(base)
+            return offsets, self._initial_offsets(client) if base is None else base
+
+        offsets, base = self._planning("next offsets", look)
+        current = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
+        if self._planned_end is None and cap > 0:
+            self._guessed_base = dict(base)
         # A new leader's high watermark (and so its readable end) starts below the old
         # leader's and catches up with its followers' fetches: while its log still holds
         # what was planned, the end stays where it was instead of moving back.
@@ -631,8 +644,7 @@ class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         run reads every row available at its start (in batches of at most
         maxOffsetsPerTrigger) and ends when it gets there. Raises UnknownTopicIdError
         if the topic was recreated since the query started."""
-        with self._client() as client:
-            offsets = self._offsets(client)
+        offsets = self._planning("the AvailableNow target", self._offsets)
         self._target = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
 
     @one_line_errors

@@ -8,8 +8,11 @@ the offsets the producer was answered with.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import re
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +31,8 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.producer import Producer, SendResult
+from spark_sink.driver_retry import RETRY_MARK
+from spark_sink.errors import DriverRetriesSpentError
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN, IdemlogOptions, Scope, parse_options
 from spark_sink.reader import (
     TOPIC_ID_KEY,
@@ -40,7 +45,7 @@ from spark_sink.reader import (
 from spark_sink.schema import normalise
 from spark_sink.topics import TopicInfo, require
 from tests.harness.broker import BrokerFactory, BrokerProcess
-from tests.harness.waiting import wait_until
+from tests.harness.waiting import Recorder, wait_until
 
 FAST = {"linger.ms": 2, "retry.backoff.ms": 20}
 SCHEMA = normalise(pa.schema([("id", pa.int64()), ("name", pa.string())]))
@@ -697,3 +702,74 @@ def test_cap_ends_plans_exactly_the_budget_within_each_backlog() -> None:
         assert sum(capped[k] - base[k] for k in ends) == min(budget, backlog)
         if budget >= sum(1 for k in ends if ends[k] > base[k]):
             assert all(capped[k] > base[k] for k in ends if ends[k] > base[k])
+
+
+# -- a broker restart under a running stream -------------------------------------------------
+class _RetryLog(logging.Handler):
+    """The driver's retried calls as they are logged (``driver_retry.RETRY_MARK``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retries = Recorder()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if RETRY_MARK in record.getMessage():
+            self.retries.record(record.getMessage())
+
+
+@pytest.fixture
+def retry_log() -> Iterator[_RetryLog]:
+    handler = _RetryLog()
+    logger = logging.getLogger("idemlog.sink")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_streams_next_offsets_wait_for_its_broker_to_come_back(
+    broker: BrokerProcess, retry_log: _RetryLog
+) -> None:
+    """Issue 37: a running stream's latestOffset meets its broker SIGTERMed; the driver
+    asks again (logged) instead of ending the query, and once the broker is back on its
+    port (same data) answers the offsets the stopped broker held, every row read once."""
+    with BrokerClient(broker.address) as client:
+        client.create_topic(TOPIC, 1, schema=SCHEMA)
+        reader = stream_reader(broker, client)
+    with Producer(broker.address, **FAST) as producer:
+        producer.send(TOPIC, rows(0, 100)).result(10)
+    start = via_json(reader.initialOffset())
+    old_pid = broker.pid
+    assert broker.kill(signal.SIGTERM) == 0, broker.log_tail()
+    answer: list[dict[str, Any]] = []
+    planning = threading.Thread(target=lambda: answer.append(via_json(reader.latestOffset())))
+    planning.start()
+    retry_log.retries.wait(lambda seen: len(seen) > 0, "the next offsets asked again")
+    assert planning.is_alive() and not answer, "the plan ended while its broker was down"
+    broker.restart()
+    planning.join(timeout=120)
+    assert not planning.is_alive() and broker.pid != old_pid
+    (end,) = answer
+    assert end["0"] == 100 and end[TOPIC_ID_KEY] == start[TOPIC_ID_KEY]
+    read = read_parts(reader, reader.partitions(start, end))
+    assert sorted(read.column("id").to_pylist()) == list(range(100))
+    seen = retry_log.retries.values
+    assert all(f"next offsets of the read of topic {TOPIC!r}" in str(m) for m in seen), seen
+    print(f"next offsets asked {len(seen) + 1} times across the restart: {end}")
+
+
+def test_a_stream_whose_broker_stays_down_fails_naming_the_option(
+    broker: BrokerProcess, retry_log: _RetryLog
+) -> None:
+    with BrokerClient(broker.address) as client:
+        client.create_topic(TOPIC, 1, schema=SCHEMA)
+        reader = stream_reader(broker, client, **{"driver.retry.timeout.ms": "1500"})
+    reader.initialOffset()
+    broker.stop()
+    with pytest.raises(DriverRetriesSpentError) as info:
+        reader.latestOffset()
+    message = str(info.value)
+    assert f"next offsets of the read of topic {TOPIC!r}" in message, message
+    assert "driver.retry.timeout.ms=1500 ms" in message, message
+    assert len(retry_log.retries) >= 1
