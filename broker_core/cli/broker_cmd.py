@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import json
 import logging
 import os
@@ -178,6 +179,9 @@ def broker_start(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO, format=LOG_FORMAT, stream=sys.stderr
     )
+    # A crash in native code (gRPC, Arrow) then leaves every thread's Python stack in the
+    # broker's log, where it would otherwise end with the last line logged.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     keep_large_buffers()
     config = _load_config(args)
     # A port another process listens on is said in one line before anything starts: left
