@@ -30,16 +30,16 @@ import pyarrow as pa
 
 from benchmarks.common import percentile
 from broker_core.log.store import LogStore
+from broker_core.producer_ids.manager import FileProducerIdBlockSource, ProducerIdManager
 from broker_core.protocol.wire import SinkAttempt
-from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
-from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
-from broker_core.txn.state import (
+from broker_core.txn.coordinator.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.state_topic.records import (
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import TXN_STATE_SCHEMA, TXN_STATE_TOPIC, LogTxnStateStore
+from broker_core.txn.state_topic.store import TXN_STATE_SCHEMA, TXN_STATE_TOPIC, LogTxnStateStore
 
 TOPIC = "bench"
 SCHEMA = pa.schema([pa.field("id", pa.int64())])

@@ -37,9 +37,8 @@ from broker_core.protocol.admin_requests import TransactionListing, schema_field
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
-from broker_core.server.broker import Broker
-from broker_core.server.config import BrokerConfig, parse_overrides
-from broker_core.server.idle import IDLE_SHUTDOWN_KEY
+from broker_core.server.config.broker_config import IDLE_SHUTDOWN_KEY, BrokerConfig, parse_overrides
+from broker_core.server.process.broker import Broker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # find-hanging's default idleness: transaction.max.timeout.ms's default, beyond which no

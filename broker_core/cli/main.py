@@ -48,7 +48,7 @@ from broker_core.log.inspect import LIVE_NOTE, PartitionView, StoreView
 from broker_core.log.results import IsolationLevel
 from broker_core.log.store import TOPIC_FILE
 from broker_core.protocol.admin_requests import schema_fields
-from broker_core.server.config import BROKER_CONFIG, render_properties
+from broker_core.server.config.broker_config import BROKER_CONFIG, render_properties
 
 # --help's first line: plain text (the module's docstring is reStructuredText).
 DESCRIPTION = (

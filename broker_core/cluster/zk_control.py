@@ -14,7 +14,7 @@ broker's ephemeral registration, and holds the election:
   (``cluster.zk_leaders``, ``cluster.zk``) check that node's version in the same multi,
   so a deposed controller's write fails in ZooKeeper. Transaction coordinators do not
   use it: each follows the leader epoch of its ``__transaction_state`` partition
-  (``server.state_coordinator``).
+  (``server.coordination.state_coordinator``).
 
 Losing control is reported promptly: at once on session loss (``LOST``), and when the
 connection has been gone (``SUSPENDED``) for ``suspended_grace_s``, a third of the session

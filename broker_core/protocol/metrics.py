@@ -1,7 +1,7 @@
 """The metrics document: what the validator did, per partition and per producer id.
 
-A broker builds it (``broker_core.server.metrics``) and answers the METRICS action with it
-as JSON; the client merges every broker's (:func:`merge_documents`) and
+A broker builds it (``broker_core.server.observability.metrics``) and answers the METRICS
+action with it as JSON; the client merges every broker's (:func:`merge_documents`) and
 :func:`render_table` prints one for people (``idemlog metrics``).
 
 The default document is bounded by what an operator reads, never by the number of
@@ -172,8 +172,8 @@ class MetricsResponse:
     """A broker's METRICS answer: the bounded document (request counters, partitions,
     top producers, replication, transactions), or with ``detail`` one
     :class:`ProducerPage`'s document. Carried as the document its builder writes
-    (``server.metrics``): every reader (:func:`merge_documents`, the Prometheus exporter,
-    ``idemlog metrics``) reads its sections by name."""
+    (``server.observability.metrics``): every reader (:func:`merge_documents`, the
+    Prometheus exporter, ``idemlog metrics``) reads its sections by name."""
 
     document: dict[str, Any]
 

@@ -15,7 +15,7 @@ coordinators, so a reader combines their answers with the partitions' LSOs itsel
 
 Why no batch slips through. A coordinator tracks a batch before its first marker is
 written, and stops only once the batch is settled (below every LSO) and no cut of its own
-batches can reach it (``txn.visibility.still_reachable``). Take a batch Z and the LSO
+batches can reach it (``txn.coordinator.visibility.still_reachable``). Take a batch Z and the LSO
 reads of step 2. If no marker of Z was written before the last of them, each of Z's
 partitions had Z's transaction open at its read, so its LSO was at or below Z's rows
 there: Z is wholly above the LSOs, and a cut only lowers ends. Otherwise Z was tracked

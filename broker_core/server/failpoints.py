@@ -9,12 +9,12 @@ test that forgot the key fails loudly instead of passing without its fault.
 Points (each read by one product call, through a :class:`BrokerFailpoints` passed in):
 
 * ``after_prepare`` / ``after_first_marker``: the marker writer SIGKILLs the broker before
-  its first marker, or after the first partition's (``server.marker_client``);
+  its first marker, or after the first partition's (``server.coordination.marker_client``);
 * ``withhold_replica_fetch``: the leader answers its followers' fetches with no batches
-  (``server.replica_manager``), so they fall behind and its tail diverges;
+  (``server.replication.replica_manager``), so they fall behind and its tail diverges;
 * ``unverified_txn_produce``: the leader appends a transactional batch of a stream that
   names no transactional id unverified, as a broker before issue 36 did
-  (``server.flight_server``): how the tests of the hanging-transaction tools make the
+  (``server.requests.flight_server``): how the tests of the hanging-transaction tools make the
   data those tools are for (written before the coordinator verified every transaction).
 
 State: one armed point name per process, fixed at start.

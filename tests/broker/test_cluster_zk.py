@@ -23,7 +23,7 @@ from broker_core.errors import IdemlogError, InvalidReplicationFactorError
 from broker_core.protocol.admin_requests import BrokerAddress
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
-from broker_core.server.config import ZK_ROOT
+from broker_core.server.config.broker_config import ZK_ROOT
 from testkit.zookeeper import ZooKeeperHarness, ZooKeeperServer
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerProcess

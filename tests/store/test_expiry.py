@@ -18,11 +18,11 @@ from broker_core.errors import (
 )
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkTxnStatus
-from broker_core.server.config import BrokerConfig
-from broker_core.txn.expiry import ExpiryPolicy
-from broker_core.txn.state import SinkCommitState, TransactionState
-from broker_core.txn.state_store import TXN_STATE_TOPIC, LogTxnStateStore
-from broker_core.txn.state_topic import read_rows
+from broker_core.server.config.broker_config import BrokerConfig
+from broker_core.txn.coordinator.expiry import ExpiryPolicy
+from broker_core.txn.state_topic.records import SinkCommitState, TransactionState
+from broker_core.txn.state_topic.schema import read_rows
+from broker_core.txn.state_topic.store import TXN_STATE_TOPIC, LogTxnStateStore
 from tests.store.test_txn_coordinator import (
     P0,
     P1,

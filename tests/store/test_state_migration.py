@@ -1,6 +1,6 @@
 """``__transaction_state`` written by the old code (schema version 1, value not null) is
 upgraded on open to version 2 (tombstones), and a crash at any step of the upgrade leaves
-one readable state (broker_core/txn/state_topic.py, docs/storage.md).
+one readable state (broker_core/txn/state_topic/schema.py, docs/storage.md).
 
 The data directories are built the way the old code wrote them: a topic of the version-1
 schema holding JSON records without the fields added since (a sink's ``last_update_ms``
@@ -17,14 +17,13 @@ import pytest
 
 from broker_core.errors import CorruptRecordError
 from broker_core.log.store import LogStore
-from broker_core.txn.state import (
+from broker_core.txn.state_topic.records import (
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import KIND_SINK, KIND_TRANSACTION, LogTxnStateStore
-from broker_core.txn.state_topic import (
+from broker_core.txn.state_topic.schema import (
     MIGRATION_TOPIC,
     TOPIC_CONFIG,
     TXN_STATE_SCHEMA,
@@ -34,6 +33,7 @@ from broker_core.txn.state_topic import (
     append_rows,
     read_rows,
 )
+from broker_core.txn.state_topic.store import KIND_SINK, KIND_TRANSACTION, LogTxnStateStore
 from tests.store.test_txn_coordinator import P0, Producer, start_broker
 
 S = TransactionState

@@ -31,13 +31,22 @@ from broker_core.errors import (
     UnknownServerError,
 )
 from broker_core.log.store import LogStore
+from broker_core.producer_ids.manager import FileProducerIdBlockSource, ProducerIdManager
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.record.batch import MAX_PRODUCER_EPOCH, ControlType
-from broker_core.txn.coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
-from broker_core.txn.expiry import ExpiryPolicy
-from broker_core.txn.markers import ProducerMarkers, StableOffsets, by_partition, restricted
-from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
-from broker_core.txn.state import (
+from broker_core.txn.coordinator.coordinator import (
+    LocalMarkerWriter,
+    MarkerWriter,
+    TransactionCoordinator,
+)
+from broker_core.txn.coordinator.expiry import ExpiryPolicy
+from broker_core.txn.coordinator.markers import (
+    ProducerMarkers,
+    StableOffsets,
+    by_partition,
+    restricted,
+)
+from broker_core.txn.state_topic.records import (
     MAX_CLIENT_EPOCH,
     SinkBatchRecord,
     SinkCommitRecord,
@@ -45,7 +54,7 @@ from broker_core.txn.state import (
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import TXN_STATE_TOPIC, LogTxnStateStore, TxnStateStore
+from broker_core.txn.state_topic.store import TXN_STATE_TOPIC, LogTxnStateStore, TxnStateStore
 from tests.store.helpers import SCHEMA, ManualClock, read_ids, rows
 
 S = TransactionState

@@ -24,7 +24,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_PATH = re.compile(
     r"`((?:broker_core|spark_sink|jobs|tests|benchmarks|conf|scripts)/[\w./-]*)`"
 )
-# A dotted module name, e.g. `broker_core.txn.visibility.consistent_cut`.
+# A dotted module name, e.g. `broker_core.txn.coordinator.visibility.consistent_cut`.
 DOTTED = re.compile(r"`((?:broker_core|spark_sink|jobs)(?:\.\w+)+)")
 
 
