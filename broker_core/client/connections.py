@@ -68,8 +68,8 @@ class FlightConnections:
     :meth:`get` returns the cached client or opens one (opening does not contact the
     broker: a dead address fails at the first call, not here). :meth:`reset` forgets one,
     so the next :meth:`get` opens a fresh channel instead of waiting out the broken one's
-    reconnect backoff. :meth:`close` closes them all (no call may be in flight then); the
-    cache stays usable. ``tls``: the protocol and checked PEM files of every link
+    reconnect backoff. :meth:`close` closes them all (an actions' channel once its last
+    call returns); the cache stays usable. ``tls``: the protocol and checked PEM files of every link
     (``TlsSettings.load(Side.CLIENT)``); plaintext by default.
 
     ``sasl``: the credentials every channel authenticates with; then :meth:`get` runs
@@ -266,11 +266,19 @@ class FlightConnections:
             _close_quietly(idle)
 
     def close(self) -> None:
-        """Close every channel (no call may be in flight then); the cache stays usable."""
+        """Close every channel; the cache stays usable. An actions' channel with a call
+        still on it (a replica fetcher stopped while its fetch waits for the leader) is
+        retired instead, and closed when that call returns: closing a Flight client under
+        a call crashes the process. No stream may be open on a streams' channel then."""
         with self._lock:
-            clients = list(self._clients.values()) + list(self._retired.values())
-            self._clients, self._refresh_at, self._retired = {}, {}, {}
-        for client in clients:
+            busy = {key: c for key, c in self._clients.items() if id(c) in self._calls}
+            idle = [c for c in self._clients.values() if id(c) not in self._calls]
+            idle += [c for k, c in self._retired.items() if k not in self._calls]
+            self._retired = {k: c for k, c in self._retired.items() if k in self._calls}
+            self._clients, self._refresh_at = {}, {}
+            for client in busy.values():
+                self._retired[id(client)] = client
+        for client in idle:
             _close_quietly(client)
 
     def action(self, address: str, action: str, body: bytes, timeout_s: float, what: str) -> bytes:
