@@ -5,7 +5,8 @@ the wheel. Signals to another process are the product's (``idemlog broker stop``
 then SIGKILL, through a pidfd of that process).
 
 Read from the sources' syntax trees, not imported: a module that would kill on import
-is found too. ``spark_sink`` joins :data:`SHIPPED` once its failpoints leave it."""
+is found too. ``tests/packaging/test_wheel.py`` runs the same check on the built wheel's
+files. ``spark_sink`` joins :data:`SHIPPED` once its failpoints leave it."""
 
 from __future__ import annotations
 
