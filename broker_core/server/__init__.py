@@ -12,4 +12,5 @@
 * ``access``: who a caller is and what it may do;
 * ``config``: the broker's keys, declared once.
 
-``failpoints`` (the test hooks) is read by several rooms and imports none."""
+``hooks`` (the test hooks' interface, no-op by default) is asked by several rooms and
+imports none."""

@@ -49,7 +49,7 @@ class ReplicatedCluster:
     teardown); ``extra`` broker keys for every broker; ``tls``: the test's client's files
     when ``extra`` sets security.protocol=SSL or SASL_SSL; ``sasl``: the credentials of
     its client on a SASL cluster; ``env``: each broker's environment at its first start
-    (a test hook's ``IDEMLOG_TEST_FAILPOINT``, with ``test.hooks.enable`` in ``extra``)."""
+    (a test hook's ``IDEMLOG_TEST_FAILPOINT``, with ``TEST_HOOKS`` in ``extra``)."""
 
     def __init__(
         self,

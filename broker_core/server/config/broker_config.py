@@ -36,6 +36,7 @@ from broker_core.server.config.timeouts import (
     check_timeouts,
     marker_call_timeout_ms,
 )
+from broker_core.server.hooks import HOOKS_CLASS_KEY
 
 IDLE_SHUTDOWN_KEY = "idle.shutdown.ms"  # the idle shutdown: server/process/idle.py
 NEVER = 0  # idle.shutdown.ms: the broker never stops on its own
@@ -332,12 +333,15 @@ _BROKER_KEYS = [
         max=LONG_MAX,
     ),
     ConfigKey(
-        "test.hooks.enable",
-        bool,
-        False,
-        "Never in production. Lets IDEMLOG_TEST_FAILPOINT kill or stall this broker at a "
-        "named point (the fault tests, docs/security.md, Test hooks). Off: the variable is "
-        "ignored, with one warning naming it.",
+        HOOKS_CLASS_KEY,
+        str,
+        "",
+        "Never in production. The test hooks this broker asks at its failure-injection "
+        "points, as module:Class (a subclass of broker_core.server.hooks.BrokerHooks), "
+        "built at start; a class that cannot be loaded refuses the start. The fault tests' "
+        "testkit.broker_failpoints:BrokerFailpoints (a checkout's, never in the wheel) lets "
+        "IDEMLOG_TEST_FAILPOINT kill or stall the broker at a named point (docs/security.md, "
+        "Test hooks). Empty: none, and that variable is ignored, with one warning naming it.",
     ),
 ]
 
@@ -405,7 +409,7 @@ class BrokerConfig:
     log_flush_scheduler_interval_ms: int
     log_cleaner_enable: bool
     log_cleaner_backoff_ms: int
-    test_hooks_enable: bool  # the process was started for the fault tests
+    test_hooks_class: str  # module:Class of its test hooks; "": none (server/hooks.py)
     idle_shutdown_ms: int  # 0: never stops on its own (broker_core/server/process/idle.py)
     default_replication_factor: int  # -1: min(3, live brokers) with ZooKeeper, 1 embedded
     replica_lag_time_max_ms: int
@@ -505,7 +509,7 @@ class BrokerConfig:
             log_flush_scheduler_interval_ms=int(parsed["log.flush.scheduler.interval.ms"]),
             log_cleaner_enable=bool(parsed["log.cleaner.enable"]),
             log_cleaner_backoff_ms=int(parsed["log.cleaner.backoff.ms"]),
-            test_hooks_enable=bool(parsed["test.hooks.enable"]),
+            test_hooks_class=str(parsed[HOOKS_CLASS_KEY]).strip(),
             idle_shutdown_ms=int(parsed[IDLE_SHUTDOWN_KEY]),
             default_replication_factor=int(parsed["default.replication.factor"]),
             replica_lag_time_max_ms=int(parsed["replica.lag.time.max.ms"]),

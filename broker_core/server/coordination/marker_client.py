@@ -9,11 +9,11 @@ Each leader answers the last stable offset of every partition it wrote a marker 
 (``protocol.txn_requests.WriteTxnMarkersResponse``); :meth:`write_markers`
 returns them all in one map, like ``LocalMarkerWriter``.
 
-Test hooks (``server.failpoints``, armed only in a broker started with
-``test.hooks.enable=true``): ``after_prepare`` SIGKILLs the broker inside
-:meth:`write_markers` before the first marker (the PREPARE_* state is already durable),
-``after_first_marker`` after the first partition's marker. The kill tests use them to stop
-a broker in the middle of ending a transaction.
+Test hooks (``server.hooks``, the product's answers unless the broker was started with
+``test.hooks.class``): :meth:`write_markers` calls ``before_markers`` before the first
+marker (the PREPARE_* state is already durable) and, if ``first_marker_alone`` says so,
+writes the first partition's marker alone, then calls ``after_first_marker``. The kill
+tests' hooks SIGKILL the broker there, to stop it in the middle of ending a transaction.
 """
 
 from __future__ import annotations
@@ -39,12 +39,7 @@ from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
-from broker_core.server.failpoints import (
-    AFTER_FIRST_MARKER,
-    AFTER_PREPARE,
-    NO_FAILPOINTS,
-    BrokerFailpoints,
-)
+from broker_core.server.hooks import NO_HOOKS, BrokerHooks
 from broker_core.txn.coordinator.markers import (
     MarkerWriter,
     ProducerMarkers,
@@ -92,10 +87,10 @@ class RoutingMarkerWriter:
         call_timeout_s: float = MARKER_TIMEOUT_S,
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
         sasl: SaslCredentials | None = None,
-        failpoints: BrokerFailpoints = NO_FAILPOINTS,
+        hooks: BrokerHooks = NO_HOOKS,
     ) -> None:
         self._broker_id = broker_id
-        self._failpoints = failpoints  # test hooks: none unless started for them
+        self._hooks = hooks  # test hooks: the product's answers unless started for them
         self._topics = topics
         self._local = local
         self._brokers = brokers
@@ -109,7 +104,7 @@ class RoutingMarkerWriter:
     def write_markers(
         self, producers: Sequence[ProducerMarkers], commit: bool, coordinator_epoch: int
     ) -> StableOffsets:
-        self._failpoints.kill_at(AFTER_PREPARE)
+        self._hooks.before_markers()
         by_leader: dict[int, set[tuple[str, int]]] = {}
         for topic, partition in sorted(by_partition(producers)):
             try:
@@ -119,13 +114,15 @@ class RoutingMarkerWriter:
                 log.warning("no markers on %s-%d: %s", topic, partition, exc.message)
                 continue
             by_leader.setdefault(leader, set()).add((topic, partition))
-        if self._failpoints.is_armed(AFTER_FIRST_MARKER) and by_leader:
-            # The test hook: the first leader's first partition alone, then the SIGKILL.
+        if by_leader and self._hooks.first_marker_alone():
+            # The test hook: the first leader's first partition alone, then the hook (the
+            # kill tests' SIGKILL). After one that returns, all are written below: that
+            # first marker again too, a no-op.
             first = min(by_leader)
             self._write_to(
                 first, restricted(producers, [min(by_leader[first])]), commit, coordinator_epoch
             )
-            self._failpoints.kill_at(AFTER_FIRST_MARKER)
+            self._hooks.after_first_marker()
         # One call per leader, all at once (this broker's own partitions on this thread).
         local = by_leader.pop(self._broker_id, set())
         futures = {

@@ -52,8 +52,7 @@ from broker_core.server.coordination.marker_client import RoutingMarkerWriter
 from broker_core.server.coordination.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.coordination.state_coordinator import StateLeaderCoordinatorRole
 from broker_core.server.coordination.txn_verifier import TxnVerifier
-from broker_core.server.failpoints import BrokerFailpoints
-from broker_core.server.failpoints import from_start as failpoints_from_start
+from broker_core.server.hooks import BrokerHooks, load_hooks
 from broker_core.server.observability.metrics import Metrics, partition_gauges
 from broker_core.server.observability.prometheus import MetricsEndpoint
 from broker_core.server.process.idle import IdleWatch
@@ -175,13 +174,13 @@ class Broker:
         """
         self._transition(BrokerState.STARTING)
         try:
-            tls, failpoints = self._load_settings()
+            tls, hooks = self._load_settings()
             self._open_metrics_endpoint()
             self._lock_data_dir()
             self._open_producer_ids()
             self._open_store()
-            info = self._open_listener(tls, failpoints)
-            self._join_cluster(info, tls, failpoints)
+            info = self._open_listener(tls, hooks)
+            self._join_cluster(info, tls, hooks)
             self._start_coordinator(tls)
             self._start_tasks()
         except LogDirLockedError:
@@ -205,13 +204,14 @@ class Broker:
         self._ready.set()
         return info
 
-    def _load_settings(self) -> tuple[TlsMaterial, BrokerFailpoints]:
-        """Its TLS files (a bad one refuses the start) and the test hooks, decided here
-        once (an inherited variable alone never arms one). Opens nothing."""
+    def _load_settings(self) -> tuple[TlsMaterial, BrokerHooks]:
+        """Its TLS files (a bad one refuses the start) and the test hooks, built here
+        once from ``test.hooks.class`` (an inherited variable alone never arms one; a
+        class that cannot be loaded refuses the start). Opens nothing."""
         cfg = self.config
         tls = cfg.tls.load(Side.SERVER)
         warn_if_exposed(cfg.listener_host, cfg.tls)
-        return tls, failpoints_from_start(cfg.test_hooks_enable)
+        return tls, load_hooks(cfg.test_hooks_class)
 
     def _open_metrics_endpoint(self) -> None:
         """Bind ``metrics.port`` (if set) before the directory is touched, so a taken port
@@ -308,7 +308,7 @@ class Broker:
             1 for _t, _p, log_ in logs if log_.state.first_unstable_offset() is not None
         )
 
-    def _open_listener(self, tls: TlsMaterial, failpoints: BrokerFailpoints) -> BrokerInfo:
+    def _open_listener(self, tls: TlsMaterial, hooks: BrokerHooks) -> BrokerInfo:
         """The handlers and the Flight server, bound (so the real port is known), and what
         clients are told: ``listener.advertised.*`` when set (NAT, a proxy, a container).
         Requests wait at :meth:`gate`. Built before the parts they reach (the cluster
@@ -351,7 +351,7 @@ class Broker:
             authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
             verifier=self._txn_verifier(tls),
             producer_tokens=self._producer_tokens,
-            failpoints=failpoints,
+            hooks=hooks,
         )
         assert self.identity is not None  # _lock_data_dir ran
         self.info = BrokerInfo(
@@ -377,9 +377,7 @@ class Broker:
         )
         return self._verifier
 
-    def _join_cluster(
-        self, info: BrokerInfo, tls: TlsMaterial, failpoints: BrokerFailpoints
-    ) -> None:
+    def _join_cluster(self, info: BrokerInfo, tls: TlsMaterial, hooks: BrokerHooks) -> None:
         """The cluster metadata, the replica manager, the local partitions and the marker
         writer; then registers this broker and opens the partitions it holds (recovering
         each), following topic changes. ``_release`` closes the partitions with the store,
@@ -396,7 +394,7 @@ class Broker:
             self._replication(),
             tls,
             sasl=inter_broker,
-            failpoints=failpoints,
+            hooks=hooks,
         )
         topics = self._topics = LocalTopics(
             self.broker_id,
@@ -416,7 +414,7 @@ class Broker:
             call_timeout_s=cfg.marker_call_timeout_s,
             tls=tls,
             sasl=inter_broker,
-            failpoints=failpoints,
+            hooks=hooks,
         )
         cluster.register(info)
         # Subscribed before the first sync: a state the controller writes for this new

@@ -57,11 +57,7 @@ from broker_core.protocol.replica import (
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from broker_core.server.config.timeouts import ack_timeout_ms
-from broker_core.server.failpoints import (
-    NO_FAILPOINTS,
-    WITHHOLD_REPLICA_FETCH,
-    BrokerFailpoints,
-)
+from broker_core.server.hooks import NO_HOOKS, BrokerHooks
 from broker_core.server.replication.partition import Partition, Role
 from broker_core.server.replication.replica_fetcher import FetcherConfig, ReplicaFetcher
 from broker_core.server.replication.topic_ids import check_topic_id
@@ -96,10 +92,10 @@ class ReplicaManager:
         tls: TlsMaterial = PLAINTEXT_MATERIAL,
         *,
         sasl: SaslCredentials | None = None,
-        failpoints: BrokerFailpoints = NO_FAILPOINTS,
+        hooks: BrokerHooks = NO_HOOKS,
     ) -> None:
         self.broker_id = broker_id
-        self._failpoints = failpoints  # test hooks: none unless started for them
+        self._hooks = hooks  # test hooks: the product's answers unless started for them
         self._store = store
         self._cluster = cluster
         self.config = config
@@ -282,7 +278,7 @@ class ReplicaManager:
             partition.wait_for_data(request.fetch_offset, request.max_wait_ms / 1000.0)
             partition.check_epoch(request.leader_epoch)  # an election while it waited
         records = log_.read_raw(request.fetch_offset, request.max_bytes)
-        if self._failpoints.is_armed(WITHHOLD_REPLICA_FETCH):
+        if self._hooks.withhold_replica_fetch():
             records = b""  # test hook: followers fall behind, and its tail diverges
         return ReplicaFetchResponse(
             log_.high_watermark, log_.log_start_offset, log_.log_end_offset, records

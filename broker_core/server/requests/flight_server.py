@@ -57,7 +57,7 @@ from broker_core.server.access.authorization import (
     host_of_peer,
 )
 from broker_core.server.coordination.txn_verifier import TxnVerifier
-from broker_core.server.failpoints import NO_FAILPOINTS, UNVERIFIED_TXN_PRODUCE, BrokerFailpoints
+from broker_core.server.hooks import NO_HOOKS, BrokerHooks
 from broker_core.server.observability.metrics import Metrics, outcome_of
 from broker_core.server.replication.partition import Partition
 from broker_core.server.requests.handlers import ActionHandlers
@@ -99,8 +99,8 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     ``verifier``: asks a transactional batch's coordinator before its first append
     (``broker_core.server.coordination.txn_verifier``); ``producer_tokens``: checks that a
     non-transactional batch's producer id was issued to the stream's principal
-    (``broker_core.security.producer_token``); ``failpoints``: the test hooks (none
-    unless started for them).
+    (``broker_core.security.producer_token``); ``hooks``: the test hooks (the product's
+    answers unless started for them).
     """
 
     def __init__(
@@ -121,7 +121,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         authorizer: RequestAuthorizer | None = None,
         verifier: TxnVerifier,
         producer_tokens: ProducerTokens,
-        failpoints: BrokerFailpoints = NO_FAILPOINTS,
+        hooks: BrokerHooks = NO_HOOKS,
     ) -> None:
         # auth_handler (SASL, broker_core.server.access.authentication): every call but the
         # handshake carries a valid session token, or Flight refuses it before any handler.
@@ -140,7 +140,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self._authorizer = authorizer
         self._verifier = verifier
         self._producer_tokens = producer_tokens
-        self._failpoints = failpoints
+        self._hooks = hooks
 
     # -- common --------------------------------------------------------------------------
     def _permit(
@@ -394,7 +394,7 @@ class IdemlogFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         id, and the verifier's error, nothing written: a refusal drops the guard, a
         retriable error keeps it for the retry (or a concurrent ask of the same producer)."""
         if txn_id is None:
-            if self._failpoints.is_armed(UNVERIFIED_TXN_PRODUCE):
+            if self._hooks.append_unverified():
                 return None  # the test hook: appended as before issue 36, unverified
             raise InvalidRequestError(
                 f"produce to {topic}-{partition}: a transactional batch (producer id "
