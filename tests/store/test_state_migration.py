@@ -33,7 +33,8 @@ from broker_core.txn.state_topic.schema import (
     append_rows,
     read_rows,
 )
-from broker_core.txn.state_topic.store import KIND_SINK, KIND_TRANSACTION, LogTxnStateStore
+from broker_core.txn.state_topic.store import KIND_SINK, KIND_TRANSACTION
+from testkit.state_store import local_state_store
 from tests.store.test_txn_coordinator import P0, Producer, start_broker
 
 S = TransactionState
@@ -152,5 +153,5 @@ def test_a_topic_of_an_unknown_schema_is_refused_by_name(tmp_path: Path) -> None
     odd = TXN_STATE_SCHEMA_V1.append(TXN_STATE_SCHEMA_V1.field("key").with_name("extra"))
     store.create_topic(TXN_STATE_TOPIC, 1, schema=odd, config=TOPIC_CONFIG)
     with pytest.raises(CorruptRecordError, match="neither version 1") as refused:
-        LogTxnStateStore.open_local(store)
+        local_state_store(store)
     assert TXN_STATE_TOPIC in refused.value.message

@@ -237,25 +237,6 @@ class StatePartition(Protocol):
         """Every row of the partition with its offset, in offset order (its load)."""
 
 
-class LocalStatePartition:
-    """A :class:`StatePartition` over a local log with no replication and no leader epoch
-    check: for a process that is the only writer of ``log_`` by construction (the store
-    tier's tests, the offline benchmarks, the ``idemlog`` tools). A broker never uses it."""
-
-    def __init__(self, log_: PartitionLog) -> None:
-        self._log = log_
-
-    @property
-    def name(self) -> str:
-        return self._log.name
-
-    def append(self, rows: Sequence[Row], leader_epoch: int) -> None:
-        append_rows(self._log, rows, TXN_STATE_SCHEMA)
-
-    def rows(self) -> Iterator[tuple[int, Row]]:
-        return read_rows(self._log)
-
-
 def open_state_log(
     store: LogStore,
     segment_bytes: int | None = None,

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from broker_core.errors import ConcurrentTransactionsError, CorruptRecordError
-from broker_core.log.store import LogStore
 from broker_core.txn.state_topic.records import (
     SinkBatchRecord,
     SinkCommitRecord,
@@ -23,12 +22,7 @@ from broker_core.txn.state_topic.records import (
 )
 from broker_core.txn.state_topic.schema import TXN_STATE_SCHEMA as TXN_STATE_SCHEMA
 from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC as TXN_STATE_TOPIC
-from broker_core.txn.state_topic.schema import (
-    LocalStatePartition,
-    Row,
-    StatePartition,
-    open_state_log,
-)
+from broker_core.txn.state_topic.schema import Row, StatePartition
 
 log = logging.getLogger("idemlog.txn")
 
@@ -106,20 +100,6 @@ class LogTxnStateStore:
     def __init__(self, partition: StatePartition, *, leader_epoch: int) -> None:
         self._partition = partition
         self._leader_epoch = leader_epoch
-
-    @classmethod
-    def open_local(
-        cls,
-        store: LogStore,
-        *,
-        segment_bytes: int | None = None,
-        delete_retention_ms: int | None = None,
-    ) -> LogTxnStateStore:
-        """A store over ``store``'s own ``__transaction_state`` (created, or upgraded from
-        schema version 1, by ``open_state_log``) for a process that is its only writer
-        (:class:`LocalStatePartition`); a broker builds its store over its replica."""
-        log_ = open_state_log(store, segment_bytes, delete_retention_ms)
-        return cls(LocalStatePartition(log_), leader_epoch=0)
 
     @property
     def leader_epoch(self) -> int:
