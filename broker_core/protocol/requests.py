@@ -171,7 +171,8 @@ class Wire:
 
     Each request class holds its own (``WIRE``); ``protocol.action_table`` renders the
     page's tables from them (``tests/unit/test_protocol_table.py`` checks the page holds
-    them and that each body names the fields its ``from_doc`` reads).
+    them and that each body, and each answer written as a document, names the fields
+    its class's ``from_doc`` reads).
     """
 
     body: str

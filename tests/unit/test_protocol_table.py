@@ -1,6 +1,7 @@
 """docs/protocol.md's tables of the DoAction bodies are generated from the request classes
 (``protocol.action_table``, ``scripts/protocol_doc.py``): the page holds what they render,
-and each class's documented body names the fields its ``from_doc`` reads."""
+each class's documented body names the fields its ``from_doc`` reads, and each documented
+answer the fields its response class's ``from_doc`` reads."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
+from typing import get_type_hints
 
 import pytest
 
@@ -112,6 +114,30 @@ class _Source:
             return None if where is None else self.constants.get(where)
         return None
 
+    def strings(self, module: str, node: ast.expr, function: ast.FunctionDef) -> set[str]:
+        """The field names ``node`` stands for: a string, a module's string constant, or
+        a name a loop in ``function`` binds to each of a literal list's first items
+        (``for name, kind in (("topic", str), ...)``)."""
+        text = self.string(module, node)
+        if text is not None:
+            return {text}
+        if not isinstance(node, ast.Name):
+            return set()
+        found: set[str] = set()
+        for loop in ast.walk(function):
+            if not isinstance(loop, (ast.For, ast.comprehension)):
+                continue
+            target = loop.target
+            if isinstance(target, ast.Tuple) and target.elts:
+                target = target.elts[0]
+            if not (_is(target, {node.id}) and isinstance(loop.iter, (ast.Tuple, ast.List))):
+                continue
+            for item in loop.iter.elts:
+                first = item.elts[0] if isinstance(item, ast.Tuple) and item.elts else item
+                if (text := self.string(module, first)) is not None:
+                    found.add(text)
+        return found
+
     def fields_read(self, module: str, name: str, seen: set[tuple[str, str]]) -> set[str]:
         """The body fields the function reads from its ``doc`` parameter: the name
         handed to every call on ``doc``, its subscripts, ``get``s and ``in`` tests, and
@@ -142,9 +168,8 @@ class _Source:
                 key = node.slice
             elif isinstance(node, ast.Compare) and any(_is(c, docs) for c in node.comparators):
                 key = node.left
-            text = None if key is None else self.string(module, key)
-            if text:
-                found.add(text)
+            if key is not None:
+                found |= self.strings(module, key, function)
         return found
 
 
@@ -204,6 +229,32 @@ def test_each_documented_body_names_the_fields_from_doc_reads(action: Action) ->
         f"""\
         {cls.__name__}.WIRE.body names {sorted(documented)}
         but {cls.__name__}.from_doc reads {sorted(read)}"""
+    )
+
+
+def _answer_types() -> dict[Action, type]:
+    """What each action's handler answers, by its annotation (``server.handlers``)."""
+    from broker_core.server.handlers import ActionHandlers
+
+    return {a: get_type_hints(getattr(ActionHandlers, a.value))["return"] for a in Action}
+
+
+@pytest.mark.parametrize("action", list(Action), ids=lambda a: a.value)
+def test_each_documented_answer_names_the_fields_its_response_reads(action: Action) -> None:
+    """An answer documented as a ``{...}`` document names what its response class's
+    ``from_doc`` reads (a response that answers several actions may read more: the
+    union of theirs). Binary answers and documents passed on whole are prose."""
+    answers = _answer_types()
+    response = answers[action]
+    answer = request_classes()[action].WIRE.answer
+    if not answer.startswith("{") or not hasattr(response, "from_doc"):
+        return
+    documented = _documented_fields(answer)
+    read = _Source().fields_read(response.__module__, f"{response.__name__}.from_doc", set())
+    shared = list(answers.values()).count(response) > 1
+    assert documented <= read if shared else documented == read, (
+        f"{action.value}: the answer names {sorted(documented)} but "
+        f"{response.__name__}.from_doc reads {sorted(read)}"
     )
 
 
