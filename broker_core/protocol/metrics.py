@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from broker_core.errors import InvalidRequestError
+from broker_core.protocol.requests import Wire
 from broker_core.protocol.wire import Action
 from broker_core.protocol.wire import field as _field
 
@@ -118,6 +119,14 @@ class MetricsRequest:
     counters, by producer id, after the page token (the previous page's last id)."""
 
     ACTION: ClassVar[Action] = Action.METRICS
+    WIRE: ClassVar[Wire] = Wire(
+        body='{top?}, or {detail: "producers", page_token?, page_size?}',
+        answer=(
+            "the bounded metrics document (broker_core.server.observability.metrics); with detail: "
+            "one page of the per-producer counters "
+            "(broker_core.protocol.metrics.ProducerPage; docs/operations.md)"
+        ),
+    )
     detail: str | None = None
     page_token: str | None = None
     page_size: int = DEFAULT_PAGE_SIZE

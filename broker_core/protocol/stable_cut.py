@@ -46,6 +46,7 @@ from broker_core.protocol.coordinator_keys import (
     state_partition_field,
     with_state_partition,
 )
+from broker_core.protocol.requests import Wire
 from broker_core.protocol.wire import Action
 from broker_core.protocol.wire import field as _field
 
@@ -92,6 +93,19 @@ class TrackedBatchesRequest:
     ``state_partition`` (``ALL_LED``: the broker's only one)."""
 
     ACTION: ClassVar[Action] = Action.TRACKED_BATCHES
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topic, since, state_partition?}",
+        answer=(
+            "{incarnation, generation, evicted_through, evicted_high: {partition: "
+            "offset}, batches: [[[partition, first, last], ..], ..]}"
+        ),
+        note=(
+            "one coordinator's part of a readers' cut across coordinators: its "
+            "tracked batches, and the dropped ones its ring holds after generation "
+            "since, all of them for since = -1; docs/design.md §7, "
+            "broker_core/protocol/stable_cut.py"
+        ),
+    )
     topic: str
     since: int = EVERYTHING
     state_partition: int | None = ALL_LED

@@ -3,8 +3,9 @@
 Every body is decoded by its typed request (``broker_core.protocol.*_requests``), so a
 missing or mistyped field is an ``INVALID_REQUEST`` naming the action and the field; every
 handler answers its typed response, which :meth:`ActionHandlers.handle` alone turns into
-the wire document. What each action takes and answers is described once, in
-docs/protocol.md ("Everything else: DoAction" and "Between brokers").
+the wire document. What each action takes and answers is not repeated here: each request
+class shows its own (``WIRE``), and docs/protocol.md's tables ("Everything else: DoAction"
+and "Between brokers") are generated from them (``protocol.action_table``).
 
 Without a transactional id, InitProducerId is served by any broker from its own leased
 producer-id block (as Kafka does); everything transactional goes to the coordinator of
