@@ -133,9 +133,6 @@ class ProducerIdBlockSource(Protocol):
     def next_block(self, broker_id: int) -> ProducerIdBlock: ...
 
 
-# How a kazoo connection state reads in the "ZooKeeper unavailable (...)" log line.
-
-
 class IssuedProducerIds:
     """``producer_id_known`` for the store: was this id ever handed out by the cluster?
 

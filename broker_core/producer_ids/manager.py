@@ -95,7 +95,8 @@ class ProducerIdManager:
         """A producer id nobody else has or will get; blocks only when a block must be leased.
 
         Raises what the source raises when no block can be leased, e.g. the retriable
-        :class:`ProducerIdAllocationError` or :class:`ProducerIdSpaceExhaustedError`.
+        :class:`ProducerIdAllocationError` or the non-retriable
+        :class:`ProducerIdSpaceExhaustedError`.
         """
         retried_failed_prefetch = False
         while True:

@@ -1,5 +1,5 @@
 """The broker process, in rooms by concern, each importing only the ones below it
-(docs/architecture.md, "The house"):
+(docs/architecture.md, "The layers"):
 
 * ``process``: the broker started and stopped, its wiring, background tasks, ZooKeeper
   session and idle shutdown;

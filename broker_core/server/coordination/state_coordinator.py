@@ -12,8 +12,8 @@ A broker runs one :class:`TransactionCoordinator` per state partition it leads (
   own thread, so one slow load delays no other partition); requests for keys of N
   meanwhile get COORDINATOR_LOAD_IN_PROGRESS (retriable);
 * leadership of N lost, or a newer epoch: N's running coordinator is closed at once, on
-  the callback (NOT_COORDINATOR from then on), before anything else happens to the
-  replica; its appends in flight are refused by the replica itself
+  the callback (NOT_COORDINATOR from then on), right after the replica's role changed and
+  before its fetcher starts; its appends in flight are refused by the replica itself
   (``server.coordination.state_partition``). The other partitions' coordinators are untouched.
 
 Each coordinator's epoch is its own partition's leader epoch: every state write is

@@ -6,11 +6,11 @@ write are one step) and is refused there unless the partition is still led at th
 coordinator's leader epoch; then it waits, within that epoch, until every in-sync replica
 has it (acks=all). Losing the leadership at any point before the answer -- before the
 write or while it waits -- raises CoordinatorEpochFencedError: the coordinator stands
-down and never applies the change in memory (docs/design.md §5).
+down and never applies the change in memory (docs/design.md §10).
 
 :func:`embedded_state_partition` gives the embedded broker the same path: its one-partition
 ``__transaction_state`` is a :class:`Partition` led by itself at the controller epoch of
-this run (higher than every earlier run's, docs/design.md §5), one replica.
+this run (higher than every earlier run's, docs/design.md §10), one replica.
 """
 
 from __future__ import annotations

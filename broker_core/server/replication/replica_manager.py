@@ -12,13 +12,13 @@ partition this broker is a replica of, and follows the cluster metadata
   epoch is started; it truncates by epoch before it fetches.
 
 As leader it answers its followers (:meth:`replica_fetch`, :meth:`offsets_for_leader_epoch`,
-:meth:`replica_log_start`)
-and keeps the ISR in ZooKeeper through ``ClusterMetadata.alter_partition``, only while it
-still leads at the epoch it knows: a follower that has not caught up within
-``replica.lag.time.max.ms`` is dropped (checked every half of it), one that caught up with
-the high watermark is added back (at once, on the ISR thread; never on a fetch's thread,
-which must not wait for ZooKeeper). A written ISR takes effect when the cluster's topics
-callback delivers it, like every other change, so an older view never lands after it.
+:meth:`replica_log_start`) and keeps the ISR in ZooKeeper through
+``ClusterMetadata.alter_partition``, only while it still leads at the epoch it knows: a
+follower that has not caught up within ``replica.lag.time.max.ms`` is dropped (checked
+every half of it, at least every second), one that caught up with the high watermark is
+added back (at once, on the ISR thread; never on a fetch's thread, which must not wait for
+ZooKeeper). A written ISR takes effect when the cluster's topics callback delivers it,
+like every other change, so an older view never lands after it.
 """
 
 from __future__ import annotations

@@ -146,10 +146,11 @@ class ActionHandlers:
     """The DoAction table of one broker.
 
     Its collaborators come in through the constructor; the ones that exist only once the
-    broker has started (the cluster, the marker writer, the coordinator) are callables
-    asked at each request. ``cluster`` and ``coordinator`` raise the retriable error that
-    says where to go instead; ``markers``, ``pids`` and ``store`` may answer None before
-    the start.
+    broker has started (the store, the cluster, the producer ids, the marker writer, the
+    replicas) are callables asked at each request, and ``coordinators`` asks the broker's
+    coordinator role at each request. ``cluster`` and ``coordinators`` raise the retriable
+    error that says where to go instead; ``markers``, ``pids``, ``store`` and ``replicas``
+    may answer None before the start.
     """
 
     def __init__(

@@ -88,9 +88,10 @@ _TXN = "transactional id"
 class TransactionCoordinator:
     """Transactional ids -> (producer id, epoch), transactions and sink commits.
 
-    Decisions are stored in ``state_store`` (at ``coordinator_epoch``, which fences older
-    coordinators) before they take effect; producer ids come from ``pids``; markers go
-    through ``markers``, retriable failures retried with backoff from
+    Decisions are stored in ``state_store`` before they take effect; ``coordinator_epoch``
+    is its state partition's leader epoch, which the partition checks on every append (a
+    deposed coordinator's write is refused) and the markers carry. Producer ids come from
+    ``pids``; markers go through ``markers``, retriable failures retried with backoff from
     ``marker_retry_backoff_s`` (doubling up to 1 s) for ``marker_retry_deadline_s``;
     ``stable_offsets`` gives partitions' LSOs to :meth:`stable_ends`; ``clock()`` is the
     time in ms. Call :meth:`start` before any request.

@@ -7,9 +7,9 @@ One pass (:meth:`Expiry.expire`, run by the broker every
   COMPLETE_COMMIT/COMPLETE_ABORT (never ONGOING or PREPARE_x), not named by a pending
   sink record, not changed since and, for a sink task's id, no task of its run wrote or
   beat since. Kafka's way: the id goes DEAD (durable), then its record is removed (a
-  tombstone in ``__transaction_state``, a conditional delete in ZooKeeper), then it is
-  dropped from memory. A producer still using it is told so
-  (INVALID_PRODUCER_ID_MAPPING, naming the setting); a new init gets a new producer id.
+  tombstone in ``__transaction_state``), then it is dropped from memory. A producer
+  still using it is told so (INVALID_PRODUCER_ID_MAPPING, naming the setting); a new
+  init gets a new producer id.
 * a sink's record once none of its ids remains, it is complete, no committed batch of it
   is still tracked for the readers' cut, and it is idle longer than its expiry: a
   df.write job's (``batch_job``) after ``transactional.id.expiration.ms``, as nobody
@@ -180,7 +180,9 @@ def _attempt(removal: Callable[[], bool], what: str) -> bool:
     try:
         return removal()
     except ConcurrentTransactionsError:
-        return False  # a request holds it right now: it is not idle
+        # A request holds it right now: it is not idle. (A deposed coordinator's
+        # CoordinatorEpochFencedError too: the pass then ends at its next status check.)
+        return False
     except IdemlogError as exc:
         log.warning("could not expire %s yet: %s", what, exc)
         return False

@@ -82,8 +82,8 @@ class MarkerSender:
         try:
             return self._policy.call(write, before_retry=before_retry, stop=self._stop)
         except TransactionCoordinatorFencedError as exc:
-            # A partition has seen a newer coordinator's marker: same as a newer
-            # coordinator's state in the store (and the same error for the client).
+            # A partition has seen a newer coordinator's marker: deposed, as when the
+            # state partition refuses an append for its leader epoch (the same error).
             raise CoordinatorEpochFencedError(
                 f"{what}: the partitions refused the markers of coordinator epoch "
                 f"{self._coordinator_epoch}: the transaction was changed by another "

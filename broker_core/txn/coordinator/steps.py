@@ -239,7 +239,9 @@ class DurableSteps:
             with self._registry.claims() as claims:
                 self.finish_sink(claims, record)
         except ConcurrentTransactionsError:
-            pass  # another request holds it, and finishes it
+            # Another request holds it, and finishes it; or (CoordinatorEpochFencedError)
+            # this coordinator was deposed and stood down: its successor finishes it.
+            pass
         except IdemlogError as exc:
             log.error("could not finish the commit of sink %r yet: %s", record.sink_id, exc)
 
@@ -250,6 +252,8 @@ class DurableSteps:
                 claims.txn(transactional_id)
                 self.settle(claims, transactional_id)
         except ConcurrentTransactionsError:
-            pass  # another request holds it, and finishes it
+            # Another request holds it, and finishes it; or (CoordinatorEpochFencedError)
+            # this coordinator was deposed and stood down: its successor finishes it.
+            pass
         except IdemlogError as exc:
             log.error("could not finish %s %r yet: %s", _TXN, transactional_id, exc)

@@ -3,7 +3,8 @@
 :class:`TransactionState` is Kafka's transaction state machine with its transition table
 written out; :class:`TransactionMetadata` is what the coordinator keeps (and persists) per
 transactional id; :class:`SinkCommitRecord` is a sink's last committed Spark batch. Both
-records serialise to small JSON documents, the value both state stores persist.
+records serialise to small JSON documents, the value the state store persists (and the
+previous format's znodes held).
 """
 
 from __future__ import annotations

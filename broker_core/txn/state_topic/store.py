@@ -61,13 +61,14 @@ class TxnStateStore(Protocol):
 
 
 class CoordinatorEpochFencedError(ConcurrentTransactionsError):
-    """A coordinator of a higher epoch has taken over: it wrote the state this one was
-    about to overwrite (or, raised by the coordinator, a partition refused this one's
-    markers with TRANSACTION_COORDINATOR_FENCED).
+    """This coordinator was deposed: its state partition is no longer led at the
+    coordinator's leader epoch, so an append (or the load) was refused; or, raised by the
+    coordinator, a partition refused its markers with TRANSACTION_COORDINATOR_FENCED (a
+    newer coordinator's markers reached it).
 
-    Still a CONCURRENT_TRANSACTIONS (51) on the wire, as the stores have always answered a
-    lost race, so the client retries; the coordinator recognises the type and stops
-    serving, and the retry gets NOT_COORDINATOR and finds the new one.
+    A CONCURRENT_TRANSACTIONS (51) on the wire, so the client retries; the coordinator
+    recognises the type and stops serving, and the retry gets NOT_COORDINATOR and finds
+    the new one.
     """
 
 
@@ -92,7 +93,7 @@ class LogTxnStateStore:
     atomically unless the partition is still led at ``leader_epoch``) and returns once the
     rows are durable on every in-sync replica; a delete appends a tombstone (a null value)
     the same way. A refused append raises CoordinatorEpochFencedError, on which the
-    coordinator stands down without applying the change (docs/design.md §5). A torn or
+    coordinator stands down without applying the change (docs/design.md §10). A torn or
     corrupt tail after a crash is cut by the log's own recovery, so :meth:`load` sees
     every record whose put returned.
     """
