@@ -168,8 +168,9 @@ class BrokerClient(AdminCalls, TransactionCalls):
     credentials or TLS files refused), the ACLs' ``TopicAuthorizationFailedError``,
     ``ClusterAuthorizationFailedError`` and ``TransactionalIdAuthorizationFailedError``
     (``broker_core.errors.AUTHORIZATION_ERRORS``), ``UnknownServerError`` for a JSON
-    answer that is not an object, and ``InvalidRequestError`` for an answer whose typed
-    response lacks a field (a broker of another protocol version).
+    answer that is not an object; a malformed answer (a broker of another protocol
+    version) raises what its typed response's ``from_doc`` does, mostly
+    ``InvalidRequestError`` naming the field.
 
     Args:
         bootstrap: ``"host:port[,host:port]"``: where the first metadata is asked.
