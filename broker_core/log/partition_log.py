@@ -11,7 +11,8 @@ Directory layout (one directory per partition):
     high-watermark-checkpoint                       a replica's high watermark (replica.py)
     cleaner-checkpoint                              how far compaction got (cleaner.py)
 
-Every method takes the partition lock; appends of different partitions run in parallel.
+Appends, markers, reads and the replication calls take the partition lock; appends of
+different partitions run in parallel.
 The read path over segments (``collect_batches``) is also the read-only view's
 (``inspect.py``), so ``idemlog log dump`` reads a directory as a broker would serve it.
 """
@@ -646,7 +647,8 @@ class PartitionLog:
             return FetchResult(batches, next_offset, self.high_watermark, lso, start)
 
     def batches_from(self, offset: int) -> Iterator[tuple[LogSegment, StoredBatch]]:
-        """Every stored batch holding ``offset`` or after it, with its segment."""
+        """Every stored batch holding ``offset`` or after it, with its segment (for tests:
+        it takes no lock, so only on a log nothing writes to)."""
         return batches_from(self.segments, offset)
 
     def read_control(self, offset: int) -> tuple[BatchHeader, ControlType] | None:
@@ -664,7 +666,7 @@ class PartitionLog:
                         return stored.header, record.control_type
             return None
 
-    # -- replication (called by broker_core/server: partition.py, replica_fetcher.py) --
+    # -- replication (called by broker_core/server/replication/) ---------------------
     def become_leader(self, epoch: int) -> None:
         """Lead at ``epoch`` from the log end on (later batches carry it; the epoch cache
         records it, durably). InvalidRequestError for an older epoch or one out of range."""
@@ -726,7 +728,7 @@ class PartitionLog:
             args = (self.directory, self.name, self.segments, offset)
             self.segments = truncate_segments(*args, self.config.index_interval_bytes)
             end = self.log_end_offset
-            self.epochs.truncate_from_end(end)  # after the log, never before: see replica.py
+            self.epochs.truncate_from_end(end)  # after the log, never before: see leader_epoch.py
             rebuild_state(self.directory, self.segments, self.state)
             if self._high_watermark is not None:
                 self._high_watermark = min(self._high_watermark, end)
