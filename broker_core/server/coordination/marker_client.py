@@ -32,8 +32,7 @@ from broker_core.errors import (
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.log.partition_log import PartitionLog
-from broker_core.log.results import HangingAbort, MarkerResult
+from broker_core.log.partition_log import HangingAbort, MarkerResult, PartitionLog
 from broker_core.protocol.txn_requests import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.record.batch import ControlType

@@ -26,9 +26,8 @@ from broker_core.errors import (
     SchemaMismatchError,
     UnknownServerError,
 )
-from broker_core.log.partition_log import IsolationLevel, PartitionLog
+from broker_core.log.partition_log import AppendResult, IsolationLevel, PartitionLog
 from broker_core.log.producer_state import VerificationGuard
-from broker_core.log.results import AppendResult
 from broker_core.log.store import LogStore, describe_schema_difference
 from broker_core.protocol.data_requests import FetchRequest, ProduceDescriptor
 from broker_core.protocol.metrics import AppendOutcome

@@ -34,8 +34,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.compaction import check_key_columns
-from broker_core.log.partition_log import PartitionLog
-from broker_core.log.results import HangingAbort
+from broker_core.log.partition_log import HangingAbort, PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.producer_ids.manager import ProducerIdManager
 from broker_core.protocol.admin_requests import (
