@@ -725,8 +725,13 @@ class PartitionLog:
             if offset < self.log_start_offset:
                 raise OffsetOutOfRangeError(f"{self.name}: truncation to {offset}, below start")
             self._join_flushers()
-            args = (self.directory, self.name, self.segments, offset)
-            self.segments = truncate_segments(*args, self.config.index_interval_bytes)
+            self.segments = truncate_segments(
+                self.directory,
+                self.name,
+                self.segments,
+                offset,
+                self.config.index_interval_bytes,
+            )
             end = self.log_end_offset
             self.epochs.truncate_from_end(end)  # after the log, never before: see leader_epoch.py
             rebuild_state(self.directory, self.segments, self.state)
@@ -739,8 +744,8 @@ class PartitionLog:
         """(log start, then ``replica.log_start_state``) for a follower below the start."""
         with self._lock:
             self._check_open()
-            args = (self.directory, self.segments, self.epochs, self.state)
-            return (self.log_start_offset, *log_start_state(*args))
+            state = log_start_state(self.directory, self.segments, self.epochs, self.state)
+            return (self.log_start_offset, *state)
 
     def reset_to(self, offset: int, epoch: int, snapshot: bytes) -> None:
         """An empty log at ``offset`` with the leader's state there (``replica.reset_log``;
@@ -748,9 +753,17 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             self._join_flushers()
-            args = (self.directory, self.name, self.segments, offset, epoch, snapshot)
             try:
-                self.segments, self.epochs = reset_log(*args, self.state, self._hw_checkpoint)
+                self.segments, self.epochs = reset_log(
+                    self.directory,
+                    self.name,
+                    self.segments,
+                    offset,
+                    epoch,
+                    snapshot,
+                    self.state,
+                    self._hw_checkpoint,
+                )
             except OSError:
                 self._closed = True
                 raise
