@@ -110,6 +110,8 @@ class BrokerInfo:
     epoch: int = field(default=NO_BROKER_EPOCH, compare=False)
     # Its log.dir's directory.id (log/dir_identity.py): which copy of data it serves.
     directory_id: str | None = field(default=None, compare=False)
+    # Its Kafka listener's advertised (host, port) (kafka.listener); None: it serves none.
+    kafka_listener: tuple[str, int] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_broker_id(self.broker_id)
@@ -125,12 +127,15 @@ class BrokerInfo:
         return f"{self.host}:{self.port}"
 
     def to_json(self) -> bytes:
-        """The registration znode's content: ``{"host", "port", "directory_id"}`` (the id
-        is the node name, the epoch its czxid)."""
+        """The registration znode's content: ``{"host", "port", "directory_id",
+        "kafka_listener"}`` (the id is the node name, the epoch its czxid)."""
         doc: dict[str, Any] = {"version": CONTROL_DOC_VERSION, "host": self.host}
         doc["port"] = self.port
         if self.directory_id is not None:
             doc["directory_id"] = self.directory_id  # older readers ignore it
+        if self.kafka_listener is not None:
+            host, port = self.kafka_listener
+            doc["kafka_listener"] = {"host": host, "port": port}  # likewise
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -142,7 +147,13 @@ class BrokerInfo:
             directory = doc.get("directory_id")
             if directory is not None and not isinstance(directory, str):
                 raise InvalidConfigError(f"directory_id={directory!r} is not a string")
-            return cls(broker_id, doc["host"], doc["port"], epoch, directory)
+            kafka = doc.get("kafka_listener")
+            kafka_listener = None
+            if kafka is not None:
+                if not isinstance(kafka, dict) or not _is_address(kafka):
+                    raise InvalidConfigError(f"kafka_listener={kafka!r} is not a host and port")
+                kafka_listener = (kafka["host"], kafka["port"])
+            return cls(broker_id, doc["host"], doc["port"], epoch, directory, kafka_listener)
         except (KeyError, InvalidConfigError) as exc:
             raise CorruptRecordError(f"{where}: not a broker registration ({exc})") from exc
 
@@ -693,6 +704,17 @@ def check_partition_update(
             f"{current.leader_epoch}"
         )
     return new
+
+
+def _is_address(doc: dict[str, Any]) -> bool:
+    host, port = doc.get("host"), doc.get("port")
+    return (
+        isinstance(host, str)
+        and bool(host)
+        and isinstance(port, int)
+        and not isinstance(port, bool)
+        and 0 < port <= 65535
+    )
 
 
 def _is_broker_id(value: object) -> bool:

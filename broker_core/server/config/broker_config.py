@@ -29,6 +29,7 @@ from broker_core.security.tls import TlsSettings
 from broker_core.security.zk_acl import ZK_ACL_KEYS, ZkAuth
 from broker_core.security.zk_tls import SECURITY_KEYS
 from broker_core.server.config.acl import ACL_KEYS, AuthorizationConfig, brokers_principal
+from broker_core.server.config.kafka import KAFKA_KEYS, KAFKA_LISTENER, KafkaListenerConfig
 from broker_core.server.config.metrics import METRICS_KEYS, MetricsEndpointConfig
 from broker_core.server.config.security import SASL_KEYS, SecurityConfig
 from broker_core.server.config.timeouts import (
@@ -375,6 +376,7 @@ BROKER_CONFIG = ConfigDef(
         *ZK_ACL_KEYS,  # zookeeper.set.acl, zookeeper.auth.digest.*: security/zk_acl.py
         *METRICS_KEYS,  # metrics.port, metrics.host: server/config/metrics.py
         *ACL_KEYS,  # authorizer.enable, super.users: server/config/acl.py
+        *KAFKA_KEYS,  # kafka.listener, kafka.advertised.listener: server/config/kafka.py
         *_topic_default_keys(),
     ],
     what="broker",
@@ -422,6 +424,7 @@ class BrokerConfig:
     security: SecurityConfig  # sasl.*: the listener's authentication, the broker's principal
     metrics: MetricsEndpointConfig  # metrics.*: the Prometheus endpoint (off by default)
     authorization: AuthorizationConfig  # authorizer.enable, super.users (acl_config.py)
+    kafka: KafkaListenerConfig  # kafka.listener: Kafka's protocol (off by default)
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -470,6 +473,13 @@ class BrokerConfig:
         zookeeper_hosts, zookeeper_chroot = split_zookeeper_connect(zookeeper_connect)
         security = SecurityConfig.from_parsed(parsed, embedded=not zookeeper_connect)
         tls = TlsSettings.from_values(parsed)
+        authorization = AuthorizationConfig.from_parsed(
+            parsed,
+            embedded=not zookeeper_connect,
+            broker_principal=brokers_principal(parsed, security, tls),
+        )
+        kafka = KafkaListenerConfig.from_parsed(parsed)
+        _check_kafka_listener_opens_nothing_closed(kafka, security, authorization)
         return cls(
             broker_id=int(parsed["broker.id"]),
             listener_host=str(parsed["listener.host"]),
@@ -523,11 +533,8 @@ class BrokerConfig:
             tls=tls,
             security=security,
             metrics=MetricsEndpointConfig.from_parsed(parsed),
-            authorization=AuthorizationConfig.from_parsed(
-                parsed,
-                embedded=not zookeeper_connect,
-                broker_principal=brokers_principal(parsed, security, tls),
-            ),
+            authorization=authorization,
+            kafka=kafka,
             values=parsed,
         )
 
@@ -537,6 +544,28 @@ class BrokerConfig:
         values: dict[str, object] = dict(load_properties(path)) if path is not None else {}
         values.update(parse_overrides(overrides))
         return cls.from_mapping(values)
+
+
+def _check_kafka_listener_opens_nothing_closed(
+    kafka: KafkaListenerConfig, security: SecurityConfig, authorization: AuthorizationConfig
+) -> None:
+    """The Kafka listener authenticates no one yet: on a broker whose Flight listener
+    requires TLS, SASL, a local token or ACLs it would serve anyone what those keys keep
+    from them, so the combination is refused, naming the key that closes the door."""
+    if not kafka.enabled:
+        return
+    closed_by = None
+    if security.protocol != "PLAINTEXT":
+        closed_by = f"security.protocol={security.protocol}"
+    elif security.token_file:
+        closed_by = "listener.token.file"
+    elif authorization.enabled:
+        closed_by = "authorizer.enable=true"
+    if closed_by is not None:
+        raise InvalidConfigError(
+            f"{KAFKA_LISTENER} cannot be set with {closed_by}: the Kafka listener does not "
+            "authenticate or authorize yet, and would serve the topics to anyone"
+        )
 
 
 def split_zookeeper_connect(connect: str) -> tuple[str, str]:

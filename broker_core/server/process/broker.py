@@ -6,7 +6,8 @@ until the end of ``close()``: a second process on the same ``log.dir`` is refuse
 LogDirLockedError before it reads or writes a file there), the producer-id block source
 and the producer tokens' key (ZooKeeper's session, or the files
 ``<log.dir>/__producer_id_block`` and ``__producer_id_key``), the
-:class:`LogStore`, the Flight server (bound, so the real port is known), the cluster
+:class:`LogStore`, the Flight server (bound, so the real port is known), the Kafka
+listener when ``kafka.listener`` is set (bound likewise: its address is registered), the cluster
 (registering this broker, opening and recovering its partitions), the transaction
 coordinator and the background tasks. A step that raises has ``_release`` close what the
 earlier ones opened, in reverse. Requests arriving before the start finished wait for it.
@@ -18,10 +19,11 @@ every partition), deregisters and, last, drops the data-directory lock.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker_core.cluster.embedded import EmbeddedCluster
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
@@ -63,6 +65,9 @@ from broker_core.server.replication.replica_fetcher import FetcherConfig
 from broker_core.server.replication.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.txn.coordinator.coordinator import LocalMarkerWriter
 from broker_core.txn.coordinator.expiry import ExpiryPolicy
+
+if TYPE_CHECKING:
+    from broker_core.server.kafka.listener import KafkaListener
 
 log = logging.getLogger("idemlog.broker")
 
@@ -115,6 +120,7 @@ class Broker:
         self.cluster: ClusterMetadata | None = None
         self.info: BrokerInfo | None = None
         self._server: Any = None
+        self._kafka: KafkaListener | None = None  # kafka.listener's, when set
         self._verifier: TxnVerifier | None = None
         self._tasks = TaskGroup()
         # idle.shutdown.ms: the listener's gate of calls that says when to stop (None: off).
@@ -180,6 +186,7 @@ class Broker:
             self._open_producer_ids()
             self._open_store()
             info = self._open_listener(tls, hooks)
+            info = self._open_kafka_listener(info)
             self._join_cluster(info, tls, hooks)
             self._start_coordinator(tls)
             self._start_tasks()
@@ -360,6 +367,26 @@ class Broker:
             cfg.advertised_port or int(self._server.port),
             directory_id=self.identity.directory_id,
         )
+        return self.info
+
+    def _open_kafka_listener(self, info: BrokerInfo) -> BrokerInfo:
+        """With ``kafka.listener`` set, Kafka's protocol (server/kafka/), bound before the
+        registration that carries its advertised address (``kafka.advertised.listener``
+        or the bound one) to the other brokers' Metadata answers; ``info`` as it was
+        without. Requests wait at :meth:`gate`. ``_release`` stops it."""
+        from broker_core.server.kafka.apis import KafkaApis
+        from broker_core.server.kafka.listener import KafkaListener
+
+        cfg = self.config
+        if not cfg.kafka.enabled:
+            return info
+        apis = KafkaApis(self.broker_id, StartedTopics(lambda: self.topics), self.require_cluster)
+        self._kafka = KafkaListener(
+            cfg.kafka, apis, gate=self.gate, max_request_bytes=cfg.max_request_bytes
+        )
+        port = self._kafka.start()
+        advertised = (cfg.kafka.advertised_host, cfg.kafka.advertised_port or port)
+        self.info = dataclasses.replace(info, kafka_listener=advertised)
         return self.info
 
     def _txn_verifier(self, tls: TlsMaterial) -> TxnVerifier:
@@ -616,6 +643,8 @@ class Broker:
         self._tasks.stop()
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
+        if self._kafka is not None:
+            self._kafka.stop()
         if self._server is not None:
             self._shutdown_server()
         if self._coordinator_role is not None:

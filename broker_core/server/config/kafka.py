@@ -1,0 +1,117 @@
+"""The Kafka listener's keys (declared here, beside ``broker_config.py``, which lists them
+with the others): whether the broker serves Kafka's binary protocol, where, and what
+address Kafka clients are told (docs/broker.md, "The Kafka listener").
+
+Off by default: a second port is the operator's choice to open. The value is Kafka's own
+listener form, ``PLAINTEXT://host:port``, so an operator reads it as Kafka's
+``listeners``; only PLAINTEXT is served in this step, and the other protocols Kafka
+names are refused by name rather than served without their security.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from broker_core.config import ConfigKey, ConfigValue
+from broker_core.errors import InvalidConfigError
+
+KAFKA_LISTENER = "kafka.listener"
+KAFKA_ADVERTISED_LISTENER = "kafka.advertised.listener"
+PLAINTEXT = "PLAINTEXT"
+# Kafka's other security protocols: named so the refusal says "not yet", not "unknown".
+_NOT_SERVED_YET = ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+KAFKA_KEYS = [
+    ConfigKey(
+        KAFKA_LISTENER,
+        str,
+        "",
+        "Serve Kafka's binary protocol (any Kafka client reads the topics) on this address, "
+        "in Kafka's listener form PLAINTEXT://host:port (port 0: any free one, logged at "
+        "start). Empty: no Kafka listener (the default). Only PLAINTEXT is served yet: "
+        "SSL://, SASL_PLAINTEXT:// and SASL_SSL:// are refused, and so is a broker whose "
+        "Flight listener requires TLS, SASL, a local token or ACLs (the Kafka listener does "
+        "not authenticate yet). APIs served: docs/broker.md, 'The Kafka listener'.",
+    ),
+    ConfigKey(
+        KAFKA_ADVERTISED_LISTENER,
+        str,
+        "",
+        "What Kafka clients are told to connect to (Kafka's advertised.listeners), in the "
+        "same form, when it differs from kafka.listener's address: behind NAT, a proxy or "
+        "in a container. Empty: kafka.listener's host and the bound port; that host must "
+        "then not be a wildcard address.",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class KafkaListenerConfig:
+    """The parsed keys; ``enabled`` is False with ``kafka.listener`` empty. ``host`` ""
+    binds every interface; ``advertised_port`` 0: the bound port."""
+
+    enabled: bool
+    host: str
+    port: int
+    advertised_host: str
+    advertised_port: int
+
+    @classmethod
+    def from_parsed(cls, parsed: Mapping[str, ConfigValue]) -> KafkaListenerConfig:
+        """Raises InvalidConfigError naming the key: not ``PLAINTEXT://host:port``, a
+        protocol not served yet, an advertised address without a listener or a wildcard
+        host advertised."""
+        listener = str(parsed[KAFKA_LISTENER]).strip()
+        advertised = str(parsed[KAFKA_ADVERTISED_LISTENER]).strip()
+        if not listener:
+            if advertised:
+                raise InvalidConfigError(
+                    f"{KAFKA_ADVERTISED_LISTENER}={advertised!r} is set but {KAFKA_LISTENER} "
+                    "is empty: there is no Kafka listener to advertise"
+                )
+            return cls(False, "", 0, "", 0)
+        host, port = parse_listener(KAFKA_LISTENER, listener)
+        if advertised:
+            advertised_host, advertised_port = parse_listener(KAFKA_ADVERTISED_LISTENER, advertised)
+            if advertised_port == 0:
+                raise InvalidConfigError(
+                    f"{KAFKA_ADVERTISED_LISTENER}={advertised!r}: port 0 is not an address a "
+                    "client can connect to"
+                )
+        else:
+            advertised_host, advertised_port = host, 0
+        if advertised_host in _WILDCARD_HOSTS:
+            raise InvalidConfigError(
+                f"{KAFKA_LISTENER}={listener!r} binds every interface, which no client can "
+                f"connect to: set {KAFKA_ADVERTISED_LISTENER} to the address clients use"
+            )
+        return cls(True, host, port, advertised_host, advertised_port)
+
+
+def parse_listener(key: str, value: str) -> tuple[str, int]:
+    """``PLAINTEXT://host:port`` -> (host, port); an InvalidConfigError naming ``key``
+    otherwise (an IPv6 host is written in brackets, as in Kafka)."""
+    protocol, sep, address = value.partition("://")
+    protocol = protocol.upper()
+    if not sep:
+        raise InvalidConfigError(
+            f"{key}={value!r} is not PLAINTEXT://host:port (Kafka's listener form)"
+        )
+    if protocol in _NOT_SERVED_YET:
+        raise InvalidConfigError(
+            f"{key}={value!r}: {protocol} is not served by the Kafka listener yet; only "
+            "PLAINTEXT:// is"
+        )
+    if protocol != PLAINTEXT:
+        raise InvalidConfigError(
+            f"{key}={value!r}: {protocol!r} is not one of Kafka's security protocols "
+            "(PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL); only PLAINTEXT:// is served yet"
+        )
+    host, colon, port_text = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not colon or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise InvalidConfigError(f"{key}={value!r}: the port must be a number in 0..65535")
+    return host, int(port_text)

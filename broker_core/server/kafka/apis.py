@@ -1,0 +1,317 @@
+"""The Kafka APIs this broker serves, at which versions, and their handlers.
+
+:data:`SERVED` is what ApiVersions advertises and what the listener decodes: an API or a
+version outside it is never advertised, so a client never sends it (one that does is
+disconnected, as Kafka does, but for ApiVersions itself, answered at v0 with
+UNSUPPORTED_VERSION and the list, so the client can pick). The handlers answer from the
+cluster metadata (Metadata) and the partitions this broker leads (ListOffsets); an
+idemlog error becomes the Kafka error with the same number (``broker_core/errors.py``
+uses Kafka's numbers where Kafka has the error).
+
+Responses are built for the version asked from the fields that version has: kio's
+classes for each version differ only in which fields exist, so one handler serves them
+all (:func:`_build`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import sys
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from typing import Any, Protocol
+
+from kio.index import load_response_schema
+from kio.schema.errors import ErrorCode as KafkaErrorCode
+from kio.static.primitive import i16, i32, i64
+
+from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata, TopicAssignment
+from broker_core.errors import (
+    IdemlogError,
+    InvalidRequestError,
+    InvalidTopicError,
+    UnknownTopicIdError,
+    UnknownTopicOrPartitionError,
+)
+from broker_core.log.partition_log import PartitionLog
+from broker_core.protocol.topics import INTERNAL_TOPIC_PREFIX
+from broker_core.server.kafka.framing import KafkaRequest, UnsupportedVersion
+from broker_core.server.replication.partition import Partition
+
+log = logging.getLogger("idemlog.kafka")
+
+LIST_OFFSETS = 2
+METADATA = 3
+API_VERSIONS = 18
+
+# api key -> (min, max) version served. Metadata from v1 (v0's empty list meant "every
+# topic"; Kafka 4 dropped it), ListOffsets from v1 (v0 answered a list of old offsets)
+# to v10 (v11 adds a tiered-storage timestamp this log has no use for).
+SERVED: Mapping[int, tuple[int, int]] = {
+    API_VERSIONS: (0, 4),
+    METADATA: (1, 13),
+    LIST_OFFSETS: (1, 10),
+}
+
+# ListOffsets' special timestamps (Kafka's ListOffsetsRequest).
+LATEST = -1
+EARLIEST = -2
+EARLIEST_LOCAL = -4  # KIP-405: without tiered storage, the earliest
+READ_COMMITTED = 1
+NO_EPOCH = -1
+_NO_TOPIC_ID = uuid.UUID(int=0)
+_NO_OPERATIONS = i32(-(2**31))  # authorized operations not asked for
+_NO_THROTTLE = datetime.timedelta(0)
+
+
+class KafkaTopics(Protocol):
+    """The partitions this broker leads (``replication.local_topics.StartedTopics``)."""
+
+    def leader_log(
+        self, topic: str, partition: int, topic_id: str | None = None
+    ) -> PartitionLog: ...
+
+    def partition(self, topic: str, partition: int) -> Partition: ...
+
+
+def kafka_error(exc: IdemlogError) -> KafkaErrorCode:
+    """The Kafka error of ``exc``: its own number when Kafka has it, else
+    UNKNOWN_SERVER_ERROR (idemlog's own codes, 10000 and up, mean nothing to a client)."""
+    try:
+        return KafkaErrorCode(exc.error_code.code)
+    except ValueError:
+        return KafkaErrorCode.unknown_server_error
+
+
+def _build(cls: type[Any], **values: Any) -> Any:
+    """``cls`` (a kio class of one version) from the ``values`` it has fields for."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def _nested(response: type[Any], name: str) -> type[Any]:
+    """The nested class ``name`` of the same version as ``response``."""
+    found: type[Any] = getattr(sys.modules[response.__module__], name)
+    return found
+
+
+class KafkaApis:
+    """The handlers of broker ``broker_id``: ``topics`` the partitions it leads,
+    ``cluster()`` the cluster metadata (raises NotLeaderOrFollowerError before the broker
+    joined)."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        topics: KafkaTopics,
+        cluster: Callable[[], ClusterMetadata],
+    ) -> None:
+        self._broker_id = broker_id
+        self._topics = topics
+        self._cluster = cluster
+        self._handlers: dict[int, Callable[[KafkaRequest, type[Any]], Any]] = {
+            API_VERSIONS: self.api_versions,
+            METADATA: self.metadata,
+            LIST_OFFSETS: self.list_offsets,
+        }
+
+    def handle(self, request: KafkaRequest) -> Any:
+        """The response to ``request`` (a kio response of the request's version)."""
+        response = load_response_schema(request.api_key, request.api_version)
+        return self._handlers[request.api_key](request, response)
+
+    # -- ApiVersions ---------------------------------------------------------------------
+    def api_versions(self, request: KafkaRequest, response: type[Any]) -> Any:
+        return self._api_versions(response, KafkaErrorCode.none)
+
+    def unsupported_api_versions(self, refused: UnsupportedVersion) -> Any:
+        """ApiVersions at a version not served: answered at v0 with UNSUPPORTED_VERSION
+        and the versions served, from which the client picks (KIP-511)."""
+        log.info("kafka: ApiVersions v%d asked; answered at v0", refused.api_version)
+        return self._api_versions(
+            load_response_schema(API_VERSIONS, 0), KafkaErrorCode.unsupported_version
+        )
+
+    def _api_versions(self, response: type[Any], error: KafkaErrorCode) -> Any:
+        version = _nested(response, "ApiVersion")
+        keys = tuple(
+            version(api_key=i16(key), min_version=i16(low), max_version=i16(high))
+            for key, (low, high) in sorted(SERVED.items())
+        )
+        return _build(response, error_code=error, api_keys=keys, throttle_time=_NO_THROTTLE)
+
+    # -- Metadata ------------------------------------------------------------------------
+    def metadata(self, request: KafkaRequest, response: type[Any]) -> Any:
+        """The brokers that serve a Kafka listener and the topics asked (null: every topic
+        but the broker's internal ones, which hold no Kafka records). A topic never
+        created is UNKNOWN_TOPIC_OR_PARTITION (topics are not created by asking); a
+        partition whose leader is down or serves no Kafka listener has leader -1 and
+        LEADER_NOT_AVAILABLE, so the client asks again."""
+        cluster = self._cluster()
+        live = {b.broker_id: b for b in cluster.brokers()}
+        kafka_brokers = {b: info for b, info in live.items() if info.kafka_listener is not None}
+        assignments = cluster.topics()
+        asked = request.body.topics
+        if asked is None:
+            entries: list[tuple[str | None, TopicAssignment | None, IdemlogError | None]] = [
+                (name, a, None)
+                for name, a in sorted(assignments.items())
+                if not name.startswith(INTERNAL_TOPIC_PREFIX)
+            ]
+        else:
+            entries = [self._find_topic(t, assignments) for t in asked]
+        broker_cls = _nested(response, "MetadataResponseBroker")
+        brokers = tuple(_broker(broker_cls, info) for _, info in sorted(kafka_brokers.items()))
+        controller = cluster.controller()
+        controller_id = -1
+        if controller is not None and controller.broker_id in kafka_brokers:
+            controller_id = controller.broker_id
+        topics = tuple(
+            self._topic(response, name, a, error, set(live), set(kafka_brokers))
+            for name, a, error in entries
+        )
+        return _build(
+            response,
+            throttle_time=_NO_THROTTLE,
+            brokers=brokers,
+            cluster_id=None,
+            controller_id=i32(controller_id),
+            topics=topics,
+            error_code=KafkaErrorCode.none,
+        )
+
+    def _find_topic(
+        self, asked: Any, assignments: Mapping[str, TopicAssignment]
+    ) -> tuple[str | None, TopicAssignment | None, IdemlogError | None]:
+        name: str | None = asked.name
+        topic_id = getattr(asked, "topic_id", None)
+        if name is None and topic_id is not None and topic_id != _NO_TOPIC_ID:
+            for a in assignments.values():
+                if a.topic_id == topic_id.hex and not a.name.startswith(INTERNAL_TOPIC_PREFIX):
+                    return a.name, a, None
+            return None, None, UnknownTopicIdError(f"no topic has the id {topic_id}")
+        if name is None:
+            return None, None, InvalidRequestError("a topic asked with neither name nor id")
+        if name.startswith(INTERNAL_TOPIC_PREFIX):
+            return name, None, InvalidTopicError(f"topic {name!r} is internal to the broker")
+        found = assignments.get(name)
+        if found is None:
+            return name, None, UnknownTopicOrPartitionError(f"no topic {name!r}")
+        return name, found, None
+
+    def _topic(
+        self,
+        response: type[Any],
+        name: str | None,
+        assignment: TopicAssignment | None,
+        error: IdemlogError | None,
+        live: set[int],
+        kafka_brokers: set[int],
+    ) -> Any:
+        topic_cls = _nested(response, "MetadataResponseTopic")
+        if assignment is None:
+            assert error is not None
+            return _build(
+                topic_cls,
+                error_code=kafka_error(error),
+                name=name,
+                topic_id=_NO_TOPIC_ID,
+                is_internal=False,
+                partitions=(),
+                topic_authorized_operations=_NO_OPERATIONS,
+            )
+        partition_cls = _nested(response, "MetadataResponsePartition")
+        partitions = []
+        for index, state in sorted(assignment.states.items()):
+            servable = state.leader in live and state.leader in kafka_brokers
+            partitions.append(
+                _build(
+                    partition_cls,
+                    error_code=(
+                        KafkaErrorCode.none if servable else KafkaErrorCode.leader_not_available
+                    ),
+                    partition_index=i32(index),
+                    leader_id=i32(state.leader if servable else -1),
+                    leader_epoch=i32(state.leader_epoch),
+                    replica_nodes=tuple(i32(b) for b in state.replicas),
+                    isr_nodes=tuple(i32(b) for b in state.isr),
+                    offline_replicas=tuple(i32(b) for b in state.replicas if b not in live),
+                )
+            )
+        topic_id = uuid.UUID(hex=assignment.topic_id) if assignment.topic_id else _NO_TOPIC_ID
+        return _build(
+            topic_cls,
+            error_code=KafkaErrorCode.none,
+            name=assignment.name,
+            topic_id=topic_id,
+            is_internal=False,
+            partitions=tuple(partitions),
+            topic_authorized_operations=_NO_OPERATIONS,
+        )
+
+    # -- ListOffsets ---------------------------------------------------------------------
+    def list_offsets(self, request: KafkaRequest, response: type[Any]) -> Any:
+        """Per partition this broker leads: the earliest offset (-2, -4: the log start) or
+        the latest (-1: the high watermark, or with read_committed the last stable
+        offset: no record of an open transaction is counted), with the leader epoch.
+        A ``current_leader_epoch`` (v4+) other than the leader's is fenced
+        (FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH, KIP-320), and the epoch read
+        before the offsets is checked again after them, so an answer never pairs one
+        leader's offset with another's epoch. A lookup by timestamp is not served yet:
+        UNSUPPORTED_VERSION for that partition."""
+        body = request.body
+        committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
+        topic_cls = _nested(response, "ListOffsetsTopicResponse")
+        partition_cls = _nested(response, "ListOffsetsPartitionResponse")
+        topics = []
+        for topic in body.topics:
+            answers = []
+            for asked in topic.partitions:
+                error, offset, epoch = self._offset(
+                    topic.name,
+                    asked.partition_index,
+                    asked.timestamp,
+                    getattr(asked, "current_leader_epoch", NO_EPOCH),
+                    committed,
+                )
+                answers.append(
+                    _build(
+                        partition_cls,
+                        partition_index=asked.partition_index,
+                        error_code=error,
+                        timestamp=i64(-1),
+                        offset=i64(offset),
+                        leader_epoch=i32(epoch),
+                    )
+                )
+            topics.append(_build(topic_cls, name=topic.name, partitions=tuple(answers)))
+        return _build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+
+    def _offset(
+        self, topic: str, index: int, timestamp: int, current_epoch: int, committed: bool
+    ) -> tuple[KafkaErrorCode, int, int]:
+        if timestamp not in (LATEST, EARLIEST, EARLIEST_LOCAL):
+            return KafkaErrorCode.unsupported_version, -1, NO_EPOCH
+        try:
+            log_ = self._topics.leader_log(topic, index)
+            partition = self._topics.partition(topic, index)
+            epoch = partition.leader_epoch
+            if current_epoch != NO_EPOCH:
+                partition.check_epoch(current_epoch)
+            if timestamp == LATEST:
+                offset = log_.last_stable_offset if committed else log_.high_watermark
+            else:
+                offset = log_.log_start_offset
+            partition.check_epoch(epoch)  # still the leader, at the epoch answered
+        except IdemlogError as exc:
+            log.debug("kafka: ListOffsets %s-%d: %s", topic, index, exc)
+            return kafka_error(exc), -1, NO_EPOCH
+        return KafkaErrorCode.none, offset, epoch
+
+
+def _broker(cls: type[Any], info: BrokerInfo) -> Any:
+    assert info.kafka_listener is not None
+    host, port = info.kafka_listener
+    return _build(cls, node_id=i32(info.broker_id), host=host, port=i32(port), rack=None)

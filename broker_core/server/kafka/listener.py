@@ -1,0 +1,161 @@
+"""The Kafka listener: a TCP server on ``kafka.listener``, a thread per connection.
+
+The broker's other servers (Flight, the metrics endpoint) run on threads, and so does
+this one: each connection's thread reads a request, answers it and only then reads the
+next, which gives Kafka's rule (responses in the order of the requests on a connection)
+without a queue. A client pipelining requests waits for each answer in turn, which is
+what Kafka's own broker does per connection too (it mutes a connection while one
+request is in flight).
+
+A connection is closed, as Kafka closes it, on a request that does not decode, one for
+an API or version not served (but ApiVersions, answered so the client can pick), one
+larger than ``max.request.bytes``, and when a request arrives before the broker started
+or after it began to stop (the client connects again, here or to another broker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from broker_core.errors import IdemlogError, InvalidConfigError
+from broker_core.server.config.kafka import KAFKA_LISTENER, KafkaListenerConfig
+from broker_core.server.kafka.apis import API_VERSIONS, SERVED, KafkaApis
+from broker_core.server.kafka.framing import (
+    UnsupportedVersion,
+    encode_response,
+    parse_request,
+    read_frame,
+)
+
+log = logging.getLogger("idemlog.kafka")
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    block_on_close = False
+
+
+class KafkaListener:
+    """Serves ``apis`` on ``config``'s address. Every request first passes ``gate()``
+    (the broker's: waits for the start, refuses while stopping). :meth:`start` binds or
+    raises; :meth:`stop` is idempotent and closes the open connections."""
+
+    def __init__(
+        self,
+        config: KafkaListenerConfig,
+        apis: KafkaApis,
+        *,
+        gate: Callable[[], None],
+        max_request_bytes: int,
+    ) -> None:
+        self._config = config
+        self._apis = apis
+        self._gate = gate
+        self._max_bytes = max_request_bytes
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.port: int | None = None
+
+    def start(self) -> int:
+        """Bind and serve; returns the bound port. InvalidConfigError naming
+        ``kafka.listener`` when the address cannot be bound."""
+        host, port = self._config.host, self._config.port
+        listener = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                listener._serve(self.request, self.client_address)
+
+        try:
+            self._server = _Server((host, port), Handler)
+        except OSError as exc:
+            problem = (
+                "is already in use; stop the process holding it or choose another port "
+                "(0: any free one)"
+                if exc.errno == errno.EADDRINUSE
+                else f"cannot be bound: {exc.strerror}"
+            )
+            raise InvalidConfigError(
+                f"{KAFKA_LISTENER}=PLAINTEXT://{host}:{port}: the address {problem}"
+            ) from exc
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="idemlog-kafka-listener", daemon=True
+        )
+        self._thread.start()
+        log.info("kafka listener: PLAINTEXT://%s:%d", host, self.port)
+        return self.port
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()  # no new connection from here on
+        server.server_close()
+        with self._lock:
+            open_now = list(self._connections)
+        for connection in open_now:
+            # Wakes the connection's thread from its read: it sees the end and leaves.
+            with contextlib.suppress(OSError):  # the client closed it already
+                connection.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    # -- one connection ------------------------------------------------------------------
+    def _serve(self, connection: socket.socket, peer: Any) -> None:
+        with self._lock:
+            self._connections.add(connection)
+        try:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with connection.makefile("rb") as stream:
+                while self._serve_one(connection, stream, peer):
+                    pass
+        except OSError as exc:
+            log.debug("kafka: connection from %s ended: %s", peer, exc)
+        except Exception:
+            # A handler's bug: said with its traceback, and the client connects again.
+            log.exception("kafka: serving %s failed; connection closed", peer)
+        finally:
+            with self._lock:
+                self._connections.discard(connection)
+
+    def _serve_one(self, connection: socket.socket, stream: Any, peer: Any) -> bool:
+        """Answer one request; False when the connection is to be closed."""
+        try:
+            frame = read_frame(stream, self._max_bytes)
+            if frame is None:
+                return False
+            request = parse_request(frame, SERVED)
+        except UnsupportedVersion as refused:
+            if refused.api_key != API_VERSIONS:
+                log.warning("kafka: %s from %s; closing the connection", refused, peer)
+                return False
+            response = self._apis.unsupported_api_versions(refused)
+            connection.sendall(encode_response(refused.correlation_id, response))
+            return True
+        except IdemlogError as exc:
+            log.warning("kafka: bad request from %s; closing the connection: %s", peer, exc)
+            return False
+        try:
+            self._gate()
+            response = self._apis.handle(request)
+        except IdemlogError as exc:
+            log.info(
+                "kafka: api key %d from %s not answered; closing the connection: %s",
+                request.api_key,
+                peer,
+                exc,
+            )
+            return False
+        connection.sendall(encode_response(request.correlation_id, response))
+        return True
