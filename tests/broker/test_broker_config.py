@@ -77,6 +77,61 @@ def test_bad_values_name_the_key(values: dict[str, str], message: str) -> None:
     assert info.value.code == 40
 
 
+def test_the_kafka_listener_is_off_by_default_and_parsed_in_kafkas_form() -> None:
+    assert not BrokerConfig.from_mapping({}).kafka.enabled
+    kafka = BrokerConfig.from_mapping({"kafka.listener": "PLAINTEXT://127.0.0.1:0"}).kafka
+    assert (kafka.enabled, kafka.host, kafka.port, kafka.advertised_host) == (
+        True, "127.0.0.1", 0, "127.0.0.1",
+    )  # fmt: skip
+    behind_nat = BrokerConfig.from_mapping(
+        {
+            "kafka.listener": "plaintext://0.0.0.0:9093",
+            "kafka.advertised.listener": "PLAINTEXT://[::1]:19093",
+        }
+    ).kafka
+    assert (behind_nat.host, behind_nat.advertised_host, behind_nat.advertised_port) == (
+        "0.0.0.0", "::1", 19093,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"kafka.listener": "SSL://127.0.0.1:9093"},
+            r"kafka\.listener='SSL://127\.0\.0\.1:9093': SSL is not served by the Kafka "
+            r"listener yet; only PLAINTEXT:// is",
+        ),
+        ({"kafka.listener": "SASL_SSL://h:1"}, r"SASL_SSL is not served by the Kafka listener yet"),
+        ({"kafka.listener": "127.0.0.1:9093"}, r"is not PLAINTEXT://host:port"),
+        ({"kafka.listener": "HTTP://h:1"}, r"'HTTP' is not one of Kafka's security protocols"),
+        ({"kafka.listener": "PLAINTEXT://h:99999"}, r"the port must be a number in 0\.\.65535"),
+        ({"kafka.listener": "PLAINTEXT://0.0.0.0:9093"}, r"set kafka\.advertised\.listener"),
+        ({"kafka.advertised.listener": "PLAINTEXT://h:1"}, r"kafka\.listener is empty"),
+        (
+            {"kafka.listener": "PLAINTEXT://h:1", "kafka.advertised.listener": "PLAINTEXT://h:0"},
+            r"port 0 is not an address a client can connect to",
+        ),
+        (
+            {"kafka.listener": "PLAINTEXT://h:1", "listener.token.file": "/tmp/token"},
+            r"kafka\.listener cannot be set with listener\.token\.file: the Kafka listener "
+            r"does not authenticate",
+        ),
+        (
+            {"kafka.listener": "PLAINTEXT://h:1", "authorizer.enable": "true"},
+            r"kafka\.listener cannot be set with authorizer\.enable=true",
+        ),
+        (
+            {"kafka.listener": "PLAINTEXT://h:1", "security.protocol": "SASL_PLAINTEXT"},
+            r"kafka\.listener cannot be set with security\.protocol=SASL_PLAINTEXT",
+        ),
+    ],
+)
+def test_bad_kafka_listener_values_name_the_key(values: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidConfigError, match=message):
+        BrokerConfig.from_mapping(values)
+
+
 def test_replica_keys_parse_and_name_bad_values() -> None:
     config = BrokerConfig.from_mapping(
         {"default.replication.factor": "3", "replica.lag.time.max.ms": "5000"}

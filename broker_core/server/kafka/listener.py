@@ -90,7 +90,10 @@ class KafkaListener:
             ) from exc
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="idemlog-kafka-listener", daemon=True
+            target=self._server.serve_forever,
+            args=(0.1,),  # how often it looks for stop(): a quick shutdown
+            name="idemlog-kafka-listener",
+            daemon=True,
         )
         self._thread.start()
         log.info("kafka listener: PLAINTEXT://%s:%d", host, self.port)

@@ -1,0 +1,174 @@
+"""The Kafka listener's framing and ApiVersions, over a real socket: requests encoded by
+kio as a Kafka client encodes them, pipelined on one connection and answered in order;
+ApiVersions at every served version, flexible ones with the v0 response header Kafka
+requires; a version not served answered at v0 with UNSUPPORTED_VERSION; an API not
+served, a frame too large or cut short closing the connection."""
+
+from __future__ import annotations
+
+import io
+import socket
+import struct
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import IO, Any, cast
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32
+
+from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
+from broker_core.errors import InvalidRequestError, MessageTooLargeError
+from broker_core.server.config.kafka import KafkaListenerConfig
+from broker_core.server.kafka.apis import API_VERSIONS, METADATA, SERVED, KafkaApis, KafkaTopics
+from broker_core.server.kafka.framing import read_frame
+from broker_core.server.kafka.listener import KafkaListener
+
+MAX_BYTES = 64 * 1024
+
+
+def request_bytes(correlation_id: int, body: Any, client_id: str | None = "test") -> bytes:
+    """A size-prefixed request, header and body written by kio (as a client writes them)."""
+    buffer = io.BytesIO()
+    header_schema = body.__header_schema__
+    header = header_schema(
+        request_api_key=body.__api_key__,
+        request_api_version=body.__version__,
+        correlation_id=i32(correlation_id),
+        client_id=client_id,
+    )
+    entity_writer(header_schema)(buffer, header)
+    entity_writer(type(body))(buffer, body)
+    return struct.pack(">i", buffer.tell()) + buffer.getvalue()
+
+
+def api_versions_request(version: int) -> Any:
+    schema = load_request_schema(API_VERSIONS, version)
+    if version >= 3:
+        return schema(client_software_name="test", client_software_version="1")
+    return schema()
+
+
+def read_response(stream: IO[bytes], api_key: int, version: int) -> tuple[int, Any]:
+    """(correlation id, body) of the next response on ``stream`` (one per connection:
+    it reads ahead)."""
+    frame = read_frame(stream, MAX_BYTES)
+    assert frame is not None, "the listener closed the connection"
+    schema = load_response_schema(api_key, version)
+    header, used = entity_reader(schema.__header_schema__)(frame, 0)
+    body, size = entity_reader(schema)(frame, used)
+    assert used + size == len(frame)
+    return int(header.correlation_id), body
+
+
+@pytest.fixture
+def listener() -> Iterator[KafkaListener]:
+    info = BrokerInfo(0, "127.0.0.1", 1, kafka_listener=("127.0.0.1", 1))
+    cluster = SimpleNamespace(brokers=lambda: [info], topics=lambda: {}, controller=lambda: info)
+    apis = KafkaApis(
+        0, cast(KafkaTopics, SimpleNamespace()), lambda: cast(ClusterMetadata, cluster)
+    )
+    config = KafkaListenerConfig(True, "127.0.0.1", 0, "127.0.0.1", 0)
+    served = KafkaListener(config, apis, gate=lambda: None, max_request_bytes=MAX_BYTES)
+    served.start()
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def connect(listener: KafkaListener) -> socket.socket:
+    assert listener.port is not None
+    return socket.create_connection(("127.0.0.1", listener.port), timeout=10)
+
+
+def closed(sock: socket.socket) -> bool:
+    return sock.recv(1) == b""
+
+
+@pytest.mark.parametrize("version", range(SERVED[API_VERSIONS][0], SERVED[API_VERSIONS][1] + 1))
+def test_api_versions_lists_exactly_what_is_served(listener: KafkaListener, version: int) -> None:
+    with connect(listener) as sock:
+        sock.sendall(request_bytes(41, api_versions_request(version)))
+        correlation_id, body = read_response(sock.makefile("rb"), API_VERSIONS, version)
+    assert correlation_id == 41 and body.error_code == ErrorCode.none
+    listed = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+    assert listed == dict(SERVED)
+
+
+def test_pipelined_requests_are_answered_in_order(listener: KafkaListener) -> None:
+    metadata = load_request_schema(METADATA, 12)(
+        topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    )
+    asked = [(1, API_VERSIONS, 3), (2, METADATA, 12), (3, API_VERSIONS, 0), (4, METADATA, 12)]
+    frames = {API_VERSIONS: {3: api_versions_request(3), 0: api_versions_request(0)}}
+    with connect(listener) as sock:
+        sock.sendall(
+            b"".join(
+                request_bytes(c, metadata if key == METADATA else frames[key][v])
+                for c, key, v in asked
+            )
+        )
+        stream = sock.makefile("rb")
+        answers = [read_response(stream, key, v) for _, key, v in asked]
+    assert [c for c, _ in answers] == [1, 2, 3, 4]
+    brokers = answers[1][1].brokers
+    assert [(b.node_id, b.host, b.port) for b in brokers] == [(0, "127.0.0.1", 1)]
+
+
+def test_an_api_versions_version_not_served_is_answered_at_v0(listener: KafkaListener) -> None:
+    # A client newer than the listener: ApiVersions v9, whose layout is unknown here.
+    frame = struct.pack(">hhih", API_VERSIONS, 9, 77, -1) + b"\x00\x00\x00"
+    with connect(listener) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        stream = sock.makefile("rb")
+        correlation_id, body = read_response(stream, API_VERSIONS, 0)
+        assert correlation_id == 77 and body.error_code == ErrorCode.unsupported_version
+        assert {k.api_key for k in body.api_keys} == set(SERVED)
+        # The connection stays open: the client asks again at a version listed.
+        sock.sendall(request_bytes(78, api_versions_request(2)))
+        assert read_response(stream, API_VERSIONS, 2)[0] == 78
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        struct.pack(">hhih", 0, 9, 5, -1),  # Produce: not served yet
+        struct.pack(">hhih", METADATA, 0, 5, -1),  # Metadata v0: below the versions served
+        struct.pack(">hhi", METADATA, 12, 5) + b"\x7f",  # cut inside the header
+    ],
+)
+def test_a_request_not_served_or_not_decodable_closes_the_connection(
+    listener: KafkaListener, frame: bytes
+) -> None:
+    with connect(listener) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        assert closed(sock)
+
+
+def test_a_frame_larger_than_max_request_bytes_closes_the_connection(
+    listener: KafkaListener,
+) -> None:
+    with connect(listener) as sock:
+        sock.sendall(struct.pack(">i", MAX_BYTES + 1) + b"\x00" * 16)
+        assert closed(sock)
+
+
+def test_read_frame_says_what_is_wrong() -> None:
+    assert read_frame(io.BytesIO(b""), MAX_BYTES) is None  # closed between requests
+    with pytest.raises(MessageTooLargeError, match=r"max\.request\.bytes=65536"):
+        read_frame(io.BytesIO(struct.pack(">i", MAX_BYTES + 1)), MAX_BYTES)
+    with pytest.raises(InvalidRequestError, match="2 bytes short"):
+        read_frame(io.BytesIO(struct.pack(">i", 10) + b"\x00" * 8), MAX_BYTES)
+    with pytest.raises(InvalidRequestError, match="below a header's"):
+        read_frame(io.BytesIO(struct.pack(">i", -1)), MAX_BYTES)
+
+
+def test_stop_closes_open_connections(listener: KafkaListener) -> None:
+    with connect(listener) as sock:
+        sock.sendall(request_bytes(1, api_versions_request(3)))
+        read_response(sock.makefile("rb"), API_VERSIONS, 3)
+        listener.stop()
+        assert closed(sock)
