@@ -9,8 +9,9 @@ request is in flight).
 
 A connection is closed, as Kafka closes it, on a request that does not decode, one for
 an API or version not served (but ApiVersions, answered so the client can pick), one
-larger than ``max.request.bytes``, and when a request arrives before the broker started
-or after it began to stop (the client connects again, here or to another broker).
+larger than ``max.request.bytes``, and when the broker's gate refuses a request (a start
+not finished within its wait, or the broker stopping): the client connects again, here
+or to another broker.
 """
 
 from __future__ import annotations
