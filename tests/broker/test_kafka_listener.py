@@ -9,8 +9,10 @@ listener and each partition's leader as ZooKeeper has it."""
 from __future__ import annotations
 
 import re
+import signal
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import (
@@ -20,18 +22,27 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
+from kio.schema.errors import ErrorCode
+from kio.schema.list_offsets.v7.request import ListOffsetsPartition as LoPartition
+from kio.schema.list_offsets.v7.request import ListOffsetsTopic as LoTopic
+from kio.schema.metadata.v12.request import MetadataRequestTopic as MdTopic
+from kio.static.primitive import i8, i32, i64
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.server.config.broker_config import BrokerConfig
 from broker_core.server.config.kafka import KAFKA_LISTENER
+from broker_core.server.kafka.apis import EARLIEST, LATEST, LIST_OFFSETS, METADATA
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import rows
+from tests.harness import kafka_wire as wire
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.replicated import ReplicatedCluster
+from tests.harness.waiting import wait_until
 
 KAFKA_LINE = re.compile(r"kafka listener: PLAINTEXT://127\.0\.0\.1:(\d+)")
 KAFKA_ON = {KAFKA_LISTENER: "PLAINTEXT://127.0.0.1:0"}
 TIMEOUT = 15.0
+TOPIC = "repl"
 
 
 def kafka_address(broker: BrokerProcess) -> str:
@@ -135,19 +146,100 @@ def test_watermarks_and_list_offsets_with_both_isolation_levels(
         assert answer.leader_epoch == 0
 
 
-def test_a_replicated_cluster_names_every_brokers_kafka_listener(
+def list_offsets(partition: int, timestamp: int, current_epoch: int = -1) -> Any:
+    """ListOffsets v7 for ``repl``-style one-partition asks (read_uncommitted)."""
+    return wire.request(
+        LIST_OFFSETS,
+        7,
+        replica_id=i32(-1),
+        isolation_level=i8(0),
+        topics=(
+            LoTopic(
+                name=TOPIC,
+                partitions=(
+                    LoPartition(
+                        partition_index=i32(partition),
+                        current_leader_epoch=i32(current_epoch),
+                        timestamp=i64(timestamp),
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+def offset_answer(address: str, partition: int, timestamp: int, epoch: int = -1) -> Any:
+    (topic,) = wire.ask(address, list_offsets(partition, timestamp, epoch)).topics
+    (answer,) = topic.partitions
+    return answer
+
+
+def test_list_offsets_fences_a_leader_epoch_and_refuses_what_it_does_not_serve(
+    kafka_broker: BrokerProcess, client: BrokerClient
+) -> None:
+    client.create_topic(TOPIC, 1)
+    address = kafka_address(kafka_broker)
+    ok = offset_answer(address, 0, LATEST, epoch=0)
+    assert (ok.error_code, ok.offset, ok.leader_epoch) == (ErrorCode.none, 0, 0)
+    # An epoch this leader has not reached: the client knows of an election it has not.
+    assert offset_answer(address, 0, LATEST, epoch=5).error_code == 75  # UNKNOWN_LEADER_EPOCH
+    assert offset_answer(address, 0, 1_000).error_code == ErrorCode.unsupported_version
+    assert offset_answer(address, 0, -3).error_code == ErrorCode.unsupported_version
+    assert offset_answer(address, 7, LATEST).error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_elections(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
 ) -> None:
     cluster = ReplicatedCluster(zk_chroot, broker_factory, extra=KAFKA_ON)
     try:
-        cluster.create_topic("repl", 2, replication_factor=3)
+        cluster.create_topic(TOPIC, 2, replication_factor=3)
         addresses = {i: kafka_address(b) for i, b in cluster.brokers.items()}
-        metadata = admin(addresses[1]).list_topics("repl", timeout=TIMEOUT)
+        kafka = admin(addresses[1])
+        metadata = kafka.list_topics(TOPIC, timeout=TIMEOUT)
         assert {b.id: f"{b.host}:{b.port}" for b in metadata.brokers.values()} == addresses
-        for index, partition in metadata.topics["repl"].partitions.items():
-            state = cluster.state("repl", index)
+        for index, partition in metadata.topics[TOPIC].partitions.items():
+            state = cluster.state(TOPIC, index)
             assert partition.leader == state.leader
             assert partition.replicas == list(state.replicas)
             assert sorted(partition.isrs) == sorted(state.isr)
+
+        # The leader of partition 0 SIGKILLed: the survivors' Metadata names the new leader
+        # at its new epoch, the dead broker offline and gone from the brokers.
+        before = cluster.state(TOPIC, 0)
+        assert cluster.brokers[before.leader].kill(signal.SIGKILL) == -signal.SIGKILL
+        after = cluster.wait_leader_change(TOPIC, 0, before.leader)
+        assert after.leader_epoch > before.leader_epoch
+        survivor = next(a for b, a in addresses.items() if b != before.leader)
+        ask_metadata = wire.request(
+            METADATA,
+            12,
+            topics=(MdTopic(topic_id=None, name=TOPIC),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
+
+        def without_the_dead() -> Any:
+            answer = wire.ask(survivor, ask_metadata)
+            return answer if before.leader not in {b.node_id for b in answer.brokers} else None
+
+        # The survivor's registrations cache follows ZooKeeper's watch: polled, not slept.
+        answer = wait_until(without_the_dead, f"broker {before.leader} gone from Metadata")
+        (topic,) = answer.topics
+        p0 = next(p for p in topic.partitions if p.partition_index == 0)
+        assert (p0.error_code, p0.leader_id, p0.leader_epoch) == (
+            ErrorCode.none, after.leader, after.leader_epoch,
+        )  # fmt: skip
+        assert list(p0.offline_replicas) == [before.leader]
+        assert uuid.UUID(bytes=topic.topic_id.bytes).hex == cluster.client.topic_id(TOPIC)
+
+        # ListOffsets at the new leader with the old epoch is fenced; at a follower, refused.
+        leader = addresses[after.leader]
+        fenced = offset_answer(leader, 0, LATEST, epoch=before.leader_epoch)
+        assert fenced.error_code == 74  # FENCED_LEADER_EPOCH
+        current = offset_answer(leader, 0, EARLIEST, epoch=after.leader_epoch)
+        assert (current.error_code, current.leader_epoch) == (ErrorCode.none, after.leader_epoch)
+        follower = next(a for b, a in addresses.items() if b not in (before.leader, after.leader))
+        assert offset_answer(follower, 0, LATEST).error_code == 6  # NOT_LEADER_OR_FOLLOWER
     finally:
         cluster.close()

@@ -11,13 +11,11 @@ import socket
 import struct
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import pytest
-from kio.index import load_request_schema, load_response_schema
+from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i32
 
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
 from broker_core.errors import InvalidRequestError, MessageTooLargeError
@@ -25,23 +23,9 @@ from broker_core.server.config.kafka import KafkaListenerConfig
 from broker_core.server.kafka.apis import API_VERSIONS, METADATA, SERVED, KafkaApis, KafkaTopics
 from broker_core.server.kafka.framing import read_frame
 from broker_core.server.kafka.listener import KafkaListener
+from tests.harness.kafka_wire import read_response, request_bytes
 
 MAX_BYTES = 64 * 1024
-
-
-def request_bytes(correlation_id: int, body: Any, client_id: str | None = "test") -> bytes:
-    """A size-prefixed request, header and body written by kio (as a client writes them)."""
-    buffer = io.BytesIO()
-    header_schema = body.__header_schema__
-    header = header_schema(
-        request_api_key=body.__api_key__,
-        request_api_version=body.__version__,
-        correlation_id=i32(correlation_id),
-        client_id=client_id,
-    )
-    entity_writer(header_schema)(buffer, header)
-    entity_writer(type(body))(buffer, body)
-    return struct.pack(">i", buffer.tell()) + buffer.getvalue()
 
 
 def api_versions_request(version: int) -> Any:
@@ -49,18 +33,6 @@ def api_versions_request(version: int) -> Any:
     if version >= 3:
         return schema(client_software_name="test", client_software_version="1")
     return schema()
-
-
-def read_response(stream: IO[bytes], api_key: int, version: int) -> tuple[int, Any]:
-    """(correlation id, body) of the next response on ``stream`` (one per connection:
-    it reads ahead)."""
-    frame = read_frame(stream, MAX_BYTES)
-    assert frame is not None, "the listener closed the connection"
-    schema = load_response_schema(api_key, version)
-    header, used = entity_reader(schema.__header_schema__)(frame, 0)
-    body, size = entity_reader(schema)(frame, used)
-    assert used + size == len(frame)
-    return int(header.correlation_id), body
 
 
 @pytest.fixture
