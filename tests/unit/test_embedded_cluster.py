@@ -305,3 +305,18 @@ def test_a_topic_stored_before_ids_gets_one_written_at_load_and_kept(
     assert json.loads(path.read_text())["topics"]["legacy"]["topic_id"] == topic_id
     loaded.close()
     assert open_cluster().topic("legacy").topic_id == topic_id
+
+
+def test_a_broker_registration_carries_its_kafka_listener() -> None:
+    with_kafka = BrokerInfo(3, "h", 9092, directory_id="d", kafka_listener=("k.example", 19093))
+    data = with_kafka.to_json()
+    assert json.loads(data)["kafka_listener"] == {"host": "k.example", "port": 19093}
+    back = BrokerInfo.from_json(3, data, "/brokers/ids/3")
+    assert back.kafka_listener == ("k.example", 19093) and back.directory_id == "d"
+    # Without one (the default): absent from the znode, None when read back.
+    plain = BrokerInfo(3, "h", 9092)
+    assert "kafka_listener" not in json.loads(plain.to_json())
+    assert BrokerInfo.from_json(3, plain.to_json(), "/brokers/ids/3").kafka_listener is None
+    bad = json.dumps({"version": 1, "host": "h", "port": 1, "kafka_listener": {"host": "k"}})
+    with pytest.raises(CorruptRecordError, match=r"/brokers/ids/3: .*kafka_listener="):
+        BrokerInfo.from_json(3, bad.encode(), "/brokers/ids/3")
