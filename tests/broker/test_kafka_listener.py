@@ -104,6 +104,20 @@ def test_an_unknown_topic_is_unknown(kafka_broker: BrokerProcess) -> None:
     metadata = admin(kafka_address(kafka_broker)).list_topics("nope", timeout=TIMEOUT)
     error = metadata.topics["nope"].error
     assert error is not None and error.code() == 3  # UNKNOWN_TOPIC_OR_PARTITION
+    invalid = wire.ask(
+        kafka_address(kafka_broker),
+        wire.request(
+            METADATA,
+            12,
+            topics=(MdTopic(topic_id=None, name="no/such"), MdTopic(topic_id=None, name="__x")),
+            allow_auto_topic_creation=True,  # asked: never created all the same
+            include_topic_authorized_operations=False,
+        ),
+    )
+    assert [(t.name, t.error_code) for t in invalid.topics] == [
+        ("no/such", ErrorCode.invalid_topic_exception),
+        ("__x", ErrorCode.invalid_topic_exception),  # the broker's internal prefix
+    ]
 
 
 def test_watermarks_and_list_offsets_with_both_isolation_levels(

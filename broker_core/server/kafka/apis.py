@@ -36,7 +36,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.partition_log import PartitionLog
-from broker_core.protocol.topics import INTERNAL_TOPIC_PREFIX
+from broker_core.protocol.topics import INTERNAL_TOPIC_PREFIX, validate_topic_name
 from broker_core.server.kafka.framing import KafkaRequest, UnsupportedVersion
 from broker_core.server.replication.partition import Partition
 
@@ -146,9 +146,10 @@ class KafkaApis:
     def metadata(self, request: KafkaRequest, response: type[Any]) -> Any:
         """The brokers that serve a Kafka listener and the topics asked (null: every topic
         but the broker's internal ones, which hold no Kafka records). A topic never
-        created is UNKNOWN_TOPIC_OR_PARTITION (topics are not created by asking); a
-        partition whose leader is down or serves no Kafka listener has leader -1 and
-        LEADER_NOT_AVAILABLE, so the client asks again."""
+        created is UNKNOWN_TOPIC_OR_PARTITION (topics are not created by asking), a name
+        no topic can have INVALID_TOPIC_EXCEPTION; a partition whose leader is down or
+        serves no Kafka listener has leader -1 and LEADER_NOT_AVAILABLE, so the client
+        asks again."""
         cluster = self._cluster()
         live = {b.broker_id: b for b in cluster.brokers()}
         kafka_brokers = {b: info for b, info in live.items() if info.kafka_listener is not None}
@@ -198,6 +199,10 @@ class KafkaApis:
             return name, None, InvalidTopicError(f"topic {name!r} is internal to the broker")
         found = assignments.get(name)
         if found is None:
+            try:
+                validate_topic_name(name)  # a name no topic can have: INVALID_TOPIC_EXCEPTION
+            except IdemlogError as exc:
+                return name, None, exc
             return name, None, UnknownTopicOrPartitionError(f"no topic {name!r}")
         return name, found, None
 
