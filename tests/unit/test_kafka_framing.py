@@ -2,25 +2,41 @@
 kio as a Kafka client encodes them, pipelined on one connection and answered in order;
 ApiVersions at every served version, flexible ones with the v0 response header Kafka
 requires; a version not served answered at v0 with UNSUPPORTED_VERSION; an API not
-served, a frame too large or cut short closing the connection."""
+served, a frame too large or cut short closing the connection; every served version of
+Metadata and ListOffsets answered in its own layout (kio reads the answer back whole)."""
 
 from __future__ import annotations
 
+import datetime
 import io
 import socket
 import struct
+import sys
 from collections.abc import Iterator
+from dataclasses import fields
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i8, i32, i64
 
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
-from broker_core.errors import InvalidRequestError, MessageTooLargeError
+from broker_core.errors import (
+    InvalidRequestError,
+    MessageTooLargeError,
+    UnknownTopicOrPartitionError,
+)
 from broker_core.server.config.kafka import KafkaListenerConfig
-from broker_core.server.kafka.apis import API_VERSIONS, METADATA, SERVED, KafkaApis, KafkaTopics
+from broker_core.server.kafka.apis import (
+    API_VERSIONS,
+    LIST_OFFSETS,
+    METADATA,
+    SERVED,
+    KafkaApis,
+    KafkaTopics,
+)
 from broker_core.server.kafka.framing import read_frame
 from broker_core.server.kafka.listener import KafkaListener
 from tests.harness.kafka_wire import read_response, request_bytes
@@ -35,13 +51,17 @@ def api_versions_request(version: int) -> Any:
     return schema()
 
 
+def unknown(topic: str, partition: int) -> Any:
+    raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
+
+
 @pytest.fixture
 def listener() -> Iterator[KafkaListener]:
     info = BrokerInfo(0, "127.0.0.1", 1, kafka_listener=("127.0.0.1", 1))
     cluster = SimpleNamespace(brokers=lambda: [info], topics=lambda: {}, controller=lambda: info)
-    apis = KafkaApis(
-        0, cast(KafkaTopics, SimpleNamespace()), lambda: cast(ClusterMetadata, cluster)
-    )
+    # No topic: every ListOffsets partition is UNKNOWN_TOPIC_OR_PARTITION.
+    topics = SimpleNamespace(leader_log=unknown, partition=unknown)
+    apis = KafkaApis(0, cast(KafkaTopics, topics), lambda: cast(ClusterMetadata, cluster))
     config = KafkaListenerConfig(True, "127.0.0.1", 0, "127.0.0.1", 0)
     served = KafkaListener(config, apis, gate=lambda: None, max_request_bytes=MAX_BYTES)
     served.start()
@@ -144,3 +164,52 @@ def test_stop_closes_open_connections(listener: KafkaListener) -> None:
         read_response(sock.makefile("rb"), API_VERSIONS, 3)
         listener.stop()
         assert closed(sock)
+
+
+def _build_request(api_key: int, version: int) -> Any:
+    """A request of every served version, built from the fields each version has."""
+    schema = load_request_schema(api_key, version)
+    module = sys.modules[schema.__module__]
+    values: dict[str, Any] = {
+        "client_software_name": "test",
+        "client_software_version": "1",
+        "allow_auto_topic_creation": False,
+        "include_cluster_authorized_operations": False,
+        "include_topic_authorized_operations": False,
+        "replica_id": i32(-1),
+        "isolation_level": i8(1),
+        "timeout": datetime.timedelta(seconds=1),
+    }
+    if api_key == METADATA:
+        topic = module.MetadataRequestTopic
+        names = {f.name for f in fields(topic)}
+        kw = {"name": "t"} | ({"topic_id": None} if "topic_id" in names else {})
+        values["topics"] = (topic(**kw),)
+    elif api_key == LIST_OFFSETS:
+        partition = module.ListOffsetsPartition
+        names = {f.name for f in fields(partition)}
+        kw = {"partition_index": i32(0), "timestamp": i64(-1)}
+        if "current_leader_epoch" in names:
+            kw["current_leader_epoch"] = i32(-1)
+        values["topics"] = (module.ListOffsetsTopic(name="t", partitions=(partition(**kw),)),)
+    wanted = {f.name for f in fields(schema)}
+    return schema(**{k: v for k, v in values.items() if k in wanted})
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version"),
+    [(key, v) for key, (low, high) in sorted(SERVED.items()) for v in range(low, high + 1)],
+)
+def test_every_served_version_is_answered_in_its_own_layout(
+    listener: KafkaListener, api_key: int, version: int
+) -> None:
+    with connect(listener) as sock:
+        sock.sendall(request_bytes(9, _build_request(api_key, version)))
+        correlation_id, body = read_response(sock.makefile("rb"), api_key, version)
+    assert correlation_id == 9
+    if api_key == METADATA:
+        (topic,) = body.topics
+        assert (topic.name, topic.error_code) == ("t", ErrorCode.unknown_topic_or_partition)
+    elif api_key == LIST_OFFSETS:
+        (answer,) = body.topics[0].partitions
+        assert (answer.error_code, answer.offset) == (ErrorCode.unknown_topic_or_partition, -1)
