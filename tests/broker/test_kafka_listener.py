@@ -3,13 +3,16 @@
 ``AdminClient.list_topics`` (brokers at their Kafka addresses, partitions, leaders,
 replicas, ISR, topic ids), ListOffsets through ``Consumer.get_watermark_offsets`` and
 ``AdminClient.list_offsets`` with both isolation levels over an open transaction; the
-listener off by default; a replicated cluster whose Metadata names every broker's Kafka
-listener and each partition's leader as ZooKeeper has it."""
+listener off by default, a taken port refusing the start in one line; ListOffsets' fencing
+by leader epoch and its refusals in requests written by kio; a replicated cluster whose
+Metadata names every broker's Kafka listener and each partition's leader as ZooKeeper has
+it, and the new leader at its new epoch once the old one is SIGKILLed."""
 
 from __future__ import annotations
 
 import re
 import signal
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -35,7 +38,7 @@ from broker_core.server.kafka.apis import EARLIEST, LATEST, LIST_OFFSETS, METADA
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import rows
 from tests.harness import kafka_wire as wire
-from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import BrokerFactory, BrokerHarnessError, BrokerProcess
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 
@@ -70,6 +73,21 @@ def client(kafka_broker: BrokerProcess) -> Iterator[BrokerClient]:
 def test_the_listener_is_off_by_default(broker: BrokerProcess) -> None:
     assert not BrokerConfig.from_mapping({}).kafka.enabled
     assert "kafka listener" not in broker.log_text()
+
+
+def test_a_taken_kafka_port_refuses_the_start_in_one_line(broker_factory: BrokerFactory) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        broker = broker_factory({KAFKA_LISTENER: f"PLAINTEXT://127.0.0.1:{taken}"}, start=False)
+        with pytest.raises(BrokerHarnessError):
+            broker.start()
+    assert broker.process is not None and broker.process.returncode == 2  # a config error
+    assert f"kafka.listener=PLAINTEXT://127.0.0.1:{taken}: the address is already in use" in (
+        broker.log_text()
+    )
+    assert "Traceback" not in broker.log_text()
 
 
 def test_list_topics_names_the_broker_topics_partitions_and_ids(
