@@ -32,6 +32,7 @@ from kio.schema.metadata.v12.request import MetadataRequestTopic as MdTopic
 from kio.static.primitive import i8, i32, i64
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.protocol.wire import Action
 from broker_core.server.config.broker_config import BrokerConfig
 from broker_core.server.config.kafka import KAFKA_LISTENER
 from broker_core.server.kafka.apis import EARLIEST, LATEST, LIST_OFFSETS, METADATA
@@ -116,6 +117,10 @@ def test_list_topics_names_the_broker_topics_partitions_and_ids(
     as_int = ((most % 2**64) << 64) | (least % 2**64)  # the halves are signed longs
     assert uuid.UUID(int=as_int).hex == client.topic_id("orders")
     assert [p.leader.id for p in description.partitions] == [0, 0, 0]
+    # Counted by API in the broker's metrics (and so on its Prometheus endpoint).
+    counted = client.action(kafka_broker.address, Action.METRICS, {})["requests"]
+    assert counted["kafka_metadata"]["count"] >= 2 and counted["kafka_api_versions"]["count"] >= 1
+    assert counted["kafka_metadata"]["errors"] == 0
 
 
 def test_an_unknown_topic_is_unknown(kafka_broker: BrokerProcess) -> None:

@@ -39,6 +39,7 @@ from broker_core.server.kafka.apis import (
 )
 from broker_core.server.kafka.framing import read_frame
 from broker_core.server.kafka.listener import KafkaListener
+from broker_core.server.observability.metrics import Metrics
 from tests.harness.kafka_wire import read_response, request_bytes
 
 MAX_BYTES = 64 * 1024
@@ -56,14 +57,21 @@ def unknown(topic: str, partition: int) -> Any:
 
 
 @pytest.fixture
-def listener() -> Iterator[KafkaListener]:
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def listener(metrics: Metrics) -> Iterator[KafkaListener]:
     info = BrokerInfo(0, "127.0.0.1", 1, kafka_listener=("127.0.0.1", 1))
     cluster = SimpleNamespace(brokers=lambda: [info], topics=lambda: {}, controller=lambda: info)
     # No topic: every ListOffsets partition is UNKNOWN_TOPIC_OR_PARTITION.
     topics = SimpleNamespace(leader_log=unknown, partition=unknown)
     apis = KafkaApis(0, cast(KafkaTopics, topics), lambda: cast(ClusterMetadata, cluster))
     config = KafkaListenerConfig(True, "127.0.0.1", 0, "127.0.0.1", 0)
-    served = KafkaListener(config, apis, gate=lambda: None, max_request_bytes=MAX_BYTES)
+    served = KafkaListener(
+        config, apis, gate=lambda: None, max_request_bytes=MAX_BYTES, metrics=metrics
+    )
     served.start()
     try:
         yield served
@@ -90,7 +98,9 @@ def test_api_versions_lists_exactly_what_is_served(listener: KafkaListener, vers
     assert listed == dict(SERVED)
 
 
-def test_pipelined_requests_are_answered_in_order(listener: KafkaListener) -> None:
+def test_pipelined_requests_are_answered_in_order_and_counted(
+    listener: KafkaListener, metrics: Metrics
+) -> None:
     metadata = load_request_schema(METADATA, 12)(
         topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
     )
@@ -106,6 +116,9 @@ def test_pipelined_requests_are_answered_in_order(listener: KafkaListener) -> No
         stream = sock.makefile("rb")
         answers = [read_response(stream, key, v) for _, key, v in asked]
     assert [c for c, _ in answers] == [1, 2, 3, 4]
+    counted = metrics.document(0, {}, None)["requests"]
+    assert counted["kafka_api_versions"]["count"] == counted["kafka_metadata"]["count"] == 2
+    assert counted["kafka_list_offsets"]["count"] == 0
     brokers = answers[1][1].brokers
     assert [(b.node_id, b.host, b.port) for b in brokers] == [(0, "127.0.0.1", 1)]
 

@@ -46,6 +46,12 @@ LIST_OFFSETS = 2
 METADATA = 3
 API_VERSIONS = 18
 
+# api key -> its request kind in the metrics (observability/metrics.py's).
+METRIC_KINDS: Mapping[int, str] = {
+    API_VERSIONS: "kafka_api_versions",
+    METADATA: "kafka_metadata",
+    LIST_OFFSETS: "kafka_list_offsets",
+}
 # api key -> (min, max) version served. Metadata from v1 (v0's empty list meant "every
 # topic"; Kafka 4 dropped it), ListOffsets from v1 (v0 answered a list of old offsets)
 # to v10 (v11 adds a tiered-storage timestamp this log has no use for).

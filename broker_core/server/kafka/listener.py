@@ -22,18 +22,20 @@ import logging
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.server.config.kafka import KAFKA_LISTENER, KafkaListenerConfig
-from broker_core.server.kafka.apis import API_VERSIONS, SERVED, KafkaApis
+from broker_core.server.kafka.apis import API_VERSIONS, METRIC_KINDS, SERVED, KafkaApis
 from broker_core.server.kafka.framing import (
     UnsupportedVersion,
     encode_response,
     parse_request,
     read_frame,
 )
+from broker_core.server.observability.metrics import Metrics
 
 log = logging.getLogger("idemlog.kafka")
 
@@ -46,7 +48,8 @@ class _Server(socketserver.ThreadingTCPServer):
 
 class KafkaListener:
     """Serves ``apis`` on ``config``'s address. Every request first passes ``gate()``
-    (the broker's: waits for the start, refuses while stopping). :meth:`start` binds or
+    (the broker's: waits for the start, refuses while stopping); each one answered or
+    refused is counted and timed in ``metrics`` by its API. :meth:`start` binds or
     raises; :meth:`stop` is idempotent and closes the open connections."""
 
     def __init__(
@@ -56,8 +59,10 @@ class KafkaListener:
         *,
         gate: Callable[[], None],
         max_request_bytes: int,
+        metrics: Metrics,
     ) -> None:
         self._config = config
+        self._metrics = metrics
         self._apis = apis
         self._gate = gate
         self._max_bytes = max_request_bytes
@@ -150,10 +155,13 @@ class KafkaListener:
         except IdemlogError as exc:
             log.warning("kafka: bad request from %s; closing the connection: %s", peer, exc)
             return False
+        started = time.monotonic()
+        kind = METRIC_KINDS[request.api_key]
         try:
             self._gate()
             response = self._apis.handle(request)
         except IdemlogError as exc:
+            self._metrics.record_request(kind, time.monotonic() - started, ok=False)
             log.info(
                 "kafka: api key %d from %s not answered; closing the connection: %s",
                 request.api_key,
@@ -161,5 +169,6 @@ class KafkaListener:
                 exc,
             )
             return False
+        self._metrics.record_request(kind, time.monotonic() - started, ok=True)
         connection.sendall(encode_response(request.correlation_id, response))
         return True

@@ -216,7 +216,8 @@ class DocumentCollector(Collector):
         )
         latency = HistogramMetricFamily(
             f"{REQUESTS}_latency_seconds",
-            "Time to serve one request: a produced batch's append on the leader, a fetch's read",
+            "Time to serve one request: a produced batch's append on the leader, a fetch's "
+            "read, a Kafka request's answer",
             labels=["request"],
         )
         for kind, figures in sorted(requests.items()):

@@ -382,7 +382,11 @@ class Broker:
             return info
         apis = KafkaApis(self.broker_id, StartedTopics(lambda: self.topics), self.require_cluster)
         self._kafka = KafkaListener(
-            cfg.kafka, apis, gate=self.gate, max_request_bytes=cfg.max_request_bytes
+            cfg.kafka,
+            apis,
+            gate=self.gate,
+            max_request_bytes=cfg.max_request_bytes,
+            metrics=self.metrics,
         )
         port = self._kafka.start()
         advertised = (cfg.kafka.advertised_host, cfg.kafka.advertised_port or port)
