@@ -42,15 +42,17 @@ __all__ = [
 # broker id map, read as that broker the single replica at leader epoch 0.
 METADATA_VERSION = 2
 READABLE_METADATA_VERSIONS = frozenset({1, METADATA_VERSION})
-# The broker registration, controller and controller epoch documents: unchanged since
-# version 1, so they stay readable by brokers of either topic version.
+# The broker registration, controller and controller epoch documents: still version 1 (the
+# registration's later directory_id is optional, ignored by older readers), so they stay
+# readable by brokers of either topic version.
 CONTROL_DOC_VERSION = 1
 MAX_BROKER_ID = 2**31 - 1  # Kafka's broker.id is an int32
 
 
 @dataclass(frozen=True)
 class BrokerInfo:
-    """A broker's id and the address its Flight server listens on.
+    """A broker's id and the address clients and other brokers reach its Flight server
+    at (``listener.advertised.*``, else where it listens).
 
     ``epoch`` (KIP-380's broker epoch) tells one process of the broker from the next: the
     creation zxid of its registration znode, so every registration of a new process (or
