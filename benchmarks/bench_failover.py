@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from benchmarks.common import percentile
 from benchmarks.zk_cluster import LocalCluster, wait_until
-from broker_core.cluster.metadata import assign_partitions
+from broker_core.cluster.topic_creation import assign_partitions
 from broker_core.errors import IdemlogError
 from broker_core.producer import Producer, ProducerConfig, SendResult
 from broker_core.producer.transport import FlightTransport

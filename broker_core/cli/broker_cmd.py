@@ -29,7 +29,7 @@ from broker_core.cli import registry
 from broker_core.cli.failures import Unreachable, config_file_error, port_in_use
 from broker_core.cli.hosted_cmd import add_hosted_commands
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import BrokerInfo
+from broker_core.cluster.records import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import DEBUG_ENV, InvalidConfigError, InvalidRequestError
 from broker_core.log.dir_lock import lock_holder

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.producer import Producer, SendResult
 from broker_core.protocol.wire import Action

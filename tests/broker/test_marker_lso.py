@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import BrokerInfo
+from broker_core.cluster.records import BrokerInfo
 from broker_core.errors import InvalidRequestError, UnknownServerError
 from broker_core.protocol.txn_requests import WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action

@@ -22,7 +22,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState, TopicAssignment
+from broker_core.cluster.records import PartitionState, TopicAssignment
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
 from broker_core.server.config.broker_config import ZK_ROOT

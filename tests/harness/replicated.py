@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched

@@ -13,7 +13,7 @@ import signal
 import time
 from collections import Counter
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
 from broker_core.server.config.broker_config import ZK_ROOT

@@ -51,7 +51,7 @@ from kazoo.exceptions import NoNodeError
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
 from broker_core.server.config.broker_config import ZK_ROOT

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import NotLeaderOrFollowerError
 from broker_core.server.replication.partition import Partition
 from tests.store.helpers import open_log, rows

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import NotCoordinatorError
 from broker_core.log.store import LogStore
 from broker_core.producer_ids.manager import FileProducerIdBlockSource, ProducerIdManager

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from broker_core.cluster.metadata import BrokerInfo, PartitionState
+from broker_core.cluster.records import BrokerInfo, PartitionState
 from broker_core.errors import NotLeaderOrFollowerError, StaleBrokerEpochError
 from broker_core.protocol.replica import ReplicaFetchRequest
 from broker_core.server.replication.partition import Partition, Role

@@ -22,7 +22,8 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i32, i64
 
-from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import BrokerInfo
 from broker_core.errors import (
     InvalidRequestError,
     MessageTooLargeError,

@@ -9,7 +9,8 @@ from typing import cast
 
 import pytest
 
-from broker_core.cluster.metadata import ClusterMetadata, PartitionState, TopicAssignment
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import PartitionState, TopicAssignment
 from broker_core.errors import (
     CorruptRecordError,
     InvalidRequestError,

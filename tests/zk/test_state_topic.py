@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker_core.cluster.metadata import TopicAssignment
+from broker_core.cluster.records import TopicAssignment
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     InvalidConfigError,

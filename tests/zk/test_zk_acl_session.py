@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from kazoo.exceptions import NoAuthError
 
-from broker_core.cluster.metadata import BrokerInfo
+from broker_core.cluster.records import BrokerInfo
 from broker_core.cluster.zk import ZkCluster
 from broker_core.security.zk_acl import ZkAuth
 from broker_core.server.config.broker_config import ZK_ROOT

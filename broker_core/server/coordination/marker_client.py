@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from broker_core.client.connections import FlightConnections
-from broker_core.cluster.metadata import BrokerInfo, TopicAssignment
+from broker_core.cluster.records import BrokerInfo, TopicAssignment
 from broker_core.errors import (
     IdemlogError,
     InvalidRequestError,

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import BrokerInfo
 from broker_core.log.store import LogStore
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial

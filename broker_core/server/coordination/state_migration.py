@@ -30,7 +30,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from broker_core.cluster.metadata import ClusterMetadata, PartitionState
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import CoordinatorLoadInProgressError, CorruptRecordError
 from broker_core.txn.state_topic.legacy_zk import read_legacy_state
 from broker_core.txn.state_topic.schema import (

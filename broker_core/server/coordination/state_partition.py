@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import NotLeaderOrFollowerError
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore

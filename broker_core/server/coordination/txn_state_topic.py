@@ -11,7 +11,8 @@ The embedded broker keeps its local one-partition topic (``server.coordination.s
 
 from __future__ import annotations
 
-from broker_core.cluster.metadata import ClusterMetadata, TopicAssignment
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import TopicAssignment
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     TopicAlreadyExistsError,

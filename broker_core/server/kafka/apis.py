@@ -27,7 +27,8 @@ from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode as KafkaErrorCode
 from kio.static.primitive import i16, i32, i64
 
-from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata, TopicAssignment
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import BrokerInfo, TopicAssignment
 from broker_core.errors import (
     IdemlogError,
     InvalidRequestError,

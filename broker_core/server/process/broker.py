@@ -26,7 +26,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from broker_core.cluster.embedded import EmbeddedCluster
-from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import BrokerInfo
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
     IdemlogError,

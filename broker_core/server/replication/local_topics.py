@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from broker_core.cluster.metadata import ClusterMetadata, TopicAssignment
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import TopicAssignment
 from broker_core.errors import (
     IdemlogError,
     InvalidTopicError,

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from broker_core.cluster.metadata import NO_BROKER_EPOCH, PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import (
     FencedLeaderEpochError,
     NotEnoughReplicasAfterAppendError,
@@ -52,6 +52,7 @@ from broker_core.errors import (
     UnknownLeaderEpochError,
 )
 from broker_core.log.partition_log import PartitionLog
+from broker_core.protocol.replica import NO_BROKER_EPOCH
 
 log = logging.getLogger("idemlog.replica")
 

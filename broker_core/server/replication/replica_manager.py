@@ -30,13 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker_core.client.connections import FlightConnections
-from broker_core.cluster.metadata import (
-    NO_BROKER_EPOCH,
-    BrokerInfo,
-    ClusterMetadata,
-    PartitionState,
-    TopicAssignment,
-)
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.errors import (
     IdemlogError,
     NotLeaderOrFollowerError,
@@ -47,6 +42,7 @@ from broker_core.errors import (
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.replica import (
+    NO_BROKER_EPOCH,
     OffsetsForLeaderEpochRequest,
     OffsetsForLeaderEpochResponse,
     ReplicaFetchRequest,

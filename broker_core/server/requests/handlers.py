@@ -21,11 +21,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from broker_core.cluster.metadata import (
-    ClusterMetadata,
-    TopicAssignment,
-    validate_new_topic,
-)
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import TopicAssignment
+from broker_core.cluster.topic_creation import validate_new_topic
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     InvalidRequestError,
