@@ -123,6 +123,39 @@ def test_list_topics_names_the_broker_topics_partitions_and_ids(
     assert counted["kafka_metadata"]["errors"] == 0
 
 
+def metadata_topic_id(address: str, name: str) -> str:
+    """The topic id the Kafka listener's Metadata v12 gives ``name``, as 32 hex digits."""
+    answer = wire.ask(
+        address,
+        wire.request(
+            METADATA,
+            12,
+            topics=(MdTopic(topic_id=None, name=name),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        ),
+    )
+    (topic,) = answer.topics
+    assert topic.error_code == ErrorCode.none
+    return str(topic.topic_id.hex)
+
+
+def test_a_topic_recreated_under_its_name_has_another_id(
+    kafka_broker: BrokerProcess, client: BrokerClient
+) -> None:
+    address = kafka_address(kafka_broker)
+    client.create_topic("again", 1)
+    first = metadata_topic_id(address, "again")
+    assert first == client.topic_id("again")
+    client.delete_topic("again")
+    client.create_topic("again", 1)
+    second = wait_until(
+        lambda: (found := metadata_topic_id(address, "again")) != first and found,
+        "Metadata to give the recreated topic its id",
+    )
+    assert second == client.topic_id("again", refresh=True)
+
+
 def test_an_unknown_topic_is_unknown(kafka_broker: BrokerProcess) -> None:
     metadata = admin(kafka_address(kafka_broker)).list_topics("nope", timeout=TIMEOUT)
     error = metadata.topics["nope"].error

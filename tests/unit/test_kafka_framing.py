@@ -12,6 +12,7 @@ import io
 import socket
 import struct
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import fields
 from types import SimpleNamespace
@@ -23,7 +24,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i32, i64
 
 from broker_core.cluster.metadata import ClusterMetadata
-from broker_core.cluster.records import BrokerInfo
+from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.errors import (
     InvalidRequestError,
     MessageTooLargeError,
@@ -38,7 +39,7 @@ from broker_core.server.kafka.apis import (
     KafkaApis,
     KafkaTopics,
 )
-from broker_core.server.kafka.framing import read_frame
+from broker_core.server.kafka.framing import KafkaRequest, read_frame
 from broker_core.server.kafka.listener import KafkaListener
 from broker_core.server.observability.metrics import Metrics
 from tests.harness.kafka_wire import read_response, request_bytes
@@ -227,3 +228,34 @@ def test_every_served_version_is_answered_in_its_own_layout(
     elif api_key == LIST_OFFSETS:
         (answer,) = body.topics[0].partitions
         assert (answer.error_code, answer.offset) == (ErrorCode.unknown_topic_or_partition, -1)
+
+
+def test_metadata_names_a_leader_only_where_a_kafka_client_can_reach_it() -> None:
+    # Broker 1 serves a Kafka listener, broker 2 does not, broker 3 is down (unregistered).
+    with_kafka = BrokerInfo(1, "h1", 1, kafka_listener=("k1", 9093))
+    brokers = [with_kafka, BrokerInfo(2, "h2", 2)]
+    states = {
+        0: PartitionState((1, 2, 3), 1, 4, (1, 2)),
+        1: PartitionState((2, 1, 3), 2, 7, (2, 1)),
+        2: PartitionState((3, 1), 3, 2, (3,)),
+    }
+    topic = TopicAssignment.of("t", states, None, {}, topic_id="ab" * 16)
+    cluster = SimpleNamespace(
+        brokers=lambda: brokers, topics=lambda: {"t": topic}, controller=lambda: brokers[1]
+    )
+    apis = KafkaApis(1, cast(KafkaTopics, SimpleNamespace()), lambda: cast(Any, cluster))
+    request = _build_request(METADATA, 12)
+    body = apis.handle(KafkaRequest(METADATA, 12, 1, "test", request))
+    assert [(b.node_id, b.host, b.port) for b in body.brokers] == [(1, "k1", 9093)]
+    assert body.controller_id == -1  # broker 2 controls but serves no Kafka listener
+    (answer,) = body.topics
+    assert answer.topic_id == uuid.UUID(hex="ab" * 16)
+    shown = {
+        p.partition_index: (p.error_code, p.leader_id, p.leader_epoch, p.offline_replicas)
+        for p in answer.partitions
+    }
+    assert shown == {
+        0: (ErrorCode.none, 1, 4, (3,)),
+        1: (ErrorCode.leader_not_available, -1, 7, (3,)),  # no Kafka listener on 2
+        2: (ErrorCode.leader_not_available, -1, 2, (3,)),  # 3 is down
+    }
