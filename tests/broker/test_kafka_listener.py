@@ -15,6 +15,7 @@ import signal
 import socket
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -256,6 +257,13 @@ def test_list_offsets_fences_a_leader_epoch_and_refuses_what_it_does_not_serve(
     assert offset_answer(address, 0, 1_000).error_code == ErrorCode.unsupported_version
     assert offset_answer(address, 0, -3).error_code == ErrorCode.unsupported_version
     assert offset_answer(address, 7, LATEST).error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION
+    twice = list_offsets(0, LATEST)
+    twice = replace(twice, topics=(twice.topics[0], twice.topics[0]))
+    (first, second) = wire.ask(address, twice).topics
+    assert [p.error_code for p in (*first.partitions, *second.partitions)] == [
+        ErrorCode.invalid_request,
+        ErrorCode.invalid_request,
+    ]
 
 
 def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_elections(

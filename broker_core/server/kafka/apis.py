@@ -19,6 +19,7 @@ import datetime
 import logging
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any, Protocol
@@ -272,22 +273,33 @@ class KafkaApis:
         (FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH, KIP-320), and the epoch read
         before the offsets is checked again after them, so an answer never pairs one
         leader's offset with another's epoch. A lookup by timestamp is not served yet:
-        UNSUPPORTED_VERSION for that partition."""
+        UNSUPPORTED_VERSION for that partition; a partition asked twice is
+        INVALID_REQUEST."""
         body = request.body
         committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
         topic_cls = _nested(response, "ListOffsetsTopicResponse")
         partition_cls = _nested(response, "ListOffsetsPartitionResponse")
+        # A partition asked twice is INVALID_REQUEST, each time (Kafka's rule: which of
+        # the two asks an answer belongs to could not be told).
+        asked_times = Counter(
+            (topic.name, asked.partition_index)
+            for topic in body.topics
+            for asked in topic.partitions
+        )
         topics = []
         for topic in body.topics:
             answers = []
             for asked in topic.partitions:
-                error, offset, epoch = self._offset(
-                    topic.name,
-                    asked.partition_index,
-                    asked.timestamp,
-                    getattr(asked, "current_leader_epoch", NO_EPOCH),
-                    committed,
-                )
+                if asked_times[(topic.name, asked.partition_index)] > 1:
+                    error, offset, epoch = KafkaErrorCode.invalid_request, -1, NO_EPOCH
+                else:
+                    error, offset, epoch = self._offset(
+                        topic.name,
+                        asked.partition_index,
+                        asked.timestamp,
+                        getattr(asked, "current_leader_epoch", NO_EPOCH),
+                        committed,
+                    )
                 answers.append(
                     _build(
                         partition_cls,
