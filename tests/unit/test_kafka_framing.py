@@ -259,3 +259,18 @@ def test_metadata_names_a_leader_only_where_a_kafka_client_can_reach_it() -> Non
         1: (ErrorCode.leader_not_available, -1, 7, (3,)),  # no Kafka listener on 2
         2: (ErrorCode.leader_not_available, -1, 2, (3,)),  # 3 is down
     }
+
+
+def test_a_listener_other_machines_reach_is_warned_about(
+    metrics: Metrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    apis = KafkaApis(0, cast(KafkaTopics, SimpleNamespace()), lambda: cast(Any, None))
+    for host, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
+        caplog.clear()
+        config = KafkaListenerConfig(True, host, 0, "h", 0)
+        exposed = KafkaListener(
+            config, apis, gate=lambda: None, max_request_bytes=MAX_BYTES, metrics=metrics
+        )
+        exposed.start()
+        exposed.stop()
+        assert ("without TLS or authentication" in caplog.text) is warned, host

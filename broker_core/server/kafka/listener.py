@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker_core.errors import IdemlogError, InvalidConfigError
+from broker_core.security.tls import is_loopback
 from broker_core.server.config.kafka import KAFKA_LISTENER, KafkaListenerConfig
 from broker_core.server.kafka.apis import API_VERSIONS, METRIC_KINDS, SERVED, KafkaApis
 from broker_core.server.kafka.framing import (
@@ -103,6 +104,16 @@ class KafkaListener:
         )
         self._thread.start()
         log.info("kafka listener: PLAINTEXT://%s:%d", host, self.port)
+        if not is_loopback(host):
+            # As the Flight listener warns (security/tls.py warn_if_exposed): said once.
+            log.warning(
+                "%s=PLAINTEXT://%s:%d can be reached from other machines without TLS or "
+                "authentication: anyone on the network can list the topics and their "
+                "offsets. Bind it to a loopback address, or firewall it",
+                KAFKA_LISTENER,
+                host,
+                self.port,
+            )
         return self.port
 
     def stop(self) -> None:
