@@ -4,9 +4,10 @@
 replicas, ISR, topic ids), ListOffsets through ``Consumer.get_watermark_offsets`` and
 ``AdminClient.list_offsets`` with both isolation levels over an open transaction; the
 listener off by default, a taken port refusing the start in one line; ListOffsets' fencing
-by leader epoch and its refusals in requests written by kio; a replicated cluster whose
-Metadata names every broker's Kafka listener and each partition's leader as ZooKeeper has
-it, and the new leader at its new epoch once the old one is SIGKILLed."""
+by leader epoch and its refusals, and OffsetForLeaderEpoch, in requests written by kio;
+a replicated cluster whose Metadata names every broker's Kafka listener and each
+partition's leader as ZooKeeper has it, and the new leader at its new epoch once the old
+one is SIGKILLed."""
 
 from __future__ import annotations
 
@@ -30,13 +31,23 @@ from kio.schema.errors import ErrorCode
 from kio.schema.list_offsets.v7.request import ListOffsetsPartition as LoPartition
 from kio.schema.list_offsets.v7.request import ListOffsetsTopic as LoTopic
 from kio.schema.metadata.v12.request import MetadataRequestTopic as MdTopic
+from kio.schema.offset_for_leader_epoch.v4.request import (
+    OffsetForLeaderPartition as EpochPartition,
+)
+from kio.schema.offset_for_leader_epoch.v4.request import OffsetForLeaderTopic as EpochTopic
 from kio.static.primitive import i8, i32, i64
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import Action
 from broker_core.server.config.broker_config import BrokerConfig
 from broker_core.server.config.kafka import KAFKA_LISTENER
-from broker_core.server.kafka.apis import EARLIEST, LATEST, LIST_OFFSETS, METADATA
+from broker_core.server.kafka.apis import (
+    EARLIEST,
+    LATEST,
+    LIST_OFFSETS,
+    METADATA,
+    OFFSET_FOR_LEADER_EPOCH,
+)
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import rows
 from tests.harness import kafka_wire as wire
@@ -264,6 +275,38 @@ def test_list_offsets_fences_a_leader_epoch_and_refuses_what_it_does_not_serve(
         ErrorCode.invalid_request,
         ErrorCode.invalid_request,
     ]
+
+
+def end_offset_answer(address: str, epoch: int, current_epoch: int = -1) -> Any:
+    """OffsetForLeaderEpoch v4 for partition 0 of TOPIC: (error, epoch, end offset)."""
+    asked = EpochPartition(
+        partition=i32(0), current_leader_epoch=i32(current_epoch), leader_epoch=i32(epoch)
+    )
+    body = wire.request(
+        OFFSET_FOR_LEADER_EPOCH,
+        4,
+        replica_id=i32(-1),
+        topics=(EpochTopic(topic=TOPIC, partitions=(asked,)),),
+    )
+    ((answer,),) = (t.partitions for t in wire.ask(address, body).topics)
+    return answer.error_code, answer.leader_epoch, answer.end_offset
+
+
+def test_offset_for_leader_epoch_answers_where_an_epoch_ended(
+    kafka_broker: BrokerProcess, client: BrokerClient
+) -> None:
+    client.create_topic(TOPIC, 1)
+    pid, epoch = client.init_producer_id()
+    with client.produce_stream(TOPIC, 0) as stream:
+        stream.send(rows(4), producer_id=pid, producer_epoch=epoch, base_sequence=0).offsets(10)
+    address = kafka_address(kafka_broker)
+    # Epoch 0 is the latest: it ends at the log end.
+    assert end_offset_answer(address, 0) == (ErrorCode.none, 0, 4)
+    assert end_offset_answer(address, 0, current_epoch=0) == (ErrorCode.none, 0, 4)
+    # An epoch above every one this log knows: undefined.
+    assert end_offset_answer(address, 3) == (ErrorCode.none, -1, -1)
+    # A client ahead of this leader's epoch is told so, not answered.
+    assert end_offset_answer(address, 0, current_epoch=2)[0] == 75  # UNKNOWN_LEADER_EPOCH
 
 
 def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_elections(

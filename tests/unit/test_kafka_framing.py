@@ -3,7 +3,8 @@ kio as a Kafka client encodes them, pipelined on one connection and answered in 
 ApiVersions at every served version, flexible ones with the v0 response header Kafka
 requires; a version not served answered at v0 with UNSUPPORTED_VERSION; an API not
 served, a frame too large or cut short closing the connection; every served version of
-Metadata and ListOffsets answered in its own layout (kio reads the answer back whole)."""
+Metadata, ListOffsets and OffsetForLeaderEpoch answered in its own layout (kio reads the
+answer back whole)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from broker_core.server.kafka.apis import (
     API_VERSIONS,
     LIST_OFFSETS,
     METADATA,
+    OFFSET_FOR_LEADER_EPOCH,
     SERVED,
     KafkaApis,
     KafkaTopics,
@@ -207,6 +209,11 @@ def _build_request(api_key: int, version: int) -> Any:
         if "current_leader_epoch" in names:
             kw["current_leader_epoch"] = i32(-1)
         values["topics"] = (module.ListOffsetsTopic(name="t", partitions=(partition(**kw),)),)
+    elif api_key == OFFSET_FOR_LEADER_EPOCH:
+        asked = module.OffsetForLeaderPartition(
+            partition=i32(0), current_leader_epoch=i32(-1), leader_epoch=i32(0)
+        )
+        values["topics"] = (module.OffsetForLeaderTopic(topic="t", partitions=(asked,)),)
     wanted = {f.name for f in fields(schema)}
     return schema(**{k: v for k, v in values.items() if k in wanted})
 
@@ -228,6 +235,11 @@ def test_every_served_version_is_answered_in_its_own_layout(
     elif api_key == LIST_OFFSETS:
         (answer,) = body.topics[0].partitions
         assert (answer.error_code, answer.offset) == (ErrorCode.unknown_topic_or_partition, -1)
+    elif api_key == OFFSET_FOR_LEADER_EPOCH:
+        (answer,) = body.topics[0].partitions
+        assert (answer.error_code, answer.end_offset) == (
+            ErrorCode.unknown_topic_or_partition, -1,
+        )  # fmt: skip
 
 
 def test_metadata_names_a_leader_only_where_a_kafka_client_can_reach_it() -> None:

@@ -16,13 +16,14 @@ all (:func:`_build`).
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import sys
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode as KafkaErrorCode
@@ -37,30 +38,36 @@ from broker_core.errors import (
     UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.log.leader_epoch import EpochEndOffset
 from broker_core.log.partition_log import PartitionLog
 from broker_core.protocol.topics import INTERNAL_TOPIC_PREFIX, validate_topic_name
 from broker_core.server.kafka.framing import KafkaRequest, UnsupportedVersion
 from broker_core.server.replication.partition import Partition
 
 log = logging.getLogger("idemlog.kafka")
+T = TypeVar("T")
 
 LIST_OFFSETS = 2
 METADATA = 3
 API_VERSIONS = 18
+OFFSET_FOR_LEADER_EPOCH = 23
 
 # api key -> its request kind in the metrics (observability/metrics.py's).
 METRIC_KINDS: Mapping[int, str] = {
     API_VERSIONS: "kafka_api_versions",
     METADATA: "kafka_metadata",
     LIST_OFFSETS: "kafka_list_offsets",
+    OFFSET_FOR_LEADER_EPOCH: "kafka_offset_for_leader_epoch",
 }
 # api key -> (min, max) version served. Metadata from v1 (v0's empty list meant "every
 # topic"; Kafka 4 dropped it), ListOffsets from v1 (v0 answered a list of old offsets)
-# to v10 (v11 adds a tiered-storage timestamp this log has no use for).
+# to v10 (v11 adds a tiered-storage timestamp this log has no use for), OffsetForLeaderEpoch
+# from v2 (the first with current_leader_epoch, KIP-320; Kafka 4 dropped v0 and v1).
 SERVED: Mapping[int, tuple[int, int]] = {
     API_VERSIONS: (0, 4),
     METADATA: (1, 13),
     LIST_OFFSETS: (1, 10),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
 }
 
 # ListOffsets' special timestamps (Kafka's ListOffsetsRequest).
@@ -123,6 +130,7 @@ class KafkaApis:
             API_VERSIONS: self.api_versions,
             METADATA: self.metadata,
             LIST_OFFSETS: self.list_offsets,
+            OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
         }
 
     def handle(self, request: KafkaRequest) -> Any:
@@ -318,21 +326,76 @@ class KafkaApis:
     ) -> tuple[KafkaErrorCode, int, int]:
         if timestamp not in (LATEST, EARLIEST, EARLIEST_LOCAL):
             return KafkaErrorCode.unsupported_version, -1, NO_EPOCH
-        try:
-            log_ = self._topics.leader_log(topic, index)
-            partition = self._topics.partition(topic, index)
-            epoch = partition.leader_epoch
-            if current_epoch != NO_EPOCH:
-                partition.check_epoch(current_epoch)
+
+        def read(log_: PartitionLog) -> int:
             if timestamp == LATEST:
-                offset = log_.last_stable_offset if committed else log_.high_watermark
-            else:
-                offset = log_.log_start_offset
-            partition.check_epoch(epoch)  # still the leader, at the epoch answered
+                return log_.last_stable_offset if committed else log_.high_watermark
+            return log_.log_start_offset
+
+        try:
+            offset, epoch = self._at_leader(topic, index, current_epoch, read)
         except IdemlogError as exc:
             log.debug("kafka: ListOffsets %s-%d: %s", topic, index, exc)
             return kafka_error(exc), -1, NO_EPOCH
         return KafkaErrorCode.none, offset, epoch
+
+    def _at_leader(
+        self, topic: str, index: int, current_epoch: int, read: Callable[[PartitionLog], T]
+    ) -> tuple[T, int]:
+        """``read(log)`` of a partition this broker leads, and the leader epoch it was
+        read at: the client's ``current_leader_epoch`` (NO_EPOCH: none) is fenced first
+        (KIP-320), and the epoch read before ``read`` is checked again after it, so the
+        answer never pairs one leader's log with another's epoch. Raises what the
+        partition raises: NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
+        UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION."""
+        log_ = self._topics.leader_log(topic, index)
+        partition = self._topics.partition(topic, index)
+        epoch = partition.leader_epoch
+        if current_epoch != NO_EPOCH:
+            partition.check_epoch(current_epoch)
+        value = read(log_)
+        partition.check_epoch(epoch)  # still the leader, at the epoch answered
+        return value, epoch
+
+    # -- OffsetForLeaderEpoch ------------------------------------------------------------
+    def offset_for_leader_epoch(self, request: KafkaRequest, response: type[Any]) -> Any:
+        """Per partition this broker leads: where the asked ``leader_epoch`` ended in its
+        log (KIP-101/KIP-279, the leader epoch cache: the latest epoch ends at the log
+        end; an epoch between two known ends where the next began; one above every
+        known epoch, or a log without any, is undefined: -1 and -1), so a client can
+        tell whether the log it read was truncated by an election. Fenced by
+        ``current_leader_epoch`` as ListOffsets is."""
+        topic_cls = _nested(response, "OffsetForLeaderTopicResult")
+        partition_cls = _nested(response, "EpochEndOffset")
+        topics = []
+        for topic in request.body.topics:
+            answers = []
+            for asked in topic.partitions:
+                error, epoch, end = KafkaErrorCode.none, NO_EPOCH, -1
+                end_of = functools.partial(_end_offset_for, int(asked.leader_epoch))
+                try:
+                    found, _ = self._at_leader(
+                        topic.topic, asked.partition, asked.current_leader_epoch, end_of
+                    )
+                    epoch, end = found.epoch, found.end_offset
+                except IdemlogError as exc:
+                    log.debug("kafka: OffsetForLeaderEpoch %s: %s", topic.topic, exc)
+                    error = kafka_error(exc)
+                answers.append(
+                    _build(
+                        partition_cls,
+                        error_code=error,
+                        partition=asked.partition,
+                        leader_epoch=i32(epoch),
+                        end_offset=i64(end),
+                    )
+                )
+            topics.append(_build(topic_cls, topic=topic.topic, partitions=tuple(answers)))
+        return _build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+
+
+def _end_offset_for(epoch: int, log_: PartitionLog) -> EpochEndOffset:
+    return log_.end_offset_for(epoch)
 
 
 def _broker(cls: type[Any], info: BrokerInfo) -> Any:

@@ -72,7 +72,12 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 # The requests timed: one produced batch, one fetch, and each Kafka API the Kafka listener
 # serves (server/kafka/apis.py: kafka_ and Kafka's name of the API, in snake case).
-KAFKA_REQUEST_KINDS = ("kafka_api_versions", "kafka_metadata", "kafka_list_offsets")
+KAFKA_REQUEST_KINDS = (
+    "kafka_api_versions",
+    "kafka_metadata",
+    "kafka_list_offsets",
+    "kafka_offset_for_leader_epoch",
+)
 REQUEST_KINDS = ("produce", "fetch", *KAFKA_REQUEST_KINDS)
 
 
