@@ -325,6 +325,14 @@ def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_ele
             assert partition.replicas == list(state.replicas)
             assert sorted(partition.isrs) == sorted(state.isr)
 
+        # 6 rows acknowledged by every replica (acks=all) at the first leader's epoch.
+        pid, producer_epoch = cluster.client.init_producer_id()
+        with cluster.client.produce_stream(TOPIC, 0) as stream:
+            stream.send(
+                rows(6), producer_id=pid, producer_epoch=producer_epoch, base_sequence=0
+            ).offsets(10)
+        cluster.wait_in_sync(TOPIC, 0)
+
         # The leader of partition 0 SIGKILLed: the survivors' Metadata names the new leader
         # at its new epoch, the dead broker offline and gone from the brokers.
         before = cluster.state(TOPIC, 0)
@@ -362,5 +370,12 @@ def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_ele
         assert (current.error_code, current.leader_epoch) == (ErrorCode.none, after.leader_epoch)
         follower = next(a for b, a in addresses.items() if b not in (before.leader, after.leader))
         assert offset_answer(follower, 0, LATEST).error_code == 6  # NOT_LEADER_OR_FOLLOWER
+        assert end_offset_answer(follower, before.leader_epoch)[0] == 6
+
+        # A consumer that read at the old epoch asks where it ended: at the 6 rows every
+        # replica has, so nothing it read was truncated by the election.
+        assert end_offset_answer(leader, before.leader_epoch, after.leader_epoch) == (
+            ErrorCode.none, before.leader_epoch, 6,
+        )  # fmt: skip
     finally:
         cluster.close()
