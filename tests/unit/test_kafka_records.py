@@ -12,6 +12,8 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.util import encode_varint
 
@@ -64,15 +66,11 @@ def _kafka_python_builds(
 
 def _decoded(batch: KafkaBatch) -> list[Row]:
     columns = batch.rows.to_pydict()
+    millis = batch.rows.column("timestamp").cast(pa.int64()).to_pylist()
     return [
-        (
-            k,
-            v,
-            int(t.timestamp() * 1000) if t is not None else -1,
-            [(h["key"], h["value"]) for h in hs],
-        )
+        (k, v, t, [(h["key"], h["value"]) for h in hs])
         for k, v, t, hs in zip(
-            columns["key"], columns["value"], columns["timestamp"], columns["headers"], strict=True
+            columns["key"], columns["value"], millis, columns["headers"], strict=True
         )
     ]
 
@@ -313,3 +311,59 @@ def test_rows_that_are_not_kafka_shaped_are_refused_by_name() -> None:
         encode_batch(
             pa.RecordBatch.from_pydict({"value": [b"v"], "timestamp": ["now"]}), base_offset=0
         )
+
+
+def test_null_and_sliced_header_lists_and_a_multi_megabyte_value() -> None:
+    huge = bytes(range(256)) * (3 * 4096)  # 3 MiB: a four-byte length varint
+    rows: list[Row] = [
+        (b"a", b"1", 10, [("x", b"1")]),
+        (b"b", huge, 11, [("y", None), ("z", b"")]),
+        (b"c", b"3", 12, []),
+        (b"d", b"4", 13, [("w", b"4")]),
+    ]
+    batch = _rows(rows)
+    headers = batch.column("headers").to_pylist()
+    headers[2] = None  # a null list: no headers, as Kafka has no null header list
+    with_null = pa.RecordBatch.from_arrays(
+        [*batch.columns[:3], pa.array(headers, HEADERS_TYPE)], names=batch.schema.names
+    ).slice(1, 3)
+    expected = rows[1:]
+    encoded = encode_batch(with_null, base_offset=1)
+    _, records = _kafka_python_reads(encoded)
+    assert [(r.offset, r.key, r.value, r.headers) for r in records] == [
+        (1 + i, k, v, h) for i, (k, v, _, h) in enumerate(expected)
+    ]
+    assert _decoded(decode_batches(encoded)[0]) == expected
+    assert encoded[12:] == _kafka_python_builds(expected)[12:]  # all but the base offset
+
+
+_bytes_or_none = st.none() | st.binary(max_size=300)
+_row = st.tuples(
+    _bytes_or_none,
+    _bytes_or_none,
+    st.integers(-(2**40), 2**42),
+    st.lists(st.tuples(st.text(max_size=20), _bytes_or_none), max_size=3),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(_row, min_size=1, max_size=40),
+    producer=st.tuples(
+        st.integers(0, 2**63 - 1), st.integers(0, 2**15 - 1), st.integers(0, 2**31 - 1)
+    ),
+    transactional=st.booleans(),
+)
+def test_any_rows_encode_as_kafka_pythons_builder_does(
+    rows: list[Row], producer: tuple[int, int, int], transactional: bool
+) -> None:
+    ours = encode_batch(
+        _rows(rows),
+        base_offset=0,
+        producer_id=producer[0],
+        producer_epoch=producer[1],
+        base_sequence=producer[2],
+        is_transactional=transactional,
+    )
+    assert ours == _kafka_python_builds(rows, producer=producer, transactional=transactional)
+    assert _decoded(decode_batches(ours)[0]) == rows
