@@ -552,38 +552,45 @@ def _control(rows: pa.RecordBatch, where: str) -> ControlRecord:
 
 
 def _record_starts(records: Bytes, count: int, where: str) -> tuple[Int64s, Int64s]:
-    """Where each record's fields start, and their length: a walk, since each record's
-    start is the previous one's end (the one per-record Python step of decoding)."""
+    """Where each record's fields start, and their length. Each record starts where the
+    previous one ends, so the ends are found by a walk along the length prefixes (the one
+    per-record Python step of decoding, kept to a byte read and an add for lengths under
+    64 bytes' varint); the prefixes are then read again column-wise."""
     raw = records.tobytes()
-    limit = len(raw)
-    starts = [0] * count
-    lengths = [0] * count
+    ends: list[int] = []
+    mark = ends.append
     at = 0
-    for i in range(count):
-        shift = 0
-        unsigned = 0
-        while True:
-            if at >= limit:
-                raise CorruptRecordError(f"{where}: record {i} starts past the batch's end")
+    try:
+        for _ in range(count):
             byte = raw[at]
             at += 1
-            unsigned |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
-            if shift > 28:
-                raise CorruptRecordError(f"{where}: record {i}'s length varint is too long")
-        length = (unsigned >> 1) ^ -(unsigned & 1)
-        if length < 0 or at + length > limit:
-            raise CorruptRecordError(
-                f"{where}: record {i}'s length {length} does not fit the batch"
-            )
-        starts[i] = at
-        lengths[i] = length
-        at += length
-    if at != limit:
-        raise CorruptRecordError(f"{where}: {limit - at} bytes after the last record")
-    return np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)
+            unsigned = byte & 0x7F
+            shift = 7
+            while byte >= 0x80:
+                if shift > 28:
+                    raise CorruptRecordError(f"{where}: a record's length varint is too long")
+                byte = raw[at]
+                at += 1
+                unsigned |= (byte & 0x7F) << shift
+                shift += 7
+            if unsigned & 1:
+                raise CorruptRecordError(f"{where}: a record's length is negative")
+            at += unsigned >> 1
+            mark(at)
+    except IndexError:
+        raise CorruptRecordError(
+            f"{where}: its {count} records' lengths run past the batch's end"
+        ) from None
+    if at != len(raw):
+        raise CorruptRecordError(
+            f"{where}: its {count} records end at byte {at} of {len(raw)}: "
+            f"{len(raw) - at} bytes after the last record"
+            if at < len(raw)
+            else f"{where}: its {count} records' lengths run past the batch's end"
+        )
+    prefixes = np.array([0, *ends[:-1]] if count else [], dtype=np.int64)
+    lengths, taken = varint.read(records, prefixes, varint.VARINT_MAX_BYTES, where)
+    return prefixes + taken, lengths
 
 
 def _gather(

@@ -367,3 +367,19 @@ def test_any_rows_encode_as_kafka_pythons_builder_does(
     )
     assert ours == _kafka_python_builds(rows, producer=producer, transactional=transactional)
     assert _decoded(decode_batches(ours)[0]) == rows
+
+
+def _with_count(batch: bytes, count: int) -> bytes:
+    out = bytearray(batch)
+    struct.pack_into(">i", out, 23, count - 1)  # lastOffsetDelta
+    struct.pack_into(">i", out, 57, count)
+    struct.pack_into(">I", out, 17, crc32c.crc32c(bytes(out[21:])))
+    return bytes(out)
+
+
+def test_a_record_count_that_disagrees_with_the_bytes_is_named() -> None:
+    batch = encode_batch(_rows(MIXED[:2]), base_offset=0)
+    with pytest.raises(CorruptRecordError, match=r"bytes after the last record"):
+        decode_batches(_with_count(batch, 1))
+    with pytest.raises(CorruptRecordError, match=r"3 records' lengths run past the batch's end"):
+        decode_batches(_with_count(batch, 3))
