@@ -211,25 +211,36 @@ def _binary_spans(column: pa.Array, name: str) -> tuple[Int64s, _Spans]:
         offset_type = np.int64
     else:
         raise InvalidRecordError(f"column {name!r} is {kind}: a Kafka {name} is binary or string")
+    lengths, data = _offsets_and_data(column, offset_type)
     valid = _validity(column)
-    if valid is not None and column.null_count:
-        # Arrow lets a null slot own bytes; a Kafka null has none, so such slots are emptied.
-        column = pc.if_else(pc.is_valid(column), column, pa.scalar(b"", column.type))
+    if valid is None:
+        return lengths, _Spans(lengths, data)
+    if lengths[~valid].any():
+        # Arrow lets a null slot own bytes; a Kafka null has none: such slots are emptied
+        # (a copy of the column, only then).
+        emptied = pc.if_else(valid, column, pa.scalar(b"", column.type)).cast(column.type)
+        lengths, data = _offsets_and_data(emptied, offset_type)
+    return np.where(valid, lengths, -1), _Spans(lengths, data)
+
+
+def _offsets_and_data(
+    column: pa.Array,
+    offset_type: type[np.integer],
+) -> tuple[Int64s, Bytes]:
+    """Each value's byte length and the values' bytes, straight from the column's offsets
+    and data buffers (no copy but the offsets' widening)."""
     count = len(column)
     buffers = column.buffers()
     offsets = np.frombuffer(buffers[1], dtype=offset_type)[
         column.offset : column.offset + count + 1
-    ]
-    offsets = offsets.astype(np.int64)
-    lengths = np.diff(offsets)
+    ].astype(np.int64)
     data_buffer = buffers[2]
     data = (
         np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[-1]]
         if data_buffer is not None and count
         else np.zeros(0, dtype=np.uint8)
     )
-    signed = lengths if valid is None else np.where(valid, lengths, -1)
-    return signed, _Spans(lengths, data)
+    return np.diff(offsets), data
 
 
 def _validity(column: pa.Array) -> npt.NDArray[np.bool_] | None:
@@ -602,8 +613,8 @@ def _gather(
     data = records[_mask(len(records), starts, sizes)] if sizes.any() else records[:0]
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int32)
     nulls = int(len(lengths) - valid.sum())
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes()) if nulls else None
-    return bitmap, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes()), nulls
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return bitmap, pa.py_buffer(offsets), pa.py_buffer(data), nulls
 
 
 def _binary_array(records: Bytes, starts: Int64s, lengths: Int64s) -> pa.Array:
