@@ -51,6 +51,9 @@ def write(out: Bytes, positions: Int64s, unsigned: UInt64s, value_sizes: Int64s)
     if len(unsigned) == 0:
         return
     longest = int(value_sizes.max())
+    if longest == 1:  # the common case (small lengths and deltas): the values are the bytes
+        out[positions] = unsigned.astype(np.uint8)
+        return
     at, vals, n = positions, unsigned, value_sizes
     for j in range(longest):
         if j:  # only the values still going have a byte j
@@ -64,6 +67,10 @@ def read(buf: Bytes, positions: Int64s, max_bytes: int, what: str) -> tuple[Int6
     """The signed values of the varints starting at ``positions`` in ``buf`` and the bytes
     each took; a varint running past the buffer or longer than ``max_bytes`` is corrupt."""
     count = len(positions)
+    if count and int(positions.max()) < len(buf):
+        first = buf[positions]
+        if int(first.max()) < 0x80:  # every varint one byte: the common case
+            return unzigzag(first.astype(np.uint64)), np.ones(count, dtype=np.int64)
     values = np.zeros(count, dtype=np.uint64)
     taken = np.zeros(count, dtype=np.int64)
     pending = np.arange(count)
