@@ -383,3 +383,12 @@ def test_a_record_count_that_disagrees_with_the_bytes_is_named() -> None:
         decode_batches(_with_count(batch, 1))
     with pytest.raises(CorruptRecordError, match=r"3 records' lengths run past the batch's end"):
         decode_batches(_with_count(batch, 3))
+
+
+def test_log_append_time_gives_every_record_the_batchs_max_timestamp() -> None:
+    batch = _with_attributes(encode_batch(_rows(MIXED), base_offset=0), 8)  # bit 3
+    (decoded,) = decode_batches(batch)
+    assert decoded.timestamp_type is TimestampType.LOG_APPEND_TIME
+    newest = max(r[2] for r in MIXED)
+    assert [r[2] for r in _decoded(decoded)] == [newest] * len(MIXED)
+    assert [r.timestamp for r in DefaultRecordBatch(batch)] == [newest] * len(MIXED)
