@@ -87,6 +87,7 @@ _COLUMNS = ("key", "value", "timestamp", "headers")
 HEADERS_TYPE = pa.list_(
     pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())])
 )
+_NO_HEADERS = pa.array([], HEADERS_TYPE.value_type)
 # What the decoder gives: the columns of Spark's Kafka source, less topic/partition/offset
 # (the offsets are base_offset + row index; the batch says the rest).
 DECODED_SCHEMA = pa.schema(
@@ -253,11 +254,14 @@ def _timestamps_ms(column: pa.Array | None, count: int, default: int) -> Int64s:
     if column is None:
         return np.full(count, default, dtype=np.int64)
     kind = column.type
-    if pa.types.is_timestamp(kind):
-        per_ms = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}[kind.unit]
-        raw = pc.cast(column, pa.int64())
-        values = raw.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        ms = values * 1000 if per_ms is None else values // per_ms
+    if pa.types.is_timestamp(kind) or pa.types.is_int64(kind):
+        # int64 values either way, read from the data buffer (a null slot's are ignored)
+        values = np.frombuffer(column.buffers()[1], dtype=np.int64)[
+            column.offset : column.offset + count
+        ]
+        unit = kind.unit if pa.types.is_timestamp(kind) else "ms"
+        times, per = {"s": (1000, 1), "ms": (1, 1), "us": (1, 1000), "ns": (1, 1_000_000)}[unit]
+        ms = values * times // per  # floor: a pre-1970 instant stays before its millisecond
     elif pa.types.is_integer(kind):
         ms = column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     else:
@@ -687,6 +691,8 @@ def _decode_headers(
     one, and only for records that have any: their positions chain like the records'."""
     list_offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
     total = int(list_offsets[-1])
+    if total == 0:  # most topics: every list empty, nothing to read
+        return pa.ListArray.from_arrays(pa.array(list_offsets), _NO_HEADERS), at
     key_starts = np.zeros(total, np.int64)
     key_lengths = np.zeros(total, np.int64)
     value_starts = np.zeros(total, np.int64)
