@@ -468,20 +468,77 @@ def encode_control_batch(
 # -- decoding ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """One batch's header, checked, and where the batch lies in the buffer."""
+
+    base_offset: int
+    partition_leader_epoch: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    count: int
+    position: int
+    size: int
+    where: str
+
+
 def decode_batches(buffer: bytes | bytearray | memoryview) -> list[KafkaBatch]:
     """Every batch in ``buffer``, back to back (a Produce request's records); the buffer
-    must end on a batch's end. Checks magic, lengths, CRC and every record's framing."""
+    must end on a batch's end. Checks magic, lengths, CRC and every record's framing.
+
+    The records of all the batches are decoded together, column-wise, into one Arrow
+    batch that each KafkaBatch's rows are a slice of: a request of many small batches (a
+    Java producer's default is 16 KiB) pays the per-call costs once, not per batch."""
     view = memoryview(buffer).cast("B")
-    batches: list[KafkaBatch] = []
+    frames: list[_Frame] = []
     position = 0
     while position < len(view):
-        batch = _decode_batch(view, position)
-        batches.append(batch)
-        position += batch.size
+        frame = _frame(view, position)
+        frames.append(frame)
+        position += frame.size
+    if not frames:
+        return []
+    rows = _decode_records(view, frames)
+    batches = []
+    first = 0
+    for frame in frames:
+        batch_rows = rows.slice(first, frame.count)
+        first += frame.count
+        is_control = bool(frame.attributes & CONTROL_FLAG)
+        batches.append(
+            KafkaBatch(
+                base_offset=frame.base_offset,
+                partition_leader_epoch=frame.partition_leader_epoch,
+                crc=frame.crc,
+                compression=frame.attributes & COMPRESSION_MASK,
+                timestamp_type=_timestamp_type(frame),
+                is_transactional=bool(frame.attributes & TRANSACTIONAL_FLAG),
+                is_control=is_control,
+                last_offset_delta=frame.last_offset_delta,
+                base_timestamp=frame.base_timestamp,
+                max_timestamp=frame.max_timestamp,
+                producer_id=frame.producer_id,
+                producer_epoch=frame.producer_epoch,
+                base_sequence=frame.base_sequence,
+                rows=batch_rows,
+                control=_control(batch_rows, frame.where) if is_control else None,
+                size=frame.size,
+            )
+        )
     return batches
 
 
-def _decode_batch(view: memoryview, position: int) -> KafkaBatch:
+def _timestamp_type(frame: _Frame) -> TimestampType:
+    return TimestampType(1 if frame.attributes & TIMESTAMP_TYPE_FLAG else 0)
+
+
+def _frame(view: memoryview, position: int) -> _Frame:
     where = f"batch at byte {position}"
     if len(view) - position < HEADER_SIZE:
         raise CorruptRecordError(
@@ -510,8 +567,7 @@ def _decode_batch(view: memoryview, position: int) -> KafkaBatch:
         raise CorruptRecordError(
             f"{where}: batchLength {length} does not fit the {len(view) - position} bytes left"
         )
-    batch = view[position : position + size]
-    actual = crc32c.crc32c(batch[CRC_START:])
+    actual = crc32c.crc32c(view[position + CRC_START : position + size])
     if actual != crc:
         raise CorruptRecordError(f"{where}: CRC-32C is {actual:#010x}, the header says {crc:#010x}")
     compression = attributes & COMPRESSION_MASK
@@ -523,32 +579,21 @@ def _decode_batch(view: memoryview, position: int) -> KafkaBatch:
         raise CorruptRecordError(
             f"{where}: {count} records but lastOffsetDelta {last_offset_delta}"
         )
-    timestamp_type = TimestampType(1 if attributes & TIMESTAMP_TYPE_FLAG else 0)
-    rows = _decode_records(
-        np.frombuffer(batch, dtype=np.uint8)[HEADER_SIZE:],
-        count,
+    return _Frame(
+        base_offset,
+        leader_epoch,
+        crc,
+        attributes,
+        last_offset_delta,
         base_timestamp,
-        max_timestamp if timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
+        position,
+        size,
         where,
-    )
-    is_control = bool(attributes & CONTROL_FLAG)
-    return KafkaBatch(
-        base_offset=base_offset,
-        partition_leader_epoch=leader_epoch,
-        crc=crc,
-        compression=compression,
-        timestamp_type=timestamp_type,
-        is_transactional=bool(attributes & TRANSACTIONAL_FLAG),
-        is_control=is_control,
-        last_offset_delta=last_offset_delta,
-        base_timestamp=base_timestamp,
-        max_timestamp=max_timestamp,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        rows=rows,
-        control=_control(rows, where) if is_control else None,
-        size=size,
     )
 
 
@@ -566,46 +611,50 @@ def _control(rows: pa.RecordBatch, where: str) -> ControlRecord:
     return ControlRecord(ControlType(control_type), coordinator_epoch)
 
 
-def _record_starts(records: Bytes, count: int, where: str) -> tuple[Int64s, Int64s]:
-    """Where each record's fields start, and their length. Each record starts where the
-    previous one ends, so the ends are found by a walk along the length prefixes (the one
-    per-record Python step of decoding, kept to a byte read and an add for lengths under
-    64 bytes' varint); the prefixes are then read again column-wise."""
-    raw = records.tobytes()
-    ends: list[int] = []
-    mark = ends.append
-    at = 0
-    try:
-        for _ in range(count):
-            byte = raw[at]
-            at += 1
-            unsigned = byte & 0x7F
-            shift = 7
-            while byte >= 0x80:
-                if shift > 28:
-                    raise CorruptRecordError(f"{where}: a record's length varint is too long")
+def _record_starts(raw: bytes, frames: Sequence[_Frame]) -> tuple[Int64s, Int64s]:
+    """Where each record's fields start in the buffer, and their length. Each record
+    starts where the previous one ends, so the starts are found by a walk along the length
+    prefixes (the one per-record Python step of decoding, kept to a byte read and an add
+    for lengths under 64 bytes); the prefixes are then read again column-wise."""
+    prefixes: list[int] = []
+    mark = prefixes.append
+    for frame in frames:
+        at = frame.position + HEADER_SIZE
+        limit = frame.position + frame.size
+        past = f"{frame.where}: its {frame.count} records' lengths run past the batch's end"
+        try:
+            for _ in range(frame.count):
+                mark(at)
                 byte = raw[at]
                 at += 1
-                unsigned |= (byte & 0x7F) << shift
-                shift += 7
-            if unsigned & 1:
-                raise CorruptRecordError(f"{where}: a record's length is negative")
-            at += unsigned >> 1
-            mark(at)
-    except IndexError:
-        raise CorruptRecordError(
-            f"{where}: its {count} records' lengths run past the batch's end"
-        ) from None
-    if at != len(raw):
-        raise CorruptRecordError(
-            f"{where}: its {count} records end at byte {at} of {len(raw)}: "
-            f"{len(raw) - at} bytes after the last record"
-            if at < len(raw)
-            else f"{where}: its {count} records' lengths run past the batch's end"
-        )
-    prefixes = np.array([0, *ends[:-1]] if count else [], dtype=np.int64)
-    lengths, taken = varint.read(records, prefixes, varint.VARINT_MAX_BYTES, where)
-    return prefixes + taken, lengths
+                unsigned = byte & 0x7F
+                shift = 7
+                while byte >= 0x80:
+                    if shift > 28:
+                        raise CorruptRecordError(
+                            f"{frame.where}: a record's length varint is too long"
+                        )
+                    byte = raw[at]
+                    at += 1
+                    unsigned |= (byte & 0x7F) << shift
+                    shift += 7
+                if unsigned & 1:
+                    raise CorruptRecordError(f"{frame.where}: a record's length is negative")
+                at += unsigned >> 1
+        except IndexError:
+            raise CorruptRecordError(past) from None
+        if at > limit:
+            raise CorruptRecordError(past)
+        if at < limit:
+            raise CorruptRecordError(
+                f"{frame.where}: its {frame.count} records end {limit - at} bytes before it "
+                f"does: {limit - at} bytes after the last record"
+            )
+    starts = np.array(prefixes, dtype=np.int64)
+    lengths, taken = varint.read(
+        np.frombuffer(raw, dtype=np.uint8), starts, varint.VARINT_MAX_BYTES, "a record batch"
+    )
+    return starts + taken, lengths
 
 
 def _gather(
@@ -628,55 +677,84 @@ def _binary_array(records: Bytes, starts: Int64s, lengths: Int64s) -> pa.Array:
     )
 
 
-def _decode_records(
-    records: Bytes, count: int, base_timestamp: int, append_time: int | None, where: str
-) -> pa.RecordBatch:
-    starts, lengths = _record_starts(records, count, where)
+class _Blame:
+    """Names record ``r`` (an index over all the buffer's records) by its batch."""
+
+    def __init__(self, frames: Sequence[_Frame], counts: Int64s) -> None:
+        self._frames = frames
+        self._firsts = np.cumsum(counts) - counts
+        self._batch_of = np.repeat(np.arange(len(frames)), counts)
+
+    def __call__(self, record: int) -> str:
+        batch = int(self._batch_of[record])
+        return f"{self._frames[batch].where}: record {record - int(self._firsts[batch])}"
+
+    def first_of(self, bad: npt.NDArray[np.bool_]) -> tuple[int, str] | None:
+        if not bad.any():
+            return None
+        record = int(np.flatnonzero(bad)[0])
+        return record, self(record)
+
+
+def _decode_records(view: memoryview, frames: Sequence[_Frame]) -> pa.RecordBatch:
+    raw = view.tobytes()
+    whole = np.frombuffer(raw, dtype=np.uint8)
+    counts = np.array([f.count for f in frames], dtype=np.int64)
+    blame = _Blame(frames, counts)
+    total = int(counts.sum())
+    what = "a record batch"
+    starts, lengths = _record_starts(raw, frames)
     ends = starts + lengths
     at = starts + 1  # the record's attributes byte, unused
-    deltas, taken = varint.read(records, at, varint.VARLONG_MAX_BYTES, where)
+    deltas, taken = varint.read(whole, at, varint.VARLONG_MAX_BYTES, what)
     at = at + taken
-    offset_deltas, taken = varint.read(records, at, varint.VARINT_MAX_BYTES, where)
+    offset_deltas, taken = varint.read(whole, at, varint.VARINT_MAX_BYTES, what)
     at = at + taken
-    if count and not np.array_equal(offset_deltas, np.arange(count)):
-        wrong = int(np.flatnonzero(offset_deltas != np.arange(count))[0])
+    expected = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    wrong = blame.first_of(offset_deltas != expected)
+    if wrong:
+        record, name = wrong
         raise CorruptRecordError(
-            f"{where}: record {wrong} has offsetDelta {int(offset_deltas[wrong])}, not {wrong}"
+            f"{name} has offsetDelta {int(offset_deltas[record])}, not {int(expected[record])}"
         )
     spans: list[tuple[Int64s, Int64s]] = []
-    for name in ("key", "value"):
-        field_lengths, taken = varint.read(records, at, varint.VARINT_MAX_BYTES, where)
+    for field in ("key", "value"):
+        field_lengths, taken = varint.read(whole, at, varint.VARINT_MAX_BYTES, what)
         at = at + taken
-        if (field_lengths < -1).any() or (at + np.maximum(field_lengths, 0) > ends).any():
-            bad = int(
-                np.flatnonzero((field_lengths < -1) | (at + np.maximum(field_lengths, 0) > ends))[0]
-            )
+        bad = blame.first_of((field_lengths < -1) | (at + np.maximum(field_lengths, 0) > ends))
+        if bad:
+            record, name = bad
             raise CorruptRecordError(
-                f"{where}: record {bad}'s {name} length {int(field_lengths[bad])} does not fit"
+                f"{name}'s {field} length {int(field_lengths[record])} does not fit"
             )
         spans.append((at, field_lengths))
         at = at + np.maximum(field_lengths, 0)
-    header_counts, taken = varint.read(records, at, varint.VARINT_MAX_BYTES, where)
+    header_counts, taken = varint.read(whole, at, varint.VARINT_MAX_BYTES, what)
     at = at + taken
-    if (header_counts < 0).any():
-        bad = int(np.flatnonzero(header_counts < 0)[0])
-        raise CorruptRecordError(f"{where}: record {bad} has {int(header_counts[bad])} headers")
-    headers, at = _decode_headers(records, header_counts, at, ends, where)
-    if (at != ends).any():
-        bad = int(np.flatnonzero(at != ends)[0])
+    bad = blame.first_of(header_counts < 0)
+    if bad:
+        record, name = bad
+        raise CorruptRecordError(f"{name} has {int(header_counts[record])} headers")
+    headers, at = _decode_headers(whole, raw, header_counts, at, ends, blame)
+    bad = blame.first_of(at != ends)
+    if bad:
+        record, name = bad
         raise CorruptRecordError(
-            f"{where}: record {bad}'s length says {int(lengths[bad])} bytes, its fields take "
-            f"{int(at[bad] - starts[bad])}"
+            f"{name}'s length says {int(lengths[record])} bytes, its fields take "
+            f"{int(at[record] - starts[record])}"
         )
-    timestamps = (
-        np.full(count, append_time, np.int64)
-        if append_time is not None
-        else base_timestamp + deltas
+    append_time = np.array(
+        [_timestamp_type(f) is TimestampType.LOG_APPEND_TIME for f in frames], dtype=np.bool_
+    )
+    base = np.array([f.base_timestamp for f in frames], dtype=np.int64)
+    newest = np.array([f.max_timestamp for f in frames], dtype=np.int64)
+    timestamps = np.where(
+        np.repeat(append_time, counts), np.repeat(newest, counts), np.repeat(base, counts) + deltas
     )
     return pa.RecordBatch.from_arrays(
         [
-            _binary_array(records, *spans[0]),
-            _binary_array(records, *spans[1]),
+            _binary_array(whole, *spans[0]),
+            _binary_array(whole, *spans[1]),
             pa.array(timestamps, pa.timestamp("ms")),
             headers,
         ],
@@ -685,7 +763,7 @@ def _decode_records(
 
 
 def _decode_headers(
-    records: Bytes, counts: Int64s, at: Int64s, ends: Int64s, where: str
+    records: Bytes, raw: bytes, counts: Int64s, at: Int64s, ends: Int64s, blame: _Blame
 ) -> tuple[pa.Array, Int64s]:
     """The headers column and where each record's headers end. Entries are read one by
     one, and only for records that have any: their positions chain like the records'."""
@@ -698,7 +776,6 @@ def _decode_headers(
     value_starts = np.zeros(total, np.int64)
     value_lengths = np.zeros(total, np.int64)
     at = at.copy()
-    raw = records.tobytes() if total else b""
     entry = 0
     for record in np.flatnonzero(counts):
         position = int(at[record])
@@ -708,10 +785,12 @@ def _decode_headers(
                 (key_starts, key_lengths, 0),
                 (value_starts, value_lengths, -1),
             ):
-                size, position = varint.read_one(raw, position, varint.VARINT_MAX_BYTES, where)
+                size, position = varint.read_one(
+                    raw, position, varint.VARINT_MAX_BYTES, blame(int(record))
+                )
                 if size < least or position + max(size, 0) > end:
                     raise CorruptRecordError(
-                        f"{where}: record {int(record)} has a header with length {size}"
+                        f"{blame(int(record))} has a header with length {size}"
                     )
                 starts_out[entry], lengths_out[entry] = position, size
                 position += max(size, 0)
@@ -721,7 +800,7 @@ def _decode_headers(
     try:
         keys = keys_binary.cast(pa.string())
     except pa.ArrowInvalid as e:
-        raise CorruptRecordError(f"{where}: a header key is not UTF-8") from e
+        raise CorruptRecordError(f"a record's header key is not UTF-8: {e}") from e
     entries = pa.StructArray.from_arrays(
         [keys, _binary_array(records, value_starts, value_lengths)],
         fields=list(HEADERS_TYPE.value_type),
