@@ -392,3 +392,30 @@ def test_log_append_time_gives_every_record_the_batchs_max_timestamp() -> None:
     newest = max(r[2] for r in MIXED)
     assert [r[2] for r in _decoded(decoded)] == [newest] * len(MIXED)
     assert [r.timestamp for r in DefaultRecordBatch(batch)] == [newest] * len(MIXED)
+
+
+def test_an_error_in_a_later_batch_names_that_batch_and_its_record() -> None:
+    first = encode_batch(_rows(MIXED), base_offset=0)
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, batch_size=1 << 20)
+    for offset in (0, 1, 3):  # a gap: the third record's offsetDelta is 3, not 2...
+        builder.append(offset, 1, b"a", b"b", [])
+    second = bytearray(builder.build())
+    struct.pack_into(">i", second, 23, 2)  # ...behind a lastOffsetDelta that agrees with the count
+    struct.pack_into(">I", second, 17, crc32c.crc32c(bytes(second[21:])))
+    with pytest.raises(
+        CorruptRecordError,
+        match=rf"batch at offset 0 \(byte {len(first)}\): record 2 has offsetDelta 3, not 2",
+    ):
+        decode_batches(first + bytes(second))
+
+
+def test_a_header_key_that_is_not_utf8_is_corrupt() -> None:
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, batch_size=1 << 20)
+    builder.append(0, 1, b"a", b"b", [("ab", b"v")])
+    batch = bytearray(builder.build())
+    at = bytes(batch).index(b"ab\x02v")  # the key "ab", then the value's length and "v"
+    batch[at] = 0xFF
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    with pytest.raises(CorruptRecordError, match="header key is not UTF-8"):
+        decode_batches(bytes(batch))
+    assert decode_batches(b"") == []
