@@ -94,7 +94,11 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "bench-kafka-records": (
         ["BENCH_ARGS=--rows 20000 --repeats 1 --peer-rows 2000"],
-        ["kafka_encode_records_per_s", "kafka_decode_records_per_s"],
+        [
+            "kafka_encode_records_per_s",
+            "kafka_decode_records_per_s",
+            "kafka_decode_requests_records_per_s",
+        ],
     ),
     "bench-soak": (
         ["BENCH_ARGS=--batches 40 --jobs 4"],
