@@ -250,9 +250,10 @@ def _validity(column: pa.Array) -> npt.NDArray[np.bool_] | None:
     return np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
-def _timestamps_ms(column: pa.Array | None, count: int, default: int) -> Int64s:
+def _timestamps_ms(column: pa.Array | None, count: int, default: Int64s) -> Int64s:
+    """Milliseconds per row; ``default`` (per row) where there is none."""
     if column is None:
-        return np.full(count, default, dtype=np.int64)
+        return default.copy()
     kind = column.type
     if pa.types.is_timestamp(kind) or pa.types.is_int64(kind):
         # int64 values either way, read from the data buffer (a null slot's are ignored)
@@ -344,12 +345,29 @@ def _header(
     )
 
 
-def _seal(out: Bytes, header: tuple[object, ...]) -> bytes:
-    """Packs the header into ``out``, then the CRC over [attributes, end)."""
+def _seal(out: Bytes, header: tuple[object, ...], start: int = 0) -> None:
+    """Packs the header of the batch at ``start`` in ``out``, then its CRC over
+    [attributes, end) (the batch's size is in the header)."""
     view = memoryview(out)  # type: ignore[arg-type]
-    _HEADER.pack_into(view, 0, *header)
-    struct.pack_into(">I", view, 17, crc32c.crc32c(view[CRC_START:]))
-    return out.tobytes()
+    _HEADER.pack_into(view, start, *header)
+    end = start + LENGTH_PREFIX_SIZE + int(header[1])  # type: ignore[call-overload]
+    struct.pack_into(">I", view, start + 17, crc32c.crc32c(view[start + CRC_START : end]))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchToEncode:
+    """One batch's rows (Kafka-shaped: see the module's docstring) and header fields: row N
+    at offset ``base_offset + N``; rows without a timestamp (no column, or null) get
+    ``default_timestamp`` (ms)."""
+
+    rows: pa.RecordBatch
+    base_offset: int
+    partition_leader_epoch: int = 0
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    base_sequence: int = NO_SEQUENCE
+    is_transactional: bool = False
+    default_timestamp: int = NO_TIMESTAMP
 
 
 def encode_batch(
@@ -363,20 +381,57 @@ def encode_batch(
     is_transactional: bool = False,
     default_timestamp: int = NO_TIMESTAMP,
 ) -> bytes:
-    """One v2 batch of ``rows`` (Kafka-shaped: see the module's docstring), row N at offset
-    ``base_offset + N``; rows without a timestamp (no column, or null) get
-    ``default_timestamp`` (ms). CreateTime, no compression."""
-    unknown = [name for name in rows.schema.names if name not in _COLUMNS]
+    """One v2 batch of ``rows``: see ``BatchToEncode``. CreateTime, no compression."""
+    return encode_batches(
+        [
+            BatchToEncode(
+                rows,
+                base_offset,
+                partition_leader_epoch,
+                producer_id,
+                producer_epoch,
+                base_sequence,
+                is_transactional,
+                default_timestamp,
+            )
+        ]
+    )
+
+
+def encode_batches(batches: Sequence[BatchToEncode]) -> bytes:
+    """The batches back to back, as a Fetch answer carries them, encoded in one column-wise
+    pass over all their rows (so many small batches pay the per-call costs once). Their
+    rows share one schema. CreateTime, no compression."""
+    if not batches:
+        return b""
+    schema = batches[0].rows.schema
+    unknown = [name for name in schema.names if name not in _COLUMNS]
     if unknown:
         raise InvalidRecordError(
             f"columns {unknown} are not Kafka-shaped: a Kafka record has {list(_COLUMNS)}"
         )
-    if "value" not in rows.schema.names:
+    if "value" not in schema.names:
         raise InvalidRecordError("no 'value' column: a Kafka-shaped batch needs one")
+    differing = [i for i, b in enumerate(batches) if not b.rows.schema.equals(schema)]
+    if differing:
+        raise InvalidRecordError(
+            f"batch {differing[0]}'s schema differs from the first's: batches encoded "
+            "together share one"
+        )
+    rows = (
+        batches[0].rows
+        if len(batches) == 1
+        else pa.RecordBatch.from_arrays(
+            [pa.concat_arrays([b.rows.column(i) for b in batches]) for i in range(len(schema))],
+            schema=schema,
+        )
+    )
+    counts = np.array([b.rows.num_rows for b in batches], dtype=np.int64)
+    firsts = np.cumsum(counts) - counts
     count = rows.num_rows
 
     def column(name: str) -> pa.Array | None:
-        return rows.column(name) if name in rows.schema.names else None
+        return rows.column(name) if name in schema.names else None
 
     key_column = column("key")
     if key_column is None:
@@ -387,9 +442,15 @@ def encode_batch(
     else:
         key_lengths, key_spans = _binary_spans(key_column, "key")
     value_lengths, value_spans = _binary_spans(rows.column("value"), "value")
-    timestamps = _timestamps_ms(column("timestamp"), count, default_timestamp)
-    base_timestamp = int(timestamps[0]) if count else NO_TIMESTAMP
-    max_timestamp = int(timestamps.max()) if count else NO_TIMESTAMP
+    defaults = np.repeat(np.array([b.default_timestamp for b in batches], np.int64), counts)
+    timestamps = _timestamps_ms(column("timestamp"), count, defaults)
+    # Each batch's first and largest timestamp; an empty batch has none.
+    filled = counts > 0
+    base_timestamps = np.full(len(batches), NO_TIMESTAMP, np.int64)
+    max_timestamps = np.full(len(batches), NO_TIMESTAMP, np.int64)
+    if count:
+        base_timestamps[filled] = timestamps[firsts[filled]]
+        max_timestamps[filled] = np.maximum.reduceat(timestamps, firsts[filled])
     header_column = column("headers")
     header_fields: list[_Field]
     if header_column is None:
@@ -400,8 +461,8 @@ def encode_batch(
 
     body: list[_Field] = [
         _Varints(np.zeros(count, np.uint64), np.ones(count, np.int64)),  # attributes int8 0
-        _Varints.signed(timestamps - base_timestamp),
-        _Varints.signed(np.arange(count, dtype=np.int64)),
+        _Varints.signed(timestamps - np.repeat(base_timestamps, counts)),
+        _Varints.signed(np.arange(count, dtype=np.int64) - np.repeat(firsts, counts)),
         _Varints.signed(key_lengths),
         key_spans,
         _Varints.signed(value_lengths),
@@ -411,24 +472,35 @@ def encode_batch(
     body_sizes = _items_size(body, count)
     prefix = _Varints.signed(body_sizes)
     record_sizes = prefix.sizes + body_sizes
-    total = HEADER_SIZE + int(record_sizes.sum())
-    out = np.empty(total, dtype=np.uint8)
-    _write_items(out, _starts(record_sizes, HEADER_SIZE), [prefix, *body])
-    attributes = TRANSACTIONAL_FLAG if is_transactional else 0
-    header = _header(
-        base_offset=base_offset,
-        total=total,
-        partition_leader_epoch=partition_leader_epoch,
-        attributes=attributes,
-        last_offset_delta=count - 1,
-        base_timestamp=base_timestamp,
-        max_timestamp=max_timestamp,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        count=count,
+    # Batch b: its header, then its records; record starts skip the headers before them.
+    records_bytes = np.add.reduceat(record_sizes, firsts[filled]) if count else record_sizes
+    batch_sizes = np.full(len(batches), HEADER_SIZE, np.int64)
+    batch_sizes[filled] += records_bytes
+    batch_starts = np.cumsum(batch_sizes) - batch_sizes
+    record_starts = _starts(record_sizes, 0) + HEADER_SIZE * (
+        np.repeat(np.arange(len(batches)), counts) + 1
     )
-    return _seal(out, header)
+    out = np.empty(int(batch_sizes.sum()), dtype=np.uint8)
+    _write_items(out, record_starts, [prefix, *body])
+    for b, batch in enumerate(batches):
+        _seal(
+            out,
+            _header(
+                base_offset=batch.base_offset,
+                total=int(batch_sizes[b]),
+                partition_leader_epoch=batch.partition_leader_epoch,
+                attributes=TRANSACTIONAL_FLAG if batch.is_transactional else 0,
+                last_offset_delta=int(counts[b]) - 1,
+                base_timestamp=int(base_timestamps[b]),
+                max_timestamp=int(max_timestamps[b]),
+                producer_id=batch.producer_id,
+                producer_epoch=batch.producer_epoch,
+                base_sequence=batch.base_sequence,
+                count=int(counts[b]),
+            ),
+            int(batch_starts[b]),
+        )
+    return out.tobytes()
 
 
 def encode_control_batch(
@@ -462,7 +534,8 @@ def encode_control_batch(
         base_sequence=NO_SEQUENCE,
         count=1,
     )
-    return _seal(out, header)
+    _seal(out, header)
+    return out.tobytes()
 
 
 # -- decoding ----------------------------------------------------------------------------

@@ -22,10 +22,12 @@ from broker_core.kafka import varint
 from broker_core.kafka.record_batch import (
     DECODED_SCHEMA,
     HEADERS_TYPE,
+    BatchToEncode,
     KafkaBatch,
     TimestampType,
     decode_batches,
     encode_batch,
+    encode_batches,
     encode_control_batch,
 )
 from broker_core.record.batch import ControlRecord, ControlType
@@ -419,3 +421,42 @@ def test_a_header_key_that_is_not_utf8_is_corrupt() -> None:
     with pytest.raises(CorruptRecordError, match="header key is not UTF-8"):
         decode_batches(bytes(batch))
     assert decode_batches(b"") == []
+
+
+def test_batches_encoded_together_equal_each_encoded_alone() -> None:
+    plain = [(k, v, t, h) for k, v, t, h in MIXED]
+    specs = [
+        BatchToEncode(
+            _rows(plain[:2]),
+            base_offset=10,
+            producer_id=5,
+            producer_epoch=1,
+            base_sequence=0,
+            is_transactional=True,
+        ),
+        BatchToEncode(_rows([]), base_offset=12, partition_leader_epoch=3),
+        BatchToEncode(
+            _rows(plain[2:5]), base_offset=12, partition_leader_epoch=4, default_timestamp=99
+        ),
+        BatchToEncode(_rows(plain[5:]), base_offset=15),
+    ]
+    alone = b"".join(
+        encode_batch(
+            s.rows,
+            base_offset=s.base_offset,
+            partition_leader_epoch=s.partition_leader_epoch,
+            producer_id=s.producer_id,
+            producer_epoch=s.producer_epoch,
+            base_sequence=s.base_sequence,
+            is_transactional=s.is_transactional,
+            default_timestamp=s.default_timestamp,
+        )
+        for s in specs
+    )
+    together = encode_batches(specs)
+    assert together == alone
+    decoded = decode_batches(together)
+    assert [b.base_offset for b in decoded] == [10, 12, 12, 15]
+    assert [r for b in decoded for r in _decoded(b)] == plain
+    with pytest.raises(InvalidRecordError, match="batch 1's schema differs"):
+        encode_batches([specs[0], BatchToEncode(_rows(plain, headers=False), base_offset=0)])
