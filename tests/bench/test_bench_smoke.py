@@ -97,6 +97,7 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         [
             "kafka_encode_records_per_s",
             "kafka_decode_records_per_s",
+            "kafka_encode_fetch_records_per_s",
             "kafka_decode_requests_records_per_s",
         ],
     ),
