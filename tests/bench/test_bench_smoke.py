@@ -92,6 +92,15 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         ["BENCH_ARGS=--producers 2000 --create-seconds 30 --repeat 3"],
         ["default_doc_size_ratio", "default_doc_time_ratio", "producers_large"],
     ),
+    "bench-kafka-records": (
+        ["BENCH_ARGS=--rows 20000 --repeats 1 --peer-rows 2000"],
+        [
+            "kafka_encode_records_per_s",
+            "kafka_decode_records_per_s",
+            "kafka_encode_fetch_records_per_s",
+            "kafka_decode_requests_records_per_s",
+        ],
+    ),
     "bench-soak": (
         ["BENCH_ARGS=--batches 40 --jobs 4"],
         [
