@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker_core.cluster.embedded import EmbeddedCluster
 from broker_core.cluster.metadata import BrokerInfo, ClusterMetadata
@@ -50,7 +50,6 @@ from broker_core.server.idle import NEVER, IdleWatch
 from broker_core.server.local_topics import LocalTopics, StartedTopics
 from broker_core.server.marker_client import RoutingMarkerWriter
 from broker_core.server.metrics import Metrics, partition_gauges
-from broker_core.server.prometheus import MetricsEndpoint
 from broker_core.server.replica_fetcher import FetcherConfig
 from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
 from broker_core.server.roles import ClusterStableOffsets, CoordinatorRole
@@ -64,6 +63,9 @@ from broker_core.txn.pid_block import IssuedProducerIds
 from broker_core.txn.pid_file import FileProducerIdBlockSource
 from broker_core.txn.pid_manager import ProducerIdManager
 from broker_core.txn.pid_zk import ZkProducerIdBlockSource
+
+if TYPE_CHECKING:
+    from broker_core.server.prometheus import MetricsEndpoint
 
 log = logging.getLogger("idemlog.broker")
 
@@ -218,6 +220,10 @@ class Broker:
         refuses the start at once. Opens the endpoint's socket and thread; ``_release``
         stops them."""
         if self.config.metrics.enabled:
+            # Imported only here: prometheus_client (with urllib, http.server) is ~0.07 s
+            # of CPU at every start, and the endpoint is off by default.
+            from broker_core.server.prometheus import MetricsEndpoint
+
             self.metrics_endpoint = MetricsEndpoint(self.config.metrics, self.metrics_document)
             self.metrics_endpoint.start()
 
