@@ -25,12 +25,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
 from benchmarks.broker_process import start_broker
 from broker_core.client.broker_client import BrokerClient
+from broker_core.producer.config import ProducerConfig
 from broker_core.producer.producer import Producer
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
@@ -63,8 +63,8 @@ def measure(address: str, partitions: int, records: int, gap_s: float) -> list[f
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     committed: dict[int, float] = {}
-    config: dict[str, Any] = {"transactional.id": f"bench-{topic}"}
-    with Producer(address, **config) as producer:
+    config = ProducerConfig(transactional_id=f"bench-{topic}")
+    with Producer(address, config=config) as producer:
         producer.init_transactions()
         for i in range(records):
             producer.begin_transaction()

@@ -30,16 +30,17 @@ import pyarrow as pa
 
 from benchmarks.common import percentile
 from broker_core.log.store import LogStore
+from broker_core.producer_ids.manager import FileProducerIdBlockSource, ProducerIdManager
 from broker_core.protocol.wire import SinkAttempt
-from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
-from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
-from broker_core.txn.state import (
+from broker_core.txn.coordinator.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.state_topic.records import (
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import TXN_STATE_SCHEMA, TXN_STATE_TOPIC, LogTxnStateStore
+from broker_core.txn.state_topic.store import TXN_STATE_SCHEMA, TXN_STATE_TOPIC
+from testkit.state_store import local_state_store
 
 TOPIC = "bench"
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
@@ -48,7 +49,7 @@ CHUNK = 10_000
 
 def write_idle_ids(store: LogStore, count: int) -> None:
     """``count`` ids of finished jobs (two per job) and their sink records, as rows."""
-    LogTxnStateStore.open_local(store)  # creates the topic
+    local_state_store(store)  # creates the topic
     partition = store.partition(TXN_STATE_TOPIC, 0)
     rows: list[tuple[str, str, bytes]] = []
     for n in range(count):
@@ -83,7 +84,7 @@ def run(
         write_idle_ids(store, idle)
     started = time.perf_counter()
     coordinator = TransactionCoordinator(
-        LogTxnStateStore.open_local(store),
+        local_state_store(store),
         ProducerIdManager(0, FileProducerIdBlockSource(directory / "pid.json")),
         LocalMarkerWriter(store),
     )

@@ -17,7 +17,7 @@ import argparse
 import json
 import time
 
-from broker_core.txn.visibility import DROPPED_RING, VisibilityTracker
+from broker_core.txn.coordinator.visibility import DROPPED_RING, VisibilityTracker
 
 
 class FarLsos:

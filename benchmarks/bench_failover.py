@@ -41,17 +41,17 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import percentile
 from benchmarks.zk_cluster import LocalCluster, wait_until
-from broker_core.cluster.metadata import assign_partitions
+from broker_core.cluster.topic_creation import assign_partitions
 from broker_core.errors import IdemlogError
-from broker_core.producer import Producer, SendResult
+from broker_core.producer import Producer, ProducerConfig, SendResult
 from broker_core.producer.transport import FlightTransport
+from broker_core.protocol.requests import ACKS_ALL
 
 ROWS_PER_SEND = 100
 SEND_EVERY_S = 0.002
@@ -64,11 +64,7 @@ ELECTION_TIMEOUT_S = 60.0
 # "nudged" (its writes-resumed time includes this grace). A producer that refreshes on its
 # own never waits for it.
 NUDGE_GRACE_S = 1.0
-PRODUCER_CONFIG: dict[str, Any] = {
-    "acks": "all",
-    "linger.ms": 2,
-    "delivery.timeout.ms": 300_000,
-}
+PRODUCER_SETTINGS = ProducerConfig(acks=ACKS_ALL, linger_ms=2, delivery_timeout_ms=300_000)
 
 
 @dataclass(frozen=True)
@@ -167,7 +163,7 @@ def one_round(cluster: LocalCluster, topic: str) -> Round:
     assert before is not None
     controller = cluster.controller()
     victim = cluster.nodes[before.leader]
-    producer = Producer(cluster.bootstrap, **PRODUCER_CONFIG)
+    producer = Producer(cluster.bootstrap, config=PRODUCER_SETTINGS)
     steady = SteadyProducer(producer, topic)
     finished = False
     try:

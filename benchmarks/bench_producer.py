@@ -44,7 +44,7 @@ from benchmarks.broker_process import Server, start_broker
 from benchmarks.data import SCHEMA, distinct_batches
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.produce_stream import ProduceHandle
-from broker_core.producer import Producer
+from broker_core.producer import Producer, ProducerConfig
 
 ROWS_PER_BATCH = 16_384
 VALUE_BYTES = 64
@@ -60,13 +60,13 @@ def build_batches() -> list[pa.RecordBatch]:
 def run_producer(
     address: str, topic: str, partitions: int, batches: Sequence[pa.RecordBatch], count: int
 ) -> float:
-    config = {
-        "batch.size": batches[0].nbytes,
-        "linger.ms": 0,
-        "buffer.memory": 256 << 20,
-        "partitioner": "round_robin",
-    }
-    with Producer(address, **config) as producer:
+    config = ProducerConfig(
+        batch_size=batches[0].nbytes,
+        linger_ms=0,
+        buffer_memory=256 << 20,
+        partitioner="round_robin",
+    )
+    with Producer(address, config=config) as producer:
         start = time.perf_counter()
         futures = [producer.send(topic, batches[i % len(batches)]) for i in range(count)]
         producer.flush()

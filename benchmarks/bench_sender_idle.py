@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
@@ -92,9 +91,7 @@ class _Counted(Sender):
 def measure(seconds: float) -> tuple[float, float]:
     """(CPU ms per second, sender steps per second) with one batch in flight."""
     # request.timeout.ms above the window: no timeout reset while measuring.
-    config = ProducerConfig.from_mapping(
-        {"linger.ms": 0, "request.timeout.ms": int(seconds * 1000) + 60_000}
-    )
+    config = ProducerConfig(linger_ms=0, request_timeout_ms=int(seconds * 1000) + 60_000)
     accumulator = MessageAccumulator.from_config(config)
     txn = TransactionManager(None)
     txn.set_producer_id(1, 0)
@@ -124,8 +121,7 @@ def roundtrips(sends: int) -> list[float]:
                 admin.create_topic("roundtrip", 1)
             batch = pa.table({"id": pa.array(range(10), pa.int64())})
             times = []
-            config: dict[str, Any] = {"linger.ms": 0}
-            with Producer(server.address, **config) as producer:
+            with Producer(server.address, config=ProducerConfig(linger_ms=0)) as producer:
                 for i in range(sends + 20):
                     start = time.perf_counter()
                     producer.send("roundtrip", batch).result(30)

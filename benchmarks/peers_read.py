@@ -73,6 +73,7 @@ from benchmarks.peers_report import Row
 from benchmarks.spark_workload import source
 from broker_core.client.broker_client import BrokerClient
 from broker_core.producer import Producer as IdemlogProducer
+from broker_core.producer import ProducerConfig
 from spark_sink.embedded import ensure_broker
 
 # arrowpy and arrowjvm are references, not peers: the same rows from local Arrow files
@@ -253,7 +254,9 @@ class _IdemlogAppender:
         with BrokerClient(address) as admin:
             admin.create_topic(topic, PARTITIONS, schema=STREAM_SCHEMA)
         self.topic = topic
-        self.producer = IdemlogProducer(address, transactional_id=fresh("reader-append"))
+        self.producer = IdemlogProducer(
+            address, config=ProducerConfig(transactional_id=fresh("reader-append"))
+        )
         self.producer.init_transactions()
 
     def append(self, table: pa.Table) -> None:

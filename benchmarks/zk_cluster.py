@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.protocol.admin_requests import MetadataRequest, MetadataResponse
 from broker_core.protocol.wire import Action

@@ -348,7 +348,7 @@ def _write_config(path: str, port: int, settings: _Settings) -> str:
         # The endpoint binds 127.0.0.1 (metrics.host's default), as the listener does.
         f"metrics.port={settings.metrics_port}",
         # Nobody stops the embedded broker by hand: it stops once idle, the next job
-        # starts it again (broker_core/server/idle.py).
+        # starts it again (broker_core/server/process/idle.py).
         f"idle.shutdown.ms={settings.idle_shutdown_ms}",
     ]
     with open(config_path, "w") as f:

@@ -440,26 +440,17 @@ def cap_ends(base: Mapping[str, int], ends: Mapping[str, int], budget: int) -> d
 class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("idemlog")``: micro-batches of log offset ranges.
 
-    Spark calls ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on one
-    driver-side object, so it may remember the last planned end: the base of
-    maxOffsetsPerTrigger. A restarted query tells it through ``partitions(seen, seen)``
-    (Spark's setLatestSeenOffset) before asking for the next latestOffset; a new query
-    asks latestOffset first, so its base is the initial offset (cached, as Spark asks for
-    it again when it runs the batch).
+    Spark calls ``initialOffset`` (cached: Spark asks for it again when it runs the
+    first batch), ``latestOffset``, ``partitions`` and ``commit`` on one driver-side
+    object. Every latestOffset is given the batch's start (admission control), the base
+    of maxOffsetsPerTrigger: a restarted query's is its checkpoint's end.
 
     Trigger.AvailableNow, as Spark's Kafka source: ``prepareForTriggerAvailableNow``
     records the readable end as the run's target, and every later latestOffset stops
-    there, at most maxOffsetsPerTrigger past the last planned end, so the run reads every
+    there, at most maxOffsetsPerTrigger past the batch's start, so the run reads every
     row available at its start in batches of at most the limit, then ends. Spark calls it
     on readers of its SupportsTriggerAvailableNow mixin (pyspark 4.2's
     ``pyspark.sql.streaming.datasource``).
-
-    Spark passes every latestOffset the batch's start (admission control); a caller that
-    passes none gets an end capped from the last planned end, or from the initial offset
-    before anything was planned, which could lie below a restarted query's checkpoint
-    (rows read twice): when ``partitions(seen, seen)`` reveals such a guess was wrong, the
-    reader refuses before anything is recorded. Without the option the guess is the log's
-    end: safe.
     """
 
     def __init__(self, options: IdemlogOptions, topic: TopicInfo) -> None:
@@ -473,9 +464,6 @@ class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topic = topic
         self.schema = output_schema(topic, options.include_metadata)
         self._initial: dict[str, int] | None = None
-        self._planned_end: dict[str, int] | None = None
-        # The base a capped latestOffset assumed before Spark said where the query stands.
-        self._guessed_base: dict[str, int] | None = None
         # Trigger.AvailableNow's target: the readable end when the run was prepared.
         self._target: dict[str, int] | None = None
 
@@ -582,36 +570,28 @@ class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit > 0 else ReadAllAvailable()
 
     @one_line_errors
-    def latestOffset(
-        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
-    ) -> dict[str, Any]:
-        """Where the next micro-batch ends, per partition: the last stable offset (the
-        high watermark with read_uncommitted), at most maxOffsetsPerTrigger past the
-        last planned end in all (when that option is set); with the topic's id. Raises
-        UnknownTopicIdError if the topic was recreated since the query started.
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Where the micro-batch that begins at ``start`` ends, per partition: the last
+        stable offset (the high watermark with read_uncommitted), at most ``limit`` rows
+        past ``start`` in all; with the topic's id.
 
-        Spark (admission control) passes the batch's ``start`` and its read ``limit``
-        (``ReadMaxRows``, from :meth:`getDefaultReadLimit`, or ``ReadAllAvailable``,
-        which lifts the cap); a caller passing neither gets the option's cap."""
-        cap = self.options.max_offsets_per_trigger
-        if isinstance(limit, ReadMaxRows):
-            cap = limit.max_rows
-        elif limit is not None:
-            cap = 0  # ReadAllAvailable (no limit in rows): no cap
-        if start is not None:
-            self._check_offset(start, "last committed a batch")
-            self._planned_end = _positions(start)  # Spark's word: where this batch starts
+        Args:
+            start: the batch's start, as Spark has it (the initial offset, or the last
+                batch's end, a restarted query's from its checkpoint).
+            limit: ``ReadMaxRows`` (from :meth:`getDefaultReadLimit`: maxOffsetsPerTrigger)
+                caps the batch; ``ReadAllAvailable`` lifts the cap.
 
-        def look(client: BrokerClient) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-            # A new query's first batch starts at the initial offset.
-            offsets = self._offsets(client)
-            base = self._planned_end
-            return offsets, self._initial_offsets(client) if base is None else base
-
-        offsets, base = self._planning("next offsets", look)
+        Raises:
+            UnknownTopicIdError: the topic was recreated since the query started.
+            OffsetOutOfRangeError: ``start`` lies past the log's end (the topic was
+                recreated, or the checkpoint is another topic's).
+            DriverRetriesSpentError: the brokers failed retriably for
+                driver.retry.timeout.ms."""
+        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else 0
+        self._check_offset(start, "last committed a batch")
+        base = _positions(start)
+        offsets = self._planning("next offsets", self._offsets)
         current = {k: _end_of(o, self.options.isolation) for k, o in offsets.items()}
-        if self._planned_end is None and cap > 0:
-            self._guessed_base = dict(base)
         # A new leader's high watermark (and so its readable end) starts below the old
         # leader's and catches up with its followers' fetches: while its log still holds
         # what was planned, the end stays where it was instead of moving back.
@@ -657,21 +637,11 @@ class IdemlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         another id than the topic has now."""
         self._check_offset(start, "last committed a batch")
         self._check_offset(end, "planned this batch")
-        self._planned_end = _positions(end)
-        guessed, self._guessed_base = self._guessed_base, None
-        if guessed is not None and start == end and self._planned_end != guessed:
-            raise InvalidConfigError(
-                f"option 'maxOffsetsPerTrigger' cannot be used with Trigger.AvailableNow on "
-                f"a restarted query of topic {self.topic.name!r}: Spark asked for the end "
-                f"offsets before telling the reader the query stands at {self._planned_end}, "
-                "and a capped end could lie below it (rows read twice). Drop the option for "
-                "AvailableNow runs (each then reads all available rows in one batch) or use "
-                "a processing-time trigger"
-            )
+        planned = _positions(end)
         ranges = []
         first = _positions(start)
-        for key in sorted(self._planned_end, key=int):
-            s, e = first.get(key, 0), self._planned_end[key]
+        for key in sorted(planned, key=int):
+            s, e = first.get(key, 0), planned[key]
             if e > s:
                 ranges.append(OffsetRangePartition(int(key), s, e, self.topic.pinned_id))
         return _split(self.options, ranges)

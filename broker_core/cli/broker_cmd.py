@@ -29,7 +29,7 @@ from broker_core.cli import registry
 from broker_core.cli.failures import Unreachable, config_file_error, port_in_use
 from broker_core.cli.hosted_cmd import add_hosted_commands
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import BrokerInfo
+from broker_core.cluster.records import BrokerInfo
 from broker_core.config import ConfigDef, load_properties
 from broker_core.errors import DEBUG_ENV, InvalidConfigError, InvalidRequestError
 from broker_core.log.dir_lock import lock_holder
@@ -37,11 +37,10 @@ from broker_core.protocol.admin_requests import TransactionListing, schema_field
 from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credentials
 from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
-from broker_core.server.config import BrokerConfig, parse_overrides
-from broker_core.server.idle import IDLE_SHUTDOWN_KEY
+from broker_core.server.config.broker_config import IDLE_SHUTDOWN_KEY, BrokerConfig, parse_overrides
 
 if TYPE_CHECKING:
-    from broker_core.server.broker import Broker
+    from broker_core.server.process.broker import Broker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # find-hanging's default idleness: transaction.max.timeout.ms's default, beyond which no
@@ -208,7 +207,7 @@ def broker_start(args: argparse.Namespace) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     # Imported here, by the one command that serves: the server's modules cost the client
     # commands of this module (topics, transactions) most of their start-up otherwise.
-    from broker_core.server.broker import Broker
+    from broker_core.server.process.broker import Broker
 
     broker = Broker(config)
     try:

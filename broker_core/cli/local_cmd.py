@@ -20,10 +20,10 @@ from broker_core.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from broker_core.log.config import LOG_CONFIG
 from broker_core.log.dir_lock import LOCK_FILE
 from broker_core.log.inspect import LIVE_NOTE, PartitionView, StoreView
-from broker_core.log.results import IsolationLevel
+from broker_core.log.partition_log import IsolationLevel
 from broker_core.log.store import TOPIC_FILE
 from broker_core.protocol.admin_requests import schema_fields
-from broker_core.server.config import BROKER_CONFIG, render_properties
+from broker_core.server.config.broker_config import BROKER_CONFIG, render_properties
 
 # A broker's own files in its data directory (``__producer_id_block``, ``__cluster.json``).
 _BROKER_FILE_PREFIX = "__"

@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 from broker_core.cli.failures import Unreachable
 from broker_core.config import load_properties
 from broker_core.errors import InvalidConfigError
+from broker_core.producer_ids.block import LATEST_PRODUCER_ID_BLOCK_PATH
 from broker_core.security import zk_acl
 from broker_core.security.zk_acl import ZkAuth
 from broker_core.security.zk_tls import ZkTlsSettings
-from broker_core.server.config import BROKER_CONFIG, ZK_ROOT, split_zookeeper_connect
-from broker_core.txn.pid_block import LATEST_PRODUCER_ID_BLOCK_PATH
+from broker_core.server.config.broker_config import BROKER_CONFIG, ZK_ROOT, split_zookeeper_connect
 
 T = TypeVar("T")
 

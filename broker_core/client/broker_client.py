@@ -89,8 +89,13 @@ _ROUTING_ERRORS = (
 
 @dataclass(frozen=True)
 class FetchResponse:
-    """One fetch received whole (``fetch_once``); a ``FetchedBatches`` as a
-    ``FetchStream`` is."""
+    """One fetch received whole (``fetch_once``), shaped as a ``FetchStream`` is.
+
+    Attributes:
+        schema: The topic's Arrow schema.
+        batches: Each fetched batch with its metadata (offsets, producer), in log order.
+        trailer: The next offset to fetch and the partition's watermarks.
+    """
 
     schema: pa.Schema
     batches: list[tuple[FetchBatchMeta, pa.RecordBatch]]
@@ -101,10 +106,23 @@ class FetchResponse:
 
     @property
     def num_rows(self) -> int:
+        """The rows of every batch of the fetch."""
         return sum(b.num_rows for _m, b in self.batches)
 
 
 def parse_bootstrap(bootstrap: str) -> list[str]:
+    """The addresses of a bootstrap list, checked.
+
+    Args:
+        bootstrap: ``"host:port[,host:port]"``; blanks around each address are dropped.
+
+    Returns:
+        Each ``host:port``, in the order given.
+
+    Raises:
+        InvalidRequestError: The list names no address, or an address is not
+            ``host:port`` with a port in 1..65535.
+    """
     addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
     if not addresses:
         raise InvalidRequestError(f"bootstrap={bootstrap!r} names no host:port")
@@ -132,20 +150,57 @@ class NoBrokerReachableError(NetworkError):
 
 
 class BrokerClient(AdminCalls, TransactionCalls):
-    """A thread-safe client of an idemlog cluster (see the module docstring).
+    """A thread-safe client of an idemlog cluster that routes each call to the broker
+    that can answer it (see the module docstring).
 
-    ``timeout_s`` bounds each Flight call; a request refused by a routing error or a broken
-    connection is tried ``retries`` more times, waiting ``retry_backoff_s`` doubled after
-    each failure (with jitter). Raises ``InvalidRequestError`` for a bootstrap that names
-    no ``host:port`` and ``InvalidConfigError`` for a negative ``retries`` or backoff;
-    nothing connects before the first request. Use it as a context manager or call
-    :meth:`close`. ``connections``: a connection cache shared with other clients (one per
-    process in the Spark sink, so a reused Python worker keeps its channels from batch to
-    batch); :meth:`close` then leaves it open, for its owner to close. ``tls`` and
-    ``sasl``: the protocol and files, and the credentials of a SASL listener
-    (docs/security.md), of a connection cache of its own (a shared one has its own); with
-    ``sasl`` every connection authenticates first, and a refusal is
-    ``SaslAuthenticationFailedError`` (not retried).
+    Nothing connects before the first request. Use it as a context manager or call
+    :meth:`close`.
+
+    Routed calls retry the routing errors, all retriable: ``NotLeaderOrFollowerError``,
+    ``NotCoordinatorError``, ``CoordinatorNotAvailableError``,
+    ``CoordinatorLoadInProgressError`` and ``NetworkError`` (a broken connection, a call
+    past ``timeout_s``, no broker reachable), each after a metadata refresh, ``retries``
+    more times or until the thread's :meth:`deadline`; the last one is then raised as it
+    is. Every other error is raised at once, retriable or not: the client only retries
+    what another route can fix. So any call can also raise, not retried:
+    ``RequestTimedOutError`` (retriable: a broker still starting, or ZooKeeper away),
+    ``SaslAuthenticationFailedError`` or ``SslHandshakeError`` (the connection's
+    credentials or TLS files refused), the ACLs' ``TopicAuthorizationFailedError``,
+    ``ClusterAuthorizationFailedError`` and ``TransactionalIdAuthorizationFailedError``
+    (``broker_core.errors.AUTHORIZATION_ERRORS``), ``UnknownServerError`` for a JSON
+    answer that is not an object; a malformed answer (a broker of another protocol
+    version) raises what its typed response's ``from_doc`` does, mostly
+    ``InvalidRequestError`` naming the field.
+
+    Args:
+        bootstrap: ``"host:port[,host:port]"``: where the first metadata is asked.
+        timeout_s: The bound of each Flight call, in seconds (each retry gets its own).
+        retries: How many more times a call refused by a routing error is tried.
+        retry_backoff_s: The wait before the first retry, in seconds, doubled after each
+            failure (with jitter).
+        connections: A connection cache shared with other clients (one per process in the
+            Spark sink, so a reused Python worker keeps its channels from batch to batch),
+            with the coordinators they learned; :meth:`close` then leaves it open, for its
+            owner to close. None: a cache of this client's own.
+        tls: The protocol and files of this client's own connection cache (a shared one
+            has its own; docs/security.md). Plaintext by default.
+        sasl: The credentials of a SASL listener (docs/security.md): every connection
+            authenticates first. With ``connections``, they must be the cache's.
+
+    Attributes:
+        timeout_s: As given.
+        retries: As given.
+        retry_backoff_s: As given.
+        producer_tokens: The tokens of the idempotent producer ids this client was issued
+            (:meth:`init_producer_id`), which its produce streams send with their batches.
+        coordinators: FIND_COORDINATOR's answers, one address per ``__transaction_state``
+            partition (shared with the other clients of a shared connection cache and the
+            same bootstrap).
+
+    Raises:
+        InvalidRequestError: ``bootstrap`` names no ``host:port``.
+        InvalidConfigError: ``retries`` or ``retry_backoff_s`` is negative, or ``sasl``
+            differs from the credentials of the shared ``connections``.
     """
 
     def __init__(
@@ -203,13 +258,22 @@ class BrokerClient(AdminCalls, TransactionCalls):
         return self._connections.get(address)
 
     def reset_connection(self, address: str) -> None:
-        """Forget the connection to ``address`` (it broke): the next request opens a new
-        one instead of waiting out the old channel's reconnect backoff. Never raises."""
+        """Forget the connection to ``address``: the next request opens a new one.
+
+        For a connection that broke: the new one does not wait out the old channel's
+        reconnect backoff. On a shared connection cache it is forgotten for every client
+        of the cache. Never raises.
+
+        Args:
+            address: The broker's ``host:port``.
+        """
         self._connections.reset(address)
 
     def close(self) -> None:
-        """Close every connection this client opened (none of a shared cache). Never
-        raises; the client stays usable (a later request opens new connections)."""
+        """Close every connection this client opened (none of a shared cache).
+
+        The client stays usable: a later request opens new connections. Never raises.
+        """
         if self._owns_connections:
             self._connections.close()
 
@@ -222,10 +286,21 @@ class BrokerClient(AdminCalls, TransactionCalls):
     @contextlib.contextmanager
     def deadline(self, seconds: float) -> Iterator[None]:
         """Every call this thread makes through this client inside the block ends within
-        ``seconds`` from now: each Flight call's timeout is cut to what is left, and the
-        routing retries stop there (the last error raised as it is). An inner block never
-        extends an outer one. A caller's own bound (a producer's ``max.block.ms``) needs
-        it: without it one call may take ``timeout_s`` for each of its retries."""
+        ``seconds`` from now.
+
+        Each Flight call's timeout is cut to what is left, and the routing retries stop
+        there (the last error raised as it is). An inner block never extends an outer
+        one. A caller's own bound (a producer's ``max.block.ms``) needs it: without it one
+        call may take ``timeout_s`` for each of its retries. Other threads' calls are not
+        bounded by it, nor are a produce stream's sends (they have no timeout).
+
+        Args:
+            seconds: The bound from now, in seconds (a negative one counts as 0: every
+                Flight call fails at once, as a timeout).
+
+        Yields:
+            None, for the ``with`` block.
+        """
         previous: float | None = getattr(self._deadlines, "at", None)
         at = time.monotonic() + max(seconds, 0.0)
         self._deadlines.at = at if previous is None else min(previous, at)
@@ -247,7 +322,27 @@ class BrokerClient(AdminCalls, TransactionCalls):
 
     # -- raw actions ---------------------------------------------------------------------
     def action_raw(self, address: str, action_type: str, body: bytes) -> bytes:
-        """One DoAction on one broker, errors typed; for tools and malformed-input tests."""
+        """One DoAction on one broker, no retry: its one result's raw bytes.
+
+        For tools and malformed-input tests; :meth:`action` is the typed call.
+
+        Args:
+            address: The broker's ``host:port``.
+            action_type: The action's name (``protocol.wire.Action`` values), sent as it is.
+            body: The request body, sent as it is.
+
+        Returns:
+            The body of the action's single result.
+
+        Raises:
+            IdemlogError: The broker's typed error (an unknown action or a malformed body
+                is ``InvalidRequestError``).
+            NetworkError: (retriable) The broker cannot be reached, or the call ran past
+                ``timeout_s`` or the :meth:`deadline`; the connection is reset.
+            SslHandshakeError: TLS refused the link.
+            SaslAuthenticationFailedError: The broker refused this client's credentials.
+            UnknownServerError: The broker answered other than one result.
+        """
         try:
             results = self._connections.call_action(
                 address, flight.Action(action_type, body), self._options()
@@ -261,9 +356,23 @@ class BrokerClient(AdminCalls, TransactionCalls):
         return bytes(results[0].body.to_pybytes())
 
     def action(self, address: str, action: Action, body: dict[str, Any]) -> dict[str, Any]:
-        """One DoAction on one broker, no retry: its JSON answer. Raises the broker's typed
-        error, ``NetworkError`` if it cannot be reached, ``UnknownServerError`` for an
-        answer that is not one JSON object."""
+        """One DoAction on one broker, no retry: its JSON answer.
+
+        Args:
+            address: The broker's ``host:port``.
+            action: The action.
+            body: The request body, sent as JSON.
+
+        Returns:
+            The answer's JSON object.
+
+        Raises:
+            IdemlogError: As :meth:`action_raw`: the broker's typed error, ``NetworkError``
+                (retriable) if the broker cannot be reached.
+            UnknownServerError: The answer is JSON but not an object.
+            json.JSONDecodeError: The answer is not JSON at all (a ``ValueError``, not an
+                ``IdemlogError``).
+        """
         data = self.action_raw(address, action.value, encode_json(body))
         doc = json.loads(data)
         if not isinstance(doc, dict):
@@ -287,9 +396,21 @@ class BrokerClient(AdminCalls, TransactionCalls):
         return [a for a in known if a not in self._metadata_failed] + failed
 
     def refresh_metadata(self) -> ClusterView:
-        """The cluster as the first broker of :meth:`_metadata_order` that answers sees
-        it now (cached for routing). Raises ``NoBrokerReachableError`` (a ``NetworkError``)
-        naming the addresses tried and the last failure if none answers."""
+        """The cluster as the first broker that answers sees it now, cached for routing.
+
+        The known brokers and the bootstrap addresses are asked in turn, those whose last
+        metadata call failed last (:meth:`_metadata_order`); no retry beyond that round.
+
+        Returns:
+            The live brokers, the controller, each topic's leader per partition and each
+            topic's id.
+
+        Raises:
+            NoBrokerReachableError: (a ``NetworkError``, retriable) No address answered;
+                it names the addresses tried and the last failure.
+            IdemlogError: A broker's typed answer other than a connection failure (e.g.
+                ``RequestTimedOutError`` from a broker still starting), raised at once.
+        """
         last: IdemlogError | None = None
         for address in self._metadata_order():
             try:
@@ -314,19 +435,40 @@ class BrokerClient(AdminCalls, TransactionCalls):
         )
 
     def metadata(self, refresh: bool = False) -> ClusterView:
-        """The cached cluster view (fetched first if there is none, or ``refresh``);
-        raises as :meth:`refresh_metadata`."""
+        """The cluster view routing uses: the cached one, fetched first if there is none.
+
+        Args:
+            refresh: Fetch it anew even if one is cached.
+
+        Returns:
+            The cluster view (:meth:`refresh_metadata`).
+
+        Raises:
+            NoBrokerReachableError: As :meth:`refresh_metadata`, when it fetches.
+        """
         view = self._view
         return self.refresh_metadata() if refresh or view is None else view
 
     def topic_id(self, topic: str, refresh: bool = False) -> str:
-        """The id of ``topic`` as the metadata names it (refreshed once if the topic, or
-        its id, is not known; or first, with ``refresh``): what a reader or producer pins
-        when it first learns the topic, and sends with its requests so that a topic
-        recreated under the name refuses them (``UnknownTopicIdError``). Raises
-        ``UnknownTopicOrPartitionError`` if the topic does not exist or has no id yet
-        (stored before ids, not yet upgraded: ask again), ``NetworkError`` as
-        :meth:`refresh_metadata`."""
+        """The id of ``topic`` as the metadata names it.
+
+        What a reader or producer pins when it first learns the topic, and sends with its
+        requests so that a topic recreated under the name refuses them
+        (``UnknownTopicIdError``).
+
+        Args:
+            topic: The topic's name.
+            refresh: Refresh the metadata first. Without it, it is refreshed once if the
+                topic, or its id, is not in the cached view.
+
+        Returns:
+            The topic's id (chosen at its creation; a recreated topic has another).
+
+        Raises:
+            UnknownTopicOrPartitionError: (retriable, not retried) The topic does not
+                exist, or has no id yet (stored before ids, not yet upgraded: ask again).
+            NoBrokerReachableError: As :meth:`refresh_metadata`.
+        """
         view = self.metadata(refresh)
         topic_id = view.topic_ids.get(topic)
         if topic_id is None and not refresh:
@@ -341,10 +483,25 @@ class BrokerClient(AdminCalls, TransactionCalls):
         return topic_id
 
     def leader(self, topic: str, partition: int, refresh: bool = False) -> BrokerAddress:
-        """The broker leading the partition (metadata refreshed once if the topic is not
-        known). For an unknown topic or partition it names any live broker, so that the
-        request itself gets the broker's precise error. Raises ``NetworkError`` if the
-        leader is not alive or no broker is."""
+        """The broker leading the partition, as the metadata says; no request to it.
+
+        For an unknown topic or partition it names any live broker, so that the request
+        itself gets the broker's precise error.
+
+        Args:
+            topic: The topic's name.
+            partition: The partition's number.
+            refresh: Refresh the metadata first. Without it, it is refreshed once if the
+                topic is not in the cached view.
+
+        Returns:
+            The leader's broker id, host and port.
+
+        Raises:
+            NetworkError: (retriable, not retried here) The leader is not alive, or the
+                cluster reports no live broker.
+            NoBrokerReachableError: As :meth:`refresh_metadata`.
+        """
         view = self.metadata(refresh)
         leaders = view.topics.get(topic)
         if leaders is None and not refresh:
@@ -384,8 +541,18 @@ class BrokerClient(AdminCalls, TransactionCalls):
         return self._find_coordinator(FindCoordinatorRequest(state_partition=state_partition))
 
     def state_partition_count(self) -> int:
-        """``__transaction_state``'s partition count (asked once, then cached; 1 for an
-        embedded broker or a broker older than several state partitions)."""
+        """``__transaction_state``'s partition count: asked once, then cached.
+
+        Returns:
+            The count (1 for an embedded broker or a broker older than several state
+            partitions). A FIND_COORDINATOR answer with another count (the topic
+            re-created) replaces it.
+
+        Raises:
+            NetworkError, NotLeaderOrFollowerError, CoordinatorNotAvailableError: (retriable)
+                The routing error left after the retries of FIND_COORDINATOR (the state
+                topic has no live leader, no broker answers).
+        """
         count = self.coordinators.partition_count
         if count is None:
             self._find_coordinator(FindCoordinatorRequest())
@@ -548,16 +715,37 @@ class BrokerClient(AdminCalls, TransactionCalls):
         topic_id: str | None = None,
         transactional_id: str | None = None,
     ) -> ProduceStream:
-        """A raw pipelined stream to the partition's leader (opened at the first send if
-        no schema is given), its batches answered as ``acks`` says (-1: once every in-sync
-        replica has them, the default; 1: once the leader has; anything else fails the
-        stream with ``InvalidRequiredAcksError``). No retries: a failed send fails its
-        batch with the broker's typed error, and the caller decides
-        (``broker_core.producer`` does). ``topic_id``: the id the caller knows the topic
-        by (:meth:`topic_id`); a topic recreated since fails the stream with
-        ``UnknownTopicIdError``. ``transactional_id``: the transactional producer's, which
-        its transactional batches need (docs/protocol.md). Raises ``NetworkError`` as
-        :meth:`leader`."""
+        """A raw pipelined produce stream to the partition's leader, no retries.
+
+        A failed send fails its batch with the broker's typed error, and the caller
+        decides (``broker_core.producer`` does). The leader is the one the cached
+        metadata names (:meth:`leader`): a stale one refuses the stream with
+        ``NotLeaderOrFollowerError``, for the caller to refresh and open another.
+
+        Args:
+            topic: The topic's name.
+            partition: The partition's number.
+            schema: The batches' schema: the stream opens now. None: it opens at the first
+                send, with that batch's schema.
+            acks: When each batch is answered: -1 (``ACKS_ALL``, the default) once every
+                in-sync replica has it; 1 once the leader has. Anything else fails the
+                stream with ``InvalidRequiredAcksError``.
+            topic_id: The id the caller knows the topic by (:meth:`topic_id`); a topic
+                recreated since fails the stream with ``UnknownTopicIdError``. None: not
+                checked.
+            transactional_id: The transactional producer's id, which its transactional
+                batches need (docs/protocol.md); None for an idempotent producer.
+
+        Returns:
+            The stream; each ``send`` returns a handle at once, answered later.
+
+        Raises:
+            NetworkError: (retriable, not retried) As :meth:`leader`, or the stream could
+                not be opened.
+            NoBrokerReachableError: As :meth:`refresh_metadata`, if no view is cached.
+            IdemlogError: With ``schema``, the broker's typed refusal of the stream, if it
+                comes before the first send.
+        """
         broker = self.leader(topic, partition)
         return ProduceStream(
             self._connection(broker.address),
@@ -582,13 +770,38 @@ class BrokerClient(AdminCalls, TransactionCalls):
         max_offset: int | None = None,
         topic_id: str | None = None,
     ) -> FetchResponse:
-        """One fetch from the partition's leader: batches from ``offset`` (at most about
-        ``max_bytes``, at least one batch if any), then the trailer with the next offset
-        and the partition's watermarks, received whole. Routing errors are retried (the
-        whole fetch again). Raises ``OffsetOutOfRangeError``,
-        ``UnknownTopicOrPartitionError``, ``UnknownTopicIdError`` when ``topic_id`` is
-        not the topic's (recreated), or ``InvalidRequestError`` for a bad
-        ``isolation``/``max_bytes``."""
+        """One fetch from the partition's leader, received whole.
+
+        Routing errors are retried (the whole fetch again), and so is
+        ``UnknownTopicOrPartitionError`` while fresh metadata says the partition exists
+        (the leader has not seen it yet).
+
+        Args:
+            topic: The topic's name.
+            partition: The partition's number.
+            offset: The first offset wanted.
+            isolation: ``"read_committed"`` (the default: up to the last stable offset,
+                aborted batches left out) or ``"read_uncommitted"`` (up to the high
+                watermark).
+            max_bytes: About how many bytes of batches at most; at least one batch is
+                sent if there is any.
+            max_offset: Stop below this offset. None: no bound but the isolation's.
+            topic_id: The id the caller knows the topic by (:meth:`topic_id`). None: not
+                checked.
+
+        Returns:
+            The schema, the batches from ``offset``, and the trailer with the next offset
+            and the partition's watermarks.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is outside what the log holds.
+            UnknownTopicOrPartitionError: (retriable) The partition does not exist.
+            UnknownTopicIdError: ``topic_id`` is not the topic's (it was deleted or
+                recreated).
+            InvalidRequestError: A bad ``isolation`` or ``max_bytes``.
+            NotLeaderOrFollowerError, NetworkError: (retriable) The routing error left after
+                the retries.
+        """
         request = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset, topic_id)
 
         def collect(address: str) -> FetchResponse:
@@ -611,12 +824,30 @@ class BrokerClient(AdminCalls, TransactionCalls):
         max_offset: int | None = None,
         topic_id: str | None = None,
     ) -> FetchStream:
-        """:meth:`fetch_once`'s fetch, its batches handed out as they are received
-        (``FetchStream``: the batches, then the trailer; close it if not read to the
-        end). Opening it (the request and the broker's first answer) is routed and retried
-        as :meth:`fetch_once`; a failure after that is raised from the iteration, typed,
-        not retried: the caller knows which batches it has used and fetches again from
-        the next. Raises as :meth:`fetch_once`."""
+        """:meth:`fetch_once`'s fetch, its batches handed out as they are received.
+
+        Opening it (the request and the broker's first answer) is routed and retried as
+        :meth:`fetch_once`; a failure after that is raised from the iteration, typed, not
+        retried: the caller knows which batches it has used and fetches again from the
+        next.
+
+        Args:
+            topic: As :meth:`fetch_once`.
+            partition: As :meth:`fetch_once`.
+            offset: As :meth:`fetch_once`.
+            isolation: As :meth:`fetch_once`.
+            max_bytes: As :meth:`fetch_once`.
+            max_offset: As :meth:`fetch_once`.
+            topic_id: As :meth:`fetch_once`.
+
+        Returns:
+            The open stream: its batches, then its trailer; close it if it is not read to
+            the end.
+
+        Raises:
+            IdemlogError: On opening, as :meth:`fetch_once`; during the iteration, the
+                failure typed (``NetworkError`` for a broken stream).
+        """
         request = FetchRequest(topic, partition, offset, max_bytes, isolation, max_offset, topic_id)
         return self._routed(
             lambda _retry: self.leader(topic, partition).address,
@@ -648,8 +879,26 @@ class BrokerClient(AdminCalls, TransactionCalls):
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         topic_id: str | None = None,
     ) -> Iterator[tuple[FetchBatchMeta, pa.RecordBatch]]:
-        """Every readable batch from ``offset`` (default: the log start) to the end as of
-        now: the last stable offset for read_committed, the log end otherwise."""
+        """Every readable batch from ``offset`` to the end as of now, fetch after fetch.
+
+        The end is the last stable offset for read_committed, the high watermark
+        otherwise; each fetch is a :meth:`fetch_once`, retried as it is.
+
+        Args:
+            topic: The topic's name.
+            partition: The partition's number.
+            offset: The first offset wanted. None: the log start (:meth:`list_offsets`).
+            isolation: As :meth:`fetch_once`.
+            max_bytes: Each fetch's bound, as :meth:`fetch_once`.
+            topic_id: As :meth:`fetch_once`.
+
+        Yields:
+            Each batch with its metadata, in log order.
+
+        Raises:
+            IdemlogError: As :meth:`fetch_once` and :meth:`list_offsets`, from the
+                iteration.
+        """
         if offset is None:
             offset = self.list_offsets(topic, partition, topic_id=topic_id)["log_start_offset"]
         while True:
@@ -674,8 +923,20 @@ class BrokerClient(AdminCalls, TransactionCalls):
         isolation: str = "read_committed",
         topic_id: str | None = None,
     ) -> pa.Table | None:
-        """The partition's readable rows as one table (None if there are none); raises as
-        :meth:`fetch_once`."""
+        """The partition's readable rows from its log start, as one table.
+
+        Args:
+            topic: The topic's name.
+            partition: The partition's number.
+            isolation: As :meth:`fetch_once`.
+            topic_id: As :meth:`fetch_once`.
+
+        Returns:
+            Every batch of :meth:`fetch` in one table; None if there are none.
+
+        Raises:
+            IdemlogError: As :meth:`fetch`.
+        """
         fetched = self.fetch(topic, partition, isolation=isolation, topic_id=topic_id)
         batches = [b for _m, b in fetched]
         return pa.Table.from_batches(batches) if batches else None

@@ -71,8 +71,8 @@ class FlightConnections:
     :meth:`get` returns the cached client or opens one (opening does not contact the
     broker: a dead address fails at the first call, not here). :meth:`reset` forgets one,
     so the next :meth:`get` opens a fresh channel instead of waiting out the broken one's
-    reconnect backoff. :meth:`close` closes them all (no call may be in flight then); the
-    cache stays usable. ``tls``: the protocol and checked PEM files of every link
+    reconnect backoff. :meth:`close` closes them all (an actions' channel once its last
+    call returns); the cache stays usable. ``tls``: the protocol and checked PEM files of every link
     (``TlsSettings.load(Side.CLIENT)``); plaintext by default.
 
     ``sasl``: the credentials every channel authenticates with; then :meth:`get` runs
@@ -101,17 +101,28 @@ class FlightConnections:
 
     @property
     def sasl(self) -> SaslCredentials | None:
+        """The credentials every channel authenticates with; None without SASL."""
         return self._sasl
 
     def coordinators(self, bootstrap: Sequence[str]) -> CoordinatorCache:
         """The transaction coordinators that the clients of ``bootstrap`` on these
         connections learned: what FIND_COORDINATOR answered one client, the next uses
-        without asking again. Routing only: a stale entry (a coordinator moved, a broker
-        restarted elsewhere) gets NOT_COORDINATOR or a network error from the request, and
-        the client asks again, as with a cache of its own; the coordinator decides only
-        for state partitions it leads. Bounded: at most :data:`MAX_COORDINATOR_CACHES`
-        bootstrap lists (the least recently used dropped), each bounded by its cluster's
-        ``__transaction_state`` partition count."""
+        without asking again.
+
+        Routing only: a stale entry (a coordinator moved, a broker restarted elsewhere)
+        gets NOT_COORDINATOR or a network error from the request, and the client asks
+        again, as with a cache of its own; the coordinator decides only for state
+        partitions it leads. Bounded: at most :data:`MAX_COORDINATOR_CACHES` bootstrap
+        lists (the least recently used dropped), each bounded by its cluster's
+        ``__transaction_state`` partition count.
+
+        Args:
+            bootstrap: The clients' bootstrap addresses, in their order (another order is
+                another list).
+
+        Returns:
+            The list's cache, created empty the first time.
+        """
         key = tuple(bootstrap)
         with self._lock:
             cache = self._coordinators.get(key)
@@ -123,7 +134,24 @@ class FlightConnections:
             return cache
 
     def get(self, address: str) -> flight.FlightClient:
-        """The channel of ``address`` for streams (DoPut, DoGet)."""
+        """The channel of ``address`` for streams (DoPut, DoGet), opened if none is
+        cached or the cached one is due to re-authenticate.
+
+        Opening does not contact the broker, except to authenticate (SASL, a client
+        certificate) or to learn the name a certificate must carry (TLS without host
+        name checks).
+
+        Args:
+            address: The broker's ``host:port``.
+
+        Returns:
+            The Flight client, shared with every other caller of the cache.
+
+        Raises:
+            SaslAuthenticationFailedError: The broker refused the credentials.
+            SslHandshakeError: TLS refused the link.
+            NetworkError: (retriable) The broker could not be reached to authenticate.
+        """
         return self._channel((address, _STREAMS))
 
     def _channel(self, key: _Key) -> flight.FlightClient:
@@ -148,10 +176,25 @@ class FlightConnections:
     def call_action(
         self, address: str, action: flight.Action, options: flight.FlightCallOptions
     ) -> list[flight.Result]:
-        """One DoAction on the actions' channel of ``address``, its results; Flight's
-        errors raised as they are (for :meth:`failure`). A call that timed out closes its
-        channel before it raises (at once if no other call is on it, else when the last
-        one returns): the next call, the caller's retry, opens a fresh connection."""
+        """One DoAction on the actions' channel of ``address``, its results.
+
+        A call that timed out closes its channel before it raises (at once if no other
+        call is on it, else when the last one returns): the next call, the caller's retry,
+        opens a fresh connection.
+
+        Args:
+            address: The broker's ``host:port``.
+            action: The Flight action.
+            options: The call's options (its timeout).
+
+        Returns:
+            Every result of the action.
+
+        Raises:
+            flight.FlightError: Flight's errors raised as they are, for :meth:`failure`
+                to type.
+            IdemlogError: Opening the channel failed, as :meth:`get`.
+        """
         key = (address, _ACTIONS)
         client = self._channel(key)
         while not self._counted(key, client):
@@ -191,12 +234,21 @@ class FlightConnections:
         self._retired[id(client)] = client
 
     def failure(self, address: str, exc: BaseException, what: str) -> IdemlogError:
-        """The typed error of a call to ``address`` that raised ``exc``: the broker's own
-        error as it is, but a session token of the broker's earlier run (it restarted under
-        this channel) is a retriable ``NetworkError`` after which the channel is reset, so
-        the retry authenticates again; a refused TLS handshake as a non-retriable
-        ``SslHandshakeError`` naming the cause; anything else a ``NetworkError`` naming
-        ``what``, after which the channel is reset (the next call opens a fresh one)."""
+        """The typed error of a call to ``address`` that raised ``exc``; never raises.
+
+        Args:
+            address: The broker's ``host:port``.
+            exc: What the call raised.
+            what: The call, for the message (``"action metadata"``).
+
+        Returns:
+            The broker's own error as it is; but a session token of the broker's earlier
+            run (it restarted under this channel) is a retriable ``NetworkError`` after
+            which the channel is reset, so the retry authenticates again; a refused TLS
+            handshake a non-retriable ``SslHandshakeError`` naming the cause; anything
+            else a ``NetworkError`` naming ``what``, after which the channel is reset (the
+            next call opens a fresh one).
+        """
         if isinstance(exc, IdemlogError):
             return exc
         text = str(exc)
@@ -259,12 +311,16 @@ class FlightConnections:
         return certificate_auth(self.tls)
 
     def reset(self, address: str) -> None:
-        """Forget the channels of ``address``: the next call opens fresh ones.
+        """Forget the channels of ``address``: the next call opens fresh ones. Never
+        raises.
 
         The streams' channel is not closed here: another thread may be in a call on it (a
         produce stream, a fetch), and closing a Flight client under a call crashes the
         process. It closes when its last user lets go of it. The actions' channel is
         closed once no call is on it (:meth:`call_action` counts them).
+
+        Args:
+            address: The broker's ``host:port``.
         """
         idle: flight.FlightClient | None = None
         with self._lock:
@@ -279,19 +335,45 @@ class FlightConnections:
             _close_quietly(idle)
 
     def close(self) -> None:
-        """Close every channel (no call may be in flight then); the cache stays usable."""
+        """Close every channel; the cache stays usable. Never raises.
+
+        An actions' channel with a call still on it (a replica fetcher stopped while its
+        fetch waits for the leader) is retired instead, and closed when that call returns:
+        closing a Flight client under a call crashes the process. No stream may be open on
+        a streams' channel then.
+        """
         with self._lock:
-            clients = list(self._clients.values()) + list(self._retired.values())
-            self._clients, self._refresh_at, self._retired = {}, {}, {}
-        for client in clients:
+            busy = {key: c for key, c in self._clients.items() if id(c) in self._calls}
+            idle = [c for c in self._clients.values() if id(c) not in self._calls]
+            idle += [c for k, c in self._retired.items() if k not in self._calls]
+            self._retired = {k: c for k, c in self._retired.items() if k in self._calls}
+            self._clients, self._refresh_at = {}, {}
+            for client in busy.values():
+                self._retired[id(client)] = client
+        for client in idle:
             _close_quietly(client)
 
     def action(self, address: str, action: str, body: bytes, timeout_s: float, what: str) -> bytes:
-        """One DoAction call to ``address`` with a single result, its body returned.
+        """One DoAction call to ``address`` with a single result, its body returned; no
+        retry (the brokers' own calls: replica fetches, markers, verifications).
 
-        The broker's typed error is raised as it is; a call that reached no typed answer
-        is a NetworkError naming ``what`` (the channel is reset, so the next call opens a
-        fresh one); an answer of other than one result is an InvalidRequestError.
+        Args:
+            address: The broker's ``host:port``.
+            action: The action's name.
+            body: The request body, sent as it is.
+            timeout_s: The call's bound, in seconds.
+            what: The call, for error messages.
+
+        Returns:
+            The body of the action's single result.
+
+        Raises:
+            IdemlogError: The broker's typed error, as it is.
+            NetworkError: (retriable) The call reached no typed answer (the channel is
+                reset, so the next call opens a fresh one); or as :meth:`failure` says.
+            SslHandshakeError: TLS refused the link.
+            InvalidRequestError: The broker answered other than one result (where
+                ``BrokerClient.action_raw`` says ``UnknownServerError``).
         """
         options = flight.FlightCallOptions(timeout=timeout_s)
         try:
@@ -303,7 +385,8 @@ class FlightConnections:
         return bytes(results[0].body.to_pybytes())
 
     def addresses(self) -> list[str]:
-        """The addresses with an open channel, sorted (for tests and diagnostics)."""
+        """The addresses with an open channel, sorted, each once (for tests and
+        diagnostics)."""
         with self._lock:
             return sorted({address for address, _ in self._clients})
 

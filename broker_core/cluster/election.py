@@ -3,7 +3,8 @@
 The controller (:mod:`broker_core.cluster.zk_leaders`) applies them to every partition
 and writes the results; keeping the decisions here, free of ZooKeeper, lets them be
 tested on their own. Each returns the new :class:`PartitionState` (always valid:
-:meth:`PartitionState.problem` is None) or None when nothing is to change. A leader
+:meth:`PartitionState.problem` is None; :func:`decide_after_broker_change` returns it in
+a :class:`Decision` with its outcome) or None when nothing is to change. A leader
 change always bumps ``leader_epoch`` by one, so followers and clients can tell a stale
 leader from the current one; an ISR change alone does not (Kafka's rule).
 """
@@ -14,9 +15,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from broker_core.cluster.metadata import NO_BROKER_EPOCH, PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG
+from broker_core.protocol.replica import NO_BROKER_EPOCH
 
 __all__ = [
     "Decision",

@@ -13,8 +13,10 @@ version 2 at the next change (every start is one: the controller epoch). A topic
 without a ``topic_id`` (before ids) gets one when the file is loaded, written back at once.
 
 ``controller_epoch`` is incremented (durably) each time the broker registers, i.e. at every
-start: the transaction coordinator of each run has a higher epoch than any before it, as
-with ZooKeeper, so markers of an earlier run's coordinator can never pass for this one's.
+start: the transaction coordinator of each run leads its state partition at that epoch
+(``server.coordination.roles``), higher than any run's before, so markers of an earlier
+run's coordinator can never pass for this one's. (With ZooKeeper each coordinator's epoch
+is its state partition's leader epoch, which grows with every leader change likewise.)
 
 The file names the broker id it was written by: a data directory moved under another
 ``broker.id`` is refused rather than served with assignments naming a broker that no
@@ -33,20 +35,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker_core.cluster.metadata import (
-    METADATA_VERSION,
-    NO_BROKER_EPOCH,
-    READABLE_METADATA_VERSIONS,
-    BrokerInfo,
     CallbackNotifier,
     ClusterMetadata,
     ControllerFence,
+    TopicView,
+)
+from broker_core.cluster.records import (
+    METADATA_VERSION,
+    READABLE_METADATA_VERSIONS,
+    BrokerInfo,
     PartitionState,
     TopicAssignment,
-    TopicView,
-    assign_partitions,
     check_broker_id,
     check_partition_update,
     load_json_object,
+)
+from broker_core.cluster.topic_creation import (
+    assign_partitions,
     replication_factor_of,
     validate_new_topic,
 )
@@ -59,6 +64,7 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.fileutil import atomic_write
+from broker_core.protocol.replica import NO_BROKER_EPOCH
 from broker_core.protocol.topics import new_topic_id, validate_topic_name
 
 CLOSE_TIMEOUT_S = 30.0  # how long close() waits for the callbacks to finish

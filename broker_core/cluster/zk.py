@@ -2,13 +2,16 @@
 
 Layout under ``root`` (default ``/idemlog``)::
 
-    brokers/ids/<id>   ephemeral   {"version", "host", "port"}      one per live broker;
-                                                  its czxid is the broker epoch
+    brokers/ids/<id>   ephemeral   BrokerInfo.to_json()             one per live broker:
+                                                  host, port, directory_id; its
+                                                  czxid is the broker epoch
     controller         ephemeral   {"version", "broker_id"}         the controller
     controller_epoch   persistent  {"version", "controller_epoch"}  bumped per election
-    topics/<name>      persistent  TopicAssignment.to_doc()         per partition: replicas,
-                                                  leader, leader_epoch, isr, isr_epochs
-                                                  (v1, and v2 without isr_epochs, still read)
+    topics/<name>      persistent  TopicAssignment.to_doc()         topic_id, schema, config;
+                                                  per partition: replicas, leader,
+                                                  leader_epoch, isr, isr_epochs, isr_dirs
+                                                  (v1, and v2 without the optional
+                                                  fields, still read)
 
 What survives what:
 
@@ -50,17 +53,21 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, Rolle
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker_core.cluster.metadata import (
-    DEFAULT_REPLICATION_FACTOR,
-    BrokerInfo,
     CallbackNotifier,
     ClusterMetadata,
     ControllerFence,
+    TopicView,
+)
+from broker_core.cluster.records import (
+    BrokerInfo,
     PartitionState,
     TopicAssignment,
-    TopicView,
-    assign_partitions,
     check_partition_update,
     load_json_object,
+)
+from broker_core.cluster.topic_creation import (
+    DEFAULT_REPLICATION_FACTOR,
+    assign_partitions,
     replication_factor_of,
     validate_new_topic,
 )

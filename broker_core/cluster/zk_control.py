@@ -14,7 +14,7 @@ broker's ephemeral registration, and holds the election:
   (``cluster.zk_leaders``, ``cluster.zk``) check that node's version in the same multi,
   so a deposed controller's write fails in ZooKeeper. Transaction coordinators do not
   use it: each follows the leader epoch of its ``__transaction_state`` partition
-  (``server.state_coordinator``).
+  (``server.coordination.state_coordinator``).
 
 Losing control is reported promptly: at once on session loss (``LOST``), and when the
 connection has been gone (``SUSPENDED``) for ``suspended_grace_s``, a third of the session
@@ -38,13 +38,8 @@ from enum import Enum
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
-from broker_core.cluster.metadata import (
-    CONTROL_DOC_VERSION,
-    NO_BROKER_EPOCH,
-    BrokerInfo,
-    CallbackNotifier,
-    load_json_object,
-)
+from broker_core.cluster.metadata import CallbackNotifier
+from broker_core.cluster.records import CONTROL_DOC_VERSION, BrokerInfo, load_json_object
 from broker_core.cluster.zk_requests import ZkRequests, ZkUnavailable
 from broker_core.errors import (
     CorruptRecordError,
@@ -53,6 +48,7 @@ from broker_core.errors import (
     InvalidRequestError,
     RequestTimedOutError,
 )
+from broker_core.protocol.replica import NO_BROKER_EPOCH
 from broker_core.security import zk_acl
 
 log = logging.getLogger("idemlog.cluster")

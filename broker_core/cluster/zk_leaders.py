@@ -2,9 +2,10 @@
 rebalance and a clean shutdown's hand-over (the decisions are :mod:`.election`'s).
 
 * **The controller's pass** (the ``LEADERS`` worker task): whenever this broker becomes the
-  controller and whenever the live broker ids change while it is, every topic node is
-  read, each partition decided by :func:`~.election.decide_after_broker_change` with the
-  live ids read at the start of the pass, and the node rewritten if anything changed.
+  controller and whenever the live brokers (their ids or epochs) change while it is, every
+  topic node is read, each partition decided by
+  :func:`~.election.decide_after_broker_change` with the live brokers' ids, epochs and
+  directory ids read at the start of the pass, and the node rewritten if anything changed.
   Each write is a ZooKeeper multi: a ``check`` of the ``controller_epoch`` node's version
   as this controller's bump left it, and the ``set`` of the topic node at the version
   read. A newer controller's bump fails the check, so a deposed controller (one that does
@@ -37,7 +38,7 @@ from broker_core.cluster.election import (
     preferred_leader_elected,
     unclean_election_enabled,
 )
-from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
+from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk_control import ZkControl, ZkTask
 from broker_core.cluster.zk_requests import ZkRequests, ZkUnavailable
 from broker_core.errors import (

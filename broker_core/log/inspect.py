@@ -35,11 +35,15 @@ from broker_core.errors import (
 )
 from broker_core.log.config import LogConfig
 from broker_core.log.dir_lock import lock_holder
+from broker_core.log.partition_log import (
+    FetchedBatch,
+    FetchResult,
+    IsolationLevel,
+    collect_batches,
+)
 from broker_core.log.producer_state import ProducerStateManager
 from broker_core.log.readonly_segment import ReadOnlySegment
-from broker_core.log.reads import collect
 from broker_core.log.recovery import replay
-from broker_core.log.results import FetchedBatch, FetchResult, IsolationLevel
 from broker_core.log.segment import LOG_SUFFIX, LogSegment
 from broker_core.log.snapshot import list_snapshots, read_snapshot
 from broker_core.log.store import TOPIC_FILE, Topic
@@ -98,7 +102,7 @@ class PartitionView:
         batches: list[FetchedBatch] = []
         next_offset = offset
         if offset < upper:
-            next_offset = collect(self.segments, offset, upper, max_bytes, level, batches)
+            next_offset = collect_batches(self.segments, offset, upper, max_bytes, level, batches)
         return FetchResult(batches, next_offset, end, lso, start)
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""The log of one partition: validated appends, transaction markers, reads, roll and retention.
+"""The log of one partition: validated appends, transaction markers, reads, roll and
+retention, and what its calls answer (append, marker and fetch results).
 
 Directory layout (one directory per partition):
 
@@ -7,8 +8,13 @@ Directory layout (one directory per partition):
     .clean_shutdown                                 present only after a clean close
 
     leader-epoch-checkpoint                         leader epoch -> start offset (leader_epoch.py)
+    high-watermark-checkpoint                       a replica's high watermark (replica.py)
+    cleaner-checkpoint                              how far compaction got (cleaner.py)
 
-Every method takes the partition lock; appends of different partitions run in parallel.
+Appends, markers, reads and the replication calls take the partition lock; appends of
+different partitions run in parallel.
+The read path over segments (``collect_batches``) is also the read-only view's
+(``inspect.py``), so ``idemlog log dump`` reads a directory as a broker would serve it.
 """
 
 from __future__ import annotations
@@ -17,11 +23,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import pyarrow as pa
 
 from broker_core.errors import (
+    CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTxnStateError,
@@ -39,7 +48,6 @@ from broker_core.log.producer_state import (
     ProducerStateManager,
     VerificationGuard,
 )
-from broker_core.log.reads import collect, read_control
 from broker_core.log.recovery import (
     CLEAN_SHUTDOWN_FILE,
     apply_batch,
@@ -58,16 +66,6 @@ from broker_core.log.replica import (
     reset_log,
     truncate_segments,
 )
-from broker_core.log.results import (
-    AppendResult,
-    FetchedBatch,
-    FetchResult,
-    HangingAbort,
-    IsolationLevel,
-    MarkerResult,
-)
-from broker_core.log.retention import as_record_batch as _as_record_batch
-from broker_core.log.retention import past_retention, should_roll
 from broker_core.log.segment import LOG_SUFFIX, LogSegment, StoredBatch
 from broker_core.log.snapshot import delete_snapshots_below, write_snapshot
 from broker_core.log.validator import ProducerFields
@@ -83,19 +81,95 @@ from broker_core.record.batch import (
     BatchHeader,
     ControlType,
     EncodedBatch,
+    as_record_batch,
+    decode_control,
     decode_rows,
     encode_controls,
     encode_data,
     increment_sequence,
     ipc_pieces,
+    verify_crc,
 )
-
-__all__ = ["AppendResult", "FetchResult", "FetchedBatch", "IsolationLevel", "MarkerResult"]
-__all__ += ["PartitionLog", "SchemaCheck"]
 
 log = logging.getLogger("idemlog.log")
 
 SchemaCheck = Callable[[pa.Schema], None]
+
+
+class IsolationLevel(Enum):
+    """What a read returns: every batch up to the high watermark, or only committed data
+    up to the last stable offset, aborted batches skipped."""
+
+    READ_UNCOMMITTED = "read_uncommitted"
+    READ_COMMITTED = "read_committed"
+
+    @classmethod
+    def parse(cls, value: str | IsolationLevel) -> IsolationLevel:
+        if isinstance(value, IsolationLevel):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise InvalidRecordError(
+                f"isolation={value!r} is not one of read_committed, read_uncommitted"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time: int
+    duplicate: bool  # an earlier copy was found; the offsets are the original's
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerResult:
+    offset: int  # the marker's own offset
+    last_stable_offset: int  # the partition's LSO just after the marker was appended
+
+
+@dataclass(frozen=True, slots=True)
+class HangingAbort:
+    """An open transaction an operator aborted (``PartitionLog.abort_open_transaction``)."""
+
+    producer_id: int
+    txn_start_offset: int
+    marker_epoch: int  # the producer's epoch on the partition from then on
+    marker: MarkerResult
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedBatch:
+    base_offset: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    is_transactional: bool
+    timestamp: int
+    records: pa.RecordBatch
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + int(self.records.num_rows) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    batches: list[FetchedBatch]
+    next_offset: int  # where the next read continues
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.records.num_rows for b in self.batches)
+
+    def table(self) -> pa.Table | None:
+        if not self.batches:
+            return None
+        return pa.Table.from_batches([b.records for b in self.batches])
 
 
 class PartitionLog:
@@ -206,7 +280,7 @@ class PartitionLog:
         Raises the validator's errors (see ``broker_core.log.validator``); nothing is
         written when it does.
         """
-        batch = _as_record_batch(records)
+        batch = as_record_batch(records)
         if batch.num_rows == 0:
             raise InvalidRecordError(f"{self.name}: a batch must hold at least one row")
         if self._schema_check is not None:
@@ -567,19 +641,32 @@ class PartitionLog:
             batches: list[FetchedBatch] = []
             next_offset = offset
             if offset < upper:
-                next_offset = collect(self.segments, offset, upper, max_bytes, level, batches)
+                next_offset = collect_batches(
+                    self.segments, offset, upper, max_bytes, level, batches
+                )
             return FetchResult(batches, next_offset, self.high_watermark, lso, start)
 
     def batches_from(self, offset: int) -> Iterator[tuple[LogSegment, StoredBatch]]:
-        """Every stored batch holding ``offset`` or after it, with its segment."""
+        """Every stored batch holding ``offset`` or after it, with its segment (for tests:
+        it takes no lock, so only on a log nothing writes to)."""
         return batches_from(self.segments, offset)
 
     def read_control(self, offset: int) -> tuple[BatchHeader, ControlType] | None:
-        """The marker at ``offset``, if there is one (for tests and tools)."""
+        """The marker at ``offset``, if there is one (for tests and tools). Raises
+        CorruptRecordError for an unreadable control record."""
         with self._lock:
-            return read_control(self.segments, offset)
+            for seg in self.segments:
+                if seg.base_offset <= offset < seg.next_offset:
+                    position = seg.position_of(offset)
+                    if position is None:
+                        return None
+                    stored = next(seg.batches(position))
+                    if stored.header.is_control and stored.header.base_offset == offset:
+                        record = decode_control(stored.header, stored.data)
+                        return stored.header, record.control_type
+            return None
 
-    # -- replication (called by broker_core/server: partition.py, replica_fetcher.py) --
+    # -- replication (called by broker_core/server/replication/) ---------------------
     def become_leader(self, epoch: int) -> None:
         """Lead at ``epoch`` from the log end on (later batches carry it; the epoch cache
         records it, durably). InvalidRequestError for an older epoch or one out of range."""
@@ -638,10 +725,15 @@ class PartitionLog:
             if offset < self.log_start_offset:
                 raise OffsetOutOfRangeError(f"{self.name}: truncation to {offset}, below start")
             self._join_flushers()
-            args = (self.directory, self.name, self.segments, offset)
-            self.segments = truncate_segments(*args, self.config.index_interval_bytes)
+            self.segments = truncate_segments(
+                self.directory,
+                self.name,
+                self.segments,
+                offset,
+                self.config.index_interval_bytes,
+            )
             end = self.log_end_offset
-            self.epochs.truncate_from_end(end)  # after the log, never before: see replica.py
+            self.epochs.truncate_from_end(end)  # after the log, never before: see leader_epoch.py
             rebuild_state(self.directory, self.segments, self.state)
             if self._high_watermark is not None:
                 self._high_watermark = min(self._high_watermark, end)
@@ -652,8 +744,8 @@ class PartitionLog:
         """(log start, then ``replica.log_start_state``) for a follower below the start."""
         with self._lock:
             self._check_open()
-            args = (self.directory, self.segments, self.epochs, self.state)
-            return (self.log_start_offset, *log_start_state(*args))
+            state = log_start_state(self.directory, self.segments, self.epochs, self.state)
+            return (self.log_start_offset, *state)
 
     def reset_to(self, offset: int, epoch: int, snapshot: bytes) -> None:
         """An empty log at ``offset`` with the leader's state there (``replica.reset_log``;
@@ -661,9 +753,17 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             self._join_flushers()
-            args = (self.directory, self.name, self.segments, offset, epoch, snapshot)
             try:
-                self.segments, self.epochs = reset_log(*args, self.state, self._hw_checkpoint)
+                self.segments, self.epochs = reset_log(
+                    self.directory,
+                    self.name,
+                    self.segments,
+                    offset,
+                    epoch,
+                    snapshot,
+                    self.state,
+                    self._hw_checkpoint,
+                )
             except OSError:
                 self._closed = True
                 raise
@@ -718,3 +818,104 @@ class PartitionLog:
 
     def segment_files(self) -> list[Path]:
         return sorted(self.directory.glob(f"*{LOG_SUFFIX}"))
+
+
+def collect_batches(
+    segments: Sequence[LogSegment],
+    offset: int,
+    upper: int,
+    max_bytes: int,
+    level: IsolationLevel,
+    out: list[FetchedBatch],
+) -> int:
+    """Append to ``out`` the readable batches in [offset, upper), whole or sliced, at
+    least one when any is readable and then none past ``max_bytes``; aborted data is
+    skipped for read_committed. Offsets may have gaps (a compacted log): a batch starts
+    at its first row's offset, and the next read never starts inside a gap. Returns
+    where the next read continues. Raises CorruptRecordError for a batch that fails its
+    CRC or does not decode.
+
+    The caller checked the range and keeps the segments still: ``PartitionLog.read``
+    under its lock, or the read-only view (``inspect.PartitionView.read``)."""
+    aborted: dict[int, list[tuple[int, int]]] = {}
+    if level is IsolationLevel.READ_COMMITTED:
+        for seg in segments:
+            if seg.next_offset > offset:
+                for t in seg.txn_index.overlapping(offset, upper):
+                    aborted.setdefault(t.producer_id, []).append((t.first_offset, t.last_offset))
+    next_offset, size = offset, 0
+    for seg, stored in batches_from(segments, offset):
+        h = stored.header
+        if h.base_offset >= upper:
+            # Nothing is left below ``upper``: offsets up to it are read or absent (a gap
+            # the cleaner left), so the next read starts there, not inside the gap.
+            return upper
+        if out and size + h.size > max_bytes:
+            return next_offset
+        next_offset = min(h.next_offset, upper)
+        if h.is_control or _is_aborted(aborted, h):
+            continue
+        try:
+            # Sealed segments are trusted on open (not re-scanned), so the CRC is
+            # checked here: a damaged batch must fail, never yield garbage rows.
+            verify_crc(h, stored.data)
+            rows = decode_rows(h, stored.data)
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(
+                f"{seg.log_path} at byte {stored.position}: {exc.message}"
+            ) from exc
+        first = max(offset, h.base_offset)
+        if first > h.base_offset or h.last_offset >= upper:
+            rows = rows.slice(first - h.base_offset, min(h.next_offset, upper) - first)
+        out.append(
+            FetchedBatch(
+                first,
+                h.producer_id,
+                h.producer_epoch,
+                h.base_sequence,
+                h.is_transactional,
+                h.max_timestamp,
+                rows,
+            )
+        )
+        size += h.size
+    return upper  # every batch below ``upper`` was read (the log may end in a gap)
+
+
+def _is_aborted(aborted: dict[int, list[tuple[int, int]]], h: BatchHeader) -> bool:
+    if not h.is_transactional or h.producer_id not in aborted:
+        return False
+    return any(first <= h.base_offset <= last for first, last in aborted[h.producer_id])
+
+
+def past_retention(
+    segments: Sequence[LogSegment], config: LogConfig, now_ms: int, high_watermark: int
+) -> list[LogSegment]:
+    """The oldest sealed segments past ``retention.bytes`` / ``retention.ms``, in order.
+
+    Never the active segment, and never one holding offsets at or above the high
+    watermark: a follower may still need them (Kafka deletes only below it too). Nothing
+    under ``cleanup.policy=compact`` alone: there the cleaner bounds the log instead.
+    """
+    if not config.policy.deletes:
+        return []
+    deletable: list[LogSegment] = []
+    size = sum(int(s.size) for s in segments)
+    for seg in segments[:-1]:
+        over_size = config.retention_bytes >= 0 and size - seg.size >= config.retention_bytes
+        over_age = config.retention_ms >= 0 and now_ms - seg.max_timestamp > config.retention_ms
+        if not (over_size or over_age) or seg.next_offset > high_watermark:
+            break
+        deletable.append(seg)
+        size -= seg.size
+    return deletable
+
+
+def should_roll(active: LogSegment, config: LogConfig, batch_size: int, now_ms: int) -> bool:
+    """Whether a batch of ``batch_size`` bytes goes into a new segment: the active one is
+    not empty and would pass ``segment.bytes``, or is ``segment.ms`` old."""
+    if active.size == 0:
+        return False
+    too_big = active.size + batch_size > config.segment_bytes
+    too_old = now_ms - active.first_timestamp >= config.segment_ms
+    return too_big or too_old

@@ -1,10 +1,15 @@
-"""The log side of replication: a follower's append, truncation, raw reads, the epoch cache,
-and the reset of a follower whose log ends below its leader's log start.
+"""The log side of replication: what a replica's log does that a lone log does not, and the
+replication state it keeps on disk (docs/replication.md).
 
-Functions over a partition's segments that ``PartitionLog`` calls under its lock
-(``append_as_follower``, ``truncate_to``, ``read_raw``, ``become_leader``,
-``log_start_state``, ``reset_to``; docs/replication.md). Kept apart so ``partition_log``
-stays small; this module never imports ``partition_log``.
+A follower's fetched batches checked before any is written (``parse_fetched``) and
+appended byte for byte (``as_encoded``); the leader's raw reads that serve them
+(``read_raw``); a diverged tail cut (``truncate_segments``); the reset of a follower whose
+log ends below its leader's log start (``log_start_state``, ``reset_log``); the
+leader-epoch cache made consistent with the recovered log (``open_epoch_cache``); the
+high-watermark checkpoint. Functions over a partition's segments that ``PartitionLog``
+calls under its lock (``append_as_follower``, ``read_raw``, ``truncate_to``,
+``log_start_state``, ``reset_to``, and its constructor); below ``partition_log``, which
+imports them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 ``topic_id`` is the id of the cluster's topic these logs are a copy of (absent: written
 before ids, or by the store alone). A topic directory is created and deleted whole, so its
 partitions' logs share the id; a broker deletes a copy whose id is not the topic's before
-it opens it (``server.local_topics``).
+it opens it (``server.replication.local_topics``).
 
 The schema (Arrow IPC, base64) is fixed at creation or by the first append, and every
 later batch must match it, so readers can always combine a topic's batches into a table.

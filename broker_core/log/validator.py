@@ -180,8 +180,9 @@ def check_marker(
     """May the coordinator write this COMMIT/ABORT marker? (Kafka's rules, in its order.)
 
     A marker at an older producer epoch is a zombie coordinator request; one from an
-    older coordinator epoch than the last marker's comes from a coordinator that a newer
-    controller has replaced (TRANSACTION_COORDINATOR_FENCED). Markers replayed from the
+    older coordinator epoch than the last marker's comes from a coordinator that has been
+    replaced: its ``__transaction_state`` partition is led at a newer leader epoch (the
+    controller epoch, embedded) (TRANSACTION_COORDINATOR_FENCED). Markers replayed from the
     log in recovery are not checked: their origin is the log, not a coordinator.
     """
     if producer_id < 0:

@@ -1,12 +1,12 @@
 """The idemlog producer client: Arrow accumulator, pipelined sender with ordered retries,
 epoch bumps and transactions (docs/design.md §3, §9 items 13-15). Usable without Spark.
 
-Modules, one concept each: ``config`` (keys), ``partitioner`` (key hash → partition),
-``message_accumulator`` (per-partition queues, buffer.memory), ``producer_batch`` (one
-produced batch), ``sender`` (background thread: drain, send, answers, retries),
-``transaction_manager`` (producer id/epoch, sequences, transaction states),
-``transport`` (the broker interface and its Flight implementation), ``futures``
-(send results), ``metrics``, ``producer`` (the facade).
+Modules, one concept each: ``config`` (the keys, and ``ProducerConfig``, their typed
+form), ``partitioner`` (key hash → partition), ``message_accumulator`` (per-partition
+queues, buffer.memory), ``producer_batch`` (one produced batch), ``sender`` (background
+thread: drain, send, answers, retries), ``transaction_manager`` (producer id/epoch,
+sequences, transaction states), ``transport`` (the broker interface and its Flight
+implementation), ``futures`` (send results), ``metrics``, ``producer`` (the facade).
 """
 
 from __future__ import annotations

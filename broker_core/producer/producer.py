@@ -1,13 +1,15 @@
 """``Producer``: the facade users (and the Spark sink) call; usable without Spark.
 
-    with Producer(bootstrap="host:port", **{"linger.ms": 10}) as producer:
+    config = ProducerConfig(linger_ms=10)
+    with Producer(bootstrap="host:port", config=config) as producer:
         future = producer.send("payments", table, key="account")
         producer.flush()
         future.result()   # [RecordMetadata(partition, base_offset, last_offset, rows), ...]
 
-Config keys are Kafka-style names passed as keyword arguments with dots
-(``**{"batch.size": 1 << 20}``) or underscores (``batch_size=1 << 20``); see
-``broker_core.producer.config``. Idempotence is on by default.
+The settings are a typed :class:`~broker_core.producer.config.ProducerConfig`; the
+Kafka-style keys work too, as keyword arguments with dots (``**{"batch.size": 1 << 20}``,
+as a ``.properties`` file or the Spark sink's options have them) or underscores
+(``batch_size=1 << 20``), checked the same way. Idempotence is on by default.
 
 Transactions: ``init_transactions(id)`` once (fences every older producer of that id),
 then ``begin_transaction()``, sends, ``commit_transaction()`` or ``abort_transaction()``.
@@ -20,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import pyarrow as pa
@@ -86,6 +88,30 @@ def _to_table(data: Data) -> pa.Table:
     )
 
 
+def _settings(
+    bootstrap: str | None, config: ProducerConfig | None, keys: Mapping[str, object]
+) -> ProducerConfig:
+    """The producer's settings from what its constructor was given (see there)."""
+    if config is not None and keys:
+        raise InvalidConfigError(
+            f"Producer(config=..., {', '.join(sorted(keys))}=...): pass the settings either as "
+            "config or as keys, not both"
+        )
+    if config is None:
+        values: dict[str, object] = {k.replace("_", "."): v for k, v in keys.items()}
+        if bootstrap is not None:
+            values["bootstrap.servers"] = bootstrap
+        return ProducerConfig.from_mapping(values)
+    if bootstrap is None:
+        return config
+    if config.bootstrap_servers not in ("", bootstrap):
+        raise InvalidConfigError(
+            f"Producer({bootstrap!r}, config=...) with bootstrap.servers="
+            f"{config.bootstrap_servers!r} in the config: give the brokers once"
+        )
+    return replace(config, bootstrap_servers=bootstrap)
+
+
 class Producer:
     """Kafka's idempotent and transactional producer for Arrow rows, over Flight.
 
@@ -100,32 +126,40 @@ class Producer:
         self,
         bootstrap: str | None = None,
         *,
+        config: ProducerConfig | None = None,
         transport: Transport | None = None,
         connections: FlightConnections | None = None,
         clock: Callable[[], float] = time.monotonic,
         topic_ids: Mapping[str, str] | None = None,
-        **config: Any,
+        **keys: object,
     ) -> None:
-        """A producer of ``bootstrap`` (``host:port[,host:port]``, the bootstrap.servers
-        config) with the config keys given as keyword arguments; ``transport``: a
-        transport instead of the Flight connection (tests; it sends with its own acks,
-        not the acks key's); ``connections``: a Flight connection cache to share (the
-        Spark sink's, one per process, whose TLS files then apply instead of the
-        security keys'), left open by :meth:`close`; ``topic_ids``: ids ({topic: id})
-        pinned before the producer learns them itself (the Spark sink's driver pins
-        them when it plans the write), with which every request for those topics goes
-        out. An idempotent
-        producer without a transactional id gets its producer id here (blocking up to
-        max.block.ms), and the background sender starts.
+        """Start a producer: its background sender, and for an idempotent producer
+        without a transactional id its producer id (blocking up to max.block.ms).
 
-        Raises InvalidConfigError naming the key for an unknown key or a bad value, and
-        when no bootstrap server is given; MaxBlockTimeoutError if the producer id cannot
-        be had within max.block.ms; a non-retriable broker error as it is.
+        Args:
+            bootstrap: ``host:port[,host:port]``, the brokers to start from (the
+                bootstrap.servers key; with ``config``, it replaces the config's).
+            config: the typed settings; default: every key's default.
+            transport: a transport instead of the Flight connection (tests; it sends
+                with its own acks, not the config's).
+            connections: a Flight connection cache to share (the Spark sink's, one per
+                process, whose TLS files then apply instead of the config's); left open
+                by :meth:`close`.
+            clock: monotonic seconds, for linger and timeouts (tests pass a manual one).
+            topic_ids: ids ({topic: id}) pinned before the producer learns them itself
+                (the Spark sink's driver pins them when it plans the write); every
+                request for those topics goes out with them.
+            **keys: config keys instead of ``config``, dotted (``**{"linger.ms": 10}``)
+                or with underscores (``linger_ms=10``), read by
+                :meth:`ProducerConfig.from_mapping`.
+
+        Raises:
+            InvalidConfigError: naming the key for an unknown key or a bad value, for
+                ``config`` and ``keys`` both given, and when no bootstrap server is given.
+            MaxBlockTimeoutError: the producer id could not be had within max.block.ms.
+            IdemlogError: a non-retriable broker error, as it is.
         """
-        values = {k.replace("_", "."): v for k, v in config.items()}
-        if bootstrap is not None:
-            values["bootstrap.servers"] = bootstrap
-        self.config = ProducerConfig.from_mapping(values)
+        self.config = _settings(bootstrap, config, keys)
         if transport is None:
             if not self.config.bootstrap_servers:
                 raise InvalidConfigError("bootstrap.servers is required (host:port[,host:port])")
@@ -161,26 +195,49 @@ class Producer:
 
     # -- sending -------------------------------------------------------------------------
     def send(self, topic: str, data: Data, key: str | None = None) -> Future[SendResult]:
-        """Queue the rows of ``data`` for ``topic``; a future of their offsets
-        (``broker_core.producer.futures``). Rows are routed by ``key`` (default: the
-        key.column config), round-robin per send without one. Blocks while the topic's
-        metadata is fetched (retriable errors retried) and while buffer.memory is full,
-        each at most max.block.ms.
+        """Queue the rows of ``data`` for ``topic``. Blocks while the topic's metadata is
+        fetched (retriable errors retried) and while buffer.memory is full, each at most
+        max.block.ms.
 
-        Raises ProducerClosedError after ``close`` (or if the sender died),
-        InvalidTxnStateError in a transactional producer outside a transaction,
-        InvalidRequestError for data that is not a Table, RecordBatch or DataFrame,
-        MaxBlockTimeoutError or BufferExhaustedError when max.block.ms runs out, and a
-        non-retriable metadata error (an unknown topic) as it is. Delivery errors are
-        not raised here: they fail the returned future."""
+        Args:
+            topic: the topic to append to.
+            data: a pyarrow Table or RecordBatch, or a pandas DataFrame.
+            key: the column whose hash picks each row's partition (default: the
+                key.column config); without one, the whole send goes to the next
+                partition, round-robin.
+
+        Returns:
+            A future of the rows' offsets, one ``RecordMetadata`` per partition
+            (``broker_core.producer.futures``). Delivery errors fail it; they are not
+            raised here.
+
+        Raises:
+            ProducerClosedError: after ``close``, or if the sender died.
+            InvalidTxnStateError: a transactional producer outside a transaction.
+            InvalidRequestError: ``data`` is not a Table, RecordBatch or DataFrame.
+            MaxBlockTimeoutError: the metadata not had within max.block.ms.
+            BufferExhaustedError: buffer.memory still full after max.block.ms.
+            IdemlogError: a non-retriable metadata error (an unknown topic), as it is.
+        """
         self._require_sendable()
         return self._enqueue(self.route(topic, data, key))
 
     def route(self, topic: str, data: Data, key: str | None = None) -> RoutedRows:
-        """``data``'s rows split by partition of ``topic`` as :meth:`send` would, queued
+        """Split ``data``'s rows by partition of ``topic`` as :meth:`send` would, queued
         nowhere: :meth:`send_routed` sends them. Needs no producer id and no transaction
         (the Spark sink routes a task's first rows while its InitProducerId is out).
-        Blocks and raises as :meth:`send` does for the metadata and the data."""
+
+        Args:
+            topic, data, key: as :meth:`send`.
+
+        Returns:
+            The rows by partition, for :meth:`send_routed`.
+
+        Raises:
+            ProducerClosedError: after ``close``.
+            InvalidRequestError, MaxBlockTimeoutError, IdemlogError: as :meth:`send`
+                raises them for the data and the topic's metadata.
+        """
         if self._closed:
             raise ProducerClosedError("route() on a closed producer")
         table = _to_table(data)
@@ -189,7 +246,15 @@ class Producer:
         return RoutedRows(topic, parts)
 
     def send_routed(self, routed: RoutedRows) -> Future[SendResult]:
-        """Queue rows :meth:`route` split; as :meth:`send` (each routed rows once)."""
+        """Queue rows :meth:`route` split (each :class:`RoutedRows` once).
+
+        Returns:
+            A future of their offsets, as :meth:`send`'s.
+
+        Raises:
+            ProducerClosedError, InvalidTxnStateError, BufferExhaustedError: as
+                :meth:`send`.
+        """
         self._require_sendable()
         return self._enqueue(routed)
 
@@ -226,10 +291,16 @@ class Producer:
         return count
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send everything queued now and wait until every batch is done (acknowledged
-        or failed; a failure shows in its send's future). ``timeout`` in seconds
-        (default: delivery.timeout.ms). Raises TimeoutError naming the batches still
-        pending when it runs out; they stay queued."""
+        """Send everything queued now and wait until every batch is done: acknowledged,
+        or failed (a failure shows in its send's future, not here).
+
+        Args:
+            timeout: seconds to wait; default: delivery.timeout.ms.
+
+        Raises:
+            TimeoutError: naming how many batches are still pending when ``timeout``
+                runs out; they stay queued.
+        """
         self.accumulator.begin_flush()
         try:
             limit = timeout if timeout is not None else self.config.delivery_timeout_ms / 1000
@@ -241,11 +312,17 @@ class Producer:
             self.accumulator.end_flush()
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush (unless ``timeout`` is 0), stop the sender, close the connections.
-        Batches still pending after ``timeout`` fail with ProducerClosedError. An open
-        transaction is not committed (the coordinator aborts it at its timeout, or the
-        next init_transactions on the id does). Calling it again does nothing; it raises
-        nothing for a flush that timed out (logged)."""
+        """Flush, stop the sender, close the connections (not shared ``connections``).
+        An open transaction is not committed: the coordinator aborts it at its timeout,
+        or the next init_transactions on the id does. Calling it again does nothing.
+
+        Args:
+            timeout: seconds the flush may take (default: delivery.timeout.ms); 0: no
+                flush. Batches still pending after it fail with ProducerClosedError.
+
+        Raises:
+            Nothing for a flush that timed out (it is logged).
+        """
         if self._closed:
             return
         self._closed = True
@@ -268,8 +345,13 @@ class Producer:
         self.close()
 
     def metrics_snapshot(self) -> dict[str, Any]:
-        """The producer's metrics now (``broker_core.producer.metrics``) with the buffer
-        bytes in use and the producer id and epoch: a new dict, JSON-serialisable."""
+        """The producer's metrics now.
+
+        Returns:
+            A new JSON-serialisable dict: the counters of ``broker_core.producer.metrics``
+            (records sent, retries, duplicates, latency percentiles, ...) with
+            ``buffer_bytes_used``, ``producer_id`` and ``producer_epoch``.
+        """
         doc = self.metrics.snapshot()
         doc["buffer_bytes_used"] = self.accumulator.used_bytes()
         doc["producer_id"] = self.txn.producer_id
@@ -331,24 +413,43 @@ class Producer:
         return status
 
     def init_transactions(self, transactional_id: str | None = None) -> None:
-        """Get the producer id and epoch of ``transactional_id`` (default: the
-        transactional.id config). Fences every older producer of that id and aborts what
-        it left open; blocks up to max.block.ms.
+        """Get the producer id and epoch of a transactional id, once, before the first
+        transaction. Fences every older producer of that id and aborts what it left
+        open; blocks up to max.block.ms.
 
-        Raises InvalidConfigError without a transactional id, with idempotence off, or for
-        an id other than the configured one; MaxBlockTimeoutError when the coordinator
-        does not answer in time (the call may be repeated); ProducerFencedError if a newer
-        producer of the id fenced this one (fatal: close it)."""
+        Args:
+            transactional_id: default: the transactional.id config.
+
+        Raises:
+            InvalidConfigError: without a transactional id, with idempotence off, or for
+                an id other than the configured one.
+            MaxBlockTimeoutError: the coordinator did not answer in time (the call may
+                be repeated).
+            ProducerFencedError: a newer producer of the id fenced this one (fatal:
+                close it).
+        """
         self._initialize(transactional_id, None)
 
     def init_sink_transaction(
         self, attempt: SinkAttempt, transactional_id: str | None = None
     ) -> SinkTxnStatus:
-        """``init_transactions`` for one attempt of a Spark task (docs/design.md, the sink
-        protocol). NEW: older attempts are fenced; write the rows in a transaction and
-        :meth:`prepare_sink_transaction` it. PREPARED: an earlier attempt of this task of
-        the same run holds all its rows, still open. COMMITTED: the batch is committed
-        already. With PREPARED / COMMITTED this producer must write nothing."""
+        """:meth:`init_transactions` for one attempt of a Spark task (docs/design.md, the
+        sink protocol).
+
+        Args:
+            attempt: the sink, run and batch the attempt writes.
+            transactional_id: default: the transactional.id config.
+
+        Returns:
+            NEW: older attempts are fenced; write the rows in a transaction and
+            :meth:`prepare_sink_transaction` it. PREPARED: an earlier attempt of this
+            task of the same run holds all its rows, still open. COMMITTED: the batch is
+            committed already. With PREPARED or COMMITTED this producer must write
+            nothing.
+
+        Raises:
+            As :meth:`init_transactions`.
+        """
         return self._initialize(transactional_id, attempt)
 
     def _initialize(
@@ -382,9 +483,19 @@ class Producer:
         self, batch_id: int, ranges: Sequence[tuple[str, int, int, int]] = ()
     ) -> None:
         """Flush, then tell the coordinator the open transaction holds all of this task's
-        rows of ``batch_id``, at ``ranges`` ((topic, partition, first, last offset) per
-        partition); it stays open for the Spark driver's commit. Raises the
-        transaction's error if a batch failed."""
+        rows of a batch; it stays open for the Spark driver's commit.
+
+        Args:
+            batch_id: the Spark batch.
+            ranges: (topic, partition, first offset, last offset) per partition written.
+
+        Raises:
+            IdemlogError: the transaction's error if a batch failed (the error of the
+                first batch that failed for good).
+            InvalidTxnStateError: not transactional, or no transaction open.
+            MaxBlockTimeoutError: the coordinator did not answer within max.block.ms.
+            ProducerFencedError: a newer producer of the id fenced this one (fatal).
+        """
         self._require_transactional()
         if self.txn.has_error:
             raise self._txn_error()
@@ -405,17 +516,28 @@ class Producer:
 
     def begin_transaction(self) -> None:
         """Start a transaction: the sends until commit or abort belong to it. Local only
-        (nothing is sent until the first batch). Raises InvalidTxnStateError unless
-        ``init_transactions`` was called and no transaction is open."""
+        (nothing is sent until the first batch).
+
+        Raises:
+            InvalidTxnStateError: unless ``init_transactions`` was called and no
+                transaction is open.
+        """
         self.txn.require(TxnState.READY, action="begin_transaction()")
         self.txn.transition(TxnState.IN_TRANSACTION)
 
     def commit_transaction(self) -> None:
-        """Flush, then commit. Raises the transaction's error -- the error of the first
-        batch that failed for good -- if one did (the transaction is then abortable: call
-        abort_transaction). After a MaxBlockTimeoutError it may be called again.
-        ProducerFencedError if a newer producer of the id fenced this one (fatal);
-        InvalidTxnStateError without an open transaction."""
+        """Flush, then commit: every partition's rows of the transaction become readable
+        (read_committed) together.
+
+        Raises:
+            IdemlogError: the transaction's error, that of the first batch that failed for
+                good, if one did; the transaction is then abortable: call
+                :meth:`abort_transaction`.
+            MaxBlockTimeoutError: batches or the coordinator not done within
+                max.block.ms; the call may be made again.
+            ProducerFencedError: a newer producer of the id fenced this one (fatal).
+            InvalidTxnStateError: not transactional, or no transaction open.
+        """
         self._require_transactional()
         if self.txn.has_error:
             raise self._txn_error()
@@ -438,11 +560,16 @@ class Producer:
     def abort_transaction(self) -> None:
         """Fail what is still queued, wait for what is in flight, abort; after an error
         that left sequences in doubt, re-initialise (bumps the epoch). None of the
-        transaction's rows become readable (read_committed). Raises TimeoutError if
-        batches are still in flight after max.block.ms, InvalidTxnStateError without an
-        open or failed transaction, and the coordinator's error if the abort cannot be
-        sent (the producer is then unusable: close it). After a MaxBlockTimeoutError it
-        may be called again, as commit_transaction."""
+        transaction's rows become readable (read_committed).
+
+        Raises:
+            TimeoutError: batches still in flight after max.block.ms.
+            MaxBlockTimeoutError: the coordinator did not answer within max.block.ms;
+                the call may be made again, as :meth:`commit_transaction`.
+            InvalidTxnStateError: not transactional, or no open or failed transaction.
+            IdemlogError: the coordinator's error if the abort cannot be sent (the
+                producer is then unusable: close it).
+        """
         self._require_transactional()
         self.txn.require(
             TxnState.IN_TRANSACTION,
@@ -522,5 +649,5 @@ class Producer:
 
     @property
     def producer_id_and_epoch(self) -> tuple[int, int]:
-        """The producer id and epoch in use now (-1, -1 before one was assigned)."""
+        """The producer id and epoch in use now; (-1, -1) before one was assigned."""
         return self.txn.producer_id, self.txn.producer_epoch

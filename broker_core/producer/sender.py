@@ -389,7 +389,11 @@ class Sender:
         state = txn.partition(tp)
         if txn.bump_requested:
             return head.has_sequence and head.written is Written.MAYBE and state.in_flight == 0
-        limit = 1 if (state.retrying or head.requeued) else self.config.max_in_flight
+        limit = (
+            1
+            if (state.retrying or head.requeued)
+            else self.config.max_in_flight_requests_per_connection
+        )
         return state.in_flight < limit
 
     def _send_ready(self, now: float) -> float:

@@ -30,6 +30,7 @@ from broker_core.protocol.coordinator_keys import (
 from broker_core.protocol.metrics import MetricsRequest as MetricsRequest
 from broker_core.protocol.requests import (
     Doc,
+    Wire,
     _is_int,
     _names,
     _topic_id,
@@ -46,6 +47,10 @@ from broker_core.protocol.wire import field as _field
 @dataclass(frozen=True, slots=True)
 class CreateTopicRequest:
     ACTION: ClassVar[Action] = Action.CREATE_TOPIC
+    WIRE: ClassVar[Wire] = Wire(
+        body="{name, partitions, schema?: b64 Arrow IPC, config?: {key: value}}",
+        answer="{name, partitions: [leader broker id per partition]}",
+    )
     name: str
     partitions: int
     schema: bytes | None = None  # Arrow IPC
@@ -100,6 +105,10 @@ def _int_list(doc: Doc, name: str, what: str) -> tuple[int, ...]:
 @dataclass(frozen=True, slots=True)
 class DeleteTopicRequest:
     ACTION: ClassVar[Action] = Action.DELETE_TOPIC
+    WIRE: ClassVar[Wire] = Wire(
+        body="{name}",
+        answer="{}",
+    )
     name: str
 
     def to_doc(self) -> Doc:
@@ -113,6 +122,18 @@ class DeleteTopicRequest:
 @dataclass(frozen=True, slots=True)
 class DescribeTopicsRequest:
     ACTION: ClassVar[Action] = Action.DESCRIBE_TOPICS
+    WIRE: ClassVar[Wire] = Wire(
+        body="{names?: [..]}",
+        answer=(
+            "{topics: [{name, topic_id, partitions: [{partition, leader, replicas: "
+            "[id, ..], isr: [id, ..], leader_epoch}], schema: b64|null, config}]}"
+        ),
+        note=(
+            "replicas, isr, leader_epoch: the partition's LeaderAndIsr state, "
+            "docs/replication.md; a broker from before replica metadata sends "
+            "neither: read as [leader], epoch 0"
+        ),
+    )
     names: tuple[str, ...] | None = None  # None: every topic
 
     def to_doc(self) -> Doc:
@@ -270,6 +291,13 @@ class DescribeTopicsResponse:
 @dataclass(frozen=True, slots=True)
 class ListOffsetsRequest:
     ACTION: ClassVar[Action] = Action.LIST_OFFSETS
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topic, partition, topic_id?}",
+        answer=(
+            "{topic, partition, log_start_offset, log_end_offset, high_watermark, "
+            "last_stable_offset}"
+        ),
+    )
     topic: str
     partition: int
     topic_id: str | None = None
@@ -303,6 +331,13 @@ class ListOffsetsResponse:
 @dataclass(frozen=True, slots=True)
 class MetadataRequest:
     ACTION: ClassVar[Action] = Action.METADATA
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topics?: [..]}",
+        answer=(
+            "{brokers: [{broker_id, host, port}], controller: id|null, topics: {name: "
+            "[leader per partition]}, topic_ids: {name: id}}"
+        ),
+    )
     topics: tuple[str, ...] | None = None  # None: every topic
 
     def to_doc(self) -> Doc:
@@ -368,6 +403,14 @@ class FindCoordinatorRequest:
     coordinator of the empty key."""
 
     ACTION: ClassVar[Action] = Action.FIND_COORDINATOR
+    WIRE: ClassVar[Wire] = Wire(
+        body="{transactional_id? | state_partition?}",
+        answer="{broker_id, host, port, state_partition, state_partitions}",
+        note=(
+            "the leader of the key's, or of the named, __transaction_state partition, "
+            "and the partition count"
+        ),
+    )
     transactional_id: str | None = None
     state_partition: int | None = None
 
@@ -397,6 +440,16 @@ class ListTransactionsRequest:
     every state partition the broker leads (``ALL_LED``)."""
 
     ACTION: ClassVar[Action] = Action.LIST_TRANSACTIONS
+    WIRE: ClassVar[Wire] = Wire(
+        body="{min_age_ms?, all?, state_partition?}",
+        answer=(
+            "{transactions: [{transactional_id, state_partition, ..}], state_partitions: [..]}"
+        ),
+        note=(
+            "all: every id, its state and idle_ms; the named state partition's "
+            "coordinator, or every one the broker leads"
+        ),
+    )
     min_age_ms: int = 0
     every_id: bool = False  # every transactional id with its state, not the open ones
     state_partition: int | None = ALL_LED
@@ -517,6 +570,10 @@ class TransactionListing:
 @dataclass(frozen=True, slots=True)
 class AbortTransactionRequest:
     ACTION: ClassVar[Action] = Action.ABORT_TRANSACTION
+    WIRE: ClassVar[Wire] = Wire(
+        body="{transactional_id}",
+        answer="{aborted}",
+    )
     transactional_id: str
 
     def to_doc(self) -> Doc:
@@ -549,6 +606,17 @@ class DescribeProducersRequest:
     """The producers a partition's leader keeps state for (Kafka's DescribeProducers)."""
 
     ACTION: ClassVar[Action] = Action.DESCRIBE_PRODUCERS
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topic, partition}",
+        answer=(
+            "{topic, partition, producers: [{producer_id, producer_epoch, "
+            "last_sequence, last_timestamp, coordinator_epoch, txn_start_offset}], "
+            "log_end_offset, last_stable_offset}"
+        ),
+        note=(
+            "the partition's leader; txn_start_offset -1: nothing open; Kafka's DescribeProducers"
+        ),
+    )
     topic: str
     partition: int
 
@@ -647,6 +715,17 @@ class AbortHangingTransactionRequest:
     transactions"."""
 
     ACTION: ClassVar[Action] = Action.ABORT_HANGING_TRANSACTION
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topic, partition, producer_id, producer_epoch? | start_offset}",
+        answer=(
+            "{topic, partition, producer_id, txn_start_offset, marker_offset, "
+            "marker_epoch, last_stable_offset}"
+        ),
+        note=(
+            "the partition's leader: an ABORT marker for that producer's open "
+            "transaction, see below"
+        ),
+    )
     topic: str
     partition: int
     producer_id: int | None = None
@@ -734,6 +813,10 @@ class PingRequest:
     """No fields (extra ones are ignored, as for every action)."""
 
     ACTION: ClassVar[Action] = Action.PING
+    WIRE: ClassVar[Wire] = Wire(
+        body="{}",
+        answer="{broker_id, version}",
+    )
 
     def to_doc(self) -> Doc:
         return {}

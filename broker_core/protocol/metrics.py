@@ -1,7 +1,7 @@
 """The metrics document: what the validator did, per partition and per producer id.
 
-A broker builds it (``broker_core.server.metrics``) and answers the METRICS action with it
-as JSON; the client merges every broker's (:func:`merge_documents`) and
+A broker builds it (``broker_core.server.observability.metrics``) and answers the METRICS
+action with it as JSON; the client merges every broker's (:func:`merge_documents`) and
 :func:`render_table` prints one for people (``idemlog metrics``).
 
 The default document is bounded by what an operator reads, never by the number of
@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from broker_core.errors import InvalidRequestError
+from broker_core.protocol.requests import Wire
 from broker_core.protocol.wire import Action
 from broker_core.protocol.wire import field as _field
 
@@ -118,6 +119,14 @@ class MetricsRequest:
     counters, by producer id, after the page token (the previous page's last id)."""
 
     ACTION: ClassVar[Action] = Action.METRICS
+    WIRE: ClassVar[Wire] = Wire(
+        body='{top?}, or {detail: "producers", page_token?, page_size?}',
+        answer=(
+            "the bounded metrics document (broker_core.server.observability.metrics); with detail: "
+            "one page of the per-producer counters "
+            "(broker_core.protocol.metrics.ProducerPage; docs/operations.md)"
+        ),
+    )
     detail: str | None = None
     page_token: str | None = None
     page_size: int = DEFAULT_PAGE_SIZE
@@ -172,8 +181,8 @@ class MetricsResponse:
     """A broker's METRICS answer: the bounded document (request counters, partitions,
     top producers, replication, transactions), or with ``detail`` one
     :class:`ProducerPage`'s document. Carried as the document its builder writes
-    (``server.metrics``): every reader (:func:`merge_documents`, the Prometheus exporter,
-    ``idemlog metrics``) reads its sections by name."""
+    (``server.observability.metrics``): every reader (:func:`merge_documents`, the
+    Prometheus exporter, ``idemlog metrics``) reads its sections by name."""
 
     document: dict[str, Any]
 

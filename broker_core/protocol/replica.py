@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from broker_core.errors import InvalidRequestError
-from broker_core.protocol.requests import _topic_id, _with_topic_id
+from broker_core.protocol.requests import Wire, _topic_id, _with_topic_id
 from broker_core.protocol.wire import Action, decode_json, encode_json
 from broker_core.protocol.wire import field as _field
 
@@ -68,6 +68,13 @@ class ReplicaFetchRequest:
     end), at ``leader_epoch``; the leader waits up to ``max_wait_ms`` for new batches."""
 
     ACTION: ClassVar[Action] = Action.REPLICA_FETCH
+    WIRE: ClassVar[Wire] = Wire(
+        body=(
+            "{topic, partition, replica_id, fetch_offset, leader_epoch, max_bytes, "
+            "max_wait_ms, topic_id?, broker_epoch?}"
+        ),
+        answer=("binary: JSON header {high_watermark, log_start_offset, log_end_offset} + batches"),
+    )
     topic: str
     partition: int
     replica_id: int
@@ -158,6 +165,13 @@ class ReplicaLogStartRequest:
     ``leader_epoch`` (fenced like a fetch)."""
 
     ACTION: ClassVar[Action] = Action.REPLICA_LOG_START
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topic, partition, replica_id, leader_epoch, topic_id?, broker_epoch?}",
+        answer=(
+            "binary: JSON header {log_start_offset, offset, epoch} + the "
+            "producer-state snapshot there"
+        ),
+    )
     topic: str
     partition: int
     replica_id: int
@@ -225,6 +239,10 @@ class OffsetsForLeaderEpochRequest:
     the current leader epoch (fenced like a fetch)."""
 
     ACTION: ClassVar[Action] = Action.OFFSETS_FOR_LEADER_EPOCH
+    WIRE: ClassVar[Wire] = Wire(
+        body=("{topic, partition, leader_epoch, epoch, topic_id?, replica_id?, broker_epoch?}"),
+        answer="{epoch, end_offset}",
+    )
     topic: str
     partition: int
     leader_epoch: int
@@ -279,6 +297,11 @@ class ElectLeadersRequest:
     """The preferred-leader rebalance, for ``topics`` (None: every topic)."""
 
     ACTION: ClassVar[Action] = Action.ELECT_LEADERS
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topics?: [..]}",
+        answer="{moved: {topic: {partition: leader}}}",
+        note="the preferred-leader rebalance; on the controller",
+    )
     topics: tuple[str, ...] | None = None
 
     def to_doc(self) -> Doc:

@@ -14,8 +14,9 @@ must be >= 0, got -4"``). Rules that need the broker's state or limits (id lengt
 timeouts, which transactions exist) stay with the coordinator (``protocol.txn_inputs``),
 which in-process callers reach without a body.
 
-The JSON field names are the wire contract of ``protocol.wire``; the table of bodies is in
-docs/protocol.md.
+The JSON field names are the wire contract of ``protocol.wire``. Each request class's
+``WIRE`` (:class:`Wire`) shows its body and answer; docs/protocol.md's table of bodies is
+generated from them (``protocol.action_table``).
 """
 
 from __future__ import annotations
@@ -163,10 +164,28 @@ def _sink_batch(doc: Doc, what: str) -> tuple[str, int]:
     return sink_id, batch_id
 
 
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """How docs/protocol.md shows a request: its JSON ``body`` and its ``answer``, in the
+    table's notation (``{field, optional?, field: [shape, ..]}``), and a ``note``.
+
+    Each request class holds its own (``WIRE``); ``protocol.action_table`` renders the
+    page's tables from them (``tests/unit/test_protocol_table.py`` checks the page holds
+    them and that each body, and each answer written as a document, names the fields
+    its class's ``from_doc`` reads).
+    """
+
+    body: str
+    answer: str
+    note: str = ""
+
+
 class Request(Protocol):
-    """What every typed request offers: its action and its JSON body."""
+    """What every typed request offers: its action, its JSON body and how the protocol
+    page shows it."""
 
     ACTION: ClassVar[Action]
+    WIRE: ClassVar[Wire]
 
     def to_doc(self) -> Doc: ...
 

@@ -15,7 +15,7 @@ coordinators, so a reader combines their answers with the partitions' LSOs itsel
 
 Why no batch slips through. A coordinator tracks a batch before its first marker is
 written, and stops only once the batch is settled (below every LSO) and no cut of its own
-batches can reach it (``txn.visibility.still_reachable``). Take a batch Z and the LSO
+batches can reach it (``txn.coordinator.visibility.still_reachable``). Take a batch Z and the LSO
 reads of step 2. If no marker of Z was written before the last of them, each of Z's
 partitions had Z's transaction open at its read, so its LSO was at or below Z's rows
 there: Z is wholly above the LSOs, and a cut only lowers ends. Otherwise Z was tracked
@@ -46,6 +46,7 @@ from broker_core.protocol.coordinator_keys import (
     state_partition_field,
     with_state_partition,
 )
+from broker_core.protocol.requests import Wire
 from broker_core.protocol.wire import Action
 from broker_core.protocol.wire import field as _field
 
@@ -92,6 +93,19 @@ class TrackedBatchesRequest:
     ``state_partition`` (``ALL_LED``: the broker's only one)."""
 
     ACTION: ClassVar[Action] = Action.TRACKED_BATCHES
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topic, since, state_partition?}",
+        answer=(
+            "{incarnation, generation, evicted_through, evicted_high: {partition: "
+            "offset}, batches: [[[partition, first, last], ..], ..]}"
+        ),
+        note=(
+            "one coordinator's part of a readers' cut across coordinators: its "
+            "tracked batches, and the dropped ones its ring holds after generation "
+            "since, all of them for since = -1; docs/design.md §7, "
+            "broker_core/protocol/stable_cut.py"
+        ),
+    )
     topic: str
     since: int = EVERYTHING
     state_partition: int | None = ALL_LED

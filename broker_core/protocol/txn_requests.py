@@ -22,6 +22,7 @@ from broker_core.protocol.requests import (
     StableOffsetsMap,
     TopicIds,
     Transactions,
+    Wire,
     _partitions,
     _producer,
     _ranges,
@@ -44,6 +45,18 @@ class InitProducerIdRequest:
     ``sink``: an attempt of a Spark task (docs/design.md, the sink protocol)."""
 
     ACTION: ClassVar[Action] = Action.INIT_PRODUCER_ID
+    WIRE: ClassVar[Wire] = Wire(
+        body=(
+            "{transactional_id?, transaction_timeout_ms?, sink_batch_id?, sink_id?, sink_run_id?}"
+        ),
+        answer=(
+            "{producer_id, producer_epoch, sink_status?: new|prepared|committed, producer_token?}"
+        ),
+        note=(
+            "sink_*: an attempt of a Spark task, docs/design.md; producer_token, hex: "
+            "without a transactional id, the id's token for the caller"
+        ),
+    )
     transactional_id: str | None = None
     transaction_timeout_ms: int | None = None
     sink: SinkAttempt | None = None
@@ -129,6 +142,18 @@ class InitProducerIdResponse:
 @dataclass(frozen=True, slots=True)
 class AddPartitionsToTxnRequest:
     ACTION: ClassVar[Action] = Action.ADD_PARTITIONS_TO_TXN
+    WIRE: ClassVar[Wire] = Wire(
+        body=(
+            "{transactional_id, producer_id, producer_epoch, partitions: [[topic, "
+            "partition], ..], topic_ids?: {topic: id}, verify_only?}"
+        ),
+        answer="{}",
+        note=(
+            "verify_only: a leader's check before a transactional append, broker to "
+            "broker, ClusterAction; adds nothing, INVALID_TXN_STATE if not all are in "
+            "the producer's ongoing transaction"
+        ),
+    )
     transactional_id: str
     producer_id: int
     producer_epoch: int
@@ -165,6 +190,11 @@ class AddPartitionsToTxnRequest:
 @dataclass(frozen=True, slots=True)
 class EndTxnRequest:
     ACTION: ClassVar[Action] = Action.END_TXN
+    WIRE: ClassVar[Wire] = Wire(
+        body="{transactional_id, producer_id, producer_epoch, commit}",
+        answer="{producer_id, producer_epoch}",
+        note="the next transaction's: each transaction ends at its own epoch, KIP-890",
+    )
     transactional_id: str
     producer_id: int
     producer_epoch: int
@@ -210,6 +240,13 @@ class EndTxnResponse:
 @dataclass(frozen=True, slots=True)
 class PrepareSinkTxnRequest:
     ACTION: ClassVar[Action] = Action.PREPARE_SINK_TXN
+    WIRE: ClassVar[Wire] = Wire(
+        body=(
+            "{transactional_id, producer_id, producer_epoch, batch_id, ranges?: "
+            "[[topic, partition, first, last], ..], topic_ids?: {topic: id}}"
+        ),
+        answer="{}",
+    )
     transactional_id: str
     producer_id: int
     producer_epoch: int
@@ -248,6 +285,19 @@ class WriteTxnMarkersRequest:
     with those three fields."""
 
     ACTION: ClassVar[Action] = Action.WRITE_TXN_MARKERS
+    WIRE: ClassVar[Wire] = Wire(
+        body=(
+            "{producer_id, producer_epoch, commit, coordinator_epoch?, partitions: "
+            "[[topic, partition], ..]}, or for several producers (a sink commit) "
+            "{commit, coordinator_epoch?, producers: [{producer_id, producer_epoch, "
+            "partitions}, ..]}"
+        ),
+        answer="{last_stable_offsets: [{topic, partition, lso}, ..]}",
+        note=(
+            "broker to broker, one call per leader; each partition gets all its "
+            "markers in one append, fsynced; lso: just after them"
+        ),
+    )
     producers: tuple[MarkerGroup, ...]  # (producer id, epoch, its partitions)
     commit: bool
     coordinator_epoch: int
@@ -319,6 +369,13 @@ class WriteTxnMarkersResponse:
 @dataclass(frozen=True, slots=True)
 class CommitSinkBatchRequest:
     ACTION: ClassVar[Action] = Action.COMMIT_SINK_BATCH
+    WIRE: ClassVar[Wire] = Wire(
+        body=(
+            "{sink_id, batch_id, transactions: [[transactional_id, producer_id, "
+            "producer_epoch], ..], run_id?}"
+        ),
+        answer="{committed, last_committed_batch}",
+    )
     sink_id: str
     batch_id: int
     transactions: Transactions  # (transactional_id, producer_id, producer_epoch)
@@ -345,6 +402,13 @@ class CommitSinkBatchRequest:
 @dataclass(frozen=True, slots=True)
 class AbortSinkBatchRequest:
     ACTION: ClassVar[Action] = Action.ABORT_SINK_BATCH
+    WIRE: ClassVar[Wire] = Wire(
+        body=(
+            "{sink_id, batch_id, transactions: [[transactional_id, producer_id, "
+            "producer_epoch], ..]}"
+        ),
+        answer="{last_committed_batch}",
+    )
     sink_id: str
     batch_id: int
     transactions: Transactions
@@ -392,6 +456,11 @@ class AbortSinkRunRequest:
     partition (``state_partition``: one of them; ``ALL_LED``: every one the broker leads)."""
 
     ACTION: ClassVar[Action] = Action.ABORT_SINK_RUN
+    WIRE: ClassVar[Wire] = Wire(
+        body="{run_id? | sink_id?, batch_id, state_partition?}",
+        answer="{aborted: [transactional_id, ..], state_partitions: [..]}",
+        note=("by sink: its coordinator; by run alone: the named or every led state partition"),
+    )
     batch_id: int
     run_id: str | None = None
     sink_id: str | None = None
@@ -438,6 +507,10 @@ class AbortSinkRunResponse:
 @dataclass(frozen=True, slots=True)
 class SinkHeartbeatRequest:
     ACTION: ClassVar[Action] = Action.SINK_HEARTBEAT
+    WIRE: ClassVar[Wire] = Wire(
+        body="{sink_id, run_id}",
+        answer="{}",
+    )
     sink_id: str
     run_id: str
 
@@ -456,6 +529,15 @@ class StableEndsRequest:
     broker's only one; refused when it leads several, whose cut is the reader's)."""
 
     ACTION: ClassVar[Action] = Action.STABLE_ENDS
+    WIRE: ClassVar[Wire] = Wire(
+        body="{topic, state_partition?}",
+        answer="{ends: {partition: offset}}",
+        note=(
+            "read_committed ends that hold every sink batch whole or not at all; "
+            "without state_partition only when __transaction_state has one partition: "
+            "with several the reader combines tracked_batches"
+        ),
+    )
     topic: str
     state_partition: int | None = ALL_LED
 

@@ -302,6 +302,23 @@ def _encode(
     return EncodedBatch(header, payload, total)
 
 
+def as_record_batch(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    """``records`` as the one RecordBatch a data batch's payload holds (what
+    :func:`encode_data` encodes): a Table's chunks combined. Raises InvalidRecordError
+    for anything but a RecordBatch or a Table."""
+    if isinstance(records, pa.RecordBatch):
+        return records
+    if isinstance(records, pa.Table):
+        combined = records.combine_chunks()
+        batches = combined.to_batches()
+        if len(batches) == 1:
+            return batches[0]
+        return pa.RecordBatch.from_pylist([], schema=records.schema)  # no rows, no batch
+    raise InvalidRecordError(
+        f"records must be a pyarrow RecordBatch or Table, got {type(records).__name__}"
+    )
+
+
 # Passed explicitly: without options pyarrow reads two environment variables per stream.
 _IPC_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
 

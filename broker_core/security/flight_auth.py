@@ -76,7 +76,7 @@ class ServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
 
     The client's first message names the mechanism; ``mechanisms`` (by name) are those the
     listener offers (SCRAM's under SASL, the certificate's under mutual TLS:
-    ``broker_core.server.authentication``). Whatever the mechanism, the proved principal
+    ``broker_core.server.access.authentication``). Whatever the mechanism, the proved principal
     gets a token of ``sessions``, sent as ``{"token", "lifetime_ms"}`` (JSON), which every
     later call carries. A failed handshake raises (Flight answers UNAUTHENTICATED with the
     typed error); so does a call whose token is missing, unknown, revoked or expired.

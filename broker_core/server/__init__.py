@@ -1,3 +1,16 @@
-"""The broker process: its configuration, the Flight server and request handlers, the
-roles (controller, transaction coordinator), background tasks and metrics. Composes the
-layers below it."""
+"""The broker process, in rooms by concern, each importing only the ones below it
+(docs/architecture.md, "The layers"):
+
+* ``process``: the broker started and stopped, its wiring, background tasks, ZooKeeper
+  session and idle shutdown;
+* ``requests``: the Flight server and the request handlers;
+* ``coordination``: which transaction coordinator serves a key, the
+  ``__transaction_state`` partitions' leaders starting theirs, the marker writer, the
+  leaders' check of a transactional batch with its coordinator;
+* ``replication``: the partitions a broker holds, leaders and followers, the fetchers;
+* ``observability``: the metrics and their Prometheus endpoint;
+* ``access``: who a caller is and what it may do;
+* ``config``: the broker's keys, declared once.
+
+``hooks`` (the test hooks' interface, no-op by default) is asked by several rooms and
+imports none."""

@@ -1,4 +1,6 @@
-"""Transactions: the state machine, the coordinator and its durable state store, the
-marker writer interface, producer-id blocks (file and ZooKeeper) and read visibility.
+"""Transactions: the coordinator and its parts (``coordinator``), and what it persists in
+``__transaction_state`` (``state_topic``: the records, the topic's schema and upgrade, the
+store over a state partition, the legacy ZooKeeper reader a migration needs).
 
-Depends on ``log`` and below."""
+Depends on ``log`` and below; where the state partitions live and who leads them is the
+broker's (``server.coordination``)."""

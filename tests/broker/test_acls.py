@@ -28,11 +28,11 @@ from broker_core.errors import (
 from broker_core.protocol.wire import Action
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism
-from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
+from testkit.broker_failpoints import ENV, UNVERIFIED_TXN_PRODUCE
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import SCHEMA, TEST_BROKER_CONFIG, ids, rows
 from tests.broker.test_sasl import add_user, idemlog
-from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerProcess
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 
@@ -60,7 +60,7 @@ def start_acl_broker(
 ) -> BrokerProcess:
     """The embedded SASL broker with the authorizer on, the users of ``PASSWORDS`` (a copy
     of ``users``, the ``acl_users`` directory) and the topic ``TOPIC``; ``hook``: a test
-    hook armed in it (``server.failpoints``)."""
+    hook armed in it (``testkit.broker_failpoints``)."""
     data = tmp_path / "acl-data"
     shutil.copytree(users, data)  # modes kept: the users file stays owner-only
     config = {
@@ -72,7 +72,7 @@ def start_acl_broker(
     }
     env = None if hook is None else {ENV: hook}
     if hook is not None:
-        config[ENABLE_KEY] = "true"
+        config.update(TEST_HOOKS)
     broker = broker_factory(config, name="acl", env=env)
     with BrokerClient(broker.address, sasl=creds("admin")) as admin:
         admin.create_topic(TOPIC, 1, schema=SCHEMA)

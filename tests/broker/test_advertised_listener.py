@@ -18,7 +18,7 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidConfigError
 from broker_core.producer import Producer
-from broker_core.server.config import BrokerConfig
+from broker_core.server.config.broker_config import BrokerConfig
 from tests.harness.broker import BrokerFactory
 from tests.harness.tcp_proxy import TcpProxy
 

@@ -21,11 +21,11 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.producer import Producer, SendResult
 from broker_core.protocol.wire import Action
-from broker_core.server.config import ZK_ROOT
+from broker_core.server.config.broker_config import ZK_ROOT
 from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.broker import BrokerFactory
 from tests.harness.replicated import ReplicatedCluster

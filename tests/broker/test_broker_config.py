@@ -10,7 +10,7 @@ import pytest
 from broker_core.config import load_properties
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG
-from broker_core.server.config import (
+from broker_core.server.config.broker_config import (
     BROKER_CONFIG,
     BrokerConfig,
     parse_overrides,

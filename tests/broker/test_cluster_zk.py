@@ -23,7 +23,7 @@ from broker_core.errors import IdemlogError, InvalidReplicationFactorError
 from broker_core.protocol.admin_requests import BrokerAddress
 from broker_core.protocol.wire import Action, ProduceResponse, SinkAttempt
 from broker_core.retry import RetryPolicy
-from broker_core.server.config import ZK_ROOT
+from broker_core.server.config.broker_config import ZK_ROOT
 from testkit.zookeeper import ZooKeeperHarness, ZooKeeperServer
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerProcess
@@ -374,7 +374,7 @@ def test_any_broker_calls_go_on_while_a_sigkilled_controller_is_still_listed(
 # -- 3. coordinator failover in the middle of end_txn --------------------------------------
 
 # __transaction_state-0 of brokers [1, 2, 3]: its replicas start at a stable hash of the
-# name (cluster.metadata.assign_partitions), so its first leader is always broker 2.
+# name (cluster.topic_creation.assign_partitions), so its first leader is always broker 2.
 COORDINATOR = 2
 
 

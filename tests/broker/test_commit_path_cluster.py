@@ -20,8 +20,8 @@ from broker_core.log.config import LogConfig
 from broker_core.log.inspect import open_partition
 from broker_core.log.partition_log import IsolationLevel
 from broker_core.protocol.wire import Action, SinkAttempt
-from broker_core.txn.state_store import KIND_SINK, KIND_SINK_BATCH
-from broker_core.txn.state_topic import TXN_STATE_TOPIC
+from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC
+from broker_core.txn.state_topic.store import KIND_SINK, KIND_SINK_BATCH
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess

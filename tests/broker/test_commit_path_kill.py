@@ -13,7 +13,7 @@ import pytest
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import NetworkError
 from broker_core.protocol.wire import SinkAttempt
-from broker_core.server.failpoints import ENV as FAILPOINT_ENV
+from testkit.broker_failpoints import ENV as FAILPOINT_ENV
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, prepared_attempt
 from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until

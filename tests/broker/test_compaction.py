@@ -138,7 +138,7 @@ def test_a_compacted_topic_is_cleaned_by_the_broker_and_read_newest_per_key(
         )
         stream = IdemlogStreamReader(stream_opts, require(client, stream_opts))
         start, streamed, triggers = stream.initialOffset(), [], 0
-        while (end := stream.latestOffset()) != start:
+        while (end := stream.latestOffset(start, stream.getDefaultReadLimit())) != start:
             streamed += spark_rows(stream, stream.partitions(start, end))
             stream.commit(end)
             start, triggers = end, triggers + 1

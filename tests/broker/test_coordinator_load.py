@@ -16,8 +16,8 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
 from broker_core.retry import RetryPolicy
-from broker_core.server.config import ZK_ROOT
-from broker_core.txn.state_topic import TXN_STATE_TOPIC
+from broker_core.server.config.broker_config import ZK_ROOT
+from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
 from tests.harness.broker import BrokerFactory, BrokerProcess

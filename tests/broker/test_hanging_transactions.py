@@ -23,10 +23,10 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError, InvalidProducerEpochError, ProducerFencedError
-from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
+from testkit.broker_failpoints import ENV, UNVERIFIED_TXN_PRODUCE
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, rows
-from tests.harness.broker import BrokerFactory
+from tests.harness.broker import TEST_HOOKS, BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 
@@ -70,7 +70,7 @@ def test_a_hanging_transaction_is_found_aborted_and_its_producer_fenced(
     cluster = ReplicatedCluster(
         zk_chroot,
         broker_factory,
-        extra={ENABLE_KEY: "true"},
+        extra=TEST_HOOKS,
         env={ENV: UNVERIFIED_TXN_PRODUCE},
     )
     cluster.create_topic(TOPIC, 2, replication_factor=3, min_insync_replicas=2)

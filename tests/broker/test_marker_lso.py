@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import BrokerInfo
+from broker_core.cluster.records import BrokerInfo
 from broker_core.errors import InvalidRequestError, UnknownServerError
 from broker_core.protocol.txn_requests import WriteTxnMarkersResponse
 from broker_core.protocol.wire import Action
-from broker_core.server.marker_client import LedPartitions, RoutingMarkerWriter
-from broker_core.txn.markers import MarkerWriter, ProducerMarkers
+from broker_core.server.coordination.marker_client import LedPartitions, RoutingMarkerWriter
+from broker_core.txn.coordinator.markers import MarkerWriter, ProducerMarkers
 from tests.broker.helpers import ids, rows
 from tests.harness.broker import BrokerProcess
 

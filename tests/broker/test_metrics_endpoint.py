@@ -24,7 +24,7 @@ from broker_core.cli.main import main as cli_main
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import DuplicateSequenceError, InvalidProducerEpochError
 from broker_core.protocol.requests import ACKS_LEADER
-from broker_core.server.failpoints import ENV, WITHHOLD_REPLICA_FETCH
+from testkit.broker_failpoints import ENV, WITHHOLD_REPLICA_FETCH
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import rows
 from tests.harness.broker import TEST_HOOKS, BrokerFactory, BrokerHarnessError, BrokerProcess

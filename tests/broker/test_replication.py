@@ -24,10 +24,10 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.producer import Producer, SendResult
 from broker_core.protocol.requests import ACKS_ALL, ACKS_LEADER
 from broker_core.protocol.wire import ProduceResponse
-from broker_core.server.failpoints import ENABLE_KEY, ENV, WITHHOLD_REPLICA_FETCH
+from testkit.broker_failpoints import ENV, WITHHOLD_REPLICA_FETCH
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import rows
-from tests.harness.broker import BrokerFactory
+from tests.harness.broker import TEST_HOOKS, BrokerFactory
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 
@@ -210,7 +210,7 @@ def test_a_diverged_follower_truncates_by_epoch_and_converges(
         cluster.wait_in_sync("diverged", 0)
         victim.stop()  # a clean shutdown hands the leadership over first
         moved = cluster.wait_leader_change("diverged", 0, preferred)
-        victim.config[ENABLE_KEY] = True  # started for the test hook, explicitly
+        victim.config.update(TEST_HOOKS)  # started for the test hook, explicitly
         victim.restart(env={ENV: WITHHOLD_REPLICA_FETCH})
         cluster.wait_in_sync("diverged", 0)
         args = ["topics", "elect-leaders", "--bootstrap", cluster.bootstrap, "--topic", "diverged"]

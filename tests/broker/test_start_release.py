@@ -2,7 +2,7 @@
 holds, a data directory another holder locked, a ZooKeeper nobody answers, a cluster file
 of a newer version), and leaves nothing open: the ports it bound are free again, the
 data-directory lock is free, its threads are gone, and it is STOPPED (docs/broker.md,
-"Failures and exit codes"; the steps in ``broker_core/server/broker.py``).
+"Failures and exit codes"; the steps in ``broker_core/server/process/broker.py``).
 
 In-process, so that what is left open is seen from inside: the broker's own threads and
 sockets, which a process's exit would hide.
@@ -24,8 +24,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 from broker_core.cli.failures import port_in_use
 from broker_core.errors import CorruptRecordError, InvalidConfigError, LogDirLockedError
 from broker_core.log.dir_lock import lock_data_dir
-from broker_core.server.broker import CLUSTER_FILE, Broker, BrokerState
-from broker_core.server.config import BrokerConfig
+from broker_core.server.config.broker_config import BrokerConfig
+from broker_core.server.process.broker import CLUSTER_FILE, Broker, BrokerState
 from tests.harness.waiting import wait_until
 
 HOST = "127.0.0.1"

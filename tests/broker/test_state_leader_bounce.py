@@ -22,11 +22,11 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState, TopicAssignment
+from broker_core.cluster.records import PartitionState, TopicAssignment
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.retry import RetryPolicy
-from broker_core.server.config import ZK_ROOT
-from broker_core.txn.state_topic import TXN_STATE_TOPIC
+from broker_core.server.config.broker_config import ZK_ROOT
+from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import ids, sink_task_attempt
 from tests.harness.broker import BrokerFactory

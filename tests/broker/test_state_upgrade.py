@@ -1,5 +1,5 @@
-"""Upgrade from the previous format (``server.state_migration``): a ZooKeeper cluster whose
-coordinator state is in znodes (idemlog 0.1, the controller's coordinator) and whose
+"""Upgrade from the previous format (``server.coordination.state_migration``): a ZooKeeper
+cluster whose coordinator state is in znodes (idemlog 0.1, the controller's coordinator) and whose
 partitions saw markers stamped with the controller epoch. Three real broker processes on
 a real ZooKeeper: the first coordinator of ``__transaction_state-0`` copies the znodes
 into the log, raises its leader epoch above the old controller epochs, and the ids go on
@@ -17,12 +17,12 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.coordinator_keys import TXN_STATE_TOPIC, state_partition_of
 from broker_core.protocol.txn_requests import WriteTxnMarkersRequest
 from broker_core.protocol.wire import Action
-from broker_core.server.config import ZK_ROOT
-from broker_core.server.failpoints import ENABLE_KEY, ENV, UNVERIFIED_TXN_PRODUCE
-from broker_core.txn.state import TransactionMetadata, TransactionState
+from broker_core.server.config.broker_config import ZK_ROOT
+from broker_core.txn.state_topic.records import TransactionMetadata, TransactionState
+from testkit.broker_failpoints import ENV, UNVERIFIED_TXN_PRODUCE
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import TEST_BROKER_CONFIG, ids, rows
-from tests.harness.broker import BrokerFactory
+from tests.harness.broker import TEST_HOOKS, BrokerFactory
 from tests.harness.client_calls import answering_address
 from tests.harness.legacy_zk_state import write_legacy_state
 from tests.harness.waiting import wait_until
@@ -55,7 +55,7 @@ def test_previous_formats_znodes_are_migrated_and_markers_stay_newer(
         **TEST_BROKER_CONFIG,
         "zookeeper.connect": zk_chroot.hosts,
         "transaction.state.log.num.partitions": state_partitions,
-        ENABLE_KEY: "true",  # the old coordinator's transaction, written unverified
+        **TEST_HOOKS,  # the old coordinator's transaction, written unverified
     }
     hook = {ENV: UNVERIFIED_TXN_PRODUCE}
     brokers = [

@@ -38,14 +38,14 @@ from typing import Any
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.log.config import LogConfig
 from broker_core.log.inspect import open_partition
 from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.protocol.wire import Action, SinkAttempt
 from broker_core.retry import RetryPolicy
-from broker_core.txn.state_topic import TXN_STATE_TOPIC, state_partition_of
+from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC, state_partition_of
 from tests.broker.helpers import ids, prepared_attempt
 from tests.harness.broker import BrokerProcess
 from tests.harness.cluster import BrokerCluster, cut_cluster, live_ids

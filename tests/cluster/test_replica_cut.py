@@ -45,7 +45,8 @@ import pyarrow as pa
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState, assign_partitions
+from broker_core.cluster.records import PartitionState
+from broker_core.cluster.topic_creation import assign_partitions
 from broker_core.errors import IdemlogError
 from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched

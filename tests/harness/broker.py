@@ -12,7 +12,7 @@ them in failure messages.
 * :meth:`restart` starts it again on the same ``log.dir`` and, by default, the same port,
   so clients holding the old address reconnect to the new process;
 * ``env`` adds environment variables for one start (e.g. ``IDEMLOG_TEST_FAILPOINT``,
-  which the broker reads only if its config also has :data:`TEST_HOOKS`).
+  which arms a failpoint only if the broker's config also has :data:`TEST_HOOKS`).
 
 For a cluster, pass ``zookeeper.connect`` (e.g. ``zk_chroot.hosts``) and ``broker.id``
 in ``config``, and request ``zk_chroot`` before ``broker_factory`` in the test's
@@ -41,11 +41,13 @@ from typing import IO
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
+from broker_core.server.hooks import HOOKS_CLASS_KEY
+from testkit.broker_failpoints import HOOKS_CLASS
 from tests.harness.waiting import WaitTimeout, wait_until
 
-# A broker's opt-in to the test hooks (broker_core.server.failpoints): a test that arms a
-# failpoint adds this to the broker's config, explicitly (docs/contributing.md).
-TEST_HOOKS: dict[str, object] = {"test.hooks.enable": True}
+# A broker's opt-in to the test hooks (broker_core.server.hooks): the testkit's failpoints,
+# which a test that arms one adds to the broker's config, explicitly (docs/contributing.md).
+TEST_HOOKS: dict[str, object] = {HOOKS_CLASS_KEY: HOOKS_CLASS}
 REPO = Path(__file__).resolve().parents[2]
 LISTENING = "LISTENING "
 DEFAULT_START_TIMEOUT = 30.0

@@ -1,6 +1,6 @@
 """Writes coordinator state in the previous format (idemlog 0.1's znodes), as the
 controller's coordinator left it, for the upgrade's tests: the product only reads it
-(``broker_core.txn.legacy_zk_state``)."""
+(``broker_core.txn.state_topic.legacy_zk``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from broker_core.txn.legacy_zk_state import znode_name
-from broker_core.txn.state import SinkBatchRecord, SinkCommitRecord, TransactionMetadata
+from broker_core.txn.state_topic.legacy_zk import znode_name
+from broker_core.txn.state_topic.records import (
+    SinkBatchRecord,
+    SinkCommitRecord,
+    TransactionMetadata,
+)
 
 
 def stamped(record: bytes, coordinator_epoch: int) -> bytes:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.log.leader_epoch import LeaderEpochCache
 from broker_core.log.replica import parse_fetched
@@ -49,7 +49,7 @@ class ReplicatedCluster:
     teardown); ``extra`` broker keys for every broker; ``tls``: the test's client's files
     when ``extra`` sets security.protocol=SSL or SASL_SSL; ``sasl``: the credentials of
     its client on a SASL cluster; ``env``: each broker's environment at its first start
-    (a test hook's ``IDEMLOG_TEST_FAILPOINT``, with ``test.hooks.enable`` in ``extra``)."""
+    (a test hook's ``IDEMLOG_TEST_FAILPOINT``, with ``TEST_HOOKS`` in ``extra``)."""
 
     def __init__(
         self,

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
-from broker_core.txn.state_topic import TXN_STATE_TOPIC
+from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC
 from tests.harness.broker import BrokerProcess
 from tests.harness.replicated import SESSION_MS
 from tests.harness.sink_chaos import (

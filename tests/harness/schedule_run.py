@@ -13,11 +13,11 @@ import signal
 import time
 from collections import Counter
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
-from broker_core.server.config import ZK_ROOT
-from broker_core.txn.state_topic import TXN_STATE_TOPIC
+from broker_core.server.config.broker_config import ZK_ROOT
+from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.schedule import (
     CONTROLLER,

@@ -51,11 +51,11 @@ from kazoo.exceptions import NoNodeError
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.client.connections import FlightConnections
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action, SinkAttempt, SinkTxnStatus
-from broker_core.server.config import ZK_ROOT
-from broker_core.txn.state_topic import TXN_STATE_TOPIC, state_partition_of
+from broker_core.server.config.broker_config import ZK_ROOT
+from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC, state_partition_of
 from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 from tests.store.helpers import rows

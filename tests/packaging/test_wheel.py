@@ -16,6 +16,7 @@ import nbformat
 import pytest
 
 from tests.harness.notebooks import cells_with_stacks, images, printed
+from tests.unit.test_no_self_kill import SHIPPED, self_kills
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "scripts" / "wheel_smoke.py"
@@ -51,6 +52,16 @@ def test_the_wheel_holds_only_the_two_packages_its_license_markers_and_script(
     assert "spark_sink/export/delta.py" in names and "spark_sink/metrics_recorder.py" in names
     # What the notebook imports besides those (it once imported them from a checkout's jobs/).
     assert {"spark_sink/payments.py", "spark_sink/verify.py"} <= set(names)
+    # The broker's test hooks' interface ships; the hooks that kill (testkit) do not.
+    assert "broker_core/server/hooks.py" in names
+    wheel = zipfile.ZipFile(_wheel(dist))
+    kills = [
+        hit
+        for name in names
+        if name.endswith(".py") and name.split("/")[0] in SHIPPED
+        for hit in self_kills(wheel.read(name).decode(), name)
+    ]
+    assert kills == []
     entry_points = zipfile.ZipFile(_wheel(dist)).read(f"{info}/entry_points.txt").decode()
     assert "idemlog = broker_core.cli.main:main" in entry_points
     (sdist,) = dist.glob("idemlog-*.tar.gz")

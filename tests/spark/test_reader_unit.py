@@ -370,6 +370,11 @@ def at(offset: Mapping[str, Any]) -> dict[str, int]:
     return {k: int(v) for k, v in offset.items() if k != TOPIC_ID_KEY}
 
 
+def latest(reader: IdemlogStreamReader, start: dict[str, Any]) -> dict[str, Any]:
+    """The next batch's end from ``start`` under the reader's default limit, as Spark asks."""
+    return via_json(reader.latestOffset(start, reader.getDefaultReadLimit()))
+
+
 def run_triggers(
     reader: IdemlogStreamReader,
     start: dict[str, Any],
@@ -379,7 +384,7 @@ def run_triggers(
     """Micro-batches until the source has nothing new: Spark's driver loop."""
     tables = []
     for _ in range(limit):
-        end = via_json(reader.latestOffset())
+        end = latest(reader, start)
         if end == start:
             break
         if on_trigger is not None:
@@ -406,14 +411,16 @@ def test_stream_initial_and_latest_offsets(
     hw = {str(p): client.list_offsets(TOPIC, p)["high_watermark"] for p in (0, 1)}
     earliest = stream_reader(broker, client)
     topic_id = client.topic_id(TOPIC)
-    assert via_json(earliest.initialOffset()) == {"0": 0, "1": 0, TOPIC_ID_KEY: topic_id}
-    assert at(earliest.latestOffset()) == lso
-    latest = stream_reader(broker, client, startingOffsets="latest")
-    assert at(latest.initialOffset()) == lso
+    initial = via_json(earliest.initialOffset())
+    assert initial == {"0": 0, "1": 0, TOPIC_ID_KEY: topic_id}
+    assert at(latest(earliest, initial)) == lso
+    from_latest = stream_reader(broker, client, startingOffsets="latest")
+    assert at(from_latest.initialOffset()) == lso
     uncommitted = stream_reader(
         broker, client, startingOffsets="latest", isolation="read_uncommitted"
     )
-    assert at(uncommitted.initialOffset()) == hw == at(uncommitted.latestOffset())
+    start = via_json(uncommitted.initialOffset())
+    assert at(start) == hw == at(latest(uncommitted, start))
 
 
 def test_stream_starts_at_per_partition_offsets_and_refuses_an_end(
@@ -534,12 +541,13 @@ def test_restarted_stream_caps_from_the_checkpointed_offsets(
     scenario.commit_open()
     first = stream_reader(broker, client, maxOffsetsPerTrigger="9")
     start = via_json(first.initialOffset())
-    end = via_json(first.latestOffset())
+    end = latest(first, start)
     done = read_parts(first, first.partitions(start, end))
-    # A new reader (a restarted query): Spark's setLatestSeenOffset plans (seen, seen).
+    # A new reader (a restarted query): Spark's setLatestSeenOffset plans (seen, seen),
+    # then asks for the next end from the checkpoint's.
     restarted = stream_reader(broker, client, maxOffsetsPerTrigger="9")
     assert restarted.partitions(end, end) == []
-    following = via_json(restarted.latestOffset())
+    following = latest(restarted, end)
     assert sum(at(following)[k] - at(end)[k] for k in at(end)) == 9
     rest, _ = run_triggers(restarted, end)
     expected = {**scenario.committed, **scenario.open, **scenario.after_open}
@@ -550,33 +558,10 @@ def test_checkpoint_past_the_log_end_is_an_error_not_a_stall(
     broker: BrokerProcess, client: BrokerClient, scenario: Scenario
 ) -> None:
     reader = stream_reader(broker, client)
-    reader.partitions({"0": 10_000, "1": 0}, {"0": 10_000, "1": 0})  # a foreign checkpoint
+    foreign = {"0": 10_000, "1": 0}  # a foreign checkpoint
+    reader.partitions(foreign, foreign)
     with pytest.raises(OffsetOutOfRangeError, match="partition 0 at 10000 but its log ends at"):
-        reader.latestOffset()
-
-
-def test_available_now_restart_with_a_cap_is_refused_before_anything_is_planned(
-    broker: BrokerProcess, client: BrokerClient, scenario: Scenario
-) -> None:
-    first = stream_reader(broker, client, maxOffsetsPerTrigger="9")
-    start = via_json(first.initialOffset())
-    end = via_json(first.latestOffset())
-    first.partitions(start, end)
-    # A Spark whose AvailableNow wrapper asks latestOffset before setLatestSeenOffset.
-    restarted = stream_reader(broker, client, maxOffsetsPerTrigger="9")
-    guess = via_json(restarted.latestOffset())
-    assert sum(at(guess)[k] - at(start)[k] for k in at(start)) == 9, "capped from the start"
-    with pytest.raises(InvalidConfigError, match=r"maxOffsetsPerTrigger.*AvailableNow"):
-        restarted.partitions(end, end)
-    # Without the option the guess is the log's end: at or past any checkpoint, so safe.
-    uncapped = stream_reader(broker, client)
-    guess = via_json(uncapped.latestOffset())
-    assert uncapped.partitions(end, end) == []
-    assert all(at(guess)[k] >= at(end)[k] for k in at(end))
-    # A new query with no data yet plans (initial, initial): that is no restart.
-    new = stream_reader(broker, client, maxOffsetsPerTrigger="9", startingOffsets="latest")
-    latest = via_json(new.latestOffset())
-    assert new.partitions(latest, latest) == []
+        reader.latestOffset(foreign, reader.getDefaultReadLimit())
 
 
 def test_offsets_carry_the_topic_id_and_a_checkpoint_of_another_id_is_refused(
@@ -585,14 +570,14 @@ def test_offsets_carry_the_topic_id_and_a_checkpoint_of_another_id_is_refused(
     topic_id = client.topic_id(TOPIC)
     first = stream_reader(broker, client)
     start = via_json(first.initialOffset())
-    end = via_json(first.latestOffset())
+    end = latest(first, start)
     assert start[TOPIC_ID_KEY] == end[TOPIC_ID_KEY] == topic_id
     parts = first.partitions(start, end)
     assert parts and {p.topic_id for p in parts} == {topic_id}
     # A checkpoint written before ids (no "topic_id"): adopted, and planned on with the id.
     adopted = stream_reader(broker, client)
     assert adopted.partitions(at(end), at(end)) == []
-    assert via_json(adopted.latestOffset())[TOPIC_ID_KEY] == topic_id
+    assert latest(adopted, at(end))[TOPIC_ID_KEY] == topic_id
     # A checkpoint of a topic of the same name deleted since: refused, naming the topic.
     stale = {**end, TOPIC_ID_KEY: "0" * 32}
     restarted = stream_reader(broker, client)
@@ -619,10 +604,10 @@ def test_stream_reader_pickles_with_its_planned_end(
 ) -> None:
     reader = stream_reader(broker, client, maxOffsetsPerTrigger="5")
     start = via_json(reader.initialOffset())
-    end = via_json(reader.latestOffset())
+    end = latest(reader, start)
     parts = reader.partitions(start, end)
     copy = on_executor(reader)
-    assert copy.latestOffset() == reader.latestOffset()
+    assert latest(copy, start) == latest(reader, start)
     assert read_parts(copy, parts).num_rows == 5
 
 
@@ -657,7 +642,7 @@ def test_reading_offsets_deleted_by_retention_names_topic_partition_and_offsets(
         )
 
         reader = stream_reader(broker, client)
-        end = via_json(reader.latestOffset())
+        end = latest(reader, {"0": 0})
         with pytest.raises(OffsetOutOfRangeError) as info:
             list(on_executor(reader).read(reader.partitions({"0": 0}, end)[0]))
         message = str(info.value)
@@ -743,7 +728,7 @@ def test_a_streams_next_offsets_wait_for_its_broker_to_come_back(
     old_pid = broker.pid
     assert broker.kill(signal.SIGTERM) == 0, broker.log_tail()
     answer: list[dict[str, Any]] = []
-    planning = threading.Thread(target=lambda: answer.append(via_json(reader.latestOffset())))
+    planning = threading.Thread(target=lambda: answer.append(latest(reader, start)))
     planning.start()
     retry_log.retries.wait(lambda seen: len(seen) > 0, "the next offsets asked again")
     assert planning.is_alive() and not answer, "the plan ended while its broker was down"
@@ -765,10 +750,10 @@ def test_a_stream_whose_broker_stays_down_fails_naming_the_option(
     with BrokerClient(broker.address) as client:
         client.create_topic(TOPIC, 1, schema=SCHEMA)
         reader = stream_reader(broker, client, **{"driver.retry.timeout.ms": "1500"})
-    reader.initialOffset()
+    start = reader.initialOffset()
     broker.stop()
     with pytest.raises(DriverRetriesSpentError) as info:
-        reader.latestOffset()
+        reader.latestOffset(start, reader.getDefaultReadLimit())
     message = str(info.value)
     assert f"next offsets of the read of topic {TOPIC!r}" in message, message
     assert "driver.retry.timeout.ms=1500 ms" in message, message

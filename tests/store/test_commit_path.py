@@ -13,17 +13,17 @@ import pytest
 from broker_core.errors import TransactionCoordinatorFencedError
 from broker_core.log.store import LogStore
 from broker_core.record.batch import ControlType
-from broker_core.txn.coordinator import LocalMarkerWriter
-from broker_core.txn.markers import ProducerMarkers, StableOffsets
-from broker_core.txn.state import (
+from broker_core.txn.coordinator.coordinator import LocalMarkerWriter
+from broker_core.txn.coordinator.markers import ProducerMarkers, StableOffsets
+from broker_core.txn.coordinator.visibility import consistent_cut
+from broker_core.txn.state_topic.records import (
     SinkBatchRecord,
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import TXN_STATE_TOPIC, LogTxnStateStore
-from broker_core.txn.visibility import consistent_cut
+from broker_core.txn.state_topic.store import TXN_STATE_TOPIC, LogTxnStateStore
 from tests.store.test_txn_coordinator import ALL, P0, P1, Broker, Producer, start_broker
 
 S = TransactionState

@@ -16,7 +16,7 @@ from broker_core.log.inspect import StoreView
 from broker_core.log.partition_log import PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.record.batch import ControlType
-from broker_core.txn.state_topic import TXN_STATE_SCHEMA, append_rows, read_rows
+from broker_core.txn.state_topic.schema import TXN_STATE_SCHEMA, append_rows, read_rows
 from tests.store.helpers import ManualClock
 
 SCHEMA = pa.schema([("kind", pa.string()), ("key", pa.int32()), ("value", pa.int64())])

@@ -21,8 +21,8 @@ import pytest
 from broker_core.errors import StaleTrackedBatchesError
 from broker_core.log.store import LogStore
 from broker_core.protocol.stable_cut import TrackedBatches, combine, consistent_cut, cut_across
-from broker_core.txn.markers import LocalMarkerWriter, ProducerMarkers
-from broker_core.txn.visibility import VisibilityTracker
+from broker_core.txn.coordinator.markers import LocalMarkerWriter, ProducerMarkers
+from broker_core.txn.coordinator.visibility import VisibilityTracker
 from tests.store.helpers import SCHEMA, rows
 
 TOPIC = "t"

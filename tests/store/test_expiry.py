@@ -18,11 +18,12 @@ from broker_core.errors import (
 )
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkTxnStatus
-from broker_core.server.config import BrokerConfig
-from broker_core.txn.expiry import ExpiryPolicy
-from broker_core.txn.state import SinkCommitState, TransactionState
-from broker_core.txn.state_store import TXN_STATE_TOPIC, LogTxnStateStore
-from broker_core.txn.state_topic import read_rows
+from broker_core.server.config.broker_config import BrokerConfig
+from broker_core.txn.coordinator.expiry import ExpiryPolicy
+from broker_core.txn.state_topic.records import SinkCommitState, TransactionState
+from broker_core.txn.state_topic.schema import read_rows
+from broker_core.txn.state_topic.store import TXN_STATE_TOPIC, LogTxnStateStore
+from testkit.state_store import local_state_store
 from tests.store.test_txn_coordinator import (
     P0,
     P1,
@@ -77,7 +78,7 @@ def test_an_idle_id_expires_and_a_restart_does_not_bring_it_back(broker: Broker)
 
     b = restart(broker)
     assert ids(b) == {"app-2": "COMPLETE_COMMIT"}
-    assert "app-1" not in LogTxnStateStore.open_local(b.store).load()[0]
+    assert "app-1" not in local_state_store(b.store).load()[0]
     # The late producer of app-1: a clear, non-retriable error naming the setting.
     with pytest.raises(InvalidProducerIdMappingError) as late:
         b.coordinator.add_partitions("app-1", p.producer_id, p.epoch, [P0])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker_core.txn.visibility import Range, consistent_cut
+from broker_core.txn.coordinator.visibility import Range, consistent_cut
 from tests.store.test_txn_coordinator import P0, P1, Broker, Producer, start_broker
 
 

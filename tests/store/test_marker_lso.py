@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from broker_core.log.store import LogStore
-from broker_core.txn.coordinator import LocalMarkerWriter
-from broker_core.txn.markers import ProducerMarkers
+from broker_core.txn.coordinator.coordinator import LocalMarkerWriter
+from broker_core.txn.coordinator.markers import ProducerMarkers
 from tests.store.helpers import SCHEMA, read_ids, rows
 
 A, B = 7, 8  # producer ids

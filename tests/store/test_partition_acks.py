@@ -1,5 +1,5 @@
-"""The acks=all wait of a replicated partition (``broker_core.server.partition``), without
-processes: a batch appended while this replica led, whose wait begins only after it
+"""The acks=all wait of a replicated partition (``broker_core.server.replication.partition``),
+without processes: a batch appended while this replica led, whose wait begins only after it
 stopped leading (a pipelined produce stream answers its batches in order, so the answer
 thread may reach a batch long after it was appended), is answered
 NOT_LEADER_OR_FOLLOWER at once, not after the ack timeout, and never acknowledged by a
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import NotLeaderOrFollowerError
-from broker_core.server.partition import Partition
+from broker_core.server.replication.partition import Partition
 from tests.store.helpers import open_log, rows
 
 TIMEOUT_S = 5.0

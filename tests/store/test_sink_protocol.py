@@ -18,8 +18,12 @@ from broker_core.errors import (
     UnknownServerError,
 )
 from broker_core.protocol.wire import SinkTxnStatus
-from broker_core.txn.state import SinkCommitState, TransactionMetadata, TransactionState
-from broker_core.txn.visibility import consistent_cut
+from broker_core.txn.coordinator.visibility import consistent_cut
+from broker_core.txn.state_topic.records import (
+    SinkCommitState,
+    TransactionMetadata,
+    TransactionState,
+)
 from tests.store.test_txn_coordinator import (
     P0,
     P1,
@@ -243,7 +247,7 @@ def test_operators_list_and_abort_hanging_transactions(broker: Broker) -> None:
         hanging.prepare()
 
 
-# -- readers see whole sink batches (broker_core.txn.visibility) ----------------------------------
+# -- readers see whole sink batches (broker_core.txn.coordinator.visibility) ---------------
 
 
 def test_a_batch_held_back_in_one_partition_is_held_back_in_all(broker: Broker) -> None:

@@ -1,6 +1,6 @@
 """``__transaction_state`` written by the old code (schema version 1, value not null) is
 upgraded on open to version 2 (tombstones), and a crash at any step of the upgrade leaves
-one readable state (broker_core/txn/state_topic.py, docs/storage.md).
+one readable state (broker_core/txn/state_topic/schema.py, docs/storage.md).
 
 The data directories are built the way the old code wrote them: a topic of the version-1
 schema holding JSON records without the fields added since (a sink's ``last_update_ms``
@@ -17,14 +17,13 @@ import pytest
 
 from broker_core.errors import CorruptRecordError
 from broker_core.log.store import LogStore
-from broker_core.txn.state import (
+from broker_core.txn.state_topic.records import (
     SinkCommitRecord,
     SinkCommitState,
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import KIND_SINK, KIND_TRANSACTION, LogTxnStateStore
-from broker_core.txn.state_topic import (
+from broker_core.txn.state_topic.schema import (
     MIGRATION_TOPIC,
     TOPIC_CONFIG,
     TXN_STATE_SCHEMA,
@@ -34,6 +33,8 @@ from broker_core.txn.state_topic import (
     append_rows,
     read_rows,
 )
+from broker_core.txn.state_topic.store import KIND_SINK, KIND_TRANSACTION
+from testkit.state_store import local_state_store
 from tests.store.test_txn_coordinator import P0, Producer, start_broker
 
 S = TransactionState
@@ -152,5 +153,5 @@ def test_a_topic_of_an_unknown_schema_is_refused_by_name(tmp_path: Path) -> None
     odd = TXN_STATE_SCHEMA_V1.append(TXN_STATE_SCHEMA_V1.field("key").with_name("extra"))
     store.create_topic(TXN_STATE_TOPIC, 1, schema=odd, config=TOPIC_CONFIG)
     with pytest.raises(CorruptRecordError, match="neither version 1") as refused:
-        LogTxnStateStore.open_local(store)
+        local_state_store(store)
     assert TXN_STATE_TOPIC in refused.value.message

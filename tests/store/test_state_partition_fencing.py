@@ -1,5 +1,5 @@
 """The coordinator's state partition fences it (docs/design.md §5): every state change is
-an acks=all append through the leader's replica (``server.state_partition``) at the
+an acks=all append through the leader's replica (``server.coordination.state_partition``) at the
 coordinator's leader epoch, refused atomically once the partition is led at another
 epoch, and a change takes effect in memory only after its append was answered.
 
@@ -18,18 +18,21 @@ from pathlib import Path
 
 import pytest
 
-from broker_core.cluster.metadata import PartitionState
+from broker_core.cluster.records import PartitionState
 from broker_core.errors import NotCoordinatorError
 from broker_core.log.store import LogStore
+from broker_core.producer_ids.manager import FileProducerIdBlockSource, ProducerIdManager
 from broker_core.record.batch import ControlType
-from broker_core.server.partition import Partition
-from broker_core.server.state_partition import LeaderStatePartition, embedded_state_partition
-from broker_core.txn.coordinator import LocalMarkerWriter, TransactionCoordinator
-from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
-from broker_core.txn.state import TransactionState as S
-from broker_core.txn.state_store import CoordinatorEpochFencedError, LogTxnStateStore
-from broker_core.txn.state_topic import TXN_STATE_TOPIC, open_state_log
-from broker_core.txn.status import CoordinatorStatus
+from broker_core.server.coordination.state_partition import (
+    LeaderStatePartition,
+    embedded_state_partition,
+)
+from broker_core.server.replication.partition import Partition
+from broker_core.txn.coordinator.coordinator import LocalMarkerWriter, TransactionCoordinator
+from broker_core.txn.coordinator.lifecycle import CoordinatorStatus
+from broker_core.txn.state_topic.records import TransactionState as S
+from broker_core.txn.state_topic.schema import TXN_STATE_TOPIC, open_state_log
+from broker_core.txn.state_topic.store import CoordinatorEpochFencedError, LogTxnStateStore
 from tests.harness.waiting import wait_until
 from tests.store.helpers import ManualClock
 from tests.store.test_txn_coordinator import (
@@ -294,7 +297,8 @@ def test_a_deposed_coordinators_commit_after_its_successors_timeout_is_refused_b
     assert b.coordinator.status is CoordinatorStatus.CLOSED
     assert b.stable(P0) and b.committed(P0) == []
     assert b.last_marker(P0) == (p.producer_id, p.epoch + 1, ControlType.ABORT)
-    # Its broker learns of the election: server.state_coordinator closes it on the role change.
+    # Its broker learns of the election: server.coordination.state_coordinator closes it on
+    # the role change.
     partition.apply(PartitionState((1, 2), 2, EPOCH + 1, (2,)))
     b.coordinator.close()
     with pytest.raises(NotCoordinatorError):

@@ -31,13 +31,22 @@ from broker_core.errors import (
     UnknownServerError,
 )
 from broker_core.log.store import LogStore
+from broker_core.producer_ids.manager import FileProducerIdBlockSource, ProducerIdManager
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.record.batch import MAX_PRODUCER_EPOCH, ControlType
-from broker_core.txn.coordinator import LocalMarkerWriter, MarkerWriter, TransactionCoordinator
-from broker_core.txn.expiry import ExpiryPolicy
-from broker_core.txn.markers import ProducerMarkers, StableOffsets, by_partition, restricted
-from broker_core.txn.pid_manager import FileProducerIdBlockSource, ProducerIdManager
-from broker_core.txn.state import (
+from broker_core.txn.coordinator.coordinator import (
+    LocalMarkerWriter,
+    MarkerWriter,
+    TransactionCoordinator,
+)
+from broker_core.txn.coordinator.expiry import ExpiryPolicy
+from broker_core.txn.coordinator.markers import (
+    ProducerMarkers,
+    StableOffsets,
+    by_partition,
+    restricted,
+)
+from broker_core.txn.state_topic.records import (
     MAX_CLIENT_EPOCH,
     SinkBatchRecord,
     SinkCommitRecord,
@@ -45,7 +54,8 @@ from broker_core.txn.state import (
     TransactionMetadata,
     TransactionState,
 )
-from broker_core.txn.state_store import TXN_STATE_TOPIC, LogTxnStateStore, TxnStateStore
+from broker_core.txn.state_topic.store import TXN_STATE_TOPIC, LogTxnStateStore, TxnStateStore
+from testkit.state_store import local_state_store
 from tests.store.helpers import SCHEMA, ManualClock, read_ids, rows
 
 S = TransactionState
@@ -125,7 +135,7 @@ def start_broker(
 ) -> Broker:
     clock = clock or ManualClock()
     store = open_data(path)
-    state = LogTxnStateStore.open_local(store, segment_bytes=state_segment_bytes)
+    state = local_state_store(store, segment_bytes=state_segment_bytes)
     pids = ProducerIdManager(0, FileProducerIdBlockSource(path / "producer_id_block.json"))
     coordinator = TransactionCoordinator(
         state if wrap_state is None else wrap_state(state),
@@ -947,7 +957,7 @@ def test_an_end_at_the_last_epoch_gives_the_next_transaction_a_new_producer_id(
 
 def test_log_state_store_survives_close_crash_and_a_torn_tail(tmp_path: Path) -> None:
     store = open_data(tmp_path)
-    state = LogTxnStateStore.open_local(store)
+    state = local_state_store(store)
     m = TransactionMetadata("a/0", 7, 0, 1000, S.EMPTY, set(), -1, 1)
     state.put_transaction(m)
     m2 = m.copy()
@@ -962,11 +972,11 @@ def test_log_state_store_survives_close_crash_and_a_torn_tail(tmp_path: Path) ->
     store.close()
 
     store = open_data(tmp_path)
-    assert LogTxnStateStore.open_local(store).load() == expected
+    assert local_state_store(store).load() == expected
     for log in store.open_logs():
         log.abandon()  # a crash: no flush, no snapshot, no clean-shutdown marker
     store = open_data(tmp_path)
-    state = LogTxnStateStore.open_local(store)
+    state = local_state_store(store)
     assert state.load() == expected
     segment = store.partition(TXN_STATE_TOPIC, 0).segment_files()[-1]
     for log in store.open_logs():
@@ -974,7 +984,7 @@ def test_log_state_store_survives_close_crash_and_a_torn_tail(tmp_path: Path) ->
     with segment.open("ab") as f:
         f.write(b"\x00\x00\x00\x00\x00\x00\x00\x09torn-batch")  # a half-written put
     store = open_data(tmp_path)
-    assert LogTxnStateStore.open_local(store).load() == expected
+    assert local_state_store(store).load() == expected
     assert store.topic(TXN_STATE_TOPIC).config.retention_ms == -1  # never deleted by age
 
 

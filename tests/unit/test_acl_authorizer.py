@@ -1,6 +1,6 @@
 """The ACL decision (broker_core.security.acl.Authorizer): Kafka's matching rules and
 implied operations; the authorization keys' start check; and docs/security.md's table of
-what each request needs, which must be the code's (server.authorization.RULES)."""
+what each request needs, which must be the code's (server.access.authorization.RULES)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,14 @@ from broker_core.security.acl import (
     parse_super_users,
 )
 from broker_core.security.principal import Principal
-from broker_core.server.authorization import FETCH, PRODUCE, RULES, host_of_peer, render_rules_table
-from broker_core.server.config import BrokerConfig
+from broker_core.server.access.authorization import (
+    FETCH,
+    PRODUCE,
+    RULES,
+    host_of_peer,
+    render_rules_table,
+)
+from broker_core.server.config.broker_config import BrokerConfig
 from testkit.tls import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]

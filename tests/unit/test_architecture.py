@@ -112,7 +112,7 @@ def _run_without(blocked: set[str], body: str) -> subprocess.CompletedProcess[st
 
 def test_the_producer_and_the_broker_import_without_spark_delta_or_matplotlib() -> None:
     body = (
-        "import broker_core.producer, broker_core.server.broker, broker_core.cli.main\n"
+        "import broker_core.producer, broker_core.server.process.broker, broker_core.cli.main\n"
         "from broker_core.producer import Producer\n"
         "print('imported', Producer.__name__)"
     )

@@ -11,12 +11,16 @@ from typing import Any
 
 import pytest
 
-from broker_core.cluster.metadata import BrokerInfo, PartitionState
+from broker_core.cluster.records import BrokerInfo, PartitionState
 from broker_core.errors import NotLeaderOrFollowerError, StaleBrokerEpochError
 from broker_core.protocol.replica import ReplicaFetchRequest
-from broker_core.server.partition import Partition, Role
-from broker_core.server.replica_fetcher import FetcherConfig, ReplicaFetcher, TruncationRefusedError
-from broker_core.server.replica_manager import ReplicaManager, ReplicationConfig
+from broker_core.server.replication.partition import Partition, Role
+from broker_core.server.replication.replica_fetcher import (
+    FetcherConfig,
+    ReplicaFetcher,
+    TruncationRefusedError,
+)
+from broker_core.server.replication.replica_manager import ReplicaManager, ReplicationConfig
 from tests.store.helpers import ManualClock, open_log, rows
 
 

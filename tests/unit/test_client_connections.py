@@ -312,3 +312,39 @@ def test_a_timed_out_calls_channel_is_closed_before_the_retry() -> None:
         server.release.set()
         connections.close()
         server.shutdown()
+
+
+def test_close_never_closes_a_channel_a_call_is_counted_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker stopping closes its replica fetchers' connections while a fetcher may be
+    between taking its channel and calling on it: the call runs on that channel (once
+    closed, a Flight client raises ArrowInvalid: "FlightClient is closed"), which is
+    closed when the call returns; the cache stays usable."""
+    server = _HoldingServer()
+    connections = FlightConnections()
+    counted = connections._counted
+    closed_at_count: list[bool] = []
+
+    def close_right_after_counting(key: Any, client: flight.FlightClient) -> bool:
+        ok = counted(key, client)
+        if ok and not closed_at_count:
+            connections.close()  # the stop, between the count and the call
+            closed_at_count.append(True)
+        return ok
+
+    monkeypatch.setattr(connections, "_counted", close_right_after_counting)
+    try:
+        with TcpProxy(f"127.0.0.1:{server.port}") as proxy:
+            quick = flight.FlightCallOptions(timeout=10)
+            results = connections.call_action(proxy.address, flight.Action("ping", b""), quick)
+            assert closed_at_count == [True]
+            assert [r.body.to_pybytes() for r in results] == [b"ok"]
+            assert connections.addresses() == []
+            wait_until(lambda: proxy.client_hangups == 1, "its channel closed after the call")
+            assert connections.call_action(proxy.address, flight.Action("ping", b""), quick)
+            assert proxy.connections == 2
+    finally:
+        server.release.set()
+        connections.close()
+        server.shutdown()

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from broker_core.errors import InvalidConfigError
-from broker_core.server.config import BrokerConfig
-from broker_core.server.replica_fetcher import FetcherConfig
-from broker_core.server.replica_manager import ReplicationConfig
-from broker_core.server.timeouts import ack_timeout_ms, marker_call_timeout_ms
+from broker_core.server.config.broker_config import BrokerConfig
+from broker_core.server.config.timeouts import ack_timeout_ms, marker_call_timeout_ms
+from broker_core.server.replication.replica_fetcher import FetcherConfig
+from broker_core.server.replication.replica_manager import ReplicationConfig
 from spark_sink import commit
 
 

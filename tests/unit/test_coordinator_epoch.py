@@ -14,7 +14,7 @@ import pytest
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.cluster.embedded import EmbeddedCluster
-from broker_core.cluster.metadata import BrokerInfo
+from broker_core.cluster.records import BrokerInfo
 from broker_core.errors import (
     ErrorCode,
     InvalidProducerEpochError,

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from broker_core.errors import ErrorCode
-from broker_core.protocol.wire import Action
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *ROOT.glob("docs/*.md")])
@@ -24,7 +23,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_PATH = re.compile(
     r"`((?:broker_core|spark_sink|jobs|tests|benchmarks|conf|scripts)/[\w./-]*)`"
 )
-# A dotted module name, e.g. `broker_core.txn.visibility.consistent_cut`.
+# A dotted module name, e.g. `broker_core.txn.coordinator.visibility.consistent_cut`.
 DOTTED = re.compile(r"`((?:broker_core|spark_sink|jobs)(?:\.\w+)+)")
 
 
@@ -109,17 +108,6 @@ def test_the_error_code_table_matches_the_code() -> None:
     rows = re.findall(r"^\| (-?\d+) \| `([A-Z_]+)` \| (yes|no) \|", text, re.MULTILINE)
     expected = [(str(e.code), e.name, "yes" if e.retriable else "no") for e in ErrorCode]
     assert rows == expected
-
-
-def test_every_action_is_described_in_the_protocol_page() -> None:
-    """docs/protocol.md is the one description of the DoAction bodies: every action of
-    ``wire.Action`` has its row (a name too long for the column wraps at its last ``_``)."""
-    text = (ROOT / "docs" / "protocol.md").read_text()
-    rows = set(re.findall(r"^([a-z_]+)(?= )", text, re.MULTILINE))
-    wrapped = re.findall(r"^([a-z_]+_) +\S.*\n([a-z_]+)(?= )", text, re.MULTILINE)
-    rows |= {head + tail for head, tail in wrapped}
-    missing = [a.value for a in Action if a.value not in rows]
-    assert not missing, f"docs/protocol.md describes no {missing}"
 
 
 def _code_blocks(text: str, language: str) -> list[str]:

@@ -10,12 +10,8 @@ import pyarrow as pa
 import pytest
 
 from broker_core.cluster.embedded import EmbeddedCluster
-from broker_core.cluster.metadata import (
-    BrokerInfo,
-    PartitionState,
-    TopicAssignment,
-    assign_partitions,
-)
+from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
+from broker_core.cluster.topic_creation import assign_partitions
 from broker_core.errors import (
     BrokerNotAvailableError,
     CorruptRecordError,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow.flight as flight
 import pytest
 
-from broker_core.server.idle import IdleWatch
+from broker_core.server.process.idle import IdleWatch
 
 
 class Clock:

@@ -17,7 +17,7 @@ from broker_core.cluster.election import (
     unclean_election_enabled,
 )
 from broker_core.cluster.embedded import EmbeddedCluster
-from broker_core.cluster.metadata import (
+from broker_core.cluster.records import (
     BrokerInfo,
     PartitionState,
     TopicAssignment,

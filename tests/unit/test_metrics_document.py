@@ -1,5 +1,5 @@
-"""The metrics document's bounds (broker_core.server.metrics, protocol.metrics): its size
-does not grow with the producers, the top producers are the exact ranking even after
+"""The metrics document's bounds (broker_core.server.observability.metrics, protocol.metrics):
+its size does not grow with the producers, the top producers are the exact ranking even after
 expiries, and the paged detail returns every producer exactly once, by id, while
 producers come and go between pages."""
 
@@ -22,7 +22,7 @@ from broker_core.protocol.metrics import (
     merge_documents,
     top_producers,
 )
-from broker_core.server.metrics import Metrics
+from broker_core.server.observability.metrics import Metrics
 
 
 def _metrics_with(producers: int, duplicated: int = 20) -> Metrics:

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.metrics import AppendOutcome
-from broker_core.server.metrics import Metrics
-from broker_core.server.prometheus import DocumentCollector
+from broker_core.server.observability.metrics import Metrics
+from broker_core.server.observability.prometheus import DocumentCollector
 from tests.harness.broker import BrokerFactory
 from tests.harness.promtool import check_rules
 from tests.store.helpers import rows

@@ -9,13 +9,8 @@ from collections import Counter
 
 import pytest
 
-from broker_core.cluster.metadata import (
-    METADATA_VERSION,
-    PartitionState,
-    TopicAssignment,
-    assign_partitions,
-    validate_new_topic,
-)
+from broker_core.cluster.records import METADATA_VERSION, PartitionState, TopicAssignment
+from broker_core.cluster.topic_creation import assign_partitions, validate_new_topic
 from broker_core.errors import (
     CorruptRecordError,
     InvalidConfigError,

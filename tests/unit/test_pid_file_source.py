@@ -14,7 +14,7 @@ from broker_core.errors import (
     ProducerIdAllocationError,
     ProducerIdSpaceExhaustedError,
 )
-from broker_core.txn.pid_manager import (
+from broker_core.producer_ids.manager import (
     MAX_PRODUCER_ID,
     CorruptProducerIdBlockRecordError,
     FileProducerIdBlockSource,

@@ -16,7 +16,7 @@ from broker_core.security.principal_mapping import (
     NoMatchingRuleError,
     PrincipalMapper,
 )
-from broker_core.server.config import BrokerConfig
+from broker_core.server.config.broker_config import BrokerConfig
 
 # The rule list of Kafka's own mapper tests, one rule of each kind.
 KAFKA_RULES = (

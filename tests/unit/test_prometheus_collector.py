@@ -1,8 +1,9 @@
-"""The collector's mapping of the metrics document (broker_core/server/prometheus.py) on
-documents built by :class:`Metrics` itself: the cleaner's last pass as a timestamp in
-seconds, absent before the first pass; the refusal codes at 0 before any refusal; the
-counters' ``_created`` samples in the OpenMetrics answer and not in the text one; the
-replication's and the coordinator's figures labelled ``topic`` and ``partition``."""
+"""The collector's mapping of the metrics document
+(broker_core/server/observability/prometheus.py) on documents built by :class:`Metrics`
+itself: the cleaner's last pass as a timestamp in seconds, absent before the first pass;
+the refusal codes at 0 before any refusal; the counters' ``_created`` samples in the
+OpenMetrics answer and not in the text one; the replication's and the coordinator's
+figures labelled ``topic`` and ``partition``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker_core.protocol.metrics import AppendOutcome, PartitionGauges
-from broker_core.server.metrics import Metrics
-from broker_core.server.prometheus import DocumentCollector, WithoutCreated
+from broker_core.server.observability.metrics import Metrics
+from broker_core.server.observability.prometheus import DocumentCollector, WithoutCreated
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 LAST_CLEAN = "idemlog_log_cleaner_last_clean_timestamp_seconds"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from broker_core.cluster.embedded import EmbeddedCluster
-from broker_core.cluster.metadata import BrokerInfo, TopicAssignment
+from broker_core.cluster.records import BrokerInfo, TopicAssignment
 from broker_core.log.store import LogStore
-from broker_core.server import local_topics
-from broker_core.server.local_topics import LocalTopics
+from broker_core.server.replication import local_topics
+from broker_core.server.replication.local_topics import LocalTopics
 
 
 class _Roles:

@@ -66,7 +66,7 @@ from broker_core.protocol.txn_requests import (
     WriteTxnMarkersRequest,
 )
 from broker_core.protocol.wire import PROTOCOL_VERSION, Action, SinkAttempt, SinkTxnStatus
-from broker_core.server.handlers import ActionHandlers
+from broker_core.server.requests.handlers import ActionHandlers
 
 ROUND_TRIP: list[Any] = [
     CreateTopicRequest("t", 3, b"\x00ipc", {"retention.ms": 5}),

@@ -27,7 +27,7 @@ from broker_core.security.scram import (
     unescape_username,
 )
 from broker_core.security.sessions import EARLIER_RUN, SessionTable
-from broker_core.server.config import BrokerConfig
+from broker_core.server.config.broker_config import BrokerConfig
 
 SHA256, SHA512 = Mechanism.SCRAM_SHA_256, Mechanism.SCRAM_SHA_512
 

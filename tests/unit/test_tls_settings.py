@@ -25,7 +25,7 @@ def test_a_certificate_needs_its_key_and_sasl_ssl_is_tls() -> None:
     with pytest.raises(InvalidConfigError, match="set both or neither"):
         TlsSettings.from_values({"security.protocol": "SSL", "ssl.certificate.location": "/c"})
     # The SASL protocols are accepted; only SASL_SSL encrypts (the sasl.* keys are read
-    # by broker_core.security.client_config / server.security_config).
+    # by broker_core.security.client_config / server.config.security).
     assert not TlsSettings.from_values({"security.protocol": "SASL_PLAINTEXT"}).encrypted
     sasl_ssl = TlsSettings.from_values({"security.protocol": "SASL_SSL", "ssl.ca.location": "/ca"})
     assert sasl_ssl.encrypted and sasl_ssl.scheme == "grpc+tls"

@@ -9,7 +9,8 @@ from typing import cast
 
 import pytest
 
-from broker_core.cluster.metadata import ClusterMetadata, PartitionState, TopicAssignment
+from broker_core.cluster.metadata import ClusterMetadata
+from broker_core.cluster.records import PartitionState, TopicAssignment
 from broker_core.errors import (
     CorruptRecordError,
     InvalidRequestError,
@@ -28,8 +29,8 @@ from broker_core.protocol.replica import (
 )
 from broker_core.protocol.topics import new_topic_id
 from broker_core.protocol.txn_requests import AddPartitionsToTxnRequest, PrepareSinkTxnRequest
-from broker_core.server.partition import Partition, Role
-from broker_core.server.topic_ids import check_topic_id
+from broker_core.server.replication.partition import Partition, Role
+from broker_core.server.replication.topic_ids import check_topic_id
 from tests.store.helpers import open_log, rows
 
 WHERE = "/idemlog/topics/t"

@@ -1,4 +1,5 @@
-"""The transaction state machine and the coordinator's state records (broker_core.txn.state)."""
+"""The transaction state machine and the coordinator's state records
+(broker_core.txn.state_topic.records)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 import pytest
 
 from broker_core.errors import CorruptRecordError, InvalidTxnStateError
-from broker_core.txn.state import (
+from broker_core.txn.state_topic.records import (
     NO_TXN_START,
     SinkCommitRecord,
     SinkCommitState,

@@ -16,7 +16,7 @@ from kazoo.security import ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions
 from broker_core.errors import InvalidConfigError
 from broker_core.security import zk_acl
 from broker_core.security.zk_acl import ZkAuth, acl_for, is_sensitive
-from broker_core.server.config import BrokerConfig
+from broker_core.server.config.broker_config import BrokerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CREDS = {"zookeeper.auth.digest.username": "brokers", "zookeeper.auth.digest.password": "s3cret"}

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
+from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
     DuplicateBrokerRegistrationError,

@@ -1,13 +1,13 @@
 """The previous format's coordinator state, read from a real ZooKeeper as the upgrade
-reads it (``txn.legacy_zk_state``): every record back, names checked, absence empty."""
+reads it (``txn.state_topic.legacy_zk``): every record back, names checked, absence empty."""
 
 from __future__ import annotations
 
 import pytest
 
 from broker_core.errors import CorruptRecordError
-from broker_core.txn.legacy_zk_state import LegacyState, read_legacy_state
-from broker_core.txn.state import (
+from broker_core.txn.state_topic.legacy_zk import LegacyState, read_legacy_state
+from broker_core.txn.state_topic.records import (
     SinkBatchRecord,
     SinkCommitRecord,
     SinkCommitState,

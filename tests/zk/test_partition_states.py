@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
+from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
 from broker_core.cluster.zk_leaders import ControllerFencedError
 from broker_core.errors import InvalidRequestError, UnknownTopicOrPartitionError

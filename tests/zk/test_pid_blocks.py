@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from broker_core.errors import ProducerIdAllocationError, ProducerIdSpaceExhaustedError
-from broker_core.txn.pid_manager import (
+from broker_core.producer_ids.manager import (
     LATEST_PRODUCER_ID_BLOCK_PATH,
     MAX_PRODUCER_ID,
     PRODUCER_ID_BLOCK_SIZE,

@@ -14,7 +14,7 @@ from kazoo.security import ANYONE_ID_UNSAFE
 from broker_core.errors import InvalidConfigError
 from broker_core.security.producer_token import KEY_BYTES, KEY_ZNODE, zk_key
 from broker_core.security.zk_acl import ZkAuth
-from broker_core.server.config import ZK_ROOT
+from broker_core.server.config.broker_config import ZK_ROOT
 from testkit.zookeeper import ZooKeeperHarness
 
 PATH = f"{ZK_ROOT}/{KEY_ZNODE}"

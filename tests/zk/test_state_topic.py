@@ -1,4 +1,4 @@
-"""``__transaction_state`` as a replicated internal topic (``server.txn_state_topic``),
+"""``__transaction_state`` as a replicated internal topic (``server.coordination.txn_state_topic``),
 created in real ZooKeeper when the cluster first needs it."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker_core.cluster.metadata import TopicAssignment
+from broker_core.cluster.records import TopicAssignment
 from broker_core.errors import (
     CoordinatorNotAvailableError,
     InvalidConfigError,
     InvalidReplicationFactorError,
 )
-from broker_core.server.config import BrokerConfig
-from broker_core.server.txn_state_topic import ensure_state_topic
-from broker_core.txn.state_topic import TXN_STATE_SCHEMA, TXN_STATE_TOPIC, state_partition_of
+from broker_core.server.config.broker_config import BrokerConfig
+from broker_core.server.coordination.txn_state_topic import ensure_state_topic
+from broker_core.txn.state_topic.schema import TXN_STATE_SCHEMA, TXN_STATE_TOPIC, state_partition_of
 from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import wait_until
 from tests.zk.test_cluster import ROOT, SimBroker

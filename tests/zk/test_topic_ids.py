@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker_core.cluster.metadata import BrokerInfo, PartitionState, TopicAssignment
+from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
 from broker_core.cluster.zk import ZkCluster
 from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import wait_until

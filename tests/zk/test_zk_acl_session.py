@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from kazoo.exceptions import NoAuthError
 
-from broker_core.cluster.metadata import BrokerInfo
+from broker_core.cluster.records import BrokerInfo
 from broker_core.cluster.zk import ZkCluster
 from broker_core.security.zk_acl import ZkAuth
-from broker_core.server.config import ZK_ROOT
+from broker_core.server.config.broker_config import ZK_ROOT
 from testkit.zookeeper import ZooKeeperHarness
 from tests.harness.waiting import Recorder
 

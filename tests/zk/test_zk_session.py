@@ -1,4 +1,4 @@
-"""The broker's ZooKeeper session (broker_core.server.zk_session): with zookeeper.set.acl a
+"""The broker's ZooKeeper session (broker_core.server.process.zk_session): with zookeeper.set.acl a
 broker without a chroot warns that the top-level nodes stay deletable by anyone, since
 ZooKeeper checks a delete against the parent's ACL and "/" is open (docs/security.md)."""
 
@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from broker_core.server.config import BrokerConfig
-from broker_core.server.zk_session import connect_zookeeper
+from broker_core.server.config.broker_config import BrokerConfig
+from broker_core.server.process.zk_session import connect_zookeeper
 from testkit.zookeeper import ZooKeeperHarness
 
 DIGEST = {

@@ -1,0 +1,3 @@
+"""The broker's configuration: every key declared once (``broker_config`` lists them all;
+the ACL, SASL, metrics endpoint and commit-path timeout keys beside it), docs generated from
+the declarations (docs/configuration.md)."""
