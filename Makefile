@@ -94,6 +94,12 @@ typecheck: setup
 # tests/harness/work_units.py); the `serial` ones, whose deadlines a busy machine could
 # stretch, run alone afterwards. Both phases always run; either failing fails it.
 TEST_WORKERS ?= 2
+# Bytecode caches on for the tests, whatever the environment says (container images often
+# set PYTHONDONTWRITEBYTECODE=1): otherwise every Python process of the suite (each broker,
+# idemlog run, Spark worker, driver child, pytest worker) compiles the project's modules
+# from source again, ~0.3 s of CPU per process. They go to __pycache__/ (ignored by git;
+# the wheel takes .py files only).
+test test-fast: export PYTHONDONTWRITEBYTECODE :=
 test: lint typecheck kafka-jars
 	status=0; \
 	$(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) --heaviest-first -m "not serial" || status=$$?; \

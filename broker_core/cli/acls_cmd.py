@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 from contextlib import AbstractContextManager
-from typing import Any
 
 from broker_core.cli.zk_cmd import add_store_arguments, open_store
 from broker_core.errors import InvalidConfigError
@@ -135,9 +134,8 @@ def acls_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_acls_command(sub: Any) -> None:
-    """Register ``idemlog acls`` on the ``idemlog`` parser."""
-    acls = sub.add_parser("acls", help="add, remove, list ACLs (authorizer.enable)")
+def fill_acls(acls: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog acls``'s parser."""
     acls_sub = acls.add_subparsers(dest="action", required=True)
     for name, func, help_text in (
         ("add", acls_add, "allow or deny principals an operation on a resource"),

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -38,7 +38,9 @@ from broker_core.security.client_config import CLIENT_SASL_KEYS, sasl_credential
 from broker_core.security.local_token import discover_embedded
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TLS_KEYS, Side, TlsSettings
 from broker_core.server.config.broker_config import IDLE_SHUTDOWN_KEY, BrokerConfig, parse_overrides
-from broker_core.server.process.broker import Broker
+
+if TYPE_CHECKING:
+    from broker_core.server.process.broker import Broker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # find-hanging's default idleness: transaction.max.timeout.ms's default, beyond which no
@@ -203,6 +205,10 @@ def broker_start(args: argparse.Namespace) -> int:
     for stop in stop_signals:
         signal.signal(stop, lambda number, _frame: received.append(number))
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    # Imported here, by the one command that serves: the server's modules cost the client
+    # commands of this module (topics, transactions) most of their start-up otherwise.
+    from broker_core.server.process.broker import Broker
+
     broker = Broker(config)
     try:
         info = _start_interruptibly(broker, stop_signals, received)
@@ -560,9 +566,8 @@ def topics_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: Any) -> None:
-    """Register the broker-facing subcommands on the ``idemlog`` parser."""
-    broker = sub.add_parser("broker", help="run a broker")
+def fill_broker(broker: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog broker``'s parser (its subcommands ``start``, ``list``, ``stop``)."""
     broker_sub = broker.add_subparsers(dest="action", required=True)
     start = broker_sub.add_parser("start", help="serve until SIGTERM/SIGINT")
     start.add_argument("--config", required=True, help="a .properties file of broker keys")
@@ -580,7 +585,9 @@ def add_commands(sub: Any) -> None:
     start.set_defaults(func=broker_start)
     add_hosted_commands(broker_sub)
 
-    topics = sub.add_parser("topics", help="create, describe, delete topics on a cluster")
+
+def fill_topics(topics: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog topics``'s parser."""
     topics_sub = topics.add_subparsers(dest="action", required=True)
     create = topics_sub.add_parser("create", help="create a topic")
     _broker_arguments(create)
@@ -612,7 +619,9 @@ def add_commands(sub: Any) -> None:
     delete.add_argument("--topic", required=True, help="the topic to delete")
     delete.set_defaults(func=topics_delete)
 
-    txns = sub.add_parser("transactions", help="list or abort open (hanging) transactions")
+
+def fill_transactions(txns: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog transactions``'s parser."""
     txns_sub = txns.add_subparsers(dest="action", required=True)
     tlist = txns_sub.add_parser("list", help="open transactions, oldest first")
     _broker_arguments(tlist)

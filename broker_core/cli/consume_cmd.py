@@ -332,12 +332,8 @@ def _as_now(
         return refused  # the store or the brokers are away: the broker's word stands
 
 
-def add_consume_command(sub: Any) -> None:
-    """Register ``idemlog consume`` on the ``idemlog`` parser."""
-    cons = sub.add_parser(
-        "consume",
-        help="print a topic's records as they arrive (as Kafka's console consumer)",
-    )
+def fill_consume(cons: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog consume``'s parser."""
     _broker_arguments(cons)
     cons.add_argument("--topic", required=True, help="the topic to read")
     cons.add_argument("--partition", type=int, help="only this partition (default: all)")

@@ -16,8 +16,8 @@ import signal
 import socket
 import sys
 from enum import IntEnum
+from typing import TYPE_CHECKING, TypeGuard
 
-from broker_core.client.broker_client import NoBrokerReachableError
 from broker_core.errors import (
     DEBUG_ENV,
     BrokerNotAvailableError,
@@ -29,6 +29,9 @@ from broker_core.errors import (
     SaslAuthenticationFailedError,
     SslHandshakeError,
 )
+
+if TYPE_CHECKING:
+    from broker_core.client.broker_client import NoBrokerReachableError
 
 
 class ExitCode(IntEnum):
@@ -88,7 +91,7 @@ def classify(exc: BaseException) -> tuple[str, ExitCode]:
         return str(exc), ExitCode.USAGE  # a broker's refusal of a value, with its own code
     if isinstance(exc, _CONFIG_ERRORS):
         return str(exc), ExitCode.USAGE
-    if isinstance(exc, NoBrokerReachableError):
+    if isinstance(exc, NetworkError) and _no_broker_reachable(exc):
         return (
             f"cannot reach a broker at {', '.join(exc.addresses)} "
             f"({connection_cause(exc.cause)}); check that it runs and the address is right",
@@ -109,6 +112,15 @@ def classify(exc: BaseException) -> tuple[str, ExitCode]:
         "and report the traceback",
         ExitCode.FAILURE,
     )
+
+
+def _no_broker_reachable(exc: NetworkError) -> TypeGuard[NoBrokerReachableError]:
+    """Whether ``exc`` is the client's NoBrokerReachableError. The client is imported
+    here, not with this module: every command imports this one, most need no client
+    (and one that raised this has imported it already)."""
+    from broker_core.client.broker_client import NoBrokerReachableError
+
+    return isinstance(exc, NoBrokerReachableError)
 
 
 # The transport's words for why a connection failed (gRPC's and the kernel's), and the

@@ -58,9 +58,8 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def add_metrics_command(sub: Any) -> None:
-    """Register ``idemlog metrics`` on the ``idemlog`` parser."""
-    met = sub.add_parser("metrics", help="the cluster's metrics as a table or JSON")
+def fill_metrics(met: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog metrics``'s parser (``record``: ``spark_cmd.fill_metrics_record``)."""
     # One is required, but checked by metrics(): `idemlog metrics record` (spark_cmd) has
     # its own --path and --brokers.
     _broker_arguments(met, required=False)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
 
 from broker_core import SPARK_EXTRA
 from broker_core.cli.progress import Progress
@@ -158,9 +157,8 @@ def run_record(args: argparse.Namespace, *, prefix: str = "metrics record") -> i
     return 0
 
 
-def add_spark_commands(sub: Any) -> None:
-    """Register ``export delta`` and, under the existing ``metrics`` command, ``record``."""
-    export = sub.add_parser("export", help="copy a topic out of idemlog (needs the [spark] extra)")
+def fill_export(export: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog export``'s parser (``delta``)."""
     export_sub = export.add_subparsers(dest="action", required=True)
     delta = export_sub.add_parser(
         "delta",
@@ -169,7 +167,9 @@ def add_spark_commands(sub: Any) -> None:
     add_export_arguments(delta)
     delta.set_defaults(func=run_export)
 
-    metrics: argparse.ArgumentParser = sub.choices["metrics"]
+
+def fill_metrics_record(metrics: argparse.ArgumentParser) -> None:
+    """Add ``record`` under ``idemlog metrics`` (after ``metrics_cmd.fill_metrics``)."""
     metrics_sub = metrics.add_subparsers(dest="action", required=False)
     record = metrics_sub.add_parser(
         "record", help="append the metrics to a Delta table periodically (needs the [spark] extra)"

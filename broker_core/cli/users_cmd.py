@@ -16,7 +16,6 @@ import getpass
 import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 from broker_core.cli.zk_cmd import add_store_arguments, open_store
 from broker_core.errors import InvalidConfigError
@@ -88,9 +87,8 @@ def users_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_users_command(sub: Any) -> None:
-    """Register ``idemlog users`` on the ``idemlog`` parser."""
-    users = sub.add_parser("users", help="add, remove, list SCRAM users")
+def fill_users(users: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog users``'s parser."""
     users_sub = users.add_subparsers(dest="action", required=True)
     for name, func, help_text in (
         ("add", users_add, "add a user or change its password"),

@@ -258,9 +258,8 @@ def _positive(text: str) -> int:
     return value
 
 
-def add_zookeeper_command(sub: Any) -> None:
-    """Register ``idemlog zookeeper set-acl`` on the ``idemlog`` parser."""
-    zk = sub.add_parser("zookeeper", help="the cluster's ZooKeeper tree")
+def fill_zookeeper(zk: argparse.ArgumentParser) -> None:
+    """Fill ``idemlog zookeeper``'s parser (``set-acl``)."""
     zk_sub = zk.add_subparsers(dest="action", required=True)
     cmd = zk_sub.add_parser(
         "set-acl",

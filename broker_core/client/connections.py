@@ -29,6 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow.flight as flight
 
@@ -40,11 +41,13 @@ from broker_core.errors import (
     SaslAuthenticationFailedError,
 )
 from broker_core.protocol.wire import parse_error_message
-from broker_core.security.cert_auth import CertificateClientAuth, certificate_auth
 from broker_core.security.flight_auth import SaslCredentials, ScramClientAuth
 from broker_core.security.sessions import EARLIER_RUN
 from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial, open_flight_client
 from broker_core.security.tls_probe import diagnose, peer_hostname
+
+if TYPE_CHECKING:
+    from broker_core.security.cert_auth import CertificateClientAuth
 
 HANDSHAKE_TIMEOUT_S = 10.0
 # A channel is re-authenticated after this share of its session's lifetime: a call
@@ -278,7 +281,7 @@ class FlightConnections:
         # Under SSL a client with a certificate proves it holds the key (the broker's
         # principal for it, with ssl.client.auth=required; cert_auth.py).
         auth: ScramClientAuth | CertificateClientAuth | None = (
-            ScramClientAuth(self._sasl) if self._sasl is not None else certificate_auth(self.tls)
+            ScramClientAuth(self._sasl) if self._sasl is not None else self._certificate_auth()
         )
         if auth is None:
             return open_flight_client(address, self.tls, override_hostname=override), _NEVER
@@ -289,13 +292,23 @@ class FlightConnections:
                 override_hostname=override,
                 auth=auth,
                 auth_timeout_s=HANDSHAKE_TIMEOUT_S,
-                auth_optional=isinstance(auth, CertificateClientAuth),
+                auth_optional=not isinstance(auth, ScramClientAuth),  # a certificate's
             )
         except flight.FlightError as exc:
             raise self.failure(address, exc, f"{auth.mechanism_name} handshake") from None
         if auth.lifetime_s <= 0:
             return client, _NEVER  # the broker does not authenticate certificates
         return client, time.monotonic() + auth.lifetime_s * REFRESH_SHARE
+
+    def _certificate_auth(self) -> CertificateClientAuth | None:
+        """``cert_auth.certificate_auth`` of this client's material; that module (with
+        cryptography, ~0.07 s of CPU to import) is loaded for an encrypted channel only:
+        a plaintext client has no certificate to prove."""
+        if not self.tls.settings.encrypted:
+            return None
+        from broker_core.security.cert_auth import certificate_auth
+
+        return certificate_auth(self.tls)
 
     def reset(self, address: str) -> None:
         """Forget the channels of ``address``: the next call opens fresh ones. Never

@@ -7,6 +7,7 @@ Authorization). ACLs are written with the real ``idemlog acls`` command."""
 from __future__ import annotations
 
 import itertools
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -43,15 +44,25 @@ def creds(user: str) -> SaslCredentials:
     return SaslCredentials(Mechanism.SCRAM_SHA_256, user, PASSWORDS[user])
 
 
-def start_acl_broker(
-    broker_factory: BrokerFactory, tmp_path: Path, hook: str | None = None
-) -> BrokerProcess:
-    """The embedded SASL broker with the authorizer on, the users of ``PASSWORDS`` and the
-    topic ``TOPIC``; ``hook``: a test hook armed in it (``testkit.broker_failpoints``)."""
-    data = tmp_path / "acl-data"
-    data.mkdir()
+@pytest.fixture(scope="module")
+def acl_users(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data directory holding only the users of ``PASSWORDS``, added once per module with
+    the real ``idemlog users add``: each test's broker starts on a copy of it (3 command
+    runs per module instead of per test; no test changes a user)."""
+    data = tmp_path_factory.mktemp("acl-users")
     for user, password in PASSWORDS.items():
         add_user(["--data-dir", str(data)], user, password)
+    return data
+
+
+def start_acl_broker(
+    broker_factory: BrokerFactory, tmp_path: Path, users: Path, hook: str | None = None
+) -> BrokerProcess:
+    """The embedded SASL broker with the authorizer on, the users of ``PASSWORDS`` (a copy
+    of ``users``, the ``acl_users`` directory) and the topic ``TOPIC``; ``hook``: a test
+    hook armed in it (``testkit.broker_failpoints``)."""
+    data = tmp_path / "acl-data"
+    shutil.copytree(users, data)  # modes kept: the users file stays owner-only
     config = {
         **TEST_BROKER_CONFIG,
         "log.dir": str(data),
@@ -69,8 +80,8 @@ def start_acl_broker(
 
 
 @pytest.fixture
-def acl_broker(broker_factory: BrokerFactory, tmp_path: Path) -> BrokerProcess:
-    return start_acl_broker(broker_factory, tmp_path)
+def acl_broker(broker_factory: BrokerFactory, tmp_path: Path, acl_users: Path) -> BrokerProcess:
+    return start_acl_broker(broker_factory, tmp_path, acl_users)
 
 
 def acls(broker: BrokerProcess, action: str, *args: str) -> None:
@@ -490,12 +501,12 @@ def test_producer_fails_at_once_on_a_refusal_and_writes_nothing(
 
 
 def test_hanging_transaction_tools_need_read_then_write_on_the_topic(
-    broker_factory: BrokerFactory, tmp_path: Path
+    broker_factory: BrokerFactory, tmp_path: Path, acl_users: Path
 ) -> None:
     """describe_producers needs Read on the topic; abort_hanging_transaction Write on it
     (or Alter on the Cluster): refused without, naming the ACL, the transaction untouched.
     The hanging transaction is written as before issue 36 (the test hook)."""
-    acl_broker = start_acl_broker(broker_factory, tmp_path, UNVERIFIED_TXN_PRODUCE)
+    acl_broker = start_acl_broker(broker_factory, tmp_path, acl_users, UNVERIFIED_TXN_PRODUCE)
     with BrokerClient(acl_broker.address, sasl=creds("admin")) as admin:
         pid, epoch = admin.init_producer_id()
         with admin.produce_stream(TOPIC, 0, SCHEMA) as stream:

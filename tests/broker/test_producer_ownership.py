@@ -18,10 +18,10 @@ from broker_core.producer import Producer
 from broker_core.protocol.wire import ProduceRequestMeta, ProduceResponse
 from broker_core.security.producer_token import KEY_FILE
 from tests.broker.helpers import SCHEMA, ids, rows
-from tests.broker.test_acls import TOPIC, acl_broker, admin, allow, client_of
+from tests.broker.test_acls import TOPIC, acl_broker, acl_users, admin, allow, client_of
 from tests.harness.broker import BrokerProcess
 
-__all__ = ["acl_broker", "admin"]  # fixtures, used by name
+__all__ = ["acl_broker", "acl_users", "admin"]  # fixtures, used by name
 
 # Words a refusal must not hold: the owner's state (its expected sequence, its epoch).
 LEAKS = ("expected", "sequence", "epoch")

@@ -23,11 +23,19 @@ from broker_core.protocol.txn_requests import AddPartitionsToTxnRequest
 from broker_core.protocol.wire import Action
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import SCHEMA, TEST_BROKER_CONFIG, ids, rows
-from tests.broker.test_acls import TOPIC, acl_broker, admin, allow, check_refusal, client_of
+from tests.broker.test_acls import (
+    TOPIC,
+    acl_broker,
+    acl_users,
+    admin,
+    allow,
+    check_refusal,
+    client_of,
+)
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.waiting import wait_until
 
-__all__ = ["acl_broker", "admin"]  # fixtures, used by name
+__all__ = ["acl_broker", "acl_users", "admin"]  # fixtures, used by name
 
 
 def _stable(client: BrokerClient, partition: int = 0) -> bool:
