@@ -16,6 +16,7 @@ import nbformat
 import pytest
 
 from tests.harness.notebooks import cells_with_stacks, images, printed
+from tests.packaging.test_no_kill_in_package import self_kills
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "scripts" / "wheel_smoke.py"
@@ -51,6 +52,11 @@ def test_the_wheel_holds_only_the_two_packages_its_license_markers_and_script(
     assert "spark_sink/export/delta.py" in names and "spark_sink/metrics_recorder.py" in names
     # What the notebook imports besides those (it once imported them from a checkout's jobs/).
     assert {"spark_sink/payments.py", "spark_sink/verify.py"} <= set(names)
+    # No failure injection: the hooks interface only, its implementations in testkit/.
+    assert "spark_sink/hooks.py" in names and "spark_sink/failpoints.py" not in names
+    with zipfile.ZipFile(_wheel(dist)) as wheel:
+        sources = {n: wheel.read(n).decode() for n in names if n.startswith("spark_sink/")}
+    assert [h for n, s in sources.items() if n.endswith(".py") for h in self_kills(s, n)] == []
     entry_points = zipfile.ZipFile(_wheel(dist)).read(f"{info}/entry_points.txt").decode()
     assert "idemlog = broker_core.cli.main:main" in entry_points
     (sdist,) = dist.glob("idemlog-*.tar.gz")
