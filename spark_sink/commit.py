@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,16 +140,18 @@ def _commit(
     txns = [m.transaction for m in ours if m.status != SinkTxnStatus.COMMITTED]
     sid = sink_id
 
-    def request_once() -> None:
-        # The commit request on a client of its own, sent once: a hook that acts inside
-        # the commit sends it and disturbs the driver while it is in flight (the broker
-        # may or may not record it). Idempotent, so the request below may follow it.
+    def send_request() -> None:
+        # For a hook that acts inside the commit: the request leaves on a client and a
+        # thread of its own, and the hook disturbs the driver while it is in flight (the
+        # broker may or may not record it). Idempotent: the request below may follow.
         client = BrokerClient(
             options.bootstrap(), tls=options.tls.load(Side.CLIENT), sasl=options.sasl
         )
-        client.commit_sink_batch(sid, batch_id, txns, run_id)
+        threading.Thread(
+            target=client.commit_sink_batch, args=(sid, batch_id, txns, run_id), daemon=True
+        ).start()
 
-    hooks.at(Point.INSIDE_COMMIT, batch_id, effect=request_once)
+    hooks.at(Point.INSIDE_COMMIT, batch_id, effect=send_request)
     started = time.perf_counter()
     with hooks.span("commit_request", batch=batch_id):
         try:

@@ -41,7 +41,7 @@ class Point(StrEnum):
     MID_WRITE = "mid_write"  # a task, its first rows sent (``effect``: flush them)
     AFTER_PREPARE = "after_prepare"  # a task, its transaction prepared, no message yet
     BEFORE_COMMIT = "before_commit"  # the driver, before its commit request
-    INSIDE_COMMIT = "inside_commit"  # the driver (``effect``: send the commit request)
+    INSIDE_COMMIT = "inside_commit"  # the driver (``effect``: the commit request sent)
     AFTER_COMMIT = "after_commit"  # committed, before Spark records the batch
 
 
@@ -60,9 +60,10 @@ class SinkHooks:
     ) -> None:
         """The write reached ``point`` of batch ``batch_id`` (in the task of Spark
         partition ``partition_id``; None on the driver). ``effect``, at the points that
-        have one, is what the point is in the middle of: a hook that acts there calls it
-        first (``mid_write``: flush the first rows into the log; ``inside_commit``: the
-        commit request itself, which the hook may send on a thread of its own)."""
+        have one, puts the write in the middle of what the point names, for a hook that
+        acts there to call first (``mid_write``: the first rows flushed into the log;
+        ``inside_commit``: the commit request sent, on a thread of its own, so that it is
+        in flight when the hook returns)."""
 
     def transport(
         self, batch_id: int, partition_id: int

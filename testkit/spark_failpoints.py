@@ -195,12 +195,10 @@ class SparkFailpoints(SinkHooks):
         entry = claim(point, batch_id, partition_id)
         if entry is None:
             return
-        if effect is not None and point is Point.INSIDE_COMMIT:
-            # The request leaves, and the fault strikes while it is in flight: the broker
-            # may or may not have recorded the commit.
-            threading.Thread(target=effect, name="failpoint-commit", daemon=True).start()
-        elif effect is not None:
-            effect()  # mid_write: some rows really are in the log when it fires
+        if effect is not None:
+            # mid_write: some rows really are in the log when it fires; inside_commit: the
+            # commit request is in flight (the broker may or may not record it).
+            effect()
         act(entry)
 
     def transport(
