@@ -55,7 +55,6 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt
 from spark_sink.commit import commit_batch
-from spark_sink.hooks import NO_HOOKS
 from spark_sink.options import Scope, parse_options
 from spark_sink.schema import normalise
 from spark_sink.writer import BATCH_JOB_BATCH_ID, _write_task
@@ -103,7 +102,7 @@ def run_idemlog(
     broker_cpu, cpu, started = cpu_seconds(server.process.pid), _self_cpu(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    message = _write_task(options, schema, attempt, iter(batches), 0, 0, "", NO_HOOKS)
+    message = _write_task(options, schema, attempt, iter(batches), 0, 0, topic_id="")
     commit_batch(options, attempt.sink_id, run_id, BATCH_JOB_BATCH_ID, [message])
     if profiler is not None:
         profiler.disable()

@@ -152,7 +152,7 @@ def _write_task(
     attempt_number: int,
     partition_id: int,
     topic_id: str,
-    hooks: SinkHooks,
+    hooks: SinkHooks = NO_HOOKS,
 ) -> IdemlogCommitMessage:
     batch_id = attempt.batch_id
     started = time.perf_counter()
