@@ -4,8 +4,9 @@
                                           [--dir DIR]
 
 (``make bench-microbatch``.) One ``local[2,1]`` session, as ``benchmarks.bench_spark``, with
-Spark's event log on and ``spark_sink.trace`` on (``IDEMLOG_TRACE`` names a file in the
-scratch directory, inherited by every Python process Spark starts). ``--rounds``
+Spark's event log on and the sink's timing spans on (its writes name the hooks
+``benchmarks.trace_hooks``; ``IDEMLOG_TRACE`` names a file in the scratch directory,
+inherited by every Python process Spark starts). ``--rounds``
 interleaved rounds of two queries read the same ``--batches`` parquet files of ``--rows``
 rows (``maxFilesPerTrigger=1``, ``availableNow``): one writes ``format("idemlog")``
 (embedded broker, ``key="key"``), one the discard writer (``benchmarks.discard_sink``, the
@@ -21,7 +22,8 @@ For every micro-batch three clocks are read, all wall-clock epoch time, so they 
   ``commitOffsets``); ``addBatch`` is the sink's share;
 - **Spark's event log**: the micro-batch's write job (its ``streaming.sql.batchId``
   property), submitted -> done, and its tasks, launched -> finished;
-- **the sink's spans** (``spark_sink.trace``), from every Python process: ``plan_writer``
+- **the sink's spans** (``benchmarks.trace_hooks``, the writes' option ``hooks``), from
+  every Python process: ``plan_writer``
   (``streamWriter()``, in the driver-side process Spark starts to plan the batch's write)
   with its ``topic_check`` round trip (the first time, the embedded broker's start too);
   ``task`` (a task's whole writer) with ``open_producer`` (importing and building the
@@ -65,11 +67,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import trace_hooks
 from benchmarks.bench_spark import Bench, StreamResult, run_stream, write_stream_files
 from benchmarks.common import p50
 from benchmarks.discard_sink import DiscardDataSource
 from benchmarks.load_sampler import Load, LoadSampler
-from spark_sink import local_session, trace
+from spark_sink import local_session
 from spark_sink.embedded import broker_pid, stop_broker
 
 TARGET_RATIO = 1.05  # idemlog's micro-batch p50 over discard's (issue 27)
@@ -419,7 +422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     events = directory / "events"
     events.mkdir(exist_ok=True)
     trace_file = directory / "trace.jsonl"
-    os.environ[trace.ENV] = str(trace_file)  # inherited by Spark's Python processes
+    # Both inherited by Spark's Python processes: the trace file, and the folder whose
+    # sitecustomize notes when each process first imported spark_sink.
+    os.environ[trace_hooks.ENV] = str(trace_file)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(trace_hooks.IMPORT_CLOCK), os.environ.get("PYTHONPATH")) if p
+    )
     embedded = str(directory / "embedded")
     spark = local_session(
         "bench-microbatch",
@@ -439,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sampler = LoadSampler().start()
     try:
         spark.dataSource.register(DiscardDataSource)
-        bench = Bench(spark, directory, embedded)
+        bench = Bench(spark, directory, embedded, {"hooks": trace_hooks.HOOKS})
         print(
             f"bench-microbatch: {args.rounds} round(s) of {args.batches} micro-batches of "
             f"{args.rows} rows per sink, {spark.sparkContext.master}; scratch in {directory}",
@@ -466,9 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sampler.stop()
         spark.stop()  # flushes the event log
         stop_broker(embedded)
-        os.environ.pop(trace.ENV, None)
+        os.environ.pop(trace_hooks.ENV, None)
     jobs = read_event_log(events)
-    spans = trace.read(trace_file)
+    spans = trace_hooks.read(trace_file)
     queries: dict[str, list[list[Batch]]] = {"idemlog": [], "discard": []}
     for sink, r, result in runs:
         analysed = analyse(result, jobs, spans, str(result.progress[0]["id"]))

@@ -116,10 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if batch == SKIPPED:
                 undo = count_requests(counts)
             t0 = time.perf_counter()
-            options, arrow, topic_id = source._write_side(SCHEMA)
+            options, arrow, topic_id, hooks = source._write_side(SCHEMA)
             t1 = time.perf_counter()
             message = writer._write_task(
-                options, arrow, SinkAttempt(sink, run, batch), iter(rows), 0, 0, topic_id
+                options, arrow, SinkAttempt(sink, run, batch), iter(rows), 0, 0, topic_id, hooks
             )
             t2 = time.perf_counter()
             commit.commit_batch(options, None, run, batch, [message])

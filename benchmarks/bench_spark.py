@@ -139,6 +139,8 @@ class Bench:
     spark: SparkSession
     directory: Path
     embedded: str  # the embedded broker's path
+    # More options of every idemlog write (bench_microbatch: the trace's hooks).
+    idemlog_options: dict[str, str] = field(default_factory=dict)
     runs: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SINKS})
     cpu: dict[str, list[Cpu]] = field(default_factory=lambda: {s: [] for s in SINKS})
 
@@ -163,6 +165,7 @@ class Bench:
                     .option("path", self.embedded)
                     .option("topic", topic)
                     .option("key", "key")
+                    .options(**self.idemlog_options)
                     .save()
                 )
             elif sink == "parquet":
@@ -313,6 +316,7 @@ def run_stream(bench: Bench, sink: str, files: Path, batches: int, rows: int) ->
             .option("path", bench.embedded)
             .option("topic", topic)
             .option("key", "key")
+            .options(**bench.idemlog_options)
         )
     else:
         writer = writer.format("discard")

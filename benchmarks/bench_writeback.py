@@ -43,13 +43,14 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks import trace_hooks
 from benchmarks.bench_spark import check_topic
 from benchmarks.broker_process import Server, start_broker
 from benchmarks.discard_sink import DiscardDataSource
 from benchmarks.spark_workload import source
 from broker_core.client.broker_client import BrokerClient
 from broker_core.fileutil import start_writeback
-from spark_sink import local_session, trace
+from spark_sink import local_session
 
 VARIANTS = {"on": "", "off": "log.flush.writeback.bytes=0\n"}
 WARMUP_ROWS = 100_000
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shutil.rmtree(directory, ignore_errors=True)
         return 0
     trace_file = directory / "trace.jsonl"
-    os.environ[trace.ENV] = str(trace_file)  # inherited by Spark's Python workers
+    os.environ[trace_hooks.ENV] = str(trace_file)  # inherited by Spark's Python workers
     servers: dict[str, Server] = {}
     runs: dict[str, list[float]] = {"discard": [], "on": [], "off": []}
     commits: dict[str, list[float]] = {"on": [], "off": []}
@@ -158,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return time.perf_counter() - start
             topic = f"bench-writeback-{uuid.uuid4().hex[:12]}"
             writer = df.write.format("idemlog").mode("append").option("topic", topic)
+            writer = writer.option("hooks", trace_hooks.HOOKS)  # its commit_request spans
             writer.option("brokers", servers[sink].address).option("key", "key").save()
             elapsed = time.perf_counter() - start
             if rows == args.rows:

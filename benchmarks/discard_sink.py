@@ -5,10 +5,12 @@ driver's commit checks it (batch) or does nothing (stream). What a micro-batch c
 with it is what Spark costs any Python sink: the JVM -> Python worker Arrow transfer, the
 Python processes Spark starts on the driver to plan the writer and to commit, and the
 job. It lives in a module of its own that imports only pyarrow, pyspark's data-source API
-and ``spark_sink.trace``, so those processes pay for nothing of idemlog's.
+and ``benchmarks.trace_hooks`` (with ``spark_sink.hooks``, small), so those processes pay
+for nothing of idemlog's writer.
 
-It is traced like idemlog's writer (``spark_sink.trace``: ``plan_writer``, ``task``,
-``commit``), so ``benchmarks.bench_microbatch`` sets the two breakdowns side by side.
+It is traced like idemlog's writer (``benchmarks.trace_hooks``: ``plan_writer``,
+``task``, ``commit``), so ``benchmarks.bench_microbatch`` sets the two breakdowns side by
+side.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_sink import trace
+from benchmarks.trace_hooks import span
 
 
 @dataclass
@@ -54,11 +56,11 @@ class DiscardBatchWriter(DataSourceArrowWriter):
 
 class DiscardStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DiscardCommitMessage:
-        with trace.span("task"):
+        with span("task"):
             return _count(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        with trace.span("commit", batch=batchId):
+        with span("commit", batch=batchId):
             pass
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -77,5 +79,5 @@ class DiscardDataSource(DataSource):
         return DiscardBatchWriter(int(self.options.get("expected_rows", "-1")))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        with trace.span("plan_writer"):
+        with span("plan_writer"):
             return DiscardStreamWriter()

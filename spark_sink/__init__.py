@@ -17,16 +17,9 @@ errors import without pyspark installed.
 
 from __future__ import annotations
 
-import time as _time
+from typing import TYPE_CHECKING
 
-_IMPORTED = _time.time()  # first: the micro-batch breakdown counts our imports from here
-
-from typing import TYPE_CHECKING  # noqa: E402
-
-from broker_core.lazy import lazy_names  # noqa: E402
-from spark_sink import trace as _trace  # noqa: E402
-
-_trace.imported_at(_IMPORTED)
+from broker_core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from spark_sink.datasource import FORMAT, IdemlogDataSource, register

@@ -25,9 +25,10 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import InvalidProducerIdMappingError
 from broker_core.protocol.wire import SinkTxnStatus
 from broker_core.security.tls import Side
-from spark_sink import failpoints, progress_spool, trace
+from spark_sink import progress_spool
 from spark_sink.driver_retry import retrying
 from spark_sink.errors import SinkStateLostError
+from spark_sink.hooks import NO_HOOKS, Point, SinkHooks
 from spark_sink.options import IdemlogOptions
 
 log = logging.getLogger("idemlog.sink")
@@ -101,11 +102,13 @@ def commit_batch(
     run_id: str,
     batch_id: int,
     messages: Sequence[WriterCommitMessage | None],
+    hooks: SinkHooks = NO_HOOKS,
     *,
     report: bool = False,
 ) -> bool:
     """The driver's commit of one Spark batch; False if it was committed before.
 
+    ``hooks``: the write's, called at the commit's points and around its steps.
     ``report``: spool the batch's figures for the query's progress (``spark_sink.progress``).
     """
     ours = _messages(run_id, batch_id, messages)
@@ -120,8 +123,8 @@ def commit_batch(
         raise RuntimeError(
             f"commit of batch {batch_id} of sink {sink_id}: tasks wrote for {ours[0].sink_id}"
         )
-    with trace.span("commit", batch=batch_id):
-        return _commit(options, sink_id, run_id, batch_id, ours, report)
+    with hooks.span("commit", batch=batch_id):
+        return _commit(options, sink_id, run_id, batch_id, ours, report, hooks)
 
 
 def _commit(
@@ -131,24 +134,26 @@ def _commit(
     batch_id: int,
     ours: list[IdemlogCommitMessage],
     report: bool,
+    hooks: SinkHooks,
 ) -> bool:
-    failpoints.hit("before_commit", batch_id, enabled=options.test_hooks)
+    hooks.at(Point.BEFORE_COMMIT, batch_id)
     txns = [m.transaction for m in ours if m.status != SinkTxnStatus.COMMITTED]
     sid = sink_id
-    inside = failpoints.claim("inside_commit", batch_id, enabled=options.test_hooks)
-    if inside is not None:
-        # The request leaves, and the driver dies while it is in flight: the broker may
-        # or may not have recorded the commit.
+
+    def send_request() -> None:
+        # For a hook that acts inside the commit: the request leaves on a client and a
+        # thread of its own, and the hook disturbs the driver while it is in flight (the
+        # broker may or may not record it). Idempotent: the request below may follow.
         client = BrokerClient(
             options.bootstrap(), tls=options.tls.load(Side.CLIENT), sasl=options.sasl
         )
-        sender = threading.Thread(
+        threading.Thread(
             target=client.commit_sink_batch, args=(sid, batch_id, txns, run_id), daemon=True
-        )
-        sender.start()
-        failpoints.act(inside)
+        ).start()
+
+    hooks.at(Point.INSIDE_COMMIT, batch_id, effect=send_request)
     started = time.perf_counter()
-    with trace.span("commit_request", batch=batch_id):
+    with hooks.span("commit_request", batch=batch_id):
         try:
             committed: bool = retrying(
                 options,
@@ -161,7 +166,7 @@ def _commit(
             raise
     if report:
         _report(sid, batch_id, ours, committed, (time.perf_counter() - started) * 1000)
-    failpoints.hit("after_commit", batch_id, enabled=options.test_hooks)
+    hooks.at(Point.AFTER_COMMIT, batch_id)
     log.info(
         "sink %s batch %d: %s (%d transactions, %d rows)",
         sink_id,

@@ -25,10 +25,11 @@ from pyspark.sql.types import StructType
 from broker_core.client.broker_client import NoBrokerReachableError
 from broker_core.errors import NetworkError
 
-from . import topics, trace
+from . import topics
 from .connections import sink_client
 from .driver_retry import PLAN_REQUEST_TIMEOUT_S, retrying
 from .errors import UnsupportedWriteError, one_line_errors
+from .hooks import SinkHooks, load_hooks
 from .options import IdemlogOptions, Scope, parse_options
 from .schema import arrow_schema_for, check_key, spark_schema_for
 from .writer import IdemlogBatchWriter, IdemlogStreamWriter
@@ -106,25 +107,26 @@ class IdemlogDataSource(DataSource):
         return IdemlogStreamReader(*self._read_side())
 
     # -- writing ---------------------------------------------------------------------------
-    def _write_side(self, schema: StructType) -> tuple[IdemlogOptions, pa.Schema, str]:
-        """The options, the Arrow schema and the topic's id, pinned here, on the driver:
-        the tasks send it, so a topic recreated between this plan and the write refuses
-        them before any row is written."""
-        with trace.span("plan_writer"):
-            options = parse_options(self.options, Scope.WRITE)
+    def _write_side(self, schema: StructType) -> tuple[IdemlogOptions, pa.Schema, str, SinkHooks]:
+        """The options, the Arrow schema, the topic's id, pinned here, on the driver (the
+        tasks send it, so a topic recreated between this plan and the write refuses them
+        before any row is written), and the write's hooks (the option ``hooks``)."""
+        options = parse_options(self.options, Scope.WRITE)
+        hooks = load_hooks(options.hooks)
+        with hooks.span("plan_writer"):
             arrow = arrow_schema_for(schema)
             check_key(arrow, options.key)
             # Spark plans a stream's writer anew for each micro-batch (and for an abort): a
             # broker restarting then is ridden out, not the query's end. Brokers that never
             # answer are named (option 'brokers') once the retries are spent.
-            with trace.span("topic_check"):
+            with hooks.span("topic_check"):
                 info = retrying(
                     options,
                     f"plan of the write to topic {options.topic!r}",
                     lambda client: topics.ensure_for_write(client, options, arrow),
                     request_timeout_s=PLAN_REQUEST_TIMEOUT_S,
                 )
-            return options, arrow, info.topic_id
+            return options, arrow, info.topic_id, hooks
 
     @one_line_errors
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

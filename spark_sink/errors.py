@@ -81,7 +81,8 @@ class EmbeddedBrokerError(IdemlogError):
 
 
 class InjectedFailure(IdemlogError):
-    """A failure injected on purpose (``spark_sink.failpoints``): tests and the demo."""
+    """A failure injected on purpose by a write's hooks (the option ``hooks``): the fault
+    tests' ``testkit.spark_failpoints``, the notebook's own."""
 
     error_code = ErrorCode.UNKNOWN_SERVER_ERROR
 

@@ -38,6 +38,8 @@ from spark_sink.embedded import (
     METRICS_OFF,
     METRICS_OPTION,
 )
+from spark_sink.hooks import OPTION as HOOKS_OPTION
+from spark_sink.hooks import load_hooks
 from spark_sink.read_offsets import (
     ENDING_OPTION,
     STARTING_OPTION,
@@ -282,13 +284,15 @@ _KEYS: list[tuple[ConfigKey, Scope]] = [
     ),
     (
         ConfigKey(
-            "testHooks",
-            bool,
-            False,
-            "Never in production. Lets the environment variable IDEMLOG_SPARK_FAILPOINTS "
-            "inject failures into this write (the fault tests and the demo; "
-            "docs/security.md, Test hooks). Off: the variable is ignored, with one warning "
-            "naming it per process.",
+            HOOKS_OPTION,
+            str,
+            "",
+            "A class that observes or disturbs this write, `module:Class` (a subclass of "
+            "`spark_sink.hooks.SinkHooks`, built with no arguments once in each Python "
+            "process of the write; its module importable on the driver and the executors). "
+            "Empty: none. Nothing in idemlog's package is one: the fault tests' failure "
+            "injection and the benchmarks' timing spans name their own (docs/spark.md, "
+            "Hooks).",
         ),
         Scope.WRITE,
     ),
@@ -326,7 +330,7 @@ class IdemlogOptions:
     # names the streaming query (the sink id) when no task reported.
     checkpoint_location: str = ""
     tls: TlsSettings = PLAINTEXT  # the options security.protocol and ssl.*
-    test_hooks: bool = False  # the job was started for the fault tests (spark_sink.failpoints)
+    hooks: str = ""  # the option hooks: module:Class of the write's SinkHooks, "" none
     embedded_metrics_port: int = METRICS_OFF  # the option embedded.metrics.port
     # The option embedded.idle.shutdown.ms.
     embedded_idle_shutdown_ms: int = IDLE_SHUTDOWN_DEFAULT_MS
@@ -442,6 +446,8 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
             f"option 'security.protocol'={tls.protocol.value} needs 'brokers': the embedded "
             "default broker listens on loopback without authentication"
         )
+    hooks = str(parsed[HOOKS_OPTION])
+    load_hooks(hooks)  # here, on the driver: a name that cannot be loaded fails the plan
     return IdemlogOptions(
         topic=topic,
         sasl=sasl,
@@ -463,7 +469,7 @@ def parse_options(options: Mapping[str, str], scope: Scope) -> IdemlogOptions:
         min_partitions=int(parsed["minPartitions"]),
         max_records_per_partition=int(parsed["maxRecordsPerPartition"]),
         topic_id=topic_id,
-        test_hooks=bool(parsed["testHooks"]),
+        hooks=hooks,
         embedded_metrics_port=metrics_port,
         embedded_idle_shutdown_ms=int(parsed[IDLE_SHUTDOWN_OPTION]),
         checkpoint_location=checkpoint,

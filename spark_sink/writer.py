@@ -45,7 +45,6 @@ from broker_core.errors import IdemlogError, UnknownTopicIdError
 from broker_core.protocol.txn_inputs import batch_job_sink_id
 from broker_core.protocol.wire import SinkAttempt, SinkTxnStatus
 from broker_core.security.tls import Side
-from spark_sink import failpoints, trace
 from spark_sink.commit import (
     IdemlogCommitMessage,
     abort_batch,
@@ -57,6 +56,7 @@ from spark_sink.commit import (
 from spark_sink.connections import shared_connections
 from spark_sink.errors import one_line_errors
 from spark_sink.heartbeat import HEARTBEATS
+from spark_sink.hooks import NO_HOOKS, Point, SinkHooks
 from spark_sink.options import IdemlogOptions
 from spark_sink.schema import conform
 
@@ -126,19 +126,21 @@ def write_task(
     attempt: SinkAttempt,
     batches: Iterator[pa.RecordBatch],
     topic_id: str = "",
+    hooks: SinkHooks = NO_HOOKS,
 ) -> IdemlogCommitMessage:
     """One attempt of one Spark task: its rows as one prepared transaction, every request
     naming the topic by ``topic_id``, the id the driver found when it planned the write
-    ("": a topic stored before ids, unchecked)."""
+    ("": a topic stored before ids, unchecked). ``hooks``: the write's (the option
+    ``hooks``), called at the task's points and steps."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     if ctx is None:
         raise RuntimeError("the idemlog writer runs inside a Spark task (no TaskContext)")
     partition_id = ctx.partitionId()
-    with trace.span("task", batch=attempt.batch_id, partition=partition_id):
+    with hooks.span("task", batch=attempt.batch_id, partition=partition_id):
         return _write_task(
-            options, schema, attempt, batches, ctx.attemptNumber(), partition_id, topic_id
+            options, schema, attempt, batches, ctx.attemptNumber(), partition_id, topic_id, hooks
         )
 
 
@@ -150,15 +152,16 @@ def _write_task(
     attempt_number: int,
     partition_id: int,
     topic_id: str,
+    hooks: SinkHooks = NO_HOOKS,
 ) -> IdemlogCommitMessage:
     batch_id = attempt.batch_id
     started = time.perf_counter()
-    failpoints.hit("before_write", batch_id, partition_id, enabled=options.test_hooks)
+    hooks.at(Point.BEFORE_WRITE, batch_id, partition_id)
     tid = transactional_id(attempt.sink_id, partition_id)
-    lost_ack = failpoints.claim("lost_ack", batch_id, partition_id, enabled=options.test_hooks)
+    wrap_transport = hooks.transport(batch_id, partition_id)
     # Once per task: for the embedded broker each call checks that it answers.
     bootstrap = options.bootstrap()
-    with trace.span("open_producer", batch=batch_id):
+    with hooks.span("open_producer", batch=batch_id):
         # Here, not at the top: the driver's planning and commit processes import this
         # module too, and need none of the producer.
         from broker_core.producer.producer import Producer
@@ -172,9 +175,8 @@ def _write_task(
             connections=shared_connections(options.tls, options.sasl),
             topic_ids=pinned,
             transport=None
-            if lost_ack is None
-            else failpoints.losing_acks(
-                lost_ack,
+            if wrap_transport is None
+            else wrap_transport(
                 FlightTransport(
                     BrokerClient(bootstrap, tls=options.tls.load(Side.CLIENT), sasl=options.sasl),
                     topic_ids=pinned,
@@ -193,22 +195,22 @@ def _write_task(
         # routes the task's first rows from Spark (which waits for the JVM): its answer
         # is needed only before the first send (docs/design.md, "The init overlaps the
         # task's first rows").
-        init = _BackgroundInit(producer, attempt)
+        init = _BackgroundInit(producer, attempt, hooks)
         # The run's heartbeats cover the pull too: Spark may take any time to hand over
         # the first rows (the query's own work upstream), and the run's other, prepared
         # transactions must not time out meanwhile (docs/design.md, "Long batches").
         with HEARTBEATS.beating(options, bootstrap, attempt.sink_id, attempt.run_id):
             try:
-                head = _pull_head(producer, options, schema, batches, batch_id)
+                head = _pull_head(producer, options, schema, batches, batch_id, hooks)
             except BaseException as exc:
                 init.settle(exc)
                 raise
-            with trace.span("wait_init", batch=batch_id):
+            with hooks.span("wait_init", batch=batch_id):
                 status = init.result()
             if status is SinkTxnStatus.NEW:
                 try:
                     rows = _write_rows(
-                        producer, options, schema, head, batches, attempt, partition_id
+                        producer, options, schema, head, batches, attempt, partition_id, hooks
                     )
                 except IdemlogError as exc:
                     # The broker's refusal reaches the task as the send's or prepare's
@@ -272,9 +274,10 @@ class _BackgroundInit:
     max.block.ms, retriable errors retried meanwhile). One thread per task attempt.
     """
 
-    def __init__(self, producer: Producer, attempt: SinkAttempt) -> None:
+    def __init__(self, producer: Producer, attempt: SinkAttempt, hooks: SinkHooks) -> None:
         self._producer = producer
         self._attempt = attempt
+        self._hooks = hooks
         self._status: SinkTxnStatus | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="idemlog-init", daemon=True)
@@ -282,7 +285,7 @@ class _BackgroundInit:
 
     def _run(self) -> None:
         try:
-            with trace.span("init_producer", batch=self._attempt.batch_id):
+            with self._hooks.span("init_producer", batch=self._attempt.batch_id):
                 self._status = self._producer.init_sink_transaction(self._attempt)
         except BaseException as exc:  # handed to the task's thread by result()
             self._error = exc
@@ -325,12 +328,13 @@ def _pull_head(
     schema: pa.Schema,
     batches: Iterator[pa.RecordBatch],
     batch_id: int,
+    hooks: SinkHooks,
 ) -> _Head:
     """Pull rows from Spark's iterator until one send's worth is there (or the rows end)
     and split them by partition (the topic's metadata fetched meanwhile): nothing is
     queued, and nothing touches the producer's transaction (its init may be running)."""
     head = _Head()
-    with trace.span("pull_head", batch=batch_id):
+    with hooks.span("pull_head", batch=batch_id):
         while head.nbytes < producer.config.batch_size:
             batch = next(batches, None)
             if batch is None:
@@ -354,6 +358,7 @@ def _write_rows(
     batches: Iterator[pa.RecordBatch],
     attempt: SinkAttempt,
     partition_id: int,
+    hooks: SinkHooks,
 ) -> int:
     """The task's rows (``head``, then the rest of ``batches``) as one transaction,
     prepared once every send succeeded; the rows. Called only after an init that answered
@@ -366,7 +371,7 @@ def _write_rows(
     pending: list[pa.RecordBatch] = []
     pending_bytes, rows = 0, head.rows
     if head.routed is not None:
-        sends.append(_send(producer, options, head.routed, batch_id, partition_id, True))
+        sends.append(_send(producer, options, head.routed, hooks, attempt, partition_id))
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -374,18 +379,18 @@ def _write_rows(
         pending_bytes += batch.nbytes
         rows += batch.num_rows
         if pending_bytes >= producer.config.batch_size:
-            sends.append(_send(producer, options, pending, batch_id, partition_id, not sends))
+            sends.append(_send(producer, options, pending, hooks, attempt, partition_id, sends))
             pending, pending_bytes = [], 0
     if pending:
-        sends.append(_send(producer, options, pending, batch_id, partition_id, not sends))
-    with trace.span("flush", batch=batch_id):
+        sends.append(_send(producer, options, pending, hooks, attempt, partition_id, sends))
+    with hooks.span("flush", batch=batch_id):
         producer.flush(producer.config.max_block_ms / 1000)
     # Every send must have succeeded before the transaction may claim the task's rows:
     # result() raises a send's error, and prepare refuses a transaction with a failure.
     ranges = _offset_ranges(options.topic, [f.result(timeout=0) for f in sends])
-    with trace.span("prepare", batch=batch_id):
+    with hooks.span("prepare", batch=batch_id):
         producer.prepare_sink_transaction(batch_id, ranges)
-    failpoints.hit("after_prepare", batch_id, partition_id, enabled=options.test_hooks)
+    hooks.at(Point.AFTER_PREPARE, batch_id, partition_id)
     return rows
 
 
@@ -409,31 +414,39 @@ def _send(
     producer: Producer,
     options: IdemlogOptions,
     rows: list[pa.RecordBatch] | RoutedRows,
-    batch_id: int,
+    hooks: SinkHooks,
+    attempt: SinkAttempt,
     partition_id: int,
-    first: bool,
+    earlier: Sequence[Future[SendResult]] = (),
 ) -> Future[SendResult]:
+    """Send ``rows``; the task's first send (no ``earlier`` ones) is its ``mid_write``
+    point, where a hook that acts flushes first, so some rows really are in the log."""
     if isinstance(rows, list):
         sent = producer.send(options.topic, pa.Table.from_batches(rows), key=options.key)
     else:
         sent = producer.send_routed(rows)
-    if first and (
-        entry := failpoints.claim("mid_write", batch_id, partition_id, enabled=options.test_hooks)
-    ):
-        producer.flush()  # some rows really are in the log when it fires
-        failpoints.act(entry)
+    if not earlier:
+        hooks.at(Point.MID_WRITE, attempt.batch_id, partition_id, effect=producer.flush)
     return sent
 
 
 class IdemlogBatchWriter(DataSourceArrowWriter):
     """``df.write.format("idemlog")``: all-or-nothing per job, under a fresh sink id.
     ``topic_id``: the topic's id when the driver planned the write, which every task
-    sends (a topic recreated since refuses them)."""
+    sends (a topic recreated since refuses them). ``hooks``: the write's (the option
+    ``hooks``), pickled by name to the tasks and the commit."""
 
-    def __init__(self, options: IdemlogOptions, schema: pa.Schema, topic_id: str = "") -> None:
+    def __init__(
+        self,
+        options: IdemlogOptions,
+        schema: pa.Schema,
+        topic_id: str = "",
+        hooks: SinkHooks = NO_HOOKS,
+    ) -> None:
         self.options = options
         self.schema = schema
         self.topic_id = topic_id
+        self.hooks = hooks
         # Created once on the driver; Spark pickles this writer to the tasks and to the
         # commit process, so all of them agree on them.
         self.run_id = new_run_id()
@@ -445,7 +458,7 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         """In a task: the partition's rows as one prepared transaction, readable only once
         the driver commits; a retried attempt fences the earlier ones first."""
         attempt = SinkAttempt(self.sink_id, self.run_id, BATCH_JOB_BATCH_ID)
-        return write_task(self.options, self.schema, attempt, iterator, self.topic_id)
+        return write_task(self.options, self.schema, attempt, iterator, self.topic_id, self.hooks)
 
     @one_line_errors
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -453,7 +466,9 @@ class IdemlogBatchWriter(DataSourceArrowWriter):
         errors are retried for the option driver.retry.timeout.ms; then, or on any
         other error, it raises (RuntimeError for a task without a message) and the
         job's rows are either all committed (a lost answer) or none."""
-        commit_batch(self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages)
+        commit_batch(
+            self.options, self.sink_id, self.run_id, BATCH_JOB_BATCH_ID, messages, self.hooks
+        )
 
     @one_line_errors
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -471,19 +486,28 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
     topic's id when Spark planned this writer, which the tasks send: a topic recreated
     between that plan and a task refuses the task before it writes a row. (Spark plans
     a stream's writer anew for its micro-batches: seen in a test, a batch planned after
-    a recreate writes to the new topic.)"""
+    a recreate writes to the new topic.) ``hooks``: as the batch writer's."""
 
-    def __init__(self, options: IdemlogOptions, schema: pa.Schema, topic_id: str = "") -> None:
+    def __init__(
+        self,
+        options: IdemlogOptions,
+        schema: pa.Schema,
+        topic_id: str = "",
+        hooks: SinkHooks = NO_HOOKS,
+    ) -> None:
         self.options = options
         self.schema = schema
         self.topic_id = topic_id
+        self.hooks = hooks
 
     @one_line_errors
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IdemlogCommitMessage:
         """In a task: the partition's rows of this micro-batch as one prepared
         transaction; nothing if an earlier attempt of the batch already holds or
         committed them. Raises RuntimeError outside a micro-batch streaming task."""
-        return write_task(self.options, self.schema, stream_attempt(), iterator, self.topic_id)
+        return write_task(
+            self.options, self.schema, stream_attempt(), iterator, self.topic_id, self.hooks
+        )
 
     @one_line_errors
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -501,7 +525,7 @@ class IdemlogStreamWriter(DataSourceStreamArrowWriter):
                     "a message"
                 )
             return  # no task ran: nothing to commit
-        commit_batch(self.options, None, run_id, batchId, messages, report=True)
+        commit_batch(self.options, None, run_id, batchId, messages, self.hooks, report=True)
 
     @one_line_errors
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -20,7 +20,7 @@ import psutil
 from broker_core.client.broker_client import BrokerClient
 from broker_core.errors import IdemlogError
 from broker_core.protocol.wire import Action
-from spark_sink import failpoints
+from testkit import spark_failpoints
 from tests.cluster.secured import Principal, SecuredZooKeeper, Security
 from tests.harness.client_calls import answering_address
 from tests.harness.cluster import BrokerCluster, SparkStandalone, code_zip
@@ -177,7 +177,7 @@ def running_stack(
 
 def fired_by(marks: Path, entry: str, run: DriverRun) -> int:
     """Wait for ``entry`` to fire; the pid of the process it fired in."""
-    marker = Path(failpoints.marker_path(str(marks), entry))
+    marker = Path(spark_failpoints.marker_path(str(marks), entry))
 
     def there() -> bool:
         if run.proc.poll() is not None:

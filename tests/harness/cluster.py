@@ -242,10 +242,11 @@ def live_ids(client: BrokerClient, broker: BrokerProcess) -> set[int]:
 
 def code_zip(workdir: Path) -> Path:
     """The project's packages zipped for ``spark.submit.pyFiles``: how the executors get
-    the sink's code (docs/deployment.md)."""
+    the sink's code (docs/deployment.md), and the hooks the fault tests' writes name
+    (``testkit.spark_failpoints``)."""
     path = Path(workdir) / "idemlog-code.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for package in ("spark_sink", "broker_core"):
+        for package in ("spark_sink", "broker_core", "testkit"):
             for file in sorted((REPO / package).rglob("*")):
                 if file.is_file() and "__pycache__" not in file.parts:
                     z.write(file, file.relative_to(REPO))

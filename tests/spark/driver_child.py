@@ -8,8 +8,9 @@ which must not be the pytest process. One JSON argument says what to run:
 ``{"mode": "stream" | "batch" | "read" | "read_stream", "src", "store", "topic",
 "checkpoint", "conf": {...}, "trigger": "availableNow" | "processingTime", "files": K,
 "spark_partitions": 4, "bad_partition": P, "bad_rank": 0.8, "arrow_batch_rows": N,
-"sink_options": {...}, "test_hooks": true (the launcher armed failpoints: the writes get
-the option testHooks=true), "progress_out": path (stream: each progress's JSON appended),
+"sink_options": {...}, "test_hooks": true (the launcher armed failpoints: the writes name
+the hooks that fire them, the option hooks), "progress_out": path (stream: each
+progress's JSON appended),
 "stop_on_file": path (processingTime: query.stop() once it exists), "steps": [{...}, ...]
 (jobs run in turn in one session, each step's keys over the outer spec's), "out": path
 (read modes: the rows read, as parquet), "master": "spark://host:port"
@@ -70,9 +71,11 @@ def sink_options(spec: dict[str, Any]) -> dict[str, str]:
 
 
 def write_options(spec: dict[str, Any]) -> dict[str, str]:
-    """The sink's options, with the opt-in to the failpoints when the launcher armed some
-    (``"test_hooks": true``; docs/security.md, Test hooks)."""
-    hooks = {"testHooks": "true"} if spec.get("test_hooks") else {}
+    """The sink's options, with the hooks that fire the failpoints when the launcher armed
+    some (``"test_hooks": true``; docs/security.md, Test hooks)."""
+    from testkit.spark_failpoints import HOOKS
+
+    hooks = {"hooks": HOOKS} if spec.get("test_hooks") else {}
     return {**sink_options(spec), **hooks}
 
 

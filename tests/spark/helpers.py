@@ -362,8 +362,9 @@ class DriverLauncher:
     ) -> DriverRun:
         """Start a driver child; ``launcher`` wraps its command line (e.g. ``Host.command``
         of the multi-host test bed: the driver on a host of its own). With ``failpoints``
-        its writes opt in to them (``testHooks=true``) unless ``test_hooks`` is False (the
-        gate's own test: the variables set, the option not)."""
+        its writes name the hooks that fire them (the option ``hooks``,
+        ``testkit.spark_failpoints``) unless ``test_hooks`` is False (the gate's own test:
+        the variables set, the option not)."""
         tag = uuid.uuid4().hex
         env = {k: v for k, v in os.environ.items() if not k.startswith("IDEMLOG_")}
         env[TAG_ENV] = tag
@@ -374,8 +375,8 @@ class DriverLauncher:
             failpoints_dir.mkdir(parents=True, exist_ok=True)
             env["IDEMLOG_SPARK_FAILPOINTS"] = entries
             env["IDEMLOG_SPARK_FAILPOINTS_DIR"] = str(failpoints_dir)
-            # The job's opt-in to the variable (docs/security.md, Test hooks): without it
-            # the sink ignores the failpoints and the test's check that they fired fails.
+            # The job's opt-in to the variable (docs/security.md, Test hooks): without the
+            # hooks that read it nothing fires, and the test's check that it did fails.
             spec = {**spec, "test_hooks": test_hooks}
         log_path = self.workdir / f"driver-{len(self.runs):02d}.log"
         with open(log_path, "wb") as log:

@@ -4,7 +4,7 @@ same port, so on the same data), and fails with one line naming
 ``driver.retry.timeout.ms`` when the broker stays down longer than that option allows.
 
 Where the broker dies is set by a failpoint that holds the query there for a few seconds
-(``spark_sink.failpoints``), the broker killed as soon as its marker appears (or, inside
+(``testkit.spark_failpoints``), the broker killed as soon as its marker appears (or, inside
 the commit, once the broker has recorded it):
 
 * ``after_commit`` of batch 2: the driver's plan of the next batch meets the dead broker;
@@ -34,9 +34,9 @@ from typing import Any
 import pytest
 
 from broker_core.client.broker_client import BrokerClient
-from spark_sink import failpoints
 from spark_sink.driver_retry import RETRY_MARK
 from spark_sink.embedded import broker_pid
+from testkit import spark_failpoints
 from tests.harness.broker import BrokerFactory
 from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
@@ -92,7 +92,7 @@ def _stream(
 
 def _wait_fired(run: DriverRun, marks: Path, entry: str) -> None:
     """Until the failpoint ``entry`` fired (its marker exists); fails if the driver exits."""
-    marker = Path(failpoints.marker_path(str(marks), entry))
+    marker = Path(spark_failpoints.marker_path(str(marks), entry))
 
     def fired() -> bool:
         assert run.proc.poll() is None, f"the driver exited first:\n{run.describe()}"

@@ -1,18 +1,18 @@
-"""Options and failpoint specs: declared once, documented in docs/, checked by name."""
+"""Options, hooks and failpoint specs: declared once, documented in docs/, checked by name."""
 
 from __future__ import annotations
 
 import pickle
 import re
-import threading
 from pathlib import Path
 
 import pytest
 
 from broker_core.errors import InvalidConfigError
-from spark_sink import failpoints
 from spark_sink.embedded import DEFAULT_PATH
+from spark_sink.hooks import NO_HOOKS, Point, load_hooks
 from spark_sink.options import OPTIONS, SCOPES, Scope, parse_options
+from testkit import spark_failpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,47 +161,65 @@ def test_failpoints_parse_match_and_fire_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = "mid_write@3/1=raise;inside_commit@5=kill_driver;before_write@0=sleep:0.01"
-    entries = failpoints.parse(spec)
+    entries = spark_failpoints.parse(spec)
     assert [(e.point, e.batch_id, e.partition, e.action) for e in entries] == [
         ("mid_write", 3, 1, "raise"),
         ("inside_commit", 5, None, "kill_driver"),
         ("before_write", 0, None, "sleep:0.01"),
     ]
-    monkeypatch.setenv(failpoints.ENV, spec)
-    monkeypatch.setenv(failpoints.ENV_DIR, str(tmp_path))
-    failpoints.hit("mid_write", 3, 0, enabled=True)  # another partition: nothing
+    monkeypatch.setenv(spark_failpoints.ENV, spec)
+    monkeypatch.setenv(spark_failpoints.ENV_DIR, str(tmp_path))
+    spark_failpoints.hit("mid_write", 3, 0)  # another partition: nothing
     with pytest.raises(Exception, match="failpoint mid_write@3/1=raise fired"):
-        failpoints.hit("mid_write", 3, 1, enabled=True)
-    failpoints.hit("mid_write", 3, 1, enabled=True)  # fired once already: passes now
+        spark_failpoints.hit("mid_write", 3, 1)
+    spark_failpoints.hit("mid_write", 3, 1)  # fired once already: passes now
     with pytest.raises(InvalidConfigError, match="is not <point>@<batch>"):
-        failpoints.parse("during_lunch@1=raise")
+        spark_failpoints.parse("during_lunch@1=raise")
 
 
 def test_failpoints_need_a_marker_directory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(failpoints.ENV, "mid_write@1=raise")
-    monkeypatch.delenv(failpoints.ENV_DIR, raising=False)
-    with pytest.raises(InvalidConfigError, match=failpoints.ENV_DIR):
-        failpoints.hit("mid_write", 1, 0, enabled=True)
+    monkeypatch.setenv(spark_failpoints.ENV, "mid_write@1=raise")
+    monkeypatch.delenv(spark_failpoints.ENV_DIR, raising=False)
+    with pytest.raises(InvalidConfigError, match=spark_failpoints.ENV_DIR):
+        spark_failpoints.hit("mid_write", 1, 0)
 
 
-def test_failpoints_without_the_testhooks_option_are_ignored_and_logged_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_the_hooks_option_names_a_sinkhooks_class_loaded_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(failpoints.ENV, "mid_write@1=raise;before_commit@1=raise")
-    monkeypatch.setenv(failpoints.ENV_DIR, str(tmp_path))
-    monkeypatch.setattr(failpoints, "_warned", threading.Event())  # a fresh process
-    assert not parse_options({"topic": "t"}, Scope.WRITE).test_hooks  # off by default
-    with caplog.at_level("WARNING", logger="idemlog.failpoints"):
-        failpoints.hit("mid_write", 1, 0, enabled=False)
-        failpoints.hit("before_commit", 1, enabled=False)
-    assert [r.getMessage() for r in caplog.records] == [
-        f"{failpoints.ENV} is set but ignored: this write was not started with the option "
-        "testHooks=true (test hooks are for the fault tests only, docs/security.md)"
-    ]
+    # The failpoints' variables armed, but a write that names no hooks class never reads
+    # them: its hooks are the no-op default (docs/security.md, Test hooks).
+    monkeypatch.setenv(spark_failpoints.ENV, "mid_write@1=raise")
+    monkeypatch.setenv(spark_failpoints.ENV_DIR, str(tmp_path))
+    plain = parse_options({"topic": "t"}, Scope.WRITE)
+    assert plain.hooks == "" and load_hooks(plain.hooks) is NO_HOOKS
+    NO_HOOKS.at(Point.MID_WRITE, 1, 0)
     assert list(tmp_path.iterdir()) == []  # nothing claimed
-    assert parse_options({"topic": "t", "testhooks": "true"}, Scope.WRITE).test_hooks
+    named = parse_options({"topic": "t", "HOOKS": spark_failpoints.HOOKS}, Scope.WRITE)
+    hooks = load_hooks(named.hooks)
+    assert isinstance(hooks, spark_failpoints.SparkFailpoints)
+    # Pickled by name (to the tasks and the commit): the process's one instance.
+    assert pickle.loads(pickle.dumps(hooks)) is hooks is load_hooks(spark_failpoints.HOOKS)
     with pytest.raises(Exception, match="failpoint mid_write@1=raise fired"):
-        failpoints.hit("mid_write", 1, 0, enabled=True)
+        hooks.at(Point.MID_WRITE, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("testkit.spark_failpoints", "not module:Class"),
+        ("testkit.no_such_module:Hooks", "cannot import 'testkit.no_such_module'"),
+        ("testkit.spark_failpoints:Nothing", "has no 'Nothing'"),
+        ("testkit.spark_failpoints:Failpoint", "is not a subclass of spark_sink.hooks.SinkHooks"),
+    ],
+)
+def test_a_bad_hooks_value_fails_the_plan_naming_the_option(value: str, why: str) -> None:
+    with pytest.raises(
+        InvalidConfigError, match=re.escape(f"option 'hooks'={value!r}: ") + ".*" + re.escape(why)
+    ):
+        parse_options({"topic": "t", "hooks": value}, Scope.WRITE)
+    with pytest.raises(InvalidConfigError, match="option 'hooks' applies to writes only"):
+        parse_options({"topic": "t", "hooks": spark_failpoints.HOOKS}, Scope.READ)
 
 
 def test_security_options_reach_every_link_and_ssl_needs_brokers() -> None:

@@ -1,12 +1,15 @@
-"""The shipped broker cannot kill its own process (issue 38, docs/security.md, Test hooks):
-no module of ``broker_core`` signals itself, its process group or every process, aborts,
-or raises a signal in itself. The kills the fault tests need are in ``testkit/``, outside
-the wheel. Signals to another process are the product's (``idemlog broker stop``: SIGTERM,
-then SIGKILL, through a pidfd of that process).
+"""The shipped package cannot kill its own process (issue 38, docs/security.md, Test hooks):
+no module of ``broker_core`` or ``spark_sink`` signals itself, its process group or every
+process, aborts, or raises a signal in itself. The kills the fault tests need are in
+``testkit/``, outside the wheel, reached only through hooks a broker's key or a write's
+option names. Signals to another process are the broker CLI's (``idemlog broker stop``:
+SIGTERM, then SIGKILL, through a pidfd of that process); the Spark side signals nothing
+itself (it stops the embedded broker it started with ``Popen``), so there any ``os.kill``,
+``os.killpg`` or SIGKILL counts, whatever its target.
 
 Read from the sources' syntax trees, not imported: a module that would kill on import
 is found too. ``tests/packaging/test_wheel.py`` runs the same check on the built wheel's
-files. ``spark_sink`` joins :data:`SHIPPED` once its failpoints leave it."""
+files."""
 
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("broker_core",)
+SHIPPED = ("broker_core", "spark_sink")
+# Packages that signal no process of their own choosing at all.
+SIGNAL_FREE = ("spark_sink", "testkit/spark_failpoints.py")
 
 # Calls that can only act on the calling process.
 ALWAYS_SELF = {
@@ -45,8 +50,10 @@ def _qualified(node: ast.expr, aliases: dict[str, tuple[str, str]]) -> tuple[str
 
 
 def self_kills(source: str, path: str = "<source>") -> Iterator[str]:
-    """Each call in ``source`` that can signal or end its own process, as ``path:line``."""
+    """Each call in ``source`` that can signal or end its own process, as ``path:line``;
+    in a :data:`SIGNAL_FREE` path, each signal sent at all and each use of SIGKILL."""
     tree = ast.parse(source, path)
+    strict = path.startswith(SIGNAL_FREE)
     aliases = {
         alias.asname or alias.name: (node.module, alias.name)
         for node in ast.walk(tree)
@@ -54,12 +61,16 @@ def self_kills(source: str, path: str = "<source>") -> Iterator[str]:
         for alias in node.names
     }
     for node in ast.walk(tree):
+        if strict and isinstance(node, ast.Attribute) and node.attr == "SIGKILL":
+            yield f"{path}:{node.lineno}: SIGKILL"
         if not isinstance(node, ast.Call):
             continue
         called = _qualified(node.func, aliases)
         if called in ALWAYS_SELF:
             if called == ("os", "_exit") and path in EXITS_ALLOWED:
                 continue
+            yield f"{path}:{node.lineno}: {'.'.join(called)}"
+        elif called in TARGETED and strict:
             yield f"{path}:{node.lineno}: {'.'.join(called)}"
         elif called in TARGETED and node.args:
             target = node.args[0]
@@ -110,3 +121,18 @@ def test_the_check_lets_a_stop_of_another_process_through() -> None:
         "os.kill(child.pid, signal.SIGKILL)\n"
     )
     assert list(self_kills(source)) == []
+
+
+def test_the_spark_failpoints_that_kill_are_found_where_the_wheel_does_not_reach() -> None:
+    injector = ROOT / "testkit" / "spark_failpoints.py"
+    assert list(self_kills(injector.read_text(), "testkit/spark_failpoints.py")) != []
+    # Signalling any process from the Spark side counts, whatever the target.
+    assert list(self_kills("import os\nos.killpg(group, 9)\n", "spark_sink/x.py")) != []
+    assert list(self_kills("import os\nos.killpg(group, 9)\n", "broker_core/x.py")) == []
+
+
+def test_the_demo_names_the_testkit_hooks() -> None:
+    from jobs.streaming_demo import FAULT_HOOKS
+    from testkit.spark_failpoints import HOOKS
+
+    assert FAULT_HOOKS == HOOKS

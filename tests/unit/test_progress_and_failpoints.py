@@ -15,8 +15,9 @@ import pytest
 from pyspark.sql.streaming.listener import QueryProgressEvent, StreamingQueryProgress
 
 from broker_core.errors import InvalidConfigError, NetworkError
-from spark_sink import failpoints, progress_spool, query_progress
+from spark_sink import progress_spool, query_progress
 from spark_sink.progress_spool import SinkProgress
+from testkit import spark_failpoints
 from tests.sink_figures import figures
 
 
@@ -139,7 +140,7 @@ def test_listener_keeps_the_last_batches_of_the_last_queries_and_hands_each_on(
 
 
 def test_lost_ack_is_parsed_only_with_drop() -> None:
-    (entry,) = failpoints.parse("lost_ack@2/1=drop:3")
+    (entry,) = spark_failpoints.parse("lost_ack@2/1=drop:3")
     assert (entry.point, entry.batch_id, entry.partition, entry.action) == (
         "lost_ack",
         2,
@@ -147,9 +148,9 @@ def test_lost_ack_is_parsed_only_with_drop() -> None:
         "drop:3",
     )
     with pytest.raises(InvalidConfigError, match="drop:<n> is the action of lost_ack only"):
-        failpoints.parse("lost_ack@2=raise")
+        spark_failpoints.parse("lost_ack@2=raise")
     with pytest.raises(InvalidConfigError, match="drop:<n> is the action of lost_ack only"):
-        failpoints.parse("mid_write@2=drop:1")
+        spark_failpoints.parse("mid_write@2=drop:1")
 
 
 class _Done:
@@ -177,9 +178,9 @@ class _Transport:
 
 
 def test_losing_acks_loses_the_first_n_answers_after_the_request_completed() -> None:
-    (entry,) = failpoints.parse("lost_ack@0=drop:2")
+    (entry,) = spark_failpoints.parse("lost_ack@0=drop:2")
     inner = _Transport()
-    proxy = failpoints.losing_acks(entry, inner)  # type: ignore[arg-type]
+    proxy = spark_failpoints.losing_acks(entry, inner)  # type: ignore[arg-type]
     handles = [proxy.send(None, None) for _ in range(3)]  # type: ignore[arg-type]
     for lost in handles[:2]:
         with pytest.raises(NetworkError, match="answer was lost"):
@@ -187,4 +188,4 @@ def test_losing_acks_loses_the_first_n_answers_after_the_request_completed() -> 
         assert lost.inner.waited  # type: ignore[attr-defined]  # the request did complete
     assert handles[2].result(1) == "response"
     assert inner.sent == 3 and proxy.partitions_for("t") == 4
-    assert failpoints.losing_acks(None, inner) is inner  # type: ignore[arg-type]
+    assert spark_failpoints.losing_acks(None, inner) is inner  # type: ignore[arg-type]

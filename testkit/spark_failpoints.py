@@ -1,27 +1,29 @@
-"""Failure injection at named points of the sink protocol, for the fault tests and the demo.
+"""Failure injection at named points of the Spark sink's protocol, for the fault tests and
+the demo: :class:`SparkFailpoints`, the write's hooks (``spark_sink.hooks``) when a write
+names it, ``.option("hooks", "testkit.spark_failpoints:SparkFailpoints")`` (:data:`HOOKS`).
 
-Off unless the write was started for it with the sink option ``testHooks=true`` AND
-``IDEMLOG_SPARK_FAILPOINTS`` is set in the environment Spark's Python processes inherit
-(the driver's, in local mode). Without the option the variable is ignored, and logged once
-per process as a warning naming it: an inherited environment alone never injects a fault
-(docs/security.md, Test hooks). Its value is a ``;``-separated list of
+Never shipped (the wheel holds ``broker_core`` and ``spark_sink`` only), so no installed
+idemlog can kill its own process. A write that does not name the class never reads the
+variables below (docs/security.md, Test hooks). Armed by ``IDEMLOG_SPARK_FAILPOINTS`` in
+the environment of the write's Python processes (in local mode the driver's; on a
+cluster ``spark.executorEnv`` too), a ``;``-separated list of
 ``<point>@<batch id>[/<spark partition>]=<action>``, e.g.
 ``mid_write@3/1=kill_worker;inside_commit@5=kill_driver``.
 
-Points: ``before_write`` (a task, before InitProducerId), ``lost_ack`` (a task: its
-producer's transport, see below), ``mid_write`` (a task, after its first Arrow batch was
-acknowledged), ``after_prepare`` (a task, its transaction
-prepared, before the commit message is returned), ``before_commit``, ``inside_commit``
-(the driver's commit request in flight), ``after_commit`` (committed, before Spark
-records the batch in its commit log). A batch write (``df.write``) is batch id 0.
+Points: those of :class:`spark_sink.hooks.Point` (``before_write``, ``mid_write`` (after
+the task's first rows were flushed into the log), ``after_prepare``, ``before_commit``,
+``inside_commit`` (the driver's commit request in flight), ``after_commit``), and
+``lost_ack``: the task's producer transport, see below. A batch write (``df.write``) is
+batch id 0.
 
-Actions: ``raise`` (the task or commit fails with :class:`InjectedFailure`),
-``kill_worker`` (SIGKILL of the Python process at the point), ``kill_driver`` (SIGKILL of
-the process group ``IDEMLOG_DRIVER_PGID``: the driver's JVM and Python), ``sleep:<s>``,
-and for ``lost_ack`` only ``drop:<n>``: the broker's answers to the task's first ``n``
-produce requests are lost after the broker appended the batch (the producer sees a
-retriable NetworkError and resends the same sequence numbers, which the broker answers
-as duplicates: Kafka's lost-acknowledgement case).
+Actions: ``raise`` (the task or commit fails with
+:class:`spark_sink.errors.InjectedFailure`), ``kill_worker`` (SIGKILL of the Python
+process at the point), ``kill_driver`` (SIGKILL of the process group
+``IDEMLOG_DRIVER_PGID``: the driver's JVM and Python), ``sleep:<s>``, and for ``lost_ack``
+only ``drop:<n>``: the broker's answers to the task's first ``n`` produce requests are lost
+after the broker appended the batch (the producer sees a retriable NetworkError and
+resends the same sequence numbers, which the broker answers as duplicates: Kafka's
+lost-acknowledgement case).
 
 Each entry fires once across all processes and restarts: the first process to reach it
 creates a marker file in ``IDEMLOG_SPARK_FAILPOINTS_DIR`` (``O_EXCL``), so a retried task
@@ -32,7 +34,6 @@ text and the pid of the process that fired it.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import re
 import signal
@@ -45,28 +46,22 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from broker_core.errors import InvalidConfigError, NetworkError
-
-from .errors import InjectedFailure
+from spark_sink.errors import InjectedFailure
+from spark_sink.hooks import Point, SinkHooks, class_name
 
 if TYPE_CHECKING:
     from broker_core.producer.producer_batch import TopicPartition
     from broker_core.producer.transport import SendHandle, Transport
     from broker_core.protocol.wire import ProduceResponse
 
-log = logging.getLogger("idemlog.failpoints")
-
 ENV = "IDEMLOG_SPARK_FAILPOINTS"
-OPTION = "testHooks"
 ENV_DIR = "IDEMLOG_SPARK_FAILPOINTS_DIR"
 ENV_DRIVER_PGID = "IDEMLOG_DRIVER_PGID"
-POINTS = (
-    "before_write",
-    "lost_ack",
-    "mid_write",
-    "after_prepare",
-    "before_commit",
-    "inside_commit",
-    "after_commit",
+LOST_ACK = "lost_ack"  # the task's producer transport (SinkHooks.transport)
+POINTS: tuple[str, ...] = (
+    Point.BEFORE_WRITE.value,
+    LOST_ACK,
+    *(p.value for p in Point if p is not Point.BEFORE_WRITE),
 )
 _ENTRY = re.compile(
     r"(?P<point>[a-z_]+)@(?P<batch>\d+)(?:/(?P<part>\d+))?=(?P<action>[a-z_]+(:[\d.]+)?)"
@@ -107,29 +102,11 @@ def parse(spec: str) -> list[Failpoint]:
     return result
 
 
-# Whether this process already warned of an ignored variable: one warning, not one a task.
-_warned = threading.Event()
-
-
-def claim(
-    point: str, batch_id: int, partition: int | None = None, *, enabled: bool
-) -> Failpoint | None:
+def claim(point: str, batch_id: int, partition: int | None = None) -> Failpoint | None:
     """The armed entry for this point, marked as fired; None when nothing is armed.
-
-    ``enabled`` is the write's ``testHooks`` option: False ignores the variable (one
-    warning per process names it). Raises InvalidConfigError for a malformed variable."""
+    Raises InvalidConfigError for a malformed variable."""
     spec = os.environ.get(ENV)
     if not spec:
-        return None
-    if not enabled:
-        if not _warned.is_set():
-            _warned.set()
-            log.warning(
-                "%s is set but ignored: this write was not started with the option %s=true "
-                "(test hooks are for the fault tests only, docs/security.md)",
-                ENV,
-                OPTION,
-            )
         return None
     for entry in parse(spec):
         if entry.matches(point, batch_id, partition) and _first_claim(entry):
@@ -137,9 +114,9 @@ def claim(
     return None
 
 
-def hit(point: str, batch_id: int, partition: int | None = None, *, enabled: bool) -> None:
-    """Act on the armed entry for this point, if any (``enabled``: as for :func:`claim`)."""
-    entry = claim(point, batch_id, partition, enabled=enabled)
+def hit(point: str, batch_id: int, partition: int | None = None) -> None:
+    """Act on the armed entry for this point, if any."""
+    entry = claim(point, batch_id, partition)
     if entry is not None:
         act(entry)
 
@@ -202,6 +179,38 @@ class _LosingAcks:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class SparkFailpoints(SinkHooks):
+    """The sink's hooks that fire the entries of ``IDEMLOG_SPARK_FAILPOINTS``."""
+
+    def at(
+        self,
+        point: Point,
+        batch_id: int,
+        partition_id: int | None = None,
+        *,
+        effect: Callable[[], object] | None = None,
+    ) -> None:
+        entry = claim(point, batch_id, partition_id)
+        if entry is None:
+            return
+        if effect is not None:
+            # mid_write: some rows really are in the log when it fires; inside_commit: the
+            # commit request is in flight (the broker may or may not record it).
+            effect()
+        act(entry)
+
+    def transport(
+        self, batch_id: int, partition_id: int
+    ) -> Callable[[Transport], Transport] | None:
+        entry = claim(LOST_ACK, batch_id, partition_id)
+        if entry is None:
+            return None
+        return lambda transport: losing_acks(entry, transport)
+
+
+HOOKS = class_name(SparkFailpoints)  # the value of the sink option ``hooks`` that arms them
 
 
 def marker_path(directory: str, text: str) -> str:

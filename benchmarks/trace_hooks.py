@@ -1,19 +1,22 @@
-"""Timed spans of the sink's own steps, for the micro-batch breakdown.
+"""Timed spans of the sink's own steps, for the micro-batch breakdown: :class:`TraceHooks`,
+the write's hooks (``spark_sink.hooks``) when a write names it,
+``.option("hooks", "benchmarks.trace_hooks:TraceHooks")`` (:data:`HOOKS`).
 
 Off unless the environment variable ``IDEMLOG_TRACE`` names a file (Spark's Python
-processes inherit the driver's environment in local mode): then every :func:`span` appends
-one JSON line to it when it ends::
+processes inherit the driver's environment in local mode): then every span appends one
+JSON line to it when it ends::
 
     {"name": "commit", "pid": 4242, "start": 1763.51, "end": 1763.54,
      "proc_start": 1763.02, "imported": 1763.31, "attrs": {"batch": 3}}
 
 Times are wall-clock epoch seconds, so spans of different processes line up with each
 other and with Spark's event log. ``proc_start`` is when the process was created,
-``imported`` when it first imported ``spark_sink``: their difference is the interpreter's
-and pyspark's start-up, the rest up to the first span is ours (imports, unpickling).
-``benchmarks/bench_microbatch.py`` reads the file. Disabled, a span costs one dict
-lookup; the lines are appended with one ``write`` each (``O_APPEND``), so concurrent
-processes never interleave within a line.
+``imported`` when it first imported ``spark_sink`` (noted by ``import_clock/sitecustomize.py``
+when the benchmark put that folder on the ``PYTHONPATH``; else None): their difference is
+the interpreter's and pyspark's start-up, the rest up to the first span is ours
+(imports, unpickling). ``benchmarks/bench_microbatch.py`` reads the file. Disabled, a span
+costs one dict lookup; the lines are appended with one ``write`` each (``O_APPEND``), so
+concurrent processes never interleave within a line.
 """
 
 from __future__ import annotations
@@ -21,29 +24,28 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
+from spark_sink.hooks import SinkHooks, class_name
+
 ENV = "IDEMLOG_TRACE"
+# Put on PYTHONPATH, it notes when each process first imported spark_sink.
+IMPORT_CLOCK = Path(__file__).resolve().parent / "import_clock"
 
 log = logging.getLogger("idemlog.trace")
 
-# Set by spark_sink/__init__.py as its first statement (time.time() then).
-_imported: float | None = None
 _proc_start: float | None = None
 
 
-def imported_at(when: float) -> None:
-    """Record when this process first imported ``spark_sink`` (called once, by it)."""
-    global _imported
-    if _imported is None:
-        _imported = when
-
-
-def enabled() -> bool:
-    return bool(os.environ.get(ENV))
+def _imported() -> float | None:
+    clock = sys.modules.get("sitecustomize")
+    when = getattr(clock, "SPARK_SINK_IMPORTED", None)
+    return when if isinstance(when, float) else None
 
 
 def _process_start() -> float:
@@ -62,6 +64,7 @@ def emit(name: str, start: float, end: float, **attrs: Any) -> None:
     if not path:
         return
     proc_start = _process_start()
+    imported = _imported()
     record = {
         "name": name,
         "pid": os.getpid(),
@@ -69,7 +72,7 @@ def emit(name: str, start: float, end: float, **attrs: Any) -> None:
         "end": end,
         "proc_start": proc_start,
         # A worker forked by spark_sink.worker_daemon inherited the import: none of its own.
-        "imported": None if _imported is None else max(_imported, proc_start),
+        "imported": None if imported is None else max(imported, proc_start),
         "attrs": attrs,
     }
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
@@ -99,6 +102,16 @@ def span(name: str, **attrs: Any) -> Iterator[dict[str, Any]]:
         raise
     finally:
         emit(name, start, time.time(), **attrs)
+
+
+class TraceHooks(SinkHooks):
+    """The sink's hooks that record its steps as spans (nothing else)."""
+
+    def span(self, name: str, **attrs: Any) -> AbstractContextManager[dict[str, Any]]:
+        return span(name, **attrs)
+
+
+HOOKS = class_name(TraceHooks)  # the value of the sink option ``hooks`` that traces
 
 
 def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
