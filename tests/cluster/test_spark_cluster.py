@@ -98,7 +98,9 @@ TWIN_FAILPOINTS = (
     # 2: the original finishes first (prepared, then slow); the twin is held back before
     # it writes anything and is killed when the original succeeds.
     "before_write@2/2=sleep:0",
-    "after_prepare@2/2=sleep:8",
+    # Long enough for speculation to start the twin on a loaded machine: that it did is
+    # checked below (before_write@2/2 fires a second time).
+    "after_prepare@2/2=sleep:20",
     "before_write@2/2=sleep:60",
     # 3: the twin is killed mid-write (SIGKILL of its Python worker) while the original
     # sleeps mid-write; the original, fenced by the twin, fails; a retry writes.
