@@ -20,6 +20,7 @@ import datetime
 import functools
 import logging
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -34,20 +35,23 @@ from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo, TopicAssignment
 from broker_core.errors import (
     IdemlogError,
+    InvalidRecordError,
     InvalidRequestError,
     InvalidTopicError,
     UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.leader_epoch import EpochEndOffset
-from broker_core.log.partition_log import PartitionLog
+from broker_core.log.partition_log import PartitionLog, WholeRead
 from broker_core.protocol.topics import INTERNAL_TOPIC_PREFIX, validate_topic_name
 from broker_core.server.kafka.framing import KafkaRequest, UnsupportedVersion
+from broker_core.server.kafka.records import kafka_records
 from broker_core.server.replication.partition import Partition
 
 log = logging.getLogger("idemlog.kafka")
 T = TypeVar("T")
 
+FETCH = 1
 LIST_OFFSETS = 2
 METADATA = 3
 API_VERSIONS = 18
@@ -55,6 +59,7 @@ OFFSET_FOR_LEADER_EPOCH = 23
 
 # api key -> its request kind in the metrics (observability/metrics.py's).
 METRIC_KINDS: Mapping[int, str] = {
+    FETCH: "kafka_fetch",
     API_VERSIONS: "kafka_api_versions",
     METADATA: "kafka_metadata",
     LIST_OFFSETS: "kafka_list_offsets",
@@ -63,8 +68,11 @@ METRIC_KINDS: Mapping[int, str] = {
 # api key -> (min, max) version served. Metadata from v1 (v0's empty list meant "every
 # topic"; Kafka 4 dropped it), ListOffsets from v1 (v0 answered a list of old offsets)
 # to v10 (v11 adds a tiered-storage timestamp this log has no use for), OffsetForLeaderEpoch
-# from v2 (the first with current_leader_epoch, KIP-320; Kafka 4 dropped v0 and v1).
+# from v2 (the first with current_leader_epoch, KIP-320; Kafka 4 dropped v0 and v1),
+# Fetch from v4 (the first with isolation_level and aborted transactions) to v12 (v13
+# names topics by id only).
 SERVED: Mapping[int, tuple[int, int]] = {
+    FETCH: (4, 12),
     API_VERSIONS: (0, 4),
     METADATA: (1, 13),
     LIST_OFFSETS: (1, 10),
@@ -80,6 +88,10 @@ NO_EPOCH = -1
 _NO_TOPIC_ID = uuid.UUID(int=0)
 _NO_OPERATIONS = i32(-(2**31))  # authorized operations not asked for
 _NO_THROTTLE = datetime.timedelta(0)
+NO_SESSION = 0  # Fetch: no session created (KIP-227 lets a broker decline them)
+# Fetch's long poll over several partitions: each one's data is waited for in turn, this
+# long at a time, so data arriving on any of them answers within it.
+MANY_PARTITIONS_WAIT_S = 0.05
 
 
 class KafkaTopics(Protocol):
@@ -132,6 +144,7 @@ class KafkaApis:
             METADATA: self.metadata,
             LIST_OFFSETS: self.list_offsets,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            FETCH: self.fetch,
         }
 
     def handle(self, request: KafkaRequest) -> Any:
@@ -393,6 +406,141 @@ class KafkaApis:
                 )
             topics.append(_build(topic_cls, topic=topic.topic, partitions=tuple(answers)))
         return _build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+
+    # -- Fetch ---------------------------------------------------------------------------
+    def fetch(self, request: KafkaRequest, response: type[Any]) -> Any:
+        """Per partition this broker leads: whole batches from the one holding
+        ``fetch_offset`` (``PartitionLog.read_whole``) as Kafka's record batches, up to
+        the high watermark, or with read_committed up to the last stable offset with the
+        aborted transactions among them, which the client skips as it does on Kafka.
+        Answered once ``min_bytes`` are there or ``max_wait`` elapsed, waiting on the
+        partitions' own wake-ups (appends, markers, the high watermark), or at once on
+        an error. ``partition_max_bytes`` and ``max_bytes`` count the stored bytes; the
+        first batch is returned whatever its size, as Kafka does. Sessionless: every
+        request is a full one, answered with session id 0 (KIP-227). A partition of a
+        topic that is not Kafka-shaped is UNSUPPORTED_FOR_MESSAGE_FORMAT."""
+        body = request.body
+        committed = body.isolation_level == READ_COMMITTED
+        asked = [(t.topic, p) for t in body.topics for p in t.partitions]
+        deadline = time.monotonic() + body.max_wait.total_seconds()
+        while True:
+            answers = self._fetch_once(asked, committed, int(body.max_bytes))
+            size = sum(len(records) for _, _, records, _ in answers)
+            remaining = deadline - time.monotonic()
+            failed = any(
+                error != KafkaErrorCode.none or diverging is not None
+                for error, _, _, diverging in answers
+            )
+            if size >= max(int(body.min_bytes), 1) or failed or remaining <= 0 or not asked:
+                break
+            self._wait_for_data(asked, committed, remaining)
+        return self._fetch_response(response, body, answers)
+
+    def _wait_for_data(self, asked: list[tuple[str, Any]], committed: bool, wait: float) -> None:
+        if len(asked) > 1:
+            wait = min(wait, MANY_PARTITIONS_WAIT_S)
+        for topic, p in asked:
+            try:
+                partition = self._topics.partition(topic, int(p.partition))
+            except IdemlogError:
+                continue  # answered with its error at the next pass
+            partition.wait_for_readable(int(p.fetch_offset), committed, wait)
+            return
+
+    def _fetch_once(
+        self, asked: list[tuple[str, Any]], committed: bool, max_bytes: int
+    ) -> list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]]:
+        """(error, read, records, diverging epoch) per asked partition, in order."""
+        answers: list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]] = []
+        left = max_bytes
+        for topic, p in asked:
+            limit = min(int(p.partition_max_bytes), left)
+            try:
+                answer = self._fetch_partition(topic, p, committed, limit)
+            except IdemlogError as exc:
+                log.debug("kafka: Fetch %s-%d: %s", topic, p.partition, exc)
+                error = (
+                    KafkaErrorCode.unsupported_for_message_format
+                    if isinstance(exc, InvalidRecordError)
+                    else kafka_error(exc)
+                )
+                answers.append((error, None, b"", None))
+                continue
+            read, records, diverging = answer
+            left -= sum(b.header.size for b in read.batches)
+            answers.append((KafkaErrorCode.none, read, records, diverging))
+        return answers
+
+    def _fetch_partition(
+        self, topic: str, p: Any, committed: bool, max_bytes: int
+    ) -> tuple[WholeRead, bytes, EpochEndOffset | None]:
+        offset = int(p.fetch_offset)
+        last_fetched = int(getattr(p, "last_fetched_epoch", NO_EPOCH))
+
+        def read(log_: PartitionLog) -> tuple[WholeRead, EpochEndOffset | None]:
+            if last_fetched != NO_EPOCH:
+                # KIP-320: the log the client read diverged from this leader's where
+                # its last epoch ended before the offset it reached.
+                end = log_.end_offset_for(last_fetched)
+                if end.epoch < last_fetched or end.end_offset < offset:
+                    return log_.read_whole(offset, max_bytes=0, committed=committed), end
+            return log_.read_whole(offset, max_bytes=max_bytes, committed=committed), None
+
+        (whole, diverging), _ = self._at_leader(
+            topic, int(p.partition), int(getattr(p, "current_leader_epoch", NO_EPOCH)), read
+        )
+        return whole, kafka_records(whole.batches), diverging
+
+    def _fetch_response(
+        self,
+        response: type[Any],
+        body: Any,
+        answers: list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]],
+    ) -> Any:
+        topic_cls = _nested(response, "FetchableTopicResponse")
+        partition_cls = _nested(response, "PartitionData")
+        aborted_cls = _nested(response, "AbortedTransaction")
+        epoch_cls = getattr(sys.modules[response.__module__], "EpochEndOffset", None)
+        committed = body.isolation_level == READ_COMMITTED
+        found = iter(answers)
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            for p in topic.partitions:
+                error, read, records, diverging = next(found)
+                extra: dict[str, Any] = {}
+                if diverging is not None and epoch_cls is not None:
+                    extra["diverging_epoch"] = epoch_cls(
+                        epoch=i32(diverging.epoch), end_offset=i64(diverging.end_offset)
+                    )
+                aborted = None
+                if read is not None and committed:
+                    aborted = tuple(
+                        aborted_cls(producer_id=i64(pid), first_offset=i64(first))
+                        for pid, first in read.aborted
+                    )
+                partitions.append(
+                    _build(
+                        partition_cls,
+                        partition_index=p.partition,
+                        error_code=error,
+                        high_watermark=i64(-1 if read is None else read.high_watermark),
+                        last_stable_offset=i64(-1 if read is None else read.last_stable_offset),
+                        log_start_offset=i64(-1 if read is None else read.log_start_offset),
+                        aborted_transactions=aborted,
+                        preferred_read_replica=i32(-1),
+                        records=records,
+                        **extra,
+                    )
+                )
+            topics.append(_build(topic_cls, topic=topic.topic, partitions=tuple(partitions)))
+        return _build(
+            response,
+            throttle_time=_NO_THROTTLE,
+            error_code=KafkaErrorCode.none,
+            session_id=i32(NO_SESSION),
+            responses=tuple(topics),
+        )
 
 
 def _end_offset_for(epoch: int, log_: PartitionLog) -> EpochEndOffset:
