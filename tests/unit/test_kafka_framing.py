@@ -34,6 +34,7 @@ from broker_core.errors import (
 from broker_core.server.config.kafka import KafkaListenerConfig
 from broker_core.server.kafka.apis import (
     API_VERSIONS,
+    FETCH,
     LIST_OFFSETS,
     METADATA,
     OFFSET_FOR_LEADER_EPOCH,
@@ -214,6 +215,13 @@ def _build_request(api_key: int, version: int) -> Any:
             partition=i32(0), current_leader_epoch=i32(-1), leader_epoch=i32(0)
         )
         values["topics"] = (module.OffsetForLeaderTopic(topic="t", partitions=(asked,)),)
+    elif api_key == FETCH:
+        values |= {"max_wait": datetime.timedelta(0), "min_bytes": i32(1)}
+        values["forgotten_topics_data"] = ()
+        fetched = module.FetchPartition(
+            partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1024)
+        )
+        values["topics"] = (module.FetchTopic(topic="t", partitions=(fetched,)),)
     wanted = {f.name for f in fields(schema)}
     return schema(**{k: v for k, v in values.items() if k in wanted})
 
@@ -235,6 +243,10 @@ def test_every_served_version_is_answered_in_its_own_layout(
     elif api_key == LIST_OFFSETS:
         (answer,) = body.topics[0].partitions
         assert (answer.error_code, answer.offset) == (ErrorCode.unknown_topic_or_partition, -1)
+    elif api_key == FETCH:
+        (answer,) = body.responses[0].partitions
+        assert (answer.error_code, answer.records) == (ErrorCode.unknown_topic_or_partition, b"")
+        assert getattr(body, "session_id", 0) == 0  # sessionless (KIP-227), v7 on
     elif api_key == OFFSET_FOR_LEADER_EPOCH:
         (answer,) = body.topics[0].partitions
         assert (answer.error_code, answer.end_offset) == (
