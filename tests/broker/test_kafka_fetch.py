@@ -15,6 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka import TopicPartition as CkPartition
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpPartition
 from kio.schema.errors import ErrorCode
@@ -115,6 +118,35 @@ def read_kafka_python(bootstrap: str, isolation: str, count: int) -> list[Record
         consumer.close()
 
 
+def confluent(bootstrap: str, isolation: str, **extra: Any) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "kafka-fetch",  # librdkafka wants one; nothing is committed
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "fetch.wait.max.ms": 200,
+            **extra,
+        }
+    )
+
+
+def poll_confluent(consumer: Consumer, count: int, seconds: float = DEADLINE_S) -> list[Record]:
+    found: list[Record] = []
+    deadline = time.monotonic() + seconds
+    while len(found) < count and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is None:
+            continue
+        error = message.error()
+        assert error is None or error.code() == KafkaError._PARTITION_EOF, error
+        if error is None:
+            headers = list(message.headers() or [])
+            _, ts = message.timestamp()
+            found.append((message.offset(), message.key(), message.value(), ts, headers))
+    return found
+
+
 @pytest.fixture
 def written(broker_factory: BrokerFactory) -> tuple[BrokerProcess, BrokerClient]:
     broker = broker_factory({"kafka.listener": "PLAINTEXT://127.0.0.1:0"})
@@ -140,6 +172,13 @@ def test_kafka_clients_read_committed_rows_once_and_no_aborted_row(
 
     assert read_kafka_python(bootstrap, "read_committed", len(committed)) == committed
     assert read_kafka_python(bootstrap, "read_uncommitted", len(everything)) == everything
+    for isolation, expected in (("read_committed", committed), ("read_uncommitted", everything)):
+        consumer = confluent(bootstrap, isolation)
+        try:
+            consumer.assign([CkPartition(TOPIC, 0, 0)])
+            assert poll_confluent(consumer, len(expected)) == expected, isolation
+        finally:
+            consumer.close()
 
 
 def test_a_consumer_waiting_at_the_end_gets_rows_produced_after_it_started(
@@ -169,6 +208,34 @@ def test_a_consumer_waiting_at_the_end_gets_rows_produced_after_it_started(
         consumer.close()
     assert late == [(end + i, f"late-v{i}".encode()) for i in range(3)]
     assert waited < 4.0  # woken by the commit, not by fetch_max_wait_ms
+
+    # librdkafka too, from the new end.
+    end += 4  # the 3 rows and their commit marker
+    consumer = confluent(kafka_address(broker), "read_committed", **{"fetch.wait.max.ms": 5000})
+    try:
+        consumer.assign([CkPartition(TOPIC, 0, end)])
+        assert poll_confluent(consumer, 1, seconds=1.0) == []
+        transaction(broker.address, "latest", kafka_rows("last", 2), commit=True)
+        last = poll_confluent(consumer, 2)
+    finally:
+        consumer.close()
+    assert [(r[0], r[2]) for r in last] == [(end + i, f"last-v{i}".encode()) for i in range(2)]
+
+
+def test_a_kafka_producer_is_refused_with_a_message(
+    written: tuple[BrokerProcess, BrokerClient],
+) -> None:
+    broker, client = written
+    before = client.list_offsets(TOPIC, 0)["high_watermark"]
+    producer = KafkaProducer(
+        {"bootstrap.servers": kafka_address(broker), "message.timeout.ms": 10_000}
+    )
+    failures: list[Any] = []
+    producer.produce(TOPIC, b"v", partition=0, on_delivery=lambda e, _m: failures.append(e))
+    producer.flush(DEADLINE_S)
+    (error,) = failures
+    assert error is not None and error.code() == KafkaError.INVALID_REQUEST
+    assert client.list_offsets(TOPIC, 0)["high_watermark"] == before  # nothing written
 
 
 def fetch_v12(address: str, offset: int, max_wait_ms: int = 0) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i8, i32, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
@@ -38,6 +38,7 @@ from broker_core.server.kafka.apis import (
     LIST_OFFSETS,
     METADATA,
     OFFSET_FOR_LEADER_EPOCH,
+    PRODUCE,
     SERVED,
     KafkaApis,
     KafkaTopics,
@@ -215,6 +216,10 @@ def _build_request(api_key: int, version: int) -> Any:
             partition=i32(0), current_leader_epoch=i32(-1), leader_epoch=i32(0)
         )
         values["topics"] = (module.OffsetForLeaderTopic(topic="t", partitions=(asked,)),)
+    elif api_key == PRODUCE:
+        values |= {"acks": i16(-1), "transactional_id": None}
+        data = module.PartitionProduceData(index=i32(0), records=None)
+        values["topic_data"] = (module.TopicProduceData(name="t", partition_data=(data,)),)
     elif api_key == FETCH:
         values |= {"max_wait": datetime.timedelta(0), "min_bytes": i32(1)}
         values["forgotten_topics_data"] = ()
@@ -243,6 +248,9 @@ def test_every_served_version_is_answered_in_its_own_layout(
     elif api_key == LIST_OFFSETS:
         (answer,) = body.topics[0].partitions
         assert (answer.error_code, answer.offset) == (ErrorCode.unknown_topic_or_partition, -1)
+    elif api_key == PRODUCE:
+        (answer,) = body.responses[0].partition_responses
+        assert answer.error_code == ErrorCode.invalid_request  # not served yet
     elif api_key == FETCH:
         (answer,) = body.responses[0].partitions
         assert (answer.error_code, answer.records) == (ErrorCode.unknown_topic_or_partition, b"")

@@ -51,6 +51,7 @@ from broker_core.server.replication.partition import Partition
 log = logging.getLogger("idemlog.kafka")
 T = TypeVar("T")
 
+PRODUCE = 0
 FETCH = 1
 LIST_OFFSETS = 2
 METADATA = 3
@@ -59,6 +60,7 @@ OFFSET_FOR_LEADER_EPOCH = 23
 
 # api key -> its request kind in the metrics (observability/metrics.py's).
 METRIC_KINDS: Mapping[int, str] = {
+    PRODUCE: "kafka_produce",
     FETCH: "kafka_fetch",
     API_VERSIONS: "kafka_api_versions",
     METADATA: "kafka_metadata",
@@ -70,8 +72,10 @@ METRIC_KINDS: Mapping[int, str] = {
 # to v10 (v11 adds a tiered-storage timestamp this log has no use for), OffsetForLeaderEpoch
 # from v2 (the first with current_leader_epoch, KIP-320; Kafka 4 dropped v0 and v1),
 # Fetch from v4 (the first with isolation_level and aborted transactions) to v12 (v13
-# names topics by id only).
+# names topics by id only). Produce v3-v9 is listed but refused (:meth:`KafkaApis.produce`):
+# librdkafka reads record batch v2 only from a broker that lists Produce v3 and Fetch v4.
 SERVED: Mapping[int, tuple[int, int]] = {
+    PRODUCE: (3, 9),
     FETCH: (4, 12),
     API_VERSIONS: (0, 4),
     METADATA: (1, 13),
@@ -145,10 +149,12 @@ class KafkaApis:
             LIST_OFFSETS: self.list_offsets,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             FETCH: self.fetch,
+            PRODUCE: self.produce,
         }
 
     def handle(self, request: KafkaRequest) -> Any:
-        """The response to ``request`` (a kio response of the request's version)."""
+        """The response to ``request`` (a kio response of the request's version), or None
+        for none (a Produce with acks=0, which Kafka never answers)."""
         response = load_response_schema(request.api_key, request.api_version)
         return self._handlers[request.api_key](request, response)
 
@@ -406,6 +412,45 @@ class KafkaApis:
                 )
             topics.append(_build(topic_cls, topic=topic.topic, partitions=tuple(answers)))
         return _build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+
+    # -- Produce -------------------------------------------------------------------------
+    def produce(self, request: KafkaRequest, response: type[Any]) -> Any:
+        """Refused, each partition INVALID_REQUEST with a message (v8+) saying what to
+        write with, until Kafka clients' idempotent produce is served: listed in
+        ApiVersions only because librdkafka reads record batch v2 from no broker that
+        does not list Produce v3. Nothing is written; acks=0 is not answered, as Kafka
+        answers no acks=0 request."""
+        body = request.body
+        if body.acks == 0:
+            log.info("kafka: Produce (acks=0) refused unanswered: not served yet")
+            return None
+        topic_cls = _nested(response, "TopicProduceResponse")
+        partition_cls = _nested(response, "PartitionProduceResponse")
+        message = (
+            "Produce is not served on idemlog's Kafka listener yet: write with idemlog's "
+            "Producer (broker_core.producer) or its Spark sink"
+        )
+        topics = tuple(
+            _build(
+                topic_cls,
+                name=topic.name,
+                partition_responses=tuple(
+                    _build(
+                        partition_cls,
+                        index=p.index,
+                        error_code=KafkaErrorCode.invalid_request,
+                        base_offset=i64(-1),
+                        log_append_time=None,
+                        log_start_offset=i64(-1),
+                        record_errors=(),
+                        error_message=message,
+                    )
+                    for p in topic.partition_data
+                ),
+            )
+            for topic in body.topic_data
+        )
+        return _build(response, responses=topics, throttle_time=_NO_THROTTLE)
 
     # -- Fetch ---------------------------------------------------------------------------
     def fetch(self, request: KafkaRequest, response: type[Any]) -> Any:

@@ -78,6 +78,7 @@ KAFKA_REQUEST_KINDS = (
     "kafka_list_offsets",
     "kafka_offset_for_leader_epoch",
     "kafka_fetch",
+    "kafka_produce",
 )
 REQUEST_KINDS = ("produce", "fetch", *KAFKA_REQUEST_KINDS)
 
