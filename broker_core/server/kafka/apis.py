@@ -5,9 +5,8 @@ version outside it is never advertised, so a client never sends it (one that doe
 disconnected, as Kafka does, but for ApiVersions itself, answered at v0 with
 UNSUPPORTED_VERSION and the list, so the client can pick). The handlers answer from the
 cluster metadata (Metadata) and the partitions this broker leads (ListOffsets,
-OffsetForLeaderEpoch); an
-idemlog error becomes the Kafka error with the same number (``broker_core/errors.py``
-uses Kafka's numbers where Kafka has the error).
+OffsetForLeaderEpoch, Fetch); an idemlog error becomes the Kafka error with the same
+number (``broker_core/errors.py`` uses Kafka's numbers where Kafka has the error).
 
 Responses are built for the version asked from the fields that version has: kio's
 classes for each version differ only in which fields exist, so one handler serves them
