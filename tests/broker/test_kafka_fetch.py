@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +23,8 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KpPartition
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
+from kio.schema.fetch.v16.request import FetchPartition as PartitionById
+from kio.schema.fetch.v16.request import FetchTopic as TopicById
 from kio.static.primitive import i8, i32, i64
 
 from broker_core.client.broker_client import BrokerClient
@@ -283,3 +286,31 @@ def test_fetch_refuses_what_it_does_not_serve(broker_factory: BrokerFactory) -> 
     empty = fetch_v12(address, 2, max_wait_ms=300)
     assert time.monotonic() - started >= 0.3
     assert (empty.error_code, empty.records, empty.high_watermark) == (ErrorCode.none, b"", 2)
+
+
+def test_fetch_by_topic_id(written: tuple[BrokerProcess, BrokerClient]) -> None:
+    broker, client = written
+    address = kafka_address(broker)
+
+    def fetch_v16(topic_id: uuid.UUID) -> Any:
+        asked = PartitionById(
+            partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)
+        )
+        body = wire.request(
+            FETCH,
+            16,
+            max_wait=datetime.timedelta(0),
+            min_bytes=i32(1),
+            isolation_level=i8(1),
+            topics=(TopicById(topic_id=topic_id, partitions=(asked,)),),
+            forgotten_topics_data=(),
+        )
+        (topic,) = wire.ask(address, body).responses
+        assert topic.topic_id == topic_id
+        (answer,) = topic.partitions
+        return answer
+
+    known = fetch_v16(uuid.UUID(hex=client.topic_id(TOPIC)))
+    assert (known.error_code, known.last_stable_offset) == (ErrorCode.none, 18)
+    assert len(known.records) > 0 and [a.producer_id for a in known.aborted_transactions] == [1]
+    assert fetch_v16(uuid.uuid4()).error_code == ErrorCode.unknown_topic_id

@@ -58,7 +58,7 @@ def api_versions_request(version: int) -> Any:
     return schema()
 
 
-def unknown(topic: str, partition: int) -> Any:
+def unknown(topic: str, partition: int, topic_id: str | None = None) -> Any:
     raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
 
 
@@ -226,7 +226,9 @@ def _build_request(api_key: int, version: int) -> Any:
         fetched = module.FetchPartition(
             partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1024)
         )
-        values["topics"] = (module.FetchTopic(topic="t", partitions=(fetched,)),)
+        by_id = "topic_id" in {f.name for f in fields(module.FetchTopic)}  # v13 on
+        named = {"topic_id": uuid.uuid4()} if by_id else {"topic": "t"}
+        values["topics"] = (module.FetchTopic(**named, partitions=(fetched,)),)
     wanted = {f.name for f in fields(schema)}
     return schema(**{k: v for k, v in values.items() if k in wanted})
 
@@ -253,7 +255,10 @@ def test_every_served_version_is_answered_in_its_own_layout(
         assert answer.error_code == ErrorCode.invalid_request  # not served yet
     elif api_key == FETCH:
         (answer,) = body.responses[0].partitions
-        assert (answer.error_code, answer.records) == (ErrorCode.unknown_topic_or_partition, b"")
+        unknown = (
+            ErrorCode.unknown_topic_id if version >= 13 else ErrorCode.unknown_topic_or_partition
+        )
+        assert (answer.error_code, answer.records) == (unknown, b"")
         assert getattr(body, "session_id", 0) == 0  # sessionless (KIP-227), v7 on
     elif api_key == OFFSET_FOR_LEADER_EPOCH:
         (answer,) = body.topics[0].partitions

@@ -70,12 +70,13 @@ METRIC_KINDS: Mapping[int, str] = {
 # topic"; Kafka 4 dropped it), ListOffsets from v1 (v0 answered a list of old offsets)
 # to v10 (v11 adds a tiered-storage timestamp this log has no use for), OffsetForLeaderEpoch
 # from v2 (the first with current_leader_epoch, KIP-320; Kafka 4 dropped v0 and v1),
-# Fetch from v4 (the first with isolation_level and aborted transactions) to v12 (v13
-# names topics by id only). Produce v3-v9 is listed but refused (:meth:`KafkaApis.produce`):
-# librdkafka reads record batch v2 only from a broker that lists Produce v3 and Fetch v4.
+# Fetch from v4 (the first with isolation_level and aborted transactions) to v16 (v13 on
+# name topics by id; v17 adds a follower's directory id, for replicas only). Produce
+# v3-v9 is listed but refused (:meth:`KafkaApis.produce`): librdkafka reads record batch
+# v2 only from a broker that lists Produce v3 and Fetch v4.
 SERVED: Mapping[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
-    FETCH: (4, 12),
+    FETCH: (4, 16),
     API_VERSIONS: (0, 4),
     METADATA: (1, 13),
     LIST_OFFSETS: (1, 10),
@@ -92,8 +93,9 @@ _NO_TOPIC_ID = uuid.UUID(int=0)
 _NO_OPERATIONS = i32(-(2**31))  # authorized operations not asked for
 _NO_THROTTLE = datetime.timedelta(0)
 NO_SESSION = 0  # Fetch: no session created (KIP-227 lets a broker decline them)
-# Fetch's long poll over several partitions: each one's data is waited for in turn, this
-# long at a time, so data arriving on any of them answers within it.
+# Fetch's long poll over several partitions: the first one's wake-up is waited for, this
+# long at most, then every partition is read again, so data arriving on any other one
+# answers within it.
 MANY_PARTITIONS_WAIT_S = 0.05
 
 
@@ -359,7 +361,12 @@ class KafkaApis:
         return KafkaErrorCode.none, offset, epoch
 
     def _at_leader(
-        self, topic: str, index: int, current_epoch: int, read: Callable[[PartitionLog], T]
+        self,
+        topic: str,
+        index: int,
+        current_epoch: int,
+        read: Callable[[PartitionLog], T],
+        topic_id: str | None = None,
     ) -> tuple[T, int]:
         """``read(log)`` of a partition this broker leads, and the leader epoch it was
         read at: the client's ``current_leader_epoch`` (NO_EPOCH: none) is fenced first
@@ -367,7 +374,7 @@ class KafkaApis:
         answer never pairs one leader's log with another's epoch. Raises what the
         partition raises: NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
         UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION."""
-        log_ = self._topics.leader_log(topic, index)
+        log_ = self._topics.leader_log(topic, index, topic_id)
         partition = self._topics.partition(topic, index)
         epoch = partition.leader_epoch
         if current_epoch != NO_EPOCH:
@@ -465,7 +472,7 @@ class KafkaApis:
         topic that is not Kafka-shaped is UNSUPPORTED_FOR_MESSAGE_FORMAT."""
         body = request.body
         committed = body.isolation_level == READ_COMMITTED
-        asked = [(t.topic, p) for t in body.topics for p in t.partitions]
+        asked = self._fetched(body.topics)
         deadline = time.monotonic() + body.max_wait.total_seconds()
         while True:
             answers = self._fetch_once(asked, committed, int(body.max_bytes))
@@ -480,10 +487,30 @@ class KafkaApis:
             self._wait_for_data(asked, committed, remaining)
         return self._fetch_response(response, body, answers)
 
-    def _wait_for_data(self, asked: list[tuple[str, Any]], committed: bool, wait: float) -> None:
+    def _fetched(self, topics: Any) -> list[tuple[str | None, str | None, Any]]:
+        """(name, id, asked partition) per partition asked: v13+ names topics by id only,
+        resolved from the cluster metadata (None: no topic has the id)."""
+        by_id: dict[str, str] | None = None
+        asked: list[tuple[str | None, str | None, Any]] = []
+        for t in topics:
+            name: str | None = getattr(t, "topic", None)
+            topic_id: str | None = None
+            if hasattr(t, "topic_id"):
+                if by_id is None:
+                    by_id = {a.topic_id: a.name for a in self._cluster().topics().values()}
+                topic_id = t.topic_id.hex if t.topic_id is not None else ""
+                name = by_id.get(topic_id)
+            asked.extend((name, topic_id, p) for p in t.partitions)
+        return asked
+
+    def _wait_for_data(
+        self, asked: list[tuple[str | None, str | None, Any]], committed: bool, wait: float
+    ) -> None:
         if len(asked) > 1:
             wait = min(wait, MANY_PARTITIONS_WAIT_S)
-        for topic, p in asked:
+        for topic, _, p in asked:
+            if topic is None:
+                continue
             try:
                 partition = self._topics.partition(topic, int(p.partition))
             except IdemlogError:
@@ -492,15 +519,18 @@ class KafkaApis:
             return
 
     def _fetch_once(
-        self, asked: list[tuple[str, Any]], committed: bool, max_bytes: int
+        self, asked: list[tuple[str | None, str | None, Any]], committed: bool, max_bytes: int
     ) -> list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]]:
         """(error, read, records, diverging epoch) per asked partition, in order."""
         answers: list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]] = []
         left = max_bytes
-        for topic, p in asked:
+        for topic, topic_id, p in asked:
+            if topic is None:
+                answers.append((KafkaErrorCode.unknown_topic_id, None, b"", None))
+                continue
             limit = min(int(p.partition_max_bytes), left)
             try:
-                answer = self._fetch_partition(topic, p, committed, limit)
+                answer = self._fetch_partition(topic, topic_id, p, committed, limit)
             except IdemlogError as exc:
                 log.debug("kafka: Fetch %s-%d: %s", topic, p.partition, exc)
                 error = (
@@ -516,7 +546,7 @@ class KafkaApis:
         return answers
 
     def _fetch_partition(
-        self, topic: str, p: Any, committed: bool, max_bytes: int
+        self, topic: str, topic_id: str | None, p: Any, committed: bool, max_bytes: int
     ) -> tuple[WholeRead, bytes, EpochEndOffset | None]:
         offset = int(p.fetch_offset)
         last_fetched = int(getattr(p, "last_fetched_epoch", NO_EPOCH))
@@ -531,7 +561,11 @@ class KafkaApis:
             return log_.read_whole(offset, max_bytes=max_bytes, committed=committed), None
 
         (whole, diverging), _ = self._at_leader(
-            topic, int(p.partition), int(getattr(p, "current_leader_epoch", NO_EPOCH)), read
+            topic,
+            int(p.partition),
+            int(getattr(p, "current_leader_epoch", NO_EPOCH)),
+            read,
+            topic_id,
         )
         return whole, kafka_records(whole.batches), diverging
 
@@ -577,7 +611,14 @@ class KafkaApis:
                         **extra,
                     )
                 )
-            topics.append(_build(topic_cls, topic=topic.topic, partitions=tuple(partitions)))
+            topics.append(
+                _build(
+                    topic_cls,
+                    topic=getattr(topic, "topic", None),
+                    topic_id=getattr(topic, "topic_id", None),
+                    partitions=tuple(partitions),
+                )
+            )
         return _build(
             response,
             throttle_time=_NO_THROTTLE,
