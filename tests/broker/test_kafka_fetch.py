@@ -28,7 +28,7 @@ from kio.schema.fetch.v16.request import FetchTopic as TopicById
 from kio.static.primitive import i8, i32, i64
 
 from broker_core.client.broker_client import BrokerClient
-from broker_core.kafka.record_batch import HEADERS_TYPE
+from broker_core.kafka.record_batch import HEADERS_TYPE, decode_batches
 from broker_core.producer.producer import Producer
 from broker_core.server.kafka.apis import FETCH
 from tests.broker.test_kafka_listener import kafka_address
@@ -241,7 +241,9 @@ def test_a_kafka_producer_is_refused_with_a_message(
     assert client.list_offsets(TOPIC, 0)["high_watermark"] == before  # nothing written
 
 
-def fetch_v12(address: str, offset: int, max_wait_ms: int = 0) -> Any:
+def fetch_v12(
+    address: str, offset: int, max_wait_ms: int = 0, partition_max_bytes: int = 1 << 20
+) -> Any:
     body = wire.request(
         FETCH,
         12,
@@ -257,7 +259,9 @@ def fetch_v12(address: str, offset: int, max_wait_ms: int = 0) -> Any:
                 topic=TOPIC,
                 partitions=(
                     FetchPartition(
-                        partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20)
+                        partition=i32(0),
+                        fetch_offset=i64(offset),
+                        partition_max_bytes=i32(partition_max_bytes),
                     ),
                 ),
             ),
@@ -314,3 +318,25 @@ def test_fetch_by_topic_id(written: tuple[BrokerProcess, BrokerClient]) -> None:
     assert (known.error_code, known.last_stable_offset) == (ErrorCode.none, 18)
     assert len(known.records) > 0 and [a.producer_id for a in known.aborted_transactions] == [1]
     assert fetch_v16(uuid.uuid4()).error_code == ErrorCode.unknown_topic_id
+
+
+def test_batches_are_whole_with_their_producer_fields_and_limits_keep_one(
+    written: tuple[BrokerProcess, BrokerClient],
+) -> None:
+    broker, _ = written
+    address = kafka_address(broker)
+    answer = fetch_v12(address, 0)
+    batches = decode_batches(answer.records)
+    # Each stored batch one Kafka batch, each marker a control batch, at idemlog's offsets.
+    assert [(b.base_offset, b.rows.num_rows, b.is_control) for b in batches] == [
+        (0, 5, False), (5, 1, True), (6, 4, False), (10, 1, True), (11, 6, False), (17, 1, True),
+    ]  # fmt: skip
+    assert [(b.producer_id, b.is_transactional) for b in batches if not b.is_control] == [
+        (0, True), (1, True), (2, True),
+    ]  # fmt: skip
+    assert [b.base_sequence for b in batches if not b.is_control] == [0, 0, 0]
+    assert [a.producer_id for a in answer.aborted_transactions] == [1]
+    # A limit below one batch: that batch all the same, and only it; asked from inside a
+    # batch, the whole batch (the client skips the rows before its offset).
+    one = decode_batches(fetch_v12(address, 2, partition_max_bytes=1).records)
+    assert [(b.base_offset, b.rows.num_rows) for b in one] == [(0, 5)]
