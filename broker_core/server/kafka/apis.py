@@ -482,7 +482,7 @@ class KafkaApis:
                 error != KafkaErrorCode.none or diverging is not None
                 for error, _, _, diverging in answers
             )
-            if size >= max(int(body.min_bytes), 1) or failed or remaining <= 0 or not asked:
+            if size >= int(body.min_bytes) or failed or remaining <= 0 or not asked:
                 break
             self._wait_for_data(asked, committed, remaining)
         return self._fetch_response(response, body, answers)
