@@ -79,6 +79,7 @@ from broker_core.record.batch import (
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     BatchHeader,
+    ControlRecord,
     ControlType,
     EncodedBatch,
     as_record_batch,
@@ -170,6 +171,28 @@ class FetchResult:
         if not self.batches:
             return None
         return pa.Table.from_batches([b.records for b in self.batches])
+
+
+@dataclass(frozen=True, slots=True)
+class WholeBatch:
+    """A stored batch as it is: its header, and its rows or (a marker) its control record."""
+
+    header: BatchHeader
+    rows: pa.RecordBatch | None
+    control: ControlRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class WholeRead:
+    """Kafka's Fetch of one partition (:meth:`PartitionLog.read_whole`): whole batches,
+    markers included, and the aborted transactions with data among them as
+    (producer id, first offset), which a read_committed Kafka client skips."""
+
+    batches: list[WholeBatch]
+    aborted: list[tuple[int, int]]
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
 
 
 class PartitionLog:
@@ -645,6 +668,52 @@ class PartitionLog:
                     self.segments, offset, upper, max_bytes, level, batches
                 )
             return FetchResult(batches, next_offset, self.high_watermark, lso, start)
+
+    def read_whole(self, offset: int, *, max_bytes: int, committed: bool) -> WholeRead:
+        """Whole stored batches from the one holding ``offset`` (Kafka's Fetch: the client
+        skips the records before the offset it asked), markers included, up to the last
+        stable offset (``committed``) or the high watermark; at least one when any is
+        readable, then none past ``max_bytes`` (0: the offsets only). A batch that ends past
+        that end waits for the next read (never cut: its header's sequence and count are
+        the producer's).
+        Raises OffsetOutOfRangeError outside [log start, log end], CorruptRecordError for
+        a batch that fails its CRC or does not decode."""
+        with self._lock:
+            self._check_open()
+            start, end = self.log_start_offset, self.log_end_offset
+            if offset < start or offset > end:
+                raise OffsetOutOfRangeError(
+                    f"{self.name}: offset {offset} outside the log's range [{start}, {end}]"
+                )
+            lso, high = self.last_stable_offset, self.high_watermark
+            upper = lso if committed else high
+            batches: list[WholeBatch] = []
+            size, read_end = 0, offset
+            if offset < upper and max_bytes > 0:
+                for seg, stored in batches_from(self.segments, offset):
+                    h = stored.header
+                    if h.last_offset >= upper or (batches and size + h.size > max_bytes):
+                        break
+                    try:
+                        verify_crc(h, stored.data)
+                        if h.is_control:
+                            whole = WholeBatch(h, None, decode_control(h, stored.data))
+                        else:
+                            whole = WholeBatch(h, decode_rows(h, stored.data), None)
+                    except CorruptRecordError as exc:
+                        raise CorruptRecordError(
+                            f"{seg.log_path} at byte {stored.position}: {exc.message}"
+                        ) from exc
+                    batches.append(whole)
+                    size += h.size
+                    read_end = h.next_offset
+            aborted = sorted(
+                (t.producer_id, t.first_offset)
+                for seg in self.segments
+                if seg.next_offset > offset
+                for t in seg.txn_index.overlapping(offset, read_end)
+            )
+            return WholeRead(batches, aborted if committed else [], high, lso, start)
 
     def batches_from(self, offset: int) -> Iterator[tuple[LogSegment, StoredBatch]]:
         """Every stored batch holding ``offset`` or after it, with its segment (for tests:

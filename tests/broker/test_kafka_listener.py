@@ -7,10 +7,11 @@ listener off by default, a taken port refusing the start in one line; ListOffset
 by leader epoch and its refusals, and OffsetForLeaderEpoch, in requests written by kio;
 a replicated cluster whose Metadata names every broker's Kafka listener and each
 partition's leader as ZooKeeper has it, and the new leader at its new epoch once the old
-one is SIGKILLed."""
+one is SIGKILLed, where Fetch is fenced and refused as ListOffsets is."""
 
 from __future__ import annotations
 
+import datetime
 import re
 import signal
 import socket
@@ -28,6 +29,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.schema.list_offsets.v7.request import ListOffsetsPartition as LoPartition
 from kio.schema.list_offsets.v7.request import ListOffsetsTopic as LoTopic
 from kio.schema.metadata.v12.request import MetadataRequestTopic as MdTopic
@@ -43,6 +45,7 @@ from broker_core.server.config.broker_config import BrokerConfig
 from broker_core.server.config.kafka import KAFKA_LISTENER
 from broker_core.server.kafka.apis import (
     EARLIEST,
+    FETCH,
     LATEST,
     LIST_OFFSETS,
     METADATA,
@@ -309,6 +312,26 @@ def test_offset_for_leader_epoch_answers_where_an_epoch_ended(
     assert end_offset_answer(address, 0, current_epoch=2)[0] == 75  # UNKNOWN_LEADER_EPOCH
 
 
+def fetch_error(address: str, current_epoch: int = -1) -> Any:
+    """Fetch v12 of partition 0 of TOPIC from offset 0: the partition's error code."""
+    asked = FetchPartition(
+        partition=i32(0),
+        current_leader_epoch=i32(current_epoch),
+        fetch_offset=i64(0),
+        partition_max_bytes=i32(1 << 20),
+    )
+    body = wire.request(
+        FETCH,
+        12,
+        max_wait=datetime.timedelta(0),
+        min_bytes=i32(1),
+        topics=(FetchTopic(topic=TOPIC, partitions=(asked,)),),
+        forgotten_topics_data=(),
+    )
+    ((answer,),) = (t.partitions for t in wire.ask(address, body).responses)
+    return answer.error_code
+
+
 def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_elections(
     zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
 ) -> None:
@@ -371,6 +394,13 @@ def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_ele
         follower = next(a for b, a in addresses.items() if b not in (before.leader, after.leader))
         assert offset_answer(follower, 0, LATEST).error_code == 6  # NOT_LEADER_OR_FOLLOWER
         assert end_offset_answer(follower, before.leader_epoch)[0] == 6
+        # Fetch: the same fencing and refusal (rows of a topic that is not Kafka-shaped
+        # would be refused after them: the epoch is checked first).
+        assert fetch_error(follower) == 6  # NOT_LEADER_OR_FOLLOWER
+        assert fetch_error(leader, before.leader_epoch) == 74  # FENCED_LEADER_EPOCH
+        assert fetch_error(leader, after.leader_epoch + 1) == 75  # UNKNOWN_LEADER_EPOCH
+        # At the current epoch the rows are reached, and refused: not Kafka-shaped.
+        assert fetch_error(leader, after.leader_epoch) == ErrorCode.unsupported_for_message_format
 
         # A consumer that read at the old epoch asks where it ended: at the 6 rows every
         # replica has, so nothing it read was truncated by the election.

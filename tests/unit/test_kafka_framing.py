@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i8, i32, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo, PartitionState, TopicAssignment
@@ -34,9 +34,11 @@ from broker_core.errors import (
 from broker_core.server.config.kafka import KafkaListenerConfig
 from broker_core.server.kafka.apis import (
     API_VERSIONS,
+    FETCH,
     LIST_OFFSETS,
     METADATA,
     OFFSET_FOR_LEADER_EPOCH,
+    PRODUCE,
     SERVED,
     KafkaApis,
     KafkaTopics,
@@ -56,7 +58,7 @@ def api_versions_request(version: int) -> Any:
     return schema()
 
 
-def unknown(topic: str, partition: int) -> Any:
+def unknown(topic: str, partition: int, topic_id: str | None = None) -> Any:
     raise UnknownTopicOrPartitionError(f"no topic {topic!r}")
 
 
@@ -214,6 +216,19 @@ def _build_request(api_key: int, version: int) -> Any:
             partition=i32(0), current_leader_epoch=i32(-1), leader_epoch=i32(0)
         )
         values["topics"] = (module.OffsetForLeaderTopic(topic="t", partitions=(asked,)),)
+    elif api_key == PRODUCE:
+        values |= {"acks": i16(-1), "transactional_id": None}
+        data = module.PartitionProduceData(index=i32(0), records=None)
+        values["topic_data"] = (module.TopicProduceData(name="t", partition_data=(data,)),)
+    elif api_key == FETCH:
+        values |= {"max_wait": datetime.timedelta(0), "min_bytes": i32(1)}
+        values["forgotten_topics_data"] = ()
+        fetched = module.FetchPartition(
+            partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1024)
+        )
+        by_id = "topic_id" in {f.name for f in fields(module.FetchTopic)}  # v13 on
+        named = {"topic_id": uuid.uuid4()} if by_id else {"topic": "t"}
+        values["topics"] = (module.FetchTopic(**named, partitions=(fetched,)),)
     wanted = {f.name for f in fields(schema)}
     return schema(**{k: v for k, v in values.items() if k in wanted})
 
@@ -235,6 +250,16 @@ def test_every_served_version_is_answered_in_its_own_layout(
     elif api_key == LIST_OFFSETS:
         (answer,) = body.topics[0].partitions
         assert (answer.error_code, answer.offset) == (ErrorCode.unknown_topic_or_partition, -1)
+    elif api_key == PRODUCE:
+        (answer,) = body.responses[0].partition_responses
+        assert answer.error_code == ErrorCode.invalid_request  # not served yet
+    elif api_key == FETCH:
+        (answer,) = body.responses[0].partitions
+        unknown = (
+            ErrorCode.unknown_topic_id if version >= 13 else ErrorCode.unknown_topic_or_partition
+        )
+        assert (answer.error_code, answer.records) == (unknown, b"")
+        assert getattr(body, "session_id", 0) == 0  # sessionless (KIP-227), v7 on
     elif api_key == OFFSET_FOR_LEADER_EPOCH:
         (answer,) = body.topics[0].partitions
         assert (answer.error_code, answer.end_offset) == (

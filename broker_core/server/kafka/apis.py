@@ -5,9 +5,8 @@ version outside it is never advertised, so a client never sends it (one that doe
 disconnected, as Kafka does, but for ApiVersions itself, answered at v0 with
 UNSUPPORTED_VERSION and the list, so the client can pick). The handlers answer from the
 cluster metadata (Metadata) and the partitions this broker leads (ListOffsets,
-OffsetForLeaderEpoch); an
-idemlog error becomes the Kafka error with the same number (``broker_core/errors.py``
-uses Kafka's numbers where Kafka has the error).
+OffsetForLeaderEpoch, Fetch); an idemlog error becomes the Kafka error with the same
+number (``broker_core/errors.py`` uses Kafka's numbers where Kafka has the error).
 
 Responses are built for the version asked from the fields that version has: kio's
 classes for each version differ only in which fields exist, so one handler serves them
@@ -20,6 +19,7 @@ import datetime
 import functools
 import logging
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -34,20 +34,24 @@ from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo, TopicAssignment
 from broker_core.errors import (
     IdemlogError,
+    InvalidRecordError,
     InvalidRequestError,
     InvalidTopicError,
     UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
 from broker_core.log.leader_epoch import EpochEndOffset
-from broker_core.log.partition_log import PartitionLog
+from broker_core.log.partition_log import PartitionLog, WholeRead
 from broker_core.protocol.topics import INTERNAL_TOPIC_PREFIX, validate_topic_name
 from broker_core.server.kafka.framing import KafkaRequest, UnsupportedVersion
+from broker_core.server.kafka.records import kafka_records
 from broker_core.server.replication.partition import Partition
 
 log = logging.getLogger("idemlog.kafka")
 T = TypeVar("T")
 
+PRODUCE = 0
+FETCH = 1
 LIST_OFFSETS = 2
 METADATA = 3
 API_VERSIONS = 18
@@ -55,6 +59,8 @@ OFFSET_FOR_LEADER_EPOCH = 23
 
 # api key -> its request kind in the metrics (observability/metrics.py's).
 METRIC_KINDS: Mapping[int, str] = {
+    PRODUCE: "kafka_produce",
+    FETCH: "kafka_fetch",
     API_VERSIONS: "kafka_api_versions",
     METADATA: "kafka_metadata",
     LIST_OFFSETS: "kafka_list_offsets",
@@ -63,8 +69,14 @@ METRIC_KINDS: Mapping[int, str] = {
 # api key -> (min, max) version served. Metadata from v1 (v0's empty list meant "every
 # topic"; Kafka 4 dropped it), ListOffsets from v1 (v0 answered a list of old offsets)
 # to v10 (v11 adds a tiered-storage timestamp this log has no use for), OffsetForLeaderEpoch
-# from v2 (the first with current_leader_epoch, KIP-320; Kafka 4 dropped v0 and v1).
+# from v2 (the first with current_leader_epoch, KIP-320; Kafka 4 dropped v0 and v1),
+# Fetch from v4 (the first with isolation_level and aborted transactions) to v16 (v13 on
+# name topics by id; v17 adds a follower's directory id, for replicas only). Produce
+# v3-v9 is listed but refused (:meth:`KafkaApis.produce`): librdkafka reads record batch
+# v2 only from a broker that lists Produce v3 and Fetch v4.
 SERVED: Mapping[int, tuple[int, int]] = {
+    PRODUCE: (3, 9),
+    FETCH: (4, 16),
     API_VERSIONS: (0, 4),
     METADATA: (1, 13),
     LIST_OFFSETS: (1, 10),
@@ -80,6 +92,11 @@ NO_EPOCH = -1
 _NO_TOPIC_ID = uuid.UUID(int=0)
 _NO_OPERATIONS = i32(-(2**31))  # authorized operations not asked for
 _NO_THROTTLE = datetime.timedelta(0)
+NO_SESSION = 0  # Fetch: no session created (KIP-227 lets a broker decline them)
+# Fetch's long poll over several partitions: the first one's wake-up is waited for, this
+# long at most, then every partition is read again, so data arriving on any other one
+# answers within it.
+MANY_PARTITIONS_WAIT_S = 0.05
 
 
 class KafkaTopics(Protocol):
@@ -132,10 +149,13 @@ class KafkaApis:
             METADATA: self.metadata,
             LIST_OFFSETS: self.list_offsets,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            FETCH: self.fetch,
+            PRODUCE: self.produce,
         }
 
     def handle(self, request: KafkaRequest) -> Any:
-        """The response to ``request`` (a kio response of the request's version)."""
+        """The response to ``request`` (a kio response of the request's version), or None
+        for none (a Produce with acks=0, which Kafka never answers)."""
         response = load_response_schema(request.api_key, request.api_version)
         return self._handlers[request.api_key](request, response)
 
@@ -341,7 +361,12 @@ class KafkaApis:
         return KafkaErrorCode.none, offset, epoch
 
     def _at_leader(
-        self, topic: str, index: int, current_epoch: int, read: Callable[[PartitionLog], T]
+        self,
+        topic: str,
+        index: int,
+        current_epoch: int,
+        read: Callable[[PartitionLog], T],
+        topic_id: str | None = None,
     ) -> tuple[T, int]:
         """``read(log)`` of a partition this broker leads, and the leader epoch it was
         read at: the client's ``current_leader_epoch`` (NO_EPOCH: none) is fenced first
@@ -349,7 +374,7 @@ class KafkaApis:
         answer never pairs one leader's log with another's epoch. Raises what the
         partition raises: NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
         UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION."""
-        log_ = self._topics.leader_log(topic, index)
+        log_ = self._topics.leader_log(topic, index, topic_id)
         partition = self._topics.partition(topic, index)
         epoch = partition.leader_epoch
         if current_epoch != NO_EPOCH:
@@ -393,6 +418,214 @@ class KafkaApis:
                 )
             topics.append(_build(topic_cls, topic=topic.topic, partitions=tuple(answers)))
         return _build(response, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+
+    # -- Produce -------------------------------------------------------------------------
+    def produce(self, request: KafkaRequest, response: type[Any]) -> Any:
+        """Refused, each partition INVALID_REQUEST with a message (v8+) saying what to
+        write with, until Kafka clients' idempotent produce is served: listed in
+        ApiVersions only because librdkafka reads record batch v2 from no broker that
+        does not list Produce v3. Nothing is written; acks=0 is not answered, as Kafka
+        answers no acks=0 request."""
+        body = request.body
+        if body.acks == 0:
+            log.info("kafka: Produce (acks=0) refused unanswered: not served yet")
+            return None
+        topic_cls = _nested(response, "TopicProduceResponse")
+        partition_cls = _nested(response, "PartitionProduceResponse")
+        message = (
+            "Produce is not served on idemlog's Kafka listener yet: write with idemlog's "
+            "Producer (broker_core.producer) or its Spark sink"
+        )
+        topics = tuple(
+            _build(
+                topic_cls,
+                name=topic.name,
+                partition_responses=tuple(
+                    _build(
+                        partition_cls,
+                        index=p.index,
+                        error_code=KafkaErrorCode.invalid_request,
+                        base_offset=i64(-1),
+                        log_append_time=None,
+                        log_start_offset=i64(-1),
+                        record_errors=(),
+                        error_message=message,
+                    )
+                    for p in topic.partition_data
+                ),
+            )
+            for topic in body.topic_data
+        )
+        return _build(response, responses=topics, throttle_time=_NO_THROTTLE)
+
+    # -- Fetch ---------------------------------------------------------------------------
+    def fetch(self, request: KafkaRequest, response: type[Any]) -> Any:
+        """Per partition this broker leads: whole batches from the one holding
+        ``fetch_offset`` (``PartitionLog.read_whole``) as Kafka's record batches, up to
+        the high watermark, or with read_committed up to the last stable offset with the
+        aborted transactions among them, which the client skips as it does on Kafka.
+        Answered once ``min_bytes`` are there or ``max_wait`` elapsed, waiting on the
+        partitions' own wake-ups (appends, markers, the high watermark), or at once on
+        an error. ``partition_max_bytes`` and ``max_bytes`` count the stored bytes; the
+        first batch is returned whatever its size, as Kafka does. Sessionless: every
+        request is a full one, answered with session id 0 (KIP-227). A partition of a
+        topic that is not Kafka-shaped is UNSUPPORTED_FOR_MESSAGE_FORMAT."""
+        body = request.body
+        committed = body.isolation_level == READ_COMMITTED
+        asked = self._fetched(body.topics)
+        deadline = time.monotonic() + body.max_wait.total_seconds()
+        while True:
+            answers = self._fetch_once(asked, committed, int(body.max_bytes))
+            size = sum(len(records) for _, _, records, _ in answers)
+            remaining = deadline - time.monotonic()
+            failed = any(
+                error != KafkaErrorCode.none or diverging is not None
+                for error, _, _, diverging in answers
+            )
+            if size >= int(body.min_bytes) or failed or remaining <= 0 or not asked:
+                break
+            self._wait_for_data(asked, committed, remaining)
+        return self._fetch_response(response, body, answers)
+
+    def _fetched(self, topics: Any) -> list[tuple[str | None, str | None, Any]]:
+        """(name, id, asked partition) per partition asked: v13+ names topics by id only,
+        resolved from the cluster metadata (None: no topic has the id)."""
+        by_id: dict[str, str] | None = None
+        asked: list[tuple[str | None, str | None, Any]] = []
+        for t in topics:
+            name: str | None = getattr(t, "topic", None)
+            topic_id: str | None = None
+            if hasattr(t, "topic_id"):
+                if by_id is None:
+                    by_id = {a.topic_id: a.name for a in self._cluster().topics().values()}
+                topic_id = t.topic_id.hex if t.topic_id is not None else ""
+                name = by_id.get(topic_id)
+            asked.extend((name, topic_id, p) for p in t.partitions)
+        return asked
+
+    def _wait_for_data(
+        self, asked: list[tuple[str | None, str | None, Any]], committed: bool, wait: float
+    ) -> None:
+        if len(asked) > 1:
+            wait = min(wait, MANY_PARTITIONS_WAIT_S)
+        for topic, _, p in asked:
+            if topic is None:
+                continue
+            try:
+                partition = self._topics.partition(topic, int(p.partition))
+            except IdemlogError:
+                continue  # answered with its error at the next pass
+            partition.wait_for_readable(int(p.fetch_offset), committed, wait)
+            return
+
+    def _fetch_once(
+        self, asked: list[tuple[str | None, str | None, Any]], committed: bool, max_bytes: int
+    ) -> list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]]:
+        """(error, read, records, diverging epoch) per asked partition, in order."""
+        answers: list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]] = []
+        left = max_bytes
+        for topic, topic_id, p in asked:
+            if topic is None:
+                answers.append((KafkaErrorCode.unknown_topic_id, None, b"", None))
+                continue
+            limit = min(int(p.partition_max_bytes), left)
+            try:
+                answer = self._fetch_partition(topic, topic_id, p, committed, limit)
+            except IdemlogError as exc:
+                log.debug("kafka: Fetch %s-%d: %s", topic, p.partition, exc)
+                error = (
+                    KafkaErrorCode.unsupported_for_message_format
+                    if isinstance(exc, InvalidRecordError)
+                    else kafka_error(exc)
+                )
+                answers.append((error, None, b"", None))
+                continue
+            read, records, diverging = answer
+            left -= sum(b.header.size for b in read.batches)
+            answers.append((KafkaErrorCode.none, read, records, diverging))
+        return answers
+
+    def _fetch_partition(
+        self, topic: str, topic_id: str | None, p: Any, committed: bool, max_bytes: int
+    ) -> tuple[WholeRead, bytes, EpochEndOffset | None]:
+        offset = int(p.fetch_offset)
+        last_fetched = int(getattr(p, "last_fetched_epoch", NO_EPOCH))
+
+        def read(log_: PartitionLog) -> tuple[WholeRead, EpochEndOffset | None]:
+            if last_fetched != NO_EPOCH:
+                # KIP-320: the log the client read diverged from this leader's where
+                # its last epoch ended before the offset it reached.
+                end = log_.end_offset_for(last_fetched)
+                if end.epoch < last_fetched or end.end_offset < offset:
+                    return log_.read_whole(offset, max_bytes=0, committed=committed), end
+            return log_.read_whole(offset, max_bytes=max_bytes, committed=committed), None
+
+        (whole, diverging), _ = self._at_leader(
+            topic,
+            int(p.partition),
+            int(getattr(p, "current_leader_epoch", NO_EPOCH)),
+            read,
+            topic_id,
+        )
+        return whole, kafka_records(whole.batches), diverging
+
+    def _fetch_response(
+        self,
+        response: type[Any],
+        body: Any,
+        answers: list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]],
+    ) -> Any:
+        topic_cls = _nested(response, "FetchableTopicResponse")
+        partition_cls = _nested(response, "PartitionData")
+        aborted_cls = _nested(response, "AbortedTransaction")
+        epoch_cls = getattr(sys.modules[response.__module__], "EpochEndOffset", None)
+        committed = body.isolation_level == READ_COMMITTED
+        found = iter(answers)
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            for p in topic.partitions:
+                error, read, records, diverging = next(found)
+                extra: dict[str, Any] = {}
+                if diverging is not None and epoch_cls is not None:
+                    extra["diverging_epoch"] = epoch_cls(
+                        epoch=i32(diverging.epoch), end_offset=i64(diverging.end_offset)
+                    )
+                aborted = None
+                if read is not None and committed:
+                    aborted = tuple(
+                        aborted_cls(producer_id=i64(pid), first_offset=i64(first))
+                        for pid, first in read.aborted
+                    )
+                partitions.append(
+                    _build(
+                        partition_cls,
+                        partition_index=p.partition,
+                        error_code=error,
+                        high_watermark=i64(-1 if read is None else read.high_watermark),
+                        last_stable_offset=i64(-1 if read is None else read.last_stable_offset),
+                        log_start_offset=i64(-1 if read is None else read.log_start_offset),
+                        aborted_transactions=aborted,
+                        preferred_read_replica=i32(-1),
+                        records=records,
+                        **extra,
+                    )
+                )
+            topics.append(
+                _build(
+                    topic_cls,
+                    topic=getattr(topic, "topic", None),
+                    topic_id=getattr(topic, "topic_id", None),
+                    partitions=tuple(partitions),
+                )
+            )
+        return _build(
+            response,
+            throttle_time=_NO_THROTTLE,
+            error_code=KafkaErrorCode.none,
+            session_id=i32(NO_SESSION),
+            responses=tuple(topics),
+        )
 
 
 def _end_offset_for(epoch: int, log_: PartitionLog) -> EpochEndOffset:

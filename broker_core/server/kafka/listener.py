@@ -181,5 +181,6 @@ class KafkaListener:
             )
             return False
         self._metrics.record_request(kind, time.monotonic() - started, ok=True)
-        connection.sendall(encode_response(request.correlation_id, response))
+        if response is not None:  # None: a request Kafka never answers (acks=0)
+            connection.sendall(encode_response(request.correlation_id, response))
         return True

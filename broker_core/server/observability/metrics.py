@@ -77,6 +77,8 @@ KAFKA_REQUEST_KINDS = (
     "kafka_metadata",
     "kafka_list_offsets",
     "kafka_offset_for_leader_epoch",
+    "kafka_fetch",
+    "kafka_produce",
 )
 REQUEST_KINDS = ("produce", "fetch", *KAFKA_REQUEST_KINDS)
 

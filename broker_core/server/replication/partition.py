@@ -280,10 +280,9 @@ class Partition:
                         f"min.insync.replicas={self.min_insync_replicas}"
                     )
             result = append(log_)
-        if self.replicated:
-            with self._cond:
-                self._advance_high_watermark_locked()  # alone in the ISR: at once
-                self._cond.notify_all()  # long-polling followers
+        with self._cond:
+            self._advance_high_watermark_locked()  # alone in the ISR: at once
+            self._cond.notify_all()  # long-polling followers and Kafka consumers
         return result
 
     def wait_replicated(
@@ -386,6 +385,23 @@ class Partition:
             self._cond.wait_for(
                 lambda: self.log.log_end_offset > offset or self._changes != changes, timeout_s
             )
+
+    def wait_for_readable(self, offset: int, committed: bool, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for a consumer's read at ``offset`` to find data: the
+        last stable offset (``committed``) or the high watermark past it (a Kafka Fetch's
+        ``max_wait_ms``), or for a role change. Woken by appends, markers (``notify``) and
+        followers' fetches that move the high watermark."""
+        if timeout_s <= 0:
+            return
+        log_ = self.log
+
+        def readable() -> bool:
+            end = log_.last_stable_offset if committed else log_.high_watermark
+            return end > offset or self._changes != changes
+
+        with self._cond:
+            changes = self._changes
+            self._cond.wait_for(readable, timeout_s)
 
     def lagging_followers(self, max_lag_ms: int) -> list[int]:
         """In-sync followers not caught up for ``max_lag_ms``: to drop from the ISR."""
