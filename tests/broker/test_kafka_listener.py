@@ -42,8 +42,9 @@ from kio.static.primitive import i8, i32, i64
 from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import Action
 from broker_core.server.config.broker_config import BrokerConfig
-from broker_core.server.config.kafka import KAFKA_LISTENER
+from broker_core.server.config.kafka import KAFKA_LISTENER, KAFKA_MAX_CONNECTIONS
 from broker_core.server.kafka.apis import (
+    API_VERSIONS,
     EARLIEST,
     FETCH,
     LATEST,
@@ -104,6 +105,37 @@ def test_a_taken_kafka_port_refuses_the_start_in_one_line(broker_factory: Broker
         broker.log_text()
     )
     assert "Traceback" not in broker.log_text()
+
+
+def test_connections_past_the_bound_are_closed_and_the_open_ones_served(
+    broker_factory: BrokerFactory,
+) -> None:
+    broker = broker_factory({**KAFKA_ON, KAFKA_MAX_CONNECTIONS: "2"})
+    host, port = kafka_address(broker).split(":")
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]
+    try:
+        versions = wire.request(
+            API_VERSIONS, 3, client_software_name="test", client_software_version="1"
+        )
+        for sock in held:  # both are served: each is counted open once it answers
+            sock.sendall(wire.request_bytes(1, versions))
+            assert wire.read_response(sock.makefile("rb"), API_VERSIONS, 3)[0] == 1
+        with socket.create_connection((host, int(port)), timeout=10) as third:
+            assert third.recv(1) == b"", "the third connection was closed at once"
+        assert "kafka: 1 connection(s) closed at once" in broker.log_text()
+        assert f"{KAFKA_MAX_CONNECTIONS}=2 are open" in broker.log_text()
+    finally:
+        for sock in held:
+            sock.close()
+
+    # A place freed is taken again, once the listener has seen the two close.
+    def served() -> bool:
+        try:
+            return bool(wire.ask(kafka_address(broker), versions).error_code == ErrorCode.none)
+        except AssertionError:  # closed at once: the places are not free yet
+            return False
+
+    wait_until(served, "a connection served after the held ones closed")
 
 
 def test_list_topics_names_the_broker_topics_partitions_and_ids(

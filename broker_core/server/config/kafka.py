@@ -18,6 +18,7 @@ from broker_core.errors import InvalidConfigError
 
 KAFKA_LISTENER = "kafka.listener"
 KAFKA_ADVERTISED_LISTENER = "kafka.advertised.listener"
+KAFKA_MAX_CONNECTIONS = "kafka.max.connections"
 PLAINTEXT = "PLAINTEXT"
 # Kafka's other security protocols: named so the refusal says "not yet", not "unknown".
 _NOT_SERVED_YET = ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -44,6 +45,14 @@ KAFKA_KEYS = [
         "in a container. Empty: kafka.listener's host and the bound port; that host must "
         "then not be a wildcard address.",
     ),
+    ConfigKey(
+        KAFKA_MAX_CONNECTIONS,
+        int,
+        1000,
+        "The most connections the Kafka listener holds at once (Kafka's max.connections); "
+        "each holds a thread while it is open. A connection past it is closed at once "
+        "(logged at most every 10 s, with the count refused since).",
+    ),
 ]
 
 
@@ -57,6 +66,7 @@ class KafkaListenerConfig:
     port: int
     advertised_host: str
     advertised_port: int
+    max_connections: int = 1000
 
     @classmethod
     def from_parsed(cls, parsed: Mapping[str, ConfigValue]) -> KafkaListenerConfig:
@@ -65,6 +75,11 @@ class KafkaListenerConfig:
         host advertised."""
         listener = str(parsed[KAFKA_LISTENER]).strip()
         advertised = str(parsed[KAFKA_ADVERTISED_LISTENER]).strip()
+        max_connections = int(parsed[KAFKA_MAX_CONNECTIONS])
+        if max_connections < 1:
+            raise InvalidConfigError(
+                f"{KAFKA_MAX_CONNECTIONS}={max_connections}: must be at least 1"
+            )
         if not listener:
             if advertised:
                 raise InvalidConfigError(
@@ -87,7 +102,7 @@ class KafkaListenerConfig:
                 f"{KAFKA_LISTENER}={listener!r} binds every interface, which no client can "
                 f"connect to: set {KAFKA_ADVERTISED_LISTENER} to the address clients use"
             )
-        return cls(True, host, port, advertised_host, advertised_port)
+        return cls(True, host, port, advertised_host, advertised_port, max_connections)
 
 
 def parse_listener(key: str, value: str) -> tuple[str, int]:

@@ -12,6 +12,9 @@ an API or version not served (but ApiVersions, answered so the client can pick),
 larger than ``max.request.bytes``, and when the broker's gate refuses a request (a start
 not finished within its wait, or the broker stopping): the client connects again, here
 or to another broker.
+
+Bound: at most ``kafka.max.connections`` connections (and so threads) at once; one past
+it is closed as soon as it is accepted.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import socket
 import socketserver
 import threading
@@ -28,7 +32,11 @@ from typing import Any
 
 from broker_core.errors import IdemlogError, InvalidConfigError
 from broker_core.security.tls import is_loopback
-from broker_core.server.config.kafka import KAFKA_LISTENER, KafkaListenerConfig
+from broker_core.server.config.kafka import (
+    KAFKA_LISTENER,
+    KAFKA_MAX_CONNECTIONS,
+    KafkaListenerConfig,
+)
 from broker_core.server.kafka.apis import API_VERSIONS, METRIC_KINDS, SERVED, KafkaApis
 from broker_core.server.kafka.framing import (
     UnsupportedVersion,
@@ -39,6 +47,8 @@ from broker_core.server.kafka.framing import (
 from broker_core.server.observability.metrics import Metrics
 
 log = logging.getLogger("idemlog.kafka")
+
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -69,8 +79,11 @@ class KafkaListener:
         self._max_bytes = max_request_bytes
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        # Bounded by kafka.max.connections: one thread each while it is open.
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._refused = 0  # connections closed past the bound since the last log line
+        self._refused_logged_at = -math.inf
         self.port: int | None = None
 
     def start(self) -> int:
@@ -134,7 +147,12 @@ class KafkaListener:
     # -- one connection ------------------------------------------------------------------
     def _serve(self, connection: socket.socket, peer: Any) -> None:
         with self._lock:
-            self._connections.add(connection)
+            full = len(self._connections) >= self._config.max_connections
+            if not full:
+                self._connections.add(connection)
+        if full:
+            self._refuse(connection, peer)
+            return
         try:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with connection.makefile("rb") as stream:
@@ -148,6 +166,25 @@ class KafkaListener:
         finally:
             with self._lock:
                 self._connections.discard(connection)
+
+    def _refuse(self, connection: socket.socket, peer: Any) -> None:
+        """Close a connection past kafka.max.connections at once (the client retries, as
+        on a Kafka broker at its max.connections); said at most every 10 s."""
+        with contextlib.suppress(OSError):
+            connection.close()
+        now = time.monotonic()
+        with self._lock:
+            self._refused += 1
+            if now - self._refused_logged_at < REFUSAL_LOG_INTERVAL_S:
+                return
+            refused, self._refused, self._refused_logged_at = self._refused, 0, now
+        log.warning(
+            "kafka: %d connection(s) closed at once (the last from %s): %s=%d are open",
+            refused,
+            peer,
+            KAFKA_MAX_CONNECTIONS,
+            self._config.max_connections,
+        )
 
     def _serve_one(self, connection: socket.socket, stream: Any, peer: Any) -> bool:
         """Answer one request; False when the connection is to be closed."""
