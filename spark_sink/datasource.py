@@ -155,17 +155,24 @@ class IdemlogDataSource(DataSource):
 def register(spark: SparkSession, *, patch_progress: bool = False) -> None:
     """Make ``format("idemlog")`` known to ``spark``; a repeat is harmless.
 
-    A local session's Python workers must run an interpreter that has idemlog: when they
-    would not, this raises ``spark_sink.worker_python.WorkerPythonError`` naming the
-    interpreter and what to set (``PYSPARK_PYTHON``), before any query fails in a task.
-
     By default nothing else changes, in this session or in the process: no listener is
     added and no pyspark class is touched. The sink's per-batch figures are read with
     ``spark_sink.progress(query)`` or a ``spark_sink.SinkProgressListener`` the caller adds
-    (docs/spark.md, "The sink's figures"). ``patch_progress=True`` opts in to the enriched
-    ``lastProgress``/``recentProgress`` (``progress["sink"]["metrics"]`` filled, the
-    sources' offsets as JSON), which replaces those two properties of ``StreamingQuery``
-    for every query of the process (``local_session()`` does it by default)."""
+    (docs/spark.md, "The sink's figures").
+
+    Args:
+        spark: The session (local or on a cluster) to register the data source with.
+        patch_progress: Opt in to the enriched ``lastProgress``/``recentProgress``
+            (``progress["sink"]["metrics"]`` filled, the sources' offsets as JSON), which
+            replaces those two properties of ``StreamingQuery`` for every query of the
+            process (``local_session()`` does it by default).
+
+    Raises:
+        WorkerPythonError: (``spark_sink.worker_python``; INVALID_CONFIG) A local
+            session's Python workers would run an interpreter without idemlog: it names
+            the interpreter and what to set (``PYSPARK_PYTHON``), before any query fails
+            in a task.
+    """
     from .worker_python import check_worker_python
 
     check_worker_python(spark)

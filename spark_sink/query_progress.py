@@ -58,14 +58,22 @@ def progress(
 ) -> SinkProgress | None:
     """What the sink did for a micro-batch.
 
-    Given a query: its last batch the sink committed (the highest batch id spooled under
-    the query's id, which a restart from the checkpoint keeps), so it may be newer than
-    ``query.lastProgress``, which Spark updates after the commit. Given a progress (a
-    listener's ``event.progress``, an item of ``recentProgress``): the figures of exactly
-    that batch. None when the sink has committed no batch of it (a batch without rows for
-    idemlog, another sink, or a driver whose spool is elsewhere: the figures are read from
-    ``IDEMLOG_PROGRESS_DIR`` of this process, which must be the driver's). Raises nothing
-    for a missing batch; OSError only if the spool cannot be read."""
+    Args:
+        of: A query: its last batch the sink committed (the highest batch id spooled
+            under the query's id, which a restart from the checkpoint keeps), so it may be
+            newer than ``query.lastProgress``, which Spark updates after the commit. Or a
+            progress (a listener's ``event.progress``, an item of ``recentProgress``):
+            the figures of exactly that batch.
+        directory: The spool to read; by default ``IDEMLOG_PROGRESS_DIR`` of this
+            process, which must be the driver's.
+
+    Returns:
+        The batch's figures, or None when the sink has committed no batch of it (a batch
+        without rows for idemlog, another sink, or a driver whose spool is elsewhere).
+
+    Raises:
+        OSError: The spool cannot be read (a missing batch raises nothing).
+    """
     if isinstance(of, StreamingQueryProgress):
         return spool.read(str(of.id), int(of.batchId), directory)
     return spool.latest(str(of.id), directory)
@@ -74,8 +82,18 @@ def progress(
 def progress_history(
     query: StreamingQuery | str, directory: Path | None = None
 ) -> list[SinkProgress]:
-    """The sink's figures of a query's recent batches (at most ``KEEP_BATCHES``, also from
-    its earlier runs), by batch id; a query (or query id) with none gives ``[]``."""
+    """The sink's figures of a query's recent batches, also from its earlier runs.
+
+    Args:
+        query: The query, or its id.
+        directory: The spool to read, as :func:`progress`.
+
+    Returns:
+        At most ``KEEP_BATCHES`` figures by batch id; ``[]`` for a query with none.
+
+    Raises:
+        OSError: The spool cannot be read.
+    """
     return spool.history(query if isinstance(query, str) else str(query.id), directory)
 
 

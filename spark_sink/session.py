@@ -36,15 +36,30 @@ def local_session(
     patch_progress: bool = True,
     quiet: bool = False,
 ) -> SparkSession:
-    """A local session with ``format("idemlog")`` registered.
+    """A local session with ``format("idemlog")`` registered; a session already running
+    in this process is returned as is.
 
-    As a user expects of Spark, it keeps Spark's web UI and its console progress bar;
-    ``quiet=True`` turns both off (tests, benchmarks and tools that print their own
-    progress). ``patch_progress`` (on here, off in :func:`register`) puts the sink's
-    figures in ``lastProgress``/``recentProgress`` and shows every source's offsets
-    there as JSON (``spark_sink.query_progress``); ``patch_progress=False`` leaves
-    pyspark's classes untouched. ``conf`` overrides any default; a session already
-    running in this process is returned as is."""
+    As a user expects of Spark, it keeps Spark's web UI and its console progress bar. The
+    Python workers run this interpreter (``PYSPARK_PYTHON`` is set to it).
+
+    Args:
+        app_name: Spark's application name.
+        cores: The local cores (``local[cores, max_failures]``); shuffles use twice as
+            many partitions.
+        max_failures: Attempts of a task before its job fails (Spark's task retries).
+        conf: Spark settings that override any default here.
+        patch_progress: Put the sink's figures in ``lastProgress``/``recentProgress``
+            and show every source's offsets there as JSON (``spark_sink.query_progress``;
+            off in :func:`register`); False leaves pyspark's classes untouched.
+        quiet: Turn off the web UI and the progress bar (tests, benchmarks and tools
+            that print their own progress).
+
+    Returns:
+        The session.
+
+    Raises:
+        WorkerPythonError: As :func:`register`.
+    """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     settings = {
