@@ -5,7 +5,8 @@ binary structs. ``spark_sink`` imports this module (and ``errors``); nothing els
 broker.
 
 Produce — ``DoPut``
-    descriptor: ``FlightDescriptor.for_command(json {"op": "produce", "topic", "partition"})``
+    descriptor: ``FlightDescriptor.for_command(json {"op": "produce", "topic", "partition",
+        "acks", "topic_id"?, "transactional_id"?})`` (``data_requests.ProduceDescriptor``)
     each batch: ``write_with_metadata(batch, ProduceRequestMeta.encode())`` carrying the
         batch header fields (producer id, epoch, base sequence, transactional flag) and a
         client correlation id. Many batches may be in flight on one stream (pipelined).
@@ -15,7 +16,7 @@ Produce — ``DoPut``
 
 Fetch — ``DoGet``
     ticket: json ``{"op": "fetch", "topic", "partition", "offset", "max_bytes",
-        "isolation", "max_offset"}``
+        "isolation", "max_offset"?, "topic_id"?}`` (``data_requests.FetchRequest``)
     stream: the topic's schema, data batches each with ``FetchBatchMeta`` (offsets and
         producer fields), then one empty batch whose metadata is a ``FetchTrailer``
         (next offset, high watermark, last stable offset, log start).
