@@ -125,6 +125,8 @@ def test_the_kafka_listener_is_off_by_default_and_parsed_in_kafkas_form() -> Non
             {"kafka.listener": "PLAINTEXT://h:1", "security.protocol": "SASL_PLAINTEXT"},
             r"kafka\.listener cannot be set with security\.protocol=SASL_PLAINTEXT",
         ),
+        ({"kafka.max.connections": "0"}, r"kafka\.max\.connections=0: must be at least 1"),
+        ({"kafka.max.connections": "many"}, r"kafka\.max\.connections"),
     ],
 )
 def test_bad_kafka_listener_values_name_the_key(values: dict[str, str], message: str) -> None:
