@@ -599,7 +599,7 @@ def test_stream_partitions_plan_missing_and_unchanged_partitions() -> None:
     assert reader.partitions({"0": 5, "1": 3}, {"0": 9, "1": 3}) == [OffsetRangePartition(0, 5, 9)]
 
 
-def test_stream_reader_pickles_with_its_planned_end(
+def test_a_pickled_stream_reader_plans_and_reads_as_the_original(
     broker: BrokerProcess, client: BrokerClient, scenario: Scenario
 ) -> None:
     reader = stream_reader(broker, client, maxOffsetsPerTrigger="5")
