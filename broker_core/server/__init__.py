@@ -4,6 +4,8 @@
 * ``process``: the broker started and stopped, its wiring, background tasks, ZooKeeper
   session and idle shutdown;
 * ``requests``: the Flight server and the request handlers;
+* ``kafka``: the Kafka listener, Kafka's protocol beside the Flight one (neither imports
+  the other);
 * ``coordination``: which transaction coordinator serves a key, the
   ``__transaction_state`` partitions' leaders starting theirs, the marker writer, the
   leaders' check of a transactional batch with its coordinator;
