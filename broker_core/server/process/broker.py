@@ -51,6 +51,7 @@ from broker_core.security.producer_token import ProducerTokens
 from broker_core.security.tls import Side, TlsMaterial, warn_if_exposed
 from broker_core.server.config.broker_config import NEVER, ZK_ROOT, BrokerConfig
 from broker_core.server.coordination.coordinators import Coordinators
+from broker_core.server.coordination.group_coordinators import GroupCoordinators
 from broker_core.server.coordination.marker_client import RoutingMarkerWriter
 from broker_core.server.coordination.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.coordination.state_coordinator import StateLeaderCoordinatorRole
@@ -138,6 +139,9 @@ class Broker:
             self.require_cluster,
             embedded=config.embedded,
         )
+        # The Kafka listener's group coordinators (started with the listener only).
+        self.groups = GroupCoordinators(config.broker_id, config, self.require_cluster)
+        self._groups_started = False
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -461,7 +465,8 @@ class Broker:
     def _start_coordinator(self, tls: TlsMaterial) -> None:
         """The transaction coordinator role: embedded, one coordinator loaded now; with
         ZooKeeper, one per ``__transaction_state`` partition this broker leads, loaded in
-        the background. ``_release`` stops it."""
+        the background. With the Kafka listener, the group coordinators likewise (of
+        ``__consumer_offsets``). ``_release`` stops them."""
         cfg = self.config
         store, pids, markers = self.store, self.pids, self.markers
         assert store is not None and pids is not None and markers is not None
@@ -502,6 +507,15 @@ class Broker:
             )
         self._coordinator_role = role
         role.start(synchronous=cfg.embedded)
+        if cfg.kafka.enabled:
+            # Kafka clients' consumer groups: the embedded broker's one local partition of
+            # __consumer_offsets at this run's controller epoch, loaded now; with
+            # ZooKeeper, each partition's leader's coordinator.
+            if cfg.embedded:
+                self.groups.start_embedded(store, self.cluster.controller_epoch())
+            else:
+                self.groups.start_replicated(self.replicas, self._replication().ack_timeout_s)
+            self._groups_started = True
 
     def _start_tasks(self) -> None:
         """The background tasks; ``_release`` stops them, first."""
@@ -658,6 +672,8 @@ class Broker:
             self._shutdown_server()
         if self._coordinator_role is not None:
             self._coordinator_role.stop()
+        if self._groups_started:
+            self.groups.stop()
         if self.store is not None:
             try:
                 # Through the topics when they exist: no partition opens while it closes.
