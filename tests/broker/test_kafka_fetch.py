@@ -30,7 +30,7 @@ from kio.static.primitive import i8, i32, i64
 from broker_core.client.broker_client import BrokerClient
 from broker_core.kafka.record_batch import HEADERS_TYPE, decode_batches
 from broker_core.producer.producer import Producer
-from broker_core.server.kafka.apis import FETCH
+from broker_core.server.kafka.consume import FETCH
 from tests.broker.test_kafka_listener import kafka_address
 from tests.harness import kafka_wire as wire
 from tests.harness.broker import BrokerFactory, BrokerProcess

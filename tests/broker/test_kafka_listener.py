@@ -43,15 +43,15 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.protocol.wire import Action
 from broker_core.server.config.broker_config import BrokerConfig
 from broker_core.server.config.kafka import KAFKA_LISTENER, KAFKA_MAX_CONNECTIONS
-from broker_core.server.kafka.apis import (
-    API_VERSIONS,
+from broker_core.server.kafka.apis import API_VERSIONS
+from broker_core.server.kafka.consume import (
     EARLIEST,
     FETCH,
     LATEST,
     LIST_OFFSETS,
-    METADATA,
     OFFSET_FOR_LEADER_EPOCH,
 )
+from broker_core.server.kafka.metadata import METADATA
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.helpers import rows
 from tests.harness import kafka_wire as wire

@@ -32,23 +32,36 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.server.config.kafka import KafkaListenerConfig
-from broker_core.server.kafka.apis import (
-    API_VERSIONS,
+from broker_core.server.kafka.apis import API_VERSIONS, KafkaApis
+from broker_core.server.kafka.consume import (
     FETCH,
     LIST_OFFSETS,
-    METADATA,
     OFFSET_FOR_LEADER_EPOCH,
-    PRODUCE,
-    SERVED,
-    KafkaApis,
+    ConsumeApis,
     KafkaTopics,
 )
 from broker_core.server.kafka.framing import KafkaRequest, read_frame
 from broker_core.server.kafka.listener import KafkaListener
+from broker_core.server.kafka.metadata import METADATA, MetadataApi
+from broker_core.server.kafka.produce import PRODUCE, ProduceApi
 from broker_core.server.observability.metrics import Metrics
 from tests.harness.kafka_wire import read_response, request_bytes
 
 MAX_BYTES = 64 * 1024
+
+
+def kafka_apis(topics: Any, cluster: Any) -> KafkaApis:
+    """The broker's families over ``topics`` and ``cluster`` (fakes)."""
+    return KafkaApis(
+        [
+            MetadataApi(lambda: cast(ClusterMetadata, cluster)),
+            ConsumeApis(cast(KafkaTopics, topics), lambda: cast(ClusterMetadata, cluster)),
+            ProduceApi(),
+        ]
+    )
+
+
+SERVED = kafka_apis(None, None).served
 
 
 def api_versions_request(version: int) -> Any:
@@ -73,7 +86,7 @@ def listener(metrics: Metrics) -> Iterator[KafkaListener]:
     cluster = SimpleNamespace(brokers=lambda: [info], topics=lambda: {}, controller=lambda: info)
     # No topic: every ListOffsets partition is UNKNOWN_TOPIC_OR_PARTITION.
     topics = SimpleNamespace(leader_log=unknown, partition=unknown)
-    apis = KafkaApis(0, cast(KafkaTopics, topics), lambda: cast(ClusterMetadata, cluster))
+    apis = kafka_apis(topics, cluster)
     config = KafkaListenerConfig(True, "127.0.0.1", 0, "127.0.0.1", 0)
     served = KafkaListener(
         config, apis, gate=lambda: None, max_request_bytes=MAX_BYTES, metrics=metrics
@@ -280,7 +293,7 @@ def test_metadata_names_a_leader_only_where_a_kafka_client_can_reach_it() -> Non
     cluster = SimpleNamespace(
         brokers=lambda: brokers, topics=lambda: {"t": topic}, controller=lambda: brokers[1]
     )
-    apis = KafkaApis(1, cast(KafkaTopics, SimpleNamespace()), lambda: cast(Any, cluster))
+    apis = kafka_apis(SimpleNamespace(), cluster)
     request = _build_request(METADATA, 12)
     body = apis.handle(KafkaRequest(METADATA, 12, 1, "test", request))
     assert [(b.node_id, b.host, b.port) for b in body.brokers] == [(1, "k1", 9093)]
@@ -301,7 +314,7 @@ def test_metadata_names_a_leader_only_where_a_kafka_client_can_reach_it() -> Non
 def test_a_listener_other_machines_reach_is_warned_about(
     metrics: Metrics, caplog: pytest.LogCaptureFixture
 ) -> None:
-    apis = KafkaApis(0, cast(KafkaTopics, SimpleNamespace()), lambda: cast(Any, None))
+    apis = kafka_apis(SimpleNamespace(), None)
     for host, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
         caplog.clear()
         config = KafkaListenerConfig(True, host, 0, "h", 0)

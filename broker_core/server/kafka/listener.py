@@ -37,7 +37,7 @@ from broker_core.server.config.kafka import (
     KAFKA_MAX_CONNECTIONS,
     KafkaListenerConfig,
 )
-from broker_core.server.kafka.apis import API_VERSIONS, METRIC_KINDS, SERVED, KafkaApis
+from broker_core.server.kafka.apis import API_VERSIONS, KafkaApis
 from broker_core.server.kafka.framing import (
     UnsupportedVersion,
     encode_response,
@@ -192,7 +192,7 @@ class KafkaListener:
             frame = read_frame(stream, self._max_bytes)
             if frame is None:
                 return False
-            request = parse_request(frame, SERVED)
+            request = parse_request(frame, self._apis.served)
         except UnsupportedVersion as refused:
             if refused.api_key != API_VERSIONS:
                 log.warning("kafka: %s from %s; closing the connection", refused, peer)
@@ -204,7 +204,7 @@ class KafkaListener:
             log.warning("kafka: bad request from %s; closing the connection: %s", peer, exc)
             return False
         started = time.monotonic()
-        kind = METRIC_KINDS[request.api_key]
+        kind = self._apis.kind(request.api_key)
         try:
             self._gate()
             response = self._apis.handle(request)

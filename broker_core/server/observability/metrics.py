@@ -71,7 +71,8 @@ LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 # The requests timed: one produced batch, one fetch, and each Kafka API the Kafka listener
-# serves (server/kafka/apis.py: kafka_ and Kafka's name of the API, in snake case).
+# serves (each family in server/kafka/ declares its APIs' kinds: kafka_ and Kafka's name of
+# the API, in snake case).
 KAFKA_REQUEST_KINDS = (
     "kafka_api_versions",
     "kafka_metadata",

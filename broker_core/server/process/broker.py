@@ -384,12 +384,22 @@ class Broker:
         or the bound one) to the other brokers' Metadata answers; ``info`` as it was
         without. Requests wait at :meth:`gate`. ``_release`` stops it."""
         from broker_core.server.kafka.apis import KafkaApis
+        from broker_core.server.kafka.consume import ConsumeApis
         from broker_core.server.kafka.listener import KafkaListener
+        from broker_core.server.kafka.metadata import MetadataApi
+        from broker_core.server.kafka.produce import ProduceApi
 
         cfg = self.config
         if not cfg.kafka.enabled:
             return info
-        apis = KafkaApis(self.broker_id, StartedTopics(lambda: self.topics), self.require_cluster)
+        topics = StartedTopics(lambda: self.topics)
+        apis = KafkaApis(
+            [
+                MetadataApi(self.require_cluster),
+                ConsumeApis(topics, self.require_cluster),
+                ProduceApi(),
+            ]
+        )
         self._kafka = KafkaListener(
             cfg.kafka,
             apis,
