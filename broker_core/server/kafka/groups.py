@@ -15,7 +15,7 @@ v10 and OffsetFetch v10 (topics by id, for KIP-848's protocol) are not served.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaErrorCode
@@ -31,8 +31,8 @@ from broker_core.groups.coordinator import GroupCoordinator, JoinRequest, Offset
 from broker_core.groups.records import CommittedOffset
 from broker_core.groups.state import GroupState, parse_state
 from broker_core.server.coordination.group_coordinators import GroupCoordinators
-from broker_core.server.kafka.apis import _NO_THROTTLE, _build, _nested, kafka_error
 from broker_core.server.kafka.framing import KafkaRequest
+from broker_core.server.kafka.messages import NO_THROTTLE, ServedApi, build, kafka_error, nested
 
 log = logging.getLogger("idemlog.kafka")
 
@@ -47,30 +47,20 @@ DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 DELETE_GROUPS = 42
 
-METRIC_KINDS: Mapping[int, str] = {
-    FIND_COORDINATOR: "kafka_find_coordinator",
-    OFFSET_COMMIT: "kafka_offset_commit",
-    OFFSET_FETCH: "kafka_offset_fetch",
-    JOIN_GROUP: "kafka_join_group",
-    HEARTBEAT: "kafka_heartbeat",
-    LEAVE_GROUP: "kafka_leave_group",
-    SYNC_GROUP: "kafka_sync_group",
-    DESCRIBE_GROUPS: "kafka_describe_groups",
-    LIST_GROUPS: "kafka_list_groups",
-    DELETE_GROUPS: "kafka_delete_groups",
-}
-# Kafka 4 dropped OffsetCommit v0-v1 and OffsetFetch v0 (KIP-896); kio has none of them.
-SERVED: Mapping[int, tuple[int, int]] = {
-    FIND_COORDINATOR: (0, 6),
-    OFFSET_COMMIT: (2, 9),
-    OFFSET_FETCH: (1, 9),
-    JOIN_GROUP: (0, 9),
-    HEARTBEAT: (0, 4),
-    LEAVE_GROUP: (0, 5),
-    SYNC_GROUP: (0, 5),
-    DESCRIBE_GROUPS: (0, 6),
-    LIST_GROUPS: (0, 5),
-    DELETE_GROUPS: (0, 2),
+# api key -> (min, max) version served, the metrics' request kind. Kafka 4 dropped
+# OffsetCommit v0-v1 and OffsetFetch v0 (KIP-896; kio has none of them); v10 of both
+# names topics by id for KIP-848's protocol, not served.
+SERVED: dict[int, tuple[int, int, str]] = {
+    FIND_COORDINATOR: (0, 6, "kafka_find_coordinator"),
+    OFFSET_COMMIT: (2, 9, "kafka_offset_commit"),
+    OFFSET_FETCH: (1, 9, "kafka_offset_fetch"),
+    JOIN_GROUP: (0, 9, "kafka_join_group"),
+    HEARTBEAT: (0, 4, "kafka_heartbeat"),
+    LEAVE_GROUP: (0, 5, "kafka_leave_group"),
+    SYNC_GROUP: (0, 5, "kafka_sync_group"),
+    DESCRIBE_GROUPS: (0, 6, "kafka_describe_groups"),
+    LIST_GROUPS: (0, 5, "kafka_list_groups"),
+    DELETE_GROUPS: (0, 2, "kafka_delete_groups"),
 }
 
 GROUP_KEY = 0  # FindCoordinator's key_type for a group (1: a transactional id)
@@ -91,7 +81,7 @@ class GroupApis:
     ) -> None:
         self._coordinators = coordinators
         self._cluster = cluster
-        self.handlers: dict[int, Callable[[KafkaRequest, type[Any]], Any]] = {
+        self._handlers: dict[int, Callable[[KafkaRequest, type[Any]], Any]] = {
             FIND_COORDINATOR: self.find_coordinator,
             JOIN_GROUP: self.join_group,
             SYNC_GROUP: self.sync_group,
@@ -103,6 +93,12 @@ class GroupApis:
             LIST_GROUPS: self.list_groups,
             DELETE_GROUPS: self.delete_groups,
         }
+
+    def apis(self) -> Sequence[ServedApi]:
+        return tuple(
+            ServedApi(key, low, high, kind, self._handlers[key])
+            for key, (low, high, kind) in SERVED.items()
+        )
 
     # -- FindCoordinator -----------------------------------------------------------------
     def find_coordinator(self, request: KafkaRequest, response: type[Any]) -> Any:
@@ -117,21 +113,21 @@ class GroupApis:
         found = [self._find(key, key_type) for key in keys]
         if not hasattr(body, "coordinator_keys"):
             error, message, node, host, port = found[0]
-            return _build(
+            return build(
                 response,
-                throttle_time=_NO_THROTTLE,
+                throttle_time=NO_THROTTLE,
                 error_code=error,
                 error_message=message,
                 node_id=i32(node),
                 host=host,
                 port=i32(port),
             )
-        coordinator_cls = _nested(response, "Coordinator")
-        return _build(
+        coordinator_cls = nested(response, "Coordinator")
+        return build(
             response,
-            throttle_time=_NO_THROTTLE,
+            throttle_time=NO_THROTTLE,
             coordinators=tuple(
-                _build(
+                build(
                     coordinator_cls,
                     key=key,
                     node_id=i32(node),
@@ -168,7 +164,7 @@ class GroupApis:
         session_ms = int(body.session_timeout.total_seconds() * 1000)
         rebalance = getattr(body, "rebalance_timeout", None)
         rebalance_ms = session_ms if rebalance is None else int(rebalance.total_seconds() * 1000)
-        member_cls = _nested(response, "JoinGroupResponseMember")
+        member_cls = nested(response, "JoinGroupResponseMember")
         joined = JoinRequest(
             group_id=body.group_id,
             member_id=body.member_id,
@@ -184,9 +180,9 @@ class GroupApis:
             answer = self._coordinator(body.group_id).join(joined)
         except IdemlogError as exc:
             log.debug("kafka: JoinGroup %r: %s", body.group_id, exc)
-            return _build(
+            return build(
                 response,
-                throttle_time=_NO_THROTTLE,
+                throttle_time=NO_THROTTLE,
                 error_code=_error(exc),
                 generation_id=i32(-1),
                 protocol_type=None,
@@ -196,9 +192,9 @@ class GroupApis:
                 member_id=body.member_id,
                 members=(),
             )
-        return _build(
+        return build(
             response,
-            throttle_time=_NO_THROTTLE,
+            throttle_time=NO_THROTTLE,
             error_code=KafkaErrorCode.none,
             generation_id=i32(answer.generation),
             protocol_type=answer.protocol_type,
@@ -207,7 +203,7 @@ class GroupApis:
             skip_assignment=False,
             member_id=answer.member_id,
             members=tuple(
-                _build(member_cls, member_id=m, group_instance_id=None, metadata=meta)
+                build(member_cls, member_id=m, group_instance_id=None, metadata=meta)
                 for m, meta in answer.members
             ),
         )
@@ -226,17 +222,17 @@ class GroupApis:
             )
         except IdemlogError as exc:
             log.debug("kafka: SyncGroup %r: %s", body.group_id, exc)
-            return _build(
+            return build(
                 response,
-                throttle_time=_NO_THROTTLE,
+                throttle_time=NO_THROTTLE,
                 error_code=_error(exc),
                 protocol_type=None,
                 protocol_name=None,
                 assignment=b"",
             )
-        return _build(
+        return build(
             response,
-            throttle_time=_NO_THROTTLE,
+            throttle_time=NO_THROTTLE,
             error_code=KafkaErrorCode.none,
             protocol_type=protocol_type,
             protocol_name=protocol,
@@ -252,7 +248,7 @@ class GroupApis:
             )
         except IdemlogError as exc:
             error = _error(exc)
-        return _build(response, throttle_time=_NO_THROTTLE, error_code=error)
+        return build(response, throttle_time=NO_THROTTLE, error_code=error)
 
     def leave_group(self, request: KafkaRequest, response: type[Any]) -> Any:
         """v0-v2 one member; v3+ a list (KIP-345), each answered."""
@@ -262,18 +258,18 @@ class GroupApis:
         try:
             answers = self._coordinator(body.group_id).leave(body.group_id, member_ids)
         except IdemlogError as exc:
-            return _build(response, throttle_time=_NO_THROTTLE, error_code=_error(exc), members=())
+            return build(response, throttle_time=NO_THROTTLE, error_code=_error(exc), members=())
         if not many:
             error = answers[0]
             code = KafkaErrorCode.none if error is None else _error(error)
-            return _build(response, throttle_time=_NO_THROTTLE, error_code=code)
-        member_cls = _nested(response, "MemberResponse")
-        return _build(
+            return build(response, throttle_time=NO_THROTTLE, error_code=code)
+        member_cls = nested(response, "MemberResponse")
+        return build(
             response,
-            throttle_time=_NO_THROTTLE,
+            throttle_time=NO_THROTTLE,
             error_code=KafkaErrorCode.none,
             members=tuple(
-                _build(
+                build(
                     member_cls,
                     member_id=m,
                     group_instance_id=None,
@@ -321,17 +317,17 @@ class GroupApis:
                 log.debug("kafka: OffsetCommit %r: %s", body.group_id, exc)
                 for o in wanted:
                     errors[(o.topic, o.partition)] = _error(exc)
-        topic_cls = _nested(response, "OffsetCommitResponseTopic")
-        partition_cls = _nested(response, "OffsetCommitResponsePartition")
-        return _build(
+        topic_cls = nested(response, "OffsetCommitResponseTopic")
+        partition_cls = nested(response, "OffsetCommitResponsePartition")
+        return build(
             response,
-            throttle_time=_NO_THROTTLE,
+            throttle_time=NO_THROTTLE,
             topics=tuple(
-                _build(
+                build(
                     topic_cls,
                     name=topic.name,
                     partitions=tuple(
-                        _build(
+                        build(
                             partition_cls,
                             partition_index=p.partition_index,
                             error_code=errors.get(
@@ -351,7 +347,7 @@ class GroupApis:
         recreated under its name: another id) is answered as none (-1)."""
         body = request.body
         if hasattr(body, "groups"):
-            group_cls = _nested(response, "OffsetFetchResponseGroup")
+            group_cls = nested(response, "OffsetFetchResponseGroup")
             groups = tuple(
                 self._fetch_group(
                     response,
@@ -363,7 +359,7 @@ class GroupApis:
                 )
                 for g in body.groups
             )
-            return _build(response, throttle_time=_NO_THROTTLE, groups=groups)
+            return build(response, throttle_time=NO_THROTTLE, groups=groups)
         answer = self._fetch_group(
             response,
             body.group_id,
@@ -372,7 +368,7 @@ class GroupApis:
             "OffsetFetchResponseTopic",
             "OffsetFetchResponsePartition",
         )
-        return _build(response, throttle_time=_NO_THROTTLE, **answer)
+        return build(response, throttle_time=NO_THROTTLE, **answer)
 
     def _fetch_group(
         self,
@@ -383,8 +379,8 @@ class GroupApis:
         topic_name: str,
         partition_name: str,
     ) -> Any:
-        topic_cls = _nested(response, topic_name)
-        partition_cls = _nested(response, partition_name)
+        topic_cls = nested(response, topic_name)
+        partition_cls = nested(response, partition_name)
         asked = (
             None
             if asked_topics is None
@@ -408,7 +404,7 @@ class GroupApis:
             ):
                 committed = None  # committed for a topic deleted since
             by_topic.setdefault(topic, []).append(
-                _build(
+                build(
                     partition_cls,
                     partition_index=i32(index),
                     committed_offset=i64(-1 if committed is None else committed.offset),
@@ -418,19 +414,18 @@ class GroupApis:
                 )
             )
         topics = tuple(
-            _build(topic_cls, name=name, partitions=tuple(parts))
-            for name, parts in by_topic.items()
+            build(topic_cls, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()
         )
         if group_cls is None:
             return {"topics": topics, "error_code": error}
-        return _build(group_cls, group_id=group_id, topics=topics, error_code=error)
+        return build(group_cls, group_id=group_id, topics=topics, error_code=error)
 
     # -- DescribeGroups, ListGroups, DeleteGroups ----------------------------------------
     def describe_groups(self, request: KafkaRequest, response: type[Any]) -> Any:
         """A group this coordinator does not hold is Dead (v6+: GROUP_ID_NOT_FOUND), as
         Kafka answers; members' metadata and assignments only while the group is Stable."""
-        group_cls = _nested(response, "DescribedGroup")
-        member_cls = _nested(response, "DescribedGroupMember")
+        group_cls = nested(response, "DescribedGroup")
+        member_cls = nested(response, "DescribedGroupMember")
         groups = []
         for group_id in request.body.groups:
             error, message, described = KafkaErrorCode.none, None, None
@@ -441,7 +436,7 @@ class GroupApis:
             except IdemlogError as exc:
                 error, message = _error(exc), exc.message
             groups.append(
-                _build(
+                build(
                     group_cls,
                     error_code=error,
                     error_message=message,
@@ -450,7 +445,7 @@ class GroupApis:
                     protocol_type=described.protocol_type if described else "",
                     protocol_data=described.protocol if described else "",
                     members=tuple(
-                        _build(
+                        build(
                             member_cls,
                             member_id=m.member_id,
                             group_instance_id=None,
@@ -464,7 +459,7 @@ class GroupApis:
                     authorized_operations=_NO_OPERATIONS,
                 )
             )
-        return _build(response, throttle_time=_NO_THROTTLE, groups=tuple(groups))
+        return build(response, throttle_time=NO_THROTTLE, groups=tuple(groups))
 
     def list_groups(self, request: KafkaRequest, response: type[Any]) -> Any:
         """The groups of every coordinator running on this broker (a client asks every
@@ -473,13 +468,13 @@ class GroupApis:
         states_asked = list(getattr(body, "states_filter", ()))
         states = {parse_state(s) for s in states_asked}
         types = {t.lower() for t in getattr(body, "types_filter", ())}
-        listed_cls = _nested(response, "ListedGroup")
+        listed_cls = nested(response, "ListedGroup")
         if types and CLASSIC not in types:
             listed: list[tuple[str, str, GroupState]] = []
         else:
             listed = [g for c in self._coordinators.running() for g in _listed(c)]
         groups = tuple(
-            _build(
+            build(
                 listed_cls,
                 group_id=group_id,
                 protocol_type=protocol_type,
@@ -489,12 +484,12 @@ class GroupApis:
             for group_id, protocol_type, state in listed
             if not states_asked or state in states
         )
-        return _build(
-            response, throttle_time=_NO_THROTTLE, error_code=KafkaErrorCode.none, groups=groups
+        return build(
+            response, throttle_time=NO_THROTTLE, error_code=KafkaErrorCode.none, groups=groups
         )
 
     def delete_groups(self, request: KafkaRequest, response: type[Any]) -> Any:
-        result_cls = _nested(response, "DeletableGroupResult")
+        result_cls = nested(response, "DeletableGroupResult")
         results = []
         for group_id in request.body.groups_names:
             error = KafkaErrorCode.none
@@ -503,8 +498,8 @@ class GroupApis:
             except IdemlogError as exc:
                 log.debug("kafka: DeleteGroups %r: %s", group_id, exc)
                 error = _error(exc)
-            results.append(_build(result_cls, group_id=group_id, error_code=error))
-        return _build(response, throttle_time=_NO_THROTTLE, results=tuple(results))
+            results.append(build(result_cls, group_id=group_id, error_code=error))
+        return build(response, throttle_time=NO_THROTTLE, results=tuple(results))
 
     def _coordinator(self, group_id: str | None) -> GroupCoordinator:
         if not group_id:

@@ -385,6 +385,7 @@ class Broker:
         without. Requests wait at :meth:`gate`. ``_release`` stops it."""
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.consume import ConsumeApis
+        from broker_core.server.kafka.groups import GroupApis
         from broker_core.server.kafka.listener import KafkaListener
         from broker_core.server.kafka.metadata import MetadataApi
         from broker_core.server.kafka.produce import ProduceApi
@@ -398,6 +399,7 @@ class Broker:
                 MetadataApi(self.require_cluster),
                 ConsumeApis(topics, self.require_cluster),
                 ProduceApi(),
+                GroupApis(self.groups, self.require_cluster),
             ]
         )
         self._kafka = KafkaListener(
