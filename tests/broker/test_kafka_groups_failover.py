@@ -7,12 +7,19 @@ protocol and then went silent holds the group in PreparingRebalance when a third
 joins; the coordinator is killed then. Its partition's new leader loads the group and the
 offsets: the members find it, the group rebalances there, and every row (before and after
 the kill) is counted exactly once: no committed offset was lost (a lost one would read its
-rows again), none was acknowledged by the old coordinator past its leadership."""
+rows again).
+
+A coordinator paused (SIGSTOP) past its ZooKeeper session finds, when it resumes, a commit
+in its socket: it is refused (the append checks the partition's leader epoch under the
+replica's role lock, or never reaches the in-sync replicas that now follow another
+leader), and the new coordinator's offset stands."""
 
 from __future__ import annotations
 
 import datetime
+import os
 import signal
+import socket
 import struct
 import threading
 from typing import Any
@@ -21,6 +28,10 @@ from confluent_kafka import ConsumerGroupState, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 from kio.schema.join_group.v5.request import JoinGroupRequestProtocol
+from kio.schema.offset_commit.v8.request import OffsetCommitRequestPartition as CommitPartition
+from kio.schema.offset_commit.v8.request import OffsetCommitRequestTopic as CommitTopic
+from kio.schema.offset_fetch.v7.request import OffsetFetchRequestTopic as FetchTopic
+from kio.static.primitive import i32, i64
 
 from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.test_kafka_groups import Member, write
@@ -31,7 +42,8 @@ from tests.harness.replicated import ReplicatedCluster
 from tests.harness.waiting import wait_until
 
 TOPIC, GROUP, PARTITIONS = "failover", "failover-readers", 6
-FIND_COORDINATOR, JOIN_GROUP = 10, 11
+FENCED_TOPIC, FENCED_GROUP = "fenced", "fenced-committer"
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP = 8, 9, 10, 11
 GHOST_SESSION_MS = 5_000  # how long the silent member holds the rebalance open
 
 
@@ -160,6 +172,97 @@ def test_the_coordinator_killed_mid_rebalance_loses_no_commit(
         cluster.close()
 
 
-def _found(address: str) -> int | None:
-    answer = wire.ask(address, wire.request(FIND_COORDINATOR, 1, key=GROUP, key_type=0))
+def _found(address: str, group: str = GROUP) -> int | None:
+    answer = wire.ask(address, wire.request(FIND_COORDINATOR, 1, key=group, key_type=0))
     return int(answer.node_id) if answer.error_code == ErrorCode.none else None
+
+
+def commit_request(offset: int) -> Any:
+    partition = CommitPartition(
+        partition_index=i32(0),
+        committed_offset=i64(offset),
+        committed_leader_epoch=i32(-1),
+        committed_metadata=None,
+    )
+    return wire.request(
+        OFFSET_COMMIT,
+        8,
+        group_id=FENCED_GROUP,
+        generation_id_or_member_epoch=i32(-1),  # a commit without membership
+        member_id="",
+        group_instance_id=None,
+        topics=(CommitTopic(name=FENCED_TOPIC, partitions=(partition,)),),
+    )
+
+
+def commit_error(answer: Any) -> ErrorCode:
+    ((p,),) = (t.partitions for t in answer.topics)
+    return ErrorCode(p.error_code)
+
+
+def commit_until_done(address: str, offset: int) -> None:
+    """Commit, again while the coordinator is still loading (a retriable error)."""
+    wait_until(
+        lambda: commit_error(wire.ask(address, commit_request(offset))) == ErrorCode.none,
+        f"offset {offset} committed at {address}",
+    )
+
+
+def committed_at(address: str) -> int:
+    body = wire.request(
+        OFFSET_FETCH,
+        7,
+        group_id=FENCED_GROUP,
+        topics=(FetchTopic(name=FENCED_TOPIC, partition_indexes=(i32(0),)),),
+        require_stable=False,
+    )
+    answer = wire.ask(address, body)
+    assert answer.error_code == ErrorCode.none, answer
+    ((p,),) = (t.partitions for t in answer.topics)
+    return int(p.committed_offset)
+
+
+def test_a_paused_coordinator_cannot_acknowledge_a_commit_after_its_leadership_moved(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    cluster = ReplicatedCluster(
+        zk_chroot,
+        broker_factory,
+        extra={"kafka.listener": "PLAINTEXT://127.0.0.1:0", "offsets.topic.num.partitions": 1},
+    )
+    try:
+        cluster.create_topic(FENCED_TOPIC, 1, replication_factor=3)
+        addresses = {i: kafka_address(b) for i, b in cluster.brokers.items()}
+        old = wait_until(lambda: _found(addresses[1], FENCED_GROUP), "a group coordinator")
+        commit_until_done(addresses[old], 5)
+
+        # Paused past its ZooKeeper session: __consumer_offsets-0 is led elsewhere.
+        paused = cluster.brokers[old]
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            survivor = next(a for i, a in addresses.items() if i != old)
+            new = wait_until(
+                lambda: (n := _found(survivor, FENCED_GROUP)) not in (None, old) and n,
+                "a new coordinator",
+                timeout=30,
+            )
+            commit_until_done(addresses[new], 7)
+            # A commit already in the paused coordinator's socket when it resumes.
+            host, port = addresses[old].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(wire.request_bytes(1, commit_request(99)))
+                os.kill(paused.pid, signal.SIGCONT)
+                _, answer = wire.read_response(sock.makefile("rb"), OFFSET_COMMIT, 8)
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        # Refused: its append is checked at its old leader epoch, or never reaches the ISR.
+        assert commit_error(answer) != ErrorCode.none
+        assert committed_at(addresses[new]) == 7
+        # The old coordinator, a follower now, names the new one and serves nothing.
+        wait_until(lambda: _found(addresses[old], FENCED_GROUP) == new, "the old one follows")
+        assert commit_error(wire.ask(addresses[old], commit_request(99))) == (
+            ErrorCode.not_coordinator
+        )
+        assert committed_at(addresses[new]) == 7
+    finally:
+        cluster.close()
