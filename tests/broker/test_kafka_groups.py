@@ -212,3 +212,28 @@ def test_a_group_of_three_reads_every_row_once_through_a_leave_and_a_kill(
     listed = admin.list_consumer_groups().result(10)
     assert group not in {g.group_id for g in listed.valid}
     client.close()
+
+
+def test_a_topic_recreated_under_its_name_does_not_inherit_the_old_offsets(
+    group_broker: BrokerProcess,
+) -> None:
+    topic, group = "recreated", "recreated-readers"
+    bootstrap = kafka_address(group_broker)
+    client = BrokerClient(group_broker.address)
+    try:
+        client.create_topic(topic, 1, schema=KAFKA_SCHEMA)
+        write(group_broker.address, topic, "old", 5)
+        consumer = Consumer(member_config(bootstrap, group, "range"))
+        try:
+            # Committed without membership, as an assigned consumer does.
+            consumer.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+            (before,) = consumer.committed([TopicPartition(topic, 0)], 10)
+            assert before.offset == 5
+            client.delete_topic(topic)
+            client.create_topic(topic, 1, schema=KAFKA_SCHEMA)
+            (after,) = consumer.committed([TopicPartition(topic, 0)], 10)
+        finally:
+            consumer.close()
+        assert after.offset < 0  # none: the new topic (another id) starts at auto.offset.reset
+    finally:
+        client.close()

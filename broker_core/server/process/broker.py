@@ -9,7 +9,8 @@ and the producer tokens' key (ZooKeeper's session, or the files
 :class:`LogStore`, the Flight server (bound, so the real port is known), the Kafka
 listener when ``kafka.listener`` is set (bound likewise: its address is registered), the cluster
 (registering this broker, opening and recovering its partitions), the transaction
-coordinator and the background tasks. A step that raises has ``_release`` close what the
+coordinator (and, with the Kafka listener, the group coordinators) and the background
+tasks. A step that raises has ``_release`` close what the
 earlier ones opened, in reverse. Requests arriving before the start finished wait for it.
 
 ``close()`` (also on SIGTERM/SIGINT through the CLI) stops accepting requests, stops the
