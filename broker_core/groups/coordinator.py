@@ -261,10 +261,7 @@ class GroupCoordinator:
                     self._prepare_rebalance(group, f"{member.member_id} joined")
             else:
                 member = self._member(group, request.member_id)
-                others = {k: m for k, m in group.members.items() if k != member.member_id}
-                if others and not Group(
-                    group.group_id, 0, members=others, protocol_type=(group.protocol_type)
-                ).supports(request.protocol_type, names):
+                if not group.supports(request.protocol_type, names, member.member_id):
                     raise InconsistentGroupProtocolError(
                         f"group {group.group_id!r}: member {member.member_id!r}'s protocols "
                         f"{names} do not match the other members'"
@@ -344,8 +341,9 @@ class GroupCoordinator:
         group.generation += 1
         if not group.members:
             group.protocol = group.leader = None
-            group.transition(GroupState.EMPTY, self._now_ms())
+            group.state_ms = self._now_ms()  # persisted: the retention counts from here
             self._append([group_row(group.group_id, group.persisted())])
+            group.transition(GroupState.EMPTY, group.state_ms)
             log.info("group %s: empty at generation %d", group.group_id, group.generation)
             self._cond.notify_all()
             return

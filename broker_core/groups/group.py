@@ -98,18 +98,22 @@ class Group:
     def rebalance_timeout_s(self) -> float:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0) / 1000.0
 
-    def supports(self, protocol_type: str, names: list[str]) -> bool:
-        """A joining member fits: the group's protocol type, and a protocol every member
-        (the joiner included) supports."""
-        if not self.members:
-            return bool(protocol_type) and bool(names)
+    def supports(self, protocol_type: str, names: list[str], member_id: str = "") -> bool:
+        """A joining member (``member_id``: one rejoining, whose old protocols do not
+        count) fits: the group's protocol type, and a protocol every member supports."""
+        others = [m for m in self.members.values() if m.member_id != member_id]
+        if not protocol_type or not names:
+            return False
+        if not others:
+            return True
         if protocol_type != self.protocol_type:
             return False
-        return bool(self._candidates(set(names)))
+        return bool(self._candidates(others, set(names)))
 
-    def _candidates(self, also: set[str] | None = None) -> set[str]:
+    @staticmethod
+    def _candidates(members: list[Member], also: set[str] | None = None) -> set[str]:
         common: set[str] | None = None if also is None else set(also)
-        for member in self.members.values():
+        for member in members:
             names = set(member.protocol_names())
             common = names if common is None else common & names
         return common or set()
@@ -118,7 +122,7 @@ class Group:
         """Kafka's choice: among the protocols every member supports, each member votes for
         its first; the most votes win (ties: the name first in sort order, so a reload
         picks the same)."""
-        candidates = self._candidates()
+        candidates = self._candidates(list(self.members.values()))
         votes: Counter[str] = Counter()
         for member in self.members.values():
             vote = next(n for n in member.protocol_names() if n in candidates)
