@@ -10,6 +10,7 @@ past the end is OFFSET_OUT_OF_RANGE."""
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 import uuid
 from typing import Any
@@ -25,12 +26,14 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.schema.fetch.v16.request import FetchPartition as PartitionById
 from kio.schema.fetch.v16.request import FetchTopic as TopicById
+from kio.schema.list_offsets.v7.request import ListOffsetsPartition, ListOffsetsTopic
 from kio.static.primitive import i8, i32, i64
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.kafka.record_batch import HEADERS_TYPE, decode_batches
 from broker_core.producer.producer import Producer
-from broker_core.server.kafka.consume import FETCH
+from broker_core.protocol.wire import SinkAttempt
+from broker_core.server.kafka.consume import FETCH, LIST_OFFSETS
 from tests.broker.test_kafka_listener import kafka_address
 from tests.harness import kafka_wire as wire
 from tests.harness.broker import BrokerFactory, BrokerProcess
@@ -242,7 +245,14 @@ def test_a_kafka_producer_is_refused_with_a_message(
 
 
 def fetch_v12(
-    address: str, offset: int, max_wait_ms: int = 0, partition_max_bytes: int = 1 << 20
+    address: str,
+    offset: int,
+    max_wait_ms: int = 0,
+    partition_max_bytes: int = 1 << 20,
+    *,
+    topic: str = TOPIC,
+    partition: int = 0,
+    isolation: int = 1,
 ) -> Any:
     body = wire.request(
         FETCH,
@@ -251,15 +261,15 @@ def fetch_v12(
         max_wait=datetime.timedelta(milliseconds=max_wait_ms),
         min_bytes=i32(1),
         max_bytes=i32(1 << 20),
-        isolation_level=i8(1),
+        isolation_level=i8(isolation),
         session_id=i32(0),
         session_epoch=i32(-1),
         topics=(
             FetchTopic(
-                topic=TOPIC,
+                topic=topic,
                 partitions=(
                     FetchPartition(
-                        partition=i32(0),
+                        partition=i32(partition),
                         fetch_offset=i64(offset),
                         partition_max_bytes=i32(partition_max_bytes),
                     ),
@@ -340,3 +350,89 @@ def test_batches_are_whole_with_their_producer_fields_and_limits_keep_one(
     # batch, the whole batch (the client skips the rows before its offset).
     one = decode_batches(fetch_v12(address, 2, partition_max_bytes=1).records)
     assert [(b.base_offset, b.rows.num_rows) for b in one] == [(0, 5)]
+
+
+def _send_transactional(
+    client: BrokerClient, topic: str, tid: str, p: int, rows: pa.Table, pid: int, epoch: int
+) -> tuple[int, int]:
+    with client.produce_stream(topic, p, transactional_id=tid) as stream:
+        acked = stream.send(
+            rows.to_batches()[0],
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=0,
+            transactional=True,
+        ).offsets(10)
+    return acked[0], acked[1]
+
+
+def latest_committed(address: str, topic: str, partition: int) -> int:
+    asked = ListOffsetsPartition(
+        partition_index=i32(partition), current_leader_epoch=i32(-1), timestamp=i64(-1)
+    )
+    body = wire.request(
+        LIST_OFFSETS,
+        7,
+        replica_id=i32(-1),
+        isolation_level=i8(1),
+        topics=(ListOffsetsTopic(name=topic, partitions=(asked,)),),
+    )
+    (answer,) = wire.ask(address, body).topics[0].partitions
+    assert answer.error_code == ErrorCode.none
+    return int(answer.offset)
+
+
+def test_read_committed_holds_a_sink_batch_back_until_it_is_whole_everywhere(
+    broker_factory: BrokerFactory,
+) -> None:
+    """A sink batch B writes both partitions; another writer's open transaction sits on
+    partition 1 below B's rows there. Once B commits, partition 0's own last stable
+    offset passes B's rows, but B is not whole anywhere yet (its rows on partition 1
+    wait for the other transaction): a Kafka read_committed consumer is held at the
+    stable cut, as idemlog's readers are, on ListOffsets and on Fetch, and a fetch
+    waiting there is answered when the other transaction ends."""
+    broker = broker_factory({"kafka.listener": "PLAINTEXT://127.0.0.1:0"})
+    client = BrokerClient(broker.address)
+    topic = "cut"
+    client.create_topic(topic, 2, schema=KAFKA_SCHEMA)
+    other_pid, other_epoch = client.init_producer_id("other")
+    client.add_partitions_to_txn("other", other_pid, other_epoch, [(topic, 1)])
+    _send_transactional(client, topic, "other", 1, kafka_rows("o", 1), other_pid, other_epoch)
+    tid = "b/0"
+    pid, epoch, _ = client.init_sink_producer(tid, 60_000, SinkAttempt("b", "run", 1))
+    client.add_partitions_to_txn(tid, pid, epoch, [(topic, 0), (topic, 1)])
+    ranges = [
+        (topic, p, *_send_transactional(client, topic, tid, p, kafka_rows(f"b{p}", 2), pid, epoch))
+        for p in (0, 1)
+    ]
+    client.prepare_sink_txn(tid, pid, epoch, 1, ranges)
+    assert client.commit_sink_batch("b", 1, [(tid, pid, epoch)], "run")
+    address = kafka_address(broker)
+    # The scenario: partition 0 alone would show B's rows (its marker is written).
+    assert client.list_offsets(topic, 0)["last_stable_offset"] == 3
+    assert client.list_offsets(topic, 1)["last_stable_offset"] == 0
+    assert client.stable_ends(topic) == {0: 0, 1: 0}
+
+    assert latest_committed(address, topic, 0) == 0
+    held = fetch_v12(address, 0, max_wait_ms=300, topic=topic)
+    assert (held.error_code, held.records, held.last_stable_offset) == (ErrorCode.none, b"", 0)
+    uncommitted = fetch_v12(address, 0, topic=topic, isolation=0)
+    assert len(decode_batches(uncommitted.records)) == 2  # B's rows and their marker
+
+    waiting: list[Any] = []
+    fetcher = threading.Thread(
+        target=lambda: waiting.append(fetch_v12(address, 0, max_wait_ms=10_000, topic=topic))
+    )
+    fetcher.start()
+    started = time.monotonic()
+    client.end_txn("other", other_pid, other_epoch, commit=True)
+    fetcher.join(DEADLINE_S)
+    waited = time.monotonic() - started
+    (answer,) = waiting
+    values = [
+        v for b in decode_batches(answer.records) if not b.is_control
+        for v in b.rows.column("value").to_pylist()
+    ]  # fmt: skip
+    assert values == [b"b0-v0", b"b0-v1"] and answer.last_stable_offset == 3
+    assert waited < 5.0  # woken when the cut moved, not at max_wait
+    assert latest_committed(address, topic, 0) == 3

@@ -39,6 +39,7 @@ from broker_core.server.kafka.consume import (
     OFFSET_FOR_LEADER_EPOCH,
     ConsumeApis,
     KafkaTopics,
+    ReadCuts,
 )
 from broker_core.server.kafka.framing import KafkaRequest, read_frame
 from broker_core.server.kafka.listener import KafkaListener
@@ -55,7 +56,11 @@ def kafka_apis(topics: Any, cluster: Any) -> KafkaApis:
     return KafkaApis(
         [
             MetadataApi(lambda: cast(ClusterMetadata, cluster)),
-            ConsumeApis(cast(KafkaTopics, topics), lambda: cast(ClusterMetadata, cluster)),
+            ConsumeApis(
+                cast(KafkaTopics, topics),
+                lambda: cast(ClusterMetadata, cluster),
+                cast(ReadCuts, SimpleNamespace(refresh_s=0.1, ends=lambda topic, topic_id: {})),
+            ),
             ProduceApi(),
         ]
     )
