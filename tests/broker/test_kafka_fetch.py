@@ -436,3 +436,43 @@ def test_read_committed_holds_a_sink_batch_back_until_it_is_whole_everywhere(
     assert values == [b"b0-v0", b"b0-v1"] and answer.last_stable_offset == 3
     assert waited < 5.0  # woken when the cut moved, not at max_wait
     assert latest_committed(address, topic, 0) == 3
+
+
+def test_offsets_by_timestamp_are_the_records_a_consumer_sees(
+    written: tuple[BrokerProcess, BrokerClient],
+) -> None:
+    """Rows c1 (offsets 0-4), aborted ab (6-9), c2 (11-16), each at start + its index:
+    the first record at or after a time, as librdkafka's offsets_for_times asks, and the
+    largest (-3, KIP-734) over the wire, read_committed and not."""
+    broker, _ = written
+    bootstrap, start = kafka_address(broker), 1_700_000_000_000
+
+    def at(timestamp: int, isolation: int) -> tuple[int, int]:
+        asked = ListOffsetsPartition(
+            partition_index=i32(0), current_leader_epoch=i32(-1), timestamp=i64(timestamp)
+        )
+        body = wire.request(
+            LIST_OFFSETS,
+            7,
+            replica_id=i32(-1),
+            isolation_level=i8(isolation),
+            topics=(ListOffsetsTopic(name=TOPIC, partitions=(asked,)),),
+        )
+        (answer,) = wire.ask(bootstrap, body).topics[0].partitions
+        assert answer.error_code == ErrorCode.none
+        return int(answer.offset), int(answer.timestamp)
+
+    assert at(start + 3, 1) == (3, start + 3)
+    assert at(-3, 1) == (16, start + 5)
+    assert at(start + 5, 0) == (16, start + 5)  # no aborted row has it
+    assert at(-3, 0) == (16, start + 5)
+
+    consumer = confluent(bootstrap, "read_committed")
+    try:
+        found = [
+            consumer.offsets_for_times([CkPartition(TOPIC, 0, start + t)], timeout=DEADLINE_S)
+            for t in (0, 4, 5, 100)  # a partition once per request: twice is refused
+        ]
+    finally:
+        consumer.close()
+    assert [tp.offset for (tp,) in found] == [0, 4, 16, -1]

@@ -34,7 +34,7 @@ from broker_core.server.kafka.messages import (
     kafka_error,
     nested,
 )
-from broker_core.server.kafka.records import kafka_records
+from broker_core.server.kafka.records import LARGEST, by_timestamp, kafka_records
 from broker_core.server.replication.partition import Partition
 
 log = logging.getLogger("idemlog.kafka")
@@ -50,6 +50,7 @@ LATEST = -1
 EARLIEST = -2
 EARLIEST_LOCAL = -4  # KIP-405: without tiered storage, the earliest
 READ_COMMITTED = 1
+SCAN_BYTES = 1 << 20  # ListOffsets by timestamp reads the log this much at a time
 NO_SESSION = 0  # Fetch: no session created (KIP-227 lets a broker decline them)
 # Fetch's long poll over several partitions: the first one's wake-up is waited for, this
 # long at most, then every partition is read again, so data arriving on any other one
@@ -124,9 +125,13 @@ class ConsumeApis:
         A ``current_leader_epoch`` (v4+) other than the leader's is fenced
         (FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH, KIP-320), and the epoch read
         before the offsets is checked again after them, so an answer never pairs one
-        leader's offset with another's epoch. A lookup by timestamp is not served yet:
-        UNSUPPORTED_VERSION for that partition; a partition asked twice is
-        INVALID_REQUEST."""
+        leader's offset with another's epoch. By timestamp (>= 0): the first record whose
+        timestamp is at or after it, with that timestamp, or offset -1 when none is
+        (read_committed: none past the stable cut); -3 (KIP-734): the record with the
+        largest timestamp. A lookup by timestamp reads the partition from its start
+        (``SCAN_BYTES`` at a time, column-wise): its cost grows with the partition. A
+        partition asked twice is INVALID_REQUEST; another special timestamp
+        UNSUPPORTED_VERSION."""
         body = request.body
         committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
         topic_cls = nested(response, "ListOffsetsTopicResponse")
@@ -143,9 +148,11 @@ class ConsumeApis:
             answers = []
             for asked in topic.partitions:
                 if asked_times[(topic.name, asked.partition_index)] > 1:
-                    error, offset, epoch = KafkaErrorCode.invalid_request, -1, NO_EPOCH
+                    error, offset, epoch, found_at = (
+                        KafkaErrorCode.invalid_request, -1, NO_EPOCH, -1,
+                    )  # fmt: skip
                 else:
-                    error, offset, epoch = self._offset(
+                    error, offset, epoch, found_at = self._offset(
                         topic.name,
                         asked.partition_index,
                         asked.timestamp,
@@ -157,7 +164,7 @@ class ConsumeApis:
                         partition_cls,
                         partition_index=asked.partition_index,
                         error_code=error,
-                        timestamp=i64(-1),
+                        timestamp=i64(found_at),
                         offset=i64(offset),
                         leader_epoch=i32(epoch),
                     )
@@ -167,9 +174,12 @@ class ConsumeApis:
 
     def _offset(
         self, topic: str, index: int, timestamp: int, current_epoch: int, committed: bool
-    ) -> tuple[KafkaErrorCode, int, int]:
+    ) -> tuple[KafkaErrorCode, int, int, int]:
+        """(error, offset, leader epoch, the record's timestamp or -1)."""
+        if timestamp >= 0 or timestamp == LARGEST:
+            return self._by_timestamp(topic, index, timestamp, current_epoch, committed)
         if timestamp not in (LATEST, EARLIEST, EARLIEST_LOCAL):
-            return KafkaErrorCode.unsupported_version, -1, NO_EPOCH
+            return KafkaErrorCode.unsupported_version, -1, NO_EPOCH, -1
 
         def read(log_: PartitionLog) -> int:
             if timestamp == LATEST:
@@ -182,8 +192,35 @@ class ConsumeApis:
                 offset = min(offset, self._cut(topic, None, index))
         except IdemlogError as exc:
             log.debug("kafka: ListOffsets %s-%d: %s", topic, index, exc)
-            return kafka_error(exc), -1, NO_EPOCH
-        return KafkaErrorCode.none, offset, epoch
+            return kafka_error(exc), -1, NO_EPOCH, -1
+        return KafkaErrorCode.none, offset, epoch, -1
+
+    def _by_timestamp(
+        self, topic: str, index: int, target: int, current_epoch: int, committed: bool
+    ) -> tuple[KafkaErrorCode, int, int, int]:
+        def scan(log_: PartitionLog) -> tuple[int, int] | None:
+            stop = self._cut(topic, None, index) if committed else None
+            start = offset = log_.log_start_offset
+            found: tuple[int, int] | None = None
+            while True:
+                whole = log_.read_whole(
+                    offset, max_bytes=SCAN_BYTES, committed=committed, stop_at=stop
+                )
+                if not whole.batches:
+                    return found
+                found, final = by_timestamp(whole.batches, target, start, found)
+                if final:
+                    return found
+                offset = whole.batches[-1].header.next_offset
+
+        try:
+            found, epoch = self._at_leader(topic, index, current_epoch, scan)
+        except IdemlogError as exc:
+            log.debug("kafka: ListOffsets %s-%d at %d: %s", topic, index, target, exc)
+            return kafka_error(exc), -1, NO_EPOCH, -1
+        if found is None:
+            return KafkaErrorCode.none, -1, epoch, -1
+        return KafkaErrorCode.none, found[0], epoch, found[1]
 
     def _at_leader(
         self,

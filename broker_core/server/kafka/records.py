@@ -16,8 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker_core.kafka.record_batch import BatchToEncode, encode_batches, encode_control_batch
+import numpy as np
+
+from broker_core.kafka.record_batch import (
+    BatchToEncode,
+    encode_batches,
+    encode_control_batch,
+    record_timestamps,
+)
 from broker_core.log.partition_log import WholeBatch
+
+LARGEST = -3  # ListOffsets: the record with the largest timestamp (KIP-734)
 
 
 def kafka_records(batches: Sequence[WholeBatch]) -> bytes:
@@ -63,3 +72,33 @@ def kafka_records(batches: Sequence[WholeBatch]) -> bytes:
         )
     flush()
     return b"".join(out)
+
+
+def by_timestamp(
+    batches: Sequence[WholeBatch], target: int, start: int, found: tuple[int, int] | None
+) -> tuple[tuple[int, int] | None, bool]:
+    """ListOffsets by timestamp over ``batches`` (in log order; records below ``start``,
+    the log start, not counted), continuing ``found`` from earlier batches: ((offset,
+    timestamp) or None, whether it is final). ``target`` >= 0: the first record whose
+    timestamp is at or after it (final once found); :data:`LARGEST`: the first record
+    with the largest timestamp (final only at the end). Column-wise per batch, with
+    the timestamps Fetch gives the records."""
+    for batch in batches:
+        if batch.rows is None:
+            continue  # a marker: no record a client sees
+        h = batch.header
+        times = record_timestamps(batch.rows, h.max_timestamp)
+        skip = max(0, start - h.base_offset)
+        times = times[skip:]
+        if times.size == 0:
+            continue
+        if target >= 0:
+            hits = np.flatnonzero(times >= target)
+            if hits.size:
+                i = int(hits[0])
+                return (h.base_offset + skip + i, int(times[i])), True
+        else:
+            i = int(np.argmax(times))
+            if found is None or int(times[i]) > found[1]:
+                found = (h.base_offset + skip + i, int(times[i]))
+    return found, False
