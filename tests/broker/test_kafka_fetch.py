@@ -4,8 +4,8 @@ by idemlog's own transactional ``Producer`` with committed and aborted transacti
 read_committed: every committed row once, at the offset it has over Flight, keys, values,
 headers and timestamps equal, no aborted row; read_uncommitted: the aborted rows too. A
 consumer waiting at the end is answered when rows come (the long poll); a topic that is
-not Kafka-shaped is refused per partition with UNSUPPORTED_FOR_MESSAGE_FORMAT; an offset
-past the end is OFFSET_OUT_OF_RANGE."""
+not Kafka-shaped is served as JSON records; an offset past the end is OFFSET_OUT_OF_RANGE;
+read_committed stops at the stable cut; offsets are found by timestamp."""
 
 from __future__ import annotations
 
@@ -283,7 +283,9 @@ def fetch_v12(
     return answer
 
 
-def test_fetch_refuses_what_it_does_not_serve(broker_factory: BrokerFactory) -> None:
+def test_fetch_serves_other_schemas_as_json_and_refuses_offsets_past_the_end(
+    broker_factory: BrokerFactory,
+) -> None:
     broker = broker_factory({"kafka.listener": "PLAINTEXT://127.0.0.1:0"})
     client = BrokerClient(broker.address)
     client.create_topic(TOPIC, 1, schema=pa.schema([pa.field("id", pa.int64())]))
@@ -291,8 +293,11 @@ def test_fetch_refuses_what_it_does_not_serve(broker_factory: BrokerFactory) -> 
         producer.send(TOPIC, pa.table({"id": pa.array([1, 2], pa.int64())}))
         producer.flush()
     address = kafka_address(broker)
-    refused = fetch_v12(address, 0)
-    assert refused.error_code == ErrorCode.unsupported_for_message_format
+    # Not Kafka-shaped: each row a JSON object (kafka.format's default), null keys.
+    as_json = fetch_v12(address, 0)
+    (batch,) = decode_batches(as_json.records)
+    assert batch.rows.column("value").to_pylist() == [b'{"id":1}', b'{"id":2}']
+    assert batch.rows.column("key").to_pylist() == [None, None]
     past = fetch_v12(address, 5)
     assert past.error_code == ErrorCode.offset_out_of_range
     # At the end with nothing to read: answered after max_wait, empty, not an error.

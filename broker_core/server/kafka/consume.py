@@ -23,6 +23,7 @@ from kio.static.primitive import i32, i64
 
 from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.errors import IdemlogError, InvalidRecordError
+from broker_core.log.config import LogConfig
 from broker_core.log.leader_epoch import EpochEndOffset
 from broker_core.log.partition_log import PartitionLog, WholeRead
 from broker_core.server.kafka.framing import KafkaRequest
@@ -379,9 +380,11 @@ class ConsumeApis:
         offset = int(p.fetch_offset)
         last_fetched = int(getattr(p, "last_fetched_epoch", NO_EPOCH))
         stop: int | None = None
+        config: LogConfig | None = None
 
         def read(log_: PartitionLog) -> tuple[WholeRead, EpochEndOffset | None]:
-            nonlocal stop
+            nonlocal stop, config
+            config = log_.config  # the topic's kafka.format and kafka.key.columns
             if committed:  # asked once the partition is known to be led here
                 try:
                     stop = self._cut(topic, topic_id, int(p.partition))
@@ -412,7 +415,9 @@ class ConsumeApis:
             # The client is told the cut is where stable data ends, as it is.
             held = not whole.batches and offset < whole.last_stable_offset
             whole = dataclasses.replace(whole, last_stable_offset=max(stop, offset))
-        return _Fetched(KafkaErrorCode.none, whole, kafka_records(whole.batches), diverging, held)
+        assert config is not None
+        records = kafka_records(whole.batches, config)
+        return _Fetched(KafkaErrorCode.none, whole, records, diverging, held)
 
     def _cut(self, topic: str, topic_id: str | None, index: int) -> int:
         """Where a read_committed reader of partition ``index`` stops: idemlog's stable
