@@ -381,6 +381,7 @@ class Broker:
         without. Requests wait at :meth:`gate`. ``_release`` stops it."""
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.consume import ConsumeApis
+        from broker_core.server.kafka.init_producer_id import InitProducerIdApi
         from broker_core.server.kafka.listener import KafkaListener
         from broker_core.server.kafka.metadata import MetadataApi
         from broker_core.server.kafka.produce import ProduceApi
@@ -393,7 +394,8 @@ class Broker:
             [
                 MetadataApi(self.require_cluster),
                 ConsumeApis(topics, self.require_cluster),
-                ProduceApi(),
+                ProduceApi(topics, lambda: self.store, self.metrics),
+                InitProducerIdApi(lambda: self.pids),
             ]
         )
         self._kafka = KafkaListener(
