@@ -4,7 +4,8 @@ as the Flight InitProducerId gives an idempotent producer (docs/kafka.md).
 
 Kafka's coordinator answers an idempotent producer (no transactional id) with a new id
 whatever ``producer_id``/``producer_epoch`` it sends (KIP-360's fields serve
-transactional ids only): so is it answered here. A transactional id is refused with
+transactional ids only): so is it answered here; an empty transactional id is
+INVALID_REQUEST, as Kafka answers it. A transactional id is refused with
 UNSUPPORTED_VERSION, the code of a feature a broker does not have (the response carries
 no message: the broker logs why); transactions are served over Flight.
 """
@@ -42,6 +43,8 @@ class InitProducerIdApi:
 
     def init_producer_id(self, request: KafkaRequest, response: type[Any]) -> Any:
         txn_id = request.body.transactional_id
+        if txn_id == "":  # Kafka's coordinator: neither idempotent nor a transactional id
+            return _answer(response, KafkaErrorCode.invalid_request)
         if txn_id is not None:
             log.info(
                 "kafka: InitProducerId for transactional id %r from %s refused "
