@@ -31,11 +31,13 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.kafka.record_batch import encode_batch
 from broker_core.server.kafka.init_producer_id import INIT_PRODUCER_ID
 from broker_core.server.kafka.produce import PRODUCE
+from testkit.zookeeper import ZooKeeperHarness
 from tests.broker.test_kafka_fetch import KAFKA_SCHEMA
 from tests.broker.test_kafka_listener import KAFKA_ON, kafka_address
 from tests.harness import kafka_wire as wire
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.kafka_fault_proxy import KafkaFaultProxy
+from tests.harness.replicated import ReplicatedCluster
 
 DEADLINE_S = 30.0
 # (partition, offset, key, value) of a record as acknowledged or read
@@ -94,8 +96,11 @@ def duplicates(client: BrokerClient) -> int:
     return int(totals["duplicates_in_window"]) + int(totals["duplicates_beyond_window"])
 
 
-def confluent_produce(bootstrap: str, topic: str, values: list[bytes], **config: Any) -> list[Row]:
-    """Each value (key ``k<i>``, partition i % 2) produced; the acknowledged rows."""
+def confluent_produce(
+    bootstrap: str, topic: str, values: list[bytes], partitions: int = 2, **config: Any
+) -> list[Row]:
+    """Each value (key ``k<i>``, partition i % ``partitions``) produced; the acknowledged
+    rows."""
     acked: list[Row] = []
     errors: list[Any] = []
 
@@ -107,7 +112,7 @@ def confluent_produce(bootstrap: str, topic: str, values: list[bytes], **config:
 
     producer = CkProducer({"bootstrap.servers": bootstrap, "linger.ms": 5, **config})
     for i, value in enumerate(values):
-        producer.produce(topic, value, key=b"k%d" % i, partition=i % 2, on_delivery=report)
+        producer.produce(topic, value, key=b"k%d" % i, partition=i % partitions, on_delivery=report)
         producer.poll(0)
     assert producer.flush(DEADLINE_S) == 0
     assert errors == []
@@ -300,3 +305,30 @@ def test_librdkafka_through_resets_and_stalls_writes_each_acked_record_once(
         print(f"resets={proxy.resets} stalls={proxy.stalls} duplicates={answered}")
         assert answered > 0
         client.close()
+
+
+def test_acks_all_on_a_zookeeper_cluster_waits_for_the_in_sync_replicas(
+    zk_chroot: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    cluster = ReplicatedCluster(zk_chroot, broker_factory, count=2, extra=KAFKA_ON)
+    try:
+        # No schema: the first Kafka batch gives the topic the decoded one.
+        cluster.create_topic("repl", 1, replication_factor=2, min_insync_replicas=2)
+        leader = cluster.leader_of("repl", 0)
+        follower = next(b for b in cluster.brokers.values() if b is not leader)
+        # Each ZooKeeper broker issues ids from its own block: never the same one.
+        ids = {int(init_producer_id(kafka_address(b)).producer_id) for b in (leader, follower)}
+        assert len(ids) == 2
+        acked = confluent_produce(
+            kafka_address(follower),  # bootstrapped elsewhere: Metadata leads it to the leader
+            "repl",
+            [b"r%d" % i for i in range(10)],
+            partitions=1,
+            **{"enable.idempotence": True, "acks": "all"},
+        )
+        assert [r[1] for r in acked] == list(range(10))
+        # Acknowledged only once the follower had them: the leader's high watermark.
+        assert cluster.offsets(leader, "repl", 0)["high_watermark"] == 10
+        assert over_flight(cluster.client, "repl", 0) == acked
+    finally:
+        cluster.close()
