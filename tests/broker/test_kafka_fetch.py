@@ -18,7 +18,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, KafkaError
-from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka import TopicPartition as CkPartition
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpPartition
@@ -226,22 +225,6 @@ def test_a_consumer_waiting_at_the_end_gets_rows_produced_after_it_started(
     finally:
         consumer.close()
     assert [(r[0], r[2]) for r in last] == [(end + i, f"last-v{i}".encode()) for i in range(2)]
-
-
-def test_a_kafka_producer_is_refused_with_a_message(
-    written: tuple[BrokerProcess, BrokerClient],
-) -> None:
-    broker, client = written
-    before = client.list_offsets(TOPIC, 0)["high_watermark"]
-    producer = KafkaProducer(
-        {"bootstrap.servers": kafka_address(broker), "message.timeout.ms": 10_000}
-    )
-    failures: list[Any] = []
-    producer.produce(TOPIC, b"v", partition=0, on_delivery=lambda e, _m: failures.append(e))
-    producer.flush(DEADLINE_S)
-    (error,) = failures
-    assert error is not None and error.code() == KafkaError.INVALID_REQUEST
-    assert client.list_offsets(TOPIC, 0)["high_watermark"] == before  # nothing written
 
 
 def fetch_v12(

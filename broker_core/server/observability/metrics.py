@@ -80,6 +80,7 @@ KAFKA_REQUEST_KINDS = (
     "kafka_offset_for_leader_epoch",
     "kafka_fetch",
     "kafka_produce",
+    "kafka_init_producer_id",
 )
 REQUEST_KINDS = ("produce", "fetch", *KAFKA_REQUEST_KINDS)
 

@@ -384,6 +384,7 @@ class Broker:
         from broker_core.server.coordination.stable_cuts import StableCuts
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.consume import ConsumeApis
+        from broker_core.server.kafka.init_producer_id import InitProducerIdApi
         from broker_core.server.kafka.listener import KafkaListener
         from broker_core.server.kafka.metadata import MetadataApi
         from broker_core.server.kafka.produce import ProduceApi
@@ -396,7 +397,8 @@ class Broker:
             [
                 MetadataApi(self.require_cluster),
                 ConsumeApis(topics, self.require_cluster, StableCuts(self._stable_ends)),
-                ProduceApi(),
+                ProduceApi(topics, lambda: self.store, self.metrics),
+                InitProducerIdApi(lambda: self.pids),
             ]
         )
         self._kafka = KafkaListener(
