@@ -52,6 +52,7 @@ from broker_core.security.producer_token import ProducerTokens
 from broker_core.security.tls import Side, TlsMaterial, warn_if_exposed
 from broker_core.server.config.broker_config import NEVER, ZK_ROOT, BrokerConfig
 from broker_core.server.coordination.coordinators import Coordinators
+from broker_core.server.coordination.group_coordinators import GroupCoordinators
 from broker_core.server.coordination.marker_client import RoutingMarkerWriter
 from broker_core.server.coordination.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.coordination.state_coordinator import StateLeaderCoordinatorRole
@@ -140,6 +141,9 @@ class Broker:
             self.require_cluster,
             embedded=config.embedded,
         )
+        # The Kafka listener's group coordinators (started with the listener only).
+        self.groups = GroupCoordinators(config.broker_id, config, self.require_cluster)
+        self._groups_started = False
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -384,6 +388,7 @@ class Broker:
         from broker_core.server.coordination.stable_cuts import StableCuts
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.consume import ConsumeApis
+        from broker_core.server.kafka.groups import GroupApis
         from broker_core.server.kafka.init_producer_id import InitProducerIdApi
         from broker_core.server.kafka.listener import KafkaListener
         from broker_core.server.kafka.metadata import MetadataApi
@@ -399,6 +404,7 @@ class Broker:
                 ConsumeApis(topics, self.require_cluster, StableCuts(self._stable_ends)),
                 ProduceApi(topics, lambda: self.store, self.metrics),
                 InitProducerIdApi(lambda: self.pids),
+                GroupApis(self.groups, self.require_cluster),
             ]
         )
         self._kafka = KafkaListener(
@@ -484,7 +490,8 @@ class Broker:
     def _start_coordinator(self, tls: TlsMaterial) -> None:
         """The transaction coordinator role: embedded, one coordinator loaded now; with
         ZooKeeper, one per ``__transaction_state`` partition this broker leads, loaded in
-        the background. ``_release`` stops it."""
+        the background. With the Kafka listener, the group coordinators likewise (of
+        ``__consumer_offsets``). ``_release`` stops them."""
         cfg = self.config
         store, pids, markers = self.store, self.pids, self.markers
         assert store is not None and pids is not None and markers is not None
@@ -525,6 +532,15 @@ class Broker:
             )
         self._coordinator_role = role
         role.start(synchronous=cfg.embedded)
+        if cfg.kafka.enabled:
+            # Kafka clients' consumer groups: the embedded broker's one local partition of
+            # __consumer_offsets at this run's controller epoch, loaded now; with
+            # ZooKeeper, each partition's leader's coordinator.
+            if cfg.embedded:
+                self.groups.start_embedded(store, self.cluster.controller_epoch())
+            else:
+                self.groups.start_replicated(self.replicas, self._replication().ack_timeout_s)
+            self._groups_started = True
 
     def _start_tasks(self) -> None:
         """The background tasks; ``_release`` stops them, first."""
@@ -681,6 +697,8 @@ class Broker:
             self._shutdown_server()
         if self._coordinator_role is not None:
             self._coordinator_role.stop()
+        if self._groups_started:
+            self.groups.stop()
         if self.store is not None:
             try:
                 # Through the topics when they exist: no partition opens while it closes.
