@@ -80,6 +80,7 @@ KAFKA_REQUEST_KINDS = (
     "kafka_offset_for_leader_epoch",
     "kafka_fetch",
     "kafka_produce",
+    "kafka_init_producer_id",
     # the consumer groups' (server/kafka/groups.py)
     "kafka_find_coordinator",
     "kafka_join_group",

@@ -31,6 +31,7 @@ from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
+    CoordinatorNotAvailableError,
     IdemlogError,
     InvalidConfigError,
     LogDirLockedError,
@@ -125,6 +126,7 @@ class Broker:
         self._server: Any = None
         self._kafka: KafkaListener | None = None  # kafka.listener's, when set
         self._verifier: TxnVerifier | None = None
+        self._stable_offsets: ClusterStableOffsets | None = None  # the coordinators' LSO source
         self._tasks = TaskGroup()
         # idle.shutdown.ms: the listener's gate of calls that says when to stop (None: off).
         self._idle: IdleWatch | None = None
@@ -384,9 +386,11 @@ class Broker:
         registration that carries its advertised address (``kafka.advertised.listener``
         or the bound one) to the other brokers' Metadata answers; ``info`` as it was
         without. Requests wait at :meth:`gate`. ``_release`` stops it."""
+        from broker_core.server.coordination.stable_cuts import StableCuts
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.consume import ConsumeApis
         from broker_core.server.kafka.groups import GroupApis
+        from broker_core.server.kafka.init_producer_id import InitProducerIdApi
         from broker_core.server.kafka.listener import KafkaListener
         from broker_core.server.kafka.metadata import MetadataApi
         from broker_core.server.kafka.produce import ProduceApi
@@ -398,8 +402,9 @@ class Broker:
         apis = KafkaApis(
             [
                 MetadataApi(self.require_cluster),
-                ConsumeApis(topics, self.require_cluster),
-                ProduceApi(),
+                ConsumeApis(topics, self.require_cluster, StableCuts(self._stable_ends)),
+                ProduceApi(topics, lambda: self.store, self.metrics),
+                InitProducerIdApi(lambda: self.pids),
                 GroupApis(self.groups, self.require_cluster),
             ]
         )
@@ -414,6 +419,14 @@ class Broker:
         advertised = (cfg.kafka.advertised_host, cfg.kafka.advertised_port or port)
         self.info = dataclasses.replace(info, kafka_listener=advertised)
         return self.info
+
+    def _stable_ends(self, topic: str) -> dict[int, int]:
+        """``topic``'s stable cut across every coordinator, as idemlog's readers read it
+        (``BrokerClient.stable_ends``), asked with this broker's own credentials."""
+        offsets = self._stable_offsets
+        if offsets is None:
+            raise CoordinatorNotAvailableError(f"broker {self.broker_id} is still starting")
+        return offsets.client().stable_ends(topic)
 
     def _txn_verifier(self, tls: TlsMaterial) -> TxnVerifier:
         """Asks coordinators before a transactional batch's first append here (KIP-890):
@@ -484,7 +497,7 @@ class Broker:
         store, pids, markers = self.store, self.pids, self.markers
         assert store is not None and pids is not None and markers is not None
         assert self.cluster is not None and self.replicas is not None  # _join_cluster ran
-        offsets = ClusterStableOffsets(
+        offsets = self._stable_offsets = ClusterStableOffsets(
             self.broker_id, self.topics, self.cluster.brokers, tls, cfg.security.inter_broker
         )
         expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
