@@ -271,7 +271,7 @@ def test_what_is_refused_is_named(kafka_broker: BrokerProcess, client: BrokerCli
 def test_librdkafka_through_resets_and_stalls_writes_each_acked_record_once(
     broker_factory: BrokerFactory,
 ) -> None:
-    with KafkaFaultProxy(reset_every=5, stall_every=31, stall_s=1.2) as proxy:
+    with KafkaFaultProxy(reset_every=4, stall_every=7, stall_s=1.2) as proxy:
         broker = broker_factory(
             {**KAFKA_ON, "kafka.advertised.listener": f"PLAINTEXT://{proxy.address}"}
         )
@@ -301,9 +301,7 @@ def test_librdkafka_through_resets_and_stalls_writes_each_acked_record_once(
             assert log == [r for r in acked if r[0] == partition]  # once each, in order
             sent = [v for i, v in enumerate(values) if i % 2 == partition]
             assert [r[3] for r in log] == sent
-        answered = duplicates(client)
-        print(f"resets={proxy.resets} stalls={proxy.stalls} duplicates={answered}")
-        assert answered > 0
+        assert duplicates(client) > 0
         client.close()
 
 
