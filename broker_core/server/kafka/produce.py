@@ -2,7 +2,8 @@
 listener, into Kafka-shaped topics (docs/kafka.md "Produce").
 
 Each partition's record batch (exactly one, as Kafka requires from v3) is decoded
-column-wise (``kafka.record_batch.decode_batches``: magic 2, CRC-32C checked), its rows
+column-wise (``kafka.record_batch.decode_batches``: magic 2, CRC-32C checked,
+decompressed first if it is gzip, snappy, lz4 or zstd), its rows
 put in the topic's own schema (``topic_rows``) and appended as ONE idemlog batch through
 the leader's append path the Flight produce takes (``Partition.append_as_leader``, then
 ``PartitionLog.append`` with the Kafka batch's producer id, epoch and base sequence): the
@@ -15,7 +16,7 @@ request's timeout; acks=0 is appended and never answered, as Kafka never answers
 
 Refused per partition, nothing written: a transactional batch or a request with a
 transactional id (UNSUPPORTED_VERSION: transactions are served over Flight only), a
-compressed batch (UNSUPPORTED_COMPRESSION_TYPE, naming the codec), a topic that cannot
+compression type Kafka does not define (UNSUPPORTED_COMPRESSION_TYPE), a topic that cannot
 hold Kafka records (INVALID_RECORD, naming its columns), a malformed batch
 (CORRUPT_MESSAGE). A Kafka producer's id carries no producer token (the Flight path's
 binding of an id to its principal, ``security.producer_token``): the Kafka listener has no
@@ -39,7 +40,8 @@ from broker_core.errors import (
     InvalidRequiredAcksError,
     SchemaMismatchError,
 )
-from broker_core.kafka.record_batch import UnsupportedCompressionError, decode_batches
+from broker_core.kafka.compression import UnsupportedCompressionError
+from broker_core.kafka.record_batch import decode_batches
 from broker_core.log.partition_log import AppendResult, PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import AppendOutcome
