@@ -2,8 +2,10 @@
 // sends COUNT values "j<i>" to PARTITIONS partitions (value i to partition i % PARTITIONS)
 // of TOPIC at BOOTSTRAP, then prints one line per acknowledged record,
 // "acked <partition> <offset> <value>", and exits 0; a send that failed prints
-// "failed <value> <exception>" and the program exits 1.
+// "failed <value> <exception>" and the program exits 1. COMPRESSION: the producer's
+// compression.type (none, gzip, snappy, lz4, zstd).
 // Usage: java -cp <kafka jars> KafkaIdempotentProducer.java BOOTSTRAP TOPIC COUNT PARTITIONS
+//        COMPRESSION
 
 import java.util.ArrayList;
 import java.util.Collections;
@@ -22,10 +24,12 @@ public class KafkaIdempotentProducer {
         String topic = args[1];
         int count = Integer.parseInt(args[2]);
         int partitions = Integer.parseInt(args[3]);
+        String compression = args[4];
         Properties props = new Properties();
         props.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         props.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
         props.put(ProducerConfig.ACKS_CONFIG, "all");
+        props.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, compression);
         props.put(ProducerConfig.LINGER_MS_CONFIG, "5");
         props.put(ProducerConfig.BATCH_SIZE_CONFIG, "256"); // many small batches, many requests
         props.put(ProducerConfig.REQUEST_TIMEOUT_MS_CONFIG, "1000"); // below the proxy's stall
@@ -38,7 +42,7 @@ public class KafkaIdempotentProducer {
         List<String> failed = Collections.synchronizedList(new ArrayList<>());
         try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(props)) {
             for (int i = 0; i < count; i++) {
-                String value = "j" + i;
+                String value = "j" + i + "-" + "x".repeat(40); // something to compress
                 sent.add(producer.send(
                     new ProducerRecord<>(topic, i % partitions, null, value.getBytes()),
                     (meta, error) -> {
@@ -54,7 +58,8 @@ public class KafkaIdempotentProducer {
             try {
                 RecordMetadata meta = sent.get(i).get();
                 out.append("acked ").append(meta.partition()).append(' ')
-                    .append(meta.offset()).append(" j").append(i).append('\n');
+                    .append(meta.offset()).append(" j").append(i).append("-").append("x".repeat(40))
+                    .append('\n');
             } catch (Exception e) {
                 // the callback said why
             }

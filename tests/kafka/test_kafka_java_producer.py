@@ -1,5 +1,6 @@
-"""Kafka's own Java producer (kafka-clients 4.1, jars/kafka-broker), idempotent, writes
-through the Kafka listener behind a proxy that resets and stalls its connections
+"""Kafka's own Java producer (kafka-clients 4.1, jars/kafka-broker), idempotent, with
+snappy (in xerial's framing, which only the Java client writes), writes through the Kafka
+listener behind a proxy that resets and stalls its connections
 mid-stream (KafkaIdempotentProducer.java, run by the JVM's single-file launcher): every
 record it was acknowledged is in the log exactly once, in order per partition, at the
 offset it was acknowledged at, and the broker answered duplicates; the proxy's own
@@ -39,7 +40,10 @@ def test_the_java_idempotent_producer_through_resets_and_stalls_writes_each_reco
             proxy.armed.set()
             classpath = ":".join(str(p) for p in broker_jars())
             done = subprocess.run(
-                ["java", "-cp", classpath, str(PROGRAM), proxy.address, "java", str(COUNT), "2"],
+                [
+                    *("java", "-cp", classpath, str(PROGRAM)),
+                    *(proxy.address, "java", str(COUNT), "2", "snappy"),
+                ],
                 capture_output=True,
                 text=True,
                 timeout=300,
@@ -56,6 +60,6 @@ def test_the_java_idempotent_producer_through_resets_and_stalls_writes_each_reco
             for partition in (0, 1):
                 log = over_flight(client, "java", partition)
                 assert log == [r for r in acked if r[0] == partition]  # once each, in order
-                sent = [b"j%d" % i for i in range(COUNT) if i % 2 == partition]
+                sent = [b"j%d-%s" % (i, b"x" * 40) for i in range(COUNT) if i % 2 == partition]
                 assert [r[3] for r in log] == sent
             assert duplicates(client) > 0
