@@ -228,12 +228,34 @@ def test_a_retry_is_answered_with_the_original_offsets_and_a_gap_refused(
     refused = produce(address, "retry", gap)
     assert refused.error_code == ErrorCode.out_of_order_sequence_number
     assert "expected sequence 3" in refused.error_message
-    assert [r[3] for r in over_flight(client, "retry", 0)] == [b"x0", b"x1", b"r0", b"r1", b"r2"]
+    # A newer epoch fences the older one; an id never issued is unknown.
+    bumped = encode_batch(
+        kafka_rows(1, "e"), base_offset=0, producer_id=pid, producer_epoch=1, base_sequence=0
+    )
+    assert produce(address, "retry", bumped).error_code == ErrorCode.none
+    stale = encode_batch(
+        kafka_rows(1, "s"), base_offset=0, producer_id=pid, producer_epoch=0, base_sequence=3
+    )
+    assert produce(address, "retry", stale).error_code == ErrorCode.invalid_producer_epoch
+    stranger = encode_batch(
+        kafka_rows(1, "u"), base_offset=0, producer_id=10**12, producer_epoch=0, base_sequence=0
+    )
+    assert produce(address, "retry", stranger).error_code == ErrorCode.unknown_producer_id
+    assert [r[3] for r in over_flight(client, "retry", 0)] == [
+        b"x0", b"x1", b"r0", b"r1", b"r2", b"e0",
+    ]  # fmt: skip
 
 
 def test_what_is_refused_is_named(kafka_broker: BrokerProcess, client: BrokerClient) -> None:
     address = kafka_address(kafka_broker)
     assert init_producer_id(address, "txn-1").error_code == ErrorCode.unsupported_version
+    assert "InitProducerId for transactional id 'txn-1'" in kafka_broker.log_text()
+    assert init_producer_id(address, "").error_code == ErrorCode.invalid_request
+    client.create_topic("small", 1, schema=KAFKA_SCHEMA, config={"max.message.bytes": "2000"})
+    big = pa.RecordBatch.from_pydict({"value": [b"b" * 3000]})
+    answer = produce(address, "small", encode_batch(big, base_offset=0))
+    assert answer.error_code == ErrorCode.message_too_large
+    assert "max.message.bytes=2000" in answer.error_message
     client.create_topic("ids", 1, schema=pa.schema([("id", pa.int64())]))
     answer = produce(address, "ids", encode_batch(kafka_rows(1, "n"), base_offset=0))
     assert answer.error_code == ErrorCode.invalid_record
@@ -335,5 +357,8 @@ def test_acks_all_on_a_zookeeper_cluster_waits_for_the_in_sync_replicas(
         # Acknowledged only once the follower had them: the leader's high watermark.
         assert cluster.offsets(leader, "repl", 0)["high_watermark"] == 10
         assert over_flight(cluster.client, "repl", 0) == acked
+        one = encode_batch(kafka_rows(1, "f"), base_offset=0)
+        refused = produce(kafka_address(follower), "repl", one)
+        assert refused.error_code == ErrorCode.not_leader_or_follower
     finally:
         cluster.close()
