@@ -14,6 +14,7 @@ and the broker answered duplicates."""
 from __future__ import annotations
 
 import datetime
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -177,9 +178,15 @@ def init_producer_id(address: str, txn_id: str | None = None) -> Any:
     return wire.ask(address, body)
 
 
-def produce(address: str, topic: str, records: bytes, acks: int = -1) -> Any:
-    """One Produce v9 of ``records`` to partition 0; that partition's answer."""
-    body = wire.request(
+def produce(address: str, topic: str, records: bytes) -> Any:
+    """One Produce v9 (acks=-1) of ``records`` to partition 0; that partition's answer."""
+    body = produce_request(topic, records)
+    ((answer,),) = (t.partition_responses for t in wire.ask(address, body).responses)
+    return answer
+
+
+def produce_request(topic: str, records: bytes, acks: int = -1) -> Any:
+    return wire.request(
         PRODUCE,
         9,
         transactional_id=None,
@@ -192,8 +199,6 @@ def produce(address: str, topic: str, records: bytes, acks: int = -1) -> Any:
             ),
         ),
     )
-    ((answer,),) = (t.partition_responses for t in wire.ask(address, body).responses)
-    return answer
 
 
 def kafka_rows(count: int, tag: str) -> pa.RecordBatch:
@@ -257,9 +262,15 @@ def test_what_is_refused_is_named(kafka_broker: BrokerProcess, client: BrokerCli
     assert answer.error_code == ErrorCode.message_too_large
     assert "max.message.bytes=2000" in answer.error_message
     client.create_topic("ids", 1, schema=pa.schema([("id", pa.int64())]))
-    answer = produce(address, "ids", encode_batch(kafka_rows(1, "n"), base_offset=0))
+    one_row = encode_batch(kafka_rows(1, "n"), base_offset=0)
+    answer = produce(address, "ids", one_row)
     assert answer.error_code == ErrorCode.invalid_record
     assert "topic 'ids' (id: int64) cannot hold Kafka records" in answer.error_message
+    # With acks=0 there is no answer: the connection is closed, as Kafka closes it.
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(wire.request_bytes(1, produce_request("ids", one_row, acks=0)))
+        assert sock.recv(1) == b""
     client.create_topic("strings", 1, schema=pa.schema([("value", pa.string())]))
     bad = pa.RecordBatch.from_pydict({"value": [b"\xff\xfe"]})
     answer = produce(address, "strings", encode_batch(bad, base_offset=0))
