@@ -24,13 +24,13 @@ from tests.harness.kafka_fault_proxy import KafkaFaultProxy
 pytestmark = pytest.mark.slow  # a JVM compiles and runs the producer (~5 s)
 
 PROGRAM = Path(__file__).with_name("KafkaIdempotentProducer.java")
-COUNT = 200
+COUNT = 100
 
 
 def test_the_java_idempotent_producer_through_resets_and_stalls_writes_each_record_once(
     broker_factory: BrokerFactory,
 ) -> None:
-    with KafkaFaultProxy(reset_every=4, stall_every=9, stall_s=1.5) as proxy:
+    with KafkaFaultProxy(reset_every=4, stall_every=10, stall_s=1.2) as proxy:
         broker = broker_factory(
             {**KAFKA_ON, "kafka.advertised.listener": f"PLAINTEXT://{proxy.address}"}
         )
