@@ -270,6 +270,14 @@ def test_what_is_refused_is_named(kafka_broker: BrokerProcess, client: BrokerCli
     answer = produce(address, "ids", one_row)
     assert answer.error_code == ErrorCode.invalid_record
     assert "topic 'ids' (id: int64) cannot hold Kafka records" in answer.error_message
+    client.create_topic("bytes", 1, schema=KAFKA_SCHEMA)
+    flipped = bytearray(one_row)
+    flipped[-2] ^= 0x01
+    answer = produce(address, "bytes", bytes(flipped))
+    assert answer.error_code == ErrorCode.corrupt_message and "CRC-32C" in answer.error_message
+    answer = produce(address, "bytes", one_row + one_row)
+    assert answer.error_code == ErrorCode.invalid_record
+    assert "exactly one per partition" in answer.error_message
     # With acks=0 there is no answer: the connection is closed, as Kafka closes it.
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
