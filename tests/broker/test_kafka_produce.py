@@ -237,13 +237,28 @@ def test_a_retry_is_answered_with_the_original_offsets_and_a_gap_refused(
     refused = produce(address, "retry", gap)
     assert refused.error_code == ErrorCode.out_of_order_sequence_number
     assert "expected sequence 3" in refused.error_message
+    # Five more batches (the window): the first retried again is beyond it.
+    for seq in range(3, 8):
+        later = encode_batch(
+            kafka_rows(1, f"w{seq}"),
+            base_offset=0,
+            producer_id=pid,
+            producer_epoch=0,
+            base_sequence=seq,
+        )
+        assert produce(address, "retry", later).error_code == ErrorCode.none
+    beyond = produce(address, "retry", batch)
+    assert (beyond.error_code, int(beyond.base_offset)) == (
+        ErrorCode.duplicate_sequence_number, -1,
+    )  # fmt: skip
+    assert duplicates(client) == before + 2
     # A newer epoch fences the older one; an id never issued is unknown.
     bumped = encode_batch(
         kafka_rows(1, "e"), base_offset=0, producer_id=pid, producer_epoch=1, base_sequence=0
     )
     assert produce(address, "retry", bumped).error_code == ErrorCode.none
     stale = encode_batch(
-        kafka_rows(1, "s"), base_offset=0, producer_id=pid, producer_epoch=0, base_sequence=3
+        kafka_rows(1, "s"), base_offset=0, producer_id=pid, producer_epoch=0, base_sequence=8
     )
     assert produce(address, "retry", stale).error_code == ErrorCode.invalid_producer_epoch
     stranger = encode_batch(
@@ -251,7 +266,7 @@ def test_a_retry_is_answered_with_the_original_offsets_and_a_gap_refused(
     )
     assert produce(address, "retry", stranger).error_code == ErrorCode.unknown_producer_id
     assert [r[3] for r in over_flight(client, "retry", 0)] == [
-        b"x0", b"x1", b"r0", b"r1", b"r2", b"e0",
+        b"x0", b"x1", b"r0", b"r1", b"r2", *(b"w%d0" % s for s in range(3, 8)), b"e0",
     ]  # fmt: skip
 
 
