@@ -257,6 +257,21 @@ def _validity(column: pa.Array) -> npt.NDArray[np.bool_] | None:
     return np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
+def is_kafka_shaped(schema: pa.Schema) -> bool:
+    """Whether rows of ``schema`` are Kafka records as they are: a ``value`` column and no
+    column but ``key``, ``value``, ``timestamp`` and ``headers``."""
+    return "value" in schema.names and all(name in _COLUMNS for name in schema.names)
+
+
+def record_timestamps(rows: pa.RecordBatch, default_ms: int) -> Int64s:
+    """The timestamp (ms) each of ``rows`` has as a Kafka record: its ``timestamp``
+    column's, ``default_ms`` where it has none (as :func:`encode_batches` writes them)."""
+    count = rows.num_rows
+    index = rows.schema.get_field_index("timestamp")
+    column = rows.column(index) if index >= 0 else None
+    return _timestamps_ms(column, count, np.full(count, default_ms, np.int64))
+
+
 def _timestamps_ms(column: pa.Array | None, count: int, default: Int64s) -> Int64s:
     """Milliseconds per row; ``default`` (per row) where there is none."""
     if column is None:

@@ -40,6 +40,7 @@ from broker_core.server.kafka.consume import (
     OFFSET_FOR_LEADER_EPOCH,
     ConsumeApis,
     KafkaTopics,
+    ReadCuts,
 )
 from broker_core.server.kafka.framing import KafkaRequest, read_frame
 from broker_core.server.kafka.init_producer_id import INIT_PRODUCER_ID, InitProducerIdApi
@@ -61,7 +62,11 @@ def kafka_apis(topics: Any, cluster: Any) -> KafkaApis:
     return KafkaApis(
         [
             MetadataApi(lambda: cast(ClusterMetadata, cluster)),
-            ConsumeApis(cast(KafkaTopics, topics), lambda: cast(ClusterMetadata, cluster)),
+            ConsumeApis(
+                cast(KafkaTopics, topics),
+                lambda: cast(ClusterMetadata, cluster),
+                cast(ReadCuts, SimpleNamespace(refresh_s=0.1, ends=lambda topic, topic_id: {})),
+            ),
             ProduceApi(cast(KafkaTopics, topics), lambda: None, Metrics()),
             InitProducerIdApi(lambda: cast(ProducerIdManager, FIXED_PRODUCER_IDS)),
         ]
