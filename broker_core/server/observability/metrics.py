@@ -80,6 +80,10 @@ KAFKA_REQUEST_KINDS = (
     "kafka_offset_for_leader_epoch",
     "kafka_fetch",
     "kafka_produce",
+    "kafka_create_topics",
+    "kafka_delete_topics",
+    "kafka_describe_configs",
+    "kafka_describe_cluster",
 )
 REQUEST_KINDS = ("produce", "fetch", *KAFKA_REQUEST_KINDS)
 
