@@ -64,6 +64,7 @@ CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 DESCRIBE_CONFIGS = 32
 DESCRIBE_CLUSTER = 60
+CONFIGS_IN_CREATE = 5  # CreateTopics answers the created topic's configs from v5 (KIP-525)
 
 # What a Kafka-shaped topic created over Kafka holds: the columns of Spark's Kafka source
 # that a record carries, in the Arrow form Spark gives them (what the idemlog sink writes
@@ -190,18 +191,20 @@ class AdminApis:
                 continue
             assert created is not None
             name, partitions, factor, overrides, topic_id = created
-            config_cls = nested(response, "CreatableTopicConfigs")
-            configs = tuple(
-                build(
-                    config_cls,
-                    name=e.name,
-                    value=e.value,
-                    read_only=True,
-                    config_source=i8(e.source),
-                    is_sensitive=e.sensitive,
+            configs = None
+            if request.api_version >= CONFIGS_IN_CREATE:
+                config_cls = nested(response, "CreatableTopicConfigs")
+                configs = tuple(
+                    build(
+                        config_cls,
+                        name=e.name,
+                        value=e.value,
+                        read_only=True,
+                        config_source=i8(e.source),
+                        is_sensitive=e.sensitive,
+                    )
+                    for e in self._topic_entries(overrides, factor)
                 )
-                for e in self._topic_entries(overrides, factor)
-            )
             results.append(
                 build(
                     result_cls,
