@@ -15,6 +15,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -26,12 +27,22 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
+from kio.index import load_request_schema
 from kio.schema.delete_topics.v6.request import DeleteTopicState
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i8, i16, i32
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.producer.producer import Producer
-from broker_core.server.kafka.admin import DELETE_TOPICS, KAFKA_TOPIC_SCHEMA
+from broker_core.server.kafka.admin import (
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    DESCRIBE_CLUSTER,
+    DESCRIBE_CONFIGS,
+    KAFKA_TOPIC_SCHEMA,
+    TOPIC_RESOURCE,
+)
+from broker_core.server.kafka.messages import build, nested
 from tests.broker.test_kafka_listener import KAFKA_ON, kafka_address
 from tests.harness import kafka_wire as wire
 from tests.harness.broker import BrokerFactory, BrokerProcess
@@ -170,6 +181,71 @@ def test_delete_topics_by_id(kafka_broker: BrokerProcess, admin: AdminClient) ->
     assert delete(topic_id) == (ErrorCode.none, "by-id")
     assert "by-id" not in admin.list_topics(timeout=TIMEOUT).topics
     assert delete(topic_id)[0] == ErrorCode.unknown_topic_id  # gone: its id with it
+
+
+def test_every_admin_version_is_answered_in_its_own_layout(kafka_broker: BrokerProcess) -> None:
+    """CreateTopics v2-v7, DescribeConfigs v1-v4, DeleteTopics v1-v6 and DescribeCluster
+    v0-v1, each version written by kio: the fields each version has, answered."""
+    address = kafka_address(kafka_broker)
+    timeout = datetime.timedelta(seconds=10)
+
+    def ask(api_key: int, version: int, **values: object) -> Any:
+        return wire.ask(address, build(load_request_schema(api_key, version), **values))
+
+    ids = set()
+    for version in range(2, 8):
+        schema = load_request_schema(CREATE_TOPICS, version)
+        config = nested(schema, "CreatableTopicConfig")(name="retention.ms", value="1000")
+        topic = nested(schema, "CreatableTopic")(
+            name=f"v{version}",
+            num_partitions=i32(2),
+            replication_factor=i16(-1),
+            assignments=(),
+            configs=(config,),
+        )
+        (created,) = ask(CREATE_TOPICS, version, topics=(topic,), timeout=timeout).topics
+        assert (created.name, created.error_code) == (f"v{version}", ErrorCode.none)
+        if version >= 5:
+            assert (created.num_partitions, created.replication_factor) == (2, 1)
+            assert {c.name: c.value for c in created.configs}["retention.ms"] == "1000"
+        if version >= 7:
+            ids.add(created.topic_id)
+    assert len(ids) == 1 and uuid.UUID(int=0) not in ids
+    for version in range(1, 5):
+        schema = load_request_schema(DESCRIBE_CONFIGS, version)
+        resource = nested(schema, "DescribeConfigsResource")(
+            resource_type=i8(TOPIC_RESOURCE), resource_name="v2", configuration_keys=None
+        )
+        answer = ask(
+            DESCRIBE_CONFIGS,
+            version,
+            resources=(resource,),
+            include_synonyms=True,
+            include_documentation=True,
+        )
+        (result,) = answer.results
+        assert result.error_code == ErrorCode.none
+        retention = {c.name: c for c in result.configs}["retention.ms"]
+        assert (retention.value, retention.read_only, retention.config_source) == ("1000", True, 1)
+        assert [(s.value, s.source) for s in retention.synonyms] == [("1000", 1), ("604800000", 5)]
+    for version in range(1, 7):
+        name = f"v{version + 1}"
+        schema = load_request_schema(DELETE_TOPICS, version)
+        if version >= 6:
+            named = {"topics": (nested(schema, "DeleteTopicState")(name=name, topic_id=None),)}
+        else:
+            named = {"topic_names": (name,)}
+        (deleted,) = ask(DELETE_TOPICS, version, timeout=timeout, **named).responses
+        assert (deleted.name, deleted.error_code) == (name, ErrorCode.none)
+    clusters = [
+        ask(DESCRIBE_CLUSTER, v, include_cluster_authorized_operations=False) for v in (0, 1)
+    ]
+    assert {c.cluster_id for c in clusters} == {clusters[0].cluster_id}
+    assert all(c.error_code == ErrorCode.none and len(c.brokers) == 1 for c in clusters)
+    controllers = ask(
+        DESCRIBE_CLUSTER, 1, include_cluster_authorized_operations=False, endpoint_type=i8(2)
+    )
+    assert controllers.error_code == ErrorCode.unsupported_endpoint_type
 
 
 def test_kafka_topics_describe_prints_the_partitions(

@@ -376,6 +376,9 @@ def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_ele
         kafka = admin(addresses[1])
         metadata = kafka.list_topics(TOPIC, timeout=TIMEOUT)
         assert {b.id: f"{b.host}:{b.port}" for b in metadata.brokers.values()} == addresses
+        # One cluster, one id (ZooKeeper's <root>/cluster_id), whichever broker answers.
+        ids = {admin(a).list_topics(timeout=TIMEOUT).cluster_id for a in addresses.values()}
+        assert len(ids) == 1 and metadata.cluster_id in ids and None not in ids
         for index, partition in metadata.topics[TOPIC].partitions.items():
             state = cluster.state(TOPIC, index)
             assert partition.leader == state.leader
