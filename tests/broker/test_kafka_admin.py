@@ -248,6 +248,7 @@ def test_every_admin_version_is_answered_in_its_own_layout(kafka_broker: BrokerP
     assert controllers.error_code == ErrorCode.unsupported_endpoint_type
 
 
+@pytest.mark.slow  # a JVM of Kafka's tools (~4 s)
 def test_kafka_topics_describe_prints_the_partitions(
     kafka_broker: BrokerProcess, admin: AdminClient
 ) -> None:
@@ -319,6 +320,7 @@ def transaction(address: str, topic: str, txn_id: str, rows: pa.Table, *, commit
             producer.abort_transaction()
 
 
+@pytest.mark.slow  # a JVM of Kafka's tools (~4 s)
 def test_console_consumer_prints_only_the_committed_rows(
     kafka_broker: BrokerProcess, admin: AdminClient
 ) -> None:

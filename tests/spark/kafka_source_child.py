@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +48,24 @@ def rows_of(df: Any, partition: str, offset: str) -> list[list[Any]]:
     )
 
 
+def timed(phase: str, started: float) -> float:
+    """Says on stderr how long ``phase`` took (the test's figures); the time now."""
+    now = time.monotonic()
+    print(f"TIMED {phase} {now - started:.1f}s", file=sys.stderr, flush=True)
+    return now
+
+
 def main(spec: dict[str, Any]) -> None:
     from spark_sink import local_session
 
+    started = time.monotonic()
     jars = sorted(str(p) for p in SPARK_KAFKA_JARS.glob("*.jar"))
     if not any("spark-sql-kafka" in j for j in jars):
         raise SystemExit(f"Spark's Kafka source is not in {SPARK_KAFKA_JARS}: make kafka-jars")
     spark = local_session(
         "kafka-source", cores=2, max_failures=1, conf={"spark.jars": ",".join(jars)}, quiet=True
     )
+    started = timed("session", started)
     kafka = {
         "kafka.bootstrap.servers": spec["bootstrap"],
         "kafka.isolation.level": "read_committed",
@@ -64,6 +74,7 @@ def main(spec: dict[str, Any]) -> None:
     }
     batch = spark.read.format("kafka").options(**kafka).option("endingOffsets", "latest").load()
     kafka_batch = rows_of(batch, "partition", "offset")
+    started = timed("kafka_batch", started)
 
     stream = spark.readStream.format("kafka").options(**kafka).load()
     query = (
@@ -77,6 +88,7 @@ def main(spec: dict[str, Any]) -> None:
     if query.exception() is not None:
         raise SystemExit(f"the stream failed: {query.exception()}")
     kafka_stream = rows_of(spark.table("kafka_stream"), "partition", "offset")
+    started = timed("kafka_stream", started)
 
     own = (
         spark.read.format("idemlog")
@@ -86,6 +98,7 @@ def main(spec: dict[str, Any]) -> None:
         .load()
     )
     idemlog = rows_of(own, "_partition", "_offset")
+    timed("idemlog", started)
     Path(spec["out"]).write_text(
         json.dumps({"kafka_batch": kafka_batch, "kafka_stream": kafka_stream, "idemlog": idemlog})
     )

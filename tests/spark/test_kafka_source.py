@@ -31,6 +31,8 @@ TOPIC = "spark-kafka"
 DRIVER_TIMEOUT_S = 300.0
 START_MS = 1_700_000_000_000
 
+pytestmark = pytest.mark.slow  # a Spark driver of its own, three reads (~60 s on two cores)
+
 
 @pytest.fixture(scope="module")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
@@ -102,6 +104,7 @@ def test_spark_kafka_source_reads_what_idemlog_reads(
         check=False,
     )
     assert driver.returncode == 0, driver.stderr[-4000:]
+    print(*(line for line in driver.stderr.splitlines() if line.startswith("TIMED")), sep="\n")
     read = json.loads(out.read_text())
 
     own = read["idemlog"]
