@@ -31,8 +31,6 @@ TOPIC = "spark-kafka"
 DRIVER_TIMEOUT_S = 300.0
 START_MS = 1_700_000_000_000
 
-pytestmark = pytest.mark.slow  # a Spark driver of its own, three reads (~60 s on two cores)
-
 
 @pytest.fixture(scope="module")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
@@ -71,6 +69,7 @@ def transaction(address: str, txn_id: str, table: pa.Table, *, commit: bool) -> 
             producer.abort_transaction()
 
 
+@pytest.mark.slow  # a Spark driver of its own and three reads: a minute or more
 def test_spark_kafka_source_reads_what_idemlog_reads(
     kafka_broker: BrokerProcess, tmp_path: Path
 ) -> None:
@@ -113,3 +112,29 @@ def test_spark_kafka_source_reads_what_idemlog_reads(
     assert {r[0] for r in own} == {0, 1}
     assert read["kafka_batch"] == own
     assert read["kafka_stream"] == own
+
+
+def test_a_topic_created_over_kafka_has_the_schema_the_sink_writes_of_kafka_columns() -> None:
+    """What Spark's Kafka source gives of a record (key, value, timestamp, headers) is
+    what idemlog's sink writes to a topic made by CreateTopics: no cast, no mismatch."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    from spark_sink.schema import arrow_schema_for
+
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    kafka_columns = StructType(
+        [
+            StructField("key", BinaryType()),
+            StructField("value", BinaryType()),
+            StructField("timestamp", TimestampType()),
+            StructField("headers", ArrayType(header)),
+        ]
+    )
+    assert arrow_schema_for(kafka_columns).equals(KAFKA_TOPIC_SCHEMA)

@@ -34,6 +34,7 @@ from broker_core.cluster.topic_creation import (
 from broker_core.config import INT_MAX, ConfigKey
 from broker_core.errors import (
     IdemlogError,
+    InvalidConfigError,
     InvalidRequestError,
     TopicAlreadyExistsError,
     UnknownTopicIdError,
@@ -87,6 +88,7 @@ KAFKA_TOPIC_SCHEMA = pa.schema(
 )
 DEFAULT_PARTITIONS = 1  # num_partitions -1: Kafka's num.partitions default (idemlog has no key)
 NO_FACTOR = -1  # replication_factor -1: the cluster's default.replication.factor
+FACTOR_KEY = "replication.factor"  # where a topic keeps the factor asked
 _NO_TOPIC_ID = uuid.UUID(int=0)
 
 # DescribeConfigs' resource types and config sources (Kafka's ConfigResource.Type and
@@ -109,6 +111,17 @@ class TopicActions(Protocol):
     def create_topic(self, body: dict[str, Any]) -> CreateTopicResponse: ...
 
     def delete_topic(self, body: dict[str, Any]) -> EmptyResponse: ...
+
+
+@dataclass(frozen=True)
+class MadeTopic:
+    """A topic CreateTopics created (or only checked): what its answer says of it."""
+
+    name: str
+    partitions: int
+    factor: int
+    config: Mapping[str, str]  # its own configs, idemlog's keys
+    topic_id: uuid.UUID  # the zero id when only checked
 
 
 @dataclass(frozen=True)
@@ -165,16 +178,25 @@ class AdminApis:
         result_cls = nested(response, "CreatableTopicResult")
         results = []
         for topic in body.topics:
-            if names.count(topic.name) > 1:
-                error: tuple[KafkaErrorCode, str] | None = (
+            refusal: tuple[KafkaErrorCode, str] | None = None
+            if topic.assignments:
+                refusal = (
+                    KafkaErrorCode.invalid_replica_assignment,
+                    f"topic {topic.name!r}: replica assignments are not served; idemlog "
+                    "places replicas itself (ask with partitions and a replication factor)",
+                )
+            elif names.count(topic.name) > 1:
+                refusal = (
                     KafkaErrorCode.invalid_request,
                     f"topic {topic.name!r} is asked more than once in one request",
                 )
-                created = None
             else:
-                error, created = self._create(topic, validate_only=body.validate_only)
-            if error is not None:
-                code, message = error
+                try:
+                    made = self._create(topic, validate_only=body.validate_only)
+                except IdemlogError as exc:
+                    refusal = (kafka_error(exc), exc.message)
+            if refusal is not None:
+                code, message = refusal
                 log.info("kafka: CreateTopics %r refused: %s", topic.name, message)
                 results.append(
                     build(
@@ -189,8 +211,6 @@ class AdminApis:
                     )
                 )
                 continue
-            assert created is not None
-            name, partitions, factor, overrides, topic_id = created
             configs = None
             if request.api_version >= CONFIGS_IN_CREATE:
                 config_cls = nested(response, "CreatableTopicConfigs")
@@ -203,70 +223,52 @@ class AdminApis:
                         config_source=i8(e.source),
                         is_sensitive=e.sensitive,
                     )
-                    for e in self._topic_entries(overrides, factor)
+                    for e in self._topic_entries(made.config, made.factor)
                 )
             results.append(
                 build(
                     result_cls,
-                    name=name,
-                    topic_id=topic_id,
+                    name=made.name,
+                    topic_id=made.topic_id,
                     error_code=KafkaErrorCode.none,
                     error_message=None,
-                    num_partitions=i32(partitions),
-                    replication_factor=i16(factor),
+                    num_partitions=i32(made.partitions),
+                    replication_factor=i16(made.factor),
                     configs=configs,
                 )
             )
         return build(response, throttle_time=NO_THROTTLE, topics=tuple(results))
 
-    def _create(
-        self, topic: Any, *, validate_only: bool
-    ) -> tuple[
-        tuple[KafkaErrorCode, str] | None,
-        tuple[str, int, int, dict[str, str], uuid.UUID] | None,
-    ]:
-        if topic.assignments:
-            return (
-                KafkaErrorCode.invalid_replica_assignment,
-                f"topic {topic.name!r}: replica assignments are not served; idemlog places "
-                "replicas itself (ask with a number of partitions and a replication factor)",
-            ), None
+    def _create(self, topic: Any, *, validate_only: bool) -> MadeTopic:
+        """``topic`` (a CreatableTopic) created, or only checked; IdemlogError when refused."""
         partitions = DEFAULT_PARTITIONS if topic.num_partitions == -1 else int(topic.num_partitions)
-        config: dict[str, str | None] = {c.name: c.value for c in topic.configs}
-        nulls = sorted(k for k, v in config.items() if v is None)
+        nulls = sorted(c.name for c in topic.configs if c.value is None)
         if nulls:
-            return (
-                KafkaErrorCode.invalid_config,
-                f"topic {topic.name!r}: config {nulls[0]!r} has a null value",
-            ), None
-        overrides = {k: v for k, v in config.items() if v is not None}
-        factor_key = "replication.factor"
+            raise InvalidConfigError(f"topic {topic.name!r}: config {nulls[0]!r} has a null value")
+        overrides: dict[str, str] = {c.name: c.value for c in topic.configs}
         if topic.replication_factor != NO_FACTOR:
             asked = str(int(topic.replication_factor))
-            if overrides.get(factor_key, asked) != asked:
-                return (
-                    KafkaErrorCode.invalid_request,
+            if overrides.get(FACTOR_KEY, asked) != asked:
+                raise InvalidRequestError(
                     f"topic {topic.name!r}: replication_factor={asked} and the config "
-                    f"{factor_key}={overrides[factor_key]} disagree",
-                ), None
-            overrides[factor_key] = asked
-        try:
-            if validate_only:
-                name, factor = self._validate(topic.name, partitions, overrides)
-                return None, (name, partitions, factor, overrides, _NO_TOPIC_ID)
-            schema = KAFKA_TOPIC_SCHEMA.serialize().to_pybytes()
-            created = self._actions.create_topic(
-                CreateTopicRequest(topic.name, partitions, schema, overrides).to_doc()
-            )
-            assignment = self._cluster().topic(created.name)
-        except IdemlogError as exc:
-            return (kafka_error(exc), exc.message), None
+                    f"{FACTOR_KEY}={overrides[FACTOR_KEY]} disagree"
+                )
+            overrides[FACTOR_KEY] = asked
+        if validate_only:
+            name, factor = self._validate(topic.name, partitions, overrides)
+            return MadeTopic(name, partitions, factor, overrides, _NO_TOPIC_ID)
+        schema = KAFKA_TOPIC_SCHEMA.serialize().to_pybytes()
+        created = self._actions.create_topic(
+            CreateTopicRequest(topic.name, partitions, schema, overrides).to_doc()
+        )
+        # As stored, not as the cache last saw it: with ZooKeeper, the watch may lag.
+        assignment = self._cluster().read_topic(created.name)
         factor = len(assignment.state(0).replicas)
         log.info(
             "kafka: created topic %s (%d partitions, factor %d)", created.name, partitions, factor
         )
         topic_id = uuid.UUID(hex=assignment.topic_id) if assignment.topic_id else _NO_TOPIC_ID
-        return None, (created.name, partitions, factor, dict(assignment.config), topic_id)
+        return MadeTopic(created.name, partitions, factor, dict(assignment.config), topic_id)
 
     def _validate(self, name: str, partitions: int, overrides: dict[str, str]) -> tuple[str, int]:
         """What ``create_topic`` and the cluster check, without creating: the name, the
@@ -343,8 +345,9 @@ class AdminApis:
         has) and this broker's (every key of its file; passwords null and sensitive).
         Synonyms (with ``include_synonyms``) run from the most specific to the default;
         documentation with ``include_documentation`` (v3+). Every config is read-only:
-        none changes after creation or start. Another broker's configs are asked of it
-        (INVALID_REQUEST here); broker loggers and other resources INVALID_REQUEST."""
+        none changes after creation or start. No key named (null or an empty list): every
+        key, as Kafka answers. Another broker's configs are asked of it (INVALID_REQUEST
+        here); broker loggers and other resources INVALID_REQUEST."""
         body = request.body
         synonyms = bool(getattr(body, "include_synonyms", False))
         with_docs = bool(getattr(body, "include_documentation", False))
@@ -354,7 +357,7 @@ class AdminApis:
         results = []
         for resource in body.resources:
             keys = resource.configuration_keys
-            wanted = None if keys is None else set(keys)
+            wanted = set(keys) if keys else None  # null or none named: every key, as Kafka
             try:
                 entries = self._resource_entries(resource.resource_type, resource.resource_name)
             except IdemlogError as exc:
@@ -432,7 +435,7 @@ class AdminApis:
                 set_value = broker_values[broker_key]
                 if set_value != BROKER_CONFIG.key(broker_key).default:
                     synonyms.append((broker_key, _text(set_value), STATIC_BROKER_CONFIG))
-            if key.name == "replication.factor" and key.name not in overrides:
+            if key.name == FACTOR_KEY and key.name not in overrides:
                 # The factor the cluster chose at creation: the topic's, whatever the default.
                 synonyms.insert(0, (key.name, str(factor), DEFAULT_CONFIG))
             synonyms.append((key.name, _text(key.default), DEFAULT_CONFIG))
