@@ -31,6 +31,7 @@ from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
+    CoordinatorNotAvailableError,
     IdemlogError,
     InvalidConfigError,
     LogDirLockedError,
@@ -52,6 +53,7 @@ from broker_core.security.producer_token import ProducerTokens
 from broker_core.security.tls import Side, TlsMaterial, warn_if_exposed
 from broker_core.server.config.broker_config import NEVER, ZK_ROOT, BrokerConfig
 from broker_core.server.coordination.coordinators import Coordinators
+from broker_core.server.coordination.group_coordinators import GroupCoordinators
 from broker_core.server.coordination.marker_client import RoutingMarkerWriter
 from broker_core.server.coordination.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.coordination.state_coordinator import StateLeaderCoordinatorRole
@@ -126,6 +128,7 @@ class Broker:
         self._actions: ActionHandlers | None = None  # the Flight actions, once built
         self._kafka: KafkaListener | None = None  # kafka.listener's, when set
         self._verifier: TxnVerifier | None = None
+        self._stable_offsets: ClusterStableOffsets | None = None  # the coordinators' LSO source
         self._tasks = TaskGroup()
         # idle.shutdown.ms: the listener's gate of calls that says when to stop (None: off).
         self._idle: IdleWatch | None = None
@@ -141,6 +144,9 @@ class Broker:
             self.require_cluster,
             embedded=config.embedded,
         )
+        # The Kafka listener's group coordinators (started with the listener only).
+        self.groups = GroupCoordinators(config.broker_id, config, self.require_cluster)
+        self._groups_started = False
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -383,9 +389,12 @@ class Broker:
         registration that carries its advertised address (``kafka.advertised.listener``
         or the bound one) to the other brokers' Metadata answers; ``info`` as it was
         without. Requests wait at :meth:`gate`. ``_release`` stops it."""
+        from broker_core.server.coordination.stable_cuts import StableCuts
         from broker_core.server.kafka.admin import AdminApis
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.consume import ConsumeApis
+        from broker_core.server.kafka.groups import GroupApis
+        from broker_core.server.kafka.init_producer_id import InitProducerIdApi
         from broker_core.server.kafka.listener import KafkaListener
         from broker_core.server.kafka.metadata import MetadataApi
         from broker_core.server.kafka.produce import ProduceApi
@@ -399,8 +408,10 @@ class Broker:
         apis = KafkaApis(
             [
                 MetadataApi(self.require_cluster, cluster_id),
-                ConsumeApis(topics, self.require_cluster),
-                ProduceApi(),
+                ConsumeApis(topics, self.require_cluster, StableCuts(self._stable_ends)),
+                ProduceApi(topics, lambda: self.store, self.metrics),
+                InitProducerIdApi(lambda: self.pids),
+                GroupApis(self.groups, self.require_cluster),
                 AdminApis(self.broker_id, cfg, self._actions, self.require_cluster, cluster_id),
             ]
         )
@@ -422,6 +433,14 @@ class Broker:
             return embedded_cluster_id(self.config.log_dir)
         timeout_s = self.config.zookeeper_session_timeout_ms / 1000.0
         return zk_cluster_id(self.zookeeper_client(), ZK_ROOT, timeout_s)
+
+    def _stable_ends(self, topic: str) -> dict[int, int]:
+        """``topic``'s stable cut across every coordinator, as idemlog's readers read it
+        (``BrokerClient.stable_ends``), asked with this broker's own credentials."""
+        offsets = self._stable_offsets
+        if offsets is None:
+            raise CoordinatorNotAvailableError(f"broker {self.broker_id} is still starting")
+        return offsets.client().stable_ends(topic)
 
     def _txn_verifier(self, tls: TlsMaterial) -> TxnVerifier:
         """Asks coordinators before a transactional batch's first append here (KIP-890):
@@ -486,12 +505,13 @@ class Broker:
     def _start_coordinator(self, tls: TlsMaterial) -> None:
         """The transaction coordinator role: embedded, one coordinator loaded now; with
         ZooKeeper, one per ``__transaction_state`` partition this broker leads, loaded in
-        the background. ``_release`` stops it."""
+        the background. With the Kafka listener, the group coordinators likewise (of
+        ``__consumer_offsets``). ``_release`` stops them."""
         cfg = self.config
         store, pids, markers = self.store, self.pids, self.markers
         assert store is not None and pids is not None and markers is not None
         assert self.cluster is not None and self.replicas is not None  # _join_cluster ran
-        offsets = ClusterStableOffsets(
+        offsets = self._stable_offsets = ClusterStableOffsets(
             self.broker_id, self.topics, self.cluster.brokers, tls, cfg.security.inter_broker
         )
         expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
@@ -527,6 +547,15 @@ class Broker:
             )
         self._coordinator_role = role
         role.start(synchronous=cfg.embedded)
+        if cfg.kafka.enabled:
+            # Kafka clients' consumer groups: the embedded broker's one local partition of
+            # __consumer_offsets at this run's controller epoch, loaded now; with
+            # ZooKeeper, each partition's leader's coordinator.
+            if cfg.embedded:
+                self.groups.start_embedded(store, self.cluster.controller_epoch())
+            else:
+                self.groups.start_replicated(self.replicas, self._replication().ack_timeout_s)
+            self._groups_started = True
 
     def _start_tasks(self) -> None:
         """The background tasks; ``_release`` stops them, first."""
@@ -683,6 +712,8 @@ class Broker:
             self._shutdown_server()
         if self._coordinator_role is not None:
             self._coordinator_role.stop()
+        if self._groups_started:
+            self.groups.stop()
         if self.store is not None:
             try:
                 # Through the topics when they exist: no partition opens while it closes.
