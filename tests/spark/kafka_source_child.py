@@ -4,12 +4,13 @@ must be on the driver's classpath when its JVM starts, which a pytest process th
 already ran another Spark session (a JVM without them) cannot give.
 
 One JSON argument: ``{"bootstrap": Kafka listener host:port, "brokers": the Flight
-address, "topic", "checkpoint": a directory, "out": a JSON file}``. Writes to ``out``
-``{"kafka_batch": rows, "kafka_stream": rows, "idemlog": rows}``, each row
-``[partition, offset, key, value, timestamp ms]`` (key and value as latin-1 text), read
-as:
+address, "topic", "since_ms": a timestamp, "checkpoint": a directory, "out": a JSON
+file}``. Writes to ``out`` ``{"kafka_batch": rows, "kafka_since": rows, "kafka_stream":
+rows, "idemlog": rows}``, each row ``[partition, offset, key, value, timestamp ms]`` (key
+and value as latin-1 text), read as:
 
 * ``spark.read.format("kafka")``, earliest to latest, ``kafka.isolation.level`` read_committed;
+* the same from ``startingTimestamp`` ``since_ms`` (ListOffsets by timestamp);
 * ``spark.readStream.format("kafka")`` from earliest, ``Trigger.AvailableNow``, into a
   memory table;
 * ``spark.read.format("idemlog")`` with ``includeMetadata`` (its ``_partition`` and
@@ -70,13 +71,30 @@ def main(spec: dict[str, Any]) -> None:
         "kafka.bootstrap.servers": spec["bootstrap"],
         "kafka.isolation.level": "read_committed",
         "subscribe": spec["topic"],
-        "startingOffsets": "earliest",
     }
-    batch = spark.read.format("kafka").options(**kafka).option("endingOffsets", "latest").load()
+    batch = (
+        spark.read.format("kafka")
+        .options(**kafka)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
     kafka_batch = rows_of(batch, "partition", "offset")
     started = timed("kafka_batch", started)
+    # From a time on: Spark asks ListOffsets by timestamp for each partition's start.
+    since = (
+        spark.read.format("kafka")
+        .options(**kafka)
+        .option("startingTimestamp", str(spec["since_ms"]))
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    kafka_since = rows_of(since, "partition", "offset")
+    started = timed("kafka_since", started)
 
-    stream = spark.readStream.format("kafka").options(**kafka).load()
+    stream = (
+        spark.readStream.format("kafka").options(**kafka).option("startingOffsets", "earliest")
+    ).load()
     query = (
         stream.writeStream.format("memory")
         .queryName("kafka_stream")
@@ -100,7 +118,14 @@ def main(spec: dict[str, Any]) -> None:
     idemlog = rows_of(own, "_partition", "_offset")
     timed("idemlog", started)
     Path(spec["out"]).write_text(
-        json.dumps({"kafka_batch": kafka_batch, "kafka_stream": kafka_stream, "idemlog": idemlog})
+        json.dumps(
+            {
+                "kafka_batch": kafka_batch,
+                "kafka_since": kafka_since,
+                "kafka_stream": kafka_stream,
+                "idemlog": idemlog,
+            }
+        )
     )
     spark.stop()
 

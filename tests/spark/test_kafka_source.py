@@ -4,8 +4,9 @@ idemlog topic through the Kafka listener: a topic created with librdkafka's Admi
 with a transaction aborted between two committed ones. ``spark.read.format("kafka")``
 (earliest to latest) and ``spark.readStream.format("kafka")`` (Trigger.AvailableNow) with
 ``kafka.isolation.level`` read_committed give exactly the rows ``format("idemlog")`` gives:
-the same partitions, offsets, keys, values and timestamps, no aborted row. The driver is
-a process of its own (``kafka_source_child.py``)."""
+the same partitions, offsets, keys, values and timestamps, no aborted row; a batch read
+from ``startingTimestamp`` (ListOffsets by timestamp) the rows from that time on. The
+driver is a process of its own (``kafka_source_child.py``)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ def test_spark_kafka_source_reads_what_idemlog_reads(
         "bootstrap": bootstrap,
         "brokers": kafka_broker.address,
         "topic": TOPIC,
+        "since_ms": START_MS + 210,  # the second committed transaction's first row
         "checkpoint": str(tmp_path / "checkpoint"),
         "out": str(out),
     }
@@ -112,6 +114,9 @@ def test_spark_kafka_source_reads_what_idemlog_reads(
     assert {r[0] for r in own} == {0, 1}
     assert read["kafka_batch"] == own
     assert read["kafka_stream"] == own
+    # From a timestamp on: in each partition, from the first row at or after it.
+    assert read["kafka_since"] == [r for r in own if r[4] >= START_MS + 210]
+    assert len(read["kafka_since"]) == 150
 
 
 def test_a_topic_created_over_kafka_has_the_schema_the_sink_writes_of_kafka_columns() -> None:
