@@ -1,7 +1,8 @@
 """The Kafka listener's admin APIs, asked by clients no one on this project wrote, of one
 real broker process for the module: librdkafka's ``AdminClient`` creates (and validates
 only), describes and deletes topics, describes their configs, the broker's and the
-cluster; every version in requests written by kio, DeleteTopics by topic id; Kafka 4.1's
+cluster; every version in requests written by kio, DeleteTopics by topic id; a Kafka
+producer's records in a topic CreateTopics made; Kafka 4.1's
 own tools from ``jars/kafka-broker`` (``make kafka-jars``): ``kafka-topics.sh``'s
 TopicCommand creates a topic and ``--describe`` prints its partitions with leaders,
 replicas and ISR, and ``kafka-console-consumer.sh``'s ConsoleConsumer with read_committed
@@ -21,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import (
     AdminClient,
     ConfigResource,
@@ -363,3 +365,34 @@ def test_console_consumer_prints_only_the_committed_rows(
 
 def broker_id(broker: BrokerProcess) -> int:
     return int(str(broker.config.get("broker.id", 0)))
+
+
+def test_a_topic_created_over_kafka_takes_a_kafka_producers_records(
+    kafka_broker: BrokerProcess, admin: AdminClient
+) -> None:
+    """Kafka's CreateTopics then an idempotent librdkafka producer: the records land as
+    rows of the Kafka-shaped schema, headers and timestamps with them."""
+    assert create(admin, NewTopic("produced", 1)) == {"produced": ""}
+    producer = KafkaProducer(
+        {"bootstrap.servers": kafka_address(kafka_broker), "enable.idempotence": True}
+    )
+    failures: list[object] = []
+    for i in range(5):
+        producer.produce(
+            "produced",
+            value=b"v%d" % i,
+            key=b"k%d" % i,
+            headers=[("h", b"%d" % i)],
+            timestamp=1_700_000_000_000 + i,
+            on_delivery=lambda error, _m: failures.append(error) if error else None,
+        )
+    assert producer.flush(TIMEOUT) == 0 and failures == []
+    with BrokerClient(kafka_broker.address) as client:
+        answer = client.fetch_once("produced", 0, 0, isolation="read_uncommitted")
+    rows = [row for _, batch in answer.batches for row in batch.to_pylist()]
+    assert [(r["key"], r["value"], r["headers"]) for r in rows] == [
+        (b"k%d" % i, b"v%d" % i, [{"key": "h", "value": b"%d" % i}]) for i in range(5)
+    ]
+    assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == [
+        1_700_000_000_000 + i for i in range(5)
+    ]
