@@ -2,12 +2,11 @@
 real broker process for the module: librdkafka's ``AdminClient`` creates (and validates
 only), describes and deletes topics, describes their configs, the broker's and the
 cluster; every version in requests written by kio, DeleteTopics by topic id; a Kafka
-producer's records in a topic CreateTopics made; Kafka 4.1's
-own tools from ``jars/kafka-broker`` (``make kafka-jars``): ``kafka-topics.sh``'s
-TopicCommand creates a topic and ``--describe`` prints its partitions with leaders,
-replicas and ISR, and ``kafka-console-consumer.sh``'s ConsoleConsumer with read_committed
-prints exactly the committed rows of a topic created over Kafka where a transaction was
-aborted."""
+producer's records in a topic CreateTopics made; Kafka 4.1's own tools from
+``jars/kafka-broker`` (``make kafka-jars``): ``kafka-topics.sh``'s TopicCommand creates
+a topic and ``--describe`` prints its partitions with leaders, replicas and ISR, and
+``kafka-console-consumer.sh``'s ConsoleConsumer with read_committed prints exactly the
+committed rows of a topic created over Kafka where a transaction was aborted."""
 
 from __future__ import annotations
 
