@@ -441,13 +441,11 @@ def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_ele
         follower = next(a for b, a in addresses.items() if b not in (before.leader, after.leader))
         assert offset_answer(follower, 0, LATEST).error_code == 6  # NOT_LEADER_OR_FOLLOWER
         assert end_offset_answer(follower, before.leader_epoch)[0] == 6
-        # Fetch: the same fencing and refusal (rows of a topic that is not Kafka-shaped
-        # would be refused after them: the epoch is checked first).
+        # Fetch: the same fencing and refusal; at the current epoch the rows are served.
         assert fetch_error(follower) == 6  # NOT_LEADER_OR_FOLLOWER
         assert fetch_error(leader, before.leader_epoch) == 74  # FENCED_LEADER_EPOCH
         assert fetch_error(leader, after.leader_epoch + 1) == 75  # UNKNOWN_LEADER_EPOCH
-        # At the current epoch the rows are reached, and refused: not Kafka-shaped.
-        assert fetch_error(leader, after.leader_epoch) == ErrorCode.unsupported_for_message_format
+        assert fetch_error(leader, after.leader_epoch) == ErrorCode.none
 
         # A consumer that read at the old epoch asks where it ended: at the 6 rows every
         # replica has, so nothing it read was truncated by the election.
