@@ -4,7 +4,7 @@ partitions' leaders, leader epochs, replicas, ISR and ids, from the cluster meta
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaErrorCode
@@ -34,12 +34,23 @@ _NO_TOPIC_ID = uuid.UUID(int=0)
 NO_OPERATIONS = i32(-(2**31))  # authorized operations not asked for
 
 
+def kafka_brokers(live: Iterable[BrokerInfo]) -> dict[int, BrokerInfo]:
+    """Those of the ``live`` brokers that serve a Kafka listener, by id."""
+    return {b.broker_id: b for b in live if b.kafka_listener is not None}
+
+
 class MetadataApi:
     """Metadata v1-13 (v0's empty list meant "every topic"; Kafka 4 dropped it) from
-    ``cluster()`` (raises NotLeaderOrFollowerError before the broker joined)."""
+    ``cluster()`` (raises NotLeaderOrFollowerError before the broker joined) and the
+    cluster's id, ``cluster_id()`` (None: answered null)."""
 
-    def __init__(self, cluster: Callable[[], ClusterMetadata]) -> None:
+    def __init__(
+        self,
+        cluster: Callable[[], ClusterMetadata],
+        cluster_id: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._cluster = cluster
+        self._cluster_id = cluster_id
 
     def apis(self) -> Sequence[ServedApi]:
         return (ServedApi(METADATA, 1, 13, "kafka_metadata", self.metadata),)
@@ -52,8 +63,9 @@ class MetadataApi:
         serves no Kafka listener has leader -1 and LEADER_NOT_AVAILABLE, so the client
         asks again."""
         cluster = self._cluster()
-        live = {b.broker_id: b for b in cluster.brokers()}
-        kafka_brokers = {b: info for b, info in live.items() if info.kafka_listener is not None}
+        registered = cluster.brokers()
+        live = {b.broker_id for b in registered}
+        serving = kafka_brokers(registered)
         assignments = cluster.topics()
         asked = request.body.topics
         if asked is None:
@@ -65,20 +77,19 @@ class MetadataApi:
         else:
             entries = [self._find_topic(t, assignments) for t in asked]
         broker_cls = nested(response, "MetadataResponseBroker")
-        brokers = tuple(_broker(broker_cls, info) for _, info in sorted(kafka_brokers.items()))
+        brokers = tuple(_broker(broker_cls, info) for _, info in sorted(serving.items()))
         controller = cluster.controller()
         controller_id = -1
-        if controller is not None and controller.broker_id in kafka_brokers:
+        if controller is not None and controller.broker_id in serving:
             controller_id = controller.broker_id
         topics = tuple(
-            self._topic(response, name, a, error, set(live), set(kafka_brokers))
-            for name, a, error in entries
+            self._topic(response, name, a, error, live, set(serving)) for name, a, error in entries
         )
         return build(
             response,
             throttle_time=NO_THROTTLE,
             brokers=brokers,
-            cluster_id=None,
+            cluster_id=self._cluster_id(),
             controller_id=i32(controller_id),
             topics=topics,
             error_code=KafkaErrorCode.none,

@@ -26,6 +26,7 @@ import threading
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from broker_core.cluster.cluster_id import ClusterId, embedded_cluster_id, zk_cluster_id
 from broker_core.cluster.embedded import EmbeddedCluster
 from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo
@@ -72,6 +73,7 @@ from broker_core.txn.coordinator.expiry import ExpiryPolicy
 if TYPE_CHECKING:
     from broker_core.server.kafka.listener import KafkaListener
     from broker_core.server.observability.prometheus import MetricsEndpoint
+    from broker_core.server.requests.handlers import ActionHandlers
 
 log = logging.getLogger("idemlog.broker")
 
@@ -124,6 +126,7 @@ class Broker:
         self.cluster: ClusterMetadata | None = None
         self.info: BrokerInfo | None = None
         self._server: Any = None
+        self._actions: ActionHandlers | None = None  # the Flight actions, once built
         self._kafka: KafkaListener | None = None  # kafka.listener's, when set
         self._verifier: TxnVerifier | None = None
         self._stable_offsets: ClusterStableOffsets | None = None  # the coordinators' LSO source
@@ -354,6 +357,7 @@ class Broker:
             metrics_document=self.metrics_document,
             replicas=lambda: self.replicas,
         )
+        self._actions = actions  # the Kafka listener's admin APIs create topics through them
         self._server = IdemlogFlightServer(
             cfg.listener_host,
             cfg.listener_port,
@@ -387,6 +391,7 @@ class Broker:
         or the bound one) to the other brokers' Metadata answers; ``info`` as it was
         without. Requests wait at :meth:`gate`. ``_release`` stops it."""
         from broker_core.server.coordination.stable_cuts import StableCuts
+        from broker_core.server.kafka.admin import AdminApis
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.consume import ConsumeApis
         from broker_core.server.kafka.groups import GroupApis
@@ -399,13 +404,16 @@ class Broker:
         if not cfg.kafka.enabled:
             return info
         topics = StartedTopics(lambda: self.topics)
+        assert self._actions is not None  # _open_listener ran
+        cluster_id = ClusterId(self._load_cluster_id)
         apis = KafkaApis(
             [
-                MetadataApi(self.require_cluster),
+                MetadataApi(self.require_cluster, cluster_id),
                 ConsumeApis(topics, self.require_cluster, StableCuts(self._stable_ends)),
                 ProduceApi(topics, lambda: self.store, self.metrics),
                 InitProducerIdApi(lambda: self.pids),
                 GroupApis(self.groups, self.require_cluster),
+                AdminApis(self.broker_id, cfg, self._actions, self.require_cluster, cluster_id),
             ]
         )
         self._kafka = KafkaListener(
@@ -419,6 +427,13 @@ class Broker:
         advertised = (cfg.kafka.advertised_host, cfg.kafka.advertised_port or port)
         self.info = dataclasses.replace(info, kafka_listener=advertised)
         return self.info
+
+    def _load_cluster_id(self) -> str:
+        """The cluster's id (cluster/cluster_id.py): ZooKeeper's, or this directory's."""
+        if self.config.embedded:
+            return embedded_cluster_id(self.config.log_dir)
+        timeout_s = self.config.zookeeper_session_timeout_ms / 1000.0
+        return zk_cluster_id(self.zookeeper_client(), ZK_ROOT, timeout_s)
 
     def _stable_ends(self, topic: str) -> dict[int, int]:
         """``topic``'s stable cut across every coordinator, as idemlog's readers read it
