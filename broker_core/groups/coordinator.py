@@ -129,6 +129,30 @@ class OffsetToCommit:
     topic_id: str
 
 
+@dataclass(frozen=True)
+class GroupLag:
+    """A group's consumer lag as its coordinator sees it (the metrics' ``groups``)."""
+
+    group_id: str
+    state: GroupState
+    generation: int
+    members: int
+    partitions: int  # committed partitions
+    lag: int  # records between the committed offsets and the high watermarks
+    unknown: int  # committed partitions without a replica on this broker: not counted
+
+    def to_doc(self) -> dict[str, object]:
+        return {
+            "group": self.group_id,
+            "state": self.state.value,
+            "generation": self.generation,
+            "members": self.members,
+            "partitions": self.partitions,
+            "lag": self.lag,
+            "partitions_unknown": self.unknown,
+        }
+
+
 class GroupCoordinator:
     """The coordinator of the groups of ``log`` (a ``__consumer_offsets`` partition) while
     it is led at ``leader_epoch``; ``clock`` (monotonic s) runs the sessions, ``wall``
@@ -646,11 +670,23 @@ class GroupCoordinator:
                     expired += len(gone)
         return expired
 
-    def describe_counts(self) -> dict[str, int]:
-        """Bounds of its memory: groups, members, committed partitions."""
+    def lags(self, high_watermark: Callable[[str, int], int | None]) -> list[GroupLag]:
+        """Each group's consumer lag: over its committed partitions, the partition's high
+        watermark (``high_watermark``: None when this broker has no replica of it) less
+        the committed offset, at least 0."""
         with self._cond:
-            return {
-                "groups": len(self._groups),
-                "members": sum(len(g.members) for g in self._groups.values()),
-                "offsets": sum(len(g.offsets) for g in self._groups.values()),
-            }
+            groups = [
+                (g.group_id, g.state, g.generation, len(g.members), dict(g.offsets))
+                for g in self._groups.values()
+            ]
+        found = []
+        for group_id, state, generation, members, offsets in groups:
+            lag = unknown = 0
+            for (topic, partition), committed in offsets.items():
+                end = high_watermark(topic, partition)
+                if end is None:
+                    unknown += 1
+                else:
+                    lag += max(0, end - committed.offset)
+            found.append(GroupLag(group_id, state, generation, members, len(offsets), lag, unknown))
+        return found

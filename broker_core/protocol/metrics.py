@@ -262,15 +262,16 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     (one leader each), totals, request counts and active producers add up, the top
     producers are merged by id and ranked again (a producer on no broker's top list is on
     none here: the merged top is each broker's top, not an exact cluster-wide ranking),
-    replication and start times are kept by broker id, and the coordinators' transactions
-    are merged (:func:`merge_transactions`: one per state partition, spread over the
-    brokers)."""
+    replication, start times and consumer groups are kept by broker id, and the
+    coordinators' transactions are merged (:func:`merge_transactions`: one per state
+    partition, spread over the brokers)."""
     totals = AppendCounters()
     producers: dict[int, AppendCounters] = {}
     partitions: list[dict[str, Any]] = []
     transactions: dict[str, Any] | None = None
     requests: dict[str, Any] = {}
     replication: dict[str, Any] = {}  # by broker id: each leads its own partitions
+    groups: dict[str, Any] = {}  # by broker id: each coordinates its own groups
     started_at: dict[str, Any] = {}
     brokers: list[int] = []
     counters: dict[str, dict[str, int]] = {}  # the labelled counters, added up by label
@@ -280,6 +281,8 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         brokers.append(int(doc["broker_id"]))
         if doc.get("replication") is not None:
             replication[str(doc["broker_id"])] = doc["replication"]
+        if doc.get("groups") is not None:
+            groups[str(doc["broker_id"])] = doc["groups"]
         if doc.get("started_at") is not None:
             started_at[str(doc["broker_id"])] = doc["started_at"]
         totals.merge(doc["totals"])
@@ -298,7 +301,7 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         if doc.get("transactions") is not None:
             transactions = _merge_two(transactions, dict(doc["transactions"]))
     rows = [{"producer_id": pid, **asdict(producers[pid])} for pid in sorted(producers)]
-    return {
+    merged = {
         "version": METRICS_VERSION,
         "brokers": sorted(brokers),
         "started_at": started_at,
@@ -313,6 +316,9 @@ def merge_documents(docs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "transactions": transactions,
         "replication": replication,
     }
+    if groups:  # brokers with a Kafka listener: their consumer groups, by broker id
+        merged["groups"] = groups
+    return merged
 
 
 def merge_producer_pages(pages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

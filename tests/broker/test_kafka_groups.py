@@ -209,6 +209,11 @@ def test_a_group_of_three_reads_every_row_once_through_a_leave_and_a_kill(
     finally:
         reader.close()
 
+    # The broker's metrics: the group and its lag, 0 once everything was read.
+    groups = client.metrics()["groups"][str(0)]
+    (mine,) = [g for g in groups["top"] if g["group"] == group]
+    assert (mine["state"], mine["partitions"], mine["lag"]) == ("Empty", PARTITIONS, 0)
+
     # The AdminClient: listed, described empty, its offsets, deleted.
     listed = admin.list_consumer_groups().result(10)
     states = {g.group_id: g.state for g in listed.valid}

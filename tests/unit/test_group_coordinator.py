@@ -300,3 +300,15 @@ def test_a_member_that_does_not_rejoin_is_removed_at_the_rebalance_deadline(
     assert answer.generation == 3 and len(answer.members) == 1
     with pytest.raises(UnknownMemberIdError):
         coordinator.heartbeat("g", answers[1].member_id, 2)
+
+
+def test_lag_is_the_high_watermark_less_the_committed_offset_where_it_is_known(
+    parts: tuple[FakeLog, Clock, GroupCoordinator, ThreadPoolExecutor],
+) -> None:
+    _, _, coordinator, _ = parts
+    commits = [OffsetToCommit("t", p, 10 * p, -1, None, "") for p in range(3)]
+    coordinator.commit("g", "", -1, commits)
+    ends = {("t", 0): 5, ("t", 1): 10}  # partition 2: no replica here
+    (lag,) = coordinator.lags(lambda t, p: ends.get((t, p)))
+    assert (lag.group_id, lag.partitions, lag.lag, lag.unknown) == ("g", 3, 5, 1)
+    assert lag.to_doc()["state"] == "Empty"

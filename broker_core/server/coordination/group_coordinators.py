@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo
@@ -34,7 +35,7 @@ from broker_core.errors import (
     NotCoordinatorError,
     UnknownTopicOrPartitionError,
 )
-from broker_core.groups.coordinator import GroupConfig, GroupCoordinator
+from broker_core.groups.coordinator import GroupConfig, GroupCoordinator, GroupLag
 from broker_core.groups.records import OFFSETS_TOPIC, offsets_partition_of
 from broker_core.log.store import LogStore
 from broker_core.server.config.broker_config import BrokerConfig
@@ -49,6 +50,7 @@ from broker_core.server.replication.replica_manager import ReplicaManager
 log = logging.getLogger("idemlog.broker")
 
 TICK_S = 0.1  # how often sessions and rebalance deadlines are checked
+TOP_LAGS = 20  # groups listed by lag in the metrics (the rest are only in the totals)
 LOAD_RETRY_S = 1.0  # after a failed load
 
 
@@ -274,6 +276,22 @@ class GroupCoordinators:
         found = [slot.current() for _, slot in sorted(self._slots.items())]
         return [c for c in found if c is not None]
 
+    def describe(self, high_watermark: Callable[[str, int], int | None]) -> dict[str, Any]:
+        """The metrics' ``groups``: the coordinators running here, their groups, members
+        and committed partitions (what bounds their memory), the total lag and the
+        :data:`TOP_LAGS` groups with the largest lag (``high_watermark`` of a partition:
+        this broker's replica's, None without one)."""
+        lags = [lag for c in self.running() for lag in _lags_of(c, high_watermark)]
+        top = sorted(lags, key=lambda g: (-g.lag, g.group_id))[:TOP_LAGS]
+        return {
+            "coordinators": [c.name for c in self.running()],
+            "groups": len(lags),
+            "members": sum(g.members for g in lags),
+            "offsets": sum(g.partitions for g in lags),
+            "lag": sum(g.lag for g in lags),
+            "top": [g.to_doc() for g in top],
+        }
+
     # -- timers and the end --------------------------------------------------------------
     def _tick(self) -> None:
         while not self._stopped.wait(TICK_S):
@@ -293,3 +311,12 @@ class GroupCoordinators:
             self._embedded.close()
         if self._ticker.is_alive():
             self._ticker.join(5.0)
+
+
+def _lags_of(
+    coordinator: GroupCoordinator, high_watermark: Callable[[str, int], int | None]
+) -> list[GroupLag]:
+    try:
+        return coordinator.lags(high_watermark)
+    except IdemlogError:
+        return []

@@ -662,7 +662,18 @@ class Broker:
         document = self.metrics.document(self.broker_id, gauges, transactions, request.top)
         if self.replicas is not None:
             document["replication"] = self.replicas.describe()
+        if self._groups_started:
+            document["groups"] = self.groups.describe(self._high_watermark)
         return document
+
+    def _high_watermark(self, topic: str, partition: int) -> int | None:
+        """This broker's replica's high watermark of a partition, None without one."""
+        if self.replicas is None:
+            return None
+        try:
+            return self.replicas.partition(topic, partition).log.high_watermark
+        except IdemlogError:
+            return None
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:
