@@ -179,6 +179,7 @@ def test_produce_without_write_is_refused_and_nothing_is_written(
     refusals = admin.metrics_per_broker()[0]["counters"]["authorization_refusals"]
     assert refusals == {  # every code, from 0
         "CLUSTER_AUTHORIZATION_FAILED": 0,
+        "GROUP_AUTHORIZATION_FAILED": 0,
         "TOPIC_AUTHORIZATION_FAILED": 1,
         "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 0,
     }

@@ -80,6 +80,8 @@ KAFKA_REQUEST_KINDS = (
     "kafka_offset_for_leader_epoch",
     "kafka_fetch",
     "kafka_produce",
+    "kafka_sasl_handshake",
+    "kafka_sasl_authenticate",
 )
 REQUEST_KINDS = ("produce", "fetch", *KAFKA_REQUEST_KINDS)
 
