@@ -8,7 +8,9 @@ SCRAM-SHA-512; a connection without SASL is answered ApiVersions and closed at i
 request; a wrong password is SASL_AUTHENTICATION_FAILED with a message, then closed; a
 principal without Read is TOPIC_AUTHORIZATION_FAILED in Fetch, one without Describe in
 Metadata (and left out of "every topic"); each refusal is counted in the broker's
-metrics (docs/security.md, "The Kafka listener")."""
+metrics. And an ``SSL://`` listener requiring client certificates, on a broker of its
+own: a consumer's principal is its certificate's mapped subject, allowed by an ACL
+(docs/security.md, "The Kafka listener")."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as CkPartition
 from confluent_kafka.admin import AdminClient
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpPartition
 from kio.schema.errors import ErrorCode
@@ -32,11 +36,12 @@ from broker_core.client.broker_client import BrokerClient
 from broker_core.producer.producer import Producer
 from broker_core.security.flight_auth import SaslCredentials
 from broker_core.security.scram import Mechanism, ScramClient
+from broker_core.security.tls import Side, TlsMaterial, TlsSettings
 from broker_core.server.kafka.apis import API_VERSIONS
 from broker_core.server.kafka.consume import FETCH
 from broker_core.server.kafka.metadata import METADATA
 from broker_core.server.kafka.sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE
-from testkit.tls import TlsCerts
+from testkit.tls import TlsCerts, issue_client
 from tests.broker.helpers import TEST_BROKER_CONFIG
 from tests.broker.test_kafka_fetch import KAFKA_SCHEMA, kafka_rows
 from tests.broker.test_sasl import add_user, idemlog
@@ -115,6 +120,10 @@ def secured(
         yield broker, kafka_address(broker)
     finally:
         factory.close()
+
+
+def producer_tls(keys: dict[str, str]) -> TlsMaterial:
+    return TlsSettings.from_values(keys).load(Side.CLIENT)
 
 
 def sasl_keys(user: str, tls_certs: TlsCerts, password: str | None = None) -> dict[str, Any]:
@@ -357,3 +366,77 @@ def test_without_describe_metadata_refuses_the_topic_and_lists_it_not(
     shown = listed.list_topics(topic=HIDDEN, timeout=10)
     assert shown.topics[HIDDEN].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert refusals(broker)[0] >= before + 3
+
+
+def test_an_ssl_listener_takes_the_client_certificates_principal(
+    broker_factory: BrokerFactory, tls_certs: TlsCerts
+) -> None:
+    """``SSL://`` with ``ssl.client.auth=required``: the principal is the certificate's
+    subject mapped by ``ssl.principal.mapping.rules``, as on the Flight listener; the
+    super user ``User:CN=client`` writes, ``User:spark-job`` reads once allowed."""
+    rules = "RULE:^CN=(.*?),OU=data$/$1/L,DEFAULT"
+    broker = broker_factory(
+        {
+            **TEST_BROKER_CONFIG,
+            **tls_certs.broker_keys(client_auth="required"),
+            "ssl.principal.mapping.rules": rules,
+            "authorizer.enable": "true",
+            "super.users": "User:CN=client",
+            "kafka.listener": "SSL://127.0.0.1:0",
+        },
+        name="kafka-mtls",
+    )
+    admin_keys = {
+        **tls_certs.client_keys(),
+        "ssl.certificate.location": str(tls_certs.client.cert),
+        "ssl.key.location": str(tls_certs.client.key),
+    }
+    with BrokerClient(broker.address, tls=producer_tls(admin_keys)) as admin:
+        admin.create_topic("mtls", 1, schema=KAFKA_SCHEMA)
+    with Producer(broker.address, **admin_keys) as producer:
+        producer.send("mtls", kafka_rows("m", 10))
+        producer.flush()
+    job = issue_client(
+        tls_certs,
+        "kafka-spark-job",
+        x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "data"),
+                x509.NameAttribute(NameOID.COMMON_NAME, "Spark-Job"),
+            ]
+        ),
+    )
+    done = idemlog(
+        "acls", "add", "--data-dir", str(broker.log_dir), "--allow-principal", "User:spark-job",
+        "--operation", "Read", "--topic", "mtls",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    address = [
+        line.rsplit(":", 1)[1].strip()
+        for line in broker.log_text().splitlines()
+        if "kafka listener: SSL://127.0.0.1:" in line
+    ][-1]
+    ck = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{address}",
+            "group.id": "kafka-mtls",
+            "enable.auto.commit": False,
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(tls_certs.ca),
+            "ssl.certificate.location": str(job.cert),
+            "ssl.key.location": str(job.key),
+        }
+    )
+    try:
+        ck.assign([CkPartition("mtls", 0, 0)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(values) < 10 and time.monotonic() < deadline:
+            message = ck.poll(0.2)
+            if message is not None:
+                assert message.error() is None, message.error()
+                values.append(message.value())
+    finally:
+        ck.close()
+    assert values == [f"m-v{i}".encode() for i in range(10)]
+    broker.wait_for_log("kafka: User:spark-job from 127.0.0.1 authenticated (certificate)")

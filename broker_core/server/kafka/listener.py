@@ -243,6 +243,7 @@ class KafkaListener:
                     with contextlib.suppress(OSError):
                         sock.close()
                     return None
+                log.info("kafka: %s from %s authenticated (certificate)", principal, host)
         state = KafkaConnection(host, sasl=self._config.sasl, principal=principal)
         with self._lock:
             self._connections.pop(connection, None)
