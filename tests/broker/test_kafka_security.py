@@ -368,6 +368,22 @@ def test_without_describe_metadata_refuses_the_topic_and_lists_it_not(
     assert refusals(broker)[0] >= before + 3
 
 
+def test_a_user_removed_has_its_kafka_connections_closed(
+    secured: tuple[BrokerProcess, str], tls_certs: TlsCerts
+) -> None:
+    broker, address = secured
+    ca = str(tls_certs.ca)
+    add_user(["--data-dir", str(broker.log_dir)], "leaving", "leaving-Secret-44dd")
+    with authenticated(address, ca, "leaving", "leaving-Secret-44dd") as leaving:
+        assert leaving.ask(metadata()).topics == ()  # served: no topic is allowed to it
+        done = idemlog("users", "remove", "leaving", "--data-dir", str(broker.log_dir))
+        assert done.returncode == 0, done.stderr
+        # The embedded file is looked at by the next authentication, anyone's.
+        authenticated(address, ca, "reader", PASSWORDS["reader"]).close()
+        assert leaving.closed_by_peer()
+    broker.wait_for_log("User:leaving changed or removed: 1 Kafka connections closed")
+
+
 def test_an_ssl_listener_takes_the_client_certificates_principal(
     broker_factory: BrokerFactory, tls_certs: TlsCerts
 ) -> None:
