@@ -413,7 +413,7 @@ def test_acls_command_errors_are_one_line(acl_broker: BrokerProcess) -> None:
     )
     assert bad.returncode == 2 and "Read does not apply to a TransactionalId" in bad.stderr
     bad = idemlog("acls", "add", *where, "--allow-principal", "User:a", "--operation", "Write")
-    assert bad.returncode == 2 and "--topic, --transactional-id or --cluster" in bad.stderr
+    assert bad.returncode == 2 and "--topic, --group, --transactional-id or --cluster" in bad.stderr
     gone = idemlog(
         "acls",
         "remove",
