@@ -262,6 +262,24 @@ def test_a_connection_without_sasl_is_answered_api_versions_then_closed(
         admin.list_topics(timeout=2)
 
 
+def test_a_mechanism_not_enabled_and_a_request_before_the_exchange_ends_are_closed(
+    secured: tuple[BrokerProcess, str], tls_certs: TlsCerts
+) -> None:
+    _, address = secured
+    ca = str(tls_certs.ca)
+    with wire.Connection(address, ca) as connection:
+        answer = connection.ask(wire.request(SASL_HANDSHAKE, 1, mechanism="PLAIN"))
+        assert answer.error_code == ErrorCode.unsupported_sasl_mechanism
+        assert sorted(answer.mechanisms) == ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+        assert connection.closed_by_peer()
+    with wire.Connection(address, ca) as connection:
+        connection.ask(wire.request(SASL_HANDSHAKE, 1, mechanism="SCRAM-SHA-256"))
+        scram = ScramClient(Mechanism.SCRAM_SHA_256, "reader", PASSWORDS["reader"])
+        connection.ask(wire.request(SASL_AUTHENTICATE, 2, auth_bytes=scram.first().encode()))
+        with pytest.raises(AssertionError, match="closed the connection"):
+            connection.ask(metadata())  # half way through SCRAM: not authenticated yet
+
+
 def test_a_wrong_password_is_sasl_authentication_failed_then_closed(
     secured: tuple[BrokerProcess, str], tls_certs: TlsCerts
 ) -> None:
