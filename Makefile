@@ -205,6 +205,12 @@ bench-metrics: setup
 bench-kafka-records: setup
 	$(PY) -m benchmarks.bench_kafka_records $(BENCH_ARGS)
 
+# Kafka's own client against idemlog's Kafka listener and a real Kafka broker: an
+# idempotent producer and a consumer, records/s and broker CPU, interleaved rounds.
+.PHONY: bench-kafka
+bench-kafka: setup kafka-jars
+	$(PY) -m benchmarks.bench_kafka $(BENCH_ARGS)
+
 # A compressed month of a stream: is the coordinator's state bounded by what is alive?
 bench-soak: setup
 	$(PY) -m benchmarks.bench_soak $(BENCH_ARGS)

@@ -32,7 +32,7 @@ class ErrorCode(Enum):
     COORDINATOR_LOAD_IN_PROGRESS = (
         14,
         True,
-        "the transaction coordinator is still loading its state partition",
+        "the (transaction or group) coordinator is still loading its partition",
     )
     NOT_ENOUGH_REPLICAS = (19, True, "fewer in-sync replicas than min.insync.replicas")
     NOT_ENOUGH_REPLICAS_AFTER_APPEND = (
@@ -40,8 +40,12 @@ class ErrorCode(Enum):
         True,
         "appended, but the in-sync replicas fell below min.insync.replicas before it was copied",
     )
-    COORDINATOR_NOT_AVAILABLE = (15, True, "the transaction coordinator is not available")
-    NOT_COORDINATOR = (16, True, "this broker is not the transaction coordinator")
+    COORDINATOR_NOT_AVAILABLE = (
+        15,
+        True,
+        "the (transaction or group) coordinator is not available",
+    )
+    NOT_COORDINATOR = (16, True, "this broker is not the (transaction or group) coordinator")
     INVALID_TOPIC_EXCEPTION = (17, False, "topic name is not legal")
     INVALID_REQUIRED_ACKS = (21, False, "invalid acks value")
     TOPIC_ALREADY_EXISTS = (36, False, "topic already exists")
@@ -81,6 +85,24 @@ class ErrorCode(Enum):
         False,
         "not authorized to use the transactional id",
     )
+    # Consumer groups (broker_core/groups/): Kafka's numbers and retriable flags.
+    ILLEGAL_GENERATION = (22, False, "the request's group generation is not the group's")
+    INCONSISTENT_GROUP_PROTOCOL = (
+        23,
+        False,
+        "the member's protocol type or protocols do not match the group's",
+    )
+    INVALID_GROUP_ID = (24, False, "the group id is empty or null")
+    UNKNOWN_MEMBER_ID = (25, False, "the member id is not a member of the group")
+    INVALID_SESSION_TIMEOUT = (
+        26,
+        False,
+        "session timeout outside group.min.session.timeout.ms..group.max.session.timeout.ms",
+    )
+    REBALANCE_IN_PROGRESS = (27, False, "the group is rebalancing: rejoin")
+    UNSUPPORTED_VERSION = (35, False, "the request or a feature of it is not served")
+    NON_EMPTY_GROUP = (68, False, "the group still has members")
+    GROUP_ID_NOT_FOUND = (69, False, "no such group")
     # idemlog-only codes (no Kafka equivalent).
     SCHEMA_MISMATCH = (10001, False, "batch schema differs from the topic's schema")
     PRODUCER_ID_ALLOCATION_FAILED = (10002, True, "could not lease a producer id block")
@@ -189,6 +211,42 @@ class CoordinatorLoadInProgressError(IdemlogError):
 
 class NotCoordinatorError(IdemlogError):
     error_code = ErrorCode.NOT_COORDINATOR
+
+
+class IllegalGenerationError(IdemlogError):
+    error_code = ErrorCode.ILLEGAL_GENERATION
+
+
+class InconsistentGroupProtocolError(IdemlogError):
+    error_code = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
+class InvalidGroupIdError(IdemlogError):
+    error_code = ErrorCode.INVALID_GROUP_ID
+
+
+class UnknownMemberIdError(IdemlogError):
+    error_code = ErrorCode.UNKNOWN_MEMBER_ID
+
+
+class InvalidSessionTimeoutError(IdemlogError):
+    error_code = ErrorCode.INVALID_SESSION_TIMEOUT
+
+
+class RebalanceInProgressError(IdemlogError):
+    error_code = ErrorCode.REBALANCE_IN_PROGRESS
+
+
+class UnsupportedVersionError(IdemlogError):
+    error_code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class NonEmptyGroupError(IdemlogError):
+    error_code = ErrorCode.NON_EMPTY_GROUP
+
+
+class GroupIdNotFoundError(IdemlogError):
+    error_code = ErrorCode.GROUP_ID_NOT_FOUND
 
 
 class RequestTimedOutError(IdemlogError):

@@ -27,7 +27,8 @@ Byte layout (big-endian; Kafka's DefaultRecordBatch and DefaultRecord):
 
 A control batch (KIP-98's transaction markers) holds one record whose key is version
 int16 (0) + type int16 (0 ABORT, 1 COMMIT) and whose value is version int16 (0) +
-coordinatorEpoch int32. Only compression "none" is written or read for now.
+coordinatorEpoch int32. Only compression "none" is written or read for now: a compressed
+batch is refused naming its codec (UnsupportedCompressionError).
 
 Rows map one to one: a Kafka-shaped Arrow batch (``key`` and ``value`` binary or string,
 nullable; optional ``timestamp``, timestamp[any unit] or int64 milliseconds; optional
@@ -98,6 +99,15 @@ DECODED_SCHEMA = pa.schema(
         pa.field("headers", HEADERS_TYPE, nullable=False),
     ]
 )
+
+
+# Kafka's compression codecs by their attribute bits (0: none).
+CODECS = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+
+class UnsupportedCompressionError(InvalidRecordError):
+    """A batch compressed with a codec: none is read yet (Kafka's listener answers
+    UNSUPPORTED_COMPRESSION_TYPE)."""
 
 
 class TimestampType(IntEnum):
@@ -248,6 +258,21 @@ def _validity(column: pa.Array) -> npt.NDArray[np.bool_] | None:
     if column.null_count == 0:
         return None
     return np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def is_kafka_shaped(schema: pa.Schema) -> bool:
+    """Whether rows of ``schema`` are Kafka records as they are: a ``value`` column and no
+    column but ``key``, ``value``, ``timestamp`` and ``headers``."""
+    return "value" in schema.names and all(name in _COLUMNS for name in schema.names)
+
+
+def record_timestamps(rows: pa.RecordBatch, default_ms: int) -> Int64s:
+    """The timestamp (ms) each of ``rows`` has as a Kafka record: its ``timestamp``
+    column's, ``default_ms`` where it has none (as :func:`encode_batches` writes them)."""
+    count = rows.num_rows
+    index = rows.schema.get_field_index("timestamp")
+    column = rows.column(index) if index >= 0 else None
+    return _timestamps_ms(column, count, np.full(count, default_ms, np.int64))
 
 
 def _timestamps_ms(column: pa.Array | None, count: int, default: Int64s) -> Int64s:
@@ -645,8 +670,10 @@ def _frame(view: memoryview, position: int) -> _Frame:
         raise CorruptRecordError(f"{where}: CRC-32C is {actual:#010x}, the header says {crc:#010x}")
     compression = attributes & COMPRESSION_MASK
     if compression:
-        raise InvalidRecordError(
-            f"{where}: compression type {compression}; only 0 (none) is read for now"
+        codec = CODECS.get(compression, f"unknown codec {compression}")
+        raise UnsupportedCompressionError(
+            f"{where}: compressed with {codec}; only uncompressed batches are read "
+            "(a producer's compression.type=none)"
         )
     if count < 0 or last_offset_delta != count - 1:
         raise CorruptRecordError(

@@ -18,7 +18,13 @@ from broker_core.log.config import LogConfig
 
 def check_key_columns(topic: str, config: LogConfig, schema: pa.Schema) -> None:
     """Raise InvalidConfigError naming the topic, the key and the column when ``schema``
-    lacks a key column of a compacted topic; nothing for a topic that is not compacted."""
+    lacks a key column of a compacted topic, or one of ``kafka.key.columns``."""
+    for column in config.kafka_keys:
+        if schema.get_field_index(column) < 0:
+            raise InvalidConfigError(
+                f"topic {topic!r}: kafka.key.columns={config.kafka_key_columns!r} names "
+                f"column {column!r}, which the schema ({', '.join(schema.names)}) does not have"
+            )
     if not config.policy.compacts:
         return
     for column in config.key_columns:

@@ -150,6 +150,23 @@ LOG_CONFIG = ConfigDef(
             "columns are all null is a tombstone (it deletes its key).",
         ),
         ConfigKey(
+            "kafka.format",
+            str,
+            "json",
+            "How the Kafka listener serves the rows of a topic that is not Kafka-shaped (key, "
+            "value, timestamp, headers): json, each row a JSON object, its kafka.key.columns "
+            "the record's key. A Kafka-shaped topic is served as it is. See docs/kafka.md.",
+            choices=("json",),
+        ),
+        ConfigKey(
+            "kafka.key.columns",
+            str,
+            "",
+            "Comma-separated columns that make a row's Kafka record key when the topic is "
+            "served in kafka.format (one string or binary column: its bytes; otherwise JSON); "
+            "empty: null keys.",
+        ),
+        ConfigKey(
             "delete.retention.ms",
             int,
             DAY_MS,
@@ -199,19 +216,17 @@ class CleanupPolicy(Enum):
         return self is not CleanupPolicy.COMPACT
 
 
-def parse_key_columns(text: str) -> tuple[str, ...]:
-    """``compaction.key.columns`` as names; InvalidConfigError for an empty or repeated one."""
+def parse_key_columns(text: str, key: str = "compaction.key.columns") -> tuple[str, ...]:
+    """``key``'s value ``text`` as column names; InvalidConfigError for an empty or
+    repeated one."""
     names = tuple(part.strip() for part in text.split(","))
     if not all(names):
         raise InvalidConfigError(
-            f"compaction.key.columns={text!r}: a column name is empty (expected names "
-            "separated by commas)"
+            f"{key}={text!r}: a column name is empty (expected names separated by commas)"
         )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise InvalidConfigError(
-            f"compaction.key.columns={text!r} names {', '.join(repeated)} more than once"
-        )
+        raise InvalidConfigError(f"{key}={text!r} names {', '.join(repeated)} more than once")
     return names
 
 
@@ -233,6 +248,8 @@ class LogConfig:
     unclean_leader_election_enable: bool
     cleanup_policy: str
     compaction_key_columns: str
+    kafka_format: str
+    kafka_key_columns: str
     delete_retention_ms: int
     min_cleanable_dirty_ratio: float
     min_compaction_lag_ms: int
@@ -248,6 +265,8 @@ class LogConfig:
                 f"segment.bytes={config.segment_bytes}: a batch must fit in one segment"
             )
         parse_key_columns(config.compaction_key_columns)
+        if config.kafka_key_columns.strip():
+            parse_key_columns(config.kafka_key_columns, "kafka.key.columns")
         return config
 
     @property
@@ -257,6 +276,13 @@ class LogConfig:
     @property
     def key_columns(self) -> tuple[str, ...]:
         return parse_key_columns(self.compaction_key_columns)
+
+    @property
+    def kafka_keys(self) -> tuple[str, ...]:
+        """``kafka.key.columns`` as names (none when empty)."""
+        if not self.kafka_key_columns.strip():
+            return ()
+        return parse_key_columns(self.kafka_key_columns, "kafka.key.columns")
 
     def to_mapping(self) -> dict[str, int | bool | str | float]:
         return {f.name.replace("_", "."): getattr(self, f.name) for f in fields(self)}

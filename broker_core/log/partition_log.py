@@ -669,13 +669,16 @@ class PartitionLog:
                 )
             return FetchResult(batches, next_offset, self.high_watermark, lso, start)
 
-    def read_whole(self, offset: int, *, max_bytes: int, committed: bool) -> WholeRead:
+    def read_whole(
+        self, offset: int, *, max_bytes: int, committed: bool, stop_at: int | None = None
+    ) -> WholeRead:
         """Whole stored batches from the one holding ``offset`` (Kafka's Fetch: the client
         skips the records before the offset it asked), markers included, up to the last
-        stable offset (``committed``) or the high watermark; at least one when any is
+        stable offset (``committed``) or the high watermark, and below ``stop_at`` if given
+        (a reader's stable cut, which keeps sink batches whole); at least one when any is
         readable, then none past ``max_bytes`` (0: the offsets only). A batch that ends past
         that end waits for the next read (never cut: its header's sequence and count are
-        the producer's).
+        the producer's). The answer's ``last_stable_offset`` is the partition's own.
         Raises OffsetOutOfRangeError outside [log start, log end], CorruptRecordError for
         a batch that fails its CRC or does not decode."""
         with self._lock:
@@ -687,6 +690,8 @@ class PartitionLog:
                 )
             lso, high = self.last_stable_offset, self.high_watermark
             upper = lso if committed else high
+            if stop_at is not None:
+                upper = min(upper, stop_at)
             batches: list[WholeBatch] = []
             size, read_end = 0, offset
             if offset < upper and max_bytes > 0:

@@ -92,6 +92,10 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         ["BENCH_ARGS=--producers 2000 --create-seconds 30 --repeat 3"],
         ["default_doc_size_ratio", "default_doc_time_ratio", "producers_large"],
     ),
+    "bench-kafka": (
+        ["BENCH_ARGS=--rows 20000 --rounds 1 --partitions 2"],
+        ["kafka_produce_vs_kafka_broker", "kafka_consume_vs_kafka_broker"],
+    ),
     "bench-kafka-records": (
         ["BENCH_ARGS=--rows 20000 --repeats 1 --peer-rows 2000"],
         [

@@ -4,12 +4,13 @@ by idemlog's own transactional ``Producer`` with committed and aborted transacti
 read_committed: every committed row once, at the offset it has over Flight, keys, values,
 headers and timestamps equal, no aborted row; read_uncommitted: the aborted rows too. A
 consumer waiting at the end is answered when rows come (the long poll); a topic that is
-not Kafka-shaped is refused per partition with UNSUPPORTED_FOR_MESSAGE_FORMAT; an offset
-past the end is OFFSET_OUT_OF_RANGE."""
+not Kafka-shaped is served as JSON records; an offset past the end is OFFSET_OUT_OF_RANGE;
+read_committed stops at the stable cut; offsets are found by timestamp."""
 
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 import uuid
 from typing import Any
@@ -17,7 +18,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, KafkaError
-from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka import TopicPartition as CkPartition
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpPartition
@@ -25,12 +25,14 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.schema.fetch.v16.request import FetchPartition as PartitionById
 from kio.schema.fetch.v16.request import FetchTopic as TopicById
+from kio.schema.list_offsets.v7.request import ListOffsetsPartition, ListOffsetsTopic
 from kio.static.primitive import i8, i32, i64
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.kafka.record_batch import HEADERS_TYPE, decode_batches
 from broker_core.producer.producer import Producer
-from broker_core.server.kafka.consume import FETCH
+from broker_core.protocol.wire import SinkAttempt
+from broker_core.server.kafka.consume import FETCH, LIST_OFFSETS
 from tests.broker.test_kafka_listener import kafka_address
 from tests.harness import kafka_wire as wire
 from tests.harness.broker import BrokerFactory, BrokerProcess
@@ -225,24 +227,15 @@ def test_a_consumer_waiting_at_the_end_gets_rows_produced_after_it_started(
     assert [(r[0], r[2]) for r in last] == [(end + i, f"last-v{i}".encode()) for i in range(2)]
 
 
-def test_a_kafka_producer_is_refused_with_a_message(
-    written: tuple[BrokerProcess, BrokerClient],
-) -> None:
-    broker, client = written
-    before = client.list_offsets(TOPIC, 0)["high_watermark"]
-    producer = KafkaProducer(
-        {"bootstrap.servers": kafka_address(broker), "message.timeout.ms": 10_000}
-    )
-    failures: list[Any] = []
-    producer.produce(TOPIC, b"v", partition=0, on_delivery=lambda e, _m: failures.append(e))
-    producer.flush(DEADLINE_S)
-    (error,) = failures
-    assert error is not None and error.code() == KafkaError.INVALID_REQUEST
-    assert client.list_offsets(TOPIC, 0)["high_watermark"] == before  # nothing written
-
-
 def fetch_v12(
-    address: str, offset: int, max_wait_ms: int = 0, partition_max_bytes: int = 1 << 20
+    address: str,
+    offset: int,
+    max_wait_ms: int = 0,
+    partition_max_bytes: int = 1 << 20,
+    *,
+    topic: str = TOPIC,
+    partition: int = 0,
+    isolation: int = 1,
 ) -> Any:
     body = wire.request(
         FETCH,
@@ -251,15 +244,15 @@ def fetch_v12(
         max_wait=datetime.timedelta(milliseconds=max_wait_ms),
         min_bytes=i32(1),
         max_bytes=i32(1 << 20),
-        isolation_level=i8(1),
+        isolation_level=i8(isolation),
         session_id=i32(0),
         session_epoch=i32(-1),
         topics=(
             FetchTopic(
-                topic=TOPIC,
+                topic=topic,
                 partitions=(
                     FetchPartition(
-                        partition=i32(0),
+                        partition=i32(partition),
                         fetch_offset=i64(offset),
                         partition_max_bytes=i32(partition_max_bytes),
                     ),
@@ -273,7 +266,9 @@ def fetch_v12(
     return answer
 
 
-def test_fetch_refuses_what_it_does_not_serve(broker_factory: BrokerFactory) -> None:
+def test_fetch_serves_other_schemas_as_json_and_refuses_offsets_past_the_end(
+    broker_factory: BrokerFactory,
+) -> None:
     broker = broker_factory({"kafka.listener": "PLAINTEXT://127.0.0.1:0"})
     client = BrokerClient(broker.address)
     client.create_topic(TOPIC, 1, schema=pa.schema([pa.field("id", pa.int64())]))
@@ -281,8 +276,11 @@ def test_fetch_refuses_what_it_does_not_serve(broker_factory: BrokerFactory) -> 
         producer.send(TOPIC, pa.table({"id": pa.array([1, 2], pa.int64())}))
         producer.flush()
     address = kafka_address(broker)
-    refused = fetch_v12(address, 0)
-    assert refused.error_code == ErrorCode.unsupported_for_message_format
+    # Not Kafka-shaped: each row a JSON object (kafka.format's default), null keys.
+    as_json = fetch_v12(address, 0)
+    (batch,) = decode_batches(as_json.records)
+    assert batch.rows.column("value").to_pylist() == [b'{"id":1}', b'{"id":2}']
+    assert batch.rows.column("key").to_pylist() == [None, None]
     past = fetch_v12(address, 5)
     assert past.error_code == ErrorCode.offset_out_of_range
     # At the end with nothing to read: answered after max_wait, empty, not an error.
@@ -340,3 +338,129 @@ def test_batches_are_whole_with_their_producer_fields_and_limits_keep_one(
     # batch, the whole batch (the client skips the rows before its offset).
     one = decode_batches(fetch_v12(address, 2, partition_max_bytes=1).records)
     assert [(b.base_offset, b.rows.num_rows) for b in one] == [(0, 5)]
+
+
+def _send_transactional(
+    client: BrokerClient, topic: str, tid: str, p: int, rows: pa.Table, pid: int, epoch: int
+) -> tuple[int, int]:
+    with client.produce_stream(topic, p, transactional_id=tid) as stream:
+        acked = stream.send(
+            rows.to_batches()[0],
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=0,
+            transactional=True,
+        ).offsets(10)
+    return acked[0], acked[1]
+
+
+def latest_committed(address: str, topic: str, partition: int) -> int:
+    asked = ListOffsetsPartition(
+        partition_index=i32(partition), current_leader_epoch=i32(-1), timestamp=i64(-1)
+    )
+    body = wire.request(
+        LIST_OFFSETS,
+        7,
+        replica_id=i32(-1),
+        isolation_level=i8(1),
+        topics=(ListOffsetsTopic(name=topic, partitions=(asked,)),),
+    )
+    (answer,) = wire.ask(address, body).topics[0].partitions
+    assert answer.error_code == ErrorCode.none
+    return int(answer.offset)
+
+
+def test_read_committed_holds_a_sink_batch_back_until_it_is_whole_everywhere(
+    broker_factory: BrokerFactory,
+) -> None:
+    """A sink batch B writes both partitions; another writer's open transaction sits on
+    partition 1 below B's rows there. Once B commits, partition 0's own last stable
+    offset passes B's rows, but B is not whole anywhere yet (its rows on partition 1
+    wait for the other transaction): a Kafka read_committed consumer is held at the
+    stable cut, as idemlog's readers are, on ListOffsets and on Fetch, and a fetch
+    waiting there is answered when the other transaction ends."""
+    broker = broker_factory({"kafka.listener": "PLAINTEXT://127.0.0.1:0"})
+    client = BrokerClient(broker.address)
+    topic = "cut"
+    client.create_topic(topic, 2, schema=KAFKA_SCHEMA)
+    other_pid, other_epoch = client.init_producer_id("other")
+    client.add_partitions_to_txn("other", other_pid, other_epoch, [(topic, 1)])
+    _send_transactional(client, topic, "other", 1, kafka_rows("o", 1), other_pid, other_epoch)
+    tid = "b/0"
+    pid, epoch, _ = client.init_sink_producer(tid, 60_000, SinkAttempt("b", "run", 1))
+    client.add_partitions_to_txn(tid, pid, epoch, [(topic, 0), (topic, 1)])
+    ranges = [
+        (topic, p, *_send_transactional(client, topic, tid, p, kafka_rows(f"b{p}", 2), pid, epoch))
+        for p in (0, 1)
+    ]
+    client.prepare_sink_txn(tid, pid, epoch, 1, ranges)
+    assert client.commit_sink_batch("b", 1, [(tid, pid, epoch)], "run")
+    address = kafka_address(broker)
+    # The scenario: partition 0 alone would show B's rows (its marker is written).
+    assert client.list_offsets(topic, 0)["last_stable_offset"] == 3
+    assert client.list_offsets(topic, 1)["last_stable_offset"] == 0
+    assert client.stable_ends(topic) == {0: 0, 1: 0}
+
+    assert latest_committed(address, topic, 0) == 0
+    held = fetch_v12(address, 0, max_wait_ms=300, topic=topic)
+    assert (held.error_code, held.records, held.last_stable_offset) == (ErrorCode.none, b"", 0)
+    uncommitted = fetch_v12(address, 0, topic=topic, isolation=0)
+    assert len(decode_batches(uncommitted.records)) == 2  # B's rows and their marker
+
+    waiting: list[Any] = []
+    fetcher = threading.Thread(
+        target=lambda: waiting.append(fetch_v12(address, 0, max_wait_ms=10_000, topic=topic))
+    )
+    fetcher.start()
+    started = time.monotonic()
+    client.end_txn("other", other_pid, other_epoch, commit=True)
+    fetcher.join(DEADLINE_S)
+    waited = time.monotonic() - started
+    (answer,) = waiting
+    values = [
+        v for b in decode_batches(answer.records) if not b.is_control
+        for v in b.rows.column("value").to_pylist()
+    ]  # fmt: skip
+    assert values == [b"b0-v0", b"b0-v1"] and answer.last_stable_offset == 3
+    assert waited < 5.0  # woken when the cut moved, not at max_wait
+    assert latest_committed(address, topic, 0) == 3
+
+
+def test_offsets_by_timestamp_are_the_records_a_consumer_sees(
+    written: tuple[BrokerProcess, BrokerClient],
+) -> None:
+    """Rows c1 (offsets 0-4), aborted ab (6-9), c2 (11-16), each at start + its index:
+    the first record at or after a time, as librdkafka's offsets_for_times asks, and the
+    largest (-3, KIP-734) over the wire, read_committed and not."""
+    broker, _ = written
+    bootstrap, start = kafka_address(broker), 1_700_000_000_000
+
+    def at(timestamp: int, isolation: int) -> tuple[int, int]:
+        asked = ListOffsetsPartition(
+            partition_index=i32(0), current_leader_epoch=i32(-1), timestamp=i64(timestamp)
+        )
+        body = wire.request(
+            LIST_OFFSETS,
+            7,
+            replica_id=i32(-1),
+            isolation_level=i8(isolation),
+            topics=(ListOffsetsTopic(name=TOPIC, partitions=(asked,)),),
+        )
+        (answer,) = wire.ask(bootstrap, body).topics[0].partitions
+        assert answer.error_code == ErrorCode.none
+        return int(answer.offset), int(answer.timestamp)
+
+    assert at(start + 3, 1) == (3, start + 3)
+    assert at(-3, 1) == (16, start + 5)
+    assert at(start + 5, 0) == (16, start + 5)  # no aborted row has it
+    assert at(-3, 0) == (16, start + 5)
+
+    consumer = confluent(bootstrap, "read_committed")
+    try:
+        found = [
+            consumer.offsets_for_times([CkPartition(TOPIC, 0, start + t)], timeout=DEADLINE_S)
+            for t in (0, 4, 5, 100)  # a partition once per request: twice is refused
+        ]
+    finally:
+        consumer.close()
+    assert [tp.offset for (tp,) in found] == [0, 4, 16, -1]

@@ -31,6 +31,7 @@ from broker_core.errors import (
     MessageTooLargeError,
     UnknownTopicOrPartitionError,
 )
+from broker_core.producer_ids.manager import ProducerIdManager
 from broker_core.server.config.kafka import KafkaListenerConfig
 from broker_core.server.kafka.apis import API_VERSIONS, KafkaApis
 from broker_core.server.kafka.consume import (
@@ -39,8 +40,10 @@ from broker_core.server.kafka.consume import (
     OFFSET_FOR_LEADER_EPOCH,
     ConsumeApis,
     KafkaTopics,
+    ReadCuts,
 )
 from broker_core.server.kafka.framing import KafkaRequest, read_frame
+from broker_core.server.kafka.init_producer_id import INIT_PRODUCER_ID, InitProducerIdApi
 from broker_core.server.kafka.listener import KafkaListener
 from broker_core.server.kafka.metadata import METADATA, MetadataApi
 from broker_core.server.kafka.produce import PRODUCE, ProduceApi
@@ -50,13 +53,22 @@ from tests.harness.kafka_wire import read_response, request_bytes
 MAX_BYTES = 64 * 1024
 
 
+# Every InitProducerId is given producer id 7.
+FIXED_PRODUCER_IDS = SimpleNamespace(generate_producer_id=lambda: 7)
+
+
 def kafka_apis(topics: Any, cluster: Any) -> KafkaApis:
     """The broker's families over ``topics`` and ``cluster`` (fakes)."""
     return KafkaApis(
         [
             MetadataApi(lambda: cast(ClusterMetadata, cluster)),
-            ConsumeApis(cast(KafkaTopics, topics), lambda: cast(ClusterMetadata, cluster)),
-            ProduceApi(),
+            ConsumeApis(
+                cast(KafkaTopics, topics),
+                lambda: cast(ClusterMetadata, cluster),
+                cast(ReadCuts, SimpleNamespace(refresh_s=0.1, ends=lambda topic, topic_id: {})),
+            ),
+            ProduceApi(cast(KafkaTopics, topics), lambda: None, Metrics()),
+            InitProducerIdApi(lambda: cast(ProducerIdManager, FIXED_PRODUCER_IDS)),
         ]
     )
 
@@ -233,6 +245,13 @@ def _build_request(api_key: int, version: int) -> Any:
         values |= {"acks": i16(-1), "transactional_id": None}
         data = module.PartitionProduceData(index=i32(0), records=None)
         values["topic_data"] = (module.TopicProduceData(name="t", partition_data=(data,)),)
+    elif api_key == INIT_PRODUCER_ID:
+        values |= {
+            "transactional_id": None,
+            "transaction_timeout": datetime.timedelta(seconds=60),
+            "producer_id": i64(-1),
+            "producer_epoch": i16(-1),
+        }
     elif api_key == FETCH:
         values |= {"max_wait": datetime.timedelta(0), "min_bytes": i32(1)}
         values["forgotten_topics_data"] = ()
@@ -265,7 +284,9 @@ def test_every_served_version_is_answered_in_its_own_layout(
         assert (answer.error_code, answer.offset) == (ErrorCode.unknown_topic_or_partition, -1)
     elif api_key == PRODUCE:
         (answer,) = body.responses[0].partition_responses
-        assert answer.error_code == ErrorCode.invalid_request  # not served yet
+        assert answer.error_code == ErrorCode.invalid_record  # no record batch
+    elif api_key == INIT_PRODUCER_ID:
+        assert (body.error_code, body.producer_id, body.producer_epoch) == (ErrorCode.none, 7, 0)
     elif api_key == FETCH:
         (answer,) = body.responses[0].partitions
         unknown = (

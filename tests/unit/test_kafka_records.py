@@ -25,6 +25,7 @@ from broker_core.kafka.record_batch import (
     BatchToEncode,
     KafkaBatch,
     TimestampType,
+    UnsupportedCompressionError,
     decode_batches,
     encode_batch,
     encode_batches,
@@ -276,7 +277,7 @@ def test_corruption_is_named() -> None:
     wrong_magic[16] = 1
     with pytest.raises(CorruptRecordError, match="magic 1"):
         decode_batches(bytes(wrong_magic))
-    with pytest.raises(InvalidRecordError, match="compression type 4"):
+    with pytest.raises(UnsupportedCompressionError, match="compressed with zstd"):
         decode_batches(_with_attributes(batch, 4))
 
 

@@ -29,6 +29,7 @@ from broker_core.security.tls import ClientAuth, TlsSettings
 from broker_core.security.zk_acl import ZK_ACL_KEYS, ZkAuth
 from broker_core.security.zk_tls import SECURITY_KEYS
 from broker_core.server.config.acl import ACL_KEYS, AuthorizationConfig, brokers_principal
+from broker_core.server.config.groups import GROUP_KEYS, OffsetsTopicConfig
 from broker_core.server.config.kafka import KAFKA_KEYS, KAFKA_LISTENER, KafkaListenerConfig
 from broker_core.server.config.metrics import METRICS_KEYS, MetricsEndpointConfig
 from broker_core.server.config.security import SASL_KEYS, SecurityConfig
@@ -377,6 +378,7 @@ BROKER_CONFIG = ConfigDef(
         *METRICS_KEYS,  # metrics.port, metrics.host: server/config/metrics.py
         *ACL_KEYS,  # authorizer.enable, super.users: server/config/acl.py
         *KAFKA_KEYS,  # kafka.listener, kafka.advertised.listener: server/config/kafka.py
+        *GROUP_KEYS,  # offsets.*, group.*: server/config/groups.py
         *_topic_default_keys(),
     ],
     what="broker",
@@ -425,6 +427,7 @@ class BrokerConfig:
     metrics: MetricsEndpointConfig  # metrics.*: the Prometheus endpoint (off by default)
     authorization: AuthorizationConfig  # authorizer.enable, super.users (acl_config.py)
     kafka: KafkaListenerConfig  # kafka.listener: Kafka's protocol (off by default)
+    offsets: OffsetsTopicConfig  # offsets.*, group.*: consumer groups (server/config/groups.py)
     values: Mapping[str, ConfigValue]  # every key, typed, for display
 
     @property
@@ -535,6 +538,7 @@ class BrokerConfig:
             metrics=MetricsEndpointConfig.from_parsed(parsed),
             authorization=authorization,
             kafka=kafka,
+            offsets=OffsetsTopicConfig.from_parsed(parsed),
             values=parsed,
         )
 

@@ -65,11 +65,13 @@ class ClusterStableOffsets:
             if leader == self._broker_id:
                 ends[partition] = self._topics.leader_log(topic, partition).last_stable_offset
             else:
-                doc = self._remote().list_offsets(topic, partition)
+                doc = self.client().list_offsets(topic, partition)
                 ends[partition] = int(doc["last_stable_offset"])
         return ends
 
-    def _remote(self) -> BrokerClient:
+    def client(self) -> BrokerClient:
+        """A client of the cluster with this broker's own credentials, made at first use
+        (``close`` closes it)."""
         with self._lock:
             if self._client is None:
                 bootstrap = ",".join(f"{b.host}:{b.port}" for b in self._brokers())

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import pyarrow as pa
+
 from broker_core.cluster.records import PartitionState
 from broker_core.errors import NotLeaderOrFollowerError
 from broker_core.log.partition_log import PartitionLog
@@ -36,11 +38,15 @@ from broker_core.txn.state_topic.store import CoordinatorEpochFencedError
 class LeaderStatePartition:
     """``partition`` (a replica of a ``__transaction_state`` partition) as the
     coordinator's :class:`~broker_core.txn.state_topic.schema.StatePartition`; an acks=all
-    answer waits up to ``ack_timeout_s`` (``ReplicationConfig.ack_timeout_s``)."""
+    answer waits up to ``ack_timeout_s`` (``ReplicationConfig.ack_timeout_s``). ``schema``:
+    the rows' (``__consumer_offsets``' rows have the same columns, ``offsets_topic``)."""
 
-    def __init__(self, partition: Partition, ack_timeout_s: float) -> None:
+    def __init__(
+        self, partition: Partition, ack_timeout_s: float, schema: pa.Schema = TXN_STATE_SCHEMA
+    ) -> None:
         self._partition = partition
         self._ack_timeout_s = ack_timeout_s
+        self._schema = schema
 
     @property
     def name(self) -> str:
@@ -61,7 +67,7 @@ class LeaderStatePartition:
             # Under the role lock: no election can come between this check and the write.
             if partition.leader_epoch != leader_epoch:
                 raise self._fenced(leader_epoch, "it is led at another epoch")
-            append_rows(log_, rows, TXN_STATE_SCHEMA)
+            append_rows(log_, rows, self._schema)
             return log_.log_end_offset
 
         try:

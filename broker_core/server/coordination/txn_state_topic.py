@@ -1,7 +1,7 @@
 """``__transaction_state`` as a replicated internal topic of a ZooKeeper cluster.
 
-The topic is created when the cluster first needs it (:func:`ensure_state_topic`; any
-broker may race to, ZooKeeper's create decides and the losers read the winner's) with
+The topic is created when the cluster first needs it (:func:`ensure_state_topic`,
+``internal_topics``) with
 ``transaction.state.log.num.partitions`` partitions of ``transaction.state.log.replication.factor``
 replicas (-1: min(3, live brokers)), ``min.insync.replicas`` =
 min(``transaction.state.log.min.isr``, replicas), compacted on ``kind,key`` with the
@@ -13,23 +13,18 @@ from __future__ import annotations
 
 from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import TopicAssignment
-from broker_core.errors import (
-    CoordinatorNotAvailableError,
-    TopicAlreadyExistsError,
-    UnknownTopicOrPartitionError,
-)
 from broker_core.server.config.broker_config import BrokerConfig
+from broker_core.server.coordination.internal_topics import (
+    ensure_internal_topic,
+    replication_factor,
+)
 from broker_core.txn.state_topic.schema import TXN_STATE_SCHEMA, TXN_STATE_TOPIC, state_topic_config
-
-MAX_DEFAULT_STATE_REPLICAS = 3
 
 
 def state_topic_overrides(config: BrokerConfig, live_brokers: int) -> dict[str, str]:
     """The topic configuration ``__transaction_state`` is created with when
     ``live_brokers`` brokers are registered."""
-    factor = config.transaction_state_log_replication_factor
-    if factor == -1:
-        factor = max(1, min(MAX_DEFAULT_STATE_REPLICAS, live_brokers))
+    factor = replication_factor(config.transaction_state_log_replication_factor, live_brokers)
     overrides = state_topic_config(
         config.transaction_state_log_segment_bytes,
         config.transaction_state_log_delete_retention_ms,
@@ -40,28 +35,12 @@ def state_topic_overrides(config: BrokerConfig, live_brokers: int) -> dict[str, 
 
 
 def ensure_state_topic(cluster: ClusterMetadata, config: BrokerConfig) -> TopicAssignment:
-    """The cluster's ``__transaction_state``, created now if it has none.
-
-    Raises what ``ClusterMetadata.create_topic`` raises (INVALID_REPLICATION_FACTOR when
-    fewer brokers are live than the configured factor, a ZooKeeper error: retriable), and
-    CoordinatorNotAvailableError (retriable) when another broker won the race to create
-    it and this broker's view does not show it yet."""
-    try:
-        return cluster.topic(TXN_STATE_TOPIC)
-    except UnknownTopicOrPartitionError:
-        pass
-    overrides = state_topic_overrides(config, len(cluster.brokers()))
-    schema = TXN_STATE_SCHEMA.serialize().to_pybytes()
-    try:
-        return cluster.create_topic(
-            TXN_STATE_TOPIC, config.transaction_state_log_num_partitions, schema, overrides
-        )
-    except TopicAlreadyExistsError:
-        try:
-            return cluster.topic(TXN_STATE_TOPIC)
-        except UnknownTopicOrPartitionError:
-            # Another broker created it a moment ago; this broker's view has yet to
-            # show it: the caller retries.
-            raise CoordinatorNotAvailableError(
-                f"{TXN_STATE_TOPIC} was just created by another broker; not visible here yet"
-            ) from None
+    """The cluster's ``__transaction_state``, created now if it has none; raises what
+    ``internal_topics.ensure_internal_topic`` raises."""
+    return ensure_internal_topic(
+        cluster,
+        TXN_STATE_TOPIC,
+        config.transaction_state_log_num_partitions,
+        TXN_STATE_SCHEMA,
+        state_topic_overrides(config, len(cluster.brokers())),
+    )

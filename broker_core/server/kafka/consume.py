@@ -8,12 +8,14 @@ epoch; a client's ``current_leader_epoch`` is fenced first (KIP-320).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode as KafkaErrorCode
@@ -21,6 +23,7 @@ from kio.static.primitive import i32, i64
 
 from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.errors import IdemlogError, InvalidRecordError
+from broker_core.log.config import LogConfig
 from broker_core.log.leader_epoch import EpochEndOffset
 from broker_core.log.partition_log import PartitionLog, WholeRead
 from broker_core.security.acl import Operation
@@ -34,7 +37,7 @@ from broker_core.server.kafka.messages import (
     kafka_error,
     nested,
 )
-from broker_core.server.kafka.records import kafka_records
+from broker_core.server.kafka.records import LARGEST, by_timestamp, kafka_records
 from broker_core.server.replication.partition import Partition
 
 log = logging.getLogger("idemlog.kafka")
@@ -50,11 +53,25 @@ LATEST = -1
 EARLIEST = -2
 EARLIEST_LOCAL = -4  # KIP-405: without tiered storage, the earliest
 READ_COMMITTED = 1
+SCAN_BYTES = 1 << 20  # ListOffsets by timestamp reads the log this much at a time
 NO_SESSION = 0  # Fetch: no session created (KIP-227 lets a broker decline them)
 # Fetch's long poll over several partitions: the first one's wake-up is waited for, this
 # long at most, then every partition is read again, so data arriving on any other one
 # answers within it.
 MANY_PARTITIONS_WAIT_S = 0.05
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """One partition's Fetch answer: the error, what was read, it as Kafka's records, the
+    epoch where the client's log diverged, and whether the stable cut held back rows the
+    partition's last stable offset would have given."""
+
+    error: KafkaErrorCode
+    read: WholeRead | None = None
+    records: bytes = b""
+    diverging: EpochEndOffset | None = None
+    held: bool = False
 
 
 class KafkaTopics(Protocol):
@@ -67,13 +84,22 @@ class KafkaTopics(Protocol):
     def partition(self, topic: str, partition: int) -> Partition: ...
 
 
+class ReadCuts(Protocol):
+    """Where read_committed readers stop (``coordination.stable_cuts.StableCuts``)."""
+
+    refresh_s: float
+
+    def ends(self, topic: str, topic_id: str | None) -> Mapping[int, int]: ...
+
+
 class ConsumeApis:
     """ListOffsets from v1 (v0 answered a list of old offsets) to v10 (v11 adds a
     tiered-storage timestamp this log has no use for), OffsetForLeaderEpoch from v2 (the
     first with current_leader_epoch, KIP-320; Kafka 4 dropped v0 and v1), Fetch from v4
     (the first with isolation_level and aborted transactions) to v16 (v13 on name topics
     by id; v17 adds a follower's directory id, for replicas only), over ``topics`` (the
-    partitions this broker leads) and ``cluster()`` (topic ids for Fetch v13+). A topic
+    partitions this broker leads), ``cluster()`` (topic ids) and ``cuts`` (read_committed
+    stops at idemlog's stable cut, so sink batches are read whole). A topic
     ``authorizer`` does not let the caller Describe (ListOffsets, OffsetForLeaderEpoch) or
     Read (Fetch) is TOPIC_AUTHORIZATION_FAILED in each of its partitions, read nothing."""
 
@@ -81,11 +107,13 @@ class ConsumeApis:
         self,
         topics: KafkaTopics,
         cluster: Callable[[], ClusterMetadata],
+        cuts: ReadCuts,
         *,
         authorizer: KafkaAuthorizer = ALLOW_ALL,
     ) -> None:
         self._topics = topics
         self._cluster = cluster
+        self._cuts = cuts
         self._authorizer = authorizer
 
     def apis(self) -> Sequence[ServedApi]:
@@ -108,9 +136,13 @@ class ConsumeApis:
         A ``current_leader_epoch`` (v4+) other than the leader's is fenced
         (FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH, KIP-320), and the epoch read
         before the offsets is checked again after them, so an answer never pairs one
-        leader's offset with another's epoch. A lookup by timestamp is not served yet:
-        UNSUPPORTED_VERSION for that partition; a partition asked twice is
-        INVALID_REQUEST."""
+        leader's offset with another's epoch. By timestamp (>= 0): the first record whose
+        timestamp is at or after it, with that timestamp, or offset -1 when none is
+        (read_committed: none past the stable cut); -3 (KIP-734): the record with the
+        largest timestamp. A lookup by timestamp reads the partition from its start
+        (``SCAN_BYTES`` at a time, column-wise): its cost grows with the partition. A
+        partition asked twice is INVALID_REQUEST; another special timestamp
+        UNSUPPORTED_VERSION."""
         body = request.body
         committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
         topic_cls = nested(response, "ListOffsetsTopicResponse")
@@ -129,11 +161,13 @@ class ConsumeApis:
             for asked in topic.partitions:
                 error: KafkaErrorCode
                 if denied != KafkaErrorCode.none:
-                    error, offset, epoch = denied, -1, NO_EPOCH
+                    error, offset, epoch, found_at = denied, -1, NO_EPOCH, -1
                 elif asked_times[(topic.name, asked.partition_index)] > 1:
-                    error, offset, epoch = KafkaErrorCode.invalid_request, -1, NO_EPOCH
+                    error, offset, epoch, found_at = (
+                        KafkaErrorCode.invalid_request, -1, NO_EPOCH, -1,
+                    )  # fmt: skip
                 else:
-                    error, offset, epoch = self._offset(
+                    error, offset, epoch, found_at = self._offset(
                         topic.name,
                         asked.partition_index,
                         asked.timestamp,
@@ -145,7 +179,7 @@ class ConsumeApis:
                         partition_cls,
                         partition_index=asked.partition_index,
                         error_code=error,
-                        timestamp=i64(-1),
+                        timestamp=i64(found_at),
                         offset=i64(offset),
                         leader_epoch=i32(epoch),
                     )
@@ -155,9 +189,12 @@ class ConsumeApis:
 
     def _offset(
         self, topic: str, index: int, timestamp: int, current_epoch: int, committed: bool
-    ) -> tuple[KafkaErrorCode, int, int]:
+    ) -> tuple[KafkaErrorCode, int, int, int]:
+        """(error, offset, leader epoch, the record's timestamp or -1)."""
+        if timestamp >= 0 or timestamp == LARGEST:
+            return self._by_timestamp(topic, index, timestamp, current_epoch, committed)
         if timestamp not in (LATEST, EARLIEST, EARLIEST_LOCAL):
-            return KafkaErrorCode.unsupported_version, -1, NO_EPOCH
+            return KafkaErrorCode.unsupported_version, -1, NO_EPOCH, -1
 
         def read(log_: PartitionLog) -> int:
             if timestamp == LATEST:
@@ -166,10 +203,39 @@ class ConsumeApis:
 
         try:
             offset, epoch = self._at_leader(topic, index, current_epoch, read)
+            if committed and timestamp == LATEST:
+                offset = min(offset, self._cut(topic, None, index))
         except IdemlogError as exc:
             log.debug("kafka: ListOffsets %s-%d: %s", topic, index, exc)
-            return kafka_error(exc), -1, NO_EPOCH
-        return KafkaErrorCode.none, offset, epoch
+            return kafka_error(exc), -1, NO_EPOCH, -1
+        return KafkaErrorCode.none, offset, epoch, -1
+
+    def _by_timestamp(
+        self, topic: str, index: int, target: int, current_epoch: int, committed: bool
+    ) -> tuple[KafkaErrorCode, int, int, int]:
+        def scan(log_: PartitionLog) -> tuple[int, int] | None:
+            stop = self._cut(topic, None, index) if committed else None
+            start = offset = log_.log_start_offset
+            found: tuple[int, int] | None = None
+            while True:
+                whole = log_.read_whole(
+                    offset, max_bytes=SCAN_BYTES, committed=committed, stop_at=stop
+                )
+                if not whole.batches:
+                    return found
+                found, final = by_timestamp(whole.batches, target, start, found)
+                if final:
+                    return found
+                offset = whole.batches[-1].header.next_offset
+
+        try:
+            found, epoch = self._at_leader(topic, index, current_epoch, scan)
+        except IdemlogError as exc:
+            log.debug("kafka: ListOffsets %s-%d at %d: %s", topic, index, target, exc)
+            return kafka_error(exc), -1, NO_EPOCH, -1
+        if found is None:
+            return KafkaErrorCode.none, -1, epoch, -1
+        return KafkaErrorCode.none, found[0], epoch, found[1]
 
     def _at_leader(
         self,
@@ -236,14 +302,16 @@ class ConsumeApis:
     def fetch(self, request: KafkaRequest, response: type[Any]) -> Any:
         """Per partition this broker leads: whole batches from the one holding
         ``fetch_offset`` (``PartitionLog.read_whole``) as Kafka's record batches, up to
-        the high watermark, or with read_committed up to the last stable offset with the
-        aborted transactions among them, which the client skips as it does on Kafka.
+        the high watermark, or with read_committed up to the last stable offset lowered
+        to idemlog's stable cut (a sink batch whole or not at all), with the aborted
+        transactions among them, which the client skips as it does on Kafka.
         Answered once ``min_bytes`` are there or ``max_wait`` elapsed, waiting on the
-        partitions' own wake-ups (appends, markers, the high watermark), or at once on
-        an error. ``partition_max_bytes`` and ``max_bytes`` count the stored bytes; the
-        first batch is returned whatever its size, as Kafka does. Sessionless: every
-        request is a full one, answered with session id 0 (KIP-227). A partition of a
-        topic that is not Kafka-shaped is UNSUPPORTED_FOR_MESSAGE_FORMAT."""
+        partitions' own wake-ups (appends, markers, the high watermark), or, for a
+        partition the cut holds back, on the cut's next refresh; at once on an error.
+        ``partition_max_bytes`` and ``max_bytes`` count the stored bytes; the first
+        batch is returned whatever its size, as Kafka does. Sessionless: every request
+        is a full one, answered with session id 0 (KIP-227). A partition of a topic that
+        is not Kafka-shaped is UNSUPPORTED_FOR_MESSAGE_FORMAT."""
         body = request.body
         committed = body.isolation_level == READ_COMMITTED
         asked = self._fetched(body.topics)
@@ -257,15 +325,18 @@ class ConsumeApis:
         deadline = time.monotonic() + body.max_wait.total_seconds()
         while True:
             answers = self._fetch_once(asked, committed, int(body.max_bytes), denied)
-            size = sum(len(records) for _, _, records, _ in answers)
+            size = sum(len(a.records) for a in answers)
             remaining = deadline - time.monotonic()
-            failed = any(
-                error != KafkaErrorCode.none or diverging is not None
-                for error, _, _, diverging in answers
-            )
+            failed = any(a.error != KafkaErrorCode.none or a.diverging is not None for a in answers)
             if size >= int(body.min_bytes) or failed or remaining <= 0 or not asked:
                 break
-            self._wait_for_data(asked, committed, remaining)
+            if any(a.held for a in answers):
+                # The cut, not the partition, holds rows back: it moves with other
+                # partitions' markers, which wake no waiter here, so look again when
+                # a newer cut can be had.
+                time.sleep(min(remaining, self._cuts.refresh_s))
+            else:
+                self._wait_for_data(asked, committed, remaining)
         return self._fetch_response(response, body, answers)
 
     def _fetched(self, topics: Any) -> list[tuple[str | None, str | None, Any]]:
@@ -305,17 +376,17 @@ class ConsumeApis:
         committed: bool,
         max_bytes: int,
         denied: dict[str, KafkaErrorCode],
-    ) -> list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]]:
-        """(error, read, records, diverging epoch) per asked partition, in order; a topic
-        of ``denied`` is its refusal, read nothing."""
-        answers: list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]] = []
+    ) -> list[_Fetched]:
+        """One answer per asked partition, in order; a topic of ``denied`` is its refusal,
+        read nothing."""
+        answers: list[_Fetched] = []
         left = max_bytes
         for topic, topic_id, p in asked:
             if topic is None:
-                answers.append((KafkaErrorCode.unknown_topic_id, None, b"", None))
+                answers.append(_Fetched(KafkaErrorCode.unknown_topic_id))
                 continue
             if topic in denied:
-                answers.append((denied[topic], None, b"", None))
+                answers.append(_Fetched(denied[topic]))
                 continue
             limit = min(int(p.partition_max_bytes), left)
             try:
@@ -327,27 +398,41 @@ class ConsumeApis:
                     if isinstance(exc, InvalidRecordError)
                     else kafka_error(exc)
                 )
-                answers.append((error, None, b"", None))
+                answers.append(_Fetched(error))
                 continue
-            read, records, diverging = answer
-            left -= sum(b.header.size for b in read.batches)
-            answers.append((KafkaErrorCode.none, read, records, diverging))
+            assert answer.read is not None
+            left -= sum(b.header.size for b in answer.read.batches)
+            answers.append(answer)
         return answers
 
     def _fetch_partition(
         self, topic: str, topic_id: str | None, p: Any, committed: bool, max_bytes: int
-    ) -> tuple[WholeRead, bytes, EpochEndOffset | None]:
+    ) -> _Fetched:
         offset = int(p.fetch_offset)
         last_fetched = int(getattr(p, "last_fetched_epoch", NO_EPOCH))
+        stop: int | None = None
+        config: LogConfig | None = None
 
         def read(log_: PartitionLog) -> tuple[WholeRead, EpochEndOffset | None]:
+            nonlocal stop, config
+            config = log_.config  # the topic's kafka.format and kafka.key.columns
+            if committed:  # asked once the partition is known to be led here
+                try:
+                    stop = self._cut(topic, topic_id, int(p.partition))
+                except IdemlogError as exc:
+                    # No cut yet (its coordinators unreachable): nothing is sure to be
+                    # whole, so nothing is answered.
+                    log.debug("kafka: Fetch %s-%d held back: %s", topic, p.partition, exc)
+                    stop = offset
             if last_fetched != NO_EPOCH:
                 # KIP-320: the log the client read diverged from this leader's where
                 # its last epoch ended before the offset it reached.
                 end = log_.end_offset_for(last_fetched)
                 if end.epoch < last_fetched or end.end_offset < offset:
-                    return log_.read_whole(offset, max_bytes=0, committed=committed), end
-            return log_.read_whole(offset, max_bytes=max_bytes, committed=committed), None
+                    whole = log_.read_whole(offset, max_bytes=0, committed=committed)
+                    return whole, end
+            whole = log_.read_whole(offset, max_bytes=max_bytes, committed=committed, stop_at=stop)
+            return whole, None
 
         (whole, diverging), _ = self._at_leader(
             topic,
@@ -356,13 +441,27 @@ class ConsumeApis:
             read,
             topic_id,
         )
-        return whole, kafka_records(whole.batches), diverging
+        held = False
+        if stop is not None and stop < whole.last_stable_offset:
+            # The client is told the cut is where stable data ends, as it is.
+            held = not whole.batches and offset < whole.last_stable_offset
+            whole = dataclasses.replace(whole, last_stable_offset=max(stop, offset))
+        assert config is not None
+        records = kafka_records(whole.batches, config)
+        return _Fetched(KafkaErrorCode.none, whole, records, diverging, held)
+
+    def _cut(self, topic: str, topic_id: str | None, index: int) -> int:
+        """Where a read_committed reader of partition ``index`` stops: idemlog's stable
+        cut (``coordination.stable_cuts``); raises when none can be had."""
+        if topic_id is None:
+            topic_id = self._cluster().topic(topic).topic_id
+        return self._cuts.ends(topic, topic_id).get(index, 0)
 
     def _fetch_response(
         self,
         response: type[Any],
         body: Any,
-        answers: list[tuple[KafkaErrorCode, WholeRead | None, bytes, Any]],
+        answers: list[_Fetched],
     ) -> Any:
         topic_cls = nested(response, "FetchableTopicResponse")
         partition_cls = nested(response, "PartitionData")
@@ -374,7 +473,8 @@ class ConsumeApis:
         for topic in body.topics:
             partitions = []
             for p in topic.partitions:
-                error, read, records, diverging = next(found)
+                answer = next(found)
+                read, diverging = answer.read, answer.diverging
                 extra: dict[str, Any] = {}
                 if diverging is not None and epoch_cls is not None:
                     extra["diverging_epoch"] = epoch_cls(
@@ -390,13 +490,13 @@ class ConsumeApis:
                     build(
                         partition_cls,
                         partition_index=p.partition,
-                        error_code=error,
+                        error_code=answer.error,
                         high_watermark=i64(-1 if read is None else read.high_watermark),
                         last_stable_offset=i64(-1 if read is None else read.last_stable_offset),
                         log_start_offset=i64(-1 if read is None else read.log_start_offset),
                         aborted_transactions=aborted,
                         preferred_read_replica=i32(-1),
-                        records=records,
+                        records=answer.records,
                         **extra,
                     )
                 )

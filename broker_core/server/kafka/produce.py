@@ -1,64 +1,228 @@
-"""Kafka's Produce API: listed, and refused until Kafka clients' idempotent produce is
-served (docs/kafka.md)."""
+"""Kafka's Produce API: idempotent (and plain) Kafka producers write through the Kafka
+listener, into Kafka-shaped topics (docs/kafka.md "Produce").
+
+Each partition's record batch (exactly one, as Kafka requires from v3) is decoded
+column-wise (``kafka.record_batch.decode_batches``: magic 2, CRC-32C checked), its rows
+put in the topic's own schema (``topic_rows``) and appended as ONE idemlog batch through
+the leader's append path the Flight produce takes (``Partition.append_as_leader``, then
+``PartitionLog.append`` with the Kafka batch's producer id, epoch and base sequence): the
+same validator answers it, so a retried batch is answered with its original offsets and
+error NONE, as Kafka answers a duplicate it still has the metadata of; one older than the
+window is DUPLICATE_SEQUENCE_NUMBER, a gap OUT_OF_ORDER_SEQUENCE_NUMBER, a fenced epoch
+INVALID_PRODUCER_EPOCH, an id never issued UNKNOWN_PRODUCER_ID. acks=-1 waits for the
+in-sync replicas (``Partition.wait_replicated``, at the epoch that wrote it) up to the
+request's timeout; acks=0 is appended and never answered, as Kafka never answers it.
+
+Refused per partition, nothing written: a transactional batch or a request with a
+transactional id (UNSUPPORTED_VERSION: transactions are served over Flight only), a
+compressed batch (UNSUPPORTED_COMPRESSION_TYPE, naming the codec), a topic that cannot
+hold Kafka records (INVALID_RECORD, naming its columns), a malformed batch
+(CORRUPT_MESSAGE). A Kafka producer's id carries no producer token (the Flight path's
+binding of an id to its principal, ``security.producer_token``): the Kafka listener has no
+principal yet.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaErrorCode
-from kio.static.primitive import i64
+from kio.static.primitive import i32, i64
 
+from broker_core.errors import (
+    IdemlogError,
+    InvalidRecordError,
+    InvalidRequiredAcksError,
+    SchemaMismatchError,
+)
+from broker_core.kafka.record_batch import UnsupportedCompressionError, decode_batches
+from broker_core.log.partition_log import AppendResult, PartitionLog
+from broker_core.log.store import LogStore
+from broker_core.protocol.metrics import AppendOutcome
+from broker_core.server.kafka.consume import KafkaTopics
 from broker_core.server.kafka.framing import KafkaRequest
-from broker_core.server.kafka.messages import NO_THROTTLE, ServedApi, build, nested
+from broker_core.server.kafka.messages import NO_THROTTLE, ServedApi, build, kafka_error, nested
+from broker_core.server.kafka.topic_rows import topic_rows
+from broker_core.server.observability.metrics import Metrics, outcome_of
+from broker_core.server.replication.partition import Partition
 
 log = logging.getLogger("idemlog.kafka")
 
 PRODUCE = 0
+ACKS_NONE, ACKS_LEADER, ACKS_ALL = 0, 1, -1
+
+
+class _Refused(Exception):
+    """A partition's refusal with a Kafka error idemlog's errors do not have."""
+
+    def __init__(self, error: KafkaErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@dataclass
+class _Answer:
+    """One partition's answer; ``replica``/``end``/``epoch`` set while acks=-1 still has to
+    wait for the in-sync replicas to reach ``end`` at ``epoch``."""
+
+    topic: str
+    index: int
+    error: KafkaErrorCode = KafkaErrorCode.none
+    message: str | None = None
+    base_offset: int = -1
+    log_start_offset: int = -1
+    replica: Partition | None = None
+    end: int = -1
+    epoch: int = -1
+
+    def fail(self, error: KafkaErrorCode, message: str) -> None:
+        self.error, self.message, self.base_offset, self.replica = error, message, -1, None
 
 
 class ProduceApi:
-    """Produce v3-v9, listed but refused: librdkafka reads record batch v2 only from a
-    broker that lists Produce v3 and Fetch v4."""
+    """Produce v3 (the first with record batch v2) to v11 (v12 only changes transactional
+    produce, v13 names topics by id), over ``topics`` (the partitions this broker leads),
+    ``store()`` (the topics' schemas) and ``metrics`` (each batch's outcome, duplicates
+    answered counted as the Flight path counts them)."""
+
+    def __init__(
+        self, topics: KafkaTopics, store: Callable[[], LogStore | None], metrics: Metrics
+    ) -> None:
+        self._topics = topics
+        self._store = store
+        self._metrics = metrics
 
     def apis(self) -> Sequence[ServedApi]:
-        return (ServedApi(PRODUCE, 3, 9, "kafka_produce", self.produce),)
+        return (ServedApi(PRODUCE, 3, 11, "kafka_produce", self.produce),)
 
     def produce(self, request: KafkaRequest, response: type[Any]) -> Any:
-        """Refused, each partition INVALID_REQUEST with a message (v8+) saying what to
-        write with, until Kafka clients' idempotent produce is served: listed in
-        ApiVersions only because librdkafka reads record batch v2 from no broker that
-        does not list Produce v3. Nothing is written; acks=0 is not answered, as Kafka
-        answers no acks=0 request."""
+        """Every partition's batch appended in the request's order, then with acks=-1 each
+        waited for until the request's ``timeout``; the answer per partition (None for
+        acks=0)."""
         body = request.body
-        if body.acks == 0:
-            log.info("kafka: Produce (acks=0) refused unanswered: not served yet")
+        acks = int(body.acks)
+        deadline = time.monotonic() + body.timeout.total_seconds()
+        answers = [
+            self._append(topic.name, p, acks, body.transactional_id)
+            for topic in body.topic_data
+            for p in topic.partition_data
+        ]
+        for answer in answers:
+            if answer.replica is None:
+                continue
+            try:
+                remaining = max(0.0, deadline - time.monotonic())
+                answer.replica.wait_replicated(answer.end, remaining, answer.epoch)
+            except IdemlogError as exc:
+                # Written, not yet replicated: a retry is answered as a duplicate once it is.
+                answer.fail(kafka_error(exc), exc.message)
+        if acks == ACKS_NONE:
             return None
+        return self._response(response, body, answers)
+
+    def _append(self, topic: str, p: Any, acks: int, txn_id: str | None) -> _Answer:
+        index = int(p.index)
+        answer = _Answer(topic, index)
+        where = f"Produce to {topic}-{index}"
+        producer_id = -1
+        try:
+            if acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
+                raise InvalidRequiredAcksError(f"{where}: acks={acks}, not 0, 1 or -1")
+            if txn_id is not None:
+                raise _transactions_refused(where, f"transactional id {txn_id!r}")
+            batches = decode_batches(p.records or b"")
+            if len(batches) != 1:
+                raise InvalidRecordError(
+                    f"{where}: {len(batches)} record batches; a Produce request (v3+) "
+                    "carries exactly one per partition"
+                )
+            (batch,) = batches
+            producer_id = batch.producer_id
+            if batch.is_transactional or batch.is_control:
+                raise _transactions_refused(where, "a transactional batch")
+            self._topics.leader_log(topic, index)  # routing errors before any decoding
+            replica = self._topics.partition(topic, index)
+            store = self._store()
+            schema = store.topic(topic).schema if store is not None else None
+            rows = topic_rows(topic, schema, batch.rows, where)
+            epoch = replica.leader_epoch
+
+            def write(log_: PartitionLog) -> tuple[AppendResult, int]:
+                nonlocal epoch
+                epoch = replica.leader_epoch  # under the role lock: the one that writes it
+                result = log_.append(
+                    rows,
+                    producer_id=batch.producer_id,
+                    producer_epoch=batch.producer_epoch,
+                    base_sequence=batch.base_sequence,
+                )
+                return result, log_.log_start_offset
+
+            result, start = replica.append_as_leader(write, acks == ACKS_ALL)
+        except _Refused as refused:
+            log.info("kafka: %s", refused)
+            answer.fail(refused.error, str(refused))
+            return answer
+        except IdemlogError as exc:
+            log.debug("kafka: %s: %s", where, exc)
+            self._metrics.record_append(topic, index, producer_id, outcome_of(exc))
+            answer.fail(_produce_error(exc), exc.message)
+            return answer
+        except Exception as exc:
+            log.exception("kafka: %s failed unexpectedly", where)
+            self._metrics.record_append(topic, index, producer_id, AppendOutcome.REJECTED)
+            answer.fail(KafkaErrorCode.unknown_server_error, f"{type(exc).__name__}: {exc}")
+            return answer
+        outcome = AppendOutcome.DUPLICATE if result.duplicate else AppendOutcome.APPENDED
+        self._metrics.record_append(topic, index, producer_id, outcome, rows.num_rows, rows.nbytes)
+        answer.base_offset, answer.log_start_offset = result.base_offset, start
+        if acks == ACKS_ALL and replica.replicated:
+            answer.replica, answer.end, answer.epoch = replica, result.last_offset + 1, epoch
+        return answer
+
+    @staticmethod
+    def _response(response: type[Any], body: Any, answers: list[_Answer]) -> Any:
         topic_cls = nested(response, "TopicProduceResponse")
         partition_cls = nested(response, "PartitionProduceResponse")
-        message = (
-            "Produce is not served on idemlog's Kafka listener yet: write with idemlog's "
-            "Producer (broker_core.producer) or its Spark sink"
-        )
-        topics = tuple(
-            build(
-                topic_cls,
-                name=topic.name,
-                partition_responses=tuple(
+        found = iter(answers)
+        topics = []
+        for topic in body.topic_data:
+            partitions = []
+            for _ in topic.partition_data:
+                a = next(found)
+                partitions.append(
                     build(
                         partition_cls,
-                        index=p.index,
-                        error_code=KafkaErrorCode.invalid_request,
-                        base_offset=i64(-1),
-                        log_append_time=None,
-                        log_start_offset=i64(-1),
+                        index=i32(a.index),
+                        error_code=a.error,
+                        base_offset=i64(a.base_offset),
+                        log_append_time=None,  # CreateTime: Kafka's -1
+                        log_start_offset=i64(a.log_start_offset),
                         record_errors=(),
-                        error_message=message,
+                        error_message=a.message,
                     )
-                    for p in topic.partition_data
-                ),
-            )
-            for topic in body.topic_data
-        )
-        return build(response, responses=topics, throttle_time=NO_THROTTLE)
+                )
+            topics.append(build(topic_cls, name=topic.name, partition_responses=tuple(partitions)))
+        return build(response, responses=tuple(topics), throttle_time=NO_THROTTLE)
+
+
+def _transactions_refused(where: str, what: str) -> _Refused:
+    return _Refused(
+        KafkaErrorCode.unsupported_version,
+        f"{where}: {what}: Kafka transactions are not served on idemlog's Kafka listener "
+        "(idempotent producers are: enable.idempotence without transactional.id); write "
+        "transactionally with idemlog's Producer or its Spark sink",
+    )
+
+
+def _produce_error(exc: IdemlogError) -> KafkaErrorCode:
+    if isinstance(exc, UnsupportedCompressionError):
+        return KafkaErrorCode.unsupported_compression_type
+    if isinstance(exc, SchemaMismatchError):
+        # The topic's schema was fixed by another writer meanwhile: not what was sent.
+        return KafkaErrorCode.invalid_record
+    return kafka_error(exc)

@@ -80,8 +80,20 @@ KAFKA_REQUEST_KINDS = (
     "kafka_offset_for_leader_epoch",
     "kafka_fetch",
     "kafka_produce",
+    "kafka_init_producer_id",
     "kafka_sasl_handshake",
     "kafka_sasl_authenticate",
+    # the consumer groups' (server/kafka/groups.py)
+    "kafka_find_coordinator",
+    "kafka_join_group",
+    "kafka_sync_group",
+    "kafka_heartbeat",
+    "kafka_leave_group",
+    "kafka_offset_commit",
+    "kafka_offset_fetch",
+    "kafka_describe_groups",
+    "kafka_list_groups",
+    "kafka_delete_groups",
 )
 REQUEST_KINDS = ("produce", "fetch", *KAFKA_REQUEST_KINDS)
 

@@ -30,6 +30,7 @@ from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo
 from broker_core.cluster.zk import ZkCluster
 from broker_core.errors import (
+    CoordinatorNotAvailableError,
     IdemlogError,
     InvalidConfigError,
     LogDirLockedError,
@@ -51,6 +52,7 @@ from broker_core.security.producer_token import ProducerTokens
 from broker_core.security.tls import ClientAuth, Side, TlsMaterial, warn_if_exposed
 from broker_core.server.config.broker_config import NEVER, ZK_ROOT, BrokerConfig
 from broker_core.server.coordination.coordinators import Coordinators
+from broker_core.server.coordination.group_coordinators import GroupCoordinators
 from broker_core.server.coordination.marker_client import RoutingMarkerWriter
 from broker_core.server.coordination.roles import ClusterStableOffsets, CoordinatorRole
 from broker_core.server.coordination.state_coordinator import StateLeaderCoordinatorRole
@@ -128,6 +130,7 @@ class Broker:
         self._users: ScramUsers | None = None  # with SASL on either listener
         self._authorizer: RequestAuthorizer | None = None  # authorizer.enable's
         self._verifier: TxnVerifier | None = None
+        self._stable_offsets: ClusterStableOffsets | None = None  # the coordinators' LSO source
         self._tasks = TaskGroup()
         # idle.shutdown.ms: the listener's gate of calls that says when to stop (None: off).
         self._idle: IdleWatch | None = None
@@ -143,6 +146,9 @@ class Broker:
             self.require_cluster,
             embedded=config.embedded,
         )
+        # The Kafka listener's group coordinators (started with the listener only).
+        self.groups = GroupCoordinators(config.broker_id, config, self.require_cluster)
+        self._groups_started = False
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -392,9 +398,12 @@ class Broker:
         listener"). Requests wait at :meth:`gate`. ``_release`` stops it."""
         from broker_core.security.principal import Principal
         from broker_core.security.tls import SecurityProtocol, server_ssl_context
+        from broker_core.server.coordination.stable_cuts import StableCuts
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.authorize import KafkaAuthorizer
         from broker_core.server.kafka.consume import ConsumeApis
+        from broker_core.server.kafka.groups import GroupApis
+        from broker_core.server.kafka.init_producer_id import InitProducerIdApi
         from broker_core.server.kafka.listener import KafkaListener
         from broker_core.server.kafka.metadata import MetadataApi
         from broker_core.server.kafka.produce import ProduceApi
@@ -417,8 +426,15 @@ class Broker:
             [
                 SaslApis(self._users if cfg.kafka.sasl else None, cfg.security.mechanisms),
                 MetadataApi(self.require_cluster, authorizer=authorizer),
-                ConsumeApis(topics, self.require_cluster, authorizer=authorizer),
-                ProduceApi(),
+                ConsumeApis(
+                    topics,
+                    self.require_cluster,
+                    StableCuts(self._stable_ends),
+                    authorizer=authorizer,
+                ),
+                ProduceApi(topics, lambda: self.store, self.metrics),
+                InitProducerIdApi(lambda: self.pids),
+                GroupApis(self.groups, self.require_cluster),
             ]
         )
         kafka = self._kafka = KafkaListener(
@@ -442,6 +458,14 @@ class Broker:
         advertised = (cfg.kafka.advertised_host, cfg.kafka.advertised_port or port)
         self.info = dataclasses.replace(info, kafka_listener=advertised)
         return self.info
+
+    def _stable_ends(self, topic: str) -> dict[int, int]:
+        """``topic``'s stable cut across every coordinator, as idemlog's readers read it
+        (``BrokerClient.stable_ends``), asked with this broker's own credentials."""
+        offsets = self._stable_offsets
+        if offsets is None:
+            raise CoordinatorNotAvailableError(f"broker {self.broker_id} is still starting")
+        return offsets.client().stable_ends(topic)
 
     def _txn_verifier(self, tls: TlsMaterial) -> TxnVerifier:
         """Asks coordinators before a transactional batch's first append here (KIP-890):
@@ -506,12 +530,13 @@ class Broker:
     def _start_coordinator(self, tls: TlsMaterial) -> None:
         """The transaction coordinator role: embedded, one coordinator loaded now; with
         ZooKeeper, one per ``__transaction_state`` partition this broker leads, loaded in
-        the background. ``_release`` stops it."""
+        the background. With the Kafka listener, the group coordinators likewise (of
+        ``__consumer_offsets``). ``_release`` stops them."""
         cfg = self.config
         store, pids, markers = self.store, self.pids, self.markers
         assert store is not None and pids is not None and markers is not None
         assert self.cluster is not None and self.replicas is not None  # _join_cluster ran
-        offsets = ClusterStableOffsets(
+        offsets = self._stable_offsets = ClusterStableOffsets(
             self.broker_id, self.topics, self.cluster.brokers, tls, cfg.security.inter_broker
         )
         expiry = ExpiryPolicy(cfg.transactional_id_expiration_ms, cfg.sink_stream_expiration_ms)
@@ -547,6 +572,15 @@ class Broker:
             )
         self._coordinator_role = role
         role.start(synchronous=cfg.embedded)
+        if cfg.kafka.enabled:
+            # Kafka clients' consumer groups: the embedded broker's one local partition of
+            # __consumer_offsets at this run's controller epoch, loaded now; with
+            # ZooKeeper, each partition's leader's coordinator.
+            if cfg.embedded:
+                self.groups.start_embedded(store, self.cluster.controller_epoch())
+            else:
+                self.groups.start_replicated(self.replicas, self._replication().ack_timeout_s)
+            self._groups_started = True
 
     def _start_tasks(self) -> None:
         """The background tasks; ``_release`` stops them, first."""
@@ -703,6 +737,8 @@ class Broker:
             self._shutdown_server()
         if self._coordinator_role is not None:
             self._coordinator_role.stop()
+        if self._groups_started:
+            self.groups.stop()
         if self.store is not None:
             try:
                 # Through the topics when they exist: no partition opens while it closes.
