@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka import TopicPartition as CkPartition
 from confluent_kafka.admin import AdminClient
 from cryptography import x509
@@ -30,7 +31,7 @@ from kafka import TopicPartition as KpPartition
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.schema.metadata.v12.request import MetadataRequestTopic as MdTopic
-from kio.static.primitive import i8, i32, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 from broker_core.client.broker_client import BrokerClient
 from broker_core.producer.producer import Producer
@@ -39,6 +40,7 @@ from broker_core.security.scram import Mechanism, ScramClient
 from broker_core.security.tls import Side, TlsMaterial, TlsSettings
 from broker_core.server.kafka.apis import API_VERSIONS
 from broker_core.server.kafka.consume import FETCH
+from broker_core.server.kafka.init_producer_id import INIT_PRODUCER_ID
 from broker_core.server.kafka.metadata import METADATA
 from broker_core.server.kafka.sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from testkit.tls import TlsCerts, issue_client
@@ -58,6 +60,12 @@ TOPIC = "secured"
 HIDDEN = "hidden"  # no ACL but the super user's: only admin may Describe it
 ROWS = 40
 DEADLINE_S = 20.0
+NO_TXN = {
+    "transactional_id": None,
+    "transaction_timeout": datetime.timedelta(seconds=60),
+    "producer_id": i64(-1),
+    "producer_epoch": i16(-1),
+}
 
 
 def kafka_address(broker: BrokerProcess) -> str:
@@ -384,6 +392,33 @@ def test_without_describe_metadata_refuses_the_topic_and_lists_it_not(
     shown = listed.list_topics(topic=HIDDEN, timeout=10)
     assert shown.topics[HIDDEN].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert refusals(broker)[0] >= before + 3
+
+
+def test_without_write_produce_is_refused_and_init_producer_id_without_idempotent_write(
+    secured: tuple[BrokerProcess, str], tls_certs: TlsCerts
+) -> None:
+    broker, address = secured
+    before, _, _ = refusals(broker)
+    with authenticated(address, str(tls_certs.ca), "reader", PASSWORDS["reader"]) as reader:
+        answer = reader.ask(wire.request(INIT_PRODUCER_ID, 4, **NO_TXN))
+    assert answer.error_code == ErrorCode.cluster_authorization_failed
+    delivered: list[Any] = []
+    producer = KafkaProducer(
+        {
+            "bootstrap.servers": address,
+            **sasl_keys("reader", tls_certs),
+            "enable.idempotence": False,
+            "acks": 1,
+            "retries": 0,
+        }
+    )
+    producer.produce(TOPIC, b"refused", on_delivery=lambda err, msg: delivered.append(err))
+    assert producer.flush(DEADLINE_S) == 0
+    assert [e.code() for e in delivered] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    assert refusals(broker)[0] >= before + 1
+    assert "User:reader from host 127.0.0.1 is not allowed Write on Topic:secured" in (
+        broker.log_text()
+    )
 
 
 def test_a_user_removed_has_its_kafka_connections_closed(

@@ -432,8 +432,8 @@ class Broker:
                     StableCuts(self._stable_ends),
                     authorizer=authorizer,
                 ),
-                ProduceApi(topics, lambda: self.store, self.metrics),
-                InitProducerIdApi(lambda: self.pids),
+                ProduceApi(topics, lambda: self.store, self.metrics, authorizer=authorizer),
+                InitProducerIdApi(lambda: self.pids, authorizer=authorizer),
                 GroupApis(self.groups, self.require_cluster),
             ]
         )
@@ -461,10 +461,15 @@ class Broker:
 
     def _stable_ends(self, topic: str) -> dict[int, int]:
         """``topic``'s stable cut across every coordinator, as idemlog's readers read it
-        (``BrokerClient.stable_ends``), asked with this broker's own credentials."""
+        (``BrokerClient.stable_ends``), asked with this broker's own credentials. The
+        embedded broker's one coordinator is its own, asked in place: its Flight listener
+        may require a principal (SASL, a client certificate, ACLs) that the broker has no
+        credentials or super user rights for (it has no other broker to serve)."""
         offsets = self._stable_offsets
         if offsets is None:
             raise CoordinatorNotAvailableError(f"broker {self.broker_id} is still starting")
+        if self.config.embedded:
+            return dict(self.coordinators.for_partition(0).stable_ends(topic))
         return offsets.client().stable_ends(topic)
 
     def _txn_verifier(self, tls: TlsMaterial) -> TxnVerifier:
