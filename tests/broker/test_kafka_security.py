@@ -421,6 +421,59 @@ def test_without_write_produce_is_refused_and_init_producer_id_without_idempoten
     )
 
 
+def test_a_consumer_group_needs_read_on_its_group(
+    secured: tuple[BrokerProcess, str], tls_certs: TlsCerts
+) -> None:
+    broker, address = secured
+
+    def subscribed(group: str) -> Consumer:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": address,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                **sasl_keys("reader", tls_certs),
+            }
+        )
+        consumer.subscribe([TOPIC])
+        return consumer
+
+    refused = subscribed("not-allowed")
+    try:
+        seen = None
+        deadline = time.monotonic() + DEADLINE_S
+        while seen is None and time.monotonic() < deadline:
+            message = refused.poll(0.2)
+            if message is not None and message.error() is not None:
+                seen = message.error()
+    finally:
+        refused.close()
+    assert seen is not None and seen.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, seen
+    done = idemlog(
+        "acls", "add", "--data-dir", str(broker.log_dir), "--allow-principal", "User:reader",
+        "--operation", "Read", "--group", "readers",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    allowed = subscribed("readers")
+    try:
+        values: list[bytes] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(values) < ROWS and time.monotonic() < deadline:
+            message = allowed.poll(0.2)
+            if message is not None and message.error() is None:
+                values.append(message.value())
+        allowed.commit(asynchronous=False)
+        committed = allowed.committed([CkPartition(TOPIC, 0)], timeout=10)
+    finally:
+        allowed.close()
+    assert values == [f"s-v{i}".encode() for i in range(ROWS)]
+    assert committed[0].offset == ROWS
+    assert "User:reader from host 127.0.0.1 is not allowed Describe on Group:not-allowed" in (
+        broker.log_text()
+    )
+
+
 def test_a_user_removed_has_its_kafka_connections_closed(
     secured: tuple[BrokerProcess, str], tls_certs: TlsCerts
 ) -> None:

@@ -434,7 +434,7 @@ class Broker:
                 ),
                 ProduceApi(topics, lambda: self.store, self.metrics, authorizer=authorizer),
                 InitProducerIdApi(lambda: self.pids, authorizer=authorizer),
-                GroupApis(self.groups, self.require_cluster),
+                GroupApis(self.groups, self.require_cluster, authorizer=authorizer),
             ]
         )
         kafka = self._kafka = KafkaListener(
