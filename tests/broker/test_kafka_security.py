@@ -7,8 +7,10 @@ with kio (``tests/harness/kafka_wire.py``): consumers read a topic over SASL_SSL
 SCRAM-SHA-512; a connection without SASL is answered ApiVersions and closed at its next
 request; a wrong password is SASL_AUTHENTICATION_FAILED with a message, then closed; a
 principal without Read is TOPIC_AUTHORIZATION_FAILED in Fetch, one without Describe in
-Metadata (and left out of "every topic"); each refusal is counted in the broker's
-metrics. And an ``SSL://`` listener requiring client certificates, on a broker of its
+Metadata (and left out of "every topic"), one without Write in Produce, without
+IdempotentWrite in InitProducerId; a group consumer is refused until a Group ACL allows
+it, then reads and commits; a user removed has its connections closed; each refusal is
+counted in the broker's metrics. And an ``SSL://`` listener requiring client certificates, on a broker of its
 own: a consumer's principal is its certificate's mapped subject, allowed by an ACL
 (docs/security.md, "The Kafka listener")."""
 
