@@ -49,12 +49,13 @@ jars: $(JARS_STAMP)
 $(JARS_STAMP): | $(MVN)
 	DELTA_VERSION=$(DELTA_VERSION) bash scripts/fetch_jars.sh jars
 
-# Kafka's broker and Spark's Kafka sink for bench-peers, with Maven from Maven Central into
-# jars/kafka-broker/ and jars/spark-kafka/: sub-folders, so no other Spark session gets them.
+# Kafka's broker and Spark's Kafka sink for bench-peers, and Kafka's command-line tools
+# (kafka-tools) for the tests, with Maven from Maven Central into jars/kafka-broker/ and
+# jars/spark-kafka/: sub-folders, so no other Spark session gets them.
 # SPARK_KAFKA_VERSION is the installed pyspark's; a new version pair gets a new stamp.
 KAFKA_VERSION := 4.1.2
 SPARK_KAFKA_VERSION := 4.2.0
-KAFKA_JARS_STAMP := jars/.fetched-kafka-$(KAFKA_VERSION)-spark-kafka-$(SPARK_KAFKA_VERSION)
+KAFKA_JARS_STAMP := jars/.fetched-kafka-$(KAFKA_VERSION)-tools-spark-kafka-$(SPARK_KAFKA_VERSION)
 .PHONY: kafka-jars bench-peers
 kafka-jars: $(KAFKA_JARS_STAMP)
 

@@ -4,6 +4,9 @@
 #   jars/kafka-broker/  a Kafka broker (org.apache.kafka:kafka_2.13 and its runtime closure,
 #                       scripts/kafka-broker-pom.xml), run as its own JVM by
 #                       benchmarks/kafka_node.py: KRaft, one combined broker+controller node;
+#                       and Kafka's command-line tools (org.apache.kafka:kafka-tools:
+#                       TopicCommand, ConsoleConsumer...), which tests/broker/
+#                       test_kafka_admin.py runs against idemlog's Kafka listener;
 #   jars/spark-kafka/   Spark's Kafka sink, format("kafka"), passed with spark.jars by
 #                       benchmarks/bench_peers.py only.
 #
@@ -40,7 +43,8 @@ JARS_DIR="$(realpath -m -- "${1:-$REPO/jars}")"
 PY="${PY:-$REPO/.venv/bin/python}"
 BROKER_DIR="$JARS_DIR/kafka-broker"
 SPARK_DIR="$JARS_DIR/spark-kafka"
-STAMP="$JARS_DIR/.fetched-kafka-$KAFKA_VERSION-spark-kafka-$SPARK_VERSION"
+# "tools": the broker's folder holds kafka-tools too (an older stamp's folder does not).
+STAMP="$JARS_DIR/.fetched-kafka-$KAFKA_VERSION-tools-spark-kafka-$SPARK_VERSION"
 
 SPARK_ARTIFACTS=(
   "org.apache.spark:spark-sql-kafka-0-10_${SCALA_BINARY}:${SPARK_VERSION}"
@@ -63,6 +67,7 @@ jar_of() { # group:artifact:version -> file name
 
 complete() {
   [[ -f "$STAMP" && -s "$BROKER_DIR/kafka_${SCALA_BINARY}-$KAFKA_VERSION.jar" ]] || return 1
+  [[ -s "$BROKER_DIR/kafka-tools-$KAFKA_VERSION.jar" ]] || return 1
   for a in "${SPARK_ARTIFACTS[@]}"; do
     [[ -s "$SPARK_DIR/$(jar_of "$a")" ]] || return 1
   done
@@ -97,12 +102,13 @@ command -v mvn >/dev/null || fail "mvn not found (apt-get install maven)"
 mkdir -p "$JARS_DIR"
 rm -rf "$BROKER_DIR" "$SPARK_DIR" "$JARS_DIR"/.fetched-kafka-*
 
-say "org.apache.kafka:kafka_${SCALA_BINARY}:$KAFKA_VERSION and its runtime closure -> $BROKER_DIR"
+say "org.apache.kafka:kafka_${SCALA_BINARY}:$KAFKA_VERSION, kafka-tools and their runtime closure -> $BROKER_DIR"
 # -f: the pom lists what to resolve; mvn runs from the repository root, which has no pom.
 mvn_quiet -f "$HERE/kafka-broker-pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
   -Dkafka.version="$KAFKA_VERSION" -DoutputDirectory="$BROKER_DIR"
-[[ -s "$BROKER_DIR/kafka_${SCALA_BINARY}-$KAFKA_VERSION.jar" ]] ||
-  fail "$BROKER_DIR/kafka_${SCALA_BINARY}-$KAFKA_VERSION.jar missing after mvn"
+for jar in "kafka_${SCALA_BINARY}-$KAFKA_VERSION.jar" "kafka-tools-$KAFKA_VERSION.jar"; do
+  [[ -s "$BROKER_DIR/$jar" ]] || fail "$BROKER_DIR/$jar missing after mvn"
+done
 no_duplicate_artifacts "$BROKER_DIR"
 
 mkdir -p "$SPARK_DIR"

@@ -108,7 +108,8 @@ def output_schema(topic: TopicInfo, include_metadata: bool) -> pa.Schema:
     """
     if topic.schema is None:
         raise UnknownTopicOrPartitionError(f"topic {topic.name!r} has no schema yet")
-    return to_arrow_schema(spark_schema_for(topic.schema, include_metadata))
+    # The zone Spark's TIMESTAMP takes (pyspark asserts one): the sink's, UTC.
+    return to_arrow_schema(spark_schema_for(topic.schema, include_metadata), timezone="UTC")
 
 
 def _end_of(offsets: Mapping[str, int], isolation: str) -> int:

@@ -44,7 +44,8 @@ def arrow_schema_for(spark_schema: StructType) -> pa.Schema:
     fields = []
     for f in spark_schema.fields:
         try:
-            fields.append(to_arrow_schema(StructType([f]))[0])
+            # A zone for Spark's TIMESTAMP (pyspark asserts one): instants, named UTC.
+            fields.append(to_arrow_schema(StructType([f]), timezone=_UTC)[0])
         except Exception as exc:  # pyspark raises several types for unsupported ones
             raise SchemaMismatchError(
                 f"column {f.name!r} of type {f.dataType.simpleString()} cannot be written "

@@ -27,8 +27,9 @@ Byte layout (big-endian; Kafka's DefaultRecordBatch and DefaultRecord):
 
 A control batch (KIP-98's transaction markers) holds one record whose key is version
 int16 (0) + type int16 (0 ABORT, 1 COMMIT) and whose value is version int16 (0) +
-coordinatorEpoch int32. Only compression "none" is written or read for now: a compressed
-batch is refused naming its codec (UnsupportedCompressionError).
+coordinatorEpoch int32. Batches are written uncompressed; read compressed with any of
+Kafka's codecs (gzip, snappy, lz4, zstd: ``compression.py``), each decompressed into an
+uncompressed copy of itself before the records are decoded.
 
 Rows map one to one: a Kafka-shaped Arrow batch (``key`` and ``value`` binary or string,
 nullable; optional ``timestamp``, timestamp[any unit] or int64 milliseconds; optional
@@ -45,6 +46,7 @@ which are read one entry at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +60,7 @@ import pyarrow.compute as pc
 
 from broker_core.errors import CorruptRecordError, InvalidRecordError
 from broker_core.kafka import varint
+from broker_core.kafka.compression import Codec, codec_of, decompress
 from broker_core.record.batch import (
     CONTROL_FLAG,
     NO_PRODUCER_EPOCH,
@@ -77,6 +80,9 @@ HEADER_SIZE = 61
 LENGTH_PREFIX_SIZE = 12  # baseOffset + batchLength: what batchLength does not count
 CRC_START = 21  # the attributes: the CRC covers them and everything after
 COMPRESSION_MASK = 0x07
+# A compressed batch's records decompressed past this are refused (MessageTooLargeError):
+# a few bytes of zeros must not make the broker allocate gigabytes.
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 TIMESTAMP_TYPE_FLAG = 1 << 3
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -99,15 +105,6 @@ DECODED_SCHEMA = pa.schema(
         pa.field("headers", HEADERS_TYPE, nullable=False),
     ]
 )
-
-
-# Kafka's compression codecs by their attribute bits (0: none).
-CODECS = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
-
-
-class UnsupportedCompressionError(InvalidRecordError):
-    """A batch compressed with a codec: none is read yet (Kafka's listener answers
-    UNSUPPORTED_COMPRESSION_TYPE)."""
 
 
 class TimestampType(IntEnum):
@@ -586,9 +583,13 @@ class _Frame:
     where: str
 
 
-def decode_batches(buffer: bytes | bytearray | memoryview) -> list[KafkaBatch]:
+def decode_batches(
+    buffer: bytes | bytearray | memoryview, max_decompressed: int = MAX_DECOMPRESSED_BYTES
+) -> list[KafkaBatch]:
     """Every batch in ``buffer``, back to back (a Produce request's records); the buffer
     must end on a batch's end. Checks magic, lengths, CRC and every record's framing.
+    A compressed batch's records are decompressed first (MessageTooLargeError past
+    ``max_decompressed`` bytes); its KafkaBatch keeps its own codec, CRC and size.
 
     The records of all the batches are decoded together, column-wise, into one Arrow
     batch that each KafkaBatch's rows are a slice of: a request of many small batches (a
@@ -602,6 +603,14 @@ def decode_batches(buffer: bytes | bytearray | memoryview) -> list[KafkaBatch]:
         position += frame.size
     if not frames:
         return []
+    if any(f.attributes & COMPRESSION_MASK for f in frames):
+        plain = decode_batches(_decompressed(view, frames, max_decompressed))
+        return [
+            dataclasses.replace(
+                b, compression=f.attributes & COMPRESSION_MASK, crc=f.crc, size=f.size
+            )
+            for b, f in zip(plain, frames, strict=True)
+        ]
     rows = _decode_records(view, frames)
     batches = []
     first = 0
@@ -630,6 +639,26 @@ def decode_batches(buffer: bytes | bytearray | memoryview) -> list[KafkaBatch]:
             )
         )
     return batches
+
+
+def _decompressed(view: memoryview, frames: Sequence[_Frame], limit: int) -> bytes:
+    """The batches of ``view`` with every compressed one replaced by its uncompressed
+    copy: the same header with the codec bits cleared, its length and CRC made anew."""
+    parts: list[bytes | memoryview] = []
+    for f in frames:
+        batch = view[f.position : f.position + f.size]
+        bits = f.attributes & COMPRESSION_MASK
+        if not bits:
+            parts.append(batch)
+            continue
+        records = decompress(Codec(bits), batch[HEADER_SIZE:], limit, f.where)
+        header = bytearray(batch[:HEADER_SIZE])
+        struct.pack_into(">i", header, 8, HEADER_SIZE - LENGTH_PREFIX_SIZE + len(records))
+        struct.pack_into(">h", header, CRC_START, f.attributes & ~COMPRESSION_MASK)
+        crc = crc32c.crc32c(records, crc32c.crc32c(bytes(header[CRC_START:])))
+        struct.pack_into(">I", header, 17, crc)
+        parts += [bytes(header), records]
+    return b"".join(parts)
 
 
 def _timestamp_type(frame: _Frame) -> TimestampType:
@@ -668,13 +697,7 @@ def _frame(view: memoryview, position: int) -> _Frame:
     actual = crc32c.crc32c(view[position + CRC_START : position + size])
     if actual != crc:
         raise CorruptRecordError(f"{where}: CRC-32C is {actual:#010x}, the header says {crc:#010x}")
-    compression = attributes & COMPRESSION_MASK
-    if compression:
-        codec = CODECS.get(compression, f"unknown codec {compression}")
-        raise UnsupportedCompressionError(
-            f"{where}: compressed with {codec}; only uncompressed batches are read "
-            "(a producer's compression.type=none)"
-        )
+    codec_of(attributes & COMPRESSION_MASK, where)
     if count < 0 or last_offset_delta != count - 1:
         raise CorruptRecordError(
             f"{where}: {count} records but lastOffsetDelta {last_offset_delta}"

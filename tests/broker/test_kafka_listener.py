@@ -5,9 +5,10 @@ replicas, ISR, topic ids), ListOffsets through ``Consumer.get_watermark_offsets`
 ``AdminClient.list_offsets`` with both isolation levels over an open transaction; the
 listener off by default, a taken port refusing the start in one line; ListOffsets' fencing
 by leader epoch and its refusals, and OffsetForLeaderEpoch, in requests written by kio;
-a replicated cluster whose Metadata names every broker's Kafka listener and each
-partition's leader as ZooKeeper has it, and the new leader at its new epoch once the old
-one is SIGKILLed, where Fetch is fenced and refused as ListOffsets is."""
+a replicated cluster whose Metadata names every broker's Kafka listener, one cluster id
+and each partition's leader as ZooKeeper has it (a topic created over Kafka's
+CreateTopics on every broker too), and the new leader at its new epoch once the old one
+is SIGKILLed, where Fetch is fenced and refused as ListOffsets is."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from confluent_kafka import (
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.schema.list_offsets.v7.request import ListOffsetsPartition as LoPartition
@@ -378,6 +379,16 @@ def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_ele
         kafka = admin(addresses[1])
         metadata = kafka.list_topics(TOPIC, timeout=TIMEOUT)
         assert {b.id: f"{b.host}:{b.port}" for b in metadata.brokers.values()} == addresses
+        # One cluster, one id (ZooKeeper's <root>/cluster_id), whichever broker answers.
+        ids = {admin(a).list_topics(timeout=TIMEOUT).cluster_id for a in addresses.values()}
+        assert len(ids) == 1 and metadata.cluster_id in ids and None not in ids
+        # A topic created over Kafka on one broker (factor -1: the cluster's, here 3) is
+        # the cluster's: its replicas on every broker, in another broker's Metadata.
+        (made,) = kafka.create_topics([NewTopic("made", 2)]).values()
+        made.result(TIMEOUT)
+        assert sorted(cluster.state("made", 0).replicas) == sorted(addresses)
+        other = admin(addresses[2])
+        wait_until(lambda: "made" in other.list_topics(timeout=TIMEOUT).topics, "made in Metadata")
         for index, partition in metadata.topics[TOPIC].partitions.items():
             state = cluster.state(TOPIC, index)
             assert partition.leader == state.leader
@@ -430,13 +441,11 @@ def test_a_replicated_cluster_names_every_brokers_kafka_listener_and_follows_ele
         follower = next(a for b, a in addresses.items() if b not in (before.leader, after.leader))
         assert offset_answer(follower, 0, LATEST).error_code == 6  # NOT_LEADER_OR_FOLLOWER
         assert end_offset_answer(follower, before.leader_epoch)[0] == 6
-        # Fetch: the same fencing and refusal (rows of a topic that is not Kafka-shaped
-        # would be refused after them: the epoch is checked first).
+        # Fetch: the same fencing and refusal; at the current epoch the rows are served.
         assert fetch_error(follower) == 6  # NOT_LEADER_OR_FOLLOWER
         assert fetch_error(leader, before.leader_epoch) == 74  # FENCED_LEADER_EPOCH
         assert fetch_error(leader, after.leader_epoch + 1) == 75  # UNKNOWN_LEADER_EPOCH
-        # At the current epoch the rows are reached, and refused: not Kafka-shaped.
-        assert fetch_error(leader, after.leader_epoch) == ErrorCode.unsupported_for_message_format
+        assert fetch_error(leader, after.leader_epoch) == ErrorCode.none
 
         # A consumer that read at the old epoch asks where it ended: at the 6 rows every
         # replica has, so nothing it read was truncated by the election.

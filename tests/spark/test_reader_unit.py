@@ -173,6 +173,18 @@ def test_output_schema_is_the_topic_schema_plus_non_null_metadata() -> None:
     assert output_schema(info, True).equals(expected)
 
 
+def test_a_timestamp_column_is_declared_and_written_in_utc() -> None:
+    """Spark's TIMESTAMP has an Arrow form only with a zone (pyspark asserts one): the
+    sink's schema and the reader's declared one both name UTC."""
+    from pyspark.sql.types import StructField, StructType, TimestampType
+
+    from spark_sink.schema import arrow_schema_for
+
+    stamped = pa.schema([pa.field("at", pa.timestamp("us", tz="UTC"))])
+    assert output_schema(TopicInfo(TOPIC, 1, stamped), False).equals(stamped)
+    assert arrow_schema_for(StructType([StructField("at", TimestampType())])).equals(stamped)
+
+
 def test_batch_read_committed_returns_committed_rows_once_and_stops_at_the_lso(
     broker: BrokerProcess, client: BrokerClient, scenario: Scenario
 ) -> None:

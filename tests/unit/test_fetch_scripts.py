@@ -37,7 +37,8 @@ out = out if os.path.isabs(out) else os.path.join(base, out)
 os.makedirs(out, exist_ok=True)
 names = []
 if "dependency:copy-dependencies" in args:
-    names = [f"kafka_2.13-{props['kafka.version']}.jar", "kafka-clients-4.1.2.jar"]
+    version = props["kafka.version"]  # the pom's closure: the broker and Kafka's tools
+    names = [f"kafka_2.13-{version}.jar", f"kafka-tools-{version}.jar", "kafka-clients-4.1.2.jar"]
 elif "dependency:copy" in args:
     _, artifact, version = props["artifact"].split(":")
     names = [f"{artifact}-{version}.jar"]
@@ -89,8 +90,11 @@ def test_kafka_jars_land_in_the_relative_folder_the_caller_names(
     # As the Makefile calls it: from the clone's root, with the relative folder "jars".
     log = _run("fetch_kafka_jars.sh", clone, clone, tmp_path, "jars")
     assert (clone / "jars/kafka-broker/kafka_2.13-4.1.2.jar").is_file()
+    assert (clone / "jars/kafka-broker/kafka-tools-4.1.2.jar").is_file()
     assert (clone / "jars/spark-kafka/spark-sql-kafka-0-10_2.13-4.2.0.jar").is_file()
-    assert list(clone.glob("jars/.fetched-kafka-*"))
+    assert [p.name for p in clone.glob("jars/.fetched-kafka-*")] == [
+        ".fetched-kafka-4.1.2-tools-spark-kafka-4.2.0"  # the Makefile's KAFKA_JARS_STAMP
+    ]
     assert not (clone / "scripts/jars").exists(), "jars landed beside the pom"
     assert "-f " in log.read_text(), "the broker's closure was not resolved through the pom"
 

@@ -284,7 +284,7 @@ def test_every_served_version_is_answered_in_its_own_layout(
         assert (answer.error_code, answer.offset) == (ErrorCode.unknown_topic_or_partition, -1)
     elif api_key == PRODUCE:
         (answer,) = body.responses[0].partition_responses
-        assert answer.error_code == ErrorCode.invalid_record  # no record batch
+        assert answer.error_code == ErrorCode.unknown_topic_or_partition
     elif api_key == INIT_PRODUCER_ID:
         assert (body.error_code, body.producer_id, body.producer_epoch) == (ErrorCode.none, 7, 0)
     elif api_key == FETCH:

@@ -5,9 +5,11 @@ the same records (the format is deterministic without compression)."""
 
 from __future__ import annotations
 
+import gzip
 import struct
 from typing import Any
 
+import cramjam
 import crc32c
 import numpy as np
 import pyarrow as pa
@@ -17,15 +19,15 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.util import encode_varint
 
-from broker_core.errors import CorruptRecordError, InvalidRecordError
+from broker_core.errors import CorruptRecordError, InvalidRecordError, MessageTooLargeError
 from broker_core.kafka import varint
+from broker_core.kafka.compression import UnsupportedCompressionError
 from broker_core.kafka.record_batch import (
     DECODED_SCHEMA,
     HEADERS_TYPE,
     BatchToEncode,
     KafkaBatch,
     TimestampType,
-    UnsupportedCompressionError,
     decode_batches,
     encode_batch,
     encode_batches,
@@ -277,8 +279,10 @@ def test_corruption_is_named() -> None:
     wrong_magic[16] = 1
     with pytest.raises(CorruptRecordError, match="magic 1"):
         decode_batches(bytes(wrong_magic))
-    with pytest.raises(UnsupportedCompressionError, match="compressed with zstd"):
-        decode_batches(_with_attributes(batch, 4))
+    with pytest.raises(UnsupportedCompressionError, match="compression type 5 is none"):
+        decode_batches(_with_attributes(batch, 5))
+    with pytest.raises(CorruptRecordError, match="do not decompress with zstd"):
+        decode_batches(_with_attributes(batch, 4))  # uncompressed bytes flagged zstd
 
 
 def test_a_records_framing_is_checked() -> None:
@@ -461,3 +465,45 @@ def test_batches_encoded_together_equal_each_encoded_alone() -> None:
     assert [r for b in decoded for r in _decoded(b)] == plain
     with pytest.raises(InvalidRecordError, match="batch 1's schema differs"):
         encode_batches([specs[0], BatchToEncode(_rows(plain, headers=False), base_offset=0)])
+
+
+def _compressed(batch: bytes, codec: int, records: bytes) -> bytes:
+    """``batch`` with its records section replaced by ``records`` flagged ``codec``."""
+    out = bytearray(batch[:61]) + records
+    struct.pack_into(">i", out, 8, len(out) - 12)
+    struct.pack_into(">h", out, 21, codec)
+    struct.pack_into(">I", out, 17, crc32c.crc32c(bytes(out[21:])))
+    return bytes(out)
+
+
+def _xerial(raw_blocks: list[bytes]) -> bytes:
+    """Snappy in xerial's stream framing, as the Java client writes it."""
+    head = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+    return head + b"".join(struct.pack(">i", len(b)) + b for b in raw_blocks)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "xerial-snappy", "lz4", "zstd"])
+def test_a_compressed_batch_decodes_to_its_records(codec: str) -> None:
+    rows = _rows(MIXED)
+    plain = encode_batch(rows, base_offset=5, producer_id=9, producer_epoch=1, base_sequence=3)
+    records = plain[61:]
+    half = len(records) // 2
+    bits, packed = {
+        "gzip": (1, gzip.compress(records)),
+        "snappy": (2, bytes(cramjam.snappy.compress_raw(records))),
+        "xerial-snappy": (
+            2,
+            _xerial(
+                [bytes(cramjam.snappy.compress_raw(p)) for p in (records[:half], records[half:])]
+            ),
+        ),
+        "lz4": (3, bytes(cramjam.lz4.compress(records))),
+        "zstd": (4, bytes(cramjam.zstd.compress(records))),
+    }[codec]
+    compressed = _compressed(plain, bits, packed)
+    # Between two plain batches: positions after it are the buffer's, not the copy's.
+    (before, batch, after) = decode_batches(plain + compressed + plain)
+    assert batch.rows.equals(before.rows) and after.rows.equals(before.rows)
+    assert (batch.compression, batch.size, batch.base_sequence) == (bits, len(compressed), 3)
+    with pytest.raises(MessageTooLargeError, match="decompress"):
+        decode_batches(compressed, max_decompressed=len(records) - 1)

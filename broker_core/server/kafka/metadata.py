@@ -4,7 +4,7 @@ partitions' leaders, leader epochs, replicas, ISR and ids, from the cluster meta
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kio.schema.errors import ErrorCode as KafkaErrorCode
@@ -36,18 +36,26 @@ _NO_TOPIC_ID = uuid.UUID(int=0)
 NO_OPERATIONS = i32(-(2**31))  # authorized operations not asked for
 
 
+def kafka_brokers(live: Iterable[BrokerInfo]) -> dict[int, BrokerInfo]:
+    """Those of the ``live`` brokers that serve a Kafka listener, by id."""
+    return {b.broker_id: b for b in live if b.kafka_listener is not None}
+
+
 class MetadataApi:
     """Metadata v1-13 (v0's empty list meant "every topic"; Kafka 4 dropped it) from
-    ``cluster()`` (raises NotLeaderOrFollowerError before the broker joined), each topic
-    shown to a caller ``authorizer`` lets Describe it."""
+    ``cluster()`` (raises NotLeaderOrFollowerError before the broker joined) and the
+    cluster's id, ``cluster_id()`` (None: answered null), each topic shown to a caller
+    ``authorizer`` lets Describe it."""
 
     def __init__(
         self,
         cluster: Callable[[], ClusterMetadata],
+        cluster_id: Callable[[], str | None] = lambda: None,
         *,
         authorizer: KafkaAuthorizer = ALLOW_ALL,
     ) -> None:
         self._cluster = cluster
+        self._cluster_id = cluster_id
         self._authorizer = authorizer
 
     def apis(self) -> Sequence[ServedApi]:
@@ -63,8 +71,9 @@ class MetadataApi:
         when asked (by name or id: its name not told), whether it exists or not (the
         answer must not tell), and left out of "every topic", as Kafka does."""
         cluster = self._cluster()
-        live = {b.broker_id: b for b in cluster.brokers()}
-        kafka_brokers = {b: info for b, info in live.items() if info.kafka_listener is not None}
+        registered = cluster.brokers()
+        live = {b.broker_id for b in registered}
+        serving = kafka_brokers(registered)
         assignments = cluster.topics()
         asked = request.body.topics
         if asked is None:
@@ -79,20 +88,19 @@ class MetadataApi:
         else:
             entries = [self._authorized(request, self._find_topic(t, assignments)) for t in asked]
         broker_cls = nested(response, "MetadataResponseBroker")
-        brokers = tuple(_broker(broker_cls, info) for _, info in sorted(kafka_brokers.items()))
+        brokers = tuple(_broker(broker_cls, info) for _, info in sorted(serving.items()))
         controller = cluster.controller()
         controller_id = -1
-        if controller is not None and controller.broker_id in kafka_brokers:
+        if controller is not None and controller.broker_id in serving:
             controller_id = controller.broker_id
         topics = tuple(
-            self._topic(response, name, a, error, set(live), set(kafka_brokers))
-            for name, a, error in entries
+            self._topic(response, name, a, error, live, set(serving)) for name, a, error in entries
         )
         return build(
             response,
             throttle_time=NO_THROTTLE,
             brokers=brokers,
-            cluster_id=None,
+            cluster_id=self._cluster_id(),
             controller_id=i32(controller_id),
             topics=topics,
             error_code=KafkaErrorCode.none,

@@ -2,7 +2,8 @@
 listener, into Kafka-shaped topics (docs/kafka.md "Produce").
 
 Each partition's record batch (exactly one, as Kafka requires from v3) is decoded
-column-wise (``kafka.record_batch.decode_batches``: magic 2, CRC-32C checked), its rows
+column-wise (``kafka.record_batch.decode_batches``: magic 2, CRC-32C checked,
+decompressed first if it is gzip, snappy, lz4 or zstd), its rows
 put in the topic's own schema (``topic_rows``) and appended as ONE idemlog batch through
 the leader's append path the Flight produce takes (``Partition.append_as_leader``, then
 ``PartitionLog.append`` with the Kafka batch's producer id, epoch and base sequence): the
@@ -11,11 +12,12 @@ error NONE, as Kafka answers a duplicate it still has the metadata of; one older
 window is DUPLICATE_SEQUENCE_NUMBER, a gap OUT_OF_ORDER_SEQUENCE_NUMBER, a fenced epoch
 INVALID_PRODUCER_EPOCH, an id never issued UNKNOWN_PRODUCER_ID. acks=-1 waits for the
 in-sync replicas (``Partition.wait_replicated``, at the epoch that wrote it) up to the
-request's timeout; acks=0 is appended and never answered, as Kafka never answers it.
+request's timeout; acks=0 is appended and never answered, as Kafka never answers it (a
+failure closes the connection, as on Kafka).
 
 Refused per partition, nothing written: a transactional batch or a request with a
 transactional id (UNSUPPORTED_VERSION: transactions are served over Flight only), a
-compressed batch (UNSUPPORTED_COMPRESSION_TYPE, naming the codec), a topic that cannot
+compression type Kafka does not define (UNSUPPORTED_COMPRESSION_TYPE), a topic that cannot
 hold Kafka records (INVALID_RECORD, naming its columns), a malformed batch
 (CORRUPT_MESSAGE). With ``authorizer.enable`` (docs/kafka.md "What each API requires"):
 a topic the caller may not Write is TOPIC_AUTHORIZATION_FAILED in each of its partitions,
@@ -41,9 +43,11 @@ from broker_core.errors import (
     IdemlogError,
     InvalidRecordError,
     InvalidRequiredAcksError,
+    NetworkError,
     SchemaMismatchError,
 )
-from broker_core.kafka.record_batch import UnsupportedCompressionError, decode_batches
+from broker_core.kafka.compression import UnsupportedCompressionError
+from broker_core.kafka.record_batch import decode_batches
 from broker_core.log.partition_log import AppendResult, PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import AppendOutcome
@@ -146,6 +150,15 @@ class ProduceApi:
                 # Written, not yet replicated: a retry is answered as a duplicate once it is.
                 answer.fail(kafka_error(exc), exc.message)
         if acks == ACKS_NONE:
+            failed = [a for a in answers if a.error != KafkaErrorCode.none]
+            if failed:
+                # Kafka closes the connection of an acks=0 request that failed: the one
+                # sign its client gets, which then refreshes its metadata.
+                first = failed[0]
+                raise NetworkError(
+                    f"Produce with acks=0 failed for {len(failed)} partition(s), first "
+                    f"{first.topic}-{first.index}: {first.error.name} {first.message}"
+                )
             return None
         return self._response(response, body, answers)
 
@@ -171,6 +184,9 @@ class ProduceApi:
                 raise InvalidRequiredAcksError(f"{where}: acks={acks}, not 0, 1 or -1")
             if txn_id is not None:
                 raise _transactions_refused(where, f"transactional id {txn_id!r}")
+            # Routing first: a client led elsewhere is told so, whatever it sent.
+            self._topics.leader_log(topic, index)
+            replica = self._topics.partition(topic, index)
             batches = decode_batches(p.records or b"")
             if len(batches) != 1:
                 raise InvalidRecordError(
@@ -183,8 +199,6 @@ class ProduceApi:
                 raise _transactions_refused(where, "a transactional batch")
             if producer_id >= 0 and (not_idempotent := idempotent()) is not None:
                 raise _Refused(kafka_error(not_idempotent), not_idempotent.message)
-            self._topics.leader_log(topic, index)  # routing errors before any decoding
-            replica = self._topics.partition(topic, index)
             store = self._store()
             schema = store.topic(topic).schema if store is not None else None
             rows = topic_rows(topic, schema, batch.rows, where)
@@ -204,6 +218,7 @@ class ProduceApi:
             result, start = replica.append_as_leader(write, acks == ACKS_ALL)
         except _Refused as refused:
             log.info("kafka: %s", refused)
+            self._metrics.record_append(topic, index, producer_id, AppendOutcome.REJECTED)
             answer.fail(refused.error, str(refused))
             return answer
         except IdemlogError as exc:

@@ -88,7 +88,8 @@ def topic_rows(
         )
         if carried:
             raise InvalidRecordError(
-                f"{where}: a record carries a {dropped} but topic {topic!r} "
+                f"{where}: a record carries {'a key' if dropped == 'key' else 'headers'} "
+                f"but topic {topic!r} "
                 f"({describe(schema)}) has no {dropped!r} column"
             )
     columns = []

@@ -94,6 +94,11 @@ KAFKA_REQUEST_KINDS = (
     "kafka_describe_groups",
     "kafka_list_groups",
     "kafka_delete_groups",
+    # the admin APIs' (server/kafka/admin.py)
+    "kafka_create_topics",
+    "kafka_delete_topics",
+    "kafka_describe_configs",
+    "kafka_describe_cluster",
 )
 REQUEST_KINDS = ("produce", "fetch", *KAFKA_REQUEST_KINDS)
 

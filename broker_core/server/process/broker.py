@@ -25,6 +25,7 @@ import threading
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from broker_core.cluster.cluster_id import ClusterId, embedded_cluster_id, zk_cluster_id
 from broker_core.cluster.embedded import EmbeddedCluster
 from broker_core.cluster.metadata import ClusterMetadata
 from broker_core.cluster.records import BrokerInfo
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
     from broker_core.server.access.authorization import RequestAuthorizer
     from broker_core.server.kafka.listener import KafkaListener
     from broker_core.server.observability.prometheus import MetricsEndpoint
+    from broker_core.server.requests.handlers import ActionHandlers
 
 log = logging.getLogger("idemlog.broker")
 
@@ -125,6 +127,7 @@ class Broker:
         self.cluster: ClusterMetadata | None = None
         self.info: BrokerInfo | None = None
         self._server: Any = None
+        self._actions: ActionHandlers | None = None  # the Flight actions, once built
         self._kafka: KafkaListener | None = None  # kafka.listener's, when set
         # Built with the Flight listener, shared by the Kafka listener.
         self._users: ScramUsers | None = None  # with SASL on either listener
@@ -362,6 +365,7 @@ class Broker:
             metrics_document=self.metrics_document,
             replicas=lambda: self.replicas,
         )
+        self._actions = actions  # the Kafka listener's admin APIs create topics through them
         self._server = IdemlogFlightServer(
             cfg.listener_host,
             cfg.listener_port,
@@ -399,6 +403,7 @@ class Broker:
         from broker_core.security.principal import Principal
         from broker_core.security.tls import SecurityProtocol, server_ssl_context
         from broker_core.server.coordination.stable_cuts import StableCuts
+        from broker_core.server.kafka.admin import AdminApis
         from broker_core.server.kafka.apis import KafkaApis
         from broker_core.server.kafka.authorize import KafkaAuthorizer
         from broker_core.server.kafka.consume import ConsumeApis
@@ -422,10 +427,12 @@ class Broker:
                 mapper = cfg.security.principal_mapper
         authorizer = KafkaAuthorizer(self._authorizer)
         topics = StartedTopics(lambda: self.topics)
+        assert self._actions is not None  # _open_listener ran
+        cluster_id = ClusterId(self._load_cluster_id)
         apis = KafkaApis(
             [
                 SaslApis(self._users if cfg.kafka.sasl else None, cfg.security.mechanisms),
-                MetadataApi(self.require_cluster, authorizer=authorizer),
+                MetadataApi(self.require_cluster, cluster_id, authorizer=authorizer),
                 ConsumeApis(
                     topics,
                     self.require_cluster,
@@ -435,6 +442,14 @@ class Broker:
                 ProduceApi(topics, lambda: self.store, self.metrics, authorizer=authorizer),
                 InitProducerIdApi(lambda: self.pids, authorizer=authorizer),
                 GroupApis(self.groups, self.require_cluster, authorizer=authorizer),
+                AdminApis(
+                    self.broker_id,
+                    cfg,
+                    self._actions,
+                    self.require_cluster,
+                    cluster_id,
+                    authorizer=authorizer,
+                ),
             ]
         )
         kafka = self._kafka = KafkaListener(
@@ -458,6 +473,13 @@ class Broker:
         advertised = (cfg.kafka.advertised_host, cfg.kafka.advertised_port or port)
         self.info = dataclasses.replace(info, kafka_listener=advertised)
         return self.info
+
+    def _load_cluster_id(self) -> str:
+        """The cluster's id (cluster/cluster_id.py): ZooKeeper's, or this directory's."""
+        if self.config.embedded:
+            return embedded_cluster_id(self.config.log_dir)
+        timeout_s = self.config.zookeeper_session_timeout_ms / 1000.0
+        return zk_cluster_id(self.zookeeper_client(), ZK_ROOT, timeout_s)
 
     def _stable_ends(self, topic: str) -> dict[int, int]:
         """``topic``'s stable cut across every coordinator, as idemlog's readers read it
