@@ -25,7 +25,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka import TopicPartition as CkPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from kafka import KafkaConsumer
@@ -473,6 +473,29 @@ def test_a_consumer_group_needs_read_on_its_group(
     assert values == [f"s-v{i}".encode() for i in range(ROWS)]
     assert committed[0].offset == ROWS
     assert "User:reader from host 127.0.0.1 is not allowed Describe on Group:not-allowed" in (
+        broker.log_text()
+    )
+
+
+def test_admin_apis_need_create_delete_and_describe_configs(
+    secured: tuple[BrokerProcess, str], tls_certs: TlsCerts
+) -> None:
+    broker, address = secured
+    viewer = AdminClient({"bootstrap.servers": address, **sasl_keys("viewer", tls_certs)})
+    created = viewer.create_topics([NewTopic("viewer-made", 1, 1)])["viewer-made"]
+    with pytest.raises(KafkaException) as refused:
+        created.result(timeout=10)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    deleted = viewer.delete_topics([TOPIC])[TOPIC]
+    with pytest.raises(KafkaException) as refused:
+        deleted.result(timeout=10)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    described = viewer.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, TOPIC)])
+    with pytest.raises(KafkaException) as refused:
+        next(iter(described.values())).result(timeout=10)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert TOPIC in viewer.list_topics(timeout=10).topics  # nothing was deleted
+    assert "User:viewer from host 127.0.0.1 is not allowed Create on Topic:viewer-made" in (
         broker.log_text()
     )
 
