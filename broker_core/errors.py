@@ -78,6 +78,7 @@ class ErrorCode(Enum):
     # Authorization (docs/security.md): the principal lacks the ACL; asking again is
     # refused again until an operator adds one.
     TOPIC_AUTHORIZATION_FAILED = (29, False, "not authorized to access the topic")
+    GROUP_AUTHORIZATION_FAILED = (30, False, "not authorized to access the group")
     CLUSTER_AUTHORIZATION_FAILED = (31, False, "not authorized for the cluster operation")
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (
         53,
@@ -387,6 +388,10 @@ class TopicAuthorizationFailedError(IdemlogError):
     error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
+class GroupAuthorizationFailedError(IdemlogError):
+    error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
 class ClusterAuthorizationFailedError(IdemlogError):
     error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
@@ -434,6 +439,7 @@ class SslHandshakeError(IdemlogError):
 # The refusals of the ACLs, to catch them together.
 AUTHORIZATION_ERRORS: tuple[type[IdemlogError], ...] = (
     TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
     ClusterAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
 )

@@ -2,7 +2,8 @@
 
 Options as Kafka's ``kafka-acls.sh``: ``--allow-principal`` / ``--deny-principal``
 (repeatable), ``--allow-host`` / ``--deny-host`` (default ``*``), ``--operation``
-(repeatable), one resource (``--topic``, ``--transactional-id`` or ``--cluster``) and
+(repeatable), one resource (``--topic``, ``--group``, ``--transactional-id`` or
+``--cluster``) and
 ``--resource-pattern-type literal|prefixed``. The store is ZooKeeper's on a cluster
 (``--zookeeper host:port[/chroot]``, the brokers' ``zookeeper.connect``, with ``--config``
 the brokers' ZooKeeper identity, node ACLs and TLS: ``broker_core.cli.zk_cmd``) or the embedded
@@ -44,6 +45,7 @@ def _pattern(args: argparse.Namespace, *, required: bool) -> ResourcePattern | N
         (t, n)
         for t, n in (
             (ResourceType.TOPIC, args.topic),
+            (ResourceType.GROUP, args.group),
             (ResourceType.TRANSACTIONAL_ID, args.transactional_id),
             (ResourceType.CLUSTER, CLUSTER_NAME if args.cluster else None),
         )
@@ -51,10 +53,14 @@ def _pattern(args: argparse.Namespace, *, required: bool) -> ResourcePattern | N
     ]
     if not named:
         if required:
-            raise InvalidConfigError("name a resource: --topic, --transactional-id or --cluster")
+            raise InvalidConfigError(
+                "name a resource: --topic, --group, --transactional-id or --cluster"
+            )
         return None
     if len(named) > 1:
-        raise InvalidConfigError("one resource at a time: --topic, --transactional-id or --cluster")
+        raise InvalidConfigError(
+            "one resource at a time: --topic, --group, --transactional-id or --cluster"
+        )
     kind, name = named[0]
     pattern = PatternType.parse(args.resource_pattern_type)
     if kind is ResourceType.CLUSTER and pattern is PatternType.PREFIXED:
@@ -145,6 +151,7 @@ def fill_acls(acls: argparse.ArgumentParser) -> None:
         cmd = acls_sub.add_parser(name, help=help_text)
         add_store_arguments(cmd, "--data-dir", "--log-dir")
         cmd.add_argument("--topic", help="a topic name (literal: '*' is every topic)")
+        cmd.add_argument("--group", help="a Kafka consumer group id (literal: '*' is every group)")
         cmd.add_argument("--transactional-id", help="a transactional id (or a prefix)")
         cmd.add_argument("--cluster", action="store_true", help="the Cluster resource")
         cmd.add_argument(

@@ -3,7 +3,7 @@ to which resource, and the pure decision over a set of ACLs (docs/security.md,
 Authorization).
 
 A binding is ``(resource pattern, principal, host, operation, permission)``. A resource
-pattern is a type (``Topic``, ``TransactionalId``, ``Cluster``), a pattern type
+pattern is a type (``Topic``, ``Group``, ``TransactionalId``, ``Cluster``), a pattern type
 (``LITERAL``: the name, or ``*`` for every resource of the type; ``PREFIXED``: every
 name starting with it) and a name. The decision, as Kafka's ``AclAuthorizer``:
 
@@ -34,6 +34,7 @@ CLUSTER_NAME = "kafka-cluster"  # the one Cluster resource's name, as Kafka's
 
 class ResourceType(StrEnum):
     TOPIC = "Topic"
+    GROUP = "Group"  # a Kafka consumer group (its offsets and membership)
     TRANSACTIONAL_ID = "TransactionalId"
     CLUSTER = "Cluster"
 
@@ -107,6 +108,9 @@ VALID_OPERATIONS: dict[ResourceType, frozenset[Operation]] = {
             Operation.DESCRIBE_CONFIGS,
             Operation.ALTER_CONFIGS,
         }
+    ),
+    ResourceType.GROUP: frozenset(
+        {Operation.ALL, Operation.READ, Operation.DESCRIBE, Operation.DELETE}
     ),
     ResourceType.TRANSACTIONAL_ID: frozenset({Operation.ALL, Operation.WRITE, Operation.DESCRIBE}),
     ResourceType.CLUSTER: frozenset(

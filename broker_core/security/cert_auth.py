@@ -132,6 +132,18 @@ def _verify(certificate: x509.Certificate, signature: bytes, nonce: bytes) -> No
         raise TypeError(f"a {type(key).__name__} cannot sign the certificate handshake")
 
 
+def certificate_principal(der: bytes, mapper: PrincipalMapper) -> Principal:
+    """``User:<mapped subject>`` of a client certificate a TLS layer already verified
+    (the Kafka listener's, whose Python ``ssl`` shows it the peer's certificate):
+    SaslAuthenticationFailedError when no rule of ``ssl.principal.mapping.rules`` maps
+    its subject."""
+    subject = distinguished_name(x509.load_der_x509_certificate(der).subject)
+    try:
+        return Principal.user(mapper.name(subject))
+    except NoMatchingRuleError as exc:
+        raise CertificateMechanism._refused(subject, f"{exc} ({PRINCIPAL_MAPPING_RULES})") from None
+
+
 class CertificateMechanism:
     """The broker's side of :data:`CERTIFICATE` (a ``flight_auth.HandshakeMechanism``).
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,6 +43,7 @@ log = logging.getLogger("idemlog.security")
 # A user's credential for one mechanism, as the broker's store holds it; None if unknown.
 CredentialLookup = Callable[[str, Mechanism], ScramCredential | None]
 MAX_HANDSHAKE_MESSAGE = 4096  # longer than any SCRAM message with a sane username
+SECRET_BYTES = 32  # the broker's secret from which unknown users' salts are derived
 
 
 def _refusal(error: IdemlogError) -> flight.FlightUnauthenticatedError:
@@ -141,6 +141,41 @@ class ServerAuth(flight.ServerAuthHandler):  # type: ignore[misc]
             raise _refusal(exc) from None
 
 
+class ScramExchange:
+    """One SCRAM authentication (RFC 5802) on the broker's side, a message at a time, for
+    any transport (Flight's handshake here, Kafka's SaslAuthenticate in
+    ``server/kafka/sasl.py``): :meth:`step` takes the client-first and answers the
+    server-first, then takes the client-final and answers the server-final, setting
+    :attr:`principal`. A malformed message, one out of turn or a proof that does not
+    verify raises SaslAuthenticationFailedError naming the user and mechanism (an unknown
+    user and a wrong password alike), logged with the detail the client is not told."""
+
+    def __init__(self, mechanism: Mechanism, credentials: CredentialLookup, secret: bytes) -> None:
+        self.name = mechanism.sasl_name
+        self._server = ScramServer(
+            mechanism, lambda user: credentials(user, mechanism), secret=secret
+        )
+        self._answered_first = False
+        self.principal: Principal | None = None
+
+    def step(self, raw: bytes) -> str:
+        server = self._server
+        try:
+            if not self._answered_first:
+                self._answered_first = True
+                return server.first(_text(raw, "the client-first message"))
+            final = server.final(_text(raw, "the client-final message"))
+        except ScramError as exc:
+            name = server.username or "?"
+            log.info("SCRAM handshake of User:%s (%s) refused: %s", name, self.name, exc)
+            raise SaslAuthenticationFailedError(
+                f"authentication of User:{name} with {self.name} failed: invalid "
+                "credentials (unknown user or wrong password)"
+            ) from None
+        self.principal = Principal.user(server.username or "?")
+        return final
+
+
 class ScramMechanism:
     """SCRAM-SHA-256 or -512 (RFC 5802) as a :class:`HandshakeMechanism`: client-first,
     server-first, client-final; the server-final is the last message. ``credentials``
@@ -154,30 +189,24 @@ class ScramMechanism:
         self._credentials = credentials
         self._secret = secret
 
+    def exchange(self) -> ScramExchange:
+        """A new authentication by this mechanism."""
+        return ScramExchange(self._mechanism, self._credentials, self._secret)
+
     def run(self, outgoing: Any, incoming: Any) -> tuple[Principal, str | None]:
-        mechanism = self._mechanism
-        name = "?"
-        try:
-            server = ScramServer(
-                mechanism, lambda user: self._credentials(user, mechanism), secret=self._secret
-            )
-            outgoing.write(server.first(_text(incoming.read(), "the client-first message")))
-            name = server.username or "?"
-            final = server.final(_text(incoming.read(), "the client-final message"))
-        except ScramError as exc:
-            log.info("SCRAM handshake of User:%s (%s) refused: %s", name, self.name, exc)
-            raise SaslAuthenticationFailedError(
-                f"authentication of User:{name} with {self.name} failed: invalid "
-                "credentials (unknown user or wrong password)"
-            ) from None
-        return Principal.user(name), final
+        exchange = self.exchange()
+        outgoing.write(exchange.step(incoming.read()))
+        final = exchange.step(incoming.read())
+        assert exchange.principal is not None  # set by the step that verified the proof
+        return exchange.principal, final
 
 
 def scram_mechanisms(
-    credentials: CredentialLookup, mechanisms: Collection[Mechanism]
+    credentials: CredentialLookup, mechanisms: Collection[Mechanism], secret: bytes
 ) -> list[ScramMechanism]:
-    """The SCRAM mechanisms ``sasl.enabled.mechanisms`` allows, sharing one secret."""
-    secret = secrets.token_bytes(32)
+    """The SCRAM mechanisms ``sasl.enabled.mechanisms`` allows, sharing ``secret`` (one per
+    broker, :data:`SECRET_BYTES`; every listener's: an unknown user's salt must be the
+    same on each, or comparing them would tell which users exist)."""
     return [
         ScramMechanism(m, credentials, secret)
         for m in sorted(mechanisms, key=lambda m: m.sasl_name)

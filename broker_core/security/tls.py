@@ -338,6 +338,27 @@ def server_arguments(
     return location, kwargs
 
 
+def server_ssl_context(material: TlsMaterial) -> ssl.SSLContext:
+    """A Python ``ssl`` server context of the broker's ``ssl.*`` files, for the Kafka
+    listener (a plain TCP server; Flight's TLS is gRPC's): TLS 1.2 at least, the
+    certificate and key (decrypted with ``ssl.key.password``), and with
+    ``ssl.client.auth=required`` the clients' certificates verified against
+    ``ssl.ca.location``. ``material``: already loaded, so its files were checked."""
+    settings = material.settings
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(
+        settings.certificate_location,
+        settings.key_location,
+        password=settings.key_password or None,
+    )
+    if settings.client_auth is ClientAuth.REQUIRED:
+        assert material.ca is not None  # load() requires the CA then
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=material.ca.decode("ascii", "replace"))
+    return context
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (a bind address) reaches this machine only."""
     if host == "localhost":

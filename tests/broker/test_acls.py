@@ -179,6 +179,7 @@ def test_produce_without_write_is_refused_and_nothing_is_written(
     refusals = admin.metrics_per_broker()[0]["counters"]["authorization_refusals"]
     assert refusals == {  # every code, from 0
         "CLUSTER_AUTHORIZATION_FAILED": 0,
+        "GROUP_AUTHORIZATION_FAILED": 0,
         "TOPIC_AUTHORIZATION_FAILED": 1,
         "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 0,
     }
@@ -412,7 +413,7 @@ def test_acls_command_errors_are_one_line(acl_broker: BrokerProcess) -> None:
     )
     assert bad.returncode == 2 and "Read does not apply to a TransactionalId" in bad.stderr
     bad = idemlog("acls", "add", *where, "--allow-principal", "User:a", "--operation", "Write")
-    assert bad.returncode == 2 and "--topic, --transactional-id or --cluster" in bad.stderr
+    assert bad.returncode == 2 and "--topic, --group, --transactional-id or --cluster" in bad.stderr
     gone = idemlog(
         "acls",
         "remove",

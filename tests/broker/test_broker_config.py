@@ -94,17 +94,24 @@ def test_the_kafka_listener_is_off_by_default_and_parsed_in_kafkas_form() -> Non
     )  # fmt: skip
 
 
+FLIGHT_TLS = {
+    "security.protocol": "SSL",
+    "ssl.certificate.location": "/c.pem",
+    "ssl.key.location": "/k.pem",
+    "ssl.ca.location": "/ca.pem",
+}
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        (
-            {"kafka.listener": "SSL://127.0.0.1:9093"},
-            r"kafka\.listener='SSL://127\.0\.0\.1:9093': SSL is not served by the Kafka "
-            r"listener yet; only PLAINTEXT:// is",
-        ),
-        ({"kafka.listener": "SASL_SSL://h:1"}, r"SASL_SSL is not served by the Kafka listener yet"),
-        ({"kafka.listener": "127.0.0.1:9093"}, r"is not PLAINTEXT://host:port"),
+        ({"kafka.listener": "127.0.0.1:9093"}, r"is not PROTOCOL://host:port"),
         ({"kafka.listener": "HTTP://h:1"}, r"'HTTP' is not one of Kafka's security protocols"),
+        (
+            {"kafka.listener": "SSL://h:1", "kafka.advertised.listener": "PLAINTEXT://h:2"},
+            r"kafka\.advertised\.listener='PLAINTEXT://h:2': its protocol is not "
+            r"kafka\.listener's SSL",
+        ),
         ({"kafka.listener": "PLAINTEXT://h:99999"}, r"the port must be a number in 0\.\.65535"),
         ({"kafka.listener": "PLAINTEXT://0.0.0.0:9093"}, r"set kafka\.advertised\.listener"),
         ({"kafka.advertised.listener": "PLAINTEXT://h:1"}, r"kafka\.listener is empty"),
@@ -114,16 +121,23 @@ def test_the_kafka_listener_is_off_by_default_and_parsed_in_kafkas_form() -> Non
         ),
         (
             {"kafka.listener": "PLAINTEXT://h:1", "listener.token.file": "/tmp/token"},
-            r"kafka\.listener cannot be set with listener\.token\.file: the Kafka listener "
-            r"does not authenticate",
-        ),
-        (
-            {"kafka.listener": "PLAINTEXT://h:1", "authorizer.enable": "true"},
-            r"kafka\.listener cannot be set with authorizer\.enable=true",
+            r"kafka\.listener=PLAINTEXT://\.\.\.: listener\.token\.file keeps other local "
+            r"users out of the Flight listener, and PLAINTEXT would let them in",
         ),
         (
             {"kafka.listener": "PLAINTEXT://h:1", "security.protocol": "SASL_PLAINTEXT"},
-            r"kafka\.listener cannot be set with security\.protocol=SASL_PLAINTEXT",
+            r"security\.protocol=SASL_PLAINTEXT authenticates the Flight listener's clients, "
+            r"and PLAINTEXT would not",
+        ),
+        (
+            {"kafka.listener": "SASL_PLAINTEXT://h:1", **FLIGHT_TLS},
+            r"security\.protocol=SSL encrypts the Flight listener, and SASL_PLAINTEXT would "
+            r"not: use SSL:// or SASL_SSL://",
+        ),
+        (
+            {"kafka.listener": "SSL://h:1", **FLIGHT_TLS, "security.protocol": "SASL_SSL"},
+            r"security\.protocol=SASL_SSL authenticates the Flight listener's clients, and "
+            r"SSL would not",
         ),
         ({"kafka.max.connections": "0"}, r"kafka\.max\.connections=0: must be at least 1"),
         ({"kafka.max.connections": "many"}, r"kafka\.max\.connections"),
@@ -132,6 +146,26 @@ def test_the_kafka_listener_is_off_by_default_and_parsed_in_kafkas_form() -> Non
 def test_bad_kafka_listener_values_name_the_key(values: dict[str, str], message: str) -> None:
     with pytest.raises(InvalidConfigError, match=message):
         BrokerConfig.from_mapping(values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        # As closed as the Flight listener, or more: served (ACLs apply on both).
+        {"kafka.listener": "SASL_SSL://h:1", "security.protocol": "SASL_PLAINTEXT"},
+        {"kafka.listener": "SASL_PLAINTEXT://h:1", "listener.token.file": "/tmp/token"},
+        {"kafka.listener": "PLAINTEXT://h:1", "authorizer.enable": "true"},
+        {
+            "kafka.listener": "SSL://h:1",
+            **FLIGHT_TLS,
+            "ssl.client.auth": "required",
+            "security.protocol": "SSL",
+        },
+    ],
+)
+def test_a_kafka_listener_as_closed_as_the_flight_one_is_served(values: dict[str, str]) -> None:
+    kafka = BrokerConfig.from_mapping(values).kafka
+    assert kafka.enabled and kafka.protocol.value == values["kafka.listener"].split(":")[0]
 
 
 def test_replica_keys_parse_and_name_bad_values() -> None:

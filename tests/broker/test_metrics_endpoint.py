@@ -182,7 +182,7 @@ def test_the_endpoint_serves_the_documents_figures_across_a_restart(
     assert doc["totals"]["fenced_appends"] == 1
     check_equal(before, doc)
     promtool_check(port)
-    for code in ("TOPIC", "CLUSTER", "TRANSACTIONAL_ID"):  # every code from 0, not absent
+    for code in ("TOPIC", "GROUP", "CLUSTER", "TRANSACTIONAL_ID"):  # every code from 0, not absent
         refused = value(
             before,
             "idemlog_broker_authorization_refusals_total",

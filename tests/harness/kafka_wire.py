@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import socket
+import ssl
 import struct
 from typing import IO, Any
 
@@ -60,3 +61,44 @@ def ask(address: str, body: Any) -> Any:
 def request(api_key: int, version: int, **fields: Any) -> Any:
     """The kio request of ``api_key`` at ``version`` with ``fields``."""
     return load_request_schema(api_key, version)(**fields)
+
+
+class Connection:
+    """One connection to a Kafka listener, over TLS when ``ca`` (a CA file) is given,
+    asking one request at a time: as a Kafka client's own connection, for tests of what
+    a listener answers on one connection (SASL's exchange, what comes before it)."""
+
+    def __init__(self, address: str, ca: str | None = None) -> None:
+        host, port = address.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        if ca is not None:
+            context = ssl.create_default_context(cafile=ca)
+            sock = context.wrap_socket(sock, server_hostname=host)
+        self.sock = sock
+        self._stream = sock.makefile("rb")
+        self._correlation = 0
+
+    def ask(self, body: Any) -> Any:
+        """The response's body; AssertionError when the listener closed the connection."""
+        self._correlation += 1
+        self.sock.sendall(request_bytes(self._correlation, body))
+        correlation_id, answer = read_response(self._stream, body.__api_key__, body.__version__)
+        assert correlation_id == self._correlation
+        return answer
+
+    def closed_by_peer(self) -> bool:
+        """Whether the listener closed the connection (nothing more to read)."""
+        try:
+            return self.sock.recv(1) == b""
+        except (ConnectionResetError, ssl.SSLError):
+            return True
+
+    def close(self) -> None:
+        self._stream.close()
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -67,6 +67,7 @@ def test_the_text_answer_maps_the_document_to_conventional_names_and_labels() ->
     }
     assert refusals == {
         "TOPIC_AUTHORIZATION_FAILED": 0,
+        "GROUP_AUTHORIZATION_FAILED": 0,
         "CLUSTER_AUTHORIZATION_FAILED": 0,
         "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 0,
     }

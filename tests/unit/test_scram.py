@@ -180,7 +180,7 @@ def _principal(connections: FlightConnections, address: str) -> str:
 def test_handshake_over_flight_gives_each_call_its_principal() -> None:
     users = {"alice": ScramCredential.derive(SHA512, "pw")}
     sessions = SessionTable(lifetime_s=60, max_sessions=10)
-    auth = ServerAuth(sessions, scram_mechanisms(lambda u, m: users.get(u), [SHA512]))
+    auth = ServerAuth(sessions, scram_mechanisms(lambda u, m: users.get(u), [SHA512], b"s" * 32))
     server = _Echo("grpc://127.0.0.1:0", auth_handler=auth)
     plain = _Echo("grpc://127.0.0.1:0")
     address = f"127.0.0.1:{server.port}"

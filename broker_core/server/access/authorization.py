@@ -27,6 +27,7 @@ from broker_core.errors import (
     BrokerNotAvailableError,
     ClusterAuthorizationFailedError,
     ErrorCode,
+    GroupAuthorizationFailedError,
     IdemlogError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
@@ -321,6 +322,7 @@ RULES: dict[str, Rule] = {
 
 _ERROR_BY_TYPE: dict[ResourceType, type[IdemlogError]] = {
     ResourceType.TOPIC: TopicAuthorizationFailedError,
+    ResourceType.GROUP: GroupAuthorizationFailedError,
     ResourceType.TRANSACTIONAL_ID: TransactionalIdAuthorizationFailedError,
     ResourceType.CLUSTER: ClusterAuthorizationFailedError,
 }
@@ -330,6 +332,7 @@ REFUSAL_CODES = tuple(error.error_code for error in _ERROR_BY_TYPE.values())
 
 _CLI_FLAG: dict[ResourceType, str] = {
     ResourceType.TOPIC: "--topic",
+    ResourceType.GROUP: "--group",
     ResourceType.TRANSACTIONAL_ID: "--transactional-id",
     ResourceType.CLUSTER: "--cluster",
 }

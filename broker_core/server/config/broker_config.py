@@ -25,7 +25,7 @@ from broker_core.config import (
 )
 from broker_core.errors import InvalidConfigError
 from broker_core.log.config import LOG_CONFIG, LogConfig
-from broker_core.security.tls import TlsSettings
+from broker_core.security.tls import ClientAuth, TlsSettings
 from broker_core.security.zk_acl import ZK_ACL_KEYS, ZkAuth
 from broker_core.security.zk_tls import SECURITY_KEYS
 from broker_core.server.config.acl import ACL_KEYS, AuthorizationConfig, brokers_principal
@@ -482,7 +482,7 @@ class BrokerConfig:
             broker_principal=brokers_principal(parsed, security, tls),
         )
         kafka = KafkaListenerConfig.from_parsed(parsed)
-        _check_kafka_listener_opens_nothing_closed(kafka, security, authorization)
+        _check_kafka_listener_opens_nothing_closed(kafka, security, tls)
         return cls(
             broker_id=int(parsed["broker.id"]),
             listener_host=str(parsed["listener.host"]),
@@ -551,24 +551,43 @@ class BrokerConfig:
 
 
 def _check_kafka_listener_opens_nothing_closed(
-    kafka: KafkaListenerConfig, security: SecurityConfig, authorization: AuthorizationConfig
+    kafka: KafkaListenerConfig,
+    security: SecurityConfig,
+    tls: TlsSettings,
 ) -> None:
-    """The Kafka listener authenticates no one yet: on a broker whose Flight listener
-    requires TLS, SASL, a local token or ACLs it would serve anyone what those keys keep
-    from them, so the combination is refused, naming the key that closes the door."""
+    """The Kafka listener may not open what the Flight listener closes: without TLS when
+    the Flight listener encrypts, it would carry the rows in clear; without authentication
+    (SASL, or SSL with ssl.client.auth=required) when the Flight listener authenticates or
+    takes a local token, anyone reaching it would be served as User:ANONYMOUS, and with
+    the authorizer off, everything. Refused naming the keys. ACLs need no check: the Kafka
+    listener asks the same authorizer."""
     if not kafka.enabled:
         return
-    closed_by = None
-    if security.protocol != "PLAINTEXT":
-        closed_by = f"security.protocol={security.protocol}"
-    elif security.token_file:
-        closed_by = "listener.token.file"
-    elif authorization.enabled:
-        closed_by = "authorizer.enable=true"
-    if closed_by is not None:
+    kafka_authenticates = kafka.sasl or (kafka.encrypted and tls.client_auth is ClientAuth.REQUIRED)
+    flight_authenticates = security.sasl or (
+        tls.encrypted and tls.client_auth is ClientAuth.REQUIRED
+    )
+    problem = None
+    if tls.encrypted and not kafka.encrypted:
+        problem = (
+            f"security.protocol={tls.protocol.value} encrypts the Flight listener, and "
+            f"{kafka.protocol.value} would not: use SSL:// or SASL_SSL://"
+        )
+    elif flight_authenticates and not kafka_authenticates:
+        problem = (
+            f"security.protocol={security.protocol} authenticates the Flight listener's "
+            f"clients, and {kafka.protocol.value} would not: use SASL_SSL:// (or "
+            "SASL_PLAINTEXT://, or SSL:// with ssl.client.auth=required)"
+        )
+    elif security.token_file and not kafka_authenticates:
+        problem = (
+            "listener.token.file keeps other local users out of the Flight listener, and "
+            f"{kafka.protocol.value} would let them in: use SASL_PLAINTEXT:// or SASL_SSL://"
+        )
+    if problem is not None:
         raise InvalidConfigError(
-            f"{KAFKA_LISTENER} cannot be set with {closed_by}: the Kafka listener does not "
-            "authenticate or authorize yet, and would serve the topics to anyone"
+            f"{KAFKA_LISTENER}={kafka.protocol.value}://...: {problem} (docs/security.md, "
+            "'The Kafka listener')"
         )
 
 

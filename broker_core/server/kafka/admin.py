@@ -11,6 +11,12 @@ TOPIC_ALREADY_EXISTS. A topic created over Kafka is Kafka-shaped
 Topic configs are idemlog's keys, which carry Kafka's names where Kafka has the setting
 (``broker_core/log/config.py``); they are fixed at creation (no AlterConfigs), so every
 config is answered read-only. docs/kafka.md, "Admin APIs", lists what is answered.
+
+The topic actions are called in process, past the Flight server's ACL check, so each API
+checks Kafka's ACLs itself (docs/kafka.md, "What each API requires"): CreateTopics Create
+on the Cluster or on the topic, DeleteTopics Delete on the topic, DescribeConfigs
+DescribeConfigs on the topic (TOPIC_AUTHORIZATION_FAILED) or the Cluster for a broker
+(CLUSTER_AUTHORIZATION_FAILED); DescribeCluster needs nothing, as Kafka's.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ from broker_core.protocol.admin_requests import (
 )
 from broker_core.protocol.requests import EmptyResponse
 from broker_core.protocol.topics import validate_user_topic_name
+from broker_core.security.acl import CLUSTER, Operation, Resource, ResourceType
 from broker_core.server.config.broker_config import BROKER_CONFIG, LOG_PREFIX, BrokerConfig
+from broker_core.server.kafka.authorize import ALLOW_ALL, KafkaAuthorizer
 from broker_core.server.kafka.framing import KafkaRequest
 from broker_core.server.kafka.messages import (
     NO_THROTTLE,
@@ -142,7 +150,7 @@ class AdminApis:
     """CreateTopics v2-v7 (v0-v1 Kafka 4 dropped), DeleteTopics v1-v6 (v6 by topic id),
     DescribeConfigs v1-v4 (v0 Kafka 4 dropped), DescribeCluster v0-v1 (v2 lists fenced
     brokers, which ZooKeeper has none of), over the broker's ``actions``, ``cluster()``,
-    its ``config`` and the ``cluster_id()``."""
+    its ``config`` and the ``cluster_id()``, for callers ``authorizer`` allows."""
 
     def __init__(
         self,
@@ -151,12 +159,15 @@ class AdminApis:
         actions: TopicActions,
         cluster: Callable[[], ClusterMetadata],
         cluster_id: Callable[[], str],
+        *,
+        authorizer: KafkaAuthorizer = ALLOW_ALL,
     ) -> None:
         self._broker_id = broker_id
         self._config = config
         self._actions = actions
         self._cluster = cluster
         self._cluster_id = cluster_id
+        self._authorizer = authorizer
 
     def apis(self) -> Sequence[ServedApi]:
         return (
@@ -190,6 +201,8 @@ class AdminApis:
                     KafkaErrorCode.invalid_request,
                     f"topic {topic.name!r} is asked more than once in one request",
                 )
+            elif (denied := self._create_refusal(request, topic.name)) is not None:
+                refusal = (kafka_error(denied), denied.message)
             else:
                 try:
                     made = self._create(topic, validate_only=body.validate_only)
@@ -238,6 +251,15 @@ class AdminApis:
                 )
             )
         return build(response, throttle_time=NO_THROTTLE, topics=tuple(results))
+
+    def _create_refusal(self, request: KafkaRequest, name: str) -> IdemlogError | None:
+        """Create on the Cluster allows every topic; else Create on the topic (the refusal
+        names it), as the Flight create_topic."""
+        if self._authorizer.may(request, Operation.CREATE, CLUSTER):
+            return None
+        return self._authorizer.refusal(
+            request, Operation.CREATE, Resource(ResourceType.TOPIC, name)
+        )
 
     def _create(self, topic: Any, *, validate_only: bool) -> MadeTopic:
         """``topic`` (a CreatableTopic) created, or only checked; IdemlogError when refused."""
@@ -308,7 +330,7 @@ class AdminApis:
         for name, topic_id in asked:
             error: IdemlogError | None = None
             try:
-                name = self._delete(name, topic_id)
+                name = self._delete(request, name, topic_id)
             except IdemlogError as exc:
                 error = exc
                 log.info("kafka: DeleteTopics %s refused: %s", name or topic_id, exc.message)
@@ -323,7 +345,7 @@ class AdminApis:
             )
         return build(response, throttle_time=NO_THROTTLE, responses=tuple(results))
 
-    def _delete(self, name: str | None, topic_id: uuid.UUID | None) -> str:
+    def _delete(self, request: KafkaRequest, name: str | None, topic_id: uuid.UUID | None) -> str:
         if topic_id is not None:
             found = [
                 a.name for a in self._cluster().topics().values() if a.topic_id == topic_id.hex
@@ -333,6 +355,7 @@ class AdminApis:
             name = found[0]
         if name is None:
             raise InvalidRequestError("a topic to delete asked with neither name nor id")
+        self._authorizer.require(request, Operation.DELETE, Resource(ResourceType.TOPIC, name))
         name = validate_user_topic_name(name)
         self._actions.delete_topic(DeleteTopicRequest(name).to_doc())
         log.info("kafka: deleted topic %s", name)
@@ -359,7 +382,9 @@ class AdminApis:
             keys = resource.configuration_keys
             wanted = set(keys) if keys else None  # null or none named: every key, as Kafka
             try:
-                entries = self._resource_entries(resource.resource_type, resource.resource_name)
+                entries = self._resource_entries(
+                    request, resource.resource_type, resource.resource_name
+                )
             except IdemlogError as exc:
                 results.append(
                     build(
@@ -402,12 +427,18 @@ class AdminApis:
             )
         return build(response, throttle_time=NO_THROTTLE, results=tuple(results))
 
-    def _resource_entries(self, resource_type: int, name: str) -> list[ConfigEntry]:
+    def _resource_entries(
+        self, request: KafkaRequest, resource_type: int, name: str
+    ) -> list[ConfigEntry]:
         if resource_type == TOPIC_RESOURCE:
+            self._authorizer.require(
+                request, Operation.DESCRIBE_CONFIGS, Resource(ResourceType.TOPIC, name)
+            )
             validate_user_topic_name(name)
             assignment = self._cluster().topic(name)  # UNKNOWN_TOPIC_OR_PARTITION
             return self._topic_entries(dict(assignment.config), len(assignment.state(0).replicas))
         if resource_type == BROKER_RESOURCE:
+            self._authorizer.require(request, Operation.DESCRIBE_CONFIGS, CLUSTER)
             if name == "":
                 return []  # the cluster-wide dynamic defaults: idemlog has none
             if name != str(self._broker_id):

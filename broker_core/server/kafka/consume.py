@@ -26,6 +26,8 @@ from broker_core.errors import IdemlogError, InvalidRecordError
 from broker_core.log.config import LogConfig
 from broker_core.log.leader_epoch import EpochEndOffset
 from broker_core.log.partition_log import PartitionLog, WholeRead
+from broker_core.security.acl import Operation
+from broker_core.server.kafka.authorize import ALLOW_ALL, KafkaAuthorizer
 from broker_core.server.kafka.framing import KafkaRequest
 from broker_core.server.kafka.messages import (
     NO_EPOCH,
@@ -97,14 +99,22 @@ class ConsumeApis:
     (the first with isolation_level and aborted transactions) to v16 (v13 on name topics
     by id; v17 adds a follower's directory id, for replicas only), over ``topics`` (the
     partitions this broker leads), ``cluster()`` (topic ids) and ``cuts`` (read_committed
-    stops at idemlog's stable cut, so sink batches are read whole)."""
+    stops at idemlog's stable cut, so sink batches are read whole). A topic
+    ``authorizer`` does not let the caller Describe (ListOffsets, OffsetForLeaderEpoch) or
+    Read (Fetch) is TOPIC_AUTHORIZATION_FAILED in each of its partitions, read nothing."""
 
     def __init__(
-        self, topics: KafkaTopics, cluster: Callable[[], ClusterMetadata], cuts: ReadCuts
+        self,
+        topics: KafkaTopics,
+        cluster: Callable[[], ClusterMetadata],
+        cuts: ReadCuts,
+        *,
+        authorizer: KafkaAuthorizer = ALLOW_ALL,
     ) -> None:
         self._topics = topics
         self._cluster = cluster
         self._cuts = cuts
+        self._authorizer = authorizer
 
     def apis(self) -> Sequence[ServedApi]:
         return (
@@ -146,9 +156,13 @@ class ConsumeApis:
         )
         topics = []
         for topic in body.topics:
+            denied = self._authorizer.topic_error(request, Operation.DESCRIBE, topic.name)
             answers = []
             for asked in topic.partitions:
-                if asked_times[(topic.name, asked.partition_index)] > 1:
+                error: KafkaErrorCode
+                if denied != KafkaErrorCode.none:
+                    error, offset, epoch, found_at = denied, -1, NO_EPOCH, -1
+                elif asked_times[(topic.name, asked.partition_index)] > 1:
                     error, offset, epoch, found_at = (
                         KafkaErrorCode.invalid_request, -1, NO_EPOCH, -1,
                     )  # fmt: skip
@@ -258,18 +272,20 @@ class ConsumeApis:
         partition_cls = nested(response, "EpochEndOffset")
         topics = []
         for topic in request.body.topics:
+            denied = self._authorizer.topic_error(request, Operation.DESCRIBE, topic.topic)
             answers = []
             for asked in topic.partitions:
-                error, epoch, end = KafkaErrorCode.none, NO_EPOCH, -1
+                error, epoch, end = denied, NO_EPOCH, -1
                 end_of = functools.partial(_end_offset_for, int(asked.leader_epoch))
-                try:
-                    found, _ = self._at_leader(
-                        topic.topic, asked.partition, asked.current_leader_epoch, end_of
-                    )
-                    epoch, end = found.epoch, found.end_offset
-                except IdemlogError as exc:
-                    log.debug("kafka: OffsetForLeaderEpoch %s: %s", topic.topic, exc)
-                    error = kafka_error(exc)
+                if denied == KafkaErrorCode.none:  # refused: nothing read
+                    try:
+                        found, _ = self._at_leader(
+                            topic.topic, asked.partition, asked.current_leader_epoch, end_of
+                        )
+                        epoch, end = found.epoch, found.end_offset
+                    except IdemlogError as exc:
+                        log.debug("kafka: OffsetForLeaderEpoch %s: %s", topic.topic, exc)
+                        error = kafka_error(exc)
                 answers.append(
                     build(
                         partition_cls,
@@ -282,7 +298,7 @@ class ConsumeApis:
             topics.append(build(topic_cls, topic=topic.topic, partitions=tuple(answers)))
         return build(response, throttle_time=NO_THROTTLE, topics=tuple(topics))
 
-    # -- Produce -------------------------------------------------------------------------
+    # -- Fetch ---------------------------------------------------------------------------
     def fetch(self, request: KafkaRequest, response: type[Any]) -> Any:
         """Per partition this broker leads: whole batches from the one holding
         ``fetch_offset`` (``PartitionLog.read_whole``) as Kafka's record batches, up to
@@ -299,9 +315,16 @@ class ConsumeApis:
         body = request.body
         committed = body.isolation_level == READ_COMMITTED
         asked = self._fetched(body.topics)
+        # Checked once per topic, before any read (and counted once, not at each pass).
+        denied: dict[str, KafkaErrorCode] = {
+            name: error
+            for name in {name for name, _, _ in asked if name is not None}
+            if (error := self._authorizer.topic_error(request, Operation.READ, name))
+            != KafkaErrorCode.none
+        }
         deadline = time.monotonic() + body.max_wait.total_seconds()
         while True:
-            answers = self._fetch_once(asked, committed, int(body.max_bytes))
+            answers = self._fetch_once(asked, committed, int(body.max_bytes), denied)
             size = sum(len(a.records) for a in answers)
             remaining = deadline - time.monotonic()
             failed = any(a.error != KafkaErrorCode.none or a.diverging is not None for a in answers)
@@ -348,14 +371,22 @@ class ConsumeApis:
             return
 
     def _fetch_once(
-        self, asked: list[tuple[str | None, str | None, Any]], committed: bool, max_bytes: int
+        self,
+        asked: list[tuple[str | None, str | None, Any]],
+        committed: bool,
+        max_bytes: int,
+        denied: dict[str, KafkaErrorCode],
     ) -> list[_Fetched]:
-        """One answer per asked partition, in order."""
+        """One answer per asked partition, in order; a topic of ``denied`` is its refusal,
+        read nothing."""
         answers: list[_Fetched] = []
         left = max_bytes
         for topic, topic_id, p in asked:
             if topic is None:
                 answers.append(_Fetched(KafkaErrorCode.unknown_topic_id))
+                continue
+            if topic in denied:
+                answers.append(_Fetched(denied[topic]))
                 continue
             limit = min(int(p.partition_max_bytes), left)
             try:

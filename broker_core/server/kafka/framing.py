@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from kio.index import load_request_schema
@@ -20,6 +20,7 @@ from kio.static.primitive import i32
 from kio.static.protocol import ResponsePayload
 
 from broker_core.errors import InvalidRequestError, MessageTooLargeError
+from broker_core.server.kafka.connection import KafkaConnection, plaintext_connection
 
 _SIZE = struct.Struct(">i")
 # api_key, api_version, correlation_id: the first fields of every request header version.
@@ -28,13 +29,17 @@ _HEADER_START = struct.Struct(">hhi")
 
 @dataclass(frozen=True)
 class KafkaRequest:
-    """One decoded request: its header's fields and its body (a kio request payload)."""
+    """One decoded request: its header's fields, its body (a kio request payload) and the
+    connection it came on (who sent it: ``connection.caller``, what the authorizer is
+    asked about)."""
 
     api_key: int
     api_version: int
     correlation_id: int
     client_id: str | None
     body: Any  # the kio request class of (api_key, api_version)
+    # The listener always passes its own; the default serves requests built by hand.
+    connection: KafkaConnection = field(default_factory=plaintext_connection)
 
 
 class UnsupportedVersion(Exception):
@@ -71,10 +76,13 @@ def read_frame(stream: IO[bytes], max_bytes: int) -> bytes | None:
     return frame
 
 
-def parse_request(frame: bytes, served: Mapping[int, tuple[int, int]]) -> KafkaRequest:
-    """Decode ``frame`` (a request without its size). ``served``: api key -> (min, max)
-    version. UnsupportedVersion when the key or version is not served;
-    InvalidRequestError when the bytes do not decode as the request they name."""
+def parse_request(
+    frame: bytes, served: Mapping[int, tuple[int, int]], connection: KafkaConnection
+) -> KafkaRequest:
+    """Decode ``frame`` (a request without its size) that came on ``connection``.
+    ``served``: api key -> (min, max) version. UnsupportedVersion when the key or version
+    is not served; InvalidRequestError when the bytes do not decode as the request they
+    name."""
     api_key, api_version, correlation_id = _HEADER_START.unpack_from(frame)
     versions = served.get(api_key)
     if versions is None or not versions[0] <= api_version <= versions[1]:
@@ -90,7 +98,7 @@ def parse_request(frame: bytes, served: Mapping[int, tuple[int, int]]) -> KafkaR
         ) from exc
     # Bytes after the body are ignored, as Kafka's own parser ignores them: librdkafka
     # 2.x sends three after a Metadata request for every topic.
-    return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)
+    return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body, connection)
 
 
 def encode_response(correlation_id: int, response: ResponsePayload) -> bytes:

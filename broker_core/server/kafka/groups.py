@@ -10,6 +10,14 @@ connection, and Kafka clients send nothing else on it meanwhile).
 Versions served: what librdkafka 2.x, kafka-python 3.x and Kafka 4.x's Java client
 negotiate, the flexible versions included (docs/kafka.md, "Consumer groups"). OffsetCommit
 v10 and OffsetFetch v10 (topics by id, for KIP-848's protocol) are not served.
+
+With ``authorizer.enable``, Kafka's ACLs on the Group resource (docs/kafka.md, "What each
+API requires"): FindCoordinator, DescribeGroups and OffsetFetch need Describe on the
+group; JoinGroup, SyncGroup, Heartbeat, LeaveGroup and OffsetCommit Read; DeleteGroups
+Delete: GROUP_AUTHORIZATION_FAILED otherwise. OffsetCommit needs Read on each topic,
+OffsetFetch Describe (TOPIC_AUTHORIZATION_FAILED per partition; a fetch of every topic
+leaves the others out); ListGroups lists every group to Describe on the Cluster, else the
+groups the caller may Describe.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from broker_core.errors import (
 from broker_core.groups.coordinator import GroupCoordinator, JoinRequest, OffsetToCommit
 from broker_core.groups.records import CommittedOffset
 from broker_core.groups.state import GroupState, parse_state
+from broker_core.security.acl import CLUSTER, Operation, Resource, ResourceType
 from broker_core.server.coordination.group_coordinators import GroupCoordinators
+from broker_core.server.kafka.authorize import ALLOW_ALL, KafkaAuthorizer
 from broker_core.server.kafka.framing import KafkaRequest
 from broker_core.server.kafka.messages import NO_THROTTLE, ServedApi, build, kafka_error, nested
 
@@ -74,13 +84,19 @@ def _error(exc: IdemlogError) -> KafkaErrorCode:
 
 class GroupApis:
     """The group APIs of one broker: ``coordinators`` its group coordinators, ``cluster()``
-    the cluster metadata (topic ids and partition counts for OffsetCommit and OffsetFetch)."""
+    the cluster metadata (topic ids and partition counts for OffsetCommit and OffsetFetch),
+    each request checked by ``authorizer``."""
 
     def __init__(
-        self, coordinators: GroupCoordinators, cluster: Callable[[], ClusterMetadata]
+        self,
+        coordinators: GroupCoordinators,
+        cluster: Callable[[], ClusterMetadata],
+        *,
+        authorizer: KafkaAuthorizer = ALLOW_ALL,
     ) -> None:
         self._coordinators = coordinators
         self._cluster = cluster
+        self._authorizer = authorizer
         self._handlers: dict[int, Callable[[KafkaRequest, type[Any]], Any]] = {
             FIND_COORDINATOR: self.find_coordinator,
             JOIN_GROUP: self.join_group,
@@ -110,7 +126,7 @@ class GroupApis:
         keys: list[str] = (
             list(body.coordinator_keys) if hasattr(body, "coordinator_keys") else [body.key]
         )
-        found = [self._find(key, key_type) for key in keys]
+        found = [self._find(request, key, key_type) for key in keys]
         if not hasattr(body, "coordinator_keys"):
             error, message, node, host, port = found[0]
             return build(
@@ -140,7 +156,9 @@ class GroupApis:
             ),
         )
 
-    def _find(self, key: str, key_type: int) -> tuple[KafkaErrorCode, str | None, int, str, int]:
+    def _find(
+        self, request: KafkaRequest, key: str, key_type: int
+    ) -> tuple[KafkaErrorCode, str | None, int, str, int]:
         if key_type != GROUP_KEY:
             message = (
                 f"key type {key_type}: only group coordinators (key type 0) are served on "
@@ -149,6 +167,11 @@ class GroupApis:
             return KafkaErrorCode.invalid_request, message, -1, "", -1
         if not key:
             return KafkaErrorCode.invalid_group_id, "the group id is empty", -1, "", -1
+        refused = self._authorizer.refusal(
+            request, Operation.DESCRIBE, Resource(ResourceType.GROUP, key)
+        )
+        if refused is not None:
+            return kafka_error(refused), refused.message, -1, "", -1
         try:
             info = self._coordinators.find(key)
         except IdemlogError as exc:
@@ -177,6 +200,7 @@ class GroupApis:
             protocols=tuple((p.name, bytes(p.metadata)) for p in body.protocols),
         )
         try:
+            self._require(request, Operation.READ, body.group_id)
             answer = self._coordinator(body.group_id).join(joined)
         except IdemlogError as exc:
             log.debug("kafka: JoinGroup %r: %s", body.group_id, exc)
@@ -212,6 +236,7 @@ class GroupApis:
         body = request.body
         assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
         try:
+            self._require(request, Operation.READ, body.group_id)
             protocol_type, protocol, assignment = self._coordinator(body.group_id).sync(
                 body.group_id,
                 body.member_id,
@@ -243,6 +268,7 @@ class GroupApis:
         body = request.body
         error = KafkaErrorCode.none
         try:
+            self._require(request, Operation.READ, body.group_id)
             self._coordinator(body.group_id).heartbeat(
                 body.group_id, body.member_id, int(body.generation_id)
             )
@@ -256,6 +282,7 @@ class GroupApis:
         many = hasattr(body, "members")
         member_ids = [m.member_id for m in body.members] if many else [body.member_id]
         try:
+            self._require(request, Operation.READ, body.group_id)
             answers = self._coordinator(body.group_id).leave(body.group_id, member_ids)
         except IdemlogError as exc:
             return build(response, throttle_time=NO_THROTTLE, error_code=_error(exc), members=())
@@ -288,10 +315,17 @@ class GroupApis:
         topics = self._cluster().topics()
         errors: dict[tuple[str, int], KafkaErrorCode] = {}
         wanted: list[OffsetToCommit] = []
+        group_refused = self._group_error(request, Operation.READ, body.group_id)
         for topic in body.topics:
             assignment = topics.get(topic.name)
+            refused = group_refused
+            if refused == KafkaErrorCode.none:
+                refused = self._authorizer.topic_error(request, Operation.READ, topic.name)
             for p in topic.partitions:
                 index = int(p.partition_index)
+                if refused != KafkaErrorCode.none:
+                    errors[(topic.name, index)] = refused
+                    continue
                 if assignment is None or index not in assignment.partitions:
                     errors[(topic.name, index)] = KafkaErrorCode.unknown_topic_or_partition
                     continue
@@ -350,6 +384,7 @@ class GroupApis:
             group_cls = nested(response, "OffsetFetchResponseGroup")
             groups = tuple(
                 self._fetch_group(
+                    request,
                     response,
                     g.group_id,
                     g.topics,
@@ -361,6 +396,7 @@ class GroupApis:
             )
             return build(response, throttle_time=NO_THROTTLE, groups=groups)
         answer = self._fetch_group(
+            request,
             response,
             body.group_id,
             body.topics,
@@ -372,6 +408,7 @@ class GroupApis:
 
     def _fetch_group(
         self,
+        request: KafkaRequest,
         response: type[Any],
         group_id: str,
         asked_topics: Any,
@@ -389,14 +426,31 @@ class GroupApis:
         error = KafkaErrorCode.none
         found: list[tuple[str, int, CommittedOffset | None]] = []
         try:
+            self._require(request, Operation.DESCRIBE, group_id)
             found = self._coordinator(group_id).fetch(group_id, asked)
         except IdemlogError as exc:
             log.debug("kafka: OffsetFetch %r: %s", group_id, exc)
             error = _error(exc)
             found = [(t, p, None) for t, p in asked or []]
+        # Describe on each topic: one asked is refused per partition (counted), the others
+        # of a fetch of every topic left out (uncounted), as Kafka.
+        denied: dict[str, KafkaErrorCode] = {}
+        if error == KafkaErrorCode.none:
+            for topic in sorted({t for t, _, _ in found}):
+                if asked is not None:
+                    denied[topic] = self._authorizer.topic_error(request, Operation.DESCRIBE, topic)
+                elif not self._authorizer.may(
+                    request, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic)
+                ):
+                    denied[topic] = KafkaErrorCode.topic_authorization_failed
+            if asked is None:
+                found = [f for f in found if f[0] not in denied]
         ids = {name: a.topic_id for name, a in self._cluster().topics().items()}
         by_topic: dict[str, list[Any]] = {}
         for topic, index, committed in found:
+            topic_error = denied.get(topic, KafkaErrorCode.none)
+            if topic_error != KafkaErrorCode.none:
+                committed = None  # not told to who may not Describe the topic
             if (
                 committed is not None
                 and committed.topic_id
@@ -410,7 +464,7 @@ class GroupApis:
                     committed_offset=i64(-1 if committed is None else committed.offset),
                     committed_leader_epoch=i32(-1 if committed is None else committed.leader_epoch),
                     metadata=None if committed is None else committed.metadata,
-                    error_code=KafkaErrorCode.none,
+                    error_code=topic_error,
                 )
             )
         topics = tuple(
@@ -430,6 +484,7 @@ class GroupApis:
         for group_id in request.body.groups:
             error, message, described = KafkaErrorCode.none, None, None
             try:
+                self._require(request, Operation.DESCRIBE, group_id)
                 described = self._coordinator(group_id).describe(group_id)
                 if described is None and request.api_version >= 6:
                     raise GroupIdNotFoundError(f"no group {group_id!r}")
@@ -473,6 +528,14 @@ class GroupApis:
             listed: list[tuple[str, str, GroupState]] = []
         else:
             listed = [g for c in self._coordinators.running() for g in _listed(c)]
+        if not self._authorizer.may(request, Operation.DESCRIBE, CLUSTER):
+            listed = [
+                g
+                for g in listed
+                if self._authorizer.may(
+                    request, Operation.DESCRIBE, Resource(ResourceType.GROUP, g[0])
+                )
+            ]
         groups = tuple(
             build(
                 listed_cls,
@@ -494,12 +557,26 @@ class GroupApis:
         for group_id in request.body.groups_names:
             error = KafkaErrorCode.none
             try:
+                self._require(request, Operation.DELETE, group_id)
                 self._coordinator(group_id).delete(group_id)
             except IdemlogError as exc:
                 log.debug("kafka: DeleteGroups %r: %s", group_id, exc)
                 error = _error(exc)
             results.append(build(result_cls, group_id=group_id, error_code=error))
         return build(response, throttle_time=NO_THROTTLE, results=tuple(results))
+
+    def _require(self, request: KafkaRequest, operation: Operation, group_id: str | None) -> None:
+        """Raise GroupAuthorizationFailedError unless the caller may ``operation`` the
+        group (an empty id is left to :meth:`_coordinator`'s INVALID_GROUP_ID)."""
+        if group_id:
+            self._authorizer.require(request, operation, Resource(ResourceType.GROUP, group_id))
+
+    def _group_error(
+        self, request: KafkaRequest, operation: Operation, group_id: str | None
+    ) -> KafkaErrorCode:
+        if not group_id:
+            return KafkaErrorCode.none  # INVALID_GROUP_ID, from the coordinator
+        return self._authorizer.group_error(request, operation, group_id)
 
     def _coordinator(self, group_id: str | None) -> GroupCoordinator:
         if not group_id:

@@ -8,6 +8,11 @@ transactional ids only): so is it answered here; an empty transactional id is
 INVALID_REQUEST, as Kafka answers it. A transactional id is refused with
 UNSUPPORTED_VERSION, the code of a feature a broker does not have (the response carries
 no message: the broker logs why); transactions are served over Flight.
+
+With ``authorizer.enable``, as the Flight InitProducerId: IdempotentWrite on the Cluster
+without a transactional id (CLUSTER_AUTHORIZATION_FAILED), Write on it with one
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, checked before it is refused as unsupported, as
+Kafka checks first).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from kio.static.primitive import i16, i64
 
 from broker_core.errors import IdemlogError
 from broker_core.producer_ids.manager import ProducerIdManager
+from broker_core.server.kafka.authorize import ALLOW_ALL, KafkaAuthorizer
 from broker_core.server.kafka.framing import KafkaRequest
 from broker_core.server.kafka.messages import NO_THROTTLE, ServedApi, build, kafka_error
 
@@ -33,10 +39,17 @@ NO_PRODUCER_EPOCH = -1
 
 class InitProducerIdApi:
     """InitProducerId v0 to v5 (v6 adds KIP-939's two-phase commit, transactional only),
-    issuing ids from ``pids()`` (the broker's manager; None before it is open)."""
+    issuing ids from ``pids()`` (the broker's manager; None before it is open) to callers
+    ``authorizer`` allows."""
 
-    def __init__(self, pids: Callable[[], ProducerIdManager | None]) -> None:
+    def __init__(
+        self,
+        pids: Callable[[], ProducerIdManager | None],
+        *,
+        authorizer: KafkaAuthorizer = ALLOW_ALL,
+    ) -> None:
         self._pids = pids
+        self._authorizer = authorizer
 
     def apis(self) -> Sequence[ServedApi]:
         return (ServedApi(INIT_PRODUCER_ID, 0, 5, "kafka_init_producer_id", self.init_producer_id),)
@@ -45,6 +58,9 @@ class InitProducerIdApi:
         txn_id = request.body.transactional_id
         if txn_id == "":  # Kafka's coordinator: neither idempotent nor a transactional id
             return _answer(response, KafkaErrorCode.invalid_request)
+        refused = self._authorizer.producer_error(request, txn_id)
+        if refused != KafkaErrorCode.none:
+            return _answer(response, refused)
         if txn_id is not None:
             log.info(
                 "kafka: InitProducerId for transactional id %r from %s refused "

@@ -15,6 +15,15 @@ or to another broker.
 
 Bound: at most ``kafka.max.connections`` connections (and so threads) at once; one past
 it is closed as soon as it is accepted.
+
+Security (docs/security.md, "The Kafka listener"): under SSL and SASL_SSL a connection's
+thread first runs the TLS handshake (``ssl_context``: the broker's ``ssl.*`` files); with
+client certificates required, the verified certificate's subject mapped by
+``ssl.principal.mapping.rules`` is the connection's principal. Under SASL_PLAINTEXT and
+SASL_SSL a connection is answered ApiVersions, SaslHandshake and SaslAuthenticate only
+until it authenticated (``connection.py``, ``sasl.py``); any other request closes it, as
+Kafka closes it, and so does a failed authentication, once its answer is sent. A user
+whose credential changes or goes has its connections closed (:meth:`KafkaListener.end_sessions_of`).
 """
 
 from __future__ import annotations
@@ -25,19 +34,24 @@ import logging
 import math
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from broker_core.errors import IdemlogError, InvalidConfigError
-from broker_core.security.tls import is_loopback
+from broker_core.security.cert_auth import certificate_principal
+from broker_core.security.principal import ANONYMOUS, Principal
+from broker_core.security.principal_mapping import PrincipalMapper
+from broker_core.security.tls import SecurityProtocol, is_loopback
 from broker_core.server.config.kafka import (
     KAFKA_LISTENER,
     KAFKA_MAX_CONNECTIONS,
     KafkaListenerConfig,
 )
 from broker_core.server.kafka.apis import API_VERSIONS, KafkaApis
+from broker_core.server.kafka.connection import KafkaConnection
 from broker_core.server.kafka.framing import (
     UnsupportedVersion,
     encode_response,
@@ -49,6 +63,10 @@ from broker_core.server.observability.metrics import Metrics
 log = logging.getLogger("idemlog.kafka")
 
 REFUSAL_LOG_INTERVAL_S = 10.0
+TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that connects and says nothing holds no thread
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36  # sasl.py's: Kafka's keys, fixed by Kafka
+# What a SASL listener answers before the connection authenticated (Kafka's rule).
+BEFORE_AUTHENTICATION = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -61,7 +79,9 @@ class KafkaListener:
     """Serves ``apis`` on ``config``'s address. Every request first passes ``gate()``
     (the broker's: waits for the start, refuses while stopping); each one answered or
     refused is counted and timed in ``metrics`` by its API. :meth:`start` binds or
-    raises; :meth:`stop` is idempotent and closes the open connections."""
+    raises; :meth:`stop` is idempotent and closes the open connections.
+    ``ssl_context``: the TLS of an SSL or SASL_SSL listener (required then);
+    ``principal_mapper``: with client certificates required, their subjects' mapping."""
 
     def __init__(
         self,
@@ -71,16 +91,23 @@ class KafkaListener:
         gate: Callable[[], None],
         max_request_bytes: int,
         metrics: Metrics,
+        ssl_context: ssl.SSLContext | None = None,
+        principal_mapper: PrincipalMapper | None = None,
     ) -> None:
+        if config.encrypted != (ssl_context is not None):
+            raise ValueError(f"{KAFKA_LISTENER}={config.protocol.value}: ssl_context mismatch")
         self._config = config
         self._metrics = metrics
         self._apis = apis
         self._gate = gate
         self._max_bytes = max_request_bytes
+        self._ssl = ssl_context
+        self._mapper = principal_mapper
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        # Bounded by kafka.max.connections: one thread each while it is open.
-        self._connections: set[socket.socket] = set()
+        # Bounded by kafka.max.connections: one thread each while it is open; its state
+        # once its TLS handshake is done (None before).
+        self._connections: dict[socket.socket, KafkaConnection | None] = {}
         self._lock = threading.Lock()
         self._refused = 0  # connections closed past the bound since the last log line
         self._refused_logged_at = -math.inf
@@ -106,7 +133,8 @@ class KafkaListener:
                 else f"cannot be bound: {exc.strerror}"
             )
             raise InvalidConfigError(
-                f"{KAFKA_LISTENER}=PLAINTEXT://{host}:{port}: the address {problem}"
+                f"{KAFKA_LISTENER}={self._config.protocol.value}://{host}:{port}: the address "
+                f"{problem}"
             ) from exc
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(
@@ -116,13 +144,14 @@ class KafkaListener:
             daemon=True,
         )
         self._thread.start()
-        log.info("kafka listener: PLAINTEXT://%s:%d", host, self.port)
-        if not is_loopback(host):
+        protocol = self._config.protocol
+        log.info("kafka listener: %s://%s:%d", protocol.value, host, self.port)
+        if protocol is SecurityProtocol.PLAINTEXT and not is_loopback(host):
             # As the Flight listener warns (security/tls.py warn_if_exposed): said once.
             log.warning(
                 "%s=PLAINTEXT://%s:%d can be reached from other machines without TLS or "
                 "authentication: anyone on the network can list the topics and their "
-                "offsets. Bind it to a loopback address, or firewall it",
+                "offsets. Use SASL_SSL://, bind it to a loopback address, or firewall it",
                 KAFKA_LISTENER,
                 host,
                 self.port,
@@ -138,25 +167,41 @@ class KafkaListener:
         with self._lock:
             open_now = list(self._connections)
         for connection in open_now:
-            # Wakes the connection's thread from its read: it sees the end and leaves.
-            with contextlib.suppress(OSError):  # the client closed it already
-                connection.shutdown(socket.SHUT_RDWR)
+            _wake(connection)
         if self._thread is not None:
             self._thread.join(5.0)
+
+    def end_sessions_of(self, principal: Principal) -> int:
+        """Close every connection authenticated as ``principal`` (its user changed or
+        went: it authenticates again, or is refused); how many."""
+        with self._lock:
+            ending = [
+                sock
+                for sock, state in self._connections.items()
+                if state is not None and state.authenticated and state.principal == principal
+            ]
+        for sock in ending:
+            _wake(sock)
+        return len(ending)
 
     # -- one connection ------------------------------------------------------------------
     def _serve(self, connection: socket.socket, peer: Any) -> None:
         with self._lock:
             full = len(self._connections) >= self._config.max_connections
             if not full:
-                self._connections.add(connection)
+                self._connections[connection] = None
         if full:
             self._refuse(connection, peer)
             return
+        sock = connection
         try:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with connection.makefile("rb") as stream:
-                while self._serve_one(connection, stream, peer):
+            opened = self._open(connection, peer)
+            if opened is None:
+                return
+            sock, state = opened
+            with sock.makefile("rb") as stream:
+                while self._serve_one(sock, stream, peer, state):
                     pass
         except OSError as exc:
             log.debug("kafka: connection from %s ended: %s", peer, exc)
@@ -165,7 +210,45 @@ class KafkaListener:
             log.exception("kafka: serving %s failed; connection closed", peer)
         finally:
             with self._lock:
-                self._connections.discard(connection)
+                self._connections.pop(connection, None)
+                self._connections.pop(sock, None)
+            if sock is not connection:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def _open(
+        self, connection: socket.socket, peer: Any
+    ) -> tuple[socket.socket, KafkaConnection] | None:
+        """The connection's TLS (SSL, SASL_SSL) and its state; None when its TLS
+        handshake failed or its certificate maps to no principal (it is closed)."""
+        host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        sock: socket.socket = connection
+        principal = ANONYMOUS
+        if self._ssl is not None:
+            connection.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+            try:
+                sock = self._ssl.wrap_socket(connection, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                # A client speaking plaintext to a TLS port, an unknown CA, no certificate.
+                log.info("kafka: TLS handshake with %s failed; closed: %s", peer, exc)
+                return None
+            sock.settimeout(None)
+            der = sock.getpeercert(binary_form=True) if self._mapper is not None else None
+            if der:
+                assert self._mapper is not None
+                try:
+                    principal = certificate_principal(der, self._mapper)
+                except IdemlogError as exc:
+                    log.info("kafka: %s refused: %s", peer, exc)
+                    with contextlib.suppress(OSError):
+                        sock.close()
+                    return None
+                log.info("kafka: %s from %s authenticated (certificate)", principal, host)
+        state = KafkaConnection(host, sasl=self._config.sasl, principal=principal)
+        with self._lock:
+            self._connections.pop(connection, None)
+            self._connections[sock] = state
+        return sock, state
 
     def _refuse(self, connection: socket.socket, peer: Any) -> None:
         """Close a connection past kafka.max.connections at once (the client retries, as
@@ -186,13 +269,15 @@ class KafkaListener:
             self._config.max_connections,
         )
 
-    def _serve_one(self, connection: socket.socket, stream: Any, peer: Any) -> bool:
+    def _serve_one(
+        self, connection: socket.socket, stream: Any, peer: Any, state: KafkaConnection
+    ) -> bool:
         """Answer one request; False when the connection is to be closed."""
         try:
             frame = read_frame(stream, self._max_bytes)
             if frame is None:
                 return False
-            request = parse_request(frame, self._apis.served)
+            request = parse_request(frame, self._apis.served, state)
         except UnsupportedVersion as refused:
             if refused.api_key != API_VERSIONS:
                 log.warning("kafka: %s from %s; closing the connection", refused, peer)
@@ -202,6 +287,14 @@ class KafkaListener:
             return True
         except IdemlogError as exc:
             log.warning("kafka: bad request from %s; closing the connection: %s", peer, exc)
+            return False
+        if not state.authenticated and request.api_key not in BEFORE_AUTHENTICATION:
+            log.info(
+                "kafka: api key %d from %s before it authenticated (%s); closing the connection",
+                request.api_key,
+                peer,
+                state.state.value,
+            )
             return False
         started = time.monotonic()
         kind = self._apis.kind(request.api_key)
@@ -217,7 +310,14 @@ class KafkaListener:
                 exc,
             )
             return False
-        self._metrics.record_request(kind, time.monotonic() - started, ok=True)
+        # A refused authentication is answered, counted an error, then the connection closed.
+        self._metrics.record_request(kind, time.monotonic() - started, ok=not state.closing)
         if response is not None:  # None: a request Kafka never answers (acks=0)
             connection.sendall(encode_response(request.correlation_id, response))
-        return True
+        return not state.closing
+
+
+def _wake(connection: socket.socket) -> None:
+    """Wake the connection's thread from its read: it sees the end and leaves."""
+    with contextlib.suppress(OSError):  # the client closed it already
+        connection.shutdown(socket.SHUT_RDWR)

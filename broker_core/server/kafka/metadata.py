@@ -20,6 +20,8 @@ from broker_core.errors import (
     UnknownTopicOrPartitionError,
 )
 from broker_core.protocol.topics import INTERNAL_TOPIC_PREFIX, validate_topic_name
+from broker_core.security.acl import Operation, Resource, ResourceType
+from broker_core.server.kafka.authorize import ALLOW_ALL, KafkaAuthorizer
 from broker_core.server.kafka.framing import KafkaRequest
 from broker_core.server.kafka.messages import (
     NO_THROTTLE,
@@ -42,15 +44,19 @@ def kafka_brokers(live: Iterable[BrokerInfo]) -> dict[int, BrokerInfo]:
 class MetadataApi:
     """Metadata v1-13 (v0's empty list meant "every topic"; Kafka 4 dropped it) from
     ``cluster()`` (raises NotLeaderOrFollowerError before the broker joined) and the
-    cluster's id, ``cluster_id()`` (None: answered null)."""
+    cluster's id, ``cluster_id()`` (None: answered null), each topic shown to a caller
+    ``authorizer`` lets Describe it."""
 
     def __init__(
         self,
         cluster: Callable[[], ClusterMetadata],
         cluster_id: Callable[[], str | None] = lambda: None,
+        *,
+        authorizer: KafkaAuthorizer = ALLOW_ALL,
     ) -> None:
         self._cluster = cluster
         self._cluster_id = cluster_id
+        self._authorizer = authorizer
 
     def apis(self) -> Sequence[ServedApi]:
         return (ServedApi(METADATA, 1, 13, "kafka_metadata", self.metadata),)
@@ -61,7 +67,9 @@ class MetadataApi:
         created is UNKNOWN_TOPIC_OR_PARTITION (topics are not created by asking), a name
         no topic can have INVALID_TOPIC_EXCEPTION; a partition whose leader is down or
         serves no Kafka listener has leader -1 and LEADER_NOT_AVAILABLE, so the client
-        asks again."""
+        asks again. A topic the caller may not Describe is TOPIC_AUTHORIZATION_FAILED
+        when asked (by name or id: its name not told), whether it exists or not (the
+        answer must not tell), and left out of "every topic", as Kafka does."""
         cluster = self._cluster()
         registered = cluster.brokers()
         live = {b.broker_id for b in registered}
@@ -73,9 +81,12 @@ class MetadataApi:
                 (name, a, None)
                 for name, a in sorted(assignments.items())
                 if not name.startswith(INTERNAL_TOPIC_PREFIX)
+                and self._authorizer.may(
+                    request, Operation.DESCRIBE, Resource(ResourceType.TOPIC, name)
+                )
             ]
         else:
-            entries = [self._find_topic(t, assignments) for t in asked]
+            entries = [self._authorized(request, self._find_topic(t, assignments)) for t in asked]
         broker_cls = nested(response, "MetadataResponseBroker")
         brokers = tuple(_broker(broker_cls, info) for _, info in sorted(serving.items()))
         controller = cluster.controller()
@@ -94,6 +105,23 @@ class MetadataApi:
             topics=topics,
             error_code=KafkaErrorCode.none,
         )
+
+    def _authorized(
+        self,
+        request: KafkaRequest,
+        entry: tuple[str | None, TopicAssignment | None, IdemlogError | None],
+    ) -> tuple[str | None, TopicAssignment | None, IdemlogError | None]:
+        name, assignment, _ = entry
+        if name is None:
+            return entry  # no topic has the id (or none was named): nothing to hide
+        refused = self._authorizer.refusal(
+            request, Operation.DESCRIBE, Resource(ResourceType.TOPIC, name)
+        )
+        if refused is None:
+            return entry
+        # Asked by id, the name is not told to who may not Describe the topic.
+        asked_by_name = assignment is None or any(t.name == name for t in request.body.topics)
+        return (name if asked_by_name else None), None, refused
 
     def _find_topic(
         self, asked: Any, assignments: Mapping[str, TopicAssignment]

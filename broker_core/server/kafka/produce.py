@@ -19,13 +19,17 @@ Refused per partition, nothing written: a transactional batch or a request with 
 transactional id (UNSUPPORTED_VERSION: transactions are served over Flight only), a
 compression type Kafka does not define (UNSUPPORTED_COMPRESSION_TYPE), a topic that cannot
 hold Kafka records (INVALID_RECORD, naming its columns), a malformed batch
-(CORRUPT_MESSAGE). A Kafka producer's id carries no producer token (the Flight path's
-binding of an id to its principal, ``security.producer_token``): the Kafka listener has no
-principal yet.
+(CORRUPT_MESSAGE). With ``authorizer.enable`` (docs/kafka.md "What each API requires"):
+a topic the caller may not Write is TOPIC_AUTHORIZATION_FAILED in each of its partitions,
+a batch with a producer id CLUSTER_AUTHORIZATION_FAILED without IdempotentWrite on the
+Cluster, nothing written. A Kafka producer's id carries no producer token (the Flight
+path's binding of an id to the principal it was issued to, ``security.producer_token``):
+not bound yet on the Kafka listener.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +51,8 @@ from broker_core.kafka.record_batch import decode_batches
 from broker_core.log.partition_log import AppendResult, PartitionLog
 from broker_core.log.store import LogStore
 from broker_core.protocol.metrics import AppendOutcome
+from broker_core.security.acl import CLUSTER, Operation, Resource, ResourceType
+from broker_core.server.kafka.authorize import ALLOW_ALL, KafkaAuthorizer
 from broker_core.server.kafka.consume import KafkaTopics
 from broker_core.server.kafka.framing import KafkaRequest
 from broker_core.server.kafka.messages import NO_THROTTLE, ServedApi, build, kafka_error, nested
@@ -91,14 +97,20 @@ class ProduceApi:
     """Produce v3 (the first with record batch v2) to v11 (v12 only changes transactional
     produce, v13 names topics by id), over ``topics`` (the partitions this broker leads),
     ``store()`` (the topics' schemas) and ``metrics`` (each batch's outcome, duplicates
-    answered counted as the Flight path counts them)."""
+    answered counted as the Flight path counts them), for callers ``authorizer`` allows."""
 
     def __init__(
-        self, topics: KafkaTopics, store: Callable[[], LogStore | None], metrics: Metrics
+        self,
+        topics: KafkaTopics,
+        store: Callable[[], LogStore | None],
+        metrics: Metrics,
+        *,
+        authorizer: KafkaAuthorizer = ALLOW_ALL,
     ) -> None:
         self._topics = topics
         self._store = store
         self._metrics = metrics
+        self._authorizer = authorizer
 
     def apis(self) -> Sequence[ServedApi]:
         return (ServedApi(PRODUCE, 3, 11, "kafka_produce", self.produce),)
@@ -110,8 +122,21 @@ class ProduceApi:
         body = request.body
         acks = int(body.acks)
         deadline = time.monotonic() + body.timeout.total_seconds()
+        # Each topic checked (and a refusal counted) once per request; IdempotentWrite
+        # once, at the first batch that carries a producer id.
+        refused = {
+            name: self._authorizer.refusal(
+                request, Operation.WRITE, Resource(ResourceType.TOPIC, name)
+            )
+            for name in {topic.name for topic in body.topic_data}
+        }
+        idempotent = functools.cache(
+            lambda: self._authorizer.refusal(request, Operation.IDEMPOTENT_WRITE, CLUSTER)
+        )
         answers = [
-            self._append(topic.name, p, acks, body.transactional_id)
+            self._append(
+                topic.name, p, acks, body.transactional_id, refused[topic.name], idempotent
+            )
             for topic in body.topic_data
             for p in topic.partition_data
         ]
@@ -137,12 +162,24 @@ class ProduceApi:
             return None
         return self._response(response, body, answers)
 
-    def _append(self, topic: str, p: Any, acks: int, txn_id: str | None) -> _Answer:
+    def _append(
+        self,
+        topic: str,
+        p: Any,
+        acks: int,
+        txn_id: str | None,
+        refused: IdemlogError | None,
+        idempotent: Callable[[], IdemlogError | None],
+    ) -> _Answer:
+        """``refused``: the topic's refusal (None: Write allowed); ``idempotent()``: the
+        refusal of a batch with a producer id."""
         index = int(p.index)
         answer = _Answer(topic, index)
         where = f"Produce to {topic}-{index}"
         producer_id = -1
         try:
+            if refused is not None:
+                raise _Refused(kafka_error(refused), refused.message)
             if acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
                 raise InvalidRequiredAcksError(f"{where}: acks={acks}, not 0, 1 or -1")
             if txn_id is not None:
@@ -160,6 +197,8 @@ class ProduceApi:
             producer_id = batch.producer_id
             if batch.is_transactional or batch.is_control:
                 raise _transactions_refused(where, "a transactional batch")
+            if producer_id >= 0 and (not_idempotent := idempotent()) is not None:
+                raise _Refused(kafka_error(not_idempotent), not_idempotent.message)
             store = self._store()
             schema = store.topic(topic).schema if store is not None else None
             rows = topic_rows(topic, schema, batch.rows, where)

@@ -81,6 +81,8 @@ KAFKA_REQUEST_KINDS = (
     "kafka_fetch",
     "kafka_produce",
     "kafka_init_producer_id",
+    "kafka_sasl_handshake",
+    "kafka_sasl_authenticate",
     # the consumer groups' (server/kafka/groups.py)
     "kafka_find_coordinator",
     "kafka_join_group",

@@ -51,7 +51,7 @@ from broker_core.producer_ids.zk_source import ZkProducerIdBlockSource
 from broker_core.protocol.metrics import MetricsRequest
 from broker_core.security import producer_token
 from broker_core.security.producer_token import ProducerTokens
-from broker_core.security.tls import Side, TlsMaterial, warn_if_exposed
+from broker_core.security.tls import ClientAuth, Side, TlsMaterial, warn_if_exposed
 from broker_core.server.config.broker_config import NEVER, ZK_ROOT, BrokerConfig
 from broker_core.server.coordination.coordinators import Coordinators
 from broker_core.server.coordination.group_coordinators import GroupCoordinators
@@ -71,6 +71,8 @@ from broker_core.txn.coordinator.coordinator import LocalMarkerWriter
 from broker_core.txn.coordinator.expiry import ExpiryPolicy
 
 if TYPE_CHECKING:
+    from broker_core.server.access.authentication import ScramUsers
+    from broker_core.server.access.authorization import RequestAuthorizer
     from broker_core.server.kafka.listener import KafkaListener
     from broker_core.server.observability.prometheus import MetricsEndpoint
     from broker_core.server.requests.handlers import ActionHandlers
@@ -128,6 +130,9 @@ class Broker:
         self._server: Any = None
         self._actions: ActionHandlers | None = None  # the Flight actions, once built
         self._kafka: KafkaListener | None = None  # kafka.listener's, when set
+        # Built with the Flight listener, shared by the Kafka listener.
+        self._users: ScramUsers | None = None  # with SASL on either listener
+        self._authorizer: RequestAuthorizer | None = None  # authorizer.enable's
         self._verifier: TxnVerifier | None = None
         self._stable_offsets: ClusterStableOffsets | None = None  # the coordinators' LSO source
         self._tasks = TaskGroup()
@@ -336,13 +341,17 @@ class Broker:
         Requests wait at :meth:`gate`. Built before the parts they reach (the cluster
         registration needs the bound port): hence the late-bound topics, store, pids,
         markers and replicas. ``_release`` shuts the server down."""
-        from broker_core.server.access.authentication import server_auth
+        from broker_core.server.access.authentication import scram_users, server_auth
         from broker_core.server.access.authorization import request_authorizer
         from broker_core.server.requests.flight_server import IdemlogFlightServer
         from broker_core.server.requests.handlers import ActionHandlers
 
         cfg = self.config
         assert self._producer_tokens is not None  # _open_producer_ids ran
+        # One set of users and one authorizer for the Flight and the Kafka listeners.
+        if cfg.security.sasl or cfg.kafka.sasl:
+            self._users = scram_users(cfg, self._zk)
+        self._authorizer = request_authorizer(cfg, self._zk, self.metrics.record_refusal)
         started_topics = StartedTopics(lambda: self.topics)
         actions = ActionHandlers(
             broker_id=self.broker_id,
@@ -369,9 +378,9 @@ class Broker:
             metrics=self.metrics,
             max_request_bytes=cfg.max_request_bytes,
             ack_timeout_s=self._replication().ack_timeout_s,
-            auth_handler=server_auth(cfg, self._zk, tls),
+            auth_handler=server_auth(cfg, self._users, tls),
             middleware=self._middleware(),
-            authorizer=request_authorizer(cfg, self._zk, self.metrics.record_refusal),
+            authorizer=self._authorizer,
             verifier=self._txn_verifier(tls),
             producer_tokens=self._producer_tokens,
             hooks=hooks,
@@ -389,41 +398,79 @@ class Broker:
         """With ``kafka.listener`` set, Kafka's protocol (server/kafka/), bound before the
         registration that carries its advertised address (``kafka.advertised.listener``
         or the bound one) to the other brokers' Metadata answers; ``info`` as it was
-        without. Requests wait at :meth:`gate`. ``_release`` stops it."""
+        without. Its TLS is the broker's ``ssl.*`` files, its SASL the Flight listener's
+        users, its ACLs the Flight listener's authorizer (docs/security.md, "The Kafka
+        listener"). Requests wait at :meth:`gate`. ``_release`` stops it."""
+        from broker_core.security.principal import Principal
+        from broker_core.security.tls import SecurityProtocol, server_ssl_context
         from broker_core.server.coordination.stable_cuts import StableCuts
         from broker_core.server.kafka.admin import AdminApis
         from broker_core.server.kafka.apis import KafkaApis
+        from broker_core.server.kafka.authorize import KafkaAuthorizer
         from broker_core.server.kafka.consume import ConsumeApis
         from broker_core.server.kafka.groups import GroupApis
         from broker_core.server.kafka.init_producer_id import InitProducerIdApi
         from broker_core.server.kafka.listener import KafkaListener
         from broker_core.server.kafka.metadata import MetadataApi
         from broker_core.server.kafka.produce import ProduceApi
+        from broker_core.server.kafka.sasl import SaslApis
 
         cfg = self.config
         if not cfg.kafka.enabled:
             return info
+        ssl_context = mapper = None
+        if cfg.kafka.encrypted:
+            # The broker's ssl.* keys, loaded (and checked) as an SSL listener's whatever
+            # the Flight listener's security.protocol.
+            tls = dataclasses.replace(cfg.tls, protocol=SecurityProtocol.SSL).load(Side.SERVER)
+            ssl_context = server_ssl_context(tls)
+            if cfg.tls.client_auth is ClientAuth.REQUIRED:
+                mapper = cfg.security.principal_mapper
+        authorizer = KafkaAuthorizer(self._authorizer)
         topics = StartedTopics(lambda: self.topics)
         assert self._actions is not None  # _open_listener ran
         cluster_id = ClusterId(self._load_cluster_id)
         apis = KafkaApis(
             [
-                MetadataApi(self.require_cluster, cluster_id),
-                ConsumeApis(topics, self.require_cluster, StableCuts(self._stable_ends)),
-                ProduceApi(topics, lambda: self.store, self.metrics),
-                InitProducerIdApi(lambda: self.pids),
-                GroupApis(self.groups, self.require_cluster),
-                AdminApis(self.broker_id, cfg, self._actions, self.require_cluster, cluster_id),
+                SaslApis(self._users if cfg.kafka.sasl else None, cfg.security.mechanisms),
+                MetadataApi(self.require_cluster, cluster_id, authorizer=authorizer),
+                ConsumeApis(
+                    topics,
+                    self.require_cluster,
+                    StableCuts(self._stable_ends),
+                    authorizer=authorizer,
+                ),
+                ProduceApi(topics, lambda: self.store, self.metrics, authorizer=authorizer),
+                InitProducerIdApi(lambda: self.pids, authorizer=authorizer),
+                GroupApis(self.groups, self.require_cluster, authorizer=authorizer),
+                AdminApis(
+                    self.broker_id,
+                    cfg,
+                    self._actions,
+                    self.require_cluster,
+                    cluster_id,
+                    authorizer=authorizer,
+                ),
             ]
         )
-        self._kafka = KafkaListener(
+        kafka = self._kafka = KafkaListener(
             cfg.kafka,
             apis,
             gate=self.gate,
             max_request_bytes=cfg.max_request_bytes,
             metrics=self.metrics,
+            ssl_context=ssl_context,
+            principal_mapper=mapper,
         )
-        port = self._kafka.start()
+        if self._users is not None:
+
+            def end_sessions(user: str) -> None:
+                ended = kafka.end_sessions_of(Principal.user(user))
+                if ended:
+                    log.info("User:%s changed or removed: %d Kafka connections closed", user, ended)
+
+            self._users.on_change(end_sessions)
+        port = kafka.start()
         advertised = (cfg.kafka.advertised_host, cfg.kafka.advertised_port or port)
         self.info = dataclasses.replace(info, kafka_listener=advertised)
         return self.info
@@ -437,10 +484,15 @@ class Broker:
 
     def _stable_ends(self, topic: str) -> dict[int, int]:
         """``topic``'s stable cut across every coordinator, as idemlog's readers read it
-        (``BrokerClient.stable_ends``), asked with this broker's own credentials."""
+        (``BrokerClient.stable_ends``), asked with this broker's own credentials. The
+        embedded broker's one coordinator is its own, asked in place: its Flight listener
+        may require a principal (SASL, a client certificate, ACLs) that the broker has no
+        credentials or super user rights for (it has no other broker to serve)."""
         offsets = self._stable_offsets
         if offsets is None:
             raise CoordinatorNotAvailableError(f"broker {self.broker_id} is still starting")
+        if self.config.embedded:
+            return dict(self.coordinators.for_partition(0).stable_ends(topic))
         return offsets.client().stable_ends(topic)
 
     def _txn_verifier(self, tls: TlsMaterial) -> TxnVerifier:
