@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import (
     AdminClient,
@@ -395,3 +395,54 @@ def test_a_topic_created_over_kafka_takes_a_kafka_producers_records(
     assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == [
         1_700_000_000_000 + i for i in range(5)
     ]
+
+
+@pytest.mark.slow  # two JVMs of Kafka's tools
+def test_console_consumer_in_a_group_and_kafka_consumer_groups_describe_its_lag(
+    kafka_broker: BrokerProcess, admin: AdminClient
+) -> None:
+    """``kafka-console-consumer.sh --group`` reads in a consumer group (subscribe, commits
+    on close); ``kafka-consumer-groups.sh --describe`` then shows the group's committed
+    offset, the partition's end and the lag, as the AdminClient reads them."""
+    topic, group = "grouped_console", "console-group"
+    bootstrap = kafka_address(kafka_broker)
+    assert create(admin, NewTopic(topic, 1)) == {topic: ""}
+    transaction(kafka_broker.address, topic, "g1", kafka_rows("g1", 4), commit=True)
+    transaction(kafka_broker.address, topic, "g2", kafka_rows("g2", 3), commit=False)
+    consumed = kafka_tool(
+        "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--group",
+        group,
+        "--from-beginning",
+        "--max-messages",
+        "4",
+        "--isolation-level",
+        "read_committed",
+        "--timeout-ms",
+        "30000",
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout.splitlines() == [f"g1-v{i}" for i in range(4)]
+
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+    (committed,) = offsets[group].result(TIMEOUT).topic_partitions
+    described = kafka_tool(
+        "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+        "--bootstrap-server",
+        bootstrap,
+        "--describe",
+        "--group",
+        group,
+    )
+    assert described.returncode == 0, described.stderr
+    rows = [line.split() for line in described.stdout.splitlines() if topic in line]
+    # GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG ...
+    ((name, shown_topic, partition, current, end, lag, *_),) = rows
+    assert (name, shown_topic, partition) == (group, topic, "0")
+    assert committed.offset >= 4  # past the four rows read
+    assert (int(current), int(end)) == (committed.offset, 9)  # 4 rows, 3 aborted, 2 markers
+    assert int(lag) == 9 - committed.offset
