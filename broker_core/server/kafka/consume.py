@@ -310,8 +310,9 @@ class ConsumeApis:
         partition the cut holds back, on the cut's next refresh; at once on an error.
         ``partition_max_bytes`` and ``max_bytes`` count the stored bytes; the first
         batch is returned whatever its size, as Kafka does. Sessionless: every request
-        is a full one, answered with session id 0 (KIP-227). A partition of a topic that
-        is not Kafka-shaped is UNSUPPORTED_FOR_MESSAGE_FORMAT."""
+        is a full one, answered with session id 0 (KIP-227). A topic that is not
+        Kafka-shaped is served in its ``kafka.format`` (JSON records); a Kafka-shaped
+        column a record cannot carry is UNSUPPORTED_FOR_MESSAGE_FORMAT."""
         body = request.body
         committed = body.isolation_level == READ_COMMITTED
         asked = self._fetched(body.topics)
