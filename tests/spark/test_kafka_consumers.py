@@ -21,12 +21,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from broker_core.client.broker_client import BrokerClient
 from tests.broker.test_kafka_listener import kafka_address
 from tests.harness.broker import BrokerFactory
-from tests.harness.group_member import consume_once, member_config
+from tests.harness.group_member import member_config
 from tests.harness.waiting import wait_until
 from tests.spark.helpers import (
     DriverLauncher,
@@ -46,8 +46,8 @@ class Member:
     (LeaveGroup)."""
 
     def __init__(self, bootstrap: str) -> None:
-        config = {**member_config(bootstrap, GROUP, "cooperative-sticky")}
-        config["isolation.level"] = "read_committed"
+        config = member_config(bootstrap, GROUP, "cooperative-sticky")
+        config["isolation.level"] = "read_committed"  # the harness's default is not
         self.consumer = Consumer(config)
         self.consumer.subscribe([TOPIC])
         self.out = io.StringIO()
@@ -59,7 +59,21 @@ class Member:
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._lock:
-                consume_once(self.consumer, self.out)
+                self._consume_one()
+
+    def _consume_one(self) -> None:
+        """Poll one record; count it only once its commit was acknowledged (a commit
+        refused by a rebalance leaves it to the partition's next owner)."""
+        message = self.consumer.poll(0.2)
+        if message is None or message.error() is not None:
+            return
+        try:
+            self.consumer.commit(message=message, asynchronous=False)
+        except KafkaException:
+            return
+        value = message.value()
+        assert value is not None
+        self.out.write(f"{message.partition()} {message.offset()} {value.decode()}\n")
 
     def commit_position(self) -> None:
         """Commit where the member stands: past the last markers too, which a commit of
