@@ -25,13 +25,20 @@ test lives and what it uses, so a new test cannot forget its tier:
 * ``zookeeper``: every test that uses the ``zk_server`` fixture, directly or through
   ``zk_chroot``/``zk_client``;
 * ``slow``: set by hand (``@pytest.mark.slow``) on tests that take more than a few seconds.
+
+Every Spark driver a test starts, in the pytest process or in a subprocess (jobs, tools,
+``make bench-*``, the wheel smoke), gets the JVM options of ``tests.harness.jvm``
+through ``SPARK_SUBMIT_OPTS``, set here before any test runs.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+from tests.harness.jvm import set_submit_options
 
 pytest_plugins = [
     "tests.harness.zk_fixtures",
@@ -45,6 +52,10 @@ pytest_plugins = [
 SPARK_DIR = Path(__file__).parent / "spark"
 BENCH_DIR = Path(__file__).parent / "bench"
 CLUSTER_DIR = Path(__file__).parent / "cluster"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    set_submit_options(os.environ)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -24,6 +24,7 @@ from testkit import spark_failpoints
 from tests.cluster.secured import Principal, SecuredZooKeeper, Security
 from tests.harness.client_calls import answering_address
 from tests.harness.cluster import BrokerCluster, SparkStandalone, code_zip
+from tests.harness.jvm import EXECUTOR_OPTS_CONF, SHORT_LIVED_JVM_OPTIONS
 from tests.harness.netns import Host, TestBed
 from tests.harness.waiting import wait_until
 from tests.spark.helpers import DriverLauncher, DriverRun, make_input, stream_spec
@@ -65,6 +66,7 @@ class Stack:
             "spark.eventLog.dir": str(events),
             "spark.eventLog.compress": "false",
             "spark.sql.shuffle.partitions": "4",
+            EXECUTOR_OPTS_CONF: SHORT_LIVED_JVM_OPTIONS,
             **extra.pop("conf", {}),
         }
         sink = {**self.sink_options(), **extra.pop("sink_options", {})}

@@ -39,6 +39,7 @@ from broker_core.security.tls import PLAINTEXT_MATERIAL, TlsMaterial
 from spark_sink.options import OFFSET_COLUMN, PARTITION_COLUMN
 from testkit.zookeeper import ZooKeeperServer
 from tests.harness.broker import BrokerProcess
+from tests.harness.jvm import DAEMON_OPTS_ENV, with_short_lived_options
 from tests.harness.netns import Host, TestBed
 from tests.harness.waiting import wait_until
 
@@ -172,7 +173,12 @@ class SparkStandalone:
         return f"spark://{self.master_host.address}:{MASTER_PORT}"
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_NO_DAEMONIZE": "1"}
+        return {
+            **os.environ,
+            "SPARK_HOME": str(SPARK_HOME),
+            "SPARK_NO_DAEMONIZE": "1",
+            DAEMON_OPTS_ENV: with_short_lived_options(os.environ.get(DAEMON_OPTS_ENV)),
+        }
 
     def start(self) -> None:
         """The master, then every worker; returns once each worker is registered."""

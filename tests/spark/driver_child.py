@@ -246,12 +246,12 @@ def main() -> int:
     # kill_driver failpoints SIGKILL this process group: this process and its JVM.
     os.environ["IDEMLOG_DRIVER_PGID"] = str(os.getpgrp())
     from spark_sink import local_session
+    from tests.harness.jvm import SHORT_LIVED_JVM_OPTIONS
 
     conf = {
         "spark.sql.shuffle.partitions": "4",
-        # Short-lived drivers: the client compiler and a serial GC start faster, and most
-        # of a fault test's time is drivers starting.
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # Short-lived drivers: most of a fault test's time is drivers starting.
+        "spark.driver.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS,
         **spec.get("conf", {}),
     }
     if spec.get("arrow_batch_rows"):
