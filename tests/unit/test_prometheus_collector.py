@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker_core.protocol.metrics import AppendOutcome, PartitionGauges
 from broker_core.server.observability.metrics import Metrics
 from broker_core.server.observability.prometheus import DocumentCollector, WithoutCreated
+from tests.harness.promtool import check_metrics
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 LAST_CLEAN = "idemlog_log_cleaner_last_clean_timestamp_seconds"
@@ -94,3 +95,24 @@ def test_created_samples_are_in_the_openmetrics_answer_only() -> None:
     some = WithoutCreated(registry).restricted_registry(["idemlog_broker_records_appended_total"])
     assert [f.name for f in some.collect()] == ["idemlog_broker_records_appended"]
     assert "_created" not in generate_latest(some).decode()
+
+
+def test_consumer_groups_and_the_largest_lags_are_exported() -> None:
+    doc = _document()
+    doc["groups"] = {
+        "coordinators": ["__consumer_offsets-0"], "groups": 2, "members": 3, "offsets": 7,
+        "lag": 12, "top": [{"group": "reports", "lag": 10}, {"group": "audit", "lag": 2}],
+    }  # fmt: skip
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DocumentCollector(lambda: doc))
+    text = generate_latest(WithoutCreated(registry)).decode()
+    check_metrics(text)
+    samples = _samples(text)
+    assert samples[("idemlog_consumer_groups", frozenset())] == 2
+    assert samples[("idemlog_consumer_group_members", frozenset())] == 3
+    assert samples[("idemlog_consumer_group_committed_partitions", frozenset())] == 7
+    assert samples[("idemlog_consumer_groups_lag", frozenset())] == 12
+    by_group = {
+        dict(k[1])["group"]: v for k, v in samples.items() if k[0] == "idemlog_consumer_group_lag"
+    }
+    assert by_group == {"reports": 10, "audit": 2}

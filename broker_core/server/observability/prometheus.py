@@ -58,6 +58,7 @@ from broker_core.txn.coordinator.counters import COUNTERS as TXN_COUNTERS
 log = logging.getLogger("idemlog.metrics")
 
 PREFIX = "idemlog"
+GROUP = f"{PREFIX}_consumer_group"  # the consumer groups' (Kafka's exporters: kafka_consumergroup_)
 TOPIC = f"{PREFIX}_server_brokertopicmetrics"
 # The label of a labelled counter of the document's ``counters`` section ("key" otherwise).
 COUNTER_LABELS = {"authorization_refusals": "code"}
@@ -141,6 +142,8 @@ class DocumentCollector(Collector):
             yield from self._replication(doc["replication"], created)
         if doc.get("transactions") is not None:
             yield from self._transactions(doc["transactions"], created)
+        if doc.get("groups") is not None:
+            yield from self._groups(doc["groups"])
 
     def _generic_counters(self, doc: Mapping[str, Any], created: float) -> Iterator[Metric]:
         sections = [doc.get("totals") or {}, doc.get("counters") or {}]
@@ -309,6 +312,38 @@ class DocumentCollector(Collector):
             if _is_number(epoch):
                 epochs.add_metric([TXN_STATE_TOPIC, str(partition)], float(epoch))
         yield epochs
+
+    def _groups(self, groups: Mapping[str, Any]) -> Iterator[Metric]:
+        """The consumer groups this broker coordinates (its ``__consumer_offsets``
+        partitions' coordinators): how many, their members and committed partitions,
+        the lag in all, and the lag of each of the groups with the largest lag (at most
+        ``group_coordinators.TOP_LAGS``: a bounded label set), as Kafka's exporters
+        name a group's lag."""
+        for name, key, what in (
+            ("s", "groups", "Consumer groups coordinated by this broker"),
+            ("_members", "members", "Members of the consumer groups this broker coordinates"),
+            (
+                "_committed_partitions",
+                "offsets",
+                "Partitions with a committed offset in the groups this broker coordinates",
+            ),
+            (
+                "s_lag",
+                "lag",
+                "Records not yet consumed, summed over the groups this broker coordinates "
+                "(partitions it has a replica of)",
+            ),
+        ):
+            yield GaugeMetricFamily(f"{GROUP}{name}", what, value=float(groups.get(key, 0)))
+        lag = GaugeMetricFamily(
+            f"{GROUP}_lag",
+            "Records not yet consumed by each of the groups with the largest lag",
+            labels=["group"],
+        )
+        for top in groups.get("top") or []:
+            if _is_number(top.get("lag")):
+                lag.add_metric([str(top["group"])], float(top["lag"]))
+        yield lag
 
 
 class WithoutCreated(Collector):
