@@ -8,7 +8,9 @@
   the other);
 * ``coordination``: which transaction coordinator serves a key, the
   ``__transaction_state`` partitions' leaders starting theirs, the marker writer, the
-  leaders' check of a transactional batch with its coordinator;
+  leaders' check of a transactional batch with its coordinator, the
+  ``__consumer_offsets`` partitions' group coordinators, the stable cut Kafka consumers
+  read to;
 * ``replication``: the partitions a broker holds, leaders and followers, the fetchers;
 * ``observability``: the metrics and their Prometheus endpoint;
 * ``access``: who a caller is and what it may do;
