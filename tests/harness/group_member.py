@@ -35,12 +35,9 @@ def member_config(bootstrap: str, group: str, strategy: str) -> dict[str, Any]:
         "session.timeout.ms": SESSION_TIMEOUT_MS,
         "heartbeat.interval.ms": 300,
         "fetch.wait.max.ms": 100,
-        # The rows are written without transactions, so both levels read the same rows.
-        # With read_committed and these asynchronous commits, a partition newly assigned
-        # by a cooperative rebalance was seen to stop being counted in about 2 runs of 5,
-        # the broker's fetches reaching the log end all the same, and as often with the
-        # stable cut taken out of Fetch: not explained yet (docs/kafka.md). Read-committed
-        # groups are covered by tests/spark/test_kafka_consumers.py (synchronous commits).
+        # The rows are written without transactions, so both levels read the same rows;
+        # read-committed groups are tests/spark/test_kafka_consumers.py's. (A
+        # cooperative-sticky group's stall is open at either level: docs/kafka.md.)
         "isolation.level": "read_uncommitted",
         "topic.metadata.refresh.interval.ms": 1_000,
     }

@@ -46,7 +46,7 @@ class Member:
     (LeaveGroup)."""
 
     def __init__(self, bootstrap: str) -> None:
-        config = member_config(bootstrap, GROUP, "cooperative-sticky")
+        config = member_config(bootstrap, GROUP, "range")
         config["isolation.level"] = "read_committed"  # the harness's default is not
         self.consumer = Consumer(config)
         self.consumer.subscribe([TOPIC])
