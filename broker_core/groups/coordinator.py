@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from broker_core.errors import (
     CoordinatorNotAvailableError,
@@ -53,6 +53,8 @@ from broker_core.groups.records import (
     offset_tombstone,
 )
 from broker_core.groups.state import GroupState
+
+T = TypeVar("T")
 
 log = logging.getLogger("idemlog.groups")
 
@@ -307,15 +309,24 @@ class GroupCoordinator:
             member.join_answer = None
             self._maybe_complete_join(group, now)
             timeout = request.rebalance_timeout_ms / 1000.0 + WAIT_SLACK_S
-            self._cond.wait_for(lambda: member.join_answer is not None or self._closed, timeout)
-            self._check_open()
-            answer = member.join_answer
+            answer = self._await_answer(lambda: member.join_answer, timeout)
             if answer is None:
                 member.awaiting_join = False
                 raise RebalanceInProgressError(f"group {group.group_id!r}: the join timed out")
-            if isinstance(answer, IdemlogError):
-                raise answer
             return answer
+
+    def _await_answer(
+        self, answer: Callable[[], T | IdemlogError | None], timeout_s: float
+    ) -> T | None:
+        """With the coordinator's condition held: wait for ``answer()`` (a member's join or
+        sync answer, set by the rebalance); it, raised if an error, or None when
+        ``timeout_s`` passed first. Raises NOT_COORDINATOR once the coordinator closed."""
+        self._cond.wait_for(lambda: answer() is not None or self._closed, timeout_s)
+        self._check_open()
+        found = answer()
+        if isinstance(found, IdemlogError):
+            raise found
+        return found
 
     def _member(self, group: Group, member_id: str) -> Member:
         member = group.members.get(member_id)
@@ -429,14 +440,10 @@ class GroupCoordinator:
             if member_id == group.leader:
                 self._assign(group, assignments)
             timeout = member.rebalance_timeout_ms / 1000.0 + WAIT_SLACK_S
-            self._cond.wait_for(lambda: member.sync_answer is not None or self._closed, timeout)
-            self._check_open()
-            answer = member.sync_answer
+            answer = self._await_answer(lambda: member.sync_answer, timeout)
             if answer is None:
                 member.awaiting_sync = False
                 raise RebalanceInProgressError(f"group {group_id!r}: the sync timed out")
-            if isinstance(answer, IdemlogError):
-                raise answer
             return group.protocol_type, group.protocol, answer
 
     def _assign(self, group: Group, assignments: dict[str, bytes]) -> None:
